@@ -1,0 +1,150 @@
+"""`make bench`: speed and memory of the multi-bin kernel.
+
+Model: k = 4 bins, B = 128, Poisson(lambda = 8), uniform(1, 20) service, one
+server (stable: Theorem 4.2 puts the k = 4 capacity at 9.97).  Ratios are
+taken within one process; times are medians of several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+import scipy.stats as st
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mbbatch as mb  # noqa: E402
+
+K, B, LAM = 4, 128, 8.0
+SERVICE = st.uniform(1, 19)
+
+
+def policy():
+    return mb.MultiBin(bins=K, batch_size=B)
+
+
+def time_simulate(n, seed):
+    t0 = time.perf_counter()
+    mb.simulate(policy(), arrivals=mb.Poisson(rate=LAM), service=SERVICE, n=n, seed=seed)
+    return time.perf_counter() - t0
+
+
+def time_numpy_draws(n, seed):
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1 / LAM, n)
+    svc = rng.uniform(1, 20, n)
+    elapsed = time.perf_counter() - t0
+    del gaps, svc
+    return elapsed
+
+
+def bench_speed(n, runs):
+    mb.warmup()
+    sim, draw = [], []
+    for r in range(runs):  # interleaved, so drift hits both alike
+        sim.append(time_simulate(n, r))
+        draw.append(time_numpy_draws(n, r))
+    ratios = [s / d for s, d in zip(sim, draw)]
+    return median(sim), median(draw), median(ratios)
+
+
+def bench_simpy(n, sim_per_request, runs):
+    from simpy_model import run_simpy
+
+    res = mb.simulate(policy(), arrivals=mb.Poisson(rate=LAM), service=SERVICE, n=n, seed=0,
+                      keep_requests=True)
+    req = res.requests
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        completed, mean_lat = run_simpy(req.arrival, req.service, res.edges, B)
+        times.append(time.perf_counter() - t0)
+    # same draws, same model: same answer
+    assert completed == res.completed, (completed, res.completed)
+    assert abs(mean_lat - res.mean_latency) <= 1e-9 * res.mean_latency, (mean_lat, res.mean_latency)
+    per_request = median(times) / n
+    return per_request, per_request / sim_per_request
+
+
+_CHILD = """
+import resource, sys, time, json
+import scipy.stats as st
+t0 = time.perf_counter()
+import mbbatch as mb
+t1 = time.perf_counter()
+mb.warmup()
+t2 = time.perf_counter()
+out = {"import_s": t1 - t0, "warmup_s": t2 - t1}
+n = int(sys.argv[1])
+if n:
+    t3 = time.perf_counter()
+    res = mb.simulate(mb.MultiBin(bins=4, batch_size=128), arrivals=mb.Poisson(rate=8.0),
+                      service=st.uniform(1, 19), n=n, seed=0)
+    out["run_s"] = time.perf_counter() - t3
+    out["throughput"] = res.throughput
+out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def child(n, cache_dir):
+    env = {**os.environ, "NUMBA_CACHE_DIR": cache_dir, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(n)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=10_000_000, help="requests for the speed run")
+    ap.add_argument("--n-simpy", type=int, default=100_000, help="requests for the SimPy run")
+    ap.add_argument("--n-memory", type=int, default=100_000_000, help="requests for the memory run")
+    ap.add_argument("--runs", type=int, default=7, help="runs per timing (median)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).parent))
+
+    rows = []
+    sim_t, draw_t, ratio = bench_speed(args.n, args.runs)
+    rows.append(("mb.simulate, n=%.0e" % args.n, f"{sim_t:.3f} s", f"{args.n / sim_t / 1e6:.1f} M requests/s", ""))
+    rows.append(("numpy draws (n exponentials + n uniforms)", f"{draw_t:.3f} s", "", ""))
+    rows.append(("simulate / numpy draws", f"{ratio:.2f}", "target <= 1.0", "PASS" if ratio <= 1.0 else "FAIL"))
+
+    simpy_per_req, speedup = bench_simpy(args.n_simpy, sim_t / args.n, max(1, args.runs // 3))
+    rows.append((f"SimPy, n=%.0e, per request" % args.n_simpy, f"{simpy_per_req * 1e6:.2f} us", "", ""))
+    rows.append(("SimPy / mb.simulate per request", f"{speedup:.0f}x", "target >= 100x",
+                 "PASS" if speedup >= 100 else "FAIL"))
+
+    with tempfile.TemporaryDirectory() as cache:
+        cold = child(0, cache)
+        warm = child(args.n_memory, cache)
+    rows.append(("numba compile, cold (warmup())", f"{cold['warmup_s']:.2f} s", "", ""))
+    rows.append(("numba compile, cached (warmup())", f"{warm['warmup_s']:.2f} s", "", ""))
+    rows.append((f"peak RSS, n=%.0e (whole process)" % args.n_memory, f"{warm['peak_rss_mb']:.0f} MB",
+                 "target < 300 MB", "PASS" if warm["peak_rss_mb"] < 300 else "FAIL"))
+    rows.append((f"  its run time", f"{warm['run_s']:.2f} s",
+                 f"{args.n_memory / warm['run_s'] / 1e6:.1f} M requests/s", ""))
+    rows.append(("  peak RSS after import + warmup only", f"{cold['peak_rss_mb']:.0f} MB", "", ""))
+
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    line = "-+-".join("-" * x for x in w)
+    print(f"mbbatch benchmark: k={K}, B={B}, lambda={LAM}, uniform(1, 20), one server; "
+          f"medians of {args.runs} runs")
+    print(line)
+    for r in rows:
+        print(" | ".join(c.ljust(x) for c, x in zip(r, w)))
+    print(line)
+
+
+if __name__ == "__main__":
+    main()

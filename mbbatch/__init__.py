@@ -1,0 +1,28 @@
+"""mbbatch: vectorized Monte Carlo for batching policies in LLM inference.
+
+>>> import scipy.stats as st, mbbatch as mb
+>>> res = mb.simulate(mb.MultiBin(bins=4, batch_size=128), arrivals=mb.Poisson(rate=8.0),
+...                   service=st.uniform(1, 19), n=100_000, seed=0)
+"""
+
+__version__ = "0.1.0"
+
+from . import theory
+from ._kernels import warmup
+from .arrivals import Poisson, Replay, Saturated
+from .policies import MultiBin
+from .results import RequestTable, SimulationResult
+from .simulation import simulate
+
+__all__ = [
+    "simulate",
+    "MultiBin",
+    "Poisson",
+    "Saturated",
+    "Replay",
+    "SimulationResult",
+    "RequestTable",
+    "theory",
+    "warmup",
+    "__version__",
+]

@@ -1,0 +1,68 @@
+"""Arrival processes: when requests reach the system."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._validation import check_real
+
+__all__ = ["Poisson", "Saturated", "Replay"]
+
+
+@dataclass(frozen=True)
+class Poisson:
+    """Poisson arrivals (Assumption 3.1 of the multi-bin paper).
+
+    Parameters
+    ----------
+    rate : float
+        Arrival rate lambda in requests/s, in (0, inf).
+    """
+
+    rate: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "rate", check_real("rate", self.rate))
+
+    def describe(self) -> dict:
+        return {"arrivals": "poisson", "rate": self.rate}
+
+
+@dataclass(frozen=True)
+class Saturated:
+    """All ``n`` requests arrive together at time 0: the saturated system whose
+    throughput is the service capacity of Theorem 4.2."""
+
+    def describe(self) -> dict:
+        return {"arrivals": "saturated"}
+
+
+@dataclass(frozen=True, eq=False)
+class Replay:
+    """Arrival times given explicitly, e.g. from a trace.
+
+    Parameters
+    ----------
+    times : array_like of float
+        Non-decreasing, finite arrival times in s, one per request.
+    """
+
+    times: np.ndarray = field(repr=False)
+
+    def __post_init__(self):
+        t = np.asarray(self.times, dtype=np.float64)
+        if t.ndim != 1 or t.size == 0:
+            raise ValueError(f"times must be a non-empty 1-D array; got shape {t.shape}")
+        if not np.all(np.isfinite(t)):
+            raise ValueError("times must be finite; got NaN or inf")
+        if np.any(np.diff(t) < 0):
+            i = int(np.argmax(np.diff(t) < 0))
+            raise ValueError(f"times must be non-decreasing; got times[{i + 1}]={t[i + 1]!r} < times[{i}]={t[i]!r}")
+        t = t.copy()
+        t.flags.writeable = False
+        object.__setattr__(self, "times", t)
+
+    def describe(self) -> dict:
+        return {"arrivals": "replay", "n_times": int(self.times.size)}

@@ -1,0 +1,287 @@
+"""mb.simulate: the paper's examples, agreement with the closed forms, the
+plain-Python reference, reproducibility and common random numbers.
+
+Statistical tests state their confidence level.  Under the derandomized
+``ci`` hypothesis profile the drawn examples are fixed, so each run repeats the
+same experiment; at 99.99% per example and at most 25 examples per test, a
+correct kernel passes a test with probability >= 99.75%.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as st
+from hypothesis import assume, given
+from hypothesis import strategies as hs
+
+import mbbatch as mb
+from mbbatch import theory
+
+from .reference import reference_latencies
+
+#: two-sided normal quantile for 99.99% confidence
+Z_9999 = st.norm.ppf(1 - 0.0001 / 2)
+
+widths = hs.floats(0.5, 100.0)
+l_mins = hs.floats(0.0, 50.0)
+
+
+# --- the paper's Figure 1b example -------------------------------------------
+
+def test_figure_1b_one_bin_takes_11():
+    res = mb.simulate(mb.MultiBin(bins=1, batch_size=2, edges=[1, 6]), arrivals=mb.Saturated(),
+                      service=[1, 5, 2, 6])
+    assert res.span == 11.0
+    assert res.n_batches == 2 and res.excluded_partial == 0
+
+
+def test_figure_1b_two_bins_take_8():
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=2, edges=[1, 3, 6]), arrivals=mb.Saturated(),
+                      service=[1, 5, 2, 6], keep_requests=True)
+    assert res.span == 8.0
+    assert res.throughput == 4 / 8
+    assert res.requests.bin.tolist() == [0, 1, 0, 1]
+    # batch (1, 2) runs 0..2, batch (5, 6) runs 2..8
+    np.testing.assert_array_equal(res.requests.completion, [2.0, 8.0, 2.0, 8.0])
+
+
+# --- agreement with the closed forms -----------------------------------------
+
+@given(B=hs.integers(2, 64), k=hs.integers(1, 6), l_min=l_mins, width=widths)
+def test_saturated_throughput_matches_theorem_4_2(B, k, l_min, width):
+    """Saturated, one server: throughput = B / mean batch service time, and the
+    mean batch service time estimates E[t_service,k] of Theorem 4.2 (eq. 20);
+    99.99% CLT interval from the sample standard deviation of the batches."""
+    n_batches = 3000
+    res = mb.simulate(mb.MultiBin(bins=k, batch_size=B), arrivals=mb.Saturated(),
+                      service=st.uniform(l_min, width), n=n_batches * B, seed=B * 1000 + k)
+    assert res.throughput == pytest.approx(B / res.mean_batch_service, rel=1e-12)
+    half = Z_9999 * res.std_batch_service / math.sqrt(res.n_batches)
+    expected = theory.service_time(B, l_min, l_min + width, k)
+    assert abs(res.mean_batch_service - expected) <= half
+    predicted = theory.throughput(B, l_min, l_min + width, k)
+    assert B / (res.mean_batch_service + half) <= predicted <= B / (res.mean_batch_service - half)
+
+
+@given(B=hs.integers(2, 32), k=hs.integers(1, 4), lam=hs.floats(0.5, 50.0),
+       l_min=l_mins, width=widths)
+def test_infinite_server_latency_matches_lemma_5_1(B, k, lam, l_min, width):
+    """Infinitely many servers (Assumption 5.1): the mean latency is Lemma 5.1's
+    (eq. 7); 99.99% batch-means interval (t with 31 degrees of freedom)."""
+    n = 2000 * B * k
+    res = mb.simulate(mb.MultiBin(bins=k, batch_size=B), arrivals=mb.Poisson(rate=lam),
+                      service=st.uniform(l_min, width), n=n, servers=math.inf, seed=7 + B + 100 * k)
+    g = res.group_mean_latency
+    half = st.t.ppf(1 - 0.0001 / 2, g.size - 1) * g.std(ddof=1) / math.sqrt(g.size)
+    expected = theory.latency(B, l_min, l_min + width, k, lam)
+    assert abs(res.mean_latency - expected) <= half
+    assert res.mean_queue_wait == 0.0
+
+
+@given(B=hs.integers(2, 64), k=hs.integers(1, 5), mu=hs.floats(0.05, 5.0),
+       lemma_a1=hs.booleans())
+def test_saturated_exponential_matches_batch_service_time(B, k, mu, lemma_a1):
+    """Exponential service (Assumption A.1), at Lemma A.1's edges or at
+    equal-mass edges: the saturated mean batch service time estimates the
+    exact ``batch_service_time``; 99.99% CLT interval."""
+    dist = st.expon(scale=1 / mu)
+    edges = theory.exponential_boundaries(B, mu, k) if lemma_a1 else dist.ppf(np.linspace(0, 1, k + 1))
+    res = mb.simulate(mb.MultiBin(bins=k, batch_size=B, edges=edges), arrivals=mb.Saturated(),
+                      service=dist, n=3000 * B, seed=B + 64 * k)
+    half = Z_9999 * res.std_batch_service / math.sqrt(res.n_batches)
+    assert abs(res.mean_batch_service - theory.batch_service_time(dist, edges, B)) <= half
+    if lemma_a1:
+        # and Corollary A.1.1: the bound holds beyond sampling error
+        assert res.mean_batch_service - half <= theory.exponential_service_bound(B, mu, k)
+
+
+def test_one_server_latency_exceeds_lemma_5_1():
+    """Remark 5.1: with one server the infinite-server latency is a lower bound
+    (99.99% batch-means interval)."""
+    B, k, lam = 128, 2, 8.0
+    res = mb.simulate(mb.MultiBin(bins=k, batch_size=B), arrivals=mb.Poisson(rate=lam),
+                      service=st.uniform(1, 19), n=400_000, seed=3)
+    g = res.group_mean_latency
+    half = st.t.ppf(1 - 0.0001 / 2, g.size - 1) * g.std(ddof=1) / math.sqrt(g.size)
+    assert res.mean_latency - half > theory.latency(B, 1, 20, k, lam)
+
+
+# --- two computation paths ---------------------------------------------------
+
+@given(n=hs.integers(1, 300), B=hs.integers(1, 5), k=hs.integers(1, 4),
+       servers=hs.sampled_from([1, 2, 3, math.inf]), saturated=hs.booleans(),
+       expon=hs.booleans(), seed=hs.integers(0, 2**32))
+def test_kernel_matches_python_event_loop(n, B, k, servers, saturated, expon, seed):
+    """The kernel and an independent plain-Python event loop, fed the same
+    draws, give identical per-request latencies (NaN for excluded requests)."""
+    service = st.expon(scale=2.0) if expon else st.uniform(1, 19)
+    arrivals = mb.Saturated() if saturated else mb.Poisson(rate=3.0)
+    res = mb.simulate(mb.MultiBin(bins=k, batch_size=B), arrivals=arrivals, service=service,
+                      n=n, servers=servers, seed=seed, keep_requests=True)
+    req = res.requests
+    ref = reference_latencies(req.arrival, req.service, res.edges, B, servers)
+    np.testing.assert_array_equal(req.latency, ref)
+    assert res.completed == int(np.sum(~np.isnan(ref)))
+    assert res.excluded_partial == n - res.completed
+    if res.completed:
+        assert res.mean_latency == pytest.approx(np.nanmean(ref), rel=1e-12)
+
+
+@given(seed=hs.integers(0, 2**32), k=hs.integers(1, 4), B=hs.integers(1, 16))
+def test_more_servers_never_delay_a_request(seed, k, B):
+    """Common random numbers: with one seed, every request's latency is
+    non-increasing from 1 to 2 to infinitely many servers (FCFS), and with
+    infinitely many it is exactly fill wait + batch service."""
+    kw = dict(arrivals=mb.Poisson(rate=4.0), service=st.uniform(1, 19), n=2000, seed=seed,
+              keep_requests=True)
+    p = mb.MultiBin(bins=k, batch_size=B)
+    lat = [mb.simulate(p, servers=c, **kw).requests.latency for c in (1, 2, math.inf)]
+    done = ~np.isnan(lat[0])
+    assert np.all(lat[1][done] <= lat[0][done])
+    assert np.all(lat[2][done] <= lat[1][done])
+
+
+def test_streaming_quantiles_match_exact_within_bucket():
+    p = mb.MultiBin(bins=3, batch_size=32)
+    kw = dict(arrivals=mb.Poisson(rate=5.0), service=st.uniform(1, 19), n=200_000, seed=11)
+    streamed = mb.simulate(p, **kw)
+    exact = mb.simulate(p, keep_requests=True, **kw)
+    lat = exact.requests.latency
+    for q, name in zip((0.5, 0.95, 0.99), ("latency_p50", "latency_p95", "latency_p99")):
+        truth = np.quantile(lat[~np.isnan(lat)], q, method="inverted_cdf")
+        assert abs(getattr(streamed, name) - truth) <= 2.0**-11 * truth
+    # everything but the quantiles is identical with and without keep_requests
+    for name in ("throughput", "mean_latency", "utilization", "mean_batch_service", "completed"):
+        assert getattr(streamed, name) == getattr(exact, name)
+
+
+def test_latency_decomposes_into_fill_queue_and_service():
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=16), arrivals=mb.Poisson(rate=2.0),
+                      service=st.uniform(1, 9), n=50_000, seed=5)
+    total = res.mean_fill_wait + res.mean_queue_wait + res.mean_batch_service
+    assert res.mean_latency == pytest.approx(total, rel=1e-9)
+    assert 0 < res.utilization < 1
+    assert res.batches_per_bin.sum() == res.n_batches
+
+
+# --- reproducibility and common random numbers --------------------------------
+
+def test_same_seed_bit_identical():
+    p = mb.MultiBin(bins=4, batch_size=8)
+    kw = dict(arrivals=mb.Poisson(rate=3.0), service=st.expon(scale=2), n=20_000, seed=123,
+              keep_requests=True)
+    a, b = mb.simulate(p, **kw), mb.simulate(p, **kw)
+    assert a.metrics() == b.metrics()
+    for f in ("arrival", "service", "completion", "bin", "batch"):
+        np.testing.assert_array_equal(getattr(a.requests, f), getattr(b.requests, f))
+    c = mb.simulate(p, **{**kw, "seed": 124})
+    assert c.mean_latency != a.mean_latency
+
+
+def test_every_policy_sees_the_same_requests():
+    """Common random numbers: the arrival and service streams do not depend on
+    the policy, the servers or the arrival process's kind."""
+    kw = dict(service=st.uniform(1, 19), n=5000, seed=42, keep_requests=True)
+    runs = [
+        mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Poisson(rate=2.0), **kw),
+        mb.simulate(mb.MultiBin(bins=5, batch_size=32), arrivals=mb.Poisson(rate=2.0), servers=3, **kw),
+        mb.simulate(mb.MultiBin(bins=3, batch_size=7), arrivals=mb.Saturated(), **kw),
+    ]
+    for r in runs[1:]:
+        np.testing.assert_array_equal(r.requests.service, runs[0].requests.service)
+    np.testing.assert_array_equal(runs[1].requests.arrival, runs[0].requests.arrival)
+
+
+def test_draws_are_numpys_seedsequence_streams():
+    """The kernel's draws are exactly numpy's: stream 0 (arrivals) and 1
+    (service) of the seed's SeedSequence, each a PCG64DXSM Generator."""
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=4), arrivals=mb.Poisson(rate=2.0),
+                      service=st.expon(loc=1, scale=3), n=1000, seed=9, keep_requests=True)
+    ss = np.random.SeedSequence(9)
+    gen = [np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence(ss.entropy, spawn_key=(i,))))
+           for i in (0, 1)]
+    np.testing.assert_array_equal(res.requests.arrival, np.cumsum(gen[0].standard_exponential(1000) * 0.5))
+    np.testing.assert_array_equal(res.requests.service, 1 + 3 * gen[1].standard_exponential(1000))
+
+
+@pytest.mark.parametrize("dist, draw", [
+    (st.lognorm(0.8, scale=5), lambda g, n: 5 * np.exp(0.8 * g.standard_normal(n))),
+    (st.gamma(2.0, loc=0.5, scale=3), lambda g, n: 0.5 + 3 * g.standard_gamma(2.0, n)),
+    (st.weibull_min(1.5, scale=4), lambda g, n: 4 * g.weibull(1.5, n)),
+])
+def test_other_distributions_draw_their_law(dist, draw):
+    """Kernel draws are numpy's draws of the scipy law (to the last bit but
+    for the libm ``exp`` of lognorm), and follow it:
+    a Kolmogorov-Smirnov test at the 99.9999% level, a threshold that any
+    parametrization error (shape, loc, scale swapped or misread) fails by far."""
+    n = 20_000
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=4), arrivals=mb.Saturated(), service=dist,
+                      n=n, seed=1, keep_requests=True)
+    ss = np.random.SeedSequence(1)
+    gen = np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence(ss.entropy, spawn_key=(1,))))
+    np.testing.assert_allclose(res.requests.service, draw(gen, n), rtol=1e-15, atol=0)
+    assert st.kstest(res.requests.service, dist.cdf).pvalue > 1e-6
+
+
+def test_partial_batches_are_counted_and_excluded():
+    res = mb.simulate(mb.MultiBin(bins=1, batch_size=10), arrivals=mb.Saturated(),
+                      service=st.uniform(1, 1), n=25, seed=0, keep_requests=True)
+    assert res.completed == 20 and res.excluded_partial == 5
+    assert np.isnan(res.requests.completion[20:]).all()
+    none = mb.simulate(mb.MultiBin(bins=1, batch_size=10), arrivals=mb.Saturated(),
+                       service=st.uniform(1, 1), n=5, seed=0)
+    assert none.completed == 0 and math.isnan(none.throughput)
+
+
+def test_to_dataset_has_units_and_provenance():
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=4), arrivals=mb.Poisson(rate=2.0),
+                      service=st.uniform(1, 19), n=1000, seed=0)
+    ds = res.to_dataset()
+    for name in ("throughput", "mean_latency", "latency_p95", "utilization", "batches_per_bin",
+                 "mean_latency_ci_low", "excluded_partial"):
+        assert ds[name].attrs["units"] and ds[name].attrs["description"]
+    assert ds.sizes["bin"] == 2
+    assert ds.attrs["seed_entropy"] == "0"
+    assert ds.attrs["numba_version"] and ds.attrs["mbbatch_version"] == mb.__version__
+    assert float(ds["throughput"]) == res.throughput
+
+
+# --- bad input ----------------------------------------------------------------
+
+U = st.uniform(1, 19)
+
+
+@pytest.mark.parametrize("make, exc, name", [
+    (lambda: mb.Poisson(rate=-1.0), ValueError, "rate"),
+    (lambda: mb.Poisson(rate=float("nan")), ValueError, "rate"),
+    (lambda: mb.Poisson(rate=math.inf), ValueError, "rate"),
+    (lambda: mb.MultiBin(bins=0, batch_size=4), ValueError, "bins"),
+    (lambda: mb.MultiBin(bins=2.0, batch_size=4), TypeError, "bins"),
+    (lambda: mb.MultiBin(bins=2, batch_size=0), ValueError, "batch_size"),
+    (lambda: mb.MultiBin(bins=2, batch_size=4.5), TypeError, "batch_size"),
+    (lambda: mb.MultiBin(bins=2, batch_size=True), TypeError, "batch_size"),
+    (lambda: mb.MultiBin(bins=2, batch_size=4, edges=[1, 5, 3]), ValueError, "edges"),
+    (lambda: mb.MultiBin(bins=2, batch_size=4, edges=[1, 20]), ValueError, "edges"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4, edges=[2, 5, 20]), mb.Saturated(), U, n=10), ValueError, "edges"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4, edges=[1, 5, 19]), mb.Saturated(), U, n=10), ValueError, "edges"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=0), ValueError, "n"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10.0), TypeError, "n"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U), ValueError, "n"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10, servers=0), ValueError, "servers"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10, servers=1.5), TypeError, "servers"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10, servers=float("nan")), ValueError, "servers"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.norm(0, 1), n=10), ValueError, "support"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.uniform(-1, 3), n=10), ValueError, "support"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.uniform, n=10), TypeError, "service"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), [1.0, -2.0], n=2), ValueError, "service"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.beta(2, 2), n=10), ValueError, "service"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10, seed=-1), ValueError, "seed"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10, seed=1.5), TypeError, "seed"),
+    (lambda: mb.simulate("multibin", mb.Saturated(), U, n=10), TypeError, "policy"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), 8.0, U, n=10), TypeError, "arrivals"),
+    (lambda: mb.Replay([0.0, 2.0, 1.0]), ValueError, "times"),
+])
+def test_bad_input_names_the_parameter(make, exc, name):
+    with pytest.raises(exc, match=name):
+        make()
