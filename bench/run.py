@@ -78,7 +78,7 @@ def bench_simpy(n, sim_per_request, runs):
 
 
 _CHILD = """
-import resource, sys, time, json
+import sys, time, json
 import scipy.stats as st
 t0 = time.perf_counter()
 import mbbatch as mb
@@ -93,7 +93,11 @@ if n:
                       service=st.uniform(1, 19), n=n, seed=0)
     out["run_s"] = time.perf_counter() - t3
     out["throughput"] = res.throughput
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, the high-water mark of this process's own memory map: unlike
+# ru_maxrss it is not inherited from the parent across fork and exec
+with open("/proc/self/status") as f:
+    hwm = next(line for line in f if line.startswith("VmHWM:"))
+out["peak_rss_mb"] = int(hwm.split()[1]) / 1024
 print(json.dumps(out))
 """
 

@@ -5,8 +5,8 @@ The domain table below is the single source of truth for error messages,
 Dataset attrs and the hypothesis strategies in the tests.
 
 Errors follow one rule: ``ValueError`` for a value outside its domain (NaN and
-inf included), ``TypeError`` for the wrong kind of value (a float or a bool
-where a count belongs).  Every message names the parameter and the value, e.g.
+inf included, also where a count belongs), ``TypeError`` for the wrong kind of
+value (a finite float such as 4.0, or a bool, where a count belongs).  Every message names the parameter and the value, e.g.
 ``rate must be in (0, inf); got -1.0``.
 """
 
@@ -114,6 +114,9 @@ def check_count(name: str, value, domain: Domain | None = None, *, array: bool =
         arr = np.asarray(value)
         if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == object):
             if np.issubdtype(arr.dtype, np.floating):
+                if not np.all(np.isfinite(arr)):
+                    raise ValueError(f"{name} must be an integer in {domain}; got "
+                                     f"{arr[~np.isfinite(arr)].ravel()[0]!r}")
                 raise TypeError(f"{name} must be an integer; got {value!r} ({arr.dtype})")
             raise TypeError(f"{name} must be an integer; got {value!r}")
         if arr.dtype == object:
@@ -125,6 +128,10 @@ def check_count(name: str, value, domain: Domain | None = None, *, array: bool =
             raise ValueError(f"{name} must be an integer in {domain}; got {arr[bad].ravel()[0]!r}")
         return arr.astype(np.int64)
     if not _is_count_like(value):
+        # NaN and inf are out of the domain, whatever their type; any other
+        # float, even 4.0, is the wrong kind for a count
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+            raise ValueError(f"{name} must be an integer in {domain}; got {value!r}")
         raise TypeError(f"{name} must be an integer; got {value!r} ({type(value).__name__})")
     if not bool(domain.contains(int(value))):
         raise ValueError(f"{name} must be an integer in {domain}; got {value!r}")

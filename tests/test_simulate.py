@@ -196,13 +196,31 @@ def test_every_policy_sees_the_same_requests():
 def test_draws_are_numpys_seedsequence_streams():
     """The kernel's draws are exactly numpy's: stream 0 (arrivals) and 1
     (service) of the seed's SeedSequence, each a PCG64DXSM Generator."""
+    n = 5000
     res = mb.simulate(mb.MultiBin(bins=2, batch_size=4), arrivals=mb.Poisson(rate=2.0),
-                      service=st.expon(loc=1, scale=3), n=1000, seed=9, keep_requests=True)
+                      service=st.expon(loc=1, scale=3), n=n, seed=9, keep_requests=True)
     ss = np.random.SeedSequence(9)
     gen = [np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence(ss.entropy, spawn_key=(i,))))
            for i in (0, 1)]
-    np.testing.assert_array_equal(res.requests.arrival, np.cumsum(gen[0].standard_exponential(1000) * 0.5))
-    np.testing.assert_array_equal(res.requests.service, 1 + 3 * gen[1].standard_exponential(1000))
+    np.testing.assert_array_equal(res.requests.arrival, np.cumsum(gen[0].standard_exponential(n) * 0.5))
+    np.testing.assert_array_equal(res.requests.service, 1 + 3 * gen[1].standard_exponential(n))
+
+
+def test_arrival_clock_survives_block_boundaries():
+    """Regression: the kernel draws requests in blocks, and a batch dispatched
+    inside a block once reset the arrival clock to that batch's ready time, so
+    the next block's arrivals started early.  n spans many blocks, with
+    batches closing mid-block, and no request may be served before it arrives."""
+    from mbbatch._kernels.multibin import BLOCK
+
+    n = 5 * BLOCK + 17
+    res = mb.simulate(mb.MultiBin(bins=3, batch_size=5), arrivals=mb.Poisson(rate=3.0),
+                      service=st.uniform(1, 2), n=n, seed=4, keep_requests=True)
+    a = res.requests.arrival
+    assert np.all(np.diff(a) > 0)
+    gaps = np.random.Generator(np.random.PCG64DXSM(np.random.SeedSequence(4, spawn_key=(0,))))
+    np.testing.assert_allclose(a, np.cumsum(gaps.standard_exponential(n) / 3.0), rtol=1e-12)
+    assert np.nanmin(res.requests.latency) > 0
 
 
 @pytest.mark.parametrize("dist, draw", [
@@ -261,6 +279,8 @@ U = st.uniform(1, 19)
     (lambda: mb.MultiBin(bins=2, batch_size=0), ValueError, "batch_size"),
     (lambda: mb.MultiBin(bins=2, batch_size=4.5), TypeError, "batch_size"),
     (lambda: mb.MultiBin(bins=2, batch_size=True), TypeError, "batch_size"),
+    (lambda: mb.MultiBin(bins=2, batch_size=float("nan")), ValueError, "batch_size"),
+    (lambda: mb.MultiBin(bins=math.inf, batch_size=4), ValueError, "bins"),
     (lambda: mb.MultiBin(bins=2, batch_size=4, edges=[1, 5, 3]), ValueError, "edges"),
     (lambda: mb.MultiBin(bins=2, batch_size=4, edges=[1, 20]), ValueError, "edges"),
     (lambda: mb.simulate(mb.MultiBin(2, 4, edges=[2, 5, 20]), mb.Saturated(), U, n=10), ValueError, "edges"),

@@ -74,7 +74,39 @@ def _hist_add(hist, x):
     # bucket = exponent and top HIST_SUB_BITS mantissa bits of x (x >= 0)
     h = (_float_bits(x) >> _HIST_SHIFT) - _HIST_BASE
     h = min(max(h, 0), HIST_SIZE - 1)
-    hist[h] += 1
+    hist[np.uint64(h)] += 1
+
+
+@njit(cache=CACHE)
+def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, uB,
+          buf_arrival, keep, buf_index, out_arrival, out_service, out_bin):
+    """Add requests j0, j0+1, ... of the block to their bins' partial batches
+    (arrival time kept, service time folded into the bin's running maximum);
+    return the index of the first request that fills a batch (its bin's count
+    is reset), or m.  A small function of its own so that its loop keeps its
+    few pointers in registers."""
+    one = np.uint64(1)
+    for jj in range(j0, m):
+        b = np.uint64(block_bin[jj])
+        c = count[b]
+        o = b * uB + c
+        t = block_time[jj]
+        s = block_service[jj]
+        buf_arrival[o] = t
+        mx = max_service[b]
+        max_service[b] = s if s > mx else mx
+        if keep:
+            i = i0 + jj
+            buf_index[o] = i
+            out_arrival[i] = t
+            out_service[i] = s
+            out_bin[i] = b
+        c += one
+        if c == uB:
+            count[b] = 0
+            return jj
+        count[b] = c
+    return m
 
 
 #: requests drawn per block: random numbers are drawn in tight loops, one
@@ -122,17 +154,28 @@ def multibin_kernel(
     and get no completion time.  Group ``g`` of the batch-means statistics
     holds the batches whose last member has arrival index ``i`` with
     ``g = i * G // n``.
+
+    The hot loops index with unsigned integers: numba then emits no
+    negative-index wraparound, which costs a third of the request loop.
     """
     k = edges.shape[0] - 1
     B = batch_size
     G = group_latency.shape[0]
+    U0 = np.uint64(0)
+    U1 = np.uint64(1)
+    U2 = np.uint64(2)
+    U3 = np.uint64(3)
+    U4 = np.uint64(4)
+    uB = np.uint64(B)
     # bin b's partial batch occupies [b * B, (b + 1) * B) of flat buffers
     buf_arrival = np.empty(k * B, np.float64)
-    buf_service = np.empty(k * B, np.float64)
     buf_index = np.empty(k * B, np.int64)
-    count = np.zeros(k, np.int64)
+    count = np.zeros(k, np.uint64)
+    max_service = np.full(k, -np.inf)
+    lat = np.empty(B, np.float64)
+    hidx = np.empty(B, np.int64)
     block_time = np.empty(BLOCK, np.float64)
-    block_bin = np.empty(BLOCK, np.int32)
+    block_bin = np.empty(BLOCK, np.uint32)
     block_service = np.empty(BLOCK, np.float64)
     # server free times: a binary min-heap when 1 < servers < inf
     n_heap = servers if servers > 1 else 1
@@ -153,6 +196,7 @@ def multibin_kernel(
 
     for i0 in range(0, n, BLOCK):
         m = min(BLOCK, n - i0)
+        # 1. draws, one stream at a time, in tight loops
         if arrival_kind == ARR_POISSON:
             for j in range(m):
                 t += gen_arrival.standard_exponential() * inv_rate
@@ -166,9 +210,10 @@ def multibin_kernel(
         if i0 == 0:
             first_arrival = block_time[0]
         _draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
-        # bin j holds edges[j] <= s < edges[j+1], the last bin closed above.
-        # Counting the inner edges passed is branch-free and vectorizes, unlike
-        # a search inside the request loop; binary search for many bins.
+
+        # 2. bins: bin b holds edges[b] <= s < edges[b+1], the last one closed
+        # above.  Counting the inner edges passed is branch-free and
+        # vectorizes; binary search for many bins.
         if k <= 16:
             for j in range(m):
                 block_bin[j] = 0
@@ -188,64 +233,39 @@ def multibin_kernel(
                     else:
                         hi = mid - 1
                 block_bin[j] = lo
-        for jj in range(m):
-            i = i0 + jj
-            t = block_time[jj]
-            s = block_service[jj]
-            b = block_bin[jj]
-            c = count[b]
-            o = b * B
-            buf_arrival[o + c] = t
-            buf_service[o + c] = s
-            if keep:
-                buf_index[o + c] = i
-                out_arrival[i] = t
-                out_service[i] = s
-                out_bin[i] = b
-            c += 1
-            if c < B:
-                count[b] = c
-                continue
 
-            # the bin's batch is ready now, at the arrival of its B-th request;
-            # batches reach the central FIFO in ready-time order, so serving
-            # them in generation order is "first completed batch, first served"
-            count[b] = 0
-            # max in four lanes, like the sum below: no long compare chain
-            m0 = buf_service[o]
-            m1 = m0
-            m2 = m0
-            m3 = m0
-            j = 0
-            while j + 4 <= B:
-                x0 = buf_service[o + j]
-                x1 = buf_service[o + j + 1]
-                x2 = buf_service[o + j + 2]
-                x3 = buf_service[o + j + 3]
-                m0 = x0 if x0 > m0 else m0
-                m1 = x1 if x1 > m1 else m1
-                m2 = x2 if x2 > m2 else m2
-                m3 = x3 if x3 > m3 else m3
-                j += 4
-            while j < B:
-                x0 = buf_service[o + j]
-                m0 = x0 if x0 > m0 else m0
-                j += 1
-            m0 = m1 if m1 > m0 else m0
-            m2 = m3 if m3 > m2 else m2
-            S = m2 if m2 > m0 else m0
+        # 3. requests in arrival order; _fill returns at each full batch
+        jj = 0
+        while True:
+            jj = _fill(jj, m, i0, block_time, block_service, block_bin, count, max_service, uB,
+                       buf_arrival, keep, buf_index, out_arrival, out_service, out_bin)
+            if jj >= m:
+                break
+            i = i0 + jj
+            ready = block_time[jj]
+            b = np.uint64(block_bin[jj])
+            o = b * uB
+            jj += 1
+
+            # The bin's batch is ready now, at the arrival of its B-th request.
+            # Batches reach the central FIFO in ready-time order, so serving
+            # them in generation order is "first completed batch, first served".
+            # batch service time = max of the members'
+            S = max_service[b]
+            max_service[b] = -np.inf
+
             if servers == 1:
-                start = t if t > free_at else free_at
+                start = ready if ready > free_at else free_at
                 free_at = start + S
             elif servers == 0:
-                start = t
+                start = ready
             else:
-                start = t if t > heap[0] else heap[0]
+                start = ready if ready > heap[0] else heap[0]
                 # replace the root by the new free time and sift down
                 v = start + S
-                j = 0
+                p = 0
                 while True:
-                    l = 2 * j + 1
+                    l = 2 * p + 1
                     if l >= n_heap:
                         break
                     r = l + 1
@@ -253,63 +273,64 @@ def multibin_kernel(
                     if r < n_heap and heap[r] < heap[l]:
                         mm = r
                     if heap[mm] < v:
-                        heap[j] = heap[mm]
-                        j = mm
+                        heap[p] = heap[mm]
+                        p = mm
                     else:
                         break
-                heap[j] = v
+                heap[p] = v
             C = start + S
             if C > last_completion:
                 last_completion = C
             busy += S
             busy_sq += S * S
-            # latencies of the members: summed in four lanes in a fixed order
-            # (deterministic, and free of one long add chain) and histogrammed
+
+            # member latencies, then their histogram buckets: both loops
+            # vectorize; only the bucket increments stay scalar
+            for j in range(B):
+                lat[j] = C - buf_arrival[o + np.uint64(j)]
+            for j in range(B):
+                h = (_float_bits(lat[j]) >> _HIST_SHIFT) - _HIST_BASE
+                hidx[j] = min(max(h, 0), HIST_SIZE - 1)
+            for j in range(B):
+                hist[np.uint64(hidx[j])] += 1
+            # summed in four lanes in a fixed order: deterministic, and free
+            # of one long add chain
             a0 = 0.0
             a1 = 0.0
             a2 = 0.0
             a3 = 0.0
-            j = 0
-            while j + 4 <= B:
-                l0 = C - buf_arrival[o + j]
-                l1 = C - buf_arrival[o + j + 1]
-                l2 = C - buf_arrival[o + j + 2]
-                l3 = C - buf_arrival[o + j + 3]
-                a0 += l0
-                a1 += l1
-                a2 += l2
-                a3 += l3
-                _hist_add(hist, l0)
-                _hist_add(hist, l1)
-                _hist_add(hist, l2)
-                _hist_add(hist, l3)
-                j += 4
-            while j < B:
-                l0 = C - buf_arrival[o + j]
-                a0 += l0
-                _hist_add(hist, l0)
-                j += 1
+            j = U0
+            while j + U4 <= uB:
+                a0 += lat[j]
+                a1 += lat[j + U1]
+                a2 += lat[j + U2]
+                a3 += lat[j + U3]
+                j += U4
+            while j < uB:
+                a0 += lat[j]
+                j += U1
             lat_batch = (a0 + a1) + (a2 + a3)
             if keep:
-                for j in range(B):
-                    out_completion[buf_index[o + j]] = C
-                    out_batch[buf_index[o + j]] = n_batches
-            # lat_batch = B*C - sum(arrivals), so the fill wait B*t - sum(arrivals)
-            sum_fill += lat_batch - B * (C - t)
+                for jm in range(B):
+                    r_i = buf_index[o + np.uint64(jm)]
+                    out_completion[r_i] = C
+                    out_batch[r_i] = n_batches
+            # lat_batch = B*C - sum(arrivals), so the fill wait is B*ready - sum(arrivals)
+            sum_fill += lat_batch - B * (C - ready)
             sum_latency += lat_batch
-            sum_queue += B * (start - t)
+            sum_queue += B * (start - ready)
             g = (i * G) // n
             group_latency[g] += lat_batch
             group_count[g] += B
-            group_batch_wait[g] += start - t
+            group_batch_wait[g] += start - ready
             group_batches[g] += 1
             batches_per_bin[b] += 1
             completed += B
             n_batches += 1
 
     excluded = 0
-    for b in range(k):
-        excluded += count[b]
+    for q in range(k):
+        excluded += count[q]
     stats[S_FIRST_ARRIVAL] = first_arrival
     stats[S_LAST_COMPLETION] = last_completion
     stats[S_BUSY] = busy

@@ -1,0 +1,50 @@
+"""Closed forms and exact numerics from the multi-bin batching paper.
+
+Uniform service times (Assumption 3.2; Sections 4-5):
+:func:`service_time` (eq. 20), :func:`throughput` (eqs. 4, 21),
+:func:`capacity` (eq. 5), :func:`min_bins` (eqs. 6, 26), :func:`latency`
+(eq. 7), :func:`uniform_boundaries` (eqs. 3, 16).
+
+Exponential service times (Assumption A.1; Appendix A.4):
+:func:`exponential_boundaries` (eqs. 28-29, 59),
+:func:`exponential_service_bound` (eq. 27 at those edges),
+:func:`exponential_throughput_bound` (Corollary A.1.1, eq. 60 corrected),
+:func:`harmonic_number`.
+
+Any continuous distribution: :func:`batch_service_time` (eq. 2, exact, by
+quadrature) and :func:`optimal_boundaries` (numerical minimiser).
+
+Pure numpy/scipy; no randomness.  See ``theory/NOTES.md`` in the repository
+for the assumptions of each formula and the paper's errata.
+"""
+
+from .exponential import (
+    exponential_boundaries,
+    exponential_service_bound,
+    exponential_throughput_bound,
+    harmonic_number,
+)
+from .general import batch_service_time, optimal_boundaries
+from .uniform import (
+    capacity,
+    latency,
+    min_bins,
+    service_time,
+    throughput,
+    uniform_boundaries,
+)
+
+__all__ = [
+    "service_time",
+    "throughput",
+    "capacity",
+    "min_bins",
+    "latency",
+    "uniform_boundaries",
+    "exponential_boundaries",
+    "exponential_service_bound",
+    "exponential_throughput_bound",
+    "harmonic_number",
+    "batch_service_time",
+    "optimal_boundaries",
+]
