@@ -7,7 +7,7 @@
 
 __version__ = "0.1.0"
 
-from . import theory
+from . import theory, traces
 from ._kernels import warmup
 from .arrivals import Poisson, Replay, Saturated
 from .policies import MultiBin
@@ -23,6 +23,7 @@ __all__ = [
     "SimulationResult",
     "RequestTable",
     "theory",
+    "traces",
     "warmup",
     "__version__",
 ]

@@ -188,7 +188,7 @@ def _batch_means_ci(group_means: np.ndarray, mean: float, level: float = 0.95) -
     if g.size < 2 or math.isnan(mean):
         return (math.nan, math.nan)
     half = _st.t.ppf(0.5 + level / 2, g.size - 1) * g.std(ddof=1) / math.sqrt(g.size)
-    return (mean - half, mean + half)
+    return (float(mean - half), float(mean + half))
 
 
 def _hist_bucket_bounds(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -86,7 +86,7 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
     is reset), or m.  A small function of its own so that its loop keeps its
     few pointers in registers."""
     one = np.uint64(1)
-    for jj in range(j0, m):
+    for jj in range(np.uint64(j0), np.uint64(m)):
         b = np.uint64(block_bin[jj])
         c = count[b]
         o = b * uB + c
@@ -96,7 +96,7 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
         mx = max_service[b]
         max_service[b] = s if s > mx else mx
         if keep:
-            i = i0 + jj
+            i = i0 + np.int64(jj)
             buf_index[o] = i
             out_arrival[i] = t
             out_service[i] = s
@@ -104,7 +104,7 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
         c += one
         if c == uB:
             count[b] = 0
-            return jj
+            return np.int64(jj)
         count[b] = c
     return m
 
@@ -117,26 +117,28 @@ BLOCK = 1024
 @njit(cache=CACHE)
 def _draw_block(kind, params, values, i0, m, gen, out):
     # the switch sits outside the loops so each draw loop is a tight one
+    um = np.uint64(m)
+    ui0 = np.uint64(i0)
     loc = params[0]
     scale = params[1]
     if kind == SVC_UNIFORM:
-        for j in range(m):
+        for j in range(um):
             out[j] = loc + scale * gen.random()
     elif kind == SVC_EXPON:
-        for j in range(m):
+        for j in range(um):
             out[j] = loc + scale * gen.standard_exponential()
     elif kind == SVC_LOGNORM:
-        for j in range(m):
+        for j in range(um):
             out[j] = loc + scale * np.exp(params[2] * gen.standard_normal())
     elif kind == SVC_GAMMA:
-        for j in range(m):
+        for j in range(um):
             out[j] = loc + scale * gen.standard_gamma(params[2])
     elif kind == SVC_WEIBULL_MIN:
-        for j in range(m):
+        for j in range(um):
             out[j] = loc + scale * gen.weibull(params[2])
     else:
-        for j in range(m):
-            out[j] = values[i0 + j]
+        for j in range(um):
+            out[j] = values[ui0 + j]
 
 
 @njit(cache=CACHE)
@@ -173,7 +175,7 @@ def multibin_kernel(
     count = np.zeros(k, np.uint64)
     max_service = np.full(k, -np.inf)
     lat = np.empty(B, np.float64)
-    hidx = np.empty(B, np.int64)
+    hidx = np.empty(B, np.uint64)
     block_time = np.empty(BLOCK, np.float64)
     block_bin = np.empty(BLOCK, np.uint32)
     block_service = np.empty(BLOCK, np.float64)
@@ -197,15 +199,17 @@ def multibin_kernel(
     for i0 in range(0, n, BLOCK):
         m = min(BLOCK, n - i0)
         # 1. draws, one stream at a time, in tight loops
+        um = np.uint64(m)
         if arrival_kind == ARR_POISSON:
-            for j in range(m):
+            for j in range(um):
                 t += gen_arrival.standard_exponential() * inv_rate
                 block_time[j] = t
         elif arrival_kind == ARR_REPLAY:
-            for j in range(m):
-                block_time[j] = arrival_times[i0 + j]
+            ui0 = np.uint64(i0)
+            for j in range(um):
+                block_time[j] = arrival_times[ui0 + j]
         else:
-            for j in range(m):
+            for j in range(um):
                 block_time[j] = 0.0
         if i0 == 0:
             first_arrival = block_time[0]
@@ -215,14 +219,14 @@ def multibin_kernel(
         # above.  Counting the inner edges passed is branch-free and
         # vectorizes; binary search for many bins.
         if k <= 16:
-            for j in range(m):
+            for j in range(um):
                 block_bin[j] = 0
             for q in range(1, k):
                 e = edges[q]
-                for j in range(m):
+                for j in range(um):
                     block_bin[j] += block_service[j] >= e
         else:
-            for j in range(m):
+            for j in range(um):
                 s = block_service[j]
                 lo = 0
                 hi = k - 1
@@ -235,7 +239,7 @@ def multibin_kernel(
                 block_bin[j] = lo
 
         # 3. requests in arrival order; _fill returns at each full batch
-        jj = 0
+        jj = np.int64(0)  # not a literal: one compiled _fill, not two
         while True:
             jj = _fill(jj, m, i0, block_time, block_service, block_bin, count, max_service, uB,
                        buf_arrival, keep, buf_index, out_arrival, out_service, out_bin)
@@ -286,13 +290,13 @@ def multibin_kernel(
 
             # member latencies, then their histogram buckets: both loops
             # vectorize; only the bucket increments stay scalar
-            for j in range(B):
-                lat[j] = C - buf_arrival[o + np.uint64(j)]
-            for j in range(B):
+            for j in range(uB):
+                lat[j] = C - buf_arrival[o + j]
+            for j in range(uB):
                 h = (_float_bits(lat[j]) >> _HIST_SHIFT) - _HIST_BASE
                 hidx[j] = min(max(h, 0), HIST_SIZE - 1)
-            for j in range(B):
-                hist[np.uint64(hidx[j])] += 1
+            for j in range(uB):
+                hist[hidx[j]] += 1
             # summed in four lanes in a fixed order: deterministic, and free
             # of one long add chain
             a0 = 0.0
@@ -311,8 +315,8 @@ def multibin_kernel(
                 j += U1
             lat_batch = (a0 + a1) + (a2 + a3)
             if keep:
-                for jm in range(B):
-                    r_i = buf_index[o + np.uint64(jm)]
+                for jm in range(uB):
+                    r_i = buf_index[o + jm]
                     out_completion[r_i] = C
                     out_batch[r_i] = n_batches
             # lat_batch = B*C - sum(arrivals), so the fill wait is B*ready - sum(arrivals)
