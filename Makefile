@@ -1,17 +1,23 @@
-# mbbatch: `make test`, `make bench`, `make help`.
-# The virtual environment is a file target: it is (re)built when pyproject.toml changes.
+# mbbatch, as a file DAG: results depend on their spec and the sources, figures
+# on the results.  Phony targets: help, test, figures, bench, clean.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+MBBATCH := $(VENV)/bin/mbbatch
 STAMP := $(VENV)/.installed
+RESULTS := results
+SWEEPS := fig3 fig4 fig8 thm43 servers
+SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py)
+DONE := $(SWEEPS:%=$(RESULTS)/%.done)
 
-.PHONY: help test bench clean
+.PHONY: help test figures bench clean
 
 help:
-	@echo "make test    create .venv, install mbbatch with its test extras, run the test suite"
-	@echo "make bench   run the benchmarks and print the table"
-	@echo "make clean   remove .venv and numba caches"
+	@echo "make test      create .venv, install mbbatch with its test extras, run the test suite"
+	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
+	@echo "make bench     print the speed and memory table"
+	@echo "make clean     remove .venv, results/ and caches"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +31,20 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 
+# A sweep resumes where it stopped; once complete, a newer spec or source
+# makes it start over (--overwrite), since its stored cells are then stale.
+$(RESULTS)/%.done: sweeps/%.toml $(SRC) | $(STAMP)
+	@mkdir -p $(RESULTS)
+	@if [ -e $@ ]; then rm -f $@; over=--overwrite; fi; \
+	$(MBBATCH) sweep $< --out $(RESULTS)/$*.zarr $$over && touch $@
+
+$(RESULTS)/fig1b.nc: $(SRC) | $(STAMP)
+	@mkdir -p $(RESULTS)
+	$(MBBATCH) example fig1b --out $@
+
+figures: $(DONE) $(RESULTS)/fig1b.nc
+	$(MBBATCH) figures --results $(RESULTS) --out figures
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(RESULTS) .pytest_cache .hypothesis
 	find mbbatch -name __pycache__ -type d -exec rm -rf {} +

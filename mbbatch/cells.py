@@ -1,0 +1,147 @@
+"""One grid point of a sweep: its seeds, its simulations and its closed forms.
+
+These functions are what workers run (in-process, in a process pool or on a
+dask cluster); they take and return plain Python and numpy values only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+
+import numpy as np
+import scipy.stats as st
+
+from . import theory
+from .arrivals import Poisson, Saturated
+from .policies import MultiBin
+from .simulation import simulate
+from .spec import WORKLOAD_PARAMS
+
+__all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "SIM_METRICS", "backlog_growing"]
+
+SEED_SCHEME = (
+    "SeedSequence(entropy=<spec seed>, spawn_key=(w0, ..., w7, rep)), where w0..w7 are the "
+    "eight big-endian 32-bit words of SHA-256 over the canonical JSON of the cell's workload "
+    "parameters (" + ", ".join(WORKLOAD_PARAMS) + ", those that apply); stream 0 of it draws "
+    "the arrivals and stream 1 the service times (PCG64DXSM).  Policy parameters do not enter "
+    "the seed: cells that differ only in policy see the same requests."
+)
+
+#: SimulationResult attribute -> Dataset variable, for the per-rep metrics
+SIM_METRICS = {
+    "throughput": "sim_throughput",
+    "mean_latency": "sim_mean_latency",
+    "latency_p50": "sim_latency_p50",
+    "latency_p95": "sim_latency_p95",
+    "latency_p99": "sim_latency_p99",
+    "utilization": "sim_utilization",
+    "mean_batch_service": "sim_mean_batch_service",
+    "mean_fill_wait": "sim_mean_fill_wait",
+    "mean_queue_wait": "sim_mean_queue_wait",
+    "completed": "completed",
+    "excluded_partial": "excluded_partial",
+    "n_batches": "n_batches",
+}
+
+
+def _canonical(params: dict) -> str:
+    enc = {k: ("inf" if v == math.inf else v) for k, v in params.items() if k in WORKLOAD_PARAMS}
+    return json.dumps(enc, sort_keys=True, separators=(",", ":"))
+
+
+def cell_seed(root_seed: int, params: dict, rep: int) -> np.random.SeedSequence:
+    """The SeedSequence of one cell (see :data:`SEED_SCHEME`)."""
+    digest = hashlib.sha256(_canonical(params).encode()).digest()
+    words = tuple(int.from_bytes(digest[i:i + 4], "big") for i in range(0, 32, 4))
+    return np.random.SeedSequence(root_seed, spawn_key=(*words, rep))
+
+
+def _service_dist(service: str, params: dict):
+    if service == "uniform":
+        return st.uniform(params["l_min"], params["l_max"] - params["l_min"])
+    return st.expon(scale=1.0 / params["mu"])
+
+
+def _edges(service: str, params: dict):
+    k = params["bins"]
+    if params.get("edges") == "lemma_a1":
+        return theory.exponential_boundaries(params["batch_size"], params["mu"], k)
+    return None  # equal mass, computed by simulate
+
+
+def backlog_growing(group_wait: np.ndarray, mean_batch_service: float) -> bool:
+    """Whether the central-FIFO wait grows through the run.
+
+    Heuristic: the mean batch wait of the last quarter of the run exceeds that
+    of the second quarter by more than half of it and by more than two mean
+    batch service times.  An overloaded queue that starts empty has waits
+    growing linearly (last/second quarter about 7/3); a stable one has them
+    level, up to noise of the order of a batch service time.
+    """
+    g = np.asarray(group_wait, dtype=float)
+    if g.size < 4 or not np.isfinite(mean_batch_service):
+        return False
+    q = g.size // 4
+    a, b = g[q:2 * q], g[3 * q:]
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size == 0 or b.size == 0:
+        return False
+    second, last = float(a.mean()), float(b.mean())
+    return bool(last - second > max(0.5 * second, 2.0 * mean_batch_service))
+
+
+def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: int) -> dict:
+    """Simulate every rep of one grid point; return per-rep metric arrays."""
+    policy = MultiBin(bins=params["bins"], batch_size=params["batch_size"],
+                      edges=_edges(service, params))
+    arr = Poisson(rate=params["rate"]) if arrivals == "poisson" else Saturated()
+    dist = _service_dist(service, params)
+    out = {var: np.empty(reps) for var in SIM_METRICS.values()}
+    out["backlog_growing"] = np.zeros(reps, dtype=bool)
+    for rep in range(reps):
+        res = simulate(policy, arrivals=arr, service=dist, n=params["n"],
+                       servers=params["servers"], seed=cell_seed(root_seed, params, rep))
+        for attr, var in SIM_METRICS.items():
+            out[var][rep] = getattr(res, attr)
+        if arrivals == "poisson":
+            out["backlog_growing"][rep] = backlog_growing(res.group_mean_batch_wait,
+                                                          res.mean_batch_service)
+    for var in ("completed", "excluded_partial", "n_batches"):
+        out[var] = out[var].astype(np.int64)
+    return out
+
+
+def point_theory(arrivals: str, service: str, params: dict) -> dict:
+    """Closed-form predictions at one grid point (NaN where none applies)."""
+    B, k, servers = params["batch_size"], params["bins"], params["servers"]
+    dist = _service_dist(service, params)
+    if service == "uniform" and params.get("edges", "equal_mass") == "equal_mass":
+        es = theory.service_time(B, params["l_min"], params["l_max"], k)        # Theorem 4.2
+    else:
+        edges = _edges(service, params)
+        if edges is None:
+            edges = dist.ppf(np.linspace(0.0, 1.0, k + 1))
+        es = theory.batch_service_time(dist, edges, B)
+    mean_one = float(dist.mean())
+    rate_s = servers * B / es if servers != math.inf else math.inf
+    out = {
+        "theory_mean_batch_service": es,
+        "theory_service_rate": rate_s,
+        "capacity": servers * B / mean_one if servers != math.inf else math.inf,
+        "theory_throughput_bound": math.nan,
+        "theory_throughput": rate_s,
+        "theory_latency": math.nan,
+    }
+    if service == "expon" and params.get("edges") == "lemma_a1":
+        bound = theory.exponential_throughput_bound(B, params["mu"], k)         # Corollary A.1.1
+        out["theory_throughput_bound"] = servers * bound if servers != math.inf else math.inf
+    if arrivals == "poisson":
+        lam = params["rate"]
+        out["theory_throughput"] = min(lam, rate_s)
+        # Lemma 5.1, eq. (7), for any edges: a request waits (B-1)/(2 lam p_i)
+        # for its bin's batch to fill, and sum_i p_i (B-1)/(2 lam p_i) = k(B-1)/(2 lam)
+        out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
+    out["unstable"] = bool(arrivals == "poisson" and params["rate"] >= rate_s)
+    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}

@@ -1,0 +1,120 @@
+"""The ``mbbatch`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import sys
+import warnings
+from pathlib import Path
+
+#: CLI name -> (function name in mbbatch.theory, its parameters in order)
+_THEORY = {
+    "service-time": ("service_time", ("B", "l_min", "l_max", "k")),
+    "throughput": ("throughput", ("B", "l_min", "l_max", "k")),
+    "capacity": ("capacity", ("B", "l_min", "l_max")),
+    "min-bins": ("min_bins", ("B", "l_min", "l_max", "eps")),
+    "latency": ("latency", ("B", "l_min", "l_max", "k", "lam")),
+    "uniform-boundaries": ("uniform_boundaries", ("l_min", "l_max", "k")),
+    "exponential-boundaries": ("exponential_boundaries", ("B", "mu", "k")),
+    "exponential-service-bound": ("exponential_service_bound", ("B", "mu", "k")),
+    "exponential-throughput-bound": ("exponential_throughput_bound", ("B", "mu", "k")),
+    "harmonic-number": ("harmonic_number", ("B",)),
+}
+_INTS = {"B", "k"}
+
+
+def _number(text: str):
+    """An int if the text is one, else a float (so `--B 4.0` reaches the
+    function as a float and is refused as the wrong kind)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    ap = argparse.ArgumentParser(prog="mbbatch", description="Monte Carlo and closed forms for "
+                                 "batching policies in LLM inference.")
+    ap.add_argument("--version", action="version", version=f"mbbatch {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sw = sub.add_parser("sweep", help="run (or resume) a sweep spec into a Zarr store")
+    sw.add_argument("spec", help="the sweep spec, a TOML file (see sweeps/)")
+    sw.add_argument("--out", required=True, help="the Zarr store to write (resumed if it exists)")
+    sw.add_argument("--scheduler", default=None,
+                    help='run cells on dask.distributed: "local" starts a LocalCluster, anything '
+                         "else is the address of a running scheduler")
+    sw.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    sw.add_argument("--overwrite", action="store_true",
+                    help="discard a store made with a different spec")
+    sw.add_argument("--netcdf", default=None, help="also export the Dataset to this NetCDF file")
+    sw.add_argument("--quiet", action="store_true", help="no progress output")
+
+    fg = sub.add_parser("figures", help="draw the figures from stored sweep results")
+    fg.add_argument("--only", default=None, help="one figure by name")
+    fg.add_argument("--results", default="results", help="folder of the stored Datasets")
+    fg.add_argument("--out", default="figures", help="folder for the PNG and PDF files")
+
+    ex = sub.add_parser("example", help="store a worked example as a Dataset")
+    ex.add_argument("name", choices=["fig1b"], help="fig1b: the paper's Figure 1b example")
+    ex.add_argument("--out", required=True, help="NetCDF file to write")
+
+    th = sub.add_parser("theory", help="evaluate a closed form of mbbatch.theory")
+    thsub = th.add_subparsers(dest="function", required=True, metavar="FUNCTION")
+    for name, (fn, params) in _THEORY.items():
+        from . import theory
+
+        doc = inspect.getdoc(getattr(theory, fn)) or ""
+        p = thsub.add_parser(name, help=doc.splitlines()[0] if doc else fn)
+        for prm in params:
+            flag = "--" + prm.replace("_", "-")
+            p.add_argument(flag, dest=prm, type=_number, required=True, metavar=prm.upper())
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "sweep":
+            from .sweep import run_sweep
+
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ds = run_sweep(args.spec, args.out, scheduler=args.scheduler, workers=args.workers,
+                               overwrite=args.overwrite, netcdf=args.netcdf, progress=not args.quiet)
+            for w in caught:
+                if w.category.__name__ == "UnstableWarning":
+                    print(f"warning: {w.message}", file=sys.stderr)
+            print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {args.out}")
+        elif args.command == "figures":
+            from .figures import make_figures
+
+            for path in make_figures(Path(args.results), Path(args.out), only=args.only):
+                print(path)
+        elif args.command == "example":
+            from .examples import figure_1b
+
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            figure_1b().to_netcdf(args.out)
+            print(args.out)
+        elif args.command == "theory":
+            from . import theory
+
+            fn, params = _THEORY[args.function]
+            value = getattr(theory, fn)(*(getattr(args, p) for p in params))
+            print(value if not hasattr(value, "tolist") else value.tolist())
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
+        print(f"mbbatch {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Sweeps: spec validation, the Dataset schema, resume after a real kill,
+bit-identity across serial, process-pool and dask runs, and the CLI."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from mbbatch.cells import backlog_growing, cell_seed
+from mbbatch.spec import SpecError, load_spec, parse_spec
+from mbbatch.sweep import SweepError, UnstableWarning, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = """
+name = "small"
+description = "a small sweep for the tests"
+policy = "multibin"
+arrivals = "poisson"
+service = "uniform"
+reps = 3
+seed = 7
+
+[params]
+batch_size = 8
+l_min = 1.0
+l_max = 20.0
+n = 4000
+
+[grid]
+bins = [1, 3]
+rate = [0.2, 0.5, 2.0]
+"""
+
+#: deterministic attrs: everything but the volatile git state of a work tree
+VOLATILE_ATTRS = {"git_commit"}
+
+
+def write(tmp_path, text, name="spec.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def assert_identical(a: xr.Dataset, b: xr.Dataset):
+    """Bit-identical data (NaN equal to NaN) and deterministic attrs."""
+    assert set(a.data_vars) == set(b.data_vars)
+    for v in a.data_vars:
+        np.testing.assert_array_equal(a[v].values, b[v].values, err_msg=v)
+    for c in a.coords:
+        np.testing.assert_array_equal(a[c].values, b[c].values)
+    strip = lambda d: {k: v for k, v in d.items() if k not in VOLATILE_ATTRS}  # noqa: E731
+    assert strip(a.attrs) == strip(b.attrs)
+
+
+# --- spec validation ----------------------------------------------------------
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda s: s.replace('reps = 3', 'reps = 3\nrepz = 4'), "repz"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nmu = 0.1'), "params.mu"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = []'), "grid.rate"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, 0.5, 0.2]'), "grid.rate"),
+    (lambda s: s.replace('batch_size = 8\n', ''), "batch_size"),
+    (lambda s: s.replace('seed = 7\n', ''), "seed"),
+    (lambda s: s.replace('bins = [1, 3]', 'bins = [1, 0]'), "grid.bins"),
+    (lambda s: s.replace('bins = [1, 3]', 'bins = [1, 2.5]'), "grid.bins"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, -1.0]'), "grid.rate"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, nan]'), "grid.rate"),
+    (lambda s: s.replace('l_max = 20.0', 'l_max = 0.5'), "l_max"),
+    (lambda s: s.replace('service = "uniform"', 'service = "weibull"'), "service"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nservers = 0'), "servers"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nedges = "lemma_a1"'), "edges"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nbins = 2'), "bins"),
+    (lambda s: s.replace('reps = 3', 'reps = 0'), "reps"),
+    (lambda s: s + "\n[extra]\nx = 1\n", "extra"),
+])
+def test_bad_specs_name_key_and_file(tmp_path, edit, key):
+    p = write(tmp_path, edit(SMALL), "bad.toml")
+    with pytest.raises(SpecError) as err:
+        load_spec(p)
+    assert key in str(err.value) and "bad.toml" in str(err.value)
+    # and nothing runs: no store appears
+    out = tmp_path / "out.zarr"
+    with pytest.raises(SpecError):
+        run_sweep(p, out, workers=1, progress=False)
+    assert not out.exists()
+
+
+def test_spec_files_of_the_project_are_valid():
+    for p in sorted((ROOT / "sweeps").glob("*.toml")):
+        spec = load_spec(p)
+        assert spec.name == p.stem
+
+
+def test_spec_hash_ignores_layout_and_comments():
+    a = parse_spec(SMALL)
+    b = parse_spec("# a comment\n" + SMALL.replace("reps = 3", "reps   =   3"))
+    assert a.hash == b.hash
+    assert parse_spec(SMALL.replace("reps = 3", "reps = 4")).hash != a.hash
+
+
+# --- seeds ----------------------------------------------------------------------
+
+def test_cell_seed_depends_on_workload_only():
+    base = {"bins": 1, "batch_size": 8, "rate": 2.0, "l_min": 1.0, "l_max": 20.0, "n": 100, "servers": 1}
+    s = cell_seed(7, base, 0)
+    assert cell_seed(7, {**base, "bins": 4, "servers": math.inf}, 0).spawn_key == s.spawn_key
+    assert cell_seed(7, {**base, "rate": 3.0}, 0).spawn_key != s.spawn_key
+    assert cell_seed(7, base, 1).spawn_key != s.spawn_key
+    assert cell_seed(8, base, 0).entropy != s.entropy
+
+
+@pytest.mark.filterwarnings("ignore::mbbatch.sweep.UnstableWarning")
+def test_adding_grid_values_never_changes_a_cell(tmp_path):
+    small = run_sweep(write(tmp_path, SMALL), tmp_path / "a.zarr", workers=1, progress=False)
+    bigger_text = SMALL.replace("rate = [0.2, 0.5, 2.0]", "rate = [0.1, 0.2, 0.5, 2.0]").replace(
+        "bins = [1, 3]", "bins = [1, 2, 3]")
+    big = run_sweep(write(tmp_path, bigger_text, "b.toml"), tmp_path / "b.zarr", workers=1, progress=False)
+    sub = big.sel(rate=small.rate, bins=small.bins)
+    for v in ("sim_throughput", "sim_mean_latency", "sim_latency_p99", "completed"):
+        np.testing.assert_array_equal(sub[v].values, small[v].values)
+
+
+# --- the Dataset ----------------------------------------------------------------
+
+def test_dataset_schema(tmp_path):
+    with pytest.warns(UnstableWarning):
+        ds = run_sweep(write(tmp_path, SMALL), tmp_path / "s.zarr", workers=1, progress=False)
+    assert dict(ds.sizes) == {"bins": 2, "rate": 3, "rep": 3}
+    for dim in ds.dims:
+        assert dim in ds.coords
+        assert ds[dim].attrs["units"] and ds[dim].attrs["description"]
+    for v in ds.data_vars:
+        assert ds[v].attrs["units"] and ds[v].attrs["description"] and ds[v].attrs["long_name"], v
+    assert ds["sim_throughput"].dims == ("bins", "rate", "rep")
+    assert ds["theory_throughput"].dims == ("bins", "rate")
+    assert ds["sim_mean_latency_ci_low"].dims == ("bins", "rate")
+    for key in ("spec", "spec_hash", "mbbatch_version", "numba_version", "numpy_version",
+                "git_commit", "seed_scheme", "seed", "batch_size", "n"):
+        assert key in ds.attrs, key
+    assert bool(ds["done"].all())
+    # simulation beside theory: the stable low-load cells agree (throughput = rate)
+    stable = ~ds["unstable"]
+    rel = abs(ds["sim_throughput_mean"] - ds["theory_throughput"]) / ds["theory_throughput"]
+    assert float(rel.where(stable).max()) < 0.1
+    # the mean lies in its CI, the CI is ordered
+    assert bool((ds["sim_mean_latency_ci_low"] <= ds["sim_mean_latency_mean"]).all())
+    assert bool((ds["sim_mean_latency_mean"] <= ds["sim_mean_latency_ci_high"]).all())
+
+
+def test_unstable_cells_are_flagged(tmp_path):
+    with pytest.warns(UnstableWarning, match="no steady state"):
+        ds = run_sweep(write(tmp_path, SMALL), tmp_path / "s.zarr", workers=1, progress=False)
+    # B = 8, U(1, 20): k = 1 serves 8 / E[max of 8] = 0.44 requests/s
+    over = ds["rate"] >= ds["theory_service_rate"]
+    assert bool((ds["unstable"] | ~over).all())
+    assert bool(ds["unstable"].sel(bins=1, rate=2.0))
+    assert not bool(ds["unstable"].sel(bins=3, rate=0.2))
+
+
+def test_backlog_heuristic():
+    S = 10.0
+    level = np.full(32, 50.0) + np.sin(np.arange(32)) * 5
+    growing = np.linspace(0, 5000, 32)
+    assert not backlog_growing(level, S)
+    assert backlog_growing(growing, S)
+    assert not backlog_growing(np.full(32, np.nan), S)
+
+
+def test_netcdf_export(tmp_path):
+    nc = tmp_path / "s.nc"
+    with pytest.warns(UnstableWarning):
+        ds = run_sweep(write(tmp_path, SMALL), tmp_path / "s.zarr", workers=1, progress=False, netcdf=nc)
+    back = xr.open_dataset(nc)
+    np.testing.assert_array_equal(back["sim_throughput"].values, ds["sim_throughput"].values)
+
+
+# --- storage that loses nothing ---------------------------------------------------
+
+def test_rerun_of_a_finished_sweep_does_no_work(tmp_path, monkeypatch):
+    p, out = write(tmp_path, SMALL), tmp_path / "s.zarr"
+    with pytest.warns(UnstableWarning):
+        first = run_sweep(p, out, workers=1, progress=False).load()
+    import mbbatch.sweep as sweep
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a finished sweep computed a cell")
+
+    monkeypatch.setattr(sweep, "_point_task", boom)
+    with pytest.warns(UnstableWarning):
+        again = run_sweep(p, out, workers=1, progress=False)
+    assert_identical(first, again)
+
+
+def test_changed_spec_is_an_error_unless_overwrite(tmp_path):
+    p, out = write(tmp_path, SMALL), tmp_path / "s.zarr"
+    with pytest.warns(UnstableWarning):
+        run_sweep(p, out, workers=1, progress=False)
+    changed = write(tmp_path, SMALL.replace("n = 4000", "n = 5000"), "changed.toml")
+    with pytest.raises(SweepError, match=r"params\.n: 4000 -> 5000"):
+        run_sweep(changed, out, workers=1, progress=False)
+    ds = xr.open_zarr(out)
+    assert int(ds.attrs["n"]) == 4000 and bool(ds["done"].all())   # nothing stored was lost
+    with pytest.warns(UnstableWarning):
+        ds = run_sweep(changed, out, workers=1, progress=False, overwrite=True)
+    assert int(ds.attrs["n"]) == 5000
+
+
+def test_half_written_point_is_recomputed(tmp_path):
+    """A point whose data chunks were written but not its done flag (a kill
+    between the two) is recomputed on resume, and ends as if never lost."""
+    p, out = write(tmp_path, SMALL), tmp_path / "s.zarr"
+    with pytest.warns(UnstableWarning):
+        ref = run_sweep(p, out, workers=1, progress=False).load()
+    region = {"bins": slice(1, 2), "rate": slice(0, 1)}
+    xr.Dataset({"done": (("bins", "rate"), np.zeros((1, 1), bool))}).to_zarr(out, region=region)
+    garbage = np.full((1, 1, 3), -5.0)
+    xr.Dataset({"sim_throughput": (("bins", "rate", "rep"), garbage)}).to_zarr(
+        out, region={**region, "rep": slice(None)})
+    with pytest.warns(UnstableWarning):
+        again = run_sweep(p, out, workers=1, progress=False)
+    assert_identical(ref, again)
+
+
+SLOW = SMALL.replace("n = 4000", "n = 400000").replace("bins = [1, 3]", "bins = [1, 2, 3, 4]").replace(
+    "rate = [0.2, 0.5, 2.0]", "rate = [0.5, 1.0, 1.5, 2.0, 3.0]")
+
+
+@pytest.mark.heavy
+def test_resume_after_kill_is_bit_identical(tmp_path):
+    """kill -9 a real `mbbatch sweep` process mid-sweep, start it again: it
+    computes only the missing points and ends bit-identical to an
+    uninterrupted run."""
+    p = write(tmp_path, SLOW)
+    out = tmp_path / "killed.zarr"
+    cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(p), "--out", str(out), "--workers", "1",
+           "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done_dir = out / "done" / "c"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        n_done = sum(1 for _ in done_dir.rglob("*") if _.is_file()) if done_dir.exists() else 0
+        if n_done >= 3 or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be killed: make it slower"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ds = xr.open_zarr(out)
+    n_before = int(ds["done"].sum())
+    assert 3 <= n_before < ds["done"].size
+
+    import mbbatch.sweep as sweep
+
+    computed = []
+    real = sweep._point_task
+    try:
+        sweep._point_task = lambda *a: computed.append(a) or real(*a)
+        with pytest.warns(UnstableWarning):
+            resumed = run_sweep(p, out, workers=1, progress=False).load()
+    finally:
+        sweep._point_task = real
+    assert len(computed) == ds["done"].size - n_before
+    with pytest.warns(UnstableWarning):
+        clean = run_sweep(p, tmp_path / "clean.zarr", workers=1, progress=False).load()
+    assert_identical(clean, resumed)
+
+
+@pytest.mark.heavy
+def test_serial_parallel_and_dask_are_bit_identical(tmp_path):
+    """In-process, a 2-process pool and a real dask LocalCluster on loopback
+    with 2 workers give the same Dataset, bit for bit."""
+    p = write(tmp_path, SMALL)
+    with pytest.warns(UnstableWarning):
+        serial = run_sweep(p, tmp_path / "serial.zarr", workers=1, progress=False).load()
+        pool = run_sweep(p, tmp_path / "pool.zarr", workers=2, progress=False).load()
+        dask = run_sweep(p, tmp_path / "dask.zarr", scheduler="local", workers=2, progress=False).load()
+    assert_identical(serial, pool)
+    assert_identical(serial, dask)
+
+
+# --- CLI ---------------------------------------------------------------------------
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "mbbatch.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_cli_help_and_theory():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "sweep" in r.stdout and "figures" in r.stdout and "theory" in r.stdout
+    r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "4")
+    assert r.returncode == 0 and float(r.stdout) == pytest.approx(9.970261906558987, rel=1e-12)
+    r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "0")
+    assert r.returncode == 2 and "k must be" in r.stderr
+
+
+def test_cli_sweep_reports_bad_spec(tmp_path):
+    p = write(tmp_path, SMALL.replace("reps = 3", "reps = -1"), "bad.toml")
+    r = run_cli("sweep", str(p), "--out", str(tmp_path / "x.zarr"))
+    assert r.returncode == 2 and "reps" in r.stderr and "bad.toml" in r.stderr
+    assert not (tmp_path / "x.zarr").exists()
