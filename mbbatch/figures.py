@@ -33,7 +33,8 @@ import matplotlib.style
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator, ScalarFormatter
+from matplotlib.ticker import (FixedLocator, FormatStrFormatter, LogLocator, NullFormatter,
+                               NullLocator, ScalarFormatter)
 
 from . import theory
 
@@ -121,9 +122,9 @@ def _line(ds: xr.Dataset, var: str, x: str, **sel) -> np.ndarray:
     if x is not None:
         da = da.transpose(x)
     values = np.asarray(da.values)
-    if "done" in ds and var not in ("done",) and not var.startswith("theory_") and var != "capacity":
-        done = _line(ds, "done", x, **sel).astype(bool) if x is not None else bool(
-            _line(ds, "done", None, **sel))
+    simulated = not (var == "done" or var == "capacity" or var.startswith("theory_"))
+    if simulated and "done" in ds:
+        done = np.asarray(_line(ds, "done", x, **sel), dtype=bool)
         if values.dtype == bool:
             values = values & done
         else:
@@ -179,6 +180,24 @@ def _setting(ds, *, servers=True) -> str:
     return ", ".join(parts)
 
 
+def _curve(ds, var, closed_form, **sel):
+    """A closed form of ``rate`` as a smooth curve, if it reproduces ``ds[var]``.
+
+    ``closed_form(rates)`` must equal the stored ``var`` at the grid's rates
+    (where that is finite); then it is drawn on a fine rate grid.  Otherwise
+    the stored values are drawn through the grid points as they are.
+    """
+    rates = np.asarray(ds["rate"].values, dtype=float)
+    stored = _line(ds, var, "rate", **sel)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        at_grid = np.asarray(closed_form(rates), dtype=float)
+    ok = np.isfinite(stored)
+    if ok.any() and np.allclose(at_grid[ok], stored[ok], rtol=1e-9, atol=0):
+        xd = _rate_grid(rates)
+        return xd, np.asarray(closed_form(xd), dtype=float)
+    return rates, stored
+
+
 def _rate_grid(rates) -> np.ndarray:
     rates = np.asarray(rates, dtype=float)
     lo, hi = float(np.nanmin(rates)), float(np.nanmax(rates))
@@ -229,10 +248,16 @@ def _style_handles(*entries):
     return out
 
 
-def _two_legends(ax, series, styles, *, loc1="upper left", loc2="lower right", **kw):
-    first = ax.legend(handles=series, loc=loc1, **kw)
+def _two_legends(ax, series, styles, *, loc1="upper left", loc2="lower right", outside=False):
+    """Series (colour) legend and style legend; ``outside`` puts both right of the axes."""
+    if outside:
+        first = ax.legend(handles=series, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+        ax.add_artist(first)
+        ax.legend(handles=styles, loc="lower left", bbox_to_anchor=(1.02, 0.0))
+        return
+    first = ax.legend(handles=series, loc=loc1)
     ax.add_artist(first)
-    ax.legend(handles=styles, loc=loc2, **kw)
+    ax.legend(handles=styles, loc=loc2)
 
 
 def _log_ylim(ax, stable_values, curve_values):
@@ -243,11 +268,14 @@ def _log_ylim(ax, stable_values, curve_values):
         vals = np.array([1.0, 10.0])
     bottom, top = vals.min() / 1.4, vals.max() * 2.0
     ax.set_ylim(bottom, top)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     return top
 
 
 _UNSTABLE_LABEL = "hollow: unstable cell"
-_UNSTABLE_CLIPPED = "hollow on top edge: unstable, off scale"
+_UNSTABLE_CLIPPED = "hollow: unstable cell (on the top edge if off scale)"
 
 
 # ---------------------------------------------------------------- figures
@@ -263,7 +291,7 @@ def fig1b(data) -> Figure:
     bin_color = {b: _COLORS[i % len(_COLORS)] for i, b in enumerate(bin_ids)}
     nice = {"one_bin": "one bin\n(standard batching)", "two_bins": "two bins\n(multi-bin batching)"}
 
-    fig, (ax,) = _new_figure(6.4, 3.2)
+    fig, (ax,) = _new_figure(6.4, 3.5)
     height = 0.8
     lane = height / B
     ends = []
@@ -281,7 +309,7 @@ def fig1b(data) -> Figure:
             for j, i in enumerate(members):
                 yl = y0 + height - (j + 1) * lane
                 ax.add_patch(Rectangle((t0, yl), service[i], lane, facecolor=bin_color[int(binv[i])],
-                                       edgecolor="white", lw=0.8, alpha=0.85, zorder=2))
+                                       edgecolor="white", lw=0.8, zorder=2))
                 ax.text(t0 + 0.12, yl + lane / 2, f"R{i + 1}: {service[i]:g} s", va="center",
                         ha="left", fontsize=8, zorder=4)
             ax.add_patch(Rectangle((t0, y0), t1 - t0, height, facecolor="none",
@@ -300,22 +328,22 @@ def fig1b(data) -> Figure:
     ax.set_xlabel("time (s)")
     ax.set_title(f"Paper Figure 1b: four requests ({', '.join(f'{s:g}' for s in service)} s), "
                  f"batch size B = {B}, one server")
-    handles = [Patch(facecolor=bin_color[b], alpha=0.85, label=f"bin {b + 1}") for b in bin_ids]
+    handles = [Patch(facecolor=bin_color[b], label=f"bin {b + 1}") for b in bin_ids]
     handles.append(Patch(facecolor="white", edgecolor="0.55", hatch="////",
                          label="idle slot: request done, batch still running"))
-    ax.legend(handles=handles, loc="lower right", fontsize=7)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(handles))
     return fig
 
 
 def _throughput_panel(ax, ds, *, bound: bool):
     ks = [int(k) for k in ds["bins"].values]
     rates = np.asarray(ds["rate"].values, dtype=float)
-    xd = _rate_grid(rates)
     colors, markers = _COLORS[: len(ks)], _MARKERS[: len(ks)]
     for k, c, m in zip(ks, colors, markers):
         level = _const(ds, "theory_service_rate", bins=k)
         ax.axhline(level, color=c, ls="--", lw=0.9, alpha=0.9, zorder=1)
-        ax.plot(xd, np.minimum(xd, level), color=c, lw=1.2, zorder=2)
+        ax.plot(*_curve(ds, "theory_throughput", lambda x: np.minimum(x, level), bins=k),
+                color=c, lw=1.2, zorder=2)
         if bound and "theory_throughput_bound" in ds:
             lb = _const(ds, "theory_throughput_bound", bins=k)
             if np.isfinite(lb):
@@ -338,8 +366,8 @@ def fig3(data) -> Figure:
     cmax = _const(ds, "capacity")
     ax.axhline(cmax, color="black", ls="-.", lw=1.1, zorder=1)
     rates = np.asarray(ds["rate"].values, dtype=float)
-    ax.text(float(np.nanmin(rates)), cmax * 1.01, f"$c_{{max}}$ = {cmax:.2f}", va="bottom",
-            ha="left", fontsize=8)
+    ax.text(float(np.nanmax(rates)), cmax * 1.01, f"$c_{{max}}$ = {cmax:.2f}", va="bottom",
+            ha="right", fontsize=8)
     ax.set_ylim(0, cmax * 1.12)
     styles = _style_handles(
         ("sim", "simulation: mean $\\pm$ 95% CI"),
@@ -348,15 +376,19 @@ def fig3(data) -> Figure:
         ("--", "Theorem 4.2: saturated B / E[$t_{service}$]"),
         ("-.", "$c_{max}$ = B / E[$l$] (Remark 4.2)"),
     )
-    _two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
+    _two_legends(ax, series, styles, loc1="center left", loc2="lower right")
     ax.set_title("Paper Figure 3: throughput vs arrival rate, multi-bin batching\n" + _setting(ds))
     return fig
 
 
 def _latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}"):
+    """Mean latency vs rate, one series per value of ``series_dim``.
+
+    Returns the legend handles and, per series, the Lemma 5.1 curve ``(x, y)``
+    (drawn here only for ``series_dim == "bins"``).
+    """
     values = list(ds[series_dim].values)
     rates = np.asarray(ds["rate"].values, dtype=float)
-    xd = _rate_grid(rates)
     B = int(ds.attrs["batch_size"])
     colors, markers = _COLORS[: len(values)], _MARKERS[: len(values)]
     curves, stable, sims = [], [], []
@@ -364,21 +396,20 @@ def _latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}"
         sel = {series_dim: v}
         k = int(v) if series_dim == "bins" else int(ds.attrs["bins"])
         ets = _const(ds, "theory_mean_batch_service", **sel)
-        curve = ets + (B - 1) * k / (2 * xd)
+        curves.append(_curve(ds, "theory_latency", lambda x: ets + (B - 1) * k / (2 * x), **sel))
         mean = _line(ds, "sim_mean_latency_mean", "rate", **sel)
         lo = _line(ds, "sim_mean_latency_ci_low", "rate", **sel)
         hi = _line(ds, "sim_mean_latency_ci_high", "rate", **sel)
         unst = _line(ds, "unstable", "rate", **sel)
-        curves.append((curve, c))
         stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
         sims.append((mean, lo, hi, unst, c, m))
     ax.set_yscale("log")
-    top = _log_ylim(ax, stable, [cv for cv, _ in curves])
-    for (curve, c) in curves:
-        if series_dim == "bins":
-            ax.plot(xd, curve, color=c, lw=1.2, zorder=2)
+    top = _log_ylim(ax, stable, [y for _, y in curves])
+    if series_dim == "bins":
+        for (x, y), c in zip(curves, colors):
+            ax.plot(x, y, color=c, lw=1.2, zorder=2)
     for mean, lo, hi, unst, c, m in sims:
-        _sim(ax, rates, mean, lo, hi, unst, c, m, clip_top=top)
+        _sim(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
     ax.set_xlabel(f"arrival rate $\\lambda$ ({_unit(ds, 'rate', 'requests/s')})")
     ax.set_ylabel(f"mean latency ({_unit(ds, 'sim_mean_latency_mean', 's')})")
     return _series_handles([label(v) for v in values], colors, markers), curves
@@ -387,7 +418,7 @@ def _latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}"
 def fig4(data) -> Figure:
     """Paper Figure 4: mean latency vs arrival rate for k = 1, 2, 3 bins."""
     ds = data["fig4"]
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = _new_figure(8.4, 4.4)
     series, _ = _latency_panel(ax, ds)
     _capacity_marks(ax, ds, "bins")
     styles = _style_handles(
@@ -396,7 +427,7 @@ def fig4(data) -> Figure:
         ("-", "Lemma 5.1 ($\\infty$ servers; lower bound here)"),
         (":", "saturated throughput of each k"),
     )
-    _two_legends(ax, series, styles, loc1="upper left", loc2="upper right")
+    _two_legends(ax, series, styles, outside=True)
     ax.set_title("Paper Figure 4: mean latency vs arrival rate, multi-bin batching\n" + _setting(ds))
     return fig
 
@@ -413,7 +444,7 @@ def _capacity_marks(ax, ds, series_dim):
 def fig8(data) -> Figure:
     """Paper Figure 8: exponential service, (a) throughput and (b) latency vs rate."""
     ds = data["fig8"]
-    fig, (ax_a, ax_b) = _new_figure(12.0, 4.6, ncols=2)
+    fig, (ax_a, ax_b) = _new_figure(13.0, 4.8, ncols=2)
     series = _throughput_panel(ax_a, ds, bound=True)
     levels = [_const(ds, "theory_service_rate", bins=k) for k in ds["bins"].values]
     ax_a.set_ylim(0, np.nanmax(levels) * 1.12)
@@ -423,7 +454,7 @@ def fig8(data) -> Figure:
         ("-", "theory: min($\\lambda$, exact saturated level)"),
         ("--", "exact saturated B / E[$t_{service}$] (eq. 2)"),
         (":", "Corollary A.1.1 lower bound B$\\mu$ / $L_k$"),
-    ), loc1="upper left", loc2="lower right")
+    ), loc1="center left", loc2="upper left")
     ax_a.set_title("(a) throughput vs arrival rate")
     series_b, _ = _latency_panel(ax_b, ds)
     _capacity_marks(ax_b, ds, "bins")
@@ -432,7 +463,7 @@ def fig8(data) -> Figure:
         ("hollow", _UNSTABLE_CLIPPED),
         ("-", "Lemma 5.1 generalised ($\\infty$ servers)"),
         (":", "saturated throughput of each k"),
-    ), loc1="upper left", loc2="upper right")
+    ), outside=True)
     ax_b.set_title("(b) mean latency vs arrival rate")
     fig.suptitle("Paper Figure 8: exponential service, Lemma A.1 bin edges\n" + _setting(ds),
                  fontsize=9.5)
@@ -460,7 +491,7 @@ def throughput_vs_k(data) -> Figure:
     cmax = servers * float(theory.capacity(B, l_min, l_max))
     fig, (ax,) = _new_figure()
     c = _COLORS[0]
-    ax.plot(kd, thr, color=c, lw=1.3, zorder=2)
+    ax.plot(kd, thr, color=c, lw=1.1, marker=".", ms=3, zorder=2)
     ax.axhline(cmax, color="black", ls="--", lw=1.1, zorder=1)
     ax.text(1.05, cmax * 1.005, f"$c_{{max}}$ = {cmax:.2f} (k $\\to \\infty$)", va="bottom",
             fontsize=8)
@@ -483,7 +514,7 @@ def throughput_vs_k(data) -> Figure:
         ("-", "Theorem 4.2: B / (m + a/k)"),
         ("--", "$c_{max}$ = B / m (Remark 4.2)"),
     ), loc="lower right")
-    ax.set_title("Theorem 4.2: throughput vs number of bins (beyond the paper's figures)\n"
+    ax.set_title("Theorem 4.2: saturated throughput vs number of bins (beyond the paper)\n"
                  + _setting(ds))
     return fig
 
@@ -531,9 +562,9 @@ def min_bins_vs_eps(data) -> Figure:
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)
     ax.set_ylim(0.8, ytop)
-    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.set_xlabel("$\\varepsilon$: gap to $c_{max}$ (requests/s per server)")
     ax.set_ylabel("number of bins k")
     ax.legend(handles=[
@@ -544,8 +575,8 @@ def min_bins_vs_eps(data) -> Figure:
         Line2D([], [], color=_COLORS[1], marker="o", ls="-",
                label="simulated k at its gap $c_{max}$ $-$ throughput ($\\pm$ 95% CI)"),
     ], loc="upper right")
-    ax.set_title(f"Theorem 4.3: bins needed to reach $c_{{max}} - \\varepsilon$, "
-                 f"$c_{{max}}$ = {cmax:.2f} (beyond the paper's figures)\n" + _setting(ds))
+    ax.set_title(f"Theorem 4.3: bins needed to reach $c_{{max}} - \\varepsilon$ "
+                 f"($c_{{max}}$ = {cmax:.2f}; beyond the paper)\n" + _setting(ds))
     return fig
 
 
@@ -553,11 +584,11 @@ def servers(data) -> Figure:
     """Beyond the paper: latency vs rate for 1, 2, 8 and infinitely many servers."""
     ds = data["servers"]
     k = int(ds.attrs["bins"])
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = _new_figure(8.4, 4.4)
     series, curves = _latency_panel(ax, ds, series_dim="servers",
                                     label=lambda v: _servers_label(v))
     # Lemma 5.1 does not depend on the number of servers: one black curve.
-    ax.plot(_rate_grid(ds["rate"].values), curves[0][0], color="black", lw=1.2, zorder=2)
+    ax.plot(*curves[0], color="black", lw=1.2, zorder=2)
     _capacity_marks(ax, ds, "servers")
     styles = _style_handles(
         ("sim", "simulation: mean $\\pm$ 95% CI"),
@@ -565,7 +596,7 @@ def servers(data) -> Figure:
         ("-", "Lemma 5.1 (exact for $\\infty$ servers)"),
         (":", "saturated throughput with c servers"),
     )
-    _two_legends(ax, series, styles, loc1="upper left", loc2="upper right")
+    _two_legends(ax, series, styles, outside=True)
     setting = _setting(ds, servers=False)
     ax.set_title(f"Beyond the paper: shared FIFO with c servers, k = {k} bins\n{setting}")
     return fig

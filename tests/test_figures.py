@@ -171,13 +171,13 @@ def _fig1b():
 
 def write_results(path):
     path.mkdir(parents=True, exist_ok=True)
-    rates = np.linspace(1.0, 14.0, 8)
+    rates = np.array([1.0, 2.5, 4.0, 5.5, 7.0, 8.0, 9.0, 10.0, 11.0, 12.5, 14.0])
     dsets = {
         "fig3": _sweep("fig3", {"bins": [1, 2, 3, 4, 5], "rate": rates}, _uniform_cell(),
                        attrs=_uniform_attrs(servers=1.0)),
         "fig4": _sweep("fig4", {"bins": [1, 2, 3], "rate": rates}, _uniform_cell(),
                        attrs=_uniform_attrs(servers=1.0)),
-        "fig8": _sweep("fig8", {"bins": [1, 2, 3, 4, 5], "rate": np.linspace(1.0, 15.0, 8)},
+        "fig8": _sweep("fig8", {"bins": [1, 2, 3, 4, 5], "rate": np.array([1.0, 3.0, 5.0, 7.0, 9.0, 10.5, 12.0, 13.5, 15.0])},
                        _expon_cell(), attrs=dict(batch_size=200, mu=0.1, n=200000,
                                                  service="expon", edges="lemma_a1", servers=1.0)),
         "thm43": _sweep("thm43", {"bins": [1, 2, 4, 8, 16, 32, 64]}, _uniform_cell(),

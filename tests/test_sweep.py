@@ -308,3 +308,14 @@ def test_cli_sweep_reports_bad_spec(tmp_path):
     r = run_cli("sweep", str(p), "--out", str(tmp_path / "x.zarr"))
     assert r.returncode == 2 and "reps" in r.stderr and "bad.toml" in r.stderr
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_cli_sweep_progress_lines_when_not_a_tty(tmp_path):
+    p = write(tmp_path, SMALL)
+    out = tmp_path / "s.zarr"
+    r = run_cli("sweep", str(p), "--out", str(out), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "ETA" in r.stderr and "requests/s" in r.stderr and "cells" in r.stderr
+    assert "\r" not in r.stderr                       # plain lines, no bar redraws
+    assert "no steady state" in r.stderr              # the unstable warning, at the end
+    assert "6 grid points done" in r.stdout
