@@ -9,14 +9,27 @@ __version__ = "0.1.0"
 
 from . import theory, traces
 from ._kernels import warmup
-from .arrivals import Poisson, Replay, Saturated
-from .policies import MultiBin
+from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
+from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .token_simulation import TokenSimulationResult
+from .workload import DecodeModel, LinearModel, MaxModel, Memory, SLAController, Workload
 from .results import RequestTable, SimulationResult
 from .simulation import simulate
 
 __all__ = [
     "simulate",
     "MultiBin",
+    "StaticBatching",
+    "DynamicBatching",
+    "MultiBinDynamic",
+    "Workload",
+    "MaxModel",
+    "LinearModel",
+    "DecodeModel",
+    "Memory",
+    "SLAController",
+    "PiecewisePoisson",
+    "TokenSimulationResult",
     "Poisson",
     "Saturated",
     "Replay",

@@ -8,7 +8,7 @@ import numpy as np
 
 from ._validation import check_real
 
-__all__ = ["Poisson", "Saturated", "Replay"]
+__all__ = ["Poisson", "Saturated", "Replay", "PiecewisePoisson"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,36 @@ class Replay:
 
     def describe(self) -> dict:
         return {"arrivals": "replay", "n_times": int(self.times.size)}
+
+
+@dataclass(frozen=True, eq=False)
+class PiecewisePoisson:
+    """Poisson arrivals whose rate steps through ``rates``: ``rates[j]`` holds
+    until time ``ends[j]`` (s); the last rate holds for ever.  A load step
+    (low, high, low) is ``PiecewisePoisson([1, 5, 1], [600, 1200])``.
+
+    Parameters
+    ----------
+    rates : sequence of float
+        Arrival rates, requests/s, each in (0, inf).
+    ends : sequence of float
+        Increasing change times, s; one fewer than ``rates``.
+    """
+
+    rates: tuple
+    ends: tuple = ()
+
+    def __post_init__(self):
+        r = np.atleast_1d(check_real("rates", np.asarray(self.rates, dtype=float)))
+        e = np.atleast_1d(np.asarray(self.ends, dtype=float))
+        if r.ndim != 1 or r.size == 0:
+            raise ValueError("rates must be a non-empty 1-D sequence")
+        if e.size != r.size - 1:
+            raise ValueError(f"ends must have len(rates) - 1 = {r.size - 1} values; got {e.size}")
+        if e.size and (not np.all(np.isfinite(e)) or np.any(e <= 0) or np.any(np.diff(e) <= 0)):
+            raise ValueError(f"ends must be finite, positive and increasing; got {e.tolist()}")
+        object.__setattr__(self, "rates", tuple(float(x) for x in r))
+        object.__setattr__(self, "ends", tuple(float(x) for x in e))
+
+    def describe(self) -> dict:
+        return {"arrivals": "piecewise_poisson", "rates": list(self.rates), "ends": list(self.ends)}

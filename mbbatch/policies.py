@@ -9,7 +9,7 @@ import numpy as np
 
 from ._validation import check_count
 
-__all__ = ["MultiBin"]
+__all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,4 +60,139 @@ class MultiBin:
     def describe(self) -> dict:
         d = {"policy": "multibin", "bins": self.bins, "batch_size": self.batch_size}
         d["edges"] = "equal_mass" if self.edges is None else [float(x) for x in self.edges]
+        return d
+
+
+def _opt_count(name, value, lo=1):
+    from ._validation import Domain
+
+    if value is None:
+        return None
+    return check_count(name, value, Domain(lo, float("inf"), lo_closed=True))
+
+
+@dataclass(frozen=True, eq=False)
+class StaticBatching:
+    """The baseline: one FIFO; whenever a server is free and requests wait, it
+    takes up to ``batch_size`` of them, without waiting for a full batch.
+
+    Parameters
+    ----------
+    batch_size : int
+        B, requests, >= 1.
+    """
+
+    batch_size: int
+
+    def __post_init__(self):
+        object.__setattr__(self, "batch_size", check_count("batch_size", self.batch_size))
+
+    def describe(self) -> dict:
+        return {"policy": "static", "batch_size": self.batch_size}
+
+
+@dataclass(frozen=True, eq=False)
+class DynamicBatching:
+    """Memory-aware, SLA-constrained dynamic batching from one FIFO
+    (Algorithms 1-3, feedback by Algorithm 7).
+
+    At each free server: ``b_target = min(b_mem, b_SLA)`` (Algorithm 3), the
+    first ``b_target`` queued requests, then the last ones dropped while the
+    batch's tokens exceed the capacity.
+
+    Parameters
+    ----------
+    controller : SLAController
+        D_SLA, bounds and the controller variant.
+    memory : Memory
+        Token capacity and the b_mem variant; ``Memory(enabled=False)`` turns
+        the memory constraint off.
+    max_candidates : int, optional
+        Candidates looked at per decision; default ``controller.b_max``.
+    pin : int, optional
+        Pin ``b_target`` to this value (the controller still learns); for
+        checks against fixed-B theory.
+    """
+
+    controller: object = None
+    memory: object = None
+    max_candidates: Optional[int] = None
+    pin: Optional[int] = None
+
+    def __post_init__(self):
+        from .workload import Memory, SLAController
+
+        c = self.controller if self.controller is not None else SLAController()
+        m = self.memory if self.memory is not None else Memory()
+        if not isinstance(c, SLAController):
+            raise TypeError(f"controller must be an SLAController; got {type(c).__name__}")
+        if not isinstance(m, Memory):
+            raise TypeError(f"memory must be a Memory; got {type(m).__name__}")
+        object.__setattr__(self, "controller", c)
+        object.__setattr__(self, "memory", m)
+        object.__setattr__(self, "max_candidates", _opt_count("max_candidates", self.max_candidates))
+        pin = _opt_count("pin", self.pin)
+        if pin is not None and pin > c.b_max:
+            raise ValueError(f"pin must be at most controller.b_max = {c.b_max}; got {pin}")
+        object.__setattr__(self, "pin", pin)
+
+    bins = 1
+
+    def describe(self) -> dict:
+        c, m = self.controller, self.memory
+        return {"policy": "dynamic", "d_sla": c.d_sla, "eps_d": c.eps_d, "b_min": c.b_min,
+                "b_max": c.b_max, "alpha": c.alpha, "delta": c.delta, "controller": c.variant,
+                "memory": m.variant if m.enabled else "off", "eta": m.eta, "eps_m": m.eps_m,
+                "max_candidates": self.max_candidates or c.b_max, "pin": self.pin or 0}
+
+
+@dataclass(frozen=True, eq=False)
+class MultiBinDynamic(DynamicBatching):
+    """Multi-bin dynamic batching (Algorithm 5): K bins by predicted output
+    length, each with its own statistics and SLA controller.
+
+    Bin edges come from Algorithm 6 (equal mass, floors of the quantiles) on
+    the predicted lengths of the first ``warmup`` requests, computed when the
+    ``warmup``-th request arrives; until then every request waits in bin 0,
+    and then the waiting ones are re-binned by their own predictions.  At each
+    free server one bin is selected (round-robin or longest queue), up to
+    ``max_candidates`` of its head are candidates, Algorithm 3 forms the batch
+    with that bin's controller, and unused candidates stay at the bin's front.
+
+    Parameters
+    ----------
+    bins : int
+        K, >= 1.
+    selection : {"round_robin", "longest_queue"}
+    warmup : int
+        Requests whose predictions set the edges, >= bins.  Default 1000.
+    bin_b_max : sequence of int, optional
+        Per-bin batch limits (Algorithm 1, step 5).
+    controller, memory, max_candidates, pin
+        As for :class:`DynamicBatching`.
+    """
+
+    bins: int = 4
+    selection: str = "round_robin"
+    warmup: int = 1000
+    bin_b_max: Optional[tuple] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "bins", check_count("bins", self.bins))
+        if self.selection not in ("round_robin", "longest_queue"):
+            raise ValueError(f"selection must be 'round_robin' or 'longest_queue'; got {self.selection!r}")
+        object.__setattr__(self, "warmup", _opt_count("warmup", self.warmup))
+        if self.warmup < self.bins:
+            raise ValueError(f"warmup must be at least bins = {self.bins}; got {self.warmup}")
+        if self.bin_b_max is not None:
+            lim = tuple(_opt_count("bin_b_max", int(v) if isinstance(v, np.integer) else v)
+                        for v in self.bin_b_max)
+            if len(lim) != self.bins:
+                raise ValueError(f"bin_b_max must have bins = {self.bins} entries; got {len(lim)}")
+            object.__setattr__(self, "bin_b_max", lim)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(policy="multibin_dynamic", bins=self.bins, selection=self.selection, warmup=self.warmup)
         return d

@@ -11,9 +11,10 @@ from ._kernels import multibin as _k
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
 from ._validation import check_count, check_servers
 from .arrivals import Poisson, Replay, Saturated
-from .policies import MultiBin
+from .policies import DynamicBatching, MultiBin, StaticBatching
 from .results import RequestTable, SimulationResult
 from .service import as_service
+from .token_simulation import simulate_tokens
 
 __all__ = ["simulate", "BATCH_MEANS_GROUPS"]
 
@@ -22,7 +23,8 @@ __all__ = ["simulate", "BATCH_MEANS_GROUPS"]
 BATCH_MEANS_GROUPS = 32
 
 
-def simulate(policy, arrivals, service, n=None, servers=1, seed=None, keep_requests=False):
+def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_requests=False, *,
+             workload=None, service_model=None, keep_batches=False):
     """Simulate a batching policy on one stream of requests.
 
     The model is Section 3 and Algorithm 1 of the multi-bin batching paper:
@@ -64,12 +66,30 @@ def simulate(policy, arrivals, service, n=None, servers=1, seed=None, keep_reque
         Also return per-request arrays (``res.requests``); memory O(n).
         Without it the kernel streams in O(bins x batch_size) memory.
 
+    workload : Workload
+        Token-level requests, for StaticBatching, DynamicBatching and
+        MultiBinDynamic (which take ``workload`` instead of ``service``).
+    service_model : MaxModel, LinearModel or DecodeModel
+        Batch service model of the token-level policies (default DecodeModel).
+    keep_batches : bool
+        Token-level policies: also return per-batch arrays (``res.batches``).
+
     Returns
     -------
-    SimulationResult
+    SimulationResult, or TokenSimulationResult for the token-level policies
     """
+    if isinstance(policy, (StaticBatching, DynamicBatching)):
+        if service is not None:
+            raise TypeError(f"{type(policy).__name__} takes workload=Workload(...), not service")
+        return simulate_tokens(policy, arrivals, workload, service_model, n=n, servers=servers,
+                               seed=seed, keep_requests=keep_requests, keep_batches=keep_batches)
     if not isinstance(policy, MultiBin):
-        raise TypeError(f"policy must be a MultiBin; got {type(policy).__name__}")
+        raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic; "
+                        f"got {type(policy).__name__}")
+    if workload is not None or service_model is not None or keep_batches:
+        raise TypeError("MultiBin takes service=..., not workload, service_model or keep_batches")
+    if service is None:
+        raise TypeError("service must be given: a scipy.stats frozen distribution or an array")
     if not isinstance(arrivals, (Poisson, Saturated, Replay)):
         raise TypeError(f"arrivals must be Poisson, Saturated or Replay; got {type(arrivals).__name__}")
     if not isinstance(keep_requests, (bool, np.bool_)):

@@ -1,0 +1,538 @@
+"""Event kernels of the batch-forming policies: static batching, dynamic
+batching (Algorithms 1-3 and 7 of the dynamic-batching specification) and
+multi-bin dynamic batching (Algorithms 4-6 on top), without a GPU.
+
+Requests carry prompt, output and predicted output lengths (tokens).  A batch
+is formed whenever a server is free and requests are queued (at an arrival or
+at a completion): no policy here waits for a batch to fill.  Controller
+feedback (Algorithm 7) happens when a batch completes, in time order, so a
+batch formed at time t sees exactly the feedback of the batches completed by t.
+
+Memory is O(bins x queue + servers x B_max): the per-bin FIFOs are ring
+buffers that grow with the backlog.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from . import CACHE
+from . import controller as ctl_
+from .multibin import (
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_SIZE, _HIST_BASE, _HIST_SHIFT,
+    _draw_block, _float_bits,
+)
+
+ARR_PIECEWISE = 3   # Poisson with piecewise-constant rate
+
+POL_STATIC = 0
+POL_DYNAMIC = 1
+POL_MB_DYNAMIC = 2
+
+SEL_ROUND_ROBIN = 0
+SEL_LONGEST_QUEUE = 1
+
+MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
+MODEL_LINEAR = 1    # base + alpha * max_seq_len * (1 + beta (b-1)/b)
+MODEL_DECODE = 2    # prefill_per_token * sum prompt + TBT(b) * max output_len
+
+# service-model parameter vector
+SM_BASE = 0
+SM_PER_TOKEN = 1
+SM_ALPHA = 2
+SM_BETA = 3
+SM_PREFILL = 4
+SM_TBT_BETA = 5
+SM_TBT_GAMMA = 6
+N_SM = 7
+
+# policy parameter vector (integers stored as float64)
+PP_POLICY = 0
+PP_BINS = 1
+PP_B = 2             # static B, or the pinned b_target (0: not pinned)
+PP_MAX_CAND = 3
+PP_SELECT = 4
+PP_WARMUP = 5        # warm-up window of Algorithm 6, requests
+PP_MEMORY_ON = 6
+PP_SERVERS = 7
+PP_INTEGER = 8       # round lengths up to whole tokens
+PP_PRED_SIGMA = 9    # log-normal predictor error; 0: oracle
+PP_MODEL = 10        # MODEL_MAX, MODEL_LINEAR or MODEL_DECODE
+N_PP = 11
+
+# float statistics
+F_FIRST_ARRIVAL = 0
+F_LAST_COMPLETION = 1
+F_BUSY = 2
+F_SUM_LATENCY = 3
+F_SUM_TTFT = 4
+F_SUM_TBT_TOKENS = 5      # sum over output tokens of their decode time per token
+F_TOKENS_OUT = 6
+F_TOKENS_IN = 7
+F_SLA_TOKENS = 8          # output tokens decoded slower than D_SLA
+F_PEAK_TOKENS = 9
+F_TOKEN_SECONDS = 10      # sum over batches of tokens x service time
+F_SUM_B = 11
+F_SUM_B2 = 12
+F_WARMUP_TIME = 13
+F_SUM_LATENCY2 = 14
+N_F = 15
+
+# integer statistics
+I_COMPLETED = 0
+I_BATCHES = 1
+I_REJECTED = 2           # requests alone above the token capacity (never servable)
+I_MEM_EXCEED = 3         # batches above the token capacity (memory constraint off)
+I_SLA_REQUESTS = 4       # requests decoded slower than D_SLA
+I_TS_COUNT = 5
+I_TS_STRIDE = 6
+N_I = 7
+
+# time-series columns
+TS_TIME = 0
+TS_B_TARGET = 1
+TS_B_LOW = 2
+TS_B_HIGH = 3
+TS_TAU_AVG = 4
+TS_BIN = 5
+TS_SIZE = 6
+N_TS_FIXED = 7           # then one queue length per bin
+
+
+@njit(cache=CACHE)
+def _round_lengths(x, m, integer):
+    if integer:
+        for j in range(m):
+            v = math.ceil(x[j])
+            x[j] = v if v >= 1.0 else 1.0
+
+
+@njit(cache=CACHE)
+def _grow(q, head, size, K, cap):
+    """Double the ring buffers' capacity, unrolling each bin's ring."""
+    new = np.empty((q.shape[0], K, 2 * cap), np.float64)
+    for f in range(q.shape[0]):
+        for b in range(K):
+            for j in range(size[b]):
+                new[f, b, j] = q[f, b, (head[b] + j) & (cap - 1)]
+    for b in range(K):
+        head[b] = 0
+    return new
+
+
+# queue fields
+Q_ARRIVAL = 0
+Q_PROMPT = 1
+Q_OUTPUT = 2
+Q_PRED = 3
+Q_INDEX = 4
+N_Q = 5
+
+
+@njit(cache=CACHE)
+def dynamic_kernel(
+    n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
+    prompt_kind, prompt_params, prompt_values, output_kind, output_params, output_values,
+    gen_arrival, gen_output, gen_prompt, gen_pred,
+    pp, ccfg, mcfg, bin_b_max, sm,
+    keep, keep_batches,
+    fstats, istats, hist, size_hist, ts, ctl, st, edges_lo, edges_hi,
+    group_latency, group_count,
+    r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
+    b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
+):
+    """Simulate ``n`` requests under the policy in ``pp``; outputs are written in place."""
+    policy = np.int64(pp[PP_POLICY])
+    K = np.int64(pp[PP_BINS])
+    pin = np.int64(pp[PP_B])
+    max_cand = np.int64(pp[PP_MAX_CAND])
+    select = np.int64(pp[PP_SELECT])
+    warmup = np.int64(pp[PP_WARMUP])
+    memory_on = pp[PP_MEMORY_ON] != 0.0
+    n_srv = np.int64(pp[PP_SERVERS])
+    integer = pp[PP_INTEGER] != 0.0
+    sigma = pp[PP_PRED_SIGMA]
+    model = np.int64(pp[PP_MODEL])
+    eta = mcfg[ctl_.MC_ETA]
+    d_sla = ccfg[ctl_.CC_D_SLA]
+    b_max = np.int64(ccfg[ctl_.CC_B_MAX])
+    if policy == POL_STATIC:
+        b_max = pin
+    G = group_latency.shape[0]
+    TSN = ts.shape[0]
+
+    # per-bin FIFOs: ring buffers of the queue fields
+    cap = 1024
+    q = np.empty((N_Q, K, cap), np.float64)
+    head = np.zeros(K, np.int64)
+    size = np.zeros(K, np.int64)
+    queued = 0
+    rr = 0
+    # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen
+    binned = K == 1 or policy != POL_MB_DYNAMIC
+    window = np.empty(max(warmup, 1), np.float64)
+    if K == 1:
+        edges_lo[0] = 0.0
+        edges_hi[0] = ctl_.EDGE_MAX
+
+    # servers: free time, busy flag, and what the feedback needs of their batch
+    free_at = np.zeros(n_srv, np.float64)
+    busy = np.zeros(n_srv, np.bool_)
+    s_n = np.zeros(n_srv, np.int64)
+    s_bin = np.zeros(n_srv, np.int64)
+    s_service = np.zeros(n_srv, np.float64)
+    s_tbt = np.zeros(n_srv, np.float64)
+    s_prompt = np.empty((n_srv, max(b_max, 1)), np.float64)
+    s_output = np.empty((n_srv, max(b_max, 1)), np.float64)
+    in_service = 0
+
+    blk_t = np.empty(BLOCK, np.float64)
+    blk_p = np.empty(BLOCK, np.float64)
+    blk_o = np.empty(BLOCK, np.float64)
+    blk_r = np.empty(BLOCK, np.float64)
+
+    t = 0.0
+    seg = 0
+    inv_rate = 1.0 / rate if rate > 0.0 else 0.0
+    last_completion = -np.inf
+    n_batches = 0
+    ts_stride = 1
+    ts_count = 0
+    ts_seen = 0
+
+    i = 0       # next request to arrive
+    jj = 0      # its place in the current block
+    m = 0       # requests in the current block
+    while True:
+        if jj == m and i < n:
+            # 1. the next block of draws, one stream at a time
+            i0 = i
+            m = min(BLOCK, n - i0)
+            jj = 0
+            if arrival_kind == ARR_POISSON:
+                for j in range(m):
+                    t += gen_arrival.standard_exponential() * inv_rate
+                    blk_t[j] = t
+            elif arrival_kind == ARR_PIECEWISE:
+                for j in range(m):
+                    # exact piecewise-constant Poisson: memorylessness lets a
+                    # gap that crosses a rate change restart at the change
+                    while True:
+                        nt = t + gen_arrival.standard_exponential() / pw_rates[seg]
+                        if nt <= pw_ends[seg] or seg == pw_rates.shape[0] - 1:
+                            t = nt
+                            break
+                        t = pw_ends[seg]
+                        seg += 1
+                    blk_t[j] = t
+            elif arrival_kind == ARR_REPLAY:
+                for j in range(m):
+                    blk_t[j] = arrival_times[i0 + j]
+            else:
+                for j in range(m):
+                    blk_t[j] = 0.0
+            if i0 == 0:
+                fstats[F_FIRST_ARRIVAL] = blk_t[0]
+            _draw_block(output_kind, output_params, output_values, i0, m, gen_output, blk_o)
+            _draw_block(prompt_kind, prompt_params, prompt_values, i0, m, gen_prompt, blk_p)
+            _round_lengths(blk_o, m, integer)
+            _round_lengths(blk_p, m, integer)
+            if sigma > 0.0:
+                for j in range(m):
+                    blk_r[j] = blk_o[j] * math.exp(sigma * gen_pred.standard_normal())
+                _round_lengths(blk_r, m, integer)
+            else:
+                for j in range(m):
+                    blk_r[j] = blk_o[j]
+        t_arr = blk_t[jj] if i < n else np.inf
+        # the earliest completion
+        s = -1
+        tc = np.inf
+        for k in range(n_srv):
+            if busy[k] and free_at[k] < tc:
+                tc = free_at[k]
+                s = k
+        if s < 0 and i >= n:
+            break
+        if s >= 0 and tc <= t_arr:
+            # 2a. a completion: Algorithm 7's feedback, in time order
+            now = tc
+            in_service -= s_n[s]
+            if policy != POL_STATIC:
+                bb = s_bin[s]
+                ctl_.feedback(ctl[bb], st[bb], ccfg, s_prompt[s], s_output[s], s_n[s], s_service[s],
+                              s_tbt[s], float(in_service))
+            busy[s] = False
+        else:
+            # 2b. an arrival joins its bin (Algorithm 4), or bin 0 during warm-up
+            now = t_arr
+            pred = blk_r[jj]
+            if keep:
+                r_arrival[i] = now
+                r_prompt[i] = blk_p[jj]
+                r_output[i] = blk_o[jj]
+                r_pred[i] = pred
+            if binned:
+                b = ctl_.partition(pred, edges_lo, edges_hi, K) if K > 1 else 0
+            else:
+                b = 0
+                window[i] = pred
+            if size[b] == cap:
+                q = _grow(q, head, size, K, cap)
+                cap *= 2
+            slot = (head[b] + size[b]) & (cap - 1)
+            q[Q_ARRIVAL, b, slot] = now
+            q[Q_PROMPT, b, slot] = blk_p[jj]
+            q[Q_OUTPUT, b, slot] = blk_o[jj]
+            q[Q_PRED, b, slot] = pred
+            q[Q_INDEX, b, slot] = i
+            size[b] += 1
+            queued += 1
+            if not binned and i + 1 == warmup:
+                # Algorithm 6 on the warm-up window, then the queue re-binned
+                # by each waiting request's own prediction (no future used)
+                ctl_.equal_mass_edges(window[:warmup], K, edges_lo, edges_hi)
+                fstats[F_WARMUP_TIME] = now
+                binned = True
+                cnt0 = size[0]
+                tmp = np.empty((N_Q, cnt0), np.float64)
+                for j in range(cnt0):
+                    for f in range(N_Q):
+                        tmp[f, j] = q[f, 0, (head[0] + j) & (cap - 1)]
+                size[0] = 0
+                head[0] = 0
+                for j in range(cnt0):
+                    nb2 = ctl_.partition(tmp[Q_PRED, j], edges_lo, edges_hi, K)
+                    if size[nb2] == cap:
+                        q = _grow(q, head, size, K, cap)
+                        cap *= 2
+                    sl = (head[nb2] + size[nb2]) & (cap - 1)
+                    for f in range(N_Q):
+                        q[f, nb2, sl] = tmp[f, j]
+                    size[nb2] += 1
+            i += 1
+            jj += 1
+        # 3. free servers form batches, once every event of this instant is in
+        if queued == 0:
+            continue
+        if i < n:
+            if jj < m:
+                nxt = blk_t[jj]
+            elif arrival_kind == ARR_SATURATED:
+                nxt = 0.0
+            elif arrival_kind == ARR_REPLAY:
+                nxt = arrival_times[i]
+            else:
+                nxt = np.inf  # a continuous draw ties with probability 0
+            if nxt <= now:
+                continue
+        for k in range(n_srv):
+            if queued == 0:
+                break
+            if not busy[k]:
+                # form one batch on the free server k at time now
+                cap = q.shape[2]
+                mask = cap - 1  # capacities are powers of two
+                found = False
+                b = 0
+                nb = 0
+                target = 0
+                bm = -1
+                bs = -1
+                tokens = 0.0
+                while queued > 0:
+                    # Algorithm 5, step 1: the bin
+                    if K == 1:
+                        b = 0
+                    elif select == SEL_ROUND_ROBIN:
+                        b = -1
+                        for off in range(K):
+                            idx = (rr + off) % K
+                            if size[idx] > 0:
+                                b = idx
+                                rr = (idx + 1) % K
+                                break
+                    else:
+                        b = 0
+                        for idx in range(1, K):
+                            if size[idx] > size[b]:
+                                b = idx
+                    # step 2: candidates, the head of that bin only
+                    n_cand = min(max_cand, size[b])
+                    # step 3 (Algorithm 3): the target size
+                    bm = -1
+                    bs = -1
+                    if policy == POL_STATIC:
+                        target = pin
+                    else:
+                        if policy == POL_DYNAMIC:
+                            bm = ctl_.b_mem(st[b], mcfg, -1, bin_b_max)
+                        else:
+                            bm = ctl_.b_mem(st[b], mcfg, b, bin_b_max)
+                        bs = ctl_.b_sla(ctl[b], ccfg)
+                        if pin > 0:
+                            target = pin
+                        elif memory_on:
+                            target = min(bm, bs)
+                        else:
+                            target = bs
+                    nb = min(target, n_cand)
+                    tokens = 0.0
+                    for j in range(nb):
+                        sl = (head[b] + j) & mask
+                        tokens += q[Q_PROMPT, b, sl] + q[Q_OUTPUT, b, sl]
+                    if memory_on and policy != POL_STATIC:
+                        # Algorithm 3, step 3: drop the last candidates while over capacity
+                        while nb > 0 and not ctl_.check_memory(tokens, eta):
+                            sl = (head[b] + nb - 1) & mask
+                            tokens -= q[Q_PROMPT, b, sl] + q[Q_OUTPUT, b, sl]
+                            nb -= 1
+                        if nb == 0:
+                            # the head request alone exceeds the capacity: it can never be
+                            # served, so it leaves the queue as rejected
+                            head[b] = (head[b] + 1) & mask
+                            size[b] -= 1
+                            queued -= 1
+                            istats[I_REJECTED] += 1
+                            continue
+                    elif tokens > eta:
+                        istats[I_MEM_EXCEED] += 1
+                    found = True
+                    break
+                if not found:
+                    break
+                # the batch: the first nb of bin b (unused candidates stay at the front)
+                max_out = 0.0
+                max_seq = 0.0
+                sum_prompt = 0.0
+                sum_out = 0.0
+                for j in range(nb):
+                    sl = (head[b] + j) & mask
+                    p = q[Q_PROMPT, b, sl]
+                    o = q[Q_OUTPUT, b, sl]
+                    s_prompt[k, j] = p
+                    s_output[k, j] = o
+                    sum_prompt += p
+                    sum_out += o
+                    if o > max_out:
+                        max_out = o
+                    if p + o > max_seq:
+                        max_seq = p + o
+                bf = float(nb)
+                if model == MODEL_MAX:
+                    service = sm[SM_BASE] + sm[SM_PER_TOKEN] * max_out
+                    tbt = 0.0
+                    per_token = service / max(max_out, 1.0)
+                    ttft = per_token
+                elif model == MODEL_LINEAR:
+                    service = sm[SM_BASE] + sm[SM_ALPHA] * max_seq * (1.0 + sm[SM_BETA] * (bf - 1.0) / bf)
+                    tbt = 0.0
+                    per_token = service / max(max_out, 1.0)
+                    ttft = per_token
+                else:
+                    tbt = ctl_.decode_tbt(sm[SM_TBT_BETA], sm[SM_TBT_GAMMA], bf)
+                    prefill = sm[SM_PREFILL] * sum_prompt
+                    service = prefill + tbt * max_out
+                    per_token = tbt
+                    ttft = prefill + tbt
+                C = now + service
+                if C > last_completion:
+                    last_completion = C
+                violating = per_token > d_sla
+
+                sum_lat = 0.0
+                sum_lat2 = 0.0
+                sum_arr = 0.0
+                for j in range(nb):
+                    sl = (head[b] + j) & mask
+                    a = q[Q_ARRIVAL, b, sl]
+                    lat = C - a
+                    sum_lat += lat
+                    sum_lat2 += lat * lat
+                    sum_arr += a
+                    h = (_float_bits(lat) >> _HIST_SHIFT) - _HIST_BASE
+                    h = min(max(h, 0), HIST_SIZE - 1)
+                    hist[h] += 1
+                    if keep:
+                        idx = np.int64(q[Q_INDEX, b, sl])
+                        r_bin[idx] = b
+                        r_batch[idx] = n_batches
+                        r_start[idx] = now
+                        r_completion[idx] = C
+                        r_ttft[idx] = now - a + ttft
+                fstats[F_SUM_LATENCY] += sum_lat
+                fstats[F_SUM_LATENCY2] += sum_lat2
+                fstats[F_SUM_TTFT] += bf * (now + ttft) - sum_arr
+                # batch-means group of the batch: that of its first member's arrival index
+                g = (np.int64(q[Q_INDEX, b, head[b]]) * G) // n
+                group_latency[g] += sum_lat
+                group_count[g] += nb
+                head[b] = (head[b] + nb) & mask
+                size[b] -= nb
+                queued -= nb
+
+                fstats[F_BUSY] += service
+                fstats[F_TOKENS_OUT] += sum_out
+                fstats[F_TOKENS_IN] += sum_prompt
+                fstats[F_SUM_TBT_TOKENS] += per_token * sum_out
+                tok = sum_prompt + sum_out
+                fstats[F_TOKEN_SECONDS] += tok * service
+                if tok > fstats[F_PEAK_TOKENS]:
+                    fstats[F_PEAK_TOKENS] = tok
+                fstats[F_SUM_B] += bf
+                fstats[F_SUM_B2] += bf * bf
+                if violating:
+                    fstats[F_SLA_TOKENS] += sum_out
+                    istats[I_SLA_REQUESTS] += nb
+                istats[I_COMPLETED] += nb
+                size_hist[min(nb, size_hist.shape[0] - 1)] += 1
+                if keep_batches:
+                    b_start[n_batches] = now
+                    b_bin[n_batches] = b
+                    b_size[n_batches] = nb
+                    b_target_out[n_batches] = target
+                    b_mem_out[n_batches] = bm
+                    b_sla_out[n_batches] = bs
+                    b_service[n_batches] = service
+                    b_tokens[n_batches] = tok
+
+                # downsampled time series: every ts_stride-th batch; when the buffer is
+                # full, keep every other row and double the stride
+                if ts_seen % ts_stride == 0:
+                    if ts_count == TSN:
+                        for r in range(TSN // 2):
+                            for c in range(ts.shape[1]):
+                                ts[r, c] = ts[2 * r, c]
+                        ts_count = TSN // 2
+                        ts_stride *= 2
+                    if ts_seen % ts_stride == 0:
+                        ts[ts_count, TS_TIME] = now
+                        ts[ts_count, TS_B_TARGET] = target
+                        ts[ts_count, TS_B_LOW] = ctl[b, ctl_.CTL_B_LOW]
+                        ts[ts_count, TS_B_HIGH] = ctl[b, ctl_.CTL_B_HIGH]
+                        ts[ts_count, TS_TAU_AVG] = ctl[b, ctl_.CTL_TAU_AVG]
+                        ts[ts_count, TS_BIN] = b
+                        ts[ts_count, TS_SIZE] = nb
+                        for kb in range(K):
+                            ts[ts_count, N_TS_FIXED + kb] = size[kb]
+                        ts_count += 1
+                ts_seen += 1
+
+                busy[k] = True
+                free_at[k] = C
+                s_n[k] = nb
+                s_bin[k] = b
+                s_service[k] = service
+                s_tbt[k] = tbt
+                in_service += nb
+                n_batches += 1
+
+    fstats[F_LAST_COMPLETION] = last_completion
+    istats[I_BATCHES] = n_batches
+    istats[I_TS_COUNT] = ts_count
+    istats[I_TS_STRIDE] = ts_stride
+
+
