@@ -76,7 +76,28 @@ def _parser() -> argparse.ArgumentParser:
         for prm in params:
             flag = "--" + prm.replace("_", "-")
             p.add_argument(flag, dest=prm, type=_number, required=True, metavar=prm.upper())
+    for name, help_ in (("batch-service-time", "exact E[t_service] for a distribution and edges (eq. 2)"),
+                        ("optimal-boundaries", "edges minimising the exact E[t_service]")):
+        p = thsub.add_parser(name, help=help_)
+        p.add_argument("--dist", required=True, help="scipy.stats continuous distribution name, e.g. expon")
+        p.add_argument("--shape", type=float, nargs="*", default=[], help="its shape parameters")
+        p.add_argument("--loc", type=float, default=0.0)
+        p.add_argument("--scale", type=float, default=1.0)
+        p.add_argument("--B", dest="B", type=_number, required=True)
+        if name == "batch-service-time":
+            p.add_argument("--edges", type=float, nargs="+", required=True, help="k+1 edges (inf allowed)")
+        else:
+            p.add_argument("--k", dest="k", type=_number, required=True)
     return ap
+
+
+def _frozen(args):
+    import scipy.stats as st
+
+    law = getattr(st, args.dist, None)
+    if not isinstance(law, st.rv_continuous):
+        raise ValueError(f"dist must name a scipy.stats continuous distribution; got {args.dist!r}")
+    return law(*args.shape, loc=args.loc, scale=args.scale)
 
 
 def main(argv=None) -> int:
@@ -107,8 +128,13 @@ def main(argv=None) -> int:
         elif args.command == "theory":
             from . import theory
 
-            fn, params = _THEORY[args.function]
-            value = getattr(theory, fn)(*(getattr(args, p) for p in params))
+            if args.function == "batch-service-time":
+                value = theory.batch_service_time(_frozen(args), args.edges, args.B)
+            elif args.function == "optimal-boundaries":
+                value = theory.optimal_boundaries(_frozen(args), args.B, args.k)
+            else:
+                fn, params = _THEORY[args.function]
+                value = getattr(theory, fn)(*(getattr(args, p) for p in params))
             print(value if not hasattr(value, "tolist") else value.tolist())
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"mbbatch {args.command}: error: {exc}", file=sys.stderr)

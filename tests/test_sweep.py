@@ -301,6 +301,11 @@ def test_cli_help_and_theory():
     assert r.returncode == 0 and float(r.stdout) == pytest.approx(9.970261906558987, rel=1e-12)
     r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "0")
     assert r.returncode == 2 and "k must be" in r.stderr
+    r = run_cli("theory", "batch-service-time", "--dist", "expon", "--scale", "10", "--B", "200",
+                "--edges", "0", "inf")
+    assert r.returncode == 0 and float(r.stdout) == pytest.approx(58.780309481214, rel=1e-12)  # H_200 / 0.1
+    r = run_cli("theory", "optimal-boundaries", "--dist", "nosuch", "--B", "4", "--k", "2")
+    assert r.returncode == 2 and "dist" in r.stderr
 
 
 def test_cli_sweep_reports_bad_spec(tmp_path):

@@ -9,7 +9,8 @@ example on a read-only install); numba's own ``NUMBA_CACHE_DIR`` moves it.
 
 Kernels never validate, allocate their outputs, or touch Python objects other
 than the ``numpy.random.Generator`` streams they are handed; the public
-wrappers in :mod:`mbbatch.simulate` do all of that.
+wrappers in :mod:`mbbatch.simulation` and :mod:`mbbatch.token_simulation` do
+all of that.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ __all__ = ["CACHE", "warmup"]
 
 def warmup() -> None:
     """Compile (or load from cache) every kernel, so later calls run at full speed."""
-    from . import multibin
+    from . import controller, dynamic, multibin
 
     multibin.warmup()
+    controller.warmup()
+    dynamic.warmup()

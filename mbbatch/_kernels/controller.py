@@ -149,7 +149,7 @@ def _clt_count(mu, sigma, z, eta, cap):
         b = min(np.floor(x * x), cap)
     while b > 0.0 and b * mu + zs * math.sqrt(b) > eta:
         b -= 1.0
-    while False and b < cap and (b + 1.0) * mu + zs * math.sqrt(b + 1.0) <= eta:
+    while b < cap and (b + 1.0) * mu + zs * math.sqrt(b + 1.0) <= eta:
         b += 1.0
     return b
 

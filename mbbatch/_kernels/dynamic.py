@@ -536,3 +536,16 @@ def dynamic_kernel(
     istats[I_TS_STRIDE] = ts_stride
 
 
+
+
+def warmup() -> None:
+    """Compile the event kernel (or load it from the cache) on a tiny input."""
+    import scipy.stats as st
+
+    from ..arrivals import Poisson
+    from ..policies import MultiBinDynamic
+    from ..simulation import simulate
+    from ..workload import Workload
+
+    simulate(MultiBinDynamic(bins=2, warmup=4), arrivals=Poisson(rate=1.0),
+             workload=Workload(prompt=st.uniform(1, 10), output=st.uniform(1, 10)), n=16, seed=0)
