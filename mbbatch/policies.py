@@ -33,15 +33,24 @@ class MultiBin:
         upper end, ``inf`` allowed).  Bin i holds ``edges[i] <= l < edges[i+1]``
         and the last bin is closed above.  Default: equal probability mass of
         the service distribution (Lemma 4.1 for the uniform).
+    max_wait : float
+        A bin sends a partial batch to the central FIFO once its oldest
+        request has waited ``max_wait`` s (the real-system variant of the
+        paper's Section 3).  Default ``inf``: batches of exactly B only.
     """
 
     bins: int
     batch_size: int
     edges: Optional[np.ndarray] = None
+    max_wait: float = float("inf")
 
     def __post_init__(self):
         object.__setattr__(self, "bins", check_count("bins", self.bins))
         object.__setattr__(self, "batch_size", check_count("batch_size", self.batch_size))
+        from ._validation import Domain, check_real
+
+        object.__setattr__(self, "max_wait", check_real(
+            "max_wait", self.max_wait, Domain(0, float("inf"), lo_closed=True, hi_closed=True)))
         if self.edges is not None:
             e = np.asarray(self.edges, dtype=np.float64)
             if e.ndim != 1 or e.size != self.bins + 1:
@@ -58,7 +67,8 @@ class MultiBin:
             object.__setattr__(self, "edges", e)
 
     def describe(self) -> dict:
-        d = {"policy": "multibin", "bins": self.bins, "batch_size": self.batch_size}
+        d = {"policy": "multibin", "bins": self.bins, "batch_size": self.batch_size,
+             "max_wait": "inf" if self.max_wait == float("inf") else self.max_wait}
         d["edges"] = "equal_mass" if self.edges is None else [float(x) for x in self.edges]
         return d
 

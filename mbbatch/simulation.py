@@ -148,6 +148,7 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
 
     _k.multibin_kernel(
         n, akind, rate, times, spec.kind, spec.params, spec.values, edges, B, n_servers,
+        policy.max_wait,
         stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE), bool(keep_requests),
         out_arrival, out_service, out_bin, out_completion, out_batch,
         stats, istats, batches_per_bin, group_latency, group_count, group_batch_wait,

@@ -13,17 +13,20 @@ from collections import deque
 
 import numpy as np
 
-ARRIVAL, COMPLETION = 0, 1
+ARRIVAL, DEADLINE, COMPLETION = 0, 1, 2
 
 
-def reference_latencies(arrival, service, edges, batch_size, servers):
+def reference_latencies(arrival, service, edges, batch_size, servers, max_wait=math.inf):
     """Per-request latency (NaN for requests left in partial batches).
 
     Bin i holds edges[i] <= l < edges[i+1]; the last bin is closed above.
+    With ``max_wait`` finite a bin's partial batch leaves once its oldest
+    request has waited ``max_wait`` (a timer event per bin generation).
     """
     k = len(edges) - 1
     n = len(arrival)
     bins = [[] for _ in range(k)]
+    generation = [0] * k
     fifo = deque()
     idle = servers
     completion = np.full(n, np.nan)
@@ -50,9 +53,19 @@ def reference_latencies(arrival, service, edges, batch_size, servers):
             while b < k - 1 and service[i] >= edges[b + 1]:
                 b += 1
             bins[b].append(i)
+            if len(bins[b]) == 1 and max_wait < math.inf:
+                heapq.heappush(events, (now + max_wait, DEADLINE, seq, (b, generation[b])))
+                seq += 1
             if len(bins[b]) == batch_size:
                 fifo.append(bins[b])
                 bins[b] = []
+                generation[b] += 1
+        elif kind == DEADLINE:
+            b, gen = payload
+            if gen == generation[b] and bins[b]:
+                fifo.append(bins[b])
+                bins[b] = []
+                generation[b] += 1
         else:
             for j in payload:
                 completion[j] = now

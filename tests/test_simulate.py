@@ -109,23 +109,52 @@ def test_one_server_latency_exceeds_lemma_5_1():
 
 # --- two computation paths ---------------------------------------------------
 
-@given(n=hs.integers(1, 300), B=hs.integers(1, 5), k=hs.integers(1, 4),
+@given(n=hs.integers(1, 3000), B=hs.integers(1, 8), k=hs.integers(1, 4),
        servers=hs.sampled_from([1, 2, 3, math.inf]), saturated=hs.booleans(),
-       expon=hs.booleans(), seed=hs.integers(0, 2**32))
-def test_kernel_matches_python_event_loop(n, B, k, servers, saturated, expon, seed):
+       expon=hs.booleans(), seed=hs.integers(0, 2**32),
+       max_wait=hs.sampled_from([math.inf, math.inf, 0.0, 0.5, 3.0]))
+def test_kernel_matches_python_event_loop(n, B, k, servers, saturated, expon, seed, max_wait):
     """The kernel and an independent plain-Python event loop, fed the same
-    draws, give identical per-request latencies (NaN for excluded requests)."""
+    draws, give identical per-request latencies (NaN for excluded requests),
+    with and without max_wait.  n spans several of the kernel's draw blocks."""
     service = st.expon(scale=2.0) if expon else st.uniform(1, 19)
     arrivals = mb.Saturated() if saturated else mb.Poisson(rate=3.0)
-    res = mb.simulate(mb.MultiBin(bins=k, batch_size=B), arrivals=arrivals, service=service,
-                      n=n, servers=servers, seed=seed, keep_requests=True)
+    res = mb.simulate(mb.MultiBin(bins=k, batch_size=B, max_wait=max_wait), arrivals=arrivals,
+                      service=service, n=n, servers=servers, seed=seed, keep_requests=True)
     req = res.requests
-    ref = reference_latencies(req.arrival, req.service, res.edges, B, servers)
+    ref = reference_latencies(req.arrival, req.service, res.edges, B, servers, max_wait)
     np.testing.assert_array_equal(req.latency, ref)
     assert res.completed == int(np.sum(~np.isnan(ref)))
     assert res.excluded_partial == n - res.completed
+    if max_wait < math.inf:
+        assert res.excluded_partial == 0
     if res.completed:
         assert res.mean_latency == pytest.approx(np.nanmean(ref), rel=1e-12)
+
+
+def test_max_wait_releases_partial_batches():
+    """max_wait = 0 with all requests at time 0: simultaneous arrivals still
+    join their batch, then every bin's partial batch leaves at once; no
+    request is left over.  With a finite max_wait under Poisson arrivals no
+    request waits for its batch longer than max_wait."""
+    kw = dict(service=st.uniform(1, 19), seed=3, keep_requests=True)
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=8, max_wait=0.0), arrivals=mb.Saturated(), n=20, **kw)
+    assert res.excluded_partial == 0 and res.completed == 20
+    full = mb.simulate(mb.MultiBin(bins=2, batch_size=8), arrivals=mb.Saturated(), n=20, **kw)
+    assert res.n_batches == full.n_batches + int(np.sum(full.batches_per_bin * 8 < np.bincount(full.requests.bin, minlength=2)))
+    res = mb.simulate(mb.MultiBin(bins=3, batch_size=64, max_wait=5.0), arrivals=mb.Poisson(rate=2.0),
+                      n=5000, **kw)
+    assert res.excluded_partial == 0
+    assert res.mean_fill_wait <= 5.0 + 1e-12
+    # the trade-off: here (service of 1-20 s) the small batches overload the
+    # server; with fast service they cut the latency
+    no_wait = mb.simulate(mb.MultiBin(bins=3, batch_size=64), arrivals=mb.Poisson(rate=2.0), n=5000, **kw)
+    assert res.throughput < no_wait.throughput
+    fast = dict(kw, service=st.uniform(0.1, 0.1))
+    waited = mb.simulate(mb.MultiBin(bins=1, batch_size=64, max_wait=5.0), arrivals=mb.Poisson(rate=2.0),
+                         n=5000, **fast)
+    full = mb.simulate(mb.MultiBin(bins=1, batch_size=64), arrivals=mb.Poisson(rate=2.0), n=5000, **fast)
+    assert waited.mean_latency < 6.0 < full.mean_latency
 
 
 @given(seed=hs.integers(0, 2**32), k=hs.integers(1, 4), B=hs.integers(1, 16))

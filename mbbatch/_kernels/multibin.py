@@ -79,19 +79,30 @@ def _hist_add(hist, x):
 
 @njit(cache=CACHE)
 def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, uB,
-          buf_arrival, keep, buf_index, out_arrival, out_service, out_bin):
+          buf_arrival, keep, buf_index, out_arrival, out_service, out_bin, deadline, max_wait):
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
-    (arrival time kept, service time folded into the bin's running maximum);
-    return the index of the first request that fills a batch (its bin's count
-    is reset), or m.  A small function of its own so that its loop keeps its
-    few pointers in registers."""
+    (arrival time kept, service time folded into the bin's running maximum).
+
+    Returns ``(j, deadline)``: ``j`` is the index of the first request that
+    fills a batch (its bin's count is reset), or ``-1 - j`` when request ``j``
+    arrives after ``deadline``, the earliest time a partial batch must
+    leave (``max_wait``), or ``m``.  ``deadline`` is updated as bins get their
+    first member.  A small function of its own so that its loop keeps its few
+    pointers in registers."""
     one = np.uint64(1)
     for jj in range(np.uint64(j0), np.uint64(m)):
+        t = block_time[jj]
+        if t > deadline:
+            # (an arrival exactly at a deadline still joins its bin's batch)
+            return -1 - np.int64(jj), deadline
         b = np.uint64(block_bin[jj])
         c = count[b]
         o = b * uB + c
-        t = block_time[jj]
         s = block_service[jj]
+        if c == 0:
+            # a bin's oldest member sets its deadline; later ones cannot be earlier
+            d = t + max_wait
+            deadline = d if d < deadline else deadline
         buf_arrival[o] = t
         mx = max_service[b]
         max_service[b] = s if s > mx else mx
@@ -104,9 +115,9 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
         c += one
         if c == uB:
             count[b] = 0
-            return np.int64(jj)
+            return np.int64(jj), deadline
         count[b] = c
-    return m
+    return m, deadline
 
 
 #: requests drawn per block: random numbers are drawn in tight loops, one
@@ -144,16 +155,18 @@ def _draw_block(kind, params, values, i0, m, gen, out):
 @njit(cache=CACHE)
 def multibin_kernel(
     n, arrival_kind, rate, arrival_times, service_kind, service_params, service_values,
-    edges, batch_size, servers, gen_arrival, gen_service, keep,
+    edges, batch_size, servers, max_wait, gen_arrival, gen_service, keep,
     out_arrival, out_service, out_bin, out_completion, out_batch,
     stats, istats, batches_per_bin, group_latency, group_count, group_batch_wait,
     group_batches, hist,
 ):
     """Simulate ``n`` requests through multi-bin batching; outputs are written in place.
 
-    ``servers == 0`` means infinitely many servers (Assumption 5.1).  Requests
-    of a bin whose last batch never fills are counted in ``istats[I_EXCLUDED]``
-    and get no completion time.  Group ``g`` of the batch-means statistics
+    ``servers == 0`` means infinitely many servers (Assumption 5.1).  With
+    ``max_wait`` finite a bin also releases a partial batch once its oldest
+    request has waited ``max_wait`` (then nothing is left over); otherwise
+    requests of a bin whose last batch never fills are counted in
+    ``istats[I_EXCLUDED]`` and get no completion time.  Group ``g`` of the batch-means statistics
     holds the batches whose last member has arrival index ``i`` with
     ``g = i * G // n``.
 
@@ -196,141 +209,182 @@ def multibin_kernel(
     completed = 0
     n_batches = 0
 
-    for i0 in range(0, n, BLOCK):
-        m = min(BLOCK, n - i0)
-        # 1. draws, one stream at a time, in tight loops
-        um = np.uint64(m)
-        if arrival_kind == ARR_POISSON:
-            for j in range(um):
-                t += gen_arrival.standard_exponential() * inv_rate
-                block_time[j] = t
-        elif arrival_kind == ARR_REPLAY:
-            ui0 = np.uint64(i0)
-            for j in range(um):
-                block_time[j] = arrival_times[ui0 + j]
-        else:
-            for j in range(um):
-                block_time[j] = 0.0
-        if i0 == 0:
-            first_arrival = block_time[0]
-        _draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
-
-        # 2. bins: bin b holds edges[b] <= s < edges[b+1], the last one closed
-        # above.  Counting the inner edges passed is branch-free and
-        # vectorizes; binary search for many bins.
-        if k <= 16:
-            for j in range(um):
-                block_bin[j] = 0
-            for q in range(1, k):
-                e = edges[q]
+    i0 = 0
+    m = 0
+    jj = np.int64(0)  # not a literal: one compiled _fill, not two
+    deadline = np.inf
+    arrivals_over = False
+    while True:
+        if jj == m and not arrivals_over:
+            i0 += m
+            if i0 >= n:
+                arrivals_over = True
+            else:
+                m = min(BLOCK, n - i0)
+                jj = np.int64(0)
+            # 1. draws, one stream at a time, in tight loops
+            um = np.uint64(m)
+            if arrival_kind == ARR_POISSON:
                 for j in range(um):
-                    block_bin[j] += block_service[j] >= e
-        else:
-            for j in range(um):
-                s = block_service[j]
-                lo = 0
-                hi = k - 1
-                while lo < hi:
-                    mid = (lo + hi + 1) >> 1
-                    if s >= edges[mid]:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                block_bin[j] = lo
+                    t += gen_arrival.standard_exponential() * inv_rate
+                    block_time[j] = t
+            elif arrival_kind == ARR_REPLAY:
+                ui0 = np.uint64(i0)
+                for j in range(um):
+                    block_time[j] = arrival_times[ui0 + j]
+            else:
+                for j in range(um):
+                    block_time[j] = 0.0
+            if i0 == 0:
+                first_arrival = block_time[0]
+            _draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
 
-        # 3. requests in arrival order; _fill returns at each full batch
-        jj = np.int64(0)  # not a literal: one compiled _fill, not two
-        while True:
-            jj = _fill(jj, m, i0, block_time, block_service, block_bin, count, max_service, uB,
-                       buf_arrival, keep, buf_index, out_arrival, out_service, out_bin)
-            if jj >= m:
+            # 2. bins: bin b holds edges[b] <= s < edges[b+1], the last one closed
+            # above.  Counting the inner edges passed is branch-free and
+            # vectorizes; binary search for many bins.
+            if k <= 16:
+                for j in range(um):
+                    block_bin[j] = 0
+                for q in range(1, k):
+                    e = edges[q]
+                    for j in range(um):
+                        block_bin[j] += block_service[j] >= e
+            else:
+                for j in range(um):
+                    s = block_service[j]
+                    lo = 0
+                    hi = k - 1
+                    while lo < hi:
+                        mid = (lo + hi + 1) >> 1
+                        if s >= edges[mid]:
+                            lo = mid
+                        else:
+                            hi = mid - 1
+                    block_bin[j] = lo
+
+
+        # 3. requests in arrival order; _fill returns at each full batch and
+        # before the first arrival past a partial batch's deadline
+        if not arrivals_over:
+            jj, deadline = _fill(jj, m, i0, block_time, block_service, block_bin, count, max_service,
+                                 uB, buf_arrival, keep, buf_index, out_arrival, out_service, out_bin,
+                                 deadline, max_wait)
+            if jj == m:
+                continue
+        if arrivals_over or jj < 0:
+            if deadline == np.inf:
                 break
+            # a partial batch leaves at its deadline: the bin whose oldest
+            # member is oldest
+            if jj < 0:
+                jj = -1 - jj
+            ready = deadline
+            b = np.uint64(0)
+            first = np.inf
+            for q in range(k):
+                if count[q] > 0 and buf_arrival[q * B] < first:
+                    first = buf_arrival[q * B]
+                    b = np.uint64(q)
+            o = b * uB
+            members = count[b]
+            count[b] = 0
+            i = min(i0 + jj, n - 1)
+        else:
             i = i0 + jj
             ready = block_time[jj]
             b = np.uint64(block_bin[jj])
             o = b * uB
+            members = uB
             jj += 1
 
-            # The bin's batch is ready now, at the arrival of its B-th request.
-            # Batches reach the central FIFO in ready-time order, so serving
-            # them in generation order is "first completed batch, first served".
-            # batch service time = max of the members'
-            S = max_service[b]
-            max_service[b] = -np.inf
+        # The batch is ready now: at the arrival of its B-th request, or at its
+        # bin's deadline.  Batches reach the central FIFO in ready-time order, so serving
+        # them in generation order is "first completed batch, first served".
+        # batch service time = max of the members'
+        S = max_service[b]
+        max_service[b] = -np.inf
 
-            if servers == 1:
-                start = ready if ready > free_at else free_at
-                free_at = start + S
-            elif servers == 0:
-                start = ready
-            else:
-                start = ready if ready > heap[0] else heap[0]
-                # replace the root by the new free time and sift down
-                v = start + S
-                p = 0
-                while True:
-                    l = 2 * p + 1
-                    if l >= n_heap:
-                        break
-                    r = l + 1
-                    mm = l
-                    if r < n_heap and heap[r] < heap[l]:
-                        mm = r
-                    if heap[mm] < v:
-                        heap[p] = heap[mm]
-                        p = mm
-                    else:
-                        break
-                heap[p] = v
-            C = start + S
-            if C > last_completion:
-                last_completion = C
-            busy += S
-            busy_sq += S * S
+        if servers == 1:
+            start = ready if ready > free_at else free_at
+            free_at = start + S
+        elif servers == 0:
+            start = ready
+        else:
+            start = ready if ready > heap[0] else heap[0]
+            # replace the root by the new free time and sift down
+            v = start + S
+            p = 0
+            while True:
+                l = 2 * p + 1
+                if l >= n_heap:
+                    break
+                r = l + 1
+                mm = l
+                if r < n_heap and heap[r] < heap[l]:
+                    mm = r
+                if heap[mm] < v:
+                    heap[p] = heap[mm]
+                    p = mm
+                else:
+                    break
+            heap[p] = v
+        C = start + S
+        if C > last_completion:
+            last_completion = C
+        busy += S
+        busy_sq += S * S
 
-            # member latencies, then their histogram buckets: both loops
-            # vectorize; only the bucket increments stay scalar
-            for j in range(uB):
-                lat[j] = C - buf_arrival[o + j]
-            for j in range(uB):
-                h = (_float_bits(lat[j]) >> _HIST_SHIFT) - _HIST_BASE
-                hidx[j] = min(max(h, 0), HIST_SIZE - 1)
-            for j in range(uB):
-                hist[hidx[j]] += 1
-            # summed in four lanes in a fixed order: deterministic, and free
-            # of one long add chain
-            a0 = 0.0
-            a1 = 0.0
-            a2 = 0.0
-            a3 = 0.0
-            j = U0
-            while j + U4 <= uB:
-                a0 += lat[j]
-                a1 += lat[j + U1]
-                a2 += lat[j + U2]
-                a3 += lat[j + U3]
-                j += U4
-            while j < uB:
-                a0 += lat[j]
-                j += U1
-            lat_batch = (a0 + a1) + (a2 + a3)
-            if keep:
-                for jm in range(uB):
-                    r_i = buf_index[o + jm]
-                    out_completion[r_i] = C
-                    out_batch[r_i] = n_batches
-            # lat_batch = B*C - sum(arrivals), so the fill wait is B*ready - sum(arrivals)
-            sum_fill += lat_batch - B * (C - ready)
-            sum_latency += lat_batch
-            sum_queue += B * (start - ready)
-            g = (i * G) // n
-            group_latency[g] += lat_batch
-            group_count[g] += B
-            group_batch_wait[g] += start - ready
-            group_batches[g] += 1
-            batches_per_bin[b] += 1
-            completed += B
-            n_batches += 1
+        # member latencies, then their histogram buckets: both loops
+        # vectorize; only the bucket increments stay scalar
+        for j in range(members):
+            lat[j] = C - buf_arrival[o + j]
+        for j in range(members):
+            h = (_float_bits(lat[j]) >> _HIST_SHIFT) - _HIST_BASE
+            hidx[j] = min(max(h, 0), HIST_SIZE - 1)
+        for j in range(members):
+            hist[hidx[j]] += 1
+        # summed in four lanes in a fixed order: deterministic, and free
+        # of one long add chain
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        j = U0
+        while j + U4 <= members:
+            a0 += lat[j]
+            a1 += lat[j + U1]
+            a2 += lat[j + U2]
+            a3 += lat[j + U3]
+            j += U4
+        while j < members:
+            a0 += lat[j]
+            j += U1
+        lat_batch = (a0 + a1) + (a2 + a3)
+        if keep:
+            for jm in range(members):
+                r_i = buf_index[o + jm]
+                out_completion[r_i] = C
+                out_batch[r_i] = n_batches
+        # lat_batch = nm*C - sum(arrivals), so the fill wait is nm*ready - sum(arrivals)
+        nm = np.int64(members)
+        sum_fill += lat_batch - nm * (C - ready)
+        sum_latency += lat_batch
+        sum_queue += nm * (start - ready)
+        g = (i * G) // n
+        group_latency[g] += lat_batch
+        group_count[g] += nm
+        group_batch_wait[g] += start - ready
+        group_batches[g] += 1
+        batches_per_bin[b] += 1
+        completed += nm
+        n_batches += 1
+        if max_wait < np.inf:
+            # the earliest deadline among the bins still holding requests
+            deadline = np.inf
+            for q in range(k):
+                if count[q] > 0:
+                    d = buf_arrival[q * B] + max_wait
+                    deadline = d if d < deadline else deadline
 
     excluded = 0
     for q in range(k):
