@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import check_real
+from ._validation import DOMAINS, check_real
 
 __all__ = ["Poisson", "Saturated", "Replay", "PiecewisePoisson"]
 
@@ -86,7 +86,7 @@ class PiecewisePoisson:
     ends: tuple = ()
 
     def __post_init__(self):
-        r = np.atleast_1d(check_real("rates", np.asarray(self.rates, dtype=float)))
+        r = np.atleast_1d(check_real("rates", np.asarray(self.rates, dtype=float), DOMAINS["rate"]))
         e = np.atleast_1d(np.asarray(self.ends, dtype=float))
         if r.ndim != 1 or r.size == 0:
             raise ValueError("rates must be a non-empty 1-D sequence")

@@ -92,10 +92,118 @@ def backlog_growing(group_wait: np.ndarray, mean_batch_service: float) -> bool:
     return bool(last - second > max(0.5 * second, 2.0 * mean_batch_service))
 
 
-def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: int) -> dict:
+#: TokenSimulationResult metric -> Dataset variable, for the token policies
+TOKEN_METRICS = {
+    "throughput": "sim_throughput",
+    "mean_latency": "sim_mean_latency",
+    "latency_p50": "sim_latency_p50",
+    "latency_p95": "sim_latency_p95",
+    "latency_p99": "sim_latency_p99",
+    "gpu_utilization": "sim_utilization",
+    "token_throughput": "sim_token_throughput",
+    "mean_ttft": "sim_mean_ttft",
+    "mean_tbt": "sim_mean_tbt",
+    "sla_violation_tokens": "sim_sla_violation_tokens",
+    "sla_violation_requests": "sim_sla_violation_requests",
+    "memory_peak": "sim_memory_peak",
+    "memory_mean": "sim_memory_mean",
+    "batch_size_mean": "sim_batch_size_mean",
+    "batch_size_std": "sim_batch_size_std",
+    "completed": "completed",
+    "n_batches": "n_batches",
+    "mem_exceed_batches": "mem_exceed_batches",
+    "rejected": "rejected",
+}
+_INT_VARS = ("completed", "excluded_partial", "n_batches", "mem_exceed_batches", "rejected")
+
+
+def _token_objects(policy: str, arrivals: str, model: str, params: dict):
+    from .arrivals import PiecewisePoisson
+    from .policies import DynamicBatching, MultiBinDynamic, StaticBatching
+    from .workload import DecodeModel, LinearModel, MaxModel, Memory, SLAController, Workload
+
+    if arrivals == "poisson":
+        arr = Poisson(rate=params["rate"])
+    elif arrivals == "step":
+        arr = PiecewisePoisson([params["rate"], params["rate_high"], params["rate"]],
+                               [params["t_up"], params["t_down"]])
+    else:
+        arr = Saturated()
+    wl = Workload(prompt=st.lognorm(params["prompt_sigma"], scale=params["prompt_median"]),
+                  output=st.lognorm(params["output_sigma"], scale=params["output_median"]))
+    svc = {"decode": DecodeModel, "linear": LinearModel, "max": MaxModel}[model]()
+    # eta tokens of capacity: 1 GB per token keeps the units plain
+    mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+    if policy == "static":
+        return StaticBatching(params["batch_size"]), arr, wl, svc, Memory(enabled=False, **mem_kw)
+    mem = Memory(variant="l0" if params["memory"] == "off" else params["memory"], eps_m=params["eps_m"],
+                 enabled=params["memory"] != "off", **mem_kw)
+    ctl = SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"], b_min=params["b_min"],
+                        b_max=params["b_max"], variant=params["controller"])
+    if policy == "dynamic":
+        return DynamicBatching(controller=ctl, memory=mem), arr, wl, svc, mem
+    return (MultiBinDynamic(bins=params["bins"], controller=ctl, memory=mem, selection=params["selection"],
+                            warmup=params["warmup"]), arr, wl, svc, mem)
+
+
+def _queue_growing(times, queue, mean_batch: float) -> bool:
+    """Token policies: the queue-length analogue of :func:`backlog_growing`,
+    on the downsampled queue lengths (quarters of the run by time)."""
+    if times.size < 8 or not np.isfinite(mean_batch):
+        return False
+    q = queue.sum(axis=1)
+    edges = np.quantile(times, [0.25, 0.5, 0.75])
+    second = q[(times >= edges[0]) & (times < edges[1])]
+    last = q[times >= edges[2]]
+    if second.size == 0 or last.size == 0:
+        return False
+    a, b = float(second.mean()), float(last.mean())
+    return bool(b - a > max(0.5 * a, 2.0 * mean_batch))
+
+
+def run_point(policy: str, arrivals: str, service: str, params: dict, root_seed: int, reps: int,
+              time_grid=None) -> dict:
     """Simulate every rep of one grid point; return per-rep metric arrays."""
+    if policy != "multibin":
+        return _run_token_point(policy, arrivals, service, params, root_seed, reps, time_grid)
+    return _run_multibin_point(arrivals, service, params, root_seed, reps)
+
+
+def _run_token_point(policy, arrivals, model, params, root_seed, reps, time_grid):
+    pol, arr, wl, svc, mem = _token_objects(policy, arrivals, model, params)
+    out = {var: np.empty(reps) for var in TOKEN_METRICS.values()}
+    out["backlog_growing"] = np.zeros(reps, dtype=bool)
+    out["sla_infeasible"] = np.zeros(reps, dtype=bool)
+    if time_grid is not None:
+        for var in ("ts_b_target", "ts_b_low", "ts_b_high", "ts_tau_avg", "ts_queue"):
+            out[var] = np.full((reps, time_grid.size), np.nan)
+    for rep in range(reps):
+        res = simulate(pol, arrivals=arr, workload=wl, service_model=svc, n=params["n"],
+                       servers=params["servers"], seed=cell_seed(root_seed, params, rep))
+        for attr, var in TOKEN_METRICS.items():
+            out[var][rep] = getattr(res, attr)
+        out["sla_infeasible"][rep] = bool(res.sla_infeasible)
+        ts = res.time_series
+        if arrivals == "poisson":
+            out["backlog_growing"][rep] = _queue_growing(ts["time"], ts["queue"], res.batch_size_mean)
+        if time_grid is not None and ts["time"].size:
+            # the value in force at each grid time: the last sampled batch start before it
+            at = np.searchsorted(ts["time"], time_grid, side="right") - 1
+            ok = at >= 0
+            for var, col in (("ts_b_target", "b_target"), ("ts_b_low", "b_low"), ("ts_b_high", "b_high"),
+                             ("ts_tau_avg", "tau_avg")):
+                out[var][rep, ok] = ts[col][at[ok]]
+            out["ts_queue"][rep, ok] = ts["queue"].sum(axis=1)[at[ok]]
+    for var in _INT_VARS:
+        if var in out:
+            out[var] = out[var].astype(np.int64)
+    return out
+
+
+def _run_multibin_point(arrivals: str, service: str, params: dict, root_seed: int, reps: int) -> dict:
+    """Simulate every rep of one multi-bin grid point."""
     policy = MultiBin(bins=params["bins"], batch_size=params["batch_size"],
-                      edges=_edges(service, params))
+                      edges=_edges(service, params), max_wait=params.get("max_wait", math.inf))
     arr = Poisson(rate=params["rate"]) if arrivals == "poisson" else Saturated()
     dist = _service_dist(service, params)
     out = {var: np.empty(reps) for var in SIM_METRICS.values()}
@@ -113,8 +221,18 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     return out
 
 
-def point_theory(arrivals: str, service: str, params: dict) -> dict:
-    """Closed-form predictions at one grid point (NaN where none applies)."""
+def point_theory(arrivals: str, service: str, params: dict, policy: str = "multibin") -> dict:
+    """Closed-form predictions at one grid point (NaN where none applies).
+
+    The multi-bin closed forms assume batches of exactly B: with a finite
+    ``max_wait`` they are left NaN, and the token policies have none."""
+    if policy != "multibin":
+        return {"unstable": False}
+    if params.get("max_wait", math.inf) < math.inf:
+        nan = math.nan
+        return {"theory_mean_batch_service": nan, "theory_service_rate": nan, "capacity": nan,
+                "theory_throughput_bound": nan, "theory_throughput": nan, "theory_latency": nan,
+                "unstable": False}
     B, k, servers = params["batch_size"], params["bins"], params["servers"]
     dist = _service_dist(service, params)
     if service == "uniform" and params.get("edges", "equal_mass") == "equal_mass":

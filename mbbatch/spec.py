@@ -42,7 +42,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from ._validation import DOMAINS
+from ._validation import DOMAINS, Domain
 
 __all__ = ["SpecError", "SweepSpec", "Param", "PARAMS", "load_spec", "parse_spec"]
 
@@ -63,6 +63,7 @@ class Param:
     required: bool = True
     default: object = None
     choices: tuple = ()
+    domain: object = None   # a Domain for "real" parameters outside DOMAINS
 
     def applies(self, spec_top: dict) -> bool:
         return any(spec_top.get(k) == v for k, v in self.when)
@@ -88,48 +89,86 @@ class Param:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{where}: {self.name} must be a real number; got {value!r}")
         value = float(value)
-        dom = DOMAINS[self.name]
+        dom = self.domain or DOMAINS[self.name]
         if not bool(dom.contains(value)):
             raise SpecError(f"{where}: {self.name} must be in {dom}; got {value!r}")
         return value
 
 
 _D = DOMAINS
+_MB = (("policy", "multibin"),)
+_TOK = (("policy", "static"), ("policy", "dynamic"), ("policy", "multibin_dynamic"))
+_DYN = (("policy", "dynamic"), ("policy", "multibin_dynamic"))
+_ALL = _MB + _TOK
+_POS = Domain(0, math.inf)
+_NONNEG = Domain(0, math.inf, lo_closed=True)
+_NONNEG_INF = Domain(0, math.inf, lo_closed=True, hi_closed=True)
+_UNIT = Domain(0, 1)
 #: Every parameter a sweep can set or sweep over, by name.  The names are the
 #: Dataset dimensions and the keys of [params] and [grid].
 PARAMS: dict[str, Param] = {p.name: p for p in [
-    Param("bins", "count", "bins", _D["bins"].description, (("policy", "multibin"),)),
-    Param("batch_size", "count", "requests", _D["batch_size"].description, (("policy", "multibin"),)),
+    Param("bins", "count", "bins", _D["bins"].description, _MB + (("policy", "multibin_dynamic"),)),
+    Param("batch_size", "count", "requests", _D["batch_size"].description,
+          _MB + (("policy", "static"),)),
     Param("edges", "choice", "", "bin edges: equal probability mass, or Lemma A.1's (exponential only)",
-          (("policy", "multibin"),), required=False, default="equal_mass",
-          choices=("equal_mass", "lemma_a1")),
-    Param("rate", "real", "requests/s", _D["rate"].description, (("arrivals", "poisson"),)),
+          _MB, required=False, default="equal_mass", choices=("equal_mass", "lemma_a1")),
+    Param("max_wait", "real", "s", "a bin's partial batch leaves once its oldest request waited this long",
+          _MB, required=False, default=math.inf, domain=_NONNEG_INF),
+    Param("rate", "real", "requests/s", _D["rate"].description,
+          (("arrivals", "poisson"), ("arrivals", "step"))),
+    Param("rate_high", "real", "requests/s", "arrival rate between t_up and t_down (load step)",
+          (("arrivals", "step"),), domain=_POS),
+    Param("t_up", "real", "s", "time the load steps up", (("arrivals", "step"),), domain=_POS),
+    Param("t_down", "real", "s", "time the load steps back down", (("arrivals", "step"),), domain=_POS),
     Param("l_min", "real", "s", _D["l_min"].description, (("service", "uniform"),)),
     Param("l_max", "real", "s", _D["l_max"].description, (("service", "uniform"),)),
     Param("mu", "real", "1/s", _D["mu"].description, (("service", "expon"),)),
-    Param("n", "count", "requests", _D["n"].description, (("policy", "multibin"),)),
-    Param("servers", "servers", "servers", _D["servers"].description, (("policy", "multibin"),),
-          required=False, default=1),
+    Param("prompt_median", "real", "tokens", "median prompt length (log-normal)", _TOK, domain=_POS),
+    Param("prompt_sigma", "real", "1", "log-normal shape of the prompt length", _TOK, domain=_NONNEG),
+    Param("output_median", "real", "tokens", "median output length (log-normal)", _TOK, domain=_POS),
+    Param("output_sigma", "real", "1", "log-normal shape of the output length", _TOK, domain=_NONNEG),
+    Param("d_sla", "real", "s/token", "SLA target D_SLA on the decode time per token", _TOK, domain=_POS),
+    Param("eps_d", "real", "s/token", "tolerance band eps_D around D_SLA", _DYN, required=False,
+          default=5e-5, domain=_NONNEG),
+    Param("b_min", "count", "requests", "smallest batch size B_min", _DYN, required=False, default=1),
+    Param("b_max", "count", "requests", "largest batch size B_max", _DYN),
+    Param("controller", "choice", "", "SLA controller: the specification's pseudocode or the "
+          "multiplicative variant", _DYN, required=False, default="spec",
+          choices=("spec", "multiplicative")),
+    Param("memory", "choice", "", "b_mem rule: L0 = 0.1 eta, a CLT buffer, or no memory constraint",
+          _DYN, required=False, default="l0", choices=("l0", "clt", "off")),
+    Param("eta", "real", "tokens", "KV-cache token capacity eta", _TOK, domain=_POS),
+    Param("eps_m", "real", "1", "risk eps_M of the CLT memory buffer", _DYN, required=False,
+          default=0.05, domain=_UNIT),
+    Param("selection", "choice", "", "bin selection of Algorithm 5", (("policy", "multibin_dynamic"),),
+          required=False, default="round_robin", choices=("round_robin", "longest_queue")),
+    Param("warmup", "count", "requests", "requests whose predictions set Algorithm 6's edges",
+          (("policy", "multibin_dynamic"),), required=False, default=1000),
+    Param("n", "count", "requests", _D["n"].description, _ALL),
+    Param("servers", "servers", "servers", _D["servers"].description, _ALL, required=False, default=1),
 ]}
 
 #: Parameters that shape the workload (the requests), as opposed to the
 #: policy serving them.  Only these enter a cell's seed, so cells that differ
 #: only in policy see the same requests: common random numbers.
-WORKLOAD_PARAMS = ("rate", "l_min", "l_max", "mu", "n")
+WORKLOAD_PARAMS = ("rate", "rate_high", "t_up", "t_down", "l_min", "l_max", "mu", "prompt_median",
+                   "prompt_sigma", "output_median", "output_sigma", "n")
 
 _TOP = {
     "name": "a short identifier, also the Dataset's name",
     "description": "one line saying what the sweep shows",
-    "policy": "the batching policy: multibin",
-    "arrivals": "the arrival process: poisson or saturated",
-    "service": "the service-time distribution: uniform or expon",
+    "policy": "the batching policy: multibin, static, dynamic or multibin_dynamic",
+    "arrivals": "the arrival process: poisson, saturated or step (a load step)",
+    "service": "multibin: the service-time distribution, uniform or expon",
+    "service_model": "token policies: the batch service model, decode (default), linear or max",
     "reps": "replications per grid point, an integer >= 1",
     "seed": "root seed, a non-negative integer",
     "params": "table of fixed parameter values",
     "grid": "table of axes: parameter = [values]",
 }
-_CHOICES = {"policy": ("multibin",), "arrivals": ("poisson", "saturated"),
-            "service": ("uniform", "expon")}
+_CHOICES = {"policy": ("multibin", "static", "dynamic", "multibin_dynamic"),
+            "arrivals": ("poisson", "saturated", "step")}
+TOKEN_POLICIES = ("static", "dynamic", "multibin_dynamic")
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,9 +258,26 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
     for key in raw:
         if key not in _TOP:
             raise SpecError(f"{source}: unknown key {key!r}; allowed: {sorted(_TOP)}")
-    for key in ("name", "policy", "arrivals", "service", "reps", "seed"):
+    for key in ("name", "policy", "arrivals", "reps", "seed"):
         if key not in raw:
             raise SpecError(f"{source}: missing field {key!r} ({_TOP[key]})")
+    if raw["policy"] == "multibin":
+        if "service" not in raw:
+            raise SpecError(f"{source}: missing field 'service' ({_TOP['service']})")
+        if raw["service"] not in ("uniform", "expon"):
+            raise SpecError(f"{source}: service must be one of ['uniform', 'expon']; got {raw['service']!r}")
+        if "service_model" in raw:
+            raise SpecError(f"{source}: unknown key 'service_model' for policy multibin (use service)")
+    elif raw.get("policy") in TOKEN_POLICIES:
+        if "service" in raw:
+            raise SpecError(f"{source}: unknown key 'service' for policy {raw['policy']!r} "
+                            "(token policies take service_model and the prompt_/output_ parameters)")
+        raw.setdefault("service_model", "decode")
+        if raw["service_model"] not in ("decode", "linear", "max"):
+            raise SpecError(f"{source}: service_model must be one of ['decode', 'linear', 'max']; "
+                            f"got {raw['service_model']!r}")
+        if raw.get("arrivals") == "saturated" and raw["policy"] != "multibin":
+            pass
     name = raw["name"]
     if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
         raise SpecError(f"{source}: name must be a non-empty identifier (letters, digits, _ or -); got {name!r}")
@@ -248,7 +304,8 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
         for key in table:
             if key not in applicable:
                 why = (f"it does not apply to policy={raw['policy']!r}, arrivals={raw['arrivals']!r}, "
-                       f"service={raw['service']!r}" if key in PARAMS else "no such parameter")
+                       f"service={raw.get('service', raw.get('service_model'))!r}"
+                       if key in PARAMS else "no such parameter")
                 raise SpecError(f"{source}: unknown key {tname}.{key} ({why}); allowed: {sorted(applicable)}")
     for key in fixed:
         if key in grid:
@@ -278,7 +335,8 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
         axes[nm] = checked
 
     spec = SweepSpec(name=name, description=description, policy=raw["policy"],
-                     arrivals=raw["arrivals"], service=raw["service"], reps=reps, seed=seed,
+                     arrivals=raw["arrivals"], service=raw.get("service", raw.get("service_model")),
+                     reps=reps, seed=seed,
                      params=params, axes=axes, source=source, text=text)
     _check_joint(spec, source)
     return spec
@@ -287,9 +345,21 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
 def _check_joint(spec: SweepSpec, source: str) -> None:
     """Constraints across parameters, checked over the whole grid."""
     edges = spec.axes.get("edges", [spec.params.get("edges")])
-    if "lemma_a1" in edges and spec.service != "expon":
+    if "lemma_a1" in edges and spec.policy == "multibin" and spec.service != "expon":
         raise SpecError(f"{source}: edges = \"lemma_a1\" needs service = \"expon\"")
-    if spec.service == "uniform":
+    if spec.arrivals == "step":
+        up = spec.axes.get("t_up", [spec.params.get("t_up")])
+        down = spec.axes.get("t_down", [spec.params.get("t_down")])
+        if max(up) >= min(down):
+            raise SpecError(f"{source}: t_down must be after t_up at every grid point")
+        if spec.policy == "multibin":
+            raise SpecError(f"{source}: arrivals = \"step\" is for the token policies")
+    if spec.policy in ("dynamic", "multibin_dynamic"):
+        lo = spec.axes.get("b_min", [spec.params.get("b_min")])
+        hi = spec.axes.get("b_max", [spec.params.get("b_max")])
+        if max(lo) > min(hi):
+            raise SpecError(f"{source}: b_min must be at most b_max at every grid point")
+    if spec.policy == "multibin" and spec.service == "uniform":
         lo = spec.axes.get("l_min", [spec.params.get("l_min")])
         hi = spec.axes.get("l_max", [spec.params.get("l_max")])
         if max(lo) >= min(hi):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .cells import SEED_SCHEME, point_theory, run_point
-from .schema import AGGREGATES, POINT_VARS, REP_VARS, fixed_param_attrs, template
+from .schema import AGGREGATES, TIME_SERIES, fixed_param_attrs, rep_vars, template, time_grid, variables
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 
 __all__ = ["run_sweep", "SweepError", "UnstableWarning"]
@@ -94,12 +94,17 @@ def _create_store(spec: SweepSpec, out: Path) -> None:
     """Write the template store under a temporary name, then move it into place."""
     ds = template(spec, _attrs(spec))
     for idx, params in spec.points():
-        th = point_theory(spec.arrivals, spec.service, params)
+        th = point_theory(spec.arrivals, spec.service, params, spec.policy)
         for var, value in th.items():
             ds[var].values[idx] = value
     encoding = {}
+    per_rep = rep_vars(spec)
     for var in ds.data_vars:
-        encoding[var] = {"chunks": tuple(1 for _ in spec.axes) + ((spec.reps,) if var in REP_VARS else ())}
+        if var in TIME_SERIES:
+            chunks = tuple(1 for _ in spec.axes) + (spec.reps, ds.sizes["time"])
+        else:
+            chunks = tuple(1 for _ in spec.axes) + ((spec.reps,) if var in per_rep else ())
+        encoding[var] = {"chunks": chunks}
     tmp = out.with_name(out.name + ".creating")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -141,9 +146,15 @@ def _write_point(out: Path, spec: SweepSpec, idx: tuple, sim: dict, unstable_the
     dims = list(spec.axes)
     lead = (1,) * len(dims)
     data = {}
-    for var in REP_VARS:
+    for var in rep_vars(spec):
         data[var] = (dims + ["rep"], np.asarray(sim[var]).reshape(lead + (spec.reps,)))
+    for var in TIME_SERIES:
+        if var in sim:
+            data[var] = (dims + ["rep", "time"], np.asarray(sim[var]).reshape(lead + sim[var].shape))
+    known = variables(spec)
     for src, (mean_v, lo_v, hi_v) in AGGREGATES.items():
+        if mean_v not in known:
+            continue
         m, lo, hi = _t_interval(np.asarray(sim[src], dtype=float))
         data[mean_v] = (dims, np.full(lead, m))
         if lo_v:
@@ -158,8 +169,8 @@ def _write_point(out: Path, spec: SweepSpec, idx: tuple, sim: dict, unstable_the
         out, region=region, consolidated=False)
 
 
-def _point_task(arrivals, service, params, seed, reps):
-    return run_point(arrivals, service, params, seed, reps)
+def _point_task(policy, arrivals, service, params, seed, reps, grid):
+    return run_point(policy, arrivals, service, params, seed, reps, grid)
 
 
 def _warm_worker():
@@ -285,7 +296,9 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
     done = ds["done"].values
     unstable_theory = ds["unstable"].values.copy()
     pending = [(idx, params) for idx, params in spec.points() if not done[idx]]
-    tasks = [(idx, (spec.arrivals, spec.service, params, spec.seed, spec.reps)) for idx, params in pending]
+    grid = time_grid(spec)
+    tasks = [(idx, (spec.policy, spec.arrivals, spec.service, params, spec.seed, spec.reps, grid))
+             for idx, params in pending]
     if tasks:
         _warm_worker()  # compile once here, so that workers load the cached kernels
     n_per_cell = int(spec.axes.get("n", [spec.params.get("n")])[0] if "n" in spec.axes else spec.params["n"])

@@ -283,12 +283,14 @@ def dynamic_kernel(
             if size[b] == cap:
                 q = _grow(q, head, size, K, cap)
                 cap *= 2
-            slot = (head[b] + size[b]) & (cap - 1)
-            q[Q_ARRIVAL, b, slot] = now
-            q[Q_PROMPT, b, slot] = blk_p[jj]
-            q[Q_OUTPUT, b, slot] = blk_o[jj]
-            q[Q_PRED, b, slot] = pred
-            q[Q_INDEX, b, slot] = i
+            # unsigned indices: no negative-index wraparound code
+            ub = np.uint64(b)
+            slot = np.uint64((head[b] + size[b]) & (cap - 1))
+            q[Q_ARRIVAL, ub, slot] = now
+            q[Q_PROMPT, ub, slot] = blk_p[jj]
+            q[Q_OUTPUT, ub, slot] = blk_o[jj]
+            q[Q_PRED, ub, slot] = pred
+            q[Q_INDEX, ub, slot] = i
             size[b] += 1
             queued += 1
             if not binned and i + 1 == warmup:
@@ -382,13 +384,13 @@ def dynamic_kernel(
                     nb = min(target, n_cand)
                     tokens = 0.0
                     for j in range(nb):
-                        sl = (head[b] + j) & mask
-                        tokens += q[Q_PROMPT, b, sl] + q[Q_OUTPUT, b, sl]
+                        sl = np.uint64((head[b] + j) & mask)
+                        tokens += q[Q_PROMPT, np.uint64(b), sl] + q[Q_OUTPUT, np.uint64(b), sl]
                     if memory_on and policy != POL_STATIC:
                         # Algorithm 3, step 3: drop the last candidates while over capacity
                         while nb > 0 and not ctl_.check_memory(tokens, eta):
-                            sl = (head[b] + nb - 1) & mask
-                            tokens -= q[Q_PROMPT, b, sl] + q[Q_OUTPUT, b, sl]
+                            sl = np.uint64((head[b] + nb - 1) & mask)
+                            tokens -= q[Q_PROMPT, np.uint64(b), sl] + q[Q_OUTPUT, np.uint64(b), sl]
                             nb -= 1
                         if nb == 0:
                             # the head request alone exceeds the capacity: it can never be
@@ -410,9 +412,9 @@ def dynamic_kernel(
                 sum_prompt = 0.0
                 sum_out = 0.0
                 for j in range(nb):
-                    sl = (head[b] + j) & mask
-                    p = q[Q_PROMPT, b, sl]
-                    o = q[Q_OUTPUT, b, sl]
+                    sl = np.uint64((head[b] + j) & mask)
+                    p = q[Q_PROMPT, np.uint64(b), sl]
+                    o = q[Q_OUTPUT, np.uint64(b), sl]
                     s_prompt[k, j] = p
                     s_output[k, j] = o
                     sum_prompt += p
@@ -447,8 +449,8 @@ def dynamic_kernel(
                 sum_lat2 = 0.0
                 sum_arr = 0.0
                 for j in range(nb):
-                    sl = (head[b] + j) & mask
-                    a = q[Q_ARRIVAL, b, sl]
+                    sl = np.uint64((head[b] + j) & mask)
+                    a = q[Q_ARRIVAL, np.uint64(b), sl]
                     lat = C - a
                     sum_lat += lat
                     sum_lat2 += lat * lat
@@ -457,7 +459,7 @@ def dynamic_kernel(
                     h = min(max(h, 0), HIST_SIZE - 1)
                     hist[h] += 1
                     if keep:
-                        idx = np.int64(q[Q_INDEX, b, sl])
+                        idx = np.int64(q[Q_INDEX, np.uint64(b), sl])
                         r_bin[idx] = b
                         r_batch[idx] = n_batches
                         r_start[idx] = now
