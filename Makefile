@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 MBBATCH := $(VENV)/bin/mbbatch
 STAMP := $(VENV)/.installed
 RESULTS := results
-SWEEPS := fig3 fig4 fig8 thm43 servers
+SWEEPS := fig3 fig4 fig8 thm43 servers mb_only static_b dyn_only mb_dynamic controller_step max_wait
 SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py)
 DONE := $(SWEEPS:%=$(RESULTS)/%.done)
 

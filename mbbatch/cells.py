@@ -135,7 +135,8 @@ def _token_objects(policy: str, arrivals: str, model: str, params: dict):
     # eta tokens of capacity: 1 GB per token keeps the units plain
     mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
     if policy == "static":
-        return StaticBatching(params["batch_size"]), arr, wl, svc, Memory(enabled=False, **mem_kw)
+        sla = SLAController(d_sla=params["d_sla"], eps_d=params.get("eps_d", 0.0))
+        return StaticBatching(params["batch_size"], sla=sla), arr, wl, svc, Memory(enabled=False, **mem_kw)
     mem = Memory(variant="l0" if params["memory"] == "off" else params["memory"], eps_m=params["eps_m"],
                  enabled=params["memory"] != "off", **mem_kw)
     ctl = SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"], b_min=params["b_min"],

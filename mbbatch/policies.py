@@ -90,15 +90,26 @@ class StaticBatching:
     ----------
     batch_size : int
         B, requests, >= 1.
+    sla : SLAController, optional
+        Only its ``d_sla`` and ``eps_d`` are used, to measure SLA violations;
+        default ``SLAController()``.
     """
 
     batch_size: int
+    sla: object = None
 
     def __post_init__(self):
+        from .workload import SLAController
+
         object.__setattr__(self, "batch_size", check_count("batch_size", self.batch_size))
+        sla = self.sla if self.sla is not None else SLAController()
+        if not isinstance(sla, SLAController):
+            raise TypeError(f"sla must be an SLAController; got {type(sla).__name__}")
+        object.__setattr__(self, "sla", sla)
 
     def describe(self) -> dict:
-        return {"policy": "static", "batch_size": self.batch_size}
+        return {"policy": "static", "batch_size": self.batch_size, "d_sla": self.sla.d_sla,
+                "eps_d": self.sla.eps_d}
 
 
 @dataclass(frozen=True, eq=False)

@@ -128,7 +128,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     Param("output_median", "real", "tokens", "median output length (log-normal)", _TOK, domain=_POS),
     Param("output_sigma", "real", "1", "log-normal shape of the output length", _TOK, domain=_NONNEG),
     Param("d_sla", "real", "s/token", "SLA target D_SLA on the decode time per token", _TOK, domain=_POS),
-    Param("eps_d", "real", "s/token", "tolerance band eps_D around D_SLA", _DYN, required=False,
+    Param("eps_d", "real", "s/token", "tolerance band eps_D around D_SLA", _TOK, required=False,
           default=5e-5, domain=_NONNEG),
     Param("b_min", "count", "requests", "smallest batch size B_min", _DYN, required=False, default=1),
     Param("b_max", "count", "requests", "largest batch size B_max", _DYN),

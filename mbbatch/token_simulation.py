@@ -38,8 +38,8 @@ TOKEN_METRICS = {
     "latency_p99": ("s", "99th percentile latency"),
     "mean_ttft": ("s", "mean time to first token: batch start + prefill + one decode step - arrival"),
     "mean_tbt": ("s/token", "mean decode time per output token (token-weighted)"),
-    "sla_violation_tokens": ("1", "share of output tokens decoded slower than D_SLA per token"),
-    "sla_violation_requests": ("1", "share of requests decoded slower than D_SLA per token"),
+    "sla_violation_tokens": ("1", "share of output tokens decoded slower than D_SLA + eps_D per token"),
+    "sla_violation_requests": ("1", "share of requests decoded slower than D_SLA + eps_D per token"),
     "gpu_utilization": ("1", "busy server-time / (servers x span)"),
     "memory_peak": ("1", "largest batch's prompt + output tokens / token capacity eta"),
     "memory_mean": ("1", "time-average tokens in service / (servers x eta)"),
@@ -162,7 +162,7 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
     ss = as_seed_sequence(seed)
 
     static = isinstance(policy, StaticBatching)
-    ctl_cfg = SLAController() if static else policy.controller
+    ctl_cfg = policy.sla if static else policy.controller
     mem = Memory(enabled=False) if static else policy.memory
     K = policy.bins if isinstance(policy, MultiBinDynamic) else 1
     if static:

@@ -157,7 +157,8 @@ def dynamic_kernel(
     sigma = pp[PP_PRED_SIGMA]
     model = np.int64(pp[PP_MODEL])
     eta = mcfg[ctl_.MC_ETA]
-    d_sla = ccfg[ctl_.CC_D_SLA]
+    # the SLA constraint tau <= D_SLA + eps_D (specification, Algorithm 2)
+    d_sla = ccfg[ctl_.CC_D_SLA] + ccfg[ctl_.CC_EPS_D]
     b_max = np.int64(ccfg[ctl_.CC_B_MAX])
     if policy == POL_STATIC:
         b_max = pin
