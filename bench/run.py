@@ -59,6 +59,33 @@ def bench_speed(n, runs):
     return median(sim), median(draw), median(ratios)
 
 
+#: the token-level scenario of the dynamic kernels' benchmark
+TOKEN_RATE = 4.0
+
+
+def token_policies():
+    return {
+        "StaticBatching(B=32)": mb.StaticBatching(32),
+        "DynamicBatching": mb.DynamicBatching(),
+        "MultiBinDynamic(K=4)": mb.MultiBinDynamic(bins=4),
+    }
+
+
+def bench_dynamic(n, runs):
+    """Requests/s of the event kernel, one core: prompt U(16, 512) and output
+    Exp(mean 128) tokens, the calibrated decode model, Poisson(4) arrivals."""
+    wl = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128))
+    out = {}
+    for name, pol in token_policies().items():
+        times = []
+        for r in range(runs):
+            t0 = time.perf_counter()
+            res = mb.simulate(pol, arrivals=mb.Poisson(rate=TOKEN_RATE), workload=wl, n=n, seed=r)
+            times.append(time.perf_counter() - t0)
+        out[name] = (median(times), res)
+    return out
+
+
 def bench_simpy(n, sim_per_request, runs):
     from simpy_model import run_simpy
 
@@ -124,6 +151,13 @@ def main():
     rows.append(("numpy draws (n exponentials + n uniforms)", f"{draw_t:.3f} s", "", ""))
     rows.append(("simulate / numpy draws", f"{ratio:.2f}", "target <= 1.0", "PASS" if ratio <= 1.0 else "FAIL"))
 
+    for name, (t, res) in bench_dynamic(args.n, max(3, args.runs // 2)).items():
+        rate = args.n / t
+        rows.append((f"{name}, n=%.0e" % args.n, f"{t:.3f} s", f"{rate / 1e6:.1f} M requests/s",
+                     "PASS" if rate >= 20e6 else "FAIL"))
+        rows.append((f"  its time / mb.simulate's", f"{t / sim_t:.2f}",
+                     f"b = {res.batch_size_mean:.1f}, util {res.gpu_utilization:.2f}", ""))
+
     simpy_per_req, speedup = bench_simpy(args.n_simpy, sim_t / args.n, max(1, args.runs // 3))
     rows.append((f"SimPy, n=%.0e, per request" % args.n_simpy, f"{simpy_per_req * 1e6:.2f} us", "", ""))
     rows.append(("SimPy / mb.simulate per request", f"{speedup:.0f}x", "target >= 100x",
@@ -142,8 +176,9 @@ def main():
 
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     line = "-+-".join("-" * x for x in w)
-    print(f"mbbatch benchmark: k={K}, B={B}, lambda={LAM}, uniform(1, 20), one server; "
-          f"medians of {args.runs} runs")
+    print(f"mbbatch benchmark: multi-bin k={K}, B={B}, lambda={LAM}, uniform(1, 20), one server; "
+          f"token policies: Poisson({TOKEN_RATE}), prompt U(16, 512), output Exp(128), decode model; "
+          f"target >= 20 M requests/s; medians of {args.runs} runs")
     print(line)
     for r in rows:
         print(" | ".join(c.ljust(x) for c, x in zip(r, w)))

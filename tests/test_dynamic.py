@@ -122,11 +122,11 @@ def configs(draw, kinds=("static", "dynamic", "multibin"), memories=tuple(MEMORI
 
 
 def make_policy(cfg):
-    if cfg["kind"] == "static":
-        return mb.StaticBatching(batch_size=cfg["b_max"])
     ctl = mb.SLAController(d_sla=cfg["d_sla"], eps_d=cfg["eps_d"], b_min=cfg["b_min"],
                            b_max=cfg["b_max"], alpha=cfg["alpha"], delta=cfg["delta"],
                            variant=cfg["variant"])
+    if cfg["kind"] == "static":
+        return mb.StaticBatching(batch_size=cfg["b_max"], sla=ctl)
     common = dict(controller=ctl, memory=MEMORIES[cfg["memory"]],
                   max_candidates=cfg["max_candidates"], pin=cfg["pin"])
     if cfg["kind"] == "dynamic":
@@ -773,9 +773,9 @@ def check_metrics(cfg, res, pol):
     else:
         expect = prefill + ptok * max_out
     np.testing.assert_allclose(b["service"], expect, rtol=1e-12)
-    # SLA
-    d_sla = pol.controller.d_sla if isinstance(pol, mb.DynamicBatching) else mb.SLAController().d_sla
-    late = ptok > d_sla
+    # SLA: a batch is late when its decode time per token exceeds D_SLA + eps_D
+    sla = pol.controller if isinstance(pol, mb.DynamicBatching) else pol.sla
+    late = ptok > sla.d_sla + sla.eps_d
     out_b = np.array([r["output"][mm].sum() for mm in mem])
     assert m["sla_violation_requests"] == pytest.approx(b["size"][late].sum() / served.sum(),
                                                         rel=1e-12, abs=0)
@@ -993,6 +993,7 @@ WL = mb.Workload(prompt=st.uniform(1, 10), output=st.uniform(1, 10))
     (lambda: mb.DynamicBatching(controller=mb.Memory()), TypeError, "controller"),
     (lambda: mb.DynamicBatching(memory=mb.SLAController()), TypeError, "memory"),
     (lambda: mb.StaticBatching(batch_size=0), ValueError, "batch_size"),
+    (lambda: mb.StaticBatching(batch_size=4, sla=mb.Memory()), TypeError, "sla"),
     (lambda: mb.Workload(prompt=st.uniform(-1, 2), output=st.uniform(1, 10)), ValueError, "prompt"),
     (lambda: mb.Workload(prompt=st.uniform(1, 10), output=st.norm(100, 10)), ValueError, "output"),
     (lambda: mb.Workload(prompt=[1.0, -2.0], output=[1.0, 2.0]), ValueError, "prompt"),

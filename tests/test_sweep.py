@@ -324,3 +324,69 @@ def test_cli_sweep_progress_lines_when_not_a_tty(tmp_path):
     assert "\r" not in r.stderr                       # plain lines, no bar redraws
     assert "no steady state" in r.stderr              # the unstable warning, at the end
     assert "6 grid points done" in r.stdout
+
+
+TOKEN = """
+name = "tok"
+policy = "{policy}"
+arrivals = "{arrivals}"
+service_model = "decode"
+reps = 2
+seed = 3
+
+[params]
+prompt_median = 128.0
+prompt_sigma = 0.5
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0074
+eta = 20000.0
+n = 1500
+{extra}
+
+[grid]
+{grid}
+"""
+
+
+@pytest.mark.filterwarnings("ignore::mbbatch.sweep.UnstableWarning")
+@pytest.mark.parametrize("policy, extra, grid", [
+    ("static", "", "batch_size = [4, 16]\nrate = [0.5, 2.0]"),
+    ("dynamic", "b_max = 64", "rate = [0.5, 2.0]\nmemory = [\"l0\", \"clt\", \"off\"]"),
+    ("multibin_dynamic", "b_max = 64\nwarmup = 200", "bins = [1, 3]\nrate = [0.5, 2.0]"),
+])
+def test_token_sweeps(tmp_path, policy, extra, grid):
+    text = TOKEN.format(policy=policy, arrivals="poisson", extra=extra, grid=grid)
+    ds = run_sweep(write(tmp_path, text), tmp_path / "t.zarr", workers=1, progress=False)
+    for v in ("sim_throughput", "sim_sla_violation_tokens", "sim_batch_size_mean", "sim_memory_peak",
+              "sim_latency_p95_mean", "unstable", "done"):
+        assert ds[v].attrs["units"] is not None and ds[v].attrs["description"], v
+    assert bool(ds["done"].all())
+    assert int(ds["completed"].sum()) == 1500 * ds["completed"].size - int(ds["rejected"].sum())
+    assert "theory_throughput" not in ds            # no closed forms for these policies
+    if policy == "dynamic":
+        assert int(ds["mem_exceed_batches"].sel(memory=["l0", "clt"]).sum()) == 0
+
+
+def test_load_step_sweep_stores_time_series(tmp_path):
+    text = TOKEN.format(policy="dynamic", arrivals="step",
+                        extra="b_max = 64\nrate = 0.5\nrate_high = 2.0\nt_up = 500.0\nt_down = 1000.0",
+                        grid="controller = [\"spec\", \"multiplicative\"]")
+    ds = run_sweep(write(tmp_path, text), tmp_path / "s.zarr", workers=1, progress=False)
+    assert ds["ts_b_target"].dims == ("controller", "rep", "time")
+    assert float(ds["time"].max()) == pytest.approx(1500.0)
+    assert ds["time"].attrs["units"] == "s"
+    assert int(np.isfinite(ds["ts_tau_avg"].values).sum()) > 0
+
+
+def test_token_spec_errors(tmp_path):
+    bad = TOKEN.format(policy="dynamic", arrivals="poisson", extra="", grid="rate = [1.0]")
+    with pytest.raises(SpecError, match="b_max"):                     # missing field
+        load_spec(write(tmp_path, bad, "a.toml"))
+    bad = TOKEN.format(policy="static", arrivals="poisson", extra="b_max = 4", grid="batch_size = [4]\nrate = [1.0]")
+    with pytest.raises(SpecError, match="params.b_max"):              # not a static parameter
+        load_spec(write(tmp_path, bad, "b.toml"))
+    bad = TOKEN.format(policy="dynamic", arrivals="step", extra="b_max = 8\nrate = 1.0\nrate_high = 2.0\n"
+                       "t_up = 10.0\nt_down = 5.0", grid="controller = [\"spec\"]")
+    with pytest.raises(SpecError, match="t_down"):
+        load_spec(write(tmp_path, bad, "c.toml"))
