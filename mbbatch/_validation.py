@@ -166,3 +166,20 @@ def check_servers(value) -> float:
             raise ValueError(f"servers must be an integer in {DOMAINS['servers']} or math.inf; got {value!r}")
         raise TypeError(f"servers must be an integer or math.inf; got {value!r}")
     return check_count("servers", value)
+
+
+def resolve_n(n, replayed: list) -> int:
+    """``n`` checked, defaulting to the shortest replayed array.
+
+    ``replayed`` lists ``(name, length)`` of the arrays a run replays
+    (arrival times, service times, token lengths); ``n`` may not exceed any.
+    """
+    if n is None:
+        if not replayed:
+            raise ValueError("n must be given (number of requests, an integer in [1, inf))")
+        n = min(size for _, size in replayed)
+    n = check_count("n", n)
+    for what, size in replayed:
+        if n > size:
+            raise ValueError(f"n must be at most the {size} values of {what}; got {n}")
+    return n

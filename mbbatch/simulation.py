@@ -9,7 +9,7 @@ import numpy as np
 
 from ._kernels import multibin as _k
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
-from ._validation import check_count, check_servers
+from ._validation import check_servers, resolve_n
 from .arrivals import Poisson, Replay, Saturated
 from .policies import DynamicBatching, MultiBin, StaticBatching
 from .results import RequestTable, SimulationResult
@@ -100,14 +100,7 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
         replay_lengths.append(("arrivals.times", arrivals.times.size))
     if spec.kind == _k.SVC_REPLAY:
         replay_lengths.append(("service", spec.values.size))
-    if n is None:
-        if not replay_lengths:
-            raise ValueError("n must be given (number of requests, an integer in [1, inf))")
-        n = min(size for _, size in replay_lengths)
-    n = check_count("n", n)
-    for what, size in replay_lengths:
-        if n > size:
-            raise ValueError(f"n must be at most the {size} values of {what}; got {n}")
+    n = resolve_n(n, replay_lengths)
     servers = check_servers(servers)
     ss = as_seed_sequence(seed)
 

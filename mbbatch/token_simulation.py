@@ -14,7 +14,7 @@ from ._kernels import controller as _c
 from ._kernels import dynamic as _d
 from ._kernels import multibin as _k
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
-from ._validation import check_count, check_servers
+from ._validation import check_servers, resolve_n
 from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
 from .policies import DynamicBatching, MultiBinDynamic, StaticBatching
 from .results import QUANTILES, _batch_means_ci, _hist_quantiles
@@ -148,14 +148,7 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
     for nm, sp in (("workload.prompt", workload._prompt), ("workload.output", workload._output)):
         if sp.kind == _k.SVC_REPLAY:
             replay.append((nm, sp.values.size))
-    if n is None:
-        if not replay:
-            raise ValueError("n must be given (number of requests, an integer in [1, inf))")
-        n = min(s for _, s in replay)
-    n = check_count("n", n)
-    for what, size in replay:
-        if n > size:
-            raise ValueError(f"n must be at most the {size} values of {what}; got {n}")
+    n = resolve_n(n, replay)
     servers = check_servers(servers)
     if servers == math.inf:
         raise ValueError("servers must be finite for the token-level policies; got inf")

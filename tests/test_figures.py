@@ -17,10 +17,12 @@ import scipy.stats as st
 import xarray as xr
 
 pytest.importorskip("zarr")
-pytestmark = pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning"),
+              # the controller coordinate is a fixed-length string, as in the real store
+              pytest.mark.filterwarnings("ignore:The data type .* does not have a Zarr V3")]
 
 import mbbatch  # noqa: E402
-from mbbatch import figures, theory  # noqa: E402
+from mbbatch import figures, schema, theory  # noqa: E402
 
 REPS = 3
 
@@ -106,7 +108,7 @@ def _sweep(name, axes, cell, *, attrs, saturated=False, reps=REPS, seed=0):
         data[var] = (dims, x)
     data["unstable"] = (dims, unstable)
     data["done"] = (dims, np.ones(shape, bool))
-    coords = {n: np.asarray(v, dtype=float if n in ("rate", "servers", "mu") else int)
+    coords = {n: np.asarray(v, dtype=float if n in ("rate", "servers", "mu", "max_wait") else int)
               for n, v in axes.items()}
     coords["rep"] = np.arange(reps)
     ds = xr.Dataset(data, coords=coords)
@@ -169,6 +171,163 @@ def _fig1b():
     return ds
 
 
+# ---------------------------------------------------------------- dynamic batching experiments
+
+_TOKEN_ATTRS = dict(prompt_median=256.0, prompt_sigma=0.6, output_median=128.0, output_sigma=1.0,
+                    d_sla=0.0074, eps_d=0.00001, eta=40000.0, service="decode",
+                    confidence_level=0.95, servers=1)
+STEP = dict(rate=1.0, rate_high=3.0, t_up=2000.0, t_down=4000.0)
+#: the synthetic controller_step's b_target: 70, down to 12 SETTLE_UP s after the
+#: step up, back to 70 SETTLE_DOWN s after the step down (spec controller)
+SETTLE_UP, SETTLE_DOWN = 300.0, 1000.0
+
+
+def _token_sweep(name, axes, cell, *, policy, attrs, reps=REPS, seed=0, arrivals="poisson",
+                 time_series=None):
+    """A sweep dataset of a token policy (schema.TOKEN_VARIABLES) over ``axes``.
+
+    ``cell(**point)`` returns (capacity in requests/s, SLA violation share) of one
+    grid point; ``time_series(point, rep, time)`` the ts_* values (load steps).
+    """
+    rng = np.random.default_rng(seed)
+    names = list(axes)
+    shape = tuple(len(v) for v in axes.values())
+    rdims = tuple(names) + ("rep",)
+    per_rep = {v: np.full(shape + (reps,), np.nan) for v, d in schema.TOKEN_VARIABLES.items() if d[0]}
+    unstable = np.zeros(shape, bool)
+    time = None
+    if time_series is not None:
+        time = np.linspace(0.0, 2 * attrs["t_down"] - attrs["t_up"], schema.TIME_POINTS)
+        ts = {v: np.full(shape + (reps, time.size), np.nan) for v in schema.TIME_SERIES}
+    for idx in np.ndindex(*shape):
+        point = {n: axes[n][i] for n, i in zip(names, idx)}
+        cap, sla = cell(**point)
+        rate = point.get("rate", attrs.get("rate"))
+        rho = rate / cap
+        unstable[idx] = 0.97 <= rho < 1.3  # the sweep's flag misses heavier overload
+        noise = 1 + 0.01 * rng.standard_normal(reps)
+        per_rep["sim_throughput"][idx] = min(rate, cap) * noise
+        lat = 3.0 / max(1 - rho, 0.02) if rho < 1 else 500.0 * rho
+        per_rep["sim_mean_latency"][idx] = lat * noise
+        for q, f in (("p50", 0.8), ("p95", 3.0), ("p99", 4.0)):
+            per_rep[f"sim_latency_{q}"][idx] = f * lat * noise
+        per_rep["sim_sla_violation_tokens"][idx] = np.clip(sla * noise, 0, 1)
+        per_rep["sim_sla_violation_requests"][idx] = np.clip(0.9 * sla * noise, 0, 1)
+        per_rep["sim_batch_size_mean"][idx] = 1 + 10 * min(rho, 1) * noise
+        per_rep["sim_batch_size_std"][idx] = 0.5 * per_rep["sim_batch_size_mean"][idx]
+        per_rep["sim_utilization"][idx] = min(rho, 1.0) * noise / noise.max()
+        per_rep["sim_token_throughput"][idx] = 211 * per_rep["sim_throughput"][idx]
+        per_rep["sim_mean_ttft"][idx] = per_rep["sim_mean_latency"][idx] * 0.9
+        per_rep["sim_mean_tbt"][idx] = 0.0072
+        per_rep["sim_memory_peak"][idx] = 0.5 * noise
+        per_rep["sim_memory_mean"][idx] = 0.2 * noise
+        if time_series is not None:
+            for r in range(reps):
+                for v, x in time_series(point, r, time).items():
+                    ts[v][idx + (r,)] = x
+    data = {}
+    for v, (is_rep, dtype, units, desc) in schema.TOKEN_VARIABLES.items():
+        if not is_rep:
+            continue
+        x = per_rep[v]
+        if dtype == "i8":
+            x = np.full(shape + (reps,), {"completed": int(attrs["n"]), "n_batches": 1000}.get(v, 0))
+        elif dtype == "bool":
+            x = (np.broadcast_to(unstable[..., None], x.shape).copy() if v == "backlog_growing"
+                 else np.zeros(x.shape, bool))
+        data[v] = (rdims, x)
+    t = st.t.ppf(0.975, reps - 1)
+    for base, (m, lo, hi) in schema.AGGREGATES.items():
+        if m not in schema.TOKEN_VARIABLES:
+            continue
+        x = per_rep[base]
+        data[m] = (tuple(names), x.mean(-1))
+        if lo is not None:
+            h = t * x.std(-1, ddof=1) / math.sqrt(reps)
+            data[lo] = (tuple(names), x.mean(-1) - h)
+            data[hi] = (tuple(names), x.mean(-1) + h)
+    data["unstable"] = (tuple(names), unstable)
+    data["done"] = (tuple(names), np.ones(shape, bool))
+    coords = {}
+    for n, v in axes.items():
+        coords[n] = np.asarray(v, dtype=str if n == "controller" else float if n == "rate" else int)
+    coords["rep"] = np.arange(reps)
+    if time is not None:
+        coords["time"] = time
+        for v in schema.TIME_SERIES:
+            data[v] = (rdims + ("time",), ts[v])
+    ds = xr.Dataset(data, coords=coords)
+    for v in ds.data_vars:
+        d = schema.TOKEN_VARIABLES.get(v) or (None, None) + schema.TIME_SERIES[v]
+        ds[v].attrs.update(units=d[2], long_name=v.replace("_", " "), description=f"synthetic {v}")
+    ds["rate" if "rate" in ds.coords else names[0]].attrs.update(units="requests/s")
+    if time is not None:
+        ds["time"].attrs.update(units="s", long_name="time")
+    ds.attrs.update(name=name, spec=f"# synthetic spec for {name}\n", spec_hash="0" * 16, reps=reps,
+                    policy=policy, arrivals=arrivals, **_TOKEN_ATTRS, **attrs)
+    return ds
+
+
+def _sla_share(rate, knee):
+    return 1.0 / (1.0 + math.exp(-3.0 * (rate - knee)))
+
+
+def _step_series(point, rep, time):
+    """b_target etc. through the load step; the multiplicative variant settles later."""
+    late = 1.0 if point["controller"] == "spec" else 1.5
+    up, down = STEP["t_up"], STEP["t_down"]
+    wiggle = 1 + 0.03 * np.sin(time / 50.0 + rep)
+    b = np.where(time < up + late * SETTLE_UP, 70.0, 12.0)
+    b = np.where(time >= down + late * SETTLE_DOWN, 70.0, b)
+    b = np.where(time < up, 70.0, b) * wiggle
+    high = (time >= up) & (time < down + late * SETTLE_DOWN)
+    out = {"ts_b_target": b,
+           "ts_b_low": np.where(high, 10.0, 6.0),
+           "ts_b_high": np.where(high, 14.0, 256.0),
+           "ts_tau_avg": np.where(high, 0.0074, 0.0062) * (1 + 0.01 * np.cos(time / 30.0 + rep)),
+           "ts_queue": np.where(high, 500.0, 0.0)}
+    for x in out.values():
+        x[0] = np.nan  # before the first batch
+    return out
+
+
+def write_token_results(path):
+    rates = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0]
+    caps = {8: 1.7, 32: 3.7, 128: 6.5}
+    dsets = {
+        "mb_only": _sweep("mb_only", {"bins": [1, 2, 4, 8]}, _uniform_cell(B=32),
+                          attrs={**_uniform_attrs(servers=1.0), "batch_size": 32}, saturated=True),
+        "dyn_only": _token_sweep("dyn_only", {"rate": rates}, lambda rate: (2.1, _sla_share(rate, 1.8)),
+                                 policy="dynamic", attrs=dict(n=20000, b_min=1, b_max=256), seed=1),
+        "static_b": _token_sweep("static_b", {"batch_size": [8, 32, 128], "rate": rates},
+                                 lambda batch_size, rate: (caps[batch_size],
+                                                           0.0 if batch_size == 8 else _sla_share(rate, 2.0)),
+                                 policy="static", attrs=dict(n=20000), seed=2),
+        "mb_dynamic": _token_sweep("mb_dynamic", {"rate": rates}, lambda rate: (3.8, _sla_share(rate, 3.2)),
+                                   policy="multibin_dynamic", attrs=dict(n=20000, bins=4, b_min=1,
+                                                                         b_max=256), seed=3),
+        "controller_step": _token_sweep("controller_step", {"controller": ["spec", "multiplicative"]},
+                                        lambda controller: (2.1, 0.7), policy="dynamic",
+                                        arrivals="step", time_series=_step_series, reps=5, seed=4,
+                                        attrs=dict(n=10000, b_min=1, b_max=256, **STEP)),
+    }
+    mw = _sweep("max_wait", {"max_wait": [2.0, 5.0, 10.0, 20.0, 50.0, 100.0, math.inf],
+                             "rate": [1.0, 2.0, 4.0, 6.0, 8.0, 9.5]},
+                _uniform_cell(bins=4), attrs=_uniform_attrs(bins=4, servers=1.0), seed=5)
+    finite = np.isfinite(mw["max_wait"].values)
+    for v in ("theory_mean_batch_service", "theory_service_rate", "theory_throughput", "theory_latency",
+              "capacity"):  # closed forms only for the classic policy
+        mw[v] = mw[v].where(~xr.DataArray(finite, dims="max_wait"))
+    short = xr.DataArray(mw["max_wait"].values <= 5.0, dims="max_wait")
+    for v in ("sim_throughput", "sim_throughput_mean", "sim_throughput_ci_low", "sim_throughput_ci_high"):
+        mw[v] = mw[v].where(~short, mw[v] * 0.1)  # tiny batches: the server saturates early
+    mw["unstable"] = mw["unstable"] | short
+    dsets["max_wait"] = mw
+    for name, ds in dsets.items():
+        ds.to_zarr(path / f"{name}.zarr", mode="w")
+    return path
+
+
 def write_results(path):
     path.mkdir(parents=True, exist_ok=True)
     rates = np.array([1.0, 2.5, 4.0, 5.5, 7.0, 8.0, 9.0, 10.0, 11.0, 12.5, 14.0])
@@ -188,6 +347,7 @@ def write_results(path):
     for name, ds in dsets.items():
         ds.to_zarr(path / f"{name}.zarr", mode="w")
     _fig1b().to_netcdf(path / "fig1b.nc")
+    write_token_results(path)
     return path
 
 
@@ -267,3 +427,96 @@ def test_cells_not_done_are_left_out(results, tmp_path):
     ds.to_zarr(sub / "fig3.zarr", mode="w")
     assert np.isnan(figures._line(ds, "sim_throughput_mean", "rate", bins=1)).all()
     figures.make_figures(sub, tmp_path / "out", only="fig3")
+
+
+EXPERIMENTS = {
+    "mb_only": ["mb_only"],
+    "dynamic_vs_static": ["dyn_only", "static_b"],
+    "controller_step": ["controller_step"],
+    "mb_dynamic": ["mb_dynamic", "dyn_only", "static_b"],
+    "max_wait": ["max_wait"],
+}
+
+
+def test_experiment_figures_registered():
+    for name, datasets in EXPERIMENTS.items():
+        assert figures.FIGURES[name][1] == datasets
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_experiment_figure_alone_is_reproducible(results, tmp_path, name):
+    a = figures.make_figures(results, tmp_path / "a", only=name)
+    b = figures.make_figures(results, tmp_path / "b", only=name)
+    assert [f.name for f in a] == [f"{name}.png", f"{name}.pdf"]
+    for x, y in zip(a, b):
+        assert x.is_file() and x.stat().st_size > 1000
+        assert x.read_bytes() == y.read_bytes(), x.name
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_experiment_missing_datasets_name_their_commands(tmp_path, name):
+    empty = tmp_path / "results"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError) as info:
+        figures.make_figures(empty, tmp_path / "out", only=name)
+    msg = str(info.value)
+    for d in EXPERIMENTS[name]:
+        assert f"{d}.zarr" in msg
+        assert f"mbbatch sweep sweeps/{d}.toml --out results/{d}.zarr" in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_missing_dataset_of_several(results, tmp_path):
+    import shutil
+
+    partial = tmp_path / "results"
+    for d in ("mb_dynamic", "dyn_only"):
+        shutil.copytree(results / f"{d}.zarr", partial / f"{d}.zarr")
+    with pytest.raises(FileNotFoundError) as info:
+        figures.make_figures(partial, tmp_path / "out", only="mb_dynamic")
+    msg = str(info.value)
+    assert "mbbatch sweep sweeps/static_b.toml --out results/static_b.zarr" in msg
+    assert "sweeps/mb_dynamic.toml" not in msg and "sweeps/dyn_only.toml" not in msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_settling_times(results):
+    ds = xr.open_zarr(results / "controller_step.zarr", chunks=None).load()
+    got = figures.settling_times(ds)
+    step = float(ds["time"][1] - ds["time"][0])
+    assert set(got) == {"spec", "multiplicative"}
+    for ctl, late in (("spec", 1.0), ("multiplicative", 1.5)):
+        for key, expected, ref in (("up", SETTLE_UP, 12.0), ("down", SETTLE_DOWN, 70.0)):
+            dt, median, in_tail = got[ctl][key]
+            # the first grid time at or after the change
+            assert dt == pytest.approx(math.ceil(late * expected / step) * step), (ctl, key)
+            assert median == pytest.approx(ref, rel=0.05)
+            assert not in_tail
+
+
+def test_settling_edge_cases():
+    t = np.arange(0.0, 101.0, 10.0)
+    flat = np.full(t.size, 5.0)
+    assert figures._settling(t, flat, 0.0, 100.0)[:2] == (0.0, 5.0)
+    drifting = np.linspace(10.0, 30.0, t.size)  # still rising at the end
+    dt, ref, late = figures._settling(t, drifting, 0.0, 100.0)
+    assert late and dt >= 80.0
+    last_out = flat.copy()
+    last_out[-1] = 9.0  # the last sample leaves the band around the tail's median 5
+    dt, ref, late = figures._settling(t, last_out, 0.0, 100.0)
+    assert math.isnan(dt) and ref == 5.0
+
+
+def test_token_series_and_overload(results):
+    ds = xr.open_zarr(results / "dyn_only.zarr", chunks=None).load()
+    s = figures._token_series(ds)
+    rates = ds["rate"].values
+    thr = ds["sim_throughput_mean"].values
+    np.testing.assert_array_equal(s["unstable"], ds["unstable"].values | (thr < figures._OVERLOAD * rates))
+    assert s["unstable"][-1] and not ds["unstable"].values[-1]  # overload the flag misses
+    # the per-rep t-interval reproduces the stored one
+    m, lo, hi = figures._rep_ci(ds, "sim_throughput", "rate")
+    np.testing.assert_allclose(m, thr)
+    np.testing.assert_allclose(lo, ds["sim_throughput_ci_low"].values)
+    np.testing.assert_allclose(hi, ds["sim_throughput_ci_high"].values)
+    np.testing.assert_allclose(s["sla"][0], 100 * ds["sim_sla_violation_tokens_mean"].values)
