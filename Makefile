@@ -8,7 +8,8 @@ MBBATCH := $(VENV)/bin/mbbatch
 STAMP := $(VENV)/.installed
 RESULTS := results
 SWEEPS := fig3 fig4 fig8 thm43 servers mb_only static_b dyn_only mb_dynamic controller_step max_wait
-SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py)
+# what sweep results depend on: the simulation and theory code, not the figure code
+SRC := $(filter-out mbbatch/figures.py,$(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py))
 DONE := $(SWEEPS:%=$(RESULTS)/%.done)
 
 .PHONY: help test figures bench clean

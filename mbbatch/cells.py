@@ -136,7 +136,8 @@ def _token_objects(policy: str, arrivals: str, model: str, params: dict):
     mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
     if policy == "static":
         sla = SLAController(d_sla=params["d_sla"], eps_d=params.get("eps_d", 0.0))
-        return StaticBatching(params["batch_size"], sla=sla), arr, wl, svc, Memory(enabled=False, **mem_kw)
+        mem = Memory(enabled=False, **mem_kw)
+        return StaticBatching(params["batch_size"], sla=sla, memory=mem), arr, wl, svc, mem
     mem = Memory(variant="l0" if params["memory"] == "off" else params["memory"], eps_m=params["eps_m"],
                  enabled=params["memory"] != "off", **mem_kw)
     ctl = SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"], b_min=params["b_min"],
@@ -147,15 +148,17 @@ def _token_objects(policy: str, arrivals: str, model: str, params: dict):
                             warmup=params["warmup"]), arr, wl, svc, mem)
 
 
-def _queue_growing(times, queue, mean_batch: float) -> bool:
+def _queue_growing(times, queue, mean_batch: float, arrivals_end: float) -> bool:
     """Token policies: the queue-length analogue of :func:`backlog_growing`,
-    on the downsampled queue lengths (quarters of the run by time)."""
-    if times.size < 8 or not np.isfinite(mean_batch):
+    on the downsampled queue lengths while arrivals last (after the last
+    arrival any queue drains): the last quarter of that period against the
+    second."""
+    if not (np.isfinite(mean_batch) and np.isfinite(arrivals_end)):
         return False
     q = queue.sum(axis=1)
-    edges = np.quantile(times, [0.25, 0.5, 0.75])
-    second = q[(times >= edges[0]) & (times < edges[1])]
-    last = q[times >= edges[2]]
+    bounds = arrivals_end * np.array([0.25, 0.5, 0.75, 1.0])
+    second = q[(times >= bounds[0]) & (times < bounds[1])]
+    last = q[(times >= bounds[2]) & (times <= bounds[3])]
     if second.size == 0 or last.size == 0:
         return False
     a, b = float(second.mean()), float(last.mean())
@@ -186,7 +189,8 @@ def _run_token_point(policy, arrivals, model, params, root_seed, reps, time_grid
         out["sla_infeasible"][rep] = bool(res.sla_infeasible)
         ts = res.time_series
         if arrivals == "poisson":
-            out["backlog_growing"][rep] = _queue_growing(ts["time"], ts["queue"], res.batch_size_mean)
+            out["backlog_growing"][rep] = _queue_growing(ts["time"], ts["queue"], res.batch_size_mean,
+                                                         params["n"] / params["rate"])
         if time_grid is not None and ts["time"].size:
             # the value in force at each grid time: the last sampled batch start before it
             at = np.searchsorted(ts["time"], time_grid, side="right") - 1

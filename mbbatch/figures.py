@@ -6,14 +6,19 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
 
 >>> from mbbatch.figures import FIGURES, make_figures
 >>> list(FIGURES)                                       # doctest: +NORMALIZE_WHITESPACE
-['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers']
+['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers',
+ 'mb_only', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
 Conventions in every figure: simulation as markers with 95% confidence
 intervals (t-intervals of the mean over replications); closed forms as lines
 in the same colour; unstable cells (``unstable == True``) as hollow markers.
-Cells whose ``done`` flag is false are left out.
+Cells whose ``done`` flag is false are left out.  The token-level policies
+(static, dynamic, multi-bin dynamic) have no closed forms: thin lines join
+their simulated points, and a cell whose throughput is below ``_OVERLOAD``
+(0.95) times its arrival rate is hollow too, since their ``unstable`` flag
+misses overloads whose queue drains after the arrivals end.
 
 Output is byte-for-byte reproducible: figures are built on
 :class:`matplotlib.figure.Figure` (no pyplot state) under a fixed style, and

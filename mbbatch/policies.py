@@ -93,10 +93,14 @@ class StaticBatching:
     sla : SLAController, optional
         Only its ``d_sla`` and ``eps_d`` are used, to measure SLA violations;
         default ``SLAController()``.
+    memory : Memory, optional
+        Only its token capacity is used, to count batches above it (static
+        batching never enforces it); default ``Memory()``.
     """
 
     batch_size: int
     sla: object = None
+    memory: object = None
 
     def __post_init__(self):
         from .workload import SLAController
@@ -106,10 +110,16 @@ class StaticBatching:
         if not isinstance(sla, SLAController):
             raise TypeError(f"sla must be an SLAController; got {type(sla).__name__}")
         object.__setattr__(self, "sla", sla)
+        from .workload import Memory
+
+        mem = self.memory if self.memory is not None else Memory()
+        if not isinstance(mem, Memory):
+            raise TypeError(f"memory must be a Memory; got {type(mem).__name__}")
+        object.__setattr__(self, "memory", mem)
 
     def describe(self) -> dict:
         return {"policy": "static", "batch_size": self.batch_size, "d_sla": self.sla.d_sla,
-                "eps_d": self.sla.eps_d}
+                "eps_d": self.sla.eps_d, "eta": self.memory.eta}
 
 
 @dataclass(frozen=True, eq=False)

@@ -136,7 +136,7 @@ def _coord(spec: SweepSpec, name: str, values) -> tuple:
     elif p.kind == "count":
         data = np.array(values, dtype=np.int64)
     elif p.kind == "choice":
-        data = np.array(values, dtype=str)
+        data = np.array(values, dtype=object)  # variable-length strings: a zarr v3 data type
     else:
         data = np.array(values, dtype=np.float64)
     attrs = {"units": p.units, "long_name": name.replace("_", " "), "description": p.description}

@@ -237,7 +237,8 @@ def b_sla(ctl, ccfg):
     pushes ``b_low`` above ``b_high - alpha``, so from the initial interval
     (with ``B_max - B_min >= alpha`` and no ``N_decode`` floor) persistent
     overload settles at ``B_min + floor(alpha/2)`` and persistent slack at
-    ``B_max - floor(alpha/2)``, not at the bounds themselves.
+    ``B_max - ceil(alpha/2)`` (the interval ends at ``[B_max - alpha, B_max]``),
+    not at the bounds themselves.
 
     Variant ``CTL_VARIANT_MULTIPLICATIVE`` is ``compute_b_SLA`` of the design
     notes (Section 2.3), as written: no warm-up and no ``N_decode`` rule;

@@ -440,7 +440,8 @@ def dynamic_kernel(
                     prefill = sm[SM_PREFILL] * sum_prompt
                     service = prefill + tbt * max_out
                     per_token = tbt
-                    ttft = prefill + tbt
+                    # (a batch whose outputs are all under one token ends sooner)
+                    ttft = min(prefill + tbt, service)
                 C = now + service
                 if C > last_completion:
                     last_completion = C
