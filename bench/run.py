@@ -172,7 +172,7 @@ def main():
                  "target < 300 MB", "PASS" if warm["peak_rss_mb"] < 300 else "FAIL"))
     rows.append((f"  its run time", f"{warm['run_s']:.2f} s",
                  f"{args.n_memory / warm['run_s'] / 1e6:.1f} M requests/s", ""))
-    rows.append(("  peak RSS after import + warmup only", f"{cold['peak_rss_mb']:.0f} MB", "", ""))
+    rows.append(("  peak RSS of a cold compile (import + warmup)", f"{cold['peak_rss_mb']:.0f} MB", "", ""))
 
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     line = "-+-".join("-" * x for x in w)
