@@ -16,7 +16,7 @@ State vectors
          ``B_min``, ``B_max``, the steps ``alpha`` and ``delta``, the variant
          and the EMA weight.
 ``st``   (``N_ST``) batch statistics: EMAs of prompt and output length
-         (tokens), and Welford's running count, mean and M2 of the tokens per
+         (tokens), and the running count, mean and M2 of the tokens per
          request (prompt + output).
 ``mcfg`` (``N_MC``) memory configuration: the token capacity ``eta``,
          ``B_min``, ``B_max``, the variant, the normal quantile ``z`` and the
@@ -58,9 +58,9 @@ N_CC = 8
 # --- batch statistics st ------------------------------------------------------
 ST_AVG_PROMPT = 0   # EMA of the batch-mean prompt length, tokens
 ST_AVG_OUTPUT = 1   # EMA of the batch-mean output length, tokens
-ST_COUNT = 2        # requests seen (Welford)
-ST_MEAN_TOKENS = 3  # running mean of prompt + output, tokens (Welford)
-ST_M2_TOKENS = 4    # running sum of squared deviations, tokens^2 (Welford)
+ST_COUNT = 2        # requests seen
+ST_MEAN_TOKENS = 3  # running mean of prompt + output, tokens
+ST_M2_TOKENS = 4    # running sum of squared deviations, tokens^2
 N_ST = 5
 
 # --- memory configuration mcfg ------------------------------------------------
@@ -345,8 +345,9 @@ def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_
     first token).  A batch whose outputs are all empty takes 1 token as the
     divisor, so the kernel never divides by zero.
 
-    Not in Algorithm 7: every member's prompt + output is also added to
-    Welford's running mean and M2 in ``st``, which only the CLT variant of
+    Not in Algorithm 7: every member's prompt + output also enters the
+    running mean and M2 of tokens per request in ``st`` (the batch's mean
+    and M2 merged in, Chan et al.), which only the CLT variant of
     :func:`b_mem` reads.
 
     Parameters
@@ -374,9 +375,6 @@ def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_
     sum_p = 0.0
     sum_o = 0.0
     max_o = 0.0
-    cnt = st[ST_COUNT]
-    mean = st[ST_MEAN_TOKENS]
-    m2 = st[ST_M2_TOKENS]
     for i in range(n):
         p = batch_prompt[i]
         o = batch_output[i]
@@ -384,15 +382,20 @@ def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_
         sum_o += o
         if o > max_o:
             max_o = o
-        # Welford: stable running variance of tokens per request
-        x = p + o
-        cnt += 1.0
-        d = x - mean
-        mean += d / cnt
-        m2 += d * (x - mean)
-    st[ST_COUNT] = cnt
-    st[ST_MEAN_TOKENS] = mean
-    st[ST_M2_TOKENS] = m2
+    # running mean and M2 of tokens per request: the batch's own mean and M2
+    # merged into the running ones (Chan et al.), one division per batch
+    nb = float(n)
+    mean_b = (sum_p + sum_o) / nb
+    m2_b = 0.0
+    for i in range(n):
+        d = batch_prompt[i] + batch_output[i] - mean_b
+        m2_b += d * d
+    cnt = st[ST_COUNT]
+    tot = cnt + nb
+    delta = mean_b - st[ST_MEAN_TOKENS]
+    st[ST_MEAN_TOKENS] += delta * (nb / tot)
+    st[ST_M2_TOKENS] += m2_b + delta * delta * (cnt * nb / tot)
+    st[ST_COUNT] = tot
 
     # step 1
     a = ccfg[CC_EMA]

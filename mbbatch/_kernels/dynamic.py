@@ -505,14 +505,14 @@ def dynamic_kernel(
 
                 # downsampled time series: every ts_stride-th batch; when the buffer is
                 # full, keep every other row and double the stride
-                if ts_seen % ts_stride == 0:
+                if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
                     if ts_count == TSN:
                         for r in range(TSN // 2):
                             for c in range(ts.shape[1]):
                                 ts[r, c] = ts[2 * r, c]
                         ts_count = TSN // 2
                         ts_stride *= 2
-                    if ts_seen % ts_stride == 0:
+                    if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
                         ts[ts_count, TS_TIME] = now
                         ts[ts_count, TS_B_TARGET] = target
                         ts[ts_count, TS_B_LOW] = ctl[b, ctl_.CTL_B_LOW]
