@@ -155,6 +155,35 @@ def _clt_count(mu, sigma, z, eta, cap):
 
 
 @njit(cache=CACHE)
+def b_mem_at(st, row, mcfg, bin_idx, bin_b_max):
+    """:func:`b_mem` on row ``row`` of a 2-D statistics array: the kernels'
+    form, which builds no array view (a view costs reference counting)."""
+    eta = mcfg[MC_ETA]
+    if mcfg[MC_VARIANT] == MEM_VARIANT_CLT:
+        mu = mcfg[MC_DEFAULT_TOKENS]
+        sigma = 0.0
+        n = st[row, ST_COUNT]
+        if n >= 2.0 and st[row, ST_MEAN_TOKENS] > 0.0:
+            mu = st[row, ST_MEAN_TOKENS]
+            sigma = math.sqrt(max(st[row, ST_M2_TOKENS], 0.0) / (n - 1.0))
+        b = _clt_count(mu, sigma, mcfg[MC_Z], eta, max(mcfg[MC_B_MAX], 0.0) + 1.0)
+    else:
+        # step 2, with the specification's default when there are no stats yet
+        e_total = st[row, ST_AVG_PROMPT] + st[row, ST_AVG_OUTPUT]
+        if e_total <= 0.0:
+            e_total = mcfg[MC_DEFAULT_TOKENS]
+        # steps 3-4
+        l0 = L0_FRACTION * eta
+        b = np.floor((eta - l0) / e_total)
+    # step 5 (kept in float64 until the end: a huge quotient must not wrap in int64)
+    if bin_idx >= 0 and bin_b_max[bin_idx] > 0.0:
+        b = min(b, bin_b_max[bin_idx])
+    # step 6
+    b = min(max(b, mcfg[MC_B_MIN]), mcfg[MC_B_MAX])
+    return np.int64(b)
+
+
+@njit(cache=CACHE)
 def b_mem(st, mcfg, bin_idx, bin_b_max):
     """Algorithm 1: the memory-constrained batch size.
 
@@ -190,29 +219,79 @@ def b_mem(st, mcfg, bin_idx, bin_b_max):
     int64
         The batch size, requests.
     """
-    eta = mcfg[MC_ETA]
-    if mcfg[MC_VARIANT] == MEM_VARIANT_CLT:
-        mu = mcfg[MC_DEFAULT_TOKENS]
-        sigma = 0.0
-        n = st[ST_COUNT]
-        if n >= 2.0 and st[ST_MEAN_TOKENS] > 0.0:
-            mu = st[ST_MEAN_TOKENS]
-            sigma = math.sqrt(max(st[ST_M2_TOKENS], 0.0) / (n - 1.0))
-        b = _clt_count(mu, sigma, mcfg[MC_Z], eta, max(mcfg[MC_B_MAX], 0.0) + 1.0)
+    return b_mem_at(st.reshape((1, st.size)), 0, mcfg, bin_idx, bin_b_max)
+
+
+@njit(cache=CACHE)
+def b_sla_at(ctl, row, ccfg):
+    """:func:`b_sla` on row ``row`` of a 2-D controller-state array: the
+    kernels' form, which builds no array view."""
+    b_low = ctl[row, CTL_B_LOW]
+    b_high = ctl[row, CTL_B_HIGH]
+    tau = ctl[row, CTL_TAU_AVG]
+    b_avg = ctl[row, CTL_B_AVG]
+    d_sla = ccfg[CC_D_SLA]
+    eps = ccfg[CC_EPS_D]
+    B_min = ccfg[CC_B_MIN]
+    B_max = ccfg[CC_B_MAX]
+
+    if ccfg[CC_VARIANT] == CTL_VARIANT_MULTIPLICATIVE:
+        if tau > d_sla + eps:
+            b_high = min(b_high, np.trunc(b_avg))
+            b_low = max(b_low, np.trunc(b_avg * 0.8))
+        elif tau < d_sla - eps:
+            b_low = max(b_low, np.trunc(b_avg))
+            b_high = min(b_high + np.trunc(0.2 * b_avg), B_max)
+        else:
+            margin = np.trunc(0.1 * (b_high - b_low))
+            b_low = max(B_min, np.trunc(b_avg) - margin)
+            b_high = min(B_max, np.trunc(b_avg) + margin)
+        b_low = max(B_min, b_low)
+        b_high = min(B_max, b_high)
+        if b_low > b_high:
+            b_low = b_high
+        ctl[row, CTL_B_LOW] = b_low
+        ctl[row, CTL_B_HIGH] = b_high
+        b = np.floor((b_low + b_high) / 2.0)
+        return np.int64(min(max(b, B_min), B_max))
+
+    alpha = ccfg[CC_ALPHA]
+    delta = ccfg[CC_DELTA]
+    # warm-up: the EMAs still remember their zero start
+    if tau == 0.0 or ctl[row, CTL_UPDATES] < 3.0:
+        return np.int64(np.floor((b_low + b_high) / 2.0))
+
+    fb = np.floor(b_avg)
+    if tau > d_sla + eps:
+        # case 1: latency too high, move left; b_high only ever shrinks here
+        new_high = max(fb, b_low + alpha)
+        new_low = max(b_low - delta, B_min)
+        b_high = min(b_high, new_high)
+        b_low = new_low
+    elif tau < d_sla - eps:
+        # case 2: comfortably below the SLA, move right; b_low only ever grows here
+        new_low = min(fb, b_high - alpha)
+        new_high = min(b_high + delta, B_max)
+        b_low = max(b_low, new_low)
+        b_high = new_high
     else:
-        # step 2, with the specification's default when there are no stats yet
-        e_total = st[ST_AVG_PROMPT] + st[ST_AVG_OUTPUT]
-        if e_total <= 0.0:
-            e_total = mcfg[MC_DEFAULT_TOKENS]
-        # steps 3-4
-        l0 = L0_FRACTION * eta
-        b = np.floor((eta - l0) / e_total)
-    # step 5 (kept in float64 until the end: a huge quotient must not wrap in int64)
-    if bin_idx >= 0 and bin_b_max[bin_idx] > 0.0:
-        b = min(b, bin_b_max[bin_idx])
-    # step 6
-    b = min(max(b, mcfg[MC_B_MIN]), mcfg[MC_B_MAX])
-    return np.int64(b)
+        # case 3: within the band, centre on the average batch size
+        half_alpha = np.floor(alpha / 2.0)
+        b_high = min(fb + half_alpha, B_max)
+        b_low = max(fb - half_alpha, B_min)
+
+    b_low = max(B_min, b_low)
+    b_high = min(B_max, b_high)
+    if b_low > b_high:
+        b_low = b_high
+    ctl[row, CTL_B_LOW] = b_low
+    ctl[row, CTL_B_HIGH] = b_high
+
+    b = np.floor((b_low + b_high) / 2.0)
+    n_decode = ctl[row, CTL_N_DECODE]
+    if n_decode > 0.0:
+        b = max(b, n_decode)
+    return np.int64(min(max(b, B_min), B_max))
 
 
 @njit(cache=CACHE)
@@ -265,72 +344,55 @@ def b_sla(ctl, ccfg):
     int64
         The batch size, requests.
     """
-    b_low = ctl[CTL_B_LOW]
-    b_high = ctl[CTL_B_HIGH]
-    tau = ctl[CTL_TAU_AVG]
-    b_avg = ctl[CTL_B_AVG]
-    d_sla = ccfg[CC_D_SLA]
-    eps = ccfg[CC_EPS_D]
-    B_min = ccfg[CC_B_MIN]
-    B_max = ccfg[CC_B_MAX]
+    return b_sla_at(ctl.reshape((1, ctl.size)), 0, ccfg)
 
-    if ccfg[CC_VARIANT] == CTL_VARIANT_MULTIPLICATIVE:
-        if tau > d_sla + eps:
-            b_high = min(b_high, np.trunc(b_avg))
-            b_low = max(b_low, np.trunc(b_avg * 0.8))
-        elif tau < d_sla - eps:
-            b_low = max(b_low, np.trunc(b_avg))
-            b_high = min(b_high + np.trunc(0.2 * b_avg), B_max)
-        else:
-            margin = np.trunc(0.1 * (b_high - b_low))
-            b_low = max(B_min, np.trunc(b_avg) - margin)
-            b_high = min(B_max, np.trunc(b_avg) + margin)
-        b_low = max(B_min, b_low)
-        b_high = min(B_max, b_high)
-        if b_low > b_high:
-            b_low = b_high
-        ctl[CTL_B_LOW] = b_low
-        ctl[CTL_B_HIGH] = b_high
-        b = np.floor((b_low + b_high) / 2.0)
-        return np.int64(min(max(b, B_min), B_max))
 
-    alpha = ccfg[CC_ALPHA]
-    delta = ccfg[CC_DELTA]
-    # warm-up: the EMAs still remember their zero start
-    if tau == 0.0 or ctl[CTL_UPDATES] < 3.0:
-        return np.int64(np.floor((b_low + b_high) / 2.0))
+@njit(cache=CACHE)
+def feedback_at(ctl, row, st, ccfg, batch_prompt, batch_output, srv, n, service_time, decode_tbt, n_decode):
+    """:func:`feedback` on row ``row`` of 2-D controller-state and statistics
+    arrays, the batch being row ``srv`` of 2-D prompt and output arrays: the
+    kernels' form, which builds no array views."""
+    if n == 0:
+        return
+    sum_p = 0.0
+    sum_o = 0.0
+    max_o = 0.0
+    for i in range(n):
+        p = batch_prompt[srv, i]
+        o = batch_output[srv, i]
+        sum_p += p
+        sum_o += o
+        if o > max_o:
+            max_o = o
+    # running mean and M2 of tokens per request: the batch's own mean and M2
+    # merged into the running ones (Chan et al.), one division per batch
+    nb = float(n)
+    mean_b = (sum_p + sum_o) / nb
+    m2_b = 0.0
+    for i in range(n):
+        d = batch_prompt[srv, i] + batch_output[srv, i] - mean_b
+        m2_b += d * d
+    cnt = st[row, ST_COUNT]
+    tot = cnt + nb
+    delta = mean_b - st[row, ST_MEAN_TOKENS]
+    st[row, ST_MEAN_TOKENS] += delta * (nb / tot)
+    st[row, ST_M2_TOKENS] += m2_b + delta * delta * (cnt * nb / tot)
+    st[row, ST_COUNT] = tot
 
-    fb = np.floor(b_avg)
-    if tau > d_sla + eps:
-        # case 1: latency too high, move left; b_high only ever shrinks here
-        new_high = max(fb, b_low + alpha)
-        new_low = max(b_low - delta, B_min)
-        b_high = min(b_high, new_high)
-        b_low = new_low
-    elif tau < d_sla - eps:
-        # case 2: comfortably below the SLA, move right; b_low only ever grows here
-        new_low = min(fb, b_high - alpha)
-        new_high = min(b_high + delta, B_max)
-        b_low = max(b_low, new_low)
-        b_high = new_high
+    # step 1
+    a = ccfg[CC_EMA]
+    st[row, ST_AVG_PROMPT] = a * (sum_p / n) + (1.0 - a) * st[row, ST_AVG_PROMPT]
+    st[row, ST_AVG_OUTPUT] = a * (sum_o / n) + (1.0 - a) * st[row, ST_AVG_OUTPUT]
+    # step 2
+    if decode_tbt > 0.0:
+        recent = decode_tbt
     else:
-        # case 3: within the band, centre on the average batch size
-        half_alpha = np.floor(alpha / 2.0)
-        b_high = min(fb + half_alpha, B_max)
-        b_low = max(fb - half_alpha, B_min)
-
-    b_low = max(B_min, b_low)
-    b_high = min(B_max, b_high)
-    if b_low > b_high:
-        b_low = b_high
-    ctl[CTL_B_LOW] = b_low
-    ctl[CTL_B_HIGH] = b_high
-
-    b = np.floor((b_low + b_high) / 2.0)
-    n_decode = ctl[CTL_N_DECODE]
-    if n_decode > 0.0:
-        b = max(b, n_decode)
-    return np.int64(min(max(b, B_min), B_max))
+        recent = service_time / max(max_o, 1.0)
+    # step 3
+    ctl[row, CTL_TAU_AVG] = a * recent + (1.0 - a) * ctl[row, CTL_TAU_AVG]
+    ctl[row, CTL_B_AVG] = a * n + (1.0 - a) * ctl[row, CTL_B_AVG]
+    ctl[row, CTL_N_DECODE] = n_decode
+    ctl[row, CTL_UPDATES] += 1.0
 
 
 @njit(cache=CACHE)
@@ -370,47 +432,9 @@ def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_
     n_decode : float
         Decode requests in the system.
     """
-    if n == 0:
-        return
-    sum_p = 0.0
-    sum_o = 0.0
-    max_o = 0.0
-    for i in range(n):
-        p = batch_prompt[i]
-        o = batch_output[i]
-        sum_p += p
-        sum_o += o
-        if o > max_o:
-            max_o = o
-    # running mean and M2 of tokens per request: the batch's own mean and M2
-    # merged into the running ones (Chan et al.), one division per batch
-    nb = float(n)
-    mean_b = (sum_p + sum_o) / nb
-    m2_b = 0.0
-    for i in range(n):
-        d = batch_prompt[i] + batch_output[i] - mean_b
-        m2_b += d * d
-    cnt = st[ST_COUNT]
-    tot = cnt + nb
-    delta = mean_b - st[ST_MEAN_TOKENS]
-    st[ST_MEAN_TOKENS] += delta * (nb / tot)
-    st[ST_M2_TOKENS] += m2_b + delta * delta * (cnt * nb / tot)
-    st[ST_COUNT] = tot
-
-    # step 1
-    a = ccfg[CC_EMA]
-    st[ST_AVG_PROMPT] = a * (sum_p / n) + (1.0 - a) * st[ST_AVG_PROMPT]
-    st[ST_AVG_OUTPUT] = a * (sum_o / n) + (1.0 - a) * st[ST_AVG_OUTPUT]
-    # step 2
-    if decode_tbt > 0.0:
-        recent = decode_tbt
-    else:
-        recent = service_time / max(max_o, 1.0)
-    # step 3
-    ctl[CTL_TAU_AVG] = a * recent + (1.0 - a) * ctl[CTL_TAU_AVG]
-    ctl[CTL_B_AVG] = a * n + (1.0 - a) * ctl[CTL_B_AVG]
-    ctl[CTL_N_DECODE] = n_decode
-    ctl[CTL_UPDATES] += 1.0
+    feedback_at(ctl.reshape((1, ctl.size)), 0, st.reshape((1, st.size)), ccfg,
+                batch_prompt.reshape((1, batch_prompt.size)), batch_output.reshape((1, batch_output.size)),
+                0, n, service_time, decode_tbt, n_decode)
 
 
 @njit(cache=CACHE)

@@ -264,8 +264,8 @@ def dynamic_kernel(
             in_service -= s_n[s]
             if policy != POL_STATIC:
                 bb = s_bin[s]
-                ctl_.feedback(ctl[bb], st[bb], ccfg, s_prompt[s], s_output[s], s_n[s], s_service[s],
-                              s_tbt[s], float(in_service))
+                ctl_.feedback_at(ctl, bb, st, ccfg, s_prompt, s_output, s, s_n[s], s_service[s],
+                                 s_tbt[s], float(in_service))
             busy[s] = False
         else:
             # 2b. an arrival joins its bin (Algorithm 4), or bin 0 during warm-up
@@ -372,10 +372,10 @@ def dynamic_kernel(
                         target = pin
                     else:
                         if policy == POL_DYNAMIC:
-                            bm = ctl_.b_mem(st[b], mcfg, -1, bin_b_max)
+                            bm = ctl_.b_mem_at(st, b, mcfg, -1, bin_b_max)
                         else:
-                            bm = ctl_.b_mem(st[b], mcfg, b, bin_b_max)
-                        bs = ctl_.b_sla(ctl[b], ccfg)
+                            bm = ctl_.b_mem_at(st, b, mcfg, b, bin_b_max)
+                        bs = ctl_.b_sla_at(ctl, b, ccfg)
                         if pin > 0:
                             target = pin
                         elif memory_on:
