@@ -21,12 +21,11 @@ from numba import njit
 
 from . import CACHE
 from . import controller as ctl_
-from .multibin import (
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_SIZE, _HIST_BASE, _HIST_SHIFT,
-    _draw_block, _float_bits,
+from .multibin import (  # noqa: F401  (ARR_PIECEWISE is part of this module's vocabulary)
+    ARR_PIECEWISE, ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_SIZE, _HIST_BASE, _HIST_SHIFT,
+    _draw_arrivals, _draw_block, _float_bits,
 )
 
-ARR_PIECEWISE = 3   # Poisson with piecewise-constant rate
 
 POL_STATIC = 0
 POL_DYNAMIC = 1
@@ -213,28 +212,8 @@ def dynamic_kernel(
             i0 = i
             m = min(BLOCK, n - i0)
             jj = 0
-            if arrival_kind == ARR_POISSON:
-                for j in range(m):
-                    t += gen_arrival.standard_exponential() * inv_rate
-                    blk_t[j] = t
-            elif arrival_kind == ARR_PIECEWISE:
-                for j in range(m):
-                    # exact piecewise-constant Poisson: memorylessness lets a
-                    # gap that crosses a rate change restart at the change
-                    while True:
-                        nt = t + gen_arrival.standard_exponential() / pw_rates[seg]
-                        if nt <= pw_ends[seg] or seg == pw_rates.shape[0] - 1:
-                            t = nt
-                            break
-                        t = pw_ends[seg]
-                        seg += 1
-                    blk_t[j] = t
-            elif arrival_kind == ARR_REPLAY:
-                for j in range(m):
-                    blk_t[j] = arrival_times[i0 + j]
-            else:
-                for j in range(m):
-                    blk_t[j] = 0.0
+            t, seg = _draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival, blk_t,
+                                    pw_rates, pw_ends, seg)
             if i0 == 0:
                 fstats[F_FIRST_ARRIVAL] = blk_t[0]
             _draw_block(output_kind, output_params, output_values, i0, m, gen_output, blk_o)

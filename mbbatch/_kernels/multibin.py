@@ -23,6 +23,7 @@ from . import CACHE
 ARR_POISSON = 0
 ARR_SATURATED = 1
 ARR_REPLAY = 2
+ARR_PIECEWISE = 3   # Poisson with a piecewise-constant rate
 
 # service kinds: the draw is loc + scale * X with X from the table below
 SVC_UNIFORM = 0      # X ~ U[0, 1)
@@ -126,6 +127,38 @@ BLOCK = 1024
 
 
 @njit(cache=CACHE)
+def _draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, pw_rates, pw_ends, seg):
+    """Arrival times of requests i0 .. i0+m-1 into ``out``, continuing the
+    clock ``t`` (and, for piecewise Poisson, the rate segment ``seg``);
+    returns the new ``(t, seg)``."""
+    um = np.uint64(m)
+    if kind == ARR_POISSON:
+        for j in range(um):
+            t += gen.standard_exponential() * inv_rate
+            out[j] = t
+    elif kind == ARR_PIECEWISE:
+        for j in range(um):
+            # exact piecewise-constant Poisson: memorylessness lets a gap
+            # that crosses a rate change restart at the change
+            while True:
+                nt = t + gen.standard_exponential() / pw_rates[seg]
+                if nt <= pw_ends[seg] or seg == pw_rates.shape[0] - 1:
+                    t = nt
+                    break
+                t = pw_ends[seg]
+                seg += 1
+            out[j] = t
+    elif kind == ARR_REPLAY:
+        ui0 = np.uint64(i0)
+        for j in range(um):
+            out[j] = arrival_times[ui0 + j]
+    else:
+        for j in range(um):
+            out[j] = 0.0
+    return t, seg
+
+
+@njit(cache=CACHE)
 def _draw_block(kind, params, values, i0, m, gen, out):
     # the switch sits outside the loops so each draw loop is a tight one
     um = np.uint64(m)
@@ -197,6 +230,8 @@ def multibin_kernel(
     heap = np.zeros(n_heap, np.float64)
     free_at = 0.0
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
+    no_segments = np.empty(0, np.float64)
+    seg = 0
 
     t = 0.0
     first_arrival = 0.0
@@ -224,17 +259,8 @@ def multibin_kernel(
                 jj = np.int64(0)
             # 1. draws, one stream at a time, in tight loops
             um = np.uint64(m)
-            if arrival_kind == ARR_POISSON:
-                for j in range(um):
-                    t += gen_arrival.standard_exponential() * inv_rate
-                    block_time[j] = t
-            elif arrival_kind == ARR_REPLAY:
-                ui0 = np.uint64(i0)
-                for j in range(um):
-                    block_time[j] = arrival_times[ui0 + j]
-            else:
-                for j in range(um):
-                    block_time[j] = 0.0
+            t, seg = _draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival,
+                                    block_time, no_segments, no_segments, seg)
             if i0 == 0:
                 first_arrival = block_time[0]
             _draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
