@@ -483,16 +483,23 @@ def _log2_k_axis(ax, kmax):
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def throughput_vs_k(data) -> Figure:
-    """Theorem 4.2 throughput vs number of bins, approaching c_max (Remark 4.2)."""
-    ds = data["thm43"]
+def _theorem_4_2_vs_k(ds):
+    """A saturated uniform sweep over ``bins``: its parameters, the simulated
+    k, and Theorem 4.2's throughput on k = 1..max(64, largest k)."""
     a = ds.attrs
     B, l_min, l_max = int(a["batch_size"]), float(a["l_min"]), float(a["l_max"])
     servers = float(a.get("servers", 1.0))
-    ks_sim = np.asarray(ds["bins"].values, dtype=float)
-    kmax = int(max(64, np.nanmax(ks_sim)))
+    ks = np.asarray(ds["bins"].values, dtype=float)
+    kmax = int(max(64, np.nanmax(ks)))
     kd = np.arange(1, kmax + 1)
-    thr = servers * theory.throughput(B, l_min, l_max, kd)
+    thr = servers * np.asarray(theory.throughput(B, l_min, l_max, kd), dtype=float)
+    return B, l_min, l_max, servers, ks, kmax, kd, thr
+
+
+def throughput_vs_k(data) -> Figure:
+    """Theorem 4.2 throughput vs number of bins, approaching c_max (Remark 4.2)."""
+    ds = data["thm43"]
+    B, l_min, l_max, servers, ks_sim, kmax, kd, thr = _theorem_4_2_vs_k(ds)
     cmax = servers * float(theory.capacity(B, l_min, l_max))
     fig, (ax,) = _new_figure()
     c = _COLORS[0]
@@ -766,13 +773,7 @@ def _static_series(ds, sizes):
 def mb_only(data) -> Figure:
     """Experiment (i): saturated multi-bin throughput vs number of bins, with Theorem 4.2."""
     ds = data["mb_only"]
-    a = ds.attrs
-    B, l_min, l_max = int(a["batch_size"]), float(a["l_min"]), float(a["l_max"])
-    servers = float(a.get("servers", 1.0))
-    ks = np.asarray(ds["bins"].values, dtype=float)
-    kmax = int(max(64, np.nanmax(ks)))
-    kd = np.arange(1, kmax + 1)
-    thr = servers * np.asarray(theory.throughput(B, l_min, l_max, kd), dtype=float)
+    B, l_min, l_max, servers, ks, kmax, kd, thr = _theorem_4_2_vs_k(ds)
     cmax = _const(ds, "capacity")
     stored = _line(ds, "theory_service_rate", "bins")
     mean = _line(ds, "sim_throughput_mean", "bins")

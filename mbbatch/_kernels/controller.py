@@ -235,7 +235,8 @@ def b_sla_at(ctl, row, ccfg):
     B_min = ccfg[CC_B_MIN]
     B_max = ccfg[CC_B_MAX]
 
-    if ccfg[CC_VARIANT] == CTL_VARIANT_MULTIPLICATIVE:
+    multiplicative = ccfg[CC_VARIANT] == CTL_VARIANT_MULTIPLICATIVE
+    if multiplicative:
         if tau > d_sla + eps:
             b_high = min(b_high, np.trunc(b_avg))
             b_low = max(b_low, np.trunc(b_avg * 0.8))
@@ -246,39 +247,31 @@ def b_sla_at(ctl, row, ccfg):
             margin = np.trunc(0.1 * (b_high - b_low))
             b_low = max(B_min, np.trunc(b_avg) - margin)
             b_high = min(B_max, np.trunc(b_avg) + margin)
-        b_low = max(B_min, b_low)
-        b_high = min(B_max, b_high)
-        if b_low > b_high:
-            b_low = b_high
-        ctl[row, CTL_B_LOW] = b_low
-        ctl[row, CTL_B_HIGH] = b_high
-        b = np.floor((b_low + b_high) / 2.0)
-        return np.int64(min(max(b, B_min), B_max))
-
-    alpha = ccfg[CC_ALPHA]
-    delta = ccfg[CC_DELTA]
-    # warm-up: the EMAs still remember their zero start
-    if tau == 0.0 or ctl[row, CTL_UPDATES] < 3.0:
-        return np.int64(np.floor((b_low + b_high) / 2.0))
-
-    fb = np.floor(b_avg)
-    if tau > d_sla + eps:
-        # case 1: latency too high, move left; b_high only ever shrinks here
-        new_high = max(fb, b_low + alpha)
-        new_low = max(b_low - delta, B_min)
-        b_high = min(b_high, new_high)
-        b_low = new_low
-    elif tau < d_sla - eps:
-        # case 2: comfortably below the SLA, move right; b_low only ever grows here
-        new_low = min(fb, b_high - alpha)
-        new_high = min(b_high + delta, B_max)
-        b_low = max(b_low, new_low)
-        b_high = new_high
     else:
-        # case 3: within the band, centre on the average batch size
-        half_alpha = np.floor(alpha / 2.0)
-        b_high = min(fb + half_alpha, B_max)
-        b_low = max(fb - half_alpha, B_min)
+        alpha = ccfg[CC_ALPHA]
+        delta = ccfg[CC_DELTA]
+        # warm-up: the EMAs still remember their zero start
+        if tau == 0.0 or ctl[row, CTL_UPDATES] < 3.0:
+            return np.int64(np.floor((b_low + b_high) / 2.0))
+
+        fb = np.floor(b_avg)
+        if tau > d_sla + eps:
+            # case 1: latency too high, move left; b_high only ever shrinks here
+            new_high = max(fb, b_low + alpha)
+            new_low = max(b_low - delta, B_min)
+            b_high = min(b_high, new_high)
+            b_low = new_low
+        elif tau < d_sla - eps:
+            # case 2: comfortably below the SLA, move right; b_low only ever grows here
+            new_low = min(fb, b_high - alpha)
+            new_high = min(b_high + delta, B_max)
+            b_low = max(b_low, new_low)
+            b_high = new_high
+        else:
+            # case 3: within the band, centre on the average batch size
+            half_alpha = np.floor(alpha / 2.0)
+            b_high = min(fb + half_alpha, B_max)
+            b_low = max(fb - half_alpha, B_min)
 
     b_low = max(B_min, b_low)
     b_high = min(B_max, b_high)
@@ -289,7 +282,7 @@ def b_sla_at(ctl, row, ccfg):
 
     b = np.floor((b_low + b_high) / 2.0)
     n_decode = ctl[row, CTL_N_DECODE]
-    if n_decode > 0.0:
+    if n_decode > 0.0 and not multiplicative:  # the design notes' variant has no such rule
         b = max(b, n_decode)
     return np.int64(min(max(b, B_min), B_max))
 

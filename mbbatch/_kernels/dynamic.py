@@ -519,8 +519,6 @@ def dynamic_kernel(
     istats[I_TS_STRIDE] = ts_stride
 
 
-
-
 def warmup() -> None:
     """Compile the event kernel (or load it from the cache) on a tiny input."""
     import scipy.stats as st
