@@ -155,31 +155,31 @@ def _clt_count(mu, sigma, z, eta, cap):
 
 
 @njit(cache=CACHE)
-def b_mem_at(st, row, mcfg, bin_idx, bin_b_max):
-    """:func:`b_mem` on row ``row`` of a 2-D statistics array: the kernels'
-    form, which builds no array view (a view costs reference counting)."""
-    eta = mcfg[MC_ETA]
-    if mcfg[MC_VARIANT] == MEM_VARIANT_CLT:
-        mu = mcfg[MC_DEFAULT_TOKENS]
+def b_mem_core(eta, variant, z, default_tokens, B_min, B_max, avg_prompt, avg_output, count, mean_tokens,
+               m2_tokens, limit):
+    """:func:`b_mem` on scalars: the configuration (``mcfg``'s entries), the
+    statistics (``st``'s entries) and the bin's limit (<= 0: none).  The
+    kernels' form: a function of scalars only costs no reference counting."""
+    if variant == MEM_VARIANT_CLT:
+        mu = default_tokens
         sigma = 0.0
-        n = st[row, ST_COUNT]
-        if n >= 2.0 and st[row, ST_MEAN_TOKENS] > 0.0:
-            mu = st[row, ST_MEAN_TOKENS]
-            sigma = math.sqrt(max(st[row, ST_M2_TOKENS], 0.0) / (n - 1.0))
-        b = _clt_count(mu, sigma, mcfg[MC_Z], eta, max(mcfg[MC_B_MAX], 0.0) + 1.0)
+        if count >= 2.0 and mean_tokens > 0.0:
+            mu = mean_tokens
+            sigma = math.sqrt(max(m2_tokens, 0.0) / (count - 1.0))
+        b = _clt_count(mu, sigma, z, eta, max(B_max, 0.0) + 1.0)
     else:
         # step 2, with the specification's default when there are no stats yet
-        e_total = st[row, ST_AVG_PROMPT] + st[row, ST_AVG_OUTPUT]
+        e_total = avg_prompt + avg_output
         if e_total <= 0.0:
-            e_total = mcfg[MC_DEFAULT_TOKENS]
+            e_total = default_tokens
         # steps 3-4
         l0 = L0_FRACTION * eta
         b = np.floor((eta - l0) / e_total)
     # step 5 (kept in float64 until the end: a huge quotient must not wrap in int64)
-    if bin_idx >= 0 and bin_b_max[bin_idx] > 0.0:
-        b = min(b, bin_b_max[bin_idx])
+    if limit > 0.0:
+        b = min(b, limit)
     # step 6
-    b = min(max(b, mcfg[MC_B_MIN]), mcfg[MC_B_MAX])
+    b = min(max(b, B_min), B_max)
     return np.int64(b)
 
 
@@ -219,23 +219,19 @@ def b_mem(st, mcfg, bin_idx, bin_b_max):
     int64
         The batch size, requests.
     """
-    return b_mem_at(st.reshape((1, st.size)), 0, mcfg, bin_idx, bin_b_max)
+    limit = bin_b_max[bin_idx] if bin_idx >= 0 else 0.0
+    return b_mem_core(mcfg[MC_ETA], mcfg[MC_VARIANT], mcfg[MC_Z], mcfg[MC_DEFAULT_TOKENS], mcfg[MC_B_MIN],
+                      mcfg[MC_B_MAX], st[ST_AVG_PROMPT], st[ST_AVG_OUTPUT], st[ST_COUNT], st[ST_MEAN_TOKENS],
+                      st[ST_M2_TOKENS], limit)
 
 
 @njit(cache=CACHE)
-def b_sla_at(ctl, row, ccfg):
-    """:func:`b_sla` on row ``row`` of a 2-D controller-state array: the
-    kernels' form, which builds no array view."""
-    b_low = ctl[row, CTL_B_LOW]
-    b_high = ctl[row, CTL_B_HIGH]
-    tau = ctl[row, CTL_TAU_AVG]
-    b_avg = ctl[row, CTL_B_AVG]
-    d_sla = ccfg[CC_D_SLA]
-    eps = ccfg[CC_EPS_D]
-    B_min = ccfg[CC_B_MIN]
-    B_max = ccfg[CC_B_MAX]
-
-    multiplicative = ccfg[CC_VARIANT] == CTL_VARIANT_MULTIPLICATIVE
+def b_sla_core(b_low, b_high, tau, b_avg, n_decode, updates, d_sla, eps, B_min, B_max, alpha, delta,
+               multiplicative):
+    """:func:`b_sla` on scalars: the controller state (``ctl``'s entries) and
+    configuration (``ccfg``'s, ``multiplicative`` a bool).  Returns the batch
+    size and the new ``(b_low, b_high)``, for the caller to store.  The
+    kernels' form: a function of scalars only costs no reference counting."""
     if multiplicative:
         if tau > d_sla + eps:
             b_high = min(b_high, np.trunc(b_avg))
@@ -248,11 +244,9 @@ def b_sla_at(ctl, row, ccfg):
             b_low = max(B_min, np.trunc(b_avg) - margin)
             b_high = min(B_max, np.trunc(b_avg) + margin)
     else:
-        alpha = ccfg[CC_ALPHA]
-        delta = ccfg[CC_DELTA]
         # warm-up: the EMAs still remember their zero start
-        if tau == 0.0 or ctl[row, CTL_UPDATES] < 3.0:
-            return np.int64(np.floor((b_low + b_high) / 2.0))
+        if tau == 0.0 or updates < 3.0:
+            return np.int64(np.floor((b_low + b_high) / 2.0)), b_low, b_high
 
         fb = np.floor(b_avg)
         if tau > d_sla + eps:
@@ -277,14 +271,11 @@ def b_sla_at(ctl, row, ccfg):
     b_high = min(B_max, b_high)
     if b_low > b_high:
         b_low = b_high
-    ctl[row, CTL_B_LOW] = b_low
-    ctl[row, CTL_B_HIGH] = b_high
 
     b = np.floor((b_low + b_high) / 2.0)
-    n_decode = ctl[row, CTL_N_DECODE]
     if n_decode > 0.0 and not multiplicative:  # the design notes' variant has no such rule
         b = max(b, n_decode)
-    return np.int64(min(max(b, B_min), B_max))
+    return np.int64(min(max(b, B_min), B_max)), b_low, b_high
 
 
 @njit(cache=CACHE)
@@ -337,55 +328,69 @@ def b_sla(ctl, ccfg):
     int64
         The batch size, requests.
     """
-    return b_sla_at(ctl.reshape((1, ctl.size)), 0, ccfg)
+    b, ctl[CTL_B_LOW], ctl[CTL_B_HIGH] = b_sla_core(
+        ctl[CTL_B_LOW], ctl[CTL_B_HIGH], ctl[CTL_TAU_AVG], ctl[CTL_B_AVG], ctl[CTL_N_DECODE], ctl[CTL_UPDATES],
+        ccfg[CC_D_SLA], ccfg[CC_EPS_D], ccfg[CC_B_MIN], ccfg[CC_B_MAX], ccfg[CC_ALPHA], ccfg[CC_DELTA],
+        ccfg[CC_VARIANT] == CTL_VARIANT_MULTIPLICATIVE)
+    return b
 
 
 @njit(cache=CACHE)
-def feedback_at(ctl, row, st, ccfg, batch_prompt, batch_output, srv, n, service_time, decode_tbt, n_decode):
-    """:func:`feedback` on row ``row`` of 2-D controller-state and statistics
-    arrays, the batch being row ``srv`` of 2-D prompt and output arrays: the
-    kernels' form, which builds no array views."""
-    if n == 0:
-        return
+def batch_sums(batch_prompt, batch_output, n):
+    """The batch aggregates :func:`feedback_core` reads: the sums of the
+    first ``n`` prompt and output lengths, the largest output (0 if all are
+    below it) and the sum of squared deviations of prompt + output from
+    their mean (0 when ``n == 0``)."""
     sum_p = 0.0
     sum_o = 0.0
     max_o = 0.0
     for i in range(n):
-        p = batch_prompt[srv, i]
-        o = batch_output[srv, i]
+        p = batch_prompt[i]
+        o = batch_output[i]
         sum_p += p
         sum_o += o
         if o > max_o:
             max_o = o
+    m2_b = 0.0
+    if n > 0:
+        mean_b = (sum_p + sum_o) / float(n)
+        for i in range(n):
+            d = batch_prompt[i] + batch_output[i] - mean_b
+            m2_b += d * d
+    return sum_p, sum_o, max_o, m2_b
+
+
+@njit(cache=CACHE)
+def feedback_core(n, sum_p, sum_o, m2_b, max_o, service_time, decode_tbt, ema, avg_prompt, avg_output, count,
+                  mean_tokens, m2_tokens, tau_avg, b_avg):
+    """:func:`feedback` on scalars, for a batch of ``n >= 1`` requests given by
+    its aggregates (:func:`batch_sums`): returns the new statistics
+    ``(avg_prompt, avg_output, count, mean_tokens, m2_tokens)`` and controller
+    EMAs ``(tau_avg, b_avg)``, for the caller to store with ``N_decode`` and
+    the update count.  The kernels' form: a function of scalars only costs no
+    reference counting."""
     # running mean and M2 of tokens per request: the batch's own mean and M2
     # merged into the running ones (Chan et al.), one division per batch
     nb = float(n)
     mean_b = (sum_p + sum_o) / nb
-    m2_b = 0.0
-    for i in range(n):
-        d = batch_prompt[srv, i] + batch_output[srv, i] - mean_b
-        m2_b += d * d
-    cnt = st[row, ST_COUNT]
-    tot = cnt + nb
-    delta = mean_b - st[row, ST_MEAN_TOKENS]
-    st[row, ST_MEAN_TOKENS] += delta * (nb / tot)
-    st[row, ST_M2_TOKENS] += m2_b + delta * delta * (cnt * nb / tot)
-    st[row, ST_COUNT] = tot
+    tot = count + nb
+    delta = mean_b - mean_tokens
+    new_mean = mean_tokens + delta * (nb / tot)
+    new_m2 = m2_tokens + (m2_b + delta * delta * (count * nb / tot))
 
     # step 1
-    a = ccfg[CC_EMA]
-    st[row, ST_AVG_PROMPT] = a * (sum_p / n) + (1.0 - a) * st[row, ST_AVG_PROMPT]
-    st[row, ST_AVG_OUTPUT] = a * (sum_o / n) + (1.0 - a) * st[row, ST_AVG_OUTPUT]
+    a = ema
+    new_prompt = a * (sum_p / n) + (1.0 - a) * avg_prompt
+    new_output = a * (sum_o / n) + (1.0 - a) * avg_output
     # step 2
     if decode_tbt > 0.0:
         recent = decode_tbt
     else:
         recent = service_time / max(max_o, 1.0)
     # step 3
-    ctl[row, CTL_TAU_AVG] = a * recent + (1.0 - a) * ctl[row, CTL_TAU_AVG]
-    ctl[row, CTL_B_AVG] = a * n + (1.0 - a) * ctl[row, CTL_B_AVG]
-    ctl[row, CTL_N_DECODE] = n_decode
-    ctl[row, CTL_UPDATES] += 1.0
+    new_tau = a * recent + (1.0 - a) * tau_avg
+    new_b_avg = a * n + (1.0 - a) * b_avg
+    return new_prompt, new_output, tot, new_mean, new_m2, new_tau, new_b_avg
 
 
 @njit(cache=CACHE)
@@ -425,9 +430,15 @@ def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_
     n_decode : float
         Decode requests in the system.
     """
-    feedback_at(ctl.reshape((1, ctl.size)), 0, st.reshape((1, st.size)), ccfg,
-                batch_prompt.reshape((1, batch_prompt.size)), batch_output.reshape((1, batch_output.size)),
-                0, n, service_time, decode_tbt, n_decode)
+    if n == 0:
+        return
+    sum_p, sum_o, max_o, m2_b = batch_sums(batch_prompt, batch_output, n)
+    (st[ST_AVG_PROMPT], st[ST_AVG_OUTPUT], st[ST_COUNT], st[ST_MEAN_TOKENS], st[ST_M2_TOKENS],
+     ctl[CTL_TAU_AVG], ctl[CTL_B_AVG]) = feedback_core(
+        n, sum_p, sum_o, m2_b, max_o, service_time, decode_tbt, ccfg[CC_EMA], st[ST_AVG_PROMPT],
+        st[ST_AVG_OUTPUT], st[ST_COUNT], st[ST_MEAN_TOKENS], st[ST_M2_TOKENS], ctl[CTL_TAU_AVG], ctl[CTL_B_AVG])
+    ctl[CTL_N_DECODE] = n_decode
+    ctl[CTL_UPDATES] += 1.0
 
 
 @njit(cache=CACHE)

@@ -8,8 +8,13 @@ at a completion): no policy here waits for a batch to fill.  Controller
 feedback (Algorithm 7) happens when a batch completes, in time order, so a
 batch formed at time t sees exactly the feedback of the batches completed by t.
 
-Memory is O(bins x queue + servers x B_max): the per-bin FIFOs are ring
-buffers that grow with the backlog.
+Memory is O(bins x queue + servers): the per-bin FIFOs are ring buffers
+that grow with the backlog, and a server keeps only its batch's aggregates.
+
+Speed (``make bench``): the hot paths call only functions of scalars, and
+no array variable is rebound inside the event loop, so numba emits no
+reference counting there (an atomic increment and decrement per use, which
+cost more than half the time before).
 """
 
 from __future__ import annotations
@@ -131,6 +136,26 @@ Q_INDEX = 4
 N_Q = 5
 
 
+# the loop state _run keeps between its calls (it returns when a queue is full)
+L_T = 0           # the arrival clock, s
+L_SEG = 1         # its piecewise-Poisson rate segment
+L_I = 2           # next request to arrive
+L_JJ = 3          # its place in the current block
+L_M = 4           # requests in the current block
+L_RR = 5          # round-robin pointer of Algorithm 5
+L_TS_SEEN = 6     # batches offered to the time series
+N_L = 7
+
+# per-server batch aggregates, rows of s_f
+SF_SERVICE = 0
+SF_TBT = 1
+SF_SUM_P = 2
+SF_SUM_O = 3
+SF_MAX_O = 4
+SF_M2 = 5
+N_SF = 6
+
+
 @njit(cache=CACHE)
 def dynamic_kernel(
     n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
@@ -143,7 +168,68 @@ def dynamic_kernel(
     r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
     b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
 ):
-    """Simulate ``n`` requests under the policy in ``pp``; outputs are written in place."""
+    """Simulate ``n`` requests under the policy in ``pp``; outputs are written in place.
+
+    The event loop is :func:`_run`.  It returns whenever an arrival finds its
+    bin's ring buffer full; the buffers are then doubled here and the loop
+    resumes where it stopped.  Growing the queue out here keeps the queue array
+    a plain argument of the event loop, which is never rebound there: numba
+    would otherwise count references to it on every arrival (about half of
+    the kernel's time).
+    """
+    K = np.int64(pp[PP_BINS])
+    n_srv = np.int64(pp[PP_SERVERS])
+    warmup = np.int64(pp[PP_WARMUP])
+    q = np.empty((N_Q, K, 1024), np.float64)
+    head = np.zeros(K, np.int64)
+    size = np.zeros(K, np.int64)
+    window = np.empty(max(warmup, 1), np.float64)
+    free_at = np.zeros(n_srv, np.float64)
+    busy = np.zeros(n_srv, np.bool_)
+    s_n = np.zeros(n_srv, np.int64)
+    s_bin = np.zeros(n_srv, np.int64)
+    s_f = np.zeros((N_SF, n_srv), np.float64)
+    blk_t = np.empty(BLOCK, np.float64)
+    blk_p = np.empty(BLOCK, np.float64)
+    blk_o = np.empty(BLOCK, np.float64)
+    blk_r = np.empty(BLOCK, np.float64)
+    loop = np.zeros(N_L, np.float64)
+    fstats[F_LAST_COMPLETION] = -np.inf
+    istats[I_TS_STRIDE] = 1
+    if K == 1:
+        edges_lo[0] = 0.0
+        edges_hi[0] = ctl_.EDGE_MAX
+    while _run(
+        n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
+        prompt_kind, prompt_params, prompt_values, output_kind, output_params, output_values,
+        gen_arrival, gen_output, gen_prompt, gen_pred,
+        pp, ccfg, mcfg, bin_b_max, sm,
+        keep, keep_batches,
+        fstats, istats, hist, size_hist, ts, ctl, st, edges_lo, edges_hi,
+        group_latency, group_count,
+        r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
+        b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
+        q, head, size, window, free_at, busy, s_n, s_bin, s_f, blk_t, blk_p, blk_o, blk_r, loop,
+    ):
+        q = _grow(q, head, size, K, q.shape[2])
+
+
+@njit(cache=CACHE)
+def _run(
+    n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
+    prompt_kind, prompt_params, prompt_values, output_kind, output_params, output_values,
+    gen_arrival, gen_output, gen_prompt, gen_pred,
+    pp, ccfg, mcfg, bin_b_max, sm,
+    keep, keep_batches,
+    fstats, istats, hist, size_hist, ts, ctl, st, edges_lo, edges_hi,
+    group_latency, group_count,
+    r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
+    b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
+    q, head, size, window, free_at, busy, s_n, s_bin, s_f, blk_t, blk_p, blk_o, blk_r, loop,
+):
+    """The event loop of :func:`dynamic_kernel`, from the state in its
+    arguments; returns True when it stopped because an arrival found its
+    bin's buffer full (nothing of that arrival is done yet), False at the end."""
     policy = np.int64(pp[PP_POLICY])
     K = np.int64(pp[PP_BINS])
     pin = np.int64(pp[PP_B])
@@ -158,54 +244,80 @@ def dynamic_kernel(
     eta = mcfg[ctl_.MC_ETA]
     # the SLA constraint tau <= D_SLA + eps_D (specification, Algorithm 2)
     d_sla = ccfg[ctl_.CC_D_SLA] + ccfg[ctl_.CC_EPS_D]
-    b_max = np.int64(ccfg[ctl_.CC_B_MAX])
-    if policy == POL_STATIC:
-        b_max = pin
     G = group_latency.shape[0]
     TSN = ts.shape[0]
+    # the controller's configuration, as the scalars its kernel forms take
+    mem_variant = mcfg[ctl_.MC_VARIANT]
+    mem_z = mcfg[ctl_.MC_Z]
+    mem_default = mcfg[ctl_.MC_DEFAULT_TOKENS]
+    mem_b_min = mcfg[ctl_.MC_B_MIN]
+    mem_b_max = mcfg[ctl_.MC_B_MAX]
+    sla_target = ccfg[ctl_.CC_D_SLA]
+    sla_eps = ccfg[ctl_.CC_EPS_D]
+    sla_b_min = ccfg[ctl_.CC_B_MIN]
+    sla_b_max = ccfg[ctl_.CC_B_MAX]
+    sla_alpha = ccfg[ctl_.CC_ALPHA]
+    sla_delta = ccfg[ctl_.CC_DELTA]
+    multiplicative = ccfg[ctl_.CC_VARIANT] == ctl_.CTL_VARIANT_MULTIPLICATIVE
+    ema = ccfg[ctl_.CC_EMA]
 
-    # per-bin FIFOs: ring buffers of the queue fields
-    cap = 1024
-    q = np.empty((N_Q, K, cap), np.float64)
-    head = np.zeros(K, np.int64)
-    size = np.zeros(K, np.int64)
+    # per-bin FIFOs: ring buffers of the queue fields, of a power-of-two capacity
+    cap = q.shape[2]
+    mask = cap - 1
     queued = 0
-    rr = 0
+    for b in range(K):
+        queued += size[b]
+    rr = np.int64(loop[L_RR])
     # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen
-    binned = K == 1 or policy != POL_MB_DYNAMIC
-    window = np.empty(max(warmup, 1), np.float64)
-    if K == 1:
-        edges_lo[0] = 0.0
-        edges_hi[0] = ctl_.EDGE_MAX
+    i = np.int64(loop[L_I])         # next request to arrive
+    jj = np.int64(loop[L_JJ])       # its place in the current block
+    m = np.int64(loop[L_M])         # requests in the current block
+    binned = K == 1 or policy != POL_MB_DYNAMIC or i >= warmup
 
-    # servers: free time, busy flag, and what the feedback needs of their batch
-    free_at = np.zeros(n_srv, np.float64)
-    busy = np.zeros(n_srv, np.bool_)
-    s_n = np.zeros(n_srv, np.int64)
-    s_bin = np.zeros(n_srv, np.int64)
-    s_service = np.zeros(n_srv, np.float64)
-    s_tbt = np.zeros(n_srv, np.float64)
-    s_prompt = np.empty((n_srv, max(b_max, 1)), np.float64)
-    s_output = np.empty((n_srv, max(b_max, 1)), np.float64)
+    # servers: free time, busy flag, and the aggregates of their batch that
+    # the feedback reads; (t_next, s_next) is the first completion, the lowest
+    # server index among ties (s_next = -1: every server is free)
     in_service = 0
+    n_free = 0
+    s_next = -1
+    t_next = np.inf
+    for k in range(n_srv):
+        if busy[k]:
+            in_service += s_n[k]
+            if free_at[k] < t_next:
+                t_next = free_at[k]
+                s_next = k
+        else:
+            n_free += 1
 
-    blk_t = np.empty(BLOCK, np.float64)
-    blk_p = np.empty(BLOCK, np.float64)
-    blk_o = np.empty(BLOCK, np.float64)
-    blk_r = np.empty(BLOCK, np.float64)
+    # the statistics, accumulated in locals (registers) and stored on return
+    sum_latency = fstats[F_SUM_LATENCY]
+    sum_latency2 = fstats[F_SUM_LATENCY2]
+    sum_ttft = fstats[F_SUM_TTFT]
+    busy_time = fstats[F_BUSY]
+    tokens_out = fstats[F_TOKENS_OUT]
+    tokens_in = fstats[F_TOKENS_IN]
+    sum_tbt_tokens = fstats[F_SUM_TBT_TOKENS]
+    token_seconds = fstats[F_TOKEN_SECONDS]
+    peak_tokens = fstats[F_PEAK_TOKENS]
+    sum_b = fstats[F_SUM_B]
+    sum_b2 = fstats[F_SUM_B2]
+    sla_tokens = fstats[F_SLA_TOKENS]
+    last_completion = fstats[F_LAST_COMPLETION]
+    completed = istats[I_COMPLETED]
+    rejected = istats[I_REJECTED]
+    mem_exceed = istats[I_MEM_EXCEED]
+    sla_requests = istats[I_SLA_REQUESTS]
+    n_batches = istats[I_BATCHES]
+    ts_stride = istats[I_TS_STRIDE]
+    ts_count = istats[I_TS_COUNT]
+    ts_seen = np.int64(loop[L_TS_SEEN])
 
-    t = 0.0
-    seg = 0
+    t = loop[L_T]
+    seg = np.int64(loop[L_SEG])
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
-    last_completion = -np.inf
-    n_batches = 0
-    ts_stride = 1
-    ts_count = 0
-    ts_seen = 0
 
-    i = 0       # next request to arrive
-    jj = 0      # its place in the current block
-    m = 0       # requests in the current block
+    full = False
     while True:
         if jj == m and i < n:
             # 1. the next block of draws, one stream at a time
@@ -227,27 +339,65 @@ def dynamic_kernel(
             else:
                 for j in range(m):
                     blk_r[j] = blk_o[j]
+        if n_free == 0 and binned:
+            # 2. every server is busy: the arrivals before the first completion
+            # (which wins ties) only join their bins (Algorithm 4)
+            while jj < m and blk_t[jj] < t_next:
+                pred = blk_r[jj]
+                if keep:
+                    r_arrival[i] = blk_t[jj]
+                    r_prompt[i] = blk_p[jj]
+                    r_output[i] = blk_o[jj]
+                    r_pred[i] = pred
+                b = ctl_.partition(pred, edges_lo, edges_hi, K) if K > 1 else 0
+                if size[b] == cap:
+                    full = True
+                    break
+                # unsigned indices: no negative-index wraparound code
+                ub = np.uint64(b)
+                slot = np.uint64((head[b] + size[b]) & mask)
+                q[Q_ARRIVAL, ub, slot] = blk_t[jj]
+                q[Q_PROMPT, ub, slot] = blk_p[jj]
+                q[Q_OUTPUT, ub, slot] = blk_o[jj]
+                q[Q_PRED, ub, slot] = pred
+                q[Q_INDEX, ub, slot] = i
+                size[b] += 1
+                queued += 1
+                i += 1
+                jj += 1
+            if full:
+                break
+            if jj == m and i < n:
+                continue
         t_arr = blk_t[jj] if i < n else np.inf
-        # the earliest completion
-        s = -1
-        tc = np.inf
-        for k in range(n_srv):
-            if busy[k] and free_at[k] < tc:
-                tc = free_at[k]
-                s = k
+        s = s_next
         if s < 0 and i >= n:
             break
-        if s >= 0 and tc <= t_arr:
-            # 2a. a completion: Algorithm 7's feedback, in time order
-            now = tc
+        if s >= 0 and t_next <= t_arr:
+            # 3a. a completion: Algorithm 7's feedback, in time order
+            now = t_next
             in_service -= s_n[s]
             if policy != POL_STATIC:
                 bb = s_bin[s]
-                ctl_.feedback_at(ctl, bb, st, ccfg, s_prompt, s_output, s, s_n[s], s_service[s],
-                                 s_tbt[s], float(in_service))
+                (st[bb, ctl_.ST_AVG_PROMPT], st[bb, ctl_.ST_AVG_OUTPUT], st[bb, ctl_.ST_COUNT],
+                 st[bb, ctl_.ST_MEAN_TOKENS], st[bb, ctl_.ST_M2_TOKENS], ctl[bb, ctl_.CTL_TAU_AVG],
+                 ctl[bb, ctl_.CTL_B_AVG]) = ctl_.feedback_core(
+                    s_n[s], s_f[SF_SUM_P, s], s_f[SF_SUM_O, s], s_f[SF_M2, s], s_f[SF_MAX_O, s],
+                    s_f[SF_SERVICE, s], s_f[SF_TBT, s], ema, st[bb, ctl_.ST_AVG_PROMPT],
+                    st[bb, ctl_.ST_AVG_OUTPUT], st[bb, ctl_.ST_COUNT], st[bb, ctl_.ST_MEAN_TOKENS],
+                    st[bb, ctl_.ST_M2_TOKENS], ctl[bb, ctl_.CTL_TAU_AVG], ctl[bb, ctl_.CTL_B_AVG])
+                ctl[bb, ctl_.CTL_N_DECODE] = float(in_service)
+                ctl[bb, ctl_.CTL_UPDATES] += 1.0
             busy[s] = False
+            n_free += 1
+            s_next = -1
+            t_next = np.inf
+            for k in range(n_srv):
+                if busy[k] and free_at[k] < t_next:
+                    t_next = free_at[k]
+                    s_next = k
         else:
-            # 2b. an arrival joins its bin (Algorithm 4), or bin 0 during warm-up
+            # 3b. an arrival joins its bin (Algorithm 4), or bin 0 during warm-up
             now = t_arr
             pred = blk_r[jj]
             if keep:
@@ -261,11 +411,10 @@ def dynamic_kernel(
                 b = 0
                 window[i] = pred
             if size[b] == cap:
-                q = _grow(q, head, size, K, cap)
-                cap *= 2
-            # unsigned indices: no negative-index wraparound code
+                full = True
+                break
             ub = np.uint64(b)
-            slot = np.uint64((head[b] + size[b]) & (cap - 1))
+            slot = np.uint64((head[b] + size[b]) & mask)
             q[Q_ARRIVAL, ub, slot] = now
             q[Q_PROMPT, ub, slot] = blk_p[jj]
             q[Q_OUTPUT, ub, slot] = blk_o[jj]
@@ -283,22 +432,21 @@ def dynamic_kernel(
                 tmp = np.empty((N_Q, cnt0), np.float64)
                 for j in range(cnt0):
                     for f in range(N_Q):
-                        tmp[f, j] = q[f, 0, (head[0] + j) & (cap - 1)]
+                        tmp[f, j] = q[f, 0, (head[0] + j) & mask]
+                # (every request was in bin 0, so no bin receives more than
+                # the cnt0 <= cap requests bin 0 held: none overflows)
                 size[0] = 0
                 head[0] = 0
                 for j in range(cnt0):
                     nb2 = ctl_.partition(tmp[Q_PRED, j], edges_lo, edges_hi, K)
-                    if size[nb2] == cap:
-                        q = _grow(q, head, size, K, cap)
-                        cap *= 2
-                    sl = (head[nb2] + size[nb2]) & (cap - 1)
+                    sl = (head[nb2] + size[nb2]) & mask
                     for f in range(N_Q):
                         q[f, nb2, sl] = tmp[f, j]
                     size[nb2] += 1
             i += 1
             jj += 1
-        # 3. free servers form batches, once every event of this instant is in
-        if queued == 0:
+        # 4. free servers form batches, once every event of this instant is in
+        if queued == 0 or n_free == 0:
             continue
         if i < n:
             if jj < m:
@@ -314,209 +462,271 @@ def dynamic_kernel(
         for k in range(n_srv):
             if queued == 0:
                 break
-            if not busy[k]:
-                # form one batch on the free server k at time now
-                cap = q.shape[2]
-                mask = cap - 1  # capacities are powers of two
-                found = False
-                b = 0
-                nb = 0
-                target = 0
+            if busy[k]:
+                continue
+            # form one batch on the free server k at time now
+            found = False
+            b = 0
+            nb = 0
+            target = 0
+            bm = -1
+            bs = -1
+            sum_prompt = 0.0
+            sum_out = 0.0
+            max_out = 0.0
+            max_seq = 0.0
+            while queued > 0:
+                # Algorithm 5, step 1: the bin
+                if K == 1:
+                    b = 0
+                elif select == SEL_ROUND_ROBIN:
+                    b = -1
+                    for off in range(K):
+                        idx = (rr + off) % K
+                        if size[idx] > 0:
+                            b = idx
+                            rr = (idx + 1) % K
+                            break
+                else:
+                    b = 0
+                    for idx in range(1, K):
+                        if size[idx] > size[b]:
+                            b = idx
+                # step 2: candidates, the head of that bin only
+                n_cand = min(max_cand, size[b])
+                # step 3 (Algorithm 3): the target size
                 bm = -1
                 bs = -1
-                tokens = 0.0
-                while queued > 0:
-                    # Algorithm 5, step 1: the bin
-                    if K == 1:
-                        b = 0
-                    elif select == SEL_ROUND_ROBIN:
-                        b = -1
-                        for off in range(K):
-                            idx = (rr + off) % K
-                            if size[idx] > 0:
-                                b = idx
-                                rr = (idx + 1) % K
-                                break
-                    else:
-                        b = 0
-                        for idx in range(1, K):
-                            if size[idx] > size[b]:
-                                b = idx
-                    # step 2: candidates, the head of that bin only
-                    n_cand = min(max_cand, size[b])
-                    # step 3 (Algorithm 3): the target size
-                    bm = -1
-                    bs = -1
-                    if policy == POL_STATIC:
+                if policy == POL_STATIC:
+                    target = pin
+                else:
+                    # (a per-bin limit only for the multi-bin policy)
+                    limit = bin_b_max[b] if policy == POL_MB_DYNAMIC else 0.0
+                    bm = ctl_.b_mem_core(eta, mem_variant, mem_z, mem_default, mem_b_min, mem_b_max,
+                                         st[b, ctl_.ST_AVG_PROMPT], st[b, ctl_.ST_AVG_OUTPUT], st[b, ctl_.ST_COUNT],
+                                         st[b, ctl_.ST_MEAN_TOKENS], st[b, ctl_.ST_M2_TOKENS], limit)
+                    bs, ctl[b, ctl_.CTL_B_LOW], ctl[b, ctl_.CTL_B_HIGH] = ctl_.b_sla_core(
+                        ctl[b, ctl_.CTL_B_LOW], ctl[b, ctl_.CTL_B_HIGH], ctl[b, ctl_.CTL_TAU_AVG],
+                        ctl[b, ctl_.CTL_B_AVG], ctl[b, ctl_.CTL_N_DECODE], ctl[b, ctl_.CTL_UPDATES],
+                        sla_target, sla_eps, sla_b_min, sla_b_max, sla_alpha, sla_delta, multiplicative)
+                    if pin > 0:
                         target = pin
+                    elif memory_on:
+                        target = min(bm, bs)
                     else:
-                        if policy == POL_DYNAMIC:
-                            bm = ctl_.b_mem_at(st, b, mcfg, -1, bin_b_max)
-                        else:
-                            bm = ctl_.b_mem_at(st, b, mcfg, b, bin_b_max)
-                        bs = ctl_.b_sla_at(ctl, b, ccfg)
-                        if pin > 0:
-                            target = pin
-                        elif memory_on:
-                            target = min(bm, bs)
-                        else:
-                            target = bs
-                    nb = min(target, n_cand)
-                    tokens = 0.0
-                    for j in range(nb):
-                        sl = np.uint64((head[b] + j) & mask)
-                        tokens += q[Q_PROMPT, np.uint64(b), sl] + q[Q_OUTPUT, np.uint64(b), sl]
-                    if memory_on and policy != POL_STATIC:
-                        # Algorithm 3, step 3: drop the last candidates while over capacity
-                        while nb > 0 and not ctl_.check_memory(tokens, eta):
-                            sl = np.uint64((head[b] + nb - 1) & mask)
-                            tokens -= q[Q_PROMPT, np.uint64(b), sl] + q[Q_OUTPUT, np.uint64(b), sl]
-                            nb -= 1
-                        if nb == 0:
-                            # the head request alone exceeds the capacity: it can never be
-                            # served, so it leaves the queue as rejected
-                            head[b] = (head[b] + 1) & mask
-                            size[b] -= 1
-                            queued -= 1
-                            istats[I_REJECTED] += 1
-                            continue
-                    elif tokens > eta:
-                        istats[I_MEM_EXCEED] += 1
-                    found = True
-                    break
-                if not found:
-                    break
-                # the batch: the first nb of bin b (unused candidates stay at the front)
-                max_out = 0.0
-                max_seq = 0.0
+                        target = bs
+                nb = min(target, n_cand)
+                # the candidates' tokens, sums and maxima, in one pass
+                ub = np.uint64(b)
+                h0 = head[b]
+                tokens = 0.0
                 sum_prompt = 0.0
                 sum_out = 0.0
+                max_out = 0.0
+                max_seq = 0.0
                 for j in range(nb):
-                    sl = np.uint64((head[b] + j) & mask)
-                    p = q[Q_PROMPT, np.uint64(b), sl]
-                    o = q[Q_OUTPUT, np.uint64(b), sl]
-                    s_prompt[k, j] = p
-                    s_output[k, j] = o
+                    sl = np.uint64((h0 + j) & mask)
+                    p = q[Q_PROMPT, ub, sl]
+                    o = q[Q_OUTPUT, ub, sl]
+                    tokens += p + o
                     sum_prompt += p
                     sum_out += o
                     if o > max_out:
                         max_out = o
                     if p + o > max_seq:
                         max_seq = p + o
-                bf = float(nb)
-                if model == MODEL_MAX:
-                    service = sm[SM_BASE] + sm[SM_PER_TOKEN] * max_out
-                    tbt = 0.0
-                    per_token = service / max(max_out, 1.0)
-                    ttft = per_token
-                elif model == MODEL_LINEAR:
-                    service = sm[SM_BASE] + sm[SM_ALPHA] * max_seq * (1.0 + sm[SM_BETA] * (bf - 1.0) / bf)
-                    tbt = 0.0
-                    per_token = service / max(max_out, 1.0)
-                    ttft = per_token
-                else:
-                    tbt = ctl_.decode_tbt(sm[SM_TBT_BETA], sm[SM_TBT_GAMMA], bf)
-                    prefill = sm[SM_PREFILL] * sum_prompt
-                    service = prefill + tbt * max_out
-                    per_token = tbt
-                    # (a batch whose outputs are all under one token ends sooner)
-                    ttft = min(prefill + tbt, service)
-                C = now + service
-                if C > last_completion:
-                    last_completion = C
-                violating = per_token > d_sla
+                if memory_on and policy != POL_STATIC:
+                    # Algorithm 3, step 3: drop the last candidates while over capacity
+                    nb0 = nb
+                    while nb > 0 and not ctl_.check_memory(tokens, eta):
+                        sl = np.uint64((h0 + nb - 1) & mask)
+                        tokens -= q[Q_PROMPT, ub, sl] + q[Q_OUTPUT, ub, sl]
+                        nb -= 1
+                    if nb == 0:
+                        # the head request alone exceeds the capacity: it can never be
+                        # served, so it leaves the queue as rejected
+                        head[b] = (h0 + 1) & mask
+                        size[b] -= 1
+                        queued -= 1
+                        rejected += 1
+                        continue
+                    if nb < nb0:
+                        sum_prompt = 0.0
+                        sum_out = 0.0
+                        max_out = 0.0
+                        max_seq = 0.0
+                        for j in range(nb):
+                            sl = np.uint64((h0 + j) & mask)
+                            p = q[Q_PROMPT, ub, sl]
+                            o = q[Q_OUTPUT, ub, sl]
+                            sum_prompt += p
+                            sum_out += o
+                            if o > max_out:
+                                max_out = o
+                            if p + o > max_seq:
+                                max_seq = p + o
+                elif tokens > eta:
+                    mem_exceed += 1
+                found = True
+                break
+            if not found:
+                break
+            # the batch: the first nb of bin b (unused candidates stay at the front)
+            bf = float(nb)
+            if model == MODEL_MAX:
+                service = sm[SM_BASE] + sm[SM_PER_TOKEN] * max_out
+                tbt = 0.0
+                per_token = service / max(max_out, 1.0)
+                ttft = per_token
+            elif model == MODEL_LINEAR:
+                service = sm[SM_BASE] + sm[SM_ALPHA] * max_seq * (1.0 + sm[SM_BETA] * (bf - 1.0) / bf)
+                tbt = 0.0
+                per_token = service / max(max_out, 1.0)
+                ttft = per_token
+            else:
+                tbt = ctl_.decode_tbt(sm[SM_TBT_BETA], sm[SM_TBT_GAMMA], bf)
+                prefill = sm[SM_PREFILL] * sum_prompt
+                service = prefill + tbt * max_out
+                per_token = tbt
+                # (a batch whose outputs are all under one token ends sooner)
+                ttft = min(prefill + tbt, service)
+            C = now + service
+            if C > last_completion:
+                last_completion = C
+            violating = per_token > d_sla
 
-                sum_lat = 0.0
-                sum_lat2 = 0.0
-                sum_arr = 0.0
-                for j in range(nb):
-                    sl = np.uint64((head[b] + j) & mask)
-                    a = q[Q_ARRIVAL, np.uint64(b), sl]
-                    lat = C - a
-                    sum_lat += lat
-                    sum_lat2 += lat * lat
-                    sum_arr += a
-                    h = (_float_bits(lat) >> _HIST_SHIFT) - _HIST_BASE
-                    h = min(max(h, 0), HIST_SIZE - 1)
-                    hist[h] += 1
-                    if keep:
-                        idx = np.int64(q[Q_INDEX, np.uint64(b), sl])
-                        r_bin[idx] = b
-                        r_batch[idx] = n_batches
-                        r_start[idx] = now
-                        r_completion[idx] = C
-                        r_ttft[idx] = now - a + ttft
-                fstats[F_SUM_LATENCY] += sum_lat
-                fstats[F_SUM_LATENCY2] += sum_lat2
-                fstats[F_SUM_TTFT] += bf * (now + ttft) - sum_arr
-                # batch-means group of the batch: that of its first member's arrival index
-                g = (np.int64(q[Q_INDEX, b, head[b]]) * G) // n
-                group_latency[g] += sum_lat
-                group_count[g] += nb
-                head[b] = (head[b] + nb) & mask
-                size[b] -= nb
-                queued -= nb
+            # the members' latencies, and their tokens' deviations for the feedback
+            mean_tok = (sum_prompt + sum_out) / bf
+            m2 = 0.0
+            sum_lat = 0.0
+            sum_lat2 = 0.0
+            sum_arr = 0.0
+            ub = np.uint64(b)
+            h0 = head[b]
+            for j in range(nb):
+                sl = np.uint64((h0 + j) & mask)
+                a = q[Q_ARRIVAL, ub, sl]
+                lat = C - a
+                sum_lat += lat
+                sum_lat2 += lat * lat
+                sum_arr += a
+                h = (_float_bits(lat) >> _HIST_SHIFT) - _HIST_BASE
+                h = min(max(h, 0), HIST_SIZE - 1)
+                hist[h] += 1
+                d = q[Q_PROMPT, ub, sl] + q[Q_OUTPUT, ub, sl] - mean_tok
+                m2 += d * d
+                if keep:
+                    idx = np.int64(q[Q_INDEX, ub, sl])
+                    r_bin[idx] = b
+                    r_batch[idx] = n_batches
+                    r_start[idx] = now
+                    r_completion[idx] = C
+                    r_ttft[idx] = now - a + ttft
+            sum_latency += sum_lat
+            sum_latency2 += sum_lat2
+            sum_ttft += bf * (now + ttft) - sum_arr
+            # batch-means group of the batch: that of its first member's arrival index
+            g = (np.int64(q[Q_INDEX, ub, np.uint64(h0)]) * G) // n
+            group_latency[g] += sum_lat
+            group_count[g] += nb
+            head[b] = (h0 + nb) & mask
+            size[b] -= nb
+            queued -= nb
 
-                fstats[F_BUSY] += service
-                fstats[F_TOKENS_OUT] += sum_out
-                fstats[F_TOKENS_IN] += sum_prompt
-                fstats[F_SUM_TBT_TOKENS] += per_token * sum_out
-                tok = sum_prompt + sum_out
-                fstats[F_TOKEN_SECONDS] += tok * service
-                if tok > fstats[F_PEAK_TOKENS]:
-                    fstats[F_PEAK_TOKENS] = tok
-                fstats[F_SUM_B] += bf
-                fstats[F_SUM_B2] += bf * bf
-                if violating:
-                    fstats[F_SLA_TOKENS] += sum_out
-                    istats[I_SLA_REQUESTS] += nb
-                istats[I_COMPLETED] += nb
-                size_hist[min(nb, size_hist.shape[0] - 1)] += 1
-                if keep_batches:
-                    b_start[n_batches] = now
-                    b_bin[n_batches] = b
-                    b_size[n_batches] = nb
-                    b_target_out[n_batches] = target
-                    b_mem_out[n_batches] = bm
-                    b_sla_out[n_batches] = bs
-                    b_service[n_batches] = service
-                    b_tokens[n_batches] = tok
+            busy_time += service
+            tokens_out += sum_out
+            tokens_in += sum_prompt
+            sum_tbt_tokens += per_token * sum_out
+            tok = sum_prompt + sum_out
+            token_seconds += tok * service
+            if tok > peak_tokens:
+                peak_tokens = tok
+            sum_b += bf
+            sum_b2 += bf * bf
+            if violating:
+                sla_tokens += sum_out
+                sla_requests += nb
+            completed += nb
+            size_hist[min(nb, size_hist.shape[0] - 1)] += 1
+            if keep_batches:
+                b_start[n_batches] = now
+                b_bin[n_batches] = b
+                b_size[n_batches] = nb
+                b_target_out[n_batches] = target
+                b_mem_out[n_batches] = bm
+                b_sla_out[n_batches] = bs
+                b_service[n_batches] = service
+                b_tokens[n_batches] = tok
 
-                # downsampled time series: every ts_stride-th batch; when the buffer is
-                # full, keep every other row and double the stride
-                if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
-                    if ts_count == TSN:
-                        for r in range(TSN // 2):
-                            for c in range(ts.shape[1]):
-                                ts[r, c] = ts[2 * r, c]
-                        ts_count = TSN // 2
-                        ts_stride *= 2
-                    if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
-                        ts[ts_count, TS_TIME] = now
-                        ts[ts_count, TS_B_TARGET] = target
-                        ts[ts_count, TS_B_LOW] = ctl[b, ctl_.CTL_B_LOW]
-                        ts[ts_count, TS_B_HIGH] = ctl[b, ctl_.CTL_B_HIGH]
-                        ts[ts_count, TS_TAU_AVG] = ctl[b, ctl_.CTL_TAU_AVG]
-                        ts[ts_count, TS_BIN] = b
-                        ts[ts_count, TS_SIZE] = nb
-                        for kb in range(K):
-                            ts[ts_count, N_TS_FIXED + kb] = size[kb]
-                        ts_count += 1
-                ts_seen += 1
+            # downsampled time series: every ts_stride-th batch; when the buffer is
+            # full, keep every other row and double the stride
+            if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
+                if ts_count == TSN:
+                    for r in range(TSN // 2):
+                        for c in range(ts.shape[1]):
+                            ts[r, c] = ts[2 * r, c]
+                    ts_count = TSN // 2
+                    ts_stride *= 2
+                if ts_seen & (ts_stride - 1) == 0:
+                    ts[ts_count, TS_TIME] = now
+                    ts[ts_count, TS_B_TARGET] = target
+                    ts[ts_count, TS_B_LOW] = ctl[b, ctl_.CTL_B_LOW]
+                    ts[ts_count, TS_B_HIGH] = ctl[b, ctl_.CTL_B_HIGH]
+                    ts[ts_count, TS_TAU_AVG] = ctl[b, ctl_.CTL_TAU_AVG]
+                    ts[ts_count, TS_BIN] = b
+                    ts[ts_count, TS_SIZE] = nb
+                    for kb in range(K):
+                        ts[ts_count, N_TS_FIXED + kb] = size[kb]
+                    ts_count += 1
+            ts_seen += 1
 
-                busy[k] = True
-                free_at[k] = C
-                s_n[k] = nb
-                s_bin[k] = b
-                s_service[k] = service
-                s_tbt[k] = tbt
-                in_service += nb
-                n_batches += 1
+            busy[k] = True
+            free_at[k] = C
+            n_free -= 1
+            if C < t_next or (C == t_next and k < s_next):
+                t_next = C
+                s_next = k
+            s_n[k] = nb
+            s_bin[k] = b
+            s_f[SF_SERVICE, k] = service
+            s_f[SF_TBT, k] = tbt
+            s_f[SF_SUM_P, k] = sum_prompt
+            s_f[SF_SUM_O, k] = sum_out
+            s_f[SF_MAX_O, k] = max_out
+            s_f[SF_M2, k] = m2
+            in_service += nb
+            n_batches += 1
 
+    fstats[F_SUM_LATENCY] = sum_latency
+    fstats[F_SUM_LATENCY2] = sum_latency2
+    fstats[F_SUM_TTFT] = sum_ttft
+    fstats[F_BUSY] = busy_time
+    fstats[F_TOKENS_OUT] = tokens_out
+    fstats[F_TOKENS_IN] = tokens_in
+    fstats[F_SUM_TBT_TOKENS] = sum_tbt_tokens
+    fstats[F_TOKEN_SECONDS] = token_seconds
+    fstats[F_PEAK_TOKENS] = peak_tokens
+    fstats[F_SUM_B] = sum_b
+    fstats[F_SUM_B2] = sum_b2
+    fstats[F_SLA_TOKENS] = sla_tokens
     fstats[F_LAST_COMPLETION] = last_completion
+    istats[I_COMPLETED] = completed
+    istats[I_REJECTED] = rejected
+    istats[I_MEM_EXCEED] = mem_exceed
+    istats[I_SLA_REQUESTS] = sla_requests
     istats[I_BATCHES] = n_batches
     istats[I_TS_COUNT] = ts_count
     istats[I_TS_STRIDE] = ts_stride
+    loop[L_T] = t
+    loop[L_SEG] = seg
+    loop[L_I] = i
+    loop[L_JJ] = jj
+    loop[L_M] = m
+    loop[L_RR] = rr
+    loop[L_TS_SEEN] = ts_seen
+    return full
+
+
 
 
 def warmup() -> None:
