@@ -587,6 +587,17 @@ def test_alg4_partition():
     assert c.partition(123.0, np.array([0.0]), np.array([10000.0]), 1) == 0
 
 
+@given(x=hs.one_of(finite_lengths, integer_lengths), K=hs.integers(1, 16),
+       preds=hs.lists(hs.one_of(hs.floats(0.0, 2e4, allow_subnormal=False), hs.integers(0, 60).map(float)),
+                      min_size=1, max_size=30))
+def test_alg4_tiled_partition_matches_the_pseudocode(x, K, preds):
+    # the kernels' branch-free form, on every tiling Algorithm 6 makes (ties,
+    # empty bins, predictions below the minimum or at/above 10000 included)
+    lo, hi = edges(np.array(x), K)
+    for pred in preds + x + lo.tolist() + hi.tolist():
+        assert c.partition_tiled(pred, lo, hi, K) == c.partition(pred, lo, hi, K), pred
+
+
 # --- invariants of the feedback loop -----------------------------------------
 
 step = hs.tuples(hs.floats(0.0, 2.0), hs.floats(0.0, 1.0), hs.floats(0.0, 1.0),
@@ -694,5 +705,5 @@ def test_variant1_slack_and_overload():
 def test_warmup_compiles_everything():
     c.warmup()
     for f in (c.token_capacity, c.controller_init, c.b_mem, c.b_sla, c.feedback, c.decode_tbt,
-              c.equal_mass_edges, c.partition, c.check_memory):
+              c.equal_mass_edges, c.partition, c.partition_tiled, c.check_memory):
         assert f.signatures

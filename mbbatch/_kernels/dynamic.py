@@ -349,7 +349,7 @@ def _run(
                     r_prompt[i] = blk_p[jj]
                     r_output[i] = blk_o[jj]
                     r_pred[i] = pred
-                b = ctl_.partition(pred, edges_lo, edges_hi, K) if K > 1 else 0
+                b = ctl_.partition_tiled(pred, edges_lo, edges_hi, K) if K > 1 else 0
                 if size[b] == cap:
                     full = True
                     break
@@ -406,7 +406,7 @@ def _run(
                 r_output[i] = blk_o[jj]
                 r_pred[i] = pred
             if binned:
-                b = ctl_.partition(pred, edges_lo, edges_hi, K) if K > 1 else 0
+                b = ctl_.partition_tiled(pred, edges_lo, edges_hi, K) if K > 1 else 0
             else:
                 b = 0
                 window[i] = pred
@@ -438,7 +438,7 @@ def _run(
                 size[0] = 0
                 head[0] = 0
                 for j in range(cnt0):
-                    nb2 = ctl_.partition(tmp[Q_PRED, j], edges_lo, edges_hi, K)
+                    nb2 = ctl_.partition_tiled(tmp[Q_PRED, j], edges_lo, edges_hi, K)
                     sl = (head[nb2] + size[nb2]) & mask
                     for f in range(N_Q):
                         q[f, nb2, sl] = tmp[f, j]
@@ -482,10 +482,12 @@ def _run(
                 elif select == SEL_ROUND_ROBIN:
                     b = -1
                     for off in range(K):
-                        idx = (rr + off) % K
+                        idx = rr + off  # (rr + off) % K, without a division
+                        if idx >= K:
+                            idx -= K
                         if size[idx] > 0:
                             b = idx
-                            rr = (idx + 1) % K
+                            rr = idx + 1 if idx + 1 < K else 0
                             break
                 else:
                     b = 0
