@@ -136,6 +136,30 @@ Q_INDEX = 4
 N_Q = 5
 
 
+@njit(cache=CACHE)
+def _rebin(q, head, size, window, K, edges_lo, edges_hi):
+    """Algorithm 6 on the warm-up window, then bin 0's queue (every request
+    so far) re-binned by each waiting request's own prediction: no future
+    is used.  No bin receives more than the requests bin 0 held, so none
+    overflows.  (A function of its own: an array allocated in the event loop
+    would cost reference counting on every arrival.)"""
+    ctl_.equal_mass_edges(window, K, edges_lo, edges_hi)
+    mask = q.shape[2] - 1
+    cnt0 = size[0]
+    tmp = np.empty((N_Q, cnt0), np.float64)
+    for j in range(cnt0):
+        for f in range(N_Q):
+            tmp[f, j] = q[f, 0, (head[0] + j) & mask]
+    size[0] = 0
+    head[0] = 0
+    for j in range(cnt0):
+        b = ctl_.partition_tiled(tmp[Q_PRED, j], edges_lo, edges_hi, K)
+        sl = (head[b] + size[b]) & mask
+        for f in range(N_Q):
+            q[f, b, sl] = tmp[f, j]
+        size[b] += 1
+
+
 # the loop state _run keeps between its calls (it returns when a queue is full)
 L_T = 0           # the arrival clock, s
 L_SEG = 1         # its piecewise-Poisson rate segment
@@ -268,10 +292,10 @@ def _run(
     for b in range(K):
         queued += size[b]
     rr = np.int64(loop[L_RR])
-    # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen
     i = np.int64(loop[L_I])         # next request to arrive
     jj = np.int64(loop[L_JJ])       # its place in the current block
     m = np.int64(loop[L_M])         # requests in the current block
+    # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen
     binned = K == 1 or policy != POL_MB_DYNAMIC or i >= warmup
 
     # servers: free time, busy flag, and the aggregates of their batch that
@@ -339,42 +363,12 @@ def _run(
             else:
                 for j in range(m):
                     blk_r[j] = blk_o[j]
-        if n_free == 0 and binned:
-            # 2. every server is busy: the arrivals before the first completion
-            # (which wins ties) only join their bins (Algorithm 4)
-            while jj < m and blk_t[jj] < t_next:
-                pred = blk_r[jj]
-                if keep:
-                    r_arrival[i] = blk_t[jj]
-                    r_prompt[i] = blk_p[jj]
-                    r_output[i] = blk_o[jj]
-                    r_pred[i] = pred
-                b = ctl_.partition_tiled(pred, edges_lo, edges_hi, K) if K > 1 else 0
-                if size[b] == cap:
-                    full = True
-                    break
-                # unsigned indices: no negative-index wraparound code
-                ub = np.uint64(b)
-                slot = np.uint64((head[b] + size[b]) & mask)
-                q[Q_ARRIVAL, ub, slot] = blk_t[jj]
-                q[Q_PROMPT, ub, slot] = blk_p[jj]
-                q[Q_OUTPUT, ub, slot] = blk_o[jj]
-                q[Q_PRED, ub, slot] = pred
-                q[Q_INDEX, ub, slot] = i
-                size[b] += 1
-                queued += 1
-                i += 1
-                jj += 1
-            if full:
-                break
-            if jj == m and i < n:
-                continue
         t_arr = blk_t[jj] if i < n else np.inf
         s = s_next
         if s < 0 and i >= n:
             break
         if s >= 0 and t_next <= t_arr:
-            # 3a. a completion: Algorithm 7's feedback, in time order
+            # 2a. a completion: Algorithm 7's feedback, in time order
             now = t_next
             in_service -= s_n[s]
             if policy != POL_STATIC:
@@ -397,55 +391,46 @@ def _run(
                     t_next = free_at[k]
                     s_next = k
         else:
-            # 3b. an arrival joins its bin (Algorithm 4), or bin 0 during warm-up
-            now = t_arr
-            pred = blk_r[jj]
-            if keep:
-                r_arrival[i] = now
-                r_prompt[i] = blk_p[jj]
-                r_output[i] = blk_o[jj]
-                r_pred[i] = pred
-            if binned:
-                b = ctl_.partition_tiled(pred, edges_lo, edges_hi, K) if K > 1 else 0
-            else:
-                b = 0
-                window[i] = pred
-            if size[b] == cap:
-                full = True
+            # 2b. an arrival joins its bin (Algorithm 4), or bin 0 during warm-up;
+            # while every server is busy, so do all the arrivals of this block
+            # before the first completion (which wins ties), in one loop
+            while True:
+                now = blk_t[jj]
+                pred = blk_r[jj]
+                if keep:
+                    r_arrival[i] = now
+                    r_prompt[i] = blk_p[jj]
+                    r_output[i] = blk_o[jj]
+                    r_pred[i] = pred
+                if binned:
+                    b = ctl_.partition_tiled(pred, edges_lo, edges_hi, K) if K > 1 else 0
+                else:
+                    b = 0
+                    window[i] = pred
+                if size[b] == cap:
+                    full = True
+                    break
+                # unsigned indices: no negative-index wraparound code
+                ub = np.uint64(b)
+                slot = np.uint64((head[b] + size[b]) & mask)
+                q[Q_ARRIVAL, ub, slot] = now
+                q[Q_PROMPT, ub, slot] = blk_p[jj]
+                q[Q_OUTPUT, ub, slot] = blk_o[jj]
+                q[Q_PRED, ub, slot] = pred
+                q[Q_INDEX, ub, slot] = i
+                size[b] += 1
+                queued += 1
+                if not binned and i + 1 == warmup:
+                    _rebin(q, head, size, window[:warmup], K, edges_lo, edges_hi)
+                    fstats[F_WARMUP_TIME] = now
+                    binned = True
+                i += 1
+                jj += 1
+                if n_free > 0 or jj == m or blk_t[jj] >= t_next:
+                    break
+            if full:
                 break
-            ub = np.uint64(b)
-            slot = np.uint64((head[b] + size[b]) & mask)
-            q[Q_ARRIVAL, ub, slot] = now
-            q[Q_PROMPT, ub, slot] = blk_p[jj]
-            q[Q_OUTPUT, ub, slot] = blk_o[jj]
-            q[Q_PRED, ub, slot] = pred
-            q[Q_INDEX, ub, slot] = i
-            size[b] += 1
-            queued += 1
-            if not binned and i + 1 == warmup:
-                # Algorithm 6 on the warm-up window, then the queue re-binned
-                # by each waiting request's own prediction (no future used)
-                ctl_.equal_mass_edges(window[:warmup], K, edges_lo, edges_hi)
-                fstats[F_WARMUP_TIME] = now
-                binned = True
-                cnt0 = size[0]
-                tmp = np.empty((N_Q, cnt0), np.float64)
-                for j in range(cnt0):
-                    for f in range(N_Q):
-                        tmp[f, j] = q[f, 0, (head[0] + j) & mask]
-                # (every request was in bin 0, so no bin receives more than
-                # the cnt0 <= cap requests bin 0 held: none overflows)
-                size[0] = 0
-                head[0] = 0
-                for j in range(cnt0):
-                    nb2 = ctl_.partition_tiled(tmp[Q_PRED, j], edges_lo, edges_hi, K)
-                    sl = (head[nb2] + size[nb2]) & mask
-                    for f in range(N_Q):
-                        q[f, nb2, sl] = tmp[f, j]
-                    size[nb2] += 1
-            i += 1
-            jj += 1
-        # 4. free servers form batches, once every event of this instant is in
+        # 3. free servers form batches, once every event of this instant is in
         if queued == 0 or n_free == 0:
             continue
         if i < n:
