@@ -375,6 +375,22 @@ def test_piecewise_poisson_arrivals(cfg):
         check(cfg, res, pol)
 
 
+@pytest.mark.parametrize("kind,arrivals,bins", [("dynamic", "poisson", 1), ("multibin", "poisson", 3),
+                                                ("multibin", "saturated", 3), ("static", "replay", 1)])
+def test_queues_grow_through_a_deep_backlog(kind, arrivals, bins):
+    """A backlog of thousands of requests per bin: the ring buffers (1024
+    requests to start with) double while arrivals keep coming, both while
+    every server is busy and at one instant, and every property holds."""
+    cfg = dict(kind=kind, b_min=1, b_max=8, bins=bins, d_sla=7.5e-3, eps_d=5e-5, alpha=4, delta=2,
+               variant="spec", servers=2, arrivals=arrivals, rate=300.0, model="max", memory="l0",
+               selection="round_robin", integer=True, sigma=0.0, prompt="uniform", output="uniform",
+               n=7000, seed=5, pin=None, max_candidates=None, warmup=50, bin_b_max=None)
+    res, pol = run(cfg)
+    assert res.time_series["queue"].max() > 2 * 1024  # grown twice at least
+    for check in (check_conservation, check_batches, check_fifo, check_servers):
+        check(cfg, res, pol)
+
+
 def test_piecewise_poisson_rates():
     """The arrival counts in [0, 100) and [100, 200) at rates 1 and 20 are
     Poisson(100) and Poisson(2000); 99.99% normal intervals."""

@@ -13,8 +13,8 @@ that grow with the backlog, and a server keeps only its batch's aggregates.
 
 Speed (``make bench``): the hot paths call only functions of scalars, and
 no array variable is rebound inside the event loop, so numba emits no
-reference counting there (an atomic increment and decrement per use, which
-cost more than half the time before).
+reference counting there: an atomic increment and decrement per request
+would take longer than everything else the loop does.
 """
 
 from __future__ import annotations
