@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -179,6 +180,27 @@ def _warm_worker():
     warmup()
 
 
+def _start_pool_worker(sweep_pid):
+    _exit_with(sweep_pid)
+    _warm_worker()
+
+
+def _exit_with(sweep_pid, every=0.5):
+    """End this pool worker once the sweep process that started it is gone.
+
+    A killed sweep (kill -9, a batch scheduler's time limit) cannot shut its
+    pool down, and the workers, which hold both ends of the pool's queues,
+    would wait on them forever.  A daemon thread notices the new parent
+    within ``every`` seconds of the current cell's end (the kernels hold the
+    GIL) and exits the process; the sweep resumes from its store."""
+    def watch():
+        while os.getppid() == sweep_pid:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mbbatch-exit-with-sweep", daemon=True).start()
+
+
 class _Progress:
     """tqdm on a terminal; plain lines, about every 10%, elsewhere."""
 
@@ -248,7 +270,7 @@ def _executor_results(tasks, scheduler, workers):
     import multiprocessing as mp
 
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                             initializer=_warm_worker) as pool:
+                             initializer=_start_pool_worker, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(_point_task, *args): idx for idx, args in tasks}
         for fut in as_completed(futures):
             yield futures[fut], fut.result()

@@ -274,6 +274,57 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     assert_identical(clean, resumed)
 
 
+def _children(pid):
+    """Live (non-zombie) processes whose parent is ``pid``, from /proc."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the pool's workers in /proc")
+def test_killed_sweep_leaves_no_workers_behind(tmp_path):
+    """kill -9 a sweep running on a 2-process pool: its workers exit as well,
+    rather than wait forever on the dead sweep's queues."""
+    p = write(tmp_path, SLOW)
+    out = tmp_path / "killed.zarr"
+    cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(p), "--out", str(out), "--workers", "2",
+           "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done_dir = out / "done" / "c"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (done_dir.exists() and any(f.is_file() for f in done_dir.rglob("*"))) or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    workers = [k for k in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    assert proc.poll() is None, "the sweep finished before it could be killed: make it slower"
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(k) for k in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [k for k in workers if _alive(k)]
+    for k in left:
+        os.kill(k, signal.SIGKILL)
+    assert not left, "workers still running a minute after their sweep was killed"
+
+
 @pytest.mark.heavy
 def test_serial_parallel_and_dask_are_bit_identical(tmp_path):
     """In-process, a 2-process pool and a real dask LocalCluster on loopback
