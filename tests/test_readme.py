@@ -1,0 +1,73 @@
+"""The README's examples run as written, and the values its comments quote
+are what they return (to the digits quoted)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def blocks():
+    return re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def quoted(block):
+    """(expression, numbers) for every expression statement whose comment
+    quotes its value: the comment's leading number (or bracketed list), else
+    the first after its first colon ("Theorem 4.2: [6.45, ...]"), else the
+    first anywhere in it."""
+    lines = block.splitlines()
+    out = []
+    for node in ast.parse(block).body:
+        if not isinstance(node, ast.Expr):
+            continue
+        comment = lines[node.end_lineno - 1][node.end_col_offset:].partition("#")[2].strip()
+        number = r"[\[(]?-?\d[\d.]*(?:, -?\d[\d.]*)*[\])]?"
+        m = re.match(number, comment)
+        if m is None and ":" in comment:
+            m = re.search(number, comment.partition(":")[2])
+        if m is None:
+            m = re.search(number, comment)
+        if m:
+            values = [v.rstrip(".") for v in re.findall(r"-?\d[\d.]*", m.group(0))]
+            out.append((ast.get_source_segment(block, node), values))
+    return out
+
+
+def test_examples_run_and_quote_their_values():
+    b = blocks()
+    assert len(b) >= 4, "the README lost its examples"
+    theory_block, simulate_block, token_block = b[0], b[1], b[2]
+    ns: dict = {}
+    checked = 0
+    for block in (theory_block, simulate_block, token_block):
+        exec(compile(block, "README.md", "exec"), ns)
+        for expr, numbers in quoted(block):
+            value = np.atleast_1d(np.asarray(eval(expr, ns), dtype=float))
+            # a sequence quoted in full, or its first entries (a confidence interval)
+            for v, number in zip(value, numbers):
+                digits = len(number.split(".")[1]) if "." in number else 0
+                assert round(float(v), digits) == pytest.approx(float(number)), (expr, v, number)
+            checked += 1
+    assert checked >= 10
+    # the token-level example's per-batch records and controller time series
+    res = ns["res"]
+    assert res.batches["b_target"].size == res.n_batches
+    assert res.time_series["tau_avg"].size > 0
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the Azure trace is not beside the checkout (shared/data/)")
+def test_trace_example_runs():
+    import mbbatch as mb
+
+    block = blocks()[3].replace('"AzureLLMInferenceTrace_conv.csv"', repr(str(TRACE)))
+    ns = {"mb": mb}
+    exec(compile(block, "README.md", "exec"), ns)
+    assert ns["res"].completed > 0
