@@ -212,7 +212,9 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
 
     fstats = np.zeros(_d.N_F)
     fstats[_d.F_WARMUP_TIME] = np.nan
+    fstats[_d.F_LAST_COMPLETION] = -np.inf
     istats = np.zeros(_d.N_I, np.int64)
+    istats[_d.I_TS_STRIDE] = 1
     hist = np.zeros(_k.HIST_SIZE, np.int64)
     size_hist = np.zeros(int(b_max) + 1, np.int64)
     ts = np.zeros((TIME_SERIES_ROWS, _d.N_TS_FIXED + K))
@@ -235,7 +237,7 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
 
     pk, pprm, pval = _lengths(workload._prompt)
     ok, oprm, oval = _lengths(workload._output)
-    _d.dynamic_kernel(
+    _d.run_kernel((
         n, akind, rate, times, pw_rates, pw_ends, pk, pprm, pval, ok, oprm, oval,
         stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE), stream(ss, STREAM_PROMPT),
         stream(ss, STREAM_PREDICTION), pp, ccfg, mcfg, bin_b_max, service_model.vector(),
@@ -244,7 +246,7 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
         r["arrival"], r["prompt"], r["output"], r["pred"], r_bin, r_batch, r["start"], r["completion"],
         r["ttft"], bt["start"], bi["bin"], bi["size"], bi["b_target"], bi["b_mem"], bi["b_sla"],
         bt["service"], bt["tokens"],
-    )
+    ), K, int(servers), int(pp[_d.PP_WARMUP]))
 
     completed = int(istats[_d.I_COMPLETED])
     nb = int(istats[_d.I_BATCHES])

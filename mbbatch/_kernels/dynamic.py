@@ -160,7 +160,7 @@ def _rebin(q, head, size, window, K, edges_lo, edges_hi):
         size[b] += 1
 
 
-# the loop state _run keeps between its calls (it returns when a queue is full)
+# the loop state dynamic_kernel keeps between its calls (it returns when a queue is full)
 L_T = 0           # the arrival clock, s
 L_SEG = 1         # its piecewise-Poisson rate segment
 L_I = 2           # next request to arrive
@@ -180,6 +180,25 @@ SF_M2 = 5
 N_SF = 6
 
 
+def run_kernel(args, bins, servers, warmup):
+    """Simulate: :func:`dynamic_kernel` on ``args`` (its arguments up to
+    ``b_tokens``, outputs written in place) and a fresh workspace for ``bins``
+    bins, ``servers`` servers and a warm-up window of ``warmup`` requests.
+
+    The kernel returns whenever an arrival finds its bin's ring buffer full;
+    the buffers are then doubled here and it resumes where it stopped.
+    Growing the queue out here keeps the queue array a plain argument of the
+    event loop, never rebound there: numba would otherwise count references
+    to it on every arrival (about half of the kernel's time).
+    """
+    ws = [np.empty((N_Q, bins, 1024)), np.zeros(bins, np.int64), np.zeros(bins, np.int64),
+          np.empty(max(warmup, 1)), np.zeros(servers), np.zeros(servers, np.bool_),
+          np.zeros(servers, np.int64), np.zeros(servers, np.int64), np.zeros((N_SF, servers)),
+          np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.zeros(N_L)]
+    while dynamic_kernel(*args, *ws):
+        ws[0] = _grow(ws[0], ws[1], ws[2], bins, ws[0].shape[2])
+
+
 @njit(cache=CACHE)
 def dynamic_kernel(
     n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
@@ -191,69 +210,16 @@ def dynamic_kernel(
     group_latency, group_count,
     r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
     b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
-):
-    """Simulate ``n`` requests under the policy in ``pp``; outputs are written in place.
-
-    The event loop is :func:`_run`.  It returns whenever an arrival finds its
-    bin's ring buffer full; the buffers are then doubled here and the loop
-    resumes where it stopped.  Growing the queue out here keeps the queue array
-    a plain argument of the event loop, which is never rebound there: numba
-    would otherwise count references to it on every arrival (about half of
-    the kernel's time).
-    """
-    K = np.int64(pp[PP_BINS])
-    n_srv = np.int64(pp[PP_SERVERS])
-    warmup = np.int64(pp[PP_WARMUP])
-    q = np.empty((N_Q, K, 1024), np.float64)
-    head = np.zeros(K, np.int64)
-    size = np.zeros(K, np.int64)
-    window = np.empty(max(warmup, 1), np.float64)
-    free_at = np.zeros(n_srv, np.float64)
-    busy = np.zeros(n_srv, np.bool_)
-    s_n = np.zeros(n_srv, np.int64)
-    s_bin = np.zeros(n_srv, np.int64)
-    s_f = np.zeros((N_SF, n_srv), np.float64)
-    blk_t = np.empty(BLOCK, np.float64)
-    blk_p = np.empty(BLOCK, np.float64)
-    blk_o = np.empty(BLOCK, np.float64)
-    blk_r = np.empty(BLOCK, np.float64)
-    loop = np.zeros(N_L, np.float64)
-    fstats[F_LAST_COMPLETION] = -np.inf
-    istats[I_TS_STRIDE] = 1
-    if K == 1:
-        edges_lo[0] = 0.0
-        edges_hi[0] = ctl_.EDGE_MAX
-    while _run(
-        n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
-        prompt_kind, prompt_params, prompt_values, output_kind, output_params, output_values,
-        gen_arrival, gen_output, gen_prompt, gen_pred,
-        pp, ccfg, mcfg, bin_b_max, sm,
-        keep, keep_batches,
-        fstats, istats, hist, size_hist, ts, ctl, st, edges_lo, edges_hi,
-        group_latency, group_count,
-        r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
-        b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
-        q, head, size, window, free_at, busy, s_n, s_bin, s_f, blk_t, blk_p, blk_o, blk_r, loop,
-    ):
-        q = _grow(q, head, size, K, q.shape[2])
-
-
-@njit(cache=CACHE)
-def _run(
-    n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
-    prompt_kind, prompt_params, prompt_values, output_kind, output_params, output_values,
-    gen_arrival, gen_output, gen_prompt, gen_pred,
-    pp, ccfg, mcfg, bin_b_max, sm,
-    keep, keep_batches,
-    fstats, istats, hist, size_hist, ts, ctl, st, edges_lo, edges_hi,
-    group_latency, group_count,
-    r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
-    b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
     q, head, size, window, free_at, busy, s_n, s_bin, s_f, blk_t, blk_p, blk_o, blk_r, loop,
 ):
-    """The event loop of :func:`dynamic_kernel`, from the state in its
-    arguments; returns True when it stopped because an arrival found its
-    bin's buffer full (nothing of that arrival is done yet), False at the end."""
+    """Simulate ``n`` requests under the policy in ``pp``; outputs are written
+    in place.  The arguments after ``b_tokens`` are the event loop's
+    workspace (see :func:`run_kernel`): the per-bin ring buffers, the
+    warm-up window, the servers, the draw blocks and the loop state, from
+    which a call resumes.  Returns True when it stopped because an arrival
+    found its bin's buffer full (nothing of that arrival done yet), False at
+    the end.  ``fstats[F_LAST_COMPLETION]`` must start at -inf and
+    ``istats[I_TS_STRIDE]`` at 1; with one bin its edges are [0, 10000)."""
     policy = np.int64(pp[PP_POLICY])
     K = np.int64(pp[PP_BINS])
     pin = np.int64(pp[PP_B])
