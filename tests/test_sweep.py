@@ -233,6 +233,24 @@ SLOW = SMALL.replace("n = 4000", "n = 400000").replace("bins = [1, 3]", "bins = 
     "rate = [0.2, 0.5, 2.0]", "rate = [0.5, 1.0, 1.5, 2.0, 3.0]")
 
 
+def start_sweep(spec_path, out, workers, points):
+    """Start a real `mbbatch sweep` process and return it once ``points``
+    grid points are stored (it must still be running then)."""
+    cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(spec_path), "--out", str(out), "--workers",
+           str(workers), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done_dir = out / "done" / "c"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        n_done = sum(1 for _ in done_dir.rglob("*") if _.is_file()) if done_dir.exists() else 0
+        if n_done >= points or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be killed: make it slower"
+    return proc
+
+
 @pytest.mark.heavy
 def test_resume_after_kill_is_bit_identical(tmp_path):
     """kill -9 a real `mbbatch sweep` process mid-sweep, start it again: it
@@ -240,18 +258,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     uninterrupted run."""
     p = write(tmp_path, SLOW)
     out = tmp_path / "killed.zarr"
-    cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(p), "--out", str(out), "--workers", "1",
-           "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    done_dir = out / "done" / "c"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        n_done = sum(1 for _ in done_dir.rglob("*") if _.is_file()) if done_dir.exists() else 0
-        if n_done >= 3 or proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the sweep finished before it could be killed: make it slower"
+    proc = start_sweep(p, out, workers=1, points=3)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     ds = xr.open_zarr(out)
@@ -299,20 +306,8 @@ def _alive(pid):
 def test_killed_sweep_leaves_no_workers_behind(tmp_path):
     """kill -9 a sweep running on a 2-process pool: its workers exit as well,
     rather than wait forever on the dead sweep's queues."""
-    p = write(tmp_path, SLOW)
-    out = tmp_path / "killed.zarr"
-    cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(p), "--out", str(out), "--workers", "2",
-           "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    done_dir = out / "done" / "c"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if (done_dir.exists() and any(f.is_file() for f in done_dir.rglob("*"))) or proc.poll() is not None:
-            break
-        time.sleep(0.05)
+    proc = start_sweep(write(tmp_path, SLOW), tmp_path / "killed.zarr", workers=2, points=1)
     workers = [k for k in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
-    assert proc.poll() is None, "the sweep finished before it could be killed: make it slower"
     assert len(workers) == 2
     proc.send_signal(signal.SIGKILL)
     proc.wait()
