@@ -504,6 +504,8 @@ def dynamic_kernel(
                         rejected += 1
                         continue
                     if nb < nb0:
+                        # the sums again, over the members kept (rare; the batch
+                        # pass above stays a single one in the common case)
                         sum_prompt = 0.0
                         sum_out = 0.0
                         max_out = 0.0
