@@ -139,6 +139,13 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"mbbatch {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.command != "sweep":
+            raise
+        # every finished grid point is stored with its done flag last
+        print(f"\nmbbatch sweep: interrupted; the grid points finished so far are kept in {args.out}: "
+              "run the same command again to resume", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -13,9 +13,11 @@ uninterrupted one, whatever the executor or the number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -181,8 +183,15 @@ def _warm_worker():
 
 
 def _start_pool_worker(sweep_pid):
+    # Ctrl-C reaches the whole job: the sweep reports it, and a worker just
+    # ends, without a traceback of its own (its finished points are stored)
+    signal.signal(signal.SIGINT, _end_worker)
     _exit_with(sweep_pid)
     _warm_worker()
+
+
+def _end_worker(signum, frame):
+    os._exit(128 + signum)
 
 
 def _exit_with(sweep_pid, every=0.5):
@@ -269,11 +278,25 @@ def _executor_results(tasks, scheduler, workers):
         return
     import multiprocessing as mp
 
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                             initializer=_start_pool_worker, initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(_point_task, *args): idx for idx, args in tasks}
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                               initializer=_start_pool_worker, initargs=(os.getpid(),))
+    try:
+        # the workers start while submitting: with Ctrl-C ignored from birth,
+        # until their initializer makes it end them quietly
+        main = threading.current_thread() is threading.main_thread()
+        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            futures = {pool.submit(_point_task, *args): idx for idx, args in tasks}
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, sigint)
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
+    except BaseException:
+        # interrupted (or a failed point): drop the queued points, not wait for them
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcdf=None,
@@ -327,14 +350,15 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
     bar = _Progress(len(tasks) * spec.reps, n_per_cell, spec.name, progress)
     try:
         for idx, sim in _executor_results(tasks, scheduler, workers):
-            _write_point(out, spec, idx, sim, bool(unstable_theory[idx]))
+            with _whole():
+                _write_point(out, spec, idx, sim, bool(unstable_theory[idx]))
             bar.update(spec.reps)
     finally:
         bar.close()
     if tasks:
         import zarr
 
-        with warnings.catch_warnings():
+        with _whole(), warnings.catch_warnings():
             # consolidated metadata is a zarr-python extension to format 3; xarray reads it
             warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
             zarr.consolidate_metadata(str(out))
@@ -345,6 +369,24 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
     if netcdf is not None:
         ds.load().to_netcdf(netcdf)
     return ds
+
+
+@contextlib.contextmanager
+def _whole():
+    """Hold a Ctrl-C that comes during the block until its end: a grid point
+    (or the metadata) is written whole, and the store is never left in the
+    middle of an operation."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        signal.raise_signal(signal.SIGINT)
 
 
 def _warn_unstable(spec: SweepSpec, ds) -> None:

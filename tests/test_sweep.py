@@ -233,13 +233,14 @@ SLOW = SMALL.replace("n = 4000", "n = 400000").replace("bins = [1, 3]", "bins = 
     "rate = [0.2, 0.5, 2.0]", "rate = [0.5, 1.0, 1.5, 2.0, 3.0]")
 
 
-def start_sweep(spec_path, out, workers, points):
-    """Start a real `mbbatch sweep` process and return it once ``points``
+def start_sweep(spec_path, out, workers, points, session=False):
+    """Start a real `mbbatch sweep` process (in a session of its own, as a
+    terminal's foreground job, if ``session``) and return it once ``points``
     grid points are stored (it must still be running then)."""
     cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(spec_path), "--out", str(out), "--workers",
            str(workers), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=session)
     done_dir = out / "done" / "c"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -318,6 +319,26 @@ def test_killed_sweep_leaves_no_workers_behind(tmp_path):
     for k in left:
         os.kill(k, signal.SIGKILL)
     assert not left, "workers still running a minute after their sweep was killed"
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the pool's workers in /proc")
+def test_ctrl_c_stops_a_pool_sweep_cleanly(tmp_path):
+    """Ctrl-C (SIGINT to the job's process group) on a 2-process sweep: it
+    stops within seconds with exit status 130 and one line on how to resume
+    (no traceback), leaves no worker behind and keeps the finished points."""
+    out = tmp_path / "int.zarr"
+    proc = start_sweep(write(tmp_path, SLOW), out, workers=2, points=1, session=True)
+    workers = _children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 30
+    while any(_alive(k) for k in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(k) for k in workers)
+    assert int(xr.open_zarr(out)["done"].sum()) >= 1
 
 
 @pytest.mark.heavy
