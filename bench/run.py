@@ -155,11 +155,11 @@ def main():
         rate = args.n / t
         rows.append((f"{name}, n=%.0e" % args.n, f"{t:.3f} s", f"{rate / 1e6:.1f} M requests/s",
                      "PASS" if rate >= 20e6 else "FAIL"))
-        rows.append((f"  its time / mb.simulate's", f"{t / sim_t:.2f}",
+        rows.append(("  its time / mb.simulate's", f"{t / sim_t:.2f}",
                      f"b = {res.batch_size_mean:.1f}, util {res.gpu_utilization:.2f}", ""))
 
     simpy_per_req, speedup = bench_simpy(args.n_simpy, sim_t / args.n, max(1, args.runs // 3))
-    rows.append((f"SimPy, n=%.0e, per request" % args.n_simpy, f"{simpy_per_req * 1e6:.2f} us", "", ""))
+    rows.append(("SimPy, n=%.0e, per request" % args.n_simpy, f"{simpy_per_req * 1e6:.2f} us", "", ""))
     rows.append(("SimPy / mb.simulate per request", f"{speedup:.0f}x", "target >= 100x",
                  "PASS" if speedup >= 100 else "FAIL"))
 
@@ -168,9 +168,9 @@ def main():
         warm = child(args.n_memory, cache)
     rows.append(("numba compile, cold (warmup())", f"{cold['warmup_s']:.2f} s", "", ""))
     rows.append(("numba compile, cached (warmup())", f"{warm['warmup_s']:.2f} s", "", ""))
-    rows.append((f"peak RSS, n=%.0e (whole process)" % args.n_memory, f"{warm['peak_rss_mb']:.0f} MB",
+    rows.append(("peak RSS, n=%.0e (whole process)" % args.n_memory, f"{warm['peak_rss_mb']:.0f} MB",
                  "target < 300 MB", "PASS" if warm["peak_rss_mb"] < 300 else "FAIL"))
-    rows.append((f"  its run time", f"{warm['run_s']:.2f} s",
+    rows.append(("  its run time", f"{warm['run_s']:.2f} s",
                  f"{args.n_memory / warm['run_s'] / 1e6:.1f} M requests/s", ""))
     rows.append(("  peak RSS of a cold compile (import + warmup)", f"{cold['peak_rss_mb']:.0f} MB", "", ""))
 

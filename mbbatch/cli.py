@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 import sys
 import warnings
 from pathlib import Path

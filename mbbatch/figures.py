@@ -729,7 +729,7 @@ def _token_panels(fig, axes, series, title):
     """
     ax_t, ax_p, ax_s = axes
     rates = np.concatenate([s["rate"] for _, _, s in series])
-    lo_r, hi_r = float(np.nanmin(rates)), float(np.nanmax(rates))
+    hi_r = float(np.nanmax(rates))
     ax_t.plot([0, hi_r * 1.05], [0, hi_r * 1.05], color="0.4", ls=":", lw=1.0, zorder=1)
     p95_vals = []
     for label, key, s in series:

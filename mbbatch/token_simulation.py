@@ -16,9 +16,9 @@ from ._kernels import multibin as _k
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
 from ._validation import check_servers, resolve_n
 from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
-from .policies import DynamicBatching, MultiBinDynamic, StaticBatching
+from .policies import MultiBinDynamic, StaticBatching
 from .results import QUANTILES, _batch_means_ci, _hist_quantiles
-from .workload import DecodeModel, LinearModel, MaxModel, Memory, SLAController, Workload
+from .workload import DecodeModel, LinearModel, MaxModel, Workload
 
 __all__ = ["simulate_tokens", "TokenSimulationResult", "TOKEN_METRICS", "STREAM_PROMPT", "STREAM_PREDICTION"]
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import scipy.stats as st
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as hs
 
 import mbbatch as mb

@@ -3,7 +3,6 @@ when its copy is beside the checkout (skipped, saying why, otherwise)."""
 
 import numpy as np
 import pytest
-import scipy.stats as st
 
 import mbbatch as mb
 from mbbatch.traces import load_azure_trace

@@ -218,7 +218,6 @@ def exponential_service_bound(B, mu, k):
     shape = _broadcast_check(B=B, mu=mu, k=k)
     Bb = np.broadcast_to(B, shape).ravel()
     kb = np.broadcast_to(k, shape).ravel()
-    mub = np.broadcast_to(np.asarray(mu, dtype=float), shape).ravel()
     total = np.zeros(Bb.size)
     # group by k so that each group is a dense (n_k, k) computation
     for kk in np.unique(kb):
