@@ -1047,3 +1047,13 @@ WL = mb.Workload(prompt=st.uniform(1, 10), output=st.uniform(1, 10))
 def test_bad_input_names_the_parameter(make, exc, name):
     with pytest.raises(exc, match=name):
         make()
+
+
+def test_warmup_compiles_every_kernel():
+    from mbbatch._kernels import controller as c
+    from mbbatch._kernels import dynamic as d
+
+    d.warmup()
+    for f in (d.dynamic_kernel, d._grow, d._rebin, d._round_lengths, c.b_mem_core, c.b_sla_core,
+              c.feedback_core, c.partition_tiled, c.decode_tbt, c.check_memory, c.equal_mass_edges):
+        assert f.signatures, f.__name__

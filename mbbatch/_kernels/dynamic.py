@@ -695,3 +695,5 @@ def warmup() -> None:
 
     simulate(MultiBinDynamic(bins=2, warmup=4), arrivals=Poisson(rate=1.0),
              workload=Workload(prompt=st.uniform(1, 10), output=st.uniform(1, 10)), n=16, seed=0)
+    # and the queue growth, which a run this small never needs
+    _grow(np.zeros((N_Q, 1, 2)), np.zeros(1, np.int64), np.zeros(1, np.int64), 1, 2)
