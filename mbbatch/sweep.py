@@ -283,13 +283,8 @@ def _executor_results(tasks, scheduler, workers):
     try:
         # the workers start while submitting: with Ctrl-C ignored from birth,
         # until their initializer makes it end them quietly
-        main = threading.current_thread() is threading.main_thread()
-        sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        try:
+        with _sigint(signal.SIG_IGN):
             futures = {pool.submit(_point_task, *args): idx for idx, args in tasks}
-        finally:
-            if main:
-                signal.signal(signal.SIGINT, sigint)
         for fut in as_completed(futures):
             yield futures[fut], fut.result()
     except BaseException:
@@ -372,19 +367,27 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
 
 
 @contextlib.contextmanager
-def _whole():
-    """Hold a Ctrl-C that comes during the block until its end: a grid point
-    (or the metadata) is written whole, and the store is never left in the
-    middle of an operation."""
+def _sigint(handler):
+    """Ctrl-C (SIGINT) handled by ``handler`` during the block.  Only the main
+    thread sets signal handlers and receives signals: elsewhere a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _whole():
+    """Hold a Ctrl-C that comes during the block until its end: a grid point
+    (or the metadata) is written whole, and the store is never left in the
+    middle of an operation."""
+    caught = []
+    with _sigint(lambda signum, frame: caught.append(signum)):
+        yield
     if caught:
         signal.raise_signal(signal.SIGINT)
 
