@@ -13,7 +13,7 @@ from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
 from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from .token_simulation import TokenSimulationResult
 from .workload import DecodeModel, LinearModel, MaxModel, Memory, SLAController, Workload
-from .results import RequestTable, SimulationResult
+from .results import RequestTable, SimulationResult, UnstableWarning
 from .simulation import simulate
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "Replay",
     "SimulationResult",
     "RequestTable",
+    "UnstableWarning",
     "theory",
     "traces",
     "warmup",

@@ -5,20 +5,30 @@ The domain table below is the single source of truth for error messages,
 Dataset attrs and the hypothesis strategies in the tests.
 
 Errors follow one rule: ``ValueError`` for a value outside its domain (NaN and
-inf included, also where a count belongs), ``TypeError`` for the wrong kind of
-value (a finite float such as 4.0, or a bool, where a count belongs).  Every message names the parameter and the value, e.g.
-``rate must be in (0, inf); got -1.0``.
+inf included, also where a count belongs; a count beyond 64 bits; a sequence of
+the wrong shape), ``TypeError`` for the wrong kind of value: a string, list,
+array, dict, complex number or bool where a real number belongs; a float (even
+4.0) or a bool where a count belongs; a string, bool, dict or nested list where
+a sequence of numbers belongs.  Every message names the parameter and the
+value, e.g. ``rate must be in (0, inf); got -1.0``.
+
+numpy scalars count as the Python numbers they hold (``np.float64(8.0)`` is a
+real number, ``np.int64(4)`` a count), and ``np.bool_`` as a bool.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
+import reprlib
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Domain", "DOMAINS", "check_real", "check_count", "check_servers"]
+__all__ = ["Domain", "DOMAINS", "check_real", "check_count", "check_servers", "check_scalar_real",
+           "check_real_array", "check_count_array", "check_flag", "check_choice", "check_instance",
+           "MAX_DURATION"]
 
 
 @dataclass(frozen=True)
@@ -66,13 +76,20 @@ def _fmt(v: float) -> str:
         return "inf"
     if v == -math.inf:
         return "-inf"
+    if float(v).is_integer() and abs(v) < 1e17:
+        return str(int(v))          # 2**53 in full, not 9.0072e+15
     return f"{v:g}"
 
 
 INF = math.inf
 
+#: Largest service time (or token length) accepted: the kernels sum service
+#: times over up to ~1e18 requests, which stays below the float maximum 1.8e308.
+MAX_DURATION = 1e290
+
 #: The one table of parameter domains. Names match config fields, Dataset
-#: dimensions and CLI flags.
+#: dimensions and CLI flags.  Where two classes give one name different
+#: domains, the key is qualified by the class (``"LinearModel.alpha"``).
 DOMAINS: dict[str, Domain] = {
     "B": Domain(1, INF, lo_closed=True, integer=True, units="requests",
                 description="batch size: requests per batch"),
@@ -90,12 +107,93 @@ DOMAINS: dict[str, Domain] = {
     "lam": Domain(0, INF, units="requests/s", description="Poisson arrival rate"),
     "rate": Domain(0, INF, units="requests/s", description="Poisson arrival rate"),
     "mu": Domain(0, INF, units="1/s", description="exponential service rate"),
-    "n": Domain(1, INF, lo_closed=True, integer=True, units="requests",
+    # 2**53: counts of requests stay exact in float64 statistics
+    "n": Domain(1, 2.0 ** 53, lo_closed=True, hi_closed=True, integer=True, units="requests",
                 description="number of requests to simulate"),
     "servers": Domain(1, INF, lo_closed=True, hi_closed=True, integer=True,
                       units="servers",
                       description="identical servers sharing the central FIFO; math.inf for Assumption 5.1"),
+    # arrivals
+    "ends": Domain(0, INF, units="s", description="times the piecewise Poisson rate changes"),
+    "times": Domain(-INF, INF, units="s", description="replayed arrival times"),
+    # service times and token lengths
+    "service": Domain(0, MAX_DURATION, lo_closed=True, hi_closed=True, units="s",
+                      description="service time of one request (token length for prompt and output)"),
+    # policies
+    "edges": Domain(-INF, INF, lo_closed=True, hi_closed=True, units="s",
+                    description="multi-bin edges; -inf first and inf last allowed, NaN never"),
+    "max_wait": Domain(0, INF, lo_closed=True, hi_closed=True, units="s",
+                       description="a bin's partial batch leaves once its oldest request waited this long"),
+    "max_candidates": Domain(1, INF, lo_closed=True, integer=True, units="requests",
+                             description="candidates looked at per batching decision"),
+    "pin": Domain(1, INF, lo_closed=True, integer=True, units="requests",
+                  description="fixed b_target of the dynamic policies"),
+    "warmup": Domain(1, INF, lo_closed=True, integer=True, units="requests",
+                     description="requests whose predictions set Algorithm 6's edges"),
+    "bin_b_max": Domain(1, INF, lo_closed=True, integer=True, units="requests",
+                        description="per-bin batch size limit"),
+    # workload and batch service models
+    "predictor_sigma": Domain(0, INF, lo_closed=True, units="1",
+                              description="log-normal error of the output-length predictor"),
+    "base": Domain(0, INF, lo_closed=True, units="s", description="fixed time per batch"),
+    "per_token": Domain(0, INF, units="s/token", description="time per output token (MaxModel)"),
+    "LinearModel.alpha": Domain(0, INF, units="s/token",
+                                description="time per token of the longest sequence"),
+    "LinearModel.beta": Domain(0, INF, lo_closed=True, units="1",
+                               description="relative cost of batching (b-1)/b"),
+    "DecodeModel.beta": Domain(0, INF, units="s/token", description="decode time per token at b = 1"),
+    "gamma": Domain(0, INF, lo_closed=True, units="1", description="TBT growth with batch size"),
+    "prefill_per_token": Domain(0, INF, lo_closed=True, units="s/token",
+                                description="prefill time per prompt token"),
+    # memory and SLA controller
+    "m_max_gb": Domain(0, INF, units="GB", description="GPU memory"),
+    "m_model_gb": Domain(0, INF, lo_closed=True, units="GB", description="memory of the model weights"),
+    "kv_mem_per_token_gb": Domain(0, INF, units="GB/token", description="KV-cache memory per token"),
+    "eps_m": Domain(0, 1, units="1", description="risk eps_M of the CLT memory buffer"),
+    "d_sla": Domain(0, INF, units="s/token", description="SLA target D_SLA on the decode time per token"),
+    "eps_d": Domain(0, INF, lo_closed=True, units="s/token", description="tolerance band eps_D around D_SLA"),
+    "b_min": Domain(1, INF, lo_closed=True, integer=True, units="requests",
+                    description="smallest batch size B_min"),
+    "b_max": Domain(1, INF, lo_closed=True, integer=True, units="requests",
+                    description="largest batch size B_max"),
+    "SLAController.alpha": Domain(0, INF, lo_closed=True, integer=True, units="requests",
+                                  description="expansion step of the SLA controller"),
+    "delta": Domain(0, INF, lo_closed=True, integer=True, units="requests",
+                    description="correction step of the SLA controller"),
 }
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+_INT64_MIN = int(np.iinfo(np.int64).min)
+
+_repr = reprlib.Repr()
+_repr.maxstring = 60
+_repr.maxother = 80
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
+
+
+def _show(value) -> str:
+    """A short repr for messages (that of a huge int would be long, or raise)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        v = int(value)
+        if v.bit_length() > 200:
+            digits = int(v.bit_length() * math.log10(2)) + 1
+            return f"{'-' if v < 0 else ''}an integer of about {digits} digits"
+        return repr(v)
+    try:
+        return _repr.repr(value)
+    except Exception:  # a broken __repr__ must not hide the real error
+        return f"<{type(value).__name__} object>"
+
+
+def _kind(value) -> str:
+    return type(value).__name__
+
+
+def _is_real_scalar(x) -> bool:
+    """A real number: Python or numpy int or float, Fraction, Decimal; never a bool."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    return isinstance(x, (numbers.Real, np.integer, np.floating, decimal.Decimal))
 
 
 def _is_count_like(x) -> bool:
@@ -104,57 +202,218 @@ def _is_count_like(x) -> bool:
     return isinstance(x, (numbers.Integral, np.integer))
 
 
-def check_count(name: str, value, domain: Domain | None = None, *, array: bool = False):
-    """Validate a count (scalar or, with ``array=True``, an integer array).
+def _count_value_error(name: str, domain: Domain, v: int):
+    if v > _INT64_MAX and domain.hi > _INT64_MAX:
+        return ValueError(f"{name} must be an integer in {domain} below 2**63; got {_show(v)}")
+    return ValueError(f"{name} must be an integer in {domain}; got {_show(v)}")
 
-    Returns the value as a Python int (scalar) or an int64 array.
+
+def check_scalar_real(name: str, value, domain: Domain | None = None) -> float:
+    """Validate one real number against its domain; return it as a float.
+
+    Ints are accepted and converted; lists, arrays (0-d included), strings,
+    bools, complex numbers and None are a ``TypeError``; NaN, inf (unless the
+    domain is closed at inf) and other values outside the domain a
+    ``ValueError``.
+    """
+    domain = domain or DOMAINS[name]
+    if not _is_real_scalar(value):
+        raise TypeError(f"{name} must be a real number in {domain}; got {_show(value)} ({_kind(value)})")
+    try:
+        x = float(value)
+    except (OverflowError, ValueError):  # an int beyond the float range; Decimal('sNaN')
+        raise ValueError(f"{name} must be in {domain}; got {_show(value)}") from None
+    if not domain.contains(x):
+        raise ValueError(f"{name} must be in {domain}; got {x!r}")
+    return x
+
+
+def check_count(name: str, value, domain: Domain | None = None, *, array: bool = False):
+    """Validate a count (scalar or, with ``array=True``, an integer array of
+    any shape, for the broadcasting theory functions).
+
+    Counts must fit in 64 bits.  Returns the value as a Python int (scalar)
+    or an int64 array.
     """
     domain = domain or DOMAINS[name]
     if array:
-        arr = np.asarray(value)
-        if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == object):
-            if np.issubdtype(arr.dtype, np.floating):
-                if not np.all(np.isfinite(arr)):
-                    raise ValueError(f"{name} must be an integer in {domain}; got "
-                                     f"{arr[~np.isfinite(arr)].ravel()[0]!r}")
-                raise TypeError(f"{name} must be an integer; got {value!r} ({arr.dtype})")
-            raise TypeError(f"{name} must be an integer; got {value!r}")
-        if arr.dtype == object:
-            if not all(_is_count_like(v) for v in arr.ravel()):
-                raise TypeError(f"{name} must be an integer; got {value!r}")
-            arr = arr.astype(np.int64)
+        arr = _numeric_array(name, value, integer=True, nested=True,
+                             what="an integer or an array of integers", domain=domain)
         bad = ~domain.contains(arr)
         if np.any(bad):
-            raise ValueError(f"{name} must be an integer in {domain}; got {arr[bad].ravel()[0]!r}")
+            raise _count_value_error(name, domain, int(arr[bad].ravel()[0]))
         return arr.astype(np.int64)
     if not _is_count_like(value):
         # NaN and inf are out of the domain, whatever their type; any other
         # float, even 4.0, is the wrong kind for a count
         if isinstance(value, (float, np.floating)) and not math.isfinite(value):
             raise ValueError(f"{name} must be an integer in {domain}; got {value!r}")
-        raise TypeError(f"{name} must be an integer; got {value!r} ({type(value).__name__})")
-    if not bool(domain.contains(int(value))):
-        raise ValueError(f"{name} must be an integer in {domain}; got {value!r}")
-    return int(value)
+        raise TypeError(f"{name} must be an integer in {domain}; got {_show(value)} ({_kind(value)})")
+    v = int(value)
+    if v > _INT64_MAX or v < _INT64_MIN or not bool(domain.contains(v)):
+        raise _count_value_error(name, domain, v)
+    return v
 
 
 def check_real(name: str, value, domain: Domain | None = None):
-    """Validate a real scalar or array against its domain; NaN and inf refused
-    unless the domain is closed at inf. Returns a float or float64 array."""
+    """Validate a real scalar or an array of any shape (the broadcasting theory
+    functions) against its domain; NaN and inf refused unless the domain is
+    closed at inf.  Strings, bools, complex numbers, and arrays of them or of
+    other objects are a ``TypeError``.  Returns a float or float64 array."""
     domain = domain or DOMAINS[name]
-    if isinstance(value, (bool, np.bool_)) or (
-        isinstance(value, np.ndarray) and value.dtype == bool
-    ):
-        raise TypeError(f"{name} must be a real number; got {value!r}")
-    try:
-        arr = np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number; got {value!r}") from None
+    if _is_real_scalar(value):
+        return check_scalar_real(name, value, domain)
+    arr = _numeric_array(name, value, integer=False, nested=True,
+                         what="a real number or an array of real numbers")
     bad = ~domain.contains(arr)
     if np.any(bad):
-        first = arr[bad].ravel()[0] if arr.ndim else float(arr)
-        raise ValueError(f"{name} must be in {domain}; got {first!r}")
+        raise ValueError(f"{name} must be in {domain}; got {float(arr[bad].ravel()[0])!r}")
     return float(arr) if arr.ndim == 0 else arr
+
+
+def check_real_array(name: str, value, domain: Domain | None = None, *, allow_scalar: bool = False,
+                     allow_empty: bool = False) -> np.ndarray:
+    """Validate a 1-D sequence of real numbers; return a new float64 array.
+
+    Strings, bools and bool arrays, dicts, nested lists and arrays of
+    non-numbers are a ``TypeError``; another shape (a 2-D array, a scalar
+    unless ``allow_scalar``, an empty sequence unless ``allow_empty``) or a
+    value outside ``domain`` a ``ValueError``.
+    """
+    domain = domain or DOMAINS[name]
+    arr = _numeric_array(name, value, integer=False, nested=False, what="a 1-D sequence of real numbers")
+    arr = _one_dim(name, arr, allow_scalar, allow_empty)
+    bad = ~domain.contains(arr)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise ValueError(f"{name} must hold values in {domain}; got {name}[{i}] = {float(arr[i])!r}")
+    return np.array(arr, dtype=np.float64)
+
+
+def check_count_array(name: str, value, domain: Domain | None = None) -> np.ndarray:
+    """Validate a non-empty 1-D sequence of counts; return a new int64 array.
+    Kinds and shapes as for :func:`check_real_array`; floats are a ``TypeError``."""
+    domain = domain or DOMAINS[name]
+    arr = _numeric_array(name, value, integer=True, nested=False, what="a 1-D sequence of integers",
+                         domain=domain)
+    arr = _one_dim(name, arr, False, False)
+    bad = ~domain.contains(arr)
+    if np.any(bad):
+        i = int(np.argmax(bad))
+        raise _count_value_error(f"{name}[{i}]", domain, int(arr[i]))
+    return np.array(arr, dtype=np.int64)
+
+
+def check_flag(name: str, value) -> bool:
+    """A bool (Python or numpy); anything else, 0 and 1 included, is a ``TypeError``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False); got {_show(value)} ({_kind(value)})")
+    return bool(value)
+
+
+def check_choice(name: str, value, choices: tuple) -> str:
+    """One of ``choices`` (strings): another string is a ``ValueError``, a
+    non-string a ``TypeError``."""
+    allowed = ", ".join(repr(c) for c in choices)
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be one of {allowed}; got {_show(value)} ({_kind(value)})")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {allowed}; got {_show(value)}")
+    return str(value)
+
+
+def check_instance(name: str, value, cls: type, default=None):
+    """An instance of ``cls``; ``None`` gives ``default()`` when a default is given."""
+    if value is None and default is not None:
+        return default()
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be an instance of {cls.__name__}; got {_kind(value)}")
+    return value
+
+
+def _one_dim(name: str, arr: np.ndarray, allow_scalar: bool, allow_empty: bool) -> np.ndarray:
+    if arr.ndim == 0 and allow_scalar:
+        arr = arr.reshape(1)
+    if arr.ndim != 1 or (arr.size == 0 and not allow_empty):
+        need = "a 1-D sequence" if allow_empty else "a non-empty 1-D sequence"
+        got = "a scalar" if arr.ndim == 0 else f"shape {arr.shape}"
+        raise ValueError(f"{name} must be {need}; got {got}")
+    return arr
+
+
+def _leaf_error(name: str, what: str, leaf, integer: bool):
+    if integer and isinstance(leaf, (float, np.floating)) and not math.isfinite(leaf):
+        return ValueError(f"{name} must hold integers; got {leaf!r}")
+    return TypeError(f"{name} must be {what}; got an element {_show(leaf)} ({_kind(leaf)})")
+
+
+def _check_leaves(name: str, items, what: str, integer: bool, nested: bool):
+    """Each item a number of the right kind (or, if ``nested``, a list of them)."""
+    ok = _is_count_like if integer else _is_real_scalar
+    # one isinstance test per distinct type keeps a long trace fast; types in
+    # order of first appearance, so the error is the same on every run
+    for t in dict.fromkeys(map(type, items)):
+        if nested and issubclass(t, (list, tuple, np.ndarray)):
+            for sub in (x for x in items if type(x) is t):
+                if isinstance(sub, np.ndarray):
+                    _numeric_array(name, sub, integer=integer, nested=True, what=what)
+                else:
+                    _check_leaves(name, sub, what, integer, nested)
+            continue
+        sample = next(x for x in items if type(x) is t)
+        if not ok(sample):
+            # NaN before a finite float, so a NaN in a list of counts is out of the domain
+            bad = [x for x in items if type(x) is t]
+            if integer and isinstance(sample, (float, np.floating)):
+                bad.sort(key=lambda x: math.isfinite(x))
+            raise _leaf_error(name, what, bad[0], integer)
+
+
+def _numeric_array(name: str, value, *, integer: bool, nested: bool, what: str,
+                   domain: Domain | None = None) -> np.ndarray:
+    """``value`` as an int64 (``integer``) or float64 ndarray of any shape,
+    refusing strings, bools, complex numbers, dicts and arrays of non-numbers
+    with a ``TypeError`` naming ``name``; a list within a list is refused too
+    unless ``nested``."""
+    if value is None or isinstance(value, (str, bytes, dict, set, frozenset, bool, np.bool_)):
+        raise TypeError(f"{name} must be {what}; got {_show(value)} ({_kind(value)})")
+    if isinstance(value, (list, tuple)):
+        _check_leaves(name, value, what, integer, nested)
+        src = value
+    else:
+        if _is_count_like(value) if integer else _is_real_scalar(value):
+            src = value
+        else:
+            try:
+                arr = np.asarray(value)
+            except Exception:
+                raise TypeError(f"{name} must be {what}; got {_show(value)} ({_kind(value)})") from None
+            k = arr.dtype.kind
+            if k == "O":
+                _check_leaves(name, arr.ravel().tolist() if arr.ndim else [arr.item()], what, integer,
+                              nested=False)
+            elif k == "f" and integer:
+                if not np.all(np.isfinite(arr)):
+                    raise ValueError(f"{name} must hold integers; got "
+                                     f"{float(arr[~np.isfinite(arr)].ravel()[0])!r}")
+                raise TypeError(f"{name} must be {what}; got {_show(value)} ({arr.dtype})")
+            elif k not in "iuf":
+                raise TypeError(f"{name} must be {what}; got {_show(value)} ({_kind(value)} of {arr.dtype})")
+            src = arr
+    try:
+        if not integer:
+            return np.asarray(src, dtype=float)
+        arr = np.asarray(src)
+    except (OverflowError, decimal.InvalidOperation):  # an int beyond the float range
+        raise ValueError(f"{name} must hold real numbers within the float range; got {_show(value)}") from None
+    except ValueError:  # a ragged nested list
+        raise ValueError(f"{name} must be a rectangular array; got {_show(value)}") from None
+    if arr.dtype.kind in "uO":
+        # uint64 values and Python ints beyond int64 would wrap or overflow in the cast
+        big = [int(v) for v in arr.ravel().tolist() if not _INT64_MIN <= int(v) <= _INT64_MAX]
+        if big:
+            raise _count_value_error(name, domain or Domain(-INF, INF), big[0])
+    return arr.astype(np.int64, copy=False)
 
 
 def check_servers(value) -> float:
@@ -169,16 +428,24 @@ def check_servers(value) -> float:
 
 
 def resolve_n(n, replayed: list) -> int:
-    """``n`` checked, defaulting to the shortest replayed array.
+    """``n`` checked, defaulting to the length of the replayed arrays.
 
     ``replayed`` lists ``(name, length)`` of the arrays a run replays
-    (arrival times, service times, token lengths); ``n`` may not exceed any.
+    (arrival times, service times, token lengths).  They must have the same
+    length (a shorter one would silently cut the others); ``n`` may not
+    exceed it.
     """
+    for (what_a, size_a), (what_b, size_b) in zip(replayed, replayed[1:]):
+        if size_a != size_b:
+            raise ValueError(f"{what_a} has {size_a} values but {what_b} has {size_b}; replayed arrays "
+                             "must have the same length (one value per request)")
     if n is None:
         if not replayed:
-            raise ValueError("n must be given (number of requests, an integer in [1, inf))")
+            raise ValueError(f"n must be given (number of requests, an integer in {DOMAINS['n']})")
         n = min(size for _, size in replayed)
     n = check_count("n", n)
+    if n > DOMAINS["n"].hi:  # (beyond 2**53 the float comparison of the domain rounds)
+        raise ValueError(f"n must be an integer in {DOMAINS['n']}; got {n}")
     for what, size in replayed:
         if n > size:
             raise ValueError(f"n must be at most the {size} values of {what}; got {n}")

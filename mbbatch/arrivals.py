@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import DOMAINS, check_real
+from ._validation import DOMAINS, check_real_array, check_scalar_real
 
 __all__ = ["Poisson", "Saturated", "Replay", "PiecewisePoisson"]
 
@@ -24,7 +24,7 @@ class Poisson:
     rate: float
 
     def __post_init__(self):
-        object.__setattr__(self, "rate", check_real("rate", self.rate))
+        object.__setattr__(self, "rate", check_scalar_real("rate", self.rate))
 
     def describe(self) -> dict:
         return {"arrivals": "poisson", "rate": self.rate}
@@ -52,15 +52,10 @@ class Replay:
     times: np.ndarray = field(repr=False)
 
     def __post_init__(self):
-        t = np.asarray(self.times, dtype=np.float64)
-        if t.ndim != 1 or t.size == 0:
-            raise ValueError(f"times must be a non-empty 1-D array; got shape {t.shape}")
-        if not np.all(np.isfinite(t)):
-            raise ValueError("times must be finite; got NaN or inf")
+        t = check_real_array("times", self.times)
         if np.any(np.diff(t) < 0):
             i = int(np.argmax(np.diff(t) < 0))
             raise ValueError(f"times must be non-decreasing; got times[{i + 1}]={t[i + 1]!r} < times[{i}]={t[i]!r}")
-        t = t.copy()
         t.flags.writeable = False
         object.__setattr__(self, "times", t)
 
@@ -86,13 +81,12 @@ class PiecewisePoisson:
     ends: tuple = ()
 
     def __post_init__(self):
-        r = np.atleast_1d(check_real("rates", np.asarray(self.rates, dtype=float), DOMAINS["rate"]))
-        e = np.atleast_1d(np.asarray(self.ends, dtype=float))
-        if r.ndim != 1 or r.size == 0:
-            raise ValueError("rates must be a non-empty 1-D sequence")
+        # a single number is one constant rate (one change time) as before
+        r = check_real_array("rates", self.rates, DOMAINS["rate"], allow_scalar=True)
+        e = check_real_array("ends", self.ends, allow_scalar=True, allow_empty=True)
         if e.size != r.size - 1:
             raise ValueError(f"ends must have len(rates) - 1 = {r.size - 1} values; got {e.size}")
-        if e.size and (not np.all(np.isfinite(e)) or np.any(e <= 0) or np.any(np.diff(e) <= 0)):
+        if np.any(np.diff(e) <= 0):
             raise ValueError(f"ends must be finite, positive and increasing; got {e.tolist()}")
         object.__setattr__(self, "rates", tuple(float(x) for x in r))
         object.__setattr__(self, "ends", tuple(float(x) for x in e))

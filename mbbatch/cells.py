@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 
 import numpy as np
 import scipy.stats as st
@@ -16,10 +17,12 @@ import scipy.stats as st
 from . import theory
 from .arrivals import Poisson, Saturated
 from .policies import MultiBin
-from .simulation import simulate
-from .spec import WORKLOAD_PARAMS
+from .results import UnstableWarning, backlog_growing  # noqa: F401  (backlog_growing: the sweeps' check)
+from .simulation import check_simulation, simulate
+from .spec import WORKLOAD_PARAMS, SpecError
 
-__all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "SIM_METRICS", "backlog_growing"]
+__all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
+           "SIM_METRICS", "backlog_growing"]
 
 SEED_SCHEME = (
     "SeedSequence(entropy=<spec seed>, spawn_key=(w0, ..., w7, rep)), where w0..w7 are the "
@@ -69,27 +72,6 @@ def _edges(service: str, params: dict):
     if params.get("edges") == "lemma_a1":
         return theory.exponential_boundaries(params["batch_size"], params["mu"], k)
     return None  # equal mass, computed by simulate
-
-
-def backlog_growing(group_wait: np.ndarray, mean_batch_service: float) -> bool:
-    """Whether the central-FIFO wait grows through the run.
-
-    Heuristic: the mean batch wait of the last quarter of the run exceeds that
-    of the second quarter by more than half of it and by more than two mean
-    batch service times.  An overloaded queue that starts empty has waits
-    growing linearly (last/second quarter about 7/3); a stable one has them
-    level, up to noise of the order of a batch service time.
-    """
-    g = np.asarray(group_wait, dtype=float)
-    if g.size < 4 or not np.isfinite(mean_batch_service):
-        return False
-    q = g.size // 4
-    a, b = g[q:2 * q], g[3 * q:]
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if a.size == 0 or b.size == 0:
-        return False
-    second, last = float(a.mean()), float(b.mean())
-    return bool(last - second > max(0.5 * second, 2.0 * mean_batch_service))
 
 
 #: TokenSimulationResult metric -> Dataset variable, for the token policies
@@ -148,21 +130,43 @@ def _token_objects(policy: str, arrivals: str, model: str, params: dict):
                             warmup=params["warmup"]), arr, wl, svc, mem)
 
 
-def _queue_growing(times, queue, mean_batch: float, arrivals_end: float) -> bool:
-    """Token policies: the queue-length analogue of :func:`backlog_growing`,
-    on the downsampled queue lengths while arrivals last (after the last
-    arrival any queue drains): the last quarter of that period against the
-    second."""
-    if not (np.isfinite(mean_batch) and np.isfinite(arrivals_end)):
-        return False
-    q = queue.sum(axis=1)
-    bounds = arrivals_end * np.array([0.25, 0.5, 0.75, 1.0])
-    second = q[(times >= bounds[0]) & (times < bounds[1])]
-    last = q[(times >= bounds[2]) & (times <= bounds[3])]
-    if second.size == 0 or last.size == 0:
-        return False
-    a, b = float(second.mean()), float(last.mean())
-    return bool(b - a > max(0.5 * a, 2.0 * mean_batch))
+def point_objects(policy: str, arrivals: str, service: str, params: dict) -> tuple:
+    """The :func:`~mbbatch.simulate` arguments of one grid point: the policy,
+    the arrival process and the keyword arguments of the service side."""
+    if policy == "multibin":
+        pol = MultiBin(bins=params["bins"], batch_size=params["batch_size"],
+                       edges=_edges(service, params), max_wait=params.get("max_wait", math.inf))
+        arr = Poisson(rate=params["rate"]) if arrivals == "poisson" else Saturated()
+        return pol, arr, {"service": _service_dist(service, params)}
+    pol, arr, wl, svc, _ = _token_objects(policy, arrivals, service, params)
+    return pol, arr, {"workload": wl, "service_model": svc}
+
+
+def check_points(spec) -> None:
+    """Everything a sweep would refuse at any of its grid points, refused now,
+    before the store exists: every point's objects are built and its
+    simulation checked (without simulating), its closed forms evaluated, and
+    the store's template bounded in memory.  Raises :class:`SpecError` naming
+    the spec file, the grid point and the parameter."""
+    from ._running import check_memory
+    from .schema import TIME_POINTS, TIME_SERIES, rep_vars, variables
+
+    per_rep = len(rep_vars(spec)) + (len(TIME_SERIES) * TIME_POINTS if spec.arrivals == "step" else 0)
+    per_point = len(variables(spec)) - len(rep_vars(spec))
+    try:
+        check_memory({"reps": (spec.n_points * (8 * spec.reps * per_rep + 8 * per_point),
+                               "the store's values (grid points x reps x variables)")})
+    except ValueError as exc:
+        raise SpecError(f"{spec.source}: {exc}") from None
+    for idx, params in spec.points():
+        where = ", ".join(f"{nm}={params[nm]!r}" for nm in spec.axes)
+        where = f"at grid point {where}" if where else "at its one grid point"
+        try:
+            pol, arr, kw = point_objects(spec.policy, spec.arrivals, spec.service, params)
+            check_simulation(pol, arr, n=params["n"], servers=params["servers"], **kw)
+            point_theory(spec.arrivals, spec.service, params, spec.policy)
+        except (ValueError, TypeError, OverflowError, ZeroDivisionError) as exc:
+            raise SpecError(f"{spec.source}: {where}: {exc}") from None
 
 
 def run_point(policy: str, arrivals: str, service: str, params: dict, root_seed: int, reps: int,
@@ -182,15 +186,17 @@ def _run_token_point(policy, arrivals, model, params, root_seed, reps, time_grid
         for var in ("ts_b_target", "ts_b_low", "ts_b_high", "ts_tau_avg", "ts_queue"):
             out[var] = np.full((reps, time_grid.size), np.nan)
     for rep in range(reps):
-        res = simulate(pol, arrivals=arr, workload=wl, service_model=svc, n=params["n"],
-                       servers=params["servers"], seed=cell_seed(root_seed, params, rep))
+        with warnings.catch_warnings():
+            # the sweep reports its unstable cells together, at its end
+            warnings.simplefilter("ignore", UnstableWarning)
+            res = simulate(pol, arrivals=arr, workload=wl, service_model=svc, n=params["n"],
+                           servers=params["servers"], seed=cell_seed(root_seed, params, rep))
         for attr, var in TOKEN_METRICS.items():
             out[var][rep] = getattr(res, attr)
         out["sla_infeasible"][rep] = bool(res.sla_infeasible)
         ts = res.time_series
         if arrivals == "poisson":
-            out["backlog_growing"][rep] = _queue_growing(ts["time"], ts["queue"], res.batch_size_mean,
-                                                         params["n"] / params["rate"])
+            out["backlog_growing"][rep] = res.unstable
         if time_grid is not None and ts["time"].size:
             # the value in force at each grid time: the last sampled batch start before it
             at = np.searchsorted(ts["time"], time_grid, side="right") - 1
@@ -207,20 +213,20 @@ def _run_token_point(policy, arrivals, model, params, root_seed, reps, time_grid
 
 def _run_multibin_point(arrivals: str, service: str, params: dict, root_seed: int, reps: int) -> dict:
     """Simulate every rep of one multi-bin grid point."""
-    policy = MultiBin(bins=params["bins"], batch_size=params["batch_size"],
-                      edges=_edges(service, params), max_wait=params.get("max_wait", math.inf))
-    arr = Poisson(rate=params["rate"]) if arrivals == "poisson" else Saturated()
-    dist = _service_dist(service, params)
+    policy, arr, kw = point_objects("multibin", arrivals, service, params)
+    dist = kw["service"]
     out = {var: np.empty(reps) for var in SIM_METRICS.values()}
     out["backlog_growing"] = np.zeros(reps, dtype=bool)
     for rep in range(reps):
-        res = simulate(policy, arrivals=arr, service=dist, n=params["n"],
-                       servers=params["servers"], seed=cell_seed(root_seed, params, rep))
+        with warnings.catch_warnings():
+            # the sweep reports its unstable cells together, at its end
+            warnings.simplefilter("ignore", UnstableWarning)
+            res = simulate(policy, arrivals=arr, service=dist, n=params["n"],
+                           servers=params["servers"], seed=cell_seed(root_seed, params, rep))
         for attr, var in SIM_METRICS.items():
             out[var][rep] = getattr(res, attr)
         if arrivals == "poisson":
-            out["backlog_growing"][rep] = backlog_growing(res.group_mean_batch_wait,
-                                                          res.mean_batch_service)
+            out["backlog_growing"][rep] = res.unstable
     for var in ("completed", "excluded_partial", "n_batches"):
         out[var] = out[var].astype(np.int64)
     return out

@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mbbatch", description="Monte Carlo and closed forms for "
                                  "batching policies in LLM inference.")
     ap.add_argument("--version", action="version", version=f"mbbatch {__version__}")
+    ap.add_argument("--debug", action="store_true",
+                    help="on an error, show the full traceback instead of one line")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sw = sub.add_parser("sweep", help="run (or resume) a sweep spec into a Zarr store")
@@ -52,9 +54,13 @@ def _parser() -> argparse.ArgumentParser:
                          "else is the address of a running scheduler")
     sw.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
     sw.add_argument("--overwrite", action="store_true",
-                    help="discard a store made with a different spec")
+                    help="discard the store at --out and start over (only ever deletes an mbbatch "
+                         "sweep store; anything else at that path is refused)")
     sw.add_argument("--netcdf", default=None, help="also export the Dataset to this NetCDF file")
     sw.add_argument("--quiet", action="store_true", help="no progress output")
+
+    ck = sub.add_parser("check", help="verify a sweep store: done, missing and damaged grid points")
+    ck.add_argument("store", help="the Zarr store a sweep wrote")
 
     fg = sub.add_parser("figures", help="draw the figures from stored sweep results")
     fg.add_argument("--only", default=None, help="one figure by name")
@@ -99,52 +105,91 @@ def _frozen(args):
     return law(*args.shape, loc=args.loc, scale=args.scale)
 
 
+def _one_line(exc: BaseException) -> str:
+    """An error as one line, naming the path or key it is about."""
+    if isinstance(exc, MemoryError):
+        return "out of memory" + (f": {exc}" if str(exc) else "") + "; make the run smaller"
+    if isinstance(exc, UnicodeDecodeError):
+        return (f"a file is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                "check the input files")
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc) or type(exc).__name__
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
         if args.command == "sweep":
-            from .sweep import run_sweep
+            # every finished grid point is stored with its done flag last
+            print(f"\nmbbatch sweep: interrupted; the grid points finished so far are kept in {args.out}: "
+                  "run the same command again to resume", file=sys.stderr)
+        else:
+            print(f"\nmbbatch {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, RuntimeError, OSError, MemoryError) as exc:
+        if args.debug:
+            raise
+        print(f"mbbatch {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
 
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+
+def _print_warnings(caught) -> None:
+    for w in caught:
+        kind = w.category.__name__
+        if kind == "UnstableWarning":
+            print(f"warning: {w.message}", file=sys.stderr)
+        elif kind == "StoreNote":
+            print(f"note: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _dispatch(args) -> int:
+    if args.command == "sweep":
+        from .sweep import run_sweep
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
                 ds = run_sweep(args.spec, args.out, scheduler=args.scheduler, workers=args.workers,
                                overwrite=args.overwrite, netcdf=args.netcdf, progress=not args.quiet)
-            for w in caught:
-                if w.category.__name__ == "UnstableWarning":
-                    print(f"warning: {w.message}", file=sys.stderr)
-            print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {args.out}")
-        elif args.command == "figures":
-            from .figures import make_figures
+            finally:
+                _print_warnings(caught)
+                caught.clear()
+        print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {args.out}")
+    elif args.command == "check":
+        from .sweep import check_store
 
-            for path in make_figures(Path(args.results), Path(args.out), only=args.only):
-                print(path)
-        elif args.command == "example":
-            from .examples import figure_1b
+        report = check_store(args.store)
+        print(report.text)
+        return 0 if report.ok else 1
+    elif args.command == "figures":
+        from .figures import make_figures
 
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            figure_1b().to_netcdf(args.out)
-            print(args.out)
-        elif args.command == "theory":
-            from . import theory
+        for path in make_figures(Path(args.results), Path(args.out), only=args.only):
+            print(path)
+    elif args.command == "example":
+        from .examples import figure_1b
 
-            if args.function == "batch-service-time":
-                value = theory.batch_service_time(_frozen(args), args.edges, args.B)
-            elif args.function == "optimal-boundaries":
-                value = theory.optimal_boundaries(_frozen(args), args.B, args.k)
-            else:
-                fn, params = _THEORY[args.function]
-                value = getattr(theory, fn)(*(getattr(args, p) for p in params))
-            print(value if not hasattr(value, "tolist") else value.tolist())
-    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
-        print(f"mbbatch {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        if args.command != "sweep":
-            raise
-        # every finished grid point is stored with its done flag last
-        print(f"\nmbbatch sweep: interrupted; the grid points finished so far are kept in {args.out}: "
-              "run the same command again to resume", file=sys.stderr)
-        return 130
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        figure_1b().to_netcdf(args.out)
+        print(args.out)
+    elif args.command == "theory":
+        from . import theory
+
+        if args.function == "batch-service-time":
+            value = theory.batch_service_time(_frozen(args), args.edges, args.B)
+        elif args.function == "optimal-boundaries":
+            value = theory.optimal_boundaries(_frozen(args), args.B, args.k)
+        else:
+            fn, params = _THEORY[args.function]
+            value = getattr(theory, fn)(*(getattr(args, p) for p in params))
+        print(value if not hasattr(value, "tolist") else value.tolist())
     return 0
 
 

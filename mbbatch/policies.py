@@ -7,7 +7,8 @@ from typing import Optional
 
 import numpy as np
 
-from ._validation import check_count
+from ._validation import (check_choice, check_count, check_count_array, check_instance,
+                          check_real_array, check_scalar_real)
 
 __all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic"]
 
@@ -28,7 +29,8 @@ class MultiBin:
     batch_size : int
         Batch size B in requests, >= 1.
     edges : array_like of float, optional
-        The k+1 bin edges in s, strictly increasing, covering the support of
+        The k+1 bin edges in s, strictly increasing (with one bin the two
+        may be equal: all service times equal), covering the support of
         the service distribution (first edge <= its lower end, last edge >= its
         upper end, ``inf`` allowed).  Bin i holds ``edges[i] <= l < edges[i+1]``
         and the last bin is closed above.  Default: equal probability mass of
@@ -47,22 +49,19 @@ class MultiBin:
     def __post_init__(self):
         object.__setattr__(self, "bins", check_count("bins", self.bins))
         object.__setattr__(self, "batch_size", check_count("batch_size", self.batch_size))
-        from ._validation import Domain, check_real
-
-        object.__setattr__(self, "max_wait", check_real(
-            "max_wait", self.max_wait, Domain(0, float("inf"), lo_closed=True, hi_closed=True)))
+        object.__setattr__(self, "max_wait", check_scalar_real("max_wait", self.max_wait))
         if self.edges is not None:
-            e = np.asarray(self.edges, dtype=np.float64)
-            if e.ndim != 1 or e.size != self.bins + 1:
+            # NaN refused here; -inf first and inf last allowed, checked below
+            e = check_real_array("edges", self.edges)
+            if e.size != self.bins + 1:
                 raise ValueError(
-                    f"edges must hold bins + 1 = {self.bins + 1} values; got shape {e.shape}")
-            if np.any(np.isnan(e)):
-                raise ValueError("edges must not contain NaN")
-            if np.any(np.diff(e) <= 0):
+                    f"edges must hold bins + 1 = {self.bins + 1} values; got {e.size}")
+            # one bin may have equal edges (all service times equal): the
+            # kernel puts every request in bin 0 when there is one bin
+            if np.any(np.diff(e) < 0) or (self.bins > 1 and np.any(np.diff(e) == 0)):
                 raise ValueError(f"edges must be strictly increasing; got {e.tolist()}")
             if np.isinf(e[1:-1]).any() or e[0] == np.inf or e[-1] == -np.inf:
                 raise ValueError(f"edges must be finite except edges[0]=-inf or edges[-1]=inf; got {e.tolist()}")
-            e = e.copy()
             e.flags.writeable = False
             object.__setattr__(self, "edges", e)
 
@@ -73,12 +72,8 @@ class MultiBin:
         return d
 
 
-def _opt_count(name, value, lo=1):
-    from ._validation import Domain
-
-    if value is None:
-        return None
-    return check_count(name, value, Domain(lo, float("inf"), lo_closed=True))
+def _opt_count(name, value):
+    return None if value is None else check_count(name, value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,19 +98,11 @@ class StaticBatching:
     memory: object = None
 
     def __post_init__(self):
-        from .workload import SLAController
+        from .workload import Memory, SLAController
 
         object.__setattr__(self, "batch_size", check_count("batch_size", self.batch_size))
-        sla = self.sla if self.sla is not None else SLAController()
-        if not isinstance(sla, SLAController):
-            raise TypeError(f"sla must be an SLAController; got {type(sla).__name__}")
-        object.__setattr__(self, "sla", sla)
-        from .workload import Memory
-
-        mem = self.memory if self.memory is not None else Memory()
-        if not isinstance(mem, Memory):
-            raise TypeError(f"memory must be a Memory; got {type(mem).__name__}")
-        object.__setattr__(self, "memory", mem)
+        object.__setattr__(self, "sla", check_instance("sla", self.sla, SLAController, SLAController))
+        object.__setattr__(self, "memory", check_instance("memory", self.memory, Memory, Memory))
 
     def describe(self) -> dict:
         return {"policy": "static", "batch_size": self.batch_size, "d_sla": self.sla.d_sla,
@@ -153,14 +140,9 @@ class DynamicBatching:
     def __post_init__(self):
         from .workload import Memory, SLAController
 
-        c = self.controller if self.controller is not None else SLAController()
-        m = self.memory if self.memory is not None else Memory()
-        if not isinstance(c, SLAController):
-            raise TypeError(f"controller must be an SLAController; got {type(c).__name__}")
-        if not isinstance(m, Memory):
-            raise TypeError(f"memory must be a Memory; got {type(m).__name__}")
+        c = check_instance("controller", self.controller, SLAController, SLAController)
         object.__setattr__(self, "controller", c)
-        object.__setattr__(self, "memory", m)
+        object.__setattr__(self, "memory", check_instance("memory", self.memory, Memory, Memory))
         object.__setattr__(self, "max_candidates", _opt_count("max_candidates", self.max_candidates))
         pin = _opt_count("pin", self.pin)
         if pin is not None and pin > c.b_max:
@@ -211,17 +193,16 @@ class MultiBinDynamic(DynamicBatching):
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "bins", check_count("bins", self.bins))
-        if self.selection not in ("round_robin", "longest_queue"):
-            raise ValueError(f"selection must be 'round_robin' or 'longest_queue'; got {self.selection!r}")
-        object.__setattr__(self, "warmup", _opt_count("warmup", self.warmup))
+        object.__setattr__(self, "selection",
+                           check_choice("selection", self.selection, ("round_robin", "longest_queue")))
+        object.__setattr__(self, "warmup", check_count("warmup", self.warmup))
         if self.warmup < self.bins:
             raise ValueError(f"warmup must be at least bins = {self.bins}; got {self.warmup}")
         if self.bin_b_max is not None:
-            lim = tuple(_opt_count("bin_b_max", int(v) if isinstance(v, np.integer) else v)
-                        for v in self.bin_b_max)
-            if len(lim) != self.bins:
-                raise ValueError(f"bin_b_max must have bins = {self.bins} entries; got {len(lim)}")
-            object.__setattr__(self, "bin_b_max", lim)
+            lim = check_count_array("bin_b_max", self.bin_b_max)
+            if lim.size != self.bins:
+                raise ValueError(f"bin_b_max must have bins = {self.bins} entries; got {lim.size}")
+            object.__setattr__(self, "bin_b_max", tuple(int(v) for v in lim))
 
     def describe(self) -> dict:
         d = super().describe()

@@ -10,7 +10,14 @@ from scipy import stats as _st
 
 from ._kernels import multibin as _k
 
-__all__ = ["SimulationResult", "RequestTable", "METRICS", "QUANTILES"]
+__all__ = ["SimulationResult", "RequestTable", "METRICS", "QUANTILES", "UnstableWarning", "backlog_growing",
+           "queue_growing"]
+
+
+class UnstableWarning(UserWarning):
+    """A run (or some cells of a sweep) has no steady state: its backlog
+    grows, so its averages describe a transient, not the policy's long-run
+    behaviour."""
 
 QUANTILES = (0.5, 0.95, 0.99)
 
@@ -64,6 +71,11 @@ class SimulationResult:
     width 2**-10 (read at bucket midpoints: relative error <= 0.05%), unless
     ``keep_requests=True``, where they are exact (numpy's default linear
     interpolation).  The mean latency is always exact.
+
+    ``unstable`` is True when the backlog grew through the run (the sweeps'
+    check, :func:`backlog_growing`): there is then no steady state and the
+    averages describe a transient.  ``unstable_reason`` says why, or why the
+    run was not assessed (saturated arrivals).
     """
 
     config: dict
@@ -91,10 +103,13 @@ class SimulationResult:
     group_mean_batch_wait: np.ndarray = field(repr=False)
     latency_histogram: np.ndarray = field(repr=False)
     requests: RequestTable | None = field(default=None, repr=False)
+    unstable: bool = False
+    unstable_reason: str = ""
 
     @classmethod
     def from_kernel(cls, *, config, n, servers, edges, stats, istats, batches_per_bin,
-                    group_latency, group_count, group_batch_wait, group_batches, hist, requests):
+                    group_latency, group_count, group_batch_wait, group_batches, hist, requests,
+                    assess_stability=True):
         completed = int(istats[_k.I_COMPLETED])
         n_batches = int(istats[_k.I_BATCHES])
         nan = math.nan
@@ -123,6 +138,10 @@ class SimulationResult:
             q = np.quantile(lat[~np.isnan(lat)], QUANTILES)
         else:
             q = _hist_quantiles(hist, QUANTILES)
+        if assess_stability:
+            unstable, reason = _backlog_verdict(g_wait, mean_batch_service)
+        else:
+            unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
         return cls(config=config, n=n, servers=servers, edges=edges, throughput=throughput,
                    mean_latency=mean_latency, mean_latency_ci=ci,
                    latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]),
@@ -132,7 +151,8 @@ class SimulationResult:
                    mean_queue_wait=mean_queue, span=span, completed=completed,
                    excluded_partial=int(istats[_k.I_EXCLUDED]), n_batches=n_batches,
                    batches_per_bin=batches_per_bin, group_mean_latency=g_lat,
-                   group_mean_batch_wait=g_wait, latency_histogram=hist, requests=requests)
+                   group_mean_batch_wait=g_wait, latency_histogram=hist, requests=requests,
+                   unstable=unstable, unstable_reason=reason)
 
     @property
     def mean_latency_ci_low(self) -> float:
@@ -180,7 +200,64 @@ class SimulationResult:
         attrs.update(versions())
         attrs["latency_quantiles"] = "exact" if self.requests is not None else "histogram, relative error <= 2**-11"
         attrs["confidence_level"] = 0.95
+        attrs["unstable"] = int(self.unstable)
+        attrs["unstable_reason"] = self.unstable_reason
         return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def _growth(second: float, last: float, scale: float) -> bool:
+    return bool(last - second > max(0.5 * second, 2.0 * scale))
+
+
+def backlog_growing(group_wait: np.ndarray, mean_batch_service: float) -> bool:
+    """Whether the central-FIFO wait grows through the run.
+
+    Heuristic: the mean batch wait of the last quarter of the run exceeds that
+    of the second quarter by more than half of it and by more than two mean
+    batch service times.  An overloaded queue that starts empty has waits
+    growing linearly (last/second quarter about 7/3); a stable one has them
+    level, up to noise of the order of a batch service time.
+    """
+    return _backlog_verdict(group_wait, mean_batch_service)[0]
+
+
+def _backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
+    g = np.asarray(group_wait, dtype=float)
+    if g.size < 4 or not np.isfinite(mean_batch_service):
+        return False, "not assessed: too few batches"
+    q = g.size // 4
+    a, b = g[q:2 * q], g[3 * q:]
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size == 0 or b.size == 0:
+        return False, "not assessed: too few batches"
+    second, last = float(a.mean()), float(b.mean())
+    if _growth(second, last, mean_batch_service):
+        return True, (f"the backlog grows: batches of the last quarter of arrivals waited {last:.4g} s "
+                      f"in the central FIFO, against {second:.4g} s in the second quarter; the averages "
+                      "describe a transient, not a steady state")
+    return False, "no growing backlog"
+
+
+def queue_growing(times, queue, mean_batch: float, start: float, end: float) -> tuple[bool, str]:
+    """Token policies: the queue-length analogue of :func:`backlog_growing`,
+    on the downsampled queue lengths (``queue``: one row per sampled batch
+    start ``times``, one column per bin) while arrivals last, from ``start``
+    to ``end`` (after the last arrival any queue drains): the last quarter
+    of that period against the second.  Returns ``(growing, reason)``."""
+    if not (np.isfinite(mean_batch) and np.isfinite(end)):
+        return False, "not assessed: no batches"
+    q = queue.sum(axis=1)
+    bounds = start + (end - start) * np.array([0.25, 0.5, 0.75, 1.0])
+    second = q[(times >= bounds[0]) & (times < bounds[1])]
+    last = q[(times >= bounds[2]) & (times <= bounds[3])]
+    if second.size == 0 or last.size == 0:
+        return False, "not assessed: too few batches"
+    a, b = float(second.mean()), float(last.mean())
+    if _growth(a, b, mean_batch):
+        return True, (f"the backlog grows: {b:.4g} requests waited on average in the last quarter of "
+                      f"the arrivals, against {a:.4g} in the second quarter; the averages describe a "
+                      "transient, not a steady state")
+    return False, "no growing backlog"
 
 
 def _batch_means_ci(group_means: np.ndarray, mean: float, level: float = 0.95) -> tuple:

@@ -129,16 +129,21 @@ AGGREGATES = {
 _FILL = {"f8": np.nan, "i8": -1, "bool": False}
 
 
-def _coord(spec: SweepSpec, name: str, values) -> tuple:
+def coord_values(name: str, values) -> np.ndarray:
+    """A grid axis's values as stored in its coordinate."""
     p = PARAMS[name]
     if p.kind == "servers":
-        data = np.array([float(v) for v in values])
-    elif p.kind == "count":
-        data = np.array(values, dtype=np.int64)
-    elif p.kind == "choice":
-        data = np.array(values, dtype=object)  # variable-length strings: a zarr v3 data type
-    else:
-        data = np.array(values, dtype=np.float64)
+        return np.array([float(v) for v in values])
+    if p.kind == "count":
+        return np.array(values, dtype=np.int64)
+    if p.kind == "choice":
+        return np.array(values, dtype=object)  # variable-length strings: a zarr v3 data type
+    return np.array(values, dtype=np.float64)
+
+
+def _coord(spec: SweepSpec, name: str, values) -> tuple:
+    p = PARAMS[name]
+    data = coord_values(name, values)
     attrs = {"units": p.units, "long_name": name.replace("_", " "), "description": p.description}
     if p.kind == "servers":
         attrs["description"] += " (inf: infinitely many)"

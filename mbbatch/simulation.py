@@ -4,19 +4,22 @@ run the kernel, wrap the result."""
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
 from ._kernels import multibin as _k
+from ._running import check_clock, check_memory, interruptible, stop_flag
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
 from ._validation import check_servers, resolve_n
 from .arrivals import Poisson, Replay, Saturated
 from .policies import DynamicBatching, MultiBin, StaticBatching
-from .results import RequestTable, SimulationResult
+from .results import RequestTable, SimulationResult, UnstableWarning
 from .service import as_service
-from .token_simulation import simulate_tokens
+from .token_simulation import plan_tokens, simulate_tokens
 
-__all__ = ["simulate", "BATCH_MEANS_GROUPS"]
+__all__ = ["simulate", "check_simulation", "BATCH_MEANS_GROUPS"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
@@ -41,6 +44,13 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
     latency and throughput metric (there are fewer than ``bins x batch_size``
     of them).
 
+    Every argument is checked before anything runs, and a run whose memory
+    cannot fit is refused, saying how much it would need.  Ctrl-C stops a
+    long run within about a second (``KeyboardInterrupt``).  A run whose
+    backlog grows through it has no steady state: ``res.unstable`` is then
+    True, ``res.unstable_reason`` says why, and an :class:`UnstableWarning`
+    is issued.
+
     Parameters
     ----------
     policy : MultiBin
@@ -52,8 +62,9 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
         kernel: uniform, expon, lognorm, gamma, weibull_min.  An array replays
         the given service times in order.
     n : int, optional
-        Number of requests, >= 1.  Defaults to the length of the replayed
-        arrivals or service times when one is given; required otherwise.
+        Number of requests, in [1, 2**53].  Defaults to the length of the
+        replayed arrivals or service times when one is given (replayed arrays
+        must then have the same length); required otherwise.
     servers : int or math.inf
         Number of identical servers, >= 1; ``math.inf`` serves every batch the
         moment it is ready (Assumption 5.1).
@@ -83,6 +94,42 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
             raise TypeError(f"{type(policy).__name__} takes workload=Workload(...), not service")
         return simulate_tokens(policy, arrivals, workload, service_model, n=n, servers=servers,
                                seed=seed, keep_requests=keep_requests, keep_batches=keep_batches)
+    plan = _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                          keep_batches)
+    ss = as_seed_sequence(seed)
+    return _run_multibin(plan, ss)
+
+
+def check_simulation(policy, arrivals, service=None, n=None, servers=1, keep_requests=False, *,
+                     workload=None, service_model=None, keep_batches=False) -> int:
+    """Check a :func:`simulate` call without running it: raise the error the
+    call would raise before simulating (bad arguments, memory that cannot
+    fit); return the bytes of memory it would allocate."""
+    if isinstance(policy, (StaticBatching, DynamicBatching)):
+        if service is not None:
+            raise TypeError(f"{type(policy).__name__} takes workload=Workload(...), not service")
+        return plan_tokens(policy, arrivals, workload, service_model, n, servers, keep_requests,
+                           keep_batches).memory
+    return _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                          keep_batches).memory
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """A validated multi-bin run, ready to allocate and simulate."""
+
+    policy: MultiBin
+    arrivals: object
+    spec: object
+    edges: np.ndarray
+    n: int
+    servers: float
+    keep: bool
+    memory: int
+
+
+def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                   keep_batches) -> _Plan:
     if not isinstance(policy, MultiBin):
         raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic; "
                         f"got {type(policy).__name__}")
@@ -102,9 +149,23 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
         replay_lengths.append(("service", spec.values.size))
     n = resolve_n(n, replay_lengths)
     servers = check_servers(servers)
-    ss = as_seed_sequence(seed)
-
     k, B = policy.bins, policy.batch_size
+    S = min(B, n)
+    parts = {
+        "bins": (16 * k * S + 40 * k + 8 * (k + 1), "the bins' partial batches"),
+        "servers": (0 if servers == math.inf else 8 * min(servers, n), "the servers' free times"),
+        "batch_size": (16 * S, "one batch's latencies"),
+        "n": (8 * _k.HIST_SIZE, "the latency histogram"),
+    }
+    if keep_requests:
+        parts["keep_requests"] = (40 * n, "the per-request arrays (keep_requests)")
+    memory = check_memory(parts)
+    scale = spec.mean
+    if isinstance(arrivals, Replay):
+        check_clock(float(np.max(np.abs(arrivals.times[:n]))), scale, "arrivals.times")
+    elif isinstance(arrivals, Poisson):
+        check_clock(n / arrivals.rate, scale, f"rate = {arrivals.rate:g} requests/s and n = {n} arrivals")
+
     if policy.edges is None:
         edges = spec.equal_mass_edges(k)
     else:
@@ -114,16 +175,23 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
             raise ValueError(
                 f"edges must cover the support of service [{lo:g}, {hi:g}]: "
                 f"edges[0] <= {lo:g} and edges[-1] >= {hi:g}; got [{edges[0]:g}, {edges[-1]:g}]")
+    return _Plan(policy, arrivals, spec, edges, n, servers, bool(keep_requests), memory)
 
+
+def _run_multibin(plan: _Plan, ss: np.random.SeedSequence) -> SimulationResult:
+    policy, arrivals, spec, edges, n, servers = (plan.policy, plan.arrivals, plan.spec, plan.edges,
+                                                 plan.n, plan.servers)
+    k, B = policy.bins, policy.batch_size
     if isinstance(arrivals, Poisson):
         akind, rate, times = _k.ARR_POISSON, arrivals.rate, np.empty(0)
     elif isinstance(arrivals, Saturated):
         akind, rate, times = _k.ARR_SATURATED, 0.0, np.empty(0)
     else:
         akind, rate, times = _k.ARR_REPLAY, 0.0, arrivals.times
-    n_servers = 0 if servers == math.inf else int(servers)
+    # more servers than requests are never all busy: the kernel needs at most n
+    n_servers = 0 if servers == math.inf else int(min(servers, n))
 
-    m = n if keep_requests else 0
+    m = n if plan.keep else 0
     out_arrival = np.empty(m, np.float64)
     out_service = np.empty(m, np.float64)
     out_bin = np.empty(m, np.int64)
@@ -138,25 +206,26 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
     group_batch_wait = np.zeros(G)
     group_batches = np.zeros(G, np.int64)
     hist = np.zeros(_k.HIST_SIZE, np.int64)
-
-    _k.multibin_kernel(
-        n, akind, rate, times, spec.kind, spec.params, spec.values, edges, B, n_servers,
-        policy.max_wait,
-        stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE), bool(keep_requests),
-        out_arrival, out_service, out_bin, out_completion, out_batch,
-        stats, istats, batches_per_bin, group_latency, group_count, group_batch_wait,
-        group_batches, hist,
-    )
+    stop = stop_flag()
+    args = (n, akind, rate, times, spec.kind, spec.params, spec.values, edges, B, n_servers,
+            policy.max_wait, stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE), plan.keep,
+            out_arrival, out_service, out_bin, out_completion, out_batch,
+            stats, istats, batches_per_bin, group_latency, group_count, group_batch_wait,
+            group_batches, hist, stop)
+    interruptible(lambda: _k.multibin_kernel(*args), stop)
 
     requests = None
-    if keep_requests:
+    if plan.keep:
         requests = RequestTable(arrival=out_arrival, service=out_service, bin=out_bin,
                                 completion=out_completion, batch=out_batch)
     config = {**policy.describe(), **arrivals.describe(), **spec.description,
               "n": n, "servers": "inf" if servers == math.inf else int(servers),
               "seed_entropy": entropy_str(ss)}
-    return SimulationResult.from_kernel(
+    res = SimulationResult.from_kernel(
         config=config, n=n, servers=servers, edges=edges, stats=stats, istats=istats,
         batches_per_bin=batches_per_bin, group_latency=group_latency, group_count=group_count,
         group_batch_wait=group_batch_wait, group_batches=group_batches, hist=hist,
-        requests=requests)
+        requests=requests, assess_stability=not isinstance(arrivals, Saturated))
+    if res.unstable:
+        warnings.warn(f"no steady state: {res.unstable_reason}", UnstableWarning, stacklevel=3)
+    return res

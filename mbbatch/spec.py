@@ -124,9 +124,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     Param("l_max", "real", "s", _D["l_max"].description, (("service", "uniform"),)),
     Param("mu", "real", "1/s", _D["mu"].description, (("service", "expon"),)),
     Param("prompt_median", "real", "tokens", "median prompt length (log-normal)", _TOK, domain=_POS),
-    Param("prompt_sigma", "real", "1", "log-normal shape of the prompt length", _TOK, domain=_NONNEG),
+    Param("prompt_sigma", "real", "1", "log-normal shape of the prompt length", _TOK, domain=_POS),
     Param("output_median", "real", "tokens", "median output length (log-normal)", _TOK, domain=_POS),
-    Param("output_sigma", "real", "1", "log-normal shape of the output length", _TOK, domain=_NONNEG),
+    Param("output_sigma", "real", "1", "log-normal shape of the output length", _TOK, domain=_POS),
     Param("d_sla", "real", "s/token", "SLA target D_SLA on the decode time per token", _TOK, domain=_POS),
     Param("eps_d", "real", "s/token", "tolerance band eps_D around D_SLA", _TOK, required=False,
           default=5e-5, domain=_NONNEG),
@@ -244,7 +244,12 @@ def load_spec(path) -> SweepSpec:
     path = Path(path)
     if not path.is_file():
         raise SpecError(f"{path}: no such spec file")
-    text = path.read_text()
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not a UTF-8 text file (byte {data[exc.start]:#04x} at offset "
+                        f"{exc.start}); a spec is a TOML file") from None
     return parse_spec(text, source=str(path))
 
 

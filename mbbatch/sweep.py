@@ -9,6 +9,9 @@ done or not done, never half-recorded: starting again computes exactly the
 points not done.  Cell values depend only on the spec and the cell's
 parameters, so an interrupted and resumed sweep ends bit-identical to an
 uninterrupted one, whatever the executor or the number of workers.
+
+The store itself (checksums, verification on resume, the one-writer lock,
+what ``overwrite`` may delete) is :mod:`mbbatch.store`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,23 +26,20 @@ import threading
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .cells import SEED_SCHEME, point_theory, run_point
-from .schema import AGGREGATES, TIME_SERIES, fixed_param_attrs, rep_vars, template, time_grid, variables
+from . import store
+from .cells import SEED_SCHEME, check_points, point_theory, run_point
+from .results import UnstableWarning
+from .schema import (AGGREGATES, TIME_SERIES, coord_values, fixed_param_attrs, rep_vars, template, time_grid,
+                     variables)
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
+from .store import StoreNote, SweepError
 
-__all__ = ["run_sweep", "SweepError", "UnstableWarning"]
-
-
-class SweepError(RuntimeError):
-    """A sweep cannot run against the given store."""
-
-
-class UnstableWarning(UserWarning):
-    """Some cells of a sweep have no steady state; their averages are transient."""
+__all__ = ["run_sweep", "check_store", "StoreReport", "SweepError", "UnstableWarning", "StoreNote"]
 
 
 def _git_commit() -> str:
@@ -93,59 +92,89 @@ def _t_interval(x: np.ndarray, level: float = 0.95):
     return m, float(m - half), float(m + half)
 
 
-def _create_store(spec: SweepSpec, out: Path) -> None:
-    """Write the template store under a temporary name, then move it into place."""
-    ds = template(spec, _attrs(spec))
-    for idx, params in spec.points():
-        th = point_theory(spec.arrivals, spec.service, params, spec.policy)
-        for var, value in th.items():
-            ds[var].values[idx] = value
-    encoding = {}
+def _encoding(spec: SweepSpec, ds) -> dict:
+    """One chunk per grid point (all reps, and all times, of a point in one)."""
     per_rep = rep_vars(spec)
+    encoding = {}
     for var in ds.data_vars:
         if var in TIME_SERIES:
             chunks = tuple(1 for _ in spec.axes) + (spec.reps, ds.sizes["time"])
         else:
             chunks = tuple(1 for _ in spec.axes) + ((spec.reps,) if var in per_rep else ())
         encoding[var] = {"chunks": chunks}
-    tmp = out.with_name(out.name + ".creating")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
-        ds.to_zarr(tmp, mode="w-", encoding=encoding, consolidated=True, zarr_format=3)
-    os.replace(tmp, out)
+    return encoding
 
 
-def _open_existing(spec: SweepSpec, out: Path, overwrite: bool):
-    """Check an existing store against the spec; return whether to (re)create it."""
-    import xarray as xr
+def _template(spec: SweepSpec):
+    """The store's Dataset before any cell runs: closed forms filled in."""
+    ds = template(spec, _attrs(spec))
+    for idx, params in spec.points():
+        for var, value in point_theory(spec.arrivals, spec.service, params, spec.policy).items():
+            ds[var].values[idx] = value
+    return ds
 
-    try:
-        stored = xr.open_zarr(out, consolidated=True).attrs
-    except Exception:  # noqa: BLE001 - any unreadable store
-        stored = None
+
+def _layout(spec: SweepSpec) -> tuple[list, dict]:
+    """The store's data variables and its coordinates with their values."""
+    names = list(variables(spec))
+    grid = time_grid(spec)
+    if grid is not None:
+        names += list(TIME_SERIES)
+    coords = {nm: coord_values(nm, vals) for nm, vals in spec.axes.items()}
+    coords["rep"] = np.arange(spec.reps)
+    if grid is not None:
+        coords["time"] = grid
+    return names, coords
+
+
+def _open_existing(spec: SweepSpec, out: Path) -> np.ndarray:
+    """Check an existing store against the spec and verify it; return which
+    grid points are done and intact.  Damaged points are reported (a
+    :class:`StoreNote`) and left to recompute; damaged coordinates are
+    rewritten from the spec."""
+    stored = store.stored_attrs(out)
     if stored is None or "spec_hash" not in stored:
-        if overwrite:
-            return True
-        raise SweepError(f"out: {out} exists and is not an mbbatch sweep store; "
-                         "choose another path or pass --overwrite")
+        raise SweepError(f"out: {out} is damaged: its metadata {out / 'zarr.json'} cannot be read; "
+                         "pass --overwrite to rebuild it (its results are then lost)")
     if stored["spec_hash"] != spec.hash:
-        if overwrite:
-            return True
         try:
             old = parse_spec(stored["spec"], source="stored spec")
             what = "; ".join(spec.differences(old)) or "formatting of the spec"
-        except SpecError:
+        except (SpecError, KeyError, TypeError):
             what = "the stored spec is unreadable"
         raise SweepError(f"{spec.source}: the spec differs from the one {out} was made with "
                          f"({what}); pass --overwrite to discard the stored results")
-    return False
+    if stored.get(store.MARK) != store.STORE_FORMAT:
+        raise SweepError(f"out: {out} was made by an older mbbatch, without chunk checksums, so its "
+                         "damage cannot be detected; pass --overwrite to rebuild it")
+    names, coords = _layout(spec)
+    state = store.verify(out, spec.shape, names, coords)
+    if state.coords:
+        store.repair_coords(out, coords, state.coords)
+        warnings.warn(f"{out}: rewrote the damaged coordinates {', '.join(state.coords)} from the spec",
+                      StoreNote, stacklevel=3)
+    if state.damaged:
+        warnings.warn(f"{out}: {len(state.damaged)} grid points failed verification (a chunk missing, "
+                      "not decoding or failing its checksum) and will be recomputed: "
+                      f"{_describe_damage(spec, state.damaged)}", StoreNote, stacklevel=3)
+    return state.done
 
 
-def _write_point(out: Path, spec: SweepSpec, idx: tuple, sim: dict, unstable_theory: bool) -> None:
-    import xarray as xr
+def _point_label(spec: SweepSpec, idx: tuple) -> str:
+    return ", ".join(f"{nm}={spec.axes[nm][i]}" for nm, i in zip(spec.axes, idx)) or "the single point"
 
+
+def _describe_damage(spec: SweepSpec, damaged: dict, most: int = 8) -> str:
+    items = sorted(damaged.items())
+    shown = [f"{_point_label(spec, idx)} ({', '.join(sorted(set(vs)))})" for idx, vs in items[:most]]
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return "; ".join(shown) + more
+
+
+def _point_data(spec: SweepSpec, params: dict, sim: dict) -> dict:
+    """Everything stored for one grid point, shaped for its region: the
+    per-rep values, their means and intervals, the closed forms and the
+    unstable flag."""
     dims = list(spec.axes)
     lead = (1,) * len(dims)
     data = {}
@@ -163,13 +192,13 @@ def _write_point(out: Path, spec: SweepSpec, idx: tuple, sim: dict, unstable_the
         if lo_v:
             data[lo_v] = (dims, np.full(lead, lo))
             data[hi_v] = (dims, np.full(lead, hi))
-    unstable = unstable_theory or bool(np.any(sim["backlog_growing"]))
+    theory = point_theory(spec.arrivals, spec.service, params, spec.policy)
+    for var, value in theory.items():
+        if var != "unstable":
+            data[var] = (dims, np.full(lead, value))
+    unstable = bool(theory["unstable"]) or bool(np.any(sim["backlog_growing"]))
     data["unstable"] = (dims, np.full(lead, unstable))
-    region = {d: slice(i, i + 1) for d, i in zip(dims, idx)}
-    xr.Dataset(data).to_zarr(out, region={**region, "rep": slice(None)}, consolidated=False)
-    # the commit mark, written only once the point's data is in place
-    xr.Dataset({"done": (dims, np.ones(lead, dtype=bool))}).to_zarr(
-        out, region=region, consolidated=False)
+    return data
 
 
 def _point_task(policy, arrivals, service, params, seed, reps, grid):
@@ -303,9 +332,12 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
     spec : str, path or SweepSpec
         The spec file (validated before anything runs) or a parsed spec.
     out : str or path
-        The Zarr store.  Created if absent; resumed if it holds this spec;
-        an error naming what changed if it holds another spec, unless
-        ``overwrite``.
+        The Zarr store.  Created if absent; resumed if it holds this spec
+        (every point marked done is verified first; damaged ones are
+        recomputed, with a :class:`StoreNote` naming them); an error naming
+        what changed if it holds another spec, unless ``overwrite``.  The
+        sweep holds an exclusive lock on it throughout: a second sweep on the
+        same store stops at once with a :class:`SweepError`.
     scheduler : None, "local" or str
         None runs in-process on ``workers`` processes; ``"local"`` starts a
         dask LocalCluster on loopback; any other string is the address of an
@@ -313,51 +345,64 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
     workers : int, optional
         Processes (or LocalCluster workers); default: all cores.
     overwrite : bool
-        Discard a store made with another spec.
+        Discard the existing store at ``out`` and start over.  Only a sweep
+        store (and nothing but one) is ever deleted: anything else at ``out``
+        is refused with an error, and nothing is touched.
     netcdf : str or path, optional
         Also export the finished Dataset to this NetCDF file.
     progress : bool
         Show progress (a bar on a terminal, plain lines otherwise).
     """
-    import xarray as xr
-
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be an integer in [1, inf); got {workers!r}")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be a bool; got {overwrite!r}")
+    check_points(spec)   # every grid point's objects and memory, before the store exists
     out = Path(out)
-    if out.exists():
-        if _open_existing(spec, out, overwrite):
-            shutil.rmtree(out)
-    if not out.exists():
-        _create_store(spec, out)
+    if out.exists() or out.is_symlink():
+        if overwrite:
+            store.discardable(out)
+        elif not store.is_sweep_store(out.resolve()):   # (a link to a store may be resumed through)
+            raise SweepError(f"out: {out} exists and is not an mbbatch sweep store; choose another path")
+    folder = out.absolute().parent
+    if folder.exists() and not folder.is_dir():
+        raise SweepError(f"out: {out.parent} is a file, not a folder to put the store in")
+    folder.mkdir(parents=True, exist_ok=True)
+    with store.StoreLock(out):
+        return _run_locked(spec, out, scheduler, workers, overwrite, netcdf, progress)
 
-    ds = xr.open_zarr(out, consolidated=True)
-    done = ds["done"].values
-    unstable_theory = ds["unstable"].values.copy()
+
+def _run_locked(spec, out, scheduler, workers, overwrite, netcdf, progress):
+    exists = out.exists() or out.is_symlink()
+    if exists and not overwrite:
+        done = _open_existing(spec, out)
+    else:
+        ds = _template(spec)
+        store.create(ds, _encoding(spec, ds), out, replace=exists)
+        done = np.zeros(spec.shape, dtype=bool)
     pending = [(idx, params) for idx, params in spec.points() if not done[idx]]
     grid = time_grid(spec)
     tasks = [(idx, (spec.policy, spec.arrivals, spec.service, params, spec.seed, spec.reps, grid))
              for idx, params in pending]
+    params_at = dict(pending)
     if tasks:
         _warm_worker()  # compile once here, so that workers load the cached kernels
     n_per_cell = int(spec.axes.get("n", [spec.params.get("n")])[0] if "n" in spec.axes else spec.params["n"])
     bar = _Progress(len(tasks) * spec.reps, n_per_cell, spec.name, progress)
     try:
         for idx, sim in _executor_results(tasks, scheduler, workers):
+            data = _point_data(spec, params_at[idx], sim)
             with _whole():
-                _write_point(out, spec, idx, sim, bool(unstable_theory[idx]))
+                store.write_point(out, list(spec.axes), idx, data)
             bar.update(spec.reps)
     finally:
         bar.close()
-    if tasks:
-        import zarr
-
-        with _whole(), warnings.catch_warnings():
-            # consolidated metadata is a zarr-python extension to format 3; xarray reads it
-            warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
-            zarr.consolidate_metadata(str(out))
-    ds = xr.open_zarr(out, consolidated=True)
+    if tasks or exists:
+        with _whole():
+            store.consolidate(out)
+    ds = store.open_dataset(out)
     if not bool(ds["done"].all()):
         raise SweepError(f"out: {out} still has points not done after the run")
     _warn_unstable(spec, ds)
@@ -404,3 +449,61 @@ def _warn_unstable(spec: SweepSpec, ds) -> None:
             f"(rate at or above the service rate, or a growing backlog): {'; '.join(shown)}{more}. "
             "Their averages describe a transient; figures draw them hollow.",
             UnstableWarning, stacklevel=3)
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    """What ``mbbatch check`` prints (``text``) and whether the store is intact (``ok``)."""
+
+    text: str
+    ok: bool
+
+
+def check_store(path) -> StoreReport:
+    """Verify a sweep store without changing it: its done, missing (not yet
+    computed) and damaged grid points.  ``ok`` is False when anything is
+    damaged or cannot be verified; missing points are not damage (resume the
+    sweep to compute them)."""
+    out = Path(path)
+    if not out.exists():
+        raise SweepError(f"store: {out} does not exist")
+    if not store.is_sweep_store(out):
+        raise SweepError(f"store: {out} is not an mbbatch sweep store (no sweep metadata in it)")
+    attrs = store.stored_attrs(out)
+    if attrs is None:
+        return StoreReport(f"{out}: damaged: its metadata {out / 'zarr.json'} cannot be read; rebuild it "
+                           "with `mbbatch sweep SPEC --out STORE --overwrite`", ok=False)
+    try:
+        spec = parse_spec(attrs["spec"], source=f"{out} (its stored spec)")
+    except (SpecError, KeyError, TypeError) as exc:
+        return StoreReport(f"{out}: damaged: its stored spec cannot be read ({exc})", ok=False)
+    lines = [f"{out}: sweep {spec.name!r} ({spec.policy}), {spec.n_points} grid points x {spec.reps} reps"]
+    holder = store.lock_holder(out)
+    if holder:
+        lines.append(f"  being written now by process {holder.get('pid', '?')} on {holder.get('host', '?')} "
+                     f"(since {holder.get('since', '?')}): points may still be added")
+    if attrs.get(store.MARK) != store.STORE_FORMAT:
+        lines.append("  cannot be verified: made by an older mbbatch, without chunk checksums; rebuild it "
+                     "with `mbbatch sweep SPEC --out STORE --overwrite`")
+        return StoreReport("\n".join(lines), ok=False)
+    names, coords = _layout(spec)
+    try:
+        state = store.verify(out, spec.shape, names, coords)
+    except SweepError as exc:
+        lines.append(f"  damaged: {str(exc).removeprefix('out: ')}")
+        return StoreReport("\n".join(lines), ok=False)
+    missing = [idx for idx in np.ndindex(*spec.shape) if not state.done[idx] and idx not in state.damaged]
+    lines.append(f"  done:    {int(state.done.sum())}")
+    shown = "; ".join(_point_label(spec, idx) for idx in missing[:8]) + (
+        f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    lines.append(f"  missing: {len(missing)}" + (f" ({shown})" if missing else ""))
+    lines.append(f"  damaged: {len(state.damaged)}" + (
+        f" ({_describe_damage(spec, state.damaged)})" if state.damaged else ""))
+    if state.coords:
+        lines.append(f"  damaged coordinates: {', '.join(state.coords)}")
+    ok = not state.damaged and not state.coords
+    if ok:
+        lines.append("intact" + ("" if not missing else "; resume the sweep to compute the missing points"))
+    else:
+        lines.append("DAMAGED: run the same `mbbatch sweep` command again; it recomputes the damaged points")
+    return StoreReport("\n".join(lines), ok=ok)

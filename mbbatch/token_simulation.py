@@ -5,6 +5,7 @@ wraps the result."""
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,10 +15,11 @@ from ._kernels import controller as _c
 from ._kernels import dynamic as _d
 from ._kernels import multibin as _k
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
+from ._running import check_clock, check_memory, interruptible, stop_flag
 from ._validation import check_servers, resolve_n
 from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
 from .policies import MultiBinDynamic, StaticBatching
-from .results import QUANTILES, _batch_means_ci, _hist_quantiles
+from .results import QUANTILES, UnstableWarning, _batch_means_ci, _hist_quantiles, queue_growing
 from .workload import DecodeModel, LinearModel, MaxModel, Workload
 
 __all__ = ["simulate_tokens", "TokenSimulationResult", "TOKEN_METRICS", "STREAM_PROMPT", "STREAM_PREDICTION"]
@@ -64,7 +66,9 @@ class TokenSimulationResult:
     start: ``time`` (s), :data:`TS_COLUMNS` and ``queue`` (requests waiting
     per bin after the batch left).  ``batch_size_hist[b]`` counts batches of
     size b.  ``requests`` and ``batches`` hold per-request and per-batch
-    arrays when asked for.
+    arrays when asked for.  ``unstable`` says whether the queue grew
+    through the arrivals (no steady state), ``unstable_reason`` why or why
+    it was not assessed.
     """
 
     config: dict
@@ -75,6 +79,8 @@ class TokenSimulationResult:
     group_mean_latency: np.ndarray = field(repr=False)
     requests: dict | None = field(default=None, repr=False)
     batches: dict | None = field(default=None, repr=False)
+    unstable: bool = False
+    unstable_reason: str = ""
 
     def __getattr__(self, name):
         m = self.__dict__.get("metrics_", {})
@@ -119,6 +125,8 @@ class TokenSimulationResult:
         attrs = {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in self.config.items()}
         attrs.update(versions())
         attrs["confidence_level"] = 0.95
+        attrs["unstable"] = int(self.unstable)
+        attrs["unstable_reason"] = self.unstable_reason
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
@@ -126,9 +134,35 @@ def _lengths(spec):
     return spec.kind, spec.params, spec.values
 
 
-def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1, seed=None,
-                    keep_requests=False, keep_batches=False):
-    """Simulate a token-level policy; see :func:`mbbatch.simulate`."""
+@dataclass(frozen=True, eq=False)
+class _TokenPlan:
+    """A validated token-level run, ready to allocate and simulate."""
+
+    policy: object
+    arrivals: object
+    workload: Workload
+    model: object
+    n: int
+    servers: int
+    keep_requests: bool
+    keep_batches: bool
+    memory: int
+
+
+def _model_scale(model, workload) -> float:
+    """Service time of a batch of one mean request, s: the clock's yardstick."""
+    p, o = workload._prompt.mean, workload._output.mean
+    if isinstance(model, MaxModel):
+        return model.base + model.per_token * o
+    if isinstance(model, LinearModel):
+        return model.base + model.alpha * (p + o)
+    return model.prefill_per_token * p + model.beta * o
+
+
+def plan_tokens(policy, arrivals, workload, service_model, n, servers, keep_requests,
+                keep_batches) -> _TokenPlan:
+    """Check a token-level run (everything :func:`simulate_tokens` checks
+    before simulating, memory included) and return its plan."""
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload; got {type(workload).__name__}")
     if service_model is None:
@@ -152,8 +186,50 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
     servers = check_servers(servers)
     if servers == math.inf:
         raise ValueError("servers must be finite for the token-level policies; got inf")
-    ss = as_seed_sequence(seed)
+    static = isinstance(policy, StaticBatching)
+    K = policy.bins if isinstance(policy, MultiBinDynamic) else 1
+    b_max = policy.batch_size if static else policy.controller.b_max
+    warm = policy.warmup if isinstance(policy, MultiBinDynamic) else 1
+    c = min(servers, n)
+    queue = 40 * 1024
+    if isinstance(arrivals, Saturated):
+        # every request is queued at time 0: the ring buffers grow to hold n
+        queue = 60 * (1 << max(int(n - 1).bit_length(), 10))
+    parts = {
+        "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.N_CTL + _c.N_ST + 4)), "the bins' queues"),
+        "servers": (80 * c, "the servers' batches"),
+        "warmup": (8 * min(warm, n), "the warm-up window"),
+        ("batch_size" if static else "b_max"): (8 * (min(b_max, n) + 1), "the batch-size histogram"),
+        "n": (8 * _k.HIST_SIZE, "the latency histogram"),
+    }
+    if keep_requests:
+        parts["keep_requests"] = (72 * n, "the per-request arrays (keep_requests)")
+    if keep_batches:
+        parts["keep_batches"] = (64 * n, "the per-batch arrays (keep_batches)")
+    memory = check_memory(parts)
+    scale = _model_scale(service_model, workload)
+    if isinstance(arrivals, Replay):
+        check_clock(float(np.max(np.abs(arrivals.times[:n]))), scale, "arrivals.times")
+    elif isinstance(arrivals, Poisson):
+        check_clock(n / arrivals.rate, scale, f"rate = {arrivals.rate:g} requests/s and n = {n} arrivals")
+    elif isinstance(arrivals, PiecewisePoisson):
+        check_clock(arrivals.ends[-1] + n / min(arrivals.rates) if arrivals.ends else n / arrivals.rates[0],
+                    scale, f"rates down to {min(arrivals.rates):g} requests/s and n = {n} arrivals")
+    return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
+                      bool(keep_batches), memory)
 
+
+def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1, seed=None,
+                    keep_requests=False, keep_batches=False):
+    """Simulate a token-level policy; see :func:`mbbatch.simulate`."""
+    plan = plan_tokens(policy, arrivals, workload, service_model, n, servers, keep_requests, keep_batches)
+    ss = as_seed_sequence(seed)
+    return _run_tokens(plan, ss)
+
+
+def _run_tokens(plan: _TokenPlan, ss) -> "TokenSimulationResult":
+    policy, arrivals, workload, service_model = plan.policy, plan.arrivals, plan.workload, plan.model
+    n, servers, keep_requests, keep_batches = plan.n, plan.servers, plan.keep_requests, plan.keep_batches
     static = isinstance(policy, StaticBatching)
     ctl_cfg = policy.sla if static else policy.controller
     mem = policy.memory
@@ -173,7 +249,9 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
                         and policy.selection == "longest_queue" else _d.SEL_ROUND_ROBIN)
     pp[_d.PP_WARMUP] = policy.warmup if isinstance(policy, MultiBinDynamic) else 1
     pp[_d.PP_MEMORY_ON] = 1.0 if mem.enabled and not static else 0.0
-    pp[_d.PP_SERVERS] = servers
+    # more servers than requests are never all busy: the kernel needs at most n
+    c = min(servers, n)
+    pp[_d.PP_SERVERS] = c
     pp[_d.PP_INTEGER] = 1.0 if workload.integer_lengths else 0.0
     pp[_d.PP_PRED_SIGMA] = workload.predictor_sigma
     pp[_d.PP_MODEL] = service_model.code
@@ -216,7 +294,8 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
     istats = np.zeros(_d.N_I, np.int64)
     istats[_d.I_TS_STRIDE] = 1
     hist = np.zeros(_k.HIST_SIZE, np.int64)
-    size_hist = np.zeros(int(b_max) + 1, np.int64)
+    # no batch holds more than n requests
+    size_hist = np.zeros(int(min(b_max, n)) + 1, np.int64)
     ts = np.zeros((TIME_SERIES_ROWS, _d.N_TS_FIXED + K))
     ctl = np.zeros((K, _c.N_CTL))
     for b in range(K):
@@ -237,7 +316,8 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
 
     pk, pprm, pval = _lengths(workload._prompt)
     ok, oprm, oval = _lengths(workload._output)
-    _d.run_kernel((
+    stop = stop_flag()
+    interruptible(lambda: _d.run_kernel((
         n, akind, rate, times, pw_rates, pw_ends, pk, pprm, pval, ok, oprm, oval,
         stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE), stream(ss, STREAM_PROMPT),
         stream(ss, STREAM_PREDICTION), pp, ccfg, mcfg, bin_b_max, service_model.vector(),
@@ -246,7 +326,7 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
         r["arrival"], r["prompt"], r["output"], r["pred"], r_bin, r_batch, r["start"], r["completion"],
         r["ttft"], bt["start"], bi["bin"], bi["size"], bi["b_target"], bi["b_mem"], bi["b_sla"],
         bt["service"], bt["tokens"],
-    ), K, int(servers), int(pp[_d.PP_WARMUP]))
+    ), K, c, min(int(pp[_d.PP_WARMUP]), n), stop), stop)
 
     completed = int(istats[_d.I_COMPLETED])
     nb = int(istats[_d.I_BATCHES])
@@ -313,6 +393,20 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
     batches = None
     if keep_batches:
         batches = {k: v[:nb] for k, v in {**bt, **bi}.items()}
-    return TokenSimulationResult(config=config, metrics_=metrics, batch_size_hist=size_hist,
-                                 edges=np.stack([edges_lo, edges_hi], axis=1), time_series=ts_dict,
-                                 group_mean_latency=g_lat, requests=requests, batches=batches)
+    if isinstance(arrivals, Poisson):
+        unstable, reason = queue_growing(ts_dict["time"], ts_dict["queue"], metrics["batch_size_mean"],
+                                         0.0, n / arrivals.rate)
+    elif isinstance(arrivals, Replay):
+        unstable, reason = queue_growing(ts_dict["time"], ts_dict["queue"], metrics["batch_size_mean"],
+                                         float(arrivals.times[0]), float(arrivals.times[n - 1]))
+    elif isinstance(arrivals, Saturated):
+        unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
+    else:
+        unstable, reason = False, "not assessed: a load step has no single steady state"
+    res = TokenSimulationResult(config=config, metrics_=metrics, batch_size_hist=size_hist,
+                                edges=np.stack([edges_lo, edges_hi], axis=1), time_series=ts_dict,
+                                group_mean_latency=g_lat, requests=requests, batches=batches,
+                                unstable=unstable, unstable_reason=reason)
+    if unstable:
+        warnings.warn(f"no steady state: {reason}", UnstableWarning, stacklevel=4)
+    return res

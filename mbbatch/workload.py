@@ -20,14 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import Domain, check_count, check_real
+from ._validation import DOMAINS, check_choice, check_count, check_flag, check_scalar_real
 from .service import as_service
 
 __all__ = ["Workload", "MaxModel", "LinearModel", "DecodeModel", "Memory", "SLAController"]
-
-_NONNEG = Domain(0, math.inf, lo_closed=True)
-_POS = Domain(0, math.inf)
-_PROB = Domain(0, 1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +35,8 @@ class Workload:
     prompt, output : scipy.stats frozen distribution or array_like
         Prompt and output lengths, tokens (uniform, expon, lognorm, gamma,
         weibull_min are drawn in the kernel; an array replays a trace).
+        Values, and a distribution's draws, must lie in [0, 1e290]; see
+        :func:`~mbbatch.service.as_service`.
     integer_lengths : bool
         Round draws up to whole tokens (at least 1).  Default True.
     predictor_sigma : float
@@ -54,20 +52,10 @@ class Workload:
     _output: object = field(init=False, repr=False)
 
     def __post_init__(self):
-        try:
-            p = as_service(self.prompt)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"prompt: {exc}") from None
-        try:
-            o = as_service(self.output)
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"output: {exc}") from None
-        if not isinstance(self.integer_lengths, (bool, np.bool_)):
-            raise TypeError(f"integer_lengths must be a bool; got {self.integer_lengths!r}")
-        object.__setattr__(self, "predictor_sigma",
-                           check_real("predictor_sigma", self.predictor_sigma, _NONNEG))
-        object.__setattr__(self, "_prompt", p)
-        object.__setattr__(self, "_output", o)
+        object.__setattr__(self, "_prompt", as_service(self.prompt, "prompt"))
+        object.__setattr__(self, "_output", as_service(self.output, "output"))
+        object.__setattr__(self, "integer_lengths", check_flag("integer_lengths", self.integer_lengths))
+        object.__setattr__(self, "predictor_sigma", check_scalar_real("predictor_sigma", self.predictor_sigma))
 
     def describe(self) -> dict:
         d = {f"prompt_{k.removeprefix('service_')}" if k != "service" else "prompt": v
@@ -87,8 +75,8 @@ class MaxModel:
     code = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "base", check_real("base", self.base, _NONNEG))
-        object.__setattr__(self, "per_token", check_real("per_token", self.per_token, _POS))
+        object.__setattr__(self, "base", check_scalar_real("base", self.base))
+        object.__setattr__(self, "per_token", check_scalar_real("per_token", self.per_token))
 
     def vector(self):
         return np.array([self.base, self.per_token, 0, 0, 0, 0, 0], dtype=np.float64)
@@ -104,9 +92,9 @@ class LinearModel:
     code = 1
 
     def __post_init__(self):
-        object.__setattr__(self, "base", check_real("base", self.base, _NONNEG))
-        object.__setattr__(self, "alpha", check_real("alpha", self.alpha, _POS))
-        object.__setattr__(self, "beta", check_real("beta", self.beta, _NONNEG))
+        object.__setattr__(self, "base", check_scalar_real("base", self.base))
+        object.__setattr__(self, "alpha", check_scalar_real("alpha", self.alpha, DOMAINS["LinearModel.alpha"]))
+        object.__setattr__(self, "beta", check_scalar_real("beta", self.beta, DOMAINS["LinearModel.beta"]))
 
     def vector(self):
         return np.array([self.base, 0, self.alpha, self.beta, 0, 0, 0], dtype=np.float64)
@@ -123,10 +111,10 @@ class DecodeModel:
     code = 2
 
     def __post_init__(self):
-        object.__setattr__(self, "beta", check_real("beta", self.beta, _POS))
-        object.__setattr__(self, "gamma", check_real("gamma", self.gamma, _NONNEG))
+        object.__setattr__(self, "beta", check_scalar_real("beta", self.beta, DOMAINS["DecodeModel.beta"]))
+        object.__setattr__(self, "gamma", check_scalar_real("gamma", self.gamma))
         object.__setattr__(self, "prefill_per_token",
-                           check_real("prefill_per_token", self.prefill_per_token, _NONNEG))
+                           check_scalar_real("prefill_per_token", self.prefill_per_token))
 
     def vector(self):
         return np.array([0, 0, 0, 0, self.prefill_per_token, self.beta, self.gamma], dtype=np.float64)
@@ -153,17 +141,19 @@ class Memory:
     enabled: bool = True
 
     def __post_init__(self):
-        object.__setattr__(self, "m_max_gb", check_real("m_max_gb", self.m_max_gb, _POS))
-        object.__setattr__(self, "m_model_gb", check_real("m_model_gb", self.m_model_gb, _NONNEG))
+        object.__setattr__(self, "m_max_gb", check_scalar_real("m_max_gb", self.m_max_gb))
+        object.__setattr__(self, "m_model_gb", check_scalar_real("m_model_gb", self.m_model_gb))
         object.__setattr__(self, "kv_mem_per_token_gb",
-                           check_real("kv_mem_per_token_gb", self.kv_mem_per_token_gb, _POS))
+                           check_scalar_real("kv_mem_per_token_gb", self.kv_mem_per_token_gb))
         if self.m_model_gb >= self.m_max_gb:
             raise ValueError(f"m_model_gb must be less than m_max_gb; got {self.m_model_gb} >= {self.m_max_gb}")
-        if self.variant not in ("l0", "clt"):
-            raise ValueError(f"variant must be 'l0' or 'clt'; got {self.variant!r}")
-        object.__setattr__(self, "eps_m", check_real("eps_m", self.eps_m, _PROB))
-        if not isinstance(self.enabled, (bool, np.bool_)):
-            raise TypeError(f"enabled must be a bool; got {self.enabled!r}")
+        if not math.isfinite(self.eta):
+            raise ValueError("m_max_gb, m_model_gb and kv_mem_per_token_gb must give a finite token capacity "
+                             "eta = (m_max_gb - m_model_gb) / kv_mem_per_token_gb; got "
+                             f"({self.m_max_gb!r} - {self.m_model_gb!r}) / {self.kv_mem_per_token_gb!r}")
+        object.__setattr__(self, "variant", check_choice("variant", self.variant, ("l0", "clt")))
+        object.__setattr__(self, "eps_m", check_scalar_real("eps_m", self.eps_m))
+        object.__setattr__(self, "enabled", check_flag("enabled", self.enabled))
 
     @property
     def eta(self) -> float:
@@ -199,13 +189,12 @@ class SLAController:
     variant: str = "spec"
 
     def __post_init__(self):
-        object.__setattr__(self, "d_sla", check_real("d_sla", self.d_sla, _POS))
-        object.__setattr__(self, "eps_d", check_real("eps_d", self.eps_d, _NONNEG))
-        object.__setattr__(self, "b_min", check_count("b_min", self.b_min, Domain(1, math.inf, lo_closed=True)))
-        object.__setattr__(self, "b_max", check_count("b_max", self.b_max, Domain(1, math.inf, lo_closed=True)))
+        object.__setattr__(self, "d_sla", check_scalar_real("d_sla", self.d_sla))
+        object.__setattr__(self, "eps_d", check_scalar_real("eps_d", self.eps_d))
+        object.__setattr__(self, "b_min", check_count("b_min", self.b_min))
+        object.__setattr__(self, "b_max", check_count("b_max", self.b_max))
         if self.b_min > self.b_max:
             raise ValueError(f"b_min must be at most b_max; got b_min={self.b_min}, b_max={self.b_max}")
-        object.__setattr__(self, "alpha", check_count("alpha", self.alpha, Domain(0, math.inf, lo_closed=True)))
-        object.__setattr__(self, "delta", check_count("delta", self.delta, Domain(0, math.inf, lo_closed=True)))
-        if self.variant not in ("spec", "multiplicative"):
-            raise ValueError(f"variant must be 'spec' or 'multiplicative'; got {self.variant!r}")
+        object.__setattr__(self, "alpha", check_count("alpha", self.alpha, DOMAINS["SLAController.alpha"]))
+        object.__setattr__(self, "delta", check_count("delta", self.delta))
+        object.__setattr__(self, "variant", check_choice("variant", self.variant, ("spec", "multiplicative")))

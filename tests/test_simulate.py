@@ -334,3 +334,116 @@ U = st.uniform(1, 19)
 def test_bad_input_names_the_parameter(make, exc, name):
     with pytest.raises(exc, match=name):
         make()
+
+
+# --- simulate()'s own arguments: refused before any work, naming the parameter --------
+
+from .test_validation import BAD_VALUES, Count, Flag  # noqa: E402
+
+WL = mb.Workload(prompt=st.uniform(10, 100), output=st.uniform(5, 50))
+#: simulate(**base) for a multi-bin and a token policy; each argument's oracle
+#: (None: any outcome, but a refusal must be a TypeError or ValueError naming it)
+SIMULATE = {
+    "multibin": dict(policy=mb.MultiBin(bins=2, batch_size=4), arrivals=mb.Saturated(), service=U, n=200,
+                     servers=1, seed=0),
+    "static": dict(policy=mb.StaticBatching(4), arrivals=mb.Saturated(), workload=WL, n=200, servers=1, seed=0),
+}
+class _N(Count):
+    """n: a count in [1, 2**53]; None (nothing replayed to count) refused."""
+
+    def expect(self, v):
+        return "refused" if v is None else super().expect(v)
+
+
+ORACLE = {"n": _N("[1, 9007199254740992]"), "keep_requests": Flag(), "keep_batches": Flag(),
+          "servers": None, "seed": None, "policy": None, "arrivals": None, "service": None,
+          "workload": None, "service_model": None}
+U = st.uniform(1, 19)
+
+
+def _simulate_case(which, name, value):
+    base = SIMULATE[which]
+    if name == "keep_batches" and which == "multibin":
+        return
+    kw = {**base, name: value}
+    oracle = ORACLE[name]
+    expected = oracle.expect(value) if oracle is not None else None
+    try:
+        mb.simulate(**kw)
+    except (TypeError, ValueError) as exc:
+        msg = str(exc)
+        # an array given for the replayed service may clash with n instead
+        names = (name, "n") if name in ("service", "workload") else (name,)
+        assert any(nm in msg for nm in names), f"simulate({name}={value!r}): {msg}"
+        if expected == "ok":
+            raise AssertionError(f"simulate({name}={value!r}) is valid but was refused: {msg}")
+        if expected not in (None, "refused", "ok"):
+            assert isinstance(exc, expected), f"simulate({name}={value!r}): {type(exc).__name__}: {msg}"
+    else:
+        assert expected in (None, "ok"), f"simulate({name}={value!r}) was accepted"
+
+
+@pytest.mark.parametrize("which", sorted(SIMULATE))
+@pytest.mark.parametrize("name", sorted(ORACLE))
+def test_every_bad_simulate_argument_is_refused_naming_it(which, name):
+    for label, value in BAD_VALUES.items():
+        _simulate_case(which, name, value)
+
+
+@given(which=hs.sampled_from(sorted(SIMULATE)), name=hs.sampled_from(sorted(ORACLE)),
+       value=hs.sampled_from(list(BAD_VALUES.values())) | hs.integers() | hs.floats() | hs.text(max_size=4)
+       | hs.lists(hs.floats(), max_size=3))
+def test_any_simulate_argument_is_refused_naming_it(which, name, value):
+    _simulate_case(which, name, value)
+
+
+def test_replayed_arrays_of_different_lengths_name_both():
+    """100 replayed arrivals with 50 service times silently simulated 50."""
+    with pytest.raises(ValueError, match="arrivals.times has 100 values but service has 50"):
+        mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Replay(np.arange(100.0)), service=np.ones(50))
+    with pytest.raises(ValueError, match="workload.prompt has 30 values but workload.output has 20"):
+        mb.simulate(mb.StaticBatching(4), arrivals=mb.Saturated(),
+                    workload=mb.Workload(prompt=np.ones(30), output=np.ones(20)))
+
+
+def test_clock_beyond_float64_resolution_is_refused():
+    """Replay(np.linspace(0, 1e308, 100)) reported utilization 1.5."""
+    with pytest.raises(ValueError, match="arrivals.times reach 1e\\+308 s"):
+        mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Replay(np.linspace(0, 1e308, 100)), service=U)
+    with pytest.raises(ValueError, match="rate = 1e-300"):
+        mb.simulate(mb.StaticBatching(4), arrivals=mb.Poisson(1e-300), workload=WL, n=100)
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: mb.simulate(mb.MultiBin(bins=10**12, batch_size=4), mb.Saturated(), U, n=1000), "bins"),
+    (lambda: mb.simulate(mb.MultiBin(bins=1, batch_size=4), mb.Saturated(), U, n=2**52, keep_requests=True),
+     "keep_requests"),
+    (lambda: mb.simulate(mb.MultiBinDynamic(bins=10**12, warmup=10**12), mb.Saturated(), workload=WL, n=1000),
+     "bins"),
+    (lambda: mb.simulate(mb.StaticBatching(4), mb.Saturated(), workload=WL, n=2**52, keep_batches=True),
+     "keep_batches"),
+])
+def test_runs_that_cannot_fit_are_refused_saying_the_memory(make, name):
+    with pytest.raises(ValueError, match=rf"^{name}: this run needs [0-9.]+ [KMGTPE]iB of memory"):
+        make()
+
+
+def test_huge_counts_run_in_memory_of_what_the_run_can_use():
+    """servers = 10**12, batch_size = 10**9, StaticBatching(10**11) and
+    b_max = 10**11 tried to allocate hundreds of GiB.  Buffers are sized by
+    what n requests can use, and the results equal those of the smallest
+    sufficient values, bit for bit."""
+    kw = dict(arrivals=mb.Poisson(2.0), service=U, n=3000, seed=5, keep_requests=True)
+    a = mb.simulate(mb.MultiBin(bins=2, batch_size=4), servers=10**12, **kw)
+    b = mb.simulate(mb.MultiBin(bins=2, batch_size=4), servers=3000, **kw)
+    np.testing.assert_array_equal(a.requests.completion, b.requests.completion)
+    assert a.mean_busy_servers == b.mean_busy_servers and a.utilization * 10**12 == pytest.approx(b.utilization * 3000)
+    big = mb.simulate(mb.MultiBin(bins=2, batch_size=10**9), **kw)
+    assert big.completed == 0 and big.excluded_partial == 3000
+    tk = dict(arrivals=mb.Poisson(2.0), workload=WL, n=2000, seed=5, keep_requests=True)
+    a = mb.simulate(mb.StaticBatching(10**11), servers=10**12, **tk)
+    b = mb.simulate(mb.StaticBatching(2000), servers=2000, **tk)
+    np.testing.assert_array_equal(a.requests["completion"], b.requests["completion"])
+    assert a.batch_size_hist.size == 2001
+    a = mb.simulate(mb.DynamicBatching(controller=mb.SLAController(b_max=10**11)), **tk)
+    assert a.completed == 2000

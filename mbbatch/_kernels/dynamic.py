@@ -180,10 +180,17 @@ SF_M2 = 5
 N_SF = 6
 
 
-def run_kernel(args, bins, servers, warmup):
+#: dynamic_kernel's return codes
+DONE = 0
+QUEUE_FULL = 1
+STOPPED = 2
+
+
+def run_kernel(args, bins, servers, warmup, stop):
     """Simulate: :func:`dynamic_kernel` on ``args`` (its arguments up to
     ``b_tokens``, outputs written in place) and a fresh workspace for ``bins``
     bins, ``servers`` servers and a warm-up window of ``warmup`` requests.
+    Returns False if ``stop[0]`` was set (the outputs are then incomplete).
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
     the buffers are then doubled here and it resumes where it stopped.
@@ -195,11 +202,16 @@ def run_kernel(args, bins, servers, warmup):
           np.empty(max(warmup, 1)), np.zeros(servers), np.zeros(servers, np.bool_),
           np.zeros(servers, np.int64), np.zeros(servers, np.int64), np.zeros((N_SF, servers)),
           np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.zeros(N_L)]
-    while dynamic_kernel(*args, *ws):
+    while True:
+        code = dynamic_kernel(*args, *ws, stop)
+        if code == DONE:
+            return True
+        if code == STOPPED:
+            return False
         ws[0] = _grow(ws[0], ws[1], ws[2], bins, ws[0].shape[2])
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def dynamic_kernel(
     n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
     prompt_kind, prompt_params, prompt_values, output_kind, output_params, output_values,
@@ -210,15 +222,20 @@ def dynamic_kernel(
     group_latency, group_count,
     r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
     b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
-    q, head, size, window, free_at, busy, s_n, s_bin, s_f, blk_t, blk_p, blk_o, blk_r, loop,
+    q, head, size, window, free_at, busy, s_n, s_bin, s_f, blk_t, blk_p, blk_o, blk_r, loop, stop,
 ):
     """Simulate ``n`` requests under the policy in ``pp``; outputs are written
     in place.  The arguments after ``b_tokens`` are the event loop's
     workspace (see :func:`run_kernel`): the per-bin ring buffers, the
     warm-up window, the servers, the draw blocks and the loop state, from
-    which a call resumes.  Returns True when it stopped because an arrival
-    found its bin's buffer full (nothing of that arrival done yet), False at
-    the end.  ``fstats[F_LAST_COMPLETION]`` must start at -inf and
+    which a call resumes.  Returns QUEUE_FULL when it stopped because an
+    arrival found its bin's buffer full (nothing of that arrival done yet),
+    STOPPED once ``stop[0]`` is nonzero (checked at every block of draws and
+    every 4096 batches: the caller's Ctrl-C; the kernel runs without the GIL
+    so that the caller's thread can take the signal meanwhile), DONE at the
+    end.  The server arrays need at most ``n`` entries (more servers are
+    never all busy), the warm-up window at most ``n``.
+    ``fstats[F_LAST_COMPLETION]`` must start at -inf and
     ``istats[I_TS_STRIDE]`` at 1; with one bin its edges are [0, 10000)."""
     policy = np.int64(pp[PP_POLICY])
     K = np.int64(pp[PP_BINS])
@@ -307,9 +324,12 @@ def dynamic_kernel(
     seg = np.int64(loop[L_SEG])
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
 
-    full = False
+    code = DONE
     while True:
         if jj == m and i < n:
+            if stop[0] != 0:
+                code = STOPPED
+                break
             # 1. the next block of draws, one stream at a time
             i0 = i
             m = min(BLOCK, n - i0)
@@ -374,7 +394,7 @@ def dynamic_kernel(
                     b = 0
                     window[i] = pred
                 if size[b] == cap:
-                    full = True
+                    code = QUEUE_FULL
                     break
                 # unsigned indices: no negative-index wraparound code
                 ub = np.uint64(b)
@@ -394,7 +414,7 @@ def dynamic_kernel(
                 jj += 1
                 if n_free > 0 or jj == m or blk_t[jj] >= t_next:
                     break
-            if full:
+            if code == QUEUE_FULL:
                 break
         # 3. free servers form batches, once every event of this instant is in
         if queued == 0 or n_free == 0:
@@ -651,6 +671,12 @@ def dynamic_kernel(
             s_f[SF_M2, k] = m2
             in_service += nb
             n_batches += 1
+            if n_batches & 4095 == 0 and stop[0] != 0:
+                # (a long drain after the last arrival draws no blocks)
+                code = STOPPED
+                break
+        if code == STOPPED:
+            break
 
     fstats[F_SUM_LATENCY] = sum_latency
     fstats[F_SUM_LATENCY2] = sum_latency2
@@ -679,7 +705,7 @@ def dynamic_kernel(
     loop[L_M] = m
     loop[L_RR] = rr
     loop[L_TS_SEEN] = ts_seen
-    return full
+    return code
 
 
 

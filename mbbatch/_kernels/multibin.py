@@ -79,7 +79,7 @@ def _hist_add(hist, x):
 
 
 @njit(cache=CACHE)
-def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, uB,
+def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, uB, uS,
           buf_arrival, keep, buf_index, out_arrival, out_service, out_bin, deadline, max_wait):
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
     (arrival time kept, service time folded into the bin's running maximum).
@@ -88,7 +88,8 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
     fills a batch (its bin's count is reset), or ``-1 - j`` when request ``j``
     arrives after ``deadline``, the earliest time a partial batch must
     leave (``max_wait``), or ``m``.  ``deadline`` is updated as bins get their
-    first member.  A small function of its own so that its loop keeps its few
+    first member.  Bin b's partial batch starts at ``b * uS`` of the
+    buffers.  A small function of its own so that its loop keeps its few
     pointers in registers."""
     one = np.uint64(1)
     for jj in range(np.uint64(j0), np.uint64(m)):
@@ -98,7 +99,7 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
             return -1 - np.int64(jj), deadline
         b = np.uint64(block_bin[jj])
         c = count[b]
-        o = b * uB + c
+        o = b * uS + c
         s = block_service[jj]
         if c == 0:
             # a bin's oldest member sets its deadline; later ones cannot be earlier
@@ -185,13 +186,13 @@ def _draw_block(kind, params, values, i0, m, gen, out):
             out[j] = values[ui0 + j]
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, nogil=True)
 def multibin_kernel(
     n, arrival_kind, rate, arrival_times, service_kind, service_params, service_values,
     edges, batch_size, servers, max_wait, gen_arrival, gen_service, keep,
     out_arrival, out_service, out_bin, out_completion, out_batch,
     stats, istats, batches_per_bin, group_latency, group_count, group_batch_wait,
-    group_batches, hist,
+    group_batches, hist, stop,
 ):
     """Simulate ``n`` requests through multi-bin batching; outputs are written in place.
 
@@ -202,6 +203,11 @@ def multibin_kernel(
     ``istats[I_EXCLUDED]`` and get no completion time.  Group ``g`` of the batch-means statistics
     holds the batches whose last member has arrival index ``i`` with
     ``g = i * G // n``.
+
+    ``servers`` need be at most ``n`` (more are never all busy).  The kernel
+    returns early, its outputs incomplete, once ``stop[0]`` is nonzero
+    (checked at every block of draws): the caller's Ctrl-C.  It runs without
+    the GIL, so the caller's thread can take the signal meanwhile.
 
     The hot loops index with unsigned integers: numba then emits no
     negative-index wraparound, which costs a third of the request loop.
@@ -215,13 +221,16 @@ def multibin_kernel(
     U3 = np.uint64(3)
     U4 = np.uint64(4)
     uB = np.uint64(B)
-    # bin b's partial batch occupies [b * B, (b + 1) * B) of flat buffers
-    buf_arrival = np.empty(k * B, np.float64)
-    buf_index = np.empty(k * B, np.int64)
+    # bin b's partial batch occupies [b * stride, (b + 1) * stride) of flat buffers: a
+    # bin never holds more than min(B, n) requests
+    stride = B if B < n else n
+    uS = np.uint64(stride)
+    buf_arrival = np.empty(k * stride, np.float64)
+    buf_index = np.empty(k * stride, np.int64)
     count = np.zeros(k, np.uint64)
     max_service = np.full(k, -np.inf)
-    lat = np.empty(B, np.float64)
-    hidx = np.empty(B, np.uint64)
+    lat = np.empty(stride, np.float64)
+    hidx = np.empty(stride, np.uint64)
     block_time = np.empty(BLOCK, np.float64)
     block_bin = np.empty(BLOCK, np.uint32)
     block_service = np.empty(BLOCK, np.float64)
@@ -251,6 +260,8 @@ def multibin_kernel(
     arrivals_over = False
     while True:
         if jj == m and not arrivals_over:
+            if stop[0] != 0:
+                return
             i0 += m
             if i0 >= n:
                 arrivals_over = True
@@ -293,7 +304,7 @@ def multibin_kernel(
         # before the first arrival past a partial batch's deadline
         if not arrivals_over:
             jj, deadline = _fill(jj, m, i0, block_time, block_service, block_bin, count, max_service,
-                                 uB, buf_arrival, keep, buf_index, out_arrival, out_service, out_bin,
+                                 uB, uS, buf_arrival, keep, buf_index, out_arrival, out_service, out_bin,
                                  deadline, max_wait)
             if jj == m:
                 continue
@@ -308,10 +319,10 @@ def multibin_kernel(
             b = np.uint64(0)
             first = np.inf
             for q in range(k):
-                if count[q] > 0 and buf_arrival[q * B] < first:
-                    first = buf_arrival[q * B]
+                if count[q] > 0 and buf_arrival[q * stride] < first:
+                    first = buf_arrival[q * stride]
                     b = np.uint64(q)
-            o = b * uB
+            o = b * uS
             members = count[b]
             count[b] = 0
             i = min(i0 + jj, n - 1)
@@ -319,7 +330,7 @@ def multibin_kernel(
             i = i0 + jj
             ready = block_time[jj]
             b = np.uint64(block_bin[jj])
-            o = b * uB
+            o = b * uS
             members = uB
             jj += 1
 
@@ -409,7 +420,7 @@ def multibin_kernel(
             deadline = np.inf
             for q in range(k):
                 if count[q] > 0:
-                    d = buf_arrival[q * B] + max_wait
+                    d = buf_arrival[q * stride] + max_wait
                     deadline = d if d < deadline else deadline
 
     excluded = 0

@@ -1,0 +1,108 @@
+"""Running kernels: Ctrl-C within a fraction of a second; memory, and the
+clock's resolution, checked before anything is allocated.
+
+A numba kernel holds the thread that calls it until it returns, and Python
+runs signal handlers only between bytecodes, so a Ctrl-C during a long
+``simulate`` would wait for the whole run.  :func:`interruptible` runs the
+kernel (compiled ``nogil``) on a helper thread while the main thread waits,
+ready to take the signal: it then sets the kernel's stop flag, which the
+kernel checks at every block of requests, waits the few milliseconds until
+it returns, and raises ``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import numpy as np
+
+__all__ = ["stop_flag", "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
+
+
+def stop_flag() -> np.ndarray:
+    """A kernel's stop flag: nonzero asks it to return at its next check."""
+    return np.zeros(1, np.int64)
+
+
+def interruptible(call, stop: np.ndarray):
+    """``call()`` (which runs a kernel watching ``stop``) on a helper thread,
+    so that Ctrl-C in the main thread stops it within about a block of
+    requests and raises ``KeyboardInterrupt``.  Elsewhere than the main
+    thread (signals only reach the main thread) ``call()`` runs directly."""
+    if threading.current_thread() is not threading.main_thread():
+        return call()
+    box = {}
+
+    def target():
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+
+    worker = threading.Thread(target=target, name="mbbatch-kernel", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.25)
+    except BaseException:
+        stop[0] = 1
+        worker.join()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux ``MemAvailable``,
+    else the physical memory), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} EiB"  # pragma: no cover
+
+
+def check_memory(parts: dict) -> int:
+    """Refuse a run whose allocations cannot fit.
+
+    ``parts`` maps the parameter that sizes an allocation to ``(bytes,
+    what)``.  Raises ``ValueError`` naming the largest part's parameter, the
+    total needed and the memory available; returns the total in bytes.
+    """
+    total = int(sum(b for b, _ in parts.values()))
+    avail = available_memory()
+    if avail is not None and total > avail:
+        name, (big, what) = max(parts.items(), key=lambda kv: kv[1][0])
+        raise ValueError(f"{name}: this run needs {format_bytes(total)} of memory ({format_bytes(big)} "
+                         f"for {what}), more than the {format_bytes(avail)} available; make it smaller")
+    return total
+
+
+def check_clock(horizon: float, scale: float, what: str) -> None:
+    """Refuse a run whose clock reaches times where float64 cannot resolve
+    the service times: float64 numbers at ``horizon`` (s) must be closer
+    than 1e-4 of a typical service time ``scale`` (s)."""
+    if not (math.isfinite(scale) and scale > 0):
+        return
+    step = float(np.spacing(horizon)) if math.isfinite(horizon) else math.inf
+    if step > 1e-4 * scale:
+        raise ValueError(f"{what} reach {horizon:.3g} s, where float64 times are {step:.3g} s apart, too "
+                         f"coarse for service times of about {scale:.3g} s (results would lose them); "
+                         "shift the times to start near 0, or change their units")

@@ -1,0 +1,98 @@
+"""The command line: errors are one line naming the path or key, with a
+non-zero exit status (a traceback only with --debug); Ctrl-C stops a sweep
+on one worker within about a second."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mbbatch import cli
+
+from .test_sweep import ROOT, SMALL, write
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "mbbatch.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def one_line_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_missing_spec_file_is_one_line(tmp_path):
+    one_line_error(run("sweep", tmp_path / "nosuch.toml", "--out", tmp_path / "x.zarr"), "nosuch.toml")
+
+
+def test_non_utf8_spec_names_the_file(tmp_path):
+    """A non-UTF-8 spec gave a decode error without its name."""
+    p = tmp_path / "latin1.toml"
+    p.write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    one_line_error(run("sweep", p, "--out", tmp_path / "x.zarr"), "latin1.toml", "UTF-8")
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_store_in_a_path_that_cannot_be_written_is_one_line(tmp_path):
+    spec = write(tmp_path, SMALL)
+    (tmp_path / "afile").write_text("x")
+    one_line_error(run("sweep", spec, "--out", tmp_path / "afile" / "s.zarr"), "afile", "not a folder")
+    # /proc takes no new files, even for root
+    one_line_error(run("sweep", spec, "--out", "/proc/mbbatch-test.zarr"), "/proc/")
+
+
+def test_check_of_something_else_is_one_line(tmp_path):
+    one_line_error(run("check", tmp_path / "nosuch.zarr"), "nosuch.zarr", "does not exist")
+    (tmp_path / "d").mkdir()
+    one_line_error(run("check", tmp_path / "d"), "not an mbbatch sweep store")
+
+
+@pytest.mark.parametrize("exc, needle", [
+    (MemoryError(), "out of memory"),
+    (OSError(30, "Read-only file system", "/data/s.zarr"), "/data/s.zarr: Read-only file system"),
+    (UnicodeDecodeError("utf-8", b"ab\xff", 2, 3, "invalid start byte"), "not UTF-8"),
+    (PermissionError(13, "Permission denied", "results/x.zarr"), "results/x.zarr: Permission denied"),
+])
+def test_errors_become_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys, exc, needle):
+    import mbbatch.sweep
+
+    def fail(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(mbbatch.sweep, "run_sweep", fail)
+    argv = ["sweep", str(write(tmp_path, SMALL)), "--out", str(tmp_path / "s.zarr")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(type(exc)):
+        cli.main(["--debug", *argv])
+
+
+def test_ctrl_c_stops_a_one_worker_sweep_within_seconds(tmp_path):
+    """A sweep with --workers 1 waited for its running cell (4 s on a 3.4 s
+    cell).  Its one cell here would take minutes; Ctrl-C ends the process
+    with status 130 and the resume hint in seconds."""
+    spec = write(tmp_path, SMALL.replace("n = 4000", "n = 20000000000").replace("reps = 3", "reps = 1")
+                 .replace("bins = [1, 3]", "bins = [3]").replace("rate = [0.2, 0.5, 2.0]", "rate = [0.2]"))
+    proc = subprocess.Popen([sys.executable, "-m", "mbbatch.cli", "sweep", str(spec), "--out",
+                             str(tmp_path / "s.zarr"), "--workers", "1"], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    assert "cells to compute" in proc.stderr.readline()
+    time.sleep(1.0)                       # into the cell
+    t0 = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 130 and "run the same command again to resume" in err, err
+    assert "Traceback" not in err, err
+    # the cell alone takes minutes; stopping must not wait for it
+    assert took < 10, took

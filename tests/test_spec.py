@@ -1,0 +1,173 @@
+"""Sweep specs are validated whole before a store exists: every grid point's
+objects are built and its simulation checked, and any bad value, anywhere,
+is a SpecError naming the file (a fuzz over keys and values)."""
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mbbatch.cells import check_points
+from mbbatch.spec import PARAMS, SpecError, load_spec
+from mbbatch.sweep import run_sweep
+
+BASES = {
+    "multibin": {
+        "name": "m", "policy": "multibin", "arrivals": "poisson", "service": "uniform", "reps": 2, "seed": 1,
+        "params": {"batch_size": 8, "l_min": 1.0, "l_max": 20.0, "n": 1000},
+        "grid": {"bins": [1, 3], "rate": [0.5, 2.0]},
+    },
+    "multibin_expon": {
+        "name": "e", "policy": "multibin", "arrivals": "saturated", "service": "expon", "reps": 2, "seed": 1,
+        "params": {"batch_size": 8, "mu": 0.5, "n": 1000, "edges": "lemma_a1"},
+        "grid": {"bins": [1, 3]},
+    },
+    "static": {
+        "name": "s", "policy": "static", "arrivals": "poisson", "reps": 2, "seed": 1,
+        "params": {"prompt_median": 128.0, "prompt_sigma": 0.5, "output_median": 64.0, "output_sigma": 0.8,
+                   "d_sla": 0.0074, "eta": 20000.0, "n": 1000},
+        "grid": {"batch_size": [4, 16], "rate": [0.5, 2.0]},
+    },
+    "multibin_dynamic": {
+        "name": "d", "policy": "multibin_dynamic", "arrivals": "step", "reps": 2, "seed": 1,
+        "params": {"prompt_median": 128.0, "prompt_sigma": 0.5, "output_median": 64.0, "output_sigma": 0.8,
+                   "d_sla": 0.0074, "eta": 20000.0, "n": 1000, "b_max": 64, "warmup": 100, "rate": 1.0,
+                   "rate_high": 2.0, "t_up": 100.0, "t_down": 200.0},
+        "grid": {"bins": [2, 4]},
+    },
+}
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
+    if isinstance(v, str):
+        return json.dumps(v)          # a TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+def toml(spec: dict) -> str:
+    top = [f"{k} = {toml_value(v)}" for k, v in spec.items() if not isinstance(v, dict)]
+    tables = [f"[{k}]\n" + "\n".join(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())
+              for k, v in spec.items() if isinstance(v, dict)]
+    return "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n"
+
+
+scalars = st.one_of(
+    st.integers(min_value=-10**20, max_value=10**20), st.sampled_from([0, 1, -1, 2**63, 10**12, 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1e-300, 1e300, 5e-324]),
+    st.text(max_size=8), st.sampled_from(["inf", "nan", "8", "", "poisson", "uniform", "spec", "l0"]),
+    st.booleans(),
+)
+values = st.one_of(scalars, st.lists(scalars, max_size=4), st.dictionaries(st.sampled_from(["a", "x"]), scalars,
+                                                                           max_size=2))
+
+
+def check(tmp_path, text: str, name="fuzz.toml"):
+    """Load and check a spec; any failure must be a SpecError naming the file."""
+    p = tmp_path / name
+    p.write_text(text)
+    try:
+        spec = load_spec(p)
+        check_points(spec)
+    except SpecError as exc:
+        assert name in str(exc), str(exc)
+        return None
+    return spec
+
+
+@given(base=st.sampled_from(sorted(BASES)), table=st.sampled_from(["", "params", "grid"]),
+       key=st.sampled_from(sorted(PARAMS) + ["name", "policy", "arrivals", "service", "service_model", "reps",
+                                            "seed", "description", "bogus"]),
+       value=values, data=st.data())
+def test_spec_fuzz_only_spec_errors_naming_the_file(tmp_path_factory, base, table, key, value, data):
+    spec = json.loads(json.dumps(BASES[base]))
+    if table:
+        spec[table][key] = value
+        other = "grid" if table == "params" else "params"
+        if data.draw(st.booleans()):
+            spec[other].pop(key, None)       # often: the key in one table only
+    else:
+        spec[key] = value
+    check(tmp_path_factory.mktemp("fuzz"), toml(spec))
+
+
+@given(raw=st.binary(max_size=200))
+def test_spec_fuzz_arbitrary_bytes(tmp_path_factory, raw):
+    p = tmp_path_factory.mktemp("bytes") / "raw.toml"
+    p.write_bytes(raw)
+    with pytest.raises(SpecError, match="raw.toml"):
+        load_spec(p)
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_the_fuzz_bases_are_valid(tmp_path, base):
+    assert check(tmp_path, toml(BASES[base])) is not None
+
+
+# --- the failures users met, one by one: each is a SpecError before any store ------------
+
+def refused(tmp_path, spec: dict, *needles):
+    p = tmp_path / "bad.toml"
+    p.write_text(toml(spec))
+    out = tmp_path / "out.zarr"
+    with pytest.raises(SpecError) as err:
+        run_sweep(p, out, workers=1, progress=False)
+    assert not out.exists() and not list(tmp_path.glob(".*"))   # no store, no lock, no temporary
+    for needle in ("bad.toml", *needles):
+        assert needle in str(err.value), str(err.value)
+
+
+def test_warmup_below_bins_at_some_grid_point(tmp_path):
+    """`warmup = 3` with `bins = [2, 4]` failed only after points were computed."""
+    spec = json.loads(json.dumps(BASES["multibin_dynamic"]))
+    spec["params"]["warmup"] = 3
+    refused(tmp_path, spec, "bins=4", "warmup")
+
+
+def test_prompt_sigma_zero(tmp_path):
+    """`prompt_sigma = 0.0` was inside the spec's range but refused by the
+    log-normal later; the spec's domain now says (0, inf)."""
+    spec = json.loads(json.dumps(BASES["static"]))
+    spec["params"]["prompt_sigma"] = 0.0
+    refused(tmp_path, spec, "prompt_sigma", "(0, inf)")
+
+
+def test_infinite_servers_with_a_token_policy(tmp_path):
+    spec = json.loads(json.dumps(BASES["static"]))
+    spec["params"]["servers"] = "inf"
+    refused(tmp_path, spec, "servers", "finite")
+
+
+def test_a_billion_reps_is_refused_saying_the_memory(tmp_path):
+    """`reps = 1000000000` ended in a raw MemoryError."""
+    spec = json.loads(json.dumps(BASES["multibin"]))
+    spec["reps"] = 10**12
+    refused(tmp_path, spec, "reps", "GiB")
+
+
+def test_a_huge_batch_size_runs_in_bounded_memory(tmp_path):
+    """`batch_size = 1000000000` ended in a raw MemoryError: a bin's buffer is
+    now min(batch_size, n), so the sweep runs (no batch ever fills)."""
+    spec = json.loads(json.dumps(BASES["multibin"]))
+    spec["params"]["batch_size"] = 10**9
+    p = tmp_path / "big.toml"
+    p.write_text(toml(spec))
+    ds = run_sweep(p, tmp_path / "out.zarr", workers=1, progress=False)
+    assert int(ds["completed"].sum()) == 0 and int(ds["excluded_partial"].min()) == 1000
+
+
+def test_too_many_bins_is_refused_saying_the_memory(tmp_path):
+    spec = json.loads(json.dumps(BASES["multibin"]))
+    spec["grid"]["bins"] = [1, 10**13]
+    refused(tmp_path, spec, "bins=10000000000000", "bins:", "GiB")

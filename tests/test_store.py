@@ -1,0 +1,338 @@
+"""The sweep store (mbbatch.store): what --overwrite may delete, one writer
+per store, damage detected and repaired bit for bit.  The guarantees are
+tested on real `mbbatch` processes where a process is what they are about."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from mbbatch import store
+from mbbatch.store import StoreNote, SweepError
+from mbbatch.sweep import check_store, run_sweep
+
+from .test_sweep import ROOT, SLOW, SMALL, assert_identical, start_sweep, write
+
+pytestmark = pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
+
+TINY = SMALL.replace("n = 4000", "n = 600").replace("reps = 3", "reps = 2")
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "mbbatch.cli", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def tree(path: Path) -> dict:
+    """Every file under ``path`` with its bytes (symlinks as their targets)."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.is_symlink():
+            out[str(p.relative_to(path))] = ("link", os.readlink(p))
+        elif p.is_file():
+            out[str(p.relative_to(path))] = p.read_bytes()
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A finished store of TINY, and its Dataset, made once."""
+    d = tmp_path_factory.mktemp("ref")
+    out = d / "ref.zarr"
+    ds = run_sweep(write(d, TINY), out, workers=1, progress=False).load()
+    return out, ds
+
+
+def fresh_copy(reference, tmp_path, name="s.zarr"):
+    import shutil
+
+    out = tmp_path / name
+    shutil.copytree(reference[0], out)
+    return out
+
+
+# --- 1. --overwrite deletes only a sweep store ---------------------------------------
+
+def test_overwrite_refuses_a_directory_of_user_files(tmp_path):
+    """The data-loss bug: `--overwrite` erased an unrelated directory.  A real
+    process is refused, names the path, and every file survives."""
+    user = tmp_path / "thesis"
+    (user / "chapters").mkdir(parents=True)
+    (user / "notes.txt").write_text("do not lose me")
+    (user / "chapters" / "one.tex").write_text("\\chapter{One}")
+    before = tree(user)
+    r = cli("sweep", write(tmp_path, TINY), "--out", user, "--overwrite", "--workers", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert str(user) in r.stderr and "not an mbbatch sweep store" in r.stderr
+    assert tree(user) == before
+
+
+def test_overwrite_refuses_the_working_directory(tmp_path):
+    """`--out . --overwrite` emptied the working directory."""
+    (tmp_path / "data.csv").write_text("1,2,3\n")
+    spec = write(tmp_path, TINY)
+    before = tree(tmp_path)
+    r = cli("sweep", spec.name, "--out", ".", "--overwrite", "--workers", "1", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "working directory" in r.stderr
+    assert tree(tmp_path) == before
+    r = cli("sweep", spec.name, "--out", "..", "--overwrite", "--workers", "1", cwd=tmp_path)
+    assert r.returncode == 2 and "working directory" in r.stderr, r.stderr
+
+
+def test_overwrite_refuses_a_file_without_a_traceback(tmp_path):
+    """A regular file gave a NotADirectoryError traceback."""
+    f = tmp_path / "results.zarr"
+    f.write_text("not a store")
+    r = cli("sweep", write(tmp_path, TINY), "--out", f, "--overwrite", "--workers", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "is a file" in r.stderr, r.stderr
+    assert f.read_text() == "not a store"
+    r = cli("sweep", write(tmp_path, TINY), "--out", f, "--workers", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "not an mbbatch sweep store" in r.stderr
+
+
+def test_overwrite_refuses_a_symlink_out_of_the_tree(tmp_path, reference):
+    """A link is never followed to delete: not even when it points at a store."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = fresh_copy(reference, elsewhere)
+    before = tree(target)
+    link = tmp_path / "link.zarr"
+    link.symlink_to(target)
+    with pytest.raises(SweepError, match="symbolic link"):
+        run_sweep(write(tmp_path, TINY), link, workers=1, progress=False, overwrite=True)
+    assert link.is_symlink() and tree(target) == before
+
+
+def test_overwrite_refuses_a_store_holding_foreign_files(tmp_path, reference):
+    out = fresh_copy(reference, tmp_path)
+    (out / "my_notes.txt").write_text("mine")
+    (out / "sim_throughput" / "c" / "keep.me").write_text("mine too")
+    with pytest.raises(SweepError, match="files a sweep did not write") as err:
+        run_sweep(write(tmp_path, TINY), out, workers=1, progress=False, overwrite=True)
+    assert "my_notes.txt" in str(err.value)
+    assert (out / "my_notes.txt").read_text() == "mine"
+
+
+def test_overwrite_replaces_a_store_and_leaves_nothing_behind(tmp_path, reference):
+    out = fresh_copy(reference, tmp_path)
+    changed = write(tmp_path, TINY.replace("seed = 7", "seed = 8"), "changed.toml")
+    with pytest.raises(SweepError, match="seed: 7 -> 8"):
+        run_sweep(changed, out, workers=1, progress=False)
+    ds = run_sweep(changed, out, workers=1, progress=False, overwrite=True).load()
+    assert int(ds.attrs["seed"]) == 8 and bool(ds["done"].all())
+    # the same spec again with overwrite starts over, and ends identical
+    again = run_sweep(changed, out, workers=1, progress=False, overwrite=True).load()
+    assert_identical(ds, again)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["changed.toml", "s.zarr"]
+
+
+def test_an_unrelated_creating_folder_survives(tmp_path):
+    """An unrelated `NAME.zarr.creating` folder was silently removed: the
+    sweep's temporary names are its own (process id and a random part)."""
+    mine = tmp_path / "s.zarr.creating"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("x")
+    run_sweep(write(tmp_path, TINY), tmp_path / "s.zarr", workers=1, progress=False)
+    assert (mine / "precious.txt").read_text() == "x"
+
+
+def test_stale_temporaries_of_a_dead_sweep_are_removed_and_nothing_else(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    ours = tmp_path / f".s.zarr.creating-{dead}-abc123"
+    ours.mkdir()
+    theirs = tmp_path / f".s.zarr.creating-{dead}-keepme"
+    theirs.mkdir()
+    (theirs / "data.txt").write_text("not a store")
+    run_sweep(write(tmp_path, TINY), tmp_path / "s.zarr", workers=1, progress=False)
+    assert not ours.exists()
+    assert (theirs / "data.txt").read_text() == "not a store"
+
+
+# --- 2. one writer per store -------------------------------------------------------------
+
+@pytest.mark.heavy
+def test_second_sweep_on_a_locked_store_exits_at_once_naming_the_holder(tmp_path):
+    """Two sweeps on one store raced (tracebacks, a store left with 4 of 28
+    variables).  The second now stops at once, naming the store and the
+    first one's process id; after a kill -9 of the first, the next run takes
+    the lock over with a note and ends bit-identical to an uninterrupted run."""
+    spec = write(tmp_path, SLOW.replace("n = 400000", "n = 3000000"))
+    out = tmp_path / "locked.zarr"
+    first = start_sweep(spec, out, workers=1, points=1)
+    try:
+        t0 = time.monotonic()
+        r = cli("sweep", spec, "--out", out, "--workers", "1", "--quiet")
+        assert time.monotonic() - t0 < 30
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert str(out) in r.stderr and f"process {first.pid}" in r.stderr
+        assert first.poll() is None                          # the first one goes on
+        r = cli("sweep", spec, "--out", out, "--workers", "1", "--overwrite")
+        assert r.returncode == 2 and f"process {first.pid}" in r.stderr, r.stderr
+        r = cli("check", out)
+        assert f"being written now by process {first.pid}" in r.stdout, r.stdout
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    # (the rest of the run on a smaller grid: the point is the lock, not the size)
+    small = write(tmp_path, SLOW, "small.toml")
+    with pytest.warns(StoreNote, match=f"took over the lock of process {first.pid}"):
+        with pytest.raises(SweepError, match="spec differs"):
+            run_sweep(small, out, workers=1, progress=False)
+    assert not (tmp_path / ".locked.zarr.lock").exists()     # released on a clean exit
+    r = cli("sweep", small, "--out", out, "--workers", "1", "--quiet", "--overwrite")
+    assert r.returncode == 0 and "took over" not in r.stderr, r.stderr
+
+
+@pytest.mark.heavy
+def test_two_sweeps_started_together_leave_one_intact_store(tmp_path):
+    spec = write(tmp_path, SMALL.replace("n = 4000", "n = 40000"))
+    for trial in range(3):
+        out = tmp_path / f"race{trial}.zarr"
+        procs = [subprocess.Popen([sys.executable, "-m", "mbbatch.cli", "sweep", str(spec), "--out", str(out),
+                                   "--workers", "1", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}) for _ in range(2)]
+        results = [p.communicate(timeout=300) + (p.returncode,) for p in procs]
+        for _, err, code in results:
+            assert "Traceback" not in err, err
+            assert code == 0 or (code == 2 and "being written by another sweep" in err), err
+        assert any(code == 0 for *_, code in results)
+        r = cli("check", out)
+        assert r.returncode == 0 and "intact" in r.stdout, r.stdout
+
+
+def test_lock_file_that_is_not_ours_is_refused(tmp_path):
+    (tmp_path / ".s.zarr.lock").write_text("someone's file\n")
+    with pytest.raises(SweepError, match="not an mbbatch lock file"):
+        run_sweep(write(tmp_path, TINY), tmp_path / "s.zarr", workers=1, progress=False)
+    assert (tmp_path / ".s.zarr.lock").read_text() == "someone's file\n"
+
+
+# --- 3. damage is detected, not used -------------------------------------------------
+
+def _chunk(out, var, idx):
+    return out / var / "c" / Path(*map(str, idx))
+
+
+DAMAGE = {
+    "truncated": lambda p: p.write_bytes(p.read_bytes()[:-3]),
+    "zeroed": lambda p: p.write_bytes(bytes(len(p.read_bytes()))),
+    "random": lambda p: p.write_bytes(np.random.default_rng(0).bytes(len(p.read_bytes()))),
+    "flipped": lambda p: p.write_bytes(bytes([p.read_bytes()[0] ^ 0x01]) + p.read_bytes()[1:]),
+    "deleted": lambda p: p.unlink(),
+    "empty": lambda p: p.write_bytes(b""),
+}
+
+
+@pytest.mark.parametrize("how", list(DAMAGE))
+def test_a_damaged_chunk_is_found_and_recomputed_bit_for_bit(tmp_path, reference, how):
+    """A truncated, zeroed or random chunk passed as done; a flipped byte
+    changed a value silently; a deleted chunk read as NaN.  Each is now found
+    by `check` and by the resume, which recomputes the point (with a note
+    naming store, variable and point) and ends equal to an uninterrupted run."""
+    out = fresh_copy(reference, tmp_path)
+    DAMAGE[how](_chunk(out, "sim_throughput", (1, 2, 0)))
+    report = check_store(out)
+    assert not report.ok and "bins=3, rate=2.0 (sim_throughput)" in report.text, report.text
+    with pytest.warns(StoreNote, match=r"s\.zarr: 1 grid points .* bins=3, rate=2\.0 \(sim_throughput\)"):
+        again = run_sweep(write(tmp_path, TINY), out, workers=1, progress=False).load()
+    assert_identical(reference[1], again)
+    assert check_store(out).ok
+
+
+def test_a_truncated_done_chunk_is_recomputed_not_an_error(tmp_path, reference):
+    """A truncated `done` chunk stopped the sweep with an error naming no file."""
+    out = fresh_copy(reference, tmp_path)
+    DAMAGE["truncated"](_chunk(out, "done", (0, 1)))
+    with pytest.warns(StoreNote, match=r"bins=1, rate=0\.5 \(done\)"):
+        again = run_sweep(write(tmp_path, TINY), out, workers=1, progress=False).load()
+    assert_identical(reference[1], again)
+
+
+def test_damage_in_several_variables_and_points_is_named(tmp_path, reference):
+    out = fresh_copy(reference, tmp_path)
+    DAMAGE["random"](_chunk(out, "theory_latency", (0, 0)))
+    DAMAGE["deleted"](_chunk(out, "sim_latency_p99", (1, 1, 0)))
+    DAMAGE["flipped"](_chunk(out, "completed", (1, 1, 0)))
+    report = check_store(out)
+    assert "damaged: 2" in report.text
+    assert "bins=1, rate=0.2 (theory_latency)" in report.text
+    assert "bins=3, rate=0.5 (completed, sim_latency_p99)" in report.text
+    r = cli("check", out)
+    assert r.returncode == 1 and "DAMAGED" in r.stdout
+    # the resume, as a real `mbbatch sweep` process: a note names store, points and variables
+    r = cli("sweep", write(tmp_path, TINY), "--out", out, "--workers", "1", "--quiet")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    note = [ln for ln in r.stderr.splitlines() if ln.startswith("note:")]
+    assert len(note) == 1 and str(out) in note[0] and "2 grid points failed verification" in note[0], r.stderr
+    assert "(theory_latency)" in note[0] and "(completed, sim_latency_p99)" in note[0]
+    assert_identical(reference[1], xr.open_zarr(out).load())
+    r = cli("check", out)
+    assert r.returncode == 0 and "intact" in r.stdout, r.stdout
+
+
+def test_check_reports_missing_points_of_an_interrupted_store(tmp_path, reference):
+    out = fresh_copy(reference, tmp_path)
+    xr.Dataset({"done": (("bins", "rate"), np.zeros((1, 1), bool))}).to_zarr(
+        out, region={"bins": slice(0, 1), "rate": slice(2, 3)}, write_empty_chunks=True)
+    report = check_store(out)
+    assert report.ok and "missing: 1 (bins=1, rate=2.0)" in report.text, report.text
+
+
+def test_damaged_metadata_is_named_and_overwrite_rebuilds(tmp_path, reference):
+    """A store that cannot be opened: the error names the file; `--overwrite`
+    (which recognises the store by its `done` array's mark) rebuilds it."""
+    out = fresh_copy(reference, tmp_path)
+    (out / "sim_throughput" / "zarr.json").write_text("{ not json")
+    with pytest.raises(SweepError, match=r"sim_throughput/zarr\.json cannot be read"):
+        run_sweep(write(tmp_path, TINY), out, workers=1, progress=False)
+    (out / "zarr.json").write_bytes(b"\x00" * 10)
+    with pytest.raises(SweepError, match=r"zarr\.json cannot be read"):
+        run_sweep(write(tmp_path, TINY), out, workers=1, progress=False)
+    assert not check_store(out).ok
+    rebuilt = run_sweep(write(tmp_path, TINY), out, workers=1, progress=False, overwrite=True).load()
+    assert_identical(reference[1], rebuilt)
+
+
+def test_a_store_without_checksums_needs_overwrite(tmp_path, reference):
+    """Stores made before checksums cannot be verified: refused until rebuilt."""
+    out = fresh_copy(reference, tmp_path)
+    meta = json.loads((out / "zarr.json").read_text())
+    del meta["attributes"][store.MARK]
+    (out / "zarr.json").write_text(json.dumps(meta))
+    with pytest.raises(SweepError, match="older mbbatch"):
+        run_sweep(write(tmp_path, TINY), out, workers=1, progress=False)
+    rebuilt = run_sweep(write(tmp_path, TINY), out, workers=1, progress=False, overwrite=True).load()
+    assert_identical(reference[1], rebuilt)
+
+
+def test_every_chunk_carries_a_checksum_and_exists(reference):
+    out = reference[0]
+    for meta in out.glob("*/zarr.json"):
+        codecs = [c["name"] for c in json.loads(meta.read_text())["codecs"]]
+        assert codecs[-1] == "crc32c", (meta, codecs)
+    # fill values are written too: a missing chunk is damage, never a NaN
+    assert len(list((out / "unstable" / "c").rglob("*"))) >= 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_store(out).ok
+
+
+def test_a_link_to_a_store_resumes_and_shares_its_lock(tmp_path, reference):
+    out = fresh_copy(reference, tmp_path)
+    link = tmp_path / "link.zarr"
+    link.symlink_to(out)
+    with store.StoreLock(out):
+        with pytest.raises(SweepError, match="being written by another sweep"):
+            run_sweep(write(tmp_path, TINY), link, workers=1, progress=False)
+    ds = run_sweep(write(tmp_path, TINY), link, workers=1, progress=False).load()
+    assert_identical(reference[1], ds)
