@@ -1,5 +1,5 @@
-# mbbatch, as a file DAG: results depend on their spec and the sources, figures
-# on the results.  Phony targets: help, test, figures, bench, clean.
+# mbbatch, as a file DAG: results depend on their specs and the sources,
+# figures on the results.  Phony targets: help, test, figures, bench, clean.
 
 PYTHON ?= python3
 VENV := .venv
@@ -7,10 +7,10 @@ PY := $(VENV)/bin/python
 MBBATCH := $(VENV)/bin/mbbatch
 STAMP := $(VENV)/.installed
 RESULTS := results
-SWEEPS := fig3 fig4 fig8 thm43 servers mb_only static_b dyn_only mb_dynamic controller_step max_wait
-# what sweep results depend on: the simulation and theory code, not the figure code
-SRC := $(filter-out mbbatch/figures.py,$(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py))
-DONE := $(SWEEPS:%=$(RESULTS)/%.done)
+SPECS := $(wildcard sweeps/*.toml)
+# what sweep results depend on: the simulation, sweep and theory code, not the figure code
+SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
+SWEPT := $(RESULTS)/.swept
 
 .PHONY: help test figures bench clean
 
@@ -32,18 +32,19 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 
-# A sweep resumes where it stopped; once complete, a newer spec or source
-# makes it start over (--overwrite), since its stored cells are then stale.
-$(RESULTS)/%.done: sweeps/%.toml $(SRC) | $(STAMP)
+# Every spec in one process, on one pool of workers.  A sweep resumes where it
+# stopped; a store made from another spec or by other code is stale, and is
+# discarded and recomputed (--rebuild-stale deletes only sweep stores).
+$(SWEPT): $(SPECS) $(SRC) | $(STAMP)
 	@mkdir -p $(RESULTS)
-	@if [ -e $@ ]; then rm -f $@; over=--overwrite; fi; \
-	$(MBBATCH) sweep $< --out $(RESULTS)/$*.zarr $$over && touch $@
+	$(MBBATCH) sweep $(SPECS) --out-dir $(RESULTS) --rebuild-stale
+	@touch $@
 
 $(RESULTS)/fig1b.nc: $(SRC) | $(STAMP)
 	@mkdir -p $(RESULTS)
 	$(MBBATCH) example fig1b --out $@
 
-figures: $(DONE) $(RESULTS)/fig1b.nc
+figures: $(SWEPT) $(RESULTS)/fig1b.nc
 	$(MBBATCH) figures --results $(RESULTS) --out figures
 
 clean:

@@ -1,8 +1,7 @@
-"""Parameter domains, declared once, and the checks they drive.
+"""The checks that the parameter table (:mod:`mbbatch.params`) drives.
 
-Every public entry point validates its arguments here before any work runs.
-The domain table below is the single source of truth for error messages,
-Dataset attrs and the hypothesis strategies in the tests.
+Every public entry point validates its arguments here before any work runs:
+:func:`check` validates a value as one parameter of the table.
 
 Errors follow one rule: ``ValueError`` for a value outside its domain (NaN and
 inf included, also where a count belongs; a count beyond 64 bits; a sequence of
@@ -22,145 +21,64 @@ import decimal
 import math
 import numbers
 import reprlib
-from dataclasses import dataclass
-
 import numpy as np
 
-__all__ = ["Domain", "DOMAINS", "check_real", "check_count", "check_servers", "check_scalar_real",
-           "check_real_array", "check_count_array", "check_flag", "check_choice", "check_instance",
-           "MAX_DURATION"]
+from .params import MAX_DURATION, PARAMS, SYMBOLS, Domain
 
-
-@dataclass(frozen=True)
-class Domain:
-    """An interval domain ``lo < x < hi`` (open) or with closed ends.
-
-    Parameters
-    ----------
-    lo, hi : float
-        Interval ends; ``math.inf`` for unbounded.
-    lo_closed, hi_closed : bool
-        Whether the ends belong to the domain.
-    integer : bool
-        Whether the parameter is a count (integers only, bools refused).
-    units : str
-        Units, for docs and Dataset attrs.
-    description : str
-        One line, for docs and Dataset attrs.
-    """
-
-    lo: float
-    hi: float
-    lo_closed: bool = False
-    hi_closed: bool = False
-    integer: bool = False
-    units: str = ""
-    description: str = ""
-
-    def __str__(self) -> str:
-        left = "[" if self.lo_closed else "("
-        right = "]" if self.hi_closed else ")"
-        return f"{left}{_fmt(self.lo)}, {_fmt(self.hi)}{right}"
-
-    def contains(self, x):
-        """Elementwise membership; NaN is never a member."""
-        x = np.asarray(x, dtype=float)
-        above = x >= self.lo if self.lo_closed else x > self.lo
-        below = x <= self.hi if self.hi_closed else x < self.hi
-        # inf is only a member where the interval is closed at inf
-        return above & below & ~np.isnan(x)
-
-
-def _fmt(v: float) -> str:
-    if v == math.inf:
-        return "inf"
-    if v == -math.inf:
-        return "-inf"
-    if float(v).is_integer() and abs(v) < 1e17:
-        return str(int(v))          # 2**53 in full, not 9.0072e+15
-    return f"{v:g}"
+__all__ = ["Domain", "DOMAINS", "check", "check_optional", "check_fields", "check_real", "check_count", "check_servers",
+           "check_scalar_real", "check_real_array", "check_count_array", "check_flag", "check_choice",
+           "check_instance", "MAX_DURATION"]
 
 
 INF = math.inf
 
-#: Largest service time (or token length) accepted: the kernels sum service
-#: times over up to ~1e18 requests, which stays below the float maximum 1.8e308.
-MAX_DURATION = 1e290
-
-#: The one table of parameter domains. Names match config fields, Dataset
-#: dimensions and CLI flags.  Where two classes give one name different
-#: domains, the key is qualified by the class (``"LinearModel.alpha"``).
+#: Domains by parameter key (from the table in :mod:`mbbatch.params`), and
+#: by the multi-bin paper's symbols that :mod:`mbbatch.theory` takes.
 DOMAINS: dict[str, Domain] = {
-    "B": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                description="batch size: requests per batch"),
-    "batch_size": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                         description="batch size: requests per batch"),
-    "k": Domain(1, INF, lo_closed=True, integer=True, units="bins",
-                description="number of bins"),
-    "bins": Domain(1, INF, lo_closed=True, integer=True, units="bins",
-                   description="number of bins"),
-    "l_min": Domain(0, INF, lo_closed=True, units="s",
-                    description="smallest service time of a request"),
-    "l_max": Domain(0, INF, units="s", description="largest service time of a request"),
-    "eps": Domain(0, INF, units="requests/s",
-                  description="throughput gap to capacity allowed"),
-    "lam": Domain(0, INF, units="requests/s", description="Poisson arrival rate"),
-    "rate": Domain(0, INF, units="requests/s", description="Poisson arrival rate"),
-    "mu": Domain(0, INF, units="1/s", description="exponential service rate"),
-    # 2**53: counts of requests stay exact in float64 statistics
-    "n": Domain(1, 2.0 ** 53, lo_closed=True, hi_closed=True, integer=True, units="requests",
-                description="number of requests to simulate"),
-    "servers": Domain(1, INF, lo_closed=True, hi_closed=True, integer=True,
-                      units="servers",
-                      description="identical servers sharing the central FIFO; math.inf for Assumption 5.1"),
-    # arrivals
-    "ends": Domain(0, INF, units="s", description="times the piecewise Poisson rate changes"),
-    "times": Domain(-INF, INF, units="s", description="replayed arrival times"),
-    # service times and token lengths
-    "service": Domain(0, MAX_DURATION, lo_closed=True, hi_closed=True, units="s",
-                      description="service time of one request (token length for prompt and output)"),
-    # policies
-    "edges": Domain(-INF, INF, lo_closed=True, hi_closed=True, units="s",
-                    description="multi-bin edges; -inf first and inf last allowed, NaN never"),
-    "max_wait": Domain(0, INF, lo_closed=True, hi_closed=True, units="s",
-                       description="a bin's partial batch leaves once its oldest request waited this long"),
-    "max_candidates": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                             description="candidates looked at per batching decision"),
-    "pin": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                  description="fixed b_target of the dynamic policies"),
-    "warmup": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                     description="requests whose predictions set Algorithm 6's edges"),
-    "bin_b_max": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                        description="per-bin batch size limit"),
-    # workload and batch service models
-    "predictor_sigma": Domain(0, INF, lo_closed=True, units="1",
-                              description="log-normal error of the output-length predictor"),
-    "base": Domain(0, INF, lo_closed=True, units="s", description="fixed time per batch"),
-    "per_token": Domain(0, INF, units="s/token", description="time per output token (MaxModel)"),
-    "LinearModel.alpha": Domain(0, INF, units="s/token",
-                                description="time per token of the longest sequence"),
-    "LinearModel.beta": Domain(0, INF, lo_closed=True, units="1",
-                               description="relative cost of batching (b-1)/b"),
-    "DecodeModel.beta": Domain(0, INF, units="s/token", description="decode time per token at b = 1"),
-    "gamma": Domain(0, INF, lo_closed=True, units="1", description="TBT growth with batch size"),
-    "prefill_per_token": Domain(0, INF, lo_closed=True, units="s/token",
-                                description="prefill time per prompt token"),
-    # memory and SLA controller
-    "m_max_gb": Domain(0, INF, units="GB", description="GPU memory"),
-    "m_model_gb": Domain(0, INF, lo_closed=True, units="GB", description="memory of the model weights"),
-    "kv_mem_per_token_gb": Domain(0, INF, units="GB/token", description="KV-cache memory per token"),
-    "eps_m": Domain(0, 1, units="1", description="risk eps_M of the CLT memory buffer"),
-    "d_sla": Domain(0, INF, units="s/token", description="SLA target D_SLA on the decode time per token"),
-    "eps_d": Domain(0, INF, lo_closed=True, units="s/token", description="tolerance band eps_D around D_SLA"),
-    "b_min": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                    description="smallest batch size B_min"),
-    "b_max": Domain(1, INF, lo_closed=True, integer=True, units="requests",
-                    description="largest batch size B_max"),
-    "SLAController.alpha": Domain(0, INF, lo_closed=True, integer=True, units="requests",
-                                  description="expansion step of the SLA controller"),
-    "delta": Domain(0, INF, lo_closed=True, integer=True, units="requests",
-                    description="correction step of the SLA controller"),
+    **{key: p.domain for key, p in PARAMS.items() if p.domain is not None},
+    **{sym: PARAMS[key].domain for sym, key in SYMBOLS.items()},
 }
+
+
+def check(key: str, value, name: str | None = None):
+    """Validate ``value`` as parameter ``key`` of the table in
+    :mod:`mbbatch.params` (its kind, domain and choices); ``name`` is the
+    name in messages (default: the key without its class).  Returns the
+    value normalised: a float, an int, a bool, a str or a new array."""
+    p = PARAMS[key]
+    name = name or key.rsplit(".", 1)[-1]
+    if p.kind == "real":
+        return check_scalar_real(name, value, p.domain)
+    if p.kind == "count":
+        return check_count(name, value, p.domain)
+    if p.kind == "servers":
+        return check_servers(value)
+    if p.kind == "flag":
+        return check_flag(name, value)
+    if p.kind == "choice":
+        return check_choice(name, value, p.choices)
+    if p.kind == "reals":
+        return check_real_array(name, value, p.domain)
+    if p.kind == "counts":
+        return check_count_array(name, value, p.domain)
+    raise AssertionError(f"unknown kind {p.kind!r} of parameter {key}")  # pragma: no cover
+
+
+def check_optional(key: str, value, name: str | None = None):
+    """As :func:`check`, with ``None`` (no value) passed through."""
+    return None if value is None else check(key, value, name)
+
+
+def check_fields(obj, fields: dict) -> None:
+    """Validate and normalise the fields of a frozen dataclass ``obj`` in
+    place: ``fields`` maps each field to its key in the parameter table
+    (``None`` values pass through where the table's default is ``None``)."""
+    for field, key in fields.items():
+        value = getattr(obj, field)
+        if value is None and PARAMS[key].default is None:
+            continue
+        object.__setattr__(obj, field, check(key, value, field))
+
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _INT64_MIN = int(np.iinfo(np.int64).min)

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import DOMAINS, check_real_array, check_scalar_real
+from ._validation import check_fields, check_real_array
+from .params import PARAMS
 
 __all__ = ["Poisson", "Saturated", "Replay", "PiecewisePoisson"]
 
@@ -24,7 +25,7 @@ class Poisson:
     rate: float
 
     def __post_init__(self):
-        object.__setattr__(self, "rate", check_scalar_real("rate", self.rate))
+        check_fields(self, {"rate": "rate"})
 
     def describe(self) -> dict:
         return {"arrivals": "poisson", "rate": self.rate}
@@ -52,7 +53,7 @@ class Replay:
     times: np.ndarray = field(repr=False)
 
     def __post_init__(self):
-        t = check_real_array("times", self.times)
+        t = check_real_array("times", self.times, PARAMS["times"].domain)
         if np.any(np.diff(t) < 0):
             i = int(np.argmax(np.diff(t) < 0))
             raise ValueError(f"times must be non-decreasing; got times[{i + 1}]={t[i + 1]!r} < times[{i}]={t[i]!r}")
@@ -82,8 +83,8 @@ class PiecewisePoisson:
 
     def __post_init__(self):
         # a single number is one constant rate (one change time) as before
-        r = check_real_array("rates", self.rates, DOMAINS["rate"], allow_scalar=True)
-        e = check_real_array("ends", self.ends, allow_scalar=True, allow_empty=True)
+        r = check_real_array("rates", self.rates, PARAMS["rates"].domain, allow_scalar=True)
+        e = check_real_array("ends", self.ends, PARAMS["ends"].domain, allow_scalar=True, allow_empty=True)
         if e.size != r.size - 1:
             raise ValueError(f"ends must have len(rates) - 1 = {r.size - 1} values; got {e.size}")
         if np.any(np.diff(e) <= 0):

@@ -46,9 +46,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="on an error, show the full traceback instead of one line")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sw = sub.add_parser("sweep", help="run (or resume) a sweep spec into a Zarr store")
-    sw.add_argument("spec", help="the sweep spec, a TOML file (see sweeps/)")
-    sw.add_argument("--out", required=True, help="the Zarr store to write (resumed if it exists)")
+    sw = sub.add_parser("sweep", help="run (or resume) sweep specs into Zarr stores")
+    sw.add_argument("spec", nargs="+", help="sweep specs, TOML files (see sweeps/)")
+    where = sw.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="the Zarr store to write (resumed if it exists); one spec")
+    where.add_argument("--out-dir", help="write each spec's store to OUT_DIR/NAME.zarr, on one pool of "
+                                         "workers for all")
+    sw.add_argument("--rebuild-stale", action="store_true",
+                    help="with --out-dir: discard and recompute a store made from another spec or by "
+                         "other code (what `make figures` does)")
     sw.add_argument("--scheduler", default=None,
                     help='run cells on dask.distributed: "local" starts a LocalCluster, anything '
                          "else is the address of a running scheduler")
@@ -126,7 +132,8 @@ def main(argv=None) -> int:
             raise
         if args.command == "sweep":
             # every finished grid point is stored with its done flag last
-            print(f"\nmbbatch sweep: interrupted; the grid points finished so far are kept in {args.out}: "
+            where = args.out or args.out_dir
+            print(f"\nmbbatch sweep: interrupted; the grid points finished so far are kept in {where}: "
                   "run the same command again to resume", file=sys.stderr)
         else:
             print(f"\nmbbatch {args.command}: interrupted", file=sys.stderr)
@@ -151,19 +158,33 @@ def _print_warnings(caught) -> None:
 
 def _dispatch(args) -> int:
     if args.command == "sweep":
-        from .sweep import run_sweep
+        from .sweeps import run_sweep, run_sweeps
 
+        if args.out is not None and len(args.spec) > 1:
+            raise ValueError(f"--out names one store, for one spec; got {len(args.spec)} specs: use --out-dir")
+        if args.out_dir is not None and args.netcdf is not None:
+            raise ValueError("--netcdf goes with --out (one spec)")
+        if args.rebuild_stale and args.out_dir is None:
+            raise ValueError("--rebuild-stale goes with --out-dir")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                ds = run_sweep(args.spec, args.out, scheduler=args.scheduler, workers=args.workers,
-                               overwrite=args.overwrite, netcdf=args.netcdf, progress=not args.quiet)
+                if args.out is not None:
+                    ds = run_sweep(args.spec[0], args.out, scheduler=args.scheduler, workers=args.workers,
+                                   overwrite=args.overwrite, netcdf=args.netcdf, progress=not args.quiet)
+                    done = [(ds, args.out)]
+                else:
+                    runs = run_sweeps(args.spec, args.out_dir, scheduler=args.scheduler, workers=args.workers,
+                                      overwrite=args.overwrite, rebuild_stale=args.rebuild_stale,
+                                      progress=not args.quiet)
+                    done = [(ds, Path(args.out_dir) / f"{ds.attrs['name']}.zarr") for ds, _ in runs]
             finally:
                 _print_warnings(caught)
                 caught.clear()
-        print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {args.out}")
+        for ds, out in done:
+            print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {out}")
     elif args.command == "check":
-        from .sweep import check_store
+        from .sweeps import check_store
 
         report = check_store(args.store)
         print(report.text)

@@ -7,8 +7,8 @@ from typing import Optional
 
 import numpy as np
 
-from ._validation import (check_choice, check_count, check_count_array, check_instance,
-                          check_real_array, check_scalar_real)
+from ._validation import check, check_fields, check_instance
+from .params import default
 
 __all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic"]
 
@@ -44,15 +44,13 @@ class MultiBin:
     bins: int
     batch_size: int
     edges: Optional[np.ndarray] = None
-    max_wait: float = float("inf")
+    max_wait: float = default("max_wait")
 
     def __post_init__(self):
-        object.__setattr__(self, "bins", check_count("bins", self.bins))
-        object.__setattr__(self, "batch_size", check_count("batch_size", self.batch_size))
-        object.__setattr__(self, "max_wait", check_scalar_real("max_wait", self.max_wait))
+        check_fields(self, {"bins": "bins", "batch_size": "batch_size", "max_wait": "max_wait"})
         if self.edges is not None:
             # NaN refused here; -inf first and inf last allowed, checked below
-            e = check_real_array("edges", self.edges)
+            e = check("MultiBin.edges", self.edges, "edges")
             if e.size != self.bins + 1:
                 raise ValueError(
                     f"edges must hold bins + 1 = {self.bins + 1} values; got {e.size}")
@@ -70,10 +68,6 @@ class MultiBin:
              "max_wait": "inf" if self.max_wait == float("inf") else self.max_wait}
         d["edges"] = "equal_mass" if self.edges is None else [float(x) for x in self.edges]
         return d
-
-
-def _opt_count(name, value):
-    return None if value is None else check_count(name, value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +94,7 @@ class StaticBatching:
     def __post_init__(self):
         from .workload import Memory, SLAController
 
-        object.__setattr__(self, "batch_size", check_count("batch_size", self.batch_size))
+        check_fields(self, {"batch_size": "batch_size"})
         object.__setattr__(self, "sla", check_instance("sla", self.sla, SLAController, SLAController))
         object.__setattr__(self, "memory", check_instance("memory", self.memory, Memory, Memory))
 
@@ -143,11 +137,9 @@ class DynamicBatching:
         c = check_instance("controller", self.controller, SLAController, SLAController)
         object.__setattr__(self, "controller", c)
         object.__setattr__(self, "memory", check_instance("memory", self.memory, Memory, Memory))
-        object.__setattr__(self, "max_candidates", _opt_count("max_candidates", self.max_candidates))
-        pin = _opt_count("pin", self.pin)
-        if pin is not None and pin > c.b_max:
-            raise ValueError(f"pin must be at most controller.b_max = {c.b_max}; got {pin}")
-        object.__setattr__(self, "pin", pin)
+        check_fields(self, {"max_candidates": "max_candidates", "pin": "pin"})
+        if self.pin is not None and self.pin > c.b_max:
+            raise ValueError(f"pin must be at most controller.b_max = {c.b_max}; got {self.pin}")
 
     bins = 1
 
@@ -186,20 +178,18 @@ class MultiBinDynamic(DynamicBatching):
     """
 
     bins: int = 4
-    selection: str = "round_robin"
-    warmup: int = 1000
+    selection: str = default("selection")
+    warmup: int = default("warmup")
     bin_b_max: Optional[tuple] = None
 
     def __post_init__(self):
         super().__post_init__()
-        object.__setattr__(self, "bins", check_count("bins", self.bins))
-        object.__setattr__(self, "selection",
-                           check_choice("selection", self.selection, ("round_robin", "longest_queue")))
-        object.__setattr__(self, "warmup", check_count("warmup", self.warmup))
+        check_fields(self, {"bins": "bins", "selection": "selection"})
+        object.__setattr__(self, "warmup", check("warmup", self.warmup))
         if self.warmup < self.bins:
             raise ValueError(f"warmup must be at least bins = {self.bins}; got {self.warmup}")
         if self.bin_b_max is not None:
-            lim = check_count_array("bin_b_max", self.bin_b_max)
+            lim = check("bin_b_max", self.bin_b_max)
             if lim.size != self.bins:
                 raise ValueError(f"bin_b_max must have bins = {self.bins} entries; got {lim.size}")
             object.__setattr__(self, "bin_b_max", tuple(int(v) for v in lim))

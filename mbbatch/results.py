@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import stats as _st
 
+from . import stats
 from ._kernels import multibin as _k
 
 __all__ = ["SimulationResult", "RequestTable", "METRICS", "QUANTILES", "UnstableWarning", "backlog_growing",
@@ -19,7 +19,7 @@ class UnstableWarning(UserWarning):
     grows, so its averages describe a transient, not the policy's long-run
     behaviour."""
 
-QUANTILES = (0.5, 0.95, 0.99)
+QUANTILES = stats.QUANTILES
 
 #: name -> (units, description) for every scalar metric; drives to_dataset().
 METRICS = {
@@ -205,82 +205,15 @@ class SimulationResult:
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
-def _growth(second: float, last: float, scale: float) -> bool:
-    return bool(last - second > max(0.5 * second, 2.0 * scale))
-
-
-def backlog_growing(group_wait: np.ndarray, mean_batch_service: float) -> bool:
-    """Whether the central-FIFO wait grows through the run.
-
-    Heuristic: the mean batch wait of the last quarter of the run exceeds that
-    of the second quarter by more than half of it and by more than two mean
-    batch service times.  An overloaded queue that starts empty has waits
-    growing linearly (last/second quarter about 7/3); a stable one has them
-    level, up to noise of the order of a batch service time.
-    """
-    return _backlog_verdict(group_wait, mean_batch_service)[0]
-
-
+# (kept for the token-level wrapper until it moves onto the one result type)
 def _backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
-    g = np.asarray(group_wait, dtype=float)
-    if g.size < 4 or not np.isfinite(mean_batch_service):
-        return False, "not assessed: too few batches"
-    q = g.size // 4
-    a, b = g[q:2 * q], g[3 * q:]
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if a.size == 0 or b.size == 0:
-        return False, "not assessed: too few batches"
-    second, last = float(a.mean()), float(b.mean())
-    if _growth(second, last, mean_batch_service):
-        return True, (f"the backlog grows: batches of the last quarter of arrivals waited {last:.4g} s "
-                      f"in the central FIFO, against {second:.4g} s in the second quarter; the averages "
-                      "describe a transient, not a steady state")
-    return False, "no growing backlog"
+    return stats.backlog_verdict(group_wait, mean_batch_service)
 
 
-def queue_growing(times, queue, mean_batch: float, start: float, end: float) -> tuple[bool, str]:
-    """Token policies: the queue-length analogue of :func:`backlog_growing`,
-    on the downsampled queue lengths (``queue``: one row per sampled batch
-    start ``times``, one column per bin) while arrivals last, from ``start``
-    to ``end`` (after the last arrival any queue drains): the last quarter
-    of that period against the second.  Returns ``(growing, reason)``."""
-    if not (np.isfinite(mean_batch) and np.isfinite(end)):
-        return False, "not assessed: no batches"
-    q = queue.sum(axis=1)
-    bounds = start + (end - start) * np.array([0.25, 0.5, 0.75, 1.0])
-    second = q[(times >= bounds[0]) & (times < bounds[1])]
-    last = q[(times >= bounds[2]) & (times <= bounds[3])]
-    if second.size == 0 or last.size == 0:
-        return False, "not assessed: too few batches"
-    a, b = float(second.mean()), float(last.mean())
-    if _growth(a, b, mean_batch):
-        return True, (f"the backlog grows: {b:.4g} requests waited on average in the last quarter of "
-                      f"the arrivals, against {a:.4g} in the second quarter; the averages describe a "
-                      "transient, not a steady state")
-    return False, "no growing backlog"
-
-
-def _batch_means_ci(group_means: np.ndarray, mean: float, level: float = 0.95) -> tuple:
-    g = group_means[~np.isnan(group_means)]
-    if g.size < 2 or math.isnan(mean):
-        return (math.nan, math.nan)
-    half = _st.t.ppf(0.5 + level / 2, g.size - 1) * g.std(ddof=1) / math.sqrt(g.size)
-    return (float(mean - half), float(mean + half))
-
-
-def _hist_bucket_bounds(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    lo_bits = (np.asarray(h, np.int64) + _k._HIST_BASE) << _k._HIST_SHIFT
-    hi_bits = (np.asarray(h, np.int64) + 1 + _k._HIST_BASE) << _k._HIST_SHIFT
-    return lo_bits.view(np.float64), hi_bits.view(np.float64)
+queue_growing = stats.queue_verdict
+backlog_growing = stats.backlog_growing
+_batch_means_ci = stats.batch_means_ci
 
 
 def _hist_quantiles(hist: np.ndarray, qs) -> np.ndarray:
-    total = int(hist.sum())
-    if total == 0:
-        return np.full(len(qs), math.nan)
-    cum = np.cumsum(hist)
-    # rank ceil(q * total) (1-based): the "inverted CDF" quantile
-    ranks = np.maximum(1, np.ceil(np.asarray(qs) * total).astype(np.int64))
-    h = np.searchsorted(cum, ranks, side="left")
-    lo, hi = _hist_bucket_bounds(h)
-    return 0.5 * (lo + hi)
+    return stats.hist_quantiles(hist, qs, _k._HIST_BASE, _k._HIST_SHIFT)

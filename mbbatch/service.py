@@ -11,7 +11,7 @@ import numpy as np
 from scipy import stats
 
 from ._kernels import multibin as _k
-from ._validation import DOMAINS, MAX_DURATION, check_real_array
+from ._validation import DOMAINS, MAX_DURATION, check_real_array  # noqa: F401
 
 __all__ = ["ServiceSpec", "as_service", "SUPPORTED_DISTRIBUTIONS"]
 

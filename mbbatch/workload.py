@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validation import DOMAINS, check_choice, check_count, check_flag, check_scalar_real
+from ._validation import check_fields
+from .params import default
 from .service import as_service
 
 __all__ = ["Workload", "MaxModel", "LinearModel", "DecodeModel", "Memory", "SLAController"]
@@ -46,16 +47,15 @@ class Workload:
 
     prompt: object
     output: object
-    integer_lengths: bool = True
-    predictor_sigma: float = 0.0
+    integer_lengths: bool = default("integer_lengths")
+    predictor_sigma: float = default("predictor_sigma")
     _prompt: object = field(init=False, repr=False)
     _output: object = field(init=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_prompt", as_service(self.prompt, "prompt"))
         object.__setattr__(self, "_output", as_service(self.output, "output"))
-        object.__setattr__(self, "integer_lengths", check_flag("integer_lengths", self.integer_lengths))
-        object.__setattr__(self, "predictor_sigma", check_scalar_real("predictor_sigma", self.predictor_sigma))
+        check_fields(self, {"integer_lengths": "integer_lengths", "predictor_sigma": "predictor_sigma"})
 
     def describe(self) -> dict:
         d = {f"prompt_{k.removeprefix('service_')}" if k != "service" else "prompt": v
@@ -70,13 +70,12 @@ class Workload:
 class MaxModel:
     """Batch service = max over members of ``base + per_token * output_len`` (s)."""
 
-    base: float = 0.0
-    per_token: float = 1.0
+    base: float = default("base")
+    per_token: float = default("per_token")
     code = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "base", check_scalar_real("base", self.base))
-        object.__setattr__(self, "per_token", check_scalar_real("per_token", self.per_token))
+        check_fields(self, {"base": "base", "per_token": "per_token"})
 
     def vector(self):
         return np.array([self.base, self.per_token, 0, 0, 0, 0, 0], dtype=np.float64)
@@ -86,15 +85,13 @@ class MaxModel:
 class LinearModel:
     """Batch service = ``base + alpha * max_seq_len * (1 + beta (b-1)/b)`` (s)."""
 
-    base: float = 0.0
-    alpha: float = 1e-3
-    beta: float = 0.1
+    base: float = default("base")
+    alpha: float = default("LinearModel.alpha")
+    beta: float = default("LinearModel.beta")
     code = 1
 
     def __post_init__(self):
-        object.__setattr__(self, "base", check_scalar_real("base", self.base))
-        object.__setattr__(self, "alpha", check_scalar_real("alpha", self.alpha, DOMAINS["LinearModel.alpha"]))
-        object.__setattr__(self, "beta", check_scalar_real("beta", self.beta, DOMAINS["LinearModel.beta"]))
+        check_fields(self, {"base": "base", "alpha": "LinearModel.alpha", "beta": "LinearModel.beta"})
 
     def vector(self):
         return np.array([self.base, 0, self.alpha, self.beta, 0, 0, 0], dtype=np.float64)
@@ -105,16 +102,13 @@ class DecodeModel:
     """Batch service = ``prefill_per_token * sum(prompt) + TBT(b) * max(output)``,
     ``TBT(b) = beta (1 + gamma (b-1)/max(1, b))`` s/token (calibrated defaults)."""
 
-    beta: float = 5.74e-3
-    gamma: float = 0.316
-    prefill_per_token: float = 0.0
+    beta: float = default("DecodeModel.beta")
+    gamma: float = default("gamma")
+    prefill_per_token: float = default("prefill_per_token")
     code = 2
 
     def __post_init__(self):
-        object.__setattr__(self, "beta", check_scalar_real("beta", self.beta, DOMAINS["DecodeModel.beta"]))
-        object.__setattr__(self, "gamma", check_scalar_real("gamma", self.gamma))
-        object.__setattr__(self, "prefill_per_token",
-                           check_scalar_real("prefill_per_token", self.prefill_per_token))
+        check_fields(self, {"beta": "DecodeModel.beta", "gamma": "gamma", "prefill_per_token": "prefill_per_token"})
 
     def vector(self):
         return np.array([0, 0, 0, 0, self.prefill_per_token, self.beta, self.gamma], dtype=np.float64)
@@ -133,27 +127,23 @@ class Memory:
     (about Phi-3.5-mini in fp16): eta = 180,000 tokens.
     """
 
-    m_max_gb: float = 80.0
-    m_model_gb: float = 8.0
-    kv_mem_per_token_gb: float = 4e-4
-    variant: str = "l0"
-    eps_m: float = 0.05
-    enabled: bool = True
+    m_max_gb: float = default("m_max_gb")
+    m_model_gb: float = default("m_model_gb")
+    kv_mem_per_token_gb: float = default("kv_mem_per_token_gb")
+    variant: str = default("Memory.variant")
+    eps_m: float = default("eps_m")
+    enabled: bool = default("enabled")
 
     def __post_init__(self):
-        object.__setattr__(self, "m_max_gb", check_scalar_real("m_max_gb", self.m_max_gb))
-        object.__setattr__(self, "m_model_gb", check_scalar_real("m_model_gb", self.m_model_gb))
-        object.__setattr__(self, "kv_mem_per_token_gb",
-                           check_scalar_real("kv_mem_per_token_gb", self.kv_mem_per_token_gb))
+        check_fields(self, {"m_max_gb": "m_max_gb", "m_model_gb": "m_model_gb",
+                            "kv_mem_per_token_gb": "kv_mem_per_token_gb"})
         if self.m_model_gb >= self.m_max_gb:
             raise ValueError(f"m_model_gb must be less than m_max_gb; got {self.m_model_gb} >= {self.m_max_gb}")
         if not math.isfinite(self.eta):
             raise ValueError("m_max_gb, m_model_gb and kv_mem_per_token_gb must give a finite token capacity "
                              "eta = (m_max_gb - m_model_gb) / kv_mem_per_token_gb; got "
                              f"({self.m_max_gb!r} - {self.m_model_gb!r}) / {self.kv_mem_per_token_gb!r}")
-        object.__setattr__(self, "variant", check_choice("variant", self.variant, ("l0", "clt")))
-        object.__setattr__(self, "eps_m", check_scalar_real("eps_m", self.eps_m))
-        object.__setattr__(self, "enabled", check_flag("enabled", self.enabled))
+        check_fields(self, {"variant": "Memory.variant", "eps_m": "eps_m", "enabled": "enabled"})
 
     @property
     def eta(self) -> float:
@@ -180,21 +170,16 @@ class SLAController:
         the design notes' compute_b_SLA (0.8 / 0.2 / 0.1 factors).
     """
 
-    d_sla: float = 7.5e-3
-    eps_d: float = 5e-5
-    b_min: int = 1
-    b_max: int = 256
-    alpha: int = 4
-    delta: int = 2
-    variant: str = "spec"
+    d_sla: float = default("d_sla")
+    eps_d: float = default("eps_d")
+    b_min: int = default("b_min")
+    b_max: int = default("b_max")
+    alpha: int = default("SLAController.alpha")
+    delta: int = default("delta")
+    variant: str = default("controller")
 
     def __post_init__(self):
-        object.__setattr__(self, "d_sla", check_scalar_real("d_sla", self.d_sla))
-        object.__setattr__(self, "eps_d", check_scalar_real("eps_d", self.eps_d))
-        object.__setattr__(self, "b_min", check_count("b_min", self.b_min))
-        object.__setattr__(self, "b_max", check_count("b_max", self.b_max))
+        check_fields(self, {"d_sla": "d_sla", "eps_d": "eps_d", "b_min": "b_min", "b_max": "b_max"})
         if self.b_min > self.b_max:
             raise ValueError(f"b_min must be at most b_max; got b_min={self.b_min}, b_max={self.b_max}")
-        object.__setattr__(self, "alpha", check_count("alpha", self.alpha, DOMAINS["SLAController.alpha"]))
-        object.__setattr__(self, "delta", check_count("delta", self.delta))
-        object.__setattr__(self, "variant", check_choice("variant", self.variant, ("spec", "multiplicative")))
+        check_fields(self, {"alpha": "SLAController.alpha", "delta": "delta", "variant": "controller"})

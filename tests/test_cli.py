@@ -12,7 +12,7 @@ import pytest
 
 from mbbatch import cli
 
-from .test_sweep import ROOT, SMALL, write
+from .helpers import ROOT, SMALL, write
 
 
 def run(*args, cwd=None):
@@ -63,12 +63,12 @@ def test_check_of_something_else_is_one_line(tmp_path):
     (PermissionError(13, "Permission denied", "results/x.zarr"), "results/x.zarr: Permission denied"),
 ])
 def test_errors_become_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys, exc, needle):
-    import mbbatch.sweep
+    import mbbatch.sweeps
 
     def fail(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(mbbatch.sweep, "run_sweep", fail)
+    monkeypatch.setattr(mbbatch.sweeps, "run_sweep", fail)
     argv = ["sweep", str(write(tmp_path, SMALL)), "--out", str(tmp_path / "s.zarr")]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -96,3 +96,40 @@ def test_ctrl_c_stops_a_one_worker_sweep_within_seconds(tmp_path):
     assert "Traceback" not in err, err
     # the cell alone takes minutes; stopping must not wait for it
     assert took < 10, took
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "mbbatch.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_cli_help_and_theory():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "sweep" in r.stdout and "figures" in r.stdout and "theory" in r.stdout
+    r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "4")
+    assert r.returncode == 0 and float(r.stdout) == pytest.approx(9.970261906558987, rel=1e-12)
+    r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "0")
+    assert r.returncode == 2 and "k must be" in r.stderr
+    r = run_cli("theory", "batch-service-time", "--dist", "expon", "--scale", "10", "--B", "200",
+                "--edges", "0", "inf")
+    assert r.returncode == 0 and float(r.stdout) == pytest.approx(58.780309481214, rel=1e-12)  # H_200 / 0.1
+    r = run_cli("theory", "optimal-boundaries", "--dist", "nosuch", "--B", "4", "--k", "2")
+    assert r.returncode == 2 and "dist" in r.stderr
+
+
+def test_cli_sweep_reports_bad_spec(tmp_path):
+    p = write(tmp_path, SMALL.replace("reps = 3", "reps = -1"), "bad.toml")
+    r = run_cli("sweep", str(p), "--out", str(tmp_path / "x.zarr"))
+    assert r.returncode == 2 and "reps" in r.stderr and "bad.toml" in r.stderr
+    assert not (tmp_path / "x.zarr").exists()
+
+
+def test_cli_sweep_progress_lines_when_not_a_tty(tmp_path):
+    p = write(tmp_path, SMALL)
+    out = tmp_path / "s.zarr"
+    r = run_cli("sweep", str(p), "--out", str(out), "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    assert "ETA" in r.stderr and "requests/s" in r.stderr and "cells" in r.stderr
+    assert "\r" not in r.stderr                       # plain lines, no bar redraws
+    assert "no steady state" in r.stderr              # the unstable warning, at the end
+    assert "6 grid points done" in r.stdout

@@ -14,7 +14,7 @@ import pytest
 
 from mbbatch._running import check_clock, check_memory, format_bytes, interruptible, stop_flag
 
-from .test_sweep import ROOT
+from .helpers import ROOT
 
 LONG_RUN = textwrap.dedent("""
     import sys, scipy.stats as st, mbbatch as mb

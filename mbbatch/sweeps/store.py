@@ -5,12 +5,15 @@ What it guarantees (the README's "What mbbatch guarantees" says it for users):
 - **Created whole.**  A store is written under a name unique to the creating
   process (``.NAME.creating-PID-XXXX`` beside it), then renamed into place, so
   a store either exists whole or not at all.
-- **One chunk per grid point, each with a checksum.**  Every chunk ends in a
-  CRC32C (zarr's ``crc32c`` codec), and every chunk is written, fill values
-  included, so a missing chunk is damage, not a silent NaN.
-- **A point is done only when it is intact.**  ``done`` is written after the
-  point's data; on resume every point marked done is verified (each chunk
-  exists, decodes and passes its checksum) and one that fails is recomputed.
+- **Chunks of grid points, each with a checksum.**  A chunk holds up to
+  :data:`POINTS_PER_CHUNK` grid points (all their replications); every
+  chunk ends in a CRC32C (zarr's ``crc32c`` codec), and every chunk is
+  written, fill values included, so a missing chunk is damage, not a silent
+  NaN.
+- **A point is done only when it is intact.**  Points are written in
+  batches, ``done`` after their data; on resume every point marked done is
+  verified (each chunk exists, decodes and passes its checksum) and the
+  points of a chunk that fails are recomputed.
 - **One writer.**  A sweep holds an exclusive lock (``.NAME.lock`` beside the
   store) for its whole run; a second sweep on the store stops at once, naming
   the holder's process id.  A lock left by a dead process is taken over.
@@ -26,7 +29,9 @@ system that does not support it, do not run two sweeps on one store.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -41,7 +46,8 @@ import numpy as np
 
 __all__ = ["SweepError", "StoreNote", "StoreLock", "STORE_FORMAT", "StoreState", "codecs", "create",
            "discardable", "verify", "repair_coords", "stored_attrs", "is_sweep_store", "lock_holder",
-           "write_point", "consolidate", "open_dataset"]
+           "write_blocks", "grid_chunks", "stored_grid_chunks", "block_of", "points_of", "consolidate",
+           "open_dataset", "POINTS_PER_CHUNK"]
 
 #: Version of the store layout.  Stores without it (made before checksums)
 #: cannot be verified and are rebuilt only with ``--overwrite``.
@@ -337,6 +343,46 @@ def create(ds, encoding: dict, out, *, replace: bool = False) -> None:
 
 # --- reading and verifying ----------------------------------------------------------------
 
+#: grid points per chunk at most: few files and few writes (a small sweep
+#: has one chunk per variable), while damage costs at most this many points
+POINTS_PER_CHUNK = 128
+
+
+def grid_chunks(shape: tuple) -> tuple:
+    """Chunk sizes along the grid dimensions of every variable: whole axes,
+    from the last one back, while a chunk holds at most
+    :data:`POINTS_PER_CHUNK` points; then a part of the next axis."""
+    chunks = [1] * len(shape)
+    room = POINTS_PER_CHUNK
+    for d in reversed(range(len(shape))):
+        take = min(shape[d], room)
+        chunks[d] = max(take, 1)
+        if take < shape[d]:
+            break
+        room //= max(shape[d], 1)
+    return tuple(chunks)
+
+
+def stored_grid_chunks(out) -> tuple:
+    """The grid chunks a store was made with (those of its ``done`` array)."""
+    return tuple(_open_array(Path(out), "done").chunks)
+
+
+def block_of(idx: tuple, chunks: tuple) -> tuple:
+    """The grid block (chunk index along the grid dimensions) of a point."""
+    return tuple(i // c for i, c in zip(idx, chunks))
+
+
+def points_of(block: tuple, chunks: tuple, shape: tuple) -> list:
+    """The grid points of a block."""
+    ranges = [range(b * c, min((b + 1) * c, n)) for b, c, n in zip(block, chunks, shape)]
+    return list(itertools.product(*ranges))
+
+
+def _block_slices(block: tuple, chunks: tuple, shape: tuple) -> tuple:
+    return tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(block, chunks, shape))
+
+
 @dataclass
 class StoreState:
     """What :func:`verify` found.
@@ -344,12 +390,15 @@ class StoreState:
     ``done`` marks the grid points that are done and intact; ``damaged``
     maps each point marked done (or whose ``done`` flag itself is damaged)
     that failed verification to the variables whose chunks failed;
-    ``coords`` lists coordinate arrays that are damaged or differ from the spec.
+    ``coords`` lists coordinate arrays that are damaged or differ from the
+    spec; ``values`` holds every data variable as read (fill values where a
+    chunk failed).
     """
 
     done: np.ndarray
     damaged: dict = field(default_factory=dict)
     coords: list = field(default_factory=list)
+    values: dict = field(default_factory=dict)
 
 
 def _chunk_files(arr_dir: Path) -> set:
@@ -366,11 +415,11 @@ def _chunk_files(arr_dir: Path) -> set:
     return keys
 
 
-def _open_array(out: Path, name: str):
+def _open_array(out: Path, name: str, mode: str = "r"):
     import zarr
 
     try:
-        return zarr.open_array(store=str(out), path=name, mode="r")
+        return zarr.open_array(store=str(out), path=name, mode=mode)
     except Exception as exc:  # noqa: BLE001 - any unreadable metadata
         raise SweepError(f"out: {out} is damaged: the metadata {out / name / 'zarr.json'} cannot be "
                          f"read ({type(exc).__name__}: {exc}); pass --overwrite to rebuild the store "
@@ -381,24 +430,22 @@ def _read_blocks(out: Path, name: str, arr):
     """Read ``arr`` whole; return ``(bad, values)``: the blocks that are missing,
     fail their checksum or do not decode, and the decoded values (fill values
     in bad blocks)."""
-    import itertools
-
     blocks = list(itertools.product(*(range(g) for g in arr.cdata_shape)))
     present = _chunk_files(out / name)
     bad = {b for b in blocks if b not in present}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            return bad, arr[...]
-        except Exception:  # noqa: BLE001 - a chunk that does not decode, whatever zarr raises
-            pass
+        if not bad:
+            try:
+                return bad, arr[...]
+            except Exception:  # noqa: BLE001 - a chunk that does not decode, whatever zarr raises
+                pass
         values = np.full(arr.shape, arr.metadata.fill_value, dtype=arr.dtype)
         for b in blocks:
             if b in bad:
                 continue
-            sel = tuple(slice(i * c, min((i + 1) * c, s)) for i, c, s in zip(b, arr.chunks, arr.shape))
             try:
-                values[sel] = arr.get_block_selection(b)
+                values[_block_slices(b, arr.chunks, arr.shape)] = arr.get_block_selection(b)
             except Exception:  # noqa: BLE001
                 bad.add(b)
     return bad, values
@@ -412,7 +459,7 @@ def verify(out, shape: tuple, names: list, coords: dict) -> StoreState:
     """Verify every chunk of the store.
 
     ``shape`` is the grid's shape; every variable in ``names`` has the grid
-    dimensions first, one chunk per grid point; ``coords`` maps each
+    dimensions first, chunked like ``done``; ``coords`` maps each
     coordinate to its expected values.  Raises :class:`SweepError` naming the
     file when metadata cannot be read, or when the store predates checksums.
     """
@@ -421,17 +468,23 @@ def verify(out, shape: tuple, names: list, coords: dict) -> StoreState:
     if not all(_has_checksums(arr) for arr in arrays.values()):
         raise SweepError(f"out: {out} was made by an older mbbatch, without chunk checksums, so its "
                          "damage cannot be detected; pass --overwrite to rebuild it")
+    chunks = tuple(arrays["done"].chunks)
+    nd = len(shape)
+
+    def points(bad_blocks):
+        return sorted({p for b in bad_blocks for p in points_of(b[:nd], chunks, shape)})
+
     bad_done, done = _read_blocks(out, "done", arrays["done"])
     done = np.array(done, dtype=bool).reshape(shape)
     state = StoreState(done=done)
-    for idx in sorted(bad_done):
+    for idx in points(bad_done):
         done[idx] = False
         state.damaged.setdefault(idx, []).append("done")
     for name in names:
         if name == "done":
             continue
-        bad, _ = _read_blocks(out, name, arrays[name])
-        for idx in sorted({b[:len(shape)] for b in bad}):
+        bad, state.values[name] = _read_blocks(out, name, arrays[name])
+        for idx in points(bad):
             if done[idx]:
                 state.damaged.setdefault(idx, []).append(name)
     for name, values in coords.items():
@@ -445,30 +498,42 @@ def verify(out, shape: tuple, names: list, coords: dict) -> StoreState:
 
 def repair_coords(out, coords: dict, names: list) -> None:
     """Rewrite the coordinate arrays ``names`` from their known values."""
-    import zarr
-
     for name in names:
-        arr = zarr.open_array(store=str(out), path=name, mode="r+")
+        arr = _open_array(Path(out), name, mode="r+")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             arr[...] = np.asarray(coords[name], dtype=arr.dtype)
 
 
-def write_point(out, dims: list, idx: tuple, data: dict) -> None:
-    """Write one grid point's variables, then its ``done`` flag.
+def write_blocks(out, values: dict, blocks, shape: tuple, done: np.ndarray) -> None:
+    """Write the grid ``blocks`` of every data variable from ``values`` (the
+    whole arrays, in memory), then the same blocks of ``done``.
 
-    ``data`` maps variable names to ``(dims, array)`` pairs shaped for the
-    one point.  Zarr writes each chunk atomically, so a point is either done
-    with all its data in place, or not done."""
-    import xarray as xr
+    Each chunk is written whole, atomically (a temporary file renamed into
+    place), fill values included.  ``done`` is written last: a kill before it
+    leaves the blocks' new points not done, to be recomputed, and the points
+    done before keep their values (they are in ``values`` too)."""
+    import zarr
 
-    lead = (1,) * len(dims)
-    region = {d: slice(i, i + 1) for d, i in zip(dims, idx)}
-    extra = {d: slice(None) for v in data.values() for d in v[0] if d not in region}
-    xr.Dataset(data).to_zarr(out, region={**region, **extra}, consolidated=False, write_empty_chunks=True)
-    # the commit mark, written only once the point's data is in place
-    xr.Dataset({"done": (dims, np.ones(lead, dtype=bool))}).to_zarr(
-        out, region=region, consolidated=False, write_empty_chunks=True)
+    blocks = sorted(set(blocks))
+    if not blocks:
+        return
+    chunks = stored_grid_chunks(out)
+    every = len(blocks) == math.prod(-(-n // c) for n, c in zip(shape, chunks))
+
+    def put(arr, data):
+        if every:                       # one call: zarr writes the chunks concurrently
+            arr[...] = data
+            return
+        for b in blocks:
+            sel = _block_slices(b, chunks, shape)
+            arr[sel] = data[sel]
+
+    with zarr.config.set({"array.write_empty_chunks": True}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, data in values.items():
+            put(_open_array(Path(out), name, mode="r+"), data)
+        put(_open_array(Path(out), "done", mode="r+"), done)
 
 
 def consolidate(out) -> None:

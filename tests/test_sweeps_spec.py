@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mbbatch.cells import check_points
-from mbbatch.spec import PARAMS, SpecError, load_spec
-from mbbatch.sweep import run_sweep
+from mbbatch.sweeps import run_sweep
+from mbbatch.sweeps.cells import check_points
+from mbbatch.sweeps.spec import SPEC_PARAMS, SpecError, load_spec, parse_spec
+
+from .helpers import ROOT, SMALL, TOKEN, write
 
 BASES = {
     "multibin": {
@@ -87,7 +89,7 @@ def check(tmp_path, text: str, name="fuzz.toml"):
 
 
 @given(base=st.sampled_from(sorted(BASES)), table=st.sampled_from(["", "params", "grid"]),
-       key=st.sampled_from(sorted(PARAMS) + ["name", "policy", "arrivals", "service", "service_model", "reps",
+       key=st.sampled_from(sorted(SPEC_PARAMS) + ["name", "policy", "arrivals", "service", "service_model", "reps",
                                             "seed", "description", "bogus"]),
        value=values, data=st.data())
 def test_spec_fuzz_only_spec_errors_naming_the_file(tmp_path_factory, base, table, key, value, data):
@@ -171,3 +173,62 @@ def test_too_many_bins_is_refused_saying_the_memory(tmp_path):
     spec = json.loads(json.dumps(BASES["multibin"]))
     spec["grid"]["bins"] = [1, 10**13]
     refused(tmp_path, spec, "bins=10000000000000", "bins:", "GiB")
+
+
+# --- spec validation, key by key --------------------------------------------------------
+
+@pytest.mark.parametrize("edit, key", [
+    (lambda s: s.replace('reps = 3', 'reps = 3\nrepz = 4'), "repz"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nmu = 0.1'), "params.mu"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = []'), "grid.rate"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, 0.5, 0.2]'), "grid.rate"),
+    (lambda s: s.replace('batch_size = 8\n', ''), "batch_size"),
+    (lambda s: s.replace('seed = 7\n', ''), "seed"),
+    (lambda s: s.replace('bins = [1, 3]', 'bins = [1, 0]'), "grid.bins"),
+    (lambda s: s.replace('bins = [1, 3]', 'bins = [1, 2.5]'), "grid.bins"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, -1.0]'), "grid.rate"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, nan]'), "grid.rate"),
+    (lambda s: s.replace('l_max = 20.0', 'l_max = 0.5'), "l_max"),
+    (lambda s: s.replace('service = "uniform"', 'service = "weibull"'), "service"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nservers = 0'), "servers"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nedges = "lemma_a1"'), "edges"),
+    (lambda s: s.replace('n = 4000', 'n = 4000\nbins = 2'), "bins"),
+    (lambda s: s.replace('reps = 3', 'reps = 0'), "reps"),
+    (lambda s: s + "\n[extra]\nx = 1\n", "extra"),
+])
+def test_bad_specs_name_key_and_file(tmp_path, edit, key):
+    p = write(tmp_path, edit(SMALL), "bad.toml")
+    with pytest.raises(SpecError) as err:
+        load_spec(p)
+    assert key in str(err.value) and "bad.toml" in str(err.value)
+    # and nothing runs: no store appears
+    out = tmp_path / "out.zarr"
+    with pytest.raises(SpecError):
+        run_sweep(p, out, workers=1, progress=False)
+    assert not out.exists()
+
+
+def test_spec_files_of_the_project_are_valid():
+    for p in sorted((ROOT / "sweeps").glob("*.toml")):
+        spec = load_spec(p)
+        assert spec.name == p.stem
+
+
+def test_spec_hash_ignores_layout_and_comments():
+    a = parse_spec(SMALL)
+    b = parse_spec("# a comment\n" + SMALL.replace("reps = 3", "reps   =   3"))
+    assert a.hash == b.hash
+    assert parse_spec(SMALL.replace("reps = 3", "reps = 4")).hash != a.hash
+
+
+def test_token_spec_errors(tmp_path):
+    bad = TOKEN.format(policy="dynamic", arrivals="poisson", extra="", grid="rate = [1.0]")
+    with pytest.raises(SpecError, match="b_max"):                     # missing field
+        load_spec(write(tmp_path, bad, "a.toml"))
+    bad = TOKEN.format(policy="static", arrivals="poisson", extra="b_max = 4", grid="batch_size = [4]\nrate = [1.0]")
+    with pytest.raises(SpecError, match="params.b_max"):              # not a static parameter
+        load_spec(write(tmp_path, bad, "b.toml"))
+    bad = TOKEN.format(policy="dynamic", arrivals="step", extra="b_max = 8\nrate = 1.0\nrate_high = 2.0\n"
+                       "t_up = 10.0\nt_down = 5.0", grid="controller = [\"spec\"]")
+    with pytest.raises(SpecError, match="t_down"):
+        load_spec(write(tmp_path, bad, "c.toml"))

@@ -1,68 +1,54 @@
 """Run a sweep into a Zarr store that survives interruption.
 
 The store is created whole before any cell runs: every variable at its fill
-value, closed forms computed, chunked one grid point per chunk (all reps of a
-point in one chunk).  As each grid point finishes, its chunks are written,
-then its ``done`` flag.  Zarr writes every chunk atomically (a temporary file
-renamed into place), so a run killed at any moment leaves each point either
-done or not done, never half-recorded: starting again computes exactly the
-points not done.  Cell values depend only on the spec and the cell's
-parameters, so an interrupted and resumed sweep ends bit-identical to an
-uninterrupted one, whatever the executor or the number of workers.
+value, closed forms computed.  Grid points are computed on an
+:class:`~mbbatch.sweeps.executors.Executor` and written in batches, a few
+seconds apart: each batch's data chunks first, then its ``done`` flags.
+Zarr writes every chunk atomically (a temporary file renamed into place), so a
+run killed at any moment leaves each point either done or not done, never
+half-recorded: starting again computes exactly the points not done.  Cell
+values depend only on the spec and the cell's parameters, so an interrupted
+and resumed sweep ends bit-identical to an uninterrupted one, whatever the
+executor or the number of workers.
 
 The store itself (checksums, verification on resume, the one-writer lock,
-what ``overwrite`` may delete) is :mod:`mbbatch.store`.
+what ``overwrite`` may delete) is :mod:`mbbatch.sweeps.store`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import stats
+from ..results import UnstableWarning
 from . import store
 from .cells import SEED_SCHEME, check_points, point_theory, run_point
-from .results import UnstableWarning
-from .schema import (AGGREGATES, TIME_SERIES, coord_values, fixed_param_attrs, rep_vars, template, time_grid,
+from .executors import Executor, warm_worker, whole
+from .schema import (FILL, TIME_SERIES, aggregates, coord_values, rep_vars, spec_attrs, template, time_grid,
                      variables)
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 from .store import StoreNote, SweepError
 
-__all__ = ["run_sweep", "check_store", "StoreReport", "SweepError", "UnstableWarning", "StoreNote"]
+__all__ = ["run_sweep", "run_sweeps", "check_store", "StoreReport", "Summary", "SweepError", "UnstableWarning",
+           "StoreNote"]
 
-
-def _git_commit() -> str:
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                   cwd=here, capture_output=True, text=True, timeout=10).stdout.strip()
-            return out.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
+#: a batch of finished grid points is written at most this often, s
+FLUSH_SECONDS = 2.0
 
 
 def _attrs(spec: SweepSpec) -> dict:
-    from .provenance import versions
+    from ..provenance import code_hash, git_commit, versions
 
     return {
         "name": spec.name,
         "description": spec.description,
-        "policy": spec.policy,
         "arrivals": spec.arrivals,
         "service": spec.service,
         "reps": spec.reps,
@@ -72,46 +58,27 @@ def _attrs(spec: SweepSpec) -> dict:
         "spec_hash": spec.hash,
         "seed_scheme": SEED_SCHEME,
         "axes": list(spec.axes),
-        "git_commit": _git_commit(),
-        "confidence_level": 0.95,
-        **fixed_param_attrs(spec),
+        "git_commit": git_commit(),
+        "code_hash": code_hash(),
+        "confidence_level": stats.CONFIDENCE,
+        **spec_attrs(spec),
         **versions(),
     }
 
 
-def _t_interval(x: np.ndarray, level: float = 0.95):
-    from scipy import stats
-
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return math.nan, math.nan, math.nan
-    m = float(x.mean())
-    if x.size < 2:
-        return m, math.nan, math.nan
-    half = stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
-    return m, float(m - half), float(m + half)
-
-
 def _encoding(spec: SweepSpec, ds) -> dict:
-    """One chunk per grid point (all reps, and all times, of a point in one)."""
+    """Chunks: blocks of grid points (:func:`store.grid_chunks`), each holding
+    all the reps (and times) of its points."""
+    grid = store.grid_chunks(spec.shape)
     per_rep = rep_vars(spec)
     encoding = {}
     for var in ds.data_vars:
         if var in TIME_SERIES:
-            chunks = tuple(1 for _ in spec.axes) + (spec.reps, ds.sizes["time"])
+            chunks = grid + (spec.reps, ds.sizes["time"])
         else:
-            chunks = tuple(1 for _ in spec.axes) + ((spec.reps,) if var in per_rep else ())
+            chunks = grid + ((spec.reps,) if var in per_rep else ())
         encoding[var] = {"chunks": chunks}
     return encoding
-
-
-def _template(spec: SweepSpec):
-    """The store's Dataset before any cell runs: closed forms filled in."""
-    ds = template(spec, _attrs(spec))
-    for idx, params in spec.points():
-        for var, value in point_theory(spec.arrivals, spec.service, params, spec.policy).items():
-            ds[var].values[idx] = value
-    return ds
 
 
 def _layout(spec: SweepSpec) -> tuple[list, dict]:
@@ -127,11 +94,20 @@ def _layout(spec: SweepSpec) -> tuple[list, dict]:
     return names, coords
 
 
-def _open_existing(spec: SweepSpec, out: Path) -> np.ndarray:
-    """Check an existing store against the spec and verify it; return which
-    grid points are done and intact.  Damaged points are reported (a
-    :class:`StoreNote`) and left to recompute; damaged coordinates are
-    rewritten from the spec."""
+def _template(spec: SweepSpec, theory: dict):
+    """The store's Dataset before any cell runs: closed forms filled in."""
+    ds = template(spec, _attrs(spec))
+    for idx, values in theory.items():
+        for var, value in values.items():
+            ds[var].values[idx] = value
+    return ds
+
+
+def _open_existing(spec: SweepSpec, out: Path) -> store.StoreState:
+    """Check an existing store against the spec and verify it; return its
+    state (which grid points are done and intact, and its values).  Damaged
+    points are reported (a :class:`StoreNote`) and left to recompute; damaged
+    coordinates are rewritten from the spec."""
     stored = store.stored_attrs(out)
     if stored is None or "spec_hash" not in stored:
         raise SweepError(f"out: {out} is damaged: its metadata {out / 'zarr.json'} cannot be read; "
@@ -152,12 +128,12 @@ def _open_existing(spec: SweepSpec, out: Path) -> np.ndarray:
     if state.coords:
         store.repair_coords(out, coords, state.coords)
         warnings.warn(f"{out}: rewrote the damaged coordinates {', '.join(state.coords)} from the spec",
-                      StoreNote, stacklevel=3)
+                      StoreNote, stacklevel=4)
     if state.damaged:
         warnings.warn(f"{out}: {len(state.damaged)} grid points failed verification (a chunk missing, "
                       "not decoding or failing its checksum) and will be recomputed: "
-                      f"{_describe_damage(spec, state.damaged)}", StoreNote, stacklevel=3)
-    return state.done
+                      f"{_describe_damage(spec, state.damaged)}", StoreNote, stacklevel=4)
+    return state
 
 
 def _point_label(spec: SweepSpec, idx: tuple) -> str:
@@ -171,72 +147,59 @@ def _describe_damage(spec: SweepSpec, damaged: dict, most: int = 8) -> str:
     return "; ".join(shown) + more
 
 
-def _point_data(spec: SweepSpec, params: dict, sim: dict) -> dict:
-    """Everything stored for one grid point, shaped for its region: the
-    per-rep values, their means and intervals, the closed forms and the
-    unstable flag."""
-    dims = list(spec.axes)
-    lead = (1,) * len(dims)
+def _point_data(spec: SweepSpec, sim: dict, theory: dict) -> dict:
+    """Everything stored for one grid point: the per-rep values, their means
+    and intervals, the closed forms and the unstable flag (fill values for
+    metrics that do not apply to the point's policy)."""
     data = {}
+    kinds = variables(spec)
     for var in rep_vars(spec):
-        data[var] = (dims + ["rep"], np.asarray(sim[var]).reshape(lead + (spec.reps,)))
+        data[var] = sim[var] if var in sim else np.full(spec.reps, FILL[kinds[var][1]], dtype=kinds[var][1])
     for var in TIME_SERIES:
         if var in sim:
-            data[var] = (dims + ["rep", "time"], np.asarray(sim[var]).reshape(lead + sim[var].shape))
-    known = variables(spec)
-    for src, (mean_v, lo_v, hi_v) in AGGREGATES.items():
-        if mean_v not in known:
-            continue
-        m, lo, hi = _t_interval(np.asarray(sim[src], dtype=float))
-        data[mean_v] = (dims, np.full(lead, m))
+            data[var] = sim[var]
+    for src, (mean_v, lo_v, hi_v) in aggregates(spec).items():
+        m, lo, hi = stats.t_interval(np.asarray(data[src], dtype=float))
+        data[mean_v] = m
         if lo_v:
-            data[lo_v] = (dims, np.full(lead, lo))
-            data[hi_v] = (dims, np.full(lead, hi))
-    theory = point_theory(spec.arrivals, spec.service, params, spec.policy)
+            data[lo_v], data[hi_v] = lo, hi
     for var, value in theory.items():
         if var != "unstable":
-            data[var] = (dims, np.full(lead, value))
-    unstable = bool(theory["unstable"]) or bool(np.any(sim["backlog_growing"]))
-    data["unstable"] = (dims, np.full(lead, unstable))
+            data[var] = value
+    for var in kinds:
+        if var.startswith(("theory_", "capacity")) and var not in data:
+            data[var] = math.nan
+    data["unstable"] = bool(theory["unstable"]) or bool(np.any(data["backlog_growing"]))
     return data
 
 
-def _point_task(policy, arrivals, service, params, seed, reps, grid):
-    return run_point(policy, arrivals, service, params, seed, reps, grid)
+def _point_task(arrivals, service, params, seed, reps, grid):
+    return run_point(arrivals, service, params, seed, reps, grid)
 
 
-def _warm_worker():
-    from ._kernels import warmup
+@dataclass(frozen=True)
+class Summary:
+    """What one sweep run did: grid points and requests computed, wall time
+    (s), and the kernels' time (s, summed over workers)."""
 
-    warmup()
+    name: str
+    points: int
+    requests: int
+    wall: float
+    kernel: float
+    parallel: int
 
+    @property
+    def kernel_share(self) -> float:
+        """Share of the wall time the kernels ran (per process computing)."""
+        return self.kernel / (self.wall * self.parallel) if self.wall > 0 else math.nan
 
-def _start_pool_worker(sweep_pid):
-    # Ctrl-C reaches the whole job: the sweep reports it, and a worker just
-    # ends, without a traceback of its own (its finished points are stored)
-    signal.signal(signal.SIGINT, _end_worker)
-    _exit_with(sweep_pid)
-    _warm_worker()
-
-
-def _end_worker(signum, frame):
-    os._exit(128 + signum)
-
-
-def _exit_with(sweep_pid, every=0.5):
-    """End this pool worker once the sweep process that started it is gone.
-
-    A killed sweep (kill -9, a batch scheduler's time limit) cannot shut its
-    pool down, and the workers, which hold both ends of the pool's queues,
-    would wait on them forever.  A daemon thread notices the new parent
-    within ``every`` seconds of the current cell's end (the kernels hold the
-    GIL) and exits the process; the sweep resumes from its store."""
-    def watch():
-        while os.getppid() == sweep_pid:
-            time.sleep(every)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="mbbatch-exit-with-sweep", daemon=True).start()
+    def line(self) -> str:
+        rate = self.requests / self.wall if self.wall > 0 else math.nan
+        share = f"{100 * self.kernel_share:.0f}% of it in the kernels" if self.points else "nothing to compute"
+        per = f" per process ({self.parallel})" if self.parallel > 1 and self.points else ""
+        return (f"{self.name}: {self.points} grid points, {self.requests:.3g} requests in {self.wall:.1f} s, "
+                f"{rate / 1e6:.1f} M requests/s, {share}{per}")
 
 
 class _Progress:
@@ -279,48 +242,32 @@ class _Progress:
             self.bar.close()
 
 
-def _executor_results(tasks, scheduler, workers):
-    """Yield (idx, sim) as tasks finish, on the chosen executor."""
-    if scheduler is not None:
-        from distributed import Client, LocalCluster, as_completed as dask_completed
+def _prepare(spec, out, overwrite, rebuild_stale=False):
+    """Validate everything that can be validated before the store is touched."""
+    if not isinstance(spec, SweepSpec):
+        spec = load_spec(spec)
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be a bool; got {overwrite!r}")
+    check_points(spec)   # every grid point's objects and memory, before the store exists
+    out = Path(out)
+    if out.exists() or out.is_symlink():
+        if overwrite or (rebuild_stale and _stale(spec, out)):
+            store.discardable(out)
+        elif not store.is_sweep_store(out.resolve()):   # (a link to a store may be resumed through)
+            raise SweepError(f"out: {out} exists and is not an mbbatch sweep store; choose another path")
+    folder = out.absolute().parent
+    if folder.exists() and not folder.is_dir():
+        raise SweepError(f"out: {out.parent} is a file, not a folder to put the store in")
+    return spec, out
 
-        cluster = None
-        if scheduler == "local":
-            cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1,
-                                   processes=True, host="127.0.0.1", dashboard_address=None)
-            client = Client(cluster)
-        else:
-            client = Client(scheduler)
-        try:
-            futures = {client.submit(_point_task, *args, pure=False): idx for idx, args in tasks}
-            for fut in dask_completed(futures):
-                yield futures[fut], fut.result()
-        finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
-        return
-    workers = workers or os.cpu_count() or 1
-    if workers == 1 or len(tasks) <= 1:
-        for idx, args in tasks:
-            yield idx, _point_task(*args)
-        return
-    import multiprocessing as mp
 
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
-                               initializer=_start_pool_worker, initargs=(os.getpid(),))
-    try:
-        # the workers start while submitting: with Ctrl-C ignored from birth,
-        # until their initializer makes it end them quietly
-        with _sigint(signal.SIG_IGN):
-            futures = {pool.submit(_point_task, *args): idx for idx, args in tasks}
-        for fut in as_completed(futures):
-            yield futures[fut], fut.result()
-    except BaseException:
-        # interrupted (or a failed point): drop the queued points, not wait for them
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+def _stale(spec: SweepSpec, out: Path) -> bool:
+    """Whether a store at ``out`` was made from another spec or by other code."""
+    from ..provenance import code_hash
+
+    stored = store.stored_attrs(out)
+    return (stored is None or stored.get("spec_hash") != spec.hash or stored.get("code_hash") != code_hash()
+            or stored.get(store.MARK) != store.STORE_FORMAT)
 
 
 def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcdf=None,
@@ -351,56 +298,102 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
     netcdf : str or path, optional
         Also export the finished Dataset to this NetCDF file.
     progress : bool
-        Show progress (a bar on a terminal, plain lines otherwise).
+        Show progress (a bar on a terminal, plain lines otherwise) and end
+        with a one-line summary.
     """
-    if not isinstance(spec, SweepSpec):
-        spec = load_spec(spec)
+    _check_workers(workers)
+    spec, out = _prepare(spec, out, overwrite)
+    with Executor(scheduler, workers) as ex:
+        ds, summary = _sweep(spec, out, ex, overwrite, netcdf, progress)
+    if progress:
+        print(summary.line(), file=sys.stderr, flush=True)
+    return ds
+
+
+def run_sweeps(specs, out_dir, *, scheduler=None, workers=None, overwrite=False, rebuild_stale=False,
+               progress=True) -> list:
+    """Run (or resume) several sweeps, each into ``out_dir/NAME.zarr``, on one
+    executor (one pool of workers for all); every spec is checked before any
+    runs.  ``rebuild_stale`` discards (and recomputes) a store made from
+    another spec or by other code.  Returns the ``(Dataset, Summary)`` of
+    each sweep."""
+    _check_workers(workers)
+    out_dir = Path(out_dir)
+    specs = [s if isinstance(s, SweepSpec) else load_spec(s) for s in specs]
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise SpecError(f"the specs name the same sweep twice: {dup}")
+    prepared = [_prepare(s, out_dir / f"{s.name}.zarr", overwrite, rebuild_stale) for s in specs]
+    results = []
+    with Executor(scheduler, workers) as ex:
+        for spec, out in prepared:
+            discard = overwrite or (rebuild_stale and (out.exists() or out.is_symlink()) and _stale(spec, out))
+            ds, summary = _sweep(spec, out, ex, discard, None, progress)
+            if progress:
+                print(summary.line(), file=sys.stderr, flush=True)
+            results.append((ds, summary))
+    return results
+
+
+def _check_workers(workers):
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be an integer in [1, inf); got {workers!r}")
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"overwrite must be a bool; got {overwrite!r}")
-    check_points(spec)   # every grid point's objects and memory, before the store exists
-    out = Path(out)
-    if out.exists() or out.is_symlink():
-        if overwrite:
-            store.discardable(out)
-        elif not store.is_sweep_store(out.resolve()):   # (a link to a store may be resumed through)
-            raise SweepError(f"out: {out} exists and is not an mbbatch sweep store; choose another path")
-    folder = out.absolute().parent
-    if folder.exists() and not folder.is_dir():
-        raise SweepError(f"out: {out.parent} is a file, not a folder to put the store in")
-    folder.mkdir(parents=True, exist_ok=True)
+
+
+def _sweep(spec: SweepSpec, out: Path, ex: Executor, overwrite: bool, netcdf, progress):
+    out.absolute().parent.mkdir(parents=True, exist_ok=True)
     with store.StoreLock(out):
-        return _run_locked(spec, out, scheduler, workers, overwrite, netcdf, progress)
+        return _run_locked(spec, out, ex, overwrite, netcdf, progress)
 
 
-def _run_locked(spec, out, scheduler, workers, overwrite, netcdf, progress):
+def _run_locked(spec, out, ex, overwrite, netcdf, progress):
+    start = time.perf_counter()
     exists = out.exists() or out.is_symlink()
+    theory = {idx: point_theory(spec.arrivals, spec.service, params) for idx, params in spec.points()}
     if exists and not overwrite:
-        done = _open_existing(spec, out)
+        state = _open_existing(spec, out)
+        done, values = state.done, state.values
     else:
-        ds = _template(spec)
+        ds = _template(spec, theory)
         store.create(ds, _encoding(spec, ds), out, replace=exists)
         done = np.zeros(spec.shape, dtype=bool)
+        values = {var: ds[var].values.copy() for var in ds.data_vars if var != "done"}
     pending = [(idx, params) for idx, params in spec.points() if not done[idx]]
     grid = time_grid(spec)
-    tasks = [(idx, (spec.policy, spec.arrivals, spec.service, params, spec.seed, spec.reps, grid))
+    tasks = [(idx, _point_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.reps, grid))
              for idx, params in pending]
-    params_at = dict(pending)
     if tasks:
-        _warm_worker()  # compile once here, so that workers load the cached kernels
-    n_per_cell = int(spec.axes.get("n", [spec.params.get("n")])[0] if "n" in spec.axes else spec.params["n"])
-    bar = _Progress(len(tasks) * spec.reps, n_per_cell, spec.name, progress)
+        warm_worker()  # compile once here, so that workers load the cached kernels
+    n_cell = {idx: params["n"] for idx, params in pending}
+    bar = _Progress(len(tasks) * spec.reps, int(next(iter(n_cell.values()), 0)), spec.name, progress)
+    chunks = store.stored_grid_chunks(out)
+    dirty, last_flush, requests, kernel = set(), time.perf_counter(), 0, 0.0
+
+    def flush():
+        nonlocal last_flush
+        with whole():
+            store.write_blocks(out, values, dirty, spec.shape, done)
+        dirty.clear()
+        last_flush = time.perf_counter()
+
     try:
-        for idx, sim in _executor_results(tasks, scheduler, workers):
-            data = _point_data(spec, params_at[idx], sim)
-            with _whole():
-                store.write_point(out, list(spec.axes), idx, data)
+        for idx, sim in ex.run(tasks):
+            kernel += sim.pop("_kernel_seconds", 0.0)
+            for var, value in _point_data(spec, sim, theory[idx]).items():
+                values[var][idx] = value
+            done[idx] = True
+            dirty.add(store.block_of(idx, chunks))
+            requests += n_cell[idx] * spec.reps
             bar.update(spec.reps)
+            if time.perf_counter() - last_flush >= FLUSH_SECONDS:
+                flush()
     finally:
+        # what finished is kept, also when interrupted
+        flush()
         bar.close()
     if tasks or exists:
-        with _whole():
+        with whole():
             store.consolidate(out)
     ds = store.open_dataset(out)
     if not bool(ds["done"].all()):
@@ -408,33 +401,9 @@ def _run_locked(spec, out, scheduler, workers, overwrite, netcdf, progress):
     _warn_unstable(spec, ds)
     if netcdf is not None:
         ds.load().to_netcdf(netcdf)
-    return ds
-
-
-@contextlib.contextmanager
-def _sigint(handler):
-    """Ctrl-C (SIGINT) handled by ``handler`` during the block.  Only the main
-    thread sets signal handlers and receives signals: elsewhere a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-@contextlib.contextmanager
-def _whole():
-    """Hold a Ctrl-C that comes during the block until its end: a grid point
-    (or the metadata) is written whole, and the store is never left in the
-    middle of an operation."""
-    caught = []
-    with _sigint(lambda signum, frame: caught.append(signum)):
-        yield
-    if caught:
-        signal.raise_signal(signal.SIGINT)
+    summary = Summary(spec.name, len(tasks), requests, time.perf_counter() - start, kernel,
+                      ex.parallel if len(tasks) > 1 else 1)
+    return ds, summary
 
 
 def _warn_unstable(spec: SweepSpec, ds) -> None:
@@ -448,7 +417,7 @@ def _warn_unstable(spec: SweepSpec, ds) -> None:
             f"{spec.name}: {len(idx)} of {unstable.size} grid points have no steady state "
             f"(rate at or above the service rate, or a growing backlog): {'; '.join(shown)}{more}. "
             "Their averages describe a transient; figures draw them hollow.",
-            UnstableWarning, stacklevel=3)
+            UnstableWarning, stacklevel=4)
 
 
 @dataclass(frozen=True)
@@ -467,7 +436,7 @@ def check_store(path) -> StoreReport:
     out = Path(path)
     if not out.exists():
         raise SweepError(f"store: {out} does not exist")
-    if not store.is_sweep_store(out):
+    if not store.is_sweep_store(out.resolve()):
         raise SweepError(f"store: {out} is not an mbbatch sweep store (no sweep metadata in it)")
     attrs = store.stored_attrs(out)
     if attrs is None:

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from mbbatch import store
-from mbbatch.store import StoreNote, SweepError
-from mbbatch.sweep import check_store, run_sweep
+from mbbatch.sweeps import check_store, run_sweep
+from mbbatch.sweeps import store
+from mbbatch.sweeps.store import StoreNote, SweepError
 
-from .test_sweep import ROOT, SLOW, SMALL, assert_identical, start_sweep, write
+from .helpers import ROOT, SLOW, SMALL, assert_identical, start_sweep, write
 
 pytestmark = pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
 
@@ -166,7 +166,7 @@ def test_second_sweep_on_a_locked_store_exits_at_once_naming_the_holder(tmp_path
     variables).  The second now stops at once, naming the store and the
     first one's process id; after a kill -9 of the first, the next run takes
     the lock over with a note and ends bit-identical to an uninterrupted run."""
-    spec = write(tmp_path, SLOW.replace("n = 400000", "n = 3000000"))
+    spec = write(tmp_path, SLOW.replace("n = 4000000", "n = 30000000"))
     out = tmp_path / "locked.zarr"
     first = start_sweep(spec, out, workers=1, points=1)
     try:
@@ -237,13 +237,14 @@ DAMAGE = {
 def test_a_damaged_chunk_is_found_and_recomputed_bit_for_bit(tmp_path, reference, how):
     """A truncated, zeroed or random chunk passed as done; a flipped byte
     changed a value silently; a deleted chunk read as NaN.  Each is now found
-    by `check` and by the resume, which recomputes the point (with a note
-    naming store, variable and point) and ends equal to an uninterrupted run."""
+    by `check` and by the resume, which recomputes the chunk's points (with a
+    note naming store, variable and points) and ends equal to an
+    uninterrupted run.  (TINY's 6 points share one chunk per variable.)"""
     out = fresh_copy(reference, tmp_path)
-    DAMAGE[how](_chunk(out, "sim_throughput", (1, 2, 0)))
+    DAMAGE[how](_chunk(out, "sim_throughput", (0, 0, 0)))
     report = check_store(out)
-    assert not report.ok and "bins=3, rate=2.0 (sim_throughput)" in report.text, report.text
-    with pytest.warns(StoreNote, match=r"s\.zarr: 1 grid points .* bins=3, rate=2\.0 \(sim_throughput\)"):
+    assert not report.ok and "damaged: 6" in report.text and "bins=3, rate=2.0 (sim_throughput)" in report.text
+    with pytest.warns(StoreNote, match=r"s\.zarr: 6 grid points .* bins=1, rate=0\.2 \(sim_throughput\)"):
         again = run_sweep(write(tmp_path, TINY), out, workers=1, progress=False).load()
     assert_identical(reference[1], again)
     assert check_store(out).ok
@@ -252,30 +253,37 @@ def test_a_damaged_chunk_is_found_and_recomputed_bit_for_bit(tmp_path, reference
 def test_a_truncated_done_chunk_is_recomputed_not_an_error(tmp_path, reference):
     """A truncated `done` chunk stopped the sweep with an error naming no file."""
     out = fresh_copy(reference, tmp_path)
-    DAMAGE["truncated"](_chunk(out, "done", (0, 1)))
+    DAMAGE["truncated"](_chunk(out, "done", (0, 0)))
     with pytest.warns(StoreNote, match=r"bins=1, rate=0\.5 \(done\)"):
         again = run_sweep(write(tmp_path, TINY), out, workers=1, progress=False).load()
     assert_identical(reference[1], again)
 
 
-def test_damage_in_several_variables_and_points_is_named(tmp_path, reference):
-    out = fresh_copy(reference, tmp_path)
-    DAMAGE["random"](_chunk(out, "theory_latency", (0, 0)))
-    DAMAGE["deleted"](_chunk(out, "sim_latency_p99", (1, 1, 0)))
+def test_damage_costs_only_the_points_of_its_chunk(tmp_path, monkeypatch):
+    """With two points per chunk, damage in one chunk recomputes its two
+    points only, named with their variables, in a real `mbbatch sweep`
+    process (which finds the chunking in the store, not in its defaults)."""
+    monkeypatch.setattr(store, "POINTS_PER_CHUNK", 2)
+    spec = write(tmp_path, TINY)
+    ref = run_sweep(spec, tmp_path / "ref.zarr", workers=1, progress=False).load()
+    out = tmp_path / "s.zarr"
+    run_sweep(spec, out, workers=1, progress=False)
+    assert store.stored_grid_chunks(out) == (1, 2)              # bins x rate = 2 x 3: blocks of 2 rates
+    DAMAGE["random"](_chunk(out, "theory_latency", (0, 0)))      # bins=1, rates 0.2 and 0.5
+    DAMAGE["deleted"](_chunk(out, "sim_latency_p99", (1, 1, 0)))  # bins=3, rate 2.0
     DAMAGE["flipped"](_chunk(out, "completed", (1, 1, 0)))
     report = check_store(out)
-    assert "damaged: 2" in report.text
-    assert "bins=1, rate=0.2 (theory_latency)" in report.text
-    assert "bins=3, rate=0.5 (completed, sim_latency_p99)" in report.text
+    assert "damaged: 3" in report.text, report.text
+    assert "bins=1, rate=0.2 (theory_latency); bins=1, rate=0.5 (theory_latency)" in report.text
+    assert "bins=3, rate=2.0 (completed, sim_latency_p99)" in report.text
     r = cli("check", out)
     assert r.returncode == 1 and "DAMAGED" in r.stdout
     # the resume, as a real `mbbatch sweep` process: a note names store, points and variables
-    r = cli("sweep", write(tmp_path, TINY), "--out", out, "--workers", "1", "--quiet")
+    r = cli("sweep", spec, "--out", out, "--workers", "1", "--quiet")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     note = [ln for ln in r.stderr.splitlines() if ln.startswith("note:")]
-    assert len(note) == 1 and str(out) in note[0] and "2 grid points failed verification" in note[0], r.stderr
-    assert "(theory_latency)" in note[0] and "(completed, sim_latency_p99)" in note[0]
-    assert_identical(reference[1], xr.open_zarr(out).load())
+    assert len(note) == 1 and str(out) in note[0] and "3 grid points failed verification" in note[0], r.stderr
+    assert_identical(ref, xr.open_zarr(out).load())
     r = cli("check", out)
     assert r.returncode == 0 and "intact" in r.stdout, r.stdout
 
@@ -320,8 +328,9 @@ def test_every_chunk_carries_a_checksum_and_exists(reference):
     for meta in out.glob("*/zarr.json"):
         codecs = [c["name"] for c in json.loads(meta.read_text())["codecs"]]
         assert codecs[-1] == "crc32c", (meta, codecs)
-    # fill values are written too: a missing chunk is damage, never a NaN
-    assert len(list((out / "unstable" / "c").rglob("*"))) >= 6
+    # fill values are written too (every unstable flag here is False, the
+    # fill value): a missing chunk is damage, never a NaN
+    assert [p.name for p in (out / "unstable" / "c").rglob("*") if p.is_file()] == ["0"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert check_store(out).ok

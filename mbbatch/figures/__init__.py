@@ -1,0 +1,130 @@
+"""The paper's figures, drawn from stored sweep datasets.
+
+Figure scripts read datasets written by ``mbbatch sweep`` (``results/<name>.zarr``)
+and by ``mbbatch example fig1b`` (``results/fig1b.nc``).  They never simulate;
+they may evaluate the closed forms of :mod:`mbbatch.theory`.
+
+>>> from mbbatch.figures import FIGURES, make_figures
+>>> list(FIGURES)                                       # doctest: +NORMALIZE_WHITESPACE
+['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers',
+ 'mb_only', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait']
+>>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
+[PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
+
+A figure's name is the name of the function that draws it:
+
+- :mod:`.paper`: the multi-bin paper's figures and its theorems' studies
+  (``fig1b`` to ``servers``);
+- :mod:`.experiments`: the dynamic-batching experiments (i)-(v)
+  (``mb_only`` to ``max_wait``);
+- :mod:`.data`: where datasets live and reading values from them;
+- :mod:`.style`: the shared look and the deterministic savers;
+- :mod:`.analysis`: numbers that are not drawing (overload, confidence
+  intervals over replications, settling times).
+
+Conventions in every figure: simulation as markers with 95% confidence
+intervals (t-intervals of the mean over replications); closed forms as lines
+in the same colour; unstable cells (``unstable == True``) as hollow markers.
+Cells whose ``done`` flag is false are left out.  The token-level policies
+(static, dynamic, multi-bin dynamic) have no closed forms: thin lines join
+their simulated points, and a cell whose throughput is below
+:data:`~mbbatch.figures.analysis.OVERLOAD` (0.95) times its arrival rate is
+hollow too, since their ``unstable`` flag misses overloads whose queue drains
+after the arrivals end.
+
+Output is byte-for-byte reproducible: figures are built on
+:class:`matplotlib.figure.Figure` (no pyplot state) under a fixed style, and
+the PDF/PNG metadata that would carry a date or a version is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Callable
+
+import xarray as xr
+
+from . import experiments, paper
+from .data import dataset_command, dataset_path, open_dataset
+from .style import house_style, save
+
+__all__ = ["FIGURES", "make_figures", "dataset_path", "dataset_command"]
+
+#: name -> (drawing function, datasets it reads), in drawing order.
+FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
+    ("fig1b", (paper.fig1b, ["fig1b"])),
+    ("fig3", (paper.fig3, ["fig3"])),
+    ("fig4", (paper.fig4, ["fig4"])),
+    ("fig8", (paper.fig8, ["fig8"])),
+    ("throughput_vs_k", (paper.throughput_vs_k, ["thm43"])),
+    ("min_bins_vs_eps", (paper.min_bins_vs_eps, ["thm43"])),
+    ("servers", (paper.servers, ["servers"])),
+    ("mb_only", (experiments.mb_only, ["mb_only"])),
+    ("dynamic_vs_static", (experiments.dynamic_vs_static, ["token_policies"])),
+    ("controller_step", (experiments.controller_step, ["controller_step"])),
+    ("mb_dynamic", (experiments.mb_dynamic, ["token_policies"])),
+    ("max_wait", (experiments.max_wait, ["max_wait"])),
+])
+
+
+def make_figures(results_dir, out_dir, only=None) -> list[Path]:
+    """Draw figures from the datasets in ``results_dir`` into ``out_dir``.
+
+    Each figure ``name`` is saved as ``out_dir/<name>.png`` (:data:`.style.DPI` dots
+    per inch) and ``out_dir/<name>.pdf``, with no date or version metadata, so
+    the same data give byte-identical files.
+
+    Parameters
+    ----------
+    results_dir : path
+        Folder holding ``<dataset>.zarr`` stores (and ``fig1b.nc``).
+    out_dir : path
+        Folder for the figures; created if absent.
+    only : str or iterable of str, optional
+        Draw only these figures (names of :data:`FIGURES`).
+
+    Returns
+    -------
+    list of Path
+        The files written, PNG then PDF for each figure, in :data:`FIGURES` order.
+
+    Raises
+    ------
+    ValueError
+        An unknown figure name.
+    FileNotFoundError
+        A dataset a selected figure reads is missing; the message names the
+        file and the command that makes it.  Checked before anything is drawn.
+    """
+    if only is None:
+        names = list(FIGURES)
+    else:
+        wanted = [only] if isinstance(only, str) else list(only)
+        unknown = [n for n in wanted if n not in FIGURES]
+        if unknown:
+            raise ValueError(f"unknown figure {', '.join(map(repr, unknown))}; "
+                             f"choose from: {', '.join(FIGURES)}")
+        names = [n for n in FIGURES if n in wanted]
+
+    needed = list(OrderedDict.fromkeys(d for n in names for d in FIGURES[n][1]))
+    missing = [d for d in needed if not dataset_path(results_dir, d).exists()]
+    if missing:
+        lines = [f"  {dataset_path(results_dir, d)}: make it with `{dataset_command(d)}`"
+                 for d in missing]
+        raise FileNotFoundError("missing dataset(s) for the figures:\n" + "\n".join(lines))
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache: dict[str, xr.Dataset] = {}
+    written: list[Path] = []
+    with house_style():
+        for name in names:
+            func, datasets = FIGURES[name]
+            data = {}
+            for d in datasets:
+                if d not in cache:
+                    cache[d] = open_dataset(results_dir, d)
+                data[d] = cache[d]
+            written += save(func(data), out_dir, name)
+    return written

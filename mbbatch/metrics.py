@@ -1,0 +1,130 @@
+"""The metric table: every metric a simulation reports, declared once.
+
+One row per metric: its name (the attribute of
+:class:`~mbbatch.SimulationResult`), units, description, the policy kinds it
+applies to, and how a sweep stores it (the Dataset variable, per replication
+or not, and its per-point aggregate).  The table drives the result's
+attributes, ``SimulationResult.to_dataset()``, the sweep schema and the
+figures' axis labels.  A metric that does not apply to a policy is absent from
+that policy's results (an ``AttributeError`` saying so), not NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Metric", "METRICS", "KINDS", "ALL", "TOKEN", "CONTROLLED", "applicable", "by_var", "label"]
+
+#: The policy kinds, as named in specs, results and stores.
+KINDS = ("multibin", "static", "dynamic", "multibin_dynamic")
+ALL = frozenset(KINDS)
+#: The token-level policies (the event kernel).
+TOKEN = frozenset(("static", "dynamic", "multibin_dynamic"))
+#: The policies with an SLA controller.
+CONTROLLED = frozenset(("dynamic", "multibin_dynamic"))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric.
+
+    ``var`` is its Dataset variable (default ``sim_<name>`` for real values,
+    ``<name>`` for counts and flags); ``per_rep`` whether sweeps store it per
+    replication; ``aggregate`` the per-point summary sweeps add: ``"ci"``
+    (mean and 95% t-interval over replications: ``<var>_mean``,
+    ``<var>_ci_low``, ``<var>_ci_high``), ``"mean"`` (``<var>_mean``) or none.
+    """
+
+    name: str
+    units: str
+    description: str
+    kinds: frozenset = ALL
+    dtype: str = "f8"
+    per_rep: bool = True
+    aggregate: str = ""
+    var_name: str = ""
+
+    @property
+    def var(self) -> str:
+        if self.var_name:
+            return self.var_name
+        return f"sim_{self.name}" if self.dtype == "f8" else self.name
+
+    @property
+    def label(self) -> str:
+        """An axis label: the name in words and the units."""
+        words = self.name.replace("_", " ")
+        return f"{words} ({self.units})" if self.units not in ("", "1") else words
+
+
+def _m(*args, **kw) -> Metric:
+    return Metric(*args, **kw)
+
+
+#: The one table of metrics, by name.
+METRICS: dict[str, Metric] = {m.name: m for m in [
+    _m("throughput", "requests/s", "completed requests / (last completion - first arrival)", aggregate="ci"),
+    _m("token_throughput", "tokens/s", "generated (output) tokens / (last completion - first arrival)",
+       TOKEN),
+    _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival",
+       aggregate="ci"),
+    _m("mean_latency_ci_low", "s", "lower end of the run's 95% batch-means confidence interval of "
+       "mean_latency", per_rep=False),
+    _m("mean_latency_ci_high", "s", "upper end of the run's 95% batch-means confidence interval of "
+       "mean_latency", per_rep=False),
+    _m("latency_p50", "s", "median latency of completed requests"),
+    _m("latency_p95", "s", "95th percentile latency of completed requests", aggregate="mean"),
+    _m("latency_p99", "s", "99th percentile latency of completed requests"),
+    _m("mean_ttft", "s", "mean time to first token: batch start + prefill + one decode step - arrival",
+       TOKEN),
+    _m("mean_tbt", "s/token", "mean decode time per output token (token-weighted)", TOKEN),
+    _m("sla_violation_tokens", "1", "share of output tokens decoded slower than D_SLA + eps_D per token",
+       TOKEN, aggregate="mean"),
+    _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", TOKEN),
+    _m("utilization", "1", "busy server-time / (servers x span); NaN for infinitely many servers"),
+    _m("mean_busy_servers", "servers", "busy server-time / span: mean number of servers busy", per_rep=False),
+    _m("mean_batch_service", "s", "mean batch service time", aggregate="mean"),
+    _m("std_batch_service", "s", "sample standard deviation of the batch service time", frozenset({"multibin"}),
+       per_rep=False),
+    _m("mean_fill_wait", "s", "mean time from a request's arrival until its batch is full",
+       frozenset({"multibin"})),
+    _m("mean_queue_wait", "s", "mean time a request's full batch waits in the central FIFO",
+       frozenset({"multibin"})),
+    _m("memory_peak", "1", "largest batch's prompt + output tokens / token capacity eta", TOKEN),
+    _m("memory_mean", "1", "time-average tokens in service / (servers x eta)", TOKEN),
+    _m("batch_size_mean", "requests", "mean batch size", aggregate="mean"),
+    _m("batch_size_std", "requests", "standard deviation of the batch size", TOKEN),
+    _m("span", "s", "last completion - first arrival", per_rep=False),
+    _m("completed", "requests", "requests served", dtype="i8"),
+    _m("excluded_partial", "requests", "requests left in partial batches when arrivals ended; excluded",
+       frozenset({"multibin"}), dtype="i8"),
+    _m("n_batches", "batches", "batches served", dtype="i8"),
+    _m("mem_exceed_batches", "batches", "batches above the token capacity (0 when the memory constraint "
+       "is on)", TOKEN, dtype="i8"),
+    _m("rejected", "requests", "requests alone above the token capacity, never servable, dropped", TOKEN,
+       dtype="i8"),
+    _m("warmup_time", "s", "time Algorithm 6's edges were set", frozenset({"multibin_dynamic"}), per_rep=False),
+    _m("sla_infeasible", "1", "the controller ended above D_SLA + eps_D with b_low shrunk to B_min",
+       CONTROLLED, dtype="bool"),
+    _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
+       "no steady state", dtype="bool", var_name="backlog_growing"),
+]}
+
+
+def applicable(kind: str) -> dict[str, Metric]:
+    """The metrics of a policy kind, in table order."""
+    return {name: m for name, m in METRICS.items() if kind in m.kinds}
+
+
+def by_var(var: str) -> Metric | None:
+    """The metric stored as Dataset variable ``var`` (or one of its aggregates)."""
+    for m in METRICS.values():
+        if var == m.var or (m.aggregate and var in (f"{m.var}_mean", f"{m.var}_ci_low", f"{m.var}_ci_high")):
+            return m
+    return None
+
+
+def label(var: str, default: str = "") -> str:
+    """The axis label of Dataset variable ``var`` (a metric or its aggregate)."""
+    m = by_var(var)
+    return m.label if m is not None else default

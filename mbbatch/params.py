@@ -1,0 +1,227 @@
+"""The parameter table: every parameter's name, kind, domain, units, default
+and description, declared once.
+
+The table drives the constructors' validation (:func:`mbbatch._validation.check`),
+the sweep spec checker, the sweep Dataset's coordinates (units and
+descriptions), the command line's flags and the tests' hypothesis strategies.
+Names are those of the config fields, the spec keys, the Dataset dimensions
+and (with ``-`` for ``_``) the CLI flags.  Where two classes give one name
+different meanings, the key is qualified by the class (``"LinearModel.alpha"``
+and ``"SLAController.alpha"``).  The multi-bin paper's symbols (``B``, ``k``,
+``lam``) appear only as documented names of :mod:`mbbatch.theory`'s
+arguments (:data:`SYMBOLS`).
+
+Kinds:
+
+``real``
+    a real number in ``domain`` (ints accepted; bools, strings, lists refused)
+``count``
+    an integer in ``domain``, below 2**63 (floats, even 4.0, refused)
+``servers``
+    a count, or ``math.inf`` for infinitely many
+``flag``
+    a bool
+``choice``
+    one of ``choices`` (strings)
+``reals`` / ``counts``
+    a 1-D sequence of reals / counts, each in ``domain``
+``object``
+    an instance of a config class (no domain)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Domain", "Param", "PARAMS", "REQUIRED", "SYMBOLS", "MAX_DURATION", "default"]
+
+INF = math.inf
+
+#: Largest service time (or token length) accepted: the kernels sum service
+#: times over up to ~1e18 requests, which stays below the float maximum 1.8e308.
+MAX_DURATION = 1e290
+
+
+def _fmt(v: float) -> str:
+    if v == INF:
+        return "inf"
+    if v == -INF:
+        return "-inf"
+    if float(v).is_integer() and abs(v) < 1e17:
+        return str(int(v))          # 2**53 in full, not 9.0072e+15
+    return f"{v:g}"
+
+
+@dataclass(frozen=True)
+class Domain:
+    """An interval ``lo < x < hi``, each end open or closed.
+
+    ``math.inf`` is a member only where the interval is closed at inf; NaN
+    never is.
+    """
+
+    lo: float
+    hi: float
+    lo_closed: bool = False
+    hi_closed: bool = False
+
+    def __str__(self) -> str:
+        left = "[" if self.lo_closed else "("
+        right = "]" if self.hi_closed else ")"
+        return f"{left}{_fmt(self.lo)}, {_fmt(self.hi)}{right}"
+
+    def contains(self, x):
+        """Elementwise membership; NaN is never a member."""
+        import numpy as np
+
+        x = np.asarray(x, dtype=float)
+        above = x >= self.lo if self.lo_closed else x > self.lo
+        below = x <= self.hi if self.hi_closed else x < self.hi
+        return above & below & ~np.isnan(x)
+
+
+class _Required:
+    def __repr__(self):
+        return "REQUIRED"
+
+
+#: The default of a parameter that has none: it must be given.
+REQUIRED = _Required()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: see the module docstring for the kinds."""
+
+    name: str
+    kind: str
+    units: str
+    description: str
+    domain: Domain | None = None
+    default: object = REQUIRED
+    choices: tuple = ()
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag."""
+        return "--" + self.name.rsplit(".", 1)[-1].replace("_", "-")
+
+    @property
+    def integer(self) -> bool:
+        return self.kind in ("count", "counts", "servers")
+
+
+_POS = Domain(0, INF)
+_NONNEG = Domain(0, INF, lo_closed=True)
+_NONNEG_INF = Domain(0, INF, lo_closed=True, hi_closed=True)
+_COUNT = Domain(1, INF, lo_closed=True)
+_COUNT0 = Domain(0, INF, lo_closed=True)
+_REAL = Domain(-INF, INF)
+
+
+def _p(name, kind, units, description, domain=None, default=REQUIRED, choices=()):
+    return Param(name, kind, units, description, domain, default, choices)
+
+
+#: The one table of parameters, by key.
+PARAMS: dict[str, Param] = {p.name: p for p in [
+    # --- the run ------------------------------------------------------------------------
+    # 2**53: counts of requests stay exact in float64 statistics
+    _p("n", "count", "requests", "number of requests to simulate",
+       Domain(1, 2.0 ** 53, lo_closed=True, hi_closed=True)),
+    _p("servers", "servers", "servers",
+       "identical servers sharing the queue; math.inf (\"inf\" in a spec) for Assumption 5.1",
+       Domain(1, INF, lo_closed=True, hi_closed=True), default=1),
+    # --- arrivals -----------------------------------------------------------------------
+    _p("rate", "real", "requests/s", "arrival rate", _POS),
+    _p("rates", "reals", "requests/s", "arrival rates of a piecewise Poisson process", _POS),
+    _p("ends", "reals", "s", "times the piecewise Poisson rate changes", _POS, default=()),
+    _p("times", "reals", "s", "replayed arrival times", _REAL),
+    _p("rate_high", "real", "requests/s", "arrival rate between t_up and t_down (load step)", _POS),
+    _p("t_up", "real", "s", "time the load steps up", _POS),
+    _p("t_down", "real", "s", "time the load steps back down", _POS),
+    # --- requests: service times and token lengths ----------------------------------------
+    _p("service", "reals", "s", "service time of one request (token length for prompt and output)",
+       Domain(0, MAX_DURATION, lo_closed=True, hi_closed=True)),
+    _p("l_min", "real", "s", "smallest service time of a request (uniform service)", _NONNEG),
+    _p("l_max", "real", "s", "largest service time of a request (uniform service)", _POS),
+    _p("mu", "real", "1/s", "exponential service rate", _POS),
+    _p("prompt_median", "real", "tokens", "median prompt length (log-normal)", _POS),
+    _p("prompt_sigma", "real", "1", "log-normal shape of the prompt length", _POS),
+    _p("output_median", "real", "tokens", "median output length (log-normal)", _POS),
+    _p("output_sigma", "real", "1", "log-normal shape of the output length", _POS),
+    _p("integer_lengths", "flag", "", "round drawn lengths up to whole tokens (at least 1)", default=True),
+    _p("predictor_sigma", "real", "1",
+       "log-normal error of the output-length predictor: predicted = output * exp(sigma Z); 0 is the oracle",
+       _NONNEG, default=0.0),
+    # --- policies -----------------------------------------------------------------------
+    _p("bins", "count", "bins", "number of bins", _COUNT),
+    _p("batch_size", "count", "requests", "batch size: requests per batch", _COUNT),
+    _p("MultiBin.edges", "reals", "s",
+       "the bins + 1 bin edges; -inf first and inf last allowed, NaN never", Domain(-INF, INF, True, True),
+       default=None),
+    _p("edges", "choice", "", "bin edges: equal probability mass, or Lemma A.1's (exponential only)",
+       default="equal_mass", choices=("equal_mass", "lemma_a1")),
+    _p("max_wait", "real", "s", "a bin's partial batch leaves once its oldest request waited this long",
+       _NONNEG_INF, default=INF),
+    _p("max_candidates", "count", "requests", "candidates looked at per batching decision (default b_max)",
+       _COUNT, default=None),
+    _p("pin", "count", "requests", "fixed b_target of the dynamic policies (the controller still learns)",
+       _COUNT, default=None),
+    _p("warmup", "count", "requests", "requests whose predictions set Algorithm 6's edges", _COUNT,
+       default=1000),
+    _p("bin_b_max", "counts", "requests", "per-bin batch size limits (Algorithm 1, step 5)", _COUNT,
+       default=None),
+    _p("selection", "choice", "", "bin selection of Algorithm 5", default="round_robin",
+       choices=("round_robin", "longest_queue")),
+    # --- batch service models -----------------------------------------------------------
+    _p("service_model", "choice", "", "batch service model of the token-level policies",
+       default="decode", choices=("decode", "linear", "max")),
+    _p("base", "real", "s", "fixed time per batch", _NONNEG, default=0.0),
+    _p("per_token", "real", "s/token", "time per output token (MaxModel)", _POS, default=1.0),
+    _p("LinearModel.alpha", "real", "s/token", "time per token of the longest sequence", _POS, default=1e-3),
+    _p("LinearModel.beta", "real", "1", "relative cost of batching, times (b-1)/b", _NONNEG, default=0.1),
+    # calibrated on an NVIDIA GPU (dynamic-batching specification, Section 5.1)
+    _p("DecodeModel.beta", "real", "s/token", "decode time per token at b = 1", _POS, default=5.74e-3),
+    _p("gamma", "real", "1", "decode-time growth with batch size", _NONNEG, default=0.316),
+    _p("prefill_per_token", "real", "s/token", "prefill time per prompt token", _NONNEG, default=0.0),
+    # --- memory (Algorithm 1) -----------------------------------------------------------
+    # defaults: an 80 GB GPU, 8 GB of weights, 0.4 MB of KV cache per token
+    # (about Phi-3.5-mini in fp16): eta = 180,000 tokens
+    _p("m_max_gb", "real", "GB", "GPU memory", _POS, default=80.0),
+    _p("m_model_gb", "real", "GB", "memory of the model weights", _NONNEG, default=8.0),
+    _p("kv_mem_per_token_gb", "real", "GB/token", "KV-cache memory per token", _POS, default=4e-4),
+    _p("Memory.variant", "choice", "", "b_mem rule: the specification's L0 = 0.1 eta, or a CLT buffer",
+       default="l0", choices=("l0", "clt")),
+    _p("eps_m", "real", "1", "risk eps_M of the CLT memory buffer", Domain(0, 1), default=0.05),
+    _p("enabled", "flag", "", "whether the memory constraint is enforced", default=True),
+    _p("eta", "real", "tokens", "KV-cache token capacity eta", _POS),
+    _p("memory", "choice", "", "b_mem rule: L0 = 0.1 eta, a CLT buffer, or no memory constraint",
+       default="l0", choices=("l0", "clt", "off")),
+    # --- the SLA controller (Algorithms 2 and 7) ----------------------------------------
+    _p("d_sla", "real", "s/token", "SLA target D_SLA on the decode time per token", _POS, default=7.5e-3),
+    _p("eps_d", "real", "s/token", "tolerance band eps_D around D_SLA", _NONNEG, default=5e-5),
+    _p("b_min", "count", "requests", "smallest batch size B_min", _COUNT, default=1),
+    _p("b_max", "count", "requests", "largest batch size B_max", _COUNT, default=256),
+    # the specification's steps: alpha = 4, delta = 2
+    _p("SLAController.alpha", "count", "requests", "expansion step alpha of the SLA controller", _COUNT0,
+       default=4),
+    _p("delta", "count", "requests", "correction step delta of the SLA controller", _COUNT0, default=2),
+    _p("controller", "choice", "",
+       "SLA controller: the specification's pseudocode, or the design notes' multiplicative variant",
+       default="spec", choices=("spec", "multiplicative")),
+    # --- closed forms only --------------------------------------------------------------
+    _p("eps", "real", "requests/s", "throughput gap to capacity allowed", _POS),
+]}
+
+#: The multi-bin paper's symbols, used as argument names in mbbatch.theory only.
+SYMBOLS = {"B": "batch_size", "k": "bins", "lam": "rate"}
+
+
+def default(key: str):
+    """The default value of parameter ``key`` (for dataclass fields)."""
+    d = PARAMS[key].default
+    if d is REQUIRED:
+        raise KeyError(f"{key} has no default")
+    return d

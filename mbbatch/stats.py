@@ -1,0 +1,151 @@
+"""Output statistics, in one place: confidence intervals (batch means within
+a run, t-intervals across replications), quantiles read from the kernels'
+latency histogram, and the steady-state check.
+
+Every interval here is two-sided at :data:`CONFIDENCE` (95%) unless a
+``level`` is given, with Student-t quantiles on ``n - 1`` degrees of freedom.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from scipy import stats as _st
+
+__all__ = ["CONFIDENCE", "QUANTILES", "batch_means_ci", "t_interval", "hist_quantiles", "hist_bucket_bounds",
+           "backlog_growing", "backlog_verdict", "queue_verdict"]
+
+#: Confidence level of every interval mbbatch reports.
+CONFIDENCE = 0.95
+#: The latency quantiles every result reports (p50, p95, p99).
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(level: float, dof: int) -> float:
+    """The two-sided Student-t quantile of ``level`` on ``dof`` degrees of freedom."""
+    return float(_st.t.ppf(0.5 + level / 2, dof))
+
+
+def _half_width(x: np.ndarray, level: float) -> float:
+    return t_quantile(level, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+
+
+def batch_means_ci(group_means: np.ndarray, mean: float, level: float = CONFIDENCE) -> tuple:
+    """Batch-means confidence interval of a run's mean.
+
+    ``group_means`` are the means of contiguous groups of the run (NaN for
+    an empty group, left out); ``mean`` the run's overall mean, the interval's
+    centre.  ``(nan, nan)`` with fewer than two groups."""
+    g = group_means[~np.isnan(group_means)]
+    if g.size < 2 or math.isnan(mean):
+        return (math.nan, math.nan)
+    half = _half_width(g, level)
+    return (float(mean - half), float(mean + half))
+
+
+def t_interval(x: np.ndarray, level: float = CONFIDENCE) -> tuple:
+    """``(mean, low, high)`` of independent replications ``x``: the t-interval
+    of their mean.  Non-finite values are left out; NaN ends with fewer than
+    two values, a NaN mean with none."""
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return math.nan, math.nan, math.nan
+    m = float(x.mean())
+    if x.size < 2:
+        return m, math.nan, math.nan
+    half = _half_width(x, level)
+    return m, float(m - half), float(m + half)
+
+
+def hist_bucket_bounds(h: np.ndarray, base: int, shift: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper values of the kernels' log-linear histogram buckets
+    ``h`` (bucket = the float's exponent and top mantissa bits: ``base`` and
+    ``shift`` are the kernel's histogram constants)."""
+    lo_bits = (np.asarray(h, np.int64) + base) << shift
+    hi_bits = (np.asarray(h, np.int64) + 1 + base) << shift
+    return lo_bits.view(np.float64), hi_bits.view(np.float64)
+
+
+def hist_quantiles(hist: np.ndarray, qs, base: int, shift: int) -> np.ndarray:
+    """Quantiles ``qs`` of the values counted in ``hist``: the "inverted CDF"
+    rank ``ceil(q * total)``, read at its bucket's midpoint (relative error at
+    most half a bucket's width)."""
+    total = int(hist.sum())
+    if total == 0:
+        return np.full(len(qs), math.nan)
+    cum = np.cumsum(hist)
+    ranks = np.maximum(1, np.ceil(np.asarray(qs) * total).astype(np.int64))
+    h = np.searchsorted(cum, ranks, side="left")
+    lo, hi = hist_bucket_bounds(h, base, shift)
+    return 0.5 * (lo + hi)
+
+
+# --- the steady-state check ------------------------------------------------------------
+#
+# One rule for every policy: a quantity that measures the backlog (the wait of
+# a batch in the central FIFO, or the requests queued) is compared between the
+# second and the last quarter of the arrivals.  It grows if the last exceeds the
+# second by more than half of it and by more than two typical units (a batch
+# service time, or a batch of requests).  An overloaded queue that starts empty
+# grows linearly (last/second quarter about 7/3); a stable one stays level up to
+# noise of the order of that unit.
+
+#: growth beyond this fraction of the second quarter's value ...
+GROWTH_RELATIVE = 0.5
+#: ... and beyond this many typical units counts as a growing backlog
+GROWTH_UNITS = 2.0
+
+
+def _growth(second: float, last: float, unit: float) -> bool:
+    return bool(last - second > max(GROWTH_RELATIVE * second, GROWTH_UNITS * unit))
+
+
+def backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
+    """Multi-bin runs: ``(growing, reason)`` from the mean central-FIFO wait of
+    the batches closed in each contiguous group of arrivals (``group_wait``,
+    s) against the mean batch service time (s)."""
+    g = np.asarray(group_wait, dtype=float)
+    if g.size < 4 or not np.isfinite(mean_batch_service):
+        return False, "not assessed: too few batches"
+    q = g.size // 4
+    a, b = g[q:2 * q], g[3 * q:]
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size == 0 or b.size == 0:
+        return False, "not assessed: too few batches"
+    second, last = float(a.mean()), float(b.mean())
+    if _growth(second, last, mean_batch_service):
+        return True, (f"the backlog grows: batches of the last quarter of arrivals waited {last:.4g} s "
+                      f"in the central FIFO, against {second:.4g} s in the second quarter; the averages "
+                      "describe a transient, not a steady state")
+    return False, "no growing backlog"
+
+
+def backlog_growing(group_wait, mean_batch_service: float) -> bool:
+    """Whether the central-FIFO wait grows through the run (see
+    :func:`backlog_verdict`)."""
+    return backlog_verdict(group_wait, mean_batch_service)[0]
+
+
+def queue_verdict(times, queue, mean_batch: float, start: float, end: float) -> tuple[bool, str]:
+    """Event-kernel runs: ``(growing, reason)`` from the downsampled queue
+    lengths (``queue``: one row per sampled batch start ``times``, one column
+    per bin) while arrivals last, from ``start`` to ``end`` s (after the last
+    arrival any queue drains), against the mean batch size."""
+    if not (np.isfinite(mean_batch) and np.isfinite(end)):
+        return False, "not assessed: no batches"
+    q = np.asarray(queue).sum(axis=1)
+    bounds = start + (end - start) * np.array([0.25, 0.5, 0.75, 1.0])
+    second = q[(times >= bounds[0]) & (times < bounds[1])]
+    last = q[(times >= bounds[2]) & (times <= bounds[3])]
+    if second.size == 0 or last.size == 0:
+        return False, "not assessed: too few batches"
+    a, b = float(second.mean()), float(last.mean())
+    if _growth(a, b, mean_batch):
+        return True, (f"the backlog grows: {b:.4g} requests waited on average in the last quarter of "
+                      f"the arrivals, against {a:.4g} in the second quarter; the averages describe a "
+                      "transient, not a steady state")
+    return False, "no growing backlog"

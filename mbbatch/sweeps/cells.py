@@ -1,0 +1,237 @@
+"""One grid point of a sweep: its seeds, its simulations and its closed forms.
+
+These functions are what workers run (in-process, in a process pool or on a
+dask cluster); they take and return plain Python and numpy values only.  A
+cell's parameters are the dict :meth:`SweepSpec.points` yields: every
+parameter that applies to it, its policy ``kind`` and, under a policy axis,
+its variant's name ``policy``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import warnings
+
+import numpy as np
+import scipy.stats as st
+
+from .. import theory
+from ..arrivals import PiecewisePoisson, Poisson, Saturated
+from ..metrics import METRICS
+from ..policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from ..results import UnstableWarning
+from ..simulation import check_simulation, simulate
+from ..workload import DecodeModel, LinearModel, MaxModel, Memory, SLAController, Workload
+from .spec import WORKLOAD_PARAMS, SpecError
+
+__all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects"]
+
+SEED_SCHEME = (
+    "SeedSequence(entropy=<spec seed, or its policy variant's>, spawn_key=(w0, ..., w7, rep)), where "
+    "w0..w7 are the eight big-endian 32-bit words of SHA-256 over the canonical JSON of the cell's "
+    "workload parameters (" + ", ".join(WORKLOAD_PARAMS) + ", those that apply); stream 0 of it draws "
+    "the arrivals, stream 1 the service times (output lengths), stream 2 the prompt lengths and "
+    "stream 3 the predictor's errors (PCG64DXSM).  Policy parameters do not enter the seed: cells "
+    "that differ only in policy see the same requests."
+)
+
+
+def _canonical(params: dict) -> str:
+    enc = {k: ("inf" if v == math.inf else v) for k, v in params.items() if k in WORKLOAD_PARAMS}
+    return json.dumps(enc, sort_keys=True, separators=(",", ":"))
+
+
+def cell_seed(root_seed: int, params: dict, rep: int) -> np.random.SeedSequence:
+    """The SeedSequence of one cell (see :data:`SEED_SCHEME`)."""
+    digest = hashlib.sha256(_canonical(params).encode()).digest()
+    words = tuple(int.from_bytes(digest[i:i + 4], "big") for i in range(0, 32, 4))
+    return np.random.SeedSequence(root_seed, spawn_key=(*words, rep))
+
+
+def _service_dist(service: str, params: dict):
+    if service == "uniform":
+        return _frozen("uniform", params["l_min"], params["l_max"] - params["l_min"])
+    return _frozen("expon", 0.0, 1.0 / params["mu"])
+
+
+@functools.lru_cache(maxsize=1024)
+def _frozen(name: str, loc: float, scale: float, *shapes):
+    """A frozen scipy.stats distribution, made once per process for its
+    parameters (making one costs about a millisecond; every rep of every
+    cell with these parameters shares it)."""
+    return getattr(st, name)(*shapes, loc=loc, scale=scale)
+
+
+def _edges(params: dict):
+    if params.get("edges") == "lemma_a1":
+        return theory.exponential_boundaries(params["batch_size"], params["mu"], params["bins"])
+    return None  # equal mass, computed by simulate
+
+
+#: the spec's service_model names -> the batch service model classes
+SERVICE_MODELS = {"decode": DecodeModel, "linear": LinearModel, "max": MaxModel}
+
+
+def _arrivals(arrivals: str, params: dict):
+    if arrivals == "poisson":
+        return Poisson(rate=params["rate"])
+    if arrivals == "step":
+        return PiecewisePoisson([params["rate"], params["rate_high"], params["rate"]],
+                                [params["t_up"], params["t_down"]])
+    return Saturated()
+
+
+def point_objects(arrivals: str, service: str, params: dict) -> tuple:
+    """The :func:`~mbbatch.simulate` arguments of one grid point: the policy,
+    the arrival process and the keyword arguments of the request side.
+    ``service`` is the spec's workload: ``uniform`` or ``expon`` (the paper's
+    service times), else the token-level service model's name."""
+    kind = params["kind"]
+    arr = _arrivals(arrivals, params)
+    if service in ("uniform", "expon"):
+        request_side = {"service": _service_dist(service, params)}
+    else:
+        request_side = {"workload": Workload(prompt=_frozen("lognorm", 0.0, params["prompt_median"],
+                                                            params["prompt_sigma"]),
+                                             output=_frozen("lognorm", 0.0, params["output_median"],
+                                                            params["output_sigma"])),
+                        "service_model": SERVICE_MODELS[service]()}
+    if kind == "multibin":
+        pol = MultiBin(bins=params["bins"], batch_size=params["batch_size"], edges=_edges(params),
+                       max_wait=params["max_wait"])
+        return pol, arr, request_side
+    # eta tokens of capacity: 1 GB per token keeps the units plain
+    mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+    if kind == "static":
+        sla = SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"])
+        return StaticBatching(params["batch_size"], sla=sla, memory=Memory(enabled=False, **mem_kw)), arr, \
+            request_side
+    mem = Memory(variant="l0" if params["memory"] == "off" else params["memory"], eps_m=params["eps_m"],
+                 enabled=params["memory"] != "off", **mem_kw)
+    ctl = SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"], b_min=params["b_min"],
+                        b_max=params["b_max"], variant=params["controller"])
+    if kind == "dynamic":
+        return DynamicBatching(controller=ctl, memory=mem), arr, request_side
+    return (MultiBinDynamic(bins=params["bins"], controller=ctl, memory=mem, selection=params["selection"],
+                            warmup=params["warmup"]), arr, request_side)
+
+
+def check_points(spec) -> None:
+    """Everything a sweep would refuse at any of its grid points, refused now,
+    before the store exists: every point's objects are built and its
+    simulation checked (without simulating), its closed forms evaluated, and
+    the store's template bounded in memory.  Raises :class:`SpecError` naming
+    the spec file, the grid point and the parameter."""
+    from .._running import check_memory
+    from .schema import TIME_POINTS, TIME_SERIES, rep_vars, variables
+
+    per_rep = len(rep_vars(spec)) + (len(TIME_SERIES) * TIME_POINTS if spec.arrivals == "step" else 0)
+    per_point = len(variables(spec)) - len(rep_vars(spec))
+    try:
+        check_memory({"reps": (spec.n_points * (8 * spec.reps * per_rep + 8 * per_point),
+                               "the store's values (grid points x reps x variables)")})
+    except ValueError as exc:
+        raise SpecError(f"{spec.source}: {exc}") from None
+    for idx, params in spec.points():
+        where = ", ".join(f"{nm}={params[nm]!r}" for nm in spec.axes)
+        where = f"at grid point {where}" if where else "at its one grid point"
+        try:
+            pol, arr, kw = point_objects(spec.arrivals, spec.service, params)
+            check_simulation(pol, arr, n=params["n"], servers=params["servers"], **kw)
+            point_theory(spec.arrivals, spec.service, params)
+        except (ValueError, TypeError, OverflowError, ZeroDivisionError) as exc:
+            raise SpecError(f"{spec.source}: {where}: {exc}") from None
+
+
+def _value(res, name: str):
+    # (the token-level result's older name of utilization)
+    if name == "utilization" and not hasattr(res, "utilization"):
+        return res.gpu_utilization
+    return getattr(res, name, math.nan)
+
+
+def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: int, time_grid=None) -> dict:
+    """Simulate every rep of one grid point; return the per-rep arrays of the
+    metrics that apply to its policy (by Dataset variable), and its time
+    series on ``time_grid`` when given."""
+    kind = params["kind"]
+    pol, arr, kw = point_objects(arrivals, service, params)
+    metrics = [m for m in METRICS.values() if m.per_rep and kind in m.kinds]
+    out = {m.var: np.empty(reps, dtype=m.dtype) for m in metrics}
+    if time_grid is not None:
+        for var in ("ts_b_target", "ts_b_low", "ts_b_high", "ts_tau_avg", "ts_queue"):
+            out[var] = np.full((reps, time_grid.size), np.nan)
+    for rep in range(reps):
+        with warnings.catch_warnings():
+            # the sweep reports its unstable cells together, at its end
+            warnings.simplefilter("ignore", UnstableWarning)
+            res = simulate(pol, arrivals=arr, n=params["n"], servers=params["servers"],
+                           seed=cell_seed(root_seed, params, rep), **kw)
+        for m in metrics:
+            out[m.var][rep] = _value(res, m.name)
+        # (the backlog check is a steady-state question: not asked of a load step)
+        out["backlog_growing"][rep] = bool(res.unstable) if arrivals == "poisson" else False
+        if time_grid is not None:
+            _sample_time_series(res.time_series, time_grid, out, rep)
+    return out
+
+
+def _sample_time_series(ts: dict, time_grid, out: dict, rep: int) -> None:
+    """The value in force at each grid time: that of the last sampled batch
+    start before it."""
+    if not ts["time"].size:
+        return
+    at = np.searchsorted(ts["time"], time_grid, side="right") - 1
+    ok = at >= 0
+    for var, col in (("ts_b_target", "b_target"), ("ts_b_low", "b_low"), ("ts_b_high", "b_high"),
+                     ("ts_tau_avg", "tau_avg")):
+        out[var][rep, ok] = ts[col][at[ok]]
+    out["ts_queue"][rep, ok] = ts["queue"].sum(axis=1)[at[ok]]
+
+
+def point_theory(arrivals: str, service: str, params: dict) -> dict:
+    """Closed-form predictions at one grid point (NaN where none applies).
+
+    The multi-bin closed forms assume the paper's workload and batches of
+    exactly B: with a finite ``max_wait`` they are left NaN, and the token
+    policies have none."""
+    if params["kind"] != "multibin" or service not in ("uniform", "expon"):
+        return {"unstable": False}
+    if params["max_wait"] < math.inf:
+        nan = math.nan
+        return {"theory_mean_batch_service": nan, "theory_service_rate": nan, "capacity": nan,
+                "theory_throughput_bound": nan, "theory_throughput": nan, "theory_latency": nan,
+                "unstable": False}
+    B, k, servers = params["batch_size"], params["bins"], params["servers"]
+    dist = _service_dist(service, params)
+    if service == "uniform" and params["edges"] == "equal_mass":
+        es = theory.service_time(B, params["l_min"], params["l_max"], k)        # Theorem 4.2
+    else:
+        edges = _edges(params)
+        if edges is None:
+            edges = dist.ppf(np.linspace(0.0, 1.0, k + 1))
+        es = theory.batch_service_time(dist, edges, B)
+    mean_one = float(dist.mean())
+    rate_s = servers * B / es if servers != math.inf else math.inf
+    out = {
+        "theory_mean_batch_service": es,
+        "theory_service_rate": rate_s,
+        "capacity": servers * B / mean_one if servers != math.inf else math.inf,
+        "theory_throughput_bound": math.nan,
+        "theory_throughput": rate_s,
+        "theory_latency": math.nan,
+    }
+    if service == "expon" and params["edges"] == "lemma_a1":
+        bound = theory.exponential_throughput_bound(B, params["mu"], k)         # Corollary A.1.1
+        out["theory_throughput_bound"] = servers * bound if servers != math.inf else math.inf
+    if arrivals == "poisson":
+        lam = params["rate"]
+        out["theory_throughput"] = min(lam, rate_s)
+        # Lemma 5.1, eq. (7), for any edges: a request waits (B-1)/(2 lam p_i)
+        # for its bin's batch to fill, and sum_i p_i (B-1)/(2 lam p_i) = k(B-1)/(2 lam)
+        out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
+    out["unstable"] = bool(arrivals == "poisson" and params["rate"] >= rate_s)
+    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}

@@ -1,0 +1,182 @@
+"""Where a sweep's grid points run: in this process, on a pool of worker
+processes, or on dask.distributed; and how Ctrl-C and a killed sweep reach
+them.
+
+An :class:`Executor` is opened once and may run several sweeps (``mbbatch
+sweep`` with several specs shares one pool).  Tasks are picklable top-level
+calls; results come back as they finish, in any order: what a point holds
+depends only on its own parameters, so the order never changes a value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+__all__ = ["Executor", "sigint_handler", "whole"]
+
+
+def warm_worker():
+    """Compile (or load from the cache) every kernel in this process."""
+    from .._kernels import warmup
+
+    warmup()
+
+
+def _start_pool_worker(sweep_pid):
+    # Ctrl-C reaches the whole job: the sweep reports it, and a worker just
+    # ends, without a traceback of its own (its finished points are stored)
+    signal.signal(signal.SIGINT, _end_worker)
+    _exit_with(sweep_pid)
+    warm_worker()
+
+
+def _end_worker(signum, frame):
+    os._exit(128 + signum)
+
+
+def _exit_with(sweep_pid, every=0.5):
+    """End this pool worker once the sweep process that started it is gone.
+
+    A killed sweep (kill -9, a batch scheduler's time limit) cannot shut its
+    pool down, and the workers, which hold both ends of the pool's queues,
+    would wait on them forever.  A daemon thread notices the new parent
+    within ``every`` seconds and exits the process; the sweep resumes from
+    its store."""
+    def watch():
+        while os.getppid() == sweep_pid:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mbbatch-exit-with-sweep", daemon=True).start()
+
+
+class Executor:
+    """Runs tasks ``(key, function, args)`` and yields ``(key, result)`` as
+    they finish.
+
+    Parameters
+    ----------
+    scheduler : None, "local" or str
+        None: this process (``workers == 1``) or a pool of ``workers``
+        spawned processes; ``"local"``: a dask LocalCluster on loopback;
+        anything else: the address of a running dask.distributed scheduler.
+    workers : int, optional
+        Processes (or LocalCluster workers); default: all cores.
+    """
+
+    def __init__(self, scheduler=None, workers=None):
+        self.scheduler = scheduler
+        self.workers = workers or os.cpu_count() or 1
+        self.pool = None
+        self.client = None
+        self.cluster = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close(cancel=exc[0] is not None)
+        return False
+
+    @property
+    def parallel(self) -> int:
+        """Processes computing at once."""
+        if self.scheduler is None:
+            return self.workers
+        if self.client is not None:
+            return max(1, len(self.client.scheduler_info().get("workers", {})))
+        return self.workers
+
+    def close(self, cancel=False) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=not cancel, cancel_futures=cancel)
+            self.pool = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.cluster is not None:
+            self.cluster.close()
+            self.cluster = None
+
+    def run(self, tasks):
+        """Yield ``(key, function(*args))`` for each task, as they finish."""
+        if not tasks:
+            return
+        if self.scheduler is not None:
+            yield from self._dask(tasks)
+        elif self.workers == 1 or (len(tasks) <= 1 and self.pool is None):
+            for key, fn, args in tasks:
+                yield key, fn(*args)
+        else:
+            yield from self._pool(tasks)
+
+    def _dask(self, tasks):
+        from distributed import Client, LocalCluster
+        from distributed import as_completed as dask_completed
+
+        if self.client is None:
+            if self.scheduler == "local":
+                self.cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
+                                            host="127.0.0.1", dashboard_address=None)
+                self.client = Client(self.cluster)
+            else:
+                self.client = Client(self.scheduler)
+        futures = {self.client.submit(fn, *args, pure=False): key for key, fn, args in tasks}
+        try:
+            for fut in dask_completed(futures):
+                yield futures[fut], fut.result()
+        except BaseException:
+            self.client.cancel(list(futures))
+            raise
+
+    def _pool(self, tasks):
+        import multiprocessing as mp
+
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                            initializer=_start_pool_worker, initargs=(os.getpid(),))
+        # the workers start while submitting: with Ctrl-C ignored from birth,
+        # until their initializer makes it end them quietly
+        with sigint_handler(signal.SIG_IGN):
+            futures = {self.pool.submit(fn, *args): key for key, fn, args in tasks}
+        try:
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+        except BaseException:
+            # interrupted (or a failed point): drop the queued points, not wait for them
+            for fut in futures:
+                fut.cancel()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+            raise
+
+
+@contextlib.contextmanager
+def sigint_handler(handler):
+    """Ctrl-C (SIGINT) handled by ``handler`` during the block.  Only the main
+    thread sets signal handlers and receives signals: elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def whole():
+    """Hold a Ctrl-C that comes during the block until its end: a batch of
+    grid points (or the metadata) is written whole, and the store is never
+    left in the middle of an operation."""
+    caught = []
+    with sigint_handler(lambda signum, frame: caught.append(signum)):
+        yield
+    if caught:
+        signal.raise_signal(signal.SIGINT)

@@ -1,0 +1,169 @@
+"""The sweep Dataset's schema: variables, their dimensions, units and text.
+
+One dimension per grid axis (named like the parameter; ``policy`` holds
+variant names) plus ``rep``; every dimension has a coordinate.  The simulated
+variables come from the metric table (:mod:`mbbatch.metrics`): each metric
+that applies to a policy of the spec, per replication, with its per-point
+mean and 95% t-interval where the table asks for them.  ``theory_*`` and
+``capacity`` are the multi-bin paper's closed forms on the same coordinates.
+A cell whose policy a metric does not apply to holds the fill value (NaN, -1
+or False).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from ..metrics import METRICS
+from .spec import SPEC_PARAMS, SweepSpec, _values
+
+__all__ = ["variables", "rep_vars", "aggregates", "time_grid", "template", "coord_values", "THEORY",
+           "TIME_SERIES", "TIME_POINTS", "FILL", "spec_attrs"]
+
+#: the closed forms of the multi-bin paper: name -> (units, description)
+THEORY = {
+    "theory_mean_batch_service": ("s", "E[t_service]: Theorem 4.2 eq. (20) for uniform equal-mass bins, "
+                                       "exact quadrature (batch_service_time) otherwise"),
+    "theory_service_rate": ("requests/s",
+                            "saturated throughput servers x B / E[t_service] (Proposition 4.1, Theorem 4.2)"),
+    "capacity": ("requests/s", "c_max x servers = servers x B / mean service time of one request (Remark 4.2)"),
+    "theory_throughput_bound": ("requests/s", "Corollary A.1.1 (corrected) lower bound servers x B mu / L_k; "
+                                              "exponential service at Lemma A.1 edges only"),
+    "theory_throughput": ("requests/s",
+                          "predicted throughput: min(rate, theory_service_rate); the service rate when saturated"),
+    "theory_latency": ("s", "Lemma 5.1 eq. (7): E[t_service] + (B-1) k / (2 rate); exact with infinitely many "
+                            "servers, a lower bound otherwise; NaN when saturated"),
+}
+#: time series of the load-step experiments: name -> (units, description)
+TIME_SERIES = {
+    "ts_b_target": ("requests", "b_target at the last batch start before each time"),
+    "ts_b_low": ("requests", "the controller's b_low"),
+    "ts_b_high": ("requests", "the controller's b_high"),
+    "ts_tau_avg": ("s/token", "the controller's EMA of the decode time per token"),
+    "ts_queue": ("requests", "requests waiting, all bins"),
+}
+#: samples of the load-step time series over [0, 2 t_down - t_up]
+TIME_POINTS = 241
+#: fill value of a variable not (yet) computed, by dtype
+FILL = {"f8": np.nan, "i8": -1, "bool": False}
+
+
+def _metrics(spec: SweepSpec):
+    kinds = set(spec.kinds)
+    return [m for m in METRICS.values() if m.per_rep and kinds & m.kinds]
+
+
+def variables(spec: SweepSpec) -> dict:
+    """The variables of a sweep's Dataset (without the time series):
+    name -> (per rep?, dtype, units, description)."""
+    out = {}
+    for m in _metrics(spec):
+        out[m.var] = (True, m.dtype, m.units, m.description)
+    for m in _metrics(spec):
+        if m.aggregate:
+            out[f"{m.var}_mean"] = (False, "f8", m.units, f"mean of {m.var} over reps")
+        if m.aggregate == "ci":
+            for end, word in (("low", "lower"), ("high", "upper")):
+                out[f"{m.var}_ci_{end}"] = (False, "f8", m.units,
+                                            f"95% t-interval of {m.var}_mean over reps, {word} end")
+    if "multibin" in spec.kinds:
+        for name, (units, desc) in THEORY.items():
+            out[name] = (False, "f8", units, desc)
+    why = "rate >= theory_service_rate, or " if "multibin" in spec.kinds else ""
+    out["unstable"] = (False, "bool", "1", f"{why}the backlog grew in some rep: no steady state")
+    out["done"] = (False, "bool", "1", "every rep of this grid point is computed and stored")
+    return out
+
+
+def rep_vars(spec: SweepSpec) -> list:
+    return [v for v, d in variables(spec).items() if d[0]]
+
+
+def aggregates(spec: SweepSpec) -> dict:
+    """Per-rep variable -> (mean variable, CI low variable or None, CI high or None)."""
+    out = {}
+    for m in _metrics(spec):
+        if m.aggregate == "ci":
+            out[m.var] = (f"{m.var}_mean", f"{m.var}_ci_low", f"{m.var}_ci_high")
+        elif m.aggregate == "mean":
+            out[m.var] = (f"{m.var}_mean", None, None)
+    return out
+
+
+def time_grid(spec: SweepSpec):
+    """Times (s) the load-step time series are sampled at, or None."""
+    if spec.arrivals != "step":
+        return None
+    up, down = max(_values(spec, "t_up")), max(_values(spec, "t_down"))
+    return np.linspace(0.0, 2.0 * down - up, TIME_POINTS)
+
+
+def coord_values(name: str, values) -> np.ndarray:
+    """A grid axis's values as stored in its coordinate."""
+    if name == "policy":
+        return np.array(values, dtype=object)
+    p = SPEC_PARAMS[name].table
+    if p.kind == "servers":
+        return np.array([float(v) for v in values])
+    if p.kind == "count":
+        return np.array(values, dtype=np.int64)
+    if p.kind == "choice":
+        return np.array(values, dtype=object)  # variable-length strings: a zarr v3 data type
+    return np.array(values, dtype=np.float64)
+
+
+def _coord(spec: SweepSpec, name: str, values) -> tuple:
+    data = coord_values(name, values)
+    if name == "policy":
+        attrs = {"units": "", "long_name": "policy", "description": "policy variant (settings in the attrs "
+                 "policy_<name>)"}
+    else:
+        p = SPEC_PARAMS[name].table
+        attrs = {"units": p.units, "long_name": name.replace("_", " "), "description": p.description}
+    return (name,), data, attrs
+
+
+def template(spec: SweepSpec, attrs: dict):
+    """The Dataset of a sweep before any cell is computed: simulated variables
+    at their fill values (NaN, -1, False), nothing done."""
+    import xarray as xr
+
+    dims = list(spec.axes)
+    shape = spec.shape
+    coords = {nm: _coord(spec, nm, vals) for nm, vals in spec.axes.items()}
+    coords["rep"] = (("rep",), np.arange(spec.reps), {"units": "1", "long_name": "replication",
+                                                       "description": "independent replication index"})
+    data = {}
+    for name, (per_rep, dtype, units, desc) in variables(spec).items():
+        vdims = dims + ["rep"] if per_rep else dims
+        vshape = shape + (spec.reps,) if per_rep else shape
+        arr = np.full(vshape, FILL[dtype], dtype=dtype)
+        data[name] = (vdims, arr, {"units": units, "long_name": name.replace("_", " "), "description": desc})
+    grid = time_grid(spec)
+    if grid is not None:
+        coords["time"] = (("time",), grid, {"units": "s", "long_name": "time",
+                                            "description": "time since the first arrival's clock start"})
+        for name, (units, desc) in TIME_SERIES.items():
+            data[name] = (dims + ["rep", "time"], np.full(shape + (spec.reps, grid.size), np.nan),
+                          {"units": units, "long_name": name.replace("_", " "), "description": desc})
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def _enc(v):
+    return "inf" if v == math.inf else v
+
+
+def spec_attrs(spec: SweepSpec) -> dict:
+    """The spec's settings as Dataset attrs: the fixed parameters (inf as the
+    string "inf"), the policy kind (a variant's kind, or "mixed"), and each
+    variant's settings as JSON under ``policy_<name>``."""
+    out = {k: _enc(v) for k, v in spec.params.items()}
+    out["policy"] = spec.policy
+    if not spec.single:
+        for name, settings in spec.policies.items():
+            out[f"policy_{name}"] = json.dumps({k: _enc(v) for k, v in settings.items()}, sort_keys=True)
+    return out
+

@@ -1,0 +1,547 @@
+"""Sweep specs: one TOML file per experiment, validated before anything runs.
+
+A spec names the workload, the policy (or several policy variants), the grid
+and the replications.  One policy::
+
+    name = "fig3"
+    description = "Throughput vs arrival rate, k = 1..5"
+    policy = "multibin"
+    arrivals = "poisson"        # "saturated", or "step" (a load step)
+    service = "uniform"         # the paper's workload: "uniform" or "expon"
+    reps = 10
+    seed = 20241103
+
+    [params]                    # fixed parameter values
+    batch_size = 128
+    l_min = 1.0
+    l_max = 20.0
+    n = 128000
+    servers = 1                 # an integer, or "inf"
+
+    [grid]                      # one axis per parameter: a list of values
+    bins = [1, 2, 3, 4, 5]
+    rate = [1.0, 2.0, 4.0, 8.0]
+
+Several policy variants, as a sweep axis: each ``[policies.NAME]`` table has
+a ``kind`` (``multibin``, ``static``, ``dynamic`` or ``multibin_dynamic``) and
+its own settings; the ``policy`` axis of ``[grid]`` lists the variants::
+
+    service_model = "decode"    # token-level requests: prompt_ and output_ parameters
+
+    [policies.static8]
+    kind = "static"
+    batch_size = 8
+    [policies.dynamic]
+    kind = "dynamic"
+    b_max = 256
+
+    [grid]
+    policy = ["static8", "dynamic"]
+    rate = [0.5, 1.0, 2.0]
+
+Shared values sit in ``[params]``; a variant's table may override them, and
+may set its own ``seed``.  Cells that differ only in policy (and not in seed)
+see the same requests: common random numbers.
+
+Every parameter a variant needs appears once, in its table, ``[params]`` or
+``[grid]``; a value in ``[params]`` applies to the variants it belongs to.
+An unknown key, an empty or duplicated axis value, a missing field or a bad
+value raises :class:`SpecError` naming the file and the key.  Names, kinds,
+domains, units and defaults come from the parameter table
+(:mod:`mbbatch.params`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .._validation import check
+from ..metrics import CONTROLLED, KINDS, TOKEN
+from ..params import PARAMS as TABLE
+from ..params import REQUIRED
+
+__all__ = ["SpecError", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
+           "parse_spec"]
+
+
+class SpecError(ValueError):
+    """A sweep spec is invalid; the message names the file and the key."""
+
+
+# the settings a parameter applies under: a policy kind, an arrival process,
+# a workload form ("uniform" or "expon" service; "tokens" for prompt/output lengths)
+_MB = frozenset({"multibin"})
+_TOK = TOKEN
+_DYN = CONTROLLED
+_MBD = frozenset({"multibin_dynamic"})
+_ALL = frozenset(KINDS)
+
+
+@dataclass(frozen=True)
+class SpecParam:
+    """A spec key: the table entry it reads (``key``), and when it applies.
+
+    It applies to a cell whose policy kind is in ``kinds``, whose arrival
+    process is in ``arrivals`` (if given) and whose workload form is in
+    ``workload`` (if given).  ``required``: no default, it must be given.
+    """
+
+    name: str
+    kinds: frozenset
+    arrivals: frozenset = frozenset()
+    workload: frozenset = frozenset()
+    required: bool = True
+    key: str = ""
+
+    @property
+    def table(self):
+        return TABLE[self.key or self.name]
+
+    @property
+    def default(self):
+        return self.table.default
+
+    def applies(self, kind: str, arrivals: str, workload: str) -> bool:
+        return (kind in self.kinds and (not self.arrivals or arrivals in self.arrivals)
+                and (not self.workload or workload in self.workload))
+
+    def check(self, value, where: str):
+        """Validate one value; return it normalized (int, float or str)."""
+        if self.table.kind == "servers" and value == "inf":
+            return math.inf
+        try:
+            return check(self.key or self.name, value, self.name)
+        except (TypeError, ValueError) as exc:
+            hint = ' or "inf"' if self.table.kind == "servers" else ""
+            raise SpecError(f"{where}: {exc}{hint}") from None
+
+
+def _sp(name, kinds=_ALL, *, arrivals=(), workload=(), required=True, key=""):
+    return SpecParam(name, frozenset(kinds), frozenset(arrivals), frozenset(workload), required, key)
+
+
+#: Every parameter a sweep can set or sweep over, by name.  The names are the
+#: Dataset dimensions and the keys of [params], [grid] and [policies.NAME].
+SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
+    _sp("bins", _MB | _MBD),
+    _sp("batch_size", _MB | {"static"}),
+    _sp("edges", _MB, required=False),
+    _sp("max_wait", _MB, required=False),
+    _sp("rate", arrivals=("poisson", "step")),
+    _sp("rate_high", arrivals=("step",)),
+    _sp("t_up", arrivals=("step",)),
+    _sp("t_down", arrivals=("step",)),
+    _sp("l_min", workload=("uniform",)),
+    _sp("l_max", workload=("uniform",)),
+    _sp("mu", workload=("expon",)),
+    _sp("prompt_median", workload=("tokens",)),
+    _sp("prompt_sigma", workload=("tokens",)),
+    _sp("output_median", workload=("tokens",)),
+    _sp("output_sigma", workload=("tokens",)),
+    _sp("d_sla", _TOK),
+    _sp("eps_d", _TOK, required=False),
+    _sp("b_min", _DYN, required=False),
+    _sp("b_max", _DYN),
+    _sp("controller", _DYN, required=False),
+    _sp("memory", _DYN, required=False),
+    _sp("eta", _TOK),
+    _sp("eps_m", _DYN, required=False),
+    _sp("selection", _MBD, required=False),
+    _sp("warmup", _MBD, required=False),
+    _sp("n"),
+    _sp("servers", required=False),
+]}
+
+#: Parameters that shape the workload (the requests), as opposed to the
+#: policy serving them.  Only these enter a cell's seed, so cells that differ
+#: only in policy see the same requests: common random numbers.
+WORKLOAD_PARAMS = ("rate", "rate_high", "t_up", "t_down", "l_min", "l_max", "mu", "prompt_median",
+                   "prompt_sigma", "output_median", "output_sigma", "n")
+
+_TOP = {
+    "name": "a short identifier, also the Dataset's name",
+    "description": "one line saying what the sweep shows",
+    "policy": f"the batching policy, one of {list(KINDS)} (or [policies.NAME] tables and a policy axis)",
+    "policies": "tables of policy variants: [policies.NAME] with kind = ... and its settings",
+    "arrivals": "the arrival process: poisson, saturated or step (a load step)",
+    "service": "the paper's workload: the service-time distribution, uniform or expon",
+    "service_model": "token-level requests: the batch service model, decode (default), linear or max",
+    "reps": "replications per grid point, an integer >= 1",
+    "seed": "root seed, a non-negative integer",
+    "params": "table of fixed parameter values",
+    "grid": "table of axes: parameter = [values]",
+}
+_ARRIVALS = ("poisson", "saturated", "step")
+_SERVICES = ("uniform", "expon")
+_VARIANT_KEYS = {"kind", "seed"}
+
+
+@dataclass(frozen=True, eq=False)
+class SweepSpec:
+    """A validated sweep spec.
+
+    ``policies`` maps each variant's name to its settings (``kind`` and its
+    own values); ``axes`` maps each grid axis, in file order, to its values
+    (the ``policy`` axis holds variant names); ``params`` holds the shared
+    fixed values.  ``workload`` is ``"uniform"``, ``"expon"`` (the paper's
+    service times) or ``"tokens"`` (prompt and output lengths under
+    ``service_model``).  ``text`` is the file's text, ``canonical`` the parsed
+    spec in a canonical JSON form whose SHA-256 is ``hash`` (comments and
+    layout do not change it).
+    """
+
+    name: str
+    description: str
+    arrivals: str
+    workload: str
+    service_model: str
+    reps: int
+    seed: int
+    params: dict
+    axes: dict
+    policies: dict
+    source: str = ""
+    text: str = field(default="", repr=False)
+    single: bool = True
+
+    @property
+    def kinds(self) -> list:
+        """The policy kinds the spec runs, in table order."""
+        used = {v["kind"] for v in self.policies.values()}
+        return [k for k in KINDS if k in used]
+
+    @property
+    def policy(self) -> str:
+        """The policy kind, when every variant has the same one; else "mixed"."""
+        kinds = self.kinds
+        return kinds[0] if len(kinds) == 1 else "mixed"
+
+    @property
+    def service(self) -> str:
+        """The service side as cells take it: the distribution (``uniform``,
+        ``expon``) or the token-level service model."""
+        return self.workload if self.workload != "tokens" else self.service_model
+
+    @property
+    def canonical(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.canonical.encode()).hexdigest()
+
+    def to_dict(self) -> dict:
+        enc = lambda v: "inf" if v == math.inf else v  # noqa: E731
+        d = {"name": self.name, "description": self.description, "arrivals": self.arrivals,
+             "workload": self.workload, "service_model": self.service_model, "reps": self.reps,
+             "seed": self.seed, "params": {k: enc(v) for k, v in self.params.items()},
+             "grid": {k: [enc(v) for v in vs] for k, vs in self.axes.items()}}
+        d["policies"] = {nm: {k: enc(v) for k, v in s.items()} for nm, s in self.policies.items()}
+        return d
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(len(v) for v in self.axes.values())
+
+    @property
+    def n_points(self) -> int:
+        return math.prod(self.shape)
+
+    def variant(self, params: dict) -> str:
+        """The policy variant of a cell."""
+        return params.get("policy", next(iter(self.policies)))
+
+    def seed_of(self, params: dict) -> int:
+        """The root seed of a cell: its variant's, else the spec's."""
+        return self.policies[self.variant(params)].get("seed", self.seed)
+
+    def points(self):
+        """Yield ``(index tuple, full parameter dict)`` for every grid point,
+        in C order.  The dict holds the cell's variant name (``policy``), its
+        ``kind``, and every parameter that applies to it."""
+        names = list(self.axes)
+        for idx in itertools.product(*(range(len(v)) for v in self.axes.values())):
+            grid = {nm: self.axes[nm][i] for nm, i in zip(names, idx)}
+            yield idx, self.cell_params(grid)
+
+    def cell_params(self, grid: dict) -> dict:
+        """A cell's parameters from its grid values."""
+        name = grid.get("policy", self.params.get("policy", next(iter(self.policies))))
+        settings = self.policies[name]
+        kind = settings["kind"]
+        p = {}
+        for nm, sp in SPEC_PARAMS.items():
+            if not sp.applies(kind, self.arrivals, self.workload):
+                continue
+            for source in (grid, settings, self.params):
+                if nm in source:
+                    p[nm] = source[nm]
+                    break
+            else:
+                p[nm] = sp.check(sp.default, "defaults")
+        if not self.single:
+            p["policy"] = name
+        p["kind"] = kind
+        return p
+
+    def differences(self, other: "SweepSpec") -> list[str]:
+        """Human-readable list of what differs from ``other`` (for resume errors)."""
+        def flat(d, prefix=""):
+            out = {}
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    out.update(flat(v, f"{prefix}{k}."))
+                else:
+                    out[f"{prefix}{k}"] = v
+            return out
+
+        a, b = flat(self.to_dict()), flat(other.to_dict())
+        return [f"{key}: {b.get(key)!r} -> {a.get(key)!r}" for key in sorted(set(a) | set(b))
+                if a.get(key) != b.get(key)]
+
+
+def load_spec(path) -> SweepSpec:
+    """Read and validate a spec file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such spec file")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not a UTF-8 text file (byte {data[exc.start]:#04x} at offset "
+                        f"{exc.start}); a spec is a TOML file") from None
+    return parse_spec(text, source=str(path))
+
+
+def _choice(raw, key, choices, source):
+    value = raw[key]
+    if not isinstance(value, str) or value not in choices:
+        raise SpecError(f"{source}: {key} must be one of {list(choices)}; got {value!r}")
+    return value
+
+
+def _table(raw, key, source) -> dict:
+    value = raw.get(key, {})
+    if not isinstance(value, dict):
+        raise SpecError(f"{source}: {key} must be a table ([{key}]); got {value!r}")
+    return value
+
+
+def _seed(value, where) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SpecError(f"{where}: seed must be a non-negative integer; got {value!r}")
+    return value
+
+
+def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
+    """Validate a spec given as TOML text; ``source`` names it in errors."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{source}: not valid TOML: {exc}") from None
+
+    for key in raw:
+        if key not in _TOP:
+            raise SpecError(f"{source}: unknown key {key!r}; allowed: {sorted(_TOP)}")
+    for key in ("name", "arrivals", "reps", "seed"):
+        if key not in raw:
+            raise SpecError(f"{source}: missing field {key!r} ({_TOP[key]})")
+    name = raw["name"]
+    if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise SpecError(f"{source}: name must be a non-empty identifier (letters, digits, _ or -); got {name!r}")
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise SpecError(f"{source}: description must be a string; got {description!r}")
+    arrivals = _choice(raw, "arrivals", _ARRIVALS, source)
+    reps = raw["reps"]
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise SpecError(f"{source}: reps must be an integer in [1, inf); got {reps!r}")
+    seed = _seed(raw["seed"], source)
+    fixed, grid, tables = (_table(raw, t, source) for t in ("params", "grid", "policies"))
+
+    # --- the policy variants
+    if ("policy" in raw) == bool(tables):
+        raise SpecError(f"{source}: give either policy = KIND (one policy) or [policies.NAME] tables "
+                        "(policy variants), not both or neither")
+    if "policy" in raw:
+        kind = _choice(raw, "policy", KINDS, source)
+        policies, single = {kind: {"kind": kind}}, True
+    else:
+        policies, single = {}, False
+        for vname, settings in tables.items():
+            where = f"{source}: policies.{vname}"
+            if not vname.replace("_", "").replace("-", "").isalnum():
+                raise SpecError(f"{where}: a variant's name must be an identifier (letters, digits, _ or -)")
+            if not isinstance(settings, dict):
+                raise SpecError(f"{where} must be a table; got {settings!r}")
+            if "kind" not in settings:
+                raise SpecError(f"{where}: missing field 'kind' (one of {list(KINDS)})")
+            policies[vname] = dict(settings)
+            policies[vname]["kind"] = _choice(settings, "kind", KINDS, where)
+            if "seed" in settings:
+                policies[vname]["seed"] = _seed(settings["seed"], where)
+
+    # --- the workload: the paper's service times, or token-level requests
+    kinds = {v["kind"] for v in policies.values()}
+    if "service" in raw and "service_model" in raw:
+        raise SpecError(f"{source}: give either service (the paper's workload) or service_model "
+                        "(token-level requests), not both")
+    if "service" in raw:
+        workload = _choice(raw, "service", _SERVICES, source)
+        model = "max"
+        if kinds & TOKEN:
+            raise SpecError(f"{source}: service = {workload!r} is for policy multibin; token-level policies "
+                            f"({', '.join(sorted(kinds & TOKEN))}) take service_model and prompt_/output_ "
+                            "parameters")
+    else:
+        workload = "tokens"
+        model = raw.get("service_model", "decode")
+        if "service_model" in raw:
+            model = _choice(raw, "service_model", TABLE["service_model"].choices, source)
+        if "multibin" in kinds and model != "max":
+            raise SpecError(f"{source}: policy multibin takes service = \"uniform\" or \"expon\" (the paper's "
+                            "workload), or token-level requests with service_model = \"max\"; "
+                            f"got service_model = {model!r}")
+    if arrivals == "step" and "multibin" in kinds:
+        raise SpecError(f"{source}: arrivals = \"step\" is for the token policies")
+
+    # --- which keys apply, and to which variants
+    def applies_to(nm):
+        sp = SPEC_PARAMS.get(nm)
+        return [v for v, s in policies.items() if sp and sp.applies(s["kind"], arrivals, workload)]
+
+    def unknown(where, key, allowed):
+        why = ("no such parameter" if key not in SPEC_PARAMS else
+               f"it does not apply to {', '.join(sorted(kinds))} with arrivals={arrivals!r} and "
+               f"{'service=' + repr(workload) if workload != 'tokens' else 'token-level requests'}")
+        return SpecError(f"{where}: unknown key {key} ({why}); allowed: {sorted(allowed)}")
+
+    allowed_any = sorted(nm for nm in SPEC_PARAMS if applies_to(nm))
+    for key in fixed:
+        if key == "policy" and not single:
+            continue
+        if key not in SPEC_PARAMS or not applies_to(key):
+            raise unknown(f"{source}: params", f"params.{key}" if key in SPEC_PARAMS else key, allowed_any)
+    for key in grid:
+        if key == "policy":
+            continue
+        if key not in SPEC_PARAMS or not applies_to(key):
+            raise unknown(f"{source}: grid", f"grid.{key}", allowed_any)
+        if len(applies_to(key)) != len(policies):
+            missing = sorted(set(policies) - set(applies_to(key)))
+            raise SpecError(f"{source}: grid.{key} does not apply to the variants {missing}; an axis must "
+                            "apply to every policy variant (put the value in the variants' tables)")
+    for key in fixed:
+        if key in grid:
+            raise SpecError(f"{source}: {key} is both in [params] and in [grid]; give it once")
+    for vname, settings in policies.items():
+        for key in settings:
+            if key in _VARIANT_KEYS:
+                continue
+            sp = SPEC_PARAMS.get(key)
+            if sp is None or not sp.applies(settings["kind"], arrivals, workload):
+                allowed = sorted(nm for nm, p in SPEC_PARAMS.items()
+                                 if p.applies(settings["kind"], arrivals, workload))
+                raise unknown(f"{source}: policies.{vname}", key, allowed)
+            if key in grid:
+                raise SpecError(f"{source}: {key} is both in policies.{vname} and in [grid]; give it once")
+
+    # --- values
+    params = {}
+    for key, value in fixed.items():
+        if key == "policy":
+            continue
+        params[key] = SPEC_PARAMS[key].check(value, f"{source}: params")
+    for vname, settings in policies.items():
+        for key, value in list(settings.items()):
+            if key not in _VARIANT_KEYS:
+                settings[key] = SPEC_PARAMS[key].check(value, f"{source}: policies.{vname}")
+    axes = {}
+    for nm, values in grid.items():
+        where = f"{source}: grid.{nm}"
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"{where}: an axis must be a non-empty list of values; got {values!r}")
+        if nm == "policy":
+            if single:
+                raise SpecError(f"{where}: a policy axis needs [policies.NAME] tables")
+            bad = [v for v in values if v not in policies]
+            if bad:
+                raise SpecError(f"{where}: no variant named {bad[0]!r}; the variants: {sorted(policies)}")
+            checked = list(values)
+        else:
+            checked = [SPEC_PARAMS[nm].check(v, where) for v in values]
+        if len(set(checked)) != len(checked):
+            dup = next(v for v in checked if checked.count(v) > 1)
+            raise SpecError(f"{where}: duplicated value {dup!r}")
+        axes[nm] = checked
+    if not single:
+        if "policy" in axes:
+            chosen = axes["policy"]
+        elif "policy" in fixed:
+            if fixed["policy"] not in policies:
+                raise SpecError(f"{source}: params.policy names no variant; the variants: {sorted(policies)}")
+            params["policy"] = chosen = fixed["policy"]
+            chosen = [chosen]
+        elif len(policies) == 1:
+            chosen = list(policies)
+        else:
+            raise SpecError(f"{source}: several policy variants but no grid.policy axis listing them")
+        unused = sorted(set(policies) - set(chosen))
+        if unused:
+            raise SpecError(f"{source}: the variants {unused} are in no grid.policy axis; remove them or "
+                            "add them to the axis")
+
+    # --- every variant has every parameter it needs
+    for vname, settings in policies.items():
+        for nm, sp in SPEC_PARAMS.items():
+            if (sp.required and sp.applies(settings["kind"], arrivals, workload)
+                    and nm not in settings and nm not in params and nm not in axes):
+                where = f"policies.{vname}, " if not single else ""
+                raise SpecError(f"{source}: missing field {where}params.{nm} or grid.{nm} "
+                                f"({sp.table.description})")
+
+    spec = SweepSpec(name=name, description=description, arrivals=arrivals, workload=workload,
+                     service_model=model, reps=reps, seed=seed, params=params, axes=axes, policies=policies,
+                     source=source, text=text, single=single)
+    _check_joint(spec, source)
+    return spec
+
+
+def _values(spec: SweepSpec, key: str) -> list:
+    """Every value ``key`` takes anywhere in the spec."""
+    out = list(spec.axes.get(key, []))
+    out += [spec.params[key]] if key in spec.params else []
+    out += [s[key] for s in spec.policies.values() if key in s]
+    return out
+
+
+def _check_joint(spec: SweepSpec, source: str) -> None:
+    """Constraints across parameters, checked over the whole grid (the
+    objects of every grid point are built and checked as well, before a
+    store exists: :func:`mbbatch.sweeps.cells.check_points`)."""
+    if "lemma_a1" in _values(spec, "edges") and spec.workload != "expon":
+        raise SpecError(f"{source}: edges = \"lemma_a1\" needs service = \"expon\"")
+    if spec.arrivals == "step":
+        up, down = _values(spec, "t_up"), _values(spec, "t_down")
+        if up and down and max(up) >= min(down):
+            raise SpecError(f"{source}: t_down must be after t_up at every grid point")
+    lo, hi = _values(spec, "b_min"), _values(spec, "b_max")
+    if lo and hi and max(lo) > min(hi):
+        raise SpecError(f"{source}: b_min must be at most b_max at every grid point")
+    if spec.workload == "uniform":
+        lo, hi = _values(spec, "l_min"), _values(spec, "l_max")
+        if lo and hi and max(lo) >= min(hi):
+            raise SpecError(f"{source}: l_max must be greater than l_min at every grid point; "
+                            f"got l_min up to {max(lo)} and l_max down to {min(hi)}")

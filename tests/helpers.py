@@ -1,0 +1,109 @@
+"""Shared helpers of the sweep tests (not a test module)."""
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = """
+name = "small"
+description = "a small sweep for the tests"
+policy = "multibin"
+arrivals = "poisson"
+service = "uniform"
+reps = 3
+seed = 7
+
+[params]
+batch_size = 8
+l_min = 1.0
+l_max = 20.0
+n = 4000
+
+[grid]
+bins = [1, 3]
+rate = [0.2, 0.5, 2.0]
+"""
+
+#: deterministic attrs: everything but the volatile git state of a work tree
+VOLATILE_ATTRS = {"git_commit"}
+
+
+def write(tmp_path, text, name="spec.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def assert_identical(a: xr.Dataset, b: xr.Dataset):
+    """Bit-identical data (NaN equal to NaN) and deterministic attrs."""
+    assert set(a.data_vars) == set(b.data_vars)
+    for v in a.data_vars:
+        np.testing.assert_array_equal(a[v].values, b[v].values, err_msg=v)
+    for c in a.coords:
+        np.testing.assert_array_equal(a[c].values, b[c].values)
+    strip = lambda d: {k: v for k, v in d.items() if k not in VOLATILE_ATTRS}  # noqa: E731
+    assert strip(a.attrs) == strip(b.attrs)
+
+
+def n_done(out) -> int:
+    """Grid points a (possibly running) sweep has marked done so far."""
+    import zarr
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return int(np.sum(zarr.open_array(store=str(out), path="done", mode="r")[...]))
+    except Exception:  # noqa: BLE001 - not created yet, or a chunk being replaced
+        return 0
+
+
+def start_sweep(spec_path, out, workers, points, session=False):
+    """Start a real `mbbatch sweep` process (in a session of its own, as a
+    terminal's foreground job, if ``session``) and return it once ``points``
+    grid points are stored (it must still be running then)."""
+    cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(spec_path), "--out", str(out), "--workers",
+           str(workers), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=session)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if n_done(out) >= points or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be killed: make it slower"
+    return proc
+
+
+SLOW = SMALL.replace("n = 4000", "n = 4000000").replace("bins = [1, 3]", "bins = [1, 2, 3, 4]").replace(
+    "rate = [0.2, 0.5, 2.0]", "rate = [0.5, 1.0, 1.5, 2.0, 3.0]")
+
+
+TOKEN = """
+name = "tok"
+policy = "{policy}"
+arrivals = "{arrivals}"
+service_model = "decode"
+reps = 2
+seed = 3
+
+[params]
+prompt_median = 128.0
+prompt_sigma = 0.5
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0074
+eta = 20000.0
+n = 1500
+{extra}
+
+[grid]
+{grid}
+"""

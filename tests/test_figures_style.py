@@ -1,0 +1,52 @@
+"""mbbatch.figures.style: fixed look, deterministic files, the simulation markers."""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+from matplotlib.container import ErrorbarContainer
+
+from mbbatch import figures
+from mbbatch.figures import style
+
+from .figure_datasets import MARKS, drawn, results  # noqa: F401  (fixtures)
+
+pytestmark = MARKS
+
+
+def test_no_dates_or_versions_in_files(drawn):
+    _, files = drawn
+    for f in files:
+        data = f.read_bytes()
+        assert b"CreationDate" not in data and b"Matplotlib" not in data, f.name
+
+
+def test_the_users_rc_settings_do_not_change_the_files(drawn, results, tmp_path):
+    out, _ = drawn
+    user = {"font.size": 20, "axes.grid": False, "lines.linewidth": 4, "savefig.dpi": 300,
+            "savefig.facecolor": "yellow", "axes.prop_cycle": matplotlib.cycler(color=["k"])}
+    with matplotlib.rc_context(user):
+        files = figures.make_figures(results, tmp_path, only="fig3")
+    for f in files:
+        assert f.read_bytes() == (out / f.name).read_bytes(), f.name
+
+
+def test_sim_points_filled_hollow_and_clipped():
+    """Stable cells filled, unstable hollow, off-scale on the top edge, NaN left out."""
+    fig, (ax,) = style.new_figure()
+    x = [1.0, 2.0, 3.0, 4.0, 5.0]
+    mean = np.array([1.0, 2.0, 100.0, np.nan, 3.0])
+    unstable = [False, True, False, False, True]
+    style.sim_points(ax, x, mean, mean - 0.5, mean + 0.25, unstable, "#123456", "s", clip_top=10.0)
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2
+    (filled, _, (filled_bars,)), (hollow, _, _) = bars
+    np.testing.assert_array_equal(filled.get_xdata(), [1.0])
+    assert filled.get_markerfacecolor() == "#123456" and filled.get_marker() == "s"
+    # asymmetric bars: 0.5 below, 0.25 above the mean
+    np.testing.assert_allclose(filled_bars.get_segments()[0][:, 1], [0.5, 1.25])
+    np.testing.assert_array_equal(hollow.get_xdata(), [2.0, 5.0])
+    assert hollow.get_markerfacecolor() == "none"
+    (edge,) = [ln for ln in ax.lines if ln not in (filled, hollow) and ln.get_marker() == "s"]
+    np.testing.assert_array_equal(edge.get_xydata(), [[3.0, 10.0]])
+    assert edge.get_markerfacecolor() == "none" and not edge.get_clip_on()

@@ -1,0 +1,230 @@
+"""Running sweeps (mbbatch.sweeps.run and .executors): resume after a real
+kill, bit-identity across serial, process-pool and dask runs, unstable
+cells, token-policy sweeps and their time series."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from mbbatch.results import UnstableWarning
+from mbbatch.sweeps import StoreNote, SweepError, run_sweep
+
+from .helpers import SLOW, SMALL, TOKEN, assert_identical, start_sweep, write
+
+@pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
+def test_adding_grid_values_never_changes_a_cell(tmp_path):
+    small = run_sweep(write(tmp_path, SMALL), tmp_path / "a.zarr", workers=1, progress=False)
+    bigger_text = SMALL.replace("rate = [0.2, 0.5, 2.0]", "rate = [0.1, 0.2, 0.5, 2.0]").replace(
+        "bins = [1, 3]", "bins = [1, 2, 3]")
+    big = run_sweep(write(tmp_path, bigger_text, "b.toml"), tmp_path / "b.zarr", workers=1, progress=False)
+    sub = big.sel(rate=small.rate, bins=small.bins)
+    for v in ("sim_throughput", "sim_mean_latency", "sim_latency_p99", "completed"):
+        np.testing.assert_array_equal(sub[v].values, small[v].values)
+
+
+def test_unstable_cells_are_flagged(tmp_path):
+    with pytest.warns(UnstableWarning, match="no steady state"):
+        ds = run_sweep(write(tmp_path, SMALL), tmp_path / "s.zarr", workers=1, progress=False)
+    # B = 8, U(1, 20): k = 1 serves 8 / E[max of 8] = 0.44 requests/s
+    over = ds["rate"] >= ds["theory_service_rate"]
+    assert bool((ds["unstable"] | ~over).all())
+    assert bool(ds["unstable"].sel(bins=1, rate=2.0))
+    assert not bool(ds["unstable"].sel(bins=3, rate=0.2))
+
+
+def test_netcdf_export(tmp_path):
+    nc = tmp_path / "s.nc"
+    with pytest.warns(UnstableWarning):
+        ds = run_sweep(write(tmp_path, SMALL), tmp_path / "s.zarr", workers=1, progress=False, netcdf=nc)
+    back = xr.open_dataset(nc)
+    np.testing.assert_array_equal(back["sim_throughput"].values, ds["sim_throughput"].values)
+
+
+# --- storage that loses nothing ---------------------------------------------------
+
+def test_rerun_of_a_finished_sweep_does_no_work(tmp_path, monkeypatch):
+    p, out = write(tmp_path, SMALL), tmp_path / "s.zarr"
+    with pytest.warns(UnstableWarning):
+        first = run_sweep(p, out, workers=1, progress=False).load()
+    import mbbatch.sweeps.run as sweep
+
+    def boom(*args, **kwargs):
+        raise AssertionError("a finished sweep computed a cell")
+
+    monkeypatch.setattr(sweep, "_point_task", boom)
+    with pytest.warns(UnstableWarning):
+        again = run_sweep(p, out, workers=1, progress=False)
+    assert_identical(first, again)
+
+
+def test_changed_spec_is_an_error_unless_overwrite(tmp_path):
+    p, out = write(tmp_path, SMALL), tmp_path / "s.zarr"
+    with pytest.warns(UnstableWarning):
+        run_sweep(p, out, workers=1, progress=False)
+    changed = write(tmp_path, SMALL.replace("n = 4000", "n = 5000"), "changed.toml")
+    with pytest.raises(SweepError, match=r"params\.n: 4000 -> 5000"):
+        run_sweep(changed, out, workers=1, progress=False)
+    ds = xr.open_zarr(out)
+    assert int(ds.attrs["n"]) == 4000 and bool(ds["done"].all())   # nothing stored was lost
+    with pytest.warns(UnstableWarning):
+        ds = run_sweep(changed, out, workers=1, progress=False, overwrite=True)
+    assert int(ds.attrs["n"]) == 5000
+
+
+def test_half_written_point_is_recomputed(tmp_path):
+    """A point whose data chunks were written but not its done flag (a kill
+    between the two) is recomputed on resume, and ends as if never lost."""
+    p, out = write(tmp_path, SMALL), tmp_path / "s.zarr"
+    with pytest.warns(UnstableWarning):
+        ref = run_sweep(p, out, workers=1, progress=False).load()
+    region = {"bins": slice(1, 2), "rate": slice(0, 1)}
+    xr.Dataset({"done": (("bins", "rate"), np.zeros((1, 1), bool))}).to_zarr(out, region=region)
+    garbage = np.full((1, 1, 3), -5.0)
+    xr.Dataset({"sim_throughput": (("bins", "rate", "rep"), garbage)}).to_zarr(
+        out, region={**region, "rep": slice(None)})
+    with pytest.warns(UnstableWarning):
+        again = run_sweep(p, out, workers=1, progress=False)
+    assert_identical(ref, again)
+
+
+@pytest.mark.heavy
+def test_resume_after_kill_is_bit_identical(tmp_path):
+    """kill -9 a real `mbbatch sweep` process mid-sweep, start it again: it
+    computes only the missing points and ends bit-identical to an
+    uninterrupted run."""
+    p = write(tmp_path, SLOW)
+    out = tmp_path / "killed.zarr"
+    proc = start_sweep(p, out, workers=1, points=3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ds = xr.open_zarr(out)
+    n_before = int(ds["done"].sum())
+    assert 3 <= n_before < ds["done"].size
+
+    import mbbatch.sweeps.run as sweep
+
+    computed = []
+    real = sweep._point_task
+    try:
+        sweep._point_task = lambda *a: computed.append(a) or real(*a)
+        with pytest.warns(UnstableWarning), pytest.warns(StoreNote, match=f"lock of process {proc.pid}"):
+            resumed = run_sweep(p, out, workers=1, progress=False).load()
+    finally:
+        sweep._point_task = real
+    assert len(computed) == ds["done"].size - n_before
+    with pytest.warns(UnstableWarning):
+        clean = run_sweep(p, tmp_path / "clean.zarr", workers=1, progress=False).load()
+    assert_identical(clean, resumed)
+
+
+def _children(pid):
+    """Live (non-zombie) processes whose parent is ``pid``, from /proc."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the pool's workers in /proc")
+def test_killed_sweep_leaves_no_workers_behind(tmp_path):
+    """kill -9 a sweep running on a 2-process pool: its workers exit as well,
+    rather than wait forever on the dead sweep's queues."""
+    proc = start_sweep(write(tmp_path, SLOW), tmp_path / "killed.zarr", workers=2, points=1)
+    workers = [k for k in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    assert len(workers) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(k) for k in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [k for k in workers if _alive(k)]
+    for k in left:
+        os.kill(k, signal.SIGKILL)
+    assert not left, "workers still running a minute after their sweep was killed"
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the pool's workers in /proc")
+def test_ctrl_c_stops_a_pool_sweep_cleanly(tmp_path):
+    """Ctrl-C (SIGINT to the job's process group) on a 2-process sweep: it
+    stops within seconds with exit status 130 and one line on how to resume
+    (no traceback), leaves no worker behind and keeps the finished points."""
+    out = tmp_path / "int.zarr"
+    proc = start_sweep(write(tmp_path, SLOW), out, workers=2, points=1, session=True)
+    workers = _children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "run the same command again to resume" in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 30
+    while any(_alive(k) for k in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(k) for k in workers)
+    assert int(xr.open_zarr(out)["done"].sum()) >= 1
+
+
+@pytest.mark.heavy
+def test_serial_parallel_and_dask_are_bit_identical(tmp_path):
+    """In-process, a 2-process pool and a real dask LocalCluster on loopback
+    with 2 workers give the same Dataset, bit for bit."""
+    p = write(tmp_path, SMALL)
+    with pytest.warns(UnstableWarning):
+        serial = run_sweep(p, tmp_path / "serial.zarr", workers=1, progress=False).load()
+        pool = run_sweep(p, tmp_path / "pool.zarr", workers=2, progress=False).load()
+        dask = run_sweep(p, tmp_path / "dask.zarr", scheduler="local", workers=2, progress=False).load()
+    assert_identical(serial, pool)
+    assert_identical(serial, dask)
+
+
+@pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
+@pytest.mark.parametrize("policy, extra, grid", [
+    ("static", "", "batch_size = [4, 16]\nrate = [0.5, 2.0]"),
+    ("dynamic", "b_max = 64", "rate = [0.5, 2.0]\nmemory = [\"l0\", \"clt\", \"off\"]"),
+    ("multibin_dynamic", "b_max = 64\nwarmup = 200", "bins = [1, 3]\nrate = [0.5, 2.0]"),
+])
+def test_token_sweeps(tmp_path, policy, extra, grid):
+    text = TOKEN.format(policy=policy, arrivals="poisson", extra=extra, grid=grid)
+    ds = run_sweep(write(tmp_path, text), tmp_path / "t.zarr", workers=1, progress=False)
+    for v in ("sim_throughput", "sim_sla_violation_tokens", "sim_batch_size_mean", "sim_memory_peak",
+              "sim_latency_p95_mean", "unstable", "done"):
+        assert ds[v].attrs["units"] is not None and ds[v].attrs["description"], v
+    assert bool(ds["done"].all())
+    assert int(ds["completed"].sum()) == 1500 * ds["completed"].size - int(ds["rejected"].sum())
+    assert "theory_throughput" not in ds            # no closed forms for these policies
+    if policy == "dynamic":
+        assert int(ds["mem_exceed_batches"].sel(memory=["l0", "clt"]).sum()) == 0
+
+
+def test_load_step_sweep_stores_time_series(tmp_path):
+    text = TOKEN.format(policy="dynamic", arrivals="step",
+                        extra="b_max = 64\nrate = 0.5\nrate_high = 2.0\nt_up = 500.0\nt_down = 1000.0",
+                        grid="controller = [\"spec\", \"multiplicative\"]")
+    ds = run_sweep(write(tmp_path, text), tmp_path / "s.zarr", workers=1, progress=False)
+    assert ds["ts_b_target"].dims == ("controller", "rep", "time")
+    assert float(ds["time"].max()) == pytest.approx(1500.0)
+    assert ds["time"].attrs["units"] == "s"
+    assert int(np.isfinite(ds["ts_tau_avg"].values).sum()) > 0
+
+
