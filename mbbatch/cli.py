@@ -21,7 +21,17 @@ _THEORY = {
     "exponential-throughput-bound": ("exponential_throughput_bound", ("B", "mu", "k")),
     "harmonic-number": ("harmonic_number", ("B",)),
 }
-_INTS = {"B", "k"}
+
+
+def _param_flag(p, symbol: str, required=True) -> tuple:
+    """The flags and help of a theory argument, from the parameter table:
+    ``--batch-size`` (and the paper's ``--B`` as an alias)."""
+    from .params import PARAMS, SYMBOLS
+
+    entry = PARAMS[SYMBOLS.get(symbol, symbol)]
+    flags = [entry.flag] + ([f"--{symbol}"] if symbol in SYMBOLS else [])
+    help_ = f"{entry.description}, {entry.units}, in {entry.domain}" if entry.domain else entry.description
+    return flags, dict(dest=symbol, type=_number, required=required, metavar=symbol.upper(), help=help_)
 
 
 def _number(text: str):
@@ -85,8 +95,8 @@ def _parser() -> argparse.ArgumentParser:
         doc = inspect.getdoc(getattr(theory, fn)) or ""
         p = thsub.add_parser(name, help=doc.splitlines()[0] if doc else fn)
         for prm in params:
-            flag = "--" + prm.replace("_", "-")
-            p.add_argument(flag, dest=prm, type=_number, required=True, metavar=prm.upper())
+            flags, kw = _param_flag(p, prm)
+            p.add_argument(*flags, **kw)
     for name, help_ in (("batch-service-time", "exact E[t_service] for a distribution and edges (eq. 2)"),
                         ("optimal-boundaries", "edges minimising the exact E[t_service]")):
         p = thsub.add_parser(name, help=help_)
@@ -94,11 +104,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--shape", type=float, nargs="*", default=[], help="its shape parameters")
         p.add_argument("--loc", type=float, default=0.0)
         p.add_argument("--scale", type=float, default=1.0)
-        p.add_argument("--B", dest="B", type=_number, required=True)
+        flags, kw = _param_flag(p, "B")
+        p.add_argument(*flags, **kw)
         if name == "batch-service-time":
             p.add_argument("--edges", type=float, nargs="+", required=True, help="k+1 edges (inf allowed)")
         else:
-            p.add_argument("--k", dest="k", type=_number, required=True)
+            flags, kw = _param_flag(p, "k")
+            p.add_argument(*flags, **kw)
     return ap
 
 

@@ -119,7 +119,10 @@ def applicable(kind: str) -> dict[str, Metric]:
 def by_var(var: str) -> Metric | None:
     """The metric stored as Dataset variable ``var`` (or one of its aggregates)."""
     for m in METRICS.values():
-        if var == m.var or (m.aggregate and var in (f"{m.var}_mean", f"{m.var}_ci_low", f"{m.var}_ci_high")):
+        if var == m.var:
+            return m
+    for m in METRICS.values():
+        if m.aggregate and var in (f"{m.var}_mean", f"{m.var}_ci_low", f"{m.var}_ci_high"):
             return m
     return None
 

@@ -157,6 +157,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        _NONNEG, default=0.0),
     # --- policies -----------------------------------------------------------------------
     _p("bins", "count", "bins", "number of bins", _COUNT),
+    _p("MultiBinDynamic.bins", "count", "bins", "number of bins K of multi-bin dynamic batching", _COUNT,
+       default=4),
     _p("batch_size", "count", "requests", "batch size: requests per batch", _COUNT),
     _p("MultiBin.edges", "reals", "s",
        "the bins + 1 bin edges; -inf first and inf last allowed, NaN never", Domain(-INF, INF, True, True),

@@ -177,7 +177,7 @@ class MultiBinDynamic(DynamicBatching):
         As for :class:`DynamicBatching`.
     """
 
-    bins: int = 4
+    bins: int = default("MultiBinDynamic.bins")
     selection: str = default("selection")
     warmup: int = default("warmup")
     bin_b_max: Optional[tuple] = None

@@ -232,3 +232,94 @@ def test_token_spec_errors(tmp_path):
                        "t_up = 10.0\nt_down = 5.0", grid="controller = [\"spec\"]")
     with pytest.raises(SpecError, match="t_down"):
         load_spec(write(tmp_path, bad, "c.toml"))
+
+
+# --- policy variants as a sweep axis ------------------------------------------------------
+
+VARIANTS = """
+name = "variants"
+arrivals = "poisson"
+service_model = "decode"
+reps = 2
+seed = 11
+
+[params]
+prompt_median = 128.0
+prompt_sigma = 0.5
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0074
+eta = 20000.0
+n = 800
+b_max = 64
+
+[policies.static8]
+kind = "static"
+batch_size = 8
+
+[policies.dyn]
+kind = "dynamic"
+
+[policies.dyn_small]
+kind = "dynamic"
+b_max = 16
+n = 600
+
+[grid]
+policy = ["static8", "dyn", "dyn_small"]
+rate = [0.5, 2.0]
+"""
+
+
+def test_variants_take_shared_values_and_override_them():
+    spec = parse_spec(VARIANTS)
+    assert spec.policy == "mixed" and spec.kinds == ["static", "dynamic"] and spec.shape == (3, 2)
+    cells = {(p["policy"], p["rate"]): p for _, p in spec.points()}
+    assert cells["static8", 0.5]["batch_size"] == 8 and "b_max" not in cells["static8", 0.5]
+    assert cells["dyn", 0.5]["b_max"] == 64 and cells["dyn_small", 0.5]["b_max"] == 16
+    assert cells["dyn_small", 2.0]["n"] == 600 and cells["dyn", 2.0]["n"] == 800
+    assert cells["dyn", 0.5]["kind"] == "dynamic" and cells["dyn", 0.5]["eps_d"] == 5e-5   # a default
+
+
+def test_cells_that_differ_only_in_policy_share_their_seed():
+    """Common random numbers: the seed hashes the workload only."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    spec = parse_spec(VARIANTS)
+    cells = {(p["policy"], p["rate"]): p for _, p in spec.points()}
+    seed = lambda c: cell_seed(spec.seed_of(c), c, 0).spawn_key  # noqa: E731
+    assert seed(cells["static8", 0.5]) == seed(cells["dyn", 0.5])
+    assert seed(cells["dyn", 0.5]) != seed(cells["dyn_small", 0.5])          # n differs: another workload
+    reseeded = parse_spec(VARIANTS.replace('kind = "static"', 'kind = "static"\nseed = 5'))
+    c = {(p["policy"], p["rate"]): p for _, p in reseeded.points()}
+    assert reseeded.seed_of(c["static8", 0.5]) == 5 and reseeded.seed_of(c["dyn", 0.5]) == 11
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda s: s.replace('kind = "static"\n', ''), "policies.static8: missing field 'kind'"),
+    (lambda s: s.replace('kind = "static"', 'kind = "fifo"'), "kind must be one of"),
+    (lambda s: s.replace("batch_size = 8", "batch_size = 8\nbins = 3"), "policies.static8: unknown key bins"),
+    (lambda s: s.replace('"static8", ', ""), "the variants ['static8'] are in no grid.policy axis"),
+    (lambda s: s.replace('policy = ["static8"', 'policy = ["nosuch", "static8"'), "no variant named 'nosuch'"),
+    (lambda s: s.replace("rate = [0.5, 2.0]", "rate = [0.5, 2.0]\nbatch_size = [8, 16]"),
+     "grid.batch_size does not apply to the variants"),
+    (lambda s: s.replace("batch_size = 8\n", ""), "missing field policies.static8, params.batch_size"),
+    (lambda s: s.replace("[grid]", 'policy = "dyn"\n[grid]'), "policies.dyn_small: unknown key policy"),
+    (lambda s: 'policy = "static"\n' + s, "give either policy = KIND"),
+])
+def test_variant_errors_name_the_key(edit, needle):
+    with pytest.raises(SpecError) as err:
+        parse_spec(edit(VARIANTS), source="v.toml")
+    assert needle in str(err.value) and "v.toml" in str(err.value), str(err.value)
+
+
+def test_a_variant_sweep_stores_a_policy_axis(tmp_path):
+    ds = run_sweep(write(tmp_path, VARIANTS), tmp_path / "v.zarr", workers=1, progress=False)
+    assert ds["policy"].values.tolist() == ["static8", "dyn", "dyn_small"]
+    assert ds.attrs["policy"] == "mixed" and json.loads(ds.attrs["policy_dyn_small"]) == {
+        "kind": "dynamic", "b_max": 16, "n": 600}
+    assert bool(ds["done"].all())
+    # sla_infeasible applies to the controlled policies only: static cells keep the fill value
+    assert not bool(ds["sla_infeasible"].sel(policy="static8").any())
+    assert int(ds["completed"].sel(policy="dyn_small").sum()) == 600 * 2 * 2 - int(
+        ds["rejected"].sel(policy="dyn_small").sum())

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from .. import theory
+from .. import metrics, params, theory
 
 __all__ = ["NETCDF", "dataset_path", "dataset_command", "open_dataset", "line", "per_rep",
            "controller_series", "constant", "unit", "closed_form_curve", "theorem_4_2_vs_k",
@@ -122,9 +122,17 @@ def constant(ds, var, **sel) -> float:
     return _first_finite(np.asarray(da.values, dtype=float).ravel())
 
 
-def unit(ds, var, default):
-    """The ``units`` attr of ``ds[var]``, or ``default``."""
-    return ds[var].attrs.get("units", default) if var in ds else default
+def unit(ds, var, default=None):
+    """The units of ``ds[var]``: its ``units`` attr, else those the metric or
+    parameter table declares for it, else ``default``."""
+    if var in ds and "units" in ds[var].attrs:
+        return ds[var].attrs["units"]
+    m = metrics.by_var(var)
+    if m is not None:
+        return m.units
+    if var in params.PARAMS:
+        return params.PARAMS[var].units
+    return default
 
 
 # ---------------------------------------------------------------- closed forms beside the data

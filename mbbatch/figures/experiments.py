@@ -157,7 +157,7 @@ def mb_only(data) -> Figure:
     bottom = min(float(thr[0]), np.nanmin(mean, initial=np.inf))
     ax.set_ylim(bottom * 0.75, cmax * 1.07)
     ax.set_xlabel("number of bins K")
-    ax.set_ylabel(f"saturated throughput ({unit(ds, 'sim_throughput_mean', 'requests/s')})")
+    ax.set_ylabel(f"saturated throughput ({unit(ds, 'sim_throughput_mean')})")
     ax.legend(handles=style_handles(
         ("sim", "simulation (saturated): mean $\\pm$ 95% CI"),
         ("-", "Theorem 4.2: B / E[$t_{service}$] at every integer k"),
@@ -275,7 +275,7 @@ def controller_step(data) -> Figure:
     ax_t.text(float(t[-1]), d_ms + e_ms, f"$D_{{SLA}} \\pm \\varepsilon_D$ = {d_ms:g} $\\pm$ {e_ms:g} ms",
               ha="right", va="bottom", fontsize=8)
     ax_t.set_ylabel("$\\tau_{avg}$, EMA of decode time (ms/token)")
-    ax_t.set_xlabel(f"time ({unit(ds, 'time', 's')})")
+    ax_t.set_xlabel(f"time ({unit(ds, 'time')})")
     ax_t.set_xlim(float(t[0]), float(t[-1]))
     ax_t.set_title("(b) $\\tau_{avg}$: mean over reps (band: min to max over reps)")
     fig.suptitle(f"Experiment (iii) controller_step: dynamic batching through a load step "
@@ -348,9 +348,9 @@ def max_wait(data) -> Figure:
     ax_a.xaxis.set_minor_formatter(NullFormatter())
     ax_a.set_yscale("log")
     log_ylim(ax_a, lat_all, closed)
-    ax_a.set_xlabel(f"throughput ({unit(ds, 'sim_throughput_mean', 'requests/s')}; "
+    ax_a.set_xlabel(f"throughput ({unit(ds, 'sim_throughput_mean')}; "
                     f"one point per arrival rate {', '.join(f'{r:g}' for r in rates)})")
-    ax_a.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean', 's')})")
+    ax_a.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
     ax_a.set_title("(a) mean latency vs throughput, one curve per max_wait over the arrival rates")
     series = series_handles([_max_wait_label(w) for w in waits], colors, markers)
     ax_a.legend(handles=series + style_handles(
@@ -391,10 +391,10 @@ def max_wait(data) -> Figure:
         ax_b.set_xlim(min(finite) / 1.3, inf_x * 1.3)
     ax_b.set_yscale("log")
     log_ylim(ax_b, lat_all, [])
-    ax_b.set_xlabel(f"max_wait ({unit(ds, 'max_wait', 's')}; $\\infty$: no timeout)")
-    ax_b.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean', 's')})")
+    ax_b.set_xlabel(f"max_wait ({unit(ds, 'max_wait')}; $\\infty$: no timeout)")
+    ax_b.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
     ax_b.set_title("(b) mean latency vs max_wait, one curve per arrival rate")
-    ax_b.legend(handles=series_handles([f"$\\lambda$ = {r:g} {unit(ds, 'rate', 'requests/s')}"
+    ax_b.legend(handles=series_handles([f"$\\lambda$ = {r:g} {unit(ds, 'rate')}"
                                          for r in rates], rcolors,
                                         [MARKERS[j % len(MARKERS)] for j in range(len(rates))]),
                 loc="lower left", fontsize=7)

@@ -100,8 +100,8 @@ def _throughput_panel(ax, ds, *, bound: bool):
              line(ds, "sim_throughput_ci_low", "rate", bins=k),
              line(ds, "sim_throughput_ci_high", "rate", bins=k),
              line(ds, "unstable", "rate", bins=k), c, m)
-    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate', 'requests/s')})")
-    ax.set_ylabel(f"throughput ({unit(ds, 'sim_throughput_mean', 'requests/s')})")
+    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
+    ax.set_ylabel(f"throughput ({unit(ds, 'sim_throughput_mean')})")
     series = series_handles([f"k = {k}" for k in ks], colors, markers)
     return series
 
@@ -158,8 +158,8 @@ def _latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}"
             ax.plot(x, y, color=c, lw=1.2, zorder=2)
     for mean, lo, hi, unst, c, m in sims:
         sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
-    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate', 'requests/s')})")
-    ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean', 's')})")
+    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
+    ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
     return series_handles([label(v) for v in values], colors, markers), curves
 
 
@@ -242,7 +242,7 @@ def throughput_vs_k(data) -> Figure:
     ax.set_ylim(min(float(thr[0]), np.nanmin(line(ds, "sim_throughput_mean", "bins"),
                                                  initial=np.inf)) * 0.9, cmax * 1.06)
     ax.set_xlabel("number of bins k")
-    ax.set_ylabel(f"saturated throughput ({unit(ds, 'sim_throughput_mean', 'requests/s')})")
+    ax.set_ylabel(f"saturated throughput ({unit(ds, 'sim_throughput_mean')})")
     ax.legend(handles=style_handles(
         ("sim", "simulation (saturated): mean $\\pm$ 95% CI"),
         ("-", "Theorem 4.2: B / (m + a/k)"),

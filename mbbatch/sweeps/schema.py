@@ -157,10 +157,18 @@ def _enc(v):
 
 
 def spec_attrs(spec: SweepSpec) -> dict:
-    """The spec's settings as Dataset attrs: the fixed parameters (inf as the
+    """The spec's settings as Dataset attrs: every parameter that has one
+    value in every cell and is not an axis (defaults included; inf as the
     string "inf"), the policy kind (a variant's kind, or "mixed"), and each
     variant's settings as JSON under ``policy_<name>``."""
-    out = {k: _enc(v) for k, v in spec.params.items()}
+    seen: dict = {}
+    cells = [params for _, params in spec.points()]
+    for params in cells:
+        for k, v in params.items():
+            seen.setdefault(k, set()).add(json.dumps(_enc(v)))
+    out = {k: _enc(cells[0][k]) for k, vs in seen.items()
+           if len(vs) == 1 and k not in spec.axes and k not in ("kind", "policy")
+           and all(k in c for c in cells)}
     out["policy"] = spec.policy
     if not spec.single:
         for name, settings in spec.policies.items():

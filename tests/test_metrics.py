@@ -1,0 +1,79 @@
+"""The metric table (mbbatch.metrics): complete, and the one source of the
+sweep schema's simulated variables."""
+
+import pytest
+
+from mbbatch.metrics import ALL, KINDS, METRICS, applicable, by_var, label
+from mbbatch.sweeps import parse_spec
+from mbbatch.sweeps.schema import aggregates, rep_vars, variables
+
+from .helpers import SMALL, TOKEN
+
+
+@pytest.mark.parametrize("name", sorted(METRICS))
+def test_every_metric_is_declared_whole(name):
+    m = METRICS[name]
+    assert m.name == name and m.description and m.kinds and m.kinds <= ALL
+    assert m.dtype in ("f8", "i8", "bool") and m.aggregate in ("", "mean", "ci")
+    assert not m.aggregate or m.per_rep          # an aggregate is over the stored reps
+    assert by_var(m.var) is m
+    assert label(m.var).startswith(name.replace("_", " "))
+
+
+def test_variable_names_are_unique():
+    vars_ = [m.var for m in METRICS.values()]
+    assert len(vars_) == len(set(vars_))
+
+
+def _spec(kind):
+    if kind == "multibin":
+        return parse_spec(SMALL)
+    extra = {"static": "batch_size = 8", "dynamic": "b_max = 64", "multibin_dynamic": "b_max = 64\nbins = 2"}[kind]
+    return parse_spec(TOKEN.format(policy=kind, arrivals="poisson", extra=extra, grid="rate = [1.0]"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_schema_stores_the_tables_metrics_of_a_policy(kind):
+    """A sweep of one policy stores exactly the metrics the table applies to
+    it and marks per replication, with the table's aggregates."""
+    spec = _spec(kind)
+    want = {m.var for m in applicable(kind).values() if m.per_rep}
+    assert set(rep_vars(spec)) == want
+    for var, (mean, lo, hi) in aggregates(spec).items():
+        m = by_var(var)
+        assert m.aggregate == ("ci" if lo else "mean")
+        assert {mean, lo, hi} - {None} <= set(variables(spec))
+    for var, (_, dtype, units, desc) in variables(spec).items():
+        m = by_var(var)
+        if m is not None:
+            assert units == m.units and (dtype == m.dtype or var != m.var)
+
+
+MIXED = """
+name = "mixed"
+arrivals = "poisson"
+reps = 2
+seed = 1
+[params]
+prompt_median = 128.0
+prompt_sigma = 0.5
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0074
+eta = 20000.0
+n = 500
+rate = 1.0
+[policies.s]
+kind = "static"
+batch_size = 8
+[policies.d]
+kind = "dynamic"
+b_max = 64
+[grid]
+policy = ["s", "d"]
+"""
+
+
+def test_a_mixed_spec_stores_the_union():
+    spec = parse_spec(MIXED)
+    assert set(rep_vars(spec)) == {m.var for m in METRICS.values() if m.per_rep and m.kinds & {"static", "dynamic"}}
