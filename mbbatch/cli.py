@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--netcdf", default=None, help="also export the Dataset to this NetCDF file")
     sw.add_argument("--quiet", action="store_true", help="no progress output")
 
+    _simulate_parser(sub)
+
     ck = sub.add_parser("check", help="verify a sweep store: done, missing and damaged grid points")
     ck.add_argument("store", help="the Zarr store a sweep wrote")
 
@@ -112,6 +114,99 @@ def _parser() -> argparse.ArgumentParser:
             flags, kw = _param_flag(p, "k")
             p.add_argument(*flags, **kw)
     return ap
+
+
+def _spec_value(p):
+    """The argparse type of a spec parameter of the table."""
+    def parse(text: str):
+        if p.kind == "choice":
+            return text
+        if p.kind == "servers" and text == "inf":
+            return "inf"
+        return _number(text) if text not in ("inf", "nan") else float(text)
+
+    parse.__name__ = p.kind
+    return parse
+
+
+def _simulate_parser(sub) -> None:
+    """``mbbatch simulate``: one grid point from flags, each flag a parameter
+    of the table, checked as a spec's would be."""
+    from .metrics import KINDS
+    from .params import PARAMS
+    from .sweeps.spec import SPEC_PARAMS
+
+    sim = sub.add_parser("simulate", help="simulate one configuration and print its metrics",
+                         description="Simulate one configuration (a one-point sweep, not stored) and print "
+                                     "its metrics, with 95%% t-intervals over --reps replications.  Flags "
+                                     "are the parameters of a sweep spec.")
+    sim.add_argument("--policy", required=True, choices=KINDS, help="the batching policy")
+    sim.add_argument("--arrivals", default="poisson", choices=("poisson", "saturated", "step"))
+    form = sim.add_mutually_exclusive_group(required=True)
+    form.add_argument("--service", choices=("uniform", "expon"),
+                      help="the paper's workload: the service-time distribution (policy multibin)")
+    form.add_argument("--service-model", choices=PARAMS["service_model"].choices,
+                      help="token-level requests (log-normal prompt and output lengths) and their batch "
+                           "service model")
+    sim.add_argument("--reps", type=int, default=1, help="replications (default 1)")
+    sim.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
+    for name, sp in SPEC_PARAMS.items():
+        p = sp.table
+        where = f" in {p.domain}" if p.domain is not None else f": {', '.join(p.choices)}"
+        units = f", {p.units}" if p.units else ""
+        sim.add_argument("--" + name.replace("_", "-"), dest=f"p_{name}", type=_spec_value(p), default=None,
+                         metavar=name.upper(), help=f"{p.description}{units}{where}")
+
+
+def _simulate(args) -> None:
+    import math
+
+    import numpy as np
+
+    from . import stats
+    from .metrics import METRICS
+    from .sweeps.cells import run_point
+    from .sweeps.spec import SPEC_PARAMS, spec_from_dict
+
+    params = {name: getattr(args, f"p_{name}") for name in SPEC_PARAMS
+              if getattr(args, f"p_{name}") is not None}
+    raw = {"name": "simulate", "policy": args.policy, "arrivals": args.arrivals, "reps": args.reps,
+           "seed": args.seed, "params": params}
+    if args.service is not None:
+        raw["service"] = args.service
+    else:
+        raw["service_model"] = args.service_model
+    import re
+
+    from .sweeps.cells import check_points
+    from .sweeps.spec import SpecError
+
+    def flag(m):
+        return "--" + m.group(1).replace("_", "-")
+
+    try:
+        spec = spec_from_dict(raw, source="command line")
+        check_points(spec)
+    except SpecError as exc:
+        # name the flags, not the spec's tables
+        text = re.sub(r"params\.(\w+) or grid\.\w+", flag, str(exc))
+        raise SpecError(re.sub(r"\bparams\.(\w+)", flag, text)) from None
+    (_, cell), = spec.points()
+    sim = run_point(spec.arrivals, spec.service, cell, spec.seed, spec.reps)
+    print(f"{args.policy}, {args.arrivals} arrivals, {spec.reps} rep{'s' if spec.reps > 1 else ''}, "
+          f"seed {spec.seed}")
+    for m in METRICS.values():
+        if m.var not in sim:
+            continue
+        x = np.asarray(sim[m.var], dtype=float)
+        if m.dtype == "bool":
+            shown = f"{int(x.sum())} of {x.size}"
+        elif spec.reps > 1:
+            mean, lo, hi = stats.t_interval(x)
+            shown = f"{mean:.6g}  [{lo:.6g}, {hi:.6g}]" if math.isfinite(lo) else f"{mean:.6g}"
+        else:
+            shown = f"{x[0]:.6g}"
+        print(f"  {m.name:<26} {shown:<36} {m.units}")
 
 
 def _frozen(args):
@@ -195,6 +290,8 @@ def _dispatch(args) -> int:
                 caught.clear()
         for ds, out in done:
             print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {out}")
+    elif args.command == "simulate":
+        _simulate(args)
     elif args.command == "check":
         from .sweeps import check_store
 

@@ -133,3 +133,33 @@ def test_cli_sweep_progress_lines_when_not_a_tty(tmp_path):
     assert "\r" not in r.stderr                       # plain lines, no bar redraws
     assert "no steady state" in r.stderr              # the unstable warning, at the end
     assert "6 grid points done" in r.stdout
+
+
+def test_simulate_prints_the_metrics_of_one_configuration():
+    r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
+            "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "20000", "--reps", "3", "--seed", "5")
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:]}
+    assert "throughput" in lines and "requests/s" in lines["throughput"] and "[" in lines["throughput"]
+    assert "mean_ttft" not in lines                          # a token-policy metric: absent, not NaN
+    # the same numbers as the sweep's cell with these parameters
+    from mbbatch.sweeps.cells import cell_seed
+    import mbbatch as mb
+    import scipy.stats as st
+
+    params = {"bins": 2, "batch_size": 8, "edges": "equal_mass", "max_wait": float("inf"), "rate": 0.3,
+              "l_min": 1.0, "l_max": 20.0, "n": 20000, "servers": 1, "kind": "multibin"}
+    thr = [mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(0.3), st.uniform(1, 19), n=20000,
+                       seed=cell_seed(5, params, rep)).throughput for rep in range(3)]
+    assert f"{sum(thr) / 3:.6g}" in lines["throughput"]
+
+
+def test_simulate_names_the_flag_of_a_bad_value():
+    one_line_error(run("simulate", "--policy", "static", "--service-model", "decode", "--rate", "2", "--n", "100"),
+                   "--batch-size")
+    one_line_error(run("simulate", "--policy", "static", "--service-model", "decode", "--rate", "-2",
+                       "--batch-size", "4", "--n", "100", "--d-sla", "0.01", "--eta", "1000",
+                       "--prompt-median", "10", "--prompt-sigma", "0.5", "--output-median", "10",
+                       "--output-sigma", "0.5"), "rate must be in (0, inf)")
+    one_line_error(run("simulate", "--policy", "static", "--service-model", "decode", "--bins", "3",
+                       "--batch-size", "4", "--n", "100"), "--bins", "does not apply")

@@ -72,7 +72,7 @@ from ..params import PARAMS as TABLE
 from ..params import REQUIRED
 
 __all__ = ["SpecError", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
-           "parse_spec"]
+           "parse_spec", "spec_from_dict"]
 
 
 class SpecError(ValueError):
@@ -351,7 +351,13 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML: {exc}") from None
+    return spec_from_dict(raw, source, text)
 
+
+def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSpec:
+    """Validate a spec given as the dict its TOML parses to (the command
+    line's ``mbbatch simulate`` builds one from its flags)."""
+    raw = dict(raw)
     for key in raw:
         if key not in _TOP:
             raise SpecError(f"{source}: unknown key {key!r}; allowed: {sorted(_TOP)}")
@@ -422,23 +428,23 @@ def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
         sp = SPEC_PARAMS.get(nm)
         return [v for v, s in policies.items() if sp and sp.applies(s["kind"], arrivals, workload)]
 
-    def unknown(where, key, allowed):
+    def unknown(where, key, allowed, shown=None):
         why = ("no such parameter" if key not in SPEC_PARAMS else
                f"it does not apply to {', '.join(sorted(kinds))} with arrivals={arrivals!r} and "
                f"{'service=' + repr(workload) if workload != 'tokens' else 'token-level requests'}")
-        return SpecError(f"{where}: unknown key {key} ({why}); allowed: {sorted(allowed)}")
+        return SpecError(f"{where}: unknown key {shown or key} ({why}); allowed: {sorted(allowed)}")
 
     allowed_any = sorted(nm for nm in SPEC_PARAMS if applies_to(nm))
     for key in fixed:
         if key == "policy" and not single:
             continue
         if key not in SPEC_PARAMS or not applies_to(key):
-            raise unknown(f"{source}: params", f"params.{key}" if key in SPEC_PARAMS else key, allowed_any)
+            raise unknown(f"{source}: params", key, allowed_any, f"params.{key}" if key in SPEC_PARAMS else key)
     for key in grid:
         if key == "policy":
             continue
         if key not in SPEC_PARAMS or not applies_to(key):
-            raise unknown(f"{source}: grid", f"grid.{key}", allowed_any)
+            raise unknown(f"{source}: grid", key, allowed_any, f"grid.{key}")
         if len(applies_to(key)) != len(policies):
             missing = sorted(set(policies) - set(applies_to(key)))
             raise SpecError(f"{source}: grid.{key} does not apply to the variants {missing}; an axis must "
