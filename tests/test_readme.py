@@ -71,3 +71,25 @@ def test_trace_example_runs():
     ns = {"mb": mb}
     exec(compile(block, "README.md", "exec"), ns)
     assert ns["res"].completed > 0
+
+
+def test_shell_examples_are_valid_commands():
+    """Every `mbbatch ...` line of the README's shell examples parses (flags
+    exist, choices are valid) and names spec files that exist."""
+    import shlex
+
+    from mbbatch.cli import _parser
+
+    text = (ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.partition("#")[0].strip()
+            if line.startswith("mbbatch "):
+                commands.append(line)
+    assert len(commands) >= 8
+    for line in commands:
+        args = _parser().parse_args(shlex.split(line)[1:])
+        for spec in getattr(args, "spec", None) or []:
+            if "*" not in spec:
+                assert (ROOT / spec).is_file(), line

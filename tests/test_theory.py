@@ -146,3 +146,12 @@ def test_count_arrays_validated():
         uniform_boundaries(1.0, 2.0, np.array([2, 3]))
     with pytest.raises(TypeError, match="B"):
         exponential_boundaries(np.array([2, 3]), 1.0, 2)
+
+
+def test_the_package_exports_every_submodules_closed_form():
+    from mbbatch import theory
+    from mbbatch.theory import exponential, general, uniform
+
+    assert set(theory.__all__) == set(uniform.__all__) | set(exponential.__all__) | set(general.__all__)
+    for name in theory.__all__:
+        assert callable(getattr(theory, name)), name
