@@ -12,7 +12,9 @@ from ._kernels import warmup
 from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
 from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from .token_simulation import TokenSimulationResult
-from .workload import DecodeModel, LinearModel, MaxModel, Memory, SLAController, Workload
+from .controller import Memory, SLAController
+from .service_models import DecodeModel, LinearModel, MaxModel
+from .workload import Workload
 from .results import RequestTable, SimulationResult, UnstableWarning
 from .simulation import simulate
 

@@ -92,7 +92,7 @@ class StaticBatching:
     memory: object = None
 
     def __post_init__(self):
-        from .workload import Memory, SLAController
+        from .controller import Memory, SLAController
 
         check_fields(self, {"batch_size": "batch_size"})
         object.__setattr__(self, "sla", check_instance("sla", self.sla, SLAController, SLAController))
@@ -132,7 +132,7 @@ class DynamicBatching:
     pin: Optional[int] = None
 
     def __post_init__(self):
-        from .workload import Memory, SLAController
+        from .controller import Memory, SLAController
 
         c = check_instance("controller", self.controller, SLAController, SLAController)
         object.__setattr__(self, "controller", c)

@@ -24,7 +24,9 @@ from ..metrics import METRICS
 from ..policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from ..results import UnstableWarning
 from ..simulation import check_simulation, simulate
-from ..workload import DecodeModel, LinearModel, MaxModel, Memory, SLAController, Workload
+from ..controller import Memory, SLAController
+from ..service_models import SERVICE_MODELS
+from ..workload import Workload
 from .spec import WORKLOAD_PARAMS, SpecError
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects"]
@@ -69,10 +71,6 @@ def _edges(params: dict):
     if params.get("edges") == "lemma_a1":
         return theory.exponential_boundaries(params["batch_size"], params["mu"], params["bins"])
     return None  # equal mass, computed by simulate
-
-
-#: the spec's service_model names -> the batch service model classes
-SERVICE_MODELS = {"decode": DecodeModel, "linear": LinearModel, "max": MaxModel}
 
 
 def _arrivals(arrivals: str, params: dict):
