@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,6 +81,12 @@ def _real_parameter(name: str, what: str, v) -> float:
     return float(v)
 
 
+#: frozen distributions already checked, and their kernel form: the checks
+#: call scipy (a mean, a quantile, the support), about half a millisecond,
+#: which a sweep would pay for every replication of every cell
+_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def as_service(service, name: str = "service") -> ServiceSpec:
     """Validate ``service``: a frozen scipy.stats continuous distribution with
     non-negative support, or a 1-D array of non-negative finite service times.
@@ -92,6 +99,9 @@ def as_service(service, name: str = "service") -> ServiceSpec:
     error messages (``prompt`` and ``output`` for a :class:`~mbbatch.Workload`).
     """
     if isinstance(service, stats.distributions.rv_frozen):
+        known = _CHECKED.get(service)
+        if known is not None:
+            return known
         if not isinstance(service.dist, stats.rv_continuous):
             raise TypeError(f"{name} must be a continuous distribution; got {service.dist.name}")
         dname = service.dist.name
@@ -132,7 +142,9 @@ def as_service(service, name: str = "service") -> ServiceSpec:
         params = np.array([loc, scale, *shapes], dtype=np.float64)
         desc = {"service": dname, **{f"service_{nm}": float(v) for nm, v in zip(shape_names, shapes)},
                 "service_loc": float(loc), "service_scale": float(scale)}
-        return ServiceSpec(kind, params, np.empty(0), (lo, hi), desc, dist=service)
+        spec = ServiceSpec(kind, params, np.empty(0), (lo, hi), desc, dist=service)
+        _CHECKED[service] = spec
+        return spec
     if isinstance(service, stats.rv_continuous):
         raise TypeError(f"{name} must be a frozen distribution, e.g. scipy.stats.uniform(1, 19); "
                         f"got the unfrozen {service.name!r}")

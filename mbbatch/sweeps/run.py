@@ -395,10 +395,10 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
     if tasks or exists:
         with whole():
             store.consolidate(out)
-    ds = store.open_dataset(out)
-    if not bool(ds["done"].all()):
+    if not done.all():
         raise SweepError(f"out: {out} still has points not done after the run")
-    _warn_unstable(spec, ds)
+    ds = store.open_dataset(out)
+    _warn_unstable(spec, np.asarray(values["unstable"], dtype=bool))
     if netcdf is not None:
         ds.load().to_netcdf(netcdf)
     summary = Summary(spec.name, len(tasks), requests, time.perf_counter() - start, kernel,
@@ -406,12 +406,11 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
     return ds, summary
 
 
-def _warn_unstable(spec: SweepSpec, ds) -> None:
-    unstable = ds["unstable"].values
+def _warn_unstable(spec: SweepSpec, unstable: np.ndarray) -> None:
     if unstable.any():
         idx = np.argwhere(unstable)
-        names = list(spec.axes)
-        shown = [", ".join(f"{nm}={ds[nm].values[i]}" for nm, i in zip(names, row)) for row in idx[:8]]
+        coords = {nm: coord_values(nm, vals) for nm, vals in spec.axes.items()}
+        shown = [", ".join(f"{nm}={coords[nm][i]}" for nm, i in zip(coords, row)) for row in idx[:8]]
         more = f" and {len(idx) - 8} more" if len(idx) > 8 else ""
         warnings.warn(
             f"{spec.name}: {len(idx)} of {unstable.size} grid points have no steady state "
