@@ -178,53 +178,40 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
     return _Plan(policy, arrivals, spec, edges, n, servers, bool(keep_requests), memory)
 
 
-def _run_multibin(plan: _Plan, ss: np.random.SeedSequence) -> SimulationResult:
-    policy, arrivals, spec, edges, n, servers = (plan.policy, plan.arrivals, plan.spec, plan.edges,
-                                                 plan.n, plan.servers)
-    k, B = policy.bins, policy.batch_size
+def _pack_multibin(plan: _Plan, ss: np.random.SeedSequence) -> tuple:
+    """The multi-bin kernel's arguments for ``plan``: ``(config, inputs, streams)``."""
+    arrivals, spec, n, servers = plan.arrivals, plan.spec, plan.n, plan.servers
     if isinstance(arrivals, Poisson):
         akind, rate, times = _k.ARR_POISSON, arrivals.rate, np.empty(0)
     elif isinstance(arrivals, Saturated):
         akind, rate, times = _k.ARR_SATURATED, 0.0, np.empty(0)
     else:
         akind, rate, times = _k.ARR_REPLAY, 0.0, arrivals.times
-    # more servers than requests are never all busy: the kernel needs at most n
-    n_servers = 0 if servers == math.inf else int(min(servers, n))
+    config = _k.CONFIG.pack(
+        n=n, arrival_kind=akind, rate=rate, service_kind=spec.kind, batch_size=plan.policy.batch_size,
+        # more servers than requests are never all busy: the kernel needs at most n (0: infinitely many)
+        servers=0 if servers == math.inf else int(min(servers, n)), max_wait=plan.policy.max_wait,
+        keep=plan.keep, integer=0, base=0.0, per_token=1.0)   # service times as drawn
+    inputs = _k.INPUTS.pack(arrival_times=times, service_params=spec.params, service_values=spec.values,
+                            edges=plan.edges)
+    return config, inputs, _k.MultiBinStreams(stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE))
 
-    m = n if plan.keep else 0
-    out_arrival = np.empty(m, np.float64)
-    out_service = np.empty(m, np.float64)
-    out_bin = np.empty(m, np.int64)
-    out_completion = np.full(m, np.nan)
-    out_batch = np.full(m, -1, np.int64)
-    stats = np.zeros(_k.N_FLOAT_STATS)
-    istats = np.zeros(_k.N_INT_STATS, np.int64)
-    batches_per_bin = np.zeros(k, np.int64)
-    G = BATCH_MEANS_GROUPS
-    group_latency = np.zeros(G)
-    group_count = np.zeros(G, np.int64)
-    group_batch_wait = np.zeros(G)
-    group_batches = np.zeros(G, np.int64)
-    hist = np.zeros(_k.HIST_SIZE, np.int64)
+
+def _run_multibin(plan: _Plan, ss: np.random.SeedSequence) -> SimulationResult:
+    policy, arrivals, spec, edges, n, servers = (plan.policy, plan.arrivals, plan.spec, plan.edges,
+                                                 plan.n, plan.servers)
+    args = _pack_multibin(plan, ss)
     stop = stop_flag()
-    args = (n, akind, rate, times, spec.kind, spec.params, spec.values, edges, B, n_servers,
-            policy.max_wait, stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE), plan.keep,
-            out_arrival, out_service, out_bin, out_completion, out_batch,
-            stats, istats, batches_per_bin, group_latency, group_count, group_batch_wait,
-            group_batches, hist, stop)
-    interruptible(lambda: _k.multibin_kernel(*args), stop)
+    out, req = interruptible(lambda: _k.run(*args, stop, groups=BATCH_MEANS_GROUPS), stop)
 
-    requests = None
-    if plan.keep:
-        requests = RequestTable(arrival=out_arrival, service=out_service, bin=out_bin,
-                                completion=out_completion, batch=out_batch)
+    requests = None if req is None else RequestTable(**req)
     config = {**policy.describe(), **arrivals.describe(), **spec.description,
               "n": n, "servers": "inf" if servers == math.inf else int(servers),
               "seed_entropy": entropy_str(ss)}
     res = SimulationResult.from_kernel(
-        config=config, n=n, servers=servers, edges=edges, stats=stats, istats=istats,
-        batches_per_bin=batches_per_bin, group_latency=group_latency, group_count=group_count,
-        group_batch_wait=group_batch_wait, group_batches=group_batches, hist=hist,
+        config=config, n=n, servers=servers, edges=edges, stats=out.floats, istats=out.ints,
+        batches_per_bin=out.batches_per_bin, group_latency=out.group_latency, group_count=out.group_count,
+        group_batch_wait=out.group_batch_wait, group_batches=out.group_batches, hist=out.hist,
         requests=requests, assess_stability=not isinstance(arrivals, Saturated))
     if res.unstable:
         warnings.warn(f"no steady state: {res.unstable_reason}", UnstableWarning, stacklevel=3)

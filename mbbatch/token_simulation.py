@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats as _st
 
+from ._kernels import common as _k
 from ._kernels import controller as _c
 from ._kernels import dynamic as _d
-from ._kernels import multibin as _k
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
 from ._running import check_clock, check_memory, interruptible, stop_flag
 from ._validation import check_servers, resolve_n
@@ -28,6 +28,8 @@ STREAM_PROMPT = 2
 STREAM_PREDICTION = 3
 #: rows of the downsampled time series
 TIME_SERIES_ROWS = 512
+#: contiguous groups (by arrival index) of the batch-means confidence interval
+BATCH_MEANS_GROUPS = 32
 
 TOKEN_METRICS = {
     "throughput": ("requests/s", "completed requests / (last completion - first arrival)"),
@@ -130,10 +132,6 @@ class TokenSimulationResult:
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
-def _lengths(spec):
-    return spec.kind, spec.params, spec.values
-
-
 @dataclass(frozen=True, eq=False)
 class _TokenPlan:
     """A validated token-level run, ready to allocate and simulate."""
@@ -196,7 +194,8 @@ def plan_tokens(policy, arrivals, workload, service_model, n, servers, keep_requ
         # every request is queued at time 0: the ring buffers grow to hold n
         queue = 60 * (1 << max(int(n - 1).bit_length(), 10))
     parts = {
-        "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.N_CTL + _c.N_ST + 4)), "the bins' queues"),
+        "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.CONTROLLER.size + _c.BATCH_STATS.size + 4)),
+                 "the bins' queues"),
         "servers": (80 * c, "the servers' batches"),
         "warmup": (8 * min(warm, n), "the warm-up window"),
         ("batch_size" if static else "b_max"): (8 * (min(b_max, n) + 1), "the batch-size histogram"),
@@ -227,6 +226,62 @@ def simulate_tokens(policy, arrivals, workload, service_model, n=None, servers=1
     return _run_tokens(plan, ss)
 
 
+def _pack_tokens(plan: _TokenPlan, ss) -> tuple:
+    """The event kernel's arguments for ``plan``: ``(config, inputs, streams)``."""
+    policy, arrivals, workload, model, n = plan.policy, plan.arrivals, plan.workload, plan.model, plan.n
+    static = isinstance(policy, StaticBatching)
+    multibin = isinstance(policy, MultiBinDynamic)
+    sla, mem = (policy.sla if static else policy.controller), policy.memory
+    b_max = policy.batch_size if static else sla.b_max
+    if isinstance(arrivals, Poisson):
+        akind, rate = _k.ARR_POISSON, arrivals.rate
+    elif isinstance(arrivals, PiecewisePoisson):
+        akind, rate = _k.ARR_PIECEWISE, arrivals.rates[0]
+    elif isinstance(arrivals, Saturated):
+        akind, rate = _k.ARR_SATURATED, 0.0
+    else:
+        akind, rate = _k.ARR_REPLAY, 0.0
+    if isinstance(model, MaxModel):
+        model_fields = dict(model=_d.MODEL_MAX, base=model.base, per_token=model.per_token)
+    elif isinstance(model, LinearModel):
+        model_fields = dict(model=_d.MODEL_LINEAR, base=model.base, alpha=model.alpha, beta=model.beta)
+    else:
+        model_fields = dict(model=_d.MODEL_DECODE, prefill_per_token=model.prefill_per_token, tbt_beta=model.beta,
+                            tbt_gamma=model.gamma)
+    config = _d.TokenConfig(
+        run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=workload._prompt.kind,
+                        output_kind=workload._output.kind, integer=workload.integer_lengths,
+                        predictor_sigma=workload.predictor_sigma, keep_requests=plan.keep_requests,
+                        keep_batches=plan.keep_batches),
+        policy=_d.POLICY.pack(
+            policy=_d.POL_STATIC if static else _d.POL_MB_DYNAMIC if multibin else _d.POL_DYNAMIC,
+            bins=policy.bins if multibin else 1, pin=b_max if static else (policy.pin or 0),
+            max_candidates=b_max if static else (policy.max_candidates or sla.b_max),
+            selection=(_d.SEL_LONGEST_QUEUE if multibin and policy.selection == "longest_queue"
+                       else _d.SEL_ROUND_ROBIN),
+            warmup=policy.warmup if multibin else 1, memory_on=mem.enabled and not static,
+            # more servers than requests are never all busy: the kernel needs at most n
+            servers=min(plan.servers, n)),
+        sla=_c.SLA.pack(variant=_c.CTL_VARIANT_SPEC if sla.variant == "spec" else _c.CTL_VARIANT_MULTIPLICATIVE,
+                        d_sla=sla.d_sla, eps_d=sla.eps_d, b_min=sla.b_min, b_max=b_max, alpha=sla.alpha,
+                        delta=sla.delta, ema=_c.DEFAULT_EMA),
+        memory=_c.MEMORY.pack(variant=_c.MEM_VARIANT_CLT if mem.variant == "clt" else _c.MEM_VARIANT_L0,
+                              eta=mem.eta, b_min=sla.b_min, b_max=b_max, z=float(_st.norm.ppf(1.0 - mem.eps_m)),
+                              default_tokens=_c.DEFAULT_TOKENS),
+        model=_d.MODEL.zeros(**model_fields))
+    piecewise = isinstance(arrivals, PiecewisePoisson)
+    limits = multibin and policy.bin_b_max is not None
+    inputs = _d.INPUTS.pack(
+        arrival_times=arrivals.times if isinstance(arrivals, Replay) else np.empty(0),
+        pw_rates=arrivals.rates if piecewise else [1.0], pw_ends=[*arrivals.ends, np.inf] if piecewise else [np.inf],
+        prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
+        output_params=workload._output.params, output_values=workload._output.values,
+        bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1))
+    streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
+                                                         STREAM_PREDICTION)))
+    return config, inputs, streams
+
+
 def _run_tokens(plan: _TokenPlan, ss) -> "TokenSimulationResult":
     policy, arrivals, workload, service_model = plan.policy, plan.arrivals, plan.workload, plan.model
     n, servers, keep_requests, keep_batches = plan.n, plan.servers, plan.keep_requests, plan.keep_batches
@@ -234,123 +289,36 @@ def _run_tokens(plan: _TokenPlan, ss) -> "TokenSimulationResult":
     ctl_cfg = policy.sla if static else policy.controller
     mem = policy.memory
     K = policy.bins if isinstance(policy, MultiBinDynamic) else 1
-    if static:
-        pol, pin, b_max = _d.POL_STATIC, policy.batch_size, policy.batch_size
-    else:
-        pol = _d.POL_MB_DYNAMIC if isinstance(policy, MultiBinDynamic) else _d.POL_DYNAMIC
-        pin, b_max = (policy.pin or 0), ctl_cfg.b_max
-    max_cand = b_max if static else (policy.max_candidates or ctl_cfg.b_max)
-    pp = np.zeros(_d.N_PP)
-    pp[_d.PP_POLICY] = pol
-    pp[_d.PP_BINS] = K
-    pp[_d.PP_B] = pin
-    pp[_d.PP_MAX_CAND] = max_cand
-    pp[_d.PP_SELECT] = (_d.SEL_LONGEST_QUEUE if isinstance(policy, MultiBinDynamic)
-                        and policy.selection == "longest_queue" else _d.SEL_ROUND_ROBIN)
-    pp[_d.PP_WARMUP] = policy.warmup if isinstance(policy, MultiBinDynamic) else 1
-    pp[_d.PP_MEMORY_ON] = 1.0 if mem.enabled and not static else 0.0
-    # more servers than requests are never all busy: the kernel needs at most n
-    c = min(servers, n)
-    pp[_d.PP_SERVERS] = c
-    pp[_d.PP_INTEGER] = 1.0 if workload.integer_lengths else 0.0
-    pp[_d.PP_PRED_SIGMA] = workload.predictor_sigma
-    pp[_d.PP_MODEL] = service_model.code
-
-    ccfg = np.zeros(_c.N_CC)
-    ccfg[_c.CC_D_SLA] = ctl_cfg.d_sla
-    ccfg[_c.CC_EPS_D] = ctl_cfg.eps_d
-    ccfg[_c.CC_B_MIN] = ctl_cfg.b_min
-    ccfg[_c.CC_B_MAX] = b_max if static else ctl_cfg.b_max
-    ccfg[_c.CC_ALPHA] = ctl_cfg.alpha
-    ccfg[_c.CC_DELTA] = ctl_cfg.delta
-    ccfg[_c.CC_VARIANT] = _c.CTL_VARIANT_SPEC if ctl_cfg.variant == "spec" else _c.CTL_VARIANT_MULTIPLICATIVE
-    ccfg[_c.CC_EMA] = _c.DEFAULT_EMA
-    mcfg = np.zeros(_c.N_MC)
-    mcfg[_c.MC_ETA] = mem.eta
-    mcfg[_c.MC_B_MIN] = ctl_cfg.b_min
-    mcfg[_c.MC_B_MAX] = ccfg[_c.CC_B_MAX]
-    mcfg[_c.MC_VARIANT] = _c.MEM_VARIANT_CLT if mem.variant == "clt" else 0
-    mcfg[_c.MC_Z] = float(_st.norm.ppf(1.0 - mem.eps_m))
-    mcfg[_c.MC_DEFAULT_TOKENS] = _c.DEFAULT_TOKENS
-    bin_b_max = np.zeros(K)
-    if isinstance(policy, MultiBinDynamic) and policy.bin_b_max is not None:
-        bin_b_max[:] = policy.bin_b_max
-
-    if isinstance(arrivals, Poisson):
-        akind, rate = _k.ARR_POISSON, arrivals.rate
-    elif isinstance(arrivals, PiecewisePoisson):
-        akind, rate = _d.ARR_PIECEWISE, arrivals.rates[0]
-    elif isinstance(arrivals, Saturated):
-        akind, rate = _k.ARR_SATURATED, 0.0
-    else:
-        akind, rate = _k.ARR_REPLAY, 0.0
-    times = arrivals.times if isinstance(arrivals, Replay) else np.empty(0)
-    pw_rates = np.array(arrivals.rates if isinstance(arrivals, PiecewisePoisson) else [1.0])
-    pw_ends = np.array(list(arrivals.ends) + [np.inf] if isinstance(arrivals, PiecewisePoisson) else [np.inf])
-
-    fstats = np.zeros(_d.N_F)
-    fstats[_d.F_WARMUP_TIME] = np.nan
-    fstats[_d.F_LAST_COMPLETION] = -np.inf
-    istats = np.zeros(_d.N_I, np.int64)
-    istats[_d.I_TS_STRIDE] = 1
-    hist = np.zeros(_k.HIST_SIZE, np.int64)
-    # no batch holds more than n requests
-    size_hist = np.zeros(int(min(b_max, n)) + 1, np.int64)
-    ts = np.zeros((TIME_SERIES_ROWS, _d.N_TS_FIXED + K))
-    ctl = np.zeros((K, _c.N_CTL))
-    for b in range(K):
-        _c.controller_init(ctl[b], float(ctl_cfg.b_min), float(ccfg[_c.CC_B_MAX]))
-    st = np.zeros((K, _c.N_ST))
-    edges_lo = np.zeros(K)
-    edges_hi = np.full(K, _c.EDGE_MAX)
-    G = 32
-    group_latency = np.zeros(G)
-    group_count = np.zeros(G, np.int64)
-    m = n if keep_requests else 0
-    r = {f: np.full(m, np.nan) for f in ("arrival", "prompt", "output", "pred", "start", "completion", "ttft")}
-    r_bin = np.full(m, -1, np.int64)
-    r_batch = np.full(m, -1, np.int64)
-    mb_ = n if keep_batches else 0
-    bt = {f: np.full(mb_, np.nan) for f in ("start", "service", "tokens")}
-    bi = {f: np.full(mb_, -1, np.int64) for f in ("bin", "size", "b_target", "b_mem", "b_sla")}
-
-    pk, pprm, pval = _lengths(workload._prompt)
-    ok, oprm, oval = _lengths(workload._output)
+    args = _pack_tokens(plan, ss)
     stop = stop_flag()
-    interruptible(lambda: _d.run_kernel((
-        n, akind, rate, times, pw_rates, pw_ends, pk, pprm, pval, ok, oprm, oval,
-        stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE), stream(ss, STREAM_PROMPT),
-        stream(ss, STREAM_PREDICTION), pp, ccfg, mcfg, bin_b_max, service_model.vector(),
-        bool(keep_requests), bool(keep_batches), fstats, istats, hist, size_hist, ts, ctl, st,
-        edges_lo, edges_hi, group_latency, group_count,
-        r["arrival"], r["prompt"], r["output"], r["pred"], r_bin, r_batch, r["start"], r["completion"],
-        r["ttft"], bt["start"], bi["bin"], bi["size"], bi["b_target"], bi["b_mem"], bi["b_sla"],
-        bt["service"], bt["tokens"],
-    ), K, c, min(int(pp[_d.PP_WARMUP]), n), stop), stop)
+    out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS),
+                                  stop)
+    stats = _d.STATS.unpack((out.ints, out.floats))
 
-    completed = int(istats[_d.I_COMPLETED])
-    nb = int(istats[_d.I_BATCHES])
+    completed = stats["completed"]
+    nb = stats["batches"]
     nan = math.nan
-    span = float(fstats[_d.F_LAST_COMPLETION] - fstats[_d.F_FIRST_ARRIVAL]) if completed else nan
-    tokens_out = float(fstats[_d.F_TOKENS_OUT])
+    span = stats["last_completion"] - stats["first_arrival"] if completed else nan
+    tokens_out = stats["tokens_out"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        g_lat = np.where(group_count > 0, group_latency / group_count, nan)
-    mean_lat = float(fstats[_d.F_SUM_LATENCY]) / completed if completed else nan
+        g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
+    mean_lat = stats["sum_latency"] / completed if completed else nan
     ci = _batch_means_ci(g_lat, mean_lat)
     if keep_requests and completed:
-        lat = r["completion"] - r["arrival"]
+        lat = req["completion"] - req["arrival"]
         q = np.quantile(lat[~np.isnan(lat)], QUANTILES)
     else:
-        q = _hist_quantiles(hist, QUANTILES)
-    mean_b = float(fstats[_d.F_SUM_B]) / nb if nb else nan
-    var_b = float(fstats[_d.F_SUM_B2]) / nb - mean_b ** 2 if nb else nan
+        q = _hist_quantiles(out.hist, QUANTILES)
+    mean_b = stats["sum_b"] / nb if nb else nan
+    var_b = stats["sum_b2"] / nb - mean_b ** 2 if nb else nan
     # infeasible: a controller still above D_SLA + eps_D with its interval
     # shrunk to B_min (the midpoint may sit higher: alpha, N_decode)
     infeasible = False
     if not static:
+        C = _c.C
         for b in range(K):
-            if (ctl[b, _c.CTL_UPDATES] >= 3 and ctl[b, _c.CTL_TAU_AVG] > ctl_cfg.d_sla + ctl_cfg.eps_d
-                    and ctl[b, _c.CTL_B_LOW] <= ctl_cfg.b_min):
+            if (out.ctl[b, C.updates] >= 3 and out.ctl[b, C.tau_avg] > ctl_cfg.d_sla + ctl_cfg.eps_d
+                    and out.ctl[b, C.b_low] <= ctl_cfg.b_min):
                 infeasible = True
     metrics = {
         "throughput": completed / span if completed and span > 0 else nan,
@@ -359,40 +327,37 @@ def _run_tokens(plan: _TokenPlan, ss) -> "TokenSimulationResult":
         "mean_latency_ci_low": ci[0],
         "mean_latency_ci_high": ci[1],
         "latency_p50": float(q[0]), "latency_p95": float(q[1]), "latency_p99": float(q[2]),
-        "mean_ttft": float(fstats[_d.F_SUM_TTFT]) / completed if completed else nan,
-        "mean_tbt": float(fstats[_d.F_SUM_TBT_TOKENS]) / tokens_out if tokens_out > 0 else nan,
-        "sla_violation_tokens": float(fstats[_d.F_SLA_TOKENS]) / tokens_out if tokens_out > 0 else nan,
-        "sla_violation_requests": int(istats[_d.I_SLA_REQUESTS]) / completed if completed else nan,
-        "gpu_utilization": float(fstats[_d.F_BUSY]) / (servers * span) if completed and span > 0 else nan,
-        "memory_peak": float(fstats[_d.F_PEAK_TOKENS]) / mem.eta,
-        "memory_mean": (float(fstats[_d.F_TOKEN_SECONDS]) / (servers * span * mem.eta)
+        "mean_ttft": stats["sum_ttft"] / completed if completed else nan,
+        "mean_tbt": stats["sum_tbt_tokens"] / tokens_out if tokens_out > 0 else nan,
+        "sla_violation_tokens": stats["sla_tokens"] / tokens_out if tokens_out > 0 else nan,
+        "sla_violation_requests": stats["sla_requests"] / completed if completed else nan,
+        "gpu_utilization": stats["busy"] / (servers * span) if completed and span > 0 else nan,
+        "memory_peak": stats["peak_tokens"] / mem.eta,
+        "memory_mean": (stats["token_seconds"] / (servers * span * mem.eta)
                         if completed and span > 0 else nan),
-        "mem_exceed_batches": int(istats[_d.I_MEM_EXCEED]),
-        "rejected": int(istats[_d.I_REJECTED]),
+        "mem_exceed_batches": stats["mem_exceed"],
+        "rejected": stats["rejected"],
         "batch_size_mean": mean_b,
         "batch_size_std": math.sqrt(max(var_b, 0.0)) if nb else nan,
         "completed": completed,
         "n_batches": nb,
         "span": span,
-        "warmup_time": float(fstats[_d.F_WARMUP_TIME]),
+        "warmup_time": stats["warmup_time"],
         "sla_infeasible": int(infeasible),
     }
-    cnt = int(istats[_d.I_TS_COUNT])
-    ts_dict = {"time": ts[:cnt, _d.TS_TIME].copy()}
-    for j, col in enumerate(TS_COLUMNS):
-        ts_dict[col] = ts[:cnt, _d.TS_B_TARGET + j].copy()
-    ts_dict["queue"] = ts[:cnt, _d.N_TS_FIXED:].copy()
+    cnt = stats["ts_rows"]
+    ts_dict = {col: out.ts[:cnt, getattr(_d.TS, col)].copy() for col in ("time", *TS_COLUMNS)}
+    ts_dict["queue"] = out.ts[:cnt, _d.TS_QUEUE:].copy()
     config = {**policy.describe(), **arrivals.describe(), **workload.describe(),
               "service_model": type(service_model).__name__,
               **{f"model_{k}": v for k, v in vars(service_model).items()},
               "n": n, "servers": int(servers), "seed_entropy": entropy_str(ss)}
     requests = None
     if keep_requests:
-        requests = {**r, "bin": r_bin, "batch": r_batch}
-        requests["latency"] = requests["completion"] - requests["arrival"]
+        requests = {**req, "latency": req["completion"] - req["arrival"]}
     batches = None
     if keep_batches:
-        batches = {k: v[:nb] for k, v in {**bt, **bi}.items()}
+        batches = {k: v[:nb] for k, v in bat.items()}
     if isinstance(arrivals, Poisson):
         unstable, reason = queue_growing(ts_dict["time"], ts_dict["queue"], metrics["batch_size_mean"],
                                          0.0, n / arrivals.rate)
@@ -403,8 +368,8 @@ def _run_tokens(plan: _TokenPlan, ss) -> "TokenSimulationResult":
         unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
     else:
         unstable, reason = False, "not assessed: a load step has no single steady state"
-    res = TokenSimulationResult(config=config, metrics_=metrics, batch_size_hist=size_hist,
-                                edges=np.stack([edges_lo, edges_hi], axis=1), time_series=ts_dict,
+    res = TokenSimulationResult(config=config, metrics_=metrics, batch_size_hist=out.size_hist,
+                                edges=np.stack([out.edges_lo, out.edges_hi], axis=1), time_series=ts_dict,
                                 group_mean_latency=g_lat, requests=requests, batches=batches,
                                 unstable=unstable, unstable_reason=reason)
     if unstable:

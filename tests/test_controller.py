@@ -8,6 +8,10 @@ tested at equality.
 """
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,51 +20,38 @@ from hypothesis import strategies as hs
 
 from mbbatch._kernels import controller as c
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # --- helpers ---------------------------------------------------------------
 
 
 def ccfg(D=0.5, eps=0.125, B_min=1.0, B_max=64.0, alpha=4.0, delta=2.0, variant=0, ema=0.2):
-    out = np.zeros(c.N_CC)
-    out[c.CC_D_SLA] = D
-    out[c.CC_EPS_D] = eps
-    out[c.CC_B_MIN] = B_min
-    out[c.CC_B_MAX] = B_max
-    out[c.CC_ALPHA] = alpha
-    out[c.CC_DELTA] = delta
-    out[c.CC_VARIANT] = variant
-    out[c.CC_EMA] = ema
-    return out
+    return c.SLA.pack(d_sla=D, eps_d=eps, b_min=B_min, b_max=B_max, alpha=alpha, delta=delta, variant=variant,
+                      ema=ema)
 
 
 def ctl(b_low, b_high, tau, b_avg, n_decode=0.0, updates=10.0):
-    out = np.zeros(c.N_CTL)
-    out[c.CTL_B_LOW] = b_low
-    out[c.CTL_B_HIGH] = b_high
-    out[c.CTL_TAU_AVG] = tau
-    out[c.CTL_B_AVG] = b_avg
-    out[c.CTL_N_DECODE] = n_decode
-    out[c.CTL_UPDATES] = updates
+    out = np.zeros(c.CONTROLLER.size)
+    out[c.C.b_low] = b_low
+    out[c.C.b_high] = b_high
+    out[c.C.tau_avg] = tau
+    out[c.C.b_avg] = b_avg
+    out[c.C.n_decode] = n_decode
+    out[c.C.updates] = updates
     return out
 
 
 def mcfg(eta, B_min=1.0, B_max=64.0, variant=0, z=1.645, default=500.0):
-    out = np.zeros(c.N_MC)
-    out[c.MC_ETA] = eta
-    out[c.MC_B_MIN] = B_min
-    out[c.MC_B_MAX] = B_max
-    out[c.MC_VARIANT] = variant
-    out[c.MC_Z] = z
-    out[c.MC_DEFAULT_TOKENS] = default
-    return out
+    return c.MEMORY.pack(eta=eta, b_min=B_min, b_max=B_max, variant=variant, z=z, default_tokens=default)
 
 
 def stats(prompt=0.0, output=0.0, count=0.0, mean=0.0, m2=0.0):
-    out = np.zeros(c.N_ST)
-    out[c.ST_AVG_PROMPT] = prompt
-    out[c.ST_AVG_OUTPUT] = output
-    out[c.ST_COUNT] = count
-    out[c.ST_MEAN_TOKENS] = mean
-    out[c.ST_M2_TOKENS] = m2
+    out = np.zeros(c.BATCH_STATS.size)
+    out[c.T.avg_prompt] = prompt
+    out[c.T.avg_output] = output
+    out[c.T.count] = count
+    out[c.T.mean_tokens] = mean
+    out[c.T.m2_tokens] = m2
     return out
 
 
@@ -68,35 +59,31 @@ NO_LIMIT = np.zeros(2)
 
 
 def interval(state):
-    return state[c.CTL_B_LOW], state[c.CTL_B_HIGH]
+    return state[c.C.b_low], state[c.C.b_high]
 
 
-def test_layouts_are_consecutive():
-    assert [c.CTL_B_LOW, c.CTL_B_HIGH, c.CTL_TAU_AVG, c.CTL_B_AVG, c.CTL_N_DECODE,
-            c.CTL_UPDATES] == list(range(c.N_CTL))
-    assert [c.CC_D_SLA, c.CC_EPS_D, c.CC_B_MIN, c.CC_B_MAX, c.CC_ALPHA, c.CC_DELTA,
-            c.CC_VARIANT, c.CC_EMA] == list(range(c.N_CC))
-    assert [c.ST_AVG_PROMPT, c.ST_AVG_OUTPUT, c.ST_COUNT, c.ST_MEAN_TOKENS,
-            c.ST_M2_TOKENS] == list(range(c.N_ST))
-    assert [c.MC_ETA, c.MC_B_MIN, c.MC_B_MAX, c.MC_VARIANT, c.MC_Z,
-            c.MC_DEFAULT_TOKENS] == list(range(c.N_MC))
+def test_state_rows_are_laid_out_in_order():
+    # the state rows are read by name (c.C, c.T) everywhere, by position nowhere
+    assert list(c.C) == list(range(c.CONTROLLER.size))
+    assert list(c.T) == list(range(c.BATCH_STATS.size))
+    assert c.SLA.unpack(ccfg())["d_sla"] == 0.5 and c.MEMORY.unpack(mcfg(7.0))["eta"] == 7.0
 
 
 def test_controller_init():
-    state = np.full(c.N_CTL, 7.0)
+    state = np.full(c.CONTROLLER.size, 7.0)
     c.controller_init(state, 2.0, 48.0)
     np.testing.assert_array_equal(state, [2.0, 48.0, 0.0, 0.0, 0.0, 0.0])
 
 
 def test_kernels_run_on_rows_of_a_per_bin_array():
     # a kernel holds one controller per bin as the rows of a 2-D array
-    states = np.zeros((3, c.N_CTL))
+    states = np.zeros((3, c.CONTROLLER.size))
     for k in range(3):
         c.controller_init(states[k], 1.0, 64.0)
     p = np.array([10.0])
-    c.feedback(states[1], np.zeros(c.N_ST), ccfg(), p, p, 1, 1.0, 0.0, 0.0)
-    assert states[1, c.CTL_UPDATES] == 1.0
-    assert states[0, c.CTL_UPDATES] == 0.0 and states[2, c.CTL_UPDATES] == 0.0
+    c.feedback(states[1], np.zeros(c.BATCH_STATS.size), ccfg(), p, p, 1, 1.0, 0.0, 0.0)
+    assert states[1, c.C.updates] == 1.0
+    assert states[0, c.C.updates] == 0.0 and states[2, c.C.updates] == 0.0
 
 
 # --- Algorithm 1: b_mem, L0 variant ------------------------------------------
@@ -221,7 +208,7 @@ def test_clt_is_largest_b_satisfying_the_inequality(eta, mu, sd, z, count, B_min
     B_max = B_min + extra
     st = stats(count=float(count), mean=mu, m2=sd * sd * (count - 1))
     b = c.b_mem(st, mcfg(eta, B_min=B_min, B_max=B_max, variant=1, z=z), -1, NO_LIMIT)
-    sigma = math.sqrt(st[c.ST_M2_TOKENS] / (count - 1))
+    sigma = math.sqrt(st[c.T.m2_tokens] / (count - 1))
     assert B_min <= b <= B_max
     if b > B_min:  # not clamped up: the inequality holds at b
         assert clt_f(b, mu, sigma, z) <= eta
@@ -429,75 +416,75 @@ def test_alg7_empty_batch_is_a_no_op():
 
 
 def test_alg7_from_zero_state_legacy_tbt():
-    state = np.zeros(c.N_CTL)
+    state = np.zeros(c.CONTROLLER.size)
     c.controller_init(state, 1.0, 64.0)
-    st = np.zeros(c.N_ST)
+    st = np.zeros(c.BATCH_STATS.size)
     # the trailing entries are not batch members
     prompt = np.array([100.0, 300.0, 9e9])
     output = np.array([50.0, 150.0, 9e9])
     c.feedback(state, st, ccfg(), prompt, output, 2, 3.0, 0.0, 7.0)
     # means 200 and 100; first EMA step from 0 is 0.2 x: 40 and 20
-    assert st[c.ST_AVG_PROMPT] == pytest.approx(40.0, rel=1e-15)
-    assert st[c.ST_AVG_OUTPUT] == pytest.approx(20.0, rel=1e-15)
+    assert st[c.T.avg_prompt] == pytest.approx(40.0, rel=1e-15)
+    assert st[c.T.avg_output] == pytest.approx(20.0, rel=1e-15)
     # legacy: recent_tbt = 3.0 / max(50, 150) = 0.02; tau = 0.2 * 0.02 = 0.004
-    assert state[c.CTL_TAU_AVG] == pytest.approx(0.004, rel=1e-15)
+    assert state[c.C.tau_avg] == pytest.approx(0.004, rel=1e-15)
     # b_avg = 0.2 * 2 = 0.4
-    assert state[c.CTL_B_AVG] == pytest.approx(0.4, rel=1e-15)
-    assert state[c.CTL_N_DECODE] == 7.0
-    assert state[c.CTL_UPDATES] == 1.0
+    assert state[c.C.b_avg] == pytest.approx(0.4, rel=1e-15)
+    assert state[c.C.n_decode] == 7.0
+    assert state[c.C.updates] == 1.0
     assert interval(state) == (1.0, 64.0)  # feedback never moves the interval
 
     # second batch, v2 rule: recent_tbt = decode_tbt = 0.01 (service time ignored)
     c.feedback(state, st, ccfg(), np.array([50.0]), np.array([10.0]), 1, 99.0, 0.01, 0.0)
     # prompt: 0.2 * 50 + 0.8 * 40 = 42; output: 0.2 * 10 + 0.8 * 20 = 18
-    assert st[c.ST_AVG_PROMPT] == pytest.approx(42.0, rel=1e-15)
-    assert st[c.ST_AVG_OUTPUT] == pytest.approx(18.0, rel=1e-15)
+    assert st[c.T.avg_prompt] == pytest.approx(42.0, rel=1e-15)
+    assert st[c.T.avg_output] == pytest.approx(18.0, rel=1e-15)
     # tau: 0.2 * 0.01 + 0.8 * 0.004 = 0.0052; b_avg: 0.2 * 1 + 0.8 * 0.4 = 0.52
-    assert state[c.CTL_TAU_AVG] == pytest.approx(0.0052, rel=1e-14)
-    assert state[c.CTL_B_AVG] == pytest.approx(0.52, rel=1e-15)
-    assert state[c.CTL_N_DECODE] == 0.0
-    assert state[c.CTL_UPDATES] == 2.0
+    assert state[c.C.tau_avg] == pytest.approx(0.0052, rel=1e-14)
+    assert state[c.C.b_avg] == pytest.approx(0.52, rel=1e-15)
+    assert state[c.C.n_decode] == 0.0
+    assert state[c.C.updates] == 2.0
 
 
 def test_alg7_ema_weight_comes_from_ccfg():
-    state = np.zeros(c.N_CTL)
-    st = np.zeros(c.N_ST)
+    state = np.zeros(c.CONTROLLER.size)
+    st = np.zeros(c.BATCH_STATS.size)
     c.feedback(state, st, ccfg(ema=0.5), np.array([10.0]), np.array([4.0]), 1, 2.0, 0.0, 0.0)
     # 0.5 * 10, 0.5 * 4, 0.5 * (2 / 4), 0.5 * 1
-    assert (st[c.ST_AVG_PROMPT], st[c.ST_AVG_OUTPUT]) == (5.0, 2.0)
-    assert (state[c.CTL_TAU_AVG], state[c.CTL_B_AVG]) == (0.25, 0.5)
+    assert (st[c.T.avg_prompt], st[c.T.avg_output]) == (5.0, 2.0)
+    assert (state[c.C.tau_avg], state[c.C.b_avg]) == (0.25, 0.5)
 
 
 def test_alg7_all_empty_outputs_do_not_divide_by_zero():
-    state = np.zeros(c.N_CTL)
-    c.feedback(state, np.zeros(c.N_ST), ccfg(), np.array([5.0]), np.array([0.0]), 1,
+    state = np.zeros(c.CONTROLLER.size)
+    c.feedback(state, np.zeros(c.BATCH_STATS.size), ccfg(), np.array([5.0]), np.array([0.0]), 1,
                2.0, 0.0, 0.0)
-    assert state[c.CTL_TAU_AVG] == pytest.approx(0.2 * 2.0)
+    assert state[c.C.tau_avg] == pytest.approx(0.2 * 2.0)
 
 
 @given(batches=hs.lists(hs.lists(hs.tuples(hs.integers(1, 4000), hs.integers(1, 4000)),
                                  min_size=0, max_size=6), min_size=1, max_size=12))
 def test_alg7_welford_matches_numpy(batches):
-    st = np.zeros(c.N_ST)
-    state = np.zeros(c.N_CTL)
+    st = np.zeros(c.BATCH_STATS.size)
+    state = np.zeros(c.CONTROLLER.size)
     tokens = []
     for batch in batches:
         p = np.array([float(a) for a, _ in batch] + [0.0])
         o = np.array([float(b) for _, b in batch] + [0.0])
         c.feedback(state, st, ccfg(), p, o, len(batch), 1.0, 0.0, 0.0)
         tokens += [a + b for a, b in batch]
-    assert st[c.ST_COUNT] == len(tokens)
-    assert state[c.CTL_UPDATES] == sum(1 for b in batches if b)
+    assert st[c.T.count] == len(tokens)
+    assert state[c.C.updates] == sum(1 for b in batches if b)
     if tokens:
-        assert st[c.ST_MEAN_TOKENS] == pytest.approx(np.mean(tokens), rel=1e-12)
+        assert st[c.T.mean_tokens] == pytest.approx(np.mean(tokens), rel=1e-12)
     if len(tokens) >= 2:
-        var = st[c.ST_M2_TOKENS] / (len(tokens) - 1)
+        var = st[c.T.m2_tokens] / (len(tokens) - 1)
         assert var == pytest.approx(np.var(tokens, ddof=1), rel=1e-9, abs=1e-6)
 
 
 def test_decode_tbt():
     # b = 1: no penalty; b = 4: 5.74e-3 * (1 + 0.316 * 3 / 4) = 5.74e-3 * 1.237
-    assert c.decode_tbt(c.DEFAULT_BETA, c.DEFAULT_GAMMA, 1) == c.DEFAULT_BETA
+    assert c.decode_tbt(5.74e-3, 0.316, 1) == 5.74e-3
     assert c.decode_tbt(5.74e-3, 0.316, 4) == pytest.approx(7.10038e-3, rel=1e-12)
     assert c.decode_tbt(5.74e-3, 0.316, 4.0) == pytest.approx(7.10038e-3, rel=1e-12)
     # b = 0: max(1, b) = 1 keeps it finite: beta (1 - gamma)
@@ -512,10 +499,7 @@ def test_check_memory():
 # --- Algorithm 6: equal-mass edges ------------------------------------------
 
 def edges(predicted, K):
-    lo = np.full(K, np.nan)
-    hi = np.full(K, np.nan)
-    c.equal_mass_edges(np.asarray(predicted, dtype=np.float64), K, lo, hi)
-    return lo, hi
+    return c.equal_mass_edges(np.asarray(predicted, dtype=np.float64), K)
 
 
 def test_alg6_one_bin():
@@ -563,17 +547,6 @@ def test_alg6_matches_np_quantile(x, K):
     np.testing.assert_array_equal(hi, ref_hi)
 
 
-@given(x=hs.one_of(finite_lengths, integer_lengths), K=hs.integers(2, 16))
-def test_quantiles_bit_identical_to_numpy(x, K):
-    s = np.sort(np.array(x))
-    qs = np.linspace(0, 1, K + 1)
-    ref = np.quantile(s, qs)
-    got = np.array([c._quantile_sorted(s, q) for q in qs])
-    np.testing.assert_array_equal(got, ref)
-    # the kernel rebuilds linspace as j * (1/K) with the endpoint exact
-    np.testing.assert_array_equal(np.r_[np.arange(K) * (1.0 / K), 1.0], qs)
-
-
 # --- Algorithm 4: partition --------------------------------------------------
 
 def test_alg4_partition():
@@ -611,9 +584,9 @@ def test_b_sla_invariants(B_min, extra, D, eps_frac, alpha, delta, variant, step
     B_max = B_min + extra
     cfg = ccfg(D=D, eps=eps_frac * D, B_min=B_min, B_max=B_max, alpha=alpha, delta=delta,
                variant=variant)
-    state = np.zeros(c.N_CTL)
+    state = np.zeros(c.CONTROLLER.size)
     c.controller_init(state, B_min, B_max)
-    st = np.zeros(c.N_ST)
+    st = np.zeros(c.BATCH_STATS.size)
     lengths = np.full(B_max, 10.0)
     for tau_rel, size_u, decode_u, v2 in steps:
         n = B_min + int(size_u * (B_max - B_min))            # a batch size within bounds
@@ -621,10 +594,10 @@ def test_b_sla_invariants(B_min, extra, D, eps_frac, alpha, delta, variant, step
         tau = tau_rel * D
         # v2 sets recent_tbt = tau directly; legacy = service / max output (10)
         c.feedback(state, st, cfg, lengths, lengths, n, 10.0 * tau, tau if v2 else 0.0, n_decode)
-        warm = state[c.CTL_TAU_AVG] == 0.0 or state[c.CTL_UPDATES] < 3
+        warm = state[c.C.tau_avg] == 0.0 or state[c.C.updates] < 3
         b = c.b_sla(state, cfg)
         assert B_min <= b <= B_max
-        assert state[c.CTL_B_LOW] <= state[c.CTL_B_HIGH]
+        assert state[c.C.b_low] <= state[c.C.b_high]
         if variant == 0 and not warm and n_decode > 0:
             assert b >= n_decode
 
@@ -632,9 +605,9 @@ def test_b_sla_invariants(B_min, extra, D, eps_frac, alpha, delta, variant, step
 def run_loop(cfg, steps, tau, size):
     """b_SLA before each of ``steps`` feedbacks with constant tau; batch size
     ``size(b_SLA)``."""
-    state = np.zeros(c.N_CTL)
-    c.controller_init(state, cfg[c.CC_B_MIN], cfg[c.CC_B_MAX])
-    st = np.zeros(c.N_ST)
+    state = np.zeros(c.CONTROLLER.size)
+    c.controller_init(state, cfg[1][c.A.b_min], cfg[1][c.A.b_max])
+    st = np.zeros(c.BATCH_STATS.size)
     seq = []
     for _ in range(steps):
         b = int(c.b_sla(state, cfg))
@@ -703,7 +676,19 @@ def test_variant1_slack_and_overload():
 
 
 def test_warmup_compiles_everything():
-    c.warmup()
-    for f in (c.token_capacity, c.controller_init, c.b_mem, c.b_sla, c.feedback, c.decode_tbt,
-              c.equal_mass_edges, c.partition, c.partition_tiled, c.check_memory):
-        assert f.signatures
+    """controller.warmup(), in a fresh process with the numba cache off,
+    compiles every numba function of the module (the session's own warmup
+    has compiled them all in this process already)."""
+    out = subprocess.run([sys.executable, "-c", WARMUP_CHILD], capture_output=True, text=True, check=True,
+                         env={**os.environ, "MBBATCH_NUMBA_CACHE": "0", "PYTHONPATH": str(ROOT)})
+    assert out.stdout.split() == ["ok"], out.stdout
+
+
+WARMUP_CHILD = """
+from numba.core.registry import CPUDispatcher
+from mbbatch._kernels import controller as c
+c.warmup()
+empty = [name for name, f in vars(c).items()
+         if isinstance(f, CPUDispatcher) and f.py_func.__module__ == c.__name__ and not f.signatures]
+print(" ".join(empty) or "ok")
+"""

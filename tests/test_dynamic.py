@@ -30,6 +30,10 @@ profile the examples are fixed, so each run repeats the same experiment.
 
 import heapq
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,6 +44,8 @@ from hypothesis import strategies as hs
 import mbbatch as mb
 from mbbatch import theory
 from mbbatch._kernels import controller as c
+
+ROOT = Path(__file__).resolve().parents[1]
 
 #: two-sided normal quantile for 99.99% confidence
 Z_9999 = st.norm.ppf(1 - 0.0001 / 2)
@@ -451,26 +457,14 @@ def test_same_seed_is_bit_identical(cfg):
 # --- the controller replayed in Python --------------------------------------
 
 def controller_config(pol):
-    ctl = pol.controller
-    ccfg = np.zeros(c.N_CC)
-    ccfg[c.CC_D_SLA] = ctl.d_sla
-    ccfg[c.CC_EPS_D] = ctl.eps_d
-    ccfg[c.CC_B_MIN] = ctl.b_min
-    ccfg[c.CC_B_MAX] = ctl.b_max
-    ccfg[c.CC_ALPHA] = ctl.alpha
-    ccfg[c.CC_DELTA] = ctl.delta
-    ccfg[c.CC_VARIANT] = (c.CTL_VARIANT_SPEC if ctl.variant == "spec"
-                          else c.CTL_VARIANT_MULTIPLICATIVE)
-    ccfg[c.CC_EMA] = 0.2            # Algorithm 7's fixed EMA weight
-    mem = pol.memory
-    mcfg = np.zeros(c.N_MC)
-    mcfg[c.MC_ETA] = mem.eta
-    mcfg[c.MC_B_MIN] = ctl.b_min
-    mcfg[c.MC_B_MAX] = ctl.b_max
-    mcfg[c.MC_VARIANT] = c.MEM_VARIANT_CLT if mem.variant == "clt" else c.MEM_VARIANT_L0
-    mcfg[c.MC_Z] = st.norm.ppf(1 - mem.eps_m)
-    mcfg[c.MC_DEFAULT_TOKENS] = 500.0   # Algorithm 1's default
-    return ccfg, mcfg
+    ctl, mem = pol.controller, pol.memory
+    sla = c.SLA.pack(d_sla=ctl.d_sla, eps_d=ctl.eps_d, b_min=ctl.b_min, b_max=ctl.b_max, alpha=ctl.alpha,
+                     delta=ctl.delta, ema=0.2,  # Algorithm 7's fixed EMA weight
+                     variant=c.CTL_VARIANT_SPEC if ctl.variant == "spec" else c.CTL_VARIANT_MULTIPLICATIVE)
+    memory = c.MEMORY.pack(eta=mem.eta, b_min=ctl.b_min, b_max=ctl.b_max, z=st.norm.ppf(1 - mem.eps_m),
+                           default_tokens=500.0,  # Algorithm 1's default
+                           variant=c.MEM_VARIANT_CLT if mem.variant == "clt" else c.MEM_VARIANT_L0)
+    return sla, memory
 
 
 @given(cfg=configs(kinds=("dynamic", "multibin"), arrivals=("poisson", "saturated"),
@@ -492,10 +486,10 @@ def test_controller_replay(cfg):
     lim = np.zeros(K)
     if isinstance(pol, mb.MultiBinDynamic) and pol.bin_b_max is not None:
         lim[:] = pol.bin_b_max
-    ctl = np.zeros((K, c.N_CTL))
+    ctl = np.zeros((K, c.CONTROLLER.size))
     for k in range(K):
         c.controller_init(ctl[k], float(pol.controller.b_min), float(pol.controller.b_max))
-    stats = np.zeros((K, c.N_ST))
+    stats = np.zeros((K, c.BATCH_STATS.size))
     mem = members(res)
     model = MODELS[cfg["model"]]
     order = np.argsort(end, kind="stable")
@@ -518,7 +512,7 @@ def test_controller_replay(cfg):
         bm = c.b_mem(stats[k], mcfg, k if isinstance(pol, mb.MultiBinDynamic) else -1, lim)
         bs = c.b_sla(ctl[k], ccfg)
         assert (bm, bs) == (b["b_mem"][j], b["b_sla"][j]), j
-        low[j], high[j], tau[j] = ctl[k, c.CTL_B_LOW], ctl[k, c.CTL_B_HIGH], ctl[k, c.CTL_TAU_AVG]
+        low[j], high[j], tau[j] = ctl[k, c.C.b_low], ctl[k, c.C.b_high], ctl[k, c.C.tau_avg]
         in_service += b["size"][j]
     rows = ts_rows(res)
     np.testing.assert_array_equal(res.time_series["b_low"], low[rows])
@@ -1050,16 +1044,62 @@ def test_bad_input_names_the_parameter(make, exc, name):
 
 
 def test_warmup_compiles_every_kernel():
-    """Every kernel Python calls has its compiled signature after warmup().
+    """After ``mb.warmup()`` in a fresh process with the numba cache off, the
+    public API compiles nothing more, whatever the policy, arrivals, service
+    or lengths, model, servers and records: warmup() compiles every kernel,
+    and each kernel has one specialization (read-only replayed arrays and
+    writable ones, drawn and replayed lengths, all of one type).  The
+    session's own warmup has compiled everything in this process already, so
+    only a fresh one can tell."""
+    out = subprocess.run([sys.executable, "-c", WARMUP_CHILD], capture_output=True, text=True, check=True,
+                         env={**os.environ, "MBBATCH_NUMBA_CACHE": "0", "PYTHONPATH": str(ROOT)})
+    assert out.stdout.split()[-1] == "compiled:0", out.stdout
 
-    (Only those: a function called only from inside a kernel is compiled
-    into it, and when the kernel comes from numba's disk cache its own
-    dispatcher stays empty; checking those failed whenever the cache was
-    warm.)"""
-    from mbbatch._kernels import dynamic as d
-    from mbbatch._kernels import multibin as k
-    from mbbatch._kernels import warmup
 
-    warmup()
-    for f in (d.dynamic_kernel, d._grow, k.multibin_kernel):
-        assert f.signatures, f.__name__
+WARMUP_CHILD = """
+import math
+import numpy as np
+import scipy.stats as st
+from numba.core import event
+import mbbatch as mb
+
+mb.warmup()
+compiled = []
+
+class Listener(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+trace = np.cumsum(np.random.default_rng(0).exponential(0.5, 300))
+trace.flags.writeable = False
+with event.install_listener("numba:compile", Listener()):
+    for arrivals in (mb.Poisson(2.0), mb.Saturated(), mb.Replay(trace)):
+        for service in (st.uniform(1, 3), st.expon(), st.lognorm(0.5), st.gamma(2.0), st.weibull_min(1.5),
+                        np.linspace(1.0, 4.0, 300)):
+            for servers in (1, 3, math.inf):
+                mb.simulate(mb.MultiBin(bins=3, batch_size=4, max_wait=2.0 if servers == 3 else math.inf),
+                            arrivals=arrivals, service=service, n=300, servers=servers, seed=1,
+                            keep_requests=servers == 1)
+    mb.simulate(mb.MultiBin(bins=20, batch_size=2), arrivals=mb.Poisson(2.0), service=st.uniform(1, 3), n=300)
+    workloads = (mb.Workload(st.uniform(1, 100), st.expon(scale=50)),
+                 mb.Workload(st.gamma(2.0, scale=30), st.lognorm(0.8, scale=40), integer_lengths=False,
+                             predictor_sigma=0.5),
+                 mb.Workload(np.arange(1.0, 301.0), np.arange(300.0, 0.0, -1.0)))
+    policies = (mb.StaticBatching(8), mb.DynamicBatching(), mb.DynamicBatching(memory=mb.Memory(variant="clt")),
+                mb.MultiBinDynamic(bins=3, warmup=20, selection="longest_queue", bin_b_max=(4, 8, 16)),
+                mb.MultiBinDynamic(bins=1))
+    models = (mb.DecodeModel(), mb.LinearModel(), mb.MaxModel(per_token=0.01))
+    arrivals = (mb.Poisson(50.0), mb.Saturated(), mb.Replay(trace), mb.PiecewisePoisson((1.0, 50.0), (2.0,)))
+    for j, policy in enumerate(policies):
+        for a, arr in enumerate(arrivals):
+            for m, model in enumerate(models):
+                keep = (j + a + m) % 2 == 0
+                mb.simulate(policy, arrivals=arr, workload=workloads[(j + a + m) % 3], service_model=model,
+                            n=300, servers=1 + m, seed=2, keep_requests=keep, keep_batches=not keep)
+    # a deep backlog: the queues grow
+    mb.simulate(mb.MultiBinDynamic(bins=2, warmup=50), arrivals=mb.Saturated(), workload=workloads[0], n=5000)
+print(*compiled, "compiled:%d" % len(compiled))
+"""

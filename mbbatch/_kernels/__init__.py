@@ -1,11 +1,29 @@
 """Numba kernels: pure functions of fixed-dtype arrays and scalars.
 
+Modules
+-------
+- :mod:`.layout`: how a kernel's arguments are declared (``Layout`` for
+  scalars, ``Arrays`` for arrays), once for the kernel and its callers;
+- :mod:`.common`: the parts both kernels use (arrival and length codes,
+  blocks of random draws, whole-token rounding, the latency histogram) and
+  the decorators of kernels and their steps;
+- :mod:`.multibin`: the multi-bin paper's model, entry point :func:`.multibin.run`;
+- :mod:`.dynamic`: the event kernel of static, dynamic and multi-bin dynamic
+  batching, entry point :func:`.dynamic.run`;
+- :mod:`.controller`: Algorithms 1, 2, 4, 6 and 7.
+
+They import nothing from the rest of mbbatch.
+
 Caching policy
 --------------
 Compiled kernels are cached on disk (numba ``cache=True``) beside their source,
 so a second process starts without compiling.  Set the environment variable
 ``MBBATCH_NUMBA_CACHE=0`` before importing mbbatch to turn the cache off (for
 example on a read-only install); numba's own ``NUMBA_CACHE_DIR`` moves it.
+numba keys each function's cache by its own source file, while a kernel
+compiles in the helpers of the other modules here: so whenever any module of
+this package changes, importing it drops every cache of the package (see
+:func:`_drop_stale_caches`).
 
 Kernels never validate, allocate their outputs, or touch Python objects other
 than the ``numpy.random.Generator`` streams they are handed; the public
@@ -15,17 +33,45 @@ all of that.
 
 from __future__ import annotations
 
-import os
+import hashlib
+from pathlib import Path
 
-CACHE: bool = os.environ.get("MBBATCH_NUMBA_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+from . import common, controller, dynamic, multibin
+from .common import CACHE
 
 __all__ = ["CACHE", "warmup"]
 
 
 def warmup() -> None:
-    """Compile (or load from cache) every kernel, so later calls run at full speed."""
-    from . import controller, dynamic, multibin
-
+    """Compile (or load from the cache) every kernel and every controller
+    function, so later calls run at full speed."""
     multibin.warmup()
-    controller.warmup()
     dynamic.warmup()
+    controller.warmup()
+
+
+def _drop_stale_caches(modules) -> None:
+    """Flush the disk cache of every numba function of ``modules`` when the
+    package's sources differ from those the caches were written for (their
+    hash is kept beside the caches)."""
+    if not CACHE:
+        return
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    stamp = digest.hexdigest()
+    caches = [f._cache for m in modules for f in vars(m).values()
+              if getattr(f, "_cache", None) is not None and hasattr(f._cache, "flush")
+              and getattr(f, "py_func", None) is not None and f.py_func.__module__ == m.__name__]
+    try:
+        stamp_file = Path(caches[0].cache_path) / "mbbatch_kernels.sources"
+        if stamp_file.is_file() and stamp_file.read_text() == stamp:
+            return
+        for cache in caches:
+            cache.flush()
+        stamp_file.write_text(stamp)
+    except (IndexError, AttributeError, OSError):
+        pass  # no cache to keep, or none we can write: numba compiles afresh
+
+
+_drop_stale_caches([common, controller, dynamic, multibin])

@@ -1,29 +1,32 @@
 """Dynamic-batching controller kernels: Algorithms 1, 2, 4, 6 and 7 of the
 algorithm specification, and the Section 2.2-2.3 variants of the design notes.
 
-Every function is a pure numba function of float64 state vectors and scalars,
-so a simulation kernel can hold one controller per bin as the rows of a 2-D
-array and pass a row.  The vectors are laid out by the integer index
-constants below; the public wrappers build them (with the defaults given
-here) and validate their values, the kernels trust them.
+The event kernel calls the scalar forms (``b_mem_core``, ``b_sla_core``,
+``feedback_core``, ``partition_tiled``, ...).  The array forms (``b_mem``,
+``b_sla``, ``feedback``) apply them to the state rows below, one controller
+per bin as the rows of a 2-D array; the tests check the algorithms line by
+line through them.  Algorithm 6 (:func:`equal_mass_edges`) runs in numpy,
+between two calls of the event kernel.
 
-State vectors
--------------
-``ctl``  (``N_CTL``) one SLA controller: the adaptive interval
-         ``[b_low, b_high]``, the EMAs ``tau_avg`` (s/token) and ``b_avg``
-         (requests), the last ``N_decode`` and the number of feedback updates.
-``ccfg`` (``N_CC``) controller configuration: ``D_SLA`` and ``eps_D`` (s/token),
-         ``B_min``, ``B_max``, the steps ``alpha`` and ``delta``, the variant
-         and the EMA weight.
-``st``   (``N_ST``) batch statistics: EMAs of prompt and output length
-         (tokens), and the running count, mean and M2 of the tokens per
-         request (prompt + output).
-``mcfg`` (``N_MC``) memory configuration: the token capacity ``eta``,
-         ``B_min``, ``B_max``, the variant, the normal quantile ``z`` and the
-         default tokens per request.
+Layouts (:class:`~mbbatch._kernels.layout.Layout`)
+-------------------------------------------------
+:data:`SLA`         the controller's configuration: ``D_SLA`` and ``eps_D``
+                    (s/token), ``B_min``, ``B_max``, the steps ``alpha`` and
+                    ``delta``, the EMA weight, and the variant (an int).
+:data:`MEMORY`      the memory configuration: the token capacity ``eta``,
+                    ``B_min``, ``B_max``, the normal quantile ``z``, the
+                    default tokens per request, and the variant (an int).
+:data:`CONTROLLER`  one SLA controller's state, a float64 row: the adaptive
+                    interval ``[b_low, b_high]``, the EMAs ``tau_avg``
+                    (s/token) and ``b_avg`` (requests), the last ``N_decode``
+                    and the number of feedback updates.
+:data:`BATCH_STATS` batch statistics, a float64 row: EMAs of prompt and
+                    output length (tokens), and the running count, mean and
+                    M2 of the tokens per request (prompt + output).
 
-Batch sizes are whole numbers held in float64 so that one array type carries
-the whole state; the functions returning a batch size return an int64.
+State rows hold whole numbers (batch sizes, counts) in float64, so that one
+array carries a controller; the functions returning a batch size return an
+int64.
 """
 
 from __future__ import annotations
@@ -33,44 +36,32 @@ import math
 import numpy as np
 from numba import njit
 
-from . import CACHE
+from .common import CACHE
+from .layout import Layout
 
-# --- controller state ctl -----------------------------------------------------
-CTL_B_LOW = 0
-CTL_B_HIGH = 1
-CTL_TAU_AVG = 2    # EMA of the per-token decode time between tokens, s
-CTL_B_AVG = 3      # EMA of the batch size, requests
-CTL_N_DECODE = 4   # decode requests in the system at the last feedback
-CTL_UPDATES = 5    # feedback updates so far (Algorithm 2's update_count)
-N_CTL = 6
+SLA = Layout("SLA controller", ints=("variant",),    # CTL_VARIANT_SPEC or CTL_VARIANT_MULTIPLICATIVE
+             floats=("d_sla", "eps_d", "b_min", "b_max", "alpha", "delta", "ema"))
+MEMORY = Layout("memory", ints=("variant",),         # MEM_VARIANT_L0 or MEM_VARIANT_CLT
+                floats=("eta", "b_min", "b_max",
+                        "z",                          # z_{1 - eps_M}, the CLT variant's normal quantile
+                        "default_tokens"))            # tokens per request assumed before any statistics
+CONTROLLER = Layout("controller state", floats=(
+    "b_low", "b_high",
+    "tau_avg",    # EMA of the per-token decode time between tokens, s
+    "b_avg",      # EMA of the batch size, requests
+    "n_decode",   # decode requests in the system at the last feedback
+    "updates"))   # feedback updates so far (Algorithm 2's update_count)
+BATCH_STATS = Layout("batch statistics", floats=(
+    "avg_prompt",    # EMA of the batch-mean prompt length, tokens
+    "avg_output",    # EMA of the batch-mean output length, tokens
+    "count",         # requests seen
+    "mean_tokens",   # running mean of prompt + output, tokens
+    "m2_tokens"))    # running sum of squared deviations, tokens^2
 
-# --- controller configuration ccfg -------------------------------------------
-CC_D_SLA = 0
-CC_EPS_D = 1
-CC_B_MIN = 2
-CC_B_MAX = 3
-CC_ALPHA = 4
-CC_DELTA = 5
-CC_VARIANT = 6     # CTL_VARIANT_SPEC or CTL_VARIANT_MULTIPLICATIVE
-CC_EMA = 7
-N_CC = 8
-
-# --- batch statistics st ------------------------------------------------------
-ST_AVG_PROMPT = 0   # EMA of the batch-mean prompt length, tokens
-ST_AVG_OUTPUT = 1   # EMA of the batch-mean output length, tokens
-ST_COUNT = 2        # requests seen
-ST_MEAN_TOKENS = 3  # running mean of prompt + output, tokens
-ST_M2_TOKENS = 4    # running sum of squared deviations, tokens^2
-N_ST = 5
-
-# --- memory configuration mcfg ------------------------------------------------
-MC_ETA = 0
-MC_B_MIN = 1
-MC_B_MAX = 2
-MC_VARIANT = 3            # MEM_VARIANT_L0 or MEM_VARIANT_CLT
-MC_Z = 4                  # z_{1 - eps_M}, the CLT variant's normal quantile
-MC_DEFAULT_TOKENS = 5     # tokens per request assumed before any statistics
-N_MC = 6
+A = SLA.index
+M = MEMORY.index
+C = CONTROLLER.index
+T = BATCH_STATS.index
 
 # variants
 CTL_VARIANT_SPEC = 0            # Algorithm 2 of the algorithm specification
@@ -78,15 +69,16 @@ CTL_VARIANT_MULTIPLICATIVE = 1  # compute_b_SLA of the design notes, Section 2.3
 MEM_VARIANT_L0 = 0              # Algorithm 1: safety buffer L0 = 0.1 eta
 MEM_VARIANT_CLT = 1             # Section 2.2: Gaussian buffer z sigma sqrt(b)
 
-# defaults of the specification (the wrappers fill ccfg/mcfg with these)
-DEFAULT_ALPHA = 4.0
-DEFAULT_DELTA = 2.0
-DEFAULT_EMA = 0.2
-DEFAULT_TOKENS = 500.0
-DEFAULT_BETA = 5.74e-3   # s, calibrated decode time between tokens at b = 1
-DEFAULT_GAMMA = 0.316    # calibrated batch penalty of the decode step
+# constants of the algorithms (configuration values, not user defaults)
+DEFAULT_EMA = 0.2        # Algorithm 7, steps 1 and 3: the EMA weight a
+DEFAULT_TOKENS = 500.0   # Algorithm 1, step 2: E[l_in + l_out] before any statistics
 L0_FRACTION = 0.1        # Algorithm 1, step 3: rho = 10% of capacity
+SLA_WARMUP_UPDATES = 3   # Algorithm 2: the midpoint until this many feedback updates
 EDGE_MAX = 10000.0       # Algorithm 6, step 4: upper edge of the last bin
+# design notes, Section 2.3 (compute_b_SLA): the multiplicative variant's factors
+MULT_LOW = 0.8           # case 1: b_low = max(b_low, int(0.8 b_avg))
+MULT_GROW = 0.2          # case 2: b_high = min(b_high + int(0.2 b_avg), B_max)
+MULT_MARGIN = 0.1        # case 3: half-width int(0.1 (b_high - b_low))
 
 
 @njit(cache=CACHE)
@@ -110,23 +102,19 @@ def token_capacity(m_max_gb, m_model_gb, kv_mem_per_token_gb):
     return (m_max_gb - m_model_gb) / kv_mem_per_token_gb
 
 
-@njit(cache=CACHE)
 def controller_init(ctl, B_min, B_max):
-    """Reset a controller: ``[b_low, b_high] = [B_min, B_max]``, EMAs and counters 0.
+    """Reset controllers: ``[b_low, b_high] = [B_min, B_max]``, EMAs and counters 0.
 
     Parameters
     ----------
-    ctl : ndarray of float64, shape (N_CTL,)
-        Controller state, overwritten.
+    ctl : ndarray of float64, shape (..., CONTROLLER.size)
+        Controller states (one row, or one per bin), overwritten.
     B_min, B_max : float
         Batch-size bounds, requests.
     """
-    ctl[CTL_B_LOW] = B_min
-    ctl[CTL_B_HIGH] = B_max
-    ctl[CTL_TAU_AVG] = 0.0
-    ctl[CTL_B_AVG] = 0.0
-    ctl[CTL_N_DECODE] = 0.0
-    ctl[CTL_UPDATES] = 0.0
+    ctl[...] = 0.0
+    ctl[..., C.b_low] = B_min
+    ctl[..., C.b_high] = B_max
 
 
 @njit(cache=CACHE)
@@ -157,15 +145,16 @@ def _clt_count(mu, sigma, z, eta, cap):
 @njit(cache=CACHE)
 def b_mem_core(eta, variant, z, default_tokens, B_min, B_max, avg_prompt, avg_output, count, mean_tokens,
                m2_tokens, limit):
-    """:func:`b_mem` on scalars: the configuration (``mcfg``'s entries), the
-    statistics (``st``'s entries) and the bin's limit (<= 0: none).  The
-    kernels' form: a function of scalars only costs no reference counting."""
+    """:func:`b_mem` on scalars: the configuration (:data:`MEMORY`'s fields),
+    the statistics (a :data:`BATCH_STATS` row) and the bin's limit (<= 0:
+    none)."""
     if variant == MEM_VARIANT_CLT:
         mu = default_tokens
         sigma = 0.0
         if count >= 2.0 and mean_tokens > 0.0:
             mu = mean_tokens
             sigma = math.sqrt(max(m2_tokens, 0.0) / (count - 1.0))
+        # the cap B_max + 1: the clamp below decides from there
         b = _clt_count(mu, sigma, z, eta, max(B_max, 0.0) + 1.0)
     else:
         # step 2, with the specification's default when there are no stats yet
@@ -184,7 +173,7 @@ def b_mem_core(eta, variant, z, default_tokens, B_min, B_max, avg_prompt, avg_ou
 
 
 @njit(cache=CACHE)
-def b_mem(st, mcfg, bin_idx, bin_b_max):
+def b_mem(st, memory, bin_idx, bin_b_max):
     """Algorithm 1: the memory-constrained batch size.
 
     Variant ``MEM_VARIANT_L0`` (the specification) reserves a fixed buffer
@@ -205,10 +194,10 @@ def b_mem(st, mcfg, bin_idx, bin_b_max):
 
     Parameters
     ----------
-    st : ndarray of float64, shape (N_ST,)
+    st : ndarray of float64, shape (BATCH_STATS.size,)
         Batch statistics of the bin (or the global ones).
-    mcfg : ndarray of float64, shape (N_MC,)
-        Memory configuration; ``mcfg[MC_ETA]`` is the token capacity, tokens.
+    memory : (ndarray of int64, ndarray of float64)
+        ``MEMORY.pack(...)``; ``eta`` is the token capacity, tokens.
     bin_idx : int
         Bin index, or -1 for the global controller (no per-bin limit).
     bin_b_max : ndarray of float64, shape (K,)
@@ -219,33 +208,33 @@ def b_mem(st, mcfg, bin_idx, bin_b_max):
     int64
         The batch size, requests.
     """
+    mi, mf = memory
     limit = bin_b_max[bin_idx] if bin_idx >= 0 else 0.0
-    return b_mem_core(mcfg[MC_ETA], mcfg[MC_VARIANT], mcfg[MC_Z], mcfg[MC_DEFAULT_TOKENS], mcfg[MC_B_MIN],
-                      mcfg[MC_B_MAX], st[ST_AVG_PROMPT], st[ST_AVG_OUTPUT], st[ST_COUNT], st[ST_MEAN_TOKENS],
-                      st[ST_M2_TOKENS], limit)
+    return b_mem_core(mf[M.eta], mi[M.variant], mf[M.z], mf[M.default_tokens], mf[M.b_min], mf[M.b_max],
+                      st[T.avg_prompt], st[T.avg_output], st[T.count], st[T.mean_tokens], st[T.m2_tokens], limit)
 
 
 @njit(cache=CACHE)
 def b_sla_core(b_low, b_high, tau, b_avg, n_decode, updates, d_sla, eps, B_min, B_max, alpha, delta,
                multiplicative):
-    """:func:`b_sla` on scalars: the controller state (``ctl``'s entries) and
-    configuration (``ccfg``'s, ``multiplicative`` a bool).  Returns the batch
-    size and the new ``(b_low, b_high)``, for the caller to store.  The
-    kernels' form: a function of scalars only costs no reference counting."""
+    """:func:`b_sla` on scalars: the controller state (a :data:`CONTROLLER`
+    row) and configuration (:data:`SLA`'s fields, ``multiplicative`` a
+    bool).  Returns the batch size and the new ``(b_low, b_high)``, for the
+    caller to store."""
     if multiplicative:
         if tau > d_sla + eps:
             b_high = min(b_high, np.trunc(b_avg))
-            b_low = max(b_low, np.trunc(b_avg * 0.8))
+            b_low = max(b_low, np.trunc(b_avg * MULT_LOW))
         elif tau < d_sla - eps:
             b_low = max(b_low, np.trunc(b_avg))
-            b_high = min(b_high + np.trunc(0.2 * b_avg), B_max)
+            b_high = min(b_high + np.trunc(MULT_GROW * b_avg), B_max)
         else:
-            margin = np.trunc(0.1 * (b_high - b_low))
+            margin = np.trunc(MULT_MARGIN * (b_high - b_low))
             b_low = max(B_min, np.trunc(b_avg) - margin)
             b_high = min(B_max, np.trunc(b_avg) + margin)
     else:
         # warm-up: the EMAs still remember their zero start
-        if tau == 0.0 or updates < 3.0:
+        if tau == 0.0 or updates < SLA_WARMUP_UPDATES:
             return np.int64(np.floor((b_low + b_high) / 2.0)), b_low, b_high
 
         fb = np.floor(b_avg)
@@ -279,7 +268,7 @@ def b_sla_core(b_low, b_high, tau, b_avg, n_decode, updates, d_sla, eps, B_min, 
 
 
 @njit(cache=CACHE)
-def b_sla(ctl, ccfg):
+def b_sla(ctl, sla):
     """Algorithm 2: the SLA-constrained batch size; updates ``[b_low, b_high]`` in place.
 
     Variant ``CTL_VARIANT_SPEC`` follows the specification line by line:
@@ -318,20 +307,21 @@ def b_sla(ctl, ccfg):
 
     Parameters
     ----------
-    ctl : ndarray of float64, shape (N_CTL,)
+    ctl : ndarray of float64, shape (CONTROLLER.size,)
         Controller state; ``b_low`` and ``b_high`` are updated.
-    ccfg : ndarray of float64, shape (N_CC,)
-        Controller configuration.
+    sla : (ndarray of int64, ndarray of float64)
+        ``SLA.pack(...)``, the controller configuration.
 
     Returns
     -------
     int64
         The batch size, requests.
     """
-    b, ctl[CTL_B_LOW], ctl[CTL_B_HIGH] = b_sla_core(
-        ctl[CTL_B_LOW], ctl[CTL_B_HIGH], ctl[CTL_TAU_AVG], ctl[CTL_B_AVG], ctl[CTL_N_DECODE], ctl[CTL_UPDATES],
-        ccfg[CC_D_SLA], ccfg[CC_EPS_D], ccfg[CC_B_MIN], ccfg[CC_B_MAX], ccfg[CC_ALPHA], ccfg[CC_DELTA],
-        ccfg[CC_VARIANT] == CTL_VARIANT_MULTIPLICATIVE)
+    si, sf = sla
+    b, ctl[C.b_low], ctl[C.b_high] = b_sla_core(
+        ctl[C.b_low], ctl[C.b_high], ctl[C.tau_avg], ctl[C.b_avg], ctl[C.n_decode], ctl[C.updates],
+        sf[A.d_sla], sf[A.eps_d], sf[A.b_min], sf[A.b_max], sf[A.alpha], sf[A.delta],
+        si[A.variant] == CTL_VARIANT_MULTIPLICATIVE)
     return b
 
 
@@ -367,8 +357,7 @@ def feedback_core(n, sum_p, sum_o, m2_b, max_o, service_time, decode_tbt, ema, a
     its aggregates (:func:`batch_sums`): returns the new statistics
     ``(avg_prompt, avg_output, count, mean_tokens, m2_tokens)`` and controller
     EMAs ``(tau_avg, b_avg)``, for the caller to store with ``N_decode`` and
-    the update count.  The kernels' form: a function of scalars only costs no
-    reference counting."""
+    the update count."""
     # running mean and M2 of tokens per request: the batch's own mean and M2
     # merged into the running ones (Chan et al.), one division per batch
     nb = float(n)
@@ -394,11 +383,11 @@ def feedback_core(n, sum_p, sum_o, m2_b, max_o, service_time, decode_tbt, ema, a
 
 
 @njit(cache=CACHE)
-def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_tbt, n_decode):
+def feedback(ctl, st, sla, batch_prompt, batch_output, n, service_time, decode_tbt, n_decode):
     """Algorithm 7: update statistics and controller after a batch completes.
 
     The statistics' prompt and output EMAs and the controller's ``tau_avg`` and
-    ``b_avg`` move by weight ``ccfg[CC_EMA]`` towards the batch's values;
+    ``b_avg`` move by the EMA weight of ``sla`` towards the batch's values;
     ``N_decode`` is stored and the update count incremented.  The per-token
     time is ``decode_tbt`` when positive (the v2 model, decode only) and
     otherwise ``service_time / max(output_len)`` (legacy, includes the time to
@@ -412,12 +401,12 @@ def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_
 
     Parameters
     ----------
-    ctl : ndarray of float64, shape (N_CTL,)
+    ctl : ndarray of float64, shape (CONTROLLER.size,)
         Controller state, updated.
-    st : ndarray of float64, shape (N_ST,)
+    st : ndarray of float64, shape (BATCH_STATS.size,)
         Batch statistics, updated.
-    ccfg : ndarray of float64, shape (N_CC,)
-        Controller configuration (the EMA weight).
+    sla : (ndarray of int64, ndarray of float64)
+        ``SLA.pack(...)``: the controller configuration (the EMA weight).
     batch_prompt, batch_output : ndarray of float64, shape (>= n,)
         Prompt and output lengths of the batch members, tokens; the first
         ``n`` entries are used.
@@ -433,24 +422,24 @@ def feedback(ctl, st, ccfg, batch_prompt, batch_output, n, service_time, decode_
     if n == 0:
         return
     sum_p, sum_o, max_o, m2_b = batch_sums(batch_prompt, batch_output, n)
-    (st[ST_AVG_PROMPT], st[ST_AVG_OUTPUT], st[ST_COUNT], st[ST_MEAN_TOKENS], st[ST_M2_TOKENS],
-     ctl[CTL_TAU_AVG], ctl[CTL_B_AVG]) = feedback_core(
-        n, sum_p, sum_o, m2_b, max_o, service_time, decode_tbt, ccfg[CC_EMA], st[ST_AVG_PROMPT],
-        st[ST_AVG_OUTPUT], st[ST_COUNT], st[ST_MEAN_TOKENS], st[ST_M2_TOKENS], ctl[CTL_TAU_AVG], ctl[CTL_B_AVG])
-    ctl[CTL_N_DECODE] = n_decode
-    ctl[CTL_UPDATES] += 1.0
+    (st[T.avg_prompt], st[T.avg_output], st[T.count], st[T.mean_tokens], st[T.m2_tokens],
+     ctl[C.tau_avg], ctl[C.b_avg]) = feedback_core(
+        n, sum_p, sum_o, m2_b, max_o, service_time, decode_tbt, sla[1][A.ema], st[T.avg_prompt],
+        st[T.avg_output], st[T.count], st[T.mean_tokens], st[T.m2_tokens], ctl[C.tau_avg], ctl[C.b_avg])
+    ctl[C.n_decode] = n_decode
+    ctl[C.updates] += 1.0
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, forceinline=True)
 def decode_tbt(beta, gamma, b):
     """ComputeDecodeTBT (v2 model): decode time between tokens at batch size b.
 
     Parameters
     ----------
     beta : float
-        Time between tokens at b = 1, s/token (calibrated: ``DEFAULT_BETA``).
+        Time between tokens at b = 1, s/token.
     gamma : float
-        Batch penalty (calibrated: ``DEFAULT_GAMMA``).
+        Batch penalty.
     b : int or float
         Batch size, requests.
 
@@ -462,29 +451,7 @@ def decode_tbt(beta, gamma, b):
     return beta * (1.0 + gamma * (b - 1.0) / max(1.0, b))
 
 
-@njit(cache=CACHE)
-def _quantile_sorted(s, q):
-    # numpy's default 'linear' method operation for operation, so the edges
-    # match np.quantile bit for bit
-    n = s.shape[0]
-    v = (n - 1) * q
-    if v >= n - 1:
-        return s[n - 1]
-    if v < 0.0:
-        return s[0]
-    prev = math.floor(v)
-    i = np.int64(prev)
-    a = s[i]
-    b = s[i + 1]
-    t = v - prev
-    diff = b - a
-    if t >= 0.5:
-        return b - diff * (1.0 - t)
-    return a + diff * t
-
-
-@njit(cache=CACHE)
-def equal_mass_edges(predicted, K, out_lo, out_hi):
+def equal_mass_edges(predicted, K):
     """Algorithm 6: equal-mass bin boundaries from predicted output lengths.
 
     ``K == 1`` gives ``[0, 10000)``.  Otherwise the K+1 quantiles at
@@ -493,30 +460,27 @@ def equal_mass_edges(predicted, K, out_lo, out_hi):
     10000 (step 4 replaces step 3's infinity).  Tied quantiles give empty bins
     ``[a, a)``, and a last bin starting at or above 10000 is empty too.
 
+    In numpy, not numba: the event kernel returns to Python at the end of
+    the warm-up for it (numba's sort alone would cost seconds of compile).
+
     Parameters
     ----------
     predicted : ndarray of float64, shape (N,), N >= 1
         Predicted output lengths of the warm-up window, tokens.
     K : int
         Number of bins.
-    out_lo, out_hi : ndarray of float64, shape (K,)
-        Lower (inclusive) and upper (exclusive) edges, tokens; overwritten.
+
+    Returns
+    -------
+    lo, hi : ndarray of float64, shape (K,)
+        Lower (inclusive) and upper (exclusive) edges, tokens.
     """
     if K == 1:
-        out_lo[0] = 0.0
-        out_hi[0] = EDGE_MAX
-        return
-    s = np.sort(predicted)
-    # np.linspace(0, 1, K+1): j * (1/K), with the endpoint set exactly
-    step = 1.0 / K
-    prev_q = np.floor(_quantile_sorted(s, 0.0))
-    for i in range(K):
-        qn = 1.0 if i + 1 == K else (i + 1) * step
-        next_q = np.floor(_quantile_sorted(s, qn))
-        out_lo[i] = prev_q
-        out_hi[i] = next_q
-        prev_q = next_q
-    out_hi[K - 1] = EDGE_MAX
+        return np.zeros(1), np.full(1, EDGE_MAX)
+    q = np.floor(np.quantile(predicted, np.linspace(0.0, 1.0, K + 1)))
+    hi = q[1:].copy()
+    hi[-1] = EDGE_MAX
+    return q[:-1].copy(), hi
 
 
 @njit(cache=CACHE)
@@ -549,7 +513,7 @@ def partition(pred, lo, hi, K):
     return np.int64(K - 1)
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, forceinline=True)
 def partition_tiled(pred, lo, hi, K):
     """:func:`partition` for edges that tile ``[lo[0], hi[K-1])``, as
     :func:`equal_mass_edges` makes them (``hi[i] == lo[i+1]``, nondecreasing):
@@ -566,7 +530,17 @@ def partition_tiled(pred, lo, hi, K):
     return np.int64(K - 1) if pred < lo[0] else c
 
 
-@njit(cache=CACHE)
+def partition_tiled_array(pred, lo, hi):
+    """:func:`partition_tiled` of every prediction in an array, in numpy
+    (the same comparisons, so the same bins)."""
+    K = lo.shape[0]
+    c = np.zeros(pred.shape, np.int64)
+    for i in range(K - 1):
+        c += hi[i] <= pred
+    return np.where(pred < lo[0], K - 1, c)
+
+
+@njit(cache=CACHE, forceinline=True)
 def check_memory(total_tokens, eta):
     """Algorithm 3, step 3: whether a batch's tokens fit the capacity.
 
@@ -586,23 +560,23 @@ def check_memory(total_tokens, eta):
 
 
 def warmup() -> None:
-    """Compile every controller kernel (or load it from the cache) on tiny inputs."""
-    ctl = np.zeros(N_CTL)
-    ccfg = np.array([0.05, 0.005, 1.0, 64.0, DEFAULT_ALPHA, DEFAULT_DELTA, 0.0, DEFAULT_EMA])
-    st = np.zeros(N_ST)
-    mcfg = np.array([1e5, 1.0, 64.0, 0.0, 1.645, DEFAULT_TOKENS])
-    bin_b_max = np.zeros(2)
-    lengths = np.array([10.0, 20.0, 30.0, 40.0])
-    lo = np.empty(2)
-    hi = np.empty(2)
-    token_capacity(80.0, 16.0, 1e-3)
+    """Compile every numba function of this module (or load it from the
+    cache) on tiny inputs."""
+    ctl = np.zeros(CONTROLLER.size)
     controller_init(ctl, 1.0, 64.0)
-    feedback(ctl, st, ccfg, lengths, lengths, 4, 1.0, 0.0, 0.0)
-    b_sla(ctl, ccfg)
-    b_mem(st, mcfg, 0, bin_b_max)
-    decode_tbt(DEFAULT_BETA, DEFAULT_GAMMA, 4)
-    decode_tbt(DEFAULT_BETA, DEFAULT_GAMMA, 4.0)
-    equal_mass_edges(lengths, 2, lo, hi)
+    sla = SLA.pack(d_sla=0.05, eps_d=0.005, b_min=1.0, b_max=64.0, alpha=4.0, delta=2.0, ema=DEFAULT_EMA,
+                   variant=CTL_VARIANT_SPEC)
+    memory = MEMORY.pack(eta=1e5, b_min=1.0, b_max=64.0, variant=MEM_VARIANT_L0, z=1.645,
+                         default_tokens=DEFAULT_TOKENS)
+    st = np.zeros(BATCH_STATS.size)
+    lengths = np.array([10.0, 20.0, 30.0, 40.0])
+    lo, hi = equal_mass_edges(lengths, 2)
+    token_capacity(80.0, 16.0, 1e-3)
+    feedback(ctl, st, sla, lengths, lengths, 4, 1.0, 0.0, 0.0)
+    b_sla(ctl, sla)
+    b_mem(st, memory, 0, np.zeros(2))
+    batch_sums(lengths, lengths, 4)
+    decode_tbt(5.74e-3, 0.316, 4.0)
     partition(15.0, lo, hi, 2)
     partition_tiled(15.0, lo, hi, 2)
     check_memory(100.0, 1e5)

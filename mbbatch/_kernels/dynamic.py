@@ -1,4 +1,4 @@
-"""Event kernels of the batch-forming policies: static batching, dynamic
+"""Event kernel of the batch-forming policies: static batching, dynamic
 batching (Algorithms 1-3 and 7 of the dynamic-batching specification) and
 multi-bin dynamic batching (Algorithms 4-6 on top), without a GPU.
 
@@ -11,715 +11,836 @@ batch formed at time t sees exactly the feedback of the batches completed by t.
 Memory is O(bins x queue + servers): the per-bin FIFOs are ring buffers
 that grow with the backlog, and a server keeps only its batch's aggregates.
 
-Speed (``make bench``): the hot paths call only functions of scalars, and
-no array variable is rebound inside the event loop, so numba emits no
-reference counting there: an atomic increment and decrement per request
-would take longer than everything else the loop does.
+Python calls :func:`run`.  The event loop, :func:`dynamic_kernel`, reads as
+its steps: draw a block of requests, an arrival, a completion, form a batch
+(choose the bin, the target size, the candidates, the service time, serve
+the members), each a function of its own that LLVM inlines into the loop
+(see :mod:`.common`).  It returns to :func:`run` when a queue is full (the
+queues grow there) and at the end of Algorithm 6's warm-up (the bin edges
+are computed there, in numpy), and resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
-from . import CACHE
-from . import controller as ctl_
-from .multibin import (  # noqa: F401  (ARR_PIECEWISE is part of this module's vocabulary)
-    ARR_PIECEWISE, ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_SIZE, _HIST_BASE, _HIST_SHIFT,
-    _draw_arrivals, _draw_block, _float_bits,
+from .common import (
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, SVC_UNIFORM, draw_arrivals, draw_block,
+    hist_bucket, kernel, random_standard_normal, round_lengths, step, subroutine,
 )
+from .controller import (
+    BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
+    M, T, b_mem_core, b_sla_core, check_memory, controller_init, decode_tbt, equal_mass_edges, feedback_core,
+    partition_tiled, partition_tiled_array,
+)
+from .layout import Arrays, Layout
 
-
+# policies, Algorithm 5's bin selection rules, and the batch service models
 POL_STATIC = 0
 POL_DYNAMIC = 1
 POL_MB_DYNAMIC = 2
-
 SEL_ROUND_ROBIN = 0
 SEL_LONGEST_QUEUE = 1
-
 MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
 MODEL_LINEAR = 1    # base + alpha * max_seq_len * (1 + beta (b-1)/b)
 MODEL_DECODE = 2    # prefill_per_token * sum prompt + TBT(b) * max output_len
 
-# service-model parameter vector
-SM_BASE = 0
-SM_PER_TOKEN = 1
-SM_ALPHA = 2
-SM_BETA = 3
-SM_PREFILL = 4
-SM_TBT_BETA = 5
-SM_TBT_GAMMA = 6
-N_SM = 7
+# --- the configuration: TokenConfig(run, policy, sla, memory, model), each
+# an (ints, floats) pair from its layout's pack(); sla and memory are the
+# controller's layouts (controller.SLA, controller.MEMORY)
+RUN = Layout("token run", ints=("n", "arrival_kind", "prompt_kind", "output_kind",
+                                "integer",          # round lengths up to whole tokens
+                                "keep_requests", "keep_batches"),
+             floats=("rate",                        # requests/s (Poisson; the first piecewise rate)
+                     "predictor_sigma"))            # log-normal predictor error; 0: oracle
+POLICY = Layout("token policy", ints=("policy", "bins",
+                                      "pin",        # static B, or the pinned b_target (0: not pinned)
+                                      "max_candidates", "selection",
+                                      "warmup",     # Algorithm 6's warm-up window, requests
+                                      "memory_on",
+                                      "servers"))   # at most n (more are never all busy)
+#: a model uses its own fields (see the MODEL_ codes) and leaves the others 0
+MODEL = Layout("service model", ints=("model",),
+               floats=("base", "per_token", "alpha", "beta", "prefill_per_token", "tbt_beta", "tbt_gamma"))
+TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "model"))
 
-# policy parameter vector (integers stored as float64)
-PP_POLICY = 0
-PP_BINS = 1
-PP_B = 2             # static B, or the pinned b_target (0: not pinned)
-PP_MAX_CAND = 3
-PP_SELECT = 4
-PP_WARMUP = 5        # warm-up window of Algorithm 6, requests
-PP_MEMORY_ON = 6
-PP_SERVERS = 7
-PP_INTEGER = 8       # round lengths up to whole tokens
-PP_PRED_SIGMA = 9    # log-normal predictor error; 0: oracle
-PP_MODEL = 10        # MODEL_MAX, MODEL_LINEAR or MODEL_DECODE
-N_PP = 11
+#: read-only inputs: replayed arrival times (s), the piecewise-Poisson rates
+#: and segment ends (the last one inf), each length's (loc, scale[, shape])
+#: or replayed values (tokens), and the per-bin batch limits (<= 0: none)
+INPUTS = Arrays("TokenInputs", __name__, readonly=True, arrival_times=np.float64, pw_rates=np.float64,
+                pw_ends=np.float64, prompt_params=np.float64, prompt_values=np.float64,
+                output_params=np.float64, output_values=np.float64, bin_b_max=np.float64)
+TokenInputs = INPUTS.type
+TokenStreams = namedtuple("TokenStreams", ("arrival", "output", "prompt", "prediction"))
 
-# float statistics
-F_FIRST_ARRIVAL = 0
-F_LAST_COMPLETION = 1
-F_BUSY = 2
-F_SUM_LATENCY = 3
-F_SUM_TTFT = 4
-F_SUM_TBT_TOKENS = 5      # sum over output tokens of their decode time per token
-F_TOKENS_OUT = 6
-F_TOKENS_IN = 7
-F_SLA_TOKENS = 8          # output tokens decoded slower than D_SLA
-F_PEAK_TOKENS = 9
-F_TOKEN_SECONDS = 10      # sum over batches of tokens x service time
-F_SUM_B = 11
-F_SUM_B2 = 12
-F_WARMUP_TIME = 13
-F_SUM_LATENCY2 = 14
-N_F = 15
+# --- the outputs
+STATS = Layout("token statistics",
+               ints=("completed", "batches",
+                     "rejected",       # requests alone above the token capacity (never servable)
+                     "mem_exceed",     # batches above the token capacity (memory constraint off)
+                     "sla_requests",   # requests decoded slower than D_SLA + eps_D
+                     "ts_rows"),       # rows of the time series in use
+               floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft",
+                       "sum_tbt_tokens",   # sum over output tokens of their decode time per token
+                       "tokens_out",
+                       "sla_tokens",       # output tokens decoded slower than D_SLA + eps_D
+                       "peak_tokens",
+                       "token_seconds",    # sum over batches of tokens x service time
+                       "sum_b", "sum_b2",
+                       "warmup_time"))     # when Algorithm 6's edges were set (NaN: never)
+#: the time series' columns, then one queue length per bin
+TIME_SERIES = Layout("time series", floats=("time", "b_target", "b_low", "b_high", "tau_avg", "bin",
+                                            "batch_size"))
+TS_QUEUE = TIME_SERIES.size   # the first queue column
+#: ``ctl`` and ``st`` hold a controller.CONTROLLER and a controller.BATCH_STATS
+#: row per bin; group g of the batch-means statistics holds the batches whose
+#: first member has arrival index i with g = i * G // n
+OUTPUTS = Arrays("TokenOutputs", __name__, ints=np.int64, floats=np.float64, hist=np.int64,
+                 size_hist=np.int64, ts=(np.float64, 2), ctl=(np.float64, 2), st=(np.float64, 2),
+                 edges_lo=np.float64, edges_hi=np.float64, group_latency=np.float64, group_count=np.int64)
+TokenOutputs = OUTPUTS.type
+#: per-request records (keep_requests; n of them, else 0): ``REQUESTS.records(n)``
+REQUESTS = Layout("token requests", ints=("bin", "batch"),
+                  floats=("arrival", "prompt", "output", "pred", "start", "completion", "ttft"))
+#: per-batch records (keep_batches; n of them, else 0): ``BATCHES.records(n)``
+BATCHES = Layout("token batches", ints=("bin", "size", "b_target", "b_mem", "b_sla"),
+                 floats=("start", "service", "tokens"))
 
-# integer statistics
-I_COMPLETED = 0
-I_BATCHES = 1
-I_REJECTED = 2           # requests alone above the token capacity (never servable)
-I_MEM_EXCEED = 3         # batches above the token capacity (memory constraint off)
-I_SLA_REQUESTS = 4       # requests decoded slower than D_SLA
-I_TS_COUNT = 5
-I_TS_STRIDE = 6
-N_I = 7
+# --- the workspace, from which a call resumes
+#: a request's arrival time (s) and prompt, output and predicted output
+#: lengths (tokens): the rows of the block of draws ``blk[field, j]`` and of
+#: the per-bin FIFOs, ring buffers ``q[field, bin, slot]`` (the request's
+#: index in ``qidx[bin, slot]``) of a power-of-two capacity
+FIELDS = Layout("request fields", floats=("arrival", "prompt", "output", "pred"))
+#: the servers, columns of ``servers_i`` and ``servers_f``: the batch in
+#: service and the aggregates its feedback reads
+SERVERS = Layout("servers", ints=("busy", "size", "bin"),
+                 floats=("free_at", "service", "tbt", "sum_prompt", "sum_output", "max_output", "m2"))
+#: the event loop's state between two calls
+LOOP = Layout("loop state", ints=("i",         # next request to arrive
+                                  "jj",        # its place in the current block
+                                  "m",         # requests in the current block
+                                  "seg",       # the piecewise-Poisson rate segment
+                                  "rr",        # round-robin pointer of Algorithm 5
+                                  "ts_seen",   # batches offered to the time series
+                                  "ts_stride",  # every ts_stride-th of them is kept
+                                  "pending"),  # 1: free servers form batches at `now` first
+              floats=("t",                     # the arrival clock, s
+                      "now"))                  # the time of the last event, s
+WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
+                   size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
+                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64)
+TokenWorkspace = WORKSPACE.type
 
-# time-series columns
-TS_TIME = 0
-TS_B_TARGET = 1
-TS_B_LOW = 2
-TS_B_HIGH = 3
-TS_TAU_AVG = 4
-TS_BIN = 5
-TS_SIZE = 6
-N_TS_FIXED = 7           # then one queue length per bin
-
-
-@njit(cache=CACHE)
-def _round_lengths(x, m, integer):
-    if integer:
-        for j in range(m):
-            v = math.ceil(x[j])
-            x[j] = v if v >= 1.0 else 1.0
-
-
-@njit(cache=CACHE)
-def _grow(q, head, size, K, cap):
-    """Double the ring buffers' capacity, unrolling each bin's ring."""
-    new = np.empty((q.shape[0], K, 2 * cap), np.float64)
-    for f in range(q.shape[0]):
-        for b in range(K):
-            for j in range(size[b]):
-                new[f, b, j] = q[f, b, (head[b] + j) & (cap - 1)]
-    for b in range(K):
-        head[b] = 0
-    return new
-
-
-# queue fields
-Q_ARRIVAL = 0
-Q_PROMPT = 1
-Q_OUTPUT = 2
-Q_PRED = 3
-Q_INDEX = 4
-N_Q = 5
-
-
-@njit(cache=CACHE)
-def _rebin(q, head, size, window, K, edges_lo, edges_hi):
-    """Algorithm 6 on the warm-up window, then bin 0's queue (every request
-    so far) re-binned by each waiting request's own prediction: no future
-    is used.  No bin receives more than the requests bin 0 held, so none
-    overflows.  (A function of its own: an array allocated in the event loop
-    would cost reference counting on every arrival.)"""
-    ctl_.equal_mass_edges(window, K, edges_lo, edges_hi)
-    mask = q.shape[2] - 1
-    cnt0 = size[0]
-    tmp = np.empty((N_Q, cnt0), np.float64)
-    for j in range(cnt0):
-        for f in range(N_Q):
-            tmp[f, j] = q[f, 0, (head[0] + j) & mask]
-    size[0] = 0
-    head[0] = 0
-    for j in range(cnt0):
-        b = ctl_.partition_tiled(tmp[Q_PRED, j], edges_lo, edges_hi, K)
-        sl = (head[b] + size[b]) & mask
-        for f in range(N_Q):
-            q[f, b, sl] = tmp[f, j]
-        size[b] += 1
-
-
-# the loop state dynamic_kernel keeps between its calls (it returns when a queue is full)
-L_T = 0           # the arrival clock, s
-L_SEG = 1         # its piecewise-Poisson rate segment
-L_I = 2           # next request to arrive
-L_JJ = 3          # its place in the current block
-L_M = 4           # requests in the current block
-L_RR = 5          # round-robin pointer of Algorithm 5
-L_TS_SEEN = 6     # batches offered to the time series
-N_L = 7
-
-# per-server batch aggregates, rows of s_f
-SF_SERVICE = 0
-SF_TBT = 1
-SF_SUM_P = 2
-SF_SUM_O = 3
-SF_MAX_O = 4
-SF_M2 = 5
-N_SF = 6
-
+R = RUN.index
+P = POLICY.index
+O = MODEL.index
+S = STATS.index
+TS = TIME_SERIES.index
+RQ = REQUESTS.index
+BT = BATCHES.index
+Q = FIELDS.index
+SV = SERVERS.index
+L = LOOP.index
 
 #: dynamic_kernel's return codes
 DONE = 0
-QUEUE_FULL = 1
-STOPPED = 2
+QUEUE_FULL = 1      # an arrival found its bin's ring buffer full (nothing of it done yet)
+WARMUP_DONE = 2     # the warm-up window is complete: Python sets the edges and re-bins
+STOPPED = 3         # stop[0] was set
+
+#: the ring buffers' first capacity (a power of two); they double when full
+QUEUE_START = 1024
+#: batches between two looks at the stop flag while no blocks are drawn
+STOP_CHECK_BATCHES = 4096
 
 
-def run_kernel(args, bins, servers, warmup, stop):
-    """Simulate: :func:`dynamic_kernel` on ``args`` (its arguments up to
-    ``b_tokens``, outputs written in place) and a fresh workspace for ``bins``
-    bins, ``servers`` servers and a warm-up window of ``warmup`` requests.
-    Returns False if ``stop[0]`` was set (the outputs are then incomplete).
+def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: np.ndarray, *, groups: int,
+        ts_rows: int):
+    """Simulate the run ``config`` on ``inputs`` (:data:`INPUTS` ``.pack(...)``)
+    with ``groups`` batch-means groups and a time series of ``ts_rows`` rows.
+
+    Returns ``(outputs, requests, batches)``: a :data:`TokenOutputs` (the
+    statistics as ``STATS.unpack((outputs.ints, outputs.floats))``), and the
+    per-request and per-batch records as ``{field: array}`` (None unless
+    kept; :data:`REQUESTS` and :data:`BATCHES` name the fields).  Once
+    ``stop[0]`` is set (the caller's Ctrl-C) the kernel returns early, its
+    outputs incomplete.
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
     the buffers are then doubled here and it resumes where it stopped.
     Growing the queue out here keeps the queue array a plain argument of the
-    event loop, never rebound there: numba would otherwise count references
-    to it on every arrival (about half of the kernel's time).
+    event loop, never rebound there.  It also returns at the end of
+    Algorithm 6's warm-up, for the bin edges (numpy: numba's sort would cost
+    seconds of compile time).
     """
-    ws = [np.empty((N_Q, bins, 1024)), np.zeros(bins, np.int64), np.zeros(bins, np.int64),
-          np.empty(max(warmup, 1)), np.zeros(servers), np.zeros(servers, np.bool_),
-          np.zeros(servers, np.int64), np.zeros(servers, np.int64), np.zeros((N_SF, servers)),
-          np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.empty(BLOCK), np.zeros(N_L)]
+    rn, pol, sla = RUN.unpack(config.run), POLICY.unpack(config.policy), SLA.unpack(config.sla)
+    n, K, c = rn["n"], pol["bins"], pol["servers"]
+    ints, floats = STATS.zeros(last_completion=-np.inf, warmup_time=np.nan)
+    ctl = np.empty((K, CONTROLLER.size))
+    controller_init(ctl, sla["b_min"], sla["b_max"])
+    out = OUTPUTS.pack(ints=ints, floats=floats, hist=np.zeros(HIST_SIZE, np.int64),
+                       # no batch holds more than n requests
+                       size_hist=np.zeros(int(min(sla["b_max"], n)) + 1, np.int64),
+                       ts=np.zeros((ts_rows, TS_QUEUE + K)), ctl=ctl, st=np.zeros((K, BATCH_STATS.size)),
+                       edges_lo=np.zeros(K), edges_hi=np.full(K, EDGE_MAX), group_latency=np.zeros(groups),
+                       group_count=np.zeros(groups, np.int64))
+    requests = REQUESTS.records(n if rn["keep_requests"] else 0)
+    batches = BATCHES.records(n if rn["keep_batches"] else 0)
+    window = min(pol["warmup"], n)
+    loop_ints, loop_floats = LOOP.zeros(ts_stride=1)
+    servers_i, servers_f = SERVERS.records(c, fill=0)
+    ws = WORKSPACE.pack(q=np.empty((FIELDS.size, K, QUEUE_START)), qidx=np.empty((K, QUEUE_START), np.int64),
+                        head=np.zeros(K, np.int64), size=np.zeros(K, np.int64), window=np.empty(max(window, 1)),
+                        servers_i=servers_i, servers_f=servers_f, blk=np.empty((FIELDS.size, BLOCK)),
+                        loop_ints=loop_ints, loop_floats=loop_floats)
     while True:
-        code = dynamic_kernel(*args, *ws, stop)
-        if code == DONE:
-            return True
-        if code == STOPPED:
-            return False
-        ws[0] = _grow(ws[0], ws[1], ws[2], bins, ws[0].shape[2])
+        code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop)
+        if code == QUEUE_FULL:
+            ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
+        elif code == WARMUP_DONE:
+            out.edges_lo[:], out.edges_hi[:] = equal_mass_edges(ws.window[:window], K)
+            _rebin(ws.q, ws.qidx, ws.head, ws.size, out.edges_lo, out.edges_hi)
+        else:
+            break
+    return (out, REQUESTS.rows(requests) if rn["keep_requests"] else None,
+            BATCHES.rows(batches) if rn["keep_batches"] else None)
 
 
-@njit(cache=CACHE, nogil=True)
-def dynamic_kernel(
-    n, arrival_kind, rate, arrival_times, pw_rates, pw_ends,
-    prompt_kind, prompt_params, prompt_values, output_kind, output_params, output_values,
-    gen_arrival, gen_output, gen_prompt, gen_pred,
-    pp, ccfg, mcfg, bin_b_max, sm,
-    keep, keep_batches,
-    fstats, istats, hist, size_hist, ts, ctl, st, edges_lo, edges_hi,
-    group_latency, group_count,
-    r_arrival, r_prompt, r_output, r_pred, r_bin, r_batch, r_start, r_completion, r_ttft,
-    b_start, b_bin, b_size, b_target_out, b_mem_out, b_sla_out, b_service, b_tokens,
-    q, head, size, window, free_at, busy, s_n, s_bin, s_f, blk_t, blk_p, blk_o, blk_r, loop, stop,
-):
-    """Simulate ``n`` requests under the policy in ``pp``; outputs are written
-    in place.  The arguments after ``b_tokens`` are the event loop's
-    workspace (see :func:`run_kernel`): the per-bin ring buffers, the
-    warm-up window, the servers, the draw blocks and the loop state, from
-    which a call resumes.  Returns QUEUE_FULL when it stopped because an
-    arrival found its bin's buffer full (nothing of that arrival done yet),
-    STOPPED once ``stop[0]`` is nonzero (checked at every block of draws and
-    every 4096 batches: the caller's Ctrl-C; the kernel runs without the GIL
-    so that the caller's thread can take the signal meanwhile), DONE at the
-    end.  The server arrays need at most ``n`` entries (more servers are
-    never all busy), the warm-up window at most ``n``.
-    ``fstats[F_LAST_COMPLETION]`` must start at -inf and
-    ``istats[I_TS_STRIDE]`` at 1; with one bin its edges are [0, 10000)."""
-    policy = np.int64(pp[PP_POLICY])
-    K = np.int64(pp[PP_BINS])
-    pin = np.int64(pp[PP_B])
-    max_cand = np.int64(pp[PP_MAX_CAND])
-    select = np.int64(pp[PP_SELECT])
-    warmup = np.int64(pp[PP_WARMUP])
-    memory_on = pp[PP_MEMORY_ON] != 0.0
-    n_srv = np.int64(pp[PP_SERVERS])
-    integer = pp[PP_INTEGER] != 0.0
-    sigma = pp[PP_PRED_SIGMA]
-    model = np.int64(pp[PP_MODEL])
-    eta = mcfg[ctl_.MC_ETA]
+def _ring(head, size, cap):
+    """Slots of a ring buffer's entries, oldest first."""
+    return (head + np.arange(size)) & (cap - 1)
+
+
+def _grow(q, qidx, head, size):
+    """Double the ring buffers' capacity, unrolling each bin's ring; returns
+    the new ``q`` and ``qidx`` (``head`` is reset in place)."""
+    K, cap = qidx.shape
+    new_q = np.empty((q.shape[0], K, 2 * cap))
+    new_qidx = np.empty((K, 2 * cap), np.int64)
+    for b in range(K):
+        j = _ring(head[b], size[b], cap)
+        new_q[:, b, :size[b]] = q[:, b, j]
+        new_qidx[b, :size[b]] = qidx[b, j]
+    head[:] = 0
+    return {"q": new_q, "qidx": new_qidx}
+
+
+def _rebin(q, qidx, head, size, lo, hi):
+    """The end of Algorithm 6's warm-up: bin 0's queue (every request so
+    far; the other bins are empty) re-binned by each waiting request's own
+    prediction (Algorithm 4): no future is used.  No bin receives more than
+    the requests bin 0 held, so none overflows."""
+    j = _ring(head[0], size[0], qidx.shape[1])
+    fields, index = q[:, 0, j], qidx[0, j]
+    bins = partition_tiled_array(fields[Q.pred], lo, hi)
+    head[:] = 0
+    for b in range(lo.shape[0]):
+        mine = bins == b
+        size[b] = np.count_nonzero(mine)
+        q[:, b, :size[b]] = fields[:, mine]
+        qidx[b, :size[b]] = index[mine]
+
+
+# --- the steps of the event loop ----------------------------------------------
+
+@subroutine
+def _draw_requests(i0, m, t, seg, arrival_kind, inv_rate, arrival_times, pw_rates, pw_ends, gen_arrival,
+                   output_kind, output_params, output_values, gen_output, prompt_kind, prompt_params,
+                   prompt_values, gen_prompt, integer, sigma, gen_pred, blk):
+    """Step 1: requests i0 .. i0+m-1 into the rows of ``blk``, one stream at a
+    time: arrival times, output and prompt lengths (whole tokens when
+    ``integer``), predicted outputs (log-normal error ``sigma``).  Returns
+    the arrival clock and rate segment ``(t, seg)``."""
+    arrival = blk[Q.arrival]
+    prompt = blk[Q.prompt]
+    output = blk[Q.output]
+    pred = blk[Q.pred]
+    t, seg = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival, arrival, pw_rates,
+                           pw_ends, seg)
+    draw_block(output_kind, output_params, output_values, i0, m, gen_output, output)
+    draw_block(prompt_kind, prompt_params, prompt_values, i0, m, gen_prompt, prompt)
+    round_lengths(output, m, integer)
+    round_lengths(prompt, m, integer)
+    if sigma > 0.0:
+        bits = gen_pred.bit_generator
+        for j in range(m):
+            pred[j] = output[j] * math.exp(sigma * random_standard_normal(bits))
+        round_lengths(pred, m, integer)
+    else:
+        for j in range(m):
+            pred[j] = output[j]
+    return t, seg
+
+
+@step
+def _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask):
+    """Step 2b, one arrival: request i (column jj of the block) joins the
+    FIFO of its bin (Algorithm 4), or of bin 0 during the warm-up, whose
+    window keeps its prediction.  Returns False, nothing done, when the ring
+    buffer is full."""
+    pred = blk[Q.pred, jj]
+    if binned:
+        b = partition_tiled(pred, lo, hi, K) if K > 1 else 0
+    else:
+        b = 0
+        window[i] = pred
+    if size[b] > mask:   # size == capacity == mask + 1
+        return False
+    # unsigned indices: no negative-index wraparound code
+    ub = np.uint64(b)
+    slot = np.uint64((head[b] + size[b]) & mask)
+    q[Q.arrival, ub, slot] = blk[Q.arrival, jj]
+    q[Q.prompt, ub, slot] = blk[Q.prompt, jj]
+    q[Q.output, ub, slot] = blk[Q.output, jj]
+    q[Q.pred, ub, slot] = pred
+    qidx[ub, slot] = i
+    size[b] += 1
+    return True
+
+
+@step
+def _complete(s, in_service, ema, ctl, st, servers_i, servers_f):
+    """Step 2a: Algorithm 7's feedback for the batch server s completes, with
+    ``in_service`` requests still decoding, into its bin's controller."""
+    b = servers_i[SV.bin, s]
+    (st[b, T.avg_prompt], st[b, T.avg_output], st[b, T.count], st[b, T.mean_tokens], st[b, T.m2_tokens],
+     ctl[b, C.tau_avg], ctl[b, C.b_avg]) = feedback_core(
+        servers_i[SV.size, s], servers_f[SV.sum_prompt, s], servers_f[SV.sum_output, s], servers_f[SV.m2, s],
+        servers_f[SV.max_output, s], servers_f[SV.service, s], servers_f[SV.tbt, s], ema, st[b, T.avg_prompt],
+        st[b, T.avg_output], st[b, T.count], st[b, T.mean_tokens], st[b, T.m2_tokens], ctl[b, C.tau_avg],
+        ctl[b, C.b_avg])
+    ctl[b, C.n_decode] = float(in_service)
+    ctl[b, C.updates] += 1.0
+
+
+@step
+def _next_completion(servers_i, servers_f):
+    """The first completion ``(t_next, s_next)``: the lowest server index
+    among ties, ``(inf, -1)`` when every server is free."""
+    s_next = -1
+    t_next = np.inf
+    for k in range(servers_i.shape[1]):
+        if servers_i[SV.busy, k] != 0 and servers_f[SV.free_at, k] < t_next:
+            t_next = servers_f[SV.free_at, k]
+            s_next = k
+    return t_next, s_next
+
+
+@step
+def _select_bin(K, select, rr, size):
+    """Algorithm 5, step 1: the bin to serve (one holds requests), and the
+    round-robin pointer after it."""
+    if K == 1:
+        return 0, rr
+    if select == SEL_ROUND_ROBIN:
+        for off in range(K):
+            b = rr + off  # (rr + off) % K, without a division
+            if b >= K:
+                b -= K
+            if size[b] > 0:
+                return b, (b + 1 if b + 1 < K else 0)
+        return -1, rr
+    b = 0
+    for idx in range(1, K):
+        if size[idx] > size[b]:
+            b = idx
+    return b, rr
+
+
+@step
+def _target_size(b, policy, pin, memory_on, bin_b_max, memory_variant, memory, multiplicative, sla, ctl, st):
+    """Algorithm 3, steps 1-2: the target size ``(b_target, b_mem, b_SLA)``
+    of bin b's batch (-1: not computed), from Algorithm 1 and Algorithm 2
+    (which moves the bin's interval)."""
+    if policy == POL_STATIC:
+        return pin, -1, -1
+    # (a per-bin limit only for the multi-bin policy)
+    limit = bin_b_max[b] if policy == POL_MB_DYNAMIC else 0.0
+    bm = b_mem_core(memory[M.eta], memory_variant, memory[M.z], memory[M.default_tokens], memory[M.b_min],
+                    memory[M.b_max], st[b, T.avg_prompt], st[b, T.avg_output], st[b, T.count],
+                    st[b, T.mean_tokens], st[b, T.m2_tokens], limit)
+    bs, ctl[b, C.b_low], ctl[b, C.b_high] = b_sla_core(
+        ctl[b, C.b_low], ctl[b, C.b_high], ctl[b, C.tau_avg], ctl[b, C.b_avg], ctl[b, C.n_decode],
+        ctl[b, C.updates], sla[A.d_sla], sla[A.eps_d], sla[A.b_min], sla[A.b_max], sla[A.alpha], sla[A.delta],
+        multiplicative)
+    if pin > 0:
+        return pin, bm, bs
+    if memory_on:
+        return (bm if bm < bs else bs), bm, bs
+    return bs, bm, bs
+
+
+@njit(cache=CACHE, inline="always")
+def _head_sums(q, ub, h0, nb, mask):
+    """The first nb requests of bin ub (head at slot h0), in one pass: their
+    tokens, summed prompt and output lengths, largest output and largest
+    prompt + output."""
+    tokens = 0.0
+    sum_prompt = 0.0
+    sum_out = 0.0
+    max_out = 0.0
+    max_seq = 0.0
+    for j in range(nb):
+        sl = np.uint64((h0 + j) & mask)
+        p = q[Q.prompt, ub, sl]
+        o = q[Q.output, ub, sl]
+        tokens += p + o
+        sum_prompt += p
+        sum_out += o
+        if o > max_out:
+            max_out = o
+        if p + o > max_seq:
+            max_seq = p + o
+    return tokens, sum_prompt, sum_out, max_out, max_seq
+
+
+@step
+def _candidates(q, b, h0, nb, mask, fit, eta):
+    """Algorithm 3, step 3: the head of bin b's queue (at slot h0) that makes
+    the batch: its first nb requests, and with ``fit`` fewer, the last ones
+    dropped while their tokens exceed the capacity eta (0: the head request
+    alone does).  Returns how many and their aggregates (:func:`_head_sums`);
+    ``tokens`` is that of the nb candidates less those dropped."""
+    ub = np.uint64(b)
+    tokens, sum_prompt, sum_out, max_out, max_seq = _head_sums(q, ub, h0, nb, mask)
+    if fit:
+        nb0 = nb
+        while nb > 0 and not check_memory(tokens, eta):
+            sl = np.uint64((h0 + nb - 1) & mask)
+            tokens -= q[Q.prompt, ub, sl] + q[Q.output, ub, sl]
+            nb -= 1
+        if 0 < nb < nb0:
+            # the sums again, over the members kept (rare; the batch pass
+            # above stays a single one in the common case)
+            _, sum_prompt, sum_out, max_out, max_seq = _head_sums(q, ub, h0, nb, mask)
+    return nb, tokens, sum_prompt, sum_out, max_out, max_seq
+
+
+@step
+def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prompt,
+                   max_out, max_seq):
+    """A batch's service time (s), decode time between tokens (s/token; 0:
+    none, the legacy feedback rule), time per output token (s/token, what
+    the SLA bounds) and time to first token after its start (s)."""
+    bf = float(nb)
+    if model == MODEL_MAX:
+        service = base + per_token * max_out
+        tpot = service / max(max_out, 1.0)
+        return service, 0.0, tpot, tpot
+    if model == MODEL_LINEAR:
+        service = base + alpha * max_seq * (1.0 + beta * (bf - 1.0) / bf)
+        tpot = service / max(max_out, 1.0)
+        return service, 0.0, tpot, tpot
+    tbt = decode_tbt(tbt_beta, tbt_gamma, bf)
+    prefill = prefill_per_token * sum_prompt
+    service = prefill + tbt * max_out
+    # (a batch whose outputs are all under one token ends sooner)
+    return service, tbt, tbt, min(prefill + tbt, service)
+
+
+@step
+def _serve(q, qidx, b, h0, nb, mask, now, done, ttft, mean_tok, hist, keep, r_i, r_f, batch):
+    """The members of a batch (the first nb of bin b, head at slot h0),
+    started at ``now`` and done at ``done``: their latencies into the
+    histogram and, with ``keep``, their records.  Returns their summed
+    latency and arrival times, and the sum of squared deviations of their
+    tokens from ``mean_tok`` (for the feedback)."""
+    ub = np.uint64(b)
+    m2 = 0.0
+    sum_lat = 0.0
+    sum_arr = 0.0
+    for j in range(nb):
+        sl = np.uint64((h0 + j) & mask)
+        a = q[Q.arrival, ub, sl]
+        lat = done - a
+        sum_lat += lat
+        sum_arr += a
+        hist[hist_bucket(lat)] += 1
+        d = q[Q.prompt, ub, sl] + q[Q.output, ub, sl] - mean_tok
+        m2 += d * d
+        if keep:
+            idx = qidx[ub, sl]
+            r_i[RQ.bin, idx] = b
+            r_i[RQ.batch, idx] = batch
+            r_f[RQ.start, idx] = now
+            r_f[RQ.completion, idx] = done
+            r_f[RQ.ttft, idx] = now - a + ttft
+    return sum_lat, sum_arr, m2
+
+
+@subroutine
+def _sample(ts, rows, stride, seen, now, target, ctl, b, nb, size):
+    """The downsampled time series, at batch number ``seen`` (a multiple of
+    the stride): when the buffer is full, every other row is kept and the
+    stride doubles; the batch is then kept if ``seen`` is a multiple of the
+    stride still.  Returns the rows in use and the stride."""
+    if rows == ts.shape[0]:
+        for r in range(rows // 2):
+            for c in range(ts.shape[1]):
+                ts[r, c] = ts[2 * r, c]
+        rows //= 2
+        stride *= 2
+    if seen & (stride - 1) == 0:  # the stride is a power of two
+        ts[rows, TS.time] = now
+        ts[rows, TS.b_target] = target
+        ts[rows, TS.b_low] = ctl[b, C.b_low]
+        ts[rows, TS.b_high] = ctl[b, C.b_high]
+        ts[rows, TS.tau_avg] = ctl[b, C.tau_avg]
+        ts[rows, TS.bin] = b
+        ts[rows, TS.batch_size] = nb
+        for kb in range(size.shape[0]):
+            ts[rows, TS_QUEUE + kb] = size[kb]
+        rows += 1
+    return rows, stride
+
+
+@kernel
+def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
+    """Simulate the run ``config`` (a :data:`TokenConfig`); outputs and records
+    (``(ints, floats)`` pairs) are written in place, the workspace ``ws``
+    holds the queues, the servers, the block of draws and the loop state,
+    from which a call resumes (see :func:`run`, which allocates them).
+
+    Returns QUEUE_FULL when an arrival found its bin's buffer full (nothing
+    of that arrival done yet), WARMUP_DONE when Algorithm 6's window is
+    complete (after that arrival), STOPPED once ``stop[0]`` is nonzero
+    (checked at every block of draws and every STOP_CHECK_BATCHES batches:
+    the caller's Ctrl-C; the kernel runs without the GIL so that the
+    caller's thread can take the signal meanwhile), DONE at the end.
+    """
+    # the configuration, as scalars
+    ri, rf = config.run
+    n = ri[R.n]
+    arrival_kind = ri[R.arrival_kind]
+    prompt_kind = ri[R.prompt_kind]
+    output_kind = ri[R.output_kind]
+    integer = ri[R.integer] != 0
+    keep = ri[R.keep_requests] != 0
+    keep_batches = ri[R.keep_batches] != 0
+    inv_rate = 1.0 / rf[R.rate] if rf[R.rate] > 0.0 else 0.0
+    sigma = rf[R.predictor_sigma]
+    pi = config.policy[0]
+    policy = pi[P.policy]
+    K = pi[P.bins]
+    pin = pi[P.pin]
+    max_cand = pi[P.max_candidates]
+    select = pi[P.selection]
+    warmup = pi[P.warmup]
+    memory_on = pi[P.memory_on] != 0
+    n_srv = pi[P.servers]
+    multiplicative = config.sla[0][A.variant] == CTL_VARIANT_MULTIPLICATIVE
+    sla = config.sla[1]
+    ema = sla[A.ema]
     # the SLA constraint tau <= D_SLA + eps_D (specification, Algorithm 2)
-    d_sla = ccfg[ctl_.CC_D_SLA] + ccfg[ctl_.CC_EPS_D]
+    sla_limit = sla[A.d_sla] + sla[A.eps_d]
+    memory_variant = config.memory[0][M.variant]
+    memory = config.memory[1]
+    eta = memory[M.eta]
+    model = config.model[0][O.model]
+    mf = config.model[1]
+    base, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
+    prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
+    # the arrays and streams
+    arrival_times = inputs.arrival_times
+    bin_b_max = inputs.bin_b_max
+    hist = out.hist
+    size_hist = out.size_hist
+    ts = out.ts
+    ctl = out.ctl
+    st = out.st
+    lo = out.edges_lo
+    hi = out.edges_hi
+    group_latency = out.group_latency
+    group_count = out.group_count
+    r_i = requests[0]
+    r_f = requests[1]
+    b_i = batches[0]
+    b_f = batches[1]
+    q = ws.q
+    qidx = ws.qidx
+    head = ws.head
+    size = ws.size
+    window = ws.window
+    servers_i = ws.servers_i
+    servers_f = ws.servers_f
+    blk = ws.blk
     G = group_latency.shape[0]
-    TSN = ts.shape[0]
-    # the controller's configuration, as the scalars its kernel forms take
-    mem_variant = mcfg[ctl_.MC_VARIANT]
-    mem_z = mcfg[ctl_.MC_Z]
-    mem_default = mcfg[ctl_.MC_DEFAULT_TOKENS]
-    mem_b_min = mcfg[ctl_.MC_B_MIN]
-    mem_b_max = mcfg[ctl_.MC_B_MAX]
-    sla_target = ccfg[ctl_.CC_D_SLA]
-    sla_eps = ccfg[ctl_.CC_EPS_D]
-    sla_b_min = ccfg[ctl_.CC_B_MIN]
-    sla_b_max = ccfg[ctl_.CC_B_MAX]
-    sla_alpha = ccfg[ctl_.CC_ALPHA]
-    sla_delta = ccfg[ctl_.CC_DELTA]
-    multiplicative = ccfg[ctl_.CC_VARIANT] == ctl_.CTL_VARIANT_MULTIPLICATIVE
-    ema = ccfg[ctl_.CC_EMA]
+    mask = q.shape[2] - 1   # the capacity is a power of two
 
-    # per-bin FIFOs: ring buffers of the queue fields, of a power-of-two capacity
-    cap = q.shape[2]
-    mask = cap - 1
+    # the loop state, resumed
+    li = ws.loop_ints
+    lf = ws.loop_floats
+    i = li[L.i]
+    jj = li[L.jj]
+    m = li[L.m]
+    seg = li[L.seg]
+    rr = li[L.rr]
+    ts_seen = li[L.ts_seen]
+    ts_stride = li[L.ts_stride]
+    pending = li[L.pending] != 0
+    t = lf[L.t]
+    now = lf[L.now]
     queued = 0
     for b in range(K):
         queued += size[b]
-    rr = np.int64(loop[L_RR])
-    i = np.int64(loop[L_I])         # next request to arrive
-    jj = np.int64(loop[L_JJ])       # its place in the current block
-    m = np.int64(loop[L_M])         # requests in the current block
     # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen
     binned = K == 1 or policy != POL_MB_DYNAMIC or i >= warmup
-
-    # servers: free time, busy flag, and the aggregates of their batch that
-    # the feedback reads; (t_next, s_next) is the first completion, the lowest
-    # server index among ties (s_next = -1: every server is free)
+    # the servers: (t_next, s_next) is the first completion
     in_service = 0
     n_free = 0
-    s_next = -1
-    t_next = np.inf
     for k in range(n_srv):
-        if busy[k]:
-            in_service += s_n[k]
-            if free_at[k] < t_next:
-                t_next = free_at[k]
-                s_next = k
+        if servers_i[SV.busy, k] != 0:
+            in_service += servers_i[SV.size, k]
         else:
             n_free += 1
+    t_next, s_next = _next_completion(servers_i, servers_f)
 
     # the statistics, accumulated in locals (registers) and stored on return
-    sum_latency = fstats[F_SUM_LATENCY]
-    sum_latency2 = fstats[F_SUM_LATENCY2]
-    sum_ttft = fstats[F_SUM_TTFT]
-    busy_time = fstats[F_BUSY]
-    tokens_out = fstats[F_TOKENS_OUT]
-    tokens_in = fstats[F_TOKENS_IN]
-    sum_tbt_tokens = fstats[F_SUM_TBT_TOKENS]
-    token_seconds = fstats[F_TOKEN_SECONDS]
-    peak_tokens = fstats[F_PEAK_TOKENS]
-    sum_b = fstats[F_SUM_B]
-    sum_b2 = fstats[F_SUM_B2]
-    sla_tokens = fstats[F_SLA_TOKENS]
-    last_completion = fstats[F_LAST_COMPLETION]
-    completed = istats[I_COMPLETED]
-    rejected = istats[I_REJECTED]
-    mem_exceed = istats[I_MEM_EXCEED]
-    sla_requests = istats[I_SLA_REQUESTS]
-    n_batches = istats[I_BATCHES]
-    ts_stride = istats[I_TS_STRIDE]
-    ts_count = istats[I_TS_COUNT]
-    ts_seen = np.int64(loop[L_TS_SEEN])
-
-    t = loop[L_T]
-    seg = np.int64(loop[L_SEG])
-    inv_rate = 1.0 / rate if rate > 0.0 else 0.0
+    ints = out.ints
+    floats = out.floats
+    sum_latency = floats[S.sum_latency]
+    sum_ttft = floats[S.sum_ttft]
+    busy_time = floats[S.busy]
+    tokens_out = floats[S.tokens_out]
+    sum_tbt_tokens = floats[S.sum_tbt_tokens]
+    token_seconds = floats[S.token_seconds]
+    peak_tokens = floats[S.peak_tokens]
+    sum_b = floats[S.sum_b]
+    sum_b2 = floats[S.sum_b2]
+    sla_tokens = floats[S.sla_tokens]
+    last_completion = floats[S.last_completion]
+    completed = ints[S.completed]
+    rejected = ints[S.rejected]
+    mem_exceed = ints[S.mem_exceed]
+    sla_requests = ints[S.sla_requests]
+    n_batches = ints[S.batches]
+    ts_rows = ints[S.ts_rows]
 
     code = DONE
     while True:
+        # 3. free servers form batches, once every event of the instant `now` is in
+        if pending:
+            pending = False
+            for k in range(n_srv):
+                if queued == 0:
+                    break
+                if servers_i[SV.busy, k] != 0:
+                    continue
+                # Algorithm 5 with Algorithm 3: the bin, its target size, and
+                # the longest head of its queue within that size and memory
+                while queued > 0:
+                    b, rr = _select_bin(K, select, rr, size)
+                    target, bm, bs = _target_size(b, policy, pin, memory_on, bin_b_max, memory_variant, memory,
+                                                  multiplicative, sla, ctl, st)
+                    # step 2: candidates, the head of that bin only
+                    nb = size[b] if size[b] < max_cand else max_cand
+                    nb = nb if nb < target else target
+                    h0 = head[b]
+                    nb, tokens, sum_prompt, sum_out, max_out, max_seq = _candidates(
+                        q, b, h0, nb, mask, memory_on and policy != POL_STATIC, eta)
+                    if nb == 0:
+                        # the head request alone exceeds the capacity: it can never
+                        # be served, so it leaves the queue as rejected
+                        head[b] = (h0 + 1) & mask
+                        size[b] -= 1
+                        queued -= 1
+                        rejected += 1
+                        continue
+                    if tokens > eta:
+                        mem_exceed += 1   # (the memory constraint is off)
+                    break
+                if nb == 0:
+                    break   # every queued request was rejected
+                # the batch: the first nb of bin b (unused candidates stay at the front)
+                service, tbt, tpot, ttft = _batch_service(model, base, per_token, alpha, beta, prefill_per_token,
+                                                          tbt_beta, tbt_gamma, nb, sum_prompt, max_out, max_seq)
+                done = now + service
+                if done > last_completion:
+                    last_completion = done
+                bf = float(nb)
+                sum_lat, sum_arr, m2 = _serve(q, qidx, b, h0, nb, mask, now, done, ttft,
+                                              (sum_prompt + sum_out) / bf, hist, keep, r_i, r_f, n_batches)
+                sum_latency += sum_lat
+                sum_ttft += bf * (now + ttft) - sum_arr
+                # batch-means group of the batch: that of its first member's arrival index
+                g = (qidx[np.uint64(b), np.uint64(h0)] * G) // n
+                group_latency[g] += sum_lat
+                group_count[g] += nb
+                head[b] = (h0 + nb) & mask
+                size[b] -= nb
+                queued -= nb
+
+                busy_time += service
+                tokens_out += sum_out
+                sum_tbt_tokens += tpot * sum_out
+                tok = sum_prompt + sum_out
+                token_seconds += tok * service
+                if tok > peak_tokens:
+                    peak_tokens = tok
+                sum_b += bf
+                sum_b2 += bf * bf
+                if tpot > sla_limit:
+                    sla_tokens += sum_out
+                    sla_requests += nb
+                completed += nb
+                size_hist[nb if nb < size_hist.shape[0] else size_hist.shape[0] - 1] += 1
+                if keep_batches:
+                    b_f[BT.start, n_batches] = now
+                    b_f[BT.service, n_batches] = service
+                    b_f[BT.tokens, n_batches] = tok
+                    b_i[BT.bin, n_batches] = b
+                    b_i[BT.size, n_batches] = nb
+                    b_i[BT.b_target, n_batches] = target
+                    b_i[BT.b_mem, n_batches] = bm
+                    b_i[BT.b_sla, n_batches] = bs
+                if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
+                    ts_rows, ts_stride = _sample(ts, ts_rows, ts_stride, ts_seen, now, target, ctl, b, nb, size)
+                ts_seen += 1
+
+                # server k takes it
+                servers_i[SV.busy, k] = 1
+                servers_i[SV.size, k] = nb
+                servers_i[SV.bin, k] = b
+                servers_f[SV.free_at, k] = done
+                servers_f[SV.service, k] = service
+                servers_f[SV.tbt, k] = tbt
+                servers_f[SV.sum_prompt, k] = sum_prompt
+                servers_f[SV.sum_output, k] = sum_out
+                servers_f[SV.max_output, k] = max_out
+                servers_f[SV.m2, k] = m2
+                n_free -= 1
+                if done < t_next or (done == t_next and k < s_next):
+                    t_next = done
+                    s_next = k
+                in_service += nb
+                n_batches += 1
+                if n_batches & (STOP_CHECK_BATCHES - 1) == 0 and stop[0] != 0:
+                    # (a long drain after the last arrival draws no blocks)
+                    code = STOPPED
+                    break
+            if code == STOPPED:
+                break
+
+        # 1. the next block of draws
         if jj == m and i < n:
             if stop[0] != 0:
                 code = STOPPED
                 break
-            # 1. the next block of draws, one stream at a time
-            i0 = i
-            m = min(BLOCK, n - i0)
+            m = n - i if n - i < BLOCK else BLOCK
             jj = 0
-            t, seg = _draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival, blk_t,
-                                    pw_rates, pw_ends, seg)
-            if i0 == 0:
-                fstats[F_FIRST_ARRIVAL] = blk_t[0]
-            _draw_block(output_kind, output_params, output_values, i0, m, gen_output, blk_o)
-            _draw_block(prompt_kind, prompt_params, prompt_values, i0, m, gen_prompt, blk_p)
-            _round_lengths(blk_o, m, integer)
-            _round_lengths(blk_p, m, integer)
-            if sigma > 0.0:
-                for j in range(m):
-                    blk_r[j] = blk_o[j] * math.exp(sigma * gen_pred.standard_normal())
-                _round_lengths(blk_r, m, integer)
-            else:
-                for j in range(m):
-                    blk_r[j] = blk_o[j]
-        t_arr = blk_t[jj] if i < n else np.inf
-        s = s_next
-        if s < 0 and i >= n:
+            t, seg = _draw_requests(i, m, t, seg, arrival_kind, inv_rate, arrival_times, inputs.pw_rates,
+                                    inputs.pw_ends, streams.arrival, output_kind,
+                                    inputs.output_params, inputs.output_values,
+                                    streams.output, prompt_kind, inputs.prompt_params,
+                                    inputs.prompt_values, streams.prompt, integer, sigma,
+                                    streams.prediction, blk)
+            if i == 0:
+                floats[S.first_arrival] = blk[Q.arrival, 0]
+
+        # 2. the next event: the first completion, which wins ties, or arrivals
+        t_arr = blk[Q.arrival, jj] if i < n else np.inf
+        if s_next < 0 and i >= n:
             break
-        if s >= 0 and t_next <= t_arr:
+        if s_next >= 0 and t_next <= t_arr:
             # 2a. a completion: Algorithm 7's feedback, in time order
             now = t_next
-            in_service -= s_n[s]
+            in_service -= servers_i[SV.size, s_next]
             if policy != POL_STATIC:
-                bb = s_bin[s]
-                (st[bb, ctl_.ST_AVG_PROMPT], st[bb, ctl_.ST_AVG_OUTPUT], st[bb, ctl_.ST_COUNT],
-                 st[bb, ctl_.ST_MEAN_TOKENS], st[bb, ctl_.ST_M2_TOKENS], ctl[bb, ctl_.CTL_TAU_AVG],
-                 ctl[bb, ctl_.CTL_B_AVG]) = ctl_.feedback_core(
-                    s_n[s], s_f[SF_SUM_P, s], s_f[SF_SUM_O, s], s_f[SF_M2, s], s_f[SF_MAX_O, s],
-                    s_f[SF_SERVICE, s], s_f[SF_TBT, s], ema, st[bb, ctl_.ST_AVG_PROMPT],
-                    st[bb, ctl_.ST_AVG_OUTPUT], st[bb, ctl_.ST_COUNT], st[bb, ctl_.ST_MEAN_TOKENS],
-                    st[bb, ctl_.ST_M2_TOKENS], ctl[bb, ctl_.CTL_TAU_AVG], ctl[bb, ctl_.CTL_B_AVG])
-                ctl[bb, ctl_.CTL_N_DECODE] = float(in_service)
-                ctl[bb, ctl_.CTL_UPDATES] += 1.0
-            busy[s] = False
+                _complete(s_next, in_service, ema, ctl, st, servers_i, servers_f)
+            servers_i[SV.busy, s_next] = 0
             n_free += 1
-            s_next = -1
-            t_next = np.inf
-            for k in range(n_srv):
-                if busy[k] and free_at[k] < t_next:
-                    t_next = free_at[k]
-                    s_next = k
+            t_next, s_next = _next_completion(servers_i, servers_f)
         else:
-            # 2b. an arrival joins its bin (Algorithm 4), or bin 0 during warm-up;
-            # while every server is busy, so do all the arrivals of this block
-            # before the first completion (which wins ties), in one loop
+            # 2b. an arrival joins its bin; while every server is busy, so do
+            # all the arrivals of this block before the first completion, in
+            # one loop
             while True:
-                now = blk_t[jj]
-                pred = blk_r[jj]
-                if keep:
-                    r_arrival[i] = now
-                    r_prompt[i] = blk_p[jj]
-                    r_output[i] = blk_o[jj]
-                    r_pred[i] = pred
-                if binned:
-                    b = ctl_.partition_tiled(pred, edges_lo, edges_hi, K) if K > 1 else 0
-                else:
-                    b = 0
-                    window[i] = pred
-                if size[b] == cap:
+                now = blk[Q.arrival, jj]
+                if not _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask):
                     code = QUEUE_FULL
                     break
-                # unsigned indices: no negative-index wraparound code
-                ub = np.uint64(b)
-                slot = np.uint64((head[b] + size[b]) & mask)
-                q[Q_ARRIVAL, ub, slot] = now
-                q[Q_PROMPT, ub, slot] = blk_p[jj]
-                q[Q_OUTPUT, ub, slot] = blk_o[jj]
-                q[Q_PRED, ub, slot] = pred
-                q[Q_INDEX, ub, slot] = i
-                size[b] += 1
+                if keep:
+                    r_f[RQ.arrival, i] = now
+                    r_f[RQ.prompt, i] = blk[Q.prompt, jj]
+                    r_f[RQ.output, i] = blk[Q.output, jj]
+                    r_f[RQ.pred, i] = blk[Q.pred, jj]
                 queued += 1
-                if not binned and i + 1 == warmup:
-                    _rebin(q, head, size, window[:warmup], K, edges_lo, edges_hi)
-                    fstats[F_WARMUP_TIME] = now
-                    binned = True
                 i += 1
                 jj += 1
-                if n_free > 0 or jj == m or blk_t[jj] >= t_next:
+                if not binned and i == warmup:
+                    floats[S.warmup_time] = now
+                    code = WARMUP_DONE
+                    break
+                if n_free > 0 or jj == m or blk[Q.arrival, jj] >= t_next:
                     break
             if code == QUEUE_FULL:
                 break
-        # 3. free servers form batches, once every event of this instant is in
-        if queued == 0 or n_free == 0:
-            continue
-        if i < n:
+        # the batches wait until every event of this instant is in
+        pending = queued > 0 and n_free > 0
+        if pending and i < n:
             if jj < m:
-                nxt = blk_t[jj]
+                nxt = blk[Q.arrival, jj]
             elif arrival_kind == ARR_SATURATED:
                 nxt = 0.0
             elif arrival_kind == ARR_REPLAY:
                 nxt = arrival_times[i]
             else:
                 nxt = np.inf  # a continuous draw ties with probability 0
-            if nxt <= now:
-                continue
-        for k in range(n_srv):
-            if queued == 0:
-                break
-            if busy[k]:
-                continue
-            # form one batch on the free server k at time now
-            found = False
-            b = 0
-            nb = 0
-            target = 0
-            bm = -1
-            bs = -1
-            sum_prompt = 0.0
-            sum_out = 0.0
-            max_out = 0.0
-            max_seq = 0.0
-            while queued > 0:
-                # Algorithm 5, step 1: the bin
-                if K == 1:
-                    b = 0
-                elif select == SEL_ROUND_ROBIN:
-                    b = -1
-                    for off in range(K):
-                        idx = rr + off  # (rr + off) % K, without a division
-                        if idx >= K:
-                            idx -= K
-                        if size[idx] > 0:
-                            b = idx
-                            rr = idx + 1 if idx + 1 < K else 0
-                            break
-                else:
-                    b = 0
-                    for idx in range(1, K):
-                        if size[idx] > size[b]:
-                            b = idx
-                # step 2: candidates, the head of that bin only
-                n_cand = min(max_cand, size[b])
-                # step 3 (Algorithm 3): the target size
-                bm = -1
-                bs = -1
-                if policy == POL_STATIC:
-                    target = pin
-                else:
-                    # (a per-bin limit only for the multi-bin policy)
-                    limit = bin_b_max[b] if policy == POL_MB_DYNAMIC else 0.0
-                    bm = ctl_.b_mem_core(eta, mem_variant, mem_z, mem_default, mem_b_min, mem_b_max,
-                                         st[b, ctl_.ST_AVG_PROMPT], st[b, ctl_.ST_AVG_OUTPUT], st[b, ctl_.ST_COUNT],
-                                         st[b, ctl_.ST_MEAN_TOKENS], st[b, ctl_.ST_M2_TOKENS], limit)
-                    bs, ctl[b, ctl_.CTL_B_LOW], ctl[b, ctl_.CTL_B_HIGH] = ctl_.b_sla_core(
-                        ctl[b, ctl_.CTL_B_LOW], ctl[b, ctl_.CTL_B_HIGH], ctl[b, ctl_.CTL_TAU_AVG],
-                        ctl[b, ctl_.CTL_B_AVG], ctl[b, ctl_.CTL_N_DECODE], ctl[b, ctl_.CTL_UPDATES],
-                        sla_target, sla_eps, sla_b_min, sla_b_max, sla_alpha, sla_delta, multiplicative)
-                    if pin > 0:
-                        target = pin
-                    elif memory_on:
-                        target = min(bm, bs)
-                    else:
-                        target = bs
-                nb = min(target, n_cand)
-                # the candidates' tokens, sums and maxima, in one pass
-                ub = np.uint64(b)
-                h0 = head[b]
-                tokens = 0.0
-                sum_prompt = 0.0
-                sum_out = 0.0
-                max_out = 0.0
-                max_seq = 0.0
-                for j in range(nb):
-                    sl = np.uint64((h0 + j) & mask)
-                    p = q[Q_PROMPT, ub, sl]
-                    o = q[Q_OUTPUT, ub, sl]
-                    tokens += p + o
-                    sum_prompt += p
-                    sum_out += o
-                    if o > max_out:
-                        max_out = o
-                    if p + o > max_seq:
-                        max_seq = p + o
-                if memory_on and policy != POL_STATIC:
-                    # Algorithm 3, step 3: drop the last candidates while over capacity
-                    nb0 = nb
-                    while nb > 0 and not ctl_.check_memory(tokens, eta):
-                        sl = np.uint64((h0 + nb - 1) & mask)
-                        tokens -= q[Q_PROMPT, ub, sl] + q[Q_OUTPUT, ub, sl]
-                        nb -= 1
-                    if nb == 0:
-                        # the head request alone exceeds the capacity: it can never be
-                        # served, so it leaves the queue as rejected
-                        head[b] = (h0 + 1) & mask
-                        size[b] -= 1
-                        queued -= 1
-                        rejected += 1
-                        continue
-                    if nb < nb0:
-                        # the sums again, over the members kept (rare; the batch
-                        # pass above stays a single one in the common case)
-                        sum_prompt = 0.0
-                        sum_out = 0.0
-                        max_out = 0.0
-                        max_seq = 0.0
-                        for j in range(nb):
-                            sl = np.uint64((h0 + j) & mask)
-                            p = q[Q_PROMPT, ub, sl]
-                            o = q[Q_OUTPUT, ub, sl]
-                            sum_prompt += p
-                            sum_out += o
-                            if o > max_out:
-                                max_out = o
-                            if p + o > max_seq:
-                                max_seq = p + o
-                elif tokens > eta:
-                    mem_exceed += 1
-                found = True
-                break
-            if not found:
-                break
-            # the batch: the first nb of bin b (unused candidates stay at the front)
-            bf = float(nb)
-            if model == MODEL_MAX:
-                service = sm[SM_BASE] + sm[SM_PER_TOKEN] * max_out
-                tbt = 0.0
-                per_token = service / max(max_out, 1.0)
-                ttft = per_token
-            elif model == MODEL_LINEAR:
-                service = sm[SM_BASE] + sm[SM_ALPHA] * max_seq * (1.0 + sm[SM_BETA] * (bf - 1.0) / bf)
-                tbt = 0.0
-                per_token = service / max(max_out, 1.0)
-                ttft = per_token
-            else:
-                tbt = ctl_.decode_tbt(sm[SM_TBT_BETA], sm[SM_TBT_GAMMA], bf)
-                prefill = sm[SM_PREFILL] * sum_prompt
-                service = prefill + tbt * max_out
-                per_token = tbt
-                # (a batch whose outputs are all under one token ends sooner)
-                ttft = min(prefill + tbt, service)
-            C = now + service
-            if C > last_completion:
-                last_completion = C
-            violating = per_token > d_sla
-
-            # the members' latencies, and their tokens' deviations for the feedback
-            mean_tok = (sum_prompt + sum_out) / bf
-            m2 = 0.0
-            sum_lat = 0.0
-            sum_lat2 = 0.0
-            sum_arr = 0.0
-            ub = np.uint64(b)
-            h0 = head[b]
-            for j in range(nb):
-                sl = np.uint64((h0 + j) & mask)
-                a = q[Q_ARRIVAL, ub, sl]
-                lat = C - a
-                sum_lat += lat
-                sum_lat2 += lat * lat
-                sum_arr += a
-                h = (_float_bits(lat) >> _HIST_SHIFT) - _HIST_BASE
-                h = min(max(h, 0), HIST_SIZE - 1)
-                hist[h] += 1
-                d = q[Q_PROMPT, ub, sl] + q[Q_OUTPUT, ub, sl] - mean_tok
-                m2 += d * d
-                if keep:
-                    idx = np.int64(q[Q_INDEX, ub, sl])
-                    r_bin[idx] = b
-                    r_batch[idx] = n_batches
-                    r_start[idx] = now
-                    r_completion[idx] = C
-                    r_ttft[idx] = now - a + ttft
-            sum_latency += sum_lat
-            sum_latency2 += sum_lat2
-            sum_ttft += bf * (now + ttft) - sum_arr
-            # batch-means group of the batch: that of its first member's arrival index
-            g = (np.int64(q[Q_INDEX, ub, np.uint64(h0)]) * G) // n
-            group_latency[g] += sum_lat
-            group_count[g] += nb
-            head[b] = (h0 + nb) & mask
-            size[b] -= nb
-            queued -= nb
-
-            busy_time += service
-            tokens_out += sum_out
-            tokens_in += sum_prompt
-            sum_tbt_tokens += per_token * sum_out
-            tok = sum_prompt + sum_out
-            token_seconds += tok * service
-            if tok > peak_tokens:
-                peak_tokens = tok
-            sum_b += bf
-            sum_b2 += bf * bf
-            if violating:
-                sla_tokens += sum_out
-                sla_requests += nb
-            completed += nb
-            size_hist[min(nb, size_hist.shape[0] - 1)] += 1
-            if keep_batches:
-                b_start[n_batches] = now
-                b_bin[n_batches] = b
-                b_size[n_batches] = nb
-                b_target_out[n_batches] = target
-                b_mem_out[n_batches] = bm
-                b_sla_out[n_batches] = bs
-                b_service[n_batches] = service
-                b_tokens[n_batches] = tok
-
-            # downsampled time series: every ts_stride-th batch; when the buffer is
-            # full, keep every other row and double the stride
-            if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
-                if ts_count == TSN:
-                    for r in range(TSN // 2):
-                        for c in range(ts.shape[1]):
-                            ts[r, c] = ts[2 * r, c]
-                    ts_count = TSN // 2
-                    ts_stride *= 2
-                if ts_seen & (ts_stride - 1) == 0:
-                    ts[ts_count, TS_TIME] = now
-                    ts[ts_count, TS_B_TARGET] = target
-                    ts[ts_count, TS_B_LOW] = ctl[b, ctl_.CTL_B_LOW]
-                    ts[ts_count, TS_B_HIGH] = ctl[b, ctl_.CTL_B_HIGH]
-                    ts[ts_count, TS_TAU_AVG] = ctl[b, ctl_.CTL_TAU_AVG]
-                    ts[ts_count, TS_BIN] = b
-                    ts[ts_count, TS_SIZE] = nb
-                    for kb in range(K):
-                        ts[ts_count, N_TS_FIXED + kb] = size[kb]
-                    ts_count += 1
-            ts_seen += 1
-
-            busy[k] = True
-            free_at[k] = C
-            n_free -= 1
-            if C < t_next or (C == t_next and k < s_next):
-                t_next = C
-                s_next = k
-            s_n[k] = nb
-            s_bin[k] = b
-            s_f[SF_SERVICE, k] = service
-            s_f[SF_TBT, k] = tbt
-            s_f[SF_SUM_P, k] = sum_prompt
-            s_f[SF_SUM_O, k] = sum_out
-            s_f[SF_MAX_O, k] = max_out
-            s_f[SF_M2, k] = m2
-            in_service += nb
-            n_batches += 1
-            if n_batches & 4095 == 0 and stop[0] != 0:
-                # (a long drain after the last arrival draws no blocks)
-                code = STOPPED
-                break
-        if code == STOPPED:
+            pending = nxt > now
+        if code == WARMUP_DONE:
             break
 
-    fstats[F_SUM_LATENCY] = sum_latency
-    fstats[F_SUM_LATENCY2] = sum_latency2
-    fstats[F_SUM_TTFT] = sum_ttft
-    fstats[F_BUSY] = busy_time
-    fstats[F_TOKENS_OUT] = tokens_out
-    fstats[F_TOKENS_IN] = tokens_in
-    fstats[F_SUM_TBT_TOKENS] = sum_tbt_tokens
-    fstats[F_TOKEN_SECONDS] = token_seconds
-    fstats[F_PEAK_TOKENS] = peak_tokens
-    fstats[F_SUM_B] = sum_b
-    fstats[F_SUM_B2] = sum_b2
-    fstats[F_SLA_TOKENS] = sla_tokens
-    fstats[F_LAST_COMPLETION] = last_completion
-    istats[I_COMPLETED] = completed
-    istats[I_REJECTED] = rejected
-    istats[I_MEM_EXCEED] = mem_exceed
-    istats[I_SLA_REQUESTS] = sla_requests
-    istats[I_BATCHES] = n_batches
-    istats[I_TS_COUNT] = ts_count
-    istats[I_TS_STRIDE] = ts_stride
-    loop[L_T] = t
-    loop[L_SEG] = seg
-    loop[L_I] = i
-    loop[L_JJ] = jj
-    loop[L_M] = m
-    loop[L_RR] = rr
-    loop[L_TS_SEEN] = ts_seen
+    floats[S.sum_latency] = sum_latency
+    floats[S.sum_ttft] = sum_ttft
+    floats[S.busy] = busy_time
+    floats[S.tokens_out] = tokens_out
+    floats[S.sum_tbt_tokens] = sum_tbt_tokens
+    floats[S.token_seconds] = token_seconds
+    floats[S.peak_tokens] = peak_tokens
+    floats[S.sum_b] = sum_b
+    floats[S.sum_b2] = sum_b2
+    floats[S.sla_tokens] = sla_tokens
+    floats[S.last_completion] = last_completion
+    ints[S.completed] = completed
+    ints[S.rejected] = rejected
+    ints[S.mem_exceed] = mem_exceed
+    ints[S.sla_requests] = sla_requests
+    ints[S.batches] = n_batches
+    ints[S.ts_rows] = ts_rows
+    li[L.i] = i
+    li[L.jj] = jj
+    li[L.m] = m
+    li[L.seg] = seg
+    li[L.rr] = rr
+    li[L.ts_seen] = ts_seen
+    li[L.ts_stride] = ts_stride
+    li[L.pending] = 1 if pending else 0
+    lf[L.t] = t
+    lf[L.now] = now
     return code
 
 
-
-
 def warmup() -> None:
-    """Compile the event kernel (or load it from the cache) on a tiny input."""
-    import scipy.stats as st
-
-    from ..arrivals import Poisson
-    from ..policies import MultiBinDynamic
-    from ..simulation import simulate
-    from ..workload import Workload
-
-    simulate(MultiBinDynamic(bins=2, warmup=4), arrivals=Poisson(rate=1.0),
-             workload=Workload(prompt=st.uniform(1, 10), output=st.uniform(1, 10)), n=16, seed=0)
-    # and the queue growth, which a run this small never needs
-    _grow(np.zeros((N_Q, 1, 2)), np.zeros(1, np.int64), np.zeros(1, np.int64), 1, 2)
+    """Compile the event kernel (or load it from the cache) on a tiny input:
+    multi-bin dynamic batching of 2 bins after a warm-up of 4 requests, 2
+    servers, 16 requests (one specialization serves every run)."""
+    n = 16
+    config = TokenConfig(
+        run=RUN.pack(n=n, arrival_kind=ARR_POISSON, prompt_kind=SVC_UNIFORM, output_kind=SVC_UNIFORM, integer=1,
+                     keep_requests=1, keep_batches=1, rate=1.0, predictor_sigma=0.0),
+        policy=POLICY.pack(policy=POL_MB_DYNAMIC, bins=2, pin=0, max_candidates=4, selection=SEL_ROUND_ROBIN,
+                           warmup=4, memory_on=1, servers=2),
+        sla=SLA.pack(variant=0, d_sla=7.5e-3, eps_d=5e-5, b_min=1.0, b_max=4.0, alpha=4.0, delta=2.0,
+                     ema=DEFAULT_EMA),
+        memory=MEMORY.pack(variant=0, eta=1e5, b_min=1.0, b_max=4.0, z=1.645, default_tokens=DEFAULT_TOKENS),
+        model=MODEL.zeros(model=MODEL_DECODE, tbt_beta=5.74e-3, tbt_gamma=0.316))
+    inputs = INPUTS.pack(arrival_times=np.empty(0), pw_rates=np.ones(1), pw_ends=np.full(1, np.inf),
+                         prompt_params=np.array([1.0, 9.0]), prompt_values=np.empty(0),
+                         output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
+    gen = np.random.default_rng(0)
+    run(config, inputs, TokenStreams(gen, gen, gen, gen), np.zeros(1, np.int64), groups=1, ts_rows=4)

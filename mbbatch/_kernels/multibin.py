@@ -8,79 +8,123 @@ the policy: request ``i`` takes its inter-arrival gap from the arrival stream
 and its service time from the service stream, whatever the bins, batch size or
 servers.  One seed therefore gives every policy the same requests (common
 random numbers).
+
+Python calls :func:`run`; the arguments of :func:`multibin_kernel` are
+declared once below (:data:`CONFIG`, :data:`INPUTS`, ...).  With
+``base``, ``per_token`` and ``integer`` in :data:`CONFIG` the drawn or
+replayed values are output lengths (tokens) and each request's service time
+is ``base + per_token * length``: the max-of-members model
+``MaxModel(base, per_token)`` of the token-level policies.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
-from numba.extending import intrinsic
 
-from . import CACHE
+from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a test read them from here)
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
+    SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM, SVC_WEIBULL_MIN, draw_arrivals, draw_block,
+    hist_bucket, kernel, step, token_service,
+)
+from .layout import Arrays, Layout
 
-# arrival kinds
-ARR_POISSON = 0
-ARR_SATURATED = 1
-ARR_REPLAY = 2
-ARR_PIECEWISE = 3   # Poisson with a piecewise-constant rate
+#: the run's scalars.  ``servers`` 0 means infinitely many (Assumption 5.1);
+#: ``keep`` 1 writes the per-request records.  Each drawn or replayed service
+#: value x becomes ``base + per_token * x`` (x first rounded up to whole
+#: tokens, at least 1, when ``integer`` is 1): a request's service time from
+#: its output length under the max-of-members model.  ``base = 0,
+#: per_token = 1, integer = 0`` leaves the values as they are.
+CONFIG = Layout("multi-bin run", ints=("n", "arrival_kind", "service_kind", "batch_size", "servers", "keep",
+                                       "integer"),
+                floats=("rate", "max_wait", "base", "per_token"))
 
-# service kinds: the draw is loc + scale * X with X from the table below
-SVC_UNIFORM = 0      # X ~ U[0, 1)
-SVC_EXPON = 1        # X ~ Exp(1)
-SVC_LOGNORM = 2      # X = exp(s Z), params[2] = s
-SVC_GAMMA = 3        # X ~ Gamma(a, 1), params[2] = a
-SVC_WEIBULL_MIN = 4  # X ~ Weibull(c), params[2] = c
-SVC_REPLAY = 5       # service times given in an array
+#: read-only inputs: replayed arrival times (s), the service distribution's
+#: (loc, scale[, shape]) or replayed service values, and the k + 1 bin edges
+INPUTS = Arrays("MultiBinInputs", __name__, readonly=True, arrival_times=np.float64,
+                service_params=np.float64, service_values=np.float64, edges=np.float64)
+MultiBinInputs = INPUTS.type
 
-# latency histogram: log-linear buckets on the float64 bit pattern (HDR-style).
-# HIST_SUB_BITS mantissa bits per octave give buckets of relative width
-# 2**-HIST_SUB_BITS; quantiles read off bucket midpoints are within half that.
-HIST_SUB_BITS = 10
-HIST_MIN_EXP = -30   # 2**-30 s ~ 1 ns: smaller latencies land in bucket 0
-HIST_MAX_EXP = 50    # 2**50 s: larger latencies land in the last bucket
-HIST_SIZE = (HIST_MAX_EXP - HIST_MIN_EXP) << HIST_SUB_BITS
-_HIST_SHIFT = 52 - HIST_SUB_BITS
-_HIST_BASE = (1023 + HIST_MIN_EXP) << HIST_SUB_BITS
+#: the random streams: arrival gaps and service times
+MultiBinStreams = namedtuple("MultiBinStreams", ("arrival", "service"))
 
-# indices into the float statistics vector
-S_FIRST_ARRIVAL = 0
-S_LAST_COMPLETION = 1
-S_BUSY = 2            # summed batch service time (server-seconds busy)
-S_SUM_LATENCY = 3
-S_SUM_FILL_WAIT = 4   # request arrival -> its batch is ready
-S_SUM_QUEUE_WAIT = 5  # batch ready -> batch starts service, per request
-S_BUSY_SQ = 6         # summed squared batch service time
-N_FLOAT_STATS = 7
+#: the statistics (:data:`MultiBinOutputs` ``ints`` and ``floats``)
+STATS = Layout("multi-bin statistics", ints=("completed", "batches", "excluded"),
+               floats=("first_arrival", "last_completion",
+                       "busy",              # summed batch service time (server-seconds busy)
+                       "sum_latency",
+                       "sum_fill_wait",     # request arrival -> its batch is ready
+                       "sum_queue_wait",    # batch ready -> batch starts service, per request
+                       "busy_sq"))          # summed squared batch service time
+#: the outputs; group g of the batch-means statistics holds the batches whose
+#: last member has arrival index i with g = i * G // n
+OUTPUTS = Arrays("MultiBinOutputs", __name__, ints=np.int64, floats=np.float64, batches_per_bin=np.int64,
+                 group_latency=np.float64, group_count=np.int64, group_batch_wait=np.float64,
+                 group_batches=np.int64, hist=np.int64)
+MultiBinOutputs = OUTPUTS.type
 
-# indices into the integer statistics vector
-I_COMPLETED = 0
-I_BATCHES = 1
-I_EXCLUDED = 2
-N_INT_STATS = 3
+#: per-request records (``keep``: n of them, else 0): ``REQUESTS.records(n)``;
+#: completion NaN and batch -1 for requests left in a partial batch
+REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"), floats=("arrival", "service", "completion"))
+
+#: the kernel's scratch arrays.  Bin b's partial batch occupies
+#: [b * stride, (b + 1) * stride) of the buf_ arrays, stride = min(B, n);
+#: heap holds the servers' free times when 1 < servers < inf.
+WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_index=np.int64,
+                   count=np.uint64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
+                   block_time=np.float64, block_bin=np.uint32, block_service=np.float64, heap=np.float64)
+MultiBinWorkspace = WORKSPACE.type
+
+C = CONFIG.index
+S = STATS.index
+RQ = REQUESTS.index
+
+# the statistics' old names, which results.py reads
+S_FIRST_ARRIVAL, S_LAST_COMPLETION, S_BUSY = S.first_arrival, S.last_completion, S.busy
+S_SUM_LATENCY, S_SUM_FILL_WAIT, S_SUM_QUEUE_WAIT, S_BUSY_SQ = (S.sum_latency, S.sum_fill_wait,
+                                                               S.sum_queue_wait, S.busy_sq)
+I_COMPLETED, I_BATCHES, I_EXCLUDED = S.completed, S.batches, S.excluded
+_HIST_BASE, _HIST_SHIFT = HIST_BASE, HIST_SHIFT
+
+#: bins up to which a request's bin is the count of inner edges at or below
+#: its service time (branch-free, vectorized); binary search above
+LINEAR_BINNING_MAX = 16
 
 
-@intrinsic
-def _float_bits(typingctx, x):
-    """The IEEE-754 bit pattern of a float64 as an int64, in a register."""
-    if isinstance(x, types.Float) and x.bitwidth == 64:
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(64))
-        return types.int64(x), codegen
-    return None
+def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarray, groups: int):
+    """Simulate the run ``config`` (:data:`CONFIG` ``.pack(...)``) on
+    ``inputs`` (:data:`INPUTS` ``.pack(...)``), with ``groups`` batch-means
+    groups.
+
+    Returns ``(outputs, requests)``: a :data:`MultiBinOutputs` (the
+    statistics as ``STATS.unpack((outputs.ints, outputs.floats))``) and the
+    per-request records as ``{field: array}`` (:data:`REQUESTS` names the
+    fields), or None without ``keep``.  Once ``stop[0]`` is set (the
+    caller's Ctrl-C) the kernel returns early, its outputs incomplete.
+    """
+    cfg = CONFIG.unpack(config)
+    n, B, servers = cfg["n"], cfg["batch_size"], cfg["servers"]
+    k = inputs.edges.shape[0] - 1
+    stride = min(B, n)
+    ints, floats = STATS.zeros(last_completion=-np.inf)
+    out = OUTPUTS.pack(ints=ints, floats=floats, batches_per_bin=np.zeros(k, np.int64),
+                       group_latency=np.zeros(groups), group_count=np.zeros(groups, np.int64),
+                       group_batch_wait=np.zeros(groups), group_batches=np.zeros(groups, np.int64),
+                       hist=np.zeros(HIST_SIZE, np.int64))
+    requests = REQUESTS.records(n if cfg["keep"] else 0)
+    ws = WORKSPACE.pack(buf_arrival=np.empty(k * stride), buf_index=np.empty(k * stride, np.int64),
+                        count=np.zeros(k, np.uint64), max_service=np.full(k, -np.inf), lat=np.empty(stride),
+                        hidx=np.empty(stride, np.uint64), block_time=np.empty(BLOCK),
+                        block_bin=np.empty(BLOCK, np.uint32), block_service=np.empty(BLOCK),
+                        heap=np.zeros(max(servers, 1)))
+    multibin_kernel(config, inputs, streams, out, requests, ws, stop)
+    return out, (REQUESTS.rows(requests) if cfg["keep"] else None)
 
 
-@njit(cache=CACHE, inline="always")
-def _hist_add(hist, x):
-    # bucket = exponent and top HIST_SUB_BITS mantissa bits of x (x >= 0)
-    h = (_float_bits(x) >> _HIST_SHIFT) - _HIST_BASE
-    h = min(max(h, 0), HIST_SIZE - 1)
-    hist[np.uint64(h)] += 1
-
-
-@njit(cache=CACHE)
-def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, uB, uS,
-          buf_arrival, keep, buf_index, out_arrival, out_service, out_bin, deadline, max_wait):
+@step
+def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, uB, uS, buf_arrival, keep,
+          buf_index, r_i, r_f, deadline, max_wait):
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
     (arrival time kept, service time folded into the bin's running maximum).
 
@@ -89,8 +133,7 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
     arrives after ``deadline``, the earliest time a partial batch must
     leave (``max_wait``), or ``m``.  ``deadline`` is updated as bins get their
     first member.  Bin b's partial batch starts at ``b * uS`` of the
-    buffers.  A small function of its own so that its loop keeps its few
-    pointers in registers."""
+    buffers."""
     one = np.uint64(1)
     for jj in range(np.uint64(j0), np.uint64(m)):
         t = block_time[jj]
@@ -111,9 +154,9 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
         if keep:
             i = i0 + np.int64(jj)
             buf_index[o] = i
-            out_arrival[i] = t
-            out_service[i] = s
-            out_bin[i] = b
+            r_f[RQ.arrival, i] = t
+            r_f[RQ.service, i] = s
+            r_i[RQ.bin, i] = b
         c += one
         if c == uB:
             count[b] = 0
@@ -122,87 +165,16 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
     return m, deadline
 
 
-#: requests drawn per block: random numbers are drawn in tight loops, one
-#: stream at a time, then the block is processed without calls in its loop
-BLOCK = 1024
-
-
-@njit(cache=CACHE)
-def _draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, pw_rates, pw_ends, seg):
-    """Arrival times of requests i0 .. i0+m-1 into ``out``, continuing the
-    clock ``t`` (and, for piecewise Poisson, the rate segment ``seg``);
-    returns the new ``(t, seg)``."""
-    um = np.uint64(m)
-    if kind == ARR_POISSON:
-        for j in range(um):
-            t += gen.standard_exponential() * inv_rate
-            out[j] = t
-    elif kind == ARR_PIECEWISE:
-        for j in range(um):
-            # exact piecewise-constant Poisson: memorylessness lets a gap
-            # that crosses a rate change restart at the change
-            while True:
-                nt = t + gen.standard_exponential() / pw_rates[seg]
-                if nt <= pw_ends[seg] or seg == pw_rates.shape[0] - 1:
-                    t = nt
-                    break
-                t = pw_ends[seg]
-                seg += 1
-            out[j] = t
-    elif kind == ARR_REPLAY:
-        ui0 = np.uint64(i0)
-        for j in range(um):
-            out[j] = arrival_times[ui0 + j]
-    else:
-        for j in range(um):
-            out[j] = 0.0
-    return t, seg
-
-
-@njit(cache=CACHE)
-def _draw_block(kind, params, values, i0, m, gen, out):
-    # the switch sits outside the loops so each draw loop is a tight one
-    um = np.uint64(m)
-    ui0 = np.uint64(i0)
-    loc = params[0]
-    scale = params[1]
-    if kind == SVC_UNIFORM:
-        for j in range(um):
-            out[j] = loc + scale * gen.random()
-    elif kind == SVC_EXPON:
-        for j in range(um):
-            out[j] = loc + scale * gen.standard_exponential()
-    elif kind == SVC_LOGNORM:
-        for j in range(um):
-            out[j] = loc + scale * np.exp(params[2] * gen.standard_normal())
-    elif kind == SVC_GAMMA:
-        for j in range(um):
-            out[j] = loc + scale * gen.standard_gamma(params[2])
-    elif kind == SVC_WEIBULL_MIN:
-        for j in range(um):
-            out[j] = loc + scale * gen.weibull(params[2])
-    else:
-        for j in range(um):
-            out[j] = values[ui0 + j]
-
-
-@njit(cache=CACHE, nogil=True)
-def multibin_kernel(
-    n, arrival_kind, rate, arrival_times, service_kind, service_params, service_values,
-    edges, batch_size, servers, max_wait, gen_arrival, gen_service, keep,
-    out_arrival, out_service, out_bin, out_completion, out_batch,
-    stats, istats, batches_per_bin, group_latency, group_count, group_batch_wait,
-    group_batches, hist, stop,
-):
-    """Simulate ``n`` requests through multi-bin batching; outputs are written in place.
+@kernel
+def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
+    """Simulate ``n`` requests through multi-bin batching; outputs are
+    written in place (``out.floats[S.last_completion]`` must start at -inf).
 
     ``servers == 0`` means infinitely many servers (Assumption 5.1).  With
     ``max_wait`` finite a bin also releases a partial batch once its oldest
     request has waited ``max_wait`` (then nothing is left over); otherwise
-    requests of a bin whose last batch never fills are counted in
-    ``istats[I_EXCLUDED]`` and get no completion time.  Group ``g`` of the batch-means statistics
-    holds the batches whose last member has arrival index ``i`` with
-    ``g = i * G // n``.
+    requests of a bin whose last batch never fills are counted as
+    ``excluded`` and get no completion time.
 
     ``servers`` need be at most ``n`` (more are never all busy).  The kernel
     returns early, its outputs incomplete, once ``stop[0]`` is nonzero
@@ -212,8 +184,48 @@ def multibin_kernel(
     The hot loops index with unsigned integers: numba then emits no
     negative-index wraparound, which costs a third of the request loop.
     """
+    ci, cf = config
+    n = ci[C.n]
+    arrival_kind = ci[C.arrival_kind]
+    service_kind = ci[C.service_kind]
+    B = ci[C.batch_size]
+    servers = ci[C.servers]
+    keep = ci[C.keep] != 0
+    integer = ci[C.integer] != 0
+    rate = cf[C.rate]
+    max_wait = cf[C.max_wait]
+    base = cf[C.base]
+    per_token = cf[C.per_token]
+    tokens = integer or base != 0.0 or per_token != 1.0
+    # the arrays and streams
+    arrival_times = inputs.arrival_times
+    service_params = inputs.service_params
+    service_values = inputs.service_values
+    edges = inputs.edges
+    gen_arrival = streams.arrival
+    gen_service = streams.service
+    ints = out.ints
+    floats = out.floats
+    batches_per_bin = out.batches_per_bin
+    group_latency = out.group_latency
+    group_count = out.group_count
+    group_batch_wait = out.group_batch_wait
+    group_batches = out.group_batches
+    hist = out.hist
+    r_i = requests[0]
+    r_f = requests[1]
+    buf_arrival = ws.buf_arrival
+    buf_index = ws.buf_index
+    count = ws.count
+    max_service = ws.max_service
+    lat = ws.lat
+    hidx = ws.hidx
+    block_time = ws.block_time
+    block_bin = ws.block_bin
+    block_service = ws.block_service
+    heap = ws.heap
+
     k = edges.shape[0] - 1
-    B = batch_size
     G = group_latency.shape[0]
     U0 = np.uint64(0)
     U1 = np.uint64(1)
@@ -225,22 +237,10 @@ def multibin_kernel(
     # bin never holds more than min(B, n) requests
     stride = B if B < n else n
     uS = np.uint64(stride)
-    buf_arrival = np.empty(k * stride, np.float64)
-    buf_index = np.empty(k * stride, np.int64)
-    count = np.zeros(k, np.uint64)
-    max_service = np.full(k, -np.inf)
-    lat = np.empty(stride, np.float64)
-    hidx = np.empty(stride, np.uint64)
-    block_time = np.empty(BLOCK, np.float64)
-    block_bin = np.empty(BLOCK, np.uint32)
-    block_service = np.empty(BLOCK, np.float64)
-    # server free times: a binary min-heap when 1 < servers < inf
     n_heap = servers if servers > 1 else 1
-    heap = np.zeros(n_heap, np.float64)
     free_at = 0.0
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
-    no_segments = np.empty(0, np.float64)
-    seg = 0
+    seg = np.int64(0)  # not a literal: one compiled draw_arrivals
 
     t = 0.0
     first_arrival = 0.0
@@ -266,20 +266,23 @@ def multibin_kernel(
             if i0 >= n:
                 arrivals_over = True
             else:
-                m = min(BLOCK, n - i0)
+                m = n - i0 if n - i0 < BLOCK else BLOCK
                 jj = np.int64(0)
-            # 1. draws, one stream at a time, in tight loops
+            # 1. draws, one stream at a time, in tight loops (no piecewise
+            # Poisson here: no rate segments)
             um = np.uint64(m)
-            t, seg = _draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival,
-                                    block_time, no_segments, no_segments, seg)
+            t, seg = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival,
+                                   block_time, arrival_times[:0], arrival_times[:0], seg)
             if i0 == 0:
                 first_arrival = block_time[0]
-            _draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
+            draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
+            if tokens:
+                token_service(block_service, m, base, per_token, integer)
 
             # 2. bins: bin b holds edges[b] <= s < edges[b+1], the last one closed
             # above.  Counting the inner edges passed is branch-free and
             # vectorizes; binary search for many bins.
-            if k <= 16:
+            if k <= LINEAR_BINNING_MAX:
                 for j in range(um):
                     block_bin[j] = 0
                 for q in range(1, k):
@@ -299,13 +302,11 @@ def multibin_kernel(
                             hi = mid - 1
                     block_bin[j] = lo
 
-
         # 3. requests in arrival order; _fill returns at each full batch and
         # before the first arrival past a partial batch's deadline
         if not arrivals_over:
             jj, deadline = _fill(jj, m, i0, block_time, block_service, block_bin, count, max_service,
-                                 uB, uS, buf_arrival, keep, buf_index, out_arrival, out_service, out_bin,
-                                 deadline, max_wait)
+                                 uB, uS, buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait)
             if jj == m:
                 continue
         if arrivals_over or jj < 0:
@@ -325,7 +326,7 @@ def multibin_kernel(
             o = b * uS
             members = count[b]
             count[b] = 0
-            i = min(i0 + jj, n - 1)
+            i = i0 + jj if i0 + jj < n else n - 1
         else:
             i = i0 + jj
             ready = block_time[jj]
@@ -338,18 +339,18 @@ def multibin_kernel(
         # bin's deadline.  Batches reach the central FIFO in ready-time order, so serving
         # them in generation order is "first completed batch, first served".
         # batch service time = max of the members'
-        S = max_service[b]
+        S_b = max_service[b]
         max_service[b] = -np.inf
 
         if servers == 1:
             start = ready if ready > free_at else free_at
-            free_at = start + S
+            free_at = start + S_b
         elif servers == 0:
             start = ready
         else:
             start = ready if ready > heap[0] else heap[0]
             # replace the root by the new free time and sift down
-            v = start + S
+            v = start + S_b
             p = 0
             while True:
                 l = 2 * p + 1
@@ -365,19 +366,18 @@ def multibin_kernel(
                 else:
                     break
             heap[p] = v
-        C = start + S
-        if C > last_completion:
-            last_completion = C
-        busy += S
-        busy_sq += S * S
+        Cb = start + S_b
+        if Cb > last_completion:
+            last_completion = Cb
+        busy += S_b
+        busy_sq += S_b * S_b
 
         # member latencies, then their histogram buckets: both loops
         # vectorize; only the bucket increments stay scalar
         for j in range(members):
-            lat[j] = C - buf_arrival[o + j]
+            lat[j] = Cb - buf_arrival[o + j]
         for j in range(members):
-            h = (_float_bits(lat[j]) >> _HIST_SHIFT) - _HIST_BASE
-            hidx[j] = min(max(h, 0), HIST_SIZE - 1)
+            hidx[j] = hist_bucket(lat[j])
         for j in range(members):
             hist[hidx[j]] += 1
         # summed in four lanes in a fixed order: deterministic, and free
@@ -399,12 +399,12 @@ def multibin_kernel(
         lat_batch = (a0 + a1) + (a2 + a3)
         if keep:
             for jm in range(members):
-                r_i = buf_index[o + jm]
-                out_completion[r_i] = C
-                out_batch[r_i] = n_batches
+                idx = buf_index[o + jm]
+                r_f[RQ.completion, idx] = Cb
+                r_i[RQ.batch, idx] = n_batches
         # lat_batch = nm*C - sum(arrivals), so the fill wait is nm*ready - sum(arrivals)
         nm = np.int64(members)
-        sum_fill += lat_batch - nm * (C - ready)
+        sum_fill += lat_batch - nm * (Cb - ready)
         sum_latency += lat_batch
         sum_queue += nm * (start - ready)
         g = (i * G) // n
@@ -426,24 +426,24 @@ def multibin_kernel(
     excluded = 0
     for q in range(k):
         excluded += count[q]
-    stats[S_FIRST_ARRIVAL] = first_arrival
-    stats[S_LAST_COMPLETION] = last_completion
-    stats[S_BUSY] = busy
-    stats[S_BUSY_SQ] = busy_sq
-    stats[S_SUM_LATENCY] = sum_latency
-    stats[S_SUM_FILL_WAIT] = sum_fill
-    stats[S_SUM_QUEUE_WAIT] = sum_queue
-    istats[I_COMPLETED] = completed
-    istats[I_BATCHES] = n_batches
-    istats[I_EXCLUDED] = excluded
+    floats[S.first_arrival] = first_arrival
+    floats[S.last_completion] = last_completion
+    floats[S.busy] = busy
+    floats[S.busy_sq] = busy_sq
+    floats[S.sum_latency] = sum_latency
+    floats[S.sum_fill_wait] = sum_fill
+    floats[S.sum_queue_wait] = sum_queue
+    ints[S.completed] = completed
+    ints[S.batches] = n_batches
+    ints[S.excluded] = excluded
 
 
 def warmup() -> None:
-    """Compile the kernel (or load it from the cache) on a tiny input."""
-    from ..simulation import simulate
-    from ..policies import MultiBin
-    from ..arrivals import Poisson
-    import scipy.stats as st
-
-    simulate(MultiBin(bins=2, batch_size=2), arrivals=Poisson(rate=1.0),
-             service=st.uniform(1, 1), n=8, seed=0)
+    """Compile the kernel (or load it from the cache) on a tiny input: two
+    bins of two, two servers, two requests."""
+    config = CONFIG.pack(n=2, arrival_kind=ARR_POISSON, service_kind=SVC_UNIFORM, batch_size=2, servers=2,
+                         keep=1, integer=0, rate=1.0, max_wait=np.inf, base=0.0, per_token=1.0)
+    inputs = INPUTS.pack(arrival_times=np.empty(0), service_params=np.array([1.0, 1.0]),
+                         service_values=np.empty(0), edges=np.array([1.0, 1.5, 2.0]))
+    gen = np.random.default_rng(0)
+    run(config, inputs, MultiBinStreams(gen, gen), np.zeros(1, np.int64), groups=1)

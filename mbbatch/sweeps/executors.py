@@ -149,8 +149,8 @@ class Executor:
                 yield futures[fut], fut.result()
         except BaseException:
             # interrupted (or a failed point): drop the queued points, not wait for them
-            for fut in futures:
-                fut.cancel()
+            # (shutdown cancels them; cancelling them here as well races the pool's
+            # own thread, which then fails on a future already cancelled)
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
             raise

@@ -1,0 +1,180 @@
+"""Kernel parts shared by the multi-bin and the event kernels: the codes of
+the arrival processes and length distributions, the blocks of random draws,
+whole-token rounding, the log-linear latency histogram, and the decorators
+of kernels and their helpers.
+
+Kernels allocate nothing (Python hands them every array), so they run without
+numba's reference counting (``_nrt=False``): with it, every array passed to a
+helper would cost an atomic increment and decrement per call, more than an
+event loop's own work, and seconds of compile time for the code that counts.
+A kernel's helpers are compiled on their own, once (numba's
+``inline="always"`` would copy a helper's code into every caller before
+typing, which costs seconds of compile time too):
+
+- :data:`step`: a step of an event loop, inlined by LLVM at every call
+  (``forceinline``), so that it costs nothing at run time;
+- :data:`subroutine`: called once per block of requests, left to LLVM.
+
+Neither can be called from Python (no wrappers: less to compile).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+# numba's implementations of numpy's Generator methods (numpy's algorithms, so
+# numpy's numbers), called on the bit generator: through the Generator methods
+# numba compiles each of them twice (once with the methods' defaults omitted,
+# once filled in), a second of every kernel's first compile
+from numba.np.random.distributions import (
+    random_standard_exponential, random_standard_gamma, random_standard_normal, random_weibull,
+)
+from numba.np.random.generator_core import next_double
+
+#: numba's disk cache: on unless the environment says MBBATCH_NUMBA_CACHE=0
+#: (see the package's docstring)
+CACHE: bool = os.environ.get("MBBATCH_NUMBA_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+# arrival kinds
+ARR_POISSON = 0
+ARR_SATURATED = 1
+ARR_REPLAY = 2
+ARR_PIECEWISE = 3   # Poisson with a piecewise-constant rate
+
+# service (or length) kinds: the draw is loc + scale * X with X from the table
+# below, params = (loc, scale, shape)
+SVC_UNIFORM = 0      # X ~ U[0, 1)
+SVC_EXPON = 1        # X ~ Exp(1)
+SVC_LOGNORM = 2      # X = exp(s Z), shape = s
+SVC_GAMMA = 3        # X ~ Gamma(a, 1), shape = a
+SVC_WEIBULL_MIN = 4  # X ~ Weibull(c), shape = c
+SVC_REPLAY = 5       # values given in an array
+
+#: requests drawn per block: random numbers are drawn in tight loops, one
+#: stream at a time, then the block is processed without calls in its loop
+BLOCK = 1024
+
+# latency histogram: log-linear buckets on the float64 bit pattern (HDR-style).
+# HIST_SUB_BITS mantissa bits per octave give buckets of relative width
+# 2**-HIST_SUB_BITS; quantiles read off bucket midpoints are within half that.
+HIST_SUB_BITS = 10
+HIST_MIN_EXP = -30   # 2**-30 s ~ 1 ns: smaller latencies land in bucket 0
+HIST_MAX_EXP = 50    # 2**50 s: larger latencies land in the last bucket
+HIST_SIZE = (HIST_MAX_EXP - HIST_MIN_EXP) << HIST_SUB_BITS
+HIST_SHIFT = 52 - HIST_SUB_BITS                    # 52 mantissa bits in a float64
+HIST_BASE = (1023 + HIST_MIN_EXP) << HIST_SUB_BITS  # 1023: the float64 exponent bias
+
+
+#: a kernel: called from Python, runs without the GIL (see mbbatch._running)
+kernel = njit(cache=CACHE, nogil=True, no_cfunc_wrapper=True, _nrt=False)
+#: a step of an event loop: compiled once, inlined by LLVM wherever it is called
+step = njit(cache=CACHE, forceinline=True, no_cpython_wrapper=True, no_cfunc_wrapper=True, _nrt=False)
+#: a helper called once per block of requests.  (It keeps the C wrapper: its
+#: flags are then those numba compiles the random draws with, so it compiles
+#: each of them once, not once per set of flags.)
+subroutine = njit(cache=CACHE, no_cpython_wrapper=True, _nrt=False)
+
+
+@intrinsic
+def float_bits(typingctx, x):
+    """The IEEE-754 bit pattern of a float64 as an int64, in a register."""
+    if isinstance(x, types.Float) and x.bitwidth == 64:
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(64))
+        return types.int64(x), codegen
+    return None
+
+
+@njit(cache=CACHE, forceinline=True)
+def hist_bucket(x):
+    """The histogram bucket of a latency x >= 0: its exponent and top
+    HIST_SUB_BITS mantissa bits, clipped to the histogram."""
+    h = (float_bits(x) >> HIST_SHIFT) - HIST_BASE
+    return np.uint64(0 if h < 0 else (h if h < HIST_SIZE else HIST_SIZE - 1))
+
+
+@subroutine
+def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, pw_rates, pw_ends, seg):
+    """Arrival times of requests i0 .. i0+m-1 into ``out``, continuing the
+    clock ``t`` (and, for piecewise Poisson, the rate segment ``seg``);
+    returns the new ``(t, seg)``."""
+    um = np.uint64(m)
+    bits = gen.bit_generator
+    if kind == ARR_POISSON:
+        for j in range(um):
+            t += random_standard_exponential(bits) * inv_rate
+            out[j] = t
+    elif kind == ARR_PIECEWISE:
+        for j in range(um):
+            # exact piecewise-constant Poisson: memorylessness lets a gap
+            # that crosses a rate change restart at the change
+            while True:
+                nt = t + random_standard_exponential(bits) / pw_rates[seg]
+                if nt <= pw_ends[seg] or seg == pw_rates.shape[0] - 1:
+                    t = nt
+                    break
+                t = pw_ends[seg]
+                seg += 1
+            out[j] = t
+    elif kind == ARR_REPLAY:
+        ui0 = np.uint64(i0)
+        for j in range(um):
+            out[j] = arrival_times[ui0 + j]
+    else:
+        for j in range(um):
+            out[j] = 0.0
+    return t, seg
+
+
+@subroutine
+def draw_block(kind, params, values, i0, m, gen, out):
+    """Draws (or replayed values) i0 .. i0+m-1 of one length or service
+    stream into ``out``."""
+    # the switch sits outside the loops so each draw loop is a tight one
+    um = np.uint64(m)
+    ui0 = np.uint64(i0)
+    loc = params[0]
+    scale = params[1]
+    bits = gen.bit_generator
+    if kind == SVC_UNIFORM:
+        for j in range(um):
+            out[j] = loc + scale * next_double(bits)
+    elif kind == SVC_EXPON:
+        for j in range(um):
+            out[j] = loc + scale * random_standard_exponential(bits)
+    elif kind == SVC_LOGNORM:
+        for j in range(um):
+            out[j] = loc + scale * np.exp(params[2] * random_standard_normal(bits))
+    elif kind == SVC_GAMMA:
+        for j in range(um):
+            out[j] = loc + scale * random_standard_gamma(bits, params[2])
+    elif kind == SVC_WEIBULL_MIN:
+        for j in range(um):
+            out[j] = loc + scale * random_weibull(bits, params[2])
+    else:
+        for j in range(um):
+            out[j] = values[ui0 + j]
+
+
+@subroutine
+def round_lengths(x, m, integer):
+    """Whole tokens: each of the first m lengths rounded up, and at least 1."""
+    if integer:
+        for j in range(m):
+            v = math.ceil(x[j])
+            x[j] = v if v >= 1.0 else 1.0
+
+
+@subroutine
+def token_service(x, m, base, per_token, integer):
+    """Each of the first m output lengths x (tokens) becomes its request's
+    service time under the max-of-members model, ``base + per_token * x``
+    (s), after :func:`round_lengths` when ``integer``."""
+    round_lengths(x, m, integer)
+    for j in range(m):
+        x[j] = base + per_token * x[j]
