@@ -11,11 +11,10 @@ from . import theory, traces
 from ._kernels import warmup
 from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
 from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
-from .token_simulation import TokenSimulationResult
 from .controller import Memory, SLAController
 from .service_models import DecodeModel, LinearModel, MaxModel
 from .workload import Workload
-from .results import RequestTable, SimulationResult, UnstableWarning
+from .results import SimulationResult, Table, UnstableWarning
 from .simulation import simulate
 
 __all__ = [
@@ -31,12 +30,11 @@ __all__ = [
     "Memory",
     "SLAController",
     "PiecewisePoisson",
-    "TokenSimulationResult",
     "Poisson",
     "Saturated",
     "Replay",
     "SimulationResult",
-    "RequestTable",
+    "Table",
     "UnstableWarning",
     "theory",
     "traces",

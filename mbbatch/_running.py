@@ -21,9 +21,17 @@ import numpy as np
 __all__ = ["stop_flag", "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
 
 
+_enclosing = threading.local()
+
+
 def stop_flag() -> np.ndarray:
-    """A kernel's stop flag: nonzero asks it to return at its next check."""
-    return np.zeros(1, np.int64)
+    """A kernel's stop flag: nonzero asks it to return at its next check.
+
+    Inside :func:`interruptible`'s helper thread it is the enclosing call's
+    flag, so that many kernels run back to back on one helper thread (a
+    sweep's replications) all stop at one Ctrl-C."""
+    enclosing = getattr(_enclosing, "stop", None)
+    return enclosing if enclosing is not None else np.zeros(1, np.int64)
 
 
 def interruptible(call, stop: np.ndarray):
@@ -36,6 +44,7 @@ def interruptible(call, stop: np.ndarray):
     box = {}
 
     def target():
+        _enclosing.stop = stop
         try:
             box["value"] = call()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller

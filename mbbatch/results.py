@@ -1,17 +1,23 @@
-"""Output statistics of one simulation and their Dataset form."""
+"""The one result type of :func:`mbbatch.simulate`, for every policy.
+
+:class:`SimulationResult` carries the metrics of the metric table
+(:data:`mbbatch.metrics.METRICS`) that apply to the run's policy, as
+attributes of the same names whatever the policy; a metric that does not
+apply is absent (``AttributeError`` saying so), not NaN.  Per-request and
+per-batch records are :class:`Table` objects, the controllers' downsampled
+state an ``xarray.Dataset``.  ``to_dataset()`` names each metric as a sweep
+store does.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import stats
-from ._kernels import multibin as _k
+from .metrics import METRICS, applicable
 
-__all__ = ["SimulationResult", "RequestTable", "METRICS", "QUANTILES", "UnstableWarning", "backlog_growing",
-           "queue_growing"]
+__all__ = ["SimulationResult", "Table", "UnstableWarning"]
 
 
 class UnstableWarning(UserWarning):
@@ -19,201 +25,252 @@ class UnstableWarning(UserWarning):
     grows, so its averages describe a transient, not the policy's long-run
     behaviour."""
 
-QUANTILES = stats.QUANTILES
 
-#: name -> (units, description) for every scalar metric; drives to_dataset().
-METRICS = {
-    "throughput": ("requests/s", "completed requests / (last completion - first arrival)"),
-    "mean_latency": ("s", "mean over completed requests of batch completion - request arrival"),
-    "mean_latency_ci_low": ("s", "lower end of the 95% batch-means confidence interval of mean_latency"),
-    "mean_latency_ci_high": ("s", "upper end of the 95% batch-means confidence interval of mean_latency"),
-    "latency_p50": ("s", "median latency of completed requests"),
-    "latency_p95": ("s", "95th percentile latency of completed requests"),
-    "latency_p99": ("s", "99th percentile latency of completed requests"),
-    "utilization": ("1", "busy server-time / (servers x span); NaN for infinitely many servers"),
-    "mean_busy_servers": ("servers", "busy server-time / span: mean number of servers busy"),
-    "mean_batch_service": ("s", "mean batch service time (max of the members' service times)"),
-    "std_batch_service": ("s", "sample standard deviation of the batch service time"),
-    "mean_fill_wait": ("s", "mean time from a request's arrival until its batch is full"),
-    "mean_queue_wait": ("s", "mean time a request's full batch waits in the central FIFO"),
-    "span": ("s", "last completion - first arrival"),
-    "completed": ("requests", "requests served in full batches"),
-    "excluded_partial": ("requests", "requests left in partial batches when arrivals ended; excluded"),
-    "n_batches": ("batches", "batches served"),
-}
+class Table:
+    """Columns of one length: per-request or per-batch records.
 
-
-@dataclass(frozen=True, eq=False)
-class RequestTable:
-    """Per-request arrays (``keep_requests=True``), indexed by arrival order.
-
-    ``completion`` is NaN and ``batch`` is -1 for requests excluded in a
-    partial batch.  Times in s.
+    A column reads as an attribute (``t.arrival``) or an item
+    (``t["arrival"]``); ``t.columns`` names them; ``len(t)`` is the number of
+    rows; ``to_pandas()`` gives a DataFrame (pandas is installed with
+    xarray).
     """
 
-    arrival: np.ndarray
-    service: np.ndarray
-    bin: np.ndarray
-    completion: np.ndarray
-    batch: np.ndarray
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: dict):
+        cols = {name: np.asarray(v) for name, v in columns.items()}
+        sizes = {v.shape[0] for v in cols.values()}
+        if len(sizes) > 1:
+            raise ValueError(f"a Table's columns must have one length; got {sorted(sizes)}")
+        object.__setattr__(self, "_columns", cols)
+
+    def __getattr__(self, name):
+        try:
+            cols = object.__getattribute__(self, "_columns")
+        except AttributeError:      # (unpickling, before __setstate__)
+            raise AttributeError(name) from None
+        if name in cols:
+            return cols[name]
+        raise AttributeError(f"no column {name!r}; the columns are {', '.join(cols)}")
+
+    def __getitem__(self, name):
+        if name not in self._columns:
+            raise KeyError(f"no column {name!r}; the columns are {', '.join(self._columns)}")
+        return self._columns[name]
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a Table is read-only")
+
+    def __getstate__(self):
+        return self._columns
+
+    def __setstate__(self, state):
+        object.__setattr__(self, "_columns", state)
+
+    def __contains__(self, name) -> bool:
+        return name in self._columns
+
+    def __len__(self) -> int:
+        return next(iter(self._columns.values())).shape[0] if self._columns else 0
+
+    def __iter__(self):
+        return iter(self._columns)
+
+    def __repr__(self) -> str:
+        return f"Table({len(self)} rows; columns: {', '.join(self._columns)})"
 
     @property
-    def latency(self) -> np.ndarray:
-        """completion - arrival, in s (NaN for excluded requests)."""
-        return self.completion - self.arrival
+    def columns(self) -> tuple:
+        """The column names, in order."""
+        return tuple(self._columns)
+
+    def keys(self):
+        return self._columns.keys()
+
+    def to_pandas(self):
+        """The table as a ``pandas.DataFrame`` (one column per column)."""
+        import pandas as pd
+
+        return pd.DataFrame(self._columns)
 
 
-@dataclass(frozen=True, eq=False)
 class SimulationResult:
-    """Metrics of one simulation run; see :data:`METRICS` for units.
+    """Metrics and records of one simulation run, for every policy.
 
-    Latency quantiles come from a log-linear histogram with buckets of relative
-    width 2**-10 (read at bucket midpoints: relative error <= 0.05%), unless
-    ``keep_requests=True``, where they are exact (numpy's default linear
-    interpolation).  The mean latency is always exact.
-
-    ``unstable`` is True when the backlog grew through the run (the sweeps'
-    check, :func:`backlog_growing`): there is then no steady state and the
-    averages describe a transient.  ``unstable_reason`` says why, or why the
-    run was not assessed (saturated arrivals).
+    Attributes
+    ----------
+    kind : str
+        The policy kind: ``multibin``, ``static``, ``dynamic`` or
+        ``multibin_dynamic``.
+    <metric> : float or int
+        Every metric of :data:`mbbatch.metrics.METRICS` that applies to
+        ``kind`` (``res.throughput``, ``res.mean_latency``,
+        ``res.latency_p95``, ``res.utilization``, ...; units in the table).
+        Reading one that does not apply raises ``AttributeError``.
+    mean_latency_ci : tuple of float
+        95% batch-means confidence interval of the mean latency (the run cut
+        into contiguous groups by arrival index).
+    config : dict
+        The run's configuration: policy, arrivals, workload, n, servers and
+        the seed's entropy (everything needed to repeat it).
+    n : int
+        Requests simulated.
+    servers : int or math.inf
+    edges : ndarray, shape (bins + 1,)
+        The bins' edges: bin i holds ``edges[i] <= x < edges[i + 1]``, where
+        x is a request's service time (s) for MultiBin and its predicted
+        output length (tokens) for the token-level policies (Algorithm 6's
+        edges, set after the warm-up; ``[0, 10000]`` with one bin).
+    batches_per_bin : ndarray of int (MultiBin)
+        Batches served from each bin.
+    batch_size_hist : ndarray of int (token-level policies)
+        ``batch_size_hist[b]`` counts batches of size b.
+    group_mean_latency : ndarray
+        Mean latency of each batch-means group.
+    group_mean_batch_wait : ndarray (MultiBin)
+        Mean central-FIFO wait of each group's batches; growth means backlog.
+    latency_histogram : ndarray of int
+        The log-linear latency histogram the quantiles are read from.
+    requests : Table or None
+        Per-request records (``keep_requests=True``), by arrival order; a
+        ``latency`` column is completion - arrival (NaN for requests that
+        never completed).
+    batches : Table or None
+        Per-batch records (``keep_batches=True``, token-level policies).
+    time_series : xarray.Dataset or None
+        Token-level policies: the controllers' state at sampled batch starts
+        (dimension ``time``): ``b_target``, ``b_low``, ``b_high``,
+        ``tau_avg``, ``batch_bin`` (the batch's bin), ``batch_size`` and
+        ``queue`` (requests waiting, also along ``bin``).  None for
+        MultiBin, which has no controller.
+    kernel_seconds : float
+        Wall time the kernel ran, s (the rest of ``simulate`` is checking,
+        packing and these statistics).
+    unstable : bool
+        The backlog grew through the run: no steady state, the averages
+        describe a transient.  ``unstable_reason`` says why, or why the run
+        was not assessed.
     """
 
-    config: dict
-    n: int
-    servers: float
-    edges: np.ndarray
-    throughput: float
-    mean_latency: float
-    mean_latency_ci: tuple
-    latency_p50: float
-    latency_p95: float
-    latency_p99: float
-    utilization: float
-    mean_busy_servers: float
-    mean_batch_service: float
-    std_batch_service: float
-    mean_fill_wait: float
-    mean_queue_wait: float
-    span: float
-    completed: int
-    excluded_partial: int
-    n_batches: int
-    batches_per_bin: np.ndarray
-    group_mean_latency: np.ndarray = field(repr=False)
-    group_mean_batch_wait: np.ndarray = field(repr=False)
-    latency_histogram: np.ndarray = field(repr=False)
-    requests: RequestTable | None = field(default=None, repr=False)
-    unstable: bool = False
-    unstable_reason: str = ""
+    def __init__(self, *, kind: str, config: dict, n: int, servers, edges: np.ndarray, metrics: dict,
+                 arrays: dict, requests: Table | None = None, batches: Table | None = None,
+                 time_series: dict | None = None, unstable: bool = False, unstable_reason: str = "",
+                 latency_quantiles: str = "histogram", kernel_seconds: float = math.nan):
+        expected = set(applicable(kind)) - {"unstable"}
+        if set(metrics) != expected:
+            raise ValueError(f"metrics of a {kind} run: missing {sorted(expected - set(metrics))}, "
+                             f"unexpected {sorted(set(metrics) - expected)}")
+        self.kind = kind
+        self.config = config
+        self.n = n
+        self.servers = servers
+        self.edges = edges
+        self._metrics = metrics
+        self._arrays = arrays
+        self.requests = requests
+        self.batches = batches
+        self._time_series = time_series
+        self._time_series_ds = None
+        self.unstable = bool(unstable)
+        self.unstable_reason = unstable_reason
+        self._latency_quantiles = latency_quantiles
+        self.kernel_seconds = kernel_seconds
 
-    @classmethod
-    def from_kernel(cls, *, config, n, servers, edges, stats, istats, batches_per_bin,
-                    group_latency, group_count, group_batch_wait, group_batches, hist, requests,
-                    assess_stability=True):
-        completed = int(istats[_k.I_COMPLETED])
-        n_batches = int(istats[_k.I_BATCHES])
-        nan = math.nan
-        if completed > 0:
-            span = float(stats[_k.S_LAST_COMPLETION] - stats[_k.S_FIRST_ARRIVAL])
-            busy = float(stats[_k.S_BUSY])
-            throughput = completed / span if span > 0 else math.inf
-            mean_latency = float(stats[_k.S_SUM_LATENCY]) / completed
-            mean_batch_service = busy / n_batches
-            var = (float(stats[_k.S_BUSY_SQ]) - n_batches * mean_batch_service ** 2) / (n_batches - 1) \
-                if n_batches > 1 else nan
-            std_batch_service = math.sqrt(max(var, 0.0)) if n_batches > 1 else nan
-            mean_fill = float(stats[_k.S_SUM_FILL_WAIT]) / completed
-            mean_queue = float(stats[_k.S_SUM_QUEUE_WAIT]) / completed
-            busy_servers = busy / span if span > 0 else nan
-            util = busy_servers / servers if servers != math.inf else nan
-        else:
-            span = throughput = mean_latency = mean_batch_service = std_batch_service = nan
-            mean_fill = mean_queue = busy_servers = util = nan
-        with np.errstate(invalid="ignore", divide="ignore"):
-            g_lat = np.where(group_count > 0, group_latency / group_count, nan)
-            g_wait = np.where(group_batches > 0, group_batch_wait / group_batches, nan)
-        ci = _batch_means_ci(g_lat, mean_latency)
-        if requests is not None and completed > 0:
-            lat = requests.latency
-            q = np.quantile(lat[~np.isnan(lat)], QUANTILES)
-        else:
-            q = _hist_quantiles(hist, QUANTILES)
-        if assess_stability:
-            unstable, reason = _backlog_verdict(g_wait, mean_batch_service)
-        else:
-            unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
-        return cls(config=config, n=n, servers=servers, edges=edges, throughput=throughput,
-                   mean_latency=mean_latency, mean_latency_ci=ci,
-                   latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]),
-                   utilization=util, mean_busy_servers=busy_servers,
-                   mean_batch_service=mean_batch_service, std_batch_service=std_batch_service,
-                   mean_fill_wait=mean_fill,
-                   mean_queue_wait=mean_queue, span=span, completed=completed,
-                   excluded_partial=int(istats[_k.I_EXCLUDED]), n_batches=n_batches,
-                   batches_per_bin=batches_per_bin, group_mean_latency=g_lat,
-                   group_mean_batch_wait=g_wait, latency_histogram=hist, requests=requests,
-                   unstable=unstable, unstable_reason=reason)
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        d = self.__dict__
+        if name in d.get("_metrics", ()):
+            return d["_metrics"][name]
+        if name in d.get("_arrays", ()):
+            return d["_arrays"][name]
+        if name in METRICS:
+            raise AttributeError(f"{name} does not apply to {d.get('kind')} policies "
+                                 f"(see mbbatch.metrics.METRICS[{name!r}].kinds)")
+        raise AttributeError(f"SimulationResult has no attribute {name!r}")
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *self._metrics, *self._arrays})
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={self._metrics[k]:.6g}" for k in ("throughput", "mean_latency", "utilization")
+                          if k in self._metrics)
+        return f"SimulationResult({self.config.get('policy', self.kind)}, n={self.n}, {shown})"
 
     @property
-    def mean_latency_ci_low(self) -> float:
-        return self.mean_latency_ci[0]
+    def mean_latency_ci(self) -> tuple:
+        return (self._metrics["mean_latency_ci_low"], self._metrics["mean_latency_ci_high"])
 
     @property
-    def mean_latency_ci_high(self) -> float:
-        return self.mean_latency_ci[1]
+    def time_series(self):
+        if self._time_series is None:
+            return None
+        if self._time_series_ds is None:
+            import xarray as xr
+
+            ts = self._time_series
+            # (the batch's bin is ``batch_bin``: ``bin`` is the queue's dimension)
+            data = {("batch_bin" if col == "bin" else col): ("time", v, {"units": _TS_UNITS.get(col, "requests")})
+                    for col, v in ts.items() if col not in ("time", "queue")}
+            data["queue"] = (("time", "bin"), ts["queue"], {"units": "requests",
+                                                            "description": "requests waiting per bin"})
+            self._time_series_ds = xr.Dataset(
+                data, coords={"time": ("time", ts["time"], {"units": "s", "long_name": "batch start time"}),
+                              "bin": np.arange(ts["queue"].shape[1])})
+        return self._time_series_ds
 
     def metrics(self) -> dict:
-        """The scalar metrics as a dict (names as in :data:`METRICS`)."""
-        return {name: getattr(self, name) for name in METRICS}
+        """The metrics that apply to this run's policy, by name (table order)."""
+        return dict(self._metrics)
 
     def to_dataset(self):
-        """The metrics as an ``xarray.Dataset`` with units, descriptions and
-        provenance attrs (configuration, seed entropy, versions)."""
+        """The run as an ``xarray.Dataset``: every metric that applies, named
+        as a sweep store names it (``sim_throughput``, ``completed``,
+        ``backlog_growing``, ...), the bin edges and per-bin arrays, the
+        batch-means groups, and for the token-level policies the time series
+        (``ts_*`` along ``time``); units, descriptions and provenance attrs."""
         import xarray as xr
 
         from .provenance import versions
 
         data = {}
-        for name, (units, desc) in METRICS.items():
-            data[name] = xr.Variable((), getattr(self, name),
-                                     {"units": units, "long_name": name.replace("_", " "),
-                                      "description": desc})
-        k = self.batches_per_bin.size
-        data["batches_per_bin"] = xr.Variable(
-            ("bin",), self.batches_per_bin,
-            {"units": "batches", "long_name": "batches per bin", "description": "batches served from each bin"})
-        data["bin_edges"] = xr.Variable(
-            ("bin_edge",), self.edges,
-            {"units": "s", "long_name": "bin edges", "description": "bin i holds edges[i] <= service < edges[i+1]"})
-        data["group_mean_latency"] = xr.Variable(
-            ("group",), self.group_mean_latency,
-            {"units": "s", "long_name": "batch-means group latency",
-             "description": "mean latency of the batches closed in each contiguous block of arrivals"})
-        data["group_mean_batch_wait"] = xr.Variable(
-            ("group",), self.group_mean_batch_wait,
-            {"units": "s", "long_name": "batch-means group queue wait",
-             "description": "mean central-FIFO wait of the batches closed in each block; growth means backlog"})
-        coords = {"bin": np.arange(k), "bin_edge": np.arange(k + 1),
-                  "group": np.arange(self.group_mean_latency.size)}
-        attrs = {key: (str(v) if not isinstance(v, (int, float, str)) else v)
-                 for key, v in self.config.items()}
+        for name, m in applicable(self.kind).items():
+            value = self.unstable if name == "unstable" else self._metrics[name]
+            data[m.var] = xr.Variable((), value, {"units": m.units, "long_name": name.replace("_", " "),
+                                                  "description": m.description})
+        unit = "s" if self.kind == "multibin" else "tokens"
+        data["bin_edges"] = xr.Variable(("bin_edge",), self.edges, {
+            "units": unit, "long_name": "bin edges", "description": "bin i holds edges[i] <= x < edges[i+1]"})
+        coords = {"bin_edge": np.arange(self.edges.size), "group": np.arange(self.group_mean_latency.size)}
+        data["group_mean_latency"] = xr.Variable(("group",), self.group_mean_latency, {
+            "units": "s", "long_name": "batch-means group latency",
+            "description": "mean latency of the requests of each contiguous block of arrivals"})
+        if self.kind == "multibin":
+            coords["bin"] = np.arange(self.batches_per_bin.size)
+            data["batches_per_bin"] = xr.Variable(("bin",), self.batches_per_bin, {
+                "units": "batches", "long_name": "batches per bin", "description": "batches served from each bin"})
+            data["group_mean_batch_wait"] = xr.Variable(("group",), self.group_mean_batch_wait, {
+                "units": "s", "long_name": "batch-means group queue wait",
+                "description": "mean central-FIFO wait of the batches closed in each block; growth means backlog"})
+        else:
+            coords["batch_size"] = np.arange(self.batch_size_hist.size)
+            data["batch_size_hist"] = xr.Variable(("batch_size",), self.batch_size_hist, {
+                "units": "batches", "long_name": "batch size histogram", "description": "batches of each size"})
+            ts = self.time_series
+            coords["time"] = ts["time"].variable
+            coords["bin"] = np.arange(self.edges.size - 1)
+            for col, var in ts.data_vars.items():
+                data[f"ts_{col}"] = xr.Variable(var.dims, var.values, {
+                    **var.attrs, "long_name": col.replace("_", " "),
+                    "description": var.attrs.get("description", f"{col} at sampled batch starts")})
+        attrs = {key: (v if isinstance(v, (int, float, str)) else str(v)) for key, v in self.config.items()}
         attrs.update(versions())
-        attrs["latency_quantiles"] = "exact" if self.requests is not None else "histogram, relative error <= 2**-11"
+        attrs["kind"] = self.kind
+        attrs["latency_quantiles"] = self._latency_quantiles
         attrs["confidence_level"] = 0.95
         attrs["unstable"] = int(self.unstable)
         attrs["unstable_reason"] = self.unstable_reason
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
-# (kept for the token-level wrapper until it moves onto the one result type)
-def _backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
-    return stats.backlog_verdict(group_wait, mean_batch_service)
-
-
-queue_growing = stats.queue_verdict
-backlog_growing = stats.backlog_growing
-_batch_means_ci = stats.batch_means_ci
-
-
-def _hist_quantiles(hist: np.ndarray, qs) -> np.ndarray:
-    return stats.hist_quantiles(hist, qs, _k._HIST_BASE, _k._HIST_SHIFT)
+_TS_UNITS = {"tau_avg": "s/token", "bin": "1"}

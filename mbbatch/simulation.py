@@ -1,48 +1,83 @@
-"""The ``simulate`` entry point: validate, derive the random streams, allocate,
-run the kernel, wrap the result."""
+"""The ``simulate`` entry point, for every policy: check the call, derive the
+random streams, run the policy's kernel, wrap the one result type.
+
+The request model: requests arrive by an arrival process; each has a prompt
+and an output length and a predicted output length (a :class:`Workload`);
+a policy forms batches; a batch service model times them.  The multi-bin
+paper's model is the case ``service=dist``: output lengths drawn from
+``dist`` under the max-of-members model ``MaxModel(base=0, per_token=1)``,
+so a request's service time is its length; it runs on the multi-bin kernel.
+The batch-forming policies (static, dynamic, multi-bin dynamic) run on the
+event kernel.
+"""
 
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as _st
 
+from . import stats
+from ._kernels import common as _common
+from ._kernels import controller as _c
+from ._kernels import dynamic as _d
 from ._kernels import multibin as _k
 from ._running import check_clock, check_memory, interruptible, stop_flag
 from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
 from ._validation import check_servers, resolve_n
-from .arrivals import Poisson, Replay, Saturated
-from .policies import DynamicBatching, MultiBin, StaticBatching
-from .results import RequestTable, SimulationResult, UnstableWarning
-from .service import as_service
-from .token_simulation import plan_tokens, simulate_tokens
+from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
+from .lengths import as_service
+from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .results import SimulationResult, Table, UnstableWarning
+from .service_models import DecodeModel, LinearModel, MaxModel
+from .workload import Workload
 
-__all__ = ["simulate", "check_simulation", "BATCH_MEANS_GROUPS"]
+__all__ = ["simulate", "check_simulation", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "STREAM_PROMPT",
+           "STREAM_PREDICTION"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
 BATCH_MEANS_GROUPS = 32
+#: Rows of the token-level policies' downsampled time series.
+TIME_SERIES_ROWS = 512
+#: The random streams of the prompt lengths and of the predictor's errors
+#: (arrivals and output lengths are streams 0 and 1, see :mod:`._seeding`).
+STREAM_PROMPT = 2
+STREAM_PREDICTION = 3
+#: The time-series columns besides ``time`` and ``queue``.
+TS_COLUMNS = ("b_target", "b_low", "b_high", "tau_avg", "bin", "batch_size")
 
 
 def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_requests=False, *,
-             workload=None, service_model=None, keep_batches=False):
+             workload=None, service_model=None, keep_batches=False) -> SimulationResult:
     """Simulate a batching policy on one stream of requests.
 
-    The model is Section 3 and Algorithm 1 of the multi-bin batching paper:
-    requests arrive by ``arrivals``; each has an i.i.d. service time from
-    ``service``; an oracle assigns it to the bin holding its true service time;
-    each bin forms batches of exactly ``batch_size`` requests in arrival order;
-    a batch is ready when its last request arrives and joins one central FIFO
-    ordered by ready time ("first completed batch, first served"); ``servers``
-    identical servers take batches from that FIFO; a batch occupies a server
-    for the maximum of its members' service times.
+    Requests arrive by ``arrivals``.  Their lengths come from ``workload``
+    (prompt, output and predicted output lengths, tokens), or, as shorthand
+    for the multi-bin paper's model, from ``service``: output lengths whose
+    value is the service time, under ``MaxModel(base=0, per_token=1)``.  The
+    policy forms batches, and ``service_model`` gives a batch's service time.
 
-    Requests still waiting in a partial batch when the arrivals end never
-    complete: they are counted in ``excluded_partial`` and excluded from every
-    latency and throughput metric (there are fewer than ``bins x batch_size``
-    of them).
+    - :class:`MultiBin` is Section 3 and Algorithm 1 of the multi-bin paper:
+      an oracle assigns each request to the bin holding its true service time
+      (``base + per_token * output length`` under :class:`MaxModel`); each
+      bin forms batches of exactly ``batch_size`` requests in arrival order
+      (or fewer after ``max_wait``); a batch is ready when its last request
+      arrives and joins one central FIFO ordered by ready time; ``servers``
+      identical servers take batches from that FIFO; a batch occupies a
+      server for the maximum of its members' service times.  Requests still
+      waiting in a partial batch when the arrivals end never complete: they
+      are counted in ``excluded_partial`` and excluded from every metric.
+      MultiBin takes ``service=`` or ``workload=`` with a :class:`MaxModel`.
+    - :class:`StaticBatching`, :class:`DynamicBatching` and
+      :class:`MultiBinDynamic` form a batch whenever a server is free and
+      requests wait (the dynamic-batching specification's Algorithms 1-7);
+      they take ``workload=`` and any service model (default
+      :class:`DecodeModel`).
 
     Every argument is checked before anything runs, and a run whose memory
     cannot fit is refused, saying how much it would need.  Ctrl-C stops a
@@ -53,51 +88,51 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
 
     Parameters
     ----------
-    policy : MultiBin
+    policy : MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic
         The batching policy.
-    arrivals : Poisson, Saturated or Replay
-        The arrival process (rate in requests/s for Poisson).
-    service : scipy.stats frozen distribution or array_like
-        Service time of one request, in s.  Distributions drawn inside the
-        kernel: uniform, expon, lognorm, gamma, weibull_min.  An array replays
-        the given service times in order.
+    arrivals : Poisson, PiecewisePoisson, Saturated or Replay
+        The arrival process (rates in requests/s).  PiecewisePoisson: the
+        token-level policies only.
+    service : scipy.stats frozen distribution or array_like, optional
+        MultiBin: the paper's model, shorthand for output lengths drawn from
+        ``service`` that are service times (``MaxModel(base=0,
+        per_token=1)``, lengths not rounded): each request's service time, s.  Distributions drawn
+        inside the kernel: uniform, expon, lognorm, gamma, weibull_min; an
+        array replays the given values in order.
     n : int, optional
         Number of requests, in [1, 2**53].  Defaults to the length of the
-        replayed arrivals or service times when one is given (replayed arrays
-        must then have the same length); required otherwise.
+        replayed arrays when one is given (replayed arrays must then have the
+        same length); required otherwise.
     servers : int or math.inf
-        Number of identical servers, >= 1; ``math.inf`` serves every batch the
-        moment it is ready (Assumption 5.1).
+        Number of identical servers, >= 1; ``math.inf`` (MultiBin only)
+        serves every batch the moment it is ready (Assumption 5.1).
     seed : None, int or numpy.random.SeedSequence
-        Seeds the arrival and service streams through SeedSequence.  The same
-        seed gives bit-identical results, and every policy sees the same
-        arrivals and service times for one seed (common random numbers).
-        None draws fresh entropy, recorded in the result.
+        Seeds the arrival, length and predictor streams through
+        SeedSequence.  The same seed gives bit-identical results, and every
+        policy sees the same arrivals and output lengths for one seed
+        (common random numbers).  None draws fresh entropy, recorded in the
+        result's ``config``.
     keep_requests : bool
-        Also return per-request arrays (``res.requests``); memory O(n).
-        Without it the kernel streams in O(bins x batch_size) memory.
-
-    workload : Workload
-        Token-level requests, for StaticBatching, DynamicBatching and
-        MultiBinDynamic (which take ``workload`` instead of ``service``).
-    service_model : MaxModel, LinearModel or DecodeModel
-        Batch service model of the token-level policies (default DecodeModel).
+        Also return per-request records (``res.requests``); memory O(n).
+        Without it the kernels stream in memory independent of n.
+    workload : Workload, optional
+        The requests' lengths; give it or ``service``, not both.
+    service_model : MaxModel, LinearModel or DecodeModel, optional
+        The batch service model (with ``workload``).  Default
+        :class:`DecodeModel` for the token-level policies; MultiBin takes
+        MaxModel only (the max of its members' service times).
     keep_batches : bool
-        Token-level policies: also return per-batch arrays (``res.batches``).
+        Token-level policies: also return per-batch records
+        (``res.batches``).
 
     Returns
     -------
-    SimulationResult, or TokenSimulationResult for the token-level policies
+    SimulationResult
+        The one result type: the metrics of :data:`mbbatch.metrics.METRICS`
+        that apply to the policy, as attributes.
     """
-    if isinstance(policy, (StaticBatching, DynamicBatching)):
-        if service is not None:
-            raise TypeError(f"{type(policy).__name__} takes workload=Workload(...), not service")
-        return simulate_tokens(policy, arrivals, workload, service_model, n=n, servers=servers,
-                               seed=seed, keep_requests=keep_requests, keep_batches=keep_batches)
-    plan = _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
-                          keep_batches)
-    ss = as_seed_sequence(seed)
-    return _run_multibin(plan, ss)
+    plan = _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
+    return plan.run(as_seed_sequence(seed))
 
 
 def check_simulation(policy, arrivals, service=None, n=None, servers=1, keep_requests=False, *,
@@ -105,49 +140,136 @@ def check_simulation(policy, arrivals, service=None, n=None, servers=1, keep_req
     """Check a :func:`simulate` call without running it: raise the error the
     call would raise before simulating (bad arguments, memory that cannot
     fit); return the bytes of memory it would allocate."""
-    if isinstance(policy, (StaticBatching, DynamicBatching)):
-        if service is not None:
-            raise TypeError(f"{type(policy).__name__} takes workload=Workload(...), not service")
-        return plan_tokens(policy, arrivals, workload, service_model, n, servers, keep_requests,
-                           keep_batches).memory
-    return _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
-                          keep_batches).memory
+    return _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                 keep_batches).memory
+
+
+def plan(policy, arrivals, service=None, n=None, servers=1, keep_requests=False, *, workload=None,
+         service_model=None, keep_batches=False):
+    """A checked :func:`simulate` call, to run for many seeds:
+    ``plan(...).run(seed_sequence)`` equals ``simulate(..., seed=seed_sequence)``
+    without checking the arguments again (a sweep's replications)."""
+    return _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
+
+
+# --- checking a call -------------------------------------------------------------------------
+
+
+def _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):
+    if not isinstance(policy, (MultiBin, StaticBatching, DynamicBatching)):
+        raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic; "
+                        f"got {type(policy).__name__}")
+    for name, flag in (("keep_requests", keep_requests), ("keep_batches", keep_batches)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool; got {flag!r}")
+    if service is not None:
+        if workload is not None or service_model is not None:
+            raise TypeError("give service=... (the paper's model) or workload=... with service_model=..., "
+                            "not both")
+    elif workload is None:
+        raise TypeError("service or workload must be given: service=<scipy.stats frozen distribution or "
+                        "array> (service times), or workload=Workload(prompt=..., output=...)")
+    elif not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a Workload; got {type(workload).__name__}")
+    if service_model is not None and not isinstance(service_model, (MaxModel, LinearModel, DecodeModel)):
+        raise TypeError("service_model must be MaxModel, LinearModel or DecodeModel; "
+                        f"got {type(service_model).__name__}")
+    if isinstance(policy, MultiBin):
+        return _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                              keep_batches)
+    return _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                        keep_batches)
+
+
+def _replayed(arrivals, named_specs) -> list:
+    out = [("arrivals.times", arrivals.times.size)] if isinstance(arrivals, Replay) else []
+    return out + [(name, sp.values.size) for name, sp in named_specs if sp.kind == _common.SVC_REPLAY]
+
+
+def _check_clock(arrivals, n, scale) -> None:
+    """Refuse a run whose clock would be too coarse for its service times."""
+    if isinstance(arrivals, Replay):
+        check_clock(float(np.max(np.abs(arrivals.times[:n]))), scale, "arrivals.times")
+    elif isinstance(arrivals, Poisson):
+        check_clock(n / arrivals.rate, scale, f"rate = {arrivals.rate:g} requests/s and n = {n} arrivals")
+    elif isinstance(arrivals, PiecewisePoisson):
+        check_clock(arrivals.ends[-1] + n / min(arrivals.rates) if arrivals.ends else n / arrivals.rates[0],
+                    scale, f"rates down to {min(arrivals.rates):g} requests/s and n = {n} arrivals")
+
+
+def _arrival_fields(arrivals) -> tuple:
+    """The kernels' (arrival kind, rate, replayed times) of ``arrivals``."""
+    if isinstance(arrivals, Poisson):
+        return _common.ARR_POISSON, arrivals.rate, np.empty(0)
+    if isinstance(arrivals, PiecewisePoisson):
+        return _common.ARR_PIECEWISE, arrivals.rates[0], np.empty(0)
+    if isinstance(arrivals, Saturated):
+        return _common.ARR_SATURATED, 0.0, np.empty(0)
+    return _common.ARR_REPLAY, 0.0, arrivals.times
+
+
+def _model_config(model) -> dict:
+    return {"service_model": type(model).__name__, **{f"model_{k}": v for k, v in vars(model).items()}}
+
+
+def _quantiles(hist, latency) -> np.ndarray:
+    """Latency quantiles: exact from the per-request latencies when kept,
+    else read from the kernel's histogram."""
+    if latency is not None:
+        return np.quantile(latency[~np.isnan(latency)], stats.QUANTILES)
+    return stats.hist_quantiles(hist, stats.QUANTILES, _common.HIST_BASE, _common.HIST_SHIFT)
+
+
+def _finish(res: SimulationResult, stacklevel: int) -> SimulationResult:
+    if res.unstable:
+        warnings.warn(f"no steady state: {res.unstable_reason}", UnstableWarning, stacklevel=stacklevel)
+    return res
+
+
+# --- the multi-bin kernel --------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
-class _Plan:
-    """A validated multi-bin run, ready to allocate and simulate."""
+class _MultiBinPlan:
+    """A checked MultiBin run, ready to allocate and simulate."""
 
     policy: MultiBin
     arrivals: object
-    spec: object
+    spec: object            # the output lengths (service times under the shorthand)
+    workload: Workload | None
+    model: MaxModel
     edges: np.ndarray
     n: int
     servers: float
     keep: bool
     memory: int
 
+    def run(self, ss: np.random.SeedSequence) -> SimulationResult:
+        return _run_multibin(self, ss)
+
 
 def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
-                   keep_batches) -> _Plan:
-    if not isinstance(policy, MultiBin):
-        raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic; "
-                        f"got {type(policy).__name__}")
-    if workload is not None or service_model is not None or keep_batches:
-        raise TypeError("MultiBin takes service=..., not workload, service_model or keep_batches")
-    if service is None:
-        raise TypeError("service must be given: a scipy.stats frozen distribution or an array")
+                   keep_batches) -> _MultiBinPlan:
+    if keep_batches:
+        raise TypeError("keep_batches is for the token-level policies; MultiBin's batches are the bins' "
+                        "(see res.batches_per_bin)")
     if not isinstance(arrivals, (Poisson, Saturated, Replay)):
-        raise TypeError(f"arrivals must be Poisson, Saturated or Replay; got {type(arrivals).__name__}")
-    if not isinstance(keep_requests, (bool, np.bool_)):
-        raise TypeError(f"keep_requests must be a bool; got {keep_requests!r}")
-    spec = as_service(service)
-    replay_lengths = []
-    if isinstance(arrivals, Replay):
-        replay_lengths.append(("arrivals.times", arrivals.times.size))
-    if spec.kind == _k.SVC_REPLAY:
-        replay_lengths.append(("service", spec.values.size))
-    n = resolve_n(n, replay_lengths)
+        raise TypeError(f"arrivals must be Poisson, Saturated or Replay for MultiBin; got {type(arrivals).__name__}")
+    if workload is not None:
+        model = service_model if service_model is not None else MaxModel()
+        if not isinstance(model, MaxModel):
+            raise TypeError("MultiBin takes service_model=MaxModel(base, per_token) (a batch takes its "
+                            f"longest member's time); got {type(model).__name__}")
+        if workload.predictor_sigma != 0:
+            raise ValueError("MultiBin bins by the true service time (an oracle): workload.predictor_sigma "
+                             f"must be 0; got {workload.predictor_sigma:g}")
+        spec = workload._output
+        named = [("workload.prompt", workload._prompt), ("workload.output", spec)]
+    else:
+        model = MaxModel(base=0.0, per_token=1.0)
+        spec = as_service(service)
+        named = [("service", spec)]
+    n = resolve_n(n, _replayed(arrivals, named))
     servers = check_servers(servers)
     k, B = policy.bins, policy.batch_size
     S = min(B, n)
@@ -155,64 +277,329 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
         "bins": (16 * k * S + 40 * k + 8 * (k + 1), "the bins' partial batches"),
         "servers": (0 if servers == math.inf else 8 * min(servers, n), "the servers' free times"),
         "batch_size": (16 * S, "one batch's latencies"),
-        "n": (8 * _k.HIST_SIZE, "the latency histogram"),
+        "n": (8 * _common.HIST_SIZE, "the latency histogram"),
     }
     if keep_requests:
         parts["keep_requests"] = (40 * n, "the per-request arrays (keep_requests)")
     memory = check_memory(parts)
-    scale = spec.mean
-    if isinstance(arrivals, Replay):
-        check_clock(float(np.max(np.abs(arrivals.times[:n]))), scale, "arrivals.times")
-    elif isinstance(arrivals, Poisson):
-        check_clock(n / arrivals.rate, scale, f"rate = {arrivals.rate:g} requests/s and n = {n} arrivals")
+    _check_clock(arrivals, n, model.base + model.per_token * spec.mean)
 
+    integer = workload is not None and workload.integer_lengths
     if policy.edges is None:
         edges = spec.equal_mass_edges(k)
+        if workload is not None:      # the lengths' edges, as service times
+            edges = _service_times(model, integer, edges)
     else:
         edges = np.array(policy.edges, dtype=np.float64)
-        lo, hi = spec.support
+        lo, hi = _service_times(model, integer, np.array(spec.support, dtype=np.float64))
         if edges[0] > lo or edges[-1] < hi:
             raise ValueError(
                 f"edges must cover the support of service [{lo:g}, {hi:g}]: "
                 f"edges[0] <= {lo:g} and edges[-1] >= {hi:g}; got [{edges[0]:g}, {edges[-1]:g}]")
-    return _Plan(policy, arrivals, spec, edges, n, servers, bool(keep_requests), memory)
+    return _MultiBinPlan(policy, arrivals, spec, workload, model, edges, n, servers, bool(keep_requests), memory)
 
 
-def _pack_multibin(plan: _Plan, ss: np.random.SeedSequence) -> tuple:
+def _service_times(model: MaxModel, integer: bool, lengths: np.ndarray) -> np.ndarray:
+    """Output lengths as the multi-bin kernel makes them service times:
+    ``base + per_token * length``, the length first rounded up to whole
+    tokens (at least 1) when ``integer``.  Monotone, so equal-mass edges of
+    the lengths stay edges of the service times."""
+    if integer:
+        lengths = np.maximum(np.ceil(lengths), 1.0)
+    return model.base + model.per_token * lengths
+
+
+def _pack_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence) -> tuple:
     """The multi-bin kernel's arguments for ``plan``: ``(config, inputs, streams)``."""
-    arrivals, spec, n, servers = plan.arrivals, plan.spec, plan.n, plan.servers
-    if isinstance(arrivals, Poisson):
-        akind, rate, times = _k.ARR_POISSON, arrivals.rate, np.empty(0)
-    elif isinstance(arrivals, Saturated):
-        akind, rate, times = _k.ARR_SATURATED, 0.0, np.empty(0)
-    else:
-        akind, rate, times = _k.ARR_REPLAY, 0.0, arrivals.times
+    akind, rate, times = _arrival_fields(plan.arrivals)
+    integer = int(plan.workload is not None and plan.workload.integer_lengths)
     config = _k.CONFIG.pack(
-        n=n, arrival_kind=akind, rate=rate, service_kind=spec.kind, batch_size=plan.policy.batch_size,
+        n=plan.n, arrival_kind=akind, rate=rate, service_kind=plan.spec.kind, batch_size=plan.policy.batch_size,
         # more servers than requests are never all busy: the kernel needs at most n (0: infinitely many)
-        servers=0 if servers == math.inf else int(min(servers, n)), max_wait=plan.policy.max_wait,
-        keep=plan.keep, integer=0, base=0.0, per_token=1.0)   # service times as drawn
-    inputs = _k.INPUTS.pack(arrival_times=times, service_params=spec.params, service_values=spec.values,
+        servers=0 if plan.servers == math.inf else int(min(plan.servers, plan.n)), max_wait=plan.policy.max_wait,
+        keep=plan.keep, integer=integer, base=plan.model.base, per_token=plan.model.per_token)
+    inputs = _k.INPUTS.pack(arrival_times=times, service_params=plan.spec.params, service_values=plan.spec.values,
                             edges=plan.edges)
     return config, inputs, _k.MultiBinStreams(stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE))
 
 
-def _run_multibin(plan: _Plan, ss: np.random.SeedSequence) -> SimulationResult:
-    policy, arrivals, spec, edges, n, servers = (plan.policy, plan.arrivals, plan.spec, plan.edges,
-                                                 plan.n, plan.servers)
+def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence) -> SimulationResult:
     args = _pack_multibin(plan, ss)
     stop = stop_flag()
+    t0 = time.perf_counter()
     out, req = interruptible(lambda: _k.run(*args, stop, groups=BATCH_MEANS_GROUPS), stop)
+    kernel_seconds = time.perf_counter() - t0
+    n, servers = plan.n, plan.servers
+    st = _k.STATS.unpack((out.ints, out.floats))
+    completed, n_batches = st["completed"], st["batches"]
+    nan = math.nan
+    if completed > 0:
+        span = float(st["last_completion"] - st["first_arrival"])
+        busy = float(st["busy"])
+        throughput = completed / span if span > 0 else math.inf
+        mean_latency = float(st["sum_latency"]) / completed
+        mean_batch_service = busy / n_batches
+        var = (float(st["busy_sq"]) - n_batches * mean_batch_service ** 2) / (n_batches - 1) \
+            if n_batches > 1 else nan
+        std_batch_service = math.sqrt(max(var, 0.0)) if n_batches > 1 else nan
+        mean_fill = float(st["sum_fill_wait"]) / completed
+        mean_queue = float(st["sum_queue_wait"]) / completed
+        busy_servers = busy / span if span > 0 else nan
+        util = busy_servers / servers if servers != math.inf else nan
+        batch_mean = completed / n_batches
+    else:
+        span = throughput = mean_latency = mean_batch_service = std_batch_service = nan
+        mean_fill = mean_queue = busy_servers = util = batch_mean = nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
+        g_wait = np.where(out.group_batches > 0, out.group_batch_wait / out.group_batches, nan)
+    ci = stats.batch_means_ci(g_lat, mean_latency)
+    requests = None
+    if req is not None:
+        requests = Table({**req, "latency": req["completion"] - req["arrival"]})
+    q = _quantiles(out.hist, requests.latency if requests is not None and completed > 0 else None)
+    if isinstance(plan.arrivals, Saturated):
+        unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
+    else:
+        unstable, reason = stats.backlog_verdict(g_wait, mean_batch_service)
+    metrics = {
+        "throughput": throughput, "mean_latency": mean_latency,
+        "mean_latency_ci_low": ci[0], "mean_latency_ci_high": ci[1],
+        "latency_p50": float(q[0]), "latency_p95": float(q[1]), "latency_p99": float(q[2]),
+        "utilization": util, "mean_busy_servers": busy_servers,
+        "mean_batch_service": mean_batch_service, "std_batch_service": std_batch_service,
+        "mean_fill_wait": mean_fill, "mean_queue_wait": mean_queue,
+        "batch_size_mean": batch_mean, "span": span, "completed": completed,
+        "excluded_partial": st["excluded"], "n_batches": n_batches,
+    }
+    side = ({**plan.workload.describe(), **_model_config(plan.model)} if plan.workload is not None
+            else plan.spec.description)
+    config = {**plan.policy.describe(), **plan.arrivals.describe(), **side,
+              "n": n, "servers": "inf" if servers == math.inf else int(servers), "seed_entropy": entropy_str(ss)}
+    res = SimulationResult(
+        kind="multibin", config=config, n=n, servers=servers, edges=plan.edges, metrics=metrics,
+        arrays={"batches_per_bin": out.batches_per_bin, "group_mean_latency": g_lat,
+                "group_mean_batch_wait": g_wait, "latency_histogram": out.hist},
+        requests=requests, unstable=unstable, unstable_reason=reason,
+        latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
+        kernel_seconds=kernel_seconds)
+    return _finish(res, stacklevel=5)
 
-    requests = None if req is None else RequestTable(**req)
-    config = {**policy.describe(), **arrivals.describe(), **spec.description,
-              "n": n, "servers": "inf" if servers == math.inf else int(servers),
-              "seed_entropy": entropy_str(ss)}
-    res = SimulationResult.from_kernel(
-        config=config, n=n, servers=servers, edges=edges, stats=out.floats, istats=out.ints,
-        batches_per_bin=out.batches_per_bin, group_latency=out.group_latency, group_count=out.group_count,
-        group_batch_wait=out.group_batch_wait, group_batches=out.group_batches, hist=out.hist,
-        requests=requests, assess_stability=not isinstance(arrivals, Saturated))
-    if res.unstable:
-        warnings.warn(f"no steady state: {res.unstable_reason}", UnstableWarning, stacklevel=3)
-    return res
+
+# --- the event kernel (token-level policies) -----------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _TokenPlan:
+    """A checked token-level run, ready to allocate and simulate."""
+
+    policy: object
+    arrivals: object
+    workload: Workload
+    model: object
+    n: int
+    servers: int
+    keep_requests: bool
+    keep_batches: bool
+    memory: int
+
+    def run(self, ss: np.random.SeedSequence) -> SimulationResult:
+        return _run_tokens(self, ss)
+
+
+def _model_scale(model, workload) -> float:
+    """Service time of a batch of one mean request, s: the clock's yardstick."""
+    p, o = workload._prompt.mean, workload._output.mean
+    if isinstance(model, MaxModel):
+        return model.base + model.per_token * o
+    if isinstance(model, LinearModel):
+        return model.base + model.alpha * (p + o)
+    return model.prefill_per_token * p + model.beta * o
+
+
+def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                 keep_batches) -> _TokenPlan:
+    if service is not None:
+        raise TypeError(f"{type(policy).__name__} takes workload=Workload(prompt=..., output=...) (and a "
+                        "service_model), not service=: it forms batches by prompt and output lengths")
+    if service_model is None:
+        service_model = DecodeModel()
+    if not isinstance(arrivals, (Poisson, Saturated, Replay, PiecewisePoisson)):
+        raise TypeError(f"arrivals must be Poisson, PiecewisePoisson, Saturated or Replay; "
+                        f"got {type(arrivals).__name__}")
+    n = resolve_n(n, _replayed(arrivals, [("workload.prompt", workload._prompt),
+                                          ("workload.output", workload._output)]))
+    servers = check_servers(servers)
+    if servers == math.inf:
+        raise ValueError("servers must be finite for the token-level policies; got inf")
+    static = isinstance(policy, StaticBatching)
+    K = policy.bins if isinstance(policy, MultiBinDynamic) else 1
+    b_max = policy.batch_size if static else policy.controller.b_max
+    warm = policy.warmup if isinstance(policy, MultiBinDynamic) else 1
+    c = min(servers, n)
+    queue = 40 * 1024
+    if isinstance(arrivals, Saturated):
+        # every request is queued at time 0: the ring buffers grow to hold n
+        queue = 60 * (1 << max(int(n - 1).bit_length(), 10))
+    parts = {
+        "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.CONTROLLER.size + _c.BATCH_STATS.size + 4)),
+                 "the bins' queues"),
+        "servers": (80 * c, "the servers' batches"),
+        "warmup": (8 * min(warm, n), "the warm-up window"),
+        ("batch_size" if static else "b_max"): (8 * (min(b_max, n) + 1), "the batch-size histogram"),
+        "n": (8 * _common.HIST_SIZE, "the latency histogram"),
+    }
+    if keep_requests:
+        parts["keep_requests"] = (72 * n, "the per-request arrays (keep_requests)")
+    if keep_batches:
+        parts["keep_batches"] = (64 * n, "the per-batch arrays (keep_batches)")
+    memory = check_memory(parts)
+    _check_clock(arrivals, n, _model_scale(service_model, workload))
+    return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
+                      bool(keep_batches), memory)
+
+
+def _pack_tokens(plan: _TokenPlan, ss) -> tuple:
+    """The event kernel's arguments for ``plan``: ``(config, inputs, streams)``."""
+    policy, arrivals, workload, model, n = plan.policy, plan.arrivals, plan.workload, plan.model, plan.n
+    static = isinstance(policy, StaticBatching)
+    multibin = isinstance(policy, MultiBinDynamic)
+    sla, mem = (policy.sla if static else policy.controller), policy.memory
+    b_max = policy.batch_size if static else sla.b_max
+    akind, rate, times = _arrival_fields(arrivals)
+    if isinstance(model, MaxModel):
+        model_fields = dict(model=_d.MODEL_MAX, base=model.base, per_token=model.per_token)
+    elif isinstance(model, LinearModel):
+        model_fields = dict(model=_d.MODEL_LINEAR, base=model.base, alpha=model.alpha, beta=model.beta)
+    else:
+        model_fields = dict(model=_d.MODEL_DECODE, prefill_per_token=model.prefill_per_token, tbt_beta=model.beta,
+                            tbt_gamma=model.gamma)
+    config = _d.TokenConfig(
+        run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=workload._prompt.kind,
+                        output_kind=workload._output.kind, integer=workload.integer_lengths,
+                        predictor_sigma=workload.predictor_sigma, keep_requests=plan.keep_requests,
+                        keep_batches=plan.keep_batches),
+        policy=_d.POLICY.pack(
+            policy=_d.POL_STATIC if static else _d.POL_MB_DYNAMIC if multibin else _d.POL_DYNAMIC,
+            bins=policy.bins if multibin else 1, pin=b_max if static else (policy.pin or 0),
+            max_candidates=b_max if static else (policy.max_candidates or sla.b_max),
+            selection=(_d.SEL_LONGEST_QUEUE if multibin and policy.selection == "longest_queue"
+                       else _d.SEL_ROUND_ROBIN),
+            warmup=policy.warmup if multibin else 1, memory_on=mem.enabled and not static,
+            # more servers than requests are never all busy: the kernel needs at most n
+            servers=min(plan.servers, n)),
+        sla=_c.SLA.pack(variant=_c.CTL_VARIANT_SPEC if sla.variant == "spec" else _c.CTL_VARIANT_MULTIPLICATIVE,
+                        d_sla=sla.d_sla, eps_d=sla.eps_d, b_min=sla.b_min, b_max=b_max, alpha=sla.alpha,
+                        delta=sla.delta, ema=_c.DEFAULT_EMA),
+        memory=_c.MEMORY.pack(variant=_c.MEM_VARIANT_CLT if mem.variant == "clt" else _c.MEM_VARIANT_L0,
+                              eta=mem.eta, b_min=sla.b_min, b_max=b_max, z=float(_st.norm.ppf(1.0 - mem.eps_m)),
+                              default_tokens=_c.DEFAULT_TOKENS),
+        model=_d.MODEL.zeros(**model_fields))
+    piecewise = isinstance(arrivals, PiecewisePoisson)
+    limits = multibin and policy.bin_b_max is not None
+    inputs = _d.INPUTS.pack(
+        arrival_times=times,
+        pw_rates=arrivals.rates if piecewise else [1.0], pw_ends=[*arrivals.ends, np.inf] if piecewise else [np.inf],
+        prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
+        output_params=workload._output.params, output_values=workload._output.values,
+        bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1))
+    streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
+                                                         STREAM_PREDICTION)))
+    return config, inputs, streams
+
+
+def _kind(policy) -> str:
+    if isinstance(policy, StaticBatching):
+        return "static"
+    return "multibin_dynamic" if isinstance(policy, MultiBinDynamic) else "dynamic"
+
+
+def _run_tokens(plan: _TokenPlan, ss) -> SimulationResult:
+    policy, arrivals, workload, service_model = plan.policy, plan.arrivals, plan.workload, plan.model
+    n, servers = plan.n, plan.servers
+    kind = _kind(policy)
+    ctl_cfg = policy.sla if kind == "static" else policy.controller
+    mem = policy.memory
+    K = policy.bins if kind == "multibin_dynamic" else 1
+    args = _pack_tokens(plan, ss)
+    stop = stop_flag()
+    t0 = time.perf_counter()
+    out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS),
+                                  stop)
+    kernel_seconds = time.perf_counter() - t0
+    st = _d.STATS.unpack((out.ints, out.floats))
+
+    completed = st["completed"]
+    nb = st["batches"]
+    nan = math.nan
+    span = st["last_completion"] - st["first_arrival"] if completed else nan
+    tokens_out = st["tokens_out"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
+    mean_lat = st["sum_latency"] / completed if completed else nan
+    ci = stats.batch_means_ci(g_lat, mean_lat)
+    requests = None
+    if plan.keep_requests:
+        requests = Table({**req, "latency": req["completion"] - req["arrival"]})
+    q = _quantiles(out.hist, requests.latency if requests is not None and completed else None)
+    mean_b = st["sum_b"] / nb if nb else nan
+    var_b = st["sum_b2"] / nb - mean_b ** 2 if nb else nan
+    positive_span = bool(completed) and span > 0
+    metrics = {
+        "throughput": completed / span if positive_span else nan,
+        "token_throughput": tokens_out / span if positive_span else nan,
+        "mean_latency": mean_lat,
+        "mean_latency_ci_low": ci[0],
+        "mean_latency_ci_high": ci[1],
+        "latency_p50": float(q[0]), "latency_p95": float(q[1]), "latency_p99": float(q[2]),
+        "mean_ttft": st["sum_ttft"] / completed if completed else nan,
+        "mean_tbt": st["sum_tbt_tokens"] / tokens_out if tokens_out > 0 else nan,
+        "sla_violation_tokens": st["sla_tokens"] / tokens_out if tokens_out > 0 else nan,
+        "sla_violation_requests": st["sla_requests"] / completed if completed else nan,
+        "utilization": st["busy"] / (servers * span) if positive_span else nan,
+        "mean_busy_servers": st["busy"] / span if positive_span else nan,
+        "mean_batch_service": st["busy"] / nb if nb else nan,
+        "memory_peak": st["peak_tokens"] / mem.eta,
+        "memory_mean": st["token_seconds"] / (servers * span * mem.eta) if positive_span else nan,
+        "batch_size_mean": mean_b,
+        "batch_size_std": math.sqrt(max(var_b, 0.0)) if nb else nan,
+        "span": span,
+        "completed": completed,
+        "n_batches": nb,
+        "mem_exceed_batches": st["mem_exceed"],
+        "rejected": st["rejected"],
+    }
+    if kind == "multibin_dynamic":
+        metrics["warmup_time"] = st["warmup_time"]
+    if kind != "static":
+        # infeasible: a controller still above D_SLA + eps_D with its interval
+        # shrunk to B_min (the midpoint may sit higher: alpha, N_decode)
+        C = _c.C
+        sla_limit = ctl_cfg.d_sla + ctl_cfg.eps_d
+        metrics["sla_infeasible"] = any(
+            out.ctl[b, C.updates] >= 3 and out.ctl[b, C.tau_avg] > sla_limit and out.ctl[b, C.b_low] <= ctl_cfg.b_min
+            for b in range(K))
+    rows = st["ts_rows"]
+    ts = {col: out.ts[:rows, getattr(_d.TS, col)].copy() for col in ("time", *TS_COLUMNS)}
+    ts["queue"] = out.ts[:rows, _d.TS_QUEUE:].copy()
+    config = {**policy.describe(), **arrivals.describe(), **workload.describe(), **_model_config(service_model),
+              "n": n, "servers": int(servers), "seed_entropy": entropy_str(ss)}
+    batches = Table({k: v[:nb] for k, v in bat.items()}) if plan.keep_batches else None
+    if isinstance(arrivals, Poisson):
+        unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, 0.0, n / arrivals.rate)
+    elif isinstance(arrivals, Replay):
+        unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, float(arrivals.times[0]),
+                                               float(arrivals.times[n - 1]))
+    elif isinstance(arrivals, Saturated):
+        unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
+    else:
+        unstable, reason = False, "not assessed: a load step has no single steady state"
+    # Algorithm 6's edges tile [lo[0], hi[K-1]): K + 1 of them, as MultiBin's
+    edges = np.append(out.edges_lo, out.edges_hi[-1])
+    res = SimulationResult(
+        kind=kind, config=config, n=n, servers=servers, edges=edges, metrics=metrics,
+        arrays={"batch_size_hist": out.size_hist, "group_mean_latency": g_lat, "latency_histogram": out.hist},
+        requests=requests, batches=batches, time_series=ts, unstable=unstable, unstable_reason=reason,
+        latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
+        kernel_seconds=kernel_seconds)
+    return _finish(res, stacklevel=5)

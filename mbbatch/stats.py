@@ -77,11 +77,32 @@ def hist_quantiles(hist: np.ndarray, qs, base: int, shift: int) -> np.ndarray:
     total = int(hist.sum())
     if total == 0:
         return np.full(len(qs), math.nan)
-    cum = np.cumsum(hist)
     ranks = np.maximum(1, np.ceil(np.asarray(qs) * total).astype(np.int64))
-    h = np.searchsorted(cum, ranks, side="left")
+    h = _first_reaching(hist, ranks)
     lo, hi = hist_bucket_bounds(h, base, shift)
     return 0.5 * (lo + hi)
+
+
+#: buckets summed together by :func:`_first_reaching` before it looks inside one
+_BLOCK = 1024
+
+
+def _first_reaching(hist: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """For each rank r, the first bucket whose cumulative count reaches r
+    (``searchsorted(cumsum(hist), r, "left")``), without a cumulative sum of
+    the whole histogram (numpy's cumsum is scalar: 0.2 ms for the kernels'
+    81,920 buckets, once per run): cumulative sums of blocks, then within
+    the one block each rank falls in."""
+    if hist.size % _BLOCK:
+        return np.searchsorted(np.cumsum(hist), ranks, side="left")
+    blocks = np.cumsum(hist.reshape(-1, _BLOCK).sum(axis=1))
+    out = np.empty(ranks.size, np.int64)
+    for i, r in enumerate(ranks):
+        b = int(np.searchsorted(blocks, r, side="left"))
+        before = int(blocks[b - 1]) if b else 0
+        inside = np.cumsum(hist[b * _BLOCK:(b + 1) * _BLOCK])
+        out[i] = b * _BLOCK + int(np.searchsorted(inside, r - before, side="left"))
+    return out
 
 
 # --- the steady-state check ------------------------------------------------------------

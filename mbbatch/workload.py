@@ -30,7 +30,7 @@ class Workload:
         Prompt and output lengths, tokens (uniform, expon, lognorm, gamma,
         weibull_min are drawn in the kernel; an array replays a trace).
         Values, and a distribution's draws, must lie in [0, 1e290]; see
-        :func:`~mbbatch.service.as_service`.
+        :func:`~mbbatch.lengths.as_service`.
     integer_lengths : bool
         Round draws up to whole tokens (at least 1).  Default True.
     predictor_sigma : float
@@ -58,7 +58,3 @@ class Workload:
         d.update(integer_lengths=bool(self.integer_lengths), predictor_sigma=self.predictor_sigma)
         return d
 
-
-# (re-exported for the token-level wrapper until it joins the one simulation layer)
-from .controller import Memory, SLAController  # noqa: E402,F401
-from .service_models import DecodeModel, LinearModel, MaxModel  # noqa: E402,F401

@@ -195,8 +195,7 @@ def members(res):
 def queue_bin(res, pol, j):
     """Bin each request sits in while batch j is formed: bin 0 for everyone
     before the warm-up instant, then its recorded (Algorithm 4) bin."""
-    wt = res.warmup_time
-    if isinstance(pol, mb.MultiBinDynamic) and pol.bins > 1 and not (res.batches["start"][j] >= wt):
+    if isinstance(pol, mb.MultiBinDynamic) and pol.bins > 1 and not (res.batches["start"][j] >= res.warmup_time):
         return np.zeros(res.requests["bin"].size, np.int64)
     return res.requests["bin"]
 
@@ -363,7 +362,7 @@ def check_servers(cfg, res, pol):
         F = heapq.heappop(free)
         assert start[j] == max(F, A[j]), j
         heapq.heappush(free, end[j])
-    assert res.gpu_utilization <= 1 + 1e-12
+    assert res.utilization <= 1 + 1e-12
 
 
 @given(cfg=configs())
@@ -566,8 +565,8 @@ def test_pinned_saturated_matches_multibin_theory(B, k, selection):
     # the edges used: lower ends, and L for the last bin's upper end (10000
     # tokens in the kernel); the first lower end floor(min) lies below every
     # request, so the first bin reaches down to the support's end 0
-    assert res.edges[0, 0] <= res.requests["output"].min() and res.edges[-1, 1] == c.EDGE_MAX
-    edges = np.append(res.edges[:, 0], L)
+    assert res.edges[0] <= res.requests["output"].min() and res.edges[-1] == c.EDGE_MAX
+    edges = np.append(res.edges[:-1], L)
     edges[0] = 0.0
     exact = theory.batch_service_time(dist, edges, B)
     assert abs(mean - exact) <= half
@@ -666,8 +665,9 @@ def test_slack_settles_at_b_max_minus_half_alpha_or_b_mem(kind, bins, b_min, ext
 
 @pytest.mark.parametrize("alpha, expected", [(4, 38), (5, 37), (6, 37), (7, 36)])
 def test_slack_fixed_point_for_odd_alpha(alpha, expected):
-    """B_max = 40: the interval [40 - alpha, 40] has midpoint 40 - ceil(alpha/2)
-    (controller.py's docstring says 40 - floor(alpha/2): 38, 38, 37, 37)."""
+    """B_max = 40: persistent slack pins the interval at [40 - alpha, 40],
+    whose midpoint, rounded down, is 40 - ceil(alpha/2) (as ``b_sla`` in
+    ``_kernels/controller.py`` documents): 38, 37, 37, 36."""
     ctl = mb.SLAController(d_sla=1.0, b_min=1, b_max=40, alpha=alpha)
     res = mb.simulate(mb.DynamicBatching(controller=ctl), arrivals=mb.Saturated(),
                       workload=mb.Workload(prompt=st.uniform(20, 200), output=st.uniform(1, 400)),
@@ -798,8 +798,8 @@ def check_metrics(cfg, res, pol):
     assert 0 <= m["sla_violation_tokens"] <= 1 and 0 <= m["sla_violation_requests"] <= 1
     assert m["mean_tbt"] == pytest.approx((ptok * out_b).sum() / out, rel=1e-9)
     # servers and memory
-    assert m["gpu_utilization"] == pytest.approx(b["service"].sum() / (c_ * span), rel=1e-9)
-    assert 0 < m["gpu_utilization"] <= 1 + 1e-12
+    assert m["utilization"] == pytest.approx(b["service"].sum() / (c_ * span), rel=1e-9)
+    assert 0 < m["utilization"] <= 1 + 1e-12
     assert m["memory_peak"] == b["tokens"].max() / eta
     assert m["memory_mean"] == pytest.approx((b["tokens"] * b["service"]).sum() / (c_ * span * eta),
                                              rel=1e-9)
@@ -821,7 +821,7 @@ def check_metrics(cfg, res, pol):
     np.testing.assert_array_equal(ts["time"], b["start"][rows])
     np.testing.assert_array_equal(ts["batch_size"], b["size"][rows])
     np.testing.assert_array_equal(ts["b_target"], b["b_target"][rows])
-    np.testing.assert_array_equal(ts["bin"], b["bin"][rows])
+    np.testing.assert_array_equal(ts["batch_bin"], b["bin"][rows])
     assert ts["queue"].shape == (rows.size, bins_of(pol))
     if res.rejected == 0:
         for i, jb in enumerate(rows):
@@ -841,19 +841,19 @@ def test_metrics_recomputed_from_records(cfg):
 # --- 9. warm-up, Algorithms 6 and 4 ------------------------------------------
 
 def numpy_edges(pred, K):
-    """Algorithm 6 in numpy: floors of the linspace quantiles, last upper 10000."""
+    """Algorithm 6 in numpy: floors of the linspace quantiles, last upper 10000
+    (the K + 1 edges of K bins that tile [edges[0], edges[K]))."""
     if K == 1:
-        return np.array([[0.0, 10000.0]])
-    q = np.floor(np.quantile(pred, np.linspace(0, 1, K + 1)))
-    e = np.stack([q[:-1], q[1:]], axis=1)
-    e[-1, 1] = 10000.0
+        return np.array([0.0, 10000.0])
+    e = np.floor(np.quantile(pred, np.linspace(0, 1, K + 1)))
+    e[-1] = 10000.0
     return e
 
 
 def numpy_partition(pred, e):
     """Algorithm 4 in numpy: the first i with lo <= pred < hi, else K - 1."""
-    K = e.shape[0]
-    inside = (e[:, 0][None, :] <= pred[:, None]) & (pred[:, None] < e[:, 1][None, :])
+    K = e.shape[0] - 1
+    inside = (e[:-1][None, :] <= pred[:, None]) & (pred[:, None] < e[1:][None, :])
     return np.where(inside.any(axis=1), np.argmax(inside, axis=1), K - 1)
 
 
@@ -872,8 +872,7 @@ def test_warmup_edges_and_bins(cfg, large_sigma):
         # one bin: no warm-up; too few requests: never binned
         assert math.isnan(res.warmup_time)
         np.testing.assert_array_equal(r["bin"][served], 0)
-        expect = np.tile([0.0, 10000.0], (K, 1))
-        np.testing.assert_array_equal(res.edges, expect)
+        np.testing.assert_array_equal(res.edges, [0.0] * K + [10000.0])
         return
     assert res.warmup_time == r["arrival"][W - 1]
     e = numpy_edges(r["pred"][:W], K)
@@ -947,7 +946,7 @@ def test_selection_rule_on_hand_trace(selection, expected):
                       workload=mb.Workload(prompt=np.ones(13), output=TRACE_OUT),
                       service_model=mb.MaxModel(base=0, per_token=1), seed=0,
                       keep_requests=True, keep_batches=True)
-    np.testing.assert_array_equal(res.edges, [[2, 6], [6, 10000]])
+    np.testing.assert_array_equal(res.edges, [2, 6, 10000])
     assert res.warmup_time == 1.0
     assert [m.tolist() for m in members(res)] == expected["batches"]
     np.testing.assert_array_equal(res.batches["start"], expected["start"])

@@ -58,7 +58,7 @@ def test_examples_run_and_quote_their_values():
             checked += 1
     assert checked >= 10
     # the token-level example's per-batch records and controller time series
-    res = ns["res"]
+    res = ns["dyn"]
     assert res.batches["b_target"].size == res.n_batches
     assert res.time_series["tau_avg"].size > 0
 

@@ -1,83 +1,111 @@
-"""A single run says when it has no steady state (res.unstable, a reason and
-an UnstableWarning), by the same check the sweeps use."""
+"""The one result type (mbbatch.results): the same metric names for every
+policy, absent where a metric does not apply, records as Tables, the time
+series as a Dataset, and to_dataset named as the sweep stores are."""
+
+import pickle
 
 import numpy as np
 import pytest
 import scipy.stats as st
+import xarray as xr
 
 import mbbatch as mb
-from mbbatch.results import UnstableWarning, backlog_growing, queue_growing
-
-from .conftest import SHARED_DATA
+from mbbatch.metrics import KINDS, METRICS, applicable
 
 U = st.uniform(1, 19)
 WL = mb.Workload(prompt=st.lognorm(0.5, scale=128), output=st.lognorm(0.8, scale=64))
+POLICIES = {
+    "multibin": (mb.MultiBin(bins=2, batch_size=4), {"service": U}),
+    "static": (mb.StaticBatching(8), {"workload": WL}),
+    "dynamic": (mb.DynamicBatching(), {"workload": WL}),
+    "multibin_dynamic": (mb.MultiBinDynamic(bins=2, warmup=100), {"workload": WL}),
+}
 
 
-def test_overloaded_multibin_run_is_unstable_with_a_reason():
-    # B = 4, U(1, 20): one server serves 4 / E[max of 4] = 0.24 requests/s < 1
-    with pytest.warns(UnstableWarning, match="backlog grows"):
-        res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Poisson(1.0), service=U, n=20000, seed=1)
-    assert res.unstable and "central FIFO" in res.unstable_reason
+def _run(kind, **kw):
+    pol, side = POLICIES[kind]
+    return mb.simulate(pol, arrivals=mb.Poisson(0.2 if kind == "multibin" else 2.0), n=2000, seed=1,
+                       **side, **kw)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_policy_gives_the_one_result_type_with_its_metrics(kind):
+    res = _run(kind)
+    assert type(res) is mb.SimulationResult and res.kind == kind
+    assert list(res.metrics()) == [m for m in applicable(kind) if m != "unstable"]
+    for name in METRICS:
+        if kind in METRICS[name].kinds:
+            assert getattr(res, name) is not None
+        else:
+            with pytest.raises(AttributeError, match=f"{name} does not apply to {kind}"):
+                getattr(res, name)
+    assert res.mean_latency_ci == (res.mean_latency_ci_low, res.mean_latency_ci_high)
+    assert res.mean_latency_ci[0] <= res.mean_latency <= res.mean_latency_ci[1]
+    assert res.edges.ndim == 1 and np.all(np.diff(res.edges) >= 0)
+    assert res.edges.size == (2 if kind == "dynamic" or kind == "static" else 3)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        res.nonsense
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_to_dataset_names_metrics_as_the_store(kind):
+    res = _run(kind)
     ds = res.to_dataset()
-    assert ds.attrs["unstable"] == 1 and "backlog grows" in ds.attrs["unstable_reason"]
+    for name, m in applicable(kind).items():
+        assert m.var in ds, name
+        assert ds[m.var].attrs["units"] == m.units
+        if name != "unstable":
+            assert ds[m.var].item() == pytest.approx(getattr(res, name), nan_ok=True)
+    absent = {m.var for name, m in METRICS.items() if kind not in m.kinds}
+    assert not absent & set(ds.data_vars)
+    assert ds.attrs["kind"] == kind and ds.attrs["confidence_level"] == 0.95
+    assert ds["bin_edges"].size == res.edges.size
 
 
-def test_stable_run_is_not_unstable(recwarn):
-    res = mb.simulate(mb.MultiBin(bins=4, batch_size=32), arrivals=mb.Poisson(2.0), service=U, n=50000, seed=1)
-    assert not res.unstable and res.unstable_reason == "no growing backlog"
-    assert not [w for w in recwarn if issubclass(w.category, UnstableWarning)]
+def test_utilization_is_one_name():
+    """Both kernels' busy share is res.utilization, stored as sim_utilization."""
+    for kind in KINDS:
+        res = _run(kind)
+        assert 0 < res.utilization <= 1 + 1e-12
+        assert res.mean_busy_servers == pytest.approx(res.utilization)   # one server
+        assert "sim_utilization" in res.to_dataset()
 
 
-def test_saturated_runs_are_not_assessed():
-    res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Saturated(), service=U, n=2000, seed=1)
-    assert not res.unstable and "not assessed" in res.unstable_reason
-    res = mb.simulate(mb.StaticBatching(8), arrivals=mb.Saturated(), workload=WL, n=2000, seed=1)
-    assert not res.unstable and "not assessed" in res.unstable_reason
+@pytest.mark.parametrize("kind", KINDS)
+def test_requests_and_batches_are_tables(kind):
+    res = _run(kind, keep_requests=True, **({} if kind == "multibin" else {"keep_batches": True}))
+    r = res.requests
+    assert isinstance(r, mb.Table) and len(r) == 2000
+    assert r.arrival is r["arrival"] and "latency" in r.columns
+    np.testing.assert_array_equal(r.latency, r.completion - r.arrival)
+    df = r.to_pandas()
+    assert list(df.columns) == list(r.columns) and len(df) == 2000
+    with pytest.raises(AttributeError, match="no column 'nope'"):
+        r.nope
+    with pytest.raises(KeyError):
+        r["nope"]
+    with pytest.raises(AttributeError, match="read-only"):
+        r.arrival = 0
+    assert pickle.loads(pickle.dumps(r)).columns == r.columns
+    if kind == "multibin":
+        assert res.batches is None and res.time_series is None
+    else:
+        assert isinstance(res.batches, mb.Table) and len(res.batches) == res.n_batches
 
 
-def test_overloaded_token_run_is_unstable():
-    with pytest.warns(UnstableWarning, match="requests waited"):
-        res = mb.simulate(mb.StaticBatching(2), arrivals=mb.Poisson(50.0), workload=WL, n=20000, seed=2)
-    assert res.unstable and res.to_dataset().attrs["unstable"] == 1
-    res = mb.simulate(mb.StaticBatching(32), arrivals=mb.Poisson(2.0), workload=WL, n=20000, seed=2)
-    assert not res.unstable
+@pytest.mark.parametrize("kind", ["static", "dynamic", "multibin_dynamic"])
+def test_time_series_is_a_dataset(kind):
+    res = _run(kind)
+    ts = res.time_series
+    assert isinstance(ts, xr.Dataset)
+    assert set(ts.data_vars) == {"b_target", "b_low", "b_high", "tau_avg", "batch_bin", "batch_size", "queue"}
+    assert ts["queue"].dims == ("time", "bin") and ts.sizes["bin"] == res.edges.size - 1
+    assert np.all(np.diff(ts["time"].values) >= 0)
+    assert ts["tau_avg"].attrs["units"] == "s/token"
+    ds = res.to_dataset()
+    np.testing.assert_array_equal(ds["ts_tau_avg"].values, ts["tau_avg"].values)
 
 
-def test_one_bin_b4_on_a_replayed_trace_warns():
-    """One bin, B = 4, one server on a trace returned a mean latency of
-    hundreds of seconds with no warning: the trace's arrival rate is above
-    what the server can serve, and the backlog grows through the replay."""
-    rng = np.random.default_rng(0)
-    times = np.cumsum(rng.exponential(1 / 5.5, 20000))       # 5.5 requests/s, like the Azure trace
-    service = 1.0 + rng.integers(1, 500, 20000) / 100.0
-    with pytest.warns(UnstableWarning):
-        res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Replay(times), service=service)
-    assert res.unstable
-
-
-@pytest.mark.skipif(not (SHARED_DATA / "AzureLLMInferenceTrace_conv.csv").is_file(),
-                    reason="the Azure LLM inference trace is not beside the checkout "
-                    "(shared/data/AzureLLMInferenceTrace_conv.csv); see README, Real traces")
-def test_one_bin_b4_on_the_azure_trace_warns():
-    tr = mb.traces.load_azure_trace(SHARED_DATA / "AzureLLMInferenceTrace_conv.csv")
-    with pytest.warns(UnstableWarning):
-        res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Replay(tr.arrival),
-                          service=1.0 + tr.output_tokens / 100.0)
-    assert res.unstable
-    res = mb.simulate(mb.MultiBin(bins=1, batch_size=8), arrivals=mb.Replay(tr.arrival),
-                      service=1.0 + tr.output_tokens / 100.0, servers=4)
-    assert not res.unstable
-
-
-def test_the_sweeps_and_single_runs_share_the_check():
-    """The sweep's backlog_growing and a single run's flag are one function."""
-    res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Poisson(1.0), service=U, n=20000, seed=1)
-    assert res.unstable == backlog_growing(res.group_mean_batch_wait, res.mean_batch_service)
-    t = np.linspace(0, 100, 400)
-    level = np.full((400, 1), 5.0)
-    assert queue_growing(t, level, 4.0, 0.0, 100.0) == (False, "no growing backlog")
-    growing = np.linspace(0, 1000, 400)[:, None]
-    assert queue_growing(t, growing, 4.0, 0.0, 100.0)[0]
-    # the window is that of the arrivals: [start, end]
-    assert not queue_growing(t + 1000, growing, 4.0, 0.0, 100.0)[0]
+def test_batch_size_mean_of_multibin_is_b_without_max_wait():
+    res = _run("multibin")
+    assert res.batch_size_mean == 4.0 and res.completed == 4 * res.n_batches

@@ -1,9 +1,14 @@
 """Output statistics (mbbatch.stats): intervals, histogram quantiles and the
-steady-state check."""
+steady-state checks."""
+
+import math
 
 import numpy as np
+import scipy.stats as st
 
-from mbbatch.stats import backlog_growing
+from mbbatch import stats
+from mbbatch._kernels.common import HIST_BASE, HIST_SHIFT, HIST_SIZE, hist_bucket
+from mbbatch.stats import backlog_growing, queue_verdict
 
 
 def test_backlog_heuristic():
@@ -13,3 +18,56 @@ def test_backlog_heuristic():
     assert not backlog_growing(level, S)
     assert backlog_growing(growing, S)
     assert not backlog_growing(np.full(32, np.nan), S)
+
+
+def test_queue_verdict_reads_the_arrival_window():
+    t = np.linspace(0, 100, 400)
+    level = np.full((400, 1), 5.0)
+    assert queue_verdict(t, level, 4.0, 0.0, 100.0) == (False, "no growing backlog")
+    growing = np.linspace(0, 1000, 400)[:, None]
+    assert queue_verdict(t, growing, 4.0, 0.0, 100.0)[0]
+    # the window is that of the arrivals: [start, end]
+    assert not queue_verdict(t + 1000, growing, 4.0, 0.0, 100.0)[0]
+
+
+def test_t_interval_is_students():
+    x = np.array([1.0, 2.0, 4.0, 7.0])
+    mean, lo, hi = stats.t_interval(x)
+    half = st.t.ppf(0.975, 3) * x.std(ddof=1) / 2.0
+    assert mean == x.mean() and math.isclose(hi - mean, half) and math.isclose(mean - lo, half)
+
+
+def test_batch_means_ci_covers_at_its_level():
+    """95% batch-means intervals of i.i.d. normal group means cover the true
+    mean 0 in 95% of 2000 trials; 99.99% binomial acceptance band."""
+    rng = np.random.default_rng(0)
+    trials = 2000
+    cover = sum(lo <= 0.0 <= hi for lo, hi in
+                (stats.batch_means_ci(g, g.mean()) for g in rng.normal(size=(trials, 32))))
+    band = st.norm.ppf(1 - 0.0001 / 2) * math.sqrt(0.95 * 0.05 / trials)
+    assert abs(cover / trials - 0.95) < band
+
+
+def test_hist_quantiles_within_the_bucket_width():
+    """Quantiles read from the kernels' log-linear histogram are within its
+    relative bucket width (2**-10) of the exact ones."""
+    x = np.random.default_rng(1).lognormal(0.0, 1.5, 50_000)
+    hist = np.zeros(HIST_SIZE, np.int64)
+    for v in x:
+        hist[hist_bucket(v)] += 1
+    got = stats.hist_quantiles(hist, stats.QUANTILES, HIST_BASE, HIST_SHIFT)
+    exact = np.quantile(x, stats.QUANTILES)
+    np.testing.assert_allclose(got, exact, rtol=2.0 ** -10)
+
+
+def test_hist_quantiles_read_the_first_bucket_reaching_each_rank():
+    """The block-wise search equals searchsorted on the whole cumulative sum,
+    ranks on block boundaries, first and last buckets included."""
+    rng = np.random.default_rng(2)
+    for hist in (rng.integers(0, 3, HIST_SIZE) * (rng.random(HIST_SIZE) < 0.01),
+                 np.eye(1, HIST_SIZE, 0, dtype=np.int64)[0], np.eye(1, HIST_SIZE, HIST_SIZE - 1, dtype=np.int64)[0],
+                 np.r_[np.ones(1024, np.int64), np.zeros(HIST_SIZE - 1024, np.int64)]):
+        total = int(hist.sum())
+        ranks = np.unique(np.r_[1, total, np.arange(1, total + 1, max(1, total // 97)), min(1024, total)])
+        np.testing.assert_array_equal(stats._first_reaching(hist, ranks),
+                                      np.searchsorted(np.cumsum(hist), ranks, side="left"))

@@ -27,8 +27,7 @@ this package changes, importing it drops every cache of the package (see
 
 Kernels never validate, allocate their outputs, or touch Python objects other
 than the ``numpy.random.Generator`` streams they are handed; the public
-wrappers in :mod:`mbbatch.simulation` and :mod:`mbbatch.token_simulation` do
-all of that.
+wrapper, :mod:`mbbatch.simulation`, does all of that.
 """
 
 from __future__ import annotations

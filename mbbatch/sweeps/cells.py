@@ -19,11 +19,12 @@ import numpy as np
 import scipy.stats as st
 
 from .. import theory
+from .._running import interruptible, stop_flag
 from ..arrivals import PiecewisePoisson, Poisson, Saturated
 from ..metrics import METRICS
 from ..policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from ..results import UnstableWarning
-from ..simulation import check_simulation, simulate
+from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
 from ..service_models import SERVICE_MODELS
 from ..workload import Workload
@@ -144,13 +145,6 @@ def check_points(spec) -> None:
             raise SpecError(f"{spec.source}: {where}: {exc}") from None
 
 
-def _value(res, name: str):
-    # (the token-level result's older name of utilization)
-    if name == "utilization" and not hasattr(res, "utilization"):
-        return res.gpu_utilization
-    return getattr(res, name, math.nan)
-
-
 def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: int, time_grid=None) -> dict:
     """Simulate every rep of one grid point; return the per-rep arrays of the
     metrics that apply to its policy (by Dataset variable), and its time
@@ -162,24 +156,34 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     if time_grid is not None:
         for var in ("ts_b_target", "ts_b_low", "ts_b_high", "ts_tau_avg", "ts_queue"):
             out[var] = np.full((reps, time_grid.size), np.nan)
-    for rep in range(reps):
-        with warnings.catch_warnings():
-            # the sweep reports its unstable cells together, at its end
-            warnings.simplefilter("ignore", UnstableWarning)
-            res = simulate(pol, arrivals=arr, n=params["n"], servers=params["servers"],
-                           seed=cell_seed(root_seed, params, rep), **kw)
-        for m in metrics:
-            out[m.var][rep] = _value(res, m.name)
-        # (the backlog check is a steady-state question: not asked of a load step)
-        out["backlog_growing"][rep] = bool(res.unstable) if arrivals == "poisson" else False
-        if time_grid is not None:
-            _sample_time_series(res.time_series, time_grid, out, rep)
+    run = plan(pol, arr, n=params["n"], servers=params["servers"], **kw)   # checked once, run per rep
+
+    def reps_():
+        kernel = 0.0
+        for rep in range(reps):
+            with warnings.catch_warnings():
+                # the sweep reports its unstable cells together, at its end
+                warnings.simplefilter("ignore", UnstableWarning)
+                res = run.run(cell_seed(root_seed, params, rep))
+            kernel += res.kernel_seconds
+            for m in metrics:
+                if m.name != "unstable":
+                    out[m.var][rep] = getattr(res, m.name)
+            # (the backlog check is a steady-state question: not asked of a load step)
+            out["backlog_growing"][rep] = bool(res.unstable) if arrivals == "poisson" else False
+            if time_grid is not None:
+                _sample_time_series(res.time_series, time_grid, out, rep)
+        out["_kernel_seconds"] = kernel      # (popped by the sweep for its summary line)
+
+    # every rep on one helper thread, all watching one stop flag (Ctrl-C)
+    interruptible(reps_, stop_flag())
     return out
 
 
-def _sample_time_series(ts: dict, time_grid, out: dict, rep: int) -> None:
+def _sample_time_series(ts, time_grid, out: dict, rep: int) -> None:
     """The value in force at each grid time: that of the last sampled batch
     start before it."""
+    ts = {name: ts[name].values for name in ("time", "b_target", "b_low", "b_high", "tau_avg", "queue")}
     if not ts["time"].size:
         return
     at = np.searchsorted(ts["time"], time_grid, side="right") - 1

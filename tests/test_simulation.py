@@ -285,13 +285,13 @@ def test_to_dataset_has_units_and_provenance():
     res = mb.simulate(mb.MultiBin(bins=2, batch_size=4), arrivals=mb.Poisson(rate=2.0),
                       service=st.uniform(1, 19), n=1000, seed=0)
     ds = res.to_dataset()
-    for name in ("throughput", "mean_latency", "latency_p95", "utilization", "batches_per_bin",
-                 "mean_latency_ci_low", "excluded_partial"):
+    for name in ("sim_throughput", "sim_mean_latency", "sim_latency_p95", "sim_utilization", "batches_per_bin",
+                 "sim_mean_latency_ci_low", "excluded_partial", "backlog_growing"):
         assert ds[name].attrs["units"] and ds[name].attrs["description"]
     assert ds.sizes["bin"] == 2
     assert ds.attrs["seed_entropy"] == "0"
     assert ds.attrs["numba_version"] and ds.attrs["mbbatch_version"] == mb.__version__
-    assert float(ds["throughput"]) == res.throughput
+    assert float(ds["sim_throughput"]) == res.throughput
 
 
 # --- bad input ----------------------------------------------------------------
@@ -447,3 +447,129 @@ def test_huge_counts_run_in_memory_of_what_the_run_can_use():
     assert a.batch_size_hist.size == 2001
     a = mb.simulate(mb.DynamicBatching(controller=mb.SLAController(b_max=10**11)), **tk)
     assert a.completed == 2000
+
+
+# --- steady state: res.unstable, its reason and an UnstableWarning ---------------------------
+
+from mbbatch.results import UnstableWarning  # noqa: E402
+from mbbatch.stats import backlog_growing  # noqa: E402
+
+from .conftest import SHARED_DATA  # noqa: E402
+
+WL_LOGNORM = mb.Workload(prompt=st.lognorm(0.5, scale=128), output=st.lognorm(0.8, scale=64))
+
+
+def test_overloaded_multibin_run_is_unstable_with_a_reason():
+    # B = 4, U(1, 20): one server serves 4 / E[max of 4] = 0.24 requests/s < 1
+    with pytest.warns(UnstableWarning, match="backlog grows"):
+        res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Poisson(1.0), service=U, n=20000, seed=1)
+    assert res.unstable and "central FIFO" in res.unstable_reason
+    ds = res.to_dataset()
+    assert ds.attrs["unstable"] == 1 and "backlog grows" in ds.attrs["unstable_reason"]
+
+
+def test_stable_run_is_not_unstable(recwarn):
+    res = mb.simulate(mb.MultiBin(bins=4, batch_size=32), arrivals=mb.Poisson(2.0), service=U, n=50000, seed=1)
+    assert not res.unstable and res.unstable_reason == "no growing backlog"
+    assert not [w for w in recwarn if issubclass(w.category, UnstableWarning)]
+
+
+def test_saturated_runs_are_not_assessed():
+    res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Saturated(), service=U, n=2000, seed=1)
+    assert not res.unstable and "not assessed" in res.unstable_reason
+    res = mb.simulate(mb.StaticBatching(8), arrivals=mb.Saturated(), workload=WL_LOGNORM, n=2000, seed=1)
+    assert not res.unstable and "not assessed" in res.unstable_reason
+
+
+def test_overloaded_token_run_is_unstable():
+    with pytest.warns(UnstableWarning, match="requests waited"):
+        res = mb.simulate(mb.StaticBatching(2), arrivals=mb.Poisson(50.0), workload=WL_LOGNORM, n=20000, seed=2)
+    assert res.unstable and res.to_dataset().attrs["unstable"] == 1
+    res = mb.simulate(mb.StaticBatching(32), arrivals=mb.Poisson(2.0), workload=WL_LOGNORM, n=20000, seed=2)
+    assert not res.unstable
+
+
+def test_one_bin_b4_on_a_replayed_trace_warns():
+    """One bin, B = 4, one server on a trace returned a mean latency of
+    hundreds of seconds with no warning: the trace's arrival rate is above
+    what the server can serve, and the backlog grows through the replay."""
+    rng = np.random.default_rng(0)
+    times = np.cumsum(rng.exponential(1 / 5.5, 20000))       # 5.5 requests/s, like the Azure trace
+    service = 1.0 + rng.integers(1, 500, 20000) / 100.0
+    with pytest.warns(UnstableWarning):
+        res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Replay(times), service=service)
+    assert res.unstable
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "AzureLLMInferenceTrace_conv.csv").is_file(),
+                    reason="the Azure LLM inference trace is not beside the checkout "
+                    "(shared/data/AzureLLMInferenceTrace_conv.csv); see README, Real traces")
+def test_one_bin_b4_on_the_azure_trace_warns():
+    tr = mb.traces.load_azure_trace(SHARED_DATA / "AzureLLMInferenceTrace_conv.csv")
+    with pytest.warns(UnstableWarning):
+        res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Replay(tr.arrival),
+                          service=1.0 + tr.output_tokens / 100.0)
+    assert res.unstable
+    res = mb.simulate(mb.MultiBin(bins=1, batch_size=8), arrivals=mb.Replay(tr.arrival),
+                      service=1.0 + tr.output_tokens / 100.0, servers=4)
+    assert not res.unstable
+
+
+def test_the_sweeps_and_single_runs_share_the_check():
+    """The sweep's backlog_growing and a single run's flag are one function."""
+    res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Poisson(1.0), service=U, n=20000, seed=1)
+    assert res.unstable == backlog_growing(res.group_mean_batch_wait, res.mean_batch_service)
+
+
+# --- MultiBin on the request model: workload= with MaxModel(base, per_token) ----------------
+
+
+def test_multibin_service_shorthand_equals_its_workload_form():
+    """service=dist is output lengths from dist under MaxModel(0, 1): the
+    same draws (stream 1), so the same numbers, bit for bit."""
+    pol, arr = mb.MultiBin(bins=3, batch_size=8), mb.Poisson(0.5)
+    a = mb.simulate(pol, arrivals=arr, service=U, n=5000, seed=4, keep_requests=True)
+    b = mb.simulate(pol, arrivals=arr, workload=mb.Workload(prompt=st.uniform(1, 9), output=U, integer_lengths=False),
+                    service_model=mb.MaxModel(base=0.0, per_token=1.0), n=5000, seed=4, keep_requests=True)
+    assert a.metrics() == b.metrics()
+    np.testing.assert_array_equal(a.edges, b.edges)
+    np.testing.assert_array_equal(a.requests.completion, b.requests.completion)
+
+
+def test_multibin_on_a_trace_transforms_lengths_to_service_times():
+    """workload= replaying a trace's output lengths under MaxModel(base,
+    per_token): each request's service time is base + per_token x
+    ceil(length), and the run equals replaying those service times."""
+    rng = np.random.default_rng(3)
+    out_len = rng.uniform(1, 500, 4000)          # fractional: rounded up to whole tokens
+    times = np.cumsum(rng.exponential(1 / 3.0, 4000))
+    model = mb.MaxModel(base=0.5, per_token=0.02)
+    wl = mb.Workload(prompt=np.ones(4000), output=out_len)
+    a = mb.simulate(mb.MultiBin(bins=4, batch_size=8), arrivals=mb.Replay(times), workload=wl,
+                    service_model=model, keep_requests=True)
+    svc = 0.5 + 0.02 * np.ceil(out_len)
+    pol = mb.MultiBin(bins=4, batch_size=8, edges=a.edges)
+    b = mb.simulate(pol, arrivals=mb.Replay(times), service=svc, keep_requests=True)
+    np.testing.assert_array_equal(a.requests.service, svc)
+    np.testing.assert_array_equal(a.requests.completion, b.requests.completion)
+    assert a.mean_latency == b.mean_latency
+    # equal-mass edges of the lengths, rounded and mapped as the lengths are
+    q = np.quantile(out_len, [0.0, 0.25, 0.5, 0.75, 1.0])
+    np.testing.assert_array_equal(a.edges, 0.5 + 0.02 * np.ceil(q))
+    assert a.config["service_model"] == "MaxModel" and a.config["model_base"] == 0.5
+
+
+def test_multibin_refuses_other_models_and_predictors():
+    wl = mb.Workload(prompt=U, output=U)
+    with pytest.raises(TypeError, match="MaxModel"):
+        mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), workload=wl,
+                    service_model=mb.DecodeModel(), n=100)
+    with pytest.raises(ValueError, match="predictor_sigma must be 0"):
+        mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0),
+                    workload=mb.Workload(prompt=U, output=U, predictor_sigma=0.5), n=100)
+    with pytest.raises(TypeError, match="not both"):
+        mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), service=U, workload=wl, n=100)
+    with pytest.raises(TypeError, match="service or workload must be given"):
+        mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), n=100)
+    with pytest.raises(TypeError, match="not service="):
+        mb.simulate(mb.StaticBatching(4), mb.Poisson(1.0), service=U, n=100)
