@@ -214,6 +214,18 @@ def main():
         rows.append((f"  then the first {name} mb.simulate", f"{t:.2f} s", f"target <= {target:g} s",
                      "PASS" if t <= target else "FAIL"))
 
+    import sweeps as sweep_bench   # bench/sweeps.py
+
+    wall, kernel, share = sweep_bench.sweep_kernel_share(runs=3)
+    rows.append(("sweeps/fig3.toml, 1 worker, from scratch", f"{wall:.2f} s", f"kernels {kernel:.2f} s", ""))
+    rows.append(("  the kernels' share of its wall time", f"{100 * share:.0f}%",
+                 f"target >= {100 * sweep_bench.KERNEL_SHARE_TARGET:.0f}%",
+                 "PASS" if share >= sweep_bench.KERNEL_SHARE_TARGET else "FAIL"))
+    t = sweep_bench.make_figures_seconds()
+    rows.append(("make figures from an empty results/", f"{t:.1f} s",
+                 f"target <= {sweep_bench.MAKE_FIGURES_TARGET:.0f} s",
+                 "PASS" if t <= sweep_bench.MAKE_FIGURES_TARGET else "FAIL"))
+
     w = [max(len(r[i]) for r in rows) for i in range(4)]
     line = "-+-".join("-" * x for x in w)
     print(f"mbbatch benchmark: multi-bin k={K}, B={B}, lambda={LAM}, uniform(1, 20), one server; "

@@ -5,7 +5,7 @@
 ...                   service=st.uniform(1, 19), n=100_000, seed=0)
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from . import theory, traces
 from ._kernels import warmup

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["STREAM_ARRIVALS", "STREAM_SERVICE", "as_seed_sequence", "stream"]
+__all__ = ["STREAM_ARRIVALS", "STREAM_SERVICE", "STREAM_PROMPT", "STREAM_PREDICTION", "as_seed_sequence",
+           "stream"]
 
+#: the arrival gaps
 STREAM_ARRIVALS = 0
+#: the output lengths (the service times of the paper's model)
 STREAM_SERVICE = 1
+#: the prompt lengths
+STREAM_PROMPT = 2
+#: the output-length predictor's errors
+STREAM_PREDICTION = 3
 
 #: The bit generator of every stream.  PCG64DXSM is numpy's recommended
 #: successor to PCG64 (stronger mixing for many parallel streams) and is also

@@ -23,7 +23,7 @@ def versions() -> dict:
     import numpy
     import scipy
 
-    from . import __version__
+    from ._version import __version__
 
     return {
         "mbbatch_version": __version__,

@@ -27,7 +27,8 @@ from ._kernels import controller as _c
 from ._kernels import dynamic as _d
 from ._kernels import multibin as _k
 from ._running import check_clock, check_memory, interruptible, stop_flag
-from ._seeding import STREAM_ARRIVALS, STREAM_SERVICE, as_seed_sequence, entropy_str, stream
+from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence,
+                       entropy_str, stream)
 from ._validation import check_servers, resolve_n
 from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
 from .lengths import as_service
@@ -36,18 +37,13 @@ from .results import SimulationResult, Table, UnstableWarning
 from .service_models import DecodeModel, LinearModel, MaxModel
 from .workload import Workload
 
-__all__ = ["simulate", "check_simulation", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "STREAM_PROMPT",
-           "STREAM_PREDICTION"]
+__all__ = ["simulate", "check_simulation", "plan", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
 BATCH_MEANS_GROUPS = 32
 #: Rows of the token-level policies' downsampled time series.
 TIME_SERIES_ROWS = 512
-#: The random streams of the prompt lengths and of the predictor's errors
-#: (arrivals and output lengths are streams 0 and 1, see :mod:`._seeding`).
-STREAM_PROMPT = 2
-STREAM_PREDICTION = 3
 #: The time-series columns besides ``time`` and ``queue``.
 TS_COLUMNS = ("b_target", "b_low", "b_high", "tau_avg", "bin", "batch_size")
 

@@ -47,11 +47,14 @@ def _canonical(params: dict) -> str:
     return json.dumps(enc, sort_keys=True, separators=(",", ":"))
 
 
+def _words(params: dict) -> tuple:
+    digest = hashlib.sha256(_canonical(params).encode()).digest()
+    return tuple(int.from_bytes(digest[i:i + 4], "big") for i in range(0, 32, 4))
+
+
 def cell_seed(root_seed: int, params: dict, rep: int) -> np.random.SeedSequence:
     """The SeedSequence of one cell (see :data:`SEED_SCHEME`)."""
-    digest = hashlib.sha256(_canonical(params).encode()).digest()
-    words = tuple(int.from_bytes(digest[i:i + 4], "big") for i in range(0, 32, 4))
-    return np.random.SeedSequence(root_seed, spawn_key=(*words, rep))
+    return np.random.SeedSequence(root_seed, spawn_key=(*_words(params), rep))
 
 
 def _service_dist(service: str, params: dict):
@@ -158,13 +161,15 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
             out[var] = np.full((reps, time_grid.size), np.nan)
     run = plan(pol, arr, n=params["n"], servers=params["servers"], **kw)   # checked once, run per rep
 
+    words = _words(params)
+
     def reps_():
         kernel = 0.0
         for rep in range(reps):
             with warnings.catch_warnings():
                 # the sweep reports its unstable cells together, at its end
                 warnings.simplefilter("ignore", UnstableWarning)
-                res = run.run(cell_seed(root_seed, params, rep))
+                res = run.run(np.random.SeedSequence(root_seed, spawn_key=(*words, rep)))   # cell_seed
             kernel += res.kernel_seconds
             for m in metrics:
                 if m.name != "unstable":

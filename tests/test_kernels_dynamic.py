@@ -14,7 +14,7 @@ integer lengths, predictor error, pin, max_candidates, bin_b_max):
   work conservation (a batch starts as soon as a server is free and a request
   waits);
 - an independent replay of Algorithms 1, 2 and 7 in Python event order (the
-  controller kernels are unit-tested in test_controller.py; here it is the
+  controller kernels are unit-tested in test_kernels_controller.py; here it is the
   kernel's wiring: feedback in completion order, N_decode, per-bin state);
 - common random numbers and bit-identical reruns;
 - the pinned multi-bin policy against the multi-bin paper's theory;
