@@ -52,9 +52,10 @@ def _words(params: dict) -> tuple:
     return tuple(int.from_bytes(digest[i:i + 4], "big") for i in range(0, 32, 4))
 
 
-def cell_seed(root_seed: int, params: dict, rep: int) -> np.random.SeedSequence:
-    """The SeedSequence of one cell (see :data:`SEED_SCHEME`)."""
-    return np.random.SeedSequence(root_seed, spawn_key=(*_words(params), rep))
+def cell_seed(root_seed: int, params: dict, rep: int, words: tuple | None = None) -> np.random.SeedSequence:
+    """The SeedSequence of one cell (see :data:`SEED_SCHEME`); ``words``, the
+    digest of ``params``, when already known (a cell's reps share it)."""
+    return np.random.SeedSequence(root_seed, spawn_key=(*(words or _words(params)), rep))
 
 
 def _service_dist(service: str, params: dict):
@@ -160,8 +161,8 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
         for var in ("ts_b_target", "ts_b_low", "ts_b_high", "ts_tau_avg", "ts_queue"):
             out[var] = np.full((reps, time_grid.size), np.nan)
     run = plan(pol, arr, n=params["n"], servers=params["servers"], **kw)   # checked once, run per rep
-
     words = _words(params)
+    scalars = [m for m in metrics if m.name != "unstable"]     # (unstable is stored as backlog_growing below)
 
     def reps_():
         kernel = 0.0
@@ -169,11 +170,10 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
             with warnings.catch_warnings():
                 # the sweep reports its unstable cells together, at its end
                 warnings.simplefilter("ignore", UnstableWarning)
-                res = run.run(np.random.SeedSequence(root_seed, spawn_key=(*words, rep)))   # cell_seed
+                res = run.run(cell_seed(root_seed, params, rep, words))
             kernel += res.kernel_seconds
-            for m in metrics:
-                if m.name != "unstable":
-                    out[m.var][rep] = getattr(res, m.name)
+            for m in scalars:
+                out[m.var][rep] = getattr(res, m.name)
             # (the backlog check is a steady-state question: not asked of a load step)
             out["backlog_growing"][rep] = bool(res.unstable) if arrivals == "poisson" else False
             if time_grid is not None:
