@@ -214,6 +214,16 @@ def main():
         rows.append((f"  then the first {name} mb.simulate", f"{t:.2f} s", f"target <= {target:g} s",
                      "PASS" if t <= target else "FAIL"))
 
+    import workloads as workload_bench   # bench/workloads.py
+
+    for name, t, ratio in workload_bench.bench_workloads(args.n, max(3, args.runs // 2)):
+        target = workload_bench.TARGETS.get(name)
+        rows.append((f"MultiBin, {name}, n=%.0e" % args.n, f"{t:.3f} s", f"{args.n / t / 1e6:.1f} M requests/s",
+                     ""))
+        if target is not None:
+            rows.append(("  its time / Poisson-uniform's", f"{ratio:.2f}", f"target <= {target:g}",
+                         "PASS" if ratio <= target else "FAIL"))
+
     import sweeps as sweep_bench   # bench/sweeps.py
 
     wall, kernel, share = sweep_bench.sweep_kernel_share(runs=3)

@@ -9,10 +9,12 @@ from ._version import __version__
 
 from . import theory, traces
 from ._kernels import warmup
-from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
+from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from .controller import Memory, SLAController
-from .service_models import DecodeModel, LinearModel, MaxModel
+from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
+from .lengths import Empirical
+from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .workload import Workload
 from .results import SimulationResult, Table, UnstableWarning
 from .simulation import simulate
@@ -24,13 +26,22 @@ __all__ = [
     "DynamicBatching",
     "MultiBinDynamic",
     "Workload",
+    "Empirical",
+    "Oracle",
+    "LogNormalError",
+    "BinConfusion",
+    "Predictions",
     "MaxModel",
     "LinearModel",
     "DecodeModel",
+    "CalibratedModel",
     "Memory",
     "SLAController",
     "PiecewisePoisson",
     "Poisson",
+    "Gamma",
+    "OnOff",
+    "TraceTiledWarning",
     "Saturated",
     "Replay",
     "SimulationResult",

@@ -18,7 +18,13 @@ import threading
 
 import numpy as np
 
-__all__ = ["stop_flag", "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
+#: how often (s) the waiting main thread wakes: Python runs a signal handler
+#: only between bytecodes, so a blocking join without a timeout would hold Ctrl-C
+POLL_SECONDS = 0.25
+#: a run's clock must resolve this fraction of a typical service time
+CLOCK_RESOLUTION = 1e-4
+
+__all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "stop_flag", "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
 
 
 _enclosing = threading.local()
@@ -51,13 +57,14 @@ def interruptible(call, stop: np.ndarray):
             box["error"] = exc
 
     worker = threading.Thread(target=target, name="mbbatch-kernel", daemon=True)
-    worker.start()
     try:
+        worker.start()          # (a Ctrl-C may come while it waits for the thread to start)
         while worker.is_alive():
-            worker.join(0.25)
+            worker.join(POLL_SECONDS)
     except BaseException:
-        stop[0] = 1
-        worker.join()
+        stop[0] = 1             # set before the kernel starts, it returns at its first check
+        if worker.ident is not None:
+            worker.join()
         raise
     if "error" in box:
         raise box["error"]
@@ -107,11 +114,11 @@ def check_memory(parts: dict) -> int:
 def check_clock(horizon: float, scale: float, what: str) -> None:
     """Refuse a run whose clock reaches times where float64 cannot resolve
     the service times: float64 numbers at ``horizon`` (s) must be closer
-    than 1e-4 of a typical service time ``scale`` (s)."""
+    than :data:`CLOCK_RESOLUTION` (1e-4) of a typical service time ``scale`` (s)."""
     if not (math.isfinite(scale) and scale > 0):
         return
     step = float(np.spacing(horizon)) if math.isfinite(horizon) else math.inf
-    if step > 1e-4 * scale:
+    if step > CLOCK_RESOLUTION * scale:
         raise ValueError(f"{what} reach {horizon:.3g} s, where float64 times are {step:.3g} s apart, too "
                          f"coarse for service times of about {scale:.3g} s (results would lose them); "
                          "shift the times to start near 0, or change their units")

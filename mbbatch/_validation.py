@@ -83,17 +83,23 @@ def check_fields(obj, fields: dict) -> None:
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _INT64_MIN = int(np.iinfo(np.int64).min)
 
+# values shown in error messages are shortened to a line: strings to 60
+# characters, other reprs to 80, containers to their first 8 items
 _repr = reprlib.Repr()
 _repr.maxstring = 60
 _repr.maxother = 80
 _repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 8
 
 
+#: integers wider than this are described by their size, not printed (about 60 digits)
+_HUGE_BITS = 200
+
+
 def _show(value) -> str:
     """A short repr for messages (that of a huge int would be long, or raise)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         v = int(value)
-        if v.bit_length() > 200:
+        if v.bit_length() > _HUGE_BITS:
             digits = int(v.bit_length() * math.log10(2)) + 1
             return f"{'-' if v < 0 else ''}an integer of about {digits} digits"
         return repr(v)
@@ -348,13 +354,13 @@ def check_servers(value) -> float:
     return check_count("servers", value)
 
 
-def resolve_n(n, replayed: list) -> int:
+def resolve_n(n, replayed: list, *, tile: bool = False) -> int:
     """``n`` checked, defaulting to the length of the replayed arrays.
 
     ``replayed`` lists ``(name, length)`` of the arrays a run replays
     (arrival times, service times, token lengths).  They must have the same
     length (a shorter one would silently cut the others); ``n`` may not
-    exceed it.
+    exceed it unless ``tile`` (the caller repeats them).
     """
     for (what_a, size_a), (what_b, size_b) in zip(replayed, replayed[1:]):
         if size_a != size_b:
@@ -366,6 +372,6 @@ def resolve_n(n, replayed: list) -> int:
         n = min(size for _, size in replayed)
     n = check_count("n", n)
     for what, size in replayed:
-        if n > size:
+        if n > size and not tile:
             raise ValueError(f"n must be at most the {size} values of {what}; got {n}")
     return n

@@ -1,8 +1,16 @@
 """Per-request values: service times (the paper's model) and prompt and
-output lengths (tokens).  Each comes from a scipy.stats frozen distribution,
-drawn inside the kernel, or an explicit array of values (a trace), replayed
-in order.  :func:`as_service` validates either into the form the kernels
-take."""
+output lengths (tokens).  Each comes from
+
+- a frozen continuous scipy.stats distribution: the families of
+  :data:`SUPPORTED_DISTRIBUTIONS` are drawn inside the kernels; any other is
+  drawn before the run from its own ``rvs``, in blocks of :data:`RVS_BLOCK`,
+  on the run's generator of that stream (so results are reproducible bit for
+  bit, at 8 bytes of memory per request);
+- :class:`Empirical`: uniform resampling, with replacement, from observed
+  values (a trace's column);
+- an array: the values replayed in order (a trace).
+
+:func:`as_service` validates any of them into the form the kernels take."""
 
 from __future__ import annotations
 
@@ -14,10 +22,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from ._kernels import multibin as _k
+from ._kernels import common as _k
 from ._validation import DOMAINS, MAX_DURATION, check_real_array  # noqa: F401
 
-__all__ = ["ServiceSpec", "as_service", "SUPPORTED_DISTRIBUTIONS"]
+__all__ = ["ServiceSpec", "Empirical", "as_service", "SUPPORTED_DISTRIBUTIONS", "RVS", "RVS_BLOCK"]
+
+#: the kind of a distribution drawn in Python (not a kernel code: its draws
+#: reach the kernel as replayed values)
+RVS = -1
+#: values per ``rvs`` call when a distribution is drawn in Python
+RVS_BLOCK = 1 << 16
 
 # scipy name -> (kernel code, shape parameter names)
 SUPPORTED_DISTRIBUTIONS = {
@@ -39,6 +53,21 @@ class ServiceSpec:
     support: tuple
     description: dict
     dist: object = field(default=None, repr=False)
+
+    @property
+    def kernel_kind(self) -> int:
+        """The kernel's code: distributions drawn in Python arrive as replayed values."""
+        return _k.SVC_REPLAY if self.kind == RVS else self.kind
+
+    def draw(self, gen: np.random.Generator, n: int) -> np.ndarray:
+        """The ``n`` values of a distribution drawn in Python: ``rvs`` of
+        :data:`RVS_BLOCK` values at a time on ``gen`` (the last block cut
+        to what is left)."""
+        out = np.empty(n)
+        for i in range(0, n, RVS_BLOCK):
+            m = min(RVS_BLOCK, n - i)
+            out[i:i + m] = self.dist.rvs(size=m, random_state=gen)
+        return out
 
     @property
     def mean(self) -> float:
@@ -64,6 +93,30 @@ class ServiceSpec:
                 f"equal-mass edges for bins={k} are not strictly increasing ({e.tolist()}): "
                 "the service times have atoms; pass MultiBin(edges=...) explicitly")
         return e
+
+
+@dataclass(frozen=True, eq=False)
+class Empirical:
+    """Values resampled uniformly, with replacement, from ``values`` (a trace's
+    column, say): each request draws one, independently.  To replay the
+    values in order instead, pass the array itself.
+
+    Parameters
+    ----------
+    values : array_like of float
+        At least one non-negative finite value (service times in s, or token
+        lengths).
+    """
+
+    values: np.ndarray = field(repr=False)
+
+    def __post_init__(self):
+        v = check_real_array("values", self.values, DOMAINS["service"])
+        v.flags.writeable = False
+        object.__setattr__(self, "values", v)
+
+    def __repr__(self) -> str:
+        return f"Empirical({self.values.size} values, mean {float(self.values.mean()):.6g})"
 
 
 #: A distribution is refused unless ``dist.isf(TAIL_PROBABILITY)`` is finite and
@@ -105,11 +158,11 @@ def as_service(service, name: str = "service") -> ServiceSpec:
         if not isinstance(service.dist, stats.rv_continuous):
             raise TypeError(f"{name} must be a continuous distribution; got {service.dist.name}")
         dname = service.dist.name
-        if dname not in SUPPORTED_DISTRIBUTIONS:
-            raise ValueError(
-                f"{name} distribution {dname!r} is not drawn by the kernel; supported: "
-                f"{sorted(SUPPORTED_DISTRIBUTIONS)}, or pass an array of service times")
-        kind, shape_names = SUPPORTED_DISTRIBUTIONS[dname]
+        if dname in SUPPORTED_DISTRIBUTIONS:
+            kind, shape_names = SUPPORTED_DISTRIBUTIONS[dname]
+        else:
+            kind, shape_names = RVS, tuple((service.dist.shapes or "").replace(" ", "").split(",")) \
+                if service.dist.shapes else ()
         try:
             shapes, loc, scale = service.dist._parse_args(*service.args, **service.kwds)
         except TypeError as exc:
@@ -120,8 +173,11 @@ def as_service(service, name: str = "service") -> ServiceSpec:
         if not np.isfinite(loc) or not np.isfinite(scale) or scale <= 0:
             raise ValueError(f"{name} has invalid parameters: loc={loc!r}, scale={scale!r}")
         for nm, v in zip(shape_names, shapes):
-            if not (np.isfinite(v) and v > 0):
+            if kind != RVS and not (np.isfinite(v) and v > 0):
                 raise ValueError(f"{name} shape parameter {nm} must be in (0, inf); got {v!r}")
+        if kind == RVS and not bool(service.dist._argcheck(*shapes)):
+            raise ValueError(f"{name} has invalid shape parameters for {dname}: "
+                             + ", ".join(f"{nm}={v!r}" for nm, v in zip(shape_names, shapes)))
         lo, hi = (float(x) for x in service.support())
         if np.isnan(lo):
             raise ValueError(f"{name} has invalid parameters: loc={loc!r}, scale={scale!r}")
@@ -145,6 +201,10 @@ def as_service(service, name: str = "service") -> ServiceSpec:
         spec = ServiceSpec(kind, params, np.empty(0), (lo, hi), desc, dist=service)
         _CHECKED[service] = spec
         return spec
+    if isinstance(service, Empirical):
+        return ServiceSpec(_k.SVC_EMPIRICAL, np.zeros(2), service.values,
+                           (float(service.values.min()), float(service.values.max())),
+                           {"service": "empirical", "n_values": int(service.values.size)})
     if isinstance(service, stats.rv_continuous):
         raise TypeError(f"{name} must be a frozen distribution, e.g. scipy.stats.uniform(1, 19); "
                         f"got the unfrozen {service.name!r}")

@@ -138,6 +138,16 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("rates", "reals", "requests/s", "arrival rates of a piecewise Poisson process", _POS),
     _p("ends", "reals", "s", "times the piecewise Poisson rate changes", _POS, default=()),
     _p("times", "reals", "s", "replayed arrival times", _REAL),
+    _p("cv", "real", "1", "coefficient of variation of the gamma inter-arrival times (1: Poisson)", _POS),
+    # a two-state Markov-modulated Poisson process (BurstGPT-style bursts, seed 001)
+    _p("rate_on", "real", "requests/s", "arrival rate in the ON state", _POS),
+    _p("rate_off", "real", "requests/s", "arrival rate in the OFF state (0: silent)", _NONNEG, default=0.0),
+    _p("mean_on", "real", "s", "mean ON sojourn (exponential)", _POS),
+    _p("mean_off", "real", "s", "mean OFF sojourn (exponential)", _POS),
+    _p("Replay.scale", "real", "1", "speed-up of a replayed trace: arrival times are divided by it",
+       _POS, default=1.0),
+    _p("window", "reals", "s", "(start, end): the replayed arrivals with start <= t < end, from t = 0",
+       Domain(0, INF, lo_closed=True, hi_closed=True), default=None),
     _p("rate_high", "real", "requests/s", "arrival rate between t_up and t_down (load step)", _POS),
     _p("t_up", "real", "s", "time the load steps up", _POS),
     _p("t_down", "real", "s", "time the load steps back down", _POS),
@@ -155,8 +165,16 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("predictor_sigma", "real", "1",
        "log-normal error of the output-length predictor: predicted = output * exp(sigma Z); 0 is the oracle",
        _NONNEG, default=0.0),
+    # --- length predictors (what a binning policy bins by) ------------------------------
+    _p("LogNormalError.sigma", "real", "1", "log-normal error of the prediction: true * exp(sigma Z)", _NONNEG),
+    _p("BinConfusion.p", "real", "1", "probability that a request lands in its true bin (else a neighbour)",
+       Domain(0, 1, lo_closed=True, hi_closed=True)),
+    _p("predictor_p", "real", "1",
+       "MultiBin's bin confusion: probability that a request lands in its true bin; 1 is the oracle",
+       Domain(0, 1, lo_closed=True, hi_closed=True), default=1.0),
     # --- policies -----------------------------------------------------------------------
     _p("bins", "count", "bins", "number of bins", _COUNT),
+    # K = 4: the dynamic-batching specification's example (Algorithm 6, "Example Output (K=4)")
     _p("MultiBinDynamic.bins", "count", "bins", "number of bins K of multi-bin dynamic batching", _COUNT,
        default=4),
     _p("batch_size", "count", "requests", "batch size: requests per batch", _COUNT),
@@ -171,6 +189,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        _COUNT, default=None),
     _p("pin", "count", "requests", "fixed b_target of the dynamic policies (the controller still learns)",
        _COUNT, default=None),
+    # the specification leaves the warm-up's length open: with 1000 predictions an edge's
+    # probability mass is off by sqrt(p (1 - p) / 1000), at most 1.6 percentage points (1 sd)
     _p("warmup", "count", "requests", "requests whose predictions set Algorithm 6's edges", _COUNT,
        default=1000),
     _p("bin_b_max", "counts", "requests", "per-bin batch size limits (Algorithm 1, step 5)", _COUNT,
@@ -179,15 +199,32 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        choices=("round_robin", "longest_queue")),
     # --- batch service models -----------------------------------------------------------
     _p("service_model", "choice", "", "batch service model of the token-level policies",
-       default="decode", choices=("decode", "linear", "max")),
+       default="decode", choices=("decode", "linear", "max", "calibrated")),
     _p("base", "real", "s", "fixed time per batch", _NONNEG, default=0.0),
     _p("per_token", "real", "s/token", "time per output token (MaxModel)", _POS, default=1.0),
+    # no calibration in the sources: 1 ms per token of the longest sequence and a 10% cost of
+    # batching are placeholders of the right order for a small model (pass measured values)
     _p("LinearModel.alpha", "real", "s/token", "time per token of the longest sequence", _POS, default=1e-3),
     _p("LinearModel.beta", "real", "1", "relative cost of batching, times (b-1)/b", _NONNEG, default=0.1),
     # calibrated on an NVIDIA GPU (dynamic-batching specification, Section 5.1)
     _p("DecodeModel.beta", "real", "s/token", "decode time per token at b = 1", _POS, default=5.74e-3),
     _p("gamma", "real", "1", "decode-time growth with batch size", _NONNEG, default=0.316),
     _p("prefill_per_token", "real", "s/token", "prefill time per prompt token", _NONNEG, default=0.0),
+    # CalibratedModel: alpha + beta * max_seq_len * h(b) on Algorithm 3's service_time_fn(|batch|,
+    # max_seq_len) (dynamic-batching specification, lines 212, 240-242), h(b) and beta, gamma of
+    # ComputeDecodeTBT (lines 501-510; gamma is the row above).  The specification gives no fixed
+    # time per batch: 0 leaves its formula as written (pass a measured value)
+    _p("CalibratedModel.alpha", "real", "s", "fixed time per batch (calibrated model)", _NONNEG, default=0.0),
+    # latency_model.beta = 5.74 ms (specification, Algorithm 7's v2 model, line 503); per token of
+    # the longest prompt + output, so not DecodeModel.beta's per output token
+    _p("CalibratedModel.beta", "real", "s/token",
+       "time per token of the batch's longest prompt + output at b = 1: the calibrated decode time between tokens",
+       _POS, default=5.74e-3),
+    # Algorithm 7, step 2 (lines 480-488) with ComputeDecodeTBT's branches (lines 502-508): beta h(b)
+    # when calibrated, the default 5.74 ms when not, service / max output_len when none is provided
+    _p("CalibratedModel.feedback", "choice", "",
+       "decode time Algorithm 7 feeds the SLA controller: beta h(b), the uncalibrated 5.74 ms, or the legacy "
+       "service / max output_len", default="calibrated", choices=("calibrated", "uncalibrated", "legacy")),
     # --- memory (Algorithm 1) -----------------------------------------------------------
     # defaults: an 80 GB GPU, 8 GB of weights, 0.4 MB of KV cache per token
     # (about Phi-3.5-mini in fp16): eta = 180,000 tokens
@@ -196,15 +233,20 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("kv_mem_per_token_gb", "real", "GB/token", "KV-cache memory per token", _POS, default=4e-4),
     _p("Memory.variant", "choice", "", "b_mem rule: the specification's L0 = 0.1 eta, or a CLT buffer",
        default="l0", choices=("l0", "clt")),
+    # eps_M ~ 0.05, a 5% OOM probability: the dynamic-batching specification, Algorithm 1, step 3
     _p("eps_m", "real", "1", "risk eps_M of the CLT memory buffer", Domain(0, 1), default=0.05),
     _p("enabled", "flag", "", "whether the memory constraint is enforced", default=True),
     _p("eta", "real", "tokens", "KV-cache token capacity eta", _POS),
     _p("memory", "choice", "", "b_mem rule: L0 = 0.1 eta, a CLT buffer, or no memory constraint",
        default="l0", choices=("l0", "clt", "off")),
     # --- the SLA controller (Algorithms 2 and 7) ----------------------------------------
+    # the sources give no values.  D_SLA = 7.5 ms sits below the calibrated decode time's
+    # limit beta (1 + gamma) = 7.55 ms, so the SLA binds: it allows b <= 33 under the default
+    # DecodeModel.  eps_D = 50 us is 0.7% of D_SLA.
     _p("d_sla", "real", "s/token", "SLA target D_SLA on the decode time per token", _POS, default=7.5e-3),
     _p("eps_d", "real", "s/token", "tolerance band eps_D around D_SLA", _NONNEG, default=5e-5),
     _p("b_min", "count", "requests", "smallest batch size B_min", _COUNT, default=1),
+    # 256: vLLM's long-standing default max_num_seqs, a serving engine's usual cap on a batch
     _p("b_max", "count", "requests", "largest batch size B_max", _COUNT, default=256),
     # the specification's steps: alpha = 4, delta = 2
     _p("SLAController.alpha", "count", "requests", "expansion step alpha of the SLA controller", _COUNT0,

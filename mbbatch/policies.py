@@ -9,6 +9,7 @@ import numpy as np
 
 from ._validation import check, check_fields, check_instance
 from .params import default
+from .predictors import Oracle, as_predictor
 
 __all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic"]
 
@@ -17,8 +18,9 @@ __all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic"]
 class MultiBin:
     """Multi-bin batching (Algorithm 1 of the multi-bin paper).
 
-    Requests are assigned to a bin by their true service time (an oracle
-    length predictor); each bin forms batches of exactly ``batch_size`` in
+    Requests are assigned to a bin by their predicted service time (the
+    true one by default: an oracle) and served for their true one; each bin
+    forms batches of exactly ``batch_size`` in
     arrival order; a batch joins one central FIFO when its last request
     arrives; a batch's service time is the maximum of its members'.
 
@@ -39,15 +41,20 @@ class MultiBin:
         A bin sends a partial batch to the central FIFO once its oldest
         request has waited ``max_wait`` s (the real-system variant of the
         paper's Section 3).  Default ``inf``: batches of exactly B only.
+    predictor : Oracle, LogNormalError, BinConfusion or Predictions, optional
+        What a request is binned by (:mod:`mbbatch.predictors`).  Default:
+        the oracle.
     """
 
     bins: int
     batch_size: int
     edges: Optional[np.ndarray] = None
     max_wait: float = default("max_wait")
+    predictor: object = None
 
     def __post_init__(self):
         check_fields(self, {"bins": "bins", "batch_size": "batch_size", "max_wait": "max_wait"})
+        object.__setattr__(self, "predictor", as_predictor(self.predictor))
         if self.edges is not None:
             # NaN refused here; -inf first and inf last allowed, checked below
             e = check("MultiBin.edges", self.edges, "edges")
@@ -67,6 +74,8 @@ class MultiBin:
         d = {"policy": "multibin", "bins": self.bins, "batch_size": self.batch_size,
              "max_wait": "inf" if self.max_wait == float("inf") else self.max_wait}
         d["edges"] = "equal_mass" if self.edges is None else [float(x) for x in self.edges]
+        if not isinstance(self.predictor, Oracle):
+            d.update(self.predictor.describe())
         return d
 
 

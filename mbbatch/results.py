@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from . import stats
 from .metrics import METRICS, applicable
 
 __all__ = ["SimulationResult", "Table", "UnstableWarning"]
@@ -267,7 +268,7 @@ class SimulationResult:
         attrs.update(versions())
         attrs["kind"] = self.kind
         attrs["latency_quantiles"] = self._latency_quantiles
-        attrs["confidence_level"] = 0.95
+        attrs["confidence_level"] = stats.CONFIDENCE
         attrs["unstable"] = int(self.unstable)
         attrs["unstable_reason"] = self.unstable_reason
         return xr.Dataset(data, coords=coords, attrs=attrs)

@@ -13,6 +13,7 @@ event kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -30,11 +31,12 @@ from ._running import check_clock, check_memory, interruptible, stop_flag
 from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence,
                        entropy_str, stream)
 from ._validation import check_servers, resolve_n
-from .arrivals import PiecewisePoisson, Poisson, Replay, Saturated
-from .lengths import as_service
+from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
+from .lengths import RVS, as_service
 from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .results import SimulationResult, Table, UnstableWarning
-from .service_models import DecodeModel, LinearModel, MaxModel
+from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
 from .workload import Workload
 
 __all__ = ["simulate", "check_simulation", "plan", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS"]
@@ -86,9 +88,10 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
     ----------
     policy : MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic
         The batching policy.
-    arrivals : Poisson, PiecewisePoisson, Saturated or Replay
-        The arrival process (rates in requests/s).  PiecewisePoisson: the
-        token-level policies only.
+    arrivals : Poisson, Gamma, OnOff, PiecewisePoisson, Saturated or Replay
+        The arrival process (rates in requests/s), for every policy; see
+        :mod:`mbbatch.arrivals`.  A Replay of fewer times than ``n`` is
+        repeated end to end, with a :class:`TraceTiledWarning`.
     service : scipy.stats frozen distribution or array_like, optional
         MultiBin: the paper's model, shorthand for output lengths drawn from
         ``service`` that are service times (``MaxModel(base=0,
@@ -113,7 +116,7 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
         Without it the kernels stream in memory independent of n.
     workload : Workload, optional
         The requests' lengths; give it or ``service``, not both.
-    service_model : MaxModel, LinearModel or DecodeModel, optional
+    service_model : MaxModel, LinearModel, DecodeModel or CalibratedModel, optional
         The batch service model (with ``workload``).  Default
         :class:`DecodeModel` for the token-level policies; MultiBin takes
         MaxModel only (the max of its members' service times).
@@ -167,8 +170,9 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
                         "array> (service times), or workload=Workload(prompt=..., output=...)")
     elif not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload; got {type(workload).__name__}")
-    if service_model is not None and not isinstance(service_model, (MaxModel, LinearModel, DecodeModel)):
-        raise TypeError("service_model must be MaxModel, LinearModel or DecodeModel; "
+    if service_model is not None and not isinstance(service_model, (MaxModel, LinearModel, DecodeModel,
+                                                                    CalibratedModel)):
+        raise TypeError("service_model must be MaxModel, LinearModel, DecodeModel or CalibratedModel; "
                         f"got {type(service_model).__name__}")
     if isinstance(policy, MultiBin):
         return _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
@@ -177,31 +181,83 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
                         keep_batches)
 
 
+#: the arrival processes every policy takes
+ARRIVALS = (Poisson, Gamma, OnOff, PiecewisePoisson, Saturated, Replay)
+
+
+def _check_arrivals(arrivals) -> None:
+    if not isinstance(arrivals, ARRIVALS):
+        raise TypeError("arrivals must be " + ", ".join(a.__name__ for a in ARRIVALS[:-1]) + " or Replay; "
+                        f"got {type(arrivals).__name__}")
+
+
 def _replayed(arrivals, named_specs) -> list:
     out = [("arrivals.times", arrivals.times.size)] if isinstance(arrivals, Replay) else []
     return out + [(name, sp.values.size) for name, sp in named_specs if sp.kind == _common.SVC_REPLAY]
 
 
+def _resolve_n(n, arrivals, named_specs, predictor=None) -> int:
+    """``n`` checked, defaulting to the length of the replayed arrays (which
+    must have one length).  A larger ``n`` repeats them end to end, with a
+    :class:`TraceTiledWarning`."""
+    replayed = _replayed(arrivals, named_specs)
+    if isinstance(predictor, Predictions):
+        if not replayed and n is not None and n > predictor.values.size:
+            raise ValueError(f"predictor.values has {predictor.values.size} values; the n = {n} requests need "
+                             "one each")
+        replayed.append(("predictor.values", predictor.values.size))
+    n = resolve_n(n, replayed, tile=True)
+    if replayed and n > replayed[0][1]:
+        size = replayed[0][1]
+        if isinstance(arrivals, Replay):
+            arrivals.last_time(n)                    # (refuses times that cannot be tiled)
+        shift = (" (arrival times shifted by the trace's span plus one mean gap each time)"
+                 if isinstance(arrivals, Replay) else "")
+        warnings.warn(f"n = {n} exceeds the {size} replayed values of {', '.join(nm for nm, _ in replayed)}: "
+                      f"they are repeated {-(-n // size)} times end to end{shift}", TraceTiledWarning, stacklevel=5)
+    return n
+
+
+def _rvs_memory(named_specs, n: int) -> dict:
+    """check_memory's parts for the distributions drawn in Python before a run."""
+    return {name: (8 * n, f"the {n} draws of {name}, made before the run ({spec.description['service']} "
+                          "is not drawn in the kernels)")
+            for name, spec in named_specs if spec.kind == RVS}
+
+
+def _tiled(values: np.ndarray, n: int) -> np.ndarray:
+    """Replayed values for ``n`` requests: repeated end to end if fewer."""
+    return values if values.size == 0 or values.size >= n else np.resize(values, n)
+
+
 def _check_clock(arrivals, n, scale) -> None:
     """Refuse a run whose clock would be too coarse for its service times."""
     if isinstance(arrivals, Replay):
-        check_clock(float(np.max(np.abs(arrivals.times[:n]))), scale, "arrivals.times")
-    elif isinstance(arrivals, Poisson):
-        check_clock(n / arrivals.rate, scale, f"rate = {arrivals.rate:g} requests/s and n = {n} arrivals")
+        check_clock(max(abs(float(arrivals.times[0])), abs(arrivals.last_time(n))), scale, "arrivals.times")
+    elif isinstance(arrivals, (Poisson, Gamma, OnOff)):
+        check_clock(n / arrivals.rate, scale, f"a mean rate of {arrivals.rate:g} requests/s and n = {n} arrivals")
     elif isinstance(arrivals, PiecewisePoisson):
         check_clock(arrivals.ends[-1] + n / min(arrivals.rates) if arrivals.ends else n / arrivals.rates[0],
                     scale, f"rates down to {min(arrivals.rates):g} requests/s and n = {n} arrivals")
 
 
-def _arrival_fields(arrivals) -> tuple:
-    """The kernels' (arrival kind, rate, replayed times) of ``arrivals``."""
+def _arrival_fields(arrivals, n: int) -> tuple:
+    """The kernels' (arrival kind, rate, replayed times, params, ends) of
+    ``arrivals`` (see :func:`~mbbatch._kernels.common.draw_arrivals`)."""
+    none, one, never = np.empty(0), np.ones(1), np.full(1, np.inf)
     if isinstance(arrivals, Poisson):
-        return _common.ARR_POISSON, arrivals.rate, np.empty(0)
+        return _common.ARR_POISSON, arrivals.rate, none, one, never
+    if isinstance(arrivals, Gamma):
+        return _common.ARR_GAMMA, arrivals.rate, none, np.array([arrivals.shape, arrivals.scale]), never
+    if isinstance(arrivals, OnOff):
+        return (_common.ARR_ONOFF, arrivals.rate, none,
+                np.array([arrivals.rate_on, arrivals.rate_off, arrivals.mean_on, arrivals.mean_off]), never)
     if isinstance(arrivals, PiecewisePoisson):
-        return _common.ARR_PIECEWISE, arrivals.rates[0], np.empty(0)
+        return (_common.ARR_PIECEWISE, arrivals.rates[0], none, np.array(arrivals.rates),
+                np.array([*arrivals.ends, np.inf]))
     if isinstance(arrivals, Saturated):
-        return _common.ARR_SATURATED, 0.0, np.empty(0)
-    return _common.ARR_REPLAY, 0.0, arrivals.times
+        return _common.ARR_SATURATED, 0.0, none, one, never
+    return _common.ARR_REPLAY, 0.0, arrivals.times_for(n, warn=False), one, never
 
 
 def _model_config(model) -> dict:
@@ -216,8 +272,8 @@ def _quantiles(hist, latency) -> np.ndarray:
     return stats.hist_quantiles(hist, stats.QUANTILES, _common.HIST_BASE, _common.HIST_SHIFT)
 
 
-def _finish(res: SimulationResult, stacklevel: int) -> SimulationResult:
-    if res.unstable:
+def _finish(res: SimulationResult, warn: bool, stacklevel: int) -> SimulationResult:
+    if warn and res.unstable:
         warnings.warn(f"no steady state: {res.unstable_reason}", UnstableWarning, stacklevel=stacklevel)
     return res
 
@@ -239,9 +295,26 @@ class _MultiBinPlan:
     servers: float
     keep: bool
     memory: int
+    predictor: object
 
-    def run(self, ss: np.random.SeedSequence) -> SimulationResult:
-        return _run_multibin(self, ss)
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
+        """Simulate with the seed ``ss``; ``warn``: issue an :class:`UnstableWarning`
+        for a run with no steady state (else only ``res.unstable`` says it)."""
+        return _run_multibin(self, ss, warn)
+
+    @functools.cached_property
+    def kernel_args(self) -> tuple:
+        """The kernel's run configuration and inputs (read-only: every run of
+        the plan shares them)."""
+        return _pack_multibin(self)
+
+    @functools.cached_property
+    def description(self) -> dict:
+        """The run's configuration, but for its seed."""
+        side = ({**self.workload.describe(), **_model_config(self.model)} if self.workload is not None
+                else self.spec.description)
+        return {**self.policy.describe(), **self.arrivals.describe(), **side,
+                "n": self.n, "servers": "inf" if self.servers == math.inf else int(self.servers)}
 
 
 def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
@@ -249,23 +322,26 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
     if keep_batches:
         raise TypeError("keep_batches is for the token-level policies; MultiBin's batches are the bins' "
                         "(see res.batches_per_bin)")
-    if not isinstance(arrivals, (Poisson, Saturated, Replay)):
-        raise TypeError(f"arrivals must be Poisson, Saturated or Replay for MultiBin; got {type(arrivals).__name__}")
+    _check_arrivals(arrivals)
     if workload is not None:
         model = service_model if service_model is not None else MaxModel()
         if not isinstance(model, MaxModel):
             raise TypeError("MultiBin takes service_model=MaxModel(base, per_token) (a batch takes its "
                             f"longest member's time); got {type(model).__name__}")
-        if workload.predictor_sigma != 0:
-            raise ValueError("MultiBin bins by the true service time (an oracle): workload.predictor_sigma "
-                             f"must be 0; got {workload.predictor_sigma:g}")
+        if workload.predictor_sigma != 0 and not isinstance(policy.predictor, Oracle):
+            raise ValueError("MultiBin takes one predictor: workload.predictor_sigma (a LogNormalError) or "
+                             f"MultiBin(predictor=...), not both; got predictor_sigma = "
+                             f"{workload.predictor_sigma:g} and {policy.predictor}")
         spec = workload._output
         named = [("workload.prompt", workload._prompt), ("workload.output", spec)]
     else:
         model = MaxModel(base=0.0, per_token=1.0)
         spec = as_service(service)
         named = [("service", spec)]
-    n = resolve_n(n, _replayed(arrivals, named))
+    predictor = policy.predictor
+    if workload is not None and workload.predictor_sigma != 0:
+        predictor = LogNormalError(workload.predictor_sigma)
+    n = _resolve_n(n, arrivals, named, predictor)
     servers = check_servers(servers)
     k, B = policy.bins, policy.batch_size
     S = min(B, n)
@@ -277,6 +353,7 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
     }
     if keep_requests:
         parts["keep_requests"] = (40 * n, "the per-request arrays (keep_requests)")
+    parts.update(_rvs_memory(named, n))
     memory = check_memory(parts)
     _check_clock(arrivals, n, model.base + model.per_token * spec.mean)
 
@@ -292,7 +369,8 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
             raise ValueError(
                 f"edges must cover the support of service [{lo:g}, {hi:g}]: "
                 f"edges[0] <= {lo:g} and edges[-1] >= {hi:g}; got [{edges[0]:g}, {edges[-1]:g}]")
-    return _MultiBinPlan(policy, arrivals, spec, workload, model, edges, n, servers, bool(keep_requests), memory)
+    return _MultiBinPlan(policy, arrivals, spec, workload, model, edges, n, servers, bool(keep_requests), memory,
+                         predictor)
 
 
 def _service_times(model: MaxModel, integer: bool, lengths: np.ndarray) -> np.ndarray:
@@ -305,22 +383,42 @@ def _service_times(model: MaxModel, integer: bool, lengths: np.ndarray) -> np.nd
     return model.base + model.per_token * lengths
 
 
-def _pack_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence) -> tuple:
-    """The multi-bin kernel's arguments for ``plan``: ``(config, inputs, streams)``."""
-    akind, rate, times = _arrival_fields(plan.arrivals)
+def _pack_multibin(plan: _MultiBinPlan) -> tuple:
+    """The multi-bin kernel's configuration and inputs for ``plan``: ``(config, inputs)``."""
+    akind, rate, times, aparams, aends = _arrival_fields(plan.arrivals, plan.n)
     integer = int(plan.workload is not None and plan.workload.integer_lengths)
     config = _k.CONFIG.pack(
-        n=plan.n, arrival_kind=akind, rate=rate, service_kind=plan.spec.kind, batch_size=plan.policy.batch_size,
+        n=plan.n, arrival_kind=akind, rate=rate, service_kind=plan.spec.kernel_kind,
+        batch_size=plan.policy.batch_size,
         # more servers than requests are never all busy: the kernel needs at most n (0: infinitely many)
         servers=0 if plan.servers == math.inf else int(min(plan.servers, plan.n)), max_wait=plan.policy.max_wait,
-        keep=plan.keep, integer=integer, base=plan.model.base, per_token=plan.model.per_token)
-    inputs = _k.INPUTS.pack(arrival_times=times, service_params=plan.spec.params, service_values=plan.spec.values,
-                            edges=plan.edges)
-    return config, inputs, _k.MultiBinStreams(stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_SERVICE))
+        keep=plan.keep, integer=integer, base=plan.model.base, per_token=plan.model.per_token,
+        predictor=plan.predictor.code, predictor_param=plan.predictor.param)
+    inputs = _k.INPUTS.pack(arrival_times=times, arrival_params=aparams, arrival_ends=aends,
+                            service_params=plan.spec.params, service_values=_tiled(plan.spec.values, plan.n),
+                            edges=plan.edges,
+                            predictions=_tiled(plan.predictor.values, plan.n)
+                            if isinstance(plan.predictor, Predictions) else np.empty(0))
+    return config, inputs
 
 
-def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence) -> SimulationResult:
-    args = _pack_multibin(plan, ss)
+def _drawn(inputs, arrays, field: str, spec, gen, n: int):
+    """``inputs`` with ``field`` holding the ``n`` draws of ``spec`` when it
+    is a distribution drawn in Python (see :mod:`mbbatch.lengths`)."""
+    if spec.kind != RVS:
+        return inputs
+    return arrays.pack(**{**inputs._asdict(), field: spec.draw(gen, n)})
+
+
+def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence, warn: bool) -> SimulationResult:
+    config, inputs = plan.kernel_args
+    arrival = stream(ss, STREAM_ARRIVALS)
+    # (the prediction stream only where the predictor draws: a generator costs ~20 us)
+    draws = isinstance(plan.predictor, (LogNormalError, BinConfusion))
+    streams = _k.MultiBinStreams(arrival, stream(ss, STREAM_SERVICE),
+                                 stream(ss, STREAM_PREDICTION) if draws else arrival)
+    inputs = _drawn(inputs, _k.INPUTS, "service_values", plan.spec, streams.service, plan.n)
+    args = (config, inputs, streams)
     stop = stop_flag()
     t0 = time.perf_counter()
     out, req = interruptible(lambda: _k.run(*args, stop, groups=BATCH_MEANS_GROUPS), stop)
@@ -356,6 +454,8 @@ def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence) -> Simulation
     q = _quantiles(out.hist, requests.latency if requests is not None and completed > 0 else None)
     if isinstance(plan.arrivals, Saturated):
         unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
+    elif isinstance(plan.arrivals, PiecewisePoisson):
+        unstable, reason = False, "not assessed: a load step has no single steady state"
     else:
         unstable, reason = stats.backlog_verdict(g_wait, mean_batch_service)
     metrics = {
@@ -368,10 +468,7 @@ def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence) -> Simulation
         "batch_size_mean": batch_mean, "span": span, "completed": completed,
         "excluded_partial": st["excluded"], "n_batches": n_batches,
     }
-    side = ({**plan.workload.describe(), **_model_config(plan.model)} if plan.workload is not None
-            else plan.spec.description)
-    config = {**plan.policy.describe(), **plan.arrivals.describe(), **side,
-              "n": n, "servers": "inf" if servers == math.inf else int(servers), "seed_entropy": entropy_str(ss)}
+    config = {**plan.description, "seed_entropy": entropy_str(ss)}
     res = SimulationResult(
         kind="multibin", config=config, n=n, servers=servers, edges=plan.edges, metrics=metrics,
         arrays={"batches_per_bin": out.batches_per_bin, "group_mean_latency": g_lat,
@@ -379,7 +476,7 @@ def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence) -> Simulation
         requests=requests, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
         kernel_seconds=kernel_seconds)
-    return _finish(res, stacklevel=5)
+    return _finish(res, warn, stacklevel=5)
 
 
 # --- the event kernel (token-level policies) -----------------------------------------------
@@ -399,8 +496,16 @@ class _TokenPlan:
     keep_batches: bool
     memory: int
 
-    def run(self, ss: np.random.SeedSequence) -> SimulationResult:
-        return _run_tokens(self, ss)
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
+        """Simulate with the seed ``ss``; ``warn``: issue an :class:`UnstableWarning`
+        for a run with no steady state (else only ``res.unstable`` says it)."""
+        return _run_tokens(self, ss, warn)
+
+    @functools.cached_property
+    def kernel_args(self) -> tuple:
+        """The kernel's run configuration and inputs (read-only: every run of
+        the plan shares them)."""
+        return _pack_tokens(self)
 
 
 def _model_scale(model, workload) -> float:
@@ -410,6 +515,8 @@ def _model_scale(model, workload) -> float:
         return model.base + model.per_token * o
     if isinstance(model, LinearModel):
         return model.base + model.alpha * (p + o)
+    if isinstance(model, CalibratedModel):
+        return model.alpha + model.beta * (p + o)
     return model.prefill_per_token * p + model.beta * o
 
 
@@ -420,11 +527,8 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
                         "service_model), not service=: it forms batches by prompt and output lengths")
     if service_model is None:
         service_model = DecodeModel()
-    if not isinstance(arrivals, (Poisson, Saturated, Replay, PiecewisePoisson)):
-        raise TypeError(f"arrivals must be Poisson, PiecewisePoisson, Saturated or Replay; "
-                        f"got {type(arrivals).__name__}")
-    n = resolve_n(n, _replayed(arrivals, [("workload.prompt", workload._prompt),
-                                          ("workload.output", workload._output)]))
+    _check_arrivals(arrivals)
+    n = _resolve_n(n, arrivals, [("workload.prompt", workload._prompt), ("workload.output", workload._output)])
     servers = check_servers(servers)
     if servers == math.inf:
         raise ValueError("servers must be finite for the token-level policies; got inf")
@@ -433,10 +537,12 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     b_max = policy.batch_size if static else policy.controller.b_max
     warm = policy.warmup if isinstance(policy, MultiBinDynamic) else 1
     c = min(servers, n)
-    queue = 40 * 1024
+    slot = 8 * (_d.FIELDS.size + 1)      # bytes of a queued request: its fields and its index
+    queue = slot * _d.QUEUE_START
     if isinstance(arrivals, Saturated):
-        # every request is queued at time 0: the ring buffers grow to hold n
-        queue = 60 * (1 << max(int(n - 1).bit_length(), 10))
+        # every request is queued at time 0: the ring buffers grow to hold n (a power of two, at
+        # least the start), and while one doubles the old buffers sit beside the new: 1.5 slots
+        queue = 3 * slot // 2 * (1 << max(int(n - 1).bit_length(), _d.QUEUE_START.bit_length() - 1))
     parts = {
         "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.CONTROLLER.size + _c.BATCH_STATS.size + 4)),
                  "the bins' queues"),
@@ -449,30 +555,35 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
         parts["keep_requests"] = (72 * n, "the per-request arrays (keep_requests)")
     if keep_batches:
         parts["keep_batches"] = (64 * n, "the per-batch arrays (keep_batches)")
+    parts.update(_rvs_memory([("workload.prompt", workload._prompt), ("workload.output", workload._output)], n))
     memory = check_memory(parts)
     _check_clock(arrivals, n, _model_scale(service_model, workload))
     return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
                       bool(keep_batches), memory)
 
 
-def _pack_tokens(plan: _TokenPlan, ss) -> tuple:
-    """The event kernel's arguments for ``plan``: ``(config, inputs, streams)``."""
+def _pack_tokens(plan: _TokenPlan) -> tuple:
+    """The event kernel's configuration and inputs for ``plan``: ``(config, inputs)``."""
     policy, arrivals, workload, model, n = plan.policy, plan.arrivals, plan.workload, plan.model, plan.n
     static = isinstance(policy, StaticBatching)
     multibin = isinstance(policy, MultiBinDynamic)
     sla, mem = (policy.sla if static else policy.controller), policy.memory
     b_max = policy.batch_size if static else sla.b_max
-    akind, rate, times = _arrival_fields(arrivals)
+    akind, rate, times, aparams, aends = _arrival_fields(arrivals, n)
     if isinstance(model, MaxModel):
         model_fields = dict(model=_d.MODEL_MAX, base=model.base, per_token=model.per_token)
     elif isinstance(model, LinearModel):
         model_fields = dict(model=_d.MODEL_LINEAR, base=model.base, alpha=model.alpha, beta=model.beta)
+    elif isinstance(model, CalibratedModel):
+        code = {"calibrated": _d.MODEL_CALIBRATED, "uncalibrated": _d.MODEL_CALIBRATED_UNCALIBRATED,
+                "legacy": _d.MODEL_CALIBRATED_LEGACY}[model.feedback]
+        model_fields = dict(model=code, base=model.alpha, tbt_beta=model.beta, tbt_gamma=model.gamma)
     else:
         model_fields = dict(model=_d.MODEL_DECODE, prefill_per_token=model.prefill_per_token, tbt_beta=model.beta,
                             tbt_gamma=model.gamma)
     config = _d.TokenConfig(
-        run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=workload._prompt.kind,
-                        output_kind=workload._output.kind, integer=workload.integer_lengths,
+        run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=workload._prompt.kernel_kind,
+                        output_kind=workload._output.kernel_kind, integer=workload.integer_lengths,
                         predictor_sigma=workload.predictor_sigma, keep_requests=plan.keep_requests,
                         keep_batches=plan.keep_batches),
         policy=_d.POLICY.pack(
@@ -491,17 +602,13 @@ def _pack_tokens(plan: _TokenPlan, ss) -> tuple:
                               eta=mem.eta, b_min=sla.b_min, b_max=b_max, z=float(_st.norm.ppf(1.0 - mem.eps_m)),
                               default_tokens=_c.DEFAULT_TOKENS),
         model=_d.MODEL.zeros(**model_fields))
-    piecewise = isinstance(arrivals, PiecewisePoisson)
     limits = multibin and policy.bin_b_max is not None
     inputs = _d.INPUTS.pack(
-        arrival_times=times,
-        pw_rates=arrivals.rates if piecewise else [1.0], pw_ends=[*arrivals.ends, np.inf] if piecewise else [np.inf],
-        prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
-        output_params=workload._output.params, output_values=workload._output.values,
+        arrival_times=times, arrival_params=aparams, arrival_ends=aends,
+        prompt_params=workload._prompt.params, prompt_values=_tiled(workload._prompt.values, n),
+        output_params=workload._output.params, output_values=_tiled(workload._output.values, n),
         bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1))
-    streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
-                                                         STREAM_PREDICTION)))
-    return config, inputs, streams
+    return config, inputs
 
 
 def _kind(policy) -> str:
@@ -510,14 +617,19 @@ def _kind(policy) -> str:
     return "multibin_dynamic" if isinstance(policy, MultiBinDynamic) else "dynamic"
 
 
-def _run_tokens(plan: _TokenPlan, ss) -> SimulationResult:
+def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     policy, arrivals, workload, service_model = plan.policy, plan.arrivals, plan.workload, plan.model
     n, servers = plan.n, plan.servers
     kind = _kind(policy)
     ctl_cfg = policy.sla if kind == "static" else policy.controller
     mem = policy.memory
     K = policy.bins if kind == "multibin_dynamic" else 1
-    args = _pack_tokens(plan, ss)
+    config, inputs = plan.kernel_args
+    streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
+                                                          STREAM_PREDICTION)))
+    inputs = _drawn(inputs, _d.INPUTS, "output_values", workload._output, streams.output, n)
+    inputs = _drawn(inputs, _d.INPUTS, "prompt_values", workload._prompt, streams.prompt, n)
+    args = (config, inputs, streams)
     stop = stop_flag()
     t0 = time.perf_counter()
     out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS),
@@ -573,7 +685,7 @@ def _run_tokens(plan: _TokenPlan, ss) -> SimulationResult:
         C = _c.C
         sla_limit = ctl_cfg.d_sla + ctl_cfg.eps_d
         metrics["sla_infeasible"] = any(
-            out.ctl[b, C.updates] >= 3 and out.ctl[b, C.tau_avg] > sla_limit and out.ctl[b, C.b_low] <= ctl_cfg.b_min
+            out.ctl[b, C.updates] >= _c.SLA_WARMUP_UPDATES and out.ctl[b, C.tau_avg] > sla_limit and out.ctl[b, C.b_low] <= ctl_cfg.b_min
             for b in range(K))
     rows = st["ts_rows"]
     ts = {col: out.ts[:rows, getattr(_d.TS, col)].copy() for col in ("time", *TS_COLUMNS)}
@@ -581,11 +693,12 @@ def _run_tokens(plan: _TokenPlan, ss) -> SimulationResult:
     config = {**policy.describe(), **arrivals.describe(), **workload.describe(), **_model_config(service_model),
               "n": n, "servers": int(servers), "seed_entropy": entropy_str(ss)}
     batches = Table({k: v[:nb] for k, v in bat.items()}) if plan.keep_batches else None
-    if isinstance(arrivals, Poisson):
+    if isinstance(arrivals, (Poisson, Gamma, OnOff)):
         unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, 0.0, n / arrivals.rate)
     elif isinstance(arrivals, Replay):
-        unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, float(arrivals.times[0]),
-                                               float(arrivals.times[n - 1]))
+        times = plan.kernel_args[1].arrival_times
+        unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, float(times[0]),
+                                               float(times[n - 1]))
     elif isinstance(arrivals, Saturated):
         unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
     else:
@@ -598,4 +711,4 @@ def _run_tokens(plan: _TokenPlan, ss) -> SimulationResult:
         requests=requests, batches=batches, time_series=ts, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
         kernel_seconds=kernel_seconds)
-    return _finish(res, stacklevel=5)
+    return _finish(res, warn, stacklevel=5)

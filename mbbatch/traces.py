@@ -1,19 +1,32 @@
 """Real LLM inference traces.
 
-The Azure LLM inference trace 2023 (Patel et al., "Splitwise: Efficient
-generative LLM inference using phase splitting", ISCA 2024; CC-BY 4.0) is
-published in the Azure Public Dataset (github.com/Azure/AzurePublicDataset),
-as ``AzureLLMInferenceTrace_conv.csv`` and ``AzureLLMInferenceTrace_code.csv``:
-one row per request with ``TIMESTAMP``, ``ContextTokens`` (prompt length) and
-``GeneratedTokens`` (output length).  mbbatch does not ship the trace; pass
-the path of your copy.
+Two public traces are read, each by its own loader; both return a `Trace`.
 
-`load_azure_trace` reads any CSV file in that layout, checking every cell, and
-streams it: memory stays near the size of the arrays it returns.  A file it
-cannot read raises `TraceError` (a ValueError) whose message starts with the
-file's path and, where one cell or row is to blame, its line and column::
+- The Azure LLM inference trace 2023 (Patel et al., "Splitwise: Efficient
+  generative LLM inference using phase splitting", ISCA 2024; CC-BY 4.0),
+  published in the Azure Public Dataset (github.com/Azure/AzurePublicDataset)
+  as ``AzureLLMInferenceTrace_conv.csv`` (a conversation service) and
+  ``AzureLLMInferenceTrace_code.csv`` (a coding assistant).  The two files
+  have the same layout, one row per request with ``TIMESTAMP``,
+  ``ContextTokens`` (prompt length) and ``GeneratedTokens`` (output length),
+  and `load_azure_trace` reads either.
+- BurstGPT (Wang et al., "BurstGPT: A real-world workload dataset to
+  optimize LLM serving systems", KDD 2025; github.com/HPMLL/BurstGPT, CC-BY
+  4.0): ChatGPT and GPT-4 requests served through Azure OpenAI, read by
+  `load_burstgpt`.
+
+mbbatch does not ship the traces; pass the path of your copy.
+
+The loaders check every cell, and stream the file: memory stays near the
+size of the arrays they return.  A file they cannot read raises `TraceError`
+(a ValueError) whose message starts with the file's path and, where one cell
+or row is to blame, its line and column::
 
     trace.csv:7: column 'ContextTokens': value '-1' is not a non-negative integer
+
+Every `Trace` records where it came from: the file's name, size and SHA-256
+(hashed as it is read) and the filters applied, which `Trace.describe`
+returns as a JSON-serialisable dict for a Dataset's attrs.
 
 Accepted input
 --------------
@@ -21,17 +34,18 @@ Accepted input
   the csv module's default ("excel") dialect: comma separated, ``"`` quotes.
 - Blank lines, and lines holding only whitespace, anywhere (before the
   header too): skipped.
-- A header row naming ``TIMESTAMP``, ``ContextTokens`` and ``GeneratedTokens``
-  in any order (case-sensitive; whitespace around names ignored); other
-  columns are allowed and ignored.  Every other non-blank row has as many
-  fields as the header, no more and no fewer.  The cells below may be
-  padded with spaces or tabs.
-- ``ContextTokens``, ``GeneratedTokens``: ASCII digits, at most
+- A header row naming the loader's columns (below) in any order
+  (case-sensitive; whitespace around names ignored); other columns are
+  allowed and ignored.  Every other non-blank row has as many fields as the
+  header, no more and no fewer.  The cells below may be padded with spaces
+  or tabs.
+- Lengths (``ContextTokens``, ``GeneratedTokens``; BurstGPT's ``Request
+  tokens``, ``Response tokens``, ``Total tokens``): ASCII digits, at most
   ``2**63 - 1``.  Signs, fractions and exponents (``+5``, ``1.0``, ``1e3``)
   are refused: a length written that way is more likely a shifted or
   mislabelled column than a count.
-- ``TIMESTAMP``, in one of three formats, chosen by the first data row and
-  required of every later row:
+- Azure's ``TIMESTAMP``, in one of three formats, chosen by the first data
+  row and required of every later row:
 
   * an ISO-8601 datetime ``YYYY-MM-DD HH:MM[:SS[.fraction]]`` (``T`` or one
     space between date and time, as in the Azure trace), years 1678 to 2261
@@ -42,12 +56,37 @@ Accepted input
     change keeps its true spacing;
   * a number of seconds (epoch seconds or seconds since the start), integer
     or decimal, with optional sign and exponent; it must be finite.
+
+- BurstGPT's ``Timestamp``: a number of seconds, as above.  ``Model`` and
+  ``Log Type``: any non-empty text (padding removed), such as ``ChatGPT``,
+  ``GPT-4``, ``Conversation log``, ``API log``.
+
+Filters and the time origin
+---------------------------
+Both loaders take ``drop_failed`` (drop the requests that generated no
+token) and ``window=(start, end)``; `load_burstgpt` also takes ``model`` and
+``log_type``.  Every row is checked whatever the filters, and the filters
+are applied chunk by chunk as the file is read.
+
+Arrival times are measured from one origin: the file's first request (the
+earliest timestamp of all its rows, filtered out or not), moved to ``start``
+when a window is given.  A window keeps the requests with
+``start <= t < end``, where ``t`` is the time in s since the file's first
+request, and returns ``t - start``: the gap between ``start`` and the first
+kept request stays, so a replay of the window starts at the window's start,
+and traces filtered differently share one clock.  Without a window and
+filters, the first arrival is 0.0 and the arrival times are those mbbatch has
+always returned, bit for bit.
 """
 
 from __future__ import annotations
 
 import codecs
+import copy
 import csv
+import hashlib
+import io
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -56,10 +95,15 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Trace", "TraceError", "load_azure_trace"]
+from ._validation import check_flag, check_scalar_real
+from .params import Domain
+
+__all__ = ["Trace", "TraceError", "load_azure_trace", "load_burstgpt"]
 
 _COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _TIME = _COLUMNS[0]
+_BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens",
+                     "Log Type")
 
 #: csv records per chunk.  Memory holds one chunk's cells as Python strings,
 #: and a regex match over a chunk's joined cells keeps up to ~1 KB of
@@ -67,6 +111,8 @@ _TIME = _COLUMNS[0]
 _CHUNK = 2048
 _INT64_MAX = int(np.iinfo(np.int64).max)
 _SHORT = 40
+#: names of a category column listed in full in an error message
+_LISTED = 20
 
 # Cell grammars.  Only spaces and tabs count as padding: the fast paths join a
 # chunk's cells with "\n" and match them in one call, which is exact only if
@@ -89,6 +135,30 @@ _ISO_RUN = re.compile(f"(?:{_ISO_PLAIN}\n)*{_ISO_PLAIN}")
 _YEARS = (1678, 2261)
 
 _SECONDS_FMT, _ISO_FMT, _ISO_UTC_FMT = "seconds", "iso", "iso+offset"
+
+#: window=(start, end): 0 <= start < end < inf, in s
+_WINDOW_START = Domain(0.0, math.inf, lo_closed=True)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A trace format: its columns, by role."""
+
+    format: str
+    columns: tuple  # the required columns, in the order error messages list them
+    time: str
+    prompt: str
+    output: str
+    iso: bool = True  # ISO-8601 timestamps accepted as well as seconds
+    total: str | None = None  # a column that must equal prompt + output
+    categories: tuple = ()  # (column, filter parameter, what a cell is)
+
+
+_AZURE = _Layout("azure", _COLUMNS, time=_TIME, prompt="ContextTokens", output="GeneratedTokens")
+_BURSTGPT = _Layout("burstgpt", _BURSTGPT_COLUMNS, time="Timestamp", prompt="Request tokens",
+                    output="Response tokens", iso=False, total="Total tokens",
+                    categories=(("Model", "model", "a model name"),
+                                ("Log Type", "log_type", "a log type")))
 
 
 class TraceError(ValueError):
@@ -114,22 +184,41 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """A request trace in arrival order.
+    """A request trace in arrival order, with where it came from.
 
     Attributes
     ----------
     arrival : numpy.ndarray
-        Arrival times in s since the first request (float64).
+        Arrival times in s (float64, non-decreasing) since the trace's
+        origin: the file's first request, moved to the window's start if a
+        window was applied (see the `mbbatch.traces` module docstring).
     prompt_tokens, output_tokens : numpy.ndarray
         Prompt and generated lengths in tokens (int64).
     source : str
         File name the trace was read from.
+    format : str or None
+        ``"azure"`` or ``"burstgpt"``: the loader that read the file.
+    size : int or None
+        Size of the file in bytes.
+    sha256 : str or None
+        SHA-256 of the file's bytes, as 64 hex digits.
+    filters : dict
+        The loader's filter arguments, normalised (``window`` a list of two
+        floats or None; ``model`` and ``log_type`` sorted lists of names or
+        None; ``drop_failed`` a bool).
+
+    A Trace built by hand rather than by a loader has None for `format`,
+    `size` and `sha256` unless given.
     """
 
     arrival: np.ndarray = field(repr=False)
     prompt_tokens: np.ndarray = field(repr=False)
     output_tokens: np.ndarray = field(repr=False)
     source: str = ""
+    format: str | None = None
+    size: int | None = None
+    sha256: str | None = None
+    filters: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.arrival.size)
@@ -140,9 +229,29 @@ class Trace:
         span = float(self.arrival[-1] - self.arrival[0])
         return (len(self) - 1) / span if span > 0 else float("nan")
 
+    def describe(self) -> dict:
+        """The trace's provenance, JSON-serialisable, for a Dataset's attrs.
 
-def load_azure_trace(path) -> Trace:
+        Returns
+        -------
+        dict
+            ``format``, ``source``, ``size`` (bytes), ``sha256``, ``filters``
+            (a copy of `filters`), ``requests`` (the number of requests) and
+            ``span_s`` (s from the first to the last arrival; 0.0 for fewer
+            than two requests).
+        """
+        span = float(self.arrival[-1] - self.arrival[0]) if len(self) else 0.0
+        return {"format": self.format, "source": self.source, "size": self.size,
+                "sha256": self.sha256, "filters": copy.deepcopy(self.filters),
+                "requests": len(self), "span_s": span}
+
+
+def load_azure_trace(path, *, drop_failed=False, window=None) -> Trace:
     """Read an Azure LLM inference trace CSV, checking every row.
+
+    Reads both files of the Azure LLM inference trace 2023,
+    ``AzureLLMInferenceTrace_conv.csv`` and ``AzureLLMInferenceTrace_code.csv``:
+    they have the same layout.
 
     Parameters
     ----------
@@ -153,17 +262,34 @@ def load_azure_trace(path) -> Trace:
         lengths are non-negative integers; timestamps are ISO-8601 datetimes
         (``2023-11-16 18:15:46.6805900``, optionally with a UTC offset) or
         numbers of seconds, in the format of the first data row throughout.
+    drop_failed : bool, default False
+        Drop the requests with ``GeneratedTokens`` 0 (failed requests).  The
+        conversation trace of 2023 holds none: its outputs are at least 7
+        tokens long.
+    window : (float, float) or None, default None
+        ``(start, end)`` in s since the file's first request, with
+        ``0 <= start < end < inf``: keep the requests with
+        ``start <= t < end``, and return their arrival times as
+        ``t - start`` (see the module docstring).
 
     Returns
     -------
     Trace
-        Rows sorted by timestamp (stable), arrival in s relative to the first
-        request (float64), lengths in tokens (int64).  For ISO timestamps the
-        arrivals are ``(t - t[0]) / 1e9`` of the datetime64[ns] values, as
-        mbbatch has always computed them.
+        Rows sorted by timestamp (stable), arrival in s since the origin
+        (float64), lengths in tokens (int64), ``format="azure"``.  For ISO
+        timestamps the arrivals are ``(t - t0) / 1e9`` of the
+        datetime64[ns] values, as mbbatch has always computed them, less
+        the window's start if one is given.
 
     Raises
     ------
+    TypeError
+        If `drop_failed` is not a bool, or `window` is not a pair of real
+        numbers (or None).
+    ValueError
+        If `window` is out of its domain (``0 <= start < end < inf``, NaN
+        refused), or the filters leave no request: the message then gives the
+        number of requests each filter kept.
     FileNotFoundError
         If `path` is not a file (missing, or a directory).
     TraceError
@@ -192,19 +318,267 @@ def load_azure_trace(path) -> Trace:
     cells are checked and converted by a few vectorized calls per column
     (one regular-expression match over the chunk's joined cells, one numpy
     parse); only a chunk that fails them is checked cell by cell, to name the
-    first bad cell.  Peak memory is about 4/3 of the returned arrays (5/3 if
-    the rows need sorting) plus a few MB for one chunk, whatever the file's
-    size.  Finding
-    a bad cell's line reads the file again up to it.
+    first bad cell.  Its bytes are hashed as they are read.  Peak memory is
+    about 4/3 of the returned arrays (5/3 if the rows need sorting) plus a
+    few MB for one chunk, whatever the file's size.  Finding a bad cell's
+    line reads the file again up to it.
+
+    Examples
+    --------
+    Ten minutes of the conversation trace, from its second minute on, with
+    arrival times counted from the window's start (60 s after the first
+    request)::
+
+        tr = load_azure_trace("AzureLLMInferenceTrace_conv.csv", window=(60, 660))
     """
+    drop_failed = check_flag("drop_failed", drop_failed)
+    window = _check_window(window)
+    layout = _AZURE
+    stages = []
+    if drop_failed:
+        stages.append((f"drop_failed=True ({layout.output} > 0)",
+                       lambda v: v[layout.output] > 0))
+    filters = {"drop_failed": drop_failed, "window": None if window is None else list(window)}
+    return _load(path, layout, {}, stages, window, filters)
+
+
+def load_burstgpt(path, *, model=None, log_type=None, drop_failed=True, window=None) -> Trace:
+    """Read a BurstGPT trace CSV, checking every row.
+
+    BurstGPT (github.com/HPMLL/BurstGPT) logs ChatGPT and GPT-4 requests
+    served through Azure OpenAI.  Its releases have the header
+    ``Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type``
+    (v1.1) or ``Timestamp,Session ID,Elapsed time,Model,Request tokens,
+    Response tokens,Total tokens,Log Type`` (v1.2); both are read.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The CSV file.  Its header must name ``Timestamp`` (s since the start
+        of the trace, a finite number, possibly fractional), ``Model``,
+        ``Request tokens`` (prompt length), ``Response tokens`` (output
+        length; 0 for a failed request), ``Total tokens`` (their sum; any
+        other value is an error) and ``Log Type``, in any order.  Other
+        columns, such as ``Session ID`` (empty outside conversation logs)
+        and ``Elapsed time``, are not read, and may be empty.
+    model : str or collection of str, optional
+        Keep only the requests whose ``Model`` is one of these names
+        (compared exactly, e.g. ``"ChatGPT"``, ``"GPT-4"``).  Each name must
+        occur in the file.  Default: every model.
+    log_type : str or collection of str, optional
+        Likewise for ``Log Type`` (``"Conversation log"``, ``"API log"``).
+    drop_failed : bool, default True
+        Drop the failed requests (``Response tokens`` 0).
+    window : (float, float) or None, default None
+        ``(start, end)`` in s since the file's first request (of any model
+        or log type, failed or not), with ``0 <= start < end < inf``: keep
+        the requests with ``start <= t < end`` and return their arrival
+        times as ``t - start`` (see the `mbbatch.traces` module docstring).
+
+    Returns
+    -------
+    Trace
+        The kept requests sorted by timestamp (stable), arrival in s since
+        the origin (float64), ``Request tokens`` as `prompt_tokens` and
+        ``Response tokens`` as `output_tokens` (int64),
+        ``format="burstgpt"``.
+
+    Raises
+    ------
+    TypeError
+        If `model` or `log_type` is neither a string nor a collection of
+        strings, `drop_failed` not a bool, or `window` not a pair of real
+        numbers.
+    ValueError
+        If `model` or `log_type` names a value the file's column does not
+        hold (the message lists the values it holds), is an empty
+        collection, `window` is outside ``0 <= start < end < inf``, or the
+        filters leave no request (the message gives the number each kept).
+    FileNotFoundError
+        If `path` is not a file.
+    TraceError
+        If the content is not a BurstGPT trace, with the messages of
+        `load_azure_trace`, and ``FILE:LINE: column 'Total tokens': value
+        '...' is not Request tokens + Response tokens (P + R = T)`` for a row
+        whose total is wrong.  Every row is checked, kept by the filters or
+        not.
+
+    Notes
+    -----
+    Streams the file as `load_azure_trace` does; the filters are applied to
+    each chunk as it is read, so memory follows the kept rows.  ``Model``
+    and ``Log Type`` are held as small integer codes per chunk.
+
+    Examples
+    --------
+    ::
+
+        tr = load_burstgpt("BurstGPT_1.csv", model="GPT-4", log_type="Conversation log")
+    """
+    layout = _BURSTGPT
+    wanted = {"model": _check_names("model", model),
+              "log_type": _check_names("log_type", log_type)}
+    drop_failed = check_flag("drop_failed", drop_failed)
+    window = _check_window(window)
+    categories = {col: _Category(what, wanted[param], param)
+                  for col, param, what in layout.categories}
+    stages = []
+    for col, param, _ in layout.categories:
+        if wanted[param] is not None:
+            cat = categories[col]
+            stages.append((f"{param}={_names(wanted[param])}",
+                           lambda v, c=col, cat=cat: cat.keep(v[c])))
+    if drop_failed:
+        stages.append((f"drop_failed=True ({layout.output} > 0)",
+                       lambda v: v[layout.output] > 0))
+    filters = {param: None if wanted[param] is None else sorted(wanted[param])
+               for _, param, _ in layout.categories}
+    filters.update(drop_failed=drop_failed, window=None if window is None else list(window))
+    return _load(path, layout, categories, stages, window, filters)
+
+
+def _check_window(window):
+    """None, or (start, end) as floats with 0 <= start < end < inf."""
+    if window is None:
+        return None
+    form = "window must be None or a pair (start, end) of seconds with 0 <= start < end < inf"
+    wrong_kind = TypeError(f"{form}; got {_short(repr(window), 80)} ({type(window).__name__})")
+    if isinstance(window, (str, bytes, dict, set, frozenset)) or not hasattr(window, "__getitem__"):
+        raise wrong_kind
+    try:
+        n = len(window)
+    except TypeError:  # a 0-d array has __len__ but no length
+        raise wrong_kind from None
+    if n != 2:
+        raise ValueError(f"{form}; got {n} values: {_short(repr(window), 80)}")
+    start = check_scalar_real("window[0] (start)", window[0], _WINDOW_START)
+    end = check_scalar_real("window[1] (end)", window[1], Domain(start, math.inf))
+    return start, end
+
+
+def _check_names(param, value):
+    """None, or the names `value` gives (a str or a collection of str) as a frozenset."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return frozenset([value])
+    form = f"{param} must be None, a string or a collection of strings"
+    if isinstance(value, (bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{form}; got {_short(repr(value), 80)} ({type(value).__name__})")
+    names = list(value)
+    for v in names:
+        if not isinstance(v, str):
+            raise TypeError(f"{form}; got {_short(repr(v), 80)} ({type(v).__name__}) "
+                            f"in {_short(repr(value), 80)}")
+    if not names:
+        raise ValueError(f"{param} must name at least one value; got {value!r}")
+    return frozenset(names)
+
+
+def _names(names):
+    """A set of names as a message shows them: 'a' or ['a', 'b']."""
+    names = sorted(names)
+    return repr(names[0]) if len(names) == 1 else repr(names)
+
+
+class _Category:
+    """A text column (Model, Log Type) as int32 codes, chunk by chunk.
+
+    The codes number the distinct names (cells without padding) in the order
+    first seen; `counts` holds the rows of each name so far.  `wanted` is the
+    set of names a filter keeps, or None.
+    """
+
+    def __init__(self, what, wanted, param):
+        self.what, self.wanted, self.param = what, wanted, param
+        self.codes = {}  # cell as read -> code
+        self.names = []  # code -> name
+        self._code = {}  # name -> code
+        self.counts = np.zeros(0, dtype=np.int64)
+        self._keep = np.zeros(0, dtype=bool)
+
+    def encode(self, cells):
+        """The cells' codes (int32), or _CellError at the first empty cell."""
+        codes = self.codes
+        new = set(cells).difference(codes)
+        if new:
+            empty = {s for s in new if not s.strip(" \t")}
+            if empty:
+                i = next(i for i, s in enumerate(cells) if s in empty)
+                raise _CellError(i, cells[i], f"{self.what} (it is empty)")
+            for s in sorted(new):  # sorted: codes independent of set order
+                name = s.strip(" \t")
+                if name not in self._code:
+                    self._code[name] = len(self.names)
+                    self.names.append(name)
+                codes[s] = self._code[name]
+            if self.wanted is not None:
+                self._keep = np.array([n in self.wanted for n in self.names], dtype=bool)
+        out = np.fromiter(map(codes.__getitem__, cells), dtype=np.int32, count=len(cells))
+        counts = np.bincount(out, minlength=len(self.names))
+        counts[:self.counts.size] += self.counts
+        self.counts = counts
+        return out
+
+    def keep(self, codes):
+        """Row mask: the codes of wanted names."""
+        return self._keep[codes]
+
+    def present(self):
+        """The names held, with their rows, as an error message lists them."""
+        order = sorted(range(len(self.names)), key=self.names.__getitem__)
+        counts = self.counts.tolist()
+        shown = [f"{self.names[c]!r} ({counts[c]} row{'s' * (counts[c] != 1)})"
+                 for c in order[:_LISTED]]
+        if len(order) > _LISTED:
+            shown.append(f"and {len(order) - _LISTED} more")
+        return ", ".join(shown)
+
+
+class _State:
+    """What the chunks of one file share: its time format and text columns."""
+
+    def __init__(self, layout, categories):
+        self.layout, self.categories, self.fmt = layout, categories, None
+
+
+class _HashingReader(io.RawIOBase):
+    """A binary file that hashes (SHA-256) and counts the bytes read through it."""
+
+    def __init__(self, raw):
+        self._raw, self.hash, self.size = raw, hashlib.sha256(), 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        n = self._raw.readinto(buffer)
+        if n:
+            self.hash.update(memoryview(buffer)[:n])
+            self.size += n
+        return n
+
+    def close(self):
+        self._raw.close()
+        super().close()
+
+
+def _load(path, layout, categories, stages, window, filters):
+    """Read, filter and sort a trace file: the loaders' common body."""
     name = os.fsdecode(path)
     path = Path(path)
     if not path.is_file():
         why = " (it is a directory)" if path.is_dir() else ""
         raise FileNotFoundError(f"path: no trace file at {name!r}{why}")
+    state = _State(layout, categories)
+    select = _Stages(stages) if stages else None
     try:
-        with path.open(encoding="utf-8-sig", newline="") as f:
-            stamps, prompt, output, fmt = _read(csv.reader(f), path, name)
+        hashed = _HashingReader(open(path, "rb", buffering=0))
+        with io.TextIOWrapper(io.BufferedReader(hashed), encoding="utf-8-sig", newline="") as f:
+            stamps, prompt, output, origin, total = _read(csv.reader(f), path, name, state, select)
+            while hashed.read(1 << 13):  # the csv reader read to the end; make sure
+                pass
+            size, digest = hashed.size, hashed.hash.hexdigest()
     except UnicodeDecodeError as exc:
         raise (_utf8_error(path, name) or TraceError(
             f"{name}: not a UTF-8 text file ({exc.reason})", path=name)) from None
@@ -215,6 +589,17 @@ def load_azure_trace(path) -> Trace:
             raise err from None
         raise
 
+    for col, cat in categories.items():
+        unknown = None if cat.wanted is None else cat.wanted.difference(cat.names)
+        if unknown:
+            raise ValueError(f"{cat.param} must name values of column {col!r} in {name}, which "
+                             f"holds {cat.present()}; got {_names(unknown)}")
+    kept = [(f"the file holds {total}", total)]
+    if select is not None:
+        kept += [(f"{label} keeps {n}", n) for (label, _), n in zip(stages, select.kept)]
+    if stamps.size == 0:
+        raise _empty(name, kept)
+
     if not np.all(stamps[:-1] <= stamps[1:]):
         order = np.argsort(stamps, kind="stable")
         # one at a time, so only one column is held twice
@@ -222,58 +607,111 @@ def load_azure_trace(path) -> Trace:
         prompt = prompt[order]
         output = output[order]
         del order
-    if fmt == _SECONDS_FMT:
+    time = layout.time
+    if state.fmt == _SECONDS_FMT:
         with np.errstate(over="ignore"):  # checked just below
-            stamps -= stamps[0]
+            stamps -= origin
         arrival = stamps
         if not np.isfinite(arrival[-1]):
-            raise TraceError(f"{name}: column {_TIME!r}: the times span more than a float64 holds",
-                             path=name, column=_TIME)
+            raise TraceError(f"{name}: column {time!r}: the times span more than a float64 holds",
+                             path=name, column=time)
     else:
         # int64 ns, ordered like datetime64[ns]: the old loader's
         # (stamps - stamps[0]).astype(np.int64) / 1e9 bit for bit
-        if int(stamps[-1]) - int(stamps[0]) > _INT64_MAX:
-            lo, hi = stamps[[0, -1]].astype("datetime64[ns]")
-            raise TraceError(f"{name}: column {_TIME!r}: the times span more than 292 years "
+        if int(stamps[-1]) - int(origin) > _INT64_MAX:
+            lo, hi = np.array([origin, stamps[-1]], dtype=np.int64).astype("datetime64[ns]")
+            raise TraceError(f"{name}: column {time!r}: the times span more than 292 years "
                              f"({lo} to {hi}); arrival times in ns would overflow",
-                             path=name, column=_TIME)
-        stamps -= stamps[0]
+                             path=name, column=time)
+        stamps -= origin
         arrival = stamps / 1e9
-    return Trace(arrival=arrival, prompt_tokens=prompt, output_tokens=output, source=path.name)
+        del stamps
+    if window is not None:
+        start, end = window
+        inside = (arrival >= start) & (arrival < end)
+        if not inside.all():
+            first, last = float(arrival[0]), float(arrival[-1])
+            arrival, prompt, output = arrival[inside], prompt[inside], output[inside]
+            kept.append((f"window=({start!r}, {end!r}) keeps {arrival.size} (the requests "
+                         f"left arrive {first!r} s to {last!r} s after the file's first)",
+                         arrival.size))
+            if arrival.size == 0:
+                raise _empty(name, kept)
+        if start != 0.0:
+            arrival -= start
+    return Trace(arrival=arrival, prompt_tokens=prompt, output_tokens=output, source=path.name,
+                 format=layout.format, size=size, sha256=digest, filters=filters)
+
+
+def _empty(name, kept):
+    """ValueError for filters that left no request, with what each kept."""
+    return ValueError(f"{name}: the filters leave no requests: "
+                      f"{'; '.join(label for label, _ in kept)}")
+
+
+class _Stages:
+    """Row filters applied to each chunk in turn, counting the rows each keeps.
+
+    Called with a chunk's converted columns, returns the mask of the rows all
+    the filters keep.
+    """
+
+    def __init__(self, stages):
+        self.tests = [test for _, test in stages]
+        self.kept = [0] * len(stages)
+
+    def __call__(self, values):
+        mask = None
+        for i, test in enumerate(self.tests):
+            m = test(values)
+            mask = m if mask is None else mask & m
+            self.kept[i] += int(np.count_nonzero(mask))
+        return mask
 
 
 class _CellError(Exception):
     """Bad cell `index` of a chunk's column: (index, value, what it is not)."""
 
 
-def _read(reader, path, name):
-    """Header, then data rows chunk by chunk: (stamps, prompt, output, format)."""
+def _read(reader, path, name, state, select):
+    """Header, then data rows chunk by chunk.
+
+    Returns (stamps, prompt, output, origin, total): the rows `select` keeps
+    (all if it is None), the earliest timestamp of all rows and their number.
+    """
+    layout = state.layout
     header, line = _header(reader, name)
     found = [h.strip() for h in header]
-    missing = [c for c in _COLUMNS if c not in found]
-    twice = [c for c in _COLUMNS if found.count(c) > 1]
+    missing = [c for c in layout.columns if c not in found]
+    twice = [c for c in layout.columns if found.count(c) > 1]
     if missing or twice:
         where = (f"has no column{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}"
                  if missing else f"names the column {twice[0]!r} twice")
         raise TraceError(f"{name}:{line}: the header {where} (it needs "
-                         f"{', '.join(_COLUMNS)}); found {_short(repr(found), 200)}",
+                         f"{', '.join(layout.columns)}); found {_short(repr(found), 200)}",
                          path=name, line=line)
     # (position, name) in file order, so the first bad cell of a row is reported
-    columns = sorted((found.index(c), c) for c in _COLUMNS)
+    columns = sorted((found.index(c), c) for c in layout.columns)
     expect = _short(",".join(found), 80)
-    fmt = None
-    parts = {c: [] for c in _COLUMNS}
+    keep = (layout.time, layout.prompt, layout.output)
+    parts = {c: [] for c in keep}
+    origin, total = None, 0
     width = len(header)
     for cells, start in _chunks(reader, columns, width, expect, name):
-        fmt, values = _convert(cells, start, columns, fmt, path, name, width)
-        for c in _COLUMNS:
-            parts[c].append(values[c])
-        del cells, values
-    if fmt is None:
+        values = _convert(cells, start, columns, state, path, name, width)
+        del cells
+        total += values[layout.time].size
+        lo = values[layout.time].min()
+        origin = lo if origin is None else min(origin, lo)
+        mask = None if select is None else select(values)
+        for c in keep:
+            parts[c].append(values[c] if mask is None or mask.all() else values[c][mask])
+        del values, mask
+    if origin is None:
         raise TraceError(f"{name}: holds no requests (only a header, at line {line})", path=name)
     # one column at a time, so at most one column is held twice
-    out = [np.concatenate(parts.pop(c)) for c in _COLUMNS]
-    return (*out, fmt)
+    out = [np.concatenate(parts.pop(c)) for c in keep]
+    return (*out, origin, total)
 
 
 def _header(reader, name):
@@ -306,32 +744,49 @@ def _chunks(reader, columns, width, expect, name):
     an earlier bad cell is reported first.
     """
     size = _CHUNK
-    (i, _), (j, _), (k, _) = columns
+    positions = [pos for pos, _ in columns]
     while True:
         start, bad = reader.line_num, None
-        a, b, c = [], [], []
-        add_a, add_b, add_c = a.append, b.append, c.append
+        lists = [[] for _ in positions]
         try:
-            for row in islice(reader, size):
-                if len(row) == width:
-                    add_a(row[i])
-                    add_b(row[j])
-                    add_c(row[k])
-                elif not _blank(row):
-                    # a quoted field keeps its line breaks; the row started that many lines up
-                    line = reader.line_num - len(_BREAK.findall(",".join(row)))
-                    bad = TraceError(f"{name}:{line}: expected {width} fields ({expect}), "
-                                     f"got {len(row)}", path=name, line=line)
-                    break
+            if len(positions) == 3:
+                # the Azure layout, unrolled: a third faster than the loop below
+                a, b, c = lists
+                add_a, add_b, add_c = a.append, b.append, c.append
+                i, j, k = positions
+                for row in islice(reader, size):
+                    if len(row) == width:
+                        add_a(row[i])
+                        add_b(row[j])
+                        add_c(row[k])
+                    elif not _blank(row):
+                        bad = _width_error(reader, row, width, expect, name)
+                        break
+            else:
+                adds = [(col.append, pos) for col, pos in zip(lists, positions)]
+                for row in islice(reader, size):
+                    if len(row) == width:
+                        for add, pos in adds:
+                            add(row[pos])
+                    elif not _blank(row):
+                        bad = _width_error(reader, row, width, expect, name)
+                        break
         except csv.Error as exc:
             bad = TraceError(f"{name}:{reader.line_num}: {_csv_words(exc)}",
                              path=name, line=reader.line_num)
-        if a:
-            yield [a, b, c], start
+        if lists[0]:
+            yield lists, start
         if bad is not None:
             raise bad
         if reader.line_num == start:
             return
+
+
+def _width_error(reader, row, width, expect, name):
+    # a quoted field keeps its line breaks; the row started that many lines up
+    line = reader.line_num - len(_BREAK.findall(",".join(row)))
+    return TraceError(f"{name}:{line}: expected {width} fields ({expect}), got {len(row)}",
+                      path=name, line=line)
 
 
 _BREAK = re.compile("\r\n|\r|\n")
@@ -353,16 +808,21 @@ def _data_line(path, name, start, index, width):
     raise TraceError(f"{name}: changed while it was read", path=name)
 
 
-def _convert(cells, start, columns, fmt, path, name, width):
-    """One chunk's columns as arrays: (format, {name: array}).
+def _convert(cells, start, columns, state, path, name, width):
+    """One chunk's columns as arrays: {name: array}.
 
-    Raises the chunk's first bad cell (by row, then column) as a TraceError.
+    Timestamps are int64 ns or float64 s (`state.fmt` says which), lengths
+    int64, text columns int32 codes.  Raises the chunk's first fault (by row,
+    then column; a wrong total comes after the row's cells) as a TraceError.
     """
+    layout = state.layout
     values, errors = {}, []
     for (pos, col), column in zip(columns, cells):
         try:
-            if col == _TIME:
-                fmt, values[col] = _times(column, fmt)
+            if col == layout.time:
+                state.fmt, values[col] = _times(column, state.fmt, layout.iso)
+            elif col in state.categories:
+                values[col] = state.categories[col].encode(column)
             else:
                 values[col] = _lengths(column)
         except _CellError as exc:
@@ -370,10 +830,26 @@ def _convert(cells, start, columns, fmt, path, name, width):
             errors.append((index, pos, col, value, what))
     if errors:
         index, _, col, value, what = min(errors)
+        if index and layout.total is not None:
+            # every cell before row `index` is good: a wrong total there comes first
+            _convert([c[:index] for c in cells], start, columns, state, path, name, width)
         line = _data_line(path, name, start, index, width)
         raise TraceError(f"{name}:{line}: column {col!r}: value {_short(value)!r} is not {what}",
                          path=name, line=line, column=col)
-    return fmt, values
+    if layout.total is not None:
+        prompt, output = values[layout.prompt], values[layout.output]
+        # total >= 0 and prompt >= 0: the difference cannot overflow, the sum could
+        wrong = values[layout.total] - prompt != output
+        if wrong.any():
+            i = int(wrong.argmax())
+            col = layout.total
+            value = cells[[c for _, c in columns].index(col)][i]
+            p, r = int(prompt[i]), int(output[i])
+            line = _data_line(path, name, start, i, width)
+            raise TraceError(f"{name}:{line}: column {col!r}: value {_short(value)!r} is not "
+                             f"{layout.prompt} + {layout.output} ({p} + {r} = {p + r})",
+                             path=name, line=line, column=col)
+    return values
 
 
 def _lengths(cells):
@@ -396,22 +872,27 @@ def _lengths(cells):
     return out
 
 
-def _times(cells, fmt):
-    """Timestamps as (format, int64 ns or float64 s), format from cell 0 if None."""
+def _times(cells, fmt, iso=True):
+    """Timestamps as (format, int64 ns or float64 s), format from cell 0 if None.
+
+    With `iso` false only numbers of seconds are accepted.
+    """
     if fmt is None:
         first = cells[0]
         if _SECONDS.fullmatch(first):
             fmt = _SECONDS_FMT
-        elif (m := _ISO.fullmatch(first)) is not None:
+        elif iso and (m := _ISO.fullmatch(first)) is not None:
             fmt = _ISO_FMT if m["tz"] is None else _ISO_UTC_FMT
         else:
-            raise _CellError(0, first, "an ISO-8601 datetime or a number of seconds")
+            raise _CellError(0, first, "an ISO-8601 datetime or a number of seconds" if iso
+                             else "a number of seconds")
     if fmt == _SECONDS_FMT:
-        return fmt, _seconds(cells)
+        return fmt, _seconds(cells, "a number of seconds like the first row's" if iso
+                             else "a number of seconds")
     return fmt, _iso(cells, utc=fmt == _ISO_UTC_FMT)
 
 
-def _seconds(cells):
+def _seconds(cells, what="a number of seconds like the first row's"):
     """Numbers of seconds as float64, or _CellError at the first bad one."""
     n = len(cells)
     if not _SECONDS_RUN.fullmatch("\n".join(cells)):
@@ -422,7 +903,7 @@ def _seconds(cells):
         i = int(bad.argmax())
         raise _CellError(i, cells[i], "a finite number of seconds")
     if n < len(cells):
-        raise _CellError(n, cells[n], "a number of seconds like the first row's")
+        raise _CellError(n, cells[n], what)
     return out
 
 

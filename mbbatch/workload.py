@@ -8,10 +8,8 @@ length.  The batch service models are in :mod:`mbbatch.service_models`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ._validation import check_fields
 from .params import default
@@ -26,9 +24,12 @@ class Workload:
 
     Parameters
     ----------
-    prompt, output : scipy.stats frozen distribution or array_like
-        Prompt and output lengths, tokens (uniform, expon, lognorm, gamma,
-        weibull_min are drawn in the kernel; an array replays a trace).
+    prompt, output : scipy.stats frozen distribution, Empirical or array_like
+        Prompt and output lengths, tokens: any frozen continuous
+        distribution (uniform, expon, lognorm, gamma, weibull_min are drawn
+        in the kernel, any other before the run from its ``rvs``), an
+        :class:`~mbbatch.lengths.Empirical` resampling of observed values, or
+        an array replayed in order (a trace; see :meth:`from_trace`).
         Values, and a distribution's draws, must lie in [0, 1e290]; see
         :func:`~mbbatch.lengths.as_service`.
     integer_lengths : bool
@@ -49,6 +50,24 @@ class Workload:
         object.__setattr__(self, "_prompt", as_service(self.prompt, "prompt"))
         object.__setattr__(self, "_output", as_service(self.output, "output"))
         check_fields(self, {"integer_lengths": "integer_lengths", "predictor_sigma": "predictor_sigma"})
+
+    @classmethod
+    def from_trace(cls, trace, *, resample: bool = False, **kw) -> "Workload":
+        """The prompt and output lengths of a :class:`~mbbatch.traces.Trace`:
+        replayed in the trace's order (pair it with ``Replay(trace)`` for the
+        trace's own arrivals), or, with ``resample``, each drawn independently
+        from the trace's values (:class:`~mbbatch.lengths.Empirical`, which
+        loses the pairing of a request's prompt and output).  Other keywords
+        go to the constructor."""
+        from .lengths import Empirical
+        from .traces import Trace
+
+        if not isinstance(trace, Trace):
+            raise TypeError(f"trace must be an mbbatch.traces.Trace (from a loader); got {type(trace).__name__}")
+        prompt, output = trace.prompt_tokens.astype(float), trace.output_tokens.astype(float)
+        if resample:
+            prompt, output = Empirical(prompt), Empirical(output)
+        return cls(prompt=prompt, output=output, **kw)
 
     def describe(self) -> dict:
         d = {f"prompt_{k.removeprefix('service_')}" if k != "service" else "prompt": v

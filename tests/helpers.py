@@ -1,6 +1,7 @@
 """Shared helpers of the sweep tests (not a test module)."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -65,6 +66,14 @@ def n_done(out) -> int:
         return 0
 
 
+def take_ctrl_c():
+    """``preexec_fn`` of a child that is sent Ctrl-C: SIGINT back to its
+    default.  A shell starts background jobs with SIGINT ignored, children
+    inherit that, and Python then keeps it ignored: a suite run in the
+    background would otherwise see its Ctrl-C tests hang."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_sweep(spec_path, out, workers, points, session=False):
     """Start a real `mbbatch sweep` process (in a session of its own, as a
     terminal's foreground job, if ``session``) and return it once ``points``
@@ -72,7 +81,8 @@ def start_sweep(spec_path, out, workers, points, session=False):
     cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(spec_path), "--out", str(out), "--workers",
            str(workers), "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=session)
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=session,
+                            preexec_fn=take_ctrl_c)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if n_done(out) >= points or proc.poll() is not None:

@@ -49,3 +49,135 @@ def test_piecewise_poisson_steps_its_rate():
         assert abs(count - mean) < z * np.sqrt(mean), (lo, hi, count)
     with pytest.raises(ValueError, match="len\\(rates\\) - 1"):
         mb.PiecewisePoisson([1.0, 2.0], [1.0, 2.0])
+
+
+# --- bursty arrivals: Gamma renewal and ON/OFF (MMPP-2) ------------------------------
+
+RUNS, N_RUN = 20, 20000
+#: two-sided confidence of the checks below: a correct kernel fails one with probability 1e-3
+LEVEL = 0.999
+
+
+def _rate_and_cv(arrivals, policy=POL, **kw):
+    """Per-run estimates of the mean rate (arrivals / span) and of the gaps'
+    coefficient of variation, over RUNS independent seeds."""
+    rates, cvs = [], []
+    for seed in range(RUNS):
+        res = mb.simulate(policy, arrivals=arrivals, n=N_RUN, seed=seed, keep_requests=True,
+                          **(kw or {"service": U}))
+        g = np.diff(np.sort(res.requests.arrival))
+        rates.append(g.size / g.sum())
+        cvs.append(g.std(ddof=1) / g.mean())
+    return np.array(rates), np.array(cvs)
+
+
+def _within(estimates, target):
+    """The t-interval (LEVEL) of the runs' mean contains ``target``: runs are
+    independent, so the interval holds whatever the correlation of gaps
+    within a run."""
+    m, se = estimates.mean(), estimates.std(ddof=1) / np.sqrt(estimates.size)
+    half = st.t.ppf(0.5 + LEVEL / 2, estimates.size - 1) * se
+    return abs(m - target) <= half, (m, target, half)
+
+
+@pytest.mark.parametrize("cv", [0.5, 1.0, 2.0, 4.0])
+def test_gamma_arrivals_have_their_rate_and_cv(cv):
+    """Gamma(rate, cv): gaps of mean 1/rate and coefficient of variation cv."""
+    rates, cvs = _rate_and_cv(mb.Gamma(rate=5.0, cv=cv))
+    ok, info = _within(rates, 5.0)
+    assert ok, info
+    ok, info = _within(cvs, cv)
+    assert ok, info
+
+
+@pytest.mark.parametrize("proc", [mb.OnOff(rate_on=20.0, rate_off=0.0, mean_on=1.0, mean_off=3.0),
+                                  mb.OnOff(rate_on=8.0, rate_off=2.0, mean_on=0.5, mean_off=0.5)])
+def test_onoff_arrivals_have_their_mean_rate_and_interarrival_cv(proc):
+    """The MMPP-2's long-run rate (rate_on mean_on + rate_off mean_off) /
+    (mean_on + mean_off), and the stationary inter-arrival CV of its MAP
+    (phase-type moments), which an ON/OFF process with rate_off = 0 makes
+    far above 1."""
+    m1, cv = proc.interarrival_moments()
+    assert m1 == pytest.approx(1.0 / proc.rate, rel=1e-12)
+    rates, cvs = _rate_and_cv(proc)
+    ok, info = _within(rates, proc.rate)
+    assert ok, info
+    ok, info = _within(cvs, cv)
+    assert ok, info
+
+
+def test_onoff_with_equal_rates_is_poisson_in_law():
+    """rate_on = rate_off: the modulation changes nothing; the moments say
+    CV 1 and the gaps pass Kolmogorov-Smirnov against Exp(rate) (p > 1e-4)."""
+    proc = mb.OnOff(rate_on=3.0, rate_off=3.0, mean_on=1.0, mean_off=2.0)
+    assert proc.interarrival_moments() == pytest.approx((1 / 3, 1.0), rel=1e-12)
+    gaps = np.diff(_arrivals(proc))
+    assert st.kstest(gaps, st.expon(scale=1 / 3).cdf).pvalue > 1e-4
+
+
+def test_gamma_with_cv_one_has_exponential_gaps():
+    gaps = np.diff(_arrivals(mb.Gamma(rate=4.0, cv=1.0)))
+    assert st.kstest(gaps, st.expon(scale=0.25).cdf).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("arrivals", [mb.Poisson(rate=3.0), mb.Gamma(rate=3.0, cv=2.0),
+                                      mb.OnOff(rate_on=9.0, rate_off=0.0, mean_on=1.0, mean_off=2.0),
+                                      mb.PiecewisePoisson([1.0, 5.0, 1.0], [50.0, 100.0])])
+def test_every_policy_sees_the_same_arrival_times(arrivals):
+    """The arrival stream is the same in both kernels: MultiBin and a
+    token-level policy with the same seed see identical arrival times."""
+    a = _arrivals(arrivals, n=3000)
+    wl = mb.Workload(prompt=U, output=U)
+    for pol in (mb.StaticBatching(4), mb.DynamicBatching(), mb.MultiBinDynamic(bins=2, warmup=50)):
+        b = _arrivals(arrivals, n=3000, policy=pol, workload=wl, service_model=mb.MaxModel(per_token=1e-3))
+        np.testing.assert_array_equal(np.sort(b), a)
+
+
+def test_bursty_arrivals_validate_their_parameters():
+    with pytest.raises(ValueError, match=r"cv must be in \(0, inf\); got 0.0"):
+        mb.Gamma(rate=1.0, cv=0.0)
+    with pytest.raises(ValueError, match="rate_off"):
+        mb.OnOff(rate_on=1.0, rate_off=-1.0, mean_on=1.0, mean_off=1.0)
+    with pytest.raises(ValueError, match="mean_off"):
+        mb.OnOff(rate_on=1.0, rate_off=0.0, mean_on=1.0, mean_off=0.0)
+    assert mb.Gamma(rate=2.0, cv=3.0).describe() == {"arrivals": "gamma", "rate": 2.0, "cv": 3.0}
+
+
+# --- replaying: scale, window, tiling ------------------------------------------------
+
+def test_replay_scale_and_window():
+    t = np.array([0.0, 1.0, 2.0, 5.0, 9.0])
+    np.testing.assert_array_equal(mb.Replay(t, scale=2.0).times, t / 2)
+    np.testing.assert_array_equal(mb.Replay(t, window=(1.0, 9.0)).times, [0.0, 1.0, 4.0])
+    np.testing.assert_array_equal(mb.Replay(t, window=(1.0, 9.0), scale=4.0).times, [0.0, 0.25, 1.0])
+    assert mb.Replay(t, scale=2.0).describe() == {"arrivals": "replay", "n_times": 5, "scale": 2.0}
+    with pytest.raises(ValueError, match="window must be"):
+        mb.Replay(t, window=(3.0, 1.0))
+    with pytest.raises(ValueError, match="holds none"):
+        mb.Replay(t, window=(10.0, 20.0))
+    with pytest.raises(ValueError, match="scale"):
+        mb.Replay(t, scale=0.0)
+
+
+def test_a_run_longer_than_its_trace_tiles_it_and_says_so():
+    """n above the trace's length: the times repeat end to end, shifted by
+    the span plus one mean gap (the mean rate is kept), with a warning; the
+    replayed lengths repeat with them."""
+    t = np.array([0.0, 1.0, 3.0])                     # span 3, mean gap 1.5: period 4.5
+    with pytest.warns(mb.TraceTiledWarning, match="repeated 3 times"):
+        got = _arrivals(mb.Replay(t), n=7, service=np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_array_equal(got, [0.0, 1.0, 3.0, 4.5, 5.5, 7.5, 9.0])
+    wl = mb.Workload(prompt=np.array([5.0, 6.0, 7.0]), output=np.array([1.0, 2.0, 3.0]))
+    with pytest.warns(mb.TraceTiledWarning):
+        res = mb.simulate(mb.StaticBatching(1), arrivals=mb.Replay(t), workload=wl, n=5, seed=0,
+                          keep_requests=True, service_model=mb.MaxModel(per_token=1e-3))
+    np.testing.assert_array_equal(res.requests.output, [1.0, 2.0, 3.0, 1.0, 2.0])
+    with pytest.raises(ValueError, match="cannot be tiled"):
+        _arrivals(mb.Replay([2.0, 2.0]), n=3, service=np.array([1.0, 1.0]))
+
+
+def test_replay_takes_a_trace(tmp_path):
+    p = tmp_path / "trace.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n0.5,20,6\n2,30,7\n")
+    trace = mb.traces.load_azure_trace(p)
+    np.testing.assert_array_equal(mb.Replay(trace).times, [0.0, 0.5, 2.0])

@@ -12,7 +12,7 @@ import pytest
 
 from mbbatch import cli
 
-from .helpers import ROOT, SMALL, write
+from .helpers import ROOT, SMALL, take_ctrl_c, write
 
 
 def run(*args, cwd=None):
@@ -85,13 +85,19 @@ def test_ctrl_c_stops_a_one_worker_sweep_within_seconds(tmp_path):
                  .replace("bins = [1, 3]", "bins = [3]").replace("rate = [0.2, 0.5, 2.0]", "rate = [0.2]"))
     proc = subprocess.Popen([sys.executable, "-m", "mbbatch.cli", "sweep", str(spec), "--out",
                              str(tmp_path / "s.zarr"), "--workers", "1"], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
-    assert "cells to compute" in proc.stderr.readline()
-    time.sleep(1.0)                       # into the cell
-    t0 = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    took = time.monotonic() - t0
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                            preexec_fn=take_ctrl_c)
+    try:
+        assert "cells to compute" in proc.stderr.readline()
+        time.sleep(1.0)                       # into the cell
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:           # (a failed check leaves no process behind)
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130 and "run the same command again to resume" in err, err
     assert "Traceback" not in err, err
     # the cell alone takes minutes; stopping must not wait for it

@@ -1026,8 +1026,8 @@ WL = mb.Workload(prompt=st.uniform(1, 10), output=st.uniform(1, 10))
                          servers=0), ValueError, "servers"),
     (lambda: mb.simulate(mb.DynamicBatching(), arrivals=mb.Poisson(1.0), workload=WL), ValueError,
      "n must be given"),
-    (lambda: mb.simulate(mb.DynamicBatching(), arrivals=mb.Replay([0.0, 1.0]), workload=WL, n=3),
-     ValueError, "n must be at most"),
+    (lambda: mb.simulate(mb.DynamicBatching(), arrivals=mb.Replay([0.0, 1.0]), workload=mb.Workload(
+        prompt=[1.0, 2.0, 3.0], output=[1.0, 2.0, 3.0]), n=3), ValueError, "has 2 values but"),
     (lambda: mb.simulate(mb.DynamicBatching(), arrivals=mb.Poisson(1.0), service=st.uniform(1, 2),
                          n=10), TypeError, "workload"),
     (lambda: mb.simulate(mb.MultiBinDynamic(), arrivals=mb.Poisson(1.0), workload=WL, n=10,

@@ -44,7 +44,7 @@ def quoted(block):
 def test_examples_run_and_quote_their_values():
     b = blocks()
     assert len(b) >= 4, "the README lost its examples"
-    theory_block, simulate_block, token_block = b[0], b[1], b[2]
+    theory_block, simulate_block, token_block = b[0], b[1], block_with("dyn = ")
     ns: dict = {}
     checked = 0
     for block in (theory_block, simulate_block, token_block):
@@ -64,10 +64,29 @@ def test_examples_run_and_quote_their_values():
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="the Azure trace is not beside the checkout (shared/data/)")
+def block_with(text: str) -> str:
+    (found,) = [b for b in blocks() if text in b]
+    return found
+
+
+def test_arrivals_example_runs_and_quotes_its_values():
+    import scipy.stats as st
+
+    import mbbatch as mb
+
+    block = block_with("mb.OnOff(")
+    ns = {"mb": mb, "np": np, "st": st}
+    exec(compile(block, "README.md", "exec"), ns)
+    assert ns["res"].completed > 0
+    (expr, numbers), = quoted(block)
+    for v, number in zip(eval(expr, ns), numbers):
+        assert round(v, len(number.split(".")[1])) == pytest.approx(float(number))
+
+
 def test_trace_example_runs():
     import mbbatch as mb
 
-    block = blocks()[3].replace('"AzureLLMInferenceTrace_conv.csv"', repr(str(TRACE)))
+    block = block_with("load_azure_trace").replace('"AzureLLMInferenceTrace_conv.csv"', repr(str(TRACE)))
     ns = {"mb": mb}
     exec(compile(block, "README.md", "exec"), ns)
     assert ns["res"].completed > 0

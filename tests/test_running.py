@@ -14,7 +14,7 @@ import pytest
 
 from mbbatch._running import check_clock, check_memory, format_bytes, interruptible, stop_flag
 
-from .helpers import ROOT
+from .helpers import ROOT, take_ctrl_c
 
 LONG_RUN = textwrap.dedent("""
     import sys, scipy.stats as st, mbbatch as mb
@@ -39,7 +39,7 @@ def test_ctrl_c_stops_a_long_simulate(kernel):
     kernel returned.  It now arrives within about a second."""
     proc = subprocess.Popen([sys.executable, "-c", LONG_RUN, kernel], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=take_ctrl_c)
     try:
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(1.0)                                  # well into the kernel

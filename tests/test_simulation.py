@@ -324,7 +324,7 @@ U = st.uniform(1, 19)
     (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.uniform(-1, 3), n=10), ValueError, "support"),
     (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.uniform, n=10), TypeError, "service"),
     (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), [1.0, -2.0], n=2), ValueError, "service"),
-    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.beta(2, 2), n=10), ValueError, "service"),
+    (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), st.norm(5, 1), n=10), ValueError, "service"),
     (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10, seed=-1), ValueError, "seed"),
     (lambda: mb.simulate(mb.MultiBin(2, 4), mb.Saturated(), U, n=10, seed=1.5), TypeError, "seed"),
     (lambda: mb.simulate("multibin", mb.Saturated(), U, n=10), TypeError, "policy"),
@@ -410,7 +410,7 @@ def test_clock_beyond_float64_resolution_is_refused():
     """Replay(np.linspace(0, 1e308, 100)) reported utilization 1.5."""
     with pytest.raises(ValueError, match="arrivals.times reach 1e\\+308 s"):
         mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Replay(np.linspace(0, 1e308, 100)), service=U)
-    with pytest.raises(ValueError, match="rate = 1e-300"):
+    with pytest.raises(ValueError, match="mean rate of 1e-300"):
         mb.simulate(mb.StaticBatching(4), arrivals=mb.Poisson(1e-300), workload=WL, n=100)
 
 
@@ -564,8 +564,8 @@ def test_multibin_refuses_other_models_and_predictors():
     with pytest.raises(TypeError, match="MaxModel"):
         mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), workload=wl,
                     service_model=mb.DecodeModel(), n=100)
-    with pytest.raises(ValueError, match="predictor_sigma must be 0"):
-        mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0),
+    with pytest.raises(ValueError, match="not both"):
+        mb.simulate(mb.MultiBin(bins=2, batch_size=4, predictor=mb.BinConfusion(0.5)), mb.Poisson(1.0),
                     workload=mb.Workload(prompt=U, output=U, predictor_sigma=0.5), n=100)
     with pytest.raises(TypeError, match="not both"):
         mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), service=U, workload=wl, n=100)

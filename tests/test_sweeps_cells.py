@@ -36,6 +36,11 @@ from .helpers import ROOT  # noqa: E402
 REFERENCE = json.loads((Path(__file__).parent / "data" / "reference_cells.json").read_text())
 
 
+#: parameters added since the reference was recorded, at the defaults that
+#: leave a cell as it was (the oracle predictor)
+ADDED_SINCE = {"predictor_sigma": 0.0, "predictor_p": 1.0}
+
+
 def _find(cell):
     """The spec of sweeps/ and its grid point with this cell's parameters."""
     want = {k: (math.inf if v == "inf" else v) for k, v in cell["params"].items()}
@@ -44,7 +49,8 @@ def _find(cell):
         if spec.arrivals != cell["arrivals"] or spec.service != cell["service"] or spec.reps != cell["reps"]:
             continue
         for _, params in spec.points():
-            got = {k: v for k, v in params.items() if k not in ("kind", "policy")}
+            got = {k: v for k, v in params.items() if k not in ("kind", "policy")
+                   and not (k in ADDED_SINCE and v == ADDED_SINCE[k])}
             if params["kind"] == cell["policy"] and got == want and spec.seed_of(params) == cell["seed"]:
                 return spec, params
     return None, None
@@ -61,3 +67,84 @@ def test_cells_equal_their_reference_values_bit_for_bit(cell):
             assert [float(x).hex() for x in got] == ref, var
         else:
             np.testing.assert_array_equal(got, ref, err_msg=var)
+
+
+# --- bursty arrivals and predictors in sweeps -------------------------------------------
+
+import warnings  # noqa: E402
+
+from mbbatch.sweeps import run_sweep  # noqa: E402
+from mbbatch.sweeps.cells import point_theory  # noqa: E402
+from mbbatch.sweeps.spec import SpecError, parse_spec  # noqa: E402
+
+BURSTY = """
+name = "bursty"
+description = "bursty arrivals"
+policy = "multibin"
+arrivals = "{arrivals}"
+service = "uniform"
+reps = 2
+seed = 3
+
+[params]
+batch_size = 8
+l_min = 1.0
+l_max = 20.0
+n = 3000
+{params}
+
+[grid]
+bins = [1, 4]
+{grid}
+"""
+
+
+@pytest.mark.parametrize("arrivals, params, grid", [
+    ("gamma", "rate = 0.3", "cv = [0.5, 4.0]"),
+    ("onoff", "rate_off = 0.0\nmean_on = 1.0\nmean_off = 3.0", "rate_on = [1.2, 2.0]"),
+])
+def test_bursty_arrivals_are_sweep_axes_with_their_closed_form_throughput(tmp_path, arrivals, params, grid):
+    """A gamma or ON/OFF spec runs; the closed-form throughput is min(mean
+    rate, service rate) whatever the process, and no Poisson latency is
+    claimed for it."""
+    p = tmp_path / "s.toml"
+    p.write_text(BURSTY.format(arrivals=arrivals, params=params, grid=grid))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mb_unstable())       # (rate_on = 2 overloads one bin)
+        ds = run_sweep(p, tmp_path / "s.zarr", workers=1, progress=False).load()
+    rate = 0.3 if arrivals == "gamma" else ds["rate_on"] * 1.0 / 4.0
+    want = np.minimum(rate, ds["theory_service_rate"]).transpose(*ds["theory_throughput"].dims)
+    np.testing.assert_allclose(ds["theory_throughput"], want, rtol=1e-12)
+    assert bool(np.isnan(ds["theory_latency"]).all())
+    assert ds.attrs["arrivals"] == arrivals
+
+
+def mb_unstable():
+    from mbbatch.results import UnstableWarning
+
+    return UnstableWarning
+
+
+PREDICTED = BURSTY.format(arrivals="saturated", params="", grid="predictor_sigma = [0.0, 0.5]")
+
+
+def test_a_predictor_axis_keeps_the_requests_of_its_cells(tmp_path):
+    """Cells that differ only in the predictor see the same requests: with
+    one bin the predictor is moot, so its cells are identical; with four,
+    a noisy predictor lowers the saturated throughput (paired, same seed)."""
+    p = tmp_path / "s.toml"
+    p.write_text(PREDICTED)
+    ds = run_sweep(p, tmp_path / "s.zarr", workers=1, progress=False).load()
+    one = ds["sim_throughput"].sel(bins=1)
+    np.testing.assert_array_equal(one.sel(predictor_sigma=0.0), one.sel(predictor_sigma=0.5))
+    four = ds["sim_throughput"].sel(bins=4)
+    assert bool((four.sel(predictor_sigma=0.5) < four.sel(predictor_sigma=0.0)).all())
+
+
+def test_one_predictor_per_cell(tmp_path):
+    text = PREDICTED.replace("[params]", "[params]\npredictor_p = 0.5")
+    with pytest.raises(SpecError, match="set one predictor, not both"):
+        from mbbatch.sweeps.cells import check_points
+
+        check_points(parse_spec(text, source="s.toml"))
+    assert point_theory("gamma", "uniform", {"kind": "static"}) == {"unstable": False}

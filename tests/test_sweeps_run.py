@@ -2,10 +2,8 @@
 kill, bit-identity across serial, process-pool and dask runs, unstable
 cells, token-policy sweeps and their time series."""
 
-import math
 import os
 import signal
-import subprocess
 import sys
 import time
 import warnings
@@ -228,3 +226,16 @@ def test_load_step_sweep_stores_time_series(tmp_path):
     assert int(np.isfinite(ds["ts_tau_avg"].values).sum()) > 0
 
 
+# --- the warning filters ----------------------------------------------------------
+
+def test_a_sweep_leaves_the_warning_filters_as_it_found_them(tmp_path):
+    """`warnings.catch_warnings` is not thread-safe: no thread of a sweep but
+    the caller's may change the filters (the replications' helper thread, or a
+    dask worker's, once could leave UnstableWarning ignored for the rest of
+    the process)."""
+    p = write(tmp_path, SMALL)
+    run_sweep(p, tmp_path / "first.zarr", workers=1, progress=False)   # (libraries' own first-use filters)
+    before = list(warnings.filters)
+    for i in range(3):
+        run_sweep(p, tmp_path / f"{i}.zarr", workers=1, progress=False)
+        assert warnings.filters == before

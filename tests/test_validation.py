@@ -192,7 +192,9 @@ DISTRIBUTIONS = {
     "expon(scale=1e308)": (st.expon(scale=1e308), ValueError),  # draws overflow to inf
     "expon(loc=1e300)": (st.expon(loc=1e300), ValueError),  # draws above 1e290
     "uniform(-1, 2)": (st.uniform(-1, 2), ValueError),      # negative support
-    "norm": (st.norm(), ValueError),                          # not drawn by the kernel
+    "norm": (st.norm(), ValueError),                          # negative support
+    "truncpareto": (st.truncpareto(1.5, 20), OK),             # drawn in Python, from its rvs
+    "pareto(0.5)": (st.pareto(0.5), ValueError),              # infinite mean
     "unfrozen uniform": (st.uniform, TypeError),
     "poisson(3)": (st.poisson(3), TypeError),                 # discrete
     "uniform([1, 2], 10)": (st.uniform([1, 2], 10), TypeError),  # a vector of distributions

@@ -44,7 +44,9 @@ CACHE: bool = os.environ.get("MBBATCH_NUMBA_CACHE", "1").strip().lower() not in 
 ARR_POISSON = 0
 ARR_SATURATED = 1
 ARR_REPLAY = 2
-ARR_PIECEWISE = 3   # Poisson with a piecewise-constant rate
+ARR_PIECEWISE = 3   # Poisson with a piecewise-constant rate: params = rates, ends = change times
+ARR_GAMMA = 4       # renewal, Gamma(shape, scale) gaps: params = (shape, scale)
+ARR_ONOFF = 5       # two-state MMPP: params = (rate_on, rate_off, mean_on, mean_off)
 
 # service (or length) kinds: the draw is loc + scale * X with X from the table
 # below, params = (loc, scale, shape)
@@ -53,7 +55,14 @@ SVC_EXPON = 1        # X ~ Exp(1)
 SVC_LOGNORM = 2      # X = exp(s Z), shape = s
 SVC_GAMMA = 3        # X ~ Gamma(a, 1), shape = a
 SVC_WEIBULL_MIN = 4  # X ~ Weibull(c), shape = c
-SVC_REPLAY = 5       # values given in an array
+SVC_REPLAY = 5       # values given in an array, in order
+SVC_EMPIRICAL = 6    # values drawn uniformly, with replacement, from an array
+
+# predictor kinds: what a request is binned by (it is served for its true length)
+PRED_ORACLE = 0      # the true value
+PRED_LOGNORMAL = 1   # true x exp(sigma Z), Z from the prediction stream: param = sigma
+PRED_CONFUSION = 2   # the true bin with probability p, else a neighbour (each side alike): param = p
+PRED_REPLAY = 3      # given values, in request order
 
 #: requests drawn per block: random numbers are drawn in tight loops, one
 #: stream at a time, then the block is processed without calls in its loop
@@ -99,26 +108,53 @@ def hist_bucket(x):
 
 
 @subroutine
-def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, pw_rates, pw_ends, seg):
+def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, params, ends, seg, t_switch):
     """Arrival times of requests i0 .. i0+m-1 into ``out``, continuing the
-    clock ``t`` (and, for piecewise Poisson, the rate segment ``seg``);
-    returns the new ``(t, seg)``."""
+    clock ``t`` and the process's state: the rate segment or ON/OFF state
+    ``seg`` and, for ON/OFF, the time ``t_switch`` of the next change of
+    state (negative before the first call).  Returns the new
+    ``(t, seg, t_switch)``."""
     um = np.uint64(m)
     bits = gen.bit_generator
     if kind == ARR_POISSON:
         for j in range(um):
             t += random_standard_exponential(bits) * inv_rate
             out[j] = t
+    elif kind == ARR_GAMMA:
+        shape = params[0]
+        scale = params[1]
+        for j in range(um):
+            t += random_standard_gamma(bits, shape) * scale
+            out[j] = t
+    elif kind == ARR_ONOFF:
+        if t_switch < 0.0:
+            # the stationary state, and (memoryless) a whole sojourn from t
+            seg = np.int64(0) if next_double(bits) * (params[2] + params[3]) < params[2] else np.int64(1)
+            t_switch = t + random_standard_exponential(bits) * params[2 + seg]
+        for j in range(um):
+            # exact: memorylessness lets a gap that crosses a change of state
+            # restart at the change, at the new state's rate
+            while True:
+                r = params[seg]
+                if r > 0.0:
+                    nt = t + random_standard_exponential(bits) / r
+                    if nt <= t_switch:
+                        t = nt
+                        break
+                t = t_switch
+                seg = 1 - seg
+                t_switch = t + random_standard_exponential(bits) * params[2 + seg]
+            out[j] = t
     elif kind == ARR_PIECEWISE:
         for j in range(um):
             # exact piecewise-constant Poisson: memorylessness lets a gap
             # that crosses a rate change restart at the change
             while True:
-                nt = t + random_standard_exponential(bits) / pw_rates[seg]
-                if nt <= pw_ends[seg] or seg == pw_rates.shape[0] - 1:
+                nt = t + random_standard_exponential(bits) / params[seg]
+                if nt <= ends[seg] or seg == params.shape[0] - 1:
                     t = nt
                     break
-                t = pw_ends[seg]
+                t = ends[seg]
                 seg += 1
             out[j] = t
     elif kind == ARR_REPLAY:
@@ -128,7 +164,7 @@ def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, pw_rates, p
     else:
         for j in range(um):
             out[j] = 0.0
-    return t, seg
+    return t, seg, t_switch
 
 
 @subroutine
@@ -156,9 +192,58 @@ def draw_block(kind, params, values, i0, m, gen, out):
     elif kind == SVC_WEIBULL_MIN:
         for j in range(um):
             out[j] = loc + scale * random_weibull(bits, params[2])
+    elif kind == SVC_EMPIRICAL:
+        size = values.shape[0]
+        for j in range(um):
+            # a 53-bit uniform times the size: an index in [0, size), each equally likely
+            # up to 2**-53 relative (sizes far below 2**53)
+            out[j] = values[np.uint64(next_double(bits) * size)]
     else:
         for j in range(um):
             out[j] = values[ui0 + j]
+
+
+@subroutine
+def predict(kind, sigma, values, i0, m, gen, true, out):
+    """Predicted values of requests i0 .. i0+m-1 into ``out`` from their true
+    values ``true``: log-normal error ``sigma`` (draws of ``gen``) or the
+    given ``values``; the oracle and bin confusion copy the truth."""
+    um = np.uint64(m)
+    if kind == PRED_LOGNORMAL:
+        bits = gen.bit_generator
+        for j in range(um):
+            out[j] = true[j] * math.exp(sigma * random_standard_normal(bits))
+    elif kind == PRED_REPLAY:
+        ui0 = np.uint64(i0)
+        for j in range(um):
+            out[j] = values[ui0 + j]
+    else:
+        for j in range(um):
+            out[j] = true[j]
+
+
+@subroutine
+def confuse_bins(bins, m, k, p, gen):
+    """Each of the first m bins kept with probability ``p``, else moved to a
+    neighbouring bin: either side with probability (1 - p) / 2 where both
+    exist, the one neighbour with probability 1 - p at an end (one bin:
+    kept).  One uniform of ``gen`` per request."""
+    bits = gen.bit_generator
+    last = k - 1
+    for j in range(np.uint64(m)):
+        u = next_double(bits)
+        if u < p or k == 1:
+            continue
+        b = np.int64(bins[j])
+        if b == 0:
+            b = 1
+        elif b == last:
+            b = last - 1
+        elif (u - p) < 0.5 * (1.0 - p):
+            b -= 1
+        else:
+            b += 1
+        bins[j] = b
 
 
 @subroutine

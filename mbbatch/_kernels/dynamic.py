@@ -48,6 +48,14 @@ SEL_LONGEST_QUEUE = 1
 MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
 MODEL_LINEAR = 1    # base + alpha * max_seq_len * (1 + beta (b-1)/b)
 MODEL_DECODE = 2    # prefill_per_token * sum prompt + TBT(b) * max output_len
+# the dynamic-batching specification's calibrated model: base + TBT(b) * max_seq_len, fed back to the
+# controller as TBT(b), as the uncalibrated 5.74 ms, or by the legacy rule (service / max output_len)
+MODEL_CALIBRATED = 3
+MODEL_CALIBRATED_UNCALIBRATED = 4
+MODEL_CALIBRATED_LEGACY = 5
+#: ComputeDecodeTBT's ELSE branch (specification, Algorithm 7's v2 model): the decode time fed back
+#: when the latency model is not calibrated, s/token
+UNCALIBRATED_TBT = 0.00574
 
 # --- the configuration: TokenConfig(run, policy, sla, memory, model), each
 # an (ints, floats) pair from its layout's pack(); sla and memory are the
@@ -71,8 +79,8 @@ TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "mode
 #: read-only inputs: replayed arrival times (s), the piecewise-Poisson rates
 #: and segment ends (the last one inf), each length's (loc, scale[, shape])
 #: or replayed values (tokens), and the per-bin batch limits (<= 0: none)
-INPUTS = Arrays("TokenInputs", __name__, readonly=True, arrival_times=np.float64, pw_rates=np.float64,
-                pw_ends=np.float64, prompt_params=np.float64, prompt_values=np.float64,
+INPUTS = Arrays("TokenInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
+                arrival_ends=np.float64, prompt_params=np.float64, prompt_values=np.float64,
                 output_params=np.float64, output_values=np.float64, bin_b_max=np.float64)
 TokenInputs = INPUTS.type
 TokenStreams = namedtuple("TokenStreams", ("arrival", "output", "prompt", "prediction"))
@@ -124,13 +132,14 @@ SERVERS = Layout("servers", ints=("busy", "size", "bin"),
 LOOP = Layout("loop state", ints=("i",         # next request to arrive
                                   "jj",        # its place in the current block
                                   "m",         # requests in the current block
-                                  "seg",       # the piecewise-Poisson rate segment
+                                  "seg",       # the piecewise-Poisson rate segment, or the ON/OFF state
                                   "rr",        # round-robin pointer of Algorithm 5
                                   "ts_seen",   # batches offered to the time series
                                   "ts_stride",  # every ts_stride-th of them is kept
                                   "pending"),  # 1: free servers form batches at `now` first
               floats=("t",                     # the arrival clock, s
-                      "now"))                  # the time of the last event, s
+                      "now",                   # the time of the last event, s
+                      "t_switch"))             # the ON/OFF process's next change of state, s
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
                    blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64)
@@ -192,7 +201,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     requests = REQUESTS.records(n if rn["keep_requests"] else 0)
     batches = BATCHES.records(n if rn["keep_batches"] else 0)
     window = min(pol["warmup"], n)
-    loop_ints, loop_floats = LOOP.zeros(ts_stride=1)
+    loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0)
     servers_i, servers_f = SERVERS.records(c, fill=0)
     ws = WORKSPACE.pack(q=np.empty((FIELDS.size, K, QUEUE_START)), qidx=np.empty((K, QUEUE_START), np.int64),
                         head=np.zeros(K, np.int64), size=np.zeros(K, np.int64), window=np.empty(max(window, 1)),
@@ -249,19 +258,20 @@ def _rebin(q, qidx, head, size, lo, hi):
 # --- the steps of the event loop ----------------------------------------------
 
 @subroutine
-def _draw_requests(i0, m, t, seg, arrival_kind, inv_rate, arrival_times, pw_rates, pw_ends, gen_arrival,
+def _draw_requests(i0, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_times, arrival_params, arrival_ends,
+                   gen_arrival,
                    output_kind, output_params, output_values, gen_output, prompt_kind, prompt_params,
                    prompt_values, gen_prompt, integer, sigma, gen_pred, blk):
     """Step 1: requests i0 .. i0+m-1 into the rows of ``blk``, one stream at a
     time: arrival times, output and prompt lengths (whole tokens when
     ``integer``), predicted outputs (log-normal error ``sigma``).  Returns
-    the arrival clock and rate segment ``(t, seg)``."""
+    the arrival clock and process state ``(t, seg, t_switch)``."""
     arrival = blk[Q.arrival]
     prompt = blk[Q.prompt]
     output = blk[Q.output]
     pred = blk[Q.pred]
-    t, seg = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival, arrival, pw_rates,
-                           pw_ends, seg)
+    t, seg, t_switch = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival, arrival,
+                                     arrival_params, arrival_ends, seg, t_switch)
     draw_block(output_kind, output_params, output_values, i0, m, gen_output, output)
     draw_block(prompt_kind, prompt_params, prompt_values, i0, m, gen_prompt, prompt)
     round_lengths(output, m, integer)
@@ -274,7 +284,7 @@ def _draw_requests(i0, m, t, seg, arrival_kind, inv_rate, arrival_times, pw_rate
     else:
         for j in range(m):
             pred[j] = output[j]
-    return t, seg
+    return t, seg, t_switch
 
 
 @step
@@ -437,6 +447,11 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
         tpot = service / max(max_out, 1.0)
         return service, 0.0, tpot, tpot
     tbt = decode_tbt(tbt_beta, tbt_gamma, bf)
+    if model >= MODEL_CALIBRATED:
+        service = base + tbt * max_seq
+        fed = tbt if model == MODEL_CALIBRATED else UNCALIBRATED_TBT if model == MODEL_CALIBRATED_UNCALIBRATED \
+            else 0.0
+        return service, fed, tbt, min(base + tbt * (max_seq - max_out + 1.0), service)
     prefill = prefill_per_token * sum_prompt
     service = prefill + tbt * max_out
     # (a batch whose outputs are all under one token ends sooner)
@@ -585,6 +600,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     pending = li[L.pending] != 0
     t = lf[L.t]
     now = lf[L.now]
+    t_switch = lf[L.t_switch]
     queued = 0
     for b in range(K):
         queued += size[b]
@@ -733,8 +749,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 break
             m = n - i if n - i < BLOCK else BLOCK
             jj = 0
-            t, seg = _draw_requests(i, m, t, seg, arrival_kind, inv_rate, arrival_times, inputs.pw_rates,
-                                    inputs.pw_ends, streams.arrival, output_kind,
+            t, seg, t_switch = _draw_requests(i, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_times,
+                                              inputs.arrival_params, inputs.arrival_ends, streams.arrival,
+                                              output_kind,
                                     inputs.output_params, inputs.output_values,
                                     streams.output, prompt_kind, inputs.prompt_params,
                                     inputs.prompt_values, streams.prompt, integer, sigma,
@@ -822,6 +839,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     li[L.pending] = 1 if pending else 0
     lf[L.t] = t
     lf[L.now] = now
+    lf[L.t_switch] = t_switch
     return code
 
 
@@ -839,7 +857,7 @@ def warmup() -> None:
                      ema=DEFAULT_EMA),
         memory=MEMORY.pack(variant=0, eta=1e5, b_min=1.0, b_max=4.0, z=1.645, default_tokens=DEFAULT_TOKENS),
         model=MODEL.zeros(model=MODEL_DECODE, tbt_beta=5.74e-3, tbt_gamma=0.316))
-    inputs = INPUTS.pack(arrival_times=np.empty(0), pw_rates=np.ones(1), pw_ends=np.full(1, np.inf),
+    inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          prompt_params=np.array([1.0, 9.0]), prompt_values=np.empty(0),
                          output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
     gen = np.random.default_rng(0)

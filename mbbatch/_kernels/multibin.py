@@ -25,8 +25,8 @@ import numpy as np
 
 from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a test read them from here)
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
-    SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM, SVC_WEIBULL_MIN, draw_arrivals, draw_block,
-    hist_bucket, kernel, step, token_service,
+    PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM, SVC_WEIBULL_MIN,
+    confuse_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, step, token_service,
 )
 from .layout import Arrays, Layout
 
@@ -37,17 +37,20 @@ from .layout import Arrays, Layout
 #: its output length under the max-of-members model.  ``base = 0,
 #: per_token = 1, integer = 0`` leaves the values as they are.
 CONFIG = Layout("multi-bin run", ints=("n", "arrival_kind", "service_kind", "batch_size", "servers", "keep",
-                                       "integer"),
-                floats=("rate", "max_wait", "base", "per_token"))
+                                       "integer", "predictor"),
+                floats=("rate", "max_wait", "base", "per_token", "predictor_param"))
 
-#: read-only inputs: replayed arrival times (s), the service distribution's
-#: (loc, scale[, shape]) or replayed service values, and the k + 1 bin edges
-INPUTS = Arrays("MultiBinInputs", __name__, readonly=True, arrival_times=np.float64,
-                service_params=np.float64, service_values=np.float64, edges=np.float64)
+#: read-only inputs: replayed arrival times (s), the arrival process's
+#: parameters and change times (:func:`~.common.draw_arrivals`), the service
+#: distribution's (loc, scale[, shape]) or replayed service values, and the
+#: k + 1 bin edges
+INPUTS = Arrays("MultiBinInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
+                arrival_ends=np.float64, service_params=np.float64, service_values=np.float64, edges=np.float64,
+                predictions=np.float64)
 MultiBinInputs = INPUTS.type
 
-#: the random streams: arrival gaps and service times
-MultiBinStreams = namedtuple("MultiBinStreams", ("arrival", "service"))
+#: the random streams: arrival gaps, service times and the predictor's errors
+MultiBinStreams = namedtuple("MultiBinStreams", ("arrival", "service", "prediction"))
 
 #: the statistics (:data:`MultiBinOutputs` ``ints`` and ``floats``)
 STATS = Layout("multi-bin statistics", ints=("completed", "batches", "excluded"),
@@ -66,14 +69,16 @@ MultiBinOutputs = OUTPUTS.type
 
 #: per-request records (``keep``: n of them, else 0): ``REQUESTS.records(n)``;
 #: completion NaN and batch -1 for requests left in a partial batch
-REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"), floats=("arrival", "service", "completion"))
+REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"),
+                  floats=("arrival", "service", "predicted", "completion"))
 
 #: the kernel's scratch arrays.  Bin b's partial batch occupies
 #: [b * stride, (b + 1) * stride) of the buf_ arrays, stride = min(B, n);
 #: heap holds the servers' free times when 1 < servers < inf.
 WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_index=np.int64,
                    count=np.uint64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
-                   block_time=np.float64, block_bin=np.uint32, block_service=np.float64, heap=np.float64)
+                   block_time=np.float64, block_bin=np.uint32, block_service=np.float64, block_pred=np.float64,
+                   heap=np.float64)
 MultiBinWorkspace = WORKSPACE.type
 
 C = CONFIG.index
@@ -117,14 +122,15 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                         count=np.zeros(k, np.uint64), max_service=np.full(k, -np.inf), lat=np.empty(stride),
                         hidx=np.empty(stride, np.uint64), block_time=np.empty(BLOCK),
                         block_bin=np.empty(BLOCK, np.uint32), block_service=np.empty(BLOCK),
+                        block_pred=np.empty(BLOCK),
                         heap=np.zeros(max(servers, 1)))
     multibin_kernel(config, inputs, streams, out, requests, ws, stop)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None)
 
 
 @step
-def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, uB, uS, buf_arrival, keep,
-          buf_index, r_i, r_f, deadline, max_wait):
+def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, max_service, uB, uS, buf_arrival,
+          keep, buf_index, r_i, r_f, deadline, max_wait):
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
     (arrival time kept, service time folded into the bin's running maximum).
 
@@ -156,6 +162,7 @@ def _fill(j0, m, i0, block_time, block_service, block_bin, count, max_service, u
             buf_index[o] = i
             r_f[RQ.arrival, i] = t
             r_f[RQ.service, i] = s
+            r_f[RQ.predicted, i] = block_pred[jj]
             r_i[RQ.bin, i] = b
         c += one
         if c == uB:
@@ -197,6 +204,8 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     base = cf[C.base]
     per_token = cf[C.per_token]
     tokens = integer or base != 0.0 or per_token != 1.0
+    predictor = ci[C.predictor]
+    predictor_param = cf[C.predictor_param]
     # the arrays and streams
     arrival_times = inputs.arrival_times
     service_params = inputs.service_params
@@ -204,6 +213,8 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     edges = inputs.edges
     gen_arrival = streams.arrival
     gen_service = streams.service
+    gen_prediction = streams.prediction
+    predictions = inputs.predictions
     ints = out.ints
     floats = out.floats
     batches_per_bin = out.batches_per_bin
@@ -223,6 +234,7 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     block_time = ws.block_time
     block_bin = ws.block_bin
     block_service = ws.block_service
+    block_pred = ws.block_pred
     heap = ws.heap
 
     k = edges.shape[0] - 1
@@ -241,6 +253,7 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     free_at = 0.0
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
     seg = np.int64(0)  # not a literal: one compiled draw_arrivals
+    t_switch = -1.0
 
     t = 0.0
     first_arrival = 0.0
@@ -268,16 +281,19 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
             else:
                 m = n - i0 if n - i0 < BLOCK else BLOCK
                 jj = np.int64(0)
-            # 1. draws, one stream at a time, in tight loops (no piecewise
-            # Poisson here: no rate segments)
+            # 1. draws, one stream at a time, in tight loops
             um = np.uint64(m)
-            t, seg = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival,
-                                   block_time, arrival_times[:0], arrival_times[:0], seg)
+            t, seg, t_switch = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival,
+                                             block_time, inputs.arrival_params, inputs.arrival_ends, seg, t_switch)
             if i0 == 0:
                 first_arrival = block_time[0]
             draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
             if tokens:
                 token_service(block_service, m, base, per_token, integer)
+            # what a request is binned by (it is served for block_service)
+            predict(predictor, predictor_param, predictions, i0, m, gen_prediction, block_service, block_pred)
+            if predictor == PRED_REPLAY and tokens:
+                token_service(block_pred, m, base, per_token, integer)
 
             # 2. bins: bin b holds edges[b] <= s < edges[b+1], the last one closed
             # above.  Counting the inner edges passed is branch-free and
@@ -288,10 +304,10 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
                 for q in range(1, k):
                     e = edges[q]
                     for j in range(um):
-                        block_bin[j] += block_service[j] >= e
+                        block_bin[j] += block_pred[j] >= e
             else:
                 for j in range(um):
-                    s = block_service[j]
+                    s = block_pred[j]
                     lo = 0
                     hi = k - 1
                     while lo < hi:
@@ -301,11 +317,13 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
                         else:
                             hi = mid - 1
                     block_bin[j] = lo
+            if predictor == PRED_CONFUSION:
+                confuse_bins(block_bin, m, k, predictor_param, gen_prediction)
 
         # 3. requests in arrival order; _fill returns at each full batch and
         # before the first arrival past a partial batch's deadline
         if not arrivals_over:
-            jj, deadline = _fill(jj, m, i0, block_time, block_service, block_bin, count, max_service,
+            jj, deadline = _fill(jj, m, i0, block_time, block_service, block_pred, block_bin, count, max_service,
                                  uB, uS, buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait)
             if jj == m:
                 continue
@@ -442,8 +460,10 @@ def warmup() -> None:
     """Compile the kernel (or load it from the cache) on a tiny input: two
     bins of two, two servers, two requests."""
     config = CONFIG.pack(n=2, arrival_kind=ARR_POISSON, service_kind=SVC_UNIFORM, batch_size=2, servers=2,
+                         predictor=PRED_ORACLE, predictor_param=0.0,
                          keep=1, integer=0, rate=1.0, max_wait=np.inf, base=0.0, per_token=1.0)
-    inputs = INPUTS.pack(arrival_times=np.empty(0), service_params=np.array([1.0, 1.0]),
+    inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
+                         service_params=np.array([1.0, 1.0]), predictions=np.empty(0),
                          service_values=np.empty(0), edges=np.array([1.0, 1.5, 2.0]))
     gen = np.random.default_rng(0)
-    run(config, inputs, MultiBinStreams(gen, gen), np.zeros(1, np.int64), groups=1)
+    run(config, inputs, MultiBinStreams(gen, gen, gen), np.zeros(1, np.int64), groups=1)

@@ -13,17 +13,16 @@ import functools
 import hashlib
 import json
 import math
-import warnings
 
 import numpy as np
 import scipy.stats as st
 
 from .. import theory
 from .._running import interruptible, stop_flag
-from ..arrivals import PiecewisePoisson, Poisson, Saturated
+from ..arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Saturated
 from ..metrics import METRICS
 from ..policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
-from ..results import UnstableWarning
+from ..predictors import BinConfusion, LogNormalError
 from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
 from ..service_models import SERVICE_MODELS
@@ -40,6 +39,11 @@ SEED_SCHEME = (
     "stream 3 the predictor's errors (PCG64DXSM).  Policy parameters do not enter the seed: cells "
     "that differ only in policy see the same requests."
 )
+
+
+#: the arrival processes with a steady state (a load step has none; saturated
+#: runs are not assessed)
+STEADY = ("poisson", "gamma", "onoff")
 
 
 def _canonical(params: dict) -> str:
@@ -81,10 +85,26 @@ def _edges(params: dict):
 def _arrivals(arrivals: str, params: dict):
     if arrivals == "poisson":
         return Poisson(rate=params["rate"])
+    if arrivals == "gamma":
+        return Gamma(rate=params["rate"], cv=params["cv"])
+    if arrivals == "onoff":
+        return OnOff(rate_on=params["rate_on"], rate_off=params["rate_off"], mean_on=params["mean_on"],
+                     mean_off=params["mean_off"])
     if arrivals == "step":
         return PiecewisePoisson([params["rate"], params["rate_high"], params["rate"]],
                                 [params["t_up"], params["t_down"]])
     return Saturated()
+
+
+def _predictor(params: dict):
+    """MultiBin's predictor: log-normal error ``predictor_sigma`` or bin
+    confusion ``predictor_p`` (one of them), else the oracle."""
+    sigma, p = params.get("predictor_sigma", 0.0), params.get("predictor_p", 1.0)
+    if sigma > 0 and p < 1:
+        raise ValueError(f"predictor_sigma = {sigma:g} and predictor_p = {p:g}: set one predictor, not both")
+    if sigma > 0:
+        return LogNormalError(sigma)
+    return BinConfusion(p) if p < 1 else None
 
 
 def point_objects(arrivals: str, service: str, params: dict) -> tuple:
@@ -100,11 +120,13 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
         request_side = {"workload": Workload(prompt=_frozen("lognorm", 0.0, params["prompt_median"],
                                                             params["prompt_sigma"]),
                                              output=_frozen("lognorm", 0.0, params["output_median"],
-                                                            params["output_sigma"])),
+                                                            params["output_sigma"]),
+                                             predictor_sigma=params.get("predictor_sigma", 0.0)
+                                             if kind == "multibin_dynamic" else 0.0),
                         "service_model": SERVICE_MODELS[service]()}
     if kind == "multibin":
         pol = MultiBin(bins=params["bins"], batch_size=params["batch_size"], edges=_edges(params),
-                       max_wait=params["max_wait"])
+                       max_wait=params["max_wait"], predictor=_predictor(params))
         return pol, arr, request_side
     # eta tokens of capacity: 1 GB per token keeps the units plain
     mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
@@ -167,15 +189,13 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     def reps_():
         kernel = 0.0
         for rep in range(reps):
-            with warnings.catch_warnings():
-                # the sweep reports its unstable cells together, at its end
-                warnings.simplefilter("ignore", UnstableWarning)
-                res = run.run(cell_seed(root_seed, params, rep, words))
+            # (no warning per run: the sweep reports its unstable cells together, at its end)
+            res = run.run(cell_seed(root_seed, params, rep, words), warn=False)
             kernel += res.kernel_seconds
             for m in scalars:
                 out[m.var][rep] = getattr(res, m.name)
             # (the backlog check is a steady-state question: not asked of a load step)
-            out["backlog_growing"][rep] = bool(res.unstable) if arrivals == "poisson" else False
+            out["backlog_growing"][rep] = bool(res.unstable) if arrivals in STEADY else False
             if time_grid is not None:
                 _sample_time_series(res.time_series, time_grid, out, rep)
         out["_kernel_seconds"] = kernel      # (popped by the sweep for its summary line)
@@ -214,6 +234,15 @@ def _mean_batch_service(service, l_min, l_max, mu, edges_rule, B, k) -> float:
     return theory.batch_service_time(dist, edges, B)
 
 
+def _mean_rate(arrivals: str, params: dict):
+    """The long-run arrival rate of a process with a steady state, else None."""
+    if arrivals in ("poisson", "gamma"):
+        return params["rate"]
+    if arrivals == "onoff":
+        return OnOff(params["rate_on"], params["rate_off"], params["mean_on"], params["mean_off"]).rate
+    return None
+
+
 def point_theory(arrivals: str, service: str, params: dict) -> dict:
     """Closed-form predictions at one grid point (NaN where none applies).
 
@@ -244,11 +273,13 @@ def point_theory(arrivals: str, service: str, params: dict) -> dict:
     if service == "expon" and params["edges"] == "lemma_a1":
         bound = theory.exponential_throughput_bound(B, params["mu"], k)         # Corollary A.1.1
         out["theory_throughput_bound"] = servers * bound if servers != math.inf else math.inf
-    if arrivals == "poisson":
-        lam = params["rate"]
+    lam = _mean_rate(arrivals, params)
+    if lam is not None:
+        # a stable system serves what arrives, whatever the arrival process
         out["theory_throughput"] = min(lam, rate_s)
+    if arrivals == "poisson":
         # Lemma 5.1, eq. (7), for any edges: a request waits (B-1)/(2 lam p_i)
         # for its bin's batch to fill, and sum_i p_i (B-1)/(2 lam p_i) = k(B-1)/(2 lam)
         out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
-    out["unstable"] = bool(arrivals == "poisson" and params["rate"] >= rate_s)
+    out["unstable"] = bool(lam is not None and lam >= rate_s)
     return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}

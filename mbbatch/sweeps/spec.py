@@ -6,7 +6,7 @@ and the replications.  One policy::
     name = "fig3"
     description = "Throughput vs arrival rate, k = 1..5"
     policy = "multibin"
-    arrivals = "poisson"        # "saturated", or "step" (a load step)
+    arrivals = "poisson"        # "gamma", "onoff", "saturated", or "step" (a load step)
     service = "uniform"         # the paper's workload: "uniform" or "expon"
     reps = 10
     seed = 20241103
@@ -69,7 +69,6 @@ else:  # pragma: no cover
 from .._validation import check
 from ..metrics import CONTROLLED, KINDS, TOKEN
 from ..params import PARAMS as TABLE
-from ..params import REQUIRED
 
 __all__ = ["SpecError", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
            "parse_spec", "spec_from_dict"]
@@ -138,7 +137,12 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("batch_size", _MB | {"static"}),
     _sp("edges", _MB, required=False),
     _sp("max_wait", _MB, required=False),
-    _sp("rate", arrivals=("poisson", "step")),
+    _sp("rate", arrivals=("poisson", "step", "gamma")),
+    _sp("cv", arrivals=("gamma",)),
+    _sp("rate_on", arrivals=("onoff",)),
+    _sp("rate_off", arrivals=("onoff",), required=False),
+    _sp("mean_on", arrivals=("onoff",)),
+    _sp("mean_off", arrivals=("onoff",)),
     _sp("rate_high", arrivals=("step",)),
     _sp("t_up", arrivals=("step",)),
     _sp("t_down", arrivals=("step",)),
@@ -149,6 +153,9 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("prompt_sigma", workload=("tokens",)),
     _sp("output_median", workload=("tokens",)),
     _sp("output_sigma", workload=("tokens",)),
+    # the predictor: not a workload parameter (cells that differ only in it see the same requests)
+    _sp("predictor_sigma", _MB | _MBD, required=False),
+    _sp("predictor_p", _MB, required=False),
     _sp("d_sla", _TOK),
     _sp("eps_d", _TOK, required=False),
     _sp("b_min", _DYN, required=False),
@@ -167,22 +174,24 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
 #: policy serving them.  Only these enter a cell's seed, so cells that differ
 #: only in policy see the same requests: common random numbers.
 WORKLOAD_PARAMS = ("rate", "rate_high", "t_up", "t_down", "l_min", "l_max", "mu", "prompt_median",
-                   "prompt_sigma", "output_median", "output_sigma", "n")
+                   "prompt_sigma", "output_median", "output_sigma", "n", "cv", "rate_on", "rate_off", "mean_on",
+                   "mean_off")
 
 _TOP = {
     "name": "a short identifier, also the Dataset's name",
     "description": "one line saying what the sweep shows",
     "policy": f"the batching policy, one of {list(KINDS)} (or [policies.NAME] tables and a policy axis)",
     "policies": "tables of policy variants: [policies.NAME] with kind = ... and its settings",
-    "arrivals": "the arrival process: poisson, saturated or step (a load step)",
+    "arrivals": "the arrival process: poisson, gamma (rate, cv), onoff (rate_on, rate_off, mean_on, "
+                "mean_off), saturated or step (a load step)",
     "service": "the paper's workload: the service-time distribution, uniform or expon",
-    "service_model": "token-level requests: the batch service model, decode (default), linear or max",
+    "service_model": "token-level requests: the batch service model, decode (default), linear, max or calibrated",
     "reps": "replications per grid point, an integer >= 1",
     "seed": "root seed, a non-negative integer",
     "params": "table of fixed parameter values",
     "grid": "table of axes: parameter = [values]",
 }
-_ARRIVALS = ("poisson", "saturated", "step")
+_ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step")
 _SERVICES = ("uniform", "expon")
 _VARIANT_KEYS = {"kind", "seed"}
 
@@ -420,8 +429,6 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             raise SpecError(f"{source}: policy multibin takes service = \"uniform\" or \"expon\" (the paper's "
                             "workload), or token-level requests with service_model = \"max\"; "
                             f"got service_model = {model!r}")
-    if arrivals == "step" and "multibin" in kinds:
-        raise SpecError(f"{source}: arrivals = \"step\" is for the token policies")
 
     # --- which keys apply, and to which variants
     def applies_to(nm):
