@@ -225,11 +225,6 @@ def _rvs_memory(named_specs, n: int) -> dict:
             for name, spec in named_specs if spec.kind == RVS}
 
 
-def _tiled(values: np.ndarray, n: int) -> np.ndarray:
-    """Replayed values for ``n`` requests: repeated end to end if fewer."""
-    return values if values.size == 0 or values.size >= n else np.resize(values, n)
-
-
 def _check_clock(arrivals, n, scale) -> None:
     """Refuse a run whose clock would be too coarse for its service times."""
     if isinstance(arrivals, Replay):
@@ -257,7 +252,9 @@ def _arrival_fields(arrivals, n: int) -> tuple:
                 np.array([*arrivals.ends, np.inf]))
     if isinstance(arrivals, Saturated):
         return _common.ARR_SATURATED, 0.0, none, one, never
-    return _common.ARR_REPLAY, 0.0, arrivals.times_for(n, warn=False), one, never
+    # (a run longer than the times repeats them in the kernel, each copy shifted by the period)
+    period = arrivals._tiling(n)[1] if n > arrivals.times.size else 0.0
+    return _common.ARR_REPLAY, 0.0, arrivals.times, np.array([period]), never
 
 
 def _model_config(model) -> dict:
@@ -395,9 +392,9 @@ def _pack_multibin(plan: _MultiBinPlan) -> tuple:
         keep=plan.keep, integer=integer, base=plan.model.base, per_token=plan.model.per_token,
         predictor=plan.predictor.code, predictor_param=plan.predictor.param)
     inputs = _k.INPUTS.pack(arrival_times=times, arrival_params=aparams, arrival_ends=aends,
-                            service_params=plan.spec.params, service_values=_tiled(plan.spec.values, plan.n),
+                            service_params=plan.spec.params, service_values=plan.spec.values,
                             edges=plan.edges,
-                            predictions=_tiled(plan.predictor.values, plan.n)
+                            predictions=plan.predictor.values
                             if isinstance(plan.predictor, Predictions) else np.empty(0))
     return config, inputs
 
@@ -605,8 +602,8 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
     limits = multibin and policy.bin_b_max is not None
     inputs = _d.INPUTS.pack(
         arrival_times=times, arrival_params=aparams, arrival_ends=aends,
-        prompt_params=workload._prompt.params, prompt_values=_tiled(workload._prompt.values, n),
-        output_params=workload._output.params, output_values=_tiled(workload._output.values, n),
+        prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
+        output_params=workload._output.params, output_values=workload._output.values,
         bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1))
     return config, inputs
 
@@ -696,9 +693,8 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     if isinstance(arrivals, (Poisson, Gamma, OnOff)):
         unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, 0.0, n / arrivals.rate)
     elif isinstance(arrivals, Replay):
-        times = plan.kernel_args[1].arrival_times
-        unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, float(times[0]),
-                                               float(times[n - 1]))
+        unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, float(arrivals.times[0]),
+                                               arrivals.last_time(n))
     elif isinstance(arrivals, Saturated):
         unstable, reason = False, "not assessed: every request arrives at time 0 (saturated)"
     else:

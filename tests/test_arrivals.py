@@ -181,3 +181,21 @@ def test_replay_takes_a_trace(tmp_path):
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,5\n0.5,20,6\n2,30,7\n")
     trace = mb.traces.load_azure_trace(p)
     np.testing.assert_array_equal(mb.Replay(trace).times, [0.0, 0.5, 2.0])
+
+
+def test_the_kernels_tile_a_trace_as_times_for_does():
+    """Both kernels repeat a replayed trace in place (no copy of n values):
+    the times equal Replay.times_for(n) bit for bit, and the lengths repeat."""
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.exponential(0.3, 777))
+    rep = mb.Replay(t, scale=1.5)
+    n = 5 * 777 + 12
+    with pytest.warns(mb.TraceTiledWarning):
+        got = _arrivals(rep, n=n, service=rng.uniform(1, 2, 777))
+    np.testing.assert_array_equal(got, rep.times_for(n, warn=False))
+    wl = mb.Workload(prompt=rng.integers(1, 50, 777).astype(float), output=rng.integers(1, 50, 777).astype(float))
+    with pytest.warns(mb.TraceTiledWarning):
+        res = mb.simulate(mb.StaticBatching(4), arrivals=rep, workload=wl, n=n, seed=0, keep_requests=True,
+                          service_model=mb.MaxModel(per_token=1e-3))
+    np.testing.assert_array_equal(np.sort(res.requests.arrival), rep.times_for(n, warn=False))
+    np.testing.assert_array_equal(res.requests.output[777:1554], wl.output)

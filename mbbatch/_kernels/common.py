@@ -158,9 +158,18 @@ def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, params, end
                 seg += 1
             out[j] = t
     elif kind == ARR_REPLAY:
-        ui0 = np.uint64(i0)
+        # request i is time i % size of copy i // size, shifted by (i // size) * period (params[0])
+        size = arrival_times.shape[0]
+        r = i0 % size
+        c = i0 // size
+        shift = c * params[0]
         for j in range(um):
-            out[j] = arrival_times[ui0 + j]
+            out[j] = arrival_times[r] if c == 0 else arrival_times[r] + shift
+            r += 1
+            if r == size:
+                r = 0
+                c += 1
+                shift = c * params[0]
     else:
         for j in range(um):
             out[j] = 0.0
@@ -173,7 +182,6 @@ def draw_block(kind, params, values, i0, m, gen, out):
     stream into ``out``."""
     # the switch sits outside the loops so each draw loop is a tight one
     um = np.uint64(m)
-    ui0 = np.uint64(i0)
     loc = params[0]
     scale = params[1]
     bits = gen.bit_generator
@@ -199,8 +207,14 @@ def draw_block(kind, params, values, i0, m, gen, out):
             # up to 2**-53 relative (sizes far below 2**53)
             out[j] = values[np.uint64(next_double(bits) * size)]
     else:
+        # replayed in order, repeated end to end when the run is longer
+        size = values.shape[0]
+        r = i0 % size
         for j in range(um):
-            out[j] = values[ui0 + j]
+            out[j] = values[r]
+            r += 1
+            if r == size:
+                r = 0
 
 
 @subroutine
@@ -214,9 +228,13 @@ def predict(kind, sigma, values, i0, m, gen, true, out):
         for j in range(um):
             out[j] = true[j] * math.exp(sigma * random_standard_normal(bits))
     elif kind == PRED_REPLAY:
-        ui0 = np.uint64(i0)
+        size = values.shape[0]
+        r = i0 % size
         for j in range(um):
-            out[j] = values[ui0 + j]
+            out[j] = values[r]
+            r += 1
+            if r == size:
+                r = 0
     else:
         for j in range(um):
             out[j] = true[j]
