@@ -81,6 +81,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("sla_violation_tokens", "1", "share of output tokens decoded slower than D_SLA + eps_D per token",
        TOKEN, aggregate="mean"),
     _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", TOKEN),
+    _m("sla_violation_share", "1", "share of requests whose decode time per token exceeds D_SLA (seed 001, "
+       "section 8.1's SLA violation rate; threshold D_SLA, without eps_D)", TOKEN),
     _m("utilization", "1", "busy server-time / (servers x span); NaN for infinitely many servers"),
     _m("mean_busy_servers", "servers", "busy server-time / span: mean number of servers busy", per_rep=False),
     _m("mean_batch_service", "s", "mean batch service time", aggregate="mean"),
@@ -106,6 +108,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("warmup_time", "s", "time Algorithm 6's edges were set", frozenset({"multibin_dynamic"}), per_rep=False),
     _m("sla_infeasible", "1", "the controller ended above D_SLA + eps_D with b_low shrunk to B_min",
        CONTROLLED, dtype="bool"),
+    _m("convergence_time", "s", "time from the first arrival until b_target stays within 10% of its median "
+       "over the last 20% of the run (sampled time series); NaN if it settles only in that last part",
+       CONTROLLED),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
        "no steady state", dtype="bool", var_name="backlog_growing"),
 ]}

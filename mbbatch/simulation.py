@@ -469,7 +469,8 @@ def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence, warn: bool) -
     res = SimulationResult(
         kind="multibin", config=config, n=n, servers=servers, edges=plan.edges, metrics=metrics,
         arrays={"batches_per_bin": out.batches_per_bin, "group_mean_latency": g_lat,
-                "group_mean_batch_wait": g_wait, "latency_histogram": out.hist},
+                "group_mean_batch_wait": g_wait, "latency_histogram": out.hist,
+                **_per_bin(out.bin_completed, out.bin_latency, span)},
         requests=requests, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
         kernel_seconds=kernel_seconds)
@@ -608,6 +609,25 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
     return config, inputs
 
 
+def _convergence_time(t, b_target, st) -> float:
+    """Seconds from the first arrival until the sampled b_target settles
+    (:func:`~mbbatch.stats.settling_time` over the whole run); NaN when it
+    settles only in the run's last part, or nothing was sampled."""
+    if t.size == 0 or not st["completed"]:
+        return math.nan
+    t0, t1 = float(st["first_arrival"]), float(t[-1])
+    dt, _, late = stats.settling_time(t, b_target, t0, t1)
+    return math.nan if late else dt
+
+
+def _per_bin(completed: np.ndarray, latency: np.ndarray, span: float) -> dict:
+    """Per-bin throughput (requests/s over the run's span) and mean latency (s)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"bin_throughput": completed / span if span > 0 else np.full(completed.size, np.nan),
+                "bin_mean_latency": np.where(completed > 0, latency / completed, np.nan),
+                "bin_completed": completed}
+
+
 def _kind(policy) -> str:
     if isinstance(policy, StaticBatching):
         return "static"
@@ -661,6 +681,7 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
         "mean_tbt": st["sum_tbt_tokens"] / tokens_out if tokens_out > 0 else nan,
         "sla_violation_tokens": st["sla_tokens"] / tokens_out if tokens_out > 0 else nan,
         "sla_violation_requests": st["sla_requests"] / completed if completed else nan,
+        "sla_violation_share": st["sla_requests_dsla"] / completed if completed else nan,
         "utilization": st["busy"] / (servers * span) if positive_span else nan,
         "mean_busy_servers": st["busy"] / span if positive_span else nan,
         "mean_batch_service": st["busy"] / nb if nb else nan,
@@ -687,6 +708,8 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     rows = st["ts_rows"]
     ts = {col: out.ts[:rows, getattr(_d.TS, col)].copy() for col in ("time", *TS_COLUMNS)}
     ts["queue"] = out.ts[:rows, _d.TS_QUEUE:].copy()
+    if kind != "static":
+        metrics["convergence_time"] = _convergence_time(ts["time"], ts["b_target"], st)
     config = {**policy.describe(), **arrivals.describe(), **workload.describe(), **_model_config(service_model),
               "n": n, "servers": int(servers), "seed_entropy": entropy_str(ss)}
     batches = Table({k: v[:nb] for k, v in bat.items()}) if plan.keep_batches else None
@@ -703,7 +726,8 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     edges = np.append(out.edges_lo, out.edges_hi[-1])
     res = SimulationResult(
         kind=kind, config=config, n=n, servers=servers, edges=edges, metrics=metrics,
-        arrays={"batch_size_hist": out.size_hist, "group_mean_latency": g_lat, "latency_histogram": out.hist},
+        arrays={"batch_size_hist": out.size_hist, "group_mean_latency": g_lat, "latency_histogram": out.hist,
+                **_per_bin(out.bin_completed, out.bin_latency, span)},
         requests=requests, batches=batches, time_series=ts, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
         kernel_seconds=kernel_seconds)

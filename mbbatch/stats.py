@@ -170,3 +170,29 @@ def queue_verdict(times, queue, mean_batch: float, start: float, end: float) -> 
                       f"the arrivals, against {a:.4g} in the second quarter; the averages describe a "
                       "transient, not a steady state")
     return False, "no growing backlog"
+
+
+# --- convergence -----------------------------------------------------------------------
+
+#: a controlled series has converged once it stays within this relative band ...
+SETTLE_TOLERANCE = 0.1
+#: ... of its median over this last share of the phase
+SETTLE_TAIL = 0.2
+
+
+def settling_time(t, y, t0, t1, tol=SETTLE_TOLERANCE, tail=SETTLE_TAIL):
+    """Time after ``t0`` from which ``y`` stays within ``tol`` of its median over the
+    last ``tail`` of the phase [t0, t1]; also that median, and whether the series
+    settles only inside that last part (still drifting)."""
+    in_phase = (t >= t0) & (t <= t1) & np.isfinite(y)
+    tt, yy = t[in_phase], y[in_phase]
+    if tt.size == 0:
+        return np.nan, np.nan, False
+    ref_start = t1 - tail * (t1 - t0)
+    ref = float(np.median(yy[tt >= ref_start]))
+    inside = np.abs(yy - ref) <= tol * abs(ref)
+    outside = np.flatnonzero(~inside)
+    first = 0 if outside.size == 0 else int(outside[-1]) + 1
+    if first >= tt.size:
+        return np.nan, ref, True
+    return float(tt[first] - t0), ref, bool(tt[first] >= ref_start)

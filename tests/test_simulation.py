@@ -17,6 +17,7 @@ from hypothesis import strategies as hs
 
 import mbbatch as mb
 from mbbatch import theory
+from mbbatch.metrics import METRICS
 
 from .reference import reference_latencies
 
@@ -573,3 +574,49 @@ def test_multibin_refuses_other_models_and_predictors():
         mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), n=100)
     with pytest.raises(TypeError, match="not service="):
         mb.simulate(mb.StaticBatching(4), mb.Poisson(1.0), service=U, n=100)
+
+
+# --- per-bin statistics, the SLA violation share, convergence --------------------------
+
+WL_BINS = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128))
+
+
+@pytest.mark.parametrize("policy, kw", [
+    (mb.MultiBin(bins=3, batch_size=8), {"service": st.uniform(1, 19), "arrivals": mb.Poisson(0.3)}),
+    (mb.MultiBinDynamic(bins=4, warmup=200), {"workload": WL_BINS, "arrivals": mb.Poisson(3.0)}),
+])
+def test_per_bin_throughput_and_latency_add_up(policy, kw):
+    """Every binned policy reports per-bin throughput and mean latency; the
+    bins' throughputs sum to the run's and their latencies, weighted by the
+    requests served, average to its mean latency."""
+    res = mb.simulate(policy, n=30_000, seed=4, **kw)
+    assert res.bin_throughput.shape == res.bin_mean_latency.shape == (res.edges.size - 1,)
+    assert res.bin_throughput.sum() == pytest.approx(res.throughput, rel=1e-12)
+    assert res.bin_completed.sum() == res.completed
+    assert np.average(res.bin_mean_latency, weights=res.bin_completed) == pytest.approx(res.mean_latency,
+                                                                                        rel=1e-12)
+
+
+def test_sla_violation_share_uses_d_sla_alone():
+    """Seed 001's SLA violation rate counts requests slower than D_SLA; the
+    per-batch measure counts those slower than D_SLA + eps_D, never more."""
+    def run(d_sla, eps_d=5e-5):
+        pol = mb.DynamicBatching(controller=mb.SLAController(d_sla=d_sla, eps_d=eps_d))
+        return mb.simulate(pol, mb.Poisson(4.0), workload=WL_BINS, n=20_000, seed=3)
+
+    res = run(7.0e-3, eps_d=5e-4)
+    assert res.sla_violation_share >= res.sla_violation_requests
+    assert 0.0 < res.sla_violation_share <= 1.0
+    assert run(1e-4).sla_violation_share == 1.0          # every batch decodes slower than 0.1 ms/token
+    assert run(1.0).sla_violation_share == 0.0
+    assert "D_SLA" in METRICS["sla_violation_share"].description
+
+
+def test_convergence_time_is_a_result_of_the_controlled_policies():
+    pinned = mb.simulate(mb.DynamicBatching(pin=16), mb.Poisson(4.0), workload=WL_BINS, n=20_000, seed=3)
+    assert pinned.convergence_time == 0.0                 # b_target pinned: settled from the start
+    res = mb.simulate(mb.DynamicBatching(), mb.Poisson(4.0), workload=WL_BINS, n=20_000, seed=3)
+    assert 0.0 <= res.convergence_time < res.span or np.isnan(res.convergence_time)
+    static = mb.simulate(mb.StaticBatching(8), mb.Poisson(4.0), workload=WL_BINS, n=2000, seed=3)
+    with pytest.raises(AttributeError, match="convergence_time"):
+        static.convergence_time

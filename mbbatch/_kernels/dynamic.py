@@ -91,6 +91,7 @@ STATS = Layout("token statistics",
                      "rejected",       # requests alone above the token capacity (never servable)
                      "mem_exceed",     # batches above the token capacity (memory constraint off)
                      "sla_requests",   # requests decoded slower than D_SLA + eps_D
+                     "sla_requests_dsla",  # requests decoded slower than D_SLA (seed 001, section 8.1)
                      "ts_rows"),       # rows of the time series in use
                floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft",
                        "sum_tbt_tokens",   # sum over output tokens of their decode time per token
@@ -109,7 +110,8 @@ TS_QUEUE = TIME_SERIES.size   # the first queue column
 #: first member has arrival index i with g = i * G // n
 OUTPUTS = Arrays("TokenOutputs", __name__, ints=np.int64, floats=np.float64, hist=np.int64,
                  size_hist=np.int64, ts=(np.float64, 2), ctl=(np.float64, 2), st=(np.float64, 2),
-                 edges_lo=np.float64, edges_hi=np.float64, group_latency=np.float64, group_count=np.int64)
+                 edges_lo=np.float64, edges_hi=np.float64, group_latency=np.float64, group_count=np.int64,
+                 bin_completed=np.int64, bin_latency=np.float64)
 TokenOutputs = OUTPUTS.type
 #: per-request records (keep_requests; n of them, else 0): ``REQUESTS.records(n)``
 REQUESTS = Layout("token requests", ints=("bin", "batch"),
@@ -197,7 +199,8 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                        size_hist=np.zeros(int(min(sla["b_max"], n)) + 1, np.int64),
                        ts=np.zeros((ts_rows, TS_QUEUE + K)), ctl=ctl, st=np.zeros((K, BATCH_STATS.size)),
                        edges_lo=np.zeros(K), edges_hi=np.full(K, EDGE_MAX), group_latency=np.zeros(groups),
-                       group_count=np.zeros(groups, np.int64))
+                       group_count=np.zeros(groups, np.int64), bin_completed=np.zeros(K, np.int64),
+                       bin_latency=np.zeros(K))
     requests = REQUESTS.records(n if rn["keep_requests"] else 0)
     batches = BATCHES.records(n if rn["keep_batches"] else 0)
     window = min(pol["warmup"], n)
@@ -553,6 +556,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     ema = sla[A.ema]
     # the SLA constraint tau <= D_SLA + eps_D (specification, Algorithm 2)
     sla_limit = sla[A.d_sla] + sla[A.eps_d]
+    d_sla = sla[A.d_sla]
     memory_variant = config.memory[0][M.variant]
     memory = config.memory[1]
     eta = memory[M.eta]
@@ -572,6 +576,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     hi = out.edges_hi
     group_latency = out.group_latency
     group_count = out.group_count
+    bin_completed = out.bin_completed
+    bin_latency = out.bin_latency
     r_i = requests[0]
     r_f = requests[1]
     b_i = batches[0]
@@ -634,6 +640,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     rejected = ints[S.rejected]
     mem_exceed = ints[S.mem_exceed]
     sla_requests = ints[S.sla_requests]
+    sla_requests_dsla = ints[S.sla_requests_dsla]
     n_batches = ints[S.batches]
     ts_rows = ints[S.ts_rows]
 
@@ -703,6 +710,10 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 if tpot > sla_limit:
                     sla_tokens += sum_out
                     sla_requests += nb
+                if tpot > d_sla:
+                    sla_requests_dsla += nb
+                bin_completed[b] += nb
+                bin_latency[b] += sum_lat
                 completed += nb
                 size_hist[nb if nb < size_hist.shape[0] else size_hist.shape[0] - 1] += 1
                 if keep_batches:
@@ -827,6 +838,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     ints[S.rejected] = rejected
     ints[S.mem_exceed] = mem_exceed
     ints[S.sla_requests] = sla_requests
+    ints[S.sla_requests_dsla] = sla_requests_dsla
     ints[S.batches] = n_batches
     ints[S.ts_rows] = ts_rows
     li[L.i] = i

@@ -64,7 +64,7 @@ STATS = Layout("multi-bin statistics", ints=("completed", "batches", "excluded")
 #: last member has arrival index i with g = i * G // n
 OUTPUTS = Arrays("MultiBinOutputs", __name__, ints=np.int64, floats=np.float64, batches_per_bin=np.int64,
                  group_latency=np.float64, group_count=np.int64, group_batch_wait=np.float64,
-                 group_batches=np.int64, hist=np.int64)
+                 group_batches=np.int64, hist=np.int64, bin_completed=np.int64, bin_latency=np.float64)
 MultiBinOutputs = OUTPUTS.type
 
 #: per-request records (``keep``: n of them, else 0): ``REQUESTS.records(n)``;
@@ -116,7 +116,8 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
     out = OUTPUTS.pack(ints=ints, floats=floats, batches_per_bin=np.zeros(k, np.int64),
                        group_latency=np.zeros(groups), group_count=np.zeros(groups, np.int64),
                        group_batch_wait=np.zeros(groups), group_batches=np.zeros(groups, np.int64),
-                       hist=np.zeros(HIST_SIZE, np.int64))
+                       hist=np.zeros(HIST_SIZE, np.int64), bin_completed=np.zeros(k, np.int64),
+                       bin_latency=np.zeros(k))
     requests = REQUESTS.records(n if cfg["keep"] else 0)
     ws = WORKSPACE.pack(buf_arrival=np.empty(k * stride), buf_index=np.empty(k * stride, np.int64),
                         count=np.zeros(k, np.uint64), max_service=np.full(k, -np.inf), lat=np.empty(stride),
@@ -218,6 +219,8 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     ints = out.ints
     floats = out.floats
     batches_per_bin = out.batches_per_bin
+    bin_completed = out.bin_completed
+    bin_latency = out.bin_latency
     group_latency = out.group_latency
     group_count = out.group_count
     group_batch_wait = out.group_batch_wait
@@ -431,6 +434,8 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
         group_batch_wait[g] += start - ready
         group_batches[g] += 1
         batches_per_bin[b] += 1
+        bin_completed[b] += nm
+        bin_latency[b] += lat_batch
         completed += nm
         n_batches += 1
         if max_wait < np.inf:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.stats
 
+from ..stats import settling_time
 from .data import controller_series, line
 
 __all__ = ["OVERLOAD", "overloaded", "replication_ci", "phases", "settling_time", "settling_times",
@@ -72,24 +73,6 @@ def over_reps(f, x):
     if ok.any():
         out[ok] = f(x[:, ok], axis=0)
     return out
-
-
-def settling_time(t, y, t0, t1, tol=0.1, tail=0.2):
-    """Time after ``t0`` from which ``y`` stays within ``tol`` of its median over the
-    last ``tail`` of the phase [t0, t1]; also that median, and whether the series
-    settles only inside that last part (still drifting)."""
-    in_phase = (t >= t0) & (t <= t1) & np.isfinite(y)
-    tt, yy = t[in_phase], y[in_phase]
-    if tt.size == 0:
-        return np.nan, np.nan, False
-    ref_start = t1 - tail * (t1 - t0)
-    ref = float(np.median(yy[tt >= ref_start]))
-    inside = np.abs(yy - ref) <= tol * abs(ref)
-    outside = np.flatnonzero(~inside)
-    first = 0 if outside.size == 0 else int(outside[-1]) + 1
-    if first >= tt.size:
-        return np.nan, ref, True
-    return float(tt[first] - t0), ref, bool(tt[first] >= ref_start)
 
 
 def settling_times(ds, tol=0.1, tail=0.2) -> dict:
