@@ -14,7 +14,9 @@ import pytest
 import xarray as xr
 
 from mbbatch.results import UnstableWarning
+import mbbatch as mb
 from mbbatch.sweeps import StoreNote, SweepError, run_sweep
+from mbbatch.sweeps.spec import SpecError, load_spec
 
 from .helpers import SLOW, SMALL, TOKEN, assert_identical, start_sweep, write
 
@@ -239,3 +241,97 @@ def test_a_sweep_leaves_the_warning_filters_as_it_found_them(tmp_path):
     for i in range(3):
         run_sweep(p, tmp_path / f"{i}.zarr", workers=1, progress=False)
         assert warnings.filters == before
+
+
+# --- a trace's requests in a sweep ---------------------------------------------------
+
+TRACE_SPEC = """
+name = "replay"
+description = "a trace replayed at several scales"
+policy = "multibin"
+arrivals = "trace"
+service_model = "max"
+reps = {reps}
+seed = 11
+
+[workload]
+trace = "{trace}"
+format = "azure"
+
+[params]
+n = {n}
+base = 0.5
+per_token = 0.02
+servers = 4
+batch_size = 8
+
+[grid]
+bins = [1, 2, 4]
+scale = {scales}
+"""
+
+
+def _trace_file(folder, rows=2000, seed=0):
+    """A synthetic trace in the Azure layout: seconds, prompt and output lengths."""
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0, rows))
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"{x:.6f},{p},{o}" for x, p, o in zip(t, rng.integers(10, 2000, rows), rng.integers(1, 500, rows))]
+    path = folder / "trace.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _trace_spec(folder, trace="trace.csv", n=2000, reps=2, scales="[0.5, 1.0, 2.0]"):
+    p = folder / "replay.toml"
+    p.write_text(TRACE_SPEC.format(trace=trace, n=n, reps=reps, scales=scales))
+    return p
+
+
+def test_a_trace_sweep_replays_it_at_each_scale_and_records_the_file(tmp_path):
+    """The [workload] trace's arrivals at each scale, its lengths under the
+    max model; throughput follows the replay's rate where the system keeps
+    up; the store records the file's name, size and SHA-256."""
+    import hashlib
+
+    path = _trace_file(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnstableWarning)
+        ds = run_sweep(_trace_spec(tmp_path), tmp_path / "s.zarr", workers=1, progress=False).load()
+    thr = ds["sim_throughput_mean"].sel(bins=4)
+    rate = mb.traces.load_azure_trace(path).rate
+    np.testing.assert_allclose(thr.sel(scale=0.5), 0.5 * rate, rtol=0.05)
+    assert ds.attrs["trace_file"] == "trace.csv" and ds.attrs["trace_size"] == path.stat().st_size
+    assert ds.attrs["trace_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_trace_is_found_beside_the_spec_or_in_the_data_folder(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    data.mkdir()
+    _trace_file(data)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    p = _trace_spec(specs)
+    with pytest.raises(SpecError, match=r"no trace file 'trace.csv'.*github.com/Azure/AzurePublicDataset.*MBBATCH_DATA"):
+        load_spec(p)
+    monkeypatch.setenv("MBBATCH_DATA", str(data))
+    assert load_spec(p).trace["path"] == str((data / "trace.csv").resolve())
+
+
+def test_a_killed_trace_sweep_resumes_bit_identical_and_refuses_a_changed_file(tmp_path):
+    """kill -9 a real trace sweep mid-run (the trace tiled to n): resumed, it
+    equals an uninterrupted run; a store made from another file is refused."""
+    path = _trace_file(tmp_path)
+    p = _trace_spec(tmp_path, n=6_000_000, reps=3, scales="[0.5, 1.0, 1.5, 2.0]")
+    out = tmp_path / "killed.zarr"
+    proc = start_sweep(p, out, workers=1, points=2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = run_sweep(p, out, workers=1, progress=False).load()
+        clean = run_sweep(p, tmp_path / "clean.zarr", workers=1, progress=False).load()
+    assert_identical(clean, resumed)
+    path.write_text(path.read_text().replace("\n1", "\n2", 1))
+    with pytest.raises(SweepError, match="is not the file"):
+        run_sweep(p, out, workers=1, progress=False)

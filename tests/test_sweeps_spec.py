@@ -323,3 +323,37 @@ def test_a_variant_sweep_stores_a_policy_axis(tmp_path):
     assert not bool(ds["sla_infeasible"].sel(policy="static8").any())
     assert int(ds["completed"].sel(policy="dyn_small").sum()) == 600 * 2 * 2 - int(
         ds["rejected"].sel(policy="dyn_small").sum())
+
+
+# --- a trace's requests: the [workload] table -------------------------------------------
+
+TRACE_SPEC = """
+name = "t"
+policy = "multibin"
+arrivals = "{arrivals}"
+reps = 1
+seed = 1
+{top}
+{workload}
+[params]
+n = 100
+bins = 2
+batch_size = 4
+"""
+
+
+@pytest.mark.parametrize("arrivals, top, workload, message", [
+    ("trace", "", "", r"arrivals = \"trace\" replays a trace's arrival times: it needs a \[workload\]"),
+    ("trace", "", "[workload]\ntrace = \"t.csv\"\ncolour = 1\n", "unknown key 'colour'"),
+    ("trace", "", "[workload]\ntrace = \"t.csv\"\nformat = \"csv\"\n", "format must be one of"),
+    ("trace", "", "[workload]\ntrace = \"t.csv\"\nmodel = \"GPT-4\"\n", "model and log_type filter BurstGPT"),
+    ("trace", "service = \"uniform\"", "[workload]\ntrace = \"t.csv\"\n", "service does not apply"),
+    ("trace", "service_model = \"decode\"", "[workload]\ntrace = \"t.csv\"\n", "multibin takes service_model"),
+    ("poisson", "", "[workload]\ntrace = \"t.csv\"\n", "missing field params.rate or grid.rate"),
+])
+def test_trace_workloads_are_checked(tmp_path, arrivals, top, workload, message):
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,1,1\n1,2,2\n")
+    p = tmp_path / "s.toml"
+    p.write_text(TRACE_SPEC.format(arrivals=arrivals, top=top, workload=workload))
+    with pytest.raises(SpecError, match=message):
+        load_spec(p)

@@ -13,19 +13,20 @@ import functools
 import hashlib
 import json
 import math
+import os
 
 import numpy as np
 import scipy.stats as st
 
 from .. import theory
 from .._running import interruptible, stop_flag
-from ..arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Saturated
+from ..arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from ..metrics import METRICS
 from ..policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from ..predictors import BinConfusion, LogNormalError
 from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
-from ..service_models import SERVICE_MODELS
+from ..service_models import SERVICE_MODELS, MaxModel
 from ..workload import Workload
 from .spec import WORKLOAD_PARAMS, SpecError
 
@@ -43,7 +44,29 @@ SEED_SCHEME = (
 
 #: the arrival processes with a steady state (a load step has none; saturated
 #: runs are not assessed)
-STEADY = ("poisson", "gamma", "onoff")
+STEADY = ("poisson", "gamma", "onoff", "trace")
+
+
+@functools.lru_cache(maxsize=4)
+def _load_trace(path: str, fmt: str, filters_json: str, stamp: tuple):
+    """A spec's trace, read once per process (the loaders check every row)
+    and again when the file changes (``stamp``: its size and mtime)."""
+    from .. import traces
+
+    filters = json.loads(filters_json)
+    if "window" in filters:
+        filters["window"] = tuple(filters["window"])
+    load = traces.load_azure_trace if fmt == "azure" else traces.load_burstgpt
+    return load(path, **filters)
+
+
+def trace_of(params: dict):
+    """The Trace of a cell whose spec has a [workload] table, else None."""
+    t = params.get("trace")
+    if t is None:
+        return None
+    st = os.stat(t["path"])
+    return _load_trace(t["path"], t["format"], json.dumps(t["filters"], sort_keys=True), (st.st_size, st.st_mtime_ns))
 
 
 def _canonical(params: dict) -> str:
@@ -85,6 +108,8 @@ def _edges(params: dict):
 def _arrivals(arrivals: str, params: dict):
     if arrivals == "poisson":
         return Poisson(rate=params["rate"])
+    if arrivals == "trace":
+        return Replay(trace_of(params), scale=params["scale"])
     if arrivals == "gamma":
         return Gamma(rate=params["rate"], cv=params["cv"])
     if arrivals == "onoff":
@@ -114,8 +139,20 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     service times), else the token-level service model's name."""
     kind = params["kind"]
     arr = _arrivals(arrivals, params)
+    trace = trace_of(params)
     if service in ("uniform", "expon"):
         request_side = {"service": _service_dist(service, params)}
+    elif trace is not None:
+        if service == "max":
+            model = MaxModel(base=params["base"], per_token=params["per_token"])
+        elif params["base"] != 0.0 or params["per_token"] != 1.0:
+            raise ValueError(f"base and per_token set the max model; service_model = {service!r} takes its "
+                             "defaults")
+        else:
+            model = SERVICE_MODELS[service]()
+        request_side = {"workload": Workload.from_trace(trace, predictor_sigma=params.get("predictor_sigma", 0.0)
+                                                        if kind == "multibin_dynamic" else 0.0),
+                        "service_model": model}
     else:
         request_side = {"workload": Workload(prompt=_frozen("lognorm", 0.0, params["prompt_median"],
                                                             params["prompt_sigma"]),

@@ -17,6 +17,7 @@ what ``overwrite`` may delete) is :mod:`mbbatch.sweeps.store`.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -29,7 +30,7 @@ import numpy as np
 from .. import stats
 from ..results import UnstableWarning
 from . import store
-from .cells import SEED_SCHEME, check_points, point_theory, run_point
+from .cells import SEED_SCHEME, check_points, point_theory, run_point, trace_of
 from .executors import Executor, warm_worker, whole
 from .schema import (FILL, TIME_SERIES, aggregates, coord_values, rep_vars, spec_attrs, template, time_grid,
                      variables)
@@ -62,8 +63,20 @@ def _attrs(spec: SweepSpec) -> dict:
         "code_hash": code_hash(),
         "confidence_level": stats.CONFIDENCE,
         **spec_attrs(spec),
+        **_trace_attrs(spec),
         **versions(),
     }
+
+
+def _trace_attrs(spec: SweepSpec) -> dict:
+    """The trace of a [workload] spec: its file's name, format, size, SHA-256
+    and the filters applied (what a resumed sweep checks the file against)."""
+    if spec.trace is None:
+        return {}
+    d = trace_of(next(spec.points())[1]).describe()
+    return {"trace_file": d["source"], "trace_format": d["format"], "trace_size": int(d["size"]),
+            "trace_sha256": d["sha256"], "trace_filters": json.dumps(d["filters"], sort_keys=True),
+            "trace_requests": int(d["requests"])}
 
 
 def _encoding(spec: SweepSpec, ds) -> dict:
@@ -123,6 +136,11 @@ def _open_existing(spec: SweepSpec, out: Path) -> store.StoreState:
     if stored.get(store.MARK) != store.STORE_FORMAT:
         raise SweepError(f"out: {out} was made by an older mbbatch, without chunk checksums, so its "
                          "damage cannot be detected; pass --overwrite to rebuild it")
+    now = _trace_attrs(spec)
+    if now and stored.get("trace_sha256") != now["trace_sha256"]:
+        raise SweepError(f"{spec.source}: the trace {spec.trace['path']} is not the file {out} was made with "
+                         f"(SHA-256 {now['trace_sha256'][:12]}... against {str(stored.get('trace_sha256'))[:12]}...); "
+                         "pass --overwrite to discard the stored results")
     names, coords = _layout(spec)
     state = store.verify(out, spec.shape, names, coords)
     if state.coords:

@@ -167,7 +167,7 @@ def spec_attrs(spec: SweepSpec) -> dict:
         for k, v in params.items():
             seen.setdefault(k, set()).add(json.dumps(_enc(v)))
     out = {k: _enc(cells[0][k]) for k, vs in seen.items()
-           if len(vs) == 1 and k not in spec.axes and k not in ("kind", "policy")
+           if len(vs) == 1 and k not in spec.axes and k not in ("kind", "policy", "trace")
            and all(k in c for c in cells)}
     out["policy"] = spec.policy
     if not spec.single:

@@ -57,6 +57,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("edges", _MB, required=False),
     _sp("max_wait", _MB, required=False),
     _sp("rate", arrivals=("poisson", "step", "gamma")),
+    _sp("scale", arrivals=("trace",), required=False, key="Replay.scale"),
     _sp("cv", arrivals=("gamma",)),
     _sp("rate_on", arrivals=("onoff",)),
     _sp("rate_off", arrivals=("onoff",), required=False),
@@ -149,6 +151,8 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("l_min", workload=("uniform",)),
     _sp("l_max", workload=("uniform",)),
     _sp("mu", workload=("expon",)),
+    _sp("base", workload=("trace",), required=False),
+    _sp("per_token", workload=("trace",), required=False),
     _sp("prompt_median", workload=("tokens",)),
     _sp("prompt_sigma", workload=("tokens",)),
     _sp("output_median", workload=("tokens",)),
@@ -175,7 +179,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
 #: only in policy see the same requests: common random numbers.
 WORKLOAD_PARAMS = ("rate", "rate_high", "t_up", "t_down", "l_min", "l_max", "mu", "prompt_median",
                    "prompt_sigma", "output_median", "output_sigma", "n", "cv", "rate_on", "rate_off", "mean_on",
-                   "mean_off")
+                   "mean_off", "scale")
 
 _TOP = {
     "name": "a short identifier, also the Dataset's name",
@@ -189,9 +193,17 @@ _TOP = {
     "reps": "replications per grid point, an integer >= 1",
     "seed": "root seed, a non-negative integer",
     "params": "table of fixed parameter values",
+    "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\" "
+                "and the loader's filters (drop_failed, window, model, log_type)",
     "grid": "table of axes: parameter = [values]",
 }
-_ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step")
+_ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step", "trace")
+#: where a missing trace file can be downloaded, by format
+TRACE_SOURCES = {"azure": "https://github.com/Azure/AzurePublicDataset (data/AzureLLMInferenceTrace_*.csv)",
+                 "burstgpt": "https://github.com/HPMLL/BurstGPT (the releases' BurstGPT_*.csv)"}
+#: the environment variable naming a folder of traces, searched after the spec's folder
+DATA_DIR_ENV = "MBBATCH_DATA"
+_TRACE_KEYS = {"trace", "format", "drop_failed", "window", "model", "log_type"}
 _SERVICES = ("uniform", "expon")
 _VARIANT_KEYS = {"kind", "seed"}
 
@@ -204,7 +216,8 @@ class SweepSpec:
     own values); ``axes`` maps each grid axis, in file order, to its values
     (the ``policy`` axis holds variant names); ``params`` holds the shared
     fixed values.  ``workload`` is ``"uniform"``, ``"expon"`` (the paper's
-    service times) or ``"tokens"`` (prompt and output lengths under
+    service times), ``"tokens"`` (log-normal prompt and output lengths) or
+    ``"trace"`` (a trace's requests, :attr:`trace`), under
     ``service_model``).  ``text`` is the file's text, ``canonical`` the parsed
     spec in a canonical JSON form whose SHA-256 is ``hash`` (comments and
     layout do not change it).
@@ -223,6 +236,7 @@ class SweepSpec:
     source: str = ""
     text: str = field(default="", repr=False)
     single: bool = True
+    trace: dict | None = None
 
     @property
     def kinds(self) -> list:
@@ -240,7 +254,7 @@ class SweepSpec:
     def service(self) -> str:
         """The service side as cells take it: the distribution (``uniform``,
         ``expon``) or the token-level service model."""
-        return self.workload if self.workload != "tokens" else self.service_model
+        return self.service_model if self.workload in ("tokens", "trace") else self.workload
 
     @property
     def canonical(self) -> str:
@@ -257,6 +271,8 @@ class SweepSpec:
              "seed": self.seed, "params": {k: enc(v) for k, v in self.params.items()},
              "grid": {k: [enc(v) for v in vs] for k, vs in self.axes.items()}}
         d["policies"] = {nm: {k: enc(v) for k, v in s.items()} for nm, s in self.policies.items()}
+        if self.trace is not None:
+            d["trace"] = {k: v for k, v in self.trace.items() if k != "path"}   # (not this machine's path)
         return d
 
     @property
@@ -302,6 +318,8 @@ class SweepSpec:
         if not self.single:
             p["policy"] = name
         p["kind"] = kind
+        if self.trace is not None:
+            p["trace"] = self.trace
         return p
 
     def differences(self, other: "SweepSpec") -> list[str]:
@@ -408,12 +426,25 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             if "seed" in settings:
                 policies[vname]["seed"] = _seed(settings["seed"], where)
 
-    # --- the workload: the paper's service times, or token-level requests
+    # --- the workload: the paper's service times, token-level requests, or a trace's
     kinds = {v["kind"] for v in policies.values()}
-    if "service" in raw and "service_model" in raw:
+    trace = _trace_table(raw, source)
+    if arrivals == "trace" and trace is None:
+        raise SpecError(f"{source}: arrivals = \"trace\" replays a trace's arrival times: it needs a [workload] "
+                        "table naming the trace")
+    if trace is None and "service" in raw and "service_model" in raw:
         raise SpecError(f"{source}: give either service (the paper's workload) or service_model "
                         "(token-level requests), not both")
-    if "service" in raw:
+    if trace is not None:
+        if "service" in raw:
+            raise SpecError(f"{source}: a [workload] trace gives the requests: service does not apply "
+                            "(choose a service_model)")
+        workload = "trace"
+        model = _choice(raw, "service_model", TABLE["service_model"].choices, source) \
+            if "service_model" in raw else "max"
+        if "multibin" in kinds and model != "max":
+            raise SpecError(f"{source}: policy multibin takes service_model = \"max\"; got {model!r}")
+    elif "service" in raw:
         workload = _choice(raw, "service", _SERVICES, source)
         model = "max"
         if kinds & TOKEN:
@@ -527,9 +558,41 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
 
     spec = SweepSpec(name=name, description=description, arrivals=arrivals, workload=workload,
                      service_model=model, reps=reps, seed=seed, params=params, axes=axes, policies=policies,
-                     source=source, text=text, single=single)
+                     source=source, text=text, single=single, trace=trace)
     _check_joint(spec, source)
     return spec
+
+
+def _trace_table(raw: dict, source: str) -> dict | None:
+    """The [workload] table: the trace file (found beside the spec, or in the
+    folder $MBBATCH_DATA names), its format and the loader's filters."""
+    if "workload" not in raw:
+        return None
+    table = _table(raw, "workload", source)
+    where = f"{source}: workload"
+    for key in table:
+        if key not in _TRACE_KEYS:
+            raise SpecError(f"{where}: unknown key {key!r}; allowed: {sorted(_TRACE_KEYS)}")
+    if "trace" not in table or not isinstance(table["trace"], str) or not table["trace"]:
+        raise SpecError(f"{where}: trace must name the trace file (a path, relative to the spec's folder "
+                        f"or to ${DATA_DIR_ENV})")
+    fmt = table.get("format", "azure")
+    if fmt not in TRACE_SOURCES:
+        raise SpecError(f"{where}: format must be one of {sorted(TRACE_SOURCES)}; got {fmt!r}")
+    filters = {k: table[k] for k in ("drop_failed", "window", "model", "log_type") if k in table}
+    if fmt == "azure" and ({"model", "log_type"} & set(filters)):
+        raise SpecError(f"{where}: model and log_type filter BurstGPT traces, not the Azure format")
+    given = Path(table["trace"]).expanduser()
+    folders = [] if given.is_absolute() else [Path(source).parent if source != "<spec>" else Path.cwd()]
+    if not given.is_absolute() and os.environ.get(DATA_DIR_ENV):
+        folders.append(Path(os.environ[DATA_DIR_ENV]).expanduser())
+    candidates = [given] if given.is_absolute() else [f / given for f in folders]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        looked = ", ".join(str(c) for c in candidates)
+        raise SpecError(f"{where}: no trace file {table['trace']!r} (looked for {looked}); download it from "
+                        f"{TRACE_SOURCES[fmt]} and put it there, or set ${DATA_DIR_ENV} to its folder")
+    return {"trace": table["trace"], "format": fmt, "filters": filters, "path": str(found.resolve())}
 
 
 def _values(spec: SweepSpec, key: str) -> list:
