@@ -170,7 +170,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("BinConfusion.p", "real", "1", "probability that a request lands in its true bin (else a neighbour)",
        Domain(0, 1, lo_closed=True, hi_closed=True)),
     _p("predictor_p", "real", "1",
-       "MultiBin's bin confusion: probability that a request lands in its true bin; 1 is the oracle",
+       "bin confusion of the binning policies: probability that a request lands in its true bin; 1 is the oracle",
        Domain(0, 1, lo_closed=True, hi_closed=True), default=1.0),
     # --- policies -----------------------------------------------------------------------
     _p("bins", "count", "bins", "number of bins", _COUNT),

@@ -182,6 +182,10 @@ class MultiBinDynamic(DynamicBatching):
         Requests whose predictions set the edges, >= bins.  Default 1000.
     bin_b_max : sequence of int, optional
         Per-bin batch limits (Algorithm 1, step 5).
+    predictor : Oracle, LogNormalError, BinConfusion or Predictions, optional
+        The output-length predictor Algorithms 4 and 6 read
+        (:mod:`mbbatch.predictors`); default the oracle, or the workload's
+        ``predictor_sigma``.
     controller, memory, max_candidates, pin
         As for :class:`DynamicBatching`.
     """
@@ -190,10 +194,12 @@ class MultiBinDynamic(DynamicBatching):
     selection: str = default("selection")
     warmup: int = default("warmup")
     bin_b_max: Optional[tuple] = None
+    predictor: object = None
 
     def __post_init__(self):
         super().__post_init__()
         check_fields(self, {"bins": "bins", "selection": "selection"})
+        object.__setattr__(self, "predictor", as_predictor(self.predictor))
         object.__setattr__(self, "warmup", check("warmup", self.warmup))
         if self.warmup < self.bins:
             raise ValueError(f"warmup must be at least bins = {self.bins}; got {self.warmup}")
@@ -206,4 +212,6 @@ class MultiBinDynamic(DynamicBatching):
     def describe(self) -> dict:
         d = super().describe()
         d.update(policy="multibin_dynamic", bins=self.bins, selection=self.selection, warmup=self.warmup)
+        if not isinstance(self.predictor, Oracle):
+            d.update(self.predictor.describe())
         return d

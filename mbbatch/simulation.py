@@ -493,6 +493,7 @@ class _TokenPlan:
     keep_requests: bool
     keep_batches: bool
     memory: int
+    predictor: object
 
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
         """Simulate with the seed ``ss``; ``warn``: issue an :class:`UnstableWarning`
@@ -526,7 +527,15 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     if service_model is None:
         service_model = DecodeModel()
     _check_arrivals(arrivals)
-    n = _resolve_n(n, arrivals, [("workload.prompt", workload._prompt), ("workload.output", workload._output)])
+    predictor = policy.predictor if isinstance(policy, MultiBinDynamic) else Oracle()
+    if not isinstance(predictor, Oracle) and workload.predictor_sigma != 0:
+        raise ValueError("MultiBinDynamic takes one predictor: workload.predictor_sigma (a LogNormalError) or "
+                         f"MultiBinDynamic(predictor=...), not both; got predictor_sigma = "
+                         f"{workload.predictor_sigma:g} and {predictor}")
+    if workload.predictor_sigma != 0:
+        predictor = LogNormalError(workload.predictor_sigma)
+    n = _resolve_n(n, arrivals, [("workload.prompt", workload._prompt), ("workload.output", workload._output)],
+                   predictor)
     servers = check_servers(servers)
     if servers == math.inf:
         raise ValueError("servers must be finite for the token-level policies; got inf")
@@ -557,7 +566,7 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     memory = check_memory(parts)
     _check_clock(arrivals, n, _model_scale(service_model, workload))
     return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
-                      bool(keep_batches), memory)
+                      bool(keep_batches), memory, predictor)
 
 
 def _pack_tokens(plan: _TokenPlan) -> tuple:
@@ -582,7 +591,9 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
     config = _d.TokenConfig(
         run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=workload._prompt.kernel_kind,
                         output_kind=workload._output.kernel_kind, integer=workload.integer_lengths,
-                        predictor_sigma=workload.predictor_sigma, keep_requests=plan.keep_requests,
+                        predictor_sigma=plan.predictor.sigma if isinstance(plan.predictor, LogNormalError) else 0.0,
+                        predictor=plan.predictor.code, predictor_p=plan.predictor.param
+                        if isinstance(plan.predictor, BinConfusion) else 1.0, keep_requests=plan.keep_requests,
                         keep_batches=plan.keep_batches),
         policy=_d.POLICY.pack(
             policy=_d.POL_STATIC if static else _d.POL_MB_DYNAMIC if multibin else _d.POL_DYNAMIC,
@@ -605,7 +616,8 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
         arrival_times=times, arrival_params=aparams, arrival_ends=aends,
         prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
         output_params=workload._output.params, output_values=workload._output.values,
-        bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1))
+        bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1),
+        predictions=plan.predictor.values if isinstance(plan.predictor, Predictions) else np.empty(0))
     return config, inputs
 
 
@@ -649,8 +661,10 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     args = (config, inputs, streams)
     stop = stop_flag()
     t0 = time.perf_counter()
-    out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS),
-                                  stop)
+    # bin confusion: each request's uniform from a key drawn on the prediction stream
+    key = int(streams.prediction.integers(0, 2 ** 63)) if isinstance(plan.predictor, BinConfusion) else 0
+    out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS,
+                                                 key=key), stop)
     kernel_seconds = time.perf_counter() - t0
     st = _d.STATS.unpack((out.ints, out.floats))
 

@@ -117,3 +117,57 @@ def test_predictors_validate_their_parameters():
         mb.Predictions([1.0, -1.0])
     with pytest.raises(TypeError, match="predictor must be"):
         mb.MultiBin(bins=2, batch_size=4, predictor=0.5)
+
+
+# --- multi-bin dynamic batching ---------------------------------------------------------
+
+WL = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128))
+
+
+def run_mbd(predictor=None, n=30_000, **kw):
+    kw = {"arrivals": mb.Poisson(rate=3.0), "workload": WL, "n": n, "seed": 2, "keep_requests": True, **kw}
+    return mb.simulate(mb.MultiBinDynamic(bins=4, warmup=500, predictor=predictor), **kw)
+
+
+@pytest.mark.parametrize("predictor", [mb.LogNormalError(0.0), mb.BinConfusion(1.0)])
+def test_multibin_dynamic_perfect_predictors_equal_the_oracle_bit_for_bit(predictor):
+    oracle, res = run_mbd(), run_mbd(predictor)
+    for col in ("arrival", "output", "pred", "start", "completion", "bin"):
+        np.testing.assert_array_equal(getattr(res.requests, col), getattr(oracle.requests, col))
+    assert res.metrics() == oracle.metrics()
+
+
+def test_multibin_dynamic_lognormal_error_is_the_workloads_predictor_sigma():
+    a = run_mbd(mb.LogNormalError(0.5))
+    b = mb.simulate(mb.MultiBinDynamic(bins=4, warmup=500), arrivals=mb.Poisson(rate=3.0),
+                    workload=mb.Workload(prompt=WL.prompt, output=WL.output, predictor_sigma=0.5), n=30_000,
+                    seed=2, keep_requests=True)
+    np.testing.assert_array_equal(a.requests.bin, b.requests.bin)
+    assert a.metrics() == b.metrics()
+
+
+def test_multibin_dynamic_bin_confusion_keeps_the_bin_with_probability_p():
+    """After the warm-up, a request's bin is its prediction's bin (by the
+    edges Algorithm 6 set) with probability p (binomial interval, LEVEL),
+    else a neighbour; the requests are the oracle's."""
+    p = 0.7
+    res, oracle = run_mbd(mb.BinConfusion(p)), run_mbd()
+    np.testing.assert_array_equal(res.requests.output, oracle.requests.output)
+    after = res.requests.start >= res.warmup_time        # served once the edges were set
+    lo, hi = res.edges[:-1], res.edges[1:]
+    pred = res.requests.pred[after]
+    true = np.clip(np.searchsorted(res.edges, pred, side="right") - 1, 0, 3)
+    got = res.requests.bin[after]
+    ok = (pred >= lo[0]) & (pred < hi[-1])
+    kept = np.mean(got[ok] == true[ok])
+    assert abs(kept - p) <= Z * np.sqrt(p * (1 - p) / ok.sum())
+    assert np.all(np.abs(got[ok] - true[ok]) <= 1)
+
+
+def test_multibin_dynamic_takes_the_users_predictions():
+    pred = np.where(np.arange(30_000) % 2 == 0, 10.0, 400.0)
+    res = run_mbd(mb.Predictions(pred))
+    np.testing.assert_array_equal(res.requests.pred, pred)
+    with pytest.raises(ValueError, match="not both"):
+        mb.simulate(mb.MultiBinDynamic(bins=4, predictor=mb.BinConfusion(0.5)), arrivals=mb.Poisson(rate=3.0),
+                    workload=mb.Workload(prompt=WL.prompt, output=WL.output, predictor_sigma=0.5), n=2000)

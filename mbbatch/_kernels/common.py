@@ -240,6 +240,59 @@ def predict(kind, sigma, values, i0, m, gen, true, out):
             out[j] = true[j]
 
 
+#: SplitMix64's increment and multipliers (Steele, Lea and Flood, "Fast splittable
+#: pseudorandom number generators", OOPSLA 2014)
+SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
+SPLITMIX_M1 = 0xBF58476D1CE4E5B9
+SPLITMIX_M2 = 0x94D049BB133111EB
+
+
+@njit(cache=CACHE, forceinline=True)
+def request_uniform(key, i):
+    """A uniform in [0, 1) that belongs to request ``i`` of a run: SplitMix64
+    at counter ``i + 1`` from ``key`` (a draw of the run's prediction
+    stream), so that it does not depend on when the request is looked at."""
+    z = np.uint64(key) + (np.uint64(i) + np.uint64(1)) * np.uint64(SPLITMIX_GAMMA)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(SPLITMIX_M1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(SPLITMIX_M2)
+    z = z ^ (z >> np.uint64(31))
+    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+def request_uniforms(key: int, i: np.ndarray) -> np.ndarray:
+    """:func:`request_uniform` for an array of request indices, in numpy
+    (the same uint64 arithmetic, so the same numbers)."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(key) + (i.astype(np.uint64) + np.uint64(1)) * np.uint64(SPLITMIX_GAMMA)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(SPLITMIX_M1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(SPLITMIX_M2)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=CACHE, forceinline=True)
+def confused_bin(b, u, p, k):
+    """Bin ``b`` kept when ``u < p`` (or with one bin), else moved to a
+    neighbour: either side alike where both exist, the one neighbour at an
+    end.  (:func:`confuse_bins` for one request.)"""
+    if u < p or k == 1:
+        return b
+    if b == 0:
+        return 1
+    if b == k - 1:
+        return k - 2
+    return b - 1 if (u - p) < 0.5 * (1.0 - p) else b + 1
+
+
+def confused_bins(b: np.ndarray, u: np.ndarray, p: float, k: int) -> np.ndarray:
+    """:func:`confused_bin` over arrays, in numpy."""
+    if k == 1:
+        return b
+    moved = u >= p
+    down = np.where(b == 0, 1, np.where(b == k - 1, k - 2, np.where((u - p) < 0.5 * (1.0 - p), b - 1, b + 1)))
+    return np.where(moved, down, b)
+
+
 @subroutine
 def confuse_bins(bins, m, k, p, gen):
     """Each of the first m bins kept with probability ``p``, else moved to a

@@ -29,8 +29,9 @@ import numpy as np
 from numba import njit
 
 from .common import (
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, SVC_UNIFORM, draw_arrivals, draw_block,
-    hist_bucket, kernel, random_standard_normal, round_lengths, step, subroutine,
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY,
+    SVC_UNIFORM, confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel,
+    random_standard_normal, request_uniform, request_uniforms, round_lengths, step, subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
@@ -62,9 +63,11 @@ UNCALIBRATED_TBT = 0.00574
 # controller's layouts (controller.SLA, controller.MEMORY)
 RUN = Layout("token run", ints=("n", "arrival_kind", "prompt_kind", "output_kind",
                                 "integer",          # round lengths up to whole tokens
-                                "keep_requests", "keep_batches"),
+                                "keep_requests", "keep_batches",
+                                "predictor"),       # common.PRED_*: what a request is binned by
              floats=("rate",                        # requests/s (Poisson; the first piecewise rate)
-                     "predictor_sigma"))            # log-normal predictor error; 0: oracle
+                     "predictor_sigma",             # log-normal predictor error; 0: oracle
+                     "predictor_p"))                # bin confusion: the true bin's probability
 POLICY = Layout("token policy", ints=("policy", "bins",
                                       "pin",        # static B, or the pinned b_target (0: not pinned)
                                       "max_candidates", "selection",
@@ -80,7 +83,7 @@ TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "mode
 #: and segment ends (the last one inf), each length's (loc, scale[, shape])
 #: or replayed values (tokens), and the per-bin batch limits (<= 0: none)
 INPUTS = Arrays("TokenInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
-                arrival_ends=np.float64, prompt_params=np.float64, prompt_values=np.float64,
+                arrival_ends=np.float64, predictions=np.float64, prompt_params=np.float64, prompt_values=np.float64,
                 output_params=np.float64, output_values=np.float64, bin_b_max=np.float64)
 TokenInputs = INPUTS.type
 TokenStreams = namedtuple("TokenStreams", ("arrival", "output", "prompt", "prediction"))
@@ -138,7 +141,8 @@ LOOP = Layout("loop state", ints=("i",         # next request to arrive
                                   "rr",        # round-robin pointer of Algorithm 5
                                   "ts_seen",   # batches offered to the time series
                                   "ts_stride",  # every ts_stride-th of them is kept
-                                  "pending"),  # 1: free servers form batches at `now` first
+                                  "pending",   # 1: free servers form batches at `now` first
+                                  "key"),      # the run's key of request_uniform (bin confusion)
               floats=("t",                     # the arrival clock, s
                       "now",                   # the time of the last event, s
                       "t_switch"))             # the ON/OFF process's next change of state, s
@@ -171,7 +175,7 @@ STOP_CHECK_BATCHES = 4096
 
 
 def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: np.ndarray, *, groups: int,
-        ts_rows: int):
+        ts_rows: int, key: int = 0):
     """Simulate the run ``config`` on ``inputs`` (:data:`INPUTS` ``.pack(...)``)
     with ``groups`` batch-means groups and a time series of ``ts_rows`` rows.
 
@@ -180,7 +184,8 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     per-request and per-batch records as ``{field: array}`` (None unless
     kept; :data:`REQUESTS` and :data:`BATCHES` name the fields).  Once
     ``stop[0]`` is set (the caller's Ctrl-C) the kernel returns early, its
-    outputs incomplete.
+    outputs incomplete.  ``key`` (a draw of the prediction stream) sets each
+    request's uniform of bin confusion.
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
     the buffers are then doubled here and it resumes where it stopped.
@@ -204,7 +209,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     requests = REQUESTS.records(n if rn["keep_requests"] else 0)
     batches = BATCHES.records(n if rn["keep_batches"] else 0)
     window = min(pol["warmup"], n)
-    loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0)
+    loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0, key=key)
     servers_i, servers_f = SERVERS.records(c, fill=0)
     ws = WORKSPACE.pack(q=np.empty((FIELDS.size, K, QUEUE_START)), qidx=np.empty((K, QUEUE_START), np.int64),
                         head=np.zeros(K, np.int64), size=np.zeros(K, np.int64), window=np.empty(max(window, 1)),
@@ -216,7 +221,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
             ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
         elif code == WARMUP_DONE:
             out.edges_lo[:], out.edges_hi[:] = equal_mass_edges(ws.window[:window], K)
-            _rebin(ws.q, ws.qidx, ws.head, ws.size, out.edges_lo, out.edges_hi)
+            confusion = rn["predictor"] == PRED_CONFUSION
+            _rebin(ws.q, ws.qidx, ws.head, ws.size, out.edges_lo, out.edges_hi, rn["predictor_p"] if confusion
+                   else 1.0, key)
         else:
             break
     return (out, REQUESTS.rows(requests) if rn["keep_requests"] else None,
@@ -242,14 +249,17 @@ def _grow(q, qidx, head, size):
     return {"q": new_q, "qidx": new_qidx}
 
 
-def _rebin(q, qidx, head, size, lo, hi):
+def _rebin(q, qidx, head, size, lo, hi, p=1.0, key=0):
     """The end of Algorithm 6's warm-up: bin 0's queue (every request so
     far; the other bins are empty) re-binned by each waiting request's own
-    prediction (Algorithm 4): no future is used.  No bin receives more than
-    the requests bin 0 held, so none overflows."""
+    prediction (Algorithm 4), confused with probability 1 - ``p``: no future
+    is used.  No bin receives more than the requests bin 0 held, so none
+    overflows."""
     j = _ring(head[0], size[0], qidx.shape[1])
     fields, index = q[:, 0, j], qidx[0, j]
     bins = partition_tiled_array(fields[Q.pred], lo, hi)
+    if p < 1.0:
+        bins = confused_bins(bins, request_uniforms(key, index), p, lo.shape[0])
     head[:] = 0
     for b in range(lo.shape[0]):
         mine = bins == b
@@ -264,7 +274,7 @@ def _rebin(q, qidx, head, size, lo, hi):
 def _draw_requests(i0, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_times, arrival_params, arrival_ends,
                    gen_arrival,
                    output_kind, output_params, output_values, gen_output, prompt_kind, prompt_params,
-                   prompt_values, gen_prompt, integer, sigma, gen_pred, blk):
+                   prompt_values, gen_prompt, integer, sigma, gen_pred, predictor, predictions, blk):
     """Step 1: requests i0 .. i0+m-1 into the rows of ``blk``, one stream at a
     time: arrival times, output and prompt lengths (whole tokens when
     ``integer``), predicted outputs (log-normal error ``sigma``).  Returns
@@ -284,6 +294,15 @@ def _draw_requests(i0, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_time
         for j in range(m):
             pred[j] = output[j] * math.exp(sigma * random_standard_normal(bits))
         round_lengths(pred, m, integer)
+    elif predictor == PRED_REPLAY:
+        size = predictions.shape[0]
+        r = i0 % size
+        for j in range(m):
+            pred[j] = predictions[r]
+            r += 1
+            if r == size:
+                r = 0
+        round_lengths(pred, m, integer)
     else:
         for j in range(m):
             pred[j] = output[j]
@@ -291,14 +310,17 @@ def _draw_requests(i0, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_time
 
 
 @step
-def _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask):
+def _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask, p, key):
     """Step 2b, one arrival: request i (column jj of the block) joins the
     FIFO of its bin (Algorithm 4), or of bin 0 during the warm-up, whose
-    window keeps its prediction.  Returns False, nothing done, when the ring
-    buffer is full."""
+    window keeps its prediction; with bin confusion (``p < 1``) the bin moves
+    to a neighbour with probability 1 - p.  Returns False, nothing done, when
+    the ring buffer is full."""
     pred = blk[Q.pred, jj]
     if binned:
         b = partition_tiled(pred, lo, hi, K) if K > 1 else 0
+        if p < 1.0:
+            b = confused_bin(b, request_uniform(key, i), p, K)
     else:
         b = 0
         window[i] = pred
@@ -542,6 +564,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     keep_batches = ri[R.keep_batches] != 0
     inv_rate = 1.0 / rf[R.rate] if rf[R.rate] > 0.0 else 0.0
     sigma = rf[R.predictor_sigma]
+    predictor = ri[R.predictor]
+    confusion_p = rf[R.predictor_p] if predictor == PRED_CONFUSION else 1.0
+    predictions = inputs.predictions
     pi = config.policy[0]
     policy = pi[P.policy]
     K = pi[P.bins]
@@ -604,6 +629,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     ts_seen = li[L.ts_seen]
     ts_stride = li[L.ts_stride]
     pending = li[L.pending] != 0
+    key = li[L.key]
     t = lf[L.t]
     now = lf[L.now]
     t_switch = lf[L.t_switch]
@@ -766,7 +792,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                                     inputs.output_params, inputs.output_values,
                                     streams.output, prompt_kind, inputs.prompt_params,
                                     inputs.prompt_values, streams.prompt, integer, sigma,
-                                    streams.prediction, blk)
+                                    streams.prediction, predictor, predictions, blk)
             if i == 0:
                 floats[S.first_arrival] = blk[Q.arrival, 0]
 
@@ -789,7 +815,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
             # one loop
             while True:
                 now = blk[Q.arrival, jj]
-                if not _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask):
+                if not _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
+                               key):
                     code = QUEUE_FULL
                     break
                 if keep:
@@ -862,7 +889,8 @@ def warmup() -> None:
     n = 16
     config = TokenConfig(
         run=RUN.pack(n=n, arrival_kind=ARR_POISSON, prompt_kind=SVC_UNIFORM, output_kind=SVC_UNIFORM, integer=1,
-                     keep_requests=1, keep_batches=1, rate=1.0, predictor_sigma=0.0),
+                     keep_requests=1, keep_batches=1, rate=1.0, predictor_sigma=0.0, predictor=PRED_ORACLE,
+                     predictor_p=1.0),
         policy=POLICY.pack(policy=POL_MB_DYNAMIC, bins=2, pin=0, max_candidates=4, selection=SEL_ROUND_ROBIN,
                            warmup=4, memory_on=1, servers=2),
         sla=SLA.pack(variant=0, d_sla=7.5e-3, eps_d=5e-5, b_min=1.0, b_max=4.0, alpha=4.0, delta=2.0,
@@ -870,6 +898,7 @@ def warmup() -> None:
         memory=MEMORY.pack(variant=0, eta=1e5, b_min=1.0, b_max=4.0, z=1.645, default_tokens=DEFAULT_TOKENS),
         model=MODEL.zeros(model=MODEL_DECODE, tbt_beta=5.74e-3, tbt_gamma=0.316))
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
+                         predictions=np.empty(0),
                          prompt_params=np.array([1.0, 9.0]), prompt_values=np.empty(0),
                          output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
     gen = np.random.default_rng(0)

@@ -177,8 +177,13 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
                         b_max=params["b_max"], variant=params["controller"])
     if kind == "dynamic":
         return DynamicBatching(controller=ctl, memory=mem), arr, request_side
+    p = params.get("predictor_p", 1.0)
+    if p < 1 and params.get("predictor_sigma", 0.0) > 0:
+        raise ValueError(f"predictor_sigma = {params['predictor_sigma']:g} and predictor_p = {p:g}: set one "
+                         "predictor, not both")
     return (MultiBinDynamic(bins=params["bins"], controller=ctl, memory=mem, selection=params["selection"],
-                            warmup=params["warmup"]), arr, request_side)
+                            warmup=params["warmup"], predictor=BinConfusion(p) if p < 1 else None), arr,
+            request_side)
 
 
 def check_points(spec) -> None:

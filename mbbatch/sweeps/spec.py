@@ -159,7 +159,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("output_sigma", workload=("tokens",)),
     # the predictor: not a workload parameter (cells that differ only in it see the same requests)
     _sp("predictor_sigma", _MB | _MBD, required=False),
-    _sp("predictor_p", _MB, required=False),
+    _sp("predictor_p", _MB | _MBD, required=False),
     _sp("d_sla", _TOK),
     _sp("eps_d", _TOK, required=False),
     _sp("b_min", _DYN, required=False),
