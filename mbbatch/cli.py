@@ -74,6 +74,8 @@ def _parser() -> argparse.ArgumentParser:
                          "sweep store; anything else at that path is refused)")
     sw.add_argument("--netcdf", default=None, help="also export the Dataset to this NetCDF file")
     sw.add_argument("--quiet", action="store_true", help="no progress output")
+    sw.add_argument("--skip-missing-traces", action="store_true",
+                    help="skip, with a note, the specs whose trace file is absent (what `make figures` does)")
 
     _simulate_parser(sub)
 
@@ -266,6 +268,7 @@ def _print_warnings(caught) -> None:
 def _dispatch(args) -> int:
     if args.command == "sweep":
         from .sweeps import run_sweep, run_sweeps
+        from .sweeps.spec import TraceNotFound, load_spec
 
         if args.out is not None and len(args.spec) > 1:
             raise ValueError(f"--out names one store, for one spec; got {len(args.spec)} specs: use --out-dir")
@@ -273,15 +276,25 @@ def _dispatch(args) -> int:
             raise ValueError("--netcdf goes with --out (one spec)")
         if args.rebuild_stale and args.out_dir is None:
             raise ValueError("--rebuild-stale goes with --out-dir")
+        specs = []
+        for path in args.spec:
+            try:
+                specs.append(load_spec(path))
+            except TraceNotFound as exc:
+                if not args.skip_missing_traces:
+                    raise
+                print(f"note: skipped {path}: {exc}", file=sys.stderr)
+        if not specs:
+            return 0
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 if args.out is not None:
-                    ds = run_sweep(args.spec[0], args.out, scheduler=args.scheduler, workers=args.workers,
+                    ds = run_sweep(specs[0], args.out, scheduler=args.scheduler, workers=args.workers,
                                    overwrite=args.overwrite, netcdf=args.netcdf, progress=not args.quiet)
                     done = [(ds, args.out)]
                 else:
-                    runs = run_sweeps(args.spec, args.out_dir, scheduler=args.scheduler, workers=args.workers,
+                    runs = run_sweeps(specs, args.out_dir, scheduler=args.scheduler, workers=args.workers,
                                       overwrite=args.overwrite, rebuild_stale=args.rebuild_stale,
                                       progress=not args.quiet)
                     done = [(ds, Path(args.out_dir) / f"{ds.attrs['name']}.zarr") for ds, _ in runs]
@@ -301,7 +314,12 @@ def _dispatch(args) -> int:
     elif args.command == "figures":
         from .figures import make_figures
 
-        for path in make_figures(Path(args.results), Path(args.out), only=args.only):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            paths = make_figures(Path(args.results), Path(args.out), only=args.only)
+        for w in caught:
+            print(f"note: {w.message}", file=sys.stderr)
+        for path in paths:
             print(path)
     elif args.command == "example":
         from .examples import figure_1b

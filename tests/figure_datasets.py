@@ -111,7 +111,8 @@ def _sweep(name, axes, cell, *, attrs, saturated=False, reps=REPS, seed=0):
         data[var] = (dims, x)
     data["unstable"] = (dims, unstable)
     data["done"] = (dims, np.ones(shape, bool))
-    coords = {n: np.asarray(v, dtype=float if n in ("rate", "servers", "mu", "max_wait") else int)
+    floats = ("rate", "servers", "mu", "max_wait", "cv", "predictor_sigma", "predictor_p")
+    coords = {n: np.asarray(v, dtype=float if n in floats else int)
               for n, v in axes.items()}
     coords["rep"] = np.arange(reps)
     ds = xr.Dataset(data, coords=coords)
@@ -138,8 +139,13 @@ def _uniform_cell(B=128, l_min=1.0, l_max=20.0, bins=None, servers=1.0):
 
 
 def _uniform_attrs(**extra):
-    return dict(batch_size=128, l_min=1.0, l_max=20.0, n=128000, service="uniform",
-                edges="equal_mass", **extra)
+    return {**dict(batch_size=128, l_min=1.0, l_max=20.0, n=128000, service="uniform", edges="equal_mass"),
+            **extra}
+
+
+def _trace_attrs(**extra):
+    return dict(batch_size=8, service="max", trace_file="AzureLLMInferenceTrace_conv.csv", base=0.0,
+                per_token=0.00574, edges="equal_mass", **extra)
 
 
 def _expon_cell(B=200, mu=0.1):
@@ -371,6 +377,21 @@ def write_results(path):
                         attrs=_uniform_attrs(servers=1.0), saturated=True),
         "servers": _sweep("servers", {"servers": [1.0, 2.0, 8.0, math.inf], "rate": rates},
                           _uniform_cell(bins=2), attrs=_uniform_attrs(bins=2)),
+        # the trace figures: synthetic closed forms stand in for the trace's
+        "fig6": _sweep("fig6", {"bins": [1, 2, 4], "rate": np.array([2.0, 5.0, 10.0, 20.0, 30.0, 40.0])},
+                       _uniform_cell(B=8, servers=8.0), attrs=_trace_attrs(servers=8.0, n=100000)),
+        "fig7": _sweep("fig7", {"bins": [1, 2, 4, 8, 16, 32]}, _uniform_cell(B=8), saturated=True,
+                       attrs=_trace_attrs(servers=1.0, n=200000)),
+        # realistic workloads
+        "predictor_error": _sweep("predictor_error", {"bins": [1, 2, 4, 8],
+                                                      "predictor_sigma": [0.0, 0.1, 0.3, 1.0]},
+                                  _uniform_cell(B=32), saturated=True,
+                                  attrs=_uniform_attrs(batch_size=32, servers=1.0)),
+        "bin_confusion": _sweep("bin_confusion", {"bins": [1, 2, 4, 8], "predictor_p": [1.0, 0.9, 0.7, 0.5]},
+                                _uniform_cell(B=32), saturated=True,
+                                attrs=_uniform_attrs(batch_size=32, servers=1.0)),
+        "bursty": _sweep("bursty", {"cv": [1.0, 2.0, 4.0], "bins": [1, 4], "rate": np.array([0.5, 1.0, 1.5, 2.0])},
+                         _uniform_cell(B=32), attrs=_uniform_attrs(batch_size=32, servers=1.0)),
     }
     for name, ds in dsets.items():
         ds.to_zarr(path / f"{name}.zarr", mode="w")

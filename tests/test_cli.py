@@ -169,3 +169,14 @@ def test_simulate_names_the_flag_of_a_bad_value():
                        "--output-sigma", "0.5"), "rate must be in (0, inf)")
     one_line_error(run("simulate", "--policy", "static", "--service-model", "decode", "--bins", "3",
                        "--batch-size", "4", "--n", "100"), "--bins", "does not apply")
+
+
+def test_sweep_skips_a_spec_whose_trace_is_absent_only_when_asked(tmp_path):
+    spec = tmp_path / "t.toml"
+    spec.write_text('name = "t"\npolicy = "multibin"\narrivals = "trace"\nreps = 1\nseed = 1\n'
+                    '[workload]\ntrace = "absent.csv"\n[params]\nn = 10\nbins = 2\nbatch_size = 2\n')
+    r = run_cli("sweep", str(spec), "--out-dir", str(tmp_path / "res"))
+    assert r.returncode == 2 and "no trace file 'absent.csv'" in r.stderr and "AzurePublicDataset" in r.stderr
+    r = run_cli("sweep", str(spec), "--out-dir", str(tmp_path / "res"), "--skip-missing-traces")
+    assert r.returncode == 0 and "note: skipped" in r.stderr, r.stderr
+    assert not (tmp_path / "res" / "t.zarr").exists()

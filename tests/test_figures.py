@@ -68,9 +68,11 @@ def test_unknown_figure_raises(results, tmp_path):
 
 
 def test_registry_holds_every_figure_under_its_own_name():
-    """A figure is found by its name: the function of that name in paper or experiments."""
+    """A figure is found by its name: the function of that name in paper, experiments or workloads."""
+    from mbbatch.figures import workloads
+
     defined = {}
-    for module in (paper, experiments):
+    for module in (paper, experiments, workloads):
         public = {n: f for n, f in inspect.getmembers(module, inspect.isfunction)
                   if f.__module__ == module.__name__ and not n.startswith("_")}
         assert sorted(module.__all__) == sorted(public), module.__name__
@@ -123,3 +125,16 @@ def test_package_imports_only_theory_and_itself():
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
+
+
+def test_figures_of_an_absent_trace_are_skipped_with_a_note(tmp_path):
+    """make figures without the trace: fig6 and fig7 are skipped (a warning
+    naming the file), the other figures' datasets are still required."""
+    from mbbatch.figures import TraceFigureSkipped, make_figures
+
+    with pytest.warns(TraceFigureSkipped, match="AzureLLMInferenceTrace_conv.csv"):
+        with pytest.raises(FileNotFoundError) as exc:
+            make_figures(tmp_path, tmp_path / "out")
+    assert "fig3" in str(exc.value) and "fig6" not in str(exc.value)
+    with pytest.raises(FileNotFoundError, match="fig6"):
+        make_figures(tmp_path, tmp_path / "out", only="fig6")     # asked for by name: an error

@@ -8,6 +8,7 @@ correct kernel passes a test with probability >= 99.75%.
 """
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -620,3 +621,28 @@ def test_convergence_time_is_a_result_of_the_controlled_policies():
     static = mb.simulate(mb.StaticBatching(8), mb.Poisson(4.0), workload=WL_BINS, n=2000, seed=3)
     with pytest.raises(AttributeError, match="convergence_time"):
         static.convergence_time
+
+
+# --- the paper's Figure 7 on real lengths: simulation against eq. (2) --------------------
+
+TRACE_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+
+
+@pytest.mark.skipif(not TRACE_FILE.exists(), reason="the Azure conversation trace is not in shared/data/ beside "
+                    "the checkout (download it from github.com/Azure/AzurePublicDataset)")
+@pytest.mark.parametrize("k", [1, 8, 32])
+def test_saturated_multibin_on_the_traces_lengths_meets_eq_2(k):
+    """MultiBin on the Azure conversation trace's output lengths (drawn
+    i.i.d.), saturated, B = 8: the throughput over 8 replications has a
+    99.9% t-interval containing B / E[t_service] of eq. (2) on the empirical
+    distribution, with the edges the simulation uses."""
+    trace = mb.traces.load_azure_trace(TRACE_FILE)
+    model = mb.MaxModel(base=0.0, per_token=0.00574)
+    wl = mb.Workload.from_trace(trace, resample=True)
+    thr = [mb.simulate(mb.MultiBin(bins=k, batch_size=8), mb.Saturated(), workload=wl, service_model=model,
+                       n=60_000, seed=s).throughput for s in range(8)]
+    lengths = trace.output_tokens.astype(float)
+    edges = np.maximum(np.ceil(np.quantile(lengths, np.linspace(0, 1, k + 1))), 1.0)
+    want = 8 / (0.00574 * theory.empirical_batch_service_time(lengths, edges, 8))
+    half = st.t.ppf(0.9995, 7) * np.std(thr, ddof=1) / np.sqrt(8)
+    assert abs(np.mean(thr) - want) <= half, (np.mean(thr), want, half)

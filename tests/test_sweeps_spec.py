@@ -208,8 +208,21 @@ def test_bad_specs_name_key_and_file(tmp_path, edit, key):
     assert not out.exists()
 
 
-def test_spec_files_of_the_project_are_valid():
+def test_spec_files_of_the_project_are_valid(monkeypatch):
+    """Every spec of sweeps/ is valid; one that replays a trace is valid with
+    the trace at hand, and without it names the file and where to get it."""
+    from mbbatch.sweeps.spec import TraceNotFound
+
+    from .conftest import SHARED_DATA
+
     for p in sorted((ROOT / "sweeps").glob("*.toml")):
+        monkeypatch.delenv("MBBATCH_DATA", raising=False)
+        if "[workload]" in p.read_text():
+            with pytest.raises(TraceNotFound, match="AzurePublicDataset"):
+                load_spec(p)
+            if not SHARED_DATA.is_dir():
+                continue
+            monkeypatch.setenv("MBBATCH_DATA", str(SHARED_DATA))
         spec = load_spec(p)
         assert spec.name == p.stem
 

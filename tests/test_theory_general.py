@@ -148,3 +148,24 @@ def test_batch_service_time_accepts_rounded_support_and_empty_bins():
     # edges beyond a bounded support
     assert batch_service_time(stats.uniform(1, 19), [0.0, 10.5, 30.0], 128) == pytest.approx(
         service_time(128, 1.0, 20.0, 2), rel=1e-10)
+
+
+# --- eq. (2) on an empirical distribution --------------------------------------------------
+
+def test_empirical_batch_service_time_is_the_mean_max_of_the_bins_draws():
+    """Brute force: every B-tuple of a small sample's values within each bin."""
+    import itertools
+
+    from mbbatch.theory import empirical_batch_service_time
+
+    rng = np.random.default_rng(0)
+    v = rng.integers(1, 20, 30).astype(float)
+    edges, B = [1.0, 7.5, 13.0, 19.0], 3
+    bins = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, 2)
+    want = sum((bins == i).mean() * np.mean([max(t) for t in itertools.product(v[bins == i], repeat=B)])
+               for i in range(3) if (bins == i).any())
+    assert empirical_batch_service_time(v, edges, B) == pytest.approx(want, rel=1e-12)
+    assert empirical_batch_service_time([1.0, 2.0], [1.0, 2.0], 2) == 1.75
+    assert empirical_batch_service_time(v, [v.min(), v.max()], 1) == pytest.approx(v.mean(), rel=1e-12)
+    with pytest.raises(ValueError, match="cover"):
+        empirical_batch_service_time(v, [2.0, 10.0], 2)

@@ -6,17 +6,22 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
 
 >>> from mbbatch.figures import FIGURES, make_figures
 >>> list(FIGURES)                                       # doctest: +NORMALIZE_WHITESPACE
-['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers',
- 'mb_only', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait']
+['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers', 'fig6', 'fig7',
+ 'mb_only', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait', 'predictor_gain',
+ 'bursty']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
 A figure's name is the name of the function that draws it:
 
 - :mod:`.paper`: the multi-bin paper's figures and its theorems' studies
-  (``fig1b`` to ``servers``);
+  (``fig1b`` to ``servers``), and its Figures 6 and 7 on a real trace's
+  output lengths (``fig6``, ``fig7``: drawn when the trace's datasets exist,
+  skipped with a message otherwise);
 - :mod:`.experiments`: the dynamic-batching experiments (i)-(v)
   (``mb_only`` to ``max_wait``);
+- :mod:`.workloads`: realistic workloads: the predictor's error
+  (``predictor_gain``) and bursty arrivals (``bursty``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -39,17 +44,22 @@ the PDF/PNG metadata that would carry a date or a version is dropped.
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
 import xarray as xr
 
-from . import experiments, paper
+from . import experiments, paper, workloads
 from .data import dataset_command, dataset_path, open_dataset
 from .style import house_style, save
 
-__all__ = ["FIGURES", "make_figures", "dataset_path", "dataset_command"]
+__all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "make_figures", "dataset_path", "dataset_command"]
+
+
+class TraceFigureSkipped(UserWarning):
+    """A figure whose dataset needs a trace file that is absent was skipped."""
 
 #: name -> (drawing function, datasets it reads), in drawing order.
 FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
@@ -60,12 +70,20 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("throughput_vs_k", (paper.throughput_vs_k, ["thm43"])),
     ("min_bins_vs_eps", (paper.min_bins_vs_eps, ["thm43"])),
     ("servers", (paper.servers, ["servers"])),
+    ("fig6", (paper.fig6, ["fig6"])),
+    ("fig7", (paper.fig7, ["fig7"])),
     ("mb_only", (experiments.mb_only, ["mb_only"])),
     ("dynamic_vs_static", (experiments.dynamic_vs_static, ["token_policies"])),
     ("controller_step", (experiments.controller_step, ["controller_step"])),
     ("mb_dynamic", (experiments.mb_dynamic, ["token_policies"])),
     ("max_wait", (experiments.max_wait, ["max_wait"])),
+    ("predictor_gain", (workloads.predictor_gain, ["predictor_error", "bin_confusion"])),
+    ("bursty", (workloads.bursty, ["bursty"])),
 ])
+
+
+#: figures whose datasets replay a trace, with the trace's file name
+TRACE_FIGURES = {"fig6": "AzureLLMInferenceTrace_conv.csv", "fig7": "AzureLLMInferenceTrace_conv.csv"}
 
 
 def make_figures(results_dir, out_dir, only=None) -> list[Path]:
@@ -107,6 +125,15 @@ def make_figures(results_dir, out_dir, only=None) -> list[Path]:
                              f"choose from: {', '.join(FIGURES)}")
         names = [n for n in FIGURES if n in wanted]
 
+    if only is None:
+        # the figures of a trace not at hand are skipped (their committed files stay)
+        absent = [n for n in names if n in TRACE_FIGURES
+                  and not all(dataset_path(results_dir, d).exists() for d in FIGURES[n][1])]
+        for n in absent:
+            warnings.warn(f"figure {n} skipped: its dataset needs the trace {TRACE_FIGURES[n]}, which was not "
+                          f"found (see the README's Real traces for where to download it)", TraceFigureSkipped,
+                          stacklevel=2)
+        names = [n for n in names if n not in absent]
     needed = list(OrderedDict.fromkeys(d for n in names for d in FIGURES[n][1]))
     missing = [d for d in needed if not dataset_path(results_dir, d).exists()]
     if missing:

@@ -183,6 +183,10 @@ def _service_label(ds) -> str:
         return f"Exp($\\mu$ = {float(a['mu']):g}/s) service"
     if a.get("service") == "uniform":
         return f"U({float(a['l_min']):g}, {float(a['l_max']):g}) s service"
+    if "trace_file" in a:
+        per = 1e3 * float(a.get("per_token", 1.0))
+        base = float(a.get("base", 0.0))
+        return (f"{a['trace_file']} output lengths, {base:g} s + {per:g} ms/token")
     return f"{a.get('service', '?')} service"
 
 

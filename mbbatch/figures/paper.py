@@ -22,7 +22,7 @@ from .data import closed_form_curve, constant, line, servers_label, setting, the
 from .style import (COLORS, MARKERS, log2_k_axis, log_ylim, new_figure, series_handles, sim_points,
                     style_handles, two_legends)
 
-__all__ = ["fig1b", "fig3", "fig4", "fig8", "throughput_vs_k", "min_bins_vs_eps", "servers"]
+__all__ = ["fig1b", "fig3", "fig4", "fig8", "throughput_vs_k", "min_bins_vs_eps", "servers", "fig6", "fig7"]
 
 _UNSTABLE_LABEL = "hollow: unstable cell"
 _UNSTABLE_CLIPPED = "hollow: unstable cell (on the top edge if off scale)"
@@ -334,3 +334,79 @@ def servers(data) -> Figure:
     conditions = setting(ds, servers=False)
     ax.set_title(f"Beyond the paper: shared FIFO with c servers, k = {k} bins\n{conditions}")
     return fig
+
+
+# --- the paper's Figures 6 and 7 on a real trace's lengths ---------------------------------
+
+
+def fig6(data) -> Figure:
+    """Paper Figure 6 on real lengths: throughput and mean latency vs arrival
+    rate for k = 1, 2, 4 (B = 8, 8 servers), the Azure conversation trace's
+    output lengths under the linear token-to-time model."""
+    ds = data["fig6"]
+    fig, (ax1, ax2) = new_figure(11.0, 4.4, ncols=2)
+    series = _throughput_panel(ax1, ds, bound=False)
+    ax1.set_title("throughput")
+    _latency_real(ax2, ds)
+    ax2.set_title("mean latency")
+    styles = style_handles(
+        ("sim", "simulation: mean $\\pm$ 95% CI"),
+        ("hollow", _UNSTABLE_LABEL),
+        ("-", "theory: min($\\lambda$, eq. (2) on the empirical lengths)"),
+        ("--", "saturated: 8 B / E[$t_{service}$], eq. (2)"),
+    )
+    two_legends(ax1, series, styles, loc1="upper left", loc2="lower right")
+    fig.suptitle("Paper Figure 6 on real output lengths: multi-bin batching\n" + setting(ds), fontsize=10)
+    return fig
+
+
+def _latency_real(ax, ds):
+    """Mean latency vs rate per k (no closed form: Lemma 5.1 assumes
+    infinitely many servers)."""
+    ks = [int(k) for k in ds["bins"].values]
+    rates = np.asarray(ds["rate"].values, dtype=float)
+    stable, sims = [], []
+    for k, c, m in zip(ks, COLORS, MARKERS):
+        mean = line(ds, "sim_mean_latency_mean", "rate", bins=k)
+        lo = line(ds, "sim_mean_latency_ci_low", "rate", bins=k)
+        hi = line(ds, "sim_mean_latency_ci_high", "rate", bins=k)
+        unst = line(ds, "unstable", "rate", bins=k)
+        stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
+        sims.append((mean, lo, hi, unst, c, m))
+        ax.plot(rates[~unst], mean[~unst], color=c, lw=0.8, zorder=2)
+    ax.set_yscale("log")
+    top = log_ylim(ax, stable, [])
+    for mean, lo, hi, unst, c, m in sims:
+        sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
+    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
+    ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
+
+
+def fig7(data) -> Figure:
+    """Paper Figure 7 counterpart: saturated throughput vs k up to 32 (B = 8,
+    one server) on the trace's output lengths, beside the exact eq. (2) on
+    their empirical distribution."""
+    ds = data["fig7"]
+    fig, (ax,) = new_figure(8.4, 4.6)
+    c = COLORS[0]
+    ks = np.asarray(ds["bins"].values, dtype=float)
+    ax.plot(ks, line(ds, "theory_throughput", "bins"), color=c, lw=1.1, marker=".", ms=3, zorder=2)
+    sim_points(ax, ks, line(ds, "sim_throughput_mean", "bins"), line(ds, "sim_throughput_ci_low", "bins"),
+               line(ds, "sim_throughput_ci_high", "bins"), line(ds, "unstable", "bins"), c, "o")
+    base = float(line(ds, "theory_throughput", "bins")[0])
+    top = float(line(ds, "theory_throughput", "bins")[-1])
+    ax.annotate(f"k = {int(ks[-1])}: +{100 * (top / base - 1):.0f}% over k = 1", xy=(ks[-1], top),
+                xytext=(ks[-1] / 8, top * 0.93), fontsize=8,
+                arrowprops=dict(arrowstyle="->", color="0.3", lw=0.8))
+    log2_k_axis(ax, int(ks[-1]))
+    ax.set_xlim(0.9, ks[-1] * 1.1)
+    ax.set_xlabel("number of bins k")
+    ax.set_ylabel(f"saturated throughput ({unit(ds, 'sim_throughput_mean')})")
+    ax.legend(handles=style_handles(
+        ("sim", "simulation (saturated): mean $\\pm$ 95% CI"),
+        ("-", "eq. (2) on the empirical lengths: B / E[$t_{service}$]"),
+    ), loc="lower right")
+    ax.set_title("Paper Figure 7 on real output lengths: saturated throughput vs number of bins\n"
+                 + setting(ds))
+    return fig
+

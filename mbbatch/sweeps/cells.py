@@ -150,7 +150,8 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
                              "defaults")
         else:
             model = SERVICE_MODELS[service]()
-        request_side = {"workload": Workload.from_trace(trace, predictor_sigma=params.get("predictor_sigma", 0.0)
+        request_side = {"workload": Workload.from_trace(trace, resample=params["trace"]["resample"],
+                                                        predictor_sigma=params.get("predictor_sigma", 0.0)
                                                         if kind == "multibin_dynamic" else 0.0),
                         "service_model": model}
     else:
@@ -285,12 +286,40 @@ def _mean_rate(arrivals: str, params: dict):
     return None
 
 
+def _trace_theory(arrivals: str, params: dict) -> dict:
+    """Closed forms of MultiBin on a trace's output lengths drawn i.i.d. (the
+    Empirical resample) under the max model: eq. (2) on the empirical
+    distribution, with the edges the simulation uses (equal-mass quantiles
+    of the lengths, rounded up to whole tokens)."""
+    nan = math.nan
+    if params["max_wait"] < math.inf:
+        return {"theory_mean_batch_service": nan, "theory_service_rate": nan, "capacity": nan,
+                "theory_throughput_bound": nan, "theory_throughput": nan, "theory_latency": nan,
+                "unstable": False}
+    B, k, servers = params["batch_size"], params["bins"], params["servers"]
+    lengths = trace_of(params).output_tokens.astype(float)
+    edges = np.maximum(np.ceil(np.quantile(lengths, np.linspace(0.0, 1.0, k + 1))), 1.0)
+    es = params["base"] + params["per_token"] * theory.empirical_batch_service_time(lengths, edges, B)
+    rate_s = servers * B / es if servers != math.inf else math.inf
+    mean_one = params["base"] + params["per_token"] * float(lengths.mean())
+    out = {"theory_mean_batch_service": es, "theory_service_rate": rate_s,
+           "capacity": servers * B / mean_one if servers != math.inf else math.inf,
+           "theory_throughput_bound": nan, "theory_throughput": rate_s, "theory_latency": nan}
+    lam = _mean_rate(arrivals, params)
+    if lam is not None:
+        out["theory_throughput"] = min(lam, rate_s)
+    out["unstable"] = bool(lam is not None and lam >= rate_s)
+    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}
+
+
 def point_theory(arrivals: str, service: str, params: dict) -> dict:
     """Closed-form predictions at one grid point (NaN where none applies).
 
     The multi-bin closed forms assume the paper's workload and batches of
     exactly B: with a finite ``max_wait`` they are left NaN, and the token
     policies have none."""
+    if params["kind"] == "multibin" and params.get("trace", {}).get("resample") and service == "max":
+        return _trace_theory(arrivals, params)
     if params["kind"] != "multibin" or service not in ("uniform", "expon"):
         return {"unstable": False}
     if params["max_wait"] < math.inf:

@@ -71,12 +71,16 @@ from .._validation import check
 from ..metrics import CONTROLLED, KINDS, TOKEN
 from ..params import PARAMS as TABLE
 
-__all__ = ["SpecError", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
+__all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
            "parse_spec", "spec_from_dict"]
 
 
 class SpecError(ValueError):
     """A sweep spec is invalid; the message names the file and the key."""
+
+
+class TraceNotFound(SpecError):
+    """A spec's [workload] trace file is not where the spec looks for it."""
 
 
 # the settings a parameter applies under: a policy kind, an arrival process,
@@ -193,8 +197,9 @@ _TOP = {
     "reps": "replications per grid point, an integer >= 1",
     "seed": "root seed, a non-negative integer",
     "params": "table of fixed parameter values",
-    "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\" "
-                "and the loader's filters (drop_failed, window, model, log_type)",
+    "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\", "
+                "resample = true (lengths drawn from the trace's) or false (replayed in order) and the "
+                "loader's filters (drop_failed, window, model, log_type)",
     "grid": "table of axes: parameter = [values]",
 }
 _ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step", "trace")
@@ -203,7 +208,7 @@ TRACE_SOURCES = {"azure": "https://github.com/Azure/AzurePublicDataset (data/Azu
                  "burstgpt": "https://github.com/HPMLL/BurstGPT (the releases' BurstGPT_*.csv)"}
 #: the environment variable naming a folder of traces, searched after the spec's folder
 DATA_DIR_ENV = "MBBATCH_DATA"
-_TRACE_KEYS = {"trace", "format", "drop_failed", "window", "model", "log_type"}
+_TRACE_KEYS = {"trace", "format", "resample", "drop_failed", "window", "model", "log_type"}
 _SERVICES = ("uniform", "expon")
 _VARIANT_KEYS = {"kind", "seed"}
 
@@ -580,6 +585,10 @@ def _trace_table(raw: dict, source: str) -> dict | None:
     if fmt not in TRACE_SOURCES:
         raise SpecError(f"{where}: format must be one of {sorted(TRACE_SOURCES)}; got {fmt!r}")
     filters = {k: table[k] for k in ("drop_failed", "window", "model", "log_type") if k in table}
+    resample = table.get("resample", False)
+    if not isinstance(resample, bool):
+        raise SpecError(f"{where}: resample must be true (each request's lengths drawn from the trace's) or "
+                        f"false (replayed in the trace's order); got {resample!r}")
     if fmt == "azure" and ({"model", "log_type"} & set(filters)):
         raise SpecError(f"{where}: model and log_type filter BurstGPT traces, not the Azure format")
     given = Path(table["trace"]).expanduser()
@@ -590,9 +599,10 @@ def _trace_table(raw: dict, source: str) -> dict | None:
     found = next((c for c in candidates if c.is_file()), None)
     if found is None:
         looked = ", ".join(str(c) for c in candidates)
-        raise SpecError(f"{where}: no trace file {table['trace']!r} (looked for {looked}); download it from "
-                        f"{TRACE_SOURCES[fmt]} and put it there, or set ${DATA_DIR_ENV} to its folder")
-    return {"trace": table["trace"], "format": fmt, "filters": filters, "path": str(found.resolve())}
+        raise TraceNotFound(f"{where}: no trace file {table['trace']!r} (looked for {looked}); download it "
+                            f"from {TRACE_SOURCES[fmt]} and put it there, or set ${DATA_DIR_ENV} to its folder")
+    return {"trace": table["trace"], "format": fmt, "resample": resample, "filters": filters,
+            "path": str(found.resolve())}
 
 
 def _values(spec: SweepSpec, key: str) -> list:

@@ -24,7 +24,7 @@ from .exponential import (
     exponential_throughput_bound,
     harmonic_number,
 )
-from .general import batch_service_time, optimal_boundaries
+from .general import batch_service_time, empirical_batch_service_time, optimal_boundaries
 from .uniform import (
     capacity,
     latency,
@@ -35,6 +35,7 @@ from .uniform import (
 )
 
 __all__ = [
+    "empirical_batch_service_time",
     "service_time",
     "throughput",
     "capacity",

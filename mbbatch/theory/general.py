@@ -29,7 +29,7 @@ from scipy import integrate, optimize, stats
 
 from .._validation import check_count
 
-__all__ = ["batch_service_time", "optimal_boundaries"]
+__all__ = ["batch_service_time", "empirical_batch_service_time", "optimal_boundaries"]
 
 _EPS = np.finfo(float).eps
 
@@ -293,6 +293,57 @@ def batch_service_time(dist, edges, B):
     for idx, b in np.ndenumerate(B):
         out[idx] = _batch_service_time_scalar(dist, e, support, int(b))
     return out
+
+
+def empirical_batch_service_time(values, edges, B):
+    r"""Exact expected batch service time when service times are drawn
+    uniformly from ``values`` (an empirical distribution, a trace's column).
+
+    Eq. (2) of the multi-bin batching paper for a discrete distribution: bin
+    ``i`` holds the values with ``e_i <= v < e_{i+1}`` (the last bin closed
+    above), with mass ``p_i``, and the mean of the largest of ``B`` draws
+    from it is ``sum_v v (F_i(v)^B - F_i(v^-)^B)``, ``F_i`` the bin's
+    conditional CDF over its distinct values::
+
+        E[t_service] = sum_i p_i E[max_{j<=B} x_j | bin = i].
+
+    Parameters
+    ----------
+    values : array_like of float
+        The observed service times (at least one, finite); repeats weigh.
+    edges : array_like, shape (k + 1,)
+        Non-decreasing decision boundaries covering the values
+        (``e_0 <= min``, ``e_k >= max``).
+    B : int
+        Batch size, ``B >= 1``.
+
+    Examples
+    --------
+    >>> round(empirical_batch_service_time([1.0, 2.0], [1.0, 2.0], 2), 6)   # max of two fair draws
+    1.75
+    """
+    v = np.sort(np.asarray(values, dtype=float).ravel())
+    if v.size == 0 or not np.all(np.isfinite(v)):
+        raise ValueError("values must hold at least one finite value")
+    e = np.asarray(edges, dtype=float)
+    if e.ndim != 1 or e.size < 2 or np.any(np.isnan(e)) or np.any(np.diff(e) < 0):
+        raise ValueError(f"edges must be a non-decreasing 1-D array of at least 2 values; got {edges!r}")
+    if e[0] > v[0] or e[-1] < v[-1]:
+        raise ValueError(f"edges must cover the values [{v[0]:g}, {v[-1]:g}]; got [{e[0]:g}, {e[-1]:g}]")
+    B = int(check_count("B", B))
+    k = e.size - 1
+    # bin of each value: e_i <= v < e_{i+1}, the last bin closed above
+    b = np.clip(np.searchsorted(e, v, side="right") - 1, 0, k - 1)
+    total = 0.0
+    for i in range(k):
+        x = v[b == i]
+        if x.size == 0:
+            continue
+        u, counts = np.unique(x, return_counts=True)
+        cdf = np.cumsum(counts) / x.size
+        prev = np.concatenate(([0.0], cdf[:-1]))
+        total += (x.size / v.size) * float(np.sum(u * (cdf ** B - prev ** B)))
+    return total
 
 
 # --------------------------------------------------------------------------
