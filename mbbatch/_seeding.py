@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["STREAM_ARRIVALS", "STREAM_SERVICE", "STREAM_PROMPT", "STREAM_PREDICTION", "as_seed_sequence",
+__all__ = ["STREAM_ARRIVALS", "STREAM_SERVICE", "STREAM_PROMPT", "STREAM_PREDICTION", "STREAM_PRESAMPLE",
+           "as_seed_sequence",
            "stream"]
 
 #: the arrival gaps
@@ -22,6 +23,9 @@ STREAM_SERVICE = 1
 STREAM_PROMPT = 2
 #: the output-length predictor's errors
 STREAM_PREDICTION = 3
+#: the pre-sample of predicted lengths that sets multi-bin dynamic batching's
+#: edges before a run (``bin_edges="presample"``)
+STREAM_PRESAMPLE = 4
 
 #: The bit generator of every stream.  PCG64DXSM is numpy's recommended
 #: successor to PCG64 (stronger mixing for many parallel streams) and is also

@@ -195,6 +195,11 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default=1000),
     _p("bin_b_max", "counts", "requests", "per-bin batch size limits (Algorithm 1, step 5)", _COUNT,
        default=None),
+    # seed 001, section 7: "pre-sample predicted lengths from workload"; optimal: theory.optimal_boundaries
+    _p("bin_edges", "choice", "",
+       "multi-bin dynamic batching's bin edges: equal mass of the warm-up window's predictions (Algorithm 6), "
+       "of a pre-sample of the workload drawn before the run, or the edges minimising eq. (2) at B = b_max",
+       default="warmup", choices=("warmup", "presample", "optimal")),
     _p("selection", "choice", "", "bin selection of Algorithm 5", default="round_robin",
        choices=("round_robin", "longest_queue")),
     # --- batch service models -----------------------------------------------------------

@@ -186,6 +186,14 @@ class MultiBinDynamic(DynamicBatching):
         The output-length predictor Algorithms 4 and 6 read
         (:mod:`mbbatch.predictors`); default the oracle, or the workload's
         ``predictor_sigma``.
+    bin_edges : {"warmup", "presample", "optimal"}
+        Where the edges come from: Algorithm 6 on the first ``warmup``
+        requests' predictions, every request waiting in bin 0 until then
+        (default); Algorithm 6 on ``warmup`` predicted lengths pre-sampled
+        from the workload before the run (seed 001, section 7), binning from
+        the first request; or :func:`mbbatch.theory.optimal_boundaries` on
+        the output-length distribution at ``B = b_max`` (a distribution, not
+        an array), floored as Algorithm 6 floors its quantiles.
     controller, memory, max_candidates, pin
         As for :class:`DynamicBatching`.
     """
@@ -195,10 +203,11 @@ class MultiBinDynamic(DynamicBatching):
     warmup: int = default("warmup")
     bin_b_max: Optional[tuple] = None
     predictor: object = None
+    bin_edges: str = default("bin_edges")
 
     def __post_init__(self):
         super().__post_init__()
-        check_fields(self, {"bins": "bins", "selection": "selection"})
+        check_fields(self, {"bins": "bins", "selection": "selection", "bin_edges": "bin_edges"})
         object.__setattr__(self, "predictor", as_predictor(self.predictor))
         object.__setattr__(self, "warmup", check("warmup", self.warmup))
         if self.warmup < self.bins:
@@ -212,6 +221,8 @@ class MultiBinDynamic(DynamicBatching):
     def describe(self) -> dict:
         d = super().describe()
         d.update(policy="multibin_dynamic", bins=self.bins, selection=self.selection, warmup=self.warmup)
+        if self.bin_edges != "warmup":
+            d["bin_edges"] = self.bin_edges
         if not isinstance(self.predictor, Oracle):
             d.update(self.predictor.describe())
         return d

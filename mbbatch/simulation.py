@@ -28,7 +28,8 @@ from ._kernels import controller as _c
 from ._kernels import dynamic as _d
 from ._kernels import multibin as _k
 from ._running import check_clock, check_memory, interruptible, stop_flag
-from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence,
+from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STREAM_PROMPT, STREAM_SERVICE,
+                       as_seed_sequence,
                        entropy_str, stream)
 from ._validation import check_servers, resolve_n
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
@@ -501,6 +502,11 @@ class _TokenPlan:
         return _run_tokens(self, ss, warn)
 
     @functools.cached_property
+    def optimal_edges(self) -> tuple:
+        """The edges of ``bin_edges="optimal"`` (computed once per plan)."""
+        return _optimal_edges(self.policy, self.workload)
+
+    @functools.cached_property
     def kernel_args(self) -> tuple:
         """The kernel's run configuration and inputs (read-only: every run of
         the plan shares them)."""
@@ -601,7 +607,9 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
             max_candidates=b_max if static else (policy.max_candidates or sla.b_max),
             selection=(_d.SEL_LONGEST_QUEUE if multibin and policy.selection == "longest_queue"
                        else _d.SEL_ROUND_ROBIN),
-            warmup=policy.warmup if multibin else 1, memory_on=mem.enabled and not static,
+            # (edges set before the run: no warm-up)
+            warmup=(policy.warmup if policy.bin_edges == "warmup" else 0) if multibin else 1,
+            memory_on=mem.enabled and not static,
             # more servers than requests are never all busy: the kernel needs at most n
             servers=min(plan.servers, n)),
         sla=_c.SLA.pack(variant=_c.CTL_VARIANT_SPEC if sla.variant == "spec" else _c.CTL_VARIANT_MULTIPLICATIVE,
@@ -640,6 +648,56 @@ def _per_bin(completed: np.ndarray, latency: np.ndarray, span: float) -> dict:
                 "bin_completed": completed}
 
 
+def _presample(plan, gen: np.random.Generator) -> np.ndarray:
+    """``warmup`` predicted output lengths drawn from the workload before the
+    run (seed 001, section 7): lengths from the output distribution (or
+    resampled from its values), then the predictor's error, whole tokens."""
+    spec, m = plan.workload._output, plan.policy.warmup
+    if spec.dist is not None:
+        x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
+    else:
+        x = gen.choice(spec.values, size=m)
+    pred = plan.predictor
+    if isinstance(pred, LogNormalError):
+        x = x * np.exp(pred.sigma * gen.standard_normal(m))
+    elif isinstance(pred, Predictions):
+        x = gen.choice(pred.values, size=m)
+    if plan.workload.integer_lengths:
+        x = np.maximum(np.ceil(x), 1.0)
+    return x
+
+
+def _preset_edges(plan, ss):
+    """Multi-bin dynamic batching's edges set before the run, ``(lo, hi)``,
+    or None (Algorithm 6 at the end of the warm-up)."""
+    policy = plan.policy
+    if not isinstance(policy, MultiBinDynamic) or policy.bin_edges == "warmup":
+        return None
+    if policy.bin_edges == "presample":
+        return _c.equal_mass_edges(_presample(plan, stream(ss, STREAM_PRESAMPLE)), policy.bins)
+    return plan.optimal_edges
+
+
+def _optimal_edges(policy, workload) -> tuple:
+    """theory.optimal_boundaries on the output-length distribution at B =
+    b_max, floored and tiled like Algorithm 6's edges."""
+    from . import theory
+
+    if workload._output.dist is None:
+        raise ValueError("bin_edges=\"optimal\" needs the output lengths as a distribution (eq. (2) on it); "
+                         "got replayed values: use \"presample\" or \"warmup\"")
+    K = policy.bins
+    if K == 1:
+        return np.zeros(1), np.full(1, _c.EDGE_MAX)
+    e = np.floor(np.asarray(theory.optimal_boundaries(workload._output.dist, policy.controller.b_max, K),
+                            dtype=float))
+    hi = e[1:].copy()
+    hi[-1] = _c.EDGE_MAX
+    lo = e[:-1].copy()
+    lo[0] = 0.0
+    return lo, hi
+
+
 def _kind(policy) -> str:
     if isinstance(policy, StaticBatching):
         return "static"
@@ -663,8 +721,9 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     t0 = time.perf_counter()
     # bin confusion: each request's uniform from a key drawn on the prediction stream
     key = int(streams.prediction.integers(0, 2 ** 63)) if isinstance(plan.predictor, BinConfusion) else 0
+    edges = _preset_edges(plan, ss)
     out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS,
-                                                 key=key), stop)
+                                                 key=key, edges=edges), stop)
     kernel_seconds = time.perf_counter() - t0
     st = _d.STATS.unpack((out.ints, out.floats))
 

@@ -646,3 +646,32 @@ def test_saturated_multibin_on_the_traces_lengths_meets_eq_2(k):
     want = 8 / (0.00574 * theory.empirical_batch_service_time(lengths, edges, 8))
     half = st.t.ppf(0.9995, 7) * np.std(thr, ddof=1) / np.sqrt(8)
     assert abs(np.mean(thr) - want) <= half, (np.mean(thr), want, half)
+
+
+# --- multi-bin dynamic batching's bin edges ------------------------------------------------
+
+@pytest.mark.parametrize("rule", ["presample", "optimal"])
+def test_bin_edges_set_before_the_run(rule):
+    """presample: Algorithm 6 on `warmup` predicted lengths drawn before the
+    run from the workload (stream 4 of the seed); optimal: eq. (2)'s
+    minimising edges at B = b_max, floored.  Binning starts with the first
+    request; the requests are those of the warm-up rule."""
+    from mbbatch._kernels.controller import EDGE_MAX, equal_mass_edges
+    from mbbatch._seeding import STREAM_PRESAMPLE, stream
+
+    wl = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128))
+    kw = dict(arrivals=mb.Poisson(3.0), workload=wl, n=20_000, seed=2, keep_requests=True)
+    res = mb.simulate(mb.MultiBinDynamic(bins=4, warmup=500, bin_edges=rule), **kw)
+    base = mb.simulate(mb.MultiBinDynamic(bins=4, warmup=500), **kw)
+    np.testing.assert_array_equal(res.requests.output, base.requests.output)
+    assert res.warmup_time == 0.0
+    if rule == "presample":
+        gen = stream(np.random.SeedSequence(2), STREAM_PRESAMPLE)
+        x = np.maximum(np.ceil(wl.output.rvs(size=500, random_state=gen)), 1.0)
+        lo, hi = equal_mass_edges(x, 4)
+    else:
+        e = np.floor(theory.optimal_boundaries(wl.output, 256, 4))
+        lo, hi = np.r_[0.0, e[1:-1]], np.r_[e[1:-1], EDGE_MAX]
+    np.testing.assert_array_equal(res.edges, np.append(lo, hi[-1]))
+    with pytest.raises(ValueError, match="bin_edges"):
+        mb.MultiBinDynamic(bin_edges="median")

@@ -175,7 +175,7 @@ STOP_CHECK_BATCHES = 4096
 
 
 def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: np.ndarray, *, groups: int,
-        ts_rows: int, key: int = 0):
+        ts_rows: int, key: int = 0, edges=None):
     """Simulate the run ``config`` on ``inputs`` (:data:`INPUTS` ``.pack(...)``)
     with ``groups`` batch-means groups and a time series of ``ts_rows`` rows.
 
@@ -185,7 +185,8 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     kept; :data:`REQUESTS` and :data:`BATCHES` name the fields).  Once
     ``stop[0]`` is set (the caller's Ctrl-C) the kernel returns early, its
     outputs incomplete.  ``key`` (a draw of the prediction stream) sets each
-    request's uniform of bin confusion.
+    request's uniform of bin confusion.  ``edges``, ``(lo, hi)``, sets the
+    bins before the run (with a warm-up of 0 in ``config``).
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
     the buffers are then doubled here and it resumes where it stopped.
@@ -206,6 +207,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                        edges_lo=np.zeros(K), edges_hi=np.full(K, EDGE_MAX), group_latency=np.zeros(groups),
                        group_count=np.zeros(groups, np.int64), bin_completed=np.zeros(K, np.int64),
                        bin_latency=np.zeros(K))
+    if edges is not None:
+        out.edges_lo[:], out.edges_hi[:] = edges
+        floats[S.warmup_time] = 0.0
     requests = REQUESTS.records(n if rn["keep_requests"] else 0)
     batches = BATCHES.records(n if rn["keep_batches"] else 0)
     window = min(pol["warmup"], n)

@@ -183,7 +183,8 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
         raise ValueError(f"predictor_sigma = {params['predictor_sigma']:g} and predictor_p = {p:g}: set one "
                          "predictor, not both")
     return (MultiBinDynamic(bins=params["bins"], controller=ctl, memory=mem, selection=params["selection"],
-                            warmup=params["warmup"], predictor=BinConfusion(p) if p < 1 else None), arr,
+                            warmup=params["warmup"], predictor=BinConfusion(p) if p < 1 else None,
+                            bin_edges=params["bin_edges"]), arr,
             request_side)
 
 

@@ -173,6 +173,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("eta", _TOK),
     _sp("eps_m", _DYN, required=False),
     _sp("selection", _MBD, required=False),
+    _sp("bin_edges", _MBD, required=False),
     _sp("warmup", _MBD, required=False),
     _sp("n"),
     _sp("servers", required=False),
