@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 MBBATCH := $(VENV)/bin/mbbatch
 STAMP := $(VENV)/.installed
 RESULTS := results
+# matplotlib's font cache, per checkout: a cache shared with another install can point its
+# fonts elsewhere (or at the system's copies), and the figures' bytes then differ
+export MPLCONFIGDIR := $(CURDIR)/$(VENV)/mplconfig
 # where specs that replay a trace look for it (beside them, then here): data/ in the
 # checkout, else shared/data beside it (where the tests look too); unset, such specs are
 # skipped with a note and their committed figures stay

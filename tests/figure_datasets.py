@@ -362,6 +362,30 @@ def write_token_results(path):
     return path
 
 
+def _trace_replay(reps=2):
+    """A trace replay through several policies: throughput follows the
+    replay's rate up to each policy's own limit."""
+    import json
+
+    names = ["multibin1", "static8", "dynamic"]
+    scales = np.array([0.5, 1.0, 2.0, 4.0])
+    rate = 5.5 * scales
+    limits = np.array([12.0, 12.5, 30.0])
+    thr = np.minimum(rate[None, :], limits[:, None])
+    unstable = rate[None, :] > limits[:, None]
+    p95 = np.where(unstable, 600.0, 4.0 + scales[None, :])[..., None] * (1 + 0.01 * np.arange(reps))
+    ds = xr.Dataset({"sim_throughput_mean": (("policy", "scale"), thr),
+                     "sim_latency_p95": (("policy", "scale", "rep"), p95),
+                     "unstable": (("policy", "scale"), unstable), "done": (("policy", "scale"), np.ones(thr.shape, bool))},
+                    coords={"policy": names, "scale": scales, "rep": np.arange(reps)})
+    for var in ds.data_vars:
+        ds[var].attrs.update(_attrs(var))
+    ds.attrs.update(name="trace_replay", reps=reps, servers=4, per_token=0.00574, trace_file="AzureLLMInferenceTrace_conv.csv",
+                    trace_requests=19366, trace_span_s=3501.7, arrivals="trace",
+                    **{f"policy_{n}": json.dumps({"kind": k}) for n, k in zip(names, ["multibin", "static", "dynamic"])})
+    return ds
+
+
 def write_results(path):
     path.mkdir(parents=True, exist_ok=True)
     rates = np.array([1.0, 2.5, 4.0, 5.5, 7.0, 8.0, 9.0, 10.0, 11.0, 12.5, 14.0])
@@ -393,6 +417,9 @@ def write_results(path):
         "bursty": _sweep("bursty", {"cv": [1.0, 2.0, 4.0], "bins": [1, 4], "rate": np.array([0.5, 1.0, 1.5, 2.0])},
                          _uniform_cell(B=32), attrs=_uniform_attrs(batch_size=32, servers=1.0)),
     }
+    dsets["mb_only_load"] = _sweep("mb_only_load", {"bins": [1, 2, 4, 8], "rate": np.array([0.5, 1.0, 2.0, 3.0])},
+                                   _uniform_cell(B=32), attrs=_uniform_attrs(batch_size=32, servers=1.0))
+    dsets["trace_replay"] = _trace_replay()
     for name, ds in dsets.items():
         ds.to_zarr(path / f"{name}.zarr", mode="w")
     _fig1b().to_netcdf(path / "fig1b.nc")

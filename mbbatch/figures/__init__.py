@@ -7,8 +7,8 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
 >>> from mbbatch.figures import FIGURES, make_figures
 >>> list(FIGURES)                                       # doctest: +NORMALIZE_WHITESPACE
 ['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers', 'fig6', 'fig7',
- 'mb_only', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait', 'predictor_gain',
- 'bursty']
+ 'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
+ 'predictor_gain', 'bursty', 'trace_replay']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -73,17 +73,20 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("fig6", (paper.fig6, ["fig6"])),
     ("fig7", (paper.fig7, ["fig7"])),
     ("mb_only", (experiments.mb_only, ["mb_only"])),
+    ("mb_only_load", (experiments.mb_only_load, ["mb_only_load"])),
     ("dynamic_vs_static", (experiments.dynamic_vs_static, ["token_policies"])),
     ("controller_step", (experiments.controller_step, ["controller_step"])),
     ("mb_dynamic", (experiments.mb_dynamic, ["token_policies"])),
     ("max_wait", (experiments.max_wait, ["max_wait"])),
     ("predictor_gain", (workloads.predictor_gain, ["predictor_error", "bin_confusion"])),
     ("bursty", (workloads.bursty, ["bursty"])),
+    ("trace_replay", (workloads.trace_replay, ["trace_replay"])),
 ])
 
 
 #: figures whose datasets replay a trace, with the trace's file name
-TRACE_FIGURES = {"fig6": "AzureLLMInferenceTrace_conv.csv", "fig7": "AzureLLMInferenceTrace_conv.csv"}
+TRACE_FIGURES = {"fig6": "AzureLLMInferenceTrace_conv.csv", "fig7": "AzureLLMInferenceTrace_conv.csv",
+                 "trace_replay": "AzureLLMInferenceTrace_conv.csv"}
 
 
 def make_figures(results_dir, out_dir, only=None) -> list[Path]:

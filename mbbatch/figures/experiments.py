@@ -23,10 +23,11 @@ from matplotlib.ticker import FixedFormatter, FixedLocator, FormatStrFormatter, 
 from .analysis import OVERLOAD, over_reps, overloaded, phases, replication_ci, settling_times
 from .data import (closed_form_curve, constant, controller_series, line, per_rep, setting, theorem_4_2_vs_k,
                    token_setting, unit, variants)
+from .panels import latency_panel, throughput_panel
 from .style import (COLORS, MARKERS, log2_k_axis, log_ylim, new_figure, series_handles, sim_points,
-                    style_handles)
+                    style_handles, two_legends)
 
-__all__ = ["mb_only", "dynamic_vs_static", "controller_step", "mb_dynamic", "max_wait"]
+__all__ = ["mb_only", "mb_only_load", "dynamic_vs_static", "controller_step", "mb_dynamic", "max_wait"]
 
 _UNSTABLE_TOKEN_LABEL = ("hollow: unstable cell, or overloaded "
                          f"(throughput < {OVERLOAD:g} $\\lambda$)")
@@ -401,3 +402,22 @@ def max_wait(data) -> Figure:
     fig.suptitle("Experiment (v) max_wait: partial multi-bin batches leave once their oldest "
                  f"request waited max_wait, k = {k} bins\n" + setting(ds), fontsize=9.5)
     return fig
+
+
+def mb_only_load(data) -> Figure:
+    """Experiment (i) as the specification words it: Poisson arrivals,
+    K = 1, 2, 4, 8, fixed B; throughput (with min(lambda, Theorem 4.2)) and
+    mean latency (with Lemma 5.1, a lower bound for one server) vs rate."""
+    ds = data["mb_only_load"]
+    fig, (ax1, ax2) = new_figure(11.0, 4.6, ncols=2)
+    series = throughput_panel(ax1, ds, bound=False)
+    ax1.set_title("throughput")
+    latency_panel(ax2, ds, label=lambda v: f"K = {int(v)}")
+    ax2.set_title("mean latency")
+    styles = style_handles(("sim", "simulation: mean $\\pm$ 95% CI"), ("hollow", "hollow: unstable cell"),
+                           ("-", "left: min($\\lambda$, Theorem 4.2); right: Lemma 5.1 (lower bound)"),
+                           ("--", "Theorem 4.2: saturated B / E[$t_{service}$]"))
+    two_legends(ax1, series, styles, loc1="upper left", loc2="lower right")
+    fig.suptitle("Experiment (i), multi_bin_only under Poisson load\n" + setting(ds), fontsize=10)
+    return fig
+

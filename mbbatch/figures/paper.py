@@ -18,8 +18,9 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
 from .. import theory
-from .data import closed_form_curve, constant, line, servers_label, setting, theorem_4_2_vs_k, unit
-from .style import (COLORS, MARKERS, log2_k_axis, log_ylim, new_figure, series_handles, sim_points,
+from .panels import latency_panel, throughput_panel
+from .data import constant, line, servers_label, setting, theorem_4_2_vs_k, unit
+from .style import (COLORS, MARKERS, log2_k_axis, log_ylim, new_figure, sim_points,
                     style_handles, two_legends)
 
 __all__ = ["fig1b", "fig3", "fig4", "fig8", "throughput_vs_k", "min_bins_vs_eps", "servers", "fig6", "fig7"]
@@ -83,34 +84,11 @@ def fig1b(data) -> Figure:
     return fig
 
 
-def _throughput_panel(ax, ds, *, bound: bool):
-    ks = [int(k) for k in ds["bins"].values]
-    rates = np.asarray(ds["rate"].values, dtype=float)
-    colors, markers = COLORS[: len(ks)], MARKERS[: len(ks)]
-    for k, c, m in zip(ks, colors, markers):
-        level = constant(ds, "theory_service_rate", bins=k)
-        ax.axhline(level, color=c, ls="--", lw=0.9, alpha=0.9, zorder=1)
-        ax.plot(*closed_form_curve(ds, "theory_throughput", lambda x: np.minimum(x, level), bins=k),
-                color=c, lw=1.2, zorder=2)
-        if bound and "theory_throughput_bound" in ds:
-            lb = constant(ds, "theory_throughput_bound", bins=k)
-            if np.isfinite(lb):
-                ax.axhline(lb, color=c, ls=":", lw=1.2, zorder=1)
-        sim_points(ax, rates, line(ds, "sim_throughput_mean", "rate", bins=k),
-             line(ds, "sim_throughput_ci_low", "rate", bins=k),
-             line(ds, "sim_throughput_ci_high", "rate", bins=k),
-             line(ds, "unstable", "rate", bins=k), c, m)
-    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
-    ax.set_ylabel(f"throughput ({unit(ds, 'sim_throughput_mean')})")
-    series = series_handles([f"k = {k}" for k in ks], colors, markers)
-    return series
-
-
 def fig3(data) -> Figure:
     """Paper Figure 3: throughput vs arrival rate for k = 1..5 bins."""
     ds = data["fig3"]
     fig, (ax,) = new_figure()
-    series = _throughput_panel(ax, ds, bound=False)
+    series = throughput_panel(ax, ds, bound=False)
     cmax = constant(ds, "capacity")
     ax.axhline(cmax, color="black", ls="-.", lw=1.1, zorder=1)
     rates = np.asarray(ds["rate"].values, dtype=float)
@@ -129,45 +107,11 @@ def fig3(data) -> Figure:
     return fig
 
 
-def _latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}"):
-    """Mean latency vs rate, one series per value of ``series_dim``.
-
-    Returns the legend handles and, per series, the Lemma 5.1 curve ``(x, y)``
-    (drawn here only for ``series_dim == "bins"``).
-    """
-    values = list(ds[series_dim].values)
-    rates = np.asarray(ds["rate"].values, dtype=float)
-    B = int(ds.attrs["batch_size"])
-    colors, markers = COLORS[: len(values)], MARKERS[: len(values)]
-    curves, stable, sims = [], [], []
-    for v, c, m in zip(values, colors, markers):
-        sel = {series_dim: v}
-        k = int(v) if series_dim == "bins" else int(ds.attrs["bins"])
-        ets = constant(ds, "theory_mean_batch_service", **sel)
-        curves.append(closed_form_curve(ds, "theory_latency", lambda x: ets + (B - 1) * k / (2 * x), **sel))
-        mean = line(ds, "sim_mean_latency_mean", "rate", **sel)
-        lo = line(ds, "sim_mean_latency_ci_low", "rate", **sel)
-        hi = line(ds, "sim_mean_latency_ci_high", "rate", **sel)
-        unst = line(ds, "unstable", "rate", **sel)
-        stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
-        sims.append((mean, lo, hi, unst, c, m))
-    ax.set_yscale("log")
-    top = log_ylim(ax, stable, [y for _, y in curves])
-    if series_dim == "bins":
-        for (x, y), c in zip(curves, colors):
-            ax.plot(x, y, color=c, lw=1.2, zorder=2)
-    for mean, lo, hi, unst, c, m in sims:
-        sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
-    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
-    ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
-    return series_handles([label(v) for v in values], colors, markers), curves
-
-
 def fig4(data) -> Figure:
     """Paper Figure 4: mean latency vs arrival rate for k = 1, 2, 3 bins."""
     ds = data["fig4"]
     fig, (ax,) = new_figure(8.4, 4.4)
-    series, _ = _latency_panel(ax, ds)
+    series, _ = latency_panel(ax, ds)
     _capacity_marks(ax, ds, "bins")
     styles = style_handles(
         ("sim", "simulation: mean $\\pm$ 95% CI"),
@@ -193,7 +137,7 @@ def fig8(data) -> Figure:
     """Paper Figure 8: exponential service, (a) throughput and (b) latency vs rate."""
     ds = data["fig8"]
     fig, (ax_a, ax_b) = new_figure(13.0, 4.8, ncols=2)
-    series = _throughput_panel(ax_a, ds, bound=True)
+    series = throughput_panel(ax_a, ds, bound=True)
     levels = [constant(ds, "theory_service_rate", bins=k) for k in ds["bins"].values]
     ax_a.set_ylim(0, np.nanmax(levels) * 1.12)
     two_legends(ax_a, series, style_handles(
@@ -204,7 +148,7 @@ def fig8(data) -> Figure:
         (":", "Corollary A.1.1 lower bound B$\\mu$ / $L_k$"),
     ), loc1="center left", loc2="upper left")
     ax_a.set_title("(a) throughput vs arrival rate")
-    series_b, _ = _latency_panel(ax_b, ds)
+    series_b, _ = latency_panel(ax_b, ds)
     _capacity_marks(ax_b, ds, "bins")
     two_legends(ax_b, series_b, style_handles(
         ("sim", "simulation: mean $\\pm$ 95% CI"),
@@ -319,7 +263,7 @@ def servers(data) -> Figure:
     ds = data["servers"]
     k = int(ds.attrs["bins"])
     fig, (ax,) = new_figure(8.4, 4.4)
-    series, curves = _latency_panel(ax, ds, series_dim="servers",
+    series, curves = latency_panel(ax, ds, series_dim="servers",
                                     label=lambda v: servers_label(v))
     # Lemma 5.1 does not depend on the number of servers: one black curve.
     ax.plot(*curves[0], color="black", lw=1.2, zorder=2)
@@ -345,7 +289,7 @@ def fig6(data) -> Figure:
     output lengths under the linear token-to-time model."""
     ds = data["fig6"]
     fig, (ax1, ax2) = new_figure(11.0, 4.4, ncols=2)
-    series = _throughput_panel(ax1, ds, bound=False)
+    series = throughput_panel(ax1, ds, bound=False)
     ax1.set_title("throughput")
     _latency_real(ax2, ds)
     ax2.set_title("mean latency")

@@ -14,10 +14,10 @@ from matplotlib.figure import Figure
 
 from .. import theory
 from .analysis import replication_ci
-from .data import line, per_rep, setting, unit
+from .data import line, per_rep, setting, unit, variants
 from .style import COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles, two_legends
 
-__all__ = ["predictor_gain", "bursty"]
+__all__ = ["predictor_gain", "bursty", "trace_replay"]
 
 
 def _gain_panel(ax, ds, x: str):
@@ -95,3 +95,41 @@ def bursty(data) -> Figure:
     two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
     ax.set_title("Bursty arrivals: gamma renewal gaps of CV 1, 2, 4 at the same mean rate\n" + setting(ds))
     return fig
+
+
+def trace_replay(data) -> Figure:
+    """The Azure conversation trace replayed at several speeds through every
+    policy: throughput and p95 latency against the replay's speed-up."""
+    ds = data["trace_replay"]
+    fig, (ax1, ax2) = new_figure(11.0, 4.6, ncols=2)
+    scales = np.asarray(ds["scale"].values, dtype=float)
+    names = [name for name, _ in variants(ds)]
+    stable = []
+    for name, c, m in zip(names, COLORS, MARKERS):
+        unst = line(ds, "unstable", "scale", policy=name)
+        thr = line(ds, "sim_throughput_mean", "scale", policy=name)
+        ax1.plot(scales, thr, color=c, lw=0.8, zorder=2)
+        sim_points(ax1, scales, thr, thr, thr, unst, c, m)
+        p95 = per_rep(ds, "sim_latency_p95", "scale", policy=name).mean(axis=1)
+        ax2.plot(scales[~unst], p95[~unst], color=c, lw=0.8, zorder=2)
+        stable.append(p95[~unst])
+        sim_points(ax2, scales, p95, p95, p95, unst, c, m)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(scales, [f"{s:g}x" for s in scales])
+        ax.set_xlabel("replay speed-up (the trace's arrival times divided by it)")
+    ax1.set_ylabel(f"throughput ({unit(ds, 'sim_throughput_mean')})")
+    ax2.set_yscale("log")
+    ax2.set_ylabel(f"95th percentile latency ({unit(ds, 'sim_latency_p95')})")
+    rate = (float(ds.attrs["trace_requests"]) - 1) / float(ds.attrs["trace_span_s"])   # the trace's mean rate
+    ax1.plot(scales, rate * scales, color="0.4", ls=":", lw=1.0, zorder=1)
+    series = series_handles(names, COLORS[: len(names)], MARKERS[: len(names)])
+    styles = style_handles(("sim", "simulation"), ("hollow", "unstable: the backlog grows"),
+                           (":", "the replay's arrival rate"))
+    two_legends(ax1, series, styles, loc1="upper left", loc2="lower right")
+    a = ds.attrs
+    fig.suptitle(f"The Azure conversation trace replayed through every policy ({a['trace_file']}, "
+                 f"{int(a['trace_requests']):,} requests, {int(a['servers'])} servers, "
+                 f"{1e3 * float(a['per_token']):g} ms per output token)", fontsize=10)
+    return fig
+

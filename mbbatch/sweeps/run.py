@@ -76,7 +76,7 @@ def _trace_attrs(spec: SweepSpec) -> dict:
     d = trace_of(next(spec.points())[1]).describe()
     return {"trace_file": d["source"], "trace_format": d["format"], "trace_size": int(d["size"]),
             "trace_sha256": d["sha256"], "trace_filters": json.dumps(d["filters"], sort_keys=True),
-            "trace_requests": int(d["requests"])}
+            "trace_requests": int(d["requests"]), "trace_span_s": float(d["span_s"])}
 
 
 def _encoding(spec: SweepSpec, ds) -> dict:

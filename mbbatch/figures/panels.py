@@ -1,0 +1,69 @@
+"""Panels shared by several figures: throughput and mean latency against
+the arrival rate, one series per number of bins (or servers)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .data import closed_form_curve, constant, line, unit
+from .style import COLORS, MARKERS, log_ylim, series_handles, sim_points
+
+__all__ = ["throughput_panel", "latency_panel"]
+
+
+def throughput_panel(ax, ds, *, bound: bool):
+    """Throughput vs rate per k: simulation, min(rate, saturated level) and that level."""
+    ks = [int(k) for k in ds["bins"].values]
+    rates = np.asarray(ds["rate"].values, dtype=float)
+    colors, markers = COLORS[: len(ks)], MARKERS[: len(ks)]
+    for k, c, m in zip(ks, colors, markers):
+        level = constant(ds, "theory_service_rate", bins=k)
+        ax.axhline(level, color=c, ls="--", lw=0.9, alpha=0.9, zorder=1)
+        ax.plot(*closed_form_curve(ds, "theory_throughput", lambda x: np.minimum(x, level), bins=k),
+                color=c, lw=1.2, zorder=2)
+        if bound and "theory_throughput_bound" in ds:
+            lb = constant(ds, "theory_throughput_bound", bins=k)
+            if np.isfinite(lb):
+                ax.axhline(lb, color=c, ls=":", lw=1.2, zorder=1)
+        sim_points(ax, rates, line(ds, "sim_throughput_mean", "rate", bins=k),
+             line(ds, "sim_throughput_ci_low", "rate", bins=k),
+             line(ds, "sim_throughput_ci_high", "rate", bins=k),
+             line(ds, "unstable", "rate", bins=k), c, m)
+    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
+    ax.set_ylabel(f"throughput ({unit(ds, 'sim_throughput_mean')})")
+    series = series_handles([f"k = {k}" for k in ks], colors, markers)
+    return series
+
+
+def latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}"):
+    """Mean latency vs rate, one series per value of ``series_dim``.
+
+    Returns the legend handles and, per series, the Lemma 5.1 curve ``(x, y)``
+    (drawn here only for ``series_dim == "bins"``).
+    """
+    values = list(ds[series_dim].values)
+    rates = np.asarray(ds["rate"].values, dtype=float)
+    B = int(ds.attrs["batch_size"])
+    colors, markers = COLORS[: len(values)], MARKERS[: len(values)]
+    curves, stable, sims = [], [], []
+    for v, c, m in zip(values, colors, markers):
+        sel = {series_dim: v}
+        k = int(v) if series_dim == "bins" else int(ds.attrs["bins"])
+        ets = constant(ds, "theory_mean_batch_service", **sel)
+        curves.append(closed_form_curve(ds, "theory_latency", lambda x: ets + (B - 1) * k / (2 * x), **sel))
+        mean = line(ds, "sim_mean_latency_mean", "rate", **sel)
+        lo = line(ds, "sim_mean_latency_ci_low", "rate", **sel)
+        hi = line(ds, "sim_mean_latency_ci_high", "rate", **sel)
+        unst = line(ds, "unstable", "rate", **sel)
+        stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
+        sims.append((mean, lo, hi, unst, c, m))
+    ax.set_yscale("log")
+    top = log_ylim(ax, stable, [y for _, y in curves])
+    if series_dim == "bins":
+        for (x, y), c in zip(curves, colors):
+            ax.plot(x, y, color=c, lw=1.2, zorder=2)
+    for mean, lo, hi, unst, c, m in sims:
+        sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
+    ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
+    ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
+    return series_handles([label(v) for v in values], colors, markers), curves
