@@ -181,8 +181,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("MultiBin.edges", "reals", "s",
        "the bins + 1 bin edges; -inf first and inf last allowed, NaN never", Domain(-INF, INF, True, True),
        default=None),
-    _p("edges", "choice", "", "bin edges: equal probability mass, or Lemma A.1's (exponential only)",
-       default="equal_mass", choices=("equal_mass", "lemma_a1")),
+    _p("edges", "choice", "", "bin edges: equal probability mass, Lemma A.1's (exponential only), or the "
+       "edges minimising eq. (2) (theory.optimal_boundaries)",
+       default="equal_mass", choices=("equal_mass", "lemma_a1", "optimal")),
     _p("max_wait", "real", "s", "a bin's partial batch leaves once its oldest request waited this long",
        _NONNEG_INF, default=INF),
     _p("max_candidates", "count", "requests", "candidates looked at per batching decision (default b_max)",

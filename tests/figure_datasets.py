@@ -417,6 +417,9 @@ def write_results(path):
         "bursty": _sweep("bursty", {"cv": [1.0, 2.0, 4.0], "bins": [1, 4], "rate": np.array([0.5, 1.0, 1.5, 2.0])},
                          _uniform_cell(B=32), attrs=_uniform_attrs(batch_size=32, servers=1.0)),
     }
+    onoff = _sweep("bursty_onoff", {"bins": [1, 4], "rate": np.array([0.5, 1.0, 1.5, 2.0])}, _uniform_cell(B=32),
+                   attrs=_uniform_attrs(batch_size=32, servers=1.0, mean_on=10.0, mean_off=10.0, rate_off=0.0))
+    dsets["bursty_onoff"] = onoff.rename({"rate": "rate_on"}).assign_coords(rate_on=onoff["rate"].values * 2)
     dsets["mb_only_load"] = _sweep("mb_only_load", {"bins": [1, 2, 4, 8], "rate": np.array([0.5, 1.0, 2.0, 3.0])},
                                    _uniform_cell(B=32), attrs=_uniform_attrs(batch_size=32, servers=1.0))
     dsets["trace_replay"] = _trace_replay()

@@ -32,7 +32,12 @@ def test_predictor_gain_draws_the_paired_gain_and_the_oracles_level(results):  #
 
 
 def test_bursty_draws_every_cv_and_k(results):  # noqa: F811
-    ds = _load(results, "bursty")
-    (ax,) = workloads.bursty({"bursty": ds}).axes
+    ds, onoff = _load(results, "bursty"), _load(results, "bursty_onoff")
+    (ax,) = workloads.bursty({"bursty": ds, "bursty_onoff": onoff}).axes
     joined = [ln for ln in ax.lines if ln.get_linestyle() in ("-", "--") and ln.get_color() != "0.35"]
-    assert len(joined) == ds.sizes["cv"] * ds.sizes["bins"]
+    assert len(joined) == (ds.sizes["cv"] + 1) * ds.sizes["bins"]
+    # the ON/OFF series sits at its mean rate, rate_on x mean_on / (mean_on + mean_off)
+    mean_rates = onoff["rate_on"].values / 2
+    assert all(np.isin(ln.get_xdata(), np.r_[ds["rate"].values, mean_rates]).all() for ln in joined)
+    assert any("ON/OFF" in t.get_text() for t in ax.get_legend().get_texts()) or any(
+        "ON/OFF" in t.get_text() for leg in ax.artists for t in getattr(leg, "get_texts", lambda: [])())

@@ -28,7 +28,7 @@ from mbbatch.sweeps.cells import run_point  # noqa: E402
 from mbbatch.sweeps.schema import time_grid  # noqa: E402
 from mbbatch.sweeps.spec import load_spec  # noqa: E402
 
-from .helpers import ROOT  # noqa: E402
+from .helpers import ROOT, SMALL  # noqa: E402
 
 #: cells of every spec in sweeps/, recorded before the sweeps were
 #: restructured (and before their specs were regrouped): spec, policy kind,
@@ -150,3 +150,19 @@ def test_one_predictor_per_cell(tmp_path):
 
         check_points(parse_spec(text, source="s.toml"))
     assert point_theory("gamma", "uniform", {"kind": "static"}) == {"unstable": False}
+
+
+def test_optimal_edges_are_a_sweep_choice_of_multibin():
+    """edges = "optimal": eq. (2)'s minimising edges, so the closed-form batch
+    service time is at most that of equal mass and of Lemma A.1."""
+    from mbbatch.sweeps.cells import _edges
+
+    base = {"kind": "multibin", "batch_size": 200, "mu": 0.1, "bins": 4, "servers": 1, "max_wait": math.inf,
+            "rate": 1.0}
+    ets = {rule: point_theory("poisson", "expon", {**base, "edges": rule})["theory_mean_batch_service"]
+           for rule in ("equal_mass", "lemma_a1", "optimal")}
+    assert ets["optimal"] <= ets["lemma_a1"] <= ets["equal_mass"]
+    e = _edges({**base, "edges": "optimal"})
+    assert e.shape == (5,) and e[0] == 0.0 and np.isinf(e[-1])
+    text = SMALL.replace('[params]', '[params]\nedges = "optimal"')
+    assert parse_spec(text, source="s.toml").params["edges"] == "optimal"

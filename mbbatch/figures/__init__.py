@@ -79,7 +79,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("mb_dynamic", (experiments.mb_dynamic, ["token_policies"])),
     ("max_wait", (experiments.max_wait, ["max_wait"])),
     ("predictor_gain", (workloads.predictor_gain, ["predictor_error", "bin_confusion"])),
-    ("bursty", (workloads.bursty, ["bursty"])),
+    ("bursty", (workloads.bursty, ["bursty", "bursty_onoff"])),
     ("trace_replay", (workloads.trace_replay, ["trace_replay"])),
 ])
 

@@ -63,8 +63,11 @@ def predictor_gain(data) -> Figure:
 
 def bursty(data) -> Figure:
     """Mean latency against the mean arrival rate under gamma renewal
-    arrivals of CV 1 (Poisson in law), 2 and 4, for k = 1 and 4."""
+    arrivals of CV 1 (Poisson in law), 2 and 4, and ON/OFF bursts at the
+    same mean rates, for k = 1 and 4."""
     ds = data["bursty"]
+    onoff = data.get("bursty_onoff")
+    onoff_sims = []
     fig, (ax,) = new_figure(8.4, 4.8)
     rates = np.asarray(ds["rate"].values, dtype=float)
     cvs = [float(v) for v in ds["cv"].values]
@@ -82,18 +85,40 @@ def bursty(data) -> Figure:
             ax.plot(rates[~unst], mean[~unst], color=c, ls=ls, lw=0.9, zorder=2)
         cap = float(line(ds, "theory_service_rate", "rate", bins=k, cv=cvs[0])[0])
         ax.axvline(cap, color="0.35", ls=ls, lw=0.8, zorder=1)
+        if onoff is not None:
+            # ON/OFF at the same mean rates: rate_on * mean_on / (mean_on + mean_off)
+            a = onoff.attrs
+            share = float(a["mean_on"]) / (float(a["mean_on"]) + float(a["mean_off"]))
+            x = np.asarray(onoff["rate_on"].values, dtype=float) * share
+            c = COLORS[len(cvs)]
+            mean = line(onoff, "sim_mean_latency_mean", "rate_on", bins=k)
+            lo = line(onoff, "sim_mean_latency_ci_low", "rate_on", bins=k)
+            hi = line(onoff, "sim_mean_latency_ci_high", "rate_on", bins=k)
+            unst = line(onoff, "unstable", "rate_on", bins=k)
+            keep = x <= rates.max() * 1.0001
+            x, mean, lo, hi, unst = x[keep], mean[keep], lo[keep], hi[keep], unst[keep]
+            stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
+            onoff_sims.append((x, mean, lo, hi, unst, c, m))
+            ax.plot(x[~unst], mean[~unst], color=c, ls=ls, lw=0.9, zorder=2)
     ax.set_yscale("log")
     top = log_ylim(ax, stable, [])
     for mean, lo, hi, unst, c, m in sims:
         sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
+    for x, mean, lo, hi, unst, c, m in onoff_sims:
+        sim_points(ax, x, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
     ax.set_xlabel(f"mean arrival rate $\\lambda$ ({unit(ds, 'rate')})")
     ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
-    series = series_handles([f"CV {cv:g}" + (" (Poisson in law)" if cv == 1 else "") for cv in cvs],
-                            COLORS[: len(cvs)], ["o"] * len(cvs))
+    labels = [f"gamma, CV {cv:g}" + (" (Poisson in law)" if cv == 1 else "") for cv in cvs]
+    if onoff is not None:
+        a = onoff.attrs
+        labels.append(f"ON/OFF: {float(a['mean_on']):g} s at rate_on, {float(a['mean_off']):g} s at "
+                      f"{float(a['rate_off']):g}")
+    series = series_handles(labels, COLORS[: len(labels)], ["o"] * len(labels))
     styles = style_handles(*[(ls, f"k = {k} (marker {m}); grey: its saturated throughput")
                              for k, m, ls in zip(ks, MARKERS, ("-", "--"))], ("hollow", "unstable cell"))
     two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
-    ax.set_title("Bursty arrivals: gamma renewal gaps of CV 1, 2, 4 at the same mean rate\n" + setting(ds))
+    ax.set_title("Bursty arrivals at the same mean rate: gamma renewal gaps of CV 1, 2, 4 and ON/OFF bursts\n"
+                 + setting(ds))
     return fig
 
 

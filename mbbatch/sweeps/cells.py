@@ -102,7 +102,18 @@ def _frozen(name: str, loc: float, scale: float, *shapes):
 def _edges(params: dict):
     if params.get("edges") == "lemma_a1":
         return theory.exponential_boundaries(params["batch_size"], params["mu"], params["bins"])
+    if params.get("edges") == "optimal":
+        service = "expon" if "mu" in params else "uniform"
+        return _optimal_edges(service, params.get("l_min"), params.get("l_max"), params.get("mu"),
+                              params["batch_size"], params["bins"])
     return None  # equal mass, computed by simulate
+
+
+@functools.lru_cache(maxsize=256)
+def _optimal_edges(service, l_min, l_max, mu, B, k):
+    """theory.optimal_boundaries for the paper's workload, once per process."""
+    params = {"l_min": l_min, "l_max": l_max, "mu": mu}
+    return np.asarray(theory.optimal_boundaries(_service_dist(service, params), B, k), dtype=float)
 
 
 def _arrivals(arrivals: str, params: dict):

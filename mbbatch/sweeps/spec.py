@@ -620,6 +620,9 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
     store exists: :func:`mbbatch.sweeps.cells.check_points`)."""
     if "lemma_a1" in _values(spec, "edges") and spec.workload != "expon":
         raise SpecError(f"{source}: edges = \"lemma_a1\" needs service = \"expon\"")
+    if "optimal" in _values(spec, "edges") and spec.workload not in ("uniform", "expon"):
+        raise SpecError(f"{source}: edges = \"optimal\" needs service = \"uniform\" or \"expon\" (eq. (2) on "
+                        "the service distribution)")
     if spec.arrivals == "step":
         up, down = _values(spec, "t_up"), _values(spec, "t_down")
         if up and down and max(up) >= min(down):
