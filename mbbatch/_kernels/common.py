@@ -176,6 +176,19 @@ def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, params, end
     return t, seg, t_switch
 
 
+@step
+def replay(values, i0, m, out):
+    """Values i0 .. i0+m-1 of ``values`` into ``out``, in order, repeated
+    end to end when the run is longer than they are."""
+    size = values.shape[0]
+    r = i0 % size
+    for j in range(np.uint64(m)):
+        out[j] = values[r]
+        r += 1
+        if r == size:
+            r = 0
+
+
 @subroutine
 def draw_block(kind, params, values, i0, m, gen, out):
     """Draws (or replayed values) i0 .. i0+m-1 of one length or service
@@ -207,14 +220,7 @@ def draw_block(kind, params, values, i0, m, gen, out):
             # up to 2**-53 relative (sizes far below 2**53)
             out[j] = values[np.uint64(next_double(bits) * size)]
     else:
-        # replayed in order, repeated end to end when the run is longer
-        size = values.shape[0]
-        r = i0 % size
-        for j in range(um):
-            out[j] = values[r]
-            r += 1
-            if r == size:
-                r = 0
+        replay(values, i0, m, out)
 
 
 @subroutine
@@ -228,13 +234,7 @@ def predict(kind, sigma, values, i0, m, gen, true, out):
         for j in range(um):
             out[j] = true[j] * math.exp(sigma * random_standard_normal(bits))
     elif kind == PRED_REPLAY:
-        size = values.shape[0]
-        r = i0 % size
-        for j in range(um):
-            out[j] = values[r]
-            r += 1
-            if r == size:
-                r = 0
+        replay(values, i0, m, out)
     else:
         for j in range(um):
             out[j] = true[j]

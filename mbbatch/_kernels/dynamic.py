@@ -22,16 +22,14 @@ are computed there, in numpy), and resumes where it stopped.
 
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
 from .common import (
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY,
-    SVC_UNIFORM, confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel,
-    random_standard_normal, request_uniform, request_uniforms, round_lengths, step, subroutine,
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, SVC_UNIFORM,
+    confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, request_uniform, request_uniforms, round_lengths, step, subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
@@ -293,23 +291,10 @@ def _draw_requests(i0, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_time
     draw_block(prompt_kind, prompt_params, prompt_values, i0, m, gen_prompt, prompt)
     round_lengths(output, m, integer)
     round_lengths(prompt, m, integer)
-    if sigma > 0.0:
-        bits = gen_pred.bit_generator
-        for j in range(m):
-            pred[j] = output[j] * math.exp(sigma * random_standard_normal(bits))
+    # (the copy of the rounded outputs of the oracle and bin confusion is rounded already)
+    predict(predictor, sigma, predictions, i0, m, gen_pred, output, pred)
+    if predictor != PRED_ORACLE and predictor != PRED_CONFUSION:
         round_lengths(pred, m, integer)
-    elif predictor == PRED_REPLAY:
-        size = predictions.shape[0]
-        r = i0 % size
-        for j in range(m):
-            pred[j] = predictions[r]
-            r += 1
-            if r == size:
-                r = 0
-        round_lengths(pred, m, integer)
-    else:
-        for j in range(m):
-            pred[j] = output[j]
     return t, seg, t_switch
 
 
