@@ -17,7 +17,7 @@ from .. import metrics, params, theory
 
 __all__ = ["NETCDF", "dataset_path", "dataset_command", "open_dataset", "line", "per_rep",
            "controller_series", "constant", "unit", "closed_form_curve", "theorem_4_2_vs_k",
-           "servers_label", "setting", "token_setting", "variants"]
+           "servers_label", "setting", "token_setting", "variants", "sim_series"]
 
 #: Datasets stored as NetCDF files (``<name>.nc``), written by ``mbbatch example``,
 #: rather than zarr stores written by ``mbbatch sweep``.
@@ -78,6 +78,13 @@ def line(ds: xr.Dataset, var: str, x: str, **sel) -> np.ndarray:
     elif values.dtype != bool:
         values = values.astype(float)
     return values
+
+
+def sim_series(ds: xr.Dataset, var: str, x: str, **sel) -> tuple:
+    """``(mean, ci_low, ci_high, unstable)`` of the stored metric ``var``
+    (``sim_throughput``, ``sim_mean_latency``, ...) along ``x`` at ``sel``:
+    what :func:`~.style.sim_points` draws."""
+    return tuple(line(ds, v, x, **sel) for v in (f"{var}_mean", f"{var}_ci_low", f"{var}_ci_high", "unstable"))
 
 
 def per_rep(ds, var, x, **sel) -> np.ndarray:

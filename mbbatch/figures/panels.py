@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .data import closed_form_curve, constant, line, unit
+from .data import closed_form_curve, constant, sim_series, unit
 from .style import COLORS, MARKERS, log_ylim, series_handles, sim_points
 
 __all__ = ["throughput_panel", "latency_panel"]
@@ -25,10 +25,7 @@ def throughput_panel(ax, ds, *, bound: bool):
             lb = constant(ds, "theory_throughput_bound", bins=k)
             if np.isfinite(lb):
                 ax.axhline(lb, color=c, ls=":", lw=1.2, zorder=1)
-        sim_points(ax, rates, line(ds, "sim_throughput_mean", "rate", bins=k),
-             line(ds, "sim_throughput_ci_low", "rate", bins=k),
-             line(ds, "sim_throughput_ci_high", "rate", bins=k),
-             line(ds, "unstable", "rate", bins=k), c, m)
+        sim_points(ax, rates, *sim_series(ds, "sim_throughput", "rate", bins=k), c, m)
     ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
     ax.set_ylabel(f"throughput ({unit(ds, 'sim_throughput_mean')})")
     series = series_handles([f"k = {k}" for k in ks], colors, markers)
@@ -51,10 +48,7 @@ def latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}")
         k = int(v) if series_dim == "bins" else int(ds.attrs["bins"])
         ets = constant(ds, "theory_mean_batch_service", **sel)
         curves.append(closed_form_curve(ds, "theory_latency", lambda x: ets + (B - 1) * k / (2 * x), **sel))
-        mean = line(ds, "sim_mean_latency_mean", "rate", **sel)
-        lo = line(ds, "sim_mean_latency_ci_low", "rate", **sel)
-        hi = line(ds, "sim_mean_latency_ci_high", "rate", **sel)
-        unst = line(ds, "unstable", "rate", **sel)
+        mean, lo, hi, unst = sim_series(ds, "sim_mean_latency", "rate", **sel)
         stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
         sims.append((mean, lo, hi, unst, c, m))
     ax.set_yscale("log")

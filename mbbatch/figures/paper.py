@@ -19,7 +19,7 @@ from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
 from .. import theory
 from .panels import latency_panel, throughput_panel
-from .data import constant, line, servers_label, setting, theorem_4_2_vs_k, unit
+from .data import constant, line, servers_label, setting, sim_series, theorem_4_2_vs_k, unit
 from .style import (COLORS, MARKERS, log2_k_axis, log_ylim, new_figure, sim_points,
                     style_handles, two_legends)
 
@@ -311,10 +311,7 @@ def _latency_real(ax, ds):
     rates = np.asarray(ds["rate"].values, dtype=float)
     stable, sims = [], []
     for k, c, m in zip(ks, COLORS, MARKERS):
-        mean = line(ds, "sim_mean_latency_mean", "rate", bins=k)
-        lo = line(ds, "sim_mean_latency_ci_low", "rate", bins=k)
-        hi = line(ds, "sim_mean_latency_ci_high", "rate", bins=k)
-        unst = line(ds, "unstable", "rate", bins=k)
+        mean, lo, hi, unst = sim_series(ds, "sim_mean_latency", "rate", bins=k)
         stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
         sims.append((mean, lo, hi, unst, c, m))
         ax.plot(rates[~unst], mean[~unst], color=c, lw=0.8, zorder=2)
@@ -335,8 +332,7 @@ def fig7(data) -> Figure:
     c = COLORS[0]
     ks = np.asarray(ds["bins"].values, dtype=float)
     ax.plot(ks, line(ds, "theory_throughput", "bins"), color=c, lw=1.1, marker=".", ms=3, zorder=2)
-    sim_points(ax, ks, line(ds, "sim_throughput_mean", "bins"), line(ds, "sim_throughput_ci_low", "bins"),
-               line(ds, "sim_throughput_ci_high", "bins"), line(ds, "unstable", "bins"), c, "o")
+    sim_points(ax, ks, *sim_series(ds, "sim_throughput", "bins"), c, "o")
     base = float(line(ds, "theory_throughput", "bins")[0])
     top = float(line(ds, "theory_throughput", "bins")[-1])
     ax.annotate(f"k = {int(ks[-1])}: +{100 * (top / base - 1):.0f}% over k = 1", xy=(ks[-1], top),

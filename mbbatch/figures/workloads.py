@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from .. import theory
 from .analysis import replication_ci
-from .data import line, per_rep, setting, unit, variants
+from .data import line, per_rep, setting, sim_series, unit, variants
 from .style import COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles, two_legends
 
 __all__ = ["predictor_gain", "bursty", "trace_replay"]
@@ -76,10 +76,7 @@ def bursty(data) -> Figure:
     for k, m, ls in zip(ks, MARKERS, ("-", "--")):
         for cv, c in zip(cvs, COLORS):
             sel = dict(bins=k, cv=cv)
-            mean = line(ds, "sim_mean_latency_mean", "rate", **sel)
-            lo = line(ds, "sim_mean_latency_ci_low", "rate", **sel)
-            hi = line(ds, "sim_mean_latency_ci_high", "rate", **sel)
-            unst = line(ds, "unstable", "rate", **sel)
+            mean, lo, hi, unst = sim_series(ds, "sim_mean_latency", "rate", **sel)
             stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
             sims.append((mean, lo, hi, unst, c, m))
             ax.plot(rates[~unst], mean[~unst], color=c, ls=ls, lw=0.9, zorder=2)
@@ -91,10 +88,7 @@ def bursty(data) -> Figure:
             share = float(a["mean_on"]) / (float(a["mean_on"]) + float(a["mean_off"]))
             x = np.asarray(onoff["rate_on"].values, dtype=float) * share
             c = COLORS[len(cvs)]
-            mean = line(onoff, "sim_mean_latency_mean", "rate_on", bins=k)
-            lo = line(onoff, "sim_mean_latency_ci_low", "rate_on", bins=k)
-            hi = line(onoff, "sim_mean_latency_ci_high", "rate_on", bins=k)
-            unst = line(onoff, "unstable", "rate_on", bins=k)
+            mean, lo, hi, unst = sim_series(onoff, "sim_mean_latency", "rate_on", bins=k)
             keep = x <= rates.max() * 1.0001
             x, mean, lo, hi, unst = x[keep], mean[keep], lo[keep], hi[keep], unst[keep]
             stable.append(np.concatenate([hi[~unst], mean[~unst], lo[~unst]]))
