@@ -24,7 +24,7 @@ POLL_SECONDS = 0.25
 #: a run's clock must resolve this fraction of a typical service time
 CLOCK_RESOLUTION = 1e-4
 
-__all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "stop_flag", "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
+__all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "stop_flag", "watch_stop_flag", "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
 
 
 _enclosing = threading.local()
@@ -40,6 +40,12 @@ def stop_flag() -> np.ndarray:
     return enclosing if enclosing is not None else np.zeros(1, np.int64)
 
 
+def watch_stop_flag(stop: np.ndarray) -> None:
+    """Make ``stop`` the flag every kernel run on this (helper) thread
+    watches from now on (see :func:`stop_flag`)."""
+    _enclosing.stop = stop
+
+
 def interruptible(call, stop: np.ndarray):
     """``call()`` (which runs a kernel watching ``stop``) on a helper thread,
     so that Ctrl-C in the main thread stops it within about a block of
@@ -50,7 +56,7 @@ def interruptible(call, stop: np.ndarray):
     box = {}
 
     def target():
-        _enclosing.stop = stop
+        watch_stop_flag(stop)
         try:
             box["value"] = call()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+
+import numpy as np
+
+from .._running import POLL_SECONDS, watch_stop_flag
 
 __all__ = ["Executor", "sigint_handler", "whole"]
 
@@ -104,16 +109,17 @@ class Executor:
             self.cluster = None
 
     def run(self, tasks):
-        """Yield ``(key, function(*args))`` for each task, as they finish."""
+        """An iterator of ``(key, function(*args))`` for each task, as they
+        finish.  In this process the tasks start at once, on a helper thread,
+        and run back to back while the caller handles (stores) the results
+        already finished: close the iterator to stop them."""
         if not tasks:
-            return
+            return iter(())
         if self.scheduler is not None:
-            yield from self._dask(tasks)
-        elif self.workers == 1 or (len(tasks) <= 1 and self.pool is None):
-            for key, fn, args in tasks:
-                yield key, fn(*args)
-        else:
-            yield from self._pool(tasks)
+            return self._dask(tasks)
+        if self.workers == 1 or (len(tasks) <= 1 and self.pool is None):
+            return _InProcess(tasks)
+        return self._pool(tasks)
 
     def _dask(self, tasks):
         from distributed import Client, LocalCluster
@@ -154,6 +160,73 @@ class Executor:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
             raise
+
+
+class _InProcess:
+    """The tasks, one after another, on one helper thread of this process,
+    started at once: their kernels (which release the GIL) keep running
+    while the main thread stores finished points.  Ctrl-C in the main thread
+    (waiting on the results) sets the kernels' stop flag; the helper returns
+    within about a block of requests and ``KeyboardInterrupt`` is raised."""
+
+    #: finished results waiting for the caller, at most: the helper runs this
+    #: far ahead, no further
+    AHEAD = 4
+
+    def __init__(self, tasks):
+        self.stop = np.zeros(1, np.int64)
+        self.results = queue.Queue(maxsize=self.AHEAD)
+        self.left = len(tasks)
+        self.thread = threading.Thread(target=self._work, args=(list(tasks),), name="mbbatch-kernel",
+                                       daemon=True)
+        self.thread.start()
+
+    def _work(self, tasks):
+        watch_stop_flag(self.stop)        # every kernel of every task watches it
+        for key, fn, args in tasks:
+            if self.stop[0]:
+                return
+            try:
+                item = (key, fn(*args), None)
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller
+                item = (key, None, exc)
+            while not self.stop[0]:
+                try:
+                    self.results.put(item, timeout=POLL_SECONDS)
+                    break
+                except queue.Full:
+                    continue
+            if item[2] is not None:
+                return
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.left == 0:
+            self.close()
+            raise StopIteration
+        try:
+            while True:
+                try:
+                    key, value, error = self.results.get(timeout=POLL_SECONDS)
+                    break
+                except queue.Empty:
+                    if not self.thread.is_alive() and self.results.empty():
+                        raise RuntimeError("the sweep's kernel thread ended without its results") from None
+        except BaseException:
+            self.close()
+            raise
+        self.left -= 1
+        if error is not None:
+            self.close()
+            raise error
+        return key, value
+
+    def close(self) -> None:
+        """Stop the tasks not yet finished and wait for the helper."""
+        self.stop[0] = 1
+        self.thread.join()
 
 
 @contextlib.contextmanager

@@ -368,15 +368,14 @@ def _sweep(spec: SweepSpec, out: Path, ex: Executor, overwrite: bool, netcdf, pr
 def _run_locked(spec, out, ex, overwrite, netcdf, progress):
     start = time.perf_counter()
     exists = out.exists() or out.is_symlink()
+    fresh = overwrite or not exists
     theory = {idx: point_theory(spec.arrivals, spec.service, params) for idx, params in spec.points()}
-    if exists and not overwrite:
+    if fresh:
+        ds = _template(spec, theory)
+        done = np.zeros(spec.shape, dtype=bool)
+    else:
         state = _open_existing(spec, out)
         done, values = state.done, state.values
-    else:
-        ds = _template(spec, theory)
-        store.create(ds, _encoding(spec, ds), out, replace=exists)
-        done = np.zeros(spec.shape, dtype=bool)
-        values = {var: ds[var].values.copy() for var in ds.data_vars if var != "done"}
     pending = [(idx, params) for idx, params in spec.points() if not done[idx]]
     grid = time_grid(spec)
     tasks = [(idx, _point_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.reps, grid))
@@ -385,6 +384,16 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
         warm_worker()  # compile once here, so that workers load the cached kernels
     n_cell = {idx: params["n"] for idx, params in pending}
     bar = _Progress(len(tasks) * spec.reps, int(next(iter(n_cell.values()), 0)), spec.name, progress)
+    # (in this process the points start computing now, while the store is created)
+    results = ex.run(tasks)
+    try:
+        if fresh:
+            store.create(ds, _encoding(spec, ds), out, replace=exists)
+            values = {var: ds[var].values.copy() for var in ds.data_vars if var != "done"}
+    except BaseException:
+        _close(results)
+        bar.close()
+        raise
     chunks = store.stored_grid_chunks(out)
     dirty, last_flush, requests, kernel = set(), time.perf_counter(), 0, 0.0
 
@@ -396,7 +405,7 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
         last_flush = time.perf_counter()
 
     try:
-        for idx, sim in ex.run(tasks):
+        for idx, sim in results:
             kernel += sim.pop("_kernel_seconds", 0.0)
             for var, value in _point_data(spec, sim, theory[idx]).items():
                 values[var][idx] = value
@@ -408,6 +417,7 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
                 flush()
     finally:
         # what finished is kept, also when interrupted
+        _close(results)
         flush()
         bar.close()
     if tasks or exists:
@@ -422,6 +432,13 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
     summary = Summary(spec.name, len(tasks), requests, time.perf_counter() - start, kernel,
                       ex.parallel if len(tasks) > 1 else 1)
     return ds, summary
+
+
+def _close(results) -> None:
+    """Stop an executor's results iterator (its unfinished tasks)."""
+    close = getattr(results, "close", None)
+    if close is not None:
+        close()
 
 
 def _warn_unstable(spec: SweepSpec, unstable: np.ndarray) -> None:
