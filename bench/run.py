@@ -224,6 +224,17 @@ def main():
             rows.append(("  its time / Poisson-uniform's", f"{ratio:.2f}", f"target <= {target:g}",
                          "PASS" if ratio <= target else "FAIL"))
 
+    import capacity as capacity_bench   # bench/capacity.py
+
+    t, res, want = capacity_bench.bench_capacity()
+    rows.append(("find_capacity to 1 %, paper's model k=4, n=1e5", f"{t:.2f} s",
+                 f"target <= {capacity_bench.TARGET_SECONDS:g} s",
+                 "PASS" if t <= capacity_bench.TARGET_SECONDS else "FAIL"))
+    rows.append(("  its probes, simulated requests", f"{res.n_probes}", f"{res.requests:.3g} requests", ""))
+    rows.append(("  its rate against Theorem 4.2", f"{res.rate:.4f}",
+                 f"[{res.rate_low:.4f}, {res.rate_high:.4f}] vs {want:.4f}",
+                 "PASS" if res.rate_low <= want <= res.rate_high else "FAIL"))
+
     import sweeps as sweep_bench   # bench/sweeps.py
 
     wall, kernel, share = sweep_bench.sweep_kernel_share(runs=3)

@@ -18,9 +18,13 @@ from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .workload import Workload
 from .results import SimulationResult, Table, UnstableWarning
 from .simulation import simulate
+from .capacity import CapacityResult, Objective, find_capacity
 
 __all__ = [
     "simulate",
+    "find_capacity",
+    "Objective",
+    "CapacityResult",
     "MultiBin",
     "StaticBatching",
     "DynamicBatching",

@@ -148,6 +148,13 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        _POS, default=1.0),
     _p("window", "reals", "s", "(start, end): the replayed arrivals with start <= t < end, from t = 0",
        Domain(0, INF, lo_closed=True, hi_closed=True), default=None),
+    # a sweep's trace filters, as parameters (grid axes allowed): the loaders' window and drop_failed
+    _p("window_start", "real", "s", "start of the trace's time window (s after its first request)",
+       Domain(0, INF, lo_closed=True), default=0.0),
+    _p("window_end", "real", "s", "end of the trace's time window (inf: to the trace's end)",
+       Domain(0, INF, hi_closed=True), default=INF),
+    _p("drop_failed", "flag", "", "drop the trace's failed requests (no output token); unset: the loader's "
+       "default (false for Azure traces, true for BurstGPT)", default=None),
     _p("rate_high", "real", "requests/s", "arrival rate between t_up and t_down (load step)", _POS),
     _p("t_up", "real", "s", "time the load steps up", _POS),
     _p("t_down", "real", "s", "time the load steps back down", _POS),

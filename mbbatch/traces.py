@@ -136,7 +136,7 @@ _YEARS = (1678, 2261)
 
 _SECONDS_FMT, _ISO_FMT, _ISO_UTC_FMT = "seconds", "iso", "iso+offset"
 
-#: window=(start, end): 0 <= start < end < inf, in s
+#: window=(start, end): 0 <= start < end <= inf, in s
 _WINDOW_START = Domain(0.0, math.inf, lo_closed=True)
 
 
@@ -268,7 +268,7 @@ def load_azure_trace(path, *, drop_failed=False, window=None) -> Trace:
         tokens long.
     window : (float, float) or None, default None
         ``(start, end)`` in s since the file's first request, with
-        ``0 <= start < end < inf``: keep the requests with
+        ``0 <= start < end <= inf``: keep the requests with
         ``start <= t < end``, and return their arrival times as
         ``t - start`` (see the module docstring).
 
@@ -287,7 +287,7 @@ def load_azure_trace(path, *, drop_failed=False, window=None) -> Trace:
         If `drop_failed` is not a bool, or `window` is not a pair of real
         numbers (or None).
     ValueError
-        If `window` is out of its domain (``0 <= start < end < inf``, NaN
+        If `window` is out of its domain (``0 <= start < end <= inf``, NaN
         refused), or the filters leave no request: the message then gives the
         number of requests each filter kept.
     FileNotFoundError
@@ -371,7 +371,7 @@ def load_burstgpt(path, *, model=None, log_type=None, drop_failed=True, window=N
         Drop the failed requests (``Response tokens`` 0).
     window : (float, float) or None, default None
         ``(start, end)`` in s since the file's first request (of any model
-        or log type, failed or not), with ``0 <= start < end < inf``: keep
+        or log type, failed or not), with ``0 <= start < end <= inf``: keep
         the requests with ``start <= t < end`` and return their arrival
         times as ``t - start`` (see the `mbbatch.traces` module docstring).
 
@@ -392,7 +392,7 @@ def load_burstgpt(path, *, model=None, log_type=None, drop_failed=True, window=N
     ValueError
         If `model` or `log_type` names a value the file's column does not
         hold (the message lists the values it holds), is an empty
-        collection, `window` is outside ``0 <= start < end < inf``, or the
+        collection, `window` is outside ``0 <= start < end <= inf``, or the
         filters leave no request (the message gives the number each kept).
     FileNotFoundError
         If `path` is not a file.
@@ -438,10 +438,10 @@ def load_burstgpt(path, *, model=None, log_type=None, drop_failed=True, window=N
 
 
 def _check_window(window):
-    """None, or (start, end) as floats with 0 <= start < end < inf."""
+    """None, or (start, end) as floats with 0 <= start < end <= inf."""
     if window is None:
         return None
-    form = "window must be None or a pair (start, end) of seconds with 0 <= start < end < inf"
+    form = "window must be None or a pair (start, end) of seconds with 0 <= start < end <= inf"
     wrong_kind = TypeError(f"{form}; got {_short(repr(window), 80)} ({type(window).__name__})")
     if isinstance(window, (str, bytes, dict, set, frozenset)) or not hasattr(window, "__getitem__"):
         raise wrong_kind
@@ -452,7 +452,8 @@ def _check_window(window):
     if n != 2:
         raise ValueError(f"{form}; got {n} values: {_short(repr(window), 80)}")
     start = check_scalar_real("window[0] (start)", window[0], _WINDOW_START)
-    end = check_scalar_real("window[1] (end)", window[1], Domain(start, math.inf))
+    # (end = inf: to the trace's end)
+    end = check_scalar_real("window[1] (end)", window[1], Domain(start, math.inf, hi_closed=True))
     return start, end
 
 

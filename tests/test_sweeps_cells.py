@@ -26,7 +26,7 @@ import pytest  # noqa: E402
 
 from mbbatch.sweeps.cells import run_point  # noqa: E402
 from mbbatch.sweeps.schema import time_grid  # noqa: E402
-from mbbatch.sweeps.spec import load_spec  # noqa: E402
+from mbbatch.sweeps.spec import SPEC_PARAMS, load_spec  # noqa: E402
 
 from .helpers import ROOT, SMALL  # noqa: E402
 
@@ -38,7 +38,11 @@ REFERENCE = json.loads((Path(__file__).parent / "data" / "reference_cells.json")
 
 #: parameters added since the reference was recorded, at the defaults that
 #: leave a cell as it was (the oracle predictor)
-ADDED_SINCE = {"predictor_sigma": 0.0, "predictor_p": 1.0, "bin_edges": "warmup"}
+ADDED_SINCE = {"predictor_sigma": 0.0, "predictor_p": 1.0, "bin_edges": "warmup",
+               # the service models' parameters, at the models' defaults
+               **{nm: SPEC_PARAMS[nm].default for nm in ("base", "per_token", "linear_alpha", "linear_beta",
+                                                         "decode_beta", "prefill_per_token", "gamma",
+                                                         "calibrated_alpha", "calibrated_beta", "feedback")}}
 
 
 def _find(cell):
@@ -166,3 +170,82 @@ def test_optimal_edges_are_a_sweep_choice_of_multibin():
     assert e.shape == (5,) and e[0] == 0.0 and np.isinf(e[-1])
     text = SMALL.replace('[params]', '[params]\nedges = "optimal"')
     assert parse_spec(text, source="s.toml").params["edges"] == "optimal"
+
+
+# --- the batch service model's parameters ---------------------------------------------------
+
+SERVICE_SPEC = """
+name = "models"
+policy = "dynamic"
+arrivals = "poisson"
+service_model = "{model}"
+reps = 2
+seed = 3
+
+[params]
+prompt_median = 128.0
+prompt_sigma = 0.5
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0074
+eta = 20000.0
+b_max = 64
+n = 1500
+{params}
+
+[grid]
+rate = [2.0]
+{grid}
+"""
+
+
+@pytest.mark.parametrize("model", ["max", "linear", "decode", "calibrated"])
+def test_a_cells_service_model_is_the_models_default_unless_the_spec_sets_it(model):
+    from mbbatch.service_models import SERVICE_MODELS
+    from mbbatch.sweeps.cells import service_model
+
+    (_, params), = parse_spec(SERVICE_SPEC.format(model=model, params="", grid=""), source="s.toml").points()
+    assert service_model(model, params) == SERVICE_MODELS[model]()
+
+
+@pytest.mark.parametrize("model, params, grid, want", [
+    ("max", "base = 0.01", "per_token = [0.001, 0.002]", {"base": 0.01, "per_token": 0.002}),
+    ("linear", "linear_beta = 0.2", "base = [0.0, 0.05]", {"base": 0.05, "alpha": 1e-3, "beta": 0.2}),
+    ("decode", "gamma = 0.5\nprefill_per_token = 1e-4", "decode_beta = [0.004, 0.006]",
+     {"beta": 0.006, "gamma": 0.5, "prefill_per_token": 1e-4}),
+    ("calibrated", 'feedback = "legacy"\ncalibrated_alpha = 0.002', "calibrated_beta = [0.004, 0.006]",
+     {"alpha": 0.002, "beta": 0.006, "feedback": "legacy"}),
+])
+def test_service_model_parameters_are_params_and_grid_axes(tmp_path, model, params, grid, want):
+    """Each model's parameters in [params] or as an axis; the last cell's
+    model holds the given values; the axis changes the latency while the
+    cells keep their requests (the parameters are not in the seed)."""
+    from mbbatch.sweeps.cells import cell_seed, service_model
+
+    spec = parse_spec(SERVICE_SPEC.format(model=model, params=params, grid=grid), source="s.toml")
+    cells = [p for _, p in spec.points()]
+    got = service_model(model, cells[-1])
+    assert {k: getattr(got, k) for k in want} == want
+    assert cell_seed(3, cells[0], 0).spawn_key == cell_seed(3, cells[1], 0).spawn_key
+    p = tmp_path / "s.toml"
+    p.write_text(SERVICE_SPEC.format(model=model, params=params, grid=grid))
+    ds = run_sweep(p, tmp_path / "s.zarr", workers=1, progress=False).load()
+    axis = grid.split(" = ")[0]
+    lat = ds["sim_mean_latency"].isel(rate=0)
+    assert bool((lat.isel({axis: 1}) > lat.isel({axis: 0})).all()), lat.values
+
+
+@pytest.mark.parametrize("model, key", [("decode", "linear_alpha"), ("max", "decode_beta"),
+                                        ("linear", "feedback"), ("calibrated", "per_token")])
+def test_a_service_model_parameter_of_another_model_is_refused(model, key):
+    text = SERVICE_SPEC.format(model=model, params=f"{key} = 0.5" if key != "feedback" else 'feedback = "legacy"',
+                               grid="")
+    with pytest.raises(SpecError, match=rf"params\.{key} \(it does not apply to dynamic with arrivals='poisson' "
+                                        rf"and token-level requests under service_model='{model}'\)"):
+        parse_spec(text, source="s.toml")
+
+
+def test_a_service_model_parameter_is_checked_against_its_domain():
+    text = SERVICE_SPEC.format(model="decode", params="decode_beta = -1.0", grid="")
+    with pytest.raises(SpecError, match=r"s.toml: params: decode_beta must be in \(0, inf\); got -1"):
+        parse_spec(text, source="s.toml")

@@ -2,6 +2,7 @@
 kill, bit-identity across serial, process-pool and dask runs, unstable
 cells, token-policy sweeps and their time series."""
 
+import json
 import os
 import signal
 import sys
@@ -335,3 +336,63 @@ def test_a_killed_trace_sweep_resumes_bit_identical_and_refuses_a_changed_file(t
     path.write_text(path.read_text().replace("\n1", "\n2", 1))
     with pytest.raises(SweepError, match="is not the file"):
         run_sweep(p, out, workers=1, progress=False)
+
+
+FILTER_SPEC = TRACE_SPEC.replace("[grid]\nbins = [1, 2, 4]\nscale = {scales}", """[grid]
+bins = [2]
+window_end = [600.0, inf]
+drop_failed = [false, true]""")
+
+
+def test_trace_filters_are_grid_axes_and_each_point_replays_its_filtered_trace(tmp_path):
+    """window_end and drop_failed as grid axes: each point replays the trace
+    its loader call gives (the window, the failed requests dropped or not),
+    equal bit for bit to simulating that trace directly with the cell's seed;
+    the store says which filters are axes."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    path = _trace_file(tmp_path)
+    lines = path.read_text().splitlines()
+    # every 7th request failed (no output token)
+    lines = lines[:1] + [",".join(row.split(",")[:2] + ["0"]) if i % 7 == 0 else row
+                         for i, row in enumerate(lines[1:])]
+    path.write_text("\n".join(lines) + "\n")
+    spec_path = tmp_path / "filters.toml"
+    spec_path.write_text(FILTER_SPEC.format(trace="trace.csv", n=1500, reps=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = run_sweep(spec_path, tmp_path / "f.zarr", workers=1, progress=False).load()
+    assert ds["drop_failed"].dtype == bool and list(ds["window_end"].values) == [600.0, np.inf]
+    assert json.loads(ds.attrs["trace_filters"]) == {"grid axes": ["window_end", "drop_failed"]}
+    assert "trace_requests" not in ds.attrs
+    spec = load_spec(spec_path)
+    sizes = set()
+    for idx, params in spec.points():
+        window = None if params["window_end"] == np.inf else (0.0, params["window_end"])
+        trace = mb.traces.load_azure_trace(path, window=window, drop_failed=params["drop_failed"])
+        sizes.add(len(trace))
+        for rep in range(spec.reps):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res = mb.simulate(mb.MultiBin(bins=2, batch_size=8), arrivals=mb.Replay(trace),
+                                  workload=mb.Workload.from_trace(trace),
+                                  service_model=mb.MaxModel(base=0.5, per_token=0.02), n=1500, servers=4,
+                                  seed=cell_seed(spec.seed, params, rep))
+            cell = ds.isel(window_end=idx[1], drop_failed=idx[2], bins=0, rep=rep)
+            assert float(cell["sim_throughput"]) == res.throughput
+            assert float(cell["sim_mean_latency"]) == res.mean_latency
+    assert len(sizes) == 4, sizes
+
+
+def test_trace_filters_are_refused_in_the_workload_table(tmp_path):
+    _trace_file(tmp_path)
+    text = TRACE_SPEC.format(trace="trace.csv", n=100, reps=1, scales="[1.0]").replace(
+        'format = "azure"', 'format = "azure"\nwindow = [0.0, 100.0]')
+    p = tmp_path / "w.toml"
+    p.write_text(text)
+    with pytest.raises(SpecError, match=r"workload: window is a parameter: set window_start and window_end"):
+        load_spec(p)
+    p.write_text(FILTER_SPEC.format(trace="trace.csv", n=100, reps=1).replace(
+        "window_end = [600.0, inf]", "window_end = [600.0, inf]\nwindow_start = [0.0, 700.0]"))
+    with pytest.raises(SpecError, match="window_end must be after window_start at every grid point"):
+        load_spec(p)

@@ -555,6 +555,13 @@ def test_azure_window_keeps_start_drops_end_and_rebases(tmp_path):
                           whole.prompt_tokens, whole.output_tokens)
 
 
+def test_a_window_to_inf_keeps_the_rest_of_the_trace(tmp_path):
+    p = _write(tmp_path, HEADER + "10,5,2\n11,6,3\n12.5,7,1\n14,8,9\n")
+    tr = load_azure_trace(p, window=(1.5, math.inf))
+    assert tr.arrival.tolist() == [1.0, 2.5] and tr.output_tokens.tolist() == [1, 9]
+    assert tr.describe()["filters"]["window"] == [1.5, math.inf]
+
+
 def test_azure_drop_failed_keeps_the_files_first_request_as_origin(tmp_path):
     p = _write(tmp_path, HEADER + "10,5,0\n11,6,3\n12.5,7,0\n14,8,9\n")
     tr = load_azure_trace(p, drop_failed=True)
@@ -565,19 +572,18 @@ def test_azure_drop_failed_keeps_the_files_first_request_as_origin(tmp_path):
 
 
 _WINDOW_FORM = (r"window must be None or a pair \(start, end\) of seconds with "
-                r"0 <= start < end < inf; got ")
+                r"0 <= start < end <= inf; got ")
 
 
 @pytest.mark.parametrize("loader", [load_azure_trace, load_burstgpt])
 @pytest.mark.parametrize("kwargs, exc, match", [
     ({"window": (-1, 5)}, ValueError, r"window\[0\] \(start\) must be in \[0, inf\); got -1\.0"),
-    ({"window": (5, 2)}, ValueError, r"window\[1\] \(end\) must be in \(5, inf\); got 2\.0"),
-    ({"window": [0.5, 0.5]}, ValueError, r"window\[1\] \(end\) must be in \(0\.5, inf\); got 0\.5"),
-    ({"window": (0, math.inf)}, ValueError, r"window\[1\] \(end\) must be in \(0, inf\); got inf"),
+    ({"window": (5, 2)}, ValueError, r"window\[1\] \(end\) must be in \(5, inf\]; got 2\.0"),
+    ({"window": [0.5, 0.5]}, ValueError, r"window\[1\] \(end\) must be in \(0\.5, inf\]; got 0\.5"),
     ({"window": (math.nan, 1)}, ValueError,
      r"window\[0\] \(start\) must be in \[0, inf\); got nan"),
     ({"window": np.array([0.0, math.nan])}, ValueError, r"window\[1\] \(end\) must be in "
-     r"\(0, inf\); got nan"),
+     r"\(0, inf\]; got nan"),
     ({"window": (1, 2, 3)}, ValueError, _WINDOW_FORM + r"3 values: \(1, 2, 3\)"),
     ({"window": ()}, ValueError, _WINDOW_FORM + r"0 values: \(\)"),
     ({"window": 5}, TypeError, _WINDOW_FORM + r"5 \(int\)"),
@@ -587,7 +593,7 @@ _WINDOW_FORM = (r"window must be None or a pair \(start, end\) of seconds with "
     ({"window": (True, 2)}, TypeError, r"window\[0\] \(start\) must be a real number in "
      r"\[0, inf\); got True \(bool\)"),
     ({"window": (0, "5")}, TypeError, r"window\[1\] \(end\) must be a real number in "
-     r"\(0, inf\); got '5' \(str\)"),
+     r"\(0, inf\]; got '5' \(str\)"),
     ({"drop_failed": 1}, TypeError, r"drop_failed must be a bool \(True or False\); got 1 \(int\)"),
     ({"drop_failed": None}, TypeError, r"drop_failed must be a bool \(True or False\); got None "
      r"\(NoneType\)"),

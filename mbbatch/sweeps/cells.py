@@ -26,11 +26,12 @@ from ..policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatchin
 from ..predictors import BinConfusion, LogNormalError
 from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
-from ..service_models import SERVICE_MODELS, MaxModel
+from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
 from ..workload import Workload
 from .spec import WORKLOAD_PARAMS, SpecError
 
-__all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects"]
+__all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
+           "service_model", "trace_filters"]
 
 SEED_SCHEME = (
     "SeedSequence(entropy=<spec seed, or its policy variant's>, spawn_key=(w0, ..., w7, rep)), where "
@@ -60,13 +61,26 @@ def _load_trace(path: str, fmt: str, filters_json: str, stamp: tuple):
     return load(path, **filters)
 
 
+def trace_filters(params: dict) -> dict:
+    """The loader's filters of a cell's trace: the [workload] table's (model,
+    log_type) and the cell's window and drop_failed parameters (a window of
+    [0, inf) is none; drop_failed unset is the loader's default)."""
+    filters = dict(params["trace"]["filters"])
+    if params["drop_failed"] is not None:
+        filters["drop_failed"] = params["drop_failed"]
+    if (params["window_start"], params["window_end"]) != (0.0, math.inf):
+        filters["window"] = [params["window_start"], params["window_end"]]
+    return filters
+
+
 def trace_of(params: dict):
     """The Trace of a cell whose spec has a [workload] table, else None."""
     t = params.get("trace")
     if t is None:
         return None
     st = os.stat(t["path"])
-    return _load_trace(t["path"], t["format"], json.dumps(t["filters"], sort_keys=True), (st.st_size, st.st_mtime_ns))
+    return _load_trace(t["path"], t["format"], json.dumps(trace_filters(params), sort_keys=True),
+                       (st.st_size, st.st_mtime_ns))
 
 
 def _canonical(params: dict) -> str:
@@ -143,6 +157,20 @@ def _predictor(params: dict):
     return BinConfusion(p) if p < 1 else None
 
 
+def service_model(name: str, params: dict):
+    """The batch service model ``name`` of a cell with token-level requests,
+    from its parameters (each the model's default unless the spec sets it)."""
+    if name == "max":
+        return MaxModel(base=params["base"], per_token=params["per_token"])
+    if name == "linear":
+        return LinearModel(base=params["base"], alpha=params["linear_alpha"], beta=params["linear_beta"])
+    if name == "decode":
+        return DecodeModel(beta=params["decode_beta"], gamma=params["gamma"],
+                           prefill_per_token=params["prefill_per_token"])
+    return CalibratedModel(alpha=params["calibrated_alpha"], beta=params["calibrated_beta"], gamma=params["gamma"],
+                           feedback=params["feedback"])
+
+
 def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     """The :func:`~mbbatch.simulate` arguments of one grid point: the policy,
     the arrival process and the keyword arguments of the request side.
@@ -154,17 +182,10 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     if service in ("uniform", "expon"):
         request_side = {"service": _service_dist(service, params)}
     elif trace is not None:
-        if service == "max":
-            model = MaxModel(base=params["base"], per_token=params["per_token"])
-        elif params["base"] != 0.0 or params["per_token"] != 1.0:
-            raise ValueError(f"base and per_token set the max model; service_model = {service!r} takes its "
-                             "defaults")
-        else:
-            model = SERVICE_MODELS[service]()
         request_side = {"workload": Workload.from_trace(trace, resample=params["trace"]["resample"],
                                                         predictor_sigma=params.get("predictor_sigma", 0.0)
                                                         if kind == "multibin_dynamic" else 0.0),
-                        "service_model": model}
+                        "service_model": service_model(service, params)}
     else:
         request_side = {"workload": Workload(prompt=_frozen("lognorm", 0.0, params["prompt_median"],
                                                             params["prompt_sigma"]),
@@ -172,7 +193,7 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
                                                             params["output_sigma"]),
                                              predictor_sigma=params.get("predictor_sigma", 0.0)
                                              if kind == "multibin_dynamic" else 0.0),
-                        "service_model": SERVICE_MODELS[service]()}
+                        "service_model": service_model(service, params)}
     if kind == "multibin":
         pol = MultiBin(bins=params["bins"], batch_size=params["batch_size"], edges=_edges(params),
                        max_wait=params["max_wait"], predictor=_predictor(params))

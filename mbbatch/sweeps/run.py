@@ -70,12 +70,22 @@ def _attrs(spec: SweepSpec) -> dict:
 
 def _trace_attrs(spec: SweepSpec) -> dict:
     """The trace of a [workload] spec: its file's name, format, size, SHA-256
-    and the filters applied (what a resumed sweep checks the file against)."""
+    (what a resumed sweep checks the file against) and the filters applied,
+    with the requests kept and their span.  When a filter is a grid axis
+    (window_start, window_end, drop_failed), ``trace_filters`` names it under
+    ``"grid axes"`` and the requests and span, which differ by grid point,
+    are left out."""
     if spec.trace is None:
         return {}
     d = trace_of(next(spec.points())[1]).describe()
-    return {"trace_file": d["source"], "trace_format": d["format"], "trace_size": int(d["size"]),
-            "trace_sha256": d["sha256"], "trace_filters": json.dumps(d["filters"], sort_keys=True),
+    out = {"trace_file": d["source"], "trace_format": d["format"], "trace_size": int(d["size"]),
+           "trace_sha256": d["sha256"]}
+    axes = [k for k in ("window_start", "window_end", "drop_failed") if k in spec.axes]
+    if axes:
+        fixed = {k: v for k, v in d["filters"].items() if not (k == "window" and {"window_start", "window_end"} & set(axes))
+                 and not (k == "drop_failed" and "drop_failed" in axes)}
+        return {**out, "trace_filters": json.dumps({**fixed, "grid axes": axes}, sort_keys=True)}
+    return {**out, "trace_filters": json.dumps(d["filters"], sort_keys=True),
             "trace_requests": int(d["requests"]), "trace_span_s": float(d["span_s"])}
 
 

@@ -112,6 +112,8 @@ def coord_values(name: str, values) -> np.ndarray:
         return np.array(values, dtype=np.int64)
     if p.kind == "choice":
         return np.array(values, dtype=object)  # variable-length strings: a zarr v3 data type
+    if p.kind == "flag":
+        return np.array(values, dtype=bool)
     return np.array(values, dtype=np.float64)
 
 
@@ -168,7 +170,7 @@ def spec_attrs(spec: SweepSpec) -> dict:
             seen.setdefault(k, set()).add(json.dumps(_enc(v)))
     out = {k: _enc(cells[0][k]) for k, vs in seen.items()
            if len(vs) == 1 and k not in spec.axes and k not in ("kind", "policy", "trace")
-           and all(k in c for c in cells)}
+           and all(k in c for c in cells) and cells[0][k] is not None}
     out["policy"] = spec.policy
     if not spec.single:
         for name, settings in spec.policies.items():

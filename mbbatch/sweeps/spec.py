@@ -97,8 +97,9 @@ class SpecParam:
     """A spec key: the table entry it reads (``key``), and when it applies.
 
     It applies to a cell whose policy kind is in ``kinds``, whose arrival
-    process is in ``arrivals`` (if given) and whose workload form is in
-    ``workload`` (if given).  ``required``: no default, it must be given.
+    process is in ``arrivals`` (if given), whose workload form is in
+    ``workload`` (if given) and whose batch service model is in ``models``
+    (if given).  ``required``: no default, it must be given.
     """
 
     name: str
@@ -107,6 +108,7 @@ class SpecParam:
     workload: frozenset = frozenset()
     required: bool = True
     key: str = ""
+    models: frozenset = frozenset()
 
     @property
     def table(self):
@@ -116,14 +118,17 @@ class SpecParam:
     def default(self):
         return self.table.default
 
-    def applies(self, kind: str, arrivals: str, workload: str) -> bool:
+    def applies(self, kind: str, arrivals: str, workload: str, model: str) -> bool:
         return (kind in self.kinds and (not self.arrivals or arrivals in self.arrivals)
-                and (not self.workload or workload in self.workload))
+                and (not self.workload or workload in self.workload)
+                and (not self.models or model in self.models))
 
     def check(self, value, where: str):
         """Validate one value; return it normalized (int, float or str)."""
         if self.table.kind == "servers" and value == "inf":
             return math.inf
+        if value is None and self.table.default is None:
+            return None                     # (unset: the default that None stands for)
         try:
             return check(self.key or self.name, value, self.name)
         except (TypeError, ValueError) as exc:
@@ -131,8 +136,13 @@ class SpecParam:
             raise SpecError(f"{where}: {exc}{hint}") from None
 
 
-def _sp(name, kinds=_ALL, *, arrivals=(), workload=(), required=True, key=""):
-    return SpecParam(name, frozenset(kinds), frozenset(arrivals), frozenset(workload), required, key)
+def _sp(name, kinds=_ALL, *, arrivals=(), workload=(), required=True, key="", models=()):
+    return SpecParam(name, frozenset(kinds), frozenset(arrivals), frozenset(workload), required, key,
+                     frozenset(models))
+
+
+# token-level requests (log-normal lengths or a trace's) under a batch service model
+_REQ = ("tokens", "trace")
 
 
 #: Every parameter a sweep can set or sweep over, by name.  The names are the
@@ -155,8 +165,21 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("l_min", workload=("uniform",)),
     _sp("l_max", workload=("uniform",)),
     _sp("mu", workload=("expon",)),
-    _sp("base", workload=("trace",), required=False),
-    _sp("per_token", workload=("trace",), required=False),
+    # the batch service model's parameters (its own defaults when not given)
+    _sp("base", workload=_REQ, models=("max", "linear"), required=False),
+    _sp("per_token", workload=_REQ, models=("max",), required=False),
+    _sp("linear_alpha", workload=_REQ, models=("linear",), required=False, key="LinearModel.alpha"),
+    _sp("linear_beta", workload=_REQ, models=("linear",), required=False, key="LinearModel.beta"),
+    _sp("decode_beta", workload=_REQ, models=("decode",), required=False, key="DecodeModel.beta"),
+    _sp("prefill_per_token", workload=_REQ, models=("decode",), required=False),
+    _sp("gamma", workload=_REQ, models=("decode", "calibrated"), required=False),
+    _sp("calibrated_alpha", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.alpha"),
+    _sp("calibrated_beta", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.beta"),
+    _sp("feedback", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.feedback"),
+    # a trace's filters (the loaders' window and drop_failed): grid axes allowed
+    _sp("window_start", workload=("trace",), required=False),
+    _sp("window_end", workload=("trace",), required=False),
+    _sp("drop_failed", workload=("trace",), required=False),
     _sp("prompt_median", workload=("tokens",)),
     _sp("prompt_sigma", workload=("tokens",)),
     _sp("output_median", workload=("tokens",)),
@@ -200,7 +223,8 @@ _TOP = {
     "params": "table of fixed parameter values",
     "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\", "
                 "resample = true (lengths drawn from the trace's) or false (replayed in order) and the "
-                "loader's filters (drop_failed, window, model, log_type)",
+                "BurstGPT loader's model and log_type filters (window_start, window_end and drop_failed "
+                "are parameters)",
     "grid": "table of axes: parameter = [values]",
 }
 _ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step", "trace")
@@ -209,7 +233,9 @@ TRACE_SOURCES = {"azure": "https://github.com/Azure/AzurePublicDataset (data/Azu
                  "burstgpt": "https://github.com/HPMLL/BurstGPT (the releases' BurstGPT_*.csv)"}
 #: the environment variable naming a folder of traces, searched after the spec's folder
 DATA_DIR_ENV = "MBBATCH_DATA"
-_TRACE_KEYS = {"trace", "format", "resample", "drop_failed", "window", "model", "log_type"}
+_TRACE_KEYS = {"trace", "format", "resample", "model", "log_type"}
+#: trace filters that are parameters (in [params] or [grid]), not [workload] keys
+_TRACE_PARAMS = {"window": "window_start and window_end", "drop_failed": "drop_failed"}
 _SERVICES = ("uniform", "expon")
 _VARIANT_KEYS = {"kind", "seed"}
 
@@ -313,7 +339,7 @@ class SweepSpec:
         kind = settings["kind"]
         p = {}
         for nm, sp in SPEC_PARAMS.items():
-            if not sp.applies(kind, self.arrivals, self.workload):
+            if not sp.applies(kind, self.arrivals, self.workload, self.service_model):
                 continue
             for source in (grid, settings, self.params):
                 if nm in source:
@@ -470,12 +496,13 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     # --- which keys apply, and to which variants
     def applies_to(nm):
         sp = SPEC_PARAMS.get(nm)
-        return [v for v, s in policies.items() if sp and sp.applies(s["kind"], arrivals, workload)]
+        return [v for v, s in policies.items() if sp and sp.applies(s["kind"], arrivals, workload, model)]
 
     def unknown(where, key, allowed, shown=None):
+        side = {"tokens": f"token-level requests under service_model={model!r}",
+                "trace": f"a trace's requests under service_model={model!r}"}.get(workload, f"service={workload!r}")
         why = ("no such parameter" if key not in SPEC_PARAMS else
-               f"it does not apply to {', '.join(sorted(kinds))} with arrivals={arrivals!r} and "
-               f"{'service=' + repr(workload) if workload != 'tokens' else 'token-level requests'}")
+               f"it does not apply to {', '.join(sorted(kinds))} with arrivals={arrivals!r} and {side}")
         return SpecError(f"{where}: unknown key {shown or key} ({why}); allowed: {sorted(allowed)}")
 
     allowed_any = sorted(nm for nm in SPEC_PARAMS if applies_to(nm))
@@ -501,9 +528,9 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             if key in _VARIANT_KEYS:
                 continue
             sp = SPEC_PARAMS.get(key)
-            if sp is None or not sp.applies(settings["kind"], arrivals, workload):
+            if sp is None or not sp.applies(settings["kind"], arrivals, workload, model):
                 allowed = sorted(nm for nm, p in SPEC_PARAMS.items()
-                                 if p.applies(settings["kind"], arrivals, workload))
+                                 if p.applies(settings["kind"], arrivals, workload, model))
                 raise unknown(f"{source}: policies.{vname}", key, allowed)
             if key in grid:
                 raise SpecError(f"{source}: {key} is both in policies.{vname} and in [grid]; give it once")
@@ -556,7 +583,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     # --- every variant has every parameter it needs
     for vname, settings in policies.items():
         for nm, sp in SPEC_PARAMS.items():
-            if (sp.required and sp.applies(settings["kind"], arrivals, workload)
+            if (sp.required and sp.applies(settings["kind"], arrivals, workload, model)
                     and nm not in settings and nm not in params and nm not in axes):
                 where = f"policies.{vname}, " if not single else ""
                 raise SpecError(f"{source}: missing field {where}params.{nm} or grid.{nm} "
@@ -577,6 +604,9 @@ def _trace_table(raw: dict, source: str) -> dict | None:
     table = _table(raw, "workload", source)
     where = f"{source}: workload"
     for key in table:
+        if key in _TRACE_PARAMS:
+            raise SpecError(f"{where}: {key} is a parameter: set {_TRACE_PARAMS[key]} in [params] (or as "
+                            "[grid] axes)")
         if key not in _TRACE_KEYS:
             raise SpecError(f"{where}: unknown key {key!r}; allowed: {sorted(_TRACE_KEYS)}")
     if "trace" not in table or not isinstance(table["trace"], str) or not table["trace"]:
@@ -585,7 +615,7 @@ def _trace_table(raw: dict, source: str) -> dict | None:
     fmt = table.get("format", "azure")
     if fmt not in TRACE_SOURCES:
         raise SpecError(f"{where}: format must be one of {sorted(TRACE_SOURCES)}; got {fmt!r}")
-    filters = {k: table[k] for k in ("drop_failed", "window", "model", "log_type") if k in table}
+    filters = {k: table[k] for k in ("model", "log_type") if k in table}
     resample = table.get("resample", False)
     if not isinstance(resample, bool):
         raise SpecError(f"{where}: resample must be true (each request's lengths drawn from the trace's) or "
@@ -630,6 +660,10 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
     lo, hi = _values(spec, "b_min"), _values(spec, "b_max")
     if lo and hi and max(lo) > min(hi):
         raise SpecError(f"{source}: b_min must be at most b_max at every grid point")
+    lo, hi = _values(spec, "window_start"), _values(spec, "window_end")
+    if lo and hi and max(lo) >= min(hi):
+        raise SpecError(f"{source}: window_end must be after window_start at every grid point; got "
+                        f"window_start up to {max(lo)} and window_end down to {min(hi)}")
     if spec.workload == "uniform":
         lo, hi = _values(spec, "l_min"), _values(spec, "l_max")
         if lo and hi and max(lo) >= min(hi):

@@ -1,0 +1,428 @@
+"""Capacity search: the largest arrival rate a policy sustains, stable or
+within a latency or SLA objective, with its confidence interval.
+
+:func:`find_capacity` keeps the shape of the arrival process (Poisson, Gamma
+with its CV, ON/OFF with its burst ratio and sojourns, a replayed trace) and
+searches its rate:
+
+1. **Bracket.**  The saturated throughput of the same policy on the same
+   requests bounds the stable rate from above: a probe at 1.05 times it must
+   fail (else the bound is doubled).  A light load, a tenth of it, bounds it
+   from below: a probe there must pass (else it is halved, down to a
+   thousandth; below that the result is a rate of 0).
+2. **Bisect.**  A probe at the bracket's midpoint replicates until each
+   criterion's confidence interval lies on one side of its threshold
+   (pass or fail), or ``max_reps`` is reached (undecided).  An undecided
+   probe narrows the bracket from both sides: its two neighbours halfway to
+   the bracket's ends are probed, and what they decide is kept.  The search
+   ends when the bracket is within ``rel_tol`` of its midpoint, or when a
+   probe and both its neighbours stay undecided (``resolved`` is then False).
+
+Every probe uses the same seeds, replication by replication (common random
+numbers): neighbouring probes are paired comparisons.
+
+The criteria:
+
+- **Stability** (always): the run's load, ``rate x mean batch service time /
+  (servers x mean batch size)``, is below 1: the arrival rate is below the
+  service rate at the batching the run shows.  In a stable run the load is
+  the servers' busy fraction; in an overloaded one it is the arrival rate
+  over the throughput, above 1.  Its per-replication values are decided with
+  a t-interval.  The results' and sweeps' steady-state checks apply as
+  well: a probe whose throughput interval lies below ``(1 -
+  throughput_tol) x rate``, or where every replication shows a growing
+  backlog (:attr:`SimulationResult.unstable`), fails.
+- **Objectives**, :class:`Objective`: any of ``latency_p50``,
+  ``latency_p95``, ``latency_p99``, ``mean_latency``, ``mean_ttft``,
+  ``sla_violation_share`` (share of requests above D_SLA, seed 001 section
+  8.1), ``sla_violation_tokens`` (share of output tokens decoded slower than
+  D_SLA + eps_D) and ``sla_violation_requests``, each at most its value: a
+  criterion passes when the t-interval of its mean over the replications
+  lies at or below it.
+
+Each criterion's interval is at ``confidence``; the reported interval
+``(rate_low, rate_high)`` is the final bracket: the highest rate that passed
+and the lowest that failed, which holds the capacity when every verdict is
+right.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from . import stats
+from ._validation import check_scalar_real
+from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
+from .metrics import METRICS
+from .simulation import plan
+from .params import Domain
+
+__all__ = ["Objective", "Probe", "CapacityResult", "find_capacity", "with_rate", "OBJECTIVE_METRICS"]
+
+#: the metrics an objective may bound from above
+OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft",
+                     "sla_violation_share", "sla_violation_tokens", "sla_violation_requests")
+#: the stability criterion's statistic and threshold (see the module docstring)
+LOAD, LOAD_LIMIT = "load", 1.0
+#: the saturated throughput times this must fail: the bracket's first upper end
+UPPER_MARGIN = 1.05
+#: the bracket's first lower end, as a share of the saturated throughput
+LIGHT_LOAD = 0.1
+#: halvings of the lower end, and doublings of the upper end, tried at most
+BRACKET_STEPS = 10
+#: replications of a probe at first (two at least: an interval needs two)
+FIRST_REPS = 3
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Upper bounds on metrics of the run: each one set must hold (its
+    t-interval at or below it).  Latencies in s; SLA shares in [0, 1].
+
+    >>> Objective(latency_p95=30.0)                 # p95 latency at most 30 s
+    >>> Objective(mean_ttft=0.5, sla_violation_share=0.05)
+    """
+
+    latency_p50: float | None = None
+    latency_p95: float | None = None
+    latency_p99: float | None = None
+    mean_latency: float | None = None
+    mean_ttft: float | None = None
+    sla_violation_share: float | None = None
+    sla_violation_tokens: float | None = None
+    sla_violation_requests: float | None = None
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            share = f.name.startswith("sla_")
+            dom = Domain(0.0, 1.0, lo_closed=True, hi_closed=True) if share else Domain(0.0, math.inf)
+            object.__setattr__(self, f.name, check_scalar_real(f.name, v, dom))
+        if not self.bounds():
+            raise ValueError(f"an Objective needs at least one bound: {', '.join(OBJECTIVE_METRICS)}")
+
+    def bounds(self) -> dict:
+        """``{metric: upper bound}`` of the bounds set."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def describe(self) -> str:
+        return " and ".join(f"{m} <= {x:g}" for m, x in self.bounds().items())
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probed rate: its replications, each criterion's ``(metric, mean,
+    low, high, threshold, verdict)`` and the probe's verdict (``"pass"``,
+    ``"fail"`` or ``"undecided"``)."""
+
+    rate: float
+    reps: int
+    criteria: tuple
+    verdict: str
+
+    def row(self, metric: str) -> tuple:
+        return next(c for c in self.criteria if c[0] == metric)
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    """What :func:`find_capacity` found.
+
+    ``rate`` is the midpoint of the final bracket ``(rate_low, rate_high)``
+    (its confidence interval, see the module docstring); ``criterion``
+    says what was required; ``probes`` lists every probe in order;
+    ``requests`` counts the simulated requests, the saturated runs
+    included; ``resolved`` is False when the search stopped on undecided
+    probes before reaching ``rel_tol``.
+    """
+
+    rate: float
+    rate_low: float
+    rate_high: float
+    criterion: str
+    confidence: float
+    rel_tol: float
+    saturated_throughput: float
+    probes: tuple = field(repr=False)
+    requests: int = 0
+    resolved: bool = True
+    seconds: float = 0.0
+
+    @property
+    def n_probes(self) -> int:
+        return len(self.probes)
+
+    def summary(self) -> str:
+        ok = "" if self.resolved else " (unresolved: undecided probes at the replication cap)"
+        return (f"capacity {self.rate:.6g} requests/s, in [{self.rate_low:.6g}, {self.rate_high:.6g}] "
+                f"({self.criterion}; each verdict at {self.confidence:.0%}){ok}; {self.n_probes} probes, "
+                f"{self.requests:.3g} requests simulated in {self.seconds:.2f} s")
+
+    def table(self):
+        """The probes as an xarray-free table: a list of dicts, one per probe
+        and criterion."""
+        return [{"rate": p.rate, "reps": p.reps, "metric": c[0], "mean": c[1], "low": c[2], "high": c[3],
+                 "threshold": c[4], "verdict": c[5], "probe_verdict": p.verdict}
+                for p in self.probes for c in p.criteria]
+
+
+def with_rate(arrivals, rate: float):
+    """The arrival process ``arrivals`` at mean rate ``rate``, its shape kept:
+    Poisson; Gamma with its CV; ON/OFF with its burst ratio (rate_off /
+    rate_on) and its sojourns; a replay by its ``scale``."""
+    if isinstance(arrivals, Poisson):
+        return Poisson(rate=rate)
+    if isinstance(arrivals, Gamma):
+        return Gamma(rate=rate, cv=arrivals.cv)
+    if isinstance(arrivals, OnOff):
+        f = rate / arrivals.rate
+        return OnOff(rate_on=arrivals.rate_on * f, rate_off=arrivals.rate_off * f, mean_on=arrivals.mean_on,
+                     mean_off=arrivals.mean_off)
+    if isinstance(arrivals, Replay):
+        return Replay(arrivals.times, scale=rate / arrivals.rate)
+    raise TypeError(f"arrivals must be Poisson, Gamma, OnOff or Replay (a process with a mean rate to set); got "
+                    f"{type(arrivals).__name__}")
+
+
+def _check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol):
+    if isinstance(arrivals, (Saturated, PiecewisePoisson)):
+        raise TypeError(f"arrivals must have one mean rate to search (Poisson, Gamma, OnOff or Replay); got "
+                        f"{type(arrivals).__name__}")
+    with_rate(arrivals, 1.0)          # (refuses any other type)
+    if servers == math.inf:
+        raise ValueError("servers must be finite: infinitely many servers sustain every rate")
+    if objective is not None and not isinstance(objective, Objective):
+        raise TypeError(f"objective must be None (stability only) or an mb.Objective; got {objective!r}")
+    kind = {"MultiBin": "multibin", "StaticBatching": "static", "DynamicBatching": "dynamic",
+            "MultiBinDynamic": "multibin_dynamic"}.get(type(policy).__name__)
+    if objective is not None and kind is not None:
+        for m in objective.bounds():
+            if kind not in METRICS[m].kinds:
+                raise ValueError(f"objective: {m} is not a metric of {type(policy).__name__} (it applies to "
+                                 f"{', '.join(sorted(METRICS[m].kinds))})")
+    check_scalar_real("rel_tol", rel_tol, Domain(0.0, 1.0))
+    check_scalar_real("confidence", confidence, Domain(0.0, 1.0))
+    check_scalar_real("throughput_tol", throughput_tol, Domain(0.0, 1.0))
+    if isinstance(max_reps, bool) or not isinstance(max_reps, (int, np.integer)) or max_reps < FIRST_REPS:
+        raise ValueError(f"max_reps must be an integer in [{FIRST_REPS}, inf); got {max_reps!r}")
+
+
+class _Search:
+    """The probes of one search: the same seeds at every rate, a plan per
+    rate, replications added until decided."""
+
+    def __init__(self, policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol,
+                 seed):
+        self.policy, self.arrivals, self.sim_kw, self.servers = policy, arrivals, sim_kw, servers
+        self.bounds = objective.bounds() if objective is not None else {}
+        self.confidence, self.max_reps, self.throughput_tol = confidence, max_reps, throughput_tol
+        root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+        self.root = root
+        self.probes, self.requests = [], 0
+        self.seen = {}          # rate -> Probe: a rate probed again (an undecided neighbour) is not rerun
+
+    def seed(self, rep: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence(self.root.entropy, spawn_key=(*self.root.spawn_key, rep))
+
+    def saturated_throughput(self) -> float:
+        run = plan(self.policy, Saturated(), servers=self.servers, **self.sim_kw)
+        thr = [run.run(self.seed(r), warn=False).throughput for r in range(FIRST_REPS)]
+        self.requests += FIRST_REPS * run.n
+        return float(np.mean(thr))
+
+    def probe(self, rate: float) -> Probe:
+        if rate in self.seen:
+            return self.seen[rate]
+        run = plan(self.policy, with_rate(self.arrivals, rate), servers=self.servers, **self.sim_kw)
+        values = {LOAD: [], "throughput": [], **{m: [] for m in self.bounds}}
+        growing = []
+        reps = 0
+        target = FIRST_REPS
+        while True:
+            for r in range(reps, target):
+                res = run.run(self.seed(r), warn=False)
+                values[LOAD].append(rate * res.mean_batch_service / (self.servers * res.batch_size_mean))
+                values["throughput"].append(res.throughput / rate)
+                growing.append(bool(res.unstable))
+                for m in self.bounds:
+                    values[m].append(getattr(res, m))
+            self.requests += (target - reps) * run.n
+            reps = target
+            rows = self._criteria(values, growing)
+            verdict = _verdict(rows, at_cap=reps >= self.max_reps)
+            if verdict != "undecided" or reps >= self.max_reps:
+                break
+            target = min(2 * reps, self.max_reps)
+        p = Probe(rate=float(rate), reps=reps, criteria=tuple(rows), verdict=verdict)
+        self.probes.append(p)
+        self.seen[rate] = p
+        return p
+
+    def _criteria(self, values, growing) -> list:
+        rows = []
+
+        def row(metric, x, threshold, below=True):
+            m, lo, hi = stats.t_interval(np.asarray(x, float), self.confidence)
+            if below:        # must be at most the threshold
+                v = "pass" if hi <= threshold else "fail" if lo > threshold else "undecided"
+            else:            # must be at least it
+                v = "pass" if lo >= threshold else "fail" if hi < threshold else "undecided"
+            if math.isnan(m):
+                v = "fail"   # (nothing completed)
+            rows.append((metric, m, lo, hi, threshold, v))
+
+        # the load: the arrival rate against the service rate at the run's batching
+        load = np.asarray(values[LOAD], float)
+        row(LOAD, load, LOAD_LIMIT)
+        # the steady-state checks of results and sweeps: throughput keeps up, no growing backlog
+        thr = values["throughput"]
+        m, lo, hi = stats.t_interval(np.asarray(thr, float), self.confidence)
+        floor = 1.0 - self.throughput_tol
+        rows.append(("throughput / rate", m, lo, hi, floor, "fail" if hi < floor else "pass"))
+        rows.append(("backlog growing", float(np.mean(growing)), math.nan, math.nan, 1.0,
+                     "fail" if all(growing) else "pass"))
+        for metric, bound in self.bounds.items():
+            row(metric, values[metric], bound)
+        return rows
+
+
+#: the steady-state checks of results and sweeps, which decide a probe only where the load cannot
+GUARDS = ("throughput / rate", "backlog growing")
+
+
+def _verdict(rows, at_cap: bool) -> str:
+    """A probe's verdict from its criteria: it fails if the load or an
+    objective fails, passes if they all pass.  The throughput and backlog
+    checks decide only a probe still undecided at the replication cap
+    (``at_cap``):
+    near the limit a stable queue run for finitely many requests still shows
+    the transient growth those checks look for (every replication of a probe
+    at 99.7 % of Theorem 4.2's capacity flags a growing backlog at n =
+    200,000), so they would put the limit below the theorem's."""
+    decisive = [c[5] for c in rows if c[0] not in GUARDS]
+    if "fail" in decisive:
+        return "fail"
+    if all(v == "pass" for v in decisive):
+        return "pass"
+    if at_cap and any(c[5] == "fail" for c in rows if c[0] in GUARDS):
+        return "fail"
+    return "undecided"
+
+
+def _interval(probes, lo: float, hi: float) -> tuple:
+    """The capacity's interval: the final bracket ``[lo, hi]``, widened by
+    the uncertainty of the load where stability decides it.
+
+    The load is proportional to the rate at a fixed batching, so a probe at
+    rate r whose load has the t-interval [a, b] puts the stable limit, the
+    rate of load 1, in [r / b, r / a].  When the probe at ``hi`` failed on
+    the load (stability binds), the bracket is widened to hold that interval
+    at both its ends.  A bracket an objective decided is its own interval."""
+    at = {p.rate: p for p in probes}
+    top = at.get(hi)
+    if top is None or top.verdict != "fail" or top.row(LOAD)[5] != "fail":
+        return lo, hi
+    low, high = lo, hi
+    for p in (at.get(lo), top):
+        if p is None or p.verdict == "undecided":
+            continue
+        a, b = p.row(LOAD)[2:4]
+        if a > 0 and b > 0:
+            low, high = min(low, p.rate / b), max(high, p.rate / a)
+    return low, high
+
+
+def find_capacity(policy, *, arrivals=None, service=None, workload=None, service_model=None, servers=1,
+                  objective=None, rel_tol=0.01, confidence=0.95, n=100_000, seed=0, max_reps=24,
+                  throughput_tol=0.05) -> CapacityResult:
+    """The largest arrival rate ``policy`` sustains: stable, and within
+    ``objective`` if given (see the module docstring for the criteria and
+    the method).
+
+    Parameters
+    ----------
+    policy : MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic
+    arrivals : Poisson, Gamma, OnOff or Replay, optional
+        The shape of the arrival process (default Poisson); its rate is what
+        the search sets.
+    service, workload, service_model, servers, n
+        As :func:`mbbatch.simulate` (``servers`` finite).
+    objective : Objective, optional
+        Bounds on latency or SLA metrics; stability is required as well.
+    rel_tol : float
+        The search ends when its bracket is within this share of its midpoint.
+    confidence : float
+        Level of each criterion's t-interval over the replications.
+    seed : int or SeedSequence
+        Replication ``r`` of every probe uses the same seed (common random
+        numbers).
+    max_reps : int
+        Replications of a probe at most.
+    throughput_tol : float
+        A probe whose throughput interval lies below ``(1 - throughput_tol)``
+        times its rate fails.
+
+    Returns
+    -------
+    CapacityResult
+    """
+    t0 = time.perf_counter()
+    arrivals = Poisson(rate=1.0) if arrivals is None else arrivals
+    _check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol)
+    sim_kw = {"service": service, "workload": workload, "service_model": service_model, "n": n}
+    # (every argument checked now, before any work: the plan refuses what simulate would)
+    plan(policy, with_rate(arrivals, 1.0), servers=servers, **sim_kw)
+    s = _Search(policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol, seed)
+    sat = s.saturated_throughput()
+    criterion = "stable" + (f" and {objective.describe()}" if objective is not None else "")
+
+    def result(lo, hi, resolved=True):
+        low, high = _interval(s.probes, lo, hi)
+        return CapacityResult(rate=0.5 * (lo + hi), rate_low=low, rate_high=high, criterion=criterion,
+                              confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
+                              probes=tuple(s.probes), requests=s.requests, resolved=resolved,
+                              seconds=time.perf_counter() - t0)
+
+    hi = UPPER_MARGIN * sat
+    for _ in range(BRACKET_STEPS):
+        if s.probe(hi).verdict == "fail":
+            break
+        hi *= 2.0
+    else:
+        raise RuntimeError(f"no failing rate up to {hi:g} requests/s (the saturated throughput is {sat:g}): "
+                           "the criterion does not bound the rate")
+    lo = LIGHT_LOAD * sat
+    for _ in range(BRACKET_STEPS):
+        v = s.probe(lo).verdict
+        if v == "pass":
+            break
+        hi = min(hi, lo) if v == "fail" else hi
+        lo *= 0.5
+    else:
+        return result(0.0, hi, resolved=True)
+    while hi - lo > rel_tol * 0.5 * (lo + hi):
+        mid = 0.5 * (lo + hi)
+        v = s.probe(mid).verdict
+        if v == "pass":
+            lo = mid
+        elif v == "fail":
+            hi = mid
+        else:
+            moved = False
+            for r in (0.5 * (lo + mid), 0.5 * (mid + hi)):
+                if not lo < r < hi:
+                    continue
+                w = s.probe(r).verdict
+                if w == "pass":
+                    lo, moved = r, True
+                elif w == "fail":
+                    hi, moved = r, True
+            if not moved:
+                return result(lo, hi, resolved=False)
+    return result(lo, hi)

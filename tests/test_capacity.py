@@ -1,0 +1,149 @@
+"""Capacity search (mbbatch.capacity): the paper's model against Theorem 4.2
+and Lemma A.1, objectives against stability, monotone in the threshold, and
+the arrival process's shape kept as its rate is set."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as st
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import mbbatch as mb
+from mbbatch import theory
+from mbbatch.capacity import Objective, find_capacity, with_rate
+
+U = st.uniform(1, 19)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_stability_capacity_of_the_paper_model_is_theorem_4_2(k):
+    """1 server, U(1, 20), B = 128: the interval holds B / E[t_service]
+    (Theorem 4.2) and the midpoint is within 1 % of it."""
+    want = 128 / theory.service_time(128, 1.0, 20.0, k)
+    r = find_capacity(mb.MultiBin(bins=k, batch_size=128), service=U, n=60_000, seed=k)
+    assert r.rate_low <= want <= r.rate_high, (r.summary(), want)
+    assert abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
+    assert r.resolved and r.rate_high - r.rate_low <= 0.01 * r.rate + 1e-12
+
+
+@pytest.mark.parametrize("servers", [2, 4])
+def test_c_servers_carry_c_times_theorem_4_2(servers):
+    want = servers * 128 / theory.service_time(128, 1.0, 20.0, 3)
+    r = find_capacity(mb.MultiBin(bins=3, batch_size=128), service=U, servers=servers, n=60_000, seed=2)
+    assert r.rate_low <= want <= r.rate_high and abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_exponential_service_at_lemma_a1_edges(k):
+    """Exponential service, Lemma A.1's edges: within 1 % of B /
+    batch_service_time on those edges."""
+    B, mu = 64, 0.5
+    edges = theory.exponential_boundaries(B, mu, k)
+    dist = st.expon(scale=1 / mu)
+    want = B / theory.batch_service_time(dist, edges, B)
+    r = find_capacity(mb.MultiBin(bins=k, batch_size=B, edges=edges), service=dist, n=200_000, seed=5)
+    assert abs(r.rate / want - 1) <= 0.01 and r.rate_low <= want <= r.rate_high, (r.summary(), want)
+
+
+def test_probes_share_their_seeds_and_report_every_criterion():
+    """Common random numbers: the paper's model forms the same batches at
+    every rate, so the load is exactly proportional to the rate."""
+    r = find_capacity(mb.MultiBin(bins=2, batch_size=32), service=U, n=20_000, seed=3)
+    three = [p for p in r.probes if p.reps == 3]
+    ratio = [p.row("load")[1] / p.rate for p in three]
+    np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)
+    for p in r.probes:
+        assert [c[0] for c in p.criteria] == ["load", "throughput / rate", "backlog growing"]
+        assert p.verdict in ("pass", "fail", "undecided")
+    assert r.requests == 3 * 20_000 + sum(p.reps for p in r.probes) * 20_000
+    assert r.probes[0].rate == pytest.approx(1.05 * r.saturated_throughput)
+
+
+WL = mb.Workload(prompt=st.lognorm(0.5, scale=128), output=st.lognorm(0.8, scale=64))
+DYN = mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0074, b_max=64))
+#: a dynamic-batching search: latency grows with the rate, so objectives bound it
+SEARCH = dict(workload=WL, n=3_000, seed=4, rel_tol=0.05)
+
+
+def test_an_objective_met_below_capacity_gives_the_stability_capacity():
+    stable = find_capacity(DYN, **SEARCH)
+    loose = find_capacity(DYN, **SEARCH, objective=Objective(latency_p95=1e9))
+    assert (loose.rate_low, loose.rate_high) == (stable.rate_low, stable.rate_high)
+    assert "latency_p95 <= 1e+09" in loose.criterion
+
+
+def test_a_tighter_objective_gives_a_smaller_rate():
+    stable = find_capacity(DYN, **SEARCH)
+    tight = find_capacity(DYN, **SEARCH, objective=Objective(mean_latency=2.0))
+    assert tight.rate_high < stable.rate_low, (tight.summary(), stable.summary())
+    # at the highest rate that passed the objective holds; at the lowest that failed it does not
+    passed = max((p for p in tight.probes if p.verdict == "pass"), key=lambda p: p.rate)
+    failed = min((p for p in tight.probes if p.verdict == "fail"), key=lambda p: p.rate)
+    assert passed.row("mean_latency")[3] <= 2.0 < failed.row("mean_latency")[2]
+    assert (tight.rate_low, tight.rate_high) == (passed.rate, failed.rate)
+
+
+@settings(max_examples=5, deadline=None)
+@given(a=hs.floats(1.5, 8.0), b=hs.floats(1.5, 8.0))
+def test_capacity_is_monotone_in_the_objectives_threshold(a, b):
+    """Property: a looser latency bound never gives a smaller capacity (same
+    seeds; up to the search's tolerance)."""
+    lo_x, hi_x = sorted((a, b))
+    r1 = find_capacity(DYN, **SEARCH, objective=Objective(latency_p95=lo_x))
+    r2 = find_capacity(DYN, **SEARCH, objective=Objective(latency_p95=hi_x))
+    assert r1.rate <= r2.rate * (1 + r2.rel_tol), (r1.summary(), r2.summary())
+
+
+def test_token_policies_and_their_objectives():
+    """Dynamic batching under a mean TTFT bound: a smaller capacity than
+    stability alone, every probe's TTFT row present."""
+    stable = find_capacity(DYN, **SEARCH)
+    ttft = find_capacity(DYN, **SEARCH, objective=Objective(mean_ttft=0.5, sla_violation_share=0.5))
+    assert ttft.rate < stable.rate
+    assert all(p.row("mean_ttft") and p.row("sla_violation_share") for p in ttft.probes)
+
+
+@pytest.mark.parametrize("proc", [mb.Poisson(rate=2.0), mb.Gamma(rate=2.0, cv=3.0),
+                                  mb.OnOff(rate_on=8.0, rate_off=1.0, mean_on=1.0, mean_off=3.0)])
+def test_with_rate_keeps_the_shape(proc):
+    p = with_rate(proc, 5.0)
+    assert p.rate == pytest.approx(5.0, rel=1e-12)
+    assert type(p) is type(proc)
+    if isinstance(proc, mb.Gamma):
+        assert p.cv == proc.cv
+    if isinstance(proc, mb.OnOff):
+        assert p.rate_off / p.rate_on == pytest.approx(proc.rate_off / proc.rate_on)
+        assert (p.mean_on, p.mean_off) == (proc.mean_on, proc.mean_off)
+
+
+def test_with_rate_scales_a_replay():
+    t = np.cumsum(np.random.default_rng(0).exponential(0.5, 1000))
+    p = with_rate(mb.Replay(t), 8.0)
+    assert p.rate == pytest.approx(8.0, rel=1e-12)
+    np.testing.assert_allclose(p.times * 8.0, (t - 0) * mb.Replay(t).rate, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"arrivals": mb.Saturated()}, TypeError, "arrivals must have one mean rate"),
+    ({"servers": math.inf}, ValueError, "servers must be finite"),
+    ({"rel_tol": 0.0}, ValueError, r"rel_tol must be in \(0, 1\)"),
+    ({"confidence": 1.0}, ValueError, r"confidence must be in \(0, 1\)"),
+    ({"max_reps": 2}, ValueError, r"max_reps must be an integer in \[3, inf\)"),
+    ({"objective": {"latency_p95": 3}}, TypeError, "objective must be None"),
+    ({"objective": Objective(mean_ttft=1.0)}, ValueError, "mean_ttft is not a metric of MultiBin"),
+    ({"n": 0}, ValueError, "n must be"),
+])
+def test_bad_arguments_are_refused_before_any_work(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        find_capacity(mb.MultiBin(bins=2, batch_size=8), **{"service": U, **kw})
+
+
+def test_objective_needs_a_bound_in_its_domain():
+    with pytest.raises(ValueError, match="at least one bound"):
+        Objective()
+    with pytest.raises(ValueError, match=r"sla_violation_share must be in \[0, 1\]"):
+        Objective(sla_violation_share=2.0)
+    with pytest.raises(ValueError, match=r"latency_p95 must be in \(0, inf\)"):
+        Objective(latency_p95=-1.0)
