@@ -61,7 +61,8 @@ from .metrics import METRICS
 from .simulation import plan
 from .params import Domain
 
-__all__ = ["Objective", "Probe", "CapacityResult", "find_capacity", "with_rate", "OBJECTIVE_METRICS"]
+__all__ = ["Objective", "Probe", "CapacityResult", "find_capacity", "check_search", "with_rate",
+           "OBJECTIVE_METRICS"]
 
 #: the metrics an objective may bound from above
 OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft",
@@ -153,6 +154,7 @@ class CapacityResult:
     requests: int = 0
     resolved: bool = True
     seconds: float = 0.0
+    kernel_seconds: float = 0.0
 
     @property
     def n_probes(self) -> int:
@@ -190,10 +192,12 @@ def with_rate(arrivals, rate: float):
                     f"{type(arrivals).__name__}")
 
 
-def _check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol):
+def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol):
     if isinstance(arrivals, (Saturated, PiecewisePoisson)):
         raise TypeError(f"arrivals must have one mean rate to search (Poisson, Gamma, OnOff or Replay); got "
                         f"{type(arrivals).__name__}")
+    """Raise what :func:`find_capacity` refuses in its own arguments (the
+    simulation's are checked by :func:`mbbatch.simulation.plan`)."""
     with_rate(arrivals, 1.0)          # (refuses any other type)
     if servers == math.inf:
         raise ValueError("servers must be finite: infinitely many servers sustain every rate")
@@ -224,7 +228,7 @@ class _Search:
         self.confidence, self.max_reps, self.throughput_tol = confidence, max_reps, throughput_tol
         root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
         self.root = root
-        self.probes, self.requests = [], 0
+        self.probes, self.requests, self.kernel_seconds = [], 0, 0.0
         self.seen = {}          # rate -> Probe: a rate probed again (an undecided neighbour) is not rerun
 
     def seed(self, rep: int) -> np.random.SeedSequence:
@@ -232,9 +236,10 @@ class _Search:
 
     def saturated_throughput(self) -> float:
         run = plan(self.policy, Saturated(), servers=self.servers, **self.sim_kw)
-        thr = [run.run(self.seed(r), warn=False).throughput for r in range(FIRST_REPS)]
+        runs = [run.run(self.seed(r), warn=False) for r in range(FIRST_REPS)]
         self.requests += FIRST_REPS * run.n
-        return float(np.mean(thr))
+        self.kernel_seconds += sum(res.kernel_seconds for res in runs)
+        return float(np.mean([res.throughput for res in runs]))
 
     def probe(self, rate: float) -> Probe:
         if rate in self.seen:
@@ -247,6 +252,7 @@ class _Search:
         while True:
             for r in range(reps, target):
                 res = run.run(self.seed(r), warn=False)
+                self.kernel_seconds += res.kernel_seconds
                 values[LOAD].append(rate * res.mean_batch_service / (self.servers * res.batch_size_mean))
                 values["throughput"].append(res.throughput / rate)
                 growing.append(bool(res.unstable))
@@ -374,7 +380,7 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     """
     t0 = time.perf_counter()
     arrivals = Poisson(rate=1.0) if arrivals is None else arrivals
-    _check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol)
+    check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol)
     sim_kw = {"service": service, "workload": workload, "service_model": service_model, "n": n}
     # (every argument checked now, before any work: the plan refuses what simulate would)
     plan(policy, with_rate(arrivals, 1.0), servers=servers, **sim_kw)
@@ -387,7 +393,7 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
         return CapacityResult(rate=0.5 * (lo + hi), rate_low=low, rate_high=high, criterion=criterion,
                               confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
                               probes=tuple(s.probes), requests=s.requests, resolved=resolved,
-                              seconds=time.perf_counter() - t0)
+                              seconds=time.perf_counter() - t0, kernel_seconds=s.kernel_seconds)
 
     hi = UPPER_MARGIN * sat
     for _ in range(BRACKET_STEPS):

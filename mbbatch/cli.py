@@ -56,26 +56,29 @@ def _parser() -> argparse.ArgumentParser:
                     help="on an error, show the full traceback instead of one line")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sw = sub.add_parser("sweep", help="run (or resume) sweep specs into Zarr stores")
-    sw.add_argument("spec", nargs="+", help="sweep specs, TOML files (see sweeps/)")
-    where = sw.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", help="the Zarr store to write (resumed if it exists); one spec")
-    where.add_argument("--out-dir", help="write each spec's store to OUT_DIR/NAME.zarr, on one pool of "
-                                         "workers for all")
-    sw.add_argument("--rebuild-stale", action="store_true",
-                    help="with --out-dir: discard and recompute a store made from another spec or by "
-                         "other code (what `make figures` does)")
-    sw.add_argument("--scheduler", default=None,
-                    help='run cells on dask.distributed: "local" starts a LocalCluster, anything '
-                         "else is the address of a running scheduler")
-    sw.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
-    sw.add_argument("--overwrite", action="store_true",
-                    help="discard the store at --out and start over (only ever deletes an mbbatch "
-                         "sweep store; anything else at that path is refused)")
-    sw.add_argument("--netcdf", default=None, help="also export the Dataset to this NetCDF file")
-    sw.add_argument("--quiet", action="store_true", help="no progress output")
-    sw.add_argument("--skip-missing-traces", action="store_true",
-                    help="skip, with a note, the specs whose trace file is absent (what `make figures` does)")
+    for command, help_ in (("sweep", "run (or resume) sweep specs into Zarr stores"),
+                           ("capacity", "run (or resume) capacity searches: specs with a [capacity] table, "
+                                        "a search at every grid point")):
+        sw = sub.add_parser(command, help=help_)
+        sw.add_argument("spec", nargs="+", help="sweep specs, TOML files (see sweeps/)")
+        where = sw.add_mutually_exclusive_group(required=True)
+        where.add_argument("--out", help="the Zarr store to write (resumed if it exists); one spec")
+        where.add_argument("--out-dir", help="write each spec's store to OUT_DIR/NAME.zarr, on one pool of "
+                                             "workers for all")
+        sw.add_argument("--rebuild-stale", action="store_true",
+                        help="with --out-dir: discard and recompute a store made from another spec or by "
+                             "other code (what `make figures` does)")
+        sw.add_argument("--scheduler", default=None,
+                        help='run cells on dask.distributed: "local" starts a LocalCluster, anything '
+                             "else is the address of a running scheduler")
+        sw.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+        sw.add_argument("--overwrite", action="store_true",
+                        help="discard the store at --out and start over (only ever deletes an mbbatch "
+                             "sweep store; anything else at that path is refused)")
+        sw.add_argument("--netcdf", default=None, help="also export the Dataset to this NetCDF file")
+        sw.add_argument("--quiet", action="store_true", help="no progress output")
+        sw.add_argument("--skip-missing-traces", action="store_true",
+                        help="skip, with a note, the specs whose trace file is absent (what `make figures` does)")
 
     _simulate_parser(sub)
 
@@ -153,6 +156,8 @@ def _simulate_parser(sub) -> None:
     sim.add_argument("--reps", type=int, default=1, help="replications (default 1)")
     sim.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     for name, sp in SPEC_PARAMS.items():
+        if sp.capacity_only:
+            continue            # (a capacity search's objective: `mbbatch capacity`)
         p = sp.table
         where = f" in {p.domain}" if p.domain is not None else f": {', '.join(p.choices)}"
         units = f", {p.units}" if p.units else ""
@@ -170,8 +175,8 @@ def _simulate(args) -> None:
     from .sweeps.cells import run_point
     from .sweeps.spec import SPEC_PARAMS, spec_from_dict
 
-    params = {name: getattr(args, f"p_{name}") for name in SPEC_PARAMS
-              if getattr(args, f"p_{name}") is not None}
+    params = {name: getattr(args, f"p_{name}") for name, sp in SPEC_PARAMS.items()
+              if not sp.capacity_only and getattr(args, f"p_{name}") is not None}
     raw = {"name": "simulate", "policy": args.policy, "arrivals": args.arrivals, "reps": args.reps,
            "seed": args.seed, "params": params}
     if args.service is not None:
@@ -266,7 +271,7 @@ def _print_warnings(caught) -> None:
 
 
 def _dispatch(args) -> int:
-    if args.command == "sweep":
+    if args.command in ("sweep", "capacity"):
         from .sweeps import run_sweep, run_sweeps
         from .sweeps.spec import TraceNotFound, load_spec
 
@@ -284,6 +289,10 @@ def _dispatch(args) -> int:
                 if not args.skip_missing_traces:
                     raise
                 print(f"note: skipped {path}: {exc}", file=sys.stderr)
+                continue
+            if args.command == "capacity" and specs[-1].capacity is None:
+                raise ValueError(f"{path}: no [capacity] table: `mbbatch capacity` runs capacity searches "
+                                 "(a spec without a rate axis and with [capacity]); run it with `mbbatch sweep`")
         if not specs:
             return 0
         with warnings.catch_warnings(record=True) as caught:

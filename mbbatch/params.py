@@ -268,6 +268,13 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("controller", "choice", "",
        "SLA controller: the specification's pseudocode, or the design notes' multiplicative variant",
        default="spec", choices=("spec", "multiplicative")),
+    # --- a capacity search's objective (mb.Objective): upper bounds, none by default ----
+    *[_p(f"objective_{m}", "real", u, f"capacity search: upper bound on {m}", d, default=None)
+      for m, u, d in (("latency_p50", "s", _POS), ("latency_p95", "s", _POS), ("latency_p99", "s", _POS),
+                      ("mean_latency", "s", _POS), ("mean_ttft", "s", _POS),
+                      ("sla_violation_share", "1", Domain(0, 1, lo_closed=True, hi_closed=True)),
+                      ("sla_violation_tokens", "1", Domain(0, 1, lo_closed=True, hi_closed=True)),
+                      ("sla_violation_requests", "1", Domain(0, 1, lo_closed=True, hi_closed=True)))],
     # --- closed forms only --------------------------------------------------------------
     _p("eps", "real", "requests/s", "throughput gap to capacity allowed", _POS),
 ]}

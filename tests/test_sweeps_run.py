@@ -396,3 +396,71 @@ def test_trace_filters_are_refused_in_the_workload_table(tmp_path):
         "window_end = [600.0, inf]", "window_end = [600.0, inf]\nwindow_start = [0.0, 700.0]"))
     with pytest.raises(SpecError, match="window_end must be after window_start at every grid point"):
         load_spec(p)
+
+
+# --- capacity searches as sweeps ---------------------------------------------------------
+
+CAPACITY_SPEC = """
+name = "capk"
+description = "capacity vs k"
+policy = "multibin"
+arrivals = "poisson"
+service = "uniform"
+seed = 5
+
+[params]
+batch_size = 64
+l_min = 1.0
+l_max = 20.0
+n = 30000
+
+[grid]
+bins = [1, 3]
+servers = [1, 2]
+
+[capacity]
+rel_tol = 0.01
+"""
+
+
+def test_a_capacity_sweep_stores_each_points_search_beside_theorem_4_2(tmp_path):
+    """`[capacity]`: a search per grid point; its interval holds servers x
+    B / E[t_service] (Theorem 4.2); the probes and requests are stored; the
+    Dataset has no rep dimension."""
+    ds = run_sweep(write(tmp_path, CAPACITY_SPEC), tmp_path / "c.zarr", workers=1, progress=False).load()
+    assert "rep" not in ds.dims and set(ds.dims) == {"bins", "servers"}
+    thm = ds["theory_service_rate"]
+    assert bool(((ds["sim_capacity_low"] <= thm) & (thm <= ds["sim_capacity_high"])).all())
+    assert float(abs(ds["sim_capacity"] / thm - 1).max()) <= 0.01
+    assert bool((ds["capacity_probes"] >= 3).all() and (ds["capacity_requests"] > 0).all())
+    assert bool(ds["capacity_resolved"].all()) and bool(ds["done"].all())
+
+
+def test_a_capacity_sweep_resumes_and_is_the_same_serial_or_parallel(tmp_path):
+    """Points marked not done are searched again on resume, equal bit for
+    bit; two worker processes give the same store as one."""
+    import zarr
+
+    p = write(tmp_path, CAPACITY_SPEC)
+    ref = run_sweep(p, tmp_path / "a.zarr", workers=1, progress=False).load()
+    par = run_sweep(p, tmp_path / "b.zarr", workers=2, progress=False).load()
+    assert_identical(ref, par)
+    done = zarr.open_array(str(tmp_path / "a.zarr"), path="done", mode="r+")
+    flags = done[...]
+    flags[0, 1] = flags[1, 0] = False
+    done[...] = flags
+    resumed = run_sweep(p, tmp_path / "a.zarr", workers=1, progress=False).load()
+    assert_identical(ref, resumed)
+
+
+def test_the_capacity_command_runs_capacity_specs_only(tmp_path):
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-m", "mbbatch.cli", "capacity", str(write(tmp_path, SMALL)),
+                        "--out", str(tmp_path / "s.zarr")], capture_output=True, text=True, env=env)
+    assert r.returncode != 0 and "no [capacity] table" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "mbbatch.cli", "capacity", str(write(tmp_path, CAPACITY_SPEC, "c.toml")),
+                        "--out", str(tmp_path / "c.zarr"), "--workers", "1", "--quiet"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0 and "capk: 4 grid points done" in r.stdout, r.stderr

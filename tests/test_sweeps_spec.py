@@ -370,3 +370,61 @@ def test_trace_workloads_are_checked(tmp_path, arrivals, top, workload, message)
     p.write_text(TRACE_SPEC.format(arrivals=arrivals, top=top, workload=workload))
     with pytest.raises(SpecError, match=message):
         load_spec(p)
+
+
+# --- capacity specs --------------------------------------------------------------------
+
+CAP = """
+name = "c"
+policy = "multibin"
+arrivals = "poisson"
+service = "uniform"
+seed = 1
+[params]
+batch_size = 8
+l_min = 1.0
+l_max = 20.0
+n = 1000
+[grid]
+bins = [1, 2]
+[capacity]
+"""
+
+
+def test_a_capacity_spec_has_its_defaults_and_no_rate():
+    spec = parse_spec(CAP, source="c.toml")
+    assert spec.capacity == {"rel_tol": 0.01, "confidence": 0.95, "max_reps": 24, "throughput_tol": 0.05}
+    assert all("rate" not in params for _, params in spec.points())
+    assert "capacity" in spec.to_dict()
+
+
+@pytest.mark.parametrize("change, match", [
+    (("[params]", "[params]\nrate = 2.0"), r"params\.rate: a capacity search sets the arrival rate"),
+    (("bins = [1, 2]", "bins = [1, 2]\nrate = [1.0, 2.0]"), r"grid\.rate: a capacity search sets the arrival rate"),
+    (("seed = 1", "seed = 1\nreps = 3"), "reps does not apply to a capacity search"),
+    (('arrivals = "poisson"', 'arrivals = "saturated"'), "a capacity search sets the rate of arrivals"),
+    (("[capacity]", "[capacity]\nrel_tol = 0.0"), r"capacity: rel_tol must be in \(0, 1\); got 0\.0"),
+    (("[capacity]", "[capacity]\nmax_reps = 2"), r"capacity: max_reps must be in \[3, inf\), an integer; got 2"),
+    (("[capacity]", "[capacity]\nspeed = 1"), "capacity: unknown key 'speed'"),
+    (("[capacity]", "[capacity]\nlatency_p95 = 3.0"), "capacity: latency_p95: an objective's bounds are "
+                                                         "parameters, objective_<metric>"),
+    (("[params]", "[params]\nobjective_latency_p95 = -3.0"), r"objective_latency_p95 must be in \(0, inf\)"),
+    (("[params]", "[params]\nobjective_mean_ttft = 3.0"), r"unknown key params\.objective_mean_ttft"),
+])
+def test_capacity_specs_are_checked(change, match):
+    with pytest.raises(SpecError, match=match):
+        parse_spec(CAP.replace(*change), source="c.toml")
+
+
+def test_objective_bounds_are_capacity_parameters_and_axes():
+    from mbbatch.sweeps.cells import check_points
+
+    with pytest.raises(SpecError, match="objective_latency_p95.*does not apply"):
+        parse_spec(CAP.replace("[capacity]", "").replace("seed = 1", "seed = 1\nreps = 1")
+                   .replace("[params]", "[params]\nobjective_latency_p95 = 3.0").replace("[grid]", "[grid]\nrate = [1.0]"),
+                   source="c.toml")
+    spec = parse_spec(CAP.replace("bins = [1, 2]", "bins = [1, 2]\nobjective_latency_p95 = [100.0, 200.0]"),
+                      source="c.toml")
+    cells = [params for _, params in spec.points()]
+    assert [c["objective_latency_p95"] for c in cells] == [100.0, 200.0, 100.0, 200.0]
+    check_points(spec)

@@ -31,7 +31,7 @@ from ..workload import Workload
 from .spec import WORKLOAD_PARAMS, SpecError
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
-           "service_model", "trace_filters"]
+           "service_model", "trace_filters", "run_capacity_point", "check_capacity_point"]
 
 SEED_SCHEME = (
     "SeedSequence(entropy=<spec seed, or its policy variant's>, spawn_key=(w0, ..., w7, rep)), where "
@@ -240,6 +240,10 @@ def check_points(spec) -> None:
         where = ", ".join(f"{nm}={params[nm]!r}" for nm in spec.axes)
         where = f"at grid point {where}" if where else "at its one grid point"
         try:
+            if spec.capacity is not None:
+                check_capacity_point(spec.arrivals, spec.service, params, spec.capacity)
+                point_theory(spec.arrivals, spec.service, params)
+                continue
             pol, arr, kw = point_objects(spec.arrivals, spec.service, params)
             check_simulation(pol, arr, n=params["n"], servers=params["servers"], **kw)
             point_theory(spec.arrivals, spec.service, params)
@@ -281,6 +285,49 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     return out
 
 
+def run_capacity_point(arrivals: str, service: str, params: dict, root_seed: int, capacity: dict) -> dict:
+    """A capacity search (:func:`mbbatch.find_capacity`) at one grid point of
+    a capacity spec: its [capacity] table's settings and objective, the
+    point's seed (every probe's replication r uses seed r of the cell's
+    seed sequence, as a sweep's rep r would)."""
+    from ..capacity import find_capacity
+
+    pol, arr, kw = point_objects(arrivals, service, {**params, "rate": 1.0})
+    objective = _objective(params)
+    stop = stop_flag()
+
+    def search():
+        return find_capacity(pol, arrivals=arr, servers=params["servers"], objective=objective,
+                             rel_tol=capacity["rel_tol"], confidence=capacity["confidence"], n=params["n"],
+                             seed=cell_seed(root_seed, params, 0, _words(params)), max_reps=capacity["max_reps"],
+                             throughput_tol=capacity["throughput_tol"], **kw)
+
+    res = interruptible(search, stop)
+    return {"sim_capacity": res.rate, "sim_capacity_low": res.rate_low, "sim_capacity_high": res.rate_high,
+            "sim_saturated_throughput": res.saturated_throughput, "capacity_probes": res.n_probes,
+            "capacity_requests": res.requests, "capacity_resolved": res.resolved,
+            "_kernel_seconds": res.kernel_seconds}
+
+
+def _objective(params: dict):
+    """The cell's objective: its ``objective_<metric>`` bounds that are set, else None."""
+    from ..capacity import OBJECTIVE_METRICS, Objective
+
+    bounds = {m: params[f"objective_{m}"] for m in OBJECTIVE_METRICS if params.get(f"objective_{m}") is not None}
+    return Objective(**bounds) if bounds else None
+
+
+def check_capacity_point(arrivals: str, service: str, params: dict, capacity: dict) -> None:
+    """Raise what :func:`run_capacity_point` would refuse, without searching."""
+    from ..capacity import check_search
+
+    pol, arr, kw = point_objects(arrivals, service, {**params, "rate": 1.0})
+    objective = _objective(params)
+    check_search(pol, arr, params["servers"], objective, capacity["rel_tol"], capacity["confidence"],
+                 capacity["max_reps"], capacity["throughput_tol"])
+    check_simulation(pol, arr, n=params["n"], servers=params["servers"], **kw)
+
+
 def _sample_time_series(ts, time_grid, out: dict, rep: int) -> None:
     """The value in force at each grid time: that of the last sampled batch
     start before it."""
@@ -313,7 +360,7 @@ def _mean_batch_service(service, l_min, l_max, mu, edges_rule, B, k) -> float:
 def _mean_rate(arrivals: str, params: dict):
     """The long-run arrival rate of a process with a steady state, else None."""
     if arrivals in ("poisson", "gamma"):
-        return params["rate"]
+        return params.get("rate")            # (None in a capacity search, which sets it)
     if arrivals == "onoff":
         return OnOff(params["rate_on"], params["rate_off"], params["mean_on"], params["mean_off"]).rate
     return None
@@ -381,7 +428,7 @@ def point_theory(arrivals: str, service: str, params: dict) -> dict:
     if lam is not None:
         # a stable system serves what arrives, whatever the arrival process
         out["theory_throughput"] = min(lam, rate_s)
-    if arrivals == "poisson":
+    if arrivals == "poisson" and lam is not None:
         # Lemma 5.1, eq. (7), for any edges: a request waits (B-1)/(2 lam p_i)
         # for its bin's batch to fill, and sum_i p_i (B-1)/(2 lam p_i) = k(B-1)/(2 lam)
         out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)

@@ -30,9 +30,9 @@ import numpy as np
 from .. import stats
 from ..results import UnstableWarning
 from . import store
-from .cells import SEED_SCHEME, check_points, point_theory, run_point, trace_of
+from .cells import SEED_SCHEME, check_points, point_theory, run_capacity_point, run_point, trace_of
 from .executors import Executor, warm_worker, whole
-from .schema import (FILL, TIME_SERIES, aggregates, coord_values, rep_vars, spec_attrs, template, time_grid,
+from .schema import (CAPACITY, CAPACITY_THEORY, FILL, TIME_SERIES, aggregates, coord_values, rep_vars, spec_attrs, template, time_grid,
                      variables)
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 from .store import StoreNote, SweepError
@@ -52,7 +52,8 @@ def _attrs(spec: SweepSpec) -> dict:
         "description": spec.description,
         "arrivals": spec.arrivals,
         "service": spec.service,
-        "reps": spec.reps,
+        **({"reps": spec.reps} if spec.capacity is None
+           else {f"capacity_{k}": v for k, v in spec.capacity.items()}),
         "seed": str(spec.seed),
         "spec": spec.text,
         "spec_canonical": spec.canonical,
@@ -111,7 +112,8 @@ def _layout(spec: SweepSpec) -> tuple[list, dict]:
     if grid is not None:
         names += list(TIME_SERIES)
     coords = {nm: coord_values(nm, vals) for nm, vals in spec.axes.items()}
-    coords["rep"] = np.arange(spec.reps)
+    if spec.capacity is None:
+        coords["rep"] = np.arange(spec.reps)
     if grid is not None:
         coords["time"] = grid
     return names, coords
@@ -122,7 +124,8 @@ def _template(spec: SweepSpec, theory: dict):
     ds = template(spec, _attrs(spec))
     for idx, values in theory.items():
         for var, value in values.items():
-            ds[var].values[idx] = value
+            if var in ds:
+                ds[var].values[idx] = value
     return ds
 
 
@@ -178,9 +181,16 @@ def _describe_damage(spec: SweepSpec, damaged: dict, most: int = 8) -> str:
 def _point_data(spec: SweepSpec, sim: dict, theory: dict) -> dict:
     """Everything stored for one grid point: the per-rep values, their means
     and intervals, the closed forms and the unstable flag (fill values for
-    metrics that do not apply to the point's policy)."""
+    metrics that do not apply to the point's policy); a capacity search's
+    results and closed forms."""
     data = {}
     kinds = variables(spec)
+    if spec.capacity is not None:
+        data = {var: sim[var] for var in CAPACITY}
+        for var in CAPACITY_THEORY:
+            if var in kinds:
+                data[var] = theory.get(var, math.nan)
+        return data
     for var in rep_vars(spec):
         data[var] = sim[var] if var in sim else np.full(spec.reps, FILL[kinds[var][1]], dtype=kinds[var][1])
     for var in TIME_SERIES:
@@ -203,6 +213,10 @@ def _point_data(spec: SweepSpec, sim: dict, theory: dict) -> dict:
 
 def _point_task(arrivals, service, params, seed, reps, grid):
     return run_point(arrivals, service, params, seed, reps, grid)
+
+
+def _capacity_task(arrivals, service, params, seed, capacity):
+    return run_capacity_point(arrivals, service, params, seed, capacity)
 
 
 @dataclass(frozen=True)
@@ -237,6 +251,7 @@ class _Progress:
         self.total = total_cells
         self.per_cell = requests_per_cell
         self.done = 0
+        self.requests = 0
         self.start = time.perf_counter()
         self.enabled = enabled and total_cells > 0
         self.tty = sys.stderr.isatty()
@@ -249,12 +264,15 @@ class _Progress:
         elif self.enabled:
             print(f"{name}: {total_cells} cells to compute", file=sys.stderr, flush=True)
 
-    def update(self, cells: int) -> None:
+    def update(self, cells: int, requests: int | None = None) -> None:
+        """``cells`` more done, which simulated ``requests`` (default: the
+        requests of a cell each)."""
         if not self.enabled:
             return
         self.done += cells
+        self.requests += cells * self.per_cell if requests is None else requests
         elapsed = time.perf_counter() - self.start
-        rate = self.done * self.per_cell / elapsed if elapsed > 0 else 0.0
+        rate = self.requests / elapsed if elapsed > 0 else 0.0
         if self.bar is not None:
             self.bar.set_postfix_str(f"{rate / 1e6:.1f} M requests/s", refresh=False)
             self.bar.update(cells)
@@ -388,8 +406,12 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
         done, values = state.done, state.values
     pending = [(idx, params) for idx, params in spec.points() if not done[idx]]
     grid = time_grid(spec)
-    tasks = [(idx, _point_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.reps, grid))
-             for idx, params in pending]
+    if spec.capacity is None:
+        tasks = [(idx, _point_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.reps, grid))
+                 for idx, params in pending]
+    else:
+        tasks = [(idx, _capacity_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.capacity))
+                 for idx, params in pending]
     if tasks:
         warm_worker()  # compile once here, so that workers load the cached kernels
     n_cell = {idx: params["n"] for idx, params in pending}
@@ -421,8 +443,9 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
                 values[var][idx] = value
             done[idx] = True
             dirty.add(store.block_of(idx, chunks))
-            requests += n_cell[idx] * spec.reps
-            bar.update(spec.reps)
+            added = int(sim["capacity_requests"]) if spec.capacity is not None else n_cell[idx] * spec.reps
+            requests += added
+            bar.update(spec.reps, added)
             if time.perf_counter() - last_flush >= FLUSH_SECONDS:
                 flush()
     finally:
@@ -436,7 +459,8 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
     if not done.all():
         raise SweepError(f"out: {out} still has points not done after the run")
     ds = store.open_dataset(out)
-    _warn_unstable(spec, np.asarray(values["unstable"], dtype=bool))
+    if "unstable" in values:
+        _warn_unstable(spec, np.asarray(values["unstable"], dtype=bool))
     if netcdf is not None:
         ds.load().to_netcdf(netcdf)
     summary = Summary(spec.name, len(tasks), requests, time.perf_counter() - start, kernel,

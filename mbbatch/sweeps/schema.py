@@ -20,7 +20,7 @@ import numpy as np
 from ..metrics import METRICS
 from .spec import SPEC_PARAMS, SweepSpec, _values
 
-__all__ = ["variables", "rep_vars", "aggregates", "time_grid", "template", "coord_values", "THEORY",
+__all__ = ["CAPACITY", "CAPACITY_THEORY", "variables", "rep_vars", "aggregates", "time_grid", "template", "coord_values", "THEORY",
            "TIME_SERIES", "TIME_POINTS", "FILL", "spec_attrs"]
 
 #: the closed forms of the multi-bin paper: name -> (units, description)
@@ -56,10 +56,34 @@ def _metrics(spec: SweepSpec):
     return [m for m in METRICS.values() if m.per_rep and kinds & m.kinds]
 
 
+#: a capacity sweep's variables (per grid point): name -> (dtype, units, description)
+CAPACITY = {
+    "sim_capacity": ("f8", "requests/s", "the largest arrival rate meeting the criterion (mb.find_capacity): "
+                                         "the midpoint of its final bracket"),
+    "sim_capacity_low": ("f8", "requests/s", "lower end of the capacity's interval"),
+    "sim_capacity_high": ("f8", "requests/s", "upper end of the capacity's interval"),
+    "sim_saturated_throughput": ("f8", "requests/s", "the policy's saturated throughput (the search's "
+                                                     "upper bound)"),
+    "capacity_probes": ("i8", "probes", "rates probed"),
+    "capacity_requests": ("i8", "requests", "requests simulated by the search, saturated runs included"),
+    "capacity_resolved": ("bool", "1", "the search reached rel_tol (else it stopped on undecided probes)"),
+}
+#: the closed forms beside a capacity search (the multi-bin paper's model)
+CAPACITY_THEORY = ("theory_mean_batch_service", "theory_service_rate", "capacity")
+
+
 def variables(spec: SweepSpec) -> dict:
     """The variables of a sweep's Dataset (without the time series):
     name -> (per rep?, dtype, units, description)."""
     out = {}
+    if spec.capacity is not None:
+        for name, (dtype, units, desc) in CAPACITY.items():
+            out[name] = (False, dtype, units, desc)
+        if "multibin" in spec.kinds:
+            for name in CAPACITY_THEORY:
+                out[name] = (False, "f8", *THEORY[name])
+        out["done"] = (False, "bool", "1", "this grid point's search is computed and stored")
+        return out
     for m in _metrics(spec):
         out[m.var] = (True, m.dtype, m.units, m.description)
     for m in _metrics(spec):
@@ -136,8 +160,9 @@ def template(spec: SweepSpec, attrs: dict):
     dims = list(spec.axes)
     shape = spec.shape
     coords = {nm: _coord(spec, nm, vals) for nm, vals in spec.axes.items()}
-    coords["rep"] = (("rep",), np.arange(spec.reps), {"units": "1", "long_name": "replication",
-                                                       "description": "independent replication index"})
+    if spec.capacity is None:
+        coords["rep"] = (("rep",), np.arange(spec.reps), {"units": "1", "long_name": "replication",
+                                                           "description": "independent replication index"})
     data = {}
     for name, (per_rep, dtype, units, desc) in variables(spec).items():
         vdims = dims + ["rep"] if per_rep else dims

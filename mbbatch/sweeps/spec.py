@@ -68,7 +68,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .._validation import check
-from ..metrics import CONTROLLED, KINDS, TOKEN
+from ..capacity import OBJECTIVE_METRICS
+from ..metrics import CONTROLLED, KINDS, METRICS, TOKEN
 from ..params import PARAMS as TABLE
 
 __all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
@@ -99,7 +100,8 @@ class SpecParam:
     It applies to a cell whose policy kind is in ``kinds``, whose arrival
     process is in ``arrivals`` (if given), whose workload form is in
     ``workload`` (if given) and whose batch service model is in ``models``
-    (if given).  ``required``: no default, it must be given.
+    (if given), and only to a capacity spec if ``capacity_only``.
+    ``required``: no default, it must be given.
     """
 
     name: str
@@ -109,6 +111,7 @@ class SpecParam:
     required: bool = True
     key: str = ""
     models: frozenset = frozenset()
+    capacity_only: bool = False
 
     @property
     def table(self):
@@ -118,10 +121,10 @@ class SpecParam:
     def default(self):
         return self.table.default
 
-    def applies(self, kind: str, arrivals: str, workload: str, model: str) -> bool:
+    def applies(self, kind: str, arrivals: str, workload: str, model: str, capacity: bool) -> bool:
         return (kind in self.kinds and (not self.arrivals or arrivals in self.arrivals)
                 and (not self.workload or workload in self.workload)
-                and (not self.models or model in self.models))
+                and (not self.models or model in self.models) and (capacity or not self.capacity_only))
 
     def check(self, value, where: str):
         """Validate one value; return it normalized (int, float or str)."""
@@ -136,9 +139,9 @@ class SpecParam:
             raise SpecError(f"{where}: {exc}{hint}") from None
 
 
-def _sp(name, kinds=_ALL, *, arrivals=(), workload=(), required=True, key="", models=()):
+def _sp(name, kinds=_ALL, *, arrivals=(), workload=(), required=True, key="", models=(), capacity_only=False):
     return SpecParam(name, frozenset(kinds), frozenset(arrivals), frozenset(workload), required, key,
-                     frozenset(models))
+                     frozenset(models), capacity_only)
 
 
 # token-level requests (log-normal lengths or a trace's) under a batch service model
@@ -200,6 +203,8 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("warmup", _MBD, required=False),
     _sp("n"),
     _sp("servers", required=False),
+    # a capacity search's objective: upper bounds on metrics of the policies they apply to
+    *[_sp(f"objective_{m}", METRICS[m].kinds, required=False, capacity_only=True) for m in OBJECTIVE_METRICS],
 ]}
 
 #: Parameters that shape the workload (the requests), as opposed to the
@@ -226,7 +231,19 @@ _TOP = {
                 "BurstGPT loader's model and log_type filters (window_start, window_end and drop_failed "
                 "are parameters)",
     "grid": "table of axes: parameter = [values]",
+    "capacity": "a capacity search at every grid point instead of fixed rates: [capacity] with rel_tol, "
+                "confidence, max_reps and throughput_tol; an objective's bounds are the parameters "
+                "objective_<metric>",
 }
+#: the [capacity] table: key -> (default, domain text, check)
+CAPACITY_KEYS = {
+    "rel_tol": (0.01, "(0, 1)", lambda v: 0 < v < 1),
+    "confidence": (0.95, "(0, 1)", lambda v: 0 < v < 1),
+    "max_reps": (24, "[3, inf), an integer", lambda v: isinstance(v, int) and v >= 3),
+    "throughput_tol": (0.05, "(0, 1)", lambda v: 0 < v < 1),
+}
+#: arrival processes a capacity search can set the rate of
+CAPACITY_ARRIVALS = ("poisson", "gamma", "onoff", "trace")
 _ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step", "trace")
 #: where a missing trace file can be downloaded, by format
 TRACE_SOURCES = {"azure": "https://github.com/Azure/AzurePublicDataset (data/AzureLLMInferenceTrace_*.csv)",
@@ -269,6 +286,7 @@ class SweepSpec:
     text: str = field(default="", repr=False)
     single: bool = True
     trace: dict | None = None
+    capacity: dict | None = None
 
     @property
     def kinds(self) -> list:
@@ -305,6 +323,8 @@ class SweepSpec:
         d["policies"] = {nm: {k: enc(v) for k, v in s.items()} for nm, s in self.policies.items()}
         if self.trace is not None:
             d["trace"] = {k: v for k, v in self.trace.items() if k != "path"}   # (not this machine's path)
+        if self.capacity is not None:
+            d["capacity"] = self.capacity
         return d
 
     @property
@@ -339,8 +359,10 @@ class SweepSpec:
         kind = settings["kind"]
         p = {}
         for nm, sp in SPEC_PARAMS.items():
-            if not sp.applies(kind, self.arrivals, self.workload, self.service_model):
+            if not sp.applies(kind, self.arrivals, self.workload, self.service_model, self.capacity is not None):
                 continue
+            if self.capacity is not None and nm in SEARCHED:
+                continue            # (the search sets it)
             for source in (grid, settings, self.params):
                 if nm in source:
                     p[nm] = source[nm]
@@ -420,9 +442,15 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     for key in raw:
         if key not in _TOP:
             raise SpecError(f"{source}: unknown key {key!r}; allowed: {sorted(_TOP)}")
-    for key in ("name", "arrivals", "reps", "seed"):
+    capacity = _capacity_table(raw, source)
+    if capacity is not None and "reps" in raw:
+        raise SpecError(f"{source}: reps does not apply to a capacity search: each probe replicates until "
+                        "decided, up to [capacity] max_reps")
+    for key in ("name", "arrivals", "seed") + (("reps",) if capacity is None else ()):
         if key not in raw:
             raise SpecError(f"{source}: missing field {key!r} ({_TOP[key]})")
+    if capacity is not None:
+        raw["reps"] = 1
     name = raw["name"]
     if not isinstance(name, str) or not name or not name.replace("_", "").replace("-", "").isalnum():
         raise SpecError(f"{source}: name must be a non-empty identifier (letters, digits, _ or -); got {name!r}")
@@ -430,6 +458,9 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     if not isinstance(description, str):
         raise SpecError(f"{source}: description must be a string; got {description!r}")
     arrivals = _choice(raw, "arrivals", _ARRIVALS, source)
+    if capacity is not None and arrivals not in CAPACITY_ARRIVALS:
+        raise SpecError(f"{source}: a capacity search sets the rate of arrivals {list(CAPACITY_ARRIVALS)}; "
+                        f"got arrivals = {arrivals!r}")
     reps = raw["reps"]
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
         raise SpecError(f"{source}: reps must be an integer in [1, inf); got {reps!r}")
@@ -493,10 +524,18 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                             "workload), or token-level requests with service_model = \"max\"; "
                             f"got service_model = {model!r}")
 
+    if capacity is not None:
+        for nm in SEARCHED:
+            where = [t for t, d in (("params", fixed), ("grid", grid)) if nm in d]
+            where += [f"policies.{v}" for v, st in policies.items() if nm in st]
+            if where:
+                raise SpecError(f"{source}: {where[0]}.{nm}: a capacity search sets the arrival rate; remove "
+                                f"{nm} (the arrival process keeps its other parameters, its shape)")
+
     # --- which keys apply, and to which variants
     def applies_to(nm):
         sp = SPEC_PARAMS.get(nm)
-        return [v for v, s in policies.items() if sp and sp.applies(s["kind"], arrivals, workload, model)]
+        return [v for v, s in policies.items() if sp and sp.applies(s["kind"], arrivals, workload, model, capacity is not None)]
 
     def unknown(where, key, allowed, shown=None):
         side = {"tokens": f"token-level requests under service_model={model!r}",
@@ -528,9 +567,9 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             if key in _VARIANT_KEYS:
                 continue
             sp = SPEC_PARAMS.get(key)
-            if sp is None or not sp.applies(settings["kind"], arrivals, workload, model):
+            if sp is None or not sp.applies(settings["kind"], arrivals, workload, model, capacity is not None):
                 allowed = sorted(nm for nm, p in SPEC_PARAMS.items()
-                                 if p.applies(settings["kind"], arrivals, workload, model))
+                                 if p.applies(settings["kind"], arrivals, workload, model, capacity is not None))
                 raise unknown(f"{source}: policies.{vname}", key, allowed)
             if key in grid:
                 raise SpecError(f"{source}: {key} is both in policies.{vname} and in [grid]; give it once")
@@ -583,17 +622,45 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     # --- every variant has every parameter it needs
     for vname, settings in policies.items():
         for nm, sp in SPEC_PARAMS.items():
-            if (sp.required and sp.applies(settings["kind"], arrivals, workload, model)
-                    and nm not in settings and nm not in params and nm not in axes):
+            if (sp.required and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
+                    and nm not in settings and nm not in params and nm not in axes
+                    and not (capacity is not None and nm in SEARCHED)):
                 where = f"policies.{vname}, " if not single else ""
                 raise SpecError(f"{source}: missing field {where}params.{nm} or grid.{nm} "
                                 f"({sp.table.description})")
 
     spec = SweepSpec(name=name, description=description, arrivals=arrivals, workload=workload,
                      service_model=model, reps=reps, seed=seed, params=params, axes=axes, policies=policies,
-                     source=source, text=text, single=single, trace=trace)
+                     source=source, text=text, single=single, trace=trace, capacity=capacity)
     _check_joint(spec, source)
     return spec
+
+
+#: the parameters a capacity search sets: the rate (and a replay's scale)
+SEARCHED = ("rate", "scale")
+
+
+def _capacity_table(raw: dict, source: str) -> dict | None:
+    """The [capacity] table, its defaults filled in (the objective's bounds
+    are the parameters ``objective_<metric>``)."""
+    if "capacity" not in raw:
+        return None
+    table = _table(raw, "capacity", source)
+    where = f"{source}: capacity"
+    out = {}
+    for key, value in table.items():
+        if key == "objective" or key in OBJECTIVE_METRICS:
+            raise SpecError(f"{where}: {key}: an objective's bounds are parameters, objective_<metric> in "
+                            "[params] (or [grid] axes), e.g. objective_latency_p95 = 30.0")
+        if key not in CAPACITY_KEYS:
+            raise SpecError(f"{where}: unknown key {key!r}; allowed: {sorted(CAPACITY_KEYS)}")
+        _, dom, ok = CAPACITY_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            raise SpecError(f"{where}: {key} must be in {dom}; got {value!r}")
+        out[key] = value
+    for key, (default, _, _) in CAPACITY_KEYS.items():
+        out.setdefault(key, default)
+    return out
 
 
 def _trace_table(raw: dict, source: str) -> dict | None:
