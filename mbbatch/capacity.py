@@ -13,10 +13,12 @@ searches its rate:
 2. **Bisect.**  A probe at the bracket's midpoint replicates until each
    criterion's confidence interval lies on one side of its threshold
    (pass or fail), or ``max_reps`` is reached (undecided).  An undecided
-   probe narrows the bracket from both sides: its two neighbours halfway to
-   the bracket's ends are probed, and what they decide is kept.  The search
-   ends when the bracket is within ``rel_tol`` of its midpoint, or when a
-   probe and both its neighbours stay undecided (``resolved`` is then False).
+   probe narrows the bracket from both sides, to the points halfway to its
+   ends: they are probed, and an end moves to a point that decides as a
+   verdict would move it; where a point stays undecided too, the end moves
+   there all the same (the limit lies within the probes' resolution of the
+   undecided rate), and ``resolved`` is False.  The search ends when the
+   bracket is within ``rel_tol`` of its midpoint.
 
 Every probe uses the same seeds, replication by replication (common random
 numbers): neighbouring probes are paired comparisons.
@@ -139,8 +141,10 @@ class CapacityResult:
     (its confidence interval, see the module docstring); ``criterion``
     says what was required; ``probes`` lists every probe in order;
     ``requests`` counts the simulated requests, the saturated runs
-    included; ``resolved`` is False when the search stopped on undecided
-    probes before reaching ``rel_tol``.
+    included; ``resolved`` is False when an end of the bracket moved to a
+    probe that stayed undecided at the replication cap (the interval then
+    says where the criterion cannot be told from its threshold, rather than
+    where every verdict lies).
     """
 
     rate: float
@@ -161,7 +165,7 @@ class CapacityResult:
         return len(self.probes)
 
     def summary(self) -> str:
-        ok = "" if self.resolved else " (unresolved: undecided probes at the replication cap)"
+        ok = "" if self.resolved else " (unresolved: narrowed by probes undecided at the replication cap)"
         return (f"capacity {self.rate:.6g} requests/s, in [{self.rate_low:.6g}, {self.rate_high:.6g}] "
                 f"({self.criterion}; each verdict at {self.confidence:.0%}){ok}; {self.n_probes} probes, "
                 f"{self.requests:.3g} requests simulated in {self.seconds:.2f} s")
@@ -412,6 +416,7 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
         lo *= 0.5
     else:
         return result(0.0, hi, resolved=True)
+    unverified = False
     while hi - lo > rel_tol * 0.5 * (lo + hi):
         mid = 0.5 * (lo + hi)
         v = s.probe(mid).verdict
@@ -420,15 +425,20 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
         elif v == "fail":
             hi = mid
         else:
-            moved = False
-            for r in (0.5 * (lo + mid), 0.5 * (mid + hi)):
-                if not lo < r < hi:
-                    continue
-                w = s.probe(r).verdict
-                if w == "pass":
-                    lo, moved = r, True
-                elif w == "fail":
-                    hi, moved = r, True
-            if not moved:
-                return result(lo, hi, resolved=False)
-    return result(lo, hi)
+            # undecided at the cap: the limit is near mid, within the probes' resolution.  The
+            # bracket narrows from both sides, to the points halfway to its ends: each kept as a
+            # verdict where one of them decides, else narrowed without one (and so reported)
+            a, b = 0.5 * (lo + mid), 0.5 * (mid + hi)
+            va = s.probe(a).verdict
+            if va == "fail":
+                hi = a
+                continue
+            lo = a
+            unverified |= va == "undecided"
+            vb = s.probe(b).verdict
+            if vb == "pass":
+                lo = b
+            else:
+                hi = b
+                unverified |= vb == "undecided"
+    return result(lo, hi, resolved=not unverified)

@@ -6,8 +6,8 @@ error (``capacity_predictor``).
 Each takes ``{dataset name: Dataset}`` and returns a
 :class:`matplotlib.figure.Figure`.  A search's result is drawn as a marker
 at the midpoint of its final bracket with the bracket as its bar (the
-capacity's interval, see :mod:`mbbatch.capacity`); a search that stopped on
-undecided probes before reaching its tolerance is hollow.
+capacity's interval, see :mod:`mbbatch.capacity`); a search whose bracket
+was narrowed by probes undecided at the replication cap is hollow.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def capacity_vs_k(data) -> Figure:
     ax.set_xlabel("bins k")
     ax.set_ylabel("capacity: largest stable arrival rate (requests/s)")
     styles = style_handles(("sim", "find_capacity: midpoint and interval"),
-                           ("hollow", "search unresolved at its replication cap"),
+                           ("hollow", "bracket narrowed by probes undecided at the cap"),
                            ("-", "Theorem 4.2: servers $\\times$ B / E[$t_{service}$]"),
                            ("--", "$c_{max}$ = servers $\\times$ B / E[service] (Remark 4.2)"))
     ax.legend(handles=styles, loc="lower right", fontsize=8)
@@ -94,7 +94,7 @@ def capacity_latency(data) -> Figure:
     ax.set_ylabel("capacity within the target (requests/s)")
     series = series_handles(labels, COLORS[: len(names)], MARKERS[: len(names)])
     styles = style_handles(("sim", "find_capacity: midpoint and interval"),
-                           ("hollow", "search unresolved at its replication cap"))
+                           ("hollow", "bracket narrowed by probes undecided at the cap"))
     two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
     fig.suptitle("Which policy serves most load within a p95 latency target?\n"
                  f"{token_setting(ds, wrap=True)}\n{_search_note(ds)}", fontsize=8)
@@ -120,7 +120,7 @@ def capacity_predictor(data) -> Figure:
     ax.set_ylabel("capacity: largest stable arrival rate (requests/s)")
     series = series_handles([f"k = {k}" for k in ks], COLORS[: len(ks)], MARKERS[: len(ks)])
     styles = style_handles(("sim", "find_capacity: midpoint and interval"),
-                           ("hollow", "search unresolved at its replication cap"),
+                           ("hollow", "bracket narrowed by probes undecided at the cap"),
                            (":", "oracle: Theorem 4.2"))
     two_legends(ax, series, styles, loc1="upper right", loc2="center right")
     fig.suptitle("How much capacity does a length predictor's error cost?\n"

@@ -66,7 +66,7 @@ CAPACITY = {
                                                      "upper bound)"),
     "capacity_probes": ("i8", "probes", "rates probed"),
     "capacity_requests": ("i8", "requests", "requests simulated by the search, saturated runs included"),
-    "capacity_resolved": ("bool", "1", "the search reached rel_tol (else it stopped on undecided probes)"),
+    "capacity_resolved": ("bool", "1", "every end of the final bracket is a verdict (else an end moved to a probe undecided at the cap)"),
 }
 #: the closed forms beside a capacity search (the multi-bin paper's model)
 CAPACITY_THEORY = ("theory_mean_batch_service", "theory_service_rate", "capacity")
