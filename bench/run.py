@@ -224,6 +224,13 @@ def main():
             rows.append(("  its time / Poisson-uniform's", f"{ratio:.2f}", f"target <= {target:g}",
                          "PASS" if ratio <= target else "FAIL"))
 
+    import laps as laps_bench   # bench/laps.py
+
+    for name, t in laps_bench.bench_laps(args.n):
+        rate = args.n / t
+        rows.append((f"LAPS, 4 instances, {name}, n=%.0e" % args.n, f"{t:.3f} s", f"{rate / 1e6:.1f} M requests/s",
+                     "PASS" if rate >= laps_bench.TARGET else "FAIL"))
+
     import capacity as capacity_bench   # bench/capacity.py
 
     t, res, want = capacity_bench.bench_capacity()

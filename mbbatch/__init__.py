@@ -10,9 +10,9 @@ from ._version import __version__
 from . import theory, traces
 from ._kernels import warmup
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
-from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .policies import LAPS, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from .controller import Memory, SLAController
-from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
+from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from .lengths import Empirical
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .workload import Workload
@@ -29,6 +29,7 @@ __all__ = [
     "StaticBatching",
     "DynamicBatching",
     "MultiBinDynamic",
+    "LAPS",
     "Workload",
     "Empirical",
     "Oracle",
@@ -39,6 +40,7 @@ __all__ = [
     "LinearModel",
     "DecodeModel",
     "CalibratedModel",
+    "PrefillModel",
     "Memory",
     "SLAController",
     "PiecewisePoisson",

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "KINDS", "ALL", "TOKEN", "CONTROLLED", "applicable", "by_var", "label"]
+__all__ = ["Metric", "METRICS", "KINDS", "ALL", "TOKEN", "CONTROLLED", "CLUSTER", "EVERY", "applicable", "by_var",
+           "label"]
 
 #: The policy kinds, as named in specs, results and stores.
 KINDS = ("multibin", "static", "dynamic", "multibin_dynamic")
@@ -22,6 +23,10 @@ ALL = frozenset(KINDS)
 TOKEN = frozenset(("static", "dynamic", "multibin_dynamic"))
 #: The policies with an SLA controller.
 CONTROLLED = frozenset(("dynamic", "multibin_dynamic"))
+#: The multi-engine policies (``mb.simulate`` only: not yet a sweep's policy kind).
+CLUSTER = frozenset(("laps",))
+#: Every policy.
+EVERY = ALL | CLUSTER
 
 
 @dataclass(frozen=True)
@@ -63,29 +68,41 @@ def _m(*args, **kw) -> Metric:
 
 #: The one table of metrics, by name.
 METRICS: dict[str, Metric] = {m.name: m for m in [
-    _m("throughput", "requests/s", "completed requests / (last completion - first arrival)", aggregate="ci"),
+    _m("throughput", "requests/s", "completed requests / (last completion - first arrival)", EVERY,
+       aggregate="ci"),
     _m("token_throughput", "tokens/s", "generated (output) tokens / (last completion - first arrival)",
        TOKEN),
-    _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival",
-       aggregate="ci"),
+    _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival (LAPS: of "
+       "its prefill, the time to first token)", EVERY, aggregate="ci"),
     _m("mean_latency_ci_low", "s", "lower end of the run's 95% batch-means confidence interval of "
        "mean_latency", per_rep=False),
     _m("mean_latency_ci_high", "s", "upper end of the run's 95% batch-means confidence interval of "
        "mean_latency", per_rep=False),
-    _m("latency_p50", "s", "median latency of completed requests"),
-    _m("latency_p95", "s", "95th percentile latency of completed requests", aggregate="mean"),
-    _m("latency_p99", "s", "99th percentile latency of completed requests"),
-    _m("mean_ttft", "s", "mean time to first token: batch start + prefill + one decode step - arrival",
-       TOKEN),
+    _m("latency_p50", "s", "median latency of completed requests", EVERY),
+    _m("latency_p95", "s", "95th percentile latency of completed requests", EVERY, aggregate="mean"),
+    _m("latency_p99", "s", "99th percentile latency of completed requests", EVERY),
+    _m("mean_ttft", "s", "mean time to first token: batch start + prefill + one decode step - arrival (LAPS: "
+       "its prefill batch's end - arrival)", TOKEN | CLUSTER),
+    *[_m(f"ttft_{c}_{q}", "s", f"{'median' if q == 'p50' else q[1:] + 'th percentile'} time to first token of "
+         f"the {c} requests (LAPS: prompt {'at most' if c == 'short' else 'above'} the threshold)", CLUSTER)
+      for c in ("short", "long") for q in ("p50", "p95", "p99")],
+    _m("mean_ttft_short", "s", "mean time to first token of the short requests", CLUSTER),
+    _m("mean_ttft_long", "s", "mean time to first token of the long requests", CLUSTER),
+    _m("short_share", "1", "share of the requests that are short", CLUSTER),
+    _m("group_moves", "moves", "instances the LAPS router moved between its groups", CLUSTER, dtype="i8"),
+    _m("mean_short_instances", "instances", "time-average instances in LAPS's short group (all of them without "
+       "dynamic allocation)", CLUSTER),
     _m("mean_tbt", "s/token", "mean decode time per output token (token-weighted)", TOKEN),
     _m("sla_violation_tokens", "1", "share of output tokens decoded slower than D_SLA + eps_D per token",
        TOKEN, aggregate="mean"),
     _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", TOKEN),
     _m("sla_violation_share", "1", "share of requests whose decode time per token exceeds D_SLA (seed 001, "
        "section 8.1's SLA violation rate; threshold D_SLA, without eps_D)", TOKEN),
-    _m("utilization", "1", "busy server-time / (servers x span); NaN for infinitely many servers"),
-    _m("mean_busy_servers", "servers", "busy server-time / span: mean number of servers busy", per_rep=False),
-    _m("mean_batch_service", "s", "mean batch service time", aggregate="mean"),
+    _m("utilization", "1", "busy server-time / (servers x span); NaN for infinitely many servers (LAPS: "
+       "instances for servers)", EVERY),
+    _m("mean_busy_servers", "servers", "busy server-time / span: mean number of servers busy", EVERY,
+       per_rep=False),
+    _m("mean_batch_service", "s", "mean batch service time", EVERY, aggregate="mean"),
     _m("std_batch_service", "s", "sample standard deviation of the batch service time", frozenset({"multibin"}),
        per_rep=False),
     _m("mean_fill_wait", "s", "mean time from a request's arrival until its batch is full",
@@ -94,13 +111,13 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        frozenset({"multibin"})),
     _m("memory_peak", "1", "largest batch's prompt + output tokens / token capacity eta", TOKEN),
     _m("memory_mean", "1", "time-average tokens in service / (servers x eta)", TOKEN),
-    _m("batch_size_mean", "requests", "mean batch size", aggregate="mean"),
+    _m("batch_size_mean", "requests", "mean batch size", EVERY, aggregate="mean"),
     _m("batch_size_std", "requests", "standard deviation of the batch size", TOKEN),
-    _m("span", "s", "last completion - first arrival", per_rep=False),
-    _m("completed", "requests", "requests served", dtype="i8"),
+    _m("span", "s", "last completion - first arrival", EVERY, per_rep=False),
+    _m("completed", "requests", "requests served", EVERY, dtype="i8"),
     _m("excluded_partial", "requests", "requests left in partial batches when arrivals ended; excluded",
        frozenset({"multibin"}), dtype="i8"),
-    _m("n_batches", "batches", "batches served", dtype="i8"),
+    _m("n_batches", "batches", "batches served", EVERY, dtype="i8"),
     _m("mem_exceed_batches", "batches", "batches above the token capacity (0 when the memory constraint "
        "is on)", TOKEN, dtype="i8"),
     _m("rejected", "requests", "requests alone above the token capacity, never servable, dropped", TOKEN,

@@ -238,6 +238,28 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("CalibratedModel.feedback", "choice", "",
        "decode time Algorithm 7 feeds the SLA controller: beta h(b), the uncalibrated 5.74 ms, or the legacy "
        "service / max output_len", default="calibrated", choices=("calibrated", "uncalibrated", "legacy")),
+    # the prefill instances of LAPS: a batch of prefills takes a + b x its prompt tokens.  The
+    # LAPS specification gives the form, not values: 5 ms a batch and 0.1 ms a token (10,000
+    # prompt tokens/s, the order of a 7B model's prefill on one GPU) are our placeholders
+    _p("PrefillModel.a", "real", "s", "fixed time per prefill batch", _NONNEG, default=5e-3),
+    _p("PrefillModel.b", "real", "s/token", "prefill time per prompt token of the batch", _POS, default=1e-4),
+    # --- LAPS (seed 004): the router's and the prefill servers' settings --------------------
+    _p("LAPS.instances", "count", "instances", "prefill instances behind the router", _COUNT, default=4),
+    _p("LAPS.threshold", "count", "tokens", "prompt tokens of the longest short request (--laps-length-threshold)",
+       _COUNT0, default=256),
+    _p("LAPS.window", "real", "s", "waiting window of short requests (--laps-wait-window-ms); 0: none",
+       _NONNEG, default=5e-3),
+    _p("LAPS.max_batch", "count", "requests", "requests of a prefill batch at most; a full window of short "
+       "requests dispatches at once (--laps-wait-max-batch)", _COUNT, default=8),
+    # sglang's default prefill token budget (--max-prefill-tokens)
+    _p("LAPS.max_batch_tokens", "real", "tokens", "prompt tokens of a prefill batch at most (its first request "
+       "always joins)", _POS, default=16384.0),
+    _p("LAPS.interval", "real", "s", "seconds between the router's rebalancing checks at least "
+       "(--laps-rebalance-interval-s)", _NONNEG, default=5.0),
+    _p("LAPS.ratio", "real", "1", "pending ratio that moves an instance between the groups "
+       "(--laps-rebalance-ratio)", _POS, default=2.0),
+    _p("LAPS.long_instances", "count", "instances", "instances of the long group at first (default: a third, "
+       "at least one)", _COUNT, default=None),
     # --- memory (Algorithm 1) -----------------------------------------------------------
     # defaults: an 80 GB GPU, 8 GB of weights, 0.4 MB of KV cache per token
     # (about Phi-3.5-mini in fp16): eta = 180,000 tokens

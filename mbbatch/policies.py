@@ -11,7 +11,7 @@ from ._validation import check, check_fields, check_instance
 from .params import default
 from .predictors import Oracle, as_predictor
 
-__all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic"]
+__all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic", "LAPS"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,3 +226,72 @@ class MultiBinDynamic(DynamicBatching):
         if not isinstance(self.predictor, Oracle):
             d.update(self.predictor.describe())
         return d
+
+
+@dataclass(frozen=True, eq=False)
+class LAPS:
+    """LAPS, length-aware prefill scheduling (seed 004), on ``instances``
+    prefill instances behind its router.
+
+    A request of at most ``threshold`` prompt tokens is short, a longer one
+    long.  The router (``dynamic``) keeps a short and a long group of
+    instances (the ``long_instances`` highest ids long at first) and sends a
+    request to the instance of its group with the fewest outstanding
+    requests, ties to the lowest id; on each routing decision, at most once
+    per ``interval`` s, it moves one instance toward the group whose pending
+    requests exceed ``ratio`` times the other's (each group keeps one).
+    Without ``dynamic``, or with one instance, every instance serves both.
+
+    Each instance runs one prefill batch at a time, of at most ``max_batch``
+    requests and ``max_batch_tokens`` prompt tokens (its first request always
+    joins).  With ``dual_queue``, short requests go first: a short batch
+    starts once the oldest short request has waited ``window`` s or
+    ``max_batch`` are queued (window 0: at once); meanwhile long requests
+    run.  Without it, one FIFO queue.  The batch takes
+    :class:`~mbbatch.PrefillModel` time; at its end its requests have their
+    first token.  (Decode, on separate instances, is not simulated: a
+    request's latency here is its time to first token.)
+
+    ``dual_queue=False, dynamic=False`` is one FIFO queue per instance;
+    ``window=0`` the dual queue alone.  The parameter table gives the
+    defaults: the specification's (256 tokens, 5 ms, 8 requests, 5 s, 2.0).
+    """
+
+    instances: int = default("LAPS.instances")
+    threshold: int = default("LAPS.threshold")
+    window: float = default("LAPS.window")
+    max_batch: int = default("LAPS.max_batch")
+    max_batch_tokens: float = default("LAPS.max_batch_tokens")
+    dual_queue: bool = True
+    dynamic: bool = True
+    interval: float = default("LAPS.interval")
+    ratio: float = default("LAPS.ratio")
+    long_instances: Optional[int] = None
+
+    def __post_init__(self):
+        from ._validation import check_flag
+
+        check_fields(self, {"instances": "LAPS.instances", "threshold": "LAPS.threshold", "window": "LAPS.window",
+                            "max_batch": "LAPS.max_batch", "max_batch_tokens": "LAPS.max_batch_tokens",
+                            "interval": "LAPS.interval", "ratio": "LAPS.ratio",
+                            "long_instances": "LAPS.long_instances"})
+        object.__setattr__(self, "dual_queue", check_flag("dual_queue", self.dual_queue))
+        object.__setattr__(self, "dynamic", check_flag("dynamic", self.dynamic))
+        if self.long_instances is None:
+            object.__setattr__(self, "long_instances", max(1, self.instances // 3))
+        elif self.instances >= 2 and not self.long_instances <= self.instances - 1:
+            raise ValueError(f"long_instances must be in [1, instances - 1 = {self.instances - 1}] (each group "
+                             f"keeps one instance); got {self.long_instances}")
+
+    bins = 1
+
+    @property
+    def routed(self) -> bool:
+        """Whether the router keeps groups (dynamic, and two instances at least)."""
+        return self.dynamic and self.instances >= 2
+
+    def describe(self) -> dict:
+        return {"policy": "laps", "instances": self.instances, "threshold": self.threshold, "window": self.window,
+                "max_batch": self.max_batch, "max_batch_tokens": self.max_batch_tokens,
+                "dual_queue": self.dual_queue, "dynamic": self.dynamic, "interval": self.interval,
+                "ratio": self.ratio, "long_instances": self.long_instances if self.routed else 0}

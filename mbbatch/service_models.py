@@ -49,7 +49,7 @@ from ._kernels import dynamic as _d
 from ._validation import check_fields
 from .params import PARAMS, default
 
-__all__ = ["MaxModel", "LinearModel", "DecodeModel", "CalibratedModel", "SERVICE_MODELS", "UNCALIBRATED_TBT",
+__all__ = ["MaxModel", "LinearModel", "DecodeModel", "CalibratedModel", "PrefillModel", "SERVICE_MODELS", "UNCALIBRATED_TBT",
            "BatchTimes", "BatchAggregates", "batch_aggregates", "FitResult"]
 
 #: ComputeDecodeTBT's value when the latency model is not calibrated, s/token
@@ -443,7 +443,8 @@ class _Fitted:
             (others are ignored): ``MaxModel``: ``max_output``, ``service``;
             ``LinearModel`` and ``CalibratedModel``: ``size``,
             ``max_seq_len``, ``service``; ``DecodeModel``: ``size``,
-            ``sum_prompt``, ``max_output``, ``service``.  ``size`` in
+            ``sum_prompt``, ``max_output``, ``service``; ``PrefillModel``:
+            ``sum_prompt``, ``service``.  ``size`` in
             requests (integers >= 1), lengths in tokens, ``service`` in s
             (all finite, >= 0).  :func:`batch_aggregates` gives the
             aggregates from members' lengths.  At least one row more than
@@ -818,4 +819,51 @@ class CalibratedModel(_Fitted):
 
 
 #: The models by their name in sweep specs (``service_model = ...``).
+@dataclass(frozen=True)
+class PrefillModel(_Fitted):
+    """A prefill batch's time = ``a + b * sum(prompt)`` (s): the LAPS
+    specification's prefill instances (:class:`~mbbatch.LAPS`).  Its time to
+    first token is the batch's time; it decodes nothing.
+
+    Parameters
+    ----------
+    a : float
+        Fixed time per batch, s, >= 0.
+    b : float
+        Time per prompt token of the batch, s/token, > 0.
+    """
+
+    a: float = default("PrefillModel.a")
+    b: float = default("PrefillModel.b")
+    _service_columns = ("sum_prompt",)
+    _reads = ("sum_prompt",)
+    _params = ("a", "b")
+    _param_keys: ClassVar[dict] = {"a": "PrefillModel.a", "b": "PrefillModel.b"}
+    _grows_with: ClassVar[dict] = {"b": "sum_prompt"}
+    _fit_hint = "sum_prompt must take at least two values"
+
+    def __post_init__(self):
+        check_fields(self, {"a": "PrefillModel.a", "b": "PrefillModel.b"})
+
+    def _service(self, sum_prompt, **_):
+        return self.a + self.b * sum_prompt
+
+    def _times(self, sum_prompt, **_):
+        service = self._service(sum_prompt)
+        zero = np.zeros_like(service)
+        return service, zero, zero, service
+
+    @staticmethod
+    def _design(sum_prompt):
+        return np.column_stack([np.ones_like(sum_prompt), sum_prompt])
+
+    @staticmethod
+    def _from_coef(c):
+        return {"a": float(c[0]), "b": float(c[1])}
+
+    @staticmethod
+    def _jacobian(params, sum_prompt):
+        return np.column_stack([np.ones_like(sum_prompt), sum_prompt])
+
+
 SERVICE_MODELS = {"max": MaxModel, "linear": LinearModel, "decode": DecodeModel, "calibrated": CalibratedModel}

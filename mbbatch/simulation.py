@@ -26,6 +26,7 @@ from . import stats
 from ._kernels import common as _common
 from ._kernels import controller as _c
 from ._kernels import dynamic as _d
+from ._kernels import laps as _l
 from ._kernels import multibin as _k
 from ._running import check_clock, check_memory, interruptible, stop_flag
 from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STREAM_PROMPT, STREAM_SERVICE,
@@ -34,10 +35,10 @@ from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STR
 from ._validation import check_servers, resolve_n
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .lengths import RVS, as_service
-from .policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .policies import LAPS, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .results import SimulationResult, Table, UnstableWarning
-from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
+from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from .workload import Workload
 
 __all__ = ["simulate", "check_simulation", "plan", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS"]
@@ -156,8 +157,8 @@ def plan(policy, arrivals, service=None, n=None, servers=1, keep_requests=False,
 
 
 def _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):
-    if not isinstance(policy, (MultiBin, StaticBatching, DynamicBatching)):
-        raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic; "
+    if not isinstance(policy, (MultiBin, StaticBatching, DynamicBatching, LAPS)):
+        raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching, MultiBinDynamic or LAPS; "
                         f"got {type(policy).__name__}")
     for name, flag in (("keep_requests", keep_requests), ("keep_batches", keep_batches)):
         if not isinstance(flag, (bool, np.bool_)):
@@ -171,6 +172,9 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
                         "array> (service times), or workload=Workload(prompt=..., output=...)")
     elif not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload; got {type(workload).__name__}")
+    if isinstance(policy, LAPS):
+        return _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                          keep_batches)
     if service_model is not None and not isinstance(service_model, (MaxModel, LinearModel, DecodeModel,
                                                                     CalibratedModel)):
         raise TypeError("service_model must be MaxModel, LinearModel, DecodeModel or CalibratedModel; "
@@ -805,3 +809,132 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
         latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
         kernel_seconds=kernel_seconds)
     return _finish(res, warn, stacklevel=5)
+
+
+# --- LAPS: prefill instances behind the LAPS router --------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _LapsPlan:
+    """A checked LAPS run, ready to allocate and simulate."""
+
+    policy: LAPS
+    arrivals: object
+    workload: Workload
+    model: PrefillModel
+    n: int
+    keep_requests: bool
+    memory: int
+
+    servers = 1
+    keep_batches = False
+
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
+        """Simulate with the seed ``ss`` (``warn`` as the other plans: LAPS
+        runs are not assessed for a steady state)."""
+        return _run_laps(self, ss)
+
+    @functools.cached_property
+    def kernel_args(self) -> tuple:
+        """The kernel's run configuration and inputs."""
+        pol, arrivals, workload, n = self.policy, self.arrivals, self.workload, self.n
+        akind, rate, times, aparams, aends = _arrival_fields(arrivals, n)
+        config = _l.CONFIG.pack(
+            n=n, arrival_kind=akind, prompt_kind=workload._prompt.kernel_kind, integer=workload.integer_lengths,
+            instances=pol.instances, threshold=pol.threshold, max_batch=pol.max_batch, dual=pol.dual_queue,
+            dynamic=pol.routed, long0=pol.long_instances if pol.routed else 0, keep=self.keep_requests, rate=rate,
+            window=pol.window, max_batch_tokens=pol.max_batch_tokens, interval=pol.interval, ratio=pol.ratio,
+            a=self.model.a, b=self.model.b)
+        inputs = _l.INPUTS.pack(arrival_times=times, arrival_params=aparams, arrival_ends=aends,
+                                prompt_params=workload._prompt.params, prompt_values=workload._prompt.values)
+        return config, inputs
+
+    @functools.cached_property
+    def description(self) -> dict:
+        return {**self.policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
+                **_model_config(self.model), "n": self.n}
+
+
+def _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+               keep_batches) -> _LapsPlan:
+    if service is not None:
+        raise TypeError("LAPS takes workload=Workload(prompt=..., output=...) (prompt lengths decide its routing "
+                        "and its prefill time), not service=")
+    if keep_batches:
+        raise TypeError("keep_batches is for the token-level policies; LAPS keeps per-request records "
+                        "(keep_requests=True)")
+    if not (servers == 1 or servers is None):
+        raise ValueError(f"servers does not apply to LAPS: its instances are LAPS(instances=...); got servers = "
+                         f"{servers!r}")
+    model = PrefillModel() if service_model is None else service_model
+    if not isinstance(model, PrefillModel):
+        raise TypeError(f"LAPS takes service_model=PrefillModel(a, b) (a prefill batch takes a + b x its prompt "
+                        f"tokens); got {type(model).__name__}")
+    _check_arrivals(arrivals)
+    n = _resolve_n(n, arrivals, [("workload.prompt", workload._prompt)])
+    E = policy.instances
+    parts = {
+        "n": (25 * n, "the requests' arrival times, prompts, queue links and classes"),
+        "instances": (8 * (7 * E + E * policy.max_batch), "the instances' queues and batches"),
+        "batch_size": (3 * 8 * _common.HIST_SIZE, "the time-to-first-token histograms"),
+    }
+    if keep_requests:
+        parts["keep_requests"] = (48 * n, "the per-request arrays (keep_requests)")
+    parts.update(_rvs_memory([("workload.prompt", workload._prompt)], n))
+    memory = check_memory(parts)
+    _check_clock(arrivals, n, model.a + model.b * workload._prompt.mean)
+    return _LapsPlan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
+                     keep_requests=bool(keep_requests), memory=memory)
+
+
+def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
+    config, inputs = plan.kernel_args
+    # the arrival and prompt streams of the token-level policies: the same seed, the same requests
+    streams = _l.LapsStreams(stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_PROMPT))
+    inputs = _drawn(inputs, _l.INPUTS, "prompt_values", plan.workload._prompt, streams.prompt, plan.n)
+    stop = stop_flag()
+    t0 = time.perf_counter()
+    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop), stop)
+    kernel_seconds = time.perf_counter() - t0
+    st = _l.STATS.unpack((out.ints, out.floats))
+    pol, E = plan.policy, plan.policy.instances
+    completed, nb, short = st["completed"], st["batches"], st["short"]
+    nan = math.nan
+    span = st["last_completion"] - st["first_arrival"] if completed else nan
+    positive = bool(completed) and span > 0
+    hist = out.hist_short + out.hist_long
+    q_all, q_s, q_l = (stats.hist_quantiles(h, stats.QUANTILES, _common.HIST_BASE, _common.HIST_SHIFT)
+                       for h in (hist, out.hist_short, out.hist_long))
+    long_ = completed - short
+    metrics = {
+        "throughput": completed / span if positive else nan,
+        "mean_latency": st["sum_ttft"] / completed if completed else nan,
+        "latency_p50": float(q_all[0]), "latency_p95": float(q_all[1]), "latency_p99": float(q_all[2]),
+        "mean_ttft": st["sum_ttft"] / completed if completed else nan,
+        **{f"ttft_short_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_s)},
+        **{f"ttft_long_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_l)},
+        "mean_ttft_short": st["sum_ttft_short"] / short if short else nan,
+        "mean_ttft_long": st["sum_ttft_long"] / long_ if long_ else nan,
+        "short_share": short / completed if completed else nan,
+        "group_moves": st["moves"],
+        "mean_short_instances": (st["short_instance_time"] / span if pol.routed else float(E)) if positive else nan,
+        "utilization": st["busy"] / (E * span) if positive else nan,
+        "mean_busy_servers": st["busy"] / span if positive else nan,
+        "mean_batch_service": st["busy"] / nb if nb else nan,
+        "batch_size_mean": st["sum_batch"] / nb if nb else nan,
+        "span": span, "completed": completed, "n_batches": nb,
+    }
+    k = min(st["moves"], out.move_time.size)
+    requests = None
+    if req is not None:
+        requests = Table({**req, "ttft": req["first_token"] - req["arrival"]})
+    config = {**plan.description, "seed_entropy": entropy_str(ss)}
+    return SimulationResult(
+        kind="laps", config=config, n=plan.n, servers=E, edges=np.array([-np.inf, pol.threshold, np.inf]),
+        metrics=metrics,
+        arrays={"latency_histogram": hist, "ttft_short_histogram": out.hist_short,
+                "ttft_long_histogram": out.hist_long,
+                "group_moves_log": Table({"time": out.move_time[:k].copy(), "instance": out.move_instance[:k].copy(),
+                                          "to_group": np.where(out.move_group[:k] == _l.SHORT, "short", "long")})},
+        requests=requests, unstable=False, unstable_reason="not assessed: LAPS runs have no backlog check yet",
+        latency_quantiles="histogram, relative error <= 2**-11", kernel_seconds=kernel_seconds)

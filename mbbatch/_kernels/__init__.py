@@ -10,7 +10,9 @@ Modules
 - :mod:`.multibin`: the multi-bin paper's model, entry point :func:`.multibin.run`;
 - :mod:`.dynamic`: the event kernel of static, dynamic and multi-bin dynamic
   batching, entry point :func:`.dynamic.run`;
-- :mod:`.controller`: Algorithms 1, 2, 4, 6 and 7.
+- :mod:`.controller`: Algorithms 1, 2, 4, 6 and 7;
+- :mod:`.laps`: LAPS's prefill instances behind its router, entry point
+  :func:`.laps.run`.
 
 They import nothing from the rest of mbbatch.
 
@@ -35,7 +37,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from . import common, controller, dynamic, multibin
+from . import common, controller, dynamic, laps, multibin
 from .common import CACHE
 
 __all__ = ["CACHE", "warmup"]
@@ -47,6 +49,7 @@ def warmup() -> None:
     multibin.warmup()
     dynamic.warmup()
     controller.warmup()
+    laps.warmup()
 
 
 def _drop_stale_caches(modules) -> None:
@@ -73,4 +76,4 @@ def _drop_stale_caches(modules) -> None:
         pass  # no cache to keep, or none we can write: numba compiles afresh
 
 
-_drop_stale_caches([common, controller, dynamic, multibin])
+_drop_stale_caches([common, controller, dynamic, laps, multibin])

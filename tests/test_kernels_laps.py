@@ -1,0 +1,196 @@
+"""The LAPS kernel (mbbatch._kernels.laps) through mb.simulate: its router
+decides as mbbatch.routing.LapsRouter at every step, every request is served
+once, the dual queue and the waiting window on a hand-checked schedule, the
+256/257 boundary, and the equivalence with one FIFO queue."""
+
+import numpy as np
+import pytest
+import scipy.stats as st
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import mbbatch as mb
+from mbbatch.routing import LapsRouter
+
+WL = mb.Workload(prompt=st.lognorm(1.0, scale=200), output=st.lognorm(0.8, scale=64))
+
+
+def _run(policy, n=3000, rate=60.0, seed=1, workload=WL, arrivals=None, model=None):
+    return mb.simulate(policy, arrivals=arrivals or mb.Poisson(rate), workload=workload, n=n, seed=seed,
+                       keep_requests=True, service_model=model)
+
+
+def _replay_router(res, policy):
+    """Replay the run's arrivals and first tokens through LapsRouter in the
+    kernel's order (at equal times batch ends first, then arrivals in
+    order); return its (category, instance) per request and its moves."""
+    r = res.requests
+    router = LapsRouter(policy.instances, threshold=policy.threshold, interval=policy.interval,
+                        ratio=policy.ratio, long_instances=policy.long_instances)
+    events = sorted([(t, 1, i) for i, t in enumerate(r.arrival)] + [(t, 0, i) for i, t in enumerate(r.first_token)])
+    got = [None] * len(r.arrival)
+    for t, kind, i in events:
+        if kind == 0:
+            router.request_done("short" if r.category[i] == 0 else "long", int(r.instance[i]))
+        else:
+            cat, inst = router.select(int(r.prompt[i]), float(t))
+            got[i] = (0 if cat == "short" else 1, inst)
+    return got, router.moves
+
+
+@settings(max_examples=12, deadline=None)
+@given(instances=hs.integers(2, 5), interval=hs.sampled_from([0.0, 0.05, 0.5, 5.0]),
+       ratio=hs.sampled_from([1.0, 2.0, 4.0]), rate=hs.sampled_from([20.0, 60.0, 120.0]), seed=hs.integers(0, 99))
+def test_the_kernels_router_decides_as_laps_router_at_every_step(instances, interval, ratio, rate, seed):
+    pol = mb.LAPS(instances=instances, interval=interval, ratio=ratio)
+    res = _run(pol, n=1500, rate=rate, seed=seed)
+    got, moves = _replay_router(res, pol)
+    want = list(zip(res.requests.category.tolist(), res.requests.instance.tolist()))
+    assert got == want
+    log = res.group_moves_log
+    assert res.group_moves == len(moves)
+    assert [(float(t), int(i), g) for t, i, g in zip(log.time, log.instance, log.to_group)] == \
+        [(t, i, to) for t, i, _, to in moves]
+
+
+@pytest.mark.parametrize("policy", [mb.LAPS(instances=3), mb.LAPS(instances=4, window=0.0),
+                                    mb.LAPS(instances=2, dynamic=False),
+                                    mb.LAPS(instances=3, dual_queue=False, dynamic=False, max_batch=1)])
+def test_every_request_is_served_once_in_batches_that_do_not_overlap(policy):
+    res = _run(policy, n=4000, rate=80.0)
+    r = res.requests
+    assert res.completed == 4000 and np.all(np.isfinite(r.first_token))
+    assert np.all(r.start >= r.arrival) and np.all(r.first_token > r.start)
+    for e in range(policy.instances):
+        mine = r.instance == e
+        starts, ends = np.unique(r.start[mine], return_index=True)
+        order = np.argsort(starts)
+        batch_end = r.first_token[mine][ends][order]
+        assert np.all(batch_end[:-1] <= starts[order][1:] + 1e-12), "batches overlap on one instance"
+        sizes = np.unique(r.start[mine], return_counts=True)[1]
+        assert sizes.max() <= policy.max_batch
+    assert res.batch_size_mean == pytest.approx(4000 / res.n_batches)
+
+
+def test_the_dual_queue_and_the_window_on_a_hand_checked_schedule():
+    """One instance, window 5 ms, batches of 3, a = 0, b = 1 ms a token: a
+    short request waits in its window; a long one arriving then runs at
+    once; the third short request fills the batch, which runs when the long
+    one ends (1.001 s)."""
+    times = np.array([0.0, 0.001, 0.002, 0.010])
+    prompts = np.array([100.0, 1000.0, 100.0, 100.0])
+    wl = mb.Workload(prompt=prompts, output=np.ones(4))
+    pol = mb.LAPS(instances=1, window=0.005, max_batch=3)
+    res = _run(pol, n=4, workload=wl, arrivals=mb.Replay(times), model=mb.PrefillModel(a=0.0, b=1e-3))
+    r = res.requests
+    np.testing.assert_allclose(r.start, [1.001, 0.001, 1.001, 1.001])
+    np.testing.assert_allclose(r.first_token, [1.301, 1.001, 1.301, 1.301])
+    assert r.category.tolist() == [0, 1, 0, 0]
+    # alone, a short request starts when its window expires
+    alone = _run(pol, n=1, workload=mb.Workload(prompt=np.array([10.0]), output=np.ones(1)),
+                 arrivals=mb.Replay(np.array([2.0])), model=mb.PrefillModel(a=0.0, b=1e-3))
+    assert alone.requests.start[0] == pytest.approx(2.005)
+
+
+def test_a_long_request_waits_while_short_ones_are_ready():
+    """Window 0: a long request queued behind short ones starts only once no
+    short request is pending."""
+    times = np.array([0.0, 0.0, 0.0, 0.0])
+    prompts = np.array([100.0, 1000.0, 100.0, 100.0])
+    wl = mb.Workload(prompt=prompts, output=np.ones(4))
+    pol = mb.LAPS(instances=1, window=0.0, max_batch=1)
+    r = _run(pol, n=4, workload=wl, arrivals=mb.Replay(times), model=mb.PrefillModel(a=0.0, b=1e-3)).requests
+    # request 0 starts at once; then the two other short ones; the long one last
+    np.testing.assert_allclose(r.start, [0.0, 0.3, 0.1, 0.2])
+
+
+def test_256_prompt_tokens_are_short_and_257_long():
+    wl = mb.Workload(prompt=np.array([256.0, 257.0, 255.0, 258.0]), output=np.ones(4))
+    r = _run(mb.LAPS(instances=2), n=4, workload=wl, arrivals=mb.Replay(np.arange(4.0))).requests
+    assert r.category.tolist() == [0, 1, 0, 1]
+    assert mb.LAPS(threshold=1000).threshold == 1000
+
+
+def test_window_zero_and_a_threshold_above_every_prompt_is_one_fifo_queue():
+    """Every request short, no window: the dual queue is one FIFO queue, bit
+    for bit (router without groups)."""
+    big = mb.LAPS(instances=3, threshold=10**9, window=0.0, dynamic=False)
+    fifo = mb.LAPS(instances=3, threshold=10**9, window=0.0, dynamic=False, dual_queue=False)
+    a, b = _run(big, n=3000, rate=90.0), _run(fifo, n=3000, rate=90.0)
+    for col in ("instance", "start", "first_token"):
+        np.testing.assert_array_equal(getattr(a.requests, col), getattr(b.requests, col))
+
+
+def test_groups_keep_an_instance_and_move_at_most_once_per_interval():
+    pol = mb.LAPS(instances=4, interval=0.2)
+    res = _run(pol, n=6000, rate=100.0, seed=3)
+    log = res.group_moves_log
+    assert res.group_moves > 0
+    assert np.all(np.diff(log.time) >= 0.2)
+    short = pol.instances - pol.long_instances
+    for g in log.to_group:
+        short += 1 if g == "short" else -1
+        assert 1 <= short <= pol.instances - 1
+    assert 1.0 <= res.mean_short_instances <= pol.instances - 1
+
+
+def test_the_same_seed_gives_the_token_policies_requests():
+    """LAPS draws arrivals and prompts on the token-level policies' streams:
+    the same seed, the same arrival times and prompt lengths."""
+    res = _run(mb.LAPS(instances=2), n=500, seed=9)
+    tok = mb.simulate(mb.DynamicBatching(), arrivals=mb.Poisson(60.0), workload=WL, n=500, seed=9, keep_requests=True)
+    np.testing.assert_array_equal(res.requests.arrival, tok.requests.arrival)
+    np.testing.assert_array_equal(res.requests.prompt, tok.requests.prompt)
+    again = _run(mb.LAPS(instances=2), n=500, seed=9)
+    np.testing.assert_array_equal(res.requests.first_token, again.requests.first_token)
+
+
+def test_metrics_by_category():
+    res = _run(mb.LAPS(instances=4), n=5000)
+    r = res.requests
+    short = r.category == 0
+    assert res.short_share == pytest.approx(short.mean())
+    assert res.mean_ttft_short == pytest.approx(r.ttft[short].mean(), rel=1e-9)
+    assert res.mean_ttft_long == pytest.approx(r.ttft[~short].mean(), rel=1e-9)
+    # histogram quantiles: within half a bucket (relative 2**-11) of the exact ones
+    for c, sel in (("short", short), ("long", ~short)):
+        exact = np.quantile(r.ttft[sel], [0.5, 0.95, 0.99], method="inverted_cdf")
+        got = [getattr(res, f"ttft_{c}_{q}") for q in ("p50", "p95", "p99")]
+        np.testing.assert_allclose(got, exact, rtol=2.0 ** -10)
+    with pytest.raises(AttributeError, match="does not apply to laps"):
+        res.mean_tbt
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    ({"service": st.uniform(1, 2), "workload": None}, TypeError, "LAPS takes workload="),
+    ({"servers": 4}, ValueError, r"servers does not apply to LAPS"),
+    ({"service_model": mb.DecodeModel()}, TypeError, r"LAPS takes service_model=PrefillModel"),
+    ({"keep_batches": True}, TypeError, "keep_batches is for the token-level policies"),
+])
+def test_bad_arguments_are_refused(kw, exc, match):
+    args = dict(arrivals=mb.Poisson(1.0), workload=WL, n=10, seed=0)
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        mb.simulate(mb.LAPS(), **args)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"instances": 0}, r"instances must be"), ({"window": -0.1}, r"window must be in \[0, inf\)"),
+    ({"max_batch": 0}, "max_batch must be"), ({"ratio": 0.0}, r"ratio must be in \(0, inf\)"),
+    ({"instances": 3, "long_instances": 3}, r"long_instances must be in \[1, instances - 1 = 2\]"),
+    ({"dual_queue": 1}, "dual_queue must be a bool"),
+])
+def test_laps_settings_are_checked(kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        mb.LAPS(**kw)
+
+
+def test_the_prefill_model_and_its_fit():
+    m = mb.PrefillModel(a=0.01, b=2e-4)
+    assert m.service_time(sum_prompt=1000) == pytest.approx(0.21)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(100, 5000, 200)
+    fit = mb.PrefillModel.fit({"sum_prompt": x, "service": 0.01 + 2e-4 * x + rng.normal(0, 1e-4, x.size)})
+    assert fit.params["a"] == pytest.approx(0.01, abs=1e-4) and fit.params["b"] == pytest.approx(2e-4, rel=1e-3)
+    with pytest.raises(ValueError, match=r"b must be in \(0, inf\)"):
+        mb.PrefillModel(b=0.0)
