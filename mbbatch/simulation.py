@@ -826,8 +826,12 @@ class _LapsPlan:
     keep_requests: bool
     memory: int
 
-    servers = 1
     keep_batches = False
+
+    @property
+    def servers(self) -> int:
+        """The instances (what serves batches side by side)."""
+        return self.policy.instances
 
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
         """Simulate with the seed ``ss`` (``warn`` as the other plans: LAPS

@@ -194,3 +194,20 @@ def test_the_prefill_model_and_its_fit():
     assert fit.params["a"] == pytest.approx(0.01, abs=1e-4) and fit.params["b"] == pytest.approx(2e-4, rel=1e-3)
     with pytest.raises(ValueError, match=r"b must be in \(0, inf\)"):
         mb.PrefillModel(b=0.0)
+
+
+def test_find_capacity_searches_laps():
+    """LAPS's groups can overload one group while the instances' average
+    load is below 1: the throughput criterion decides its capacity.  With a
+    1 % tolerance the highest rate that passed keeps up within 1 %, the
+    lowest that failed does not; a TTFT objective gives less."""
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=200), output=st.lognorm(0.8, scale=64))
+    pol = mb.LAPS(instances=2, window=0.0)
+    kw = dict(workload=wl, n=4000, seed=1, rel_tol=0.05, throughput_tol=0.01)
+    cap = mb.find_capacity(pol, **kw)
+    passed = max((p for p in cap.probes if p.verdict == "pass"), key=lambda p: p.rate)
+    failed = min((p for p in cap.probes if p.verdict == "fail"), key=lambda p: p.rate)
+    assert passed.row("throughput / rate")[3] >= 0.99 > failed.row("throughput / rate")[3]
+    assert failed.row("load")[5] == "pass"          # the average load alone would not see it
+    tight = mb.find_capacity(pol, **kw, objective=mb.Objective(mean_ttft=0.05))
+    assert tight.rate < cap.rate
