@@ -13,20 +13,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "KINDS", "ALL", "TOKEN", "CONTROLLED", "CLUSTER", "EVERY", "applicable", "by_var",
-           "label"]
+__all__ = ["Metric", "METRICS", "KINDS", "ALL", "SINGLE", "TOKEN", "CONTROLLED", "CLUSTER", "EVERY", "applicable",
+           "by_var", "label"]
 
 #: The policy kinds, as named in specs, results and stores.
-KINDS = ("multibin", "static", "dynamic", "multibin_dynamic")
+KINDS = ("multibin", "static", "dynamic", "multibin_dynamic", "laps")
 ALL = frozenset(KINDS)
+#: The single-engine policies.
+SINGLE = frozenset(("multibin", "static", "dynamic", "multibin_dynamic"))
 #: The token-level policies (the event kernel).
 TOKEN = frozenset(("static", "dynamic", "multibin_dynamic"))
 #: The policies with an SLA controller.
 CONTROLLED = frozenset(("dynamic", "multibin_dynamic"))
-#: The multi-engine policies (``mb.simulate`` only: not yet a sweep's policy kind).
+#: The multi-engine policies.
 CLUSTER = frozenset(("laps",))
-#: Every policy.
-EVERY = ALL | CLUSTER
+#: Every policy (``ALL``).
+EVERY = ALL
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival (LAPS: of "
        "its prefill, the time to first token)", EVERY, aggregate="ci"),
     _m("mean_latency_ci_low", "s", "lower end of the run's 95% batch-means confidence interval of "
-       "mean_latency", per_rep=False),
+       "mean_latency", SINGLE, per_rep=False),
     _m("mean_latency_ci_high", "s", "upper end of the run's 95% batch-means confidence interval of "
-       "mean_latency", per_rep=False),
+       "mean_latency", SINGLE, per_rep=False),
     _m("latency_p50", "s", "median latency of completed requests", EVERY),
     _m("latency_p95", "s", "95th percentile latency of completed requests", EVERY, aggregate="mean"),
     _m("latency_p99", "s", "99th percentile latency of completed requests", EVERY),

@@ -211,8 +211,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("selection", "choice", "", "bin selection of Algorithm 5", default="round_robin",
        choices=("round_robin", "longest_queue")),
     # --- batch service models -----------------------------------------------------------
-    _p("service_model", "choice", "", "batch service model of the token-level policies",
-       default="decode", choices=("decode", "linear", "max", "calibrated")),
+    _p("service_model", "choice", "", "batch service model of the token-level policies (prefill: LAPS's)",
+       default="decode", choices=("decode", "linear", "max", "calibrated", "prefill")),
     _p("base", "real", "s", "fixed time per batch", _NONNEG, default=0.0),
     _p("per_token", "real", "s/token", "time per output token (MaxModel)", _POS, default=1.0),
     # no calibration in the sources: 1 ms per token of the longest sequence and a 10% cost of
@@ -260,6 +260,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        "(--laps-rebalance-ratio)", _POS, default=2.0),
     _p("LAPS.long_instances", "count", "instances", "instances of the long group at first (default: a third, "
        "at least one)", _COUNT, default=None),
+    _p("LAPS.dual_queue", "flag", "", "short and long queues per instance, short first (else one FIFO queue)",
+       default=True),
+    _p("LAPS.dynamic", "flag", "", "the router's dynamic allocation of instances to a short and a long group",
+       default=True),
     # --- memory (Algorithm 1) -----------------------------------------------------------
     # defaults: an 80 GB GPU, 8 GB of weights, 0.4 MB of KV cache per token
     # (about Phi-3.5-mini in fp16): eta = 180,000 tokens

@@ -262,8 +262,8 @@ class LAPS:
     window: float = default("LAPS.window")
     max_batch: int = default("LAPS.max_batch")
     max_batch_tokens: float = default("LAPS.max_batch_tokens")
-    dual_queue: bool = True
-    dynamic: bool = True
+    dual_queue: bool = default("LAPS.dual_queue")
+    dynamic: bool = default("LAPS.dynamic")
     interval: float = default("LAPS.interval")
     ratio: float = default("LAPS.ratio")
     long_instances: Optional[int] = None

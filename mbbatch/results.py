@@ -229,10 +229,10 @@ class SimulationResult:
         as a sweep store names it (``sim_throughput``, ``completed``,
         ``backlog_growing``, ...), the bin edges and per-bin arrays, the
         batch-means groups, and for the token-level policies the time series
-        (``ts_*`` along ``time``); units, descriptions and provenance attrs."""
+        (``ts_*`` along ``time``); for LAPS its TTFT histograms and its
+        router's moves instead of groups; units, descriptions and provenance
+        attrs."""
         import xarray as xr
-
-        from .provenance import versions
 
         data = {}
         for name, m in applicable(self.kind).items():
@@ -242,7 +242,21 @@ class SimulationResult:
         unit = "s" if self.kind == "multibin" else "tokens"
         data["bin_edges"] = xr.Variable(("bin_edge",), self.edges, {
             "units": unit, "long_name": "bin edges", "description": "bin i holds edges[i] <= x < edges[i+1]"})
-        coords = {"bin_edge": np.arange(self.edges.size), "group": np.arange(self.group_mean_latency.size)}
+        coords = {"bin_edge": np.arange(self.edges.size)}
+        if self.kind == "laps":
+            # (no batch-means groups yet: the TTFT histograms and the router's moves)
+            for name in ("ttft_short_histogram", "ttft_long_histogram"):
+                data[name] = xr.Variable(("ttft_bucket",), self._arrays[name], {
+                    "units": "requests", "long_name": name.replace("_", " "),
+                    "description": "requests per bucket of the kernels' log-linear TTFT histogram"})
+            log = self.group_moves_log
+            coords["move"] = np.arange(len(log))
+            for col in log.columns:
+                data[f"move_{col}"] = xr.Variable(("move",), log[col], {
+                    "units": "s" if col == "time" else "", "long_name": f"group move {col}",
+                    "description": "the LAPS router's moves of instances between its groups"})
+            return self._dataset(data, coords)
+        coords["group"] = np.arange(self.group_mean_latency.size)
         data["group_mean_latency"] = xr.Variable(("group",), self.group_mean_latency, {
             "units": "s", "long_name": "batch-means group latency",
             "description": "mean latency of the requests of each contiguous block of arrivals"})
@@ -264,6 +278,13 @@ class SimulationResult:
                 data[f"ts_{col}"] = xr.Variable(var.dims, var.values, {
                     **var.attrs, "long_name": col.replace("_", " "),
                     "description": var.attrs.get("description", f"{col} at sampled batch starts")})
+        return self._dataset(data, coords)
+
+    def _dataset(self, data: dict, coords: dict):
+        import xarray as xr
+
+        from .provenance import versions
+
         attrs = {key: (v if isinstance(v, (int, float, str)) else str(v)) for key, v in self.config.items()}
         attrs.update(versions())
         attrs["kind"] = self.kind

@@ -866,4 +866,4 @@ class PrefillModel(_Fitted):
         return np.column_stack([np.ones_like(sum_prompt), sum_prompt])
 
 
-SERVICE_MODELS = {"max": MaxModel, "linear": LinearModel, "decode": DecodeModel, "calibrated": CalibratedModel}
+SERVICE_MODELS = {"prefill": PrefillModel, "max": MaxModel, "linear": LinearModel, "decode": DecodeModel, "calibrated": CalibratedModel}

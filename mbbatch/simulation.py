@@ -931,7 +931,9 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
     k = min(st["moves"], out.move_time.size)
     requests = None
     if req is not None:
-        requests = Table({**req, "ttft": req["first_token"] - req["arrival"]})
+        # (a prefill instance's latency is the time to first token: completion is the first token)
+        requests = Table({**req, "completion": req["first_token"], "latency": req["first_token"] - req["arrival"],
+                          "ttft": req["first_token"] - req["arrival"]})
     config = {**plan.description, "seed_entropy": entropy_str(ss)}
     return SimulationResult(
         kind="laps", config=config, n=plan.n, servers=E, edges=np.array([-np.inf, pol.threshold, np.inf]),

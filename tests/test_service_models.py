@@ -22,6 +22,7 @@ from mbbatch.service_models import (
     BatchTimes,
     CalibratedModel,
     DecodeModel,
+    PrefillModel,
     FitResult,
     LinearModel,
     MaxModel,
@@ -330,8 +331,8 @@ def test_existing_models_keep_their_codes_vectors_and_names():
     assert LinearModel(0.2, 1e-3, 0.5).vector().tolist() == [0.2, 0, 1e-3, 0.5, 0, 0, 0]
     assert DecodeModel(5e-3, 0.3, 1e-4).vector().tolist() == [0, 0, 0, 0, 1e-4, 5e-3, 0.3]
     assert CalibratedModel(0.02, 4e-3, 0.2).vector().tolist() == [0.02, 0, 0, 0, 0, 4e-3, 0.2]
-    assert SERVICE_MODELS == {"max": MaxModel, "linear": LinearModel, "decode": DecodeModel,
-                              "calibrated": CalibratedModel}
+    assert SERVICE_MODELS == {"prefill": PrefillModel, "max": MaxModel, "linear": LinearModel,
+                              "decode": DecodeModel, "calibrated": CalibratedModel}
     assert set(sm.__all__) >= {"CalibratedModel", "FitResult", "BatchTimes", "batch_aggregates"}
 
 

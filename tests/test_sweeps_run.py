@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats as st
 import xarray as xr
 
 from mbbatch.results import UnstableWarning
@@ -464,3 +465,64 @@ def test_the_capacity_command_runs_capacity_specs_only(tmp_path):
                         "--out", str(tmp_path / "c.zarr"), "--workers", "1", "--quiet"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0 and "capk: 4 grid points done" in r.stdout, r.stderr
+
+
+# --- LAPS as a sweep policy --------------------------------------------------------------
+
+LAPS_SPEC = """
+name = "lapsweep"
+arrivals = "poisson"
+reps = 2
+seed = 4
+
+[params]
+prompt_median = 200.0
+prompt_sigma = 1.0
+output_median = 64.0
+output_sigma = 0.8
+instances = 3
+n = 3000
+
+[policies.fifo]
+kind = "laps"
+dual_queue = false
+dynamic = false
+[policies.laps]
+kind = "laps"
+
+[grid]
+policy = ["fifo", "laps"]
+rate = [20.0, 60.0]
+"""
+
+
+def test_a_laps_sweep_stores_what_simulate_returns_for_each_cell(tmp_path):
+    """policy laps with its prefill model (the default service model of a
+    LAPS spec): each cell's stored metrics are those of mb.simulate with the
+    cell's seed, bit for bit; the variants see the same requests."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    p = write(tmp_path, LAPS_SPEC)
+    ds = run_sweep(p, tmp_path / "l.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    assert spec.service_model == "prefill" and "servers" not in ds.attrs
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=200.0), output=st.lognorm(0.8, scale=64.0))
+    for idx, params in spec.points():
+        pol = mb.LAPS(instances=3, dual_queue=params["dual_queue"], dynamic=params["dynamic"])
+        for rep in range(spec.reps):
+            res = mb.simulate(pol, arrivals=mb.Poisson(params["rate"]), workload=wl, n=3000,
+                              seed=cell_seed(spec.seed, params, rep))
+            cell = ds.isel(policy=idx[0], rate=idx[1], rep=rep)
+            assert float(cell["sim_ttft_short_p99"]) == res.ttft_short_p99
+            assert float(cell["sim_mean_ttft_long"]) == res.mean_ttft_long
+            assert int(cell["group_moves"]) == res.group_moves
+    share = ds["sim_short_share"]
+    np.testing.assert_array_equal(share.sel(policy="fifo").values, share.sel(policy="laps").values)
+
+
+def test_laps_and_its_prefill_model_go_together(tmp_path):
+    with pytest.raises(SpecError, match=r"policy laps \(prefill instances\) takes service_model = \"prefill\""):
+        load_spec(write(tmp_path, LAPS_SPEC.replace('arrivals = "poisson"', 'arrivals = "poisson"\n'
+                                                    'service_model = "decode"')))
+    with pytest.raises(SpecError, match=r"unknown key params.servers"):
+        load_spec(write(tmp_path, LAPS_SPEC.replace("instances = 3", "instances = 3\nservers = 2"), "s.toml"))

@@ -9,7 +9,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
 ['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers', 'fig6', 'fig7',
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
- 'capacity_predictor']
+ 'capacity_predictor', 'laps_modes']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -25,6 +25,7 @@ A figure's name is the name of the function that draws it:
   (``predictor_gain``) and bursty arrivals (``bursty``);
 - :mod:`.capacity`: capacity searches against k, a p95 latency target and
   the predictor's error (``capacity_vs_k`` to ``capacity_predictor``);
+- :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -54,7 +55,7 @@ from typing import Callable
 
 import xarray as xr
 
-from . import capacity, experiments, paper, workloads
+from . import capacity, cluster, experiments, paper, workloads
 from .data import dataset_command, dataset_path, open_dataset
 from .style import house_style, save
 
@@ -87,6 +88,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("capacity_vs_k", (capacity.capacity_vs_k, ["capacity_k"])),
     ("capacity_latency", (capacity.capacity_latency, ["capacity_latency"])),
     ("capacity_predictor", (capacity.capacity_predictor, ["capacity_predictor"])),
+    ("laps_modes", (cluster.laps_modes, ["laps"])),
 ])
 
 

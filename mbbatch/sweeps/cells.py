@@ -22,11 +22,11 @@ from .. import theory
 from .._running import interruptible, stop_flag
 from ..arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from ..metrics import METRICS
-from ..policies import DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from ..policies import LAPS, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from ..predictors import BinConfusion, LogNormalError
 from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
-from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
+from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from ..workload import Workload
 from .spec import WORKLOAD_PARAMS, SpecError
 
@@ -160,6 +160,8 @@ def _predictor(params: dict):
 def service_model(name: str, params: dict):
     """The batch service model ``name`` of a cell with token-level requests,
     from its parameters (each the model's default unless the spec sets it)."""
+    if name == "prefill":
+        return PrefillModel(a=params["prefill_a"], b=params["prefill_b"])
     if name == "max":
         return MaxModel(base=params["base"], per_token=params["per_token"])
     if name == "linear":
@@ -197,6 +199,12 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     if kind == "multibin":
         pol = MultiBin(bins=params["bins"], batch_size=params["batch_size"], edges=_edges(params),
                        max_wait=params["max_wait"], predictor=_predictor(params))
+        return pol, arr, request_side
+    if kind == "laps":
+        pol = LAPS(instances=params["instances"], threshold=params["laps_threshold"], window=params["window"],
+                   max_batch=params["max_batch"], max_batch_tokens=params["max_batch_tokens"],
+                   dual_queue=params["dual_queue"], dynamic=params["dynamic"], interval=params["interval"],
+                   ratio=params["ratio"], long_instances=params["long_instances"])
         return pol, arr, request_side
     # eta tokens of capacity: 1 GB per token keeps the units plain
     mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
@@ -245,7 +253,7 @@ def check_points(spec) -> None:
                 point_theory(spec.arrivals, spec.service, params)
                 continue
             pol, arr, kw = point_objects(spec.arrivals, spec.service, params)
-            check_simulation(pol, arr, n=params["n"], servers=params["servers"], **kw)
+            check_simulation(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)
             point_theory(spec.arrivals, spec.service, params)
         except (ValueError, TypeError, OverflowError, ZeroDivisionError) as exc:
             raise SpecError(f"{spec.source}: {where}: {exc}") from None
@@ -262,7 +270,7 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     if time_grid is not None:
         for var in ("ts_b_target", "ts_b_low", "ts_b_high", "ts_tau_avg", "ts_queue"):
             out[var] = np.full((reps, time_grid.size), np.nan)
-    run = plan(pol, arr, n=params["n"], servers=params["servers"], **kw)   # checked once, run per rep
+    run = plan(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)   # checked once, run per rep
     words = _words(params)
     scalars = [m for m in metrics if m.name != "unstable"]     # (unstable is stored as backlog_growing below)
 
@@ -297,7 +305,7 @@ def run_capacity_point(arrivals: str, service: str, params: dict, root_seed: int
     stop = stop_flag()
 
     def search():
-        return find_capacity(pol, arrivals=arr, servers=params["servers"], objective=objective,
+        return find_capacity(pol, arrivals=arr, servers=params.get("servers", 1), objective=objective,
                              rel_tol=capacity["rel_tol"], confidence=capacity["confidence"], n=params["n"],
                              seed=cell_seed(root_seed, params, 0, _words(params)), max_reps=capacity["max_reps"],
                              throughput_tol=capacity["throughput_tol"], **kw)
@@ -323,9 +331,9 @@ def check_capacity_point(arrivals: str, service: str, params: dict, capacity: di
 
     pol, arr, kw = point_objects(arrivals, service, {**params, "rate": 1.0})
     objective = _objective(params)
-    check_search(pol, arr, params["servers"], objective, capacity["rel_tol"], capacity["confidence"],
+    check_search(pol, arr, params.get("servers", 1), objective, capacity["rel_tol"], capacity["confidence"],
                  capacity["max_reps"], capacity["throughput_tol"])
-    check_simulation(pol, arr, n=params["n"], servers=params["servers"], **kw)
+    check_simulation(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)
 
 
 def _sample_time_series(ts, time_grid, out: dict, rep: int) -> None:

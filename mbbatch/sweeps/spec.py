@@ -90,7 +90,9 @@ _MB = frozenset({"multibin"})
 _TOK = TOKEN
 _DYN = CONTROLLED
 _MBD = frozenset({"multibin_dynamic"})
+_LAPS = frozenset({"laps"})
 _ALL = frozenset(KINDS)
+_SINGLE = _ALL - _LAPS
 
 
 @dataclass(frozen=True)
@@ -201,8 +203,21 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("selection", _MBD, required=False),
     _sp("bin_edges", _MBD, required=False),
     _sp("warmup", _MBD, required=False),
+    # LAPS: its instances and router, and its prefill model
+    _sp("instances", _LAPS, required=False, key="LAPS.instances"),
+    _sp("laps_threshold", _LAPS, required=False, key="LAPS.threshold"),
+    _sp("window", _LAPS, required=False, key="LAPS.window"),
+    _sp("max_batch", _LAPS, required=False, key="LAPS.max_batch"),
+    _sp("max_batch_tokens", _LAPS, required=False, key="LAPS.max_batch_tokens"),
+    _sp("dual_queue", _LAPS, required=False, key="LAPS.dual_queue"),
+    _sp("dynamic", _LAPS, required=False, key="LAPS.dynamic"),
+    _sp("interval", _LAPS, required=False, key="LAPS.interval"),
+    _sp("ratio", _LAPS, required=False, key="LAPS.ratio"),
+    _sp("long_instances", _LAPS, required=False, key="LAPS.long_instances"),
+    _sp("prefill_a", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.a"),
+    _sp("prefill_b", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.b"),
     _sp("n"),
-    _sp("servers", required=False),
+    _sp("servers", _SINGLE, required=False),
     # a capacity search's objective: upper bounds on metrics of the policies they apply to
     *[_sp(f"objective_{m}", METRICS[m].kinds, required=False, capacity_only=True) for m in OBJECTIVE_METRICS],
 ]}
@@ -516,7 +531,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                             "parameters")
     else:
         workload = "tokens"
-        model = raw.get("service_model", "decode")
+        model = raw.get("service_model", "prefill" if kinds == {"laps"} else "decode")
         if "service_model" in raw:
             model = _choice(raw, "service_model", TABLE["service_model"].choices, source)
         if "multibin" in kinds and model != "max":
@@ -531,6 +546,11 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             if where:
                 raise SpecError(f"{source}: {where[0]}.{nm}: a capacity search sets the arrival rate; remove "
                                 f"{nm} (the arrival process keeps its other parameters, its shape)")
+
+    if ("laps" in kinds) != (model == "prefill") or ("laps" in kinds and len(kinds) > 1):
+        raise SpecError(f"{source}: policy laps (prefill instances) takes service_model = \"prefill\" and the "
+                        f"prefill model takes policy laps; a spec runs one or the other; got policies "
+                        f"{sorted(kinds)} with service_model = {model!r}")
 
     # --- which keys apply, and to which variants
     def applies_to(nm):
