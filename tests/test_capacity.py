@@ -163,3 +163,15 @@ def test_an_undecided_probe_narrows_the_bracket_from_both_sides_to_rel_tol():
     assert undecided and all(p.reps == 4 for p in undecided)
     assert not r.resolved and "unresolved" in r.summary()
     assert r.rate_high - r.rate_low <= 0.02 * r.rate * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("arrivals", [mb.Gamma(rate=1.0, cv=2.0),
+                                      mb.OnOff(rate_on=2.0, rate_off=0.5, mean_on=5.0, mean_off=5.0),
+                                      mb.Replay(np.cumsum(np.random.default_rng(2).exponential(1.0, 30_000)))])
+def test_the_stable_limit_does_not_depend_on_the_arrivals_shape(arrivals):
+    """Bursty or replayed arrivals, their shape kept while the search sets
+    their rate: the paper's model still carries Theorem 4.2's B / E[t_service]
+    (its batches do not depend on the arrivals)."""
+    want = 32 / theory.service_time(32, 1.0, 20.0, 2)
+    r = find_capacity(mb.MultiBin(bins=2, batch_size=32), arrivals=arrivals, service=U, n=30_000, seed=6)
+    assert r.rate_low <= want <= r.rate_high and abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
