@@ -281,12 +281,10 @@ class _Search:
     def _criteria(self, values, growing) -> list:
         rows = []
 
-        def row(metric, x, threshold, below=True):
+        def row(metric, x, threshold):
+            """An upper bound: passes when the interval lies at or below it."""
             m, lo, hi = stats.t_interval(np.asarray(x, float), self.confidence)
-            if below:        # must be at most the threshold
-                v = "pass" if hi <= threshold else "fail" if lo > threshold else "undecided"
-            else:            # must be at least it
-                v = "pass" if lo >= threshold else "fail" if hi < threshold else "undecided"
+            v = "pass" if hi <= threshold else "fail" if lo > threshold else "undecided"
             if math.isnan(m):
                 v = "fail"   # (nothing completed)
             rows.append((metric, m, lo, hi, threshold, v))
