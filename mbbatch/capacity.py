@@ -210,8 +210,8 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
         raise ValueError("servers must be finite: infinitely many servers sustain every rate")
     if objective is not None and not isinstance(objective, Objective):
         raise TypeError(f"objective must be None (stability only) or an mb.Objective; got {objective!r}")
-    kind = {"MultiBin": "multibin", "StaticBatching": "static", "DynamicBatching": "dynamic",
-            "MultiBinDynamic": "multibin_dynamic"}.get(type(policy).__name__)
+    # (the policy's kind as its description names it; anything else is refused by the plan)
+    kind = policy.describe()["policy"] if hasattr(policy, "describe") else None
     if objective is not None and kind is not None:
         for m in objective.bounds():
             if kind not in METRICS[m].kinds:

@@ -907,8 +907,7 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
     span = st["last_completion"] - st["first_arrival"] if completed else nan
     positive = bool(completed) and span > 0
     hist = out.hist_short + out.hist_long
-    q_all, q_s, q_l = (stats.hist_quantiles(h, stats.QUANTILES, _common.HIST_BASE, _common.HIST_SHIFT)
-                       for h in (hist, out.hist_short, out.hist_long))
+    q_all, q_s, q_l = (_quantiles(h, None) for h in (hist, out.hist_short, out.hist_long))
     long_ = completed - short
     metrics = {
         "throughput": completed / span if positive else nan,

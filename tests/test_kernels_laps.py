@@ -211,3 +211,9 @@ def test_find_capacity_searches_laps():
     assert failed.row("load")[5] == "pass"          # the average load alone would not see it
     tight = mb.find_capacity(pol, **kw, objective=mb.Objective(mean_ttft=0.05))
     assert tight.rate < cap.rate
+
+
+def test_find_capacity_refuses_an_objective_laps_does_not_measure():
+    with pytest.raises(ValueError, match="sla_violation_share is not a metric of LAPS"):
+        mb.find_capacity(mb.LAPS(instances=2), workload=WL, n=100,
+                         objective=mb.Objective(sla_violation_share=0.1))

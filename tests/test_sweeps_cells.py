@@ -28,7 +28,7 @@ from mbbatch.sweeps.cells import run_point  # noqa: E402
 from mbbatch.sweeps.schema import time_grid  # noqa: E402
 from mbbatch.sweeps.spec import SPEC_PARAMS, load_spec  # noqa: E402
 
-from .helpers import ROOT, SMALL  # noqa: E402
+from .helpers import ROOT, SMALL, TOKEN  # noqa: E402
 
 #: cells of every spec in sweeps/, recorded before the sweeps were
 #: restructured (and before their specs were regrouped): spec, policy kind,
@@ -174,29 +174,10 @@ def test_optimal_edges_are_a_sweep_choice_of_multibin():
 
 # --- the batch service model's parameters ---------------------------------------------------
 
-SERVICE_SPEC = """
-name = "models"
-policy = "dynamic"
-arrivals = "poisson"
-service_model = "{model}"
-reps = 2
-seed = 3
-
-[params]
-prompt_median = 128.0
-prompt_sigma = 0.5
-output_median = 64.0
-output_sigma = 0.8
-d_sla = 0.0074
-eta = 20000.0
-b_max = 64
-n = 1500
-{params}
-
-[grid]
-rate = [2.0]
-{grid}
-"""
+def _service_spec(model: str, params: str, grid: str) -> str:
+    """A dynamic-batching spec (helpers.TOKEN) under service model ``model``."""
+    return TOKEN.replace('service_model = "decode"', f'service_model = "{model}"').format(
+        policy="dynamic", arrivals="poisson", extra="b_max = 64\n" + params, grid="rate = [2.0]\n" + grid)
 
 
 @pytest.mark.parametrize("model", ["max", "linear", "decode", "calibrated"])
@@ -204,7 +185,7 @@ def test_a_cells_service_model_is_the_models_default_unless_the_spec_sets_it(mod
     from mbbatch.service_models import SERVICE_MODELS
     from mbbatch.sweeps.cells import service_model
 
-    (_, params), = parse_spec(SERVICE_SPEC.format(model=model, params="", grid=""), source="s.toml").points()
+    (_, params), = parse_spec(_service_spec(model, "", ""), source="s.toml").points()
     assert service_model(model, params) == SERVICE_MODELS[model]()
 
 
@@ -222,13 +203,13 @@ def test_service_model_parameters_are_params_and_grid_axes(tmp_path, model, para
     cells keep their requests (the parameters are not in the seed)."""
     from mbbatch.sweeps.cells import cell_seed, service_model
 
-    spec = parse_spec(SERVICE_SPEC.format(model=model, params=params, grid=grid), source="s.toml")
+    spec = parse_spec(_service_spec(model, params, grid), source="s.toml")
     cells = [p for _, p in spec.points()]
     got = service_model(model, cells[-1])
     assert {k: getattr(got, k) for k in want} == want
     assert cell_seed(3, cells[0], 0).spawn_key == cell_seed(3, cells[1], 0).spawn_key
     p = tmp_path / "s.toml"
-    p.write_text(SERVICE_SPEC.format(model=model, params=params, grid=grid))
+    p.write_text(_service_spec(model, params, grid))
     ds = run_sweep(p, tmp_path / "s.zarr", workers=1, progress=False).load()
     axis = grid.split(" = ")[0]
     lat = ds["sim_mean_latency"].isel(rate=0)
@@ -238,14 +219,13 @@ def test_service_model_parameters_are_params_and_grid_axes(tmp_path, model, para
 @pytest.mark.parametrize("model, key", [("decode", "linear_alpha"), ("max", "decode_beta"),
                                         ("linear", "feedback"), ("calibrated", "per_token")])
 def test_a_service_model_parameter_of_another_model_is_refused(model, key):
-    text = SERVICE_SPEC.format(model=model, params=f"{key} = 0.5" if key != "feedback" else 'feedback = "legacy"',
-                               grid="")
+    text = _service_spec(model, f"{key} = 0.5" if key != "feedback" else 'feedback = "legacy"', "")
     with pytest.raises(SpecError, match=rf"params\.{key} \(it does not apply to dynamic with arrivals='poisson' "
                                         rf"and token-level requests under service_model='{model}'\)"):
         parse_spec(text, source="s.toml")
 
 
 def test_a_service_model_parameter_is_checked_against_its_domain():
-    text = SERVICE_SPEC.format(model="decode", params="decode_beta = -1.0", grid="")
+    text = _service_spec("decode", "decode_beta = -1.0", "")
     with pytest.raises(SpecError, match=r"s.toml: params: decode_beta must be in \(0, inf\); got -1"):
         parse_spec(text, source="s.toml")
