@@ -231,6 +231,13 @@ def main():
         rows.append((f"LAPS, 4 instances, {name}, n=%.0e" % args.n, f"{t:.3f} s", f"{rate / 1e6:.1f} M requests/s",
                      "PASS" if rate >= laps_bench.TARGET else "FAIL"))
 
+    import cluster as cluster_bench   # bench/cluster.py
+
+    for what, t in zip(("simulate", "its kernel"), cluster_bench.bench_cluster(args.n)):
+        rate = args.n / t
+        rows.append((f"Autellix, {cluster_bench.ENGINES} engines, {what}, n=%.0e" % args.n, f"{t:.3f} s",
+                     f"{rate / 1e6:.1f} M requests/s", "PASS" if rate >= cluster_bench.TARGET else "FAIL"))
+
     import capacity as capacity_bench   # bench/capacity.py
 
     t, res, want = capacity_bench.bench_capacity()

@@ -10,7 +10,7 @@ from ._version import __version__
 from . import theory, traces
 from ._kernels import warmup
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
-from .policies import LAPS, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .policies import LAPS, Cluster, DynamicBatching, EngineEvent, MultiBin, MultiBinDynamic, Programs, StaticBatching
 from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from .lengths import Empirical
@@ -30,6 +30,9 @@ __all__ = [
     "DynamicBatching",
     "MultiBinDynamic",
     "LAPS",
+    "Cluster",
+    "EngineEvent",
+    "Programs",
     "Workload",
     "Empirical",
     "Oracle",

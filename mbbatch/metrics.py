@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "KINDS", "ALL", "SINGLE", "TOKEN", "CONTROLLED", "CLUSTER", "EVERY", "applicable",
+__all__ = ["Metric", "METRICS", "KINDS", "ALL", "SINGLE", "TOKEN", "CONTROLLED", "CLUSTER", "ROUTED", "EVERY",
+           "applicable",
            "by_var", "label"]
 
 #: The policy kinds, as named in specs, results and stores.
-KINDS = ("multibin", "static", "dynamic", "multibin_dynamic", "laps")
+KINDS = ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster")
 ALL = frozenset(KINDS)
 #: The single-engine policies.
 SINGLE = frozenset(("multibin", "static", "dynamic", "multibin_dynamic"))
@@ -25,8 +26,10 @@ SINGLE = frozenset(("multibin", "static", "dynamic", "multibin_dynamic"))
 TOKEN = frozenset(("static", "dynamic", "multibin_dynamic"))
 #: The policies with an SLA controller.
 CONTROLLED = frozenset(("dynamic", "multibin_dynamic"))
-#: The multi-engine policies.
+#: LAPS's prefill instances.
 CLUSTER = frozenset(("laps",))
+#: A cluster of engines behind a router, each running a token-level policy.
+ROUTED = frozenset(("cluster",))
 #: Every policy (``ALL``).
 EVERY = ALL
 
@@ -73,18 +76,18 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("throughput", "requests/s", "completed requests / (last completion - first arrival)", EVERY,
        aggregate="ci"),
     _m("token_throughput", "tokens/s", "generated (output) tokens / (last completion - first arrival)",
-       TOKEN),
+       TOKEN | ROUTED),
     _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival (LAPS: of "
        "its prefill, the time to first token)", EVERY, aggregate="ci"),
     _m("mean_latency_ci_low", "s", "lower end of the run's 95% batch-means confidence interval of "
-       "mean_latency", SINGLE, per_rep=False),
+       "mean_latency", SINGLE | ROUTED, per_rep=False),
     _m("mean_latency_ci_high", "s", "upper end of the run's 95% batch-means confidence interval of "
-       "mean_latency", SINGLE, per_rep=False),
+       "mean_latency", SINGLE | ROUTED, per_rep=False),
     _m("latency_p50", "s", "median latency of completed requests", EVERY),
     _m("latency_p95", "s", "95th percentile latency of completed requests", EVERY, aggregate="mean"),
     _m("latency_p99", "s", "99th percentile latency of completed requests", EVERY),
     _m("mean_ttft", "s", "mean time to first token: batch start + prefill + one decode step - arrival (LAPS: "
-       "its prefill batch's end - arrival)", TOKEN | CLUSTER),
+       "its prefill batch's end - arrival)", TOKEN | ROUTED | CLUSTER),
     *[_m(f"ttft_{c}_{q}", "s", f"{'median' if q == 'p50' else q[1:] + 'th percentile'} time to first token of "
          f"the {c} requests (LAPS: prompt {'at most' if c == 'short' else 'above'} the threshold)", CLUSTER)
       for c in ("short", "long") for q in ("p50", "p95", "p99")],
@@ -94,12 +97,12 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("group_moves", "moves", "instances the LAPS router moved between its groups", CLUSTER, dtype="i8"),
     _m("mean_short_instances", "instances", "time-average instances in LAPS's short group (all of them without "
        "dynamic allocation)", CLUSTER),
-    _m("mean_tbt", "s/token", "mean decode time per output token (token-weighted)", TOKEN),
+    _m("mean_tbt", "s/token", "mean decode time per output token (token-weighted)", TOKEN | ROUTED),
     _m("sla_violation_tokens", "1", "share of output tokens decoded slower than D_SLA + eps_D per token",
-       TOKEN, aggregate="mean"),
-    _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", TOKEN),
+       TOKEN | ROUTED, aggregate="mean"),
+    _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", TOKEN | ROUTED),
     _m("sla_violation_share", "1", "share of requests whose decode time per token exceeds D_SLA (seed 001, "
-       "section 8.1's SLA violation rate; threshold D_SLA, without eps_D)", TOKEN),
+       "section 8.1's SLA violation rate; threshold D_SLA, without eps_D)", TOKEN | ROUTED),
     _m("utilization", "1", "busy server-time / (servers x span); NaN for infinitely many servers (LAPS: "
        "instances for servers)", EVERY),
     _m("mean_busy_servers", "servers", "busy server-time / span: mean number of servers busy", EVERY,
@@ -111,18 +114,18 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        frozenset({"multibin"})),
     _m("mean_queue_wait", "s", "mean time a request's full batch waits in the central FIFO",
        frozenset({"multibin"})),
-    _m("memory_peak", "1", "largest batch's prompt + output tokens / token capacity eta", TOKEN),
-    _m("memory_mean", "1", "time-average tokens in service / (servers x eta)", TOKEN),
+    _m("memory_peak", "1", "largest batch's prompt + output tokens / token capacity eta", TOKEN | ROUTED),
+    _m("memory_mean", "1", "time-average tokens in service / (servers x eta)", TOKEN | ROUTED),
     _m("batch_size_mean", "requests", "mean batch size", EVERY, aggregate="mean"),
-    _m("batch_size_std", "requests", "standard deviation of the batch size", TOKEN),
+    _m("batch_size_std", "requests", "standard deviation of the batch size", TOKEN | ROUTED),
     _m("span", "s", "last completion - first arrival", EVERY, per_rep=False),
     _m("completed", "requests", "requests served", EVERY, dtype="i8"),
     _m("excluded_partial", "requests", "requests left in partial batches when arrivals ended; excluded",
        frozenset({"multibin"}), dtype="i8"),
     _m("n_batches", "batches", "batches served", EVERY, dtype="i8"),
     _m("mem_exceed_batches", "batches", "batches above the token capacity (0 when the memory constraint "
-       "is on)", TOKEN, dtype="i8"),
-    _m("rejected", "requests", "requests alone above the token capacity, never servable, dropped", TOKEN,
+       "is on)", TOKEN | ROUTED, dtype="i8"),
+    _m("rejected", "requests", "requests alone above the token capacity, never servable, dropped", TOKEN | ROUTED,
        dtype="i8"),
     _m("warmup_time", "s", "time Algorithm 6's edges were set", frozenset({"multibin_dynamic"}), per_rep=False),
     _m("sla_infeasible", "1", "the controller ended above D_SLA + eps_D with b_low shrunk to B_min",
@@ -130,6 +133,16 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("convergence_time", "s", "time from the first arrival until b_target stays within 10% of its median "
        "over the last 20% of the run (sampled time series); NaN if it settles only in that last part",
        CONTROLLED),
+    *[_m(f"ttft_{q}", "s", f"{'median' if q == 'p50' else q[1:] + 'th percentile'} time to first token", ROUTED)
+      for q in ("p50", "p95", "p99")],
+    _m("large_share", "1", "share of the requests above the router's threshold (Autellix: large)", ROUTED),
+    _m("locality_hit_rate", "1", "share of the calls with an earlier context (a program's later calls) served "
+       "on the engine holding it", ROUTED),
+    _m("kv_recomputed_tokens", "tokens/request", "context tokens prefilled again (a call away from the engine "
+       "holding its context, or without KV reuse), per request", ROUTED),
+    _m("load_imbalance", "1", "most active requests on an engine / mean active requests per engine, each "
+       "averaged over the routing decisions (Poisson arrivals see time averages)", ROUTED),
+    _m("rerouted", "requests", "queued requests routed again when their engine was removed", ROUTED, dtype="i8"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
        "no steady state", dtype="bool", var_name="backlog_growing"),
 ]}

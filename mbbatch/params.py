@@ -264,6 +264,22 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default=True),
     _p("LAPS.dynamic", "flag", "", "the router's dynamic allocation of instances to a short and a long group",
        default=True),
+    # --- a cluster of engines behind a router (Autellix, seed 002) -------------------------
+    _p("Cluster.engines", "count", "engines", "engines of the cluster, each with its own queues and servers",
+       _COUNT, default=4),
+    _p("Cluster.router", "choice", "", "the router: Autellix's Algorithm 2 (small requests least-used, large "
+       "ones to their program's engine), least-used (fewest active requests) or round-robin",
+       default="autellix", choices=("autellix", "least_used", "round_robin")),
+    _p("Cluster.threshold", "count", "tokens", "prefill tokens of the largest small request (Autellix: 2048 "
+       "small, 2049 large)", _COUNT0, default=2048),
+    _p("Cluster.kv_reuse", "flag", "", "a call on the engine holding its program's context prefills only its "
+       "new tokens (else every call prefills its whole context)", default=True),
+    _p("Programs.calls", "count", "calls", "calls of a program (a multi-call session)", _COUNT, default=4),
+    _p("Programs.think_time", "real", "s", "mean think time between two calls of a program (exponential)",
+       _NONNEG, default=1.0),
+    _p("EngineEvent.time", "real", "s", "when an engine leaves or joins the cluster", _NONNEG),
+    _p("EngineEvent.engine", "count", "", "the engine's id, 0 .. engines - 1", _COUNT0),
+    _p("EngineEvent.action", "choice", "", "what happens to the engine", choices=("remove", "add")),
     # --- memory (Algorithm 1) -----------------------------------------------------------
     # defaults: an 80 GB GPU, 8 GB of weights, 0.4 MB of KV cache per token
     # (about Phi-3.5-mini in fp16): eta = 180,000 tokens

@@ -11,7 +11,8 @@ from ._validation import check, check_fields, check_instance
 from .params import default
 from .predictors import Oracle, as_predictor
 
-__all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic", "LAPS"]
+__all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic", "LAPS", "Cluster", "EngineEvent",
+           "Programs"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -295,3 +296,138 @@ class LAPS:
                 "max_batch": self.max_batch, "max_batch_tokens": self.max_batch_tokens,
                 "dual_queue": self.dual_queue, "dynamic": self.dynamic, "interval": self.interval,
                 "ratio": self.ratio, "long_instances": self.long_instances if self.routed else 0}
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """A scheduled change of a cluster: engine ``engine`` leaves
+    (``action="remove"``) or joins again (``"add"``) at ``time`` s.
+
+    A removed engine finishes the batches it is serving but starts no more;
+    its queued requests are routed again at that instant (none is lost), and
+    the programs the program table assigned to it are reassigned at their
+    next large call (its KV contexts are gone)."""
+
+    time: float
+    engine: int
+    action: str = "remove"
+
+    def __post_init__(self):
+        check_fields(self, {"time": "EngineEvent.time", "engine": "EngineEvent.engine",
+                            "action": "EngineEvent.action"})
+
+
+@dataclass(frozen=True)
+class Programs:
+    """Multi-call programs (agentic sessions): every program makes ``calls``
+    calls, each ``think_time`` s (exponential, mean) after the one before;
+    a call's prompt is its program's context (every earlier call's prompt
+    and output) plus its new tokens.
+
+    In a :class:`Cluster`, programs start as a Poisson process at the
+    arrival rate / ``calls`` (so the calls arrive at the arrival rate in the
+    long run), a call's new tokens are drawn from the workload's prompt
+    lengths and its output from its output lengths.  Think times are open
+    loop: a call's arrival does not wait for the one before to finish."""
+
+    calls: int = default("Programs.calls")
+    think_time: float = default("Programs.think_time")
+
+    def __post_init__(self):
+        check_fields(self, {"calls": "Programs.calls", "think_time": "Programs.think_time"})
+
+    def describe(self) -> dict:
+        return {"calls": self.calls, "think_time": self.think_time}
+
+
+_ENGINE_POLICIES = (StaticBatching, DynamicBatching)
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """A cluster of ``engines`` engines behind a router (Autellix, seed 002).
+
+    Each engine runs ``policy`` (:class:`StaticBatching`,
+    :class:`DynamicBatching` or :class:`MultiBinDynamic`) on queues of its
+    own with ``servers`` servers (``simulate(..., servers=)``, per engine);
+    the router sends each request to one engine when it arrives:
+
+    - ``"autellix"``: Algorithm 2 (:class:`mbbatch.routing.LoadBalancer`): a
+      request of at most ``threshold`` prompt (prefill) tokens goes to the
+      least-used engine; a larger one to its program's engine in the program
+      table, assigned least-used on first sight;
+    - ``"least_used"``: the engine with the fewest active requests (routed
+      and not completed), ties to the lowest id;
+    - ``"round_robin"``: the registered engines in turn.
+
+    Without ``programs`` every request is a one-call program of its own (so
+    Autellix routes as least-used).  With :class:`Programs`, and
+    ``kv_reuse``, a call served on the engine that holds its program's
+    context (the engine of the program's previous call) prefills only its new
+    tokens; anywhere else it prefills its whole context.  A program's table
+    entry is cleared at its last call.  Prefill tokens cost time under the
+    :class:`~mbbatch.DecodeModel` (``prefill_per_token``); the other service
+    models read the prompt lengths only as context.
+
+    ``events`` (:class:`EngineEvent`) remove engines and add them back
+    mid-run.  Engine multi-bin edges (Algorithm 6) are shared: the warm-up
+    window counts the requests of every engine.
+    """
+
+    policy: object = None
+    engines: int = default("Cluster.engines")
+    router: str = default("Cluster.router")
+    threshold: int = default("Cluster.threshold")
+    programs: Optional[Programs] = None
+    kv_reuse: bool = default("Cluster.kv_reuse")
+    events: tuple = ()
+
+    def __post_init__(self):
+        if self.policy is None:
+            object.__setattr__(self, "policy", DynamicBatching())
+        if not isinstance(self.policy, _ENGINE_POLICIES):
+            raise TypeError(f"policy must be StaticBatching, DynamicBatching or MultiBinDynamic (each engine's "
+                            f"batching); got {type(self.policy).__name__}")
+        check_fields(self, {"engines": "Cluster.engines", "router": "Cluster.router",
+                            "threshold": "Cluster.threshold", "kv_reuse": "Cluster.kv_reuse"})
+        if self.programs is not None:
+            check_instance("programs", self.programs, Programs)
+        events = self.events
+        if isinstance(events, EngineEvent) or not isinstance(events, (list, tuple)):
+            raise TypeError(f"events must be a list of EngineEvent; got {type(events).__name__}")
+        for j, ev in enumerate(events):
+            if not isinstance(ev, EngineEvent):
+                raise TypeError(f"events[{j}] must be an EngineEvent; got {type(ev).__name__}")
+        events = tuple(sorted(events, key=lambda ev: ev.time))
+        registered = set(range(self.engines))
+        for ev in events:
+            if ev.engine >= self.engines:
+                raise ValueError(f"events: engine must be in [0, engines - 1 = {self.engines - 1}]; got {ev}")
+            if ev.action == "remove":
+                if ev.engine not in registered:
+                    raise ValueError(f"events: engine {ev.engine} is not in the cluster at {ev.time:g} s; got {ev}")
+                if len(registered) == 1:
+                    raise ValueError(f"events: the cluster keeps one engine at least; got {ev}, removing its last")
+                registered.discard(ev.engine)
+            else:
+                if ev.engine in registered:
+                    raise ValueError(f"events: engine {ev.engine} is in the cluster already at {ev.time:g} s; "
+                                     f"got {ev}")
+                registered.add(ev.engine)
+        object.__setattr__(self, "events", events)
+
+    @property
+    def kind(self) -> str:
+        """The engines' policy kind."""
+        if isinstance(self.policy, StaticBatching):
+            return "static"
+        return "multibin_dynamic" if isinstance(self.policy, MultiBinDynamic) else "dynamic"
+
+    def describe(self) -> dict:
+        d = {k: v for k, v in self.policy.describe().items() if k != "policy"}
+        d.update(policy="cluster", engine_policy=self.kind, engines=self.engines, router=self.router,
+                 threshold=self.threshold, kv_reuse=bool(self.kv_reuse and self.programs is not None),
+                 events=len(self.events))
+        if self.programs is not None:
+            d.update(self.programs.describe())
+        return d

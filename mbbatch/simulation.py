@@ -17,7 +17,7 @@ import functools
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats as _st
@@ -35,7 +35,7 @@ from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STR
 from ._validation import check_servers, resolve_n
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .lengths import RVS, as_service
-from .policies import LAPS, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .policies import LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .results import SimulationResult, Table, UnstableWarning
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
@@ -157,9 +157,9 @@ def plan(policy, arrivals, service=None, n=None, servers=1, keep_requests=False,
 
 
 def _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):
-    if not isinstance(policy, (MultiBin, StaticBatching, DynamicBatching, LAPS)):
-        raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching, MultiBinDynamic or LAPS; "
-                        f"got {type(policy).__name__}")
+    if not isinstance(policy, (MultiBin, StaticBatching, DynamicBatching, LAPS, Cluster)):
+        raise TypeError("policy must be MultiBin, StaticBatching, DynamicBatching, MultiBinDynamic, LAPS or "
+                        f"Cluster; got {type(policy).__name__}")
     for name, flag in (("keep_requests", keep_requests), ("keep_batches", keep_batches)):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{name} must be a bool; got {flag!r}")
@@ -182,6 +182,9 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
     if isinstance(policy, MultiBin):
         return _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
                               keep_batches)
+    if isinstance(policy, Cluster):
+        return _plan_cluster(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                             keep_batches)
     return _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
                         keep_batches)
 
@@ -499,6 +502,7 @@ class _TokenPlan:
     keep_batches: bool
     memory: int
     predictor: object
+    cluster: object = None
 
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
         """Simulate with the seed ``ss``; ``warn``: issue an :class:`UnstableWarning`
@@ -587,6 +591,16 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
     sla, mem = (policy.sla if static else policy.controller), policy.memory
     b_max = policy.batch_size if static else sla.b_max
     akind, rate, times, aparams, aends = _arrival_fields(arrivals, n)
+    prompt_kind, output_kind = workload._prompt.kernel_kind, workload._output.kernel_kind
+    cl, E = plan.cluster, 1
+    cluster_config, cluster_inputs = _d.ONE_ENGINE, _d.NO_PROGRAMS
+    if cl is not None:
+        E = cl.engines
+        cluster_config, cluster_inputs = _pack_cluster(cl, n)
+        if cl.programs is not None:
+            # (each run draws its calls: replayed in the kernel)
+            akind, rate, times, aparams = _common.ARR_REPLAY, 0.0, np.empty(0), np.zeros(1)
+            prompt_kind = output_kind = _common.SVC_REPLAY
     if isinstance(model, MaxModel):
         model_fields = dict(model=_d.MODEL_MAX, base=model.base, per_token=model.per_token)
     elif isinstance(model, LinearModel):
@@ -599,8 +613,8 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
         model_fields = dict(model=_d.MODEL_DECODE, prefill_per_token=model.prefill_per_token, tbt_beta=model.beta,
                             tbt_gamma=model.gamma)
     config = _d.TokenConfig(
-        run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=workload._prompt.kernel_kind,
-                        output_kind=workload._output.kernel_kind, integer=workload.integer_lengths,
+        run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=prompt_kind,
+                        output_kind=output_kind, integer=workload.integer_lengths,
                         predictor_sigma=plan.predictor.sigma if isinstance(plan.predictor, LogNormalError) else 0.0,
                         predictor=plan.predictor.code, predictor_p=plan.predictor.param
                         if isinstance(plan.predictor, BinConfusion) else 1.0, keep_requests=plan.keep_requests,
@@ -614,23 +628,115 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
             # (edges set before the run: no warm-up)
             warmup=(policy.warmup if policy.bin_edges == "warmup" else 0) if multibin else 1,
             memory_on=mem.enabled and not static,
-            # more servers than requests are never all busy: the kernel needs at most n
-            servers=min(plan.servers, n)),
+            # more servers than requests are never all busy: the kernel needs at most n (per engine)
+            servers=E * min(plan.servers, n)),
         sla=_c.SLA.pack(variant=_c.CTL_VARIANT_SPEC if sla.variant == "spec" else _c.CTL_VARIANT_MULTIPLICATIVE,
                         d_sla=sla.d_sla, eps_d=sla.eps_d, b_min=sla.b_min, b_max=b_max, alpha=sla.alpha,
                         delta=sla.delta, ema=_c.DEFAULT_EMA),
         memory=_c.MEMORY.pack(variant=_c.MEM_VARIANT_CLT if mem.variant == "clt" else _c.MEM_VARIANT_L0,
                               eta=mem.eta, b_min=sla.b_min, b_max=b_max, z=float(_st.norm.ppf(1.0 - mem.eps_m)),
                               default_tokens=_c.DEFAULT_TOKENS),
-        model=_d.MODEL.zeros(**model_fields))
+        model=_d.MODEL.zeros(**model_fields), cluster=cluster_config)
     limits = multibin and policy.bin_b_max is not None
     inputs = _d.INPUTS.pack(
         arrival_times=times, arrival_params=aparams, arrival_ends=aends,
         prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
         output_params=workload._output.params, output_values=workload._output.values,
         bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1),
-        predictions=plan.predictor.values if isinstance(plan.predictor, Predictions) else np.empty(0))
+        predictions=plan.predictor.values if isinstance(plan.predictor, Predictions) else np.empty(0),
+        **cluster_inputs)
     return config, inputs
+
+
+# --- a cluster of engines behind a router --------------------------------------------------
+
+_ROUTERS = {"round_robin": _d.ROUTE_ROUND_ROBIN, "least_used": _d.ROUTE_LEAST_USED, "autellix": _d.ROUTE_AUTELLIX}
+
+
+def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
+                  keep_batches) -> _TokenPlan:
+    if cluster.programs is not None and not isinstance(arrivals, Poisson):
+        raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
+                        f"arrivals must be Poisson(rate); got {type(arrivals).__name__}")
+    plan = _plan_tokens(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                        keep_batches)
+    E, n = cluster.engines, plan.n
+    K = cluster.policy.bins if isinstance(cluster.policy, MultiBinDynamic) else 1
+    slot = 8 * (_d.FIELDS.size + 1)
+    parts = {"engines": ((E - 1) * (K * (slot * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size))
+                                    + 80 * min(plan.servers, n)), "the other engines' queues and servers")}
+    if cluster.programs is not None:
+        parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")
+    return replace(plan, cluster=cluster, memory=plan.memory + check_memory(parts))
+
+
+def _pack_cluster(cluster, n: int) -> tuple:
+    """The kernel's cluster configuration and inputs (the program arrays
+    empty: each run draws its own)."""
+    programs = cluster.programs
+    config = _d.CLUSTER.pack(engines=cluster.engines, router=_ROUTERS[cluster.router], threshold=cluster.threshold,
+                             programs=0 if programs is None else -(-n // programs.calls),
+                             kv_reuse=bool(cluster.kv_reuse and programs is not None))
+    ev = cluster.events
+    inputs = dict(_d.NO_PROGRAMS, event_time=np.array([e.time for e in ev], float),
+                  event_engine=np.array([e.engine for e in ev], np.int64),
+                  event_add=np.array([e.action == "add" for e in ev], np.int8))
+    return config, inputs
+
+
+def _lengths(spec, gen: np.random.Generator, m: int, integer: bool) -> np.ndarray:
+    """``m`` lengths of ``spec`` drawn in Python: a distribution's ``rvs``,
+    replayed values in order (repeated end to end) or resampled ones; whole
+    tokens (at least 1) when ``integer``."""
+    if spec.dist is not None:
+        x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
+    elif spec.kind == _common.SVC_REPLAY:
+        x = np.resize(spec.values, m).astype(float)
+    else:
+        x = gen.choice(spec.values, size=m)
+    return np.maximum(np.ceil(x), 1.0) if integer else x
+
+
+def _program_calls(cluster, arrivals, workload, n: int, streams) -> dict:
+    """The first ``n`` calls of a cluster's programs, in arrival order: their
+    times, prompts (the program's context so far plus the call's new tokens),
+    outputs, programs, new tokens and last-call flags.  Programs start as a
+    Poisson process at ``rate / calls`` (the arrival stream; then the think
+    times), new tokens on the prompt stream, outputs on the output stream."""
+    C, think = cluster.programs.calls, cluster.programs.think_time
+    P = -(-n // C)
+    starts = np.cumsum(streams.arrival.exponential(C / arrivals.rate, size=P))
+    gaps = streams.arrival.exponential(think, size=(P, C)) if think > 0 else np.zeros((P, C))
+    gaps[:, 0] = 0.0
+    times = starts[:, None] + np.cumsum(gaps, axis=1)
+    integer = bool(workload.integer_lengths)
+    new = _lengths(workload._prompt, streams.prompt, P * C, integer).reshape(P, C)
+    out = _lengths(workload._output, streams.output, P * C, integer).reshape(P, C)
+    turn = new + out
+    prompt = np.cumsum(turn, axis=1) - out      # the context before the call, plus its new tokens
+    order = np.argsort(times.ravel(), kind="stable")[:n]
+    pid = order // C
+    # a program's calls kept are the first ones (its times increase): its last kept call ends its session
+    kept = np.bincount(pid, minlength=P)
+    end = (order % C) == kept[pid] - 1
+    return {"arrival_times": times.ravel()[order], "prompt_values": prompt.ravel()[order],
+            "output_values": out.ravel()[order], "program": pid.astype(np.int64),
+            "new_tokens": new.ravel()[order], "session_end": end.astype(np.int8)}
+
+
+def _cluster_metrics(out, st: dict, cluster, hist_ttft_latency) -> dict:
+    """A cluster's routing metrics (:mod:`mbbatch.metrics`, kind ``cluster``)."""
+    nan = math.nan
+    routes = st["routes"]
+    q = _quantiles(out.hist_ttft, hist_ttft_latency)
+    return {
+        "ttft_p50": float(q[0]), "ttft_p95": float(q[1]), "ttft_p99": float(q[2]),
+        "large_share": st["large"] / routes if routes else nan,
+        "locality_hit_rate": st["kv_hits"] / st["followups"] if st["followups"] else nan,
+        "kv_recomputed_tokens": st["kv_recomputed"] / routes if routes else nan,
+        "load_imbalance": st["sum_active_max"] / st["sum_active_mean"] if st["sum_active_mean"] > 0 else nan,
+        "rerouted": st["rerouted"],
+    }
 
 
 def _convergence_time(t, b_target, st) -> float:
@@ -710,16 +816,21 @@ def _kind(policy) -> str:
 
 def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     policy, arrivals, workload, service_model = plan.policy, plan.arrivals, plan.workload, plan.model
-    n, servers = plan.n, plan.servers
+    n, servers, cluster = plan.n, plan.servers, plan.cluster
     kind = _kind(policy)
+    # (a cluster's engines each have `servers`)
+    total_servers = servers * (cluster.engines if cluster is not None else 1)
     ctl_cfg = policy.sla if kind == "static" else policy.controller
     mem = policy.memory
     K = policy.bins if kind == "multibin_dynamic" else 1
     config, inputs = plan.kernel_args
     streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
                                                           STREAM_PREDICTION)))
-    inputs = _drawn(inputs, _d.INPUTS, "output_values", workload._output, streams.output, n)
-    inputs = _drawn(inputs, _d.INPUTS, "prompt_values", workload._prompt, streams.prompt, n)
+    if plan.cluster is not None and plan.cluster.programs is not None:
+        inputs = inputs._replace(**_program_calls(plan.cluster, arrivals, workload, n, streams))
+    else:
+        inputs = _drawn(inputs, _d.INPUTS, "output_values", workload._output, streams.output, n)
+        inputs = _drawn(inputs, _d.INPUTS, "prompt_values", workload._prompt, streams.prompt, n)
     args = (config, inputs, streams)
     stop = stop_flag()
     t0 = time.perf_counter()
@@ -742,7 +853,10 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     ci = stats.batch_means_ci(g_lat, mean_lat)
     requests = None
     if plan.keep_requests:
-        requests = Table({**req, "latency": req["completion"] - req["arrival"]})
+        cols = {k: v for k, v in req.items() if k != "engine" or cluster is not None}
+        if cluster is not None and cluster.programs is not None:
+            cols.update(program=np.array(inputs.program), new_tokens=np.array(inputs.new_tokens))
+        requests = Table({**cols, "latency": req["completion"] - req["arrival"]})
     q = _quantiles(out.hist, requests.latency if requests is not None and completed else None)
     mean_b = st["sum_b"] / nb if nb else nan
     var_b = st["sum_b2"] / nb - mean_b ** 2 if nb else nan
@@ -759,11 +873,11 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
         "sla_violation_tokens": st["sla_tokens"] / tokens_out if tokens_out > 0 else nan,
         "sla_violation_requests": st["sla_requests"] / completed if completed else nan,
         "sla_violation_share": st["sla_requests_dsla"] / completed if completed else nan,
-        "utilization": st["busy"] / (servers * span) if positive_span else nan,
+        "utilization": st["busy"] / (total_servers * span) if positive_span else nan,
         "mean_busy_servers": st["busy"] / span if positive_span else nan,
         "mean_batch_service": st["busy"] / nb if nb else nan,
         "memory_peak": st["peak_tokens"] / mem.eta,
-        "memory_mean": st["token_seconds"] / (servers * span * mem.eta) if positive_span else nan,
+        "memory_mean": st["token_seconds"] / (total_servers * span * mem.eta) if positive_span else nan,
         "batch_size_mean": mean_b,
         "batch_size_std": math.sqrt(max(var_b, 0.0)) if nb else nan,
         "span": span,
@@ -772,9 +886,12 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
         "mem_exceed_batches": st["mem_exceed"],
         "rejected": st["rejected"],
     }
-    if kind == "multibin_dynamic":
+    if cluster is not None:
+        metrics.update(_cluster_metrics(out, st, cluster, requests.ttft if requests is not None and completed
+                                        else None))
+    elif kind == "multibin_dynamic":
         metrics["warmup_time"] = st["warmup_time"]
-    if kind != "static":
+    if kind != "static" and cluster is None:
         # infeasible: a controller still above D_SLA + eps_D with its interval
         # shrunk to B_min (the midpoint may sit higher: alpha, N_decode)
         C = _c.C
@@ -785,10 +902,10 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     rows = st["ts_rows"]
     ts = {col: out.ts[:rows, getattr(_d.TS, col)].copy() for col in ("time", *TS_COLUMNS)}
     ts["queue"] = out.ts[:rows, _d.TS_QUEUE:].copy()
-    if kind != "static":
+    if kind != "static" and cluster is None:
         metrics["convergence_time"] = _convergence_time(ts["time"], ts["b_target"], st)
-    config = {**policy.describe(), **arrivals.describe(), **workload.describe(), **_model_config(service_model),
-              "n": n, "servers": int(servers), "seed_entropy": entropy_str(ss)}
+    config = {**(policy if cluster is None else cluster).describe(), **arrivals.describe(), **workload.describe(),
+              **_model_config(service_model), "n": n, "servers": int(servers), "seed_entropy": entropy_str(ss)}
     batches = Table({k: v[:nb] for k, v in bat.items()}) if plan.keep_batches else None
     if isinstance(arrivals, (Poisson, Gamma, OnOff)):
         unstable, reason = stats.queue_verdict(ts["time"], ts["queue"], mean_b, 0.0, n / arrivals.rate)
@@ -801,10 +918,16 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
         unstable, reason = False, "not assessed: a load step has no single steady state"
     # Algorithm 6's edges tile [lo[0], hi[K-1]): K + 1 of them, as MultiBin's
     edges = np.append(out.edges_lo, out.edges_hi[-1])
+    arrays = {"batch_size_hist": out.size_hist, "group_mean_latency": g_lat, "latency_histogram": out.hist,
+              **_per_bin(out.bin_completed, out.bin_latency, span)}
+    if cluster is not None:
+        kind = "cluster"
+        with np.errstate(invalid="ignore", divide="ignore"):
+            arrays.update(engine_completed=out.engine_completed,
+                          engine_utilization=out.engine_busy / (servers * span) if positive_span
+                          else np.full(cluster.engines, nan))
     res = SimulationResult(
-        kind=kind, config=config, n=n, servers=servers, edges=edges, metrics=metrics,
-        arrays={"batch_size_hist": out.size_hist, "group_mean_latency": g_lat, "latency_histogram": out.hist,
-                **_per_bin(out.bin_completed, out.bin_latency, span)},
+        kind=kind, config=config, n=n, servers=total_servers, edges=edges, metrics=metrics, arrays=arrays,
         requests=requests, batches=batches, time_series=ts, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else "histogram, relative error <= 2**-11",
         kernel_seconds=kernel_seconds)

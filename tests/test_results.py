@@ -20,9 +20,10 @@ POLICIES = {
     "dynamic": (mb.DynamicBatching(), {"workload": WL}),
     "multibin_dynamic": (mb.MultiBinDynamic(bins=2, warmup=100), {"workload": WL}),
     "laps": (mb.LAPS(instances=1), {"workload": WL}),
+    "cluster": (mb.Cluster(engines=2, programs=mb.Programs(calls=2)), {"workload": WL}),
 }
 #: the policies whose results keep batch records (keep_batches)
-BATCHED = ("static", "dynamic", "multibin_dynamic")
+BATCHED = ("static", "dynamic", "multibin_dynamic", "cluster")
 
 
 def _run(kind, **kw):
@@ -46,7 +47,7 @@ def test_every_policy_gives_the_one_result_type_with_its_metrics(kind):
         assert res.mean_latency_ci == (res.mean_latency_ci_low, res.mean_latency_ci_high)
         assert res.mean_latency_ci[0] <= res.mean_latency <= res.mean_latency_ci[1]
     assert res.edges.ndim == 1 and np.all(np.diff(res.edges) >= 0)
-    assert res.edges.size == (2 if kind == "dynamic" or kind == "static" else 3)
+    assert res.edges.size == (2 if kind in ("dynamic", "static", "cluster") else 3)
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         res.nonsense
 
@@ -71,7 +72,8 @@ def test_utilization_is_one_name():
     for kind in KINDS:
         res = _run(kind)
         assert 0 < res.utilization <= 1 + 1e-12
-        assert res.mean_busy_servers == pytest.approx(res.utilization)   # one server
+        # (one server; a cluster's two engines have one each)
+        assert res.mean_busy_servers == pytest.approx(res.utilization * (2 if kind == "cluster" else 1))
         assert "sim_utilization" in res.to_dataset()
 
 

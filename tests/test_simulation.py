@@ -422,7 +422,7 @@ def test_clock_beyond_float64_resolution_is_refused():
      "keep_requests"),
     (lambda: mb.simulate(mb.MultiBinDynamic(bins=10**12, warmup=10**12), mb.Saturated(), workload=WL, n=1000),
      "bins"),
-    (lambda: mb.simulate(mb.StaticBatching(4), mb.Saturated(), workload=WL, n=2**52, keep_batches=True),
+    (lambda: mb.simulate(mb.StaticBatching(4), mb.Poisson(1.0), workload=WL, n=2**52, keep_batches=True),
      "keep_batches"),
 ])
 def test_runs_that_cannot_fit_are_refused_saying_the_memory(make, name):

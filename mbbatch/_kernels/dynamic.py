@@ -75,14 +75,26 @@ POLICY = Layout("token policy", ints=("policy", "bins",
 #: a model uses its own fields (see the MODEL_ codes) and leaves the others 0
 MODEL = Layout("service model", ints=("model",),
                floats=("base", "per_token", "alpha", "beta", "prefill_per_token", "tbt_beta", "tbt_gamma"))
-TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "model"))
+#: a cluster of ``engines`` engines, each running the policy on its own
+#: queues and ``servers / engines`` servers, behind the router (``ROUTE_*``;
+#: ``ROUTE_NONE``: one engine); ``threshold``: Autellix's largest small
+#: request (prefill tokens); ``programs``: the program table's size (0:
+#: every request its own one-call program, no table); ``kv_reuse`` 1: a call
+#: on the engine holding its program's context prefills only its new tokens
+CLUSTER = Layout("cluster", ints=("engines", "router", "threshold", "programs", "kv_reuse"))
+TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "model", "cluster"))
 
 #: read-only inputs: replayed arrival times (s), the piecewise-Poisson rates
 #: and segment ends (the last one inf), each length's (loc, scale[, shape])
-#: or replayed values (tokens), and the per-bin batch limits (<= 0: none)
+#: or replayed values (tokens), and the per-bin batch limits (<= 0: none);
+#: a cluster's programs (per request: its program, new tokens, 1 on its
+#: program's last call; empty without programs) and engine events (time,
+#: engine, 1 add / 0 remove; in time order)
 INPUTS = Arrays("TokenInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, predictions=np.float64, prompt_params=np.float64, prompt_values=np.float64,
-                output_params=np.float64, output_values=np.float64, bin_b_max=np.float64)
+                output_params=np.float64, output_values=np.float64, bin_b_max=np.float64, program=np.int64,
+                new_tokens=np.float64, session_end=np.int8, event_time=np.float64, event_engine=np.int64,
+                event_add=np.int8)
 TokenInputs = INPUTS.type
 TokenStreams = namedtuple("TokenStreams", ("arrival", "output", "prompt", "prediction"))
 
@@ -93,7 +105,11 @@ STATS = Layout("token statistics",
                      "mem_exceed",     # batches above the token capacity (memory constraint off)
                      "sla_requests",   # requests decoded slower than D_SLA + eps_D
                      "sla_requests_dsla",  # requests decoded slower than D_SLA (seed 001, section 8.1)
-                     "ts_rows"),       # rows of the time series in use
+                     "ts_rows",        # rows of the time series in use
+                     # a cluster's router: large requests (above the threshold), those the program
+                     # table routed, calls with a context before them and those served on the engine
+                     # holding it, requests re-routed from a removed engine, routing decisions
+                     "large", "table_hits", "followups", "kv_hits", "rerouted", "routes"),
                floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft",
                        "sum_tbt_tokens",   # sum over output tokens of their decode time per token
                        "tokens_out",
@@ -101,7 +117,10 @@ STATS = Layout("token statistics",
                        "peak_tokens",
                        "token_seconds",    # sum over batches of tokens x service time
                        "sum_b", "sum_b2",
-                       "warmup_time"))     # when Algorithm 6's edges were set (NaN: never)
+                       "warmup_time",      # when Algorithm 6's edges were set (NaN: never)
+                       "kv_recomputed",    # context tokens prefilled again (a call away from its context)
+                       "sum_active_max",   # over routing decisions: the most active requests of an engine
+                       "sum_active_mean"))  # ... and their mean over the registered engines
 #: the time series' columns, then one queue length per bin
 TIME_SERIES = Layout("time series", floats=("time", "b_target", "b_low", "b_high", "tau_avg", "bin",
                                             "batch_size"))
@@ -112,10 +131,11 @@ TS_QUEUE = TIME_SERIES.size   # the first queue column
 OUTPUTS = Arrays("TokenOutputs", __name__, ints=np.int64, floats=np.float64, hist=np.int64,
                  size_hist=np.int64, ts=(np.float64, 2), ctl=(np.float64, 2), st=(np.float64, 2),
                  edges_lo=np.float64, edges_hi=np.float64, group_latency=np.float64, group_count=np.int64,
-                 bin_completed=np.int64, bin_latency=np.float64)
+                 bin_completed=np.int64, bin_latency=np.float64, hist_ttft=np.int64, engine_completed=np.int64,
+                 engine_busy=np.float64)
 TokenOutputs = OUTPUTS.type
 #: per-request records (keep_requests; n of them, else 0): ``REQUESTS.records(n)``
-REQUESTS = Layout("token requests", ints=("bin", "batch"),
+REQUESTS = Layout("token requests", ints=("bin", "batch", "engine"),
                   floats=("arrival", "prompt", "output", "pred", "start", "completion", "ttft"))
 #: per-batch records (keep_batches; n of them, else 0): ``BATCHES.records(n)``
 BATCHES = Layout("token batches", ints=("bin", "size", "b_target", "b_mem", "b_sla"),
@@ -126,10 +146,13 @@ BATCHES = Layout("token batches", ints=("bin", "size", "b_target", "b_mem", "b_s
 #: lengths (tokens): the rows of the block of draws ``blk[field, j]`` and of
 #: the per-bin FIFOs, ring buffers ``q[field, bin, slot]`` (the request's
 #: index in ``qidx[bin, slot]``) of a power-of-two capacity
-FIELDS = Layout("request fields", floats=("arrival", "prompt", "output", "pred"))
+FIELDS = Layout("request fields", floats=("arrival", "prompt", "output", "pred",
+                                          "prefill"))   # prompt tokens its batch prefills (KV reuse: fewer)
 #: the servers, columns of ``servers_i`` and ``servers_f``: the batch in
 #: service and the aggregates its feedback reads
-SERVERS = Layout("servers", ints=("busy", "size", "bin"),
+SERVERS = Layout("servers", ints=("busy", "size",
+                                 "bin",      # its batch's queue (engine x bins + bin)
+                                 "orphan"),  # 1: its engine was removed while it served
                  floats=("free_at", "service", "tbt", "sum_prompt", "sum_output", "max_output", "m2"))
 #: the event loop's state between two calls
 LOOP = Layout("loop state", ints=("i",         # next request to arrive
@@ -140,13 +163,27 @@ LOOP = Layout("loop state", ints=("i",         # next request to arrive
                                   "ts_seen",   # batches offered to the time series
                                   "ts_stride",  # every ts_stride-th of them is kept
                                   "pending",   # 1: free servers form batches at `now` first
-                                  "key"),      # the run's key of request_uniform (bin confusion)
+                                  "key",       # the run's key of request_uniform (bin confusion)
+                                  "ev",        # the next engine event
+                                  "rr_route",  # the round-robin router's next engine
+                                  "routed"),   # request i's engine, routed before its queue was full (-1)
               floats=("t",                     # the arrival clock, s
                       "now",                   # the time of the last event, s
-                      "t_switch"))             # the ON/OFF process's next change of state, s
+                      "t_switch",              # the ON/OFF process's next change of state, s
+                      "routed_prefill"))       # request i's prefill tokens, routed before its queue was full
+#: a cluster's engines, columns of ``eng``: registered (0: removed), active
+#: requests (the router's count: routed, not completed), queued requests,
+#: free servers (0 while removed), requests decoding, Algorithm 5's
+#: round-robin pointer
+ENGINES = Layout("engines", ints=("registered", "active", "queued", "free", "decoding", "rr"))
+#: the program table's rows (``table[row, program]``): the program's engine
+#: (Autellix's program table; -1: none) and the engine holding its context (-1: none)
+TABLE = Layout("program table", ints=("engine", "holder"))
+N_FIELDS = FIELDS.size
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
-                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64)
+                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64, eng=(np.int64, 2),
+                   table=(np.int64, 2))
 TokenWorkspace = WORKSPACE.type
 
 R = RUN.index
@@ -159,6 +196,22 @@ BT = BATCHES.index
 Q = FIELDS.index
 SV = SERVERS.index
 L = LOOP.index
+CL = CLUSTER.index
+EN = ENGINES.index
+TB = TABLE.index
+
+#: the routers: none (one engine), round-robin over the registered engines,
+#: least-used (fewest active requests, ties to the lowest id), Autellix's
+#: Algorithm 2 (small requests least-used, large ones by the program table)
+ROUTE_NONE = 0
+ROUTE_ROUND_ROBIN = 1
+ROUTE_LEAST_USED = 2
+ROUTE_AUTELLIX = 3
+#: the configuration of one engine, no router
+ONE_ENGINE = CLUSTER.pack(engines=1, router=ROUTE_NONE, threshold=0, programs=0, kv_reuse=0)
+#: the inputs of a run without programs or engine events
+NO_PROGRAMS = dict(program=np.empty(0, np.int64), new_tokens=np.empty(0), session_end=np.empty(0, np.int8),
+                   event_time=np.empty(0), event_engine=np.empty(0, np.int64), event_add=np.empty(0, np.int8))
 
 #: dynamic_kernel's return codes
 DONE = 0
@@ -194,35 +247,45 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     seconds of compile time).
     """
     rn, pol, sla = RUN.unpack(config.run), POLICY.unpack(config.policy), SLA.unpack(config.sla)
-    n, K, c = rn["n"], pol["bins"], pol["servers"]
+    cl = CLUSTER.unpack(config.cluster)
+    n, c, E = rn["n"], pol["servers"], cl["engines"]
+    # each engine's bins are queues of their own: engine e's bin b is queue e * bins + b
+    K = pol["bins"] * E
     ints, floats = STATS.zeros(last_completion=-np.inf, warmup_time=np.nan)
     ctl = np.empty((K, CONTROLLER.size))
     controller_init(ctl, sla["b_min"], sla["b_max"])
     out = OUTPUTS.pack(ints=ints, floats=floats, hist=np.zeros(HIST_SIZE, np.int64),
                        # no batch holds more than n requests
                        size_hist=np.zeros(int(min(sla["b_max"], n)) + 1, np.int64),
-                       ts=np.zeros((ts_rows, TS_QUEUE + K)), ctl=ctl, st=np.zeros((K, BATCH_STATS.size)),
-                       edges_lo=np.zeros(K), edges_hi=np.full(K, EDGE_MAX), group_latency=np.zeros(groups),
-                       group_count=np.zeros(groups, np.int64), bin_completed=np.zeros(K, np.int64),
-                       bin_latency=np.zeros(K))
+                       ts=np.zeros((ts_rows, TS_QUEUE + pol["bins"])), ctl=ctl,
+                       st=np.zeros((K, BATCH_STATS.size)), edges_lo=np.zeros(pol["bins"]),
+                       edges_hi=np.full(pol["bins"], EDGE_MAX), group_latency=np.zeros(groups),
+                       group_count=np.zeros(groups, np.int64), bin_completed=np.zeros(pol["bins"], np.int64),
+                       bin_latency=np.zeros(pol["bins"]),
+                       hist_ttft=np.zeros(HIST_SIZE if E > 1 or cl["router"] != ROUTE_NONE else 1, np.int64),
+                       engine_completed=np.zeros(E, np.int64), engine_busy=np.zeros(E))
     if edges is not None:
         out.edges_lo[:], out.edges_hi[:] = edges
         floats[S.warmup_time] = 0.0
     requests = REQUESTS.records(n if rn["keep_requests"] else 0)
     batches = BATCHES.records(n if rn["keep_batches"] else 0)
     window = min(pol["warmup"], n)
-    loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0, key=key)
+    loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0, key=key, routed=-1)
     servers_i, servers_f = SERVERS.records(c, fill=0)
+    eng = np.zeros((ENGINES.size, E), np.int64)
+    eng[EN.registered] = 1
+    eng[EN.free] = c // E
+    table = np.full((TABLE.size, max(cl["programs"], 1)), -1, np.int64)
     ws = WORKSPACE.pack(q=np.empty((FIELDS.size, K, QUEUE_START)), qidx=np.empty((K, QUEUE_START), np.int64),
                         head=np.zeros(K, np.int64), size=np.zeros(K, np.int64), window=np.empty(max(window, 1)),
                         servers_i=servers_i, servers_f=servers_f, blk=np.empty((FIELDS.size, BLOCK)),
-                        loop_ints=loop_ints, loop_floats=loop_floats)
+                        loop_ints=loop_ints, loop_floats=loop_floats, eng=eng, table=table)
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop)
         if code == QUEUE_FULL:
             ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
         elif code == WARMUP_DONE:
-            out.edges_lo[:], out.edges_hi[:] = equal_mass_edges(ws.window[:window], K)
+            out.edges_lo[:], out.edges_hi[:] = equal_mass_edges(ws.window[:window], pol["bins"])
             confusion = rn["predictor"] == PRED_CONFUSION
             _rebin(ws.q, ws.qidx, ws.head, ws.size, out.edges_lo, out.edges_hi, rn["predictor_p"] if confusion
                    else 1.0, key)
@@ -252,22 +315,24 @@ def _grow(q, qidx, head, size):
 
 
 def _rebin(q, qidx, head, size, lo, hi, p=1.0, key=0):
-    """The end of Algorithm 6's warm-up: bin 0's queue (every request so
-    far; the other bins are empty) re-binned by each waiting request's own
-    prediction (Algorithm 4), confused with probability 1 - ``p``: no future
-    is used.  No bin receives more than the requests bin 0 held, so none
-    overflows."""
-    j = _ring(head[0], size[0], qidx.shape[1])
-    fields, index = q[:, 0, j], qidx[0, j]
-    bins = partition_tiled_array(fields[Q.pred], lo, hi)
-    if p < 1.0:
-        bins = confused_bins(bins, request_uniforms(key, index), p, lo.shape[0])
-    head[:] = 0
-    for b in range(lo.shape[0]):
-        mine = bins == b
-        size[b] = np.count_nonzero(mine)
-        q[:, b, :size[b]] = fields[:, mine]
-        qidx[b, :size[b]] = index[mine]
+    """The end of Algorithm 6's warm-up: each engine's bin 0 queue (every
+    request so far; its other bins are empty) re-binned by each waiting
+    request's own prediction (Algorithm 4), confused with probability 1 -
+    ``p``: no future is used.  No bin receives more than the requests bin 0
+    held, so none overflows."""
+    K = lo.shape[0]
+    for base in range(0, qidx.shape[0], K):
+        j = _ring(head[base], size[base], qidx.shape[1])
+        fields, index = q[:, base, j], qidx[base, j]
+        bins = partition_tiled_array(fields[Q.pred], lo, hi)
+        if p < 1.0:
+            bins = confused_bins(bins, request_uniforms(key, index), p, K)
+        head[base:base + K] = 0
+        for b in range(K):
+            mine = bins == b
+            size[base + b] = np.count_nonzero(mine)
+            q[:, base + b, :size[base + b]] = fields[:, mine]
+            qidx[base + b, :size[base + b]] = index[mine]
 
 
 # --- the steps of the event loop ----------------------------------------------
@@ -299,12 +364,13 @@ def _draw_requests(i0, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_time
 
 
 @step
-def _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask, p, key):
+def _arrive(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill):
     """Step 2b, one arrival: request i (column jj of the block) joins the
-    FIFO of its bin (Algorithm 4), or of bin 0 during the warm-up, whose
-    window keeps its prediction; with bin confusion (``p < 1``) the bin moves
-    to a neighbour with probability 1 - p.  Returns False, nothing done, when
-    the ring buffer is full."""
+    FIFO of its bin (Algorithm 4) on the engine whose queues start at
+    ``base``, or of bin 0 during the warm-up, whose window keeps its
+    prediction; with bin confusion (``p < 1``) the bin moves to a neighbour
+    with probability 1 - p.  Returns False, nothing done, when the ring
+    buffer is full."""
     pred = blk[Q.pred, jj]
     if binned:
         b = partition_tiled(pred, lo, hi, K) if K > 1 else 0
@@ -313,6 +379,7 @@ def _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask, p,
     else:
         b = 0
         window[i] = pred
+    b += base
     if size[b] > mask:   # size == capacity == mask + 1
         return False
     # unsigned indices: no negative-index wraparound code
@@ -322,9 +389,70 @@ def _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask, p,
     q[Q.prompt, ub, slot] = blk[Q.prompt, jj]
     q[Q.output, ub, slot] = blk[Q.output, jj]
     q[Q.pred, ub, slot] = pred
+    q[Q.prefill, ub, slot] = prefill
     qidx[ub, slot] = i
     size[b] += 1
     return True
+
+
+@step
+def _scan_engines(eng):
+    """The least-used registered engine (fewest active requests, ties to the
+    lowest id), the most active requests of a registered engine, their sum
+    and the registered engines."""
+    best = -1
+    most = 0
+    total = 0
+    count = 0
+    for e in range(eng.shape[1]):
+        if eng[EN.registered, e] == 0:
+            continue
+        a = eng[EN.active, e]
+        if best < 0 or a < eng[EN.active, best]:
+            best = e
+        if a > most:
+            most = a
+        total += a
+        count += 1
+    return best, most, total, count
+
+
+@step
+def _route(router, threshold, prompt, pid, programs, eng, rr_route, table):
+    """The router's engine for a request of ``prompt`` tokens of program
+    ``pid``: round-robin over the registered engines, least-used, or
+    Autellix's Algorithm 2 (at most ``threshold`` tokens: least-used; more:
+    the program table's engine, assigned least-used on first sight; without
+    ``programs``, every request is its own program: least-used).  Returns
+    the engine, the round-robin pointer after it, whether the program table
+    routed it, and the engine loads (:func:`_scan_engines`)."""
+    best, most, total, count = _scan_engines(eng)
+    if router == ROUTE_ROUND_ROBIN:
+        E = eng.shape[1]
+        e = rr_route
+        for _ in range(E):
+            if eng[EN.registered, e] != 0:
+                break
+            e = e + 1 if e + 1 < E else 0
+        return e, (e + 1 if e + 1 < E else 0), False, most, total, count
+    if router == ROUTE_AUTELLIX and programs and prompt > threshold:
+        e = table[TB.engine, pid]
+        if e >= 0:
+            return e, rr_route, True, most, total, count
+        table[TB.engine, pid] = best
+    return best, rr_route, False, most, total, count
+
+
+@step
+def _context(kv, pid, e, prompt, new, table):
+    """KV reuse: a call on the engine holding its program's context prefills
+    its ``new`` tokens only, elsewhere its whole ``prompt``; the engine then
+    holds the context.  Returns the prefill tokens and whether a context
+    came before (and whether it was held there)."""
+    followup = new < prompt
+    hit = kv and followup and table[TB.holder, pid] == e
+    table[TB.holder, pid] = e
+    return (new if hit else prompt), followup, hit
 
 
 @step
@@ -377,14 +505,14 @@ def _select_bin(K, select, rr, size):
 
 
 @step
-def _target_size(b, policy, pin, memory_on, bin_b_max, memory_variant, memory, multiplicative, sla, ctl, st):
+def _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memory, multiplicative, sla, ctl, st):
     """Algorithm 3, steps 1-2: the target size ``(b_target, b_mem, b_SLA)``
-    of bin b's batch (-1: not computed), from Algorithm 1 and Algorithm 2
-    (which moves the bin's interval)."""
+    of queue b's batch (-1: not computed; its engine's bin ``lb``), from
+    Algorithm 1 and Algorithm 2 (which moves the queue's interval)."""
     if policy == POL_STATIC:
         return pin, -1, -1
     # (a per-bin limit only for the multi-bin policy)
-    limit = bin_b_max[b] if policy == POL_MB_DYNAMIC else 0.0
+    limit = bin_b_max[lb] if policy == POL_MB_DYNAMIC else 0.0
     bm = b_mem_core(memory[M.eta], memory_variant, memory[M.z], memory[M.default_tokens], memory[M.b_min],
                     memory[M.b_max], st[b, T.avg_prompt], st[b, T.avg_output], st[b, T.count],
                     st[b, T.mean_tokens], st[b, T.m2_tokens], limit)
@@ -400,15 +528,17 @@ def _target_size(b, policy, pin, memory_on, bin_b_max, memory_variant, memory, m
 
 
 @njit(cache=CACHE, inline="always")
-def _head_sums(q, ub, h0, nb, mask):
-    """The first nb requests of bin ub (head at slot h0), in one pass: their
-    tokens, summed prompt and output lengths, largest output and largest
-    prompt + output."""
+def _head_sums(q, ub, h0, nb, mask, kv):
+    """The first nb requests of queue ub (head at slot h0), in one pass:
+    their tokens, summed prompt and output lengths, largest output, largest
+    prompt + output, and summed prefill tokens (with ``kv``; else the
+    summed prompt)."""
     tokens = 0.0
     sum_prompt = 0.0
     sum_out = 0.0
     max_out = 0.0
     max_seq = 0.0
+    sum_prefill = 0.0
     for j in range(nb):
         sl = np.uint64((h0 + j) & mask)
         p = q[Q.prompt, ub, sl]
@@ -420,18 +550,21 @@ def _head_sums(q, ub, h0, nb, mask):
             max_out = o
         if p + o > max_seq:
             max_seq = p + o
-    return tokens, sum_prompt, sum_out, max_out, max_seq
+        if kv:
+            sum_prefill += q[Q.prefill, ub, sl]
+    return tokens, sum_prompt, sum_out, max_out, max_seq, (sum_prefill if kv else sum_prompt)
 
 
 @step
-def _candidates(q, b, h0, nb, mask, fit, eta):
+def _candidates(q, b, h0, nb, mask, fit, eta, kv):
     """Algorithm 3, step 3: the head of bin b's queue (at slot h0) that makes
     the batch: its first nb requests, and with ``fit`` fewer, the last ones
     dropped while their tokens exceed the capacity eta (0: the head request
-    alone does).  Returns how many and their aggregates (:func:`_head_sums`);
+    alone does).  Returns how many and their aggregates (:func:`_head_sums`;
+    ``kv``: prefill tokens of their own);
     ``tokens`` is that of the nb candidates less those dropped."""
     ub = np.uint64(b)
-    tokens, sum_prompt, sum_out, max_out, max_seq = _head_sums(q, ub, h0, nb, mask)
+    tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _head_sums(q, ub, h0, nb, mask, kv)
     if fit:
         nb0 = nb
         while nb > 0 and not check_memory(tokens, eta):
@@ -441,8 +574,8 @@ def _candidates(q, b, h0, nb, mask, fit, eta):
         if 0 < nb < nb0:
             # the sums again, over the members kept (rare; the batch pass
             # above stays a single one in the common case)
-            _, sum_prompt, sum_out, max_out, max_seq = _head_sums(q, ub, h0, nb, mask)
-    return nb, tokens, sum_prompt, sum_out, max_out, max_seq
+            _, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _head_sums(q, ub, h0, nb, mask, kv)
+    return nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill
 
 
 @step
@@ -473,10 +606,12 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
 
 
 @step
-def _serve(q, qidx, b, h0, nb, mask, now, done, ttft, mean_tok, hist, keep, r_i, r_f, batch):
-    """The members of a batch (the first nb of bin b, head at slot h0),
-    started at ``now`` and done at ``done``: their latencies into the
-    histogram and, with ``keep``, their records.  Returns their summed
+def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, hist_ttft, cluster, keep, r_i, r_f,
+           batch):
+    """The members of a batch (the first nb of queue b, head at slot h0:
+    engine e's bin lb), started at ``now`` and done at ``done``: their
+    latencies into the histogram (in a ``cluster``, their times to first
+    token too) and, with ``keep``, their records.  Returns their summed
     latency and arrival times, and the sum of squared deviations of their
     tokens from ``mean_tok`` (for the feedback)."""
     ub = np.uint64(b)
@@ -492,10 +627,13 @@ def _serve(q, qidx, b, h0, nb, mask, now, done, ttft, mean_tok, hist, keep, r_i,
         hist[hist_bucket(lat)] += 1
         d = q[Q.prompt, ub, sl] + q[Q.output, ub, sl] - mean_tok
         m2 += d * d
+        if cluster:
+            hist_ttft[hist_bucket(now - a + ttft)] += 1
         if keep:
             idx = qidx[ub, sl]
-            r_i[RQ.bin, idx] = b
+            r_i[RQ.bin, idx] = lb
             r_i[RQ.batch, idx] = batch
+            r_i[RQ.engine, idx] = e
             r_f[RQ.start, idx] = now
             r_f[RQ.completion, idx] = done
             r_f[RQ.ttft, idx] = now - a + ttft
@@ -503,11 +641,12 @@ def _serve(q, qidx, b, h0, nb, mask, now, done, ttft, mean_tok, hist, keep, r_i,
 
 
 @subroutine
-def _sample(ts, rows, stride, seen, now, target, ctl, b, nb, size):
+def _sample(ts, rows, stride, seen, now, target, ctl, b, lb, nb, size, K):
     """The downsampled time series, at batch number ``seen`` (a multiple of
-    the stride): when the buffer is full, every other row is kept and the
-    stride doubles; the batch is then kept if ``seen`` is a multiple of the
-    stride still.  Returns the rows in use and the stride."""
+    the stride) of queue b (its engine's bin ``lb``; the queues' sizes by
+    bin, summed over the engines): when the buffer is full, every other row
+    is kept and the stride doubles; the batch is then kept if ``seen`` is a
+    multiple of the stride still.  Returns the rows in use and the stride."""
     if rows == ts.shape[0]:
         for r in range(rows // 2):
             for c in range(ts.shape[1]):
@@ -520,10 +659,12 @@ def _sample(ts, rows, stride, seen, now, target, ctl, b, nb, size):
         ts[rows, TS.b_low] = ctl[b, C.b_low]
         ts[rows, TS.b_high] = ctl[b, C.b_high]
         ts[rows, TS.tau_avg] = ctl[b, C.tau_avg]
-        ts[rows, TS.bin] = b
+        ts[rows, TS.bin] = lb
         ts[rows, TS.batch_size] = nb
-        for kb in range(size.shape[0]):
+        for kb in range(K):
             ts[rows, TS_QUEUE + kb] = size[kb]
+        for kb in range(K, size.shape[0]):
+            ts[rows, TS_QUEUE + kb % K] += size[kb]
         rows += 1
     return rows, stride
 
@@ -576,7 +717,24 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     eta = memory[M.eta]
     model = config.model[0][O.model]
     mf = config.model[1]
-    base, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
+    # the cluster: engine e's bins are queues e * K .. e * K + K - 1, its
+    # servers e * per_engine .. (e + 1) * per_engine - 1
+    cc = config.cluster[0]
+    E = cc[CL.engines]
+    router = cc[CL.router]
+    cluster = E > 1 or router != ROUTE_NONE
+    per_engine = n_srv // E
+    threshold = cc[CL.threshold]
+    programs = cc[CL.programs] > 0
+    kv = cc[CL.kv_reuse] != 0 and programs
+    program = inputs.program
+    new_tokens = inputs.new_tokens
+    session_end = inputs.session_end
+    event_time = inputs.event_time
+    n_events = event_time.shape[0]
+    eng = ws.eng
+    table = ws.table
+    base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
     # the arrays and streams
     arrival_times = inputs.arrival_times
@@ -592,6 +750,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     group_count = out.group_count
     bin_completed = out.bin_completed
     bin_latency = out.bin_latency
+    hist_ttft = out.hist_ttft
+    engine_completed = out.engine_completed
+    engine_busy = out.engine_busy
     r_i = requests[0]
     r_f = requests[1]
     b_i = batches[0]
@@ -619,11 +780,15 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     ts_stride = li[L.ts_stride]
     pending = li[L.pending] != 0
     key = li[L.key]
+    ev = li[L.ev]
+    rr_route = li[L.rr_route]
+    routed = li[L.routed]
     t = lf[L.t]
     now = lf[L.now]
     t_switch = lf[L.t_switch]
+    routed_prefill = lf[L.routed_prefill]
     queued = 0
-    for b in range(K):
+    for b in range(size.shape[0]):
         queued += size[b]
     # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen
     binned = K == 1 or policy != POL_MB_DYNAMIC or i >= warmup
@@ -640,6 +805,15 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     # the statistics, accumulated in locals (registers) and stored on return
     ints = out.ints
     floats = out.floats
+    kv_recomputed = floats[S.kv_recomputed]
+    sum_active_max = floats[S.sum_active_max]
+    sum_active_mean = floats[S.sum_active_mean]
+    n_large = ints[S.large]
+    table_hits = ints[S.table_hits]
+    followups = ints[S.followups]
+    kv_hits = ints[S.kv_hits]
+    rerouted = ints[S.rerouted]
+    routes = ints[S.routes]
     sum_latency = floats[S.sum_latency]
     sum_ttft = floats[S.sum_ttft]
     busy_time = floats[S.busy]
@@ -669,40 +843,65 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                     break
                 if servers_i[SV.busy, k] != 0:
                     continue
+                # the server's engine: its queues start at `base`
+                if cluster:
+                    e = k // per_engine
+                    if eng[EN.queued, e] == 0 or eng[EN.registered, e] == 0:
+                        continue
+                    base = e * K
+                    rr_e = eng[EN.rr, e]
+                else:
+                    e = 0
+                    base = 0
+                    rr_e = rr
+                sizes = size[base:base + K]
                 # Algorithm 5 with Algorithm 3: the bin, its target size, and
                 # the longest head of its queue within that size and memory
-                while queued > 0:
-                    b, rr = _select_bin(K, select, rr, size)
-                    target, bm, bs = _target_size(b, policy, pin, memory_on, bin_b_max, memory_variant, memory,
+                nb = 0
+                while (eng[EN.queued, e] if cluster else queued) > 0:
+                    lb, rr_e = _select_bin(K, select, rr_e, sizes)
+                    b = base + lb
+                    target, bm, bs = _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memory,
                                                   multiplicative, sla, ctl, st)
                     # step 2: candidates, the head of that bin only
                     nb = size[b] if size[b] < max_cand else max_cand
                     nb = nb if nb < target else target
                     h0 = head[b]
-                    nb, tokens, sum_prompt, sum_out, max_out, max_seq = _candidates(
-                        q, b, h0, nb, mask, memory_on and policy != POL_STATIC, eta)
+                    nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(
+                        q, b, h0, nb, mask, memory_on and policy != POL_STATIC, eta, kv)
                     if nb == 0:
                         # the head request alone exceeds the capacity: it can never
                         # be served, so it leaves the queue as rejected
                         head[b] = (h0 + 1) & mask
                         size[b] -= 1
                         queued -= 1
+                        if cluster:
+                            eng[EN.queued, e] -= 1
+                            eng[EN.active, e] -= 1
                         rejected += 1
                         continue
                     if tokens > eta:
                         mem_exceed += 1   # (the memory constraint is off)
                     break
+                if cluster:
+                    eng[EN.rr, e] = rr_e
+                else:
+                    rr = rr_e
                 if nb == 0:
+                    if cluster:
+                        continue   # every request queued on this engine was rejected
                     break   # every queued request was rejected
                 # the batch: the first nb of bin b (unused candidates stay at the front)
-                service, tbt, tpot, ttft = _batch_service(model, base, per_token, alpha, beta, prefill_per_token,
-                                                          tbt_beta, tbt_gamma, nb, sum_prompt, max_out, max_seq)
+                service, tbt, tpot, ttft = _batch_service(model, base_time, per_token, alpha, beta,
+                                                          prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prefill,
+                                                          max_out, max_seq)
                 done = now + service
                 if done > last_completion:
                     last_completion = done
                 bf = float(nb)
-                sum_lat, sum_arr, m2 = _serve(q, qidx, b, h0, nb, mask, now, done, ttft,
-                                              (sum_prompt + sum_out) / bf, hist, keep, r_i, r_f, n_batches)
+                sum_lat, sum_arr, m2 = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft,
+                                              (sum_prompt + sum_out) / bf, hist, hist_ttft, cluster, keep, r_i, r_f,
+                                              n_batches)
                 sum_latency += sum_lat
                 sum_ttft += bf * (now + ttft) - sum_arr
                 # batch-means group of the batch: that of its first member's arrival index
@@ -712,6 +911,12 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 head[b] = (h0 + nb) & mask
                 size[b] -= nb
                 queued -= nb
+                if cluster:
+                    eng[EN.queued, e] -= nb
+                    eng[EN.free, e] -= 1
+                    eng[EN.decoding, e] += nb
+                    engine_completed[e] += nb
+                    engine_busy[e] += service
 
                 busy_time += service
                 tokens_out += sum_out
@@ -727,27 +932,29 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                     sla_requests += nb
                 if tpot > d_sla:
                     sla_requests_dsla += nb
-                bin_completed[b] += nb
-                bin_latency[b] += sum_lat
+                bin_completed[lb] += nb
+                bin_latency[lb] += sum_lat
                 completed += nb
                 size_hist[nb if nb < size_hist.shape[0] else size_hist.shape[0] - 1] += 1
                 if keep_batches:
                     b_f[BT.start, n_batches] = now
                     b_f[BT.service, n_batches] = service
                     b_f[BT.tokens, n_batches] = tok
-                    b_i[BT.bin, n_batches] = b
+                    b_i[BT.bin, n_batches] = lb
                     b_i[BT.size, n_batches] = nb
                     b_i[BT.b_target, n_batches] = target
                     b_i[BT.b_mem, n_batches] = bm
                     b_i[BT.b_sla, n_batches] = bs
                 if ts_seen & (ts_stride - 1) == 0:  # the stride is a power of two
-                    ts_rows, ts_stride = _sample(ts, ts_rows, ts_stride, ts_seen, now, target, ctl, b, nb, size)
+                    ts_rows, ts_stride = _sample(ts, ts_rows, ts_stride, ts_seen, now, target, ctl, b, lb, nb, size,
+                                                 K)
                 ts_seen += 1
 
                 # server k takes it
                 servers_i[SV.busy, k] = 1
                 servers_i[SV.size, k] = nb
                 servers_i[SV.bin, k] = b
+                servers_i[SV.orphan, k] = 0
                 servers_f[SV.free_at, k] = done
                 servers_f[SV.service, k] = service
                 servers_f[SV.tbt, k] = tbt
@@ -785,29 +992,139 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
             if i == 0:
                 floats[S.first_arrival] = blk[Q.arrival, 0]
 
-        # 2. the next event: the first completion, which wins ties, or arrivals
+        # 2. the next event: the first completion, which wins ties, then an
+        # engine event, then arrivals
         t_arr = blk[Q.arrival, jj] if i < n else np.inf
+        t_ev = event_time[ev] if ev < n_events else np.inf
         if s_next < 0 and i >= n:
             break
-        if s_next >= 0 and t_next <= t_arr:
+        if s_next >= 0 and t_next <= t_arr and t_next <= t_ev:
             # 2a. a completion: Algorithm 7's feedback, in time order
             now = t_next
-            in_service -= servers_i[SV.size, s_next]
-            if policy != POL_STATIC:
+            nd = servers_i[SV.size, s_next]
+            in_service -= nd
+            if cluster:
+                e = s_next // per_engine
+                eng[EN.decoding, e] -= nd
+                if servers_i[SV.orphan, s_next] == 0:
+                    eng[EN.active, e] -= nd
+                if eng[EN.registered, e] != 0:
+                    eng[EN.free, e] += 1
+                if policy != POL_STATIC:
+                    _complete(s_next, eng[EN.decoding, e], ema, ctl, st, servers_i, servers_f)
+            elif policy != POL_STATIC:
                 _complete(s_next, in_service, ema, ctl, st, servers_i, servers_f)
             servers_i[SV.busy, s_next] = 0
             n_free += 1
             t_next, s_next = _next_completion(servers_i, servers_f)
+        elif t_ev <= t_arr:
+            # 2c. an engine leaves or joins the cluster
+            e = inputs.event_engine[ev]
+            if inputs.event_add[ev] != 0:
+                eng[EN.registered, e] = 1
+                for k in range(e * per_engine, (e + 1) * per_engine):
+                    if servers_i[SV.busy, k] == 0:
+                        eng[EN.free, e] += 1
+            else:
+                # its queued requests are routed again: every queue must hold them
+                most = 0
+                for b in range(size.shape[0]):
+                    if size[b] > most:
+                        most = size[b]
+                if most + eng[EN.queued, e] > mask + 1:
+                    code = QUEUE_FULL
+                    break
+                now = t_ev
+                eng[EN.registered, e] = 0
+                eng[EN.free, e] = 0
+                eng[EN.active, e] = 0
+                for k in range(e * per_engine, (e + 1) * per_engine):
+                    if servers_i[SV.busy, k] != 0:
+                        servers_i[SV.orphan, k] = 1
+                # its programs are reassigned at their next large call; its contexts are gone
+                if programs:
+                    for pp in range(table.shape[1]):
+                        if table[TB.engine, pp] == e:
+                            table[TB.engine, pp] = -1
+                        if table[TB.holder, pp] == e:
+                            table[TB.holder, pp] = -1
+                for lb in range(K):
+                    b = e * K + lb
+                    ub = np.uint64(b)
+                    while size[b] > 0:
+                        sl = np.uint64(head[b])
+                        idx = qidx[ub, sl]
+                        prompt_r = q[Q.prompt, ub, sl]
+                        pid = program[idx] if programs else idx
+                        e2, rr_route, _, _, _, _ = _route(router, threshold, prompt_r, pid, programs, eng, rr_route,
+                                                          table)
+                        prefill = prompt_r
+                        if programs:
+                            prefill, _, _ = _context(kv, pid, e2, prompt_r, new_tokens[idx], table)
+                            kv_recomputed += prefill - q[Q.prefill, ub, sl]
+                            if session_end[idx] != 0:
+                                table[TB.engine, pid] = -1
+                                table[TB.holder, pid] = -1
+                        b2 = e2 * K + lb
+                        ub2 = np.uint64(b2)
+                        sl2 = np.uint64((head[b2] + size[b2]) & mask)
+                        for f in range(N_FIELDS):
+                            q[f, ub2, sl2] = q[f, ub, sl]
+                        q[Q.prefill, ub2, sl2] = prefill
+                        qidx[ub2, sl2] = idx
+                        size[b2] += 1
+                        head[b] = (head[b] + 1) & mask
+                        size[b] -= 1
+                        eng[EN.queued, e2] += 1
+                        eng[EN.active, e2] += 1
+                        rerouted += 1
+                eng[EN.queued, e] = 0
+            now = t_ev
+            ev += 1
         else:
             # 2b. an arrival joins its bin; while every server is busy, so do
             # all the arrivals of this block before the first completion, in
             # one loop
             while True:
                 now = blk[Q.arrival, jj]
-                if not _arrive(i, jj, binned, K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
-                               key):
+                e = 0
+                prefill = blk[Q.prompt, jj]
+                if cluster:
+                    if routed >= 0:
+                        # (routed before its queue was found full)
+                        e = routed
+                        prefill = routed_prefill
+                    else:
+                        pid = program[i] if programs else i
+                        e, rr_route, hit, most, total, count = _route(router, threshold, prefill, pid, programs,
+                                                                      eng, rr_route, table)
+                        routes += 1
+                        sum_active_max += most
+                        sum_active_mean += total / count
+                        if prefill > threshold:
+                            n_large += 1
+                        if hit:
+                            table_hits += 1
+                        if programs:
+                            full = prefill
+                            prefill, followup, held = _context(kv, pid, e, full, new_tokens[i], table)
+                            kv_recomputed += prefill - new_tokens[i]
+                            if followup:
+                                followups += 1
+                            if held:
+                                kv_hits += 1
+                            if session_end[i] != 0:
+                                # the session ends: its program-table entry is cleared
+                                table[TB.engine, pid] = -1
+                                table[TB.holder, pid] = -1
+                        eng[EN.active, e] += 1
+                        routed = e
+                        routed_prefill = prefill
+                if not _arrive(i, jj, binned, K, e * K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
+                               key, prefill):
                     code = QUEUE_FULL
                     break
+                routed = -1
                 if keep:
                     r_f[RQ.arrival, i] = now
                     r_f[RQ.prompt, i] = blk[Q.prompt, jj]
@@ -820,7 +1137,11 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                     floats[S.warmup_time] = now
                     code = WARMUP_DONE
                     break
-                if n_free > 0 or jj == m or blk[Q.arrival, jj] >= t_next:
+                if cluster:
+                    eng[EN.queued, e] += 1
+                    if eng[EN.free, e] > 0 or jj == m or blk[Q.arrival, jj] >= t_next or blk[Q.arrival, jj] >= t_ev:
+                        break
+                elif n_free > 0 or jj == m or blk[Q.arrival, jj] >= t_next:
                     break
             if code == QUEUE_FULL:
                 break
@@ -836,10 +1157,21 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
             else:
                 nxt = np.inf  # a continuous draw ties with probability 0
             pending = nxt > now
+        if pending and ev < n_events and event_time[ev] <= now:
+            pending = False
         if code == WARMUP_DONE:
             break
 
     floats[S.sum_latency] = sum_latency
+    floats[S.kv_recomputed] = kv_recomputed
+    floats[S.sum_active_max] = sum_active_max
+    floats[S.sum_active_mean] = sum_active_mean
+    ints[S.large] = n_large
+    ints[S.table_hits] = table_hits
+    ints[S.followups] = followups
+    ints[S.kv_hits] = kv_hits
+    ints[S.rerouted] = rerouted
+    ints[S.routes] = routes
     floats[S.sum_ttft] = sum_ttft
     floats[S.busy] = busy_time
     floats[S.tokens_out] = tokens_out
@@ -865,6 +1197,10 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     li[L.ts_seen] = ts_seen
     li[L.ts_stride] = ts_stride
     li[L.pending] = 1 if pending else 0
+    li[L.ev] = ev
+    li[L.rr_route] = rr_route
+    li[L.routed] = routed
+    lf[L.routed_prefill] = routed_prefill
     lf[L.t] = t
     lf[L.now] = now
     lf[L.t_switch] = t_switch
@@ -885,10 +1221,11 @@ def warmup() -> None:
         sla=SLA.pack(variant=0, d_sla=7.5e-3, eps_d=5e-5, b_min=1.0, b_max=4.0, alpha=4.0, delta=2.0,
                      ema=DEFAULT_EMA),
         memory=MEMORY.pack(variant=0, eta=1e5, b_min=1.0, b_max=4.0, z=1.645, default_tokens=DEFAULT_TOKENS),
-        model=MODEL.zeros(model=MODEL_DECODE, tbt_beta=5.74e-3, tbt_gamma=0.316))
+        model=MODEL.zeros(model=MODEL_DECODE, tbt_beta=5.74e-3, tbt_gamma=0.316), cluster=ONE_ENGINE)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          predictions=np.empty(0),
                          prompt_params=np.array([1.0, 9.0]), prompt_values=np.empty(0),
-                         output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
+                         output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2),
+                         **NO_PROGRAMS)
     gen = np.random.default_rng(0)
     run(config, inputs, TokenStreams(gen, gen, gen, gen), np.zeros(1, np.int64), groups=1, ts_rows=4)

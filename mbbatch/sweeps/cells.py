@@ -22,7 +22,7 @@ from .. import theory
 from .._running import interruptible, stop_flag
 from ..arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from ..metrics import METRICS
-from ..policies import LAPS, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from ..policies import LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, Programs, StaticBatching
 from ..predictors import BinConfusion, LogNormalError
 from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
@@ -218,6 +218,11 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
                         b_max=params["b_max"], variant=params["controller"])
     if kind == "dynamic":
         return DynamicBatching(controller=ctl, memory=mem), arr, request_side
+    if kind == "cluster":
+        return (Cluster(DynamicBatching(controller=ctl, memory=mem), engines=params["engines"],
+                        router=params["router"], threshold=params["route_threshold"], kv_reuse=params["kv_reuse"],
+                        programs=Programs(calls=params["calls"], think_time=params["think_time"])), arr,
+                request_side)
     p = params.get("predictor_p", 1.0)
     if p < 1 and params.get("predictor_sigma", 0.0) > 0:
         raise ValueError(f"predictor_sigma = {params['predictor_sigma']:g} and predictor_p = {p:g}: set one "

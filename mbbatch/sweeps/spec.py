@@ -87,8 +87,10 @@ class TraceNotFound(SpecError):
 # the settings a parameter applies under: a policy kind, an arrival process,
 # a workload form ("uniform" or "expon" service; "tokens" for prompt/output lengths)
 _MB = frozenset({"multibin"})
-_TOK = TOKEN
-_DYN = CONTROLLED
+# (a cluster's engines run dynamic batching: its settings apply)
+_CL = frozenset({"cluster"})
+_TOK = TOKEN | _CL
+_DYN = CONTROLLED | _CL
 _MBD = frozenset({"multibin_dynamic"})
 _LAPS = frozenset({"laps"})
 _ALL = frozenset(KINDS)
@@ -216,6 +218,13 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("long_instances", _LAPS, required=False, key="LAPS.long_instances"),
     _sp("prefill_a", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.a"),
     _sp("prefill_b", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.b"),
+    # a cluster of engines behind a router, and its programs (multi-call sessions)
+    _sp("engines", _CL, required=False, key="Cluster.engines"),
+    _sp("router", _CL, required=False, key="Cluster.router"),
+    _sp("route_threshold", _CL, required=False, key="Cluster.threshold"),
+    _sp("kv_reuse", _CL, required=False, key="Cluster.kv_reuse"),
+    _sp("calls", _CL, required=False, key="Programs.calls"),
+    _sp("think_time", _CL, required=False, key="Programs.think_time"),
     _sp("n"),
     _sp("servers", _SINGLE, required=False),
     # a capacity search's objective: upper bounds on metrics of the policies they apply to
@@ -227,7 +236,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
 #: only in policy see the same requests: common random numbers.
 WORKLOAD_PARAMS = ("rate", "rate_high", "t_up", "t_down", "l_min", "l_max", "mu", "prompt_median",
                    "prompt_sigma", "output_median", "output_sigma", "n", "cv", "rate_on", "rate_off", "mean_on",
-                   "mean_off", "scale")
+                   "mean_off", "scale", "calls", "think_time")
 
 _TOP = {
     "name": "a short identifier, also the Dataset's name",

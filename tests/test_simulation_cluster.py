@@ -1,0 +1,268 @@
+"""A cluster of engines behind a router (mb.Cluster): one engine equals the
+single-engine run bit for bit; the simulated Autellix router makes the
+LoadBalancer's decision at every step of the run's event sequence; the
+invariants of routing, engine removal and KV reuse."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+import mbbatch as mb
+from mbbatch.metrics import applicable
+from mbbatch.routing import LoadBalancer
+
+WL = mb.Workload(prompt=stats.uniform(1, 1999), output=stats.uniform(1, 127))
+ENGINE_POLICIES = [mb.StaticBatching(batch_size=8), mb.DynamicBatching(),
+                   mb.MultiBinDynamic(bins=3, warmup=50)]
+
+
+def _run(policy, rate, n, seed, workload=WL, **kw):
+    return mb.simulate(policy, mb.Poisson(rate), workload=workload, n=n, seed=seed, keep_requests=True,
+                       keep_batches=True, **kw)
+
+
+# --- one engine ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ENGINE_POLICIES, ids=["static", "dynamic", "multibin_dynamic"])
+@pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])
+def test_one_engine_equals_the_single_engine_run(policy, router):
+    """E = 1: every shared metric, request and batch record equal, bit for bit."""
+    one = _run(policy, 25.0, 3000, 7, servers=2)
+    cl = _run(mb.Cluster(policy, engines=1, router=router), 25.0, 3000, 7, servers=2)
+    assert cl.kind == "cluster"
+    shared = set(applicable(one.kind)) & set(applicable("cluster")) - {"unstable"}
+    assert {"throughput", "mean_latency", "latency_p99", "mean_ttft", "utilization"} <= shared
+    for m in shared:
+        a, b = getattr(one, m), getattr(cl, m)
+        assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), m
+    for c in one.requests.columns:
+        np.testing.assert_array_equal(one.requests[c], cl.requests[c], err_msg=c)
+    assert (cl.requests.engine == 0).all()
+    for c in one.batches.columns:
+        np.testing.assert_array_equal(one.batches[c], cl.batches[c], err_msg=c)
+    np.testing.assert_array_equal(one.edges, cl.edges)
+
+
+# --- the router against the LoadBalancer ----------------------------------------------------------
+
+def _replay_balancer(res, cluster):
+    """Replay the run's event sequence (completions, then engine events, then
+    arrivals at equal times) into a LoadBalancer; returns each request's
+    engine by the balancer's decisions and the requests it routed again."""
+    req = res.requests
+    n = len(req)
+    pid = req.program if cluster.programs is not None else np.arange(n)
+    last = {}
+    for i in range(n):
+        last[int(pid[i])] = i
+    lb = LoadBalancer(threshold=cluster.threshold)
+    for e in range(cluster.engines):
+        lb.register_engine(e)
+    registered_at = {e: -math.inf for e in range(cluster.engines)}
+    engine = np.full(n, -1)
+    queued = {e: [] for e in range(cluster.engines)}       # in the order they joined
+    # events: (time, order, payload): completions 0, engine events 1, arrivals 2
+    ev = [(float(req.completion[i]), 0, i) for i in range(n)]
+    ev += [(e.time, 1, e) for e in cluster.events]
+    ev += [(float(req.arrival[i]), 2, i) for i in range(n)]
+    ev.sort(key=lambda x: (x[0], x[1], x[2] if isinstance(x[2], int) else 0))
+    rerouted = 0
+
+    def route(i):
+        e = lb.route_request(int(pid[i]), int(req.prompt[i]))
+        if last[int(pid[i])] == i:
+            lb.remove_program(int(pid[i]))
+        engine[i] = e
+        queued[e].append(i)
+
+    for t, kind, x in ev:
+        if kind == 0:
+            e = int(engine[x])
+            if e in lb.engines and req.start[x] >= registered_at[e]:
+                lb.complete_request(e, int(pid[x]))
+        elif kind == 1:
+            if x.action == "add":
+                lb.register_engine(x.engine)
+                registered_at[x.engine] = t
+            else:
+                lb.unregister_engine(x.engine)
+                waiting = [i for i in queued[x.engine] if req.start[i] >= t]
+                queued[x.engine] = []
+                for i in waiting:
+                    route(i)
+                    rerouted += 1
+        else:
+            route(x)
+    return engine, rerouted
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 32 - 1), engines=st.integers(1, 5), calls=st.integers(1, 6),
+       threshold=st.sampled_from([0, 500, 2048, 6000, 10 ** 9]), think=st.sampled_from([0.0, 0.05, 1.0]),
+       load=st.floats(0.3, 1.3), removals=st.integers(0, 2))
+def test_autellix_router_makes_the_load_balancers_decisions(seed, engines, calls, threshold, think, load,
+                                                              removals):
+    """On random runs (programs, loads up to overload, engines removed and
+    added back) every request's engine is the LoadBalancer's decision."""
+    rng = np.random.default_rng(seed)
+    events = []
+    for _ in range(removals if engines > 1 else 0):
+        e = int(rng.integers(engines))
+        t0 = float(rng.uniform(0.5, 8.0))
+        events += [mb.EngineEvent(t0, e, "remove"), mb.EngineEvent(t0 + float(rng.uniform(0.1, 4.0)), e, "add")]
+    events.sort(key=lambda x: x.time)
+    # (overlapping removals of one engine are not a valid schedule: keep the consistent prefix)
+    ok, state = [], set(range(engines))
+    for x in events:
+        if (x.action == "remove") == (x.engine in state) and (x.action == "add" or len(state) > 1):
+            ok.append(x)
+            (state.discard if x.action == "remove" else state.add)(x.engine)
+    cluster = mb.Cluster(mb.DynamicBatching(), engines=engines, router="autellix", threshold=threshold,
+                         programs=mb.Programs(calls=calls, think_time=think), events=ok)
+    res = _run(cluster, 12.0 * engines * load, 400, seed)
+    engine, rerouted = _replay_balancer(res, cluster)
+    np.testing.assert_array_equal(res.requests.engine, engine)
+    assert res.rerouted == rerouted
+
+
+@pytest.mark.parametrize("router", ["least_used", "round_robin"])
+def test_plain_routers_match_their_definitions(router):
+    """Least-used is the LoadBalancer with every request small; round-robin
+    takes the engines in turn."""
+    cluster = mb.Cluster(mb.DynamicBatching(), engines=3, router=router)
+    res = _run(cluster, 30.0, 600, 4)
+    if router == "round_robin":
+        np.testing.assert_array_equal(res.requests.engine, np.arange(600) % 3)
+    else:
+        engine, _ = _replay_balancer(res, mb.Cluster(mb.DynamicBatching(), engines=3, threshold=10 ** 9))
+        np.testing.assert_array_equal(res.requests.engine, engine)
+
+
+def test_threshold_above_every_prompt_is_least_used():
+    """With the threshold above every prompt, Autellix routes as least-used."""
+    programs = mb.Programs(calls=3, think_time=0.5)
+    a = _run(mb.Cluster(engines=3, router="autellix", threshold=10 ** 9, programs=programs), 30.0, 2000, 5)
+    b = _run(mb.Cluster(engines=3, router="least_used", programs=programs), 30.0, 2000, 5)
+    np.testing.assert_array_equal(a.requests.engine, b.requests.engine)
+    np.testing.assert_array_equal(a.requests.completion, b.requests.completion)
+    assert a.mean_latency == b.mean_latency
+
+
+def test_threshold_boundary_2048_small_2049_large():
+    """A prompt of 2048 tokens is small, 2049 large (Autellix's default)."""
+    prompts = np.tile([2048.0, 2049.0, 2049.0, 100.0], 50)
+    wl = mb.Workload(prompt=prompts, output=np.full(200, 16.0))
+    res = _run(mb.Cluster(engines=2), 5.0, 200, 1, workload=wl)
+    assert res.large_share == pytest.approx(0.5)
+    res = _run(mb.Cluster(engines=2, threshold=2049), 5.0, 200, 1, workload=wl)
+    assert res.large_share == 0.0
+
+
+# --- invariants -------------------------------------------------------------------------------------
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 32 - 1), router=st.sampled_from(["autellix", "least_used", "round_robin"]),
+       engines=st.integers(2, 5), t_remove=st.floats(0.5, 5.0), down=st.floats(0.1, 5.0))
+def test_every_request_is_served_once_by_a_registered_engine(seed, router, engines, t_remove, down):
+    """Every request completes exactly once, on an engine registered when
+    its batch started; none is lost when its engine leaves."""
+    e = seed % engines
+    events = [mb.EngineEvent(t_remove, e, "remove"), mb.EngineEvent(t_remove + down, e, "add")]
+    cluster = mb.Cluster(mb.DynamicBatching(), engines=engines, router=router, events=events,
+                         programs=mb.Programs(calls=3, think_time=0.2))
+    res = _run(cluster, 14.0 * engines, 500, seed)
+    req = res.requests
+    assert res.completed == 500 and np.isfinite(req.completion).all()
+    assert ((req.engine >= 0) & (req.engine < engines)).all()
+    down_now = (req.engine == e) & (req.start >= t_remove) & (req.start < t_remove + down)
+    assert not down_now.any()
+    assert res.engine_completed.sum() == 500
+    # each batch's members start and complete together on one engine
+    assert len(np.unique(req.batch)) == res.n_batches
+
+
+def test_removal_reroutes_the_queued_requests():
+    """Removing a busy engine re-routes its queue (counted), and the engine
+    serves nothing while it is out."""
+    events = [mb.EngineEvent(2.0, 0, "remove"), mb.EngineEvent(6.0, 0, "add")]
+    res = _run(mb.Cluster(engines=2, router="round_robin", events=events), 60.0, 1500, 2)
+    req = res.requests
+    assert res.rerouted > 0
+    assert not ((req.engine == 0) & (req.start >= 2.0) & (req.start < 6.0)).any()
+    assert ((req.engine == 0) & (req.start >= 6.0)).any()
+
+
+def test_kv_reuse_locality():
+    """KV reuse: without it every context is prefilled again; Autellix keeps
+    large calls on their program's engine, so more calls find their context
+    than under round-robin, and fewer context tokens are recomputed."""
+    programs = mb.Programs(calls=6, think_time=0.5)
+    kw = dict(engines=4, programs=programs)
+    auto = _run(mb.Cluster(router="autellix", threshold=1024, **kw), 20.0, 6000, 3)
+    rr = _run(mb.Cluster(router="round_robin", **kw), 20.0, 6000, 3)
+    off = _run(mb.Cluster(router="autellix", threshold=1024, kv_reuse=False, **kw), 20.0, 6000, 3)
+    assert auto.locality_hit_rate > rr.locality_hit_rate
+    assert auto.kv_recomputed_tokens < rr.kv_recomputed_tokens
+    assert off.locality_hit_rate == 0.0
+    req = off.requests
+    followups = req.new_tokens < req.prompt
+    np.testing.assert_allclose(off.kv_recomputed_tokens * len(req),
+                               float((req.prompt - req.new_tokens)[followups].sum()))
+    # round-robin over 4 engines: a later call lands on its context's engine about a quarter of the time
+    assert 0.15 < rr.locality_hit_rate < 0.35
+
+
+def test_programs_contexts_grow_call_by_call():
+    """A program's calls arrive in order; each call's prompt is the context
+    before it (earlier prompts and outputs) plus its new tokens."""
+    res = _run(mb.Cluster(engines=2, programs=mb.Programs(calls=4, think_time=1.0)), 10.0, 400, 9)
+    req = res.requests
+    for p in np.unique(req.program)[:30]:
+        j = np.flatnonzero(req.program == p)
+        assert np.all(np.diff(req.arrival[j]) >= 0)
+        ctx = 0.0
+        for i in j:
+            assert req.prompt[i] == ctx + req.new_tokens[i]
+            ctx = req.prompt[i] + req.output[i]
+
+
+def test_same_seed_same_cluster_run():
+    cluster = mb.Cluster(engines=3, programs=mb.Programs(calls=3, think_time=0.3),
+                         events=[mb.EngineEvent(1.0, 1, "remove")])
+    a, b = _run(cluster, 30.0, 1500, 11), _run(cluster, 30.0, 1500, 11)
+    for c in a.requests.columns:
+        np.testing.assert_array_equal(a.requests[c], b.requests[c])
+
+
+# --- errors ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(engines=0), "engines"),
+    (dict(router="random"), "router"),
+    (dict(threshold=-1), "threshold"),
+    (dict(policy=mb.LAPS()), "policy"),
+    (dict(events=[mb.EngineEvent(1.0, 5)]), "engine must be in"),
+    (dict(events=[mb.EngineEvent(1.0, 0, "add")]), "in the cluster already"),
+    (dict(engines=1, events=[mb.EngineEvent(1.0, 0)]), "keeps one engine"),
+    (dict(events=mb.EngineEvent(1.0, 0)), "list of EngineEvent"),
+])
+def test_bad_cluster_is_refused(kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        mb.Cluster(**kw)
+
+
+def test_bad_event_and_programs_are_refused():
+    with pytest.raises(ValueError, match="time"):
+        mb.EngineEvent(-1.0, 0)
+    with pytest.raises(ValueError, match="action"):
+        mb.EngineEvent(1.0, 0, "pause")
+    with pytest.raises(ValueError, match="calls"):
+        mb.Programs(calls=0)
+    with pytest.raises(TypeError, match="Poisson"):
+        mb.simulate(mb.Cluster(programs=mb.Programs()), mb.Gamma(1.0, 2.0), workload=WL, n=10)
