@@ -593,10 +593,8 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
     akind, rate, times, aparams, aends = _arrival_fields(arrivals, n)
     prompt_kind, output_kind = workload._prompt.kernel_kind, workload._output.kernel_kind
     cl, E = plan.cluster, 1
-    cluster_config, cluster_inputs = _d.ONE_ENGINE, _d.NO_PROGRAMS
     if cl is not None:
         E = cl.engines
-        cluster_config, cluster_inputs = _pack_cluster(cl, n)
         if cl.programs is not None:
             # (each run draws its calls: replayed in the kernel)
             akind, rate, times, aparams = _common.ARR_REPLAY, 0.0, np.empty(0), np.zeros(1)
@@ -636,15 +634,14 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
         memory=_c.MEMORY.pack(variant=_c.MEM_VARIANT_CLT if mem.variant == "clt" else _c.MEM_VARIANT_L0,
                               eta=mem.eta, b_min=sla.b_min, b_max=b_max, z=float(_st.norm.ppf(1.0 - mem.eps_m)),
                               default_tokens=_c.DEFAULT_TOKENS),
-        model=_d.MODEL.zeros(**model_fields), cluster=cluster_config)
+        model=_d.MODEL.zeros(**model_fields))
     limits = multibin and policy.bin_b_max is not None
     inputs = _d.INPUTS.pack(
         arrival_times=times, arrival_params=aparams, arrival_ends=aends,
         prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
         output_params=workload._output.params, output_values=workload._output.values,
         bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1),
-        predictions=plan.predictor.values if isinstance(plan.predictor, Predictions) else np.empty(0),
-        **cluster_inputs)
+        predictions=plan.predictor.values if isinstance(plan.predictor, Predictions) else np.empty(0))
     return config, inputs
 
 
@@ -671,17 +668,23 @@ def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workloa
 
 
 def _pack_cluster(cluster, n: int) -> tuple:
-    """The kernel's cluster configuration and inputs (the program arrays
-    empty: each run draws its own)."""
+    """The kernel's cluster configuration and engine events."""
     programs = cluster.programs
     config = _d.CLUSTER.pack(engines=cluster.engines, router=_ROUTERS[cluster.router], threshold=cluster.threshold,
                              programs=0 if programs is None else -(-n // programs.calls),
                              kv_reuse=bool(cluster.kv_reuse and programs is not None))
     ev = cluster.events
-    inputs = dict(_d.NO_PROGRAMS, event_time=np.array([e.time for e in ev], float),
+    events = dict(event_time=np.array([e.time for e in ev], float),
                   event_engine=np.array([e.engine for e in ev], np.int64),
                   event_add=np.array([e.action == "add" for e in ev], np.int8))
-    return config, inputs
+    return config, events
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view, as the kernel's inputs are (one kernel type)."""
+    a = a.view()
+    a.flags.writeable = False
+    return a
 
 
 def _lengths(spec, gen: np.random.Generator, m: int, integer: bool) -> np.ndarray:
@@ -698,9 +701,10 @@ def _lengths(spec, gen: np.random.Generator, m: int, integer: bool) -> np.ndarra
 
 
 def _program_calls(cluster, arrivals, workload, n: int, streams) -> dict:
-    """The first ``n`` calls of a cluster's programs, in arrival order: their
-    times, prompts (the program's context so far plus the call's new tokens),
-    outputs, programs, new tokens and last-call flags.  Programs start as a
+    """The first ``n`` calls of a cluster's programs, in arrival order: the
+    kernel's inputs (their times, prompts: the program's context so far plus
+    the call's new tokens, and outputs) and the programs' arrays (each call's
+    program, new tokens and last-call flag).  Programs start as a
     Poisson process at ``rate / calls`` (the arrival stream; then the think
     times), new tokens on the prompt stream, outputs on the output stream."""
     C, think = cluster.programs.calls, cluster.programs.think_time
@@ -719,9 +723,9 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> dict:
     # a program's calls kept are the first ones (its times increase): its last kept call ends its session
     kept = np.bincount(pid, minlength=P)
     end = (order % C) == kept[pid] - 1
-    return {"arrival_times": times.ravel()[order], "prompt_values": prompt.ravel()[order],
-            "output_values": out.ravel()[order], "program": pid.astype(np.int64),
-            "new_tokens": new.ravel()[order], "session_end": end.astype(np.int8)}
+    return ({"arrival_times": times.ravel()[order], "prompt_values": prompt.ravel()[order],
+             "output_values": out.ravel()[order]},
+            {"program": pid.astype(np.int64), "new_tokens": new.ravel()[order], "session_end": end.astype(np.int8)})
 
 
 def _cluster_metrics(out, st: dict, cluster, hist_ttft_latency) -> dict:
@@ -826,9 +830,15 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     config, inputs = plan.kernel_args
     streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
                                                           STREAM_PREDICTION)))
-    if plan.cluster is not None and plan.cluster.programs is not None:
-        inputs = inputs._replace(**_program_calls(plan.cluster, arrivals, workload, n, streams))
-    else:
+    cl_args = None
+    if cluster is not None:
+        cl_config, events = _pack_cluster(cluster, n)
+        programs = _d.NO_PROGRAMS
+        if cluster.programs is not None:
+            calls, programs = _program_calls(cluster, arrivals, workload, n, streams)
+            inputs = inputs._replace(**{k: _readonly(v) for k, v in calls.items()})
+        cl_args = (cl_config, programs, events)
+    if cluster is None or cluster.programs is None:
         inputs = _drawn(inputs, _d.INPUTS, "output_values", workload._output, streams.output, n)
         inputs = _drawn(inputs, _d.INPUTS, "prompt_values", workload._prompt, streams.prompt, n)
     args = (config, inputs, streams)
@@ -838,7 +848,7 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     key = int(streams.prediction.integers(0, 2 ** 63)) if isinstance(plan.predictor, BinConfusion) else 0
     edges = _preset_edges(plan, ss)
     out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS,
-                                                 key=key, edges=edges), stop)
+                                                 key=key, edges=edges, cluster=cl_args), stop)
     kernel_seconds = time.perf_counter() - t0
     st = _d.STATS.unpack((out.ints, out.floats))
 
@@ -855,7 +865,7 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     if plan.keep_requests:
         cols = {k: v for k, v in req.items() if k != "engine" or cluster is not None}
         if cluster is not None and cluster.programs is not None:
-            cols.update(program=np.array(inputs.program), new_tokens=np.array(inputs.new_tokens))
+            cols.update(program=programs["program"], new_tokens=programs["new_tokens"])
         requests = Table({**cols, "latency": req["completion"] - req["arrival"]})
     q = _quantiles(out.hist, requests.latency if requests is not None and completed else None)
     mean_b = st["sum_b"] / nb if nb else nan

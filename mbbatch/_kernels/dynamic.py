@@ -82,19 +82,14 @@ MODEL = Layout("service model", ints=("model",),
 #: every request its own one-call program, no table); ``kv_reuse`` 1: a call
 #: on the engine holding its program's context prefills only its new tokens
 CLUSTER = Layout("cluster", ints=("engines", "router", "threshold", "programs", "kv_reuse"))
-TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "model", "cluster"))
+TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "model"))
 
 #: read-only inputs: replayed arrival times (s), the piecewise-Poisson rates
 #: and segment ends (the last one inf), each length's (loc, scale[, shape])
-#: or replayed values (tokens), and the per-bin batch limits (<= 0: none);
-#: a cluster's programs (per request: its program, new tokens, 1 on its
-#: program's last call; empty without programs) and engine events (time,
-#: engine, 1 add / 0 remove; in time order)
+#: or replayed values (tokens), and the per-bin batch limits (<= 0: none)
 INPUTS = Arrays("TokenInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, predictions=np.float64, prompt_params=np.float64, prompt_values=np.float64,
-                output_params=np.float64, output_values=np.float64, bin_b_max=np.float64, program=np.int64,
-                new_tokens=np.float64, session_end=np.int8, event_time=np.float64, event_engine=np.int64,
-                event_add=np.int8)
+                output_params=np.float64, output_values=np.float64, bin_b_max=np.float64)
 TokenInputs = INPUTS.type
 TokenStreams = namedtuple("TokenStreams", ("arrival", "output", "prompt", "prediction"))
 
@@ -180,10 +175,19 @@ ENGINES = Layout("engines", ints=("registered", "active", "queued", "free", "dec
 #: (Autellix's program table; -1: none) and the engine holding its context (-1: none)
 TABLE = Layout("program table", ints=("engine", "holder"))
 N_FIELDS = FIELDS.size
+#: a cluster's arrays, the kernel's last argument (None: one engine, and the
+#: kernel compiled without the cluster's code): its configuration
+#: (:data:`CLUSTER` ints), its programs (per request: its program, new
+#: tokens, 1 on its program's last call; empty without programs), its
+#: engine events (time, engine, 1 add / 0 remove; in time order), its
+#: engines (:data:`ENGINES` rows) and its program table (:data:`TABLE` rows)
+CLUSTER_ARRAYS = Arrays("ClusterArrays", __name__, config=np.int64, program=np.int64, new_tokens=np.float64,
+                        session_end=np.int8, event_time=np.float64, event_engine=np.int64, event_add=np.int8,
+                        eng=(np.int64, 2), table=(np.int64, 2))
+ClusterArrays = CLUSTER_ARRAYS.type
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
-                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64, eng=(np.int64, 2),
-                   table=(np.int64, 2))
+                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64)
 TokenWorkspace = WORKSPACE.type
 
 R = RUN.index
@@ -207,11 +211,8 @@ ROUTE_NONE = 0
 ROUTE_ROUND_ROBIN = 1
 ROUTE_LEAST_USED = 2
 ROUTE_AUTELLIX = 3
-#: the configuration of one engine, no router
-ONE_ENGINE = CLUSTER.pack(engines=1, router=ROUTE_NONE, threshold=0, programs=0, kv_reuse=0)
-#: the inputs of a run without programs or engine events
-NO_PROGRAMS = dict(program=np.empty(0, np.int64), new_tokens=np.empty(0), session_end=np.empty(0, np.int8),
-                   event_time=np.empty(0), event_engine=np.empty(0, np.int64), event_add=np.empty(0, np.int8))
+#: the programs of a cluster run without them
+NO_PROGRAMS = dict(program=np.empty(0, np.int64), new_tokens=np.empty(0), session_end=np.empty(0, np.int8))
 
 #: dynamic_kernel's return codes
 DONE = 0
@@ -226,7 +227,7 @@ STOP_CHECK_BATCHES = 4096
 
 
 def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: np.ndarray, *, groups: int,
-        ts_rows: int, key: int = 0, edges=None):
+        ts_rows: int, key: int = 0, edges=None, cluster=None):
     """Simulate the run ``config`` on ``inputs`` (:data:`INPUTS` ``.pack(...)``)
     with ``groups`` batch-means groups and a time series of ``ts_rows`` rows.
 
@@ -237,7 +238,11 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     ``stop[0]`` is set (the caller's Ctrl-C) the kernel returns early, its
     outputs incomplete.  ``key`` (a draw of the prediction stream) sets each
     request's uniform of bin confusion.  ``edges``, ``(lo, hi)``, sets the
-    bins before the run (with a warm-up of 0 in ``config``).
+    bins before the run (with a warm-up of 0 in ``config``).  ``cluster``,
+    ``(config, programs, events)``: a cluster's :data:`CLUSTER`
+    configuration (``pack()``'s pair), its programs (``{program, new_tokens,
+    session_end}``, :data:`NO_PROGRAMS` without) and its engine events
+    (``{event_time, event_engine, event_add}``); None: one engine.
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
     the buffers are then doubled here and it resumes where it stopped.
@@ -247,7 +252,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     seconds of compile time).
     """
     rn, pol, sla = RUN.unpack(config.run), POLICY.unpack(config.policy), SLA.unpack(config.sla)
-    cl = CLUSTER.unpack(config.cluster)
+    cl = CLUSTER.unpack(cluster[0]) if cluster is not None else {"engines": 1, "router": ROUTE_NONE, "programs": 0}
     n, c, E = rn["n"], pol["servers"], cl["engines"]
     # each engine's bins are queues of their own: engine e's bin b is queue e * bins + b
     K = pol["bins"] * E
@@ -262,7 +267,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                        edges_hi=np.full(pol["bins"], EDGE_MAX), group_latency=np.zeros(groups),
                        group_count=np.zeros(groups, np.int64), bin_completed=np.zeros(pol["bins"], np.int64),
                        bin_latency=np.zeros(pol["bins"]),
-                       hist_ttft=np.zeros(HIST_SIZE if E > 1 or cl["router"] != ROUTE_NONE else 1, np.int64),
+                       hist_ttft=np.zeros(HIST_SIZE if cluster is not None else 1, np.int64),
                        engine_completed=np.zeros(E, np.int64), engine_busy=np.zeros(E))
     if edges is not None:
         out.edges_lo[:], out.edges_hi[:] = edges
@@ -272,16 +277,19 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     window = min(pol["warmup"], n)
     loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0, key=key, routed=-1)
     servers_i, servers_f = SERVERS.records(c, fill=0)
-    eng = np.zeros((ENGINES.size, E), np.int64)
-    eng[EN.registered] = 1
-    eng[EN.free] = c // E
-    table = np.full((TABLE.size, max(cl["programs"], 1)), -1, np.int64)
+    arrays = None
+    if cluster is not None:
+        eng = np.zeros((ENGINES.size, E), np.int64)
+        eng[EN.registered] = 1
+        eng[EN.free] = c // E
+        arrays = CLUSTER_ARRAYS.pack(config=cluster[0][0], **cluster[1], **cluster[2], eng=eng,
+                                     table=np.full((TABLE.size, max(cl["programs"], 1)), -1, np.int64))
     ws = WORKSPACE.pack(q=np.empty((FIELDS.size, K, QUEUE_START)), qidx=np.empty((K, QUEUE_START), np.int64),
                         head=np.zeros(K, np.int64), size=np.zeros(K, np.int64), window=np.empty(max(window, 1)),
                         servers_i=servers_i, servers_f=servers_f, blk=np.empty((FIELDS.size, BLOCK)),
-                        loop_ints=loop_ints, loop_floats=loop_floats, eng=eng, table=table)
+                        loop_ints=loop_ints, loop_floats=loop_floats)
     while True:
-        code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop)
+        code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
             ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
         elif code == WARMUP_DONE:
@@ -527,6 +535,63 @@ def _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memor
     return bs, bm, bs
 
 
+@subroutine
+def _remove_engine(e, K, per_engine, router, threshold, programs, kv, rr_route, q, qidx, head, size, eng, table,
+                   servers_i, program, new_tokens, session_end):
+    """Engine e leaves the cluster: it starts no batch (those it serves
+    finish, outside the router's counts); the program table forgets it and
+    the contexts it held; its queued requests, bin by bin in queue order, are
+    routed again to the tail of their bin on their new engine (every queue
+    has room: checked by the caller).  Returns the round-robin pointer, the
+    context tokens prefilled again and the requests moved."""
+    mask = qidx.shape[1] - 1
+    eng[EN.registered, e] = 0
+    eng[EN.free, e] = 0
+    eng[EN.active, e] = 0
+    for k in range(e * per_engine, (e + 1) * per_engine):
+        if servers_i[SV.busy, k] != 0:
+            servers_i[SV.orphan, k] = 1
+    if programs:
+        for pp in range(table.shape[1]):
+            if table[TB.engine, pp] == e:
+                table[TB.engine, pp] = -1
+            if table[TB.holder, pp] == e:
+                table[TB.holder, pp] = -1
+    recomputed = 0.0
+    moved = 0
+    for lb in range(K):
+        b = e * K + lb
+        ub = np.uint64(b)
+        while size[b] > 0:
+            sl = np.uint64(head[b])
+            idx = qidx[ub, sl]
+            prompt = q[Q.prompt, ub, sl]
+            pid = program[idx] if programs else idx
+            e2, rr_route, _, _, _, _ = _route(router, threshold, prompt, pid, programs, eng, rr_route, table)
+            prefill = prompt
+            if programs:
+                prefill, _, _ = _context(kv, pid, e2, prompt, new_tokens[idx], table)
+                recomputed += prefill - q[Q.prefill, ub, sl]
+                if session_end[idx] != 0:
+                    table[TB.engine, pid] = -1
+                    table[TB.holder, pid] = -1
+            b2 = e2 * K + lb
+            ub2 = np.uint64(b2)
+            sl2 = np.uint64((head[b2] + size[b2]) & mask)
+            for f in range(N_FIELDS):
+                q[f, ub2, sl2] = q[f, ub, sl]
+            q[Q.prefill, ub2, sl2] = prefill
+            qidx[ub2, sl2] = idx
+            size[b2] += 1
+            head[b] = (head[b] + 1) & mask
+            size[b] -= 1
+            eng[EN.queued, e2] += 1
+            eng[EN.active, e2] += 1
+            moved += 1
+    eng[EN.queued, e] = 0
+    return rr_route, recomputed, moved
+
+
 @njit(cache=CACHE, inline="always")
 def _head_sums(q, ub, h0, nb, mask, kv):
     """The first nb requests of queue ub (head at slot h0), in one pass:
@@ -670,7 +735,7 @@ def _sample(ts, rows, stride, seen, now, target, ctl, b, lb, nb, size, K):
 
 
 @kernel
-def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
+def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl):
     """Simulate the run ``config`` (a :data:`TokenConfig`); outputs and records
     (``(ints, floats)`` pairs) are written in place, the workspace ``ws``
     holds the queues, the servers, the block of draws and the loop state,
@@ -719,21 +784,26 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
     mf = config.model[1]
     # the cluster: engine e's bins are queues e * K .. e * K + K - 1, its
     # servers e * per_engine .. (e + 1) * per_engine - 1
-    cc = config.cluster[0]
-    E = cc[CL.engines]
-    router = cc[CL.router]
-    cluster = E > 1 or router != ROUTE_NONE
+    # (``cl is None``, one engine: numba prunes the cluster's branches, each
+    # under ``if cl is not None``, before typing)
+    E = 1
+    cluster = False
+    kv = False
+    if cl is not None:
+        cluster = True
+        E = cl.config[CL.engines]
+        router = cl.config[CL.router]
+        threshold = cl.config[CL.threshold]
+        programs = cl.config[CL.programs] > 0
+        kv = cl.config[CL.kv_reuse] != 0 and programs
+        program = cl.program
+        new_tokens = cl.new_tokens
+        session_end = cl.session_end
+        event_time = cl.event_time
+        n_events = event_time.shape[0]
+        eng = cl.eng
+        table = cl.table
     per_engine = n_srv // E
-    threshold = cc[CL.threshold]
-    programs = cc[CL.programs] > 0
-    kv = cc[CL.kv_reuse] != 0 and programs
-    program = inputs.program
-    new_tokens = inputs.new_tokens
-    session_end = inputs.session_end
-    event_time = inputs.event_time
-    n_events = event_time.shape[0]
-    eng = ws.eng
-    table = ws.table
     base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
     # the arrays and streams
@@ -844,7 +914,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 if servers_i[SV.busy, k] != 0:
                     continue
                 # the server's engine: its queues start at `base`
-                if cluster:
+                if cl is not None:
                     e = k // per_engine
                     if eng[EN.queued, e] == 0 or eng[EN.registered, e] == 0:
                         continue
@@ -858,7 +928,12 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 # Algorithm 5 with Algorithm 3: the bin, its target size, and
                 # the longest head of its queue within that size and memory
                 nb = 0
-                while (eng[EN.queued, e] if cluster else queued) > 0:
+                while True:
+                    if cl is not None:
+                        if eng[EN.queued, e] == 0:
+                            break
+                    elif queued == 0:
+                        break
                     lb, rr_e = _select_bin(K, select, rr_e, sizes)
                     b = base + lb
                     target, bm, bs = _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memory,
@@ -875,7 +950,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                         head[b] = (h0 + 1) & mask
                         size[b] -= 1
                         queued -= 1
-                        if cluster:
+                        if cl is not None:
                             eng[EN.queued, e] -= 1
                             eng[EN.active, e] -= 1
                         rejected += 1
@@ -883,12 +958,12 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                     if tokens > eta:
                         mem_exceed += 1   # (the memory constraint is off)
                     break
-                if cluster:
+                if cl is not None:
                     eng[EN.rr, e] = rr_e
                 else:
                     rr = rr_e
                 if nb == 0:
-                    if cluster:
+                    if cl is not None:
                         continue   # every request queued on this engine was rejected
                     break   # every queued request was rejected
                 # the batch: the first nb of bin b (unused candidates stay at the front)
@@ -911,7 +986,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 head[b] = (h0 + nb) & mask
                 size[b] -= nb
                 queued -= nb
-                if cluster:
+                if cl is not None:
                     eng[EN.queued, e] -= nb
                     eng[EN.free, e] -= 1
                     eng[EN.decoding, e] += nb
@@ -995,7 +1070,10 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
         # 2. the next event: the first completion, which wins ties, then an
         # engine event, then arrivals
         t_arr = blk[Q.arrival, jj] if i < n else np.inf
-        t_ev = event_time[ev] if ev < n_events else np.inf
+        t_ev = np.inf
+        if cl is not None:
+            if ev < n_events:
+                t_ev = event_time[ev]
         if s_next < 0 and i >= n:
             break
         if s_next >= 0 and t_next <= t_arr and t_next <= t_ev:
@@ -1003,7 +1081,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
             now = t_next
             nd = servers_i[SV.size, s_next]
             in_service -= nd
-            if cluster:
+            if cl is not None:
                 e = s_next // per_engine
                 eng[EN.decoding, e] -= nd
                 if servers_i[SV.orphan, s_next] == 0:
@@ -1018,9 +1096,11 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
             n_free += 1
             t_next, s_next = _next_completion(servers_i, servers_f)
         elif t_ev <= t_arr:
-            # 2c. an engine leaves or joins the cluster
-            e = inputs.event_engine[ev]
-            if inputs.event_add[ev] != 0:
+            # 2c. an engine leaves or joins the cluster (t_ev is finite: a cluster)
+            if cl is None:
+                break
+            e = cl.event_engine[ev]
+            if cl.event_add[ev] != 0:
                 eng[EN.registered, e] = 1
                 for k in range(e * per_engine, (e + 1) * per_engine):
                     if servers_i[SV.busy, k] == 0:
@@ -1034,51 +1114,11 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 if most + eng[EN.queued, e] > mask + 1:
                     code = QUEUE_FULL
                     break
-                now = t_ev
-                eng[EN.registered, e] = 0
-                eng[EN.free, e] = 0
-                eng[EN.active, e] = 0
-                for k in range(e * per_engine, (e + 1) * per_engine):
-                    if servers_i[SV.busy, k] != 0:
-                        servers_i[SV.orphan, k] = 1
-                # its programs are reassigned at their next large call; its contexts are gone
-                if programs:
-                    for pp in range(table.shape[1]):
-                        if table[TB.engine, pp] == e:
-                            table[TB.engine, pp] = -1
-                        if table[TB.holder, pp] == e:
-                            table[TB.holder, pp] = -1
-                for lb in range(K):
-                    b = e * K + lb
-                    ub = np.uint64(b)
-                    while size[b] > 0:
-                        sl = np.uint64(head[b])
-                        idx = qidx[ub, sl]
-                        prompt_r = q[Q.prompt, ub, sl]
-                        pid = program[idx] if programs else idx
-                        e2, rr_route, _, _, _, _ = _route(router, threshold, prompt_r, pid, programs, eng, rr_route,
-                                                          table)
-                        prefill = prompt_r
-                        if programs:
-                            prefill, _, _ = _context(kv, pid, e2, prompt_r, new_tokens[idx], table)
-                            kv_recomputed += prefill - q[Q.prefill, ub, sl]
-                            if session_end[idx] != 0:
-                                table[TB.engine, pid] = -1
-                                table[TB.holder, pid] = -1
-                        b2 = e2 * K + lb
-                        ub2 = np.uint64(b2)
-                        sl2 = np.uint64((head[b2] + size[b2]) & mask)
-                        for f in range(N_FIELDS):
-                            q[f, ub2, sl2] = q[f, ub, sl]
-                        q[Q.prefill, ub2, sl2] = prefill
-                        qidx[ub2, sl2] = idx
-                        size[b2] += 1
-                        head[b] = (head[b] + 1) & mask
-                        size[b] -= 1
-                        eng[EN.queued, e2] += 1
-                        eng[EN.active, e2] += 1
-                        rerouted += 1
-                eng[EN.queued, e] = 0
+                rr_route, recomputed, moved = _remove_engine(e, K, per_engine, router, threshold, programs, kv,
+                                                             rr_route, q, qidx, head, size, eng, table,
+                                                             servers_i, program, new_tokens, session_end)
+                kv_recomputed += recomputed
+                rerouted += moved
             now = t_ev
             ev += 1
         else:
@@ -1089,7 +1129,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                 now = blk[Q.arrival, jj]
                 e = 0
                 prefill = blk[Q.prompt, jj]
-                if cluster:
+                if cl is not None:
                     if routed >= 0:
                         # (routed before its queue was found full)
                         e = routed
@@ -1137,7 +1177,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
                     floats[S.warmup_time] = now
                     code = WARMUP_DONE
                     break
-                if cluster:
+                if cl is not None:
                     eng[EN.queued, e] += 1
                     if eng[EN.free, e] > 0 or jj == m or blk[Q.arrival, jj] >= t_next or blk[Q.arrival, jj] >= t_ev:
                         break
@@ -1157,8 +1197,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop):
             else:
                 nxt = np.inf  # a continuous draw ties with probability 0
             pending = nxt > now
-        if pending and ev < n_events and event_time[ev] <= now:
-            pending = False
+        if cl is not None:
+            if pending and ev < n_events and event_time[ev] <= now:
+                pending = False
         if code == WARMUP_DONE:
             break
 
@@ -1221,11 +1262,10 @@ def warmup() -> None:
         sla=SLA.pack(variant=0, d_sla=7.5e-3, eps_d=5e-5, b_min=1.0, b_max=4.0, alpha=4.0, delta=2.0,
                      ema=DEFAULT_EMA),
         memory=MEMORY.pack(variant=0, eta=1e5, b_min=1.0, b_max=4.0, z=1.645, default_tokens=DEFAULT_TOKENS),
-        model=MODEL.zeros(model=MODEL_DECODE, tbt_beta=5.74e-3, tbt_gamma=0.316), cluster=ONE_ENGINE)
+        model=MODEL.zeros(model=MODEL_DECODE, tbt_beta=5.74e-3, tbt_gamma=0.316))
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          predictions=np.empty(0),
                          prompt_params=np.array([1.0, 9.0]), prompt_values=np.empty(0),
-                         output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2),
-                         **NO_PROGRAMS)
+                         output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
     gen = np.random.default_rng(0)
     run(config, inputs, TokenStreams(gen, gen, gen, gen), np.zeros(1, np.int64), groups=1, ts_rows=4)
