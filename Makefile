@@ -51,7 +51,11 @@ $(RESULTS)/fig1b.nc: $(SRC) | $(STAMP)
 	@mkdir -p $(RESULTS)
 	$(MBBATCH) example fig1b --out $@
 
-figures: $(SWEPT) $(RESULTS)/fig1b.nc
+$(RESULTS)/engine_event.nc: $(SRC) mbbatch/examples.py | $(STAMP)
+	@mkdir -p $(RESULTS)
+	$(MBBATCH) example engine_event --out $@
+
+figures: $(SWEPT) $(RESULTS)/fig1b.nc $(RESULTS)/engine_event.nc
 	$(MBBATCH) figures --results $(RESULTS) --out figures
 
 clean:

@@ -70,7 +70,7 @@ __all__ = ["Objective", "Probe", "CapacityResult", "find_capacity", "check_searc
            "OBJECTIVE_METRICS"]
 
 #: the metrics an objective may bound from above
-OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft",
+OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft", "ttft_p99",
                      "sla_violation_share", "sla_violation_tokens", "sla_violation_requests")
 #: the stability criterion's statistic and threshold (see the module docstring)
 LOAD, LOAD_LIMIT = "load", 1.0
@@ -98,6 +98,7 @@ class Objective:
     latency_p99: float | None = None
     mean_latency: float | None = None
     mean_ttft: float | None = None
+    ttft_p99: float | None = None
     sla_violation_share: float | None = None
     sla_violation_tokens: float | None = None
     sla_violation_requests: float | None = None
@@ -260,8 +261,8 @@ class _Search:
             for r in range(reps, target):
                 res = run.run(self.seed(r), warn=False)
                 self.kernel_seconds += res.kernel_seconds
-                # (the plan's servers: LAPS's instances)
-                values[LOAD].append(rate * res.mean_batch_service / (run.servers * res.batch_size_mean))
+                # (the plan's servers: LAPS's instances; a cluster's engines' servers, all of them)
+                values[LOAD].append(rate * res.mean_batch_service / (res.servers * res.batch_size_mean))
                 values["throughput"].append(res.throughput / rate)
                 growing.append(bool(res.unstable))
                 for m in self.bounds:

@@ -91,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     fg.add_argument("--out", default="figures", help="folder for the PNG and PDF files")
 
     ex = sub.add_parser("example", help="store a worked example as a Dataset")
-    ex.add_argument("name", choices=["fig1b"], help="fig1b: the paper's Figure 1b example")
+    ex.add_argument("name", choices=["fig1b", "engine_event"],
+                    help="fig1b: the paper's Figure 1b example; engine_event: an engine of a cluster removed and "
+                         "returned mid-run, under each router")
     ex.add_argument("--out", required=True, help="NetCDF file to write")
 
     th = sub.add_parser("theory", help="evaluate a closed form of mbbatch.theory")
@@ -331,10 +333,10 @@ def _dispatch(args) -> int:
         for path in paths:
             print(path)
     elif args.command == "example":
-        from .examples import figure_1b
+        from .examples import engine_event, figure_1b
 
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        figure_1b().to_netcdf(args.out)
+        (figure_1b if args.name == "fig1b" else engine_event)().to_netcdf(args.out)
         print(args.out)
     elif args.command == "theory":
         from . import theory

@@ -313,7 +313,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # --- a capacity search's objective (mb.Objective): upper bounds, none by default ----
     *[_p(f"objective_{m}", "real", u, f"capacity search: upper bound on {m}", d, default=None)
       for m, u, d in (("latency_p50", "s", _POS), ("latency_p95", "s", _POS), ("latency_p99", "s", _POS),
-                      ("mean_latency", "s", _POS), ("mean_ttft", "s", _POS),
+                      ("mean_latency", "s", _POS), ("mean_ttft", "s", _POS), ("ttft_p99", "s", _POS),
                       ("sla_violation_share", "1", Domain(0, 1, lo_closed=True, hi_closed=True)),
                       ("sla_violation_tokens", "1", Domain(0, 1, lo_closed=True, hi_closed=True)),
                       ("sla_violation_requests", "1", Domain(0, 1, lo_closed=True, hi_closed=True)))],

@@ -652,9 +652,9 @@ _ROUTERS = {"round_robin": _d.ROUTE_ROUND_ROBIN, "least_used": _d.ROUTE_LEAST_US
 
 def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
                   keep_batches) -> _TokenPlan:
-    if cluster.programs is not None and not isinstance(arrivals, Poisson):
+    if cluster.programs is not None and not isinstance(arrivals, (Poisson, Saturated)):
         raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
-                        f"arrivals must be Poisson(rate); got {type(arrivals).__name__}")
+                        f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
     plan = _plan_tokens(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
                         keep_batches)
     E, n = cluster.engines, plan.n
@@ -706,19 +706,25 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> dict:
     the call's new tokens, and outputs) and the programs' arrays (each call's
     program, new tokens and last-call flag).  Programs start as a
     Poisson process at ``rate / calls`` (the arrival stream; then the think
-    times), new tokens on the prompt stream, outputs on the output stream."""
+    times), new tokens on the prompt stream, outputs on the output stream.
+    Saturated: every call at time 0, every program's first call first, then
+    their second calls, and so on."""
     C, think = cluster.programs.calls, cluster.programs.think_time
     P = -(-n // C)
-    starts = np.cumsum(streams.arrival.exponential(C / arrivals.rate, size=P))
-    gaps = streams.arrival.exponential(think, size=(P, C)) if think > 0 else np.zeros((P, C))
-    gaps[:, 0] = 0.0
-    times = starts[:, None] + np.cumsum(gaps, axis=1)
+    if isinstance(arrivals, Saturated):
+        times = np.zeros((P, C))
+        order = np.arange(P * C).reshape(P, C).T.ravel()[:n]
+    else:
+        starts = np.cumsum(streams.arrival.exponential(C / arrivals.rate, size=P))
+        gaps = streams.arrival.exponential(think, size=(P, C)) if think > 0 else np.zeros((P, C))
+        gaps[:, 0] = 0.0
+        times = starts[:, None] + np.cumsum(gaps, axis=1)
+        order = np.argsort(times.ravel(), kind="stable")[:n]
     integer = bool(workload.integer_lengths)
     new = _lengths(workload._prompt, streams.prompt, P * C, integer).reshape(P, C)
     out = _lengths(workload._output, streams.output, P * C, integer).reshape(P, C)
     turn = new + out
     prompt = np.cumsum(turn, axis=1) - out      # the context before the call, plus its new tokens
-    order = np.argsort(times.ravel(), kind="stable")[:n]
     pid = order // C
     # a program's calls kept are the first ones (its times increase): its last kept call ends its session
     kept = np.bincount(pid, minlength=P)

@@ -387,7 +387,7 @@ def _trace_replay(reps=2):
 
 
 #: the capacity specs whose synthetic stores the capacity figures read
-CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor")
+CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers")
 
 
 def _capacity_store(name):
@@ -411,8 +411,9 @@ def _capacity_store(name):
         if "theory_service_rate" in th:
             cap = th["theory_service_rate"] / (1 + params.get("predictor_sigma", 0.0) * (1 - 1 / params["bins"]))
         else:
-            factor = {"static": 0.8, "dynamic": 1.0, "multibin_dynamic": 1.2}[params["kind"]]
-            cap = 0.06 * factor * params["objective_latency_p95"]
+            factor = {"static": 0.8, "dynamic": 1.0, "multibin_dynamic": 1.2, "cluster": 1.0}[params["kind"]]
+            bound = params.get("objective_latency_p95") or params["objective_ttft_p99"]
+            cap = 0.06 * factor * bound * (1.5 if params.get("router") == "autellix" else 1.0)
         ds["sim_capacity"].values[idx] = 1.002 * cap
         ds["sim_capacity_low"].values[idx] = 0.997 * cap
         ds["sim_capacity_high"].values[idx] = 1.007 * cap
@@ -448,6 +449,45 @@ def _laps_store():
         ds["sim_throughput_mean"].values[idx] = thr
         ds["done"].values[idx] = True
     return ds
+
+
+def _autellix_store():
+    """The Autellix sweep on the real spec's template (sweeps/autellix.toml):
+    the large share set by the threshold, Autellix's TTFT and recomputed
+    tokens falling with it, the other routers flat."""
+    from pathlib import Path as _Path
+
+    spec_path = _Path(__file__).resolve().parents[1] / "sweeps" / "autellix.toml"
+    spec = parse_spec(spec_path.read_text(), source=str(spec_path))
+    attrs = {"name": spec.name, "description": spec.description, "service": spec.service, "reps": spec.reps,
+             **schema.spec_attrs(spec)}
+    ds = schema.template(spec, attrs)
+    rng = np.random.default_rng(9)
+    for idx, params in spec.points():
+        share = float(np.exp(-params["route_threshold"] / 1000.0))
+        auto = params["router"] == "autellix"
+        gain = 1.0 - 0.3 * share if auto else 1.0
+        ds["sim_large_share"].values[idx] = share
+        ds["sim_ttft_p99"].values[idx] = 5.0 * gain * (1 + 0.03 * rng.standard_normal(spec.reps))
+        ds["sim_kv_recomputed_tokens"].values[idx] = 800.0 * (1.0 - share if auto else 1.0)
+        ds["sim_load_imbalance"].values[idx] = 1.2 + (share if auto else 0.0)
+        ds["sim_throughput"].values[idx] = params["rate"] * (1 + 0.001 * rng.standard_normal(spec.reps))
+        ds["sim_throughput_mean"].values[idx] = params["rate"]
+        ds["done"].values[idx] = True
+    return ds
+
+
+def _engine_event():
+    """The engine-event example's shape (mbbatch.examples.engine_event), made up."""
+    t = np.arange(5.0, 300.0, 10.0)
+    bump = np.where((t > 100.0) & (t < 200.0), 1.5, 1.0)
+    routers = ["autellix", "least_used", "round_robin"]
+    lat = np.array([bump * f for f in (1.5, 2.0, 2.2)])
+    return xr.Dataset({"mean_latency": (("router", "time"), lat), "ttft_p99": (("router", "time"), 2 * lat),
+                       "rerouted": (("router",), np.array([2.0, 3.0, 3.5]))},
+                      coords={"router": routers, "time": t},
+                      attrs={"engines": 8, "rate": 16.0, "remove": 100.0, "back": 200.0, "bin": 10.0, "seeds": 8,
+                             "calls": 4, "threshold": 1024})
 
 
 def write_results(path):
@@ -490,9 +530,11 @@ def write_results(path):
     for name in CAPACITY_SPECS:
         dsets[name] = _capacity_store(name)
     dsets["laps"] = _laps_store()
+    dsets["autellix"] = _autellix_store()
     for name, ds in dsets.items():
         ds.to_zarr(path / f"{name}.zarr", mode="w")
     _fig1b().to_netcdf(path / "fig1b.nc")
+    _engine_event().to_netcdf(path / "engine_event.nc")
     write_token_results(path)
     return path
 

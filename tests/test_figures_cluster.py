@@ -25,3 +25,43 @@ def test_laps_modes_draws_each_mode_per_mix_and_category(results):  # noqa: F811
     labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert "one FIFO queue" in labels and "dual queue + window + dynamic allocation" in labels
     assert "% short" in ax.get_title()
+
+
+def test_autellix_routers_draws_each_router_per_calls_and_metric(results):  # noqa: F811
+    ds = xr.open_zarr(results / "autellix.zarr", chunks=None).load()
+    fig = cluster.autellix_routers({"autellix": ds})
+    axes = fig.axes
+    assert len(axes) == 4 * ds.sizes["calls"]
+    ax = axes[0]                                  # p99 TTFT, the first number of calls
+    joined = [ln for ln in ax.lines if ln.get_linestyle() == "-"]
+    assert len(joined) == ds.sizes["policy"]
+    sel = dict(policy="autellix", calls=ds["calls"].values[0])
+    share = ds["sim_large_share"].sel(**sel).mean("rep").values
+    want, _ = replication_ci(ds["sim_ttft_p99"].sel(**sel).transpose("route_threshold", "rep").values)
+    order = np.argsort(share)
+    np.testing.assert_allclose(joined[0].get_xdata(), share[order])
+    np.testing.assert_allclose(joined[0].get_ydata(), want[order])
+    labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "Autellix (program-aware)" in labels and "round-robin" in labels
+    assert "share of large calls" in ax.get_xlabel()
+
+
+def test_capacity_routers_draws_each_router_against_the_bound(results):  # noqa: F811
+    ds = xr.open_zarr(results / "capacity_routers.zarr", chunks=None).load()
+    fig = cluster.capacity_routers({"capacity_routers": ds})
+    ax = fig.axes[0]
+    joined = [ln for ln in ax.lines if ln.get_linestyle() == "-"]
+    assert len(joined) == ds.sizes["policy"]
+    np.testing.assert_allclose(joined[0].get_ydata(), ds["sim_capacity"].sel(policy=ds["policy"].values[0]).values)
+    assert "p99 TTFT bound" in ax.get_xlabel()
+
+
+def test_engine_event_shades_the_engines_absence(results):  # noqa: F811
+    ds = xr.open_dataset(results / "engine_event.nc").load()
+    fig = cluster.engine_event({"engine_event": ds})
+    ax = fig.axes[0]
+    assert len(ax.lines) == ds.sizes["router"]
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), ds["mean_latency"].sel(router="least_used").values)
+    span = [p for p in ax.patches]
+    assert span, "the engine's absence is shaded"
+    assert "re-routed" in fig.legends[0].get_texts()[0].get_text()

@@ -1,7 +1,7 @@
 """The paper's figures, drawn from stored sweep datasets.
 
 Figure scripts read datasets written by ``mbbatch sweep`` (``results/<name>.zarr``)
-and by ``mbbatch example fig1b`` (``results/fig1b.nc``).  They never simulate;
+and by ``mbbatch example NAME`` (``results/fig1b.nc``, ``results/engine_event.nc``).  They never simulate;
 they may evaluate the closed forms of :mod:`mbbatch.theory`.
 
 >>> from mbbatch.figures import FIGURES, make_figures
@@ -9,7 +9,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
 ['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers', 'fig6', 'fig7',
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
- 'capacity_predictor', 'laps_modes']
+ 'capacity_predictor', 'laps_modes', 'autellix_routers', 'capacity_routers', 'engine_event']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -25,7 +25,9 @@ A figure's name is the name of the function that draws it:
   (``predictor_gain``) and bursty arrivals (``bursty``);
 - :mod:`.capacity`: capacity searches against k, a p95 latency target and
   the predictor's error (``capacity_vs_k`` to ``capacity_predictor``);
-- :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``);
+- :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``),
+  Autellix's routing (``autellix_routers``, ``capacity_routers``,
+  ``engine_event``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -89,6 +91,9 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("capacity_latency", (capacity.capacity_latency, ["capacity_latency"])),
     ("capacity_predictor", (capacity.capacity_predictor, ["capacity_predictor"])),
     ("laps_modes", (cluster.laps_modes, ["laps"])),
+    ("autellix_routers", (cluster.autellix_routers, ["autellix"])),
+    ("capacity_routers", (cluster.capacity_routers, ["capacity_routers"])),
+    ("engine_event", (cluster.engine_event, ["engine_event"])),
 ])
 
 

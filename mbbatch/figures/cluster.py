@@ -1,5 +1,8 @@
 """The multi-engine experiments: LAPS's modes on its prefill instances
-(``laps_modes``).
+(``laps_modes``); Autellix's router against least-used and round-robin
+(``autellix_routers``), their capacity under a TTFT objective
+(``capacity_routers``) and an engine leaving and returning mid-run
+(``engine_event``).
 
 Each takes ``{dataset name: Dataset}`` and returns a
 :class:`matplotlib.figure.Figure`; conventions as in :mod:`mbbatch.figures`
@@ -11,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from .analysis import overloaded, replication_ci
+from .analysis import OVERLOAD, overloaded, replication_ci
 from .data import line, per_rep, variants
-from .style import COLORS, MARKERS, log_ylim, series_handles, sim_points, style_handles
+from .style import (COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles,
+                    two_legends)
 
-__all__ = ["laps_modes"]
+__all__ = ["laps_modes", "autellix_routers", "capacity_routers", "engine_event"]
 
 
 def _mode_label(settings: dict) -> str:
@@ -66,4 +70,112 @@ def laps_modes(data) -> Figure:
                  f"{int(a['laps_threshold'])} tokens; a batch takes {1e3 * float(a['prefill_a']):g} ms + "
                  f"{1e3 * float(a['prefill_b']):g} ms per prompt token; n = {int(a['n']):,}, {int(a['reps'])} reps",
                  fontsize=9.5)
+    return fig
+
+
+_ROUTER_LABELS = {"autellix": "Autellix (program-aware)", "least_used": "least-used", "round_robin": "round-robin"}
+
+
+def autellix_routers(data) -> Figure:
+    """Autellix's router against least-used and round-robin: p99 TTFT,
+    throughput, context tokens recomputed per call and load imbalance (rows)
+    against the share of large calls (the router's threshold swept), one
+    column per number of calls per program."""
+    ds = data["autellix"]
+    found = variants(ds)
+    calls = [int(v) for v in ds["calls"].values]
+    rows = (("sim_ttft_p99", "p99 TTFT (s)", True), ("sim_throughput", "throughput (calls/s)", False),
+            ("sim_kv_recomputed_tokens", "context tokens recomputed per call", False),
+            ("sim_load_imbalance", "load imbalance (max / mean active)", False))
+    fig = Figure(figsize=(12.0, 10.4), dpi=100, layout="constrained")
+    axes = fig.subplots(len(rows), len(calls), squeeze=False)
+    for j, c in enumerate(calls):
+        # (every variant sees the same calls: the large share depends on the threshold only)
+        share = np.nanmean(per_rep(ds, "sim_large_share", "route_threshold", policy=found[0][0], calls=c), axis=1)
+        order = np.argsort(share)
+        for i, (var, label, log) in enumerate(rows):
+            ax = axes[i, j]
+            for (name, _), col, m in zip(found, COLORS, MARKERS):
+                sel = dict(policy=name, calls=c)
+                mean, half = replication_ci(per_rep(ds, var, "route_threshold", **sel))
+                thr = line(ds, "sim_throughput_mean", "route_threshold", **sel)
+                with np.errstate(invalid="ignore"):
+                    short = np.isfinite(thr) & (thr < OVERLOAD * float(ds.attrs["rate"]))
+                unst = line(ds, "unstable", "route_threshold", **sel) | short
+                ax.plot(share[order], mean[order], color=col, lw=0.8, alpha=0.55, zorder=2)
+                sim_points(ax, share, mean, mean - half, mean + half, unst, col, m)
+            if log:
+                ax.set_yscale("log")
+            ax.set_xlabel("share of large calls (above the threshold)")
+            ax.set_ylabel(label)
+            if i == 0:
+                ax.set_title(f"{c} calls per program")
+    labels = [_ROUTER_LABELS.get(settings.get("router", ""), name) for name, settings in found]
+    handles = series_handles(labels, COLORS[: len(found)], MARKERS[: len(found)])
+    handles += style_handles(("sim", "simulation: mean $\\pm$ 95% CI over replications"),
+                             ("hollow", "unstable, or throughput below 0.95 $\\times$ arrival rate"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3)
+    a = ds.attrs
+    fig.suptitle(f"Routing {int(a['n']):,} calls of multi-call programs over {int(a['engines'])} engines (dynamic "
+                 f"batching each) at {float(a['rate']):g} calls/s\nnew tokens log-normal (median "
+                 f"{float(a['prompt_median']):g}, $\\sigma$ {float(a['prompt_sigma']):g}), a call's prompt its "
+                 f"program's context + new tokens; KV reuse on the engine holding the context; "
+                 f"{int(a['reps'])} reps", fontsize=9.5)
+    return fig
+
+
+def capacity_routers(data) -> Figure:
+    """The largest call rate each router serves with its p99 TTFT within a
+    bound, against the bound (stability required as well)."""
+    ds = data["capacity_routers"]
+    found = variants(ds)
+    x = np.asarray(ds["objective_ttft_p99"].values, dtype=float)
+    fig, (ax,) = new_figure(7.6, 4.6)
+    for (name, _), c, m in zip(found, COLORS, MARKERS):
+        cap = line(ds, "sim_capacity", "objective_ttft_p99", policy=name)
+        lo = line(ds, "sim_capacity_low", "objective_ttft_p99", policy=name)
+        hi = line(ds, "sim_capacity_high", "objective_ttft_p99", policy=name)
+        unresolved = ~line(ds, "capacity_resolved", "objective_ttft_p99", policy=name) & np.isfinite(cap)
+        sim_points(ax, x, cap, lo, hi, unresolved, c, m)
+        ax.plot(x, cap, color=c, lw=0.8, zorder=2)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{v:g}" for v in x])
+    ax.set_xlabel("p99 TTFT bound (s)")
+    ax.set_ylabel("capacity within the bound (calls/s)")
+    labels = [_ROUTER_LABELS.get(settings.get("router", ""), name) for name, settings in found]
+    series = series_handles(labels, COLORS[: len(found)], MARKERS[: len(found)])
+    styles = style_handles(("sim", "find_capacity: midpoint and interval"),
+                           ("hollow", "bracket narrowed by probes undecided at the cap"))
+    two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
+    a = ds.attrs
+    fig.suptitle(f"Which router serves most calls within a p99 TTFT bound? {int(a['engines'])} engines, programs "
+                 f"of {int(a['calls'])} calls, large above {int(a['route_threshold'])} tokens\nsearched to "
+                 f"{100 * float(a['capacity_rel_tol']):g} %, at most {int(a['capacity_max_reps'])} replications a "
+                 f"probe; n = {int(a['n']):,}", fontsize=8.5)
+    return fig
+
+
+def engine_event(data) -> Figure:
+    """Calls' mean latency (left) and p99 TTFT (right) by arrival time while
+    an engine leaves and returns, one series per router."""
+    ds = data["engine_event"]
+    a = ds.attrs
+    t = np.asarray(ds["time"].values, dtype=float)
+    fig, axes = new_figure(12.0, 4.4, ncols=2)
+    for ax, var, label in ((axes[0], "mean_latency", "mean latency (s)"), (axes[1], "ttft_p99", "p99 TTFT (s)")):
+        ax.axvspan(float(a["remove"]), float(a["back"]), color="0.9", zorder=0)
+        for k, (router, c, m) in enumerate(zip(ds["router"].values, COLORS, MARKERS)):
+            ax.plot(t, ds[var].sel(router=router).values, color=c, marker=m, ms=3.5, lw=1.0, zorder=2,
+                    label=f"{_ROUTER_LABELS.get(str(router), str(router))} "
+                          f"({float(ds['rerouted'].sel(router=router)):.0f} calls re-routed)")
+        ax.set_ylim(bottom=0.0)
+        ax.set_xlabel("arrival time (s)")
+        ax.set_ylabel(label)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=8)
+    fig.suptitle(f"Engine 0 of {int(a['engines'])} leaves at {float(a['remove']):g} s and returns at "
+                 f"{float(a['back']):g} s (shaded): its queue is routed again\n{float(a['rate']):g} calls/s of "
+                 f"{int(a['calls'])}-call programs, large above {int(a['threshold'])} tokens; calls grouped by "
+                 f"arrival in {float(a['bin']):g} s windows, {int(a['seeds'])} seeds pooled", fontsize=9)
     return fig

@@ -21,7 +21,7 @@ __all__ = ["NETCDF", "dataset_path", "dataset_command", "open_dataset", "line", 
 
 #: Datasets stored as NetCDF files (``<name>.nc``), written by ``mbbatch example``,
 #: rather than zarr stores written by ``mbbatch sweep``.
-NETCDF = {"fig1b"}
+NETCDF = {"fig1b", "engine_event"}
 
 
 # ---------------------------------------------------------------- locating and opening
