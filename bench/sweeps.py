@@ -54,7 +54,7 @@ def _data_dir() -> str:
 
 def make_figures_seconds(runs=1):
     """Median wall time of `make figures`'s work from an empty results
-    folder, as whole commands (imports, pool start, sweeps, fig1b, figures),
+    folder, as whole commands (imports, pool start, sweeps, the examples, figures),
     into a temporary folder (the committed figures are not touched)."""
     exe = Path(sys.executable).parent / "mbbatch"
     specs = sorted(str(p) for p in (ROOT / "sweeps").glob("*.toml"))
@@ -65,6 +65,7 @@ def make_figures_seconds(runs=1):
             t0 = time.perf_counter()
             for cmd in ([str(exe), "sweep", *specs, "--out-dir", str(res), "--quiet", "--skip-missing-traces"],
                         [str(exe), "example", "fig1b", "--out", str(res / "fig1b.nc")],
+                        [str(exe), "example", "engine_event", "--out", str(res / "engine_event.nc")],
                         [str(exe), "figures", "--results", str(res), "--out", str(figs)]):
                 subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT), "MBBATCH_DATA": _data_dir()})
