@@ -343,6 +343,13 @@ class Programs:
 _ENGINE_POLICIES = (StaticBatching, DynamicBatching)
 
 
+def token_kind(policy) -> str:
+    """The kind of a token-level policy: ``static``, ``dynamic`` or ``multibin_dynamic``."""
+    if isinstance(policy, StaticBatching):
+        return "static"
+    return "multibin_dynamic" if isinstance(policy, MultiBinDynamic) else "dynamic"
+
+
 @dataclass(frozen=True, eq=False)
 class Cluster:
     """A cluster of ``engines`` engines behind a router (Autellix, seed 002).
@@ -419,9 +426,7 @@ class Cluster:
     @property
     def kind(self) -> str:
         """The engines' policy kind."""
-        if isinstance(self.policy, StaticBatching):
-            return "static"
-        return "multibin_dynamic" if isinstance(self.policy, MultiBinDynamic) else "dynamic"
+        return token_kind(self.policy)
 
     def describe(self) -> dict:
         d = {k: v for k, v in self.policy.describe().items() if k != "policy"}

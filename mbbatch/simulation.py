@@ -35,7 +35,7 @@ from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STR
 from ._validation import check_servers, resolve_n
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .lengths import RVS, as_service
-from .policies import LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .policies import LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching, token_kind
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .results import SimulationResult, Table, UnstableWarning
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
@@ -687,13 +687,14 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _lengths(spec, gen: np.random.Generator, m: int, integer: bool) -> np.ndarray:
+def _lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bool = True) -> np.ndarray:
     """``m`` lengths of ``spec`` drawn in Python: a distribution's ``rvs``,
-    replayed values in order (repeated end to end) or resampled ones; whole
-    tokens (at least 1) when ``integer``."""
+    replayed values in order (repeated end to end; resampled unless
+    ``in_order``) or resampled ones; whole tokens (at least 1) when
+    ``integer``."""
     if spec.dist is not None:
         x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
-    elif spec.kind == _common.SVC_REPLAY:
+    elif in_order and spec.kind == _common.SVC_REPLAY:
         x = np.resize(spec.values, m).astype(float)
     else:
         x = gen.choice(spec.values, size=m)
@@ -772,11 +773,8 @@ def _presample(plan, gen: np.random.Generator) -> np.ndarray:
     """``warmup`` predicted output lengths drawn from the workload before the
     run (seed 001, section 7): lengths from the output distribution (or
     resampled from its values), then the predictor's error, whole tokens."""
-    spec, m = plan.workload._output, plan.policy.warmup
-    if spec.dist is not None:
-        x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
-    else:
-        x = gen.choice(spec.values, size=m)
+    m = plan.policy.warmup
+    x = _lengths(plan.workload._output, gen, m, integer=False, in_order=False)
     pred = plan.predictor
     if isinstance(pred, LogNormalError):
         x = x * np.exp(pred.sigma * gen.standard_normal(m))
@@ -818,16 +816,10 @@ def _optimal_edges(policy, workload) -> tuple:
     return lo, hi
 
 
-def _kind(policy) -> str:
-    if isinstance(policy, StaticBatching):
-        return "static"
-    return "multibin_dynamic" if isinstance(policy, MultiBinDynamic) else "dynamic"
-
-
 def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     policy, arrivals, workload, service_model = plan.policy, plan.arrivals, plan.workload, plan.model
     n, servers, cluster = plan.n, plan.servers, plan.cluster
-    kind = _kind(policy)
+    kind = token_kind(policy)
     # (a cluster's engines each have `servers`)
     total_servers = servers * (cluster.engines if cluster is not None else 1)
     ctl_cfg = policy.sla if kind == "static" else policy.controller

@@ -787,10 +787,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     # (``cl is None``, one engine: numba prunes the cluster's branches, each
     # under ``if cl is not None``, before typing)
     E = 1
-    cluster = False
     kv = False
     if cl is not None:
-        cluster = True
         E = cl.config[CL.engines]
         router = cl.config[CL.router]
         threshold = cl.config[CL.threshold]
@@ -975,8 +973,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     last_completion = done
                 bf = float(nb)
                 sum_lat, sum_arr, m2 = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft,
-                                              (sum_prompt + sum_out) / bf, hist, hist_ttft, cluster, keep, r_i, r_f,
-                                              n_batches)
+                                              (sum_prompt + sum_out) / bf, hist, hist_ttft, cl is not None, keep,
+                                              r_i, r_f, n_batches)
                 sum_latency += sum_lat
                 sum_ttft += bf * (now + ttft) - sum_arr
                 # batch-means group of the batch: that of its first member's arrival index

@@ -18,10 +18,11 @@ __all__ = ["OVERLOAD", "overloaded", "replication_ci", "phases", "settling_time"
 OVERLOAD = 0.95
 
 
-def overloaded(ds, **sel) -> np.ndarray:
-    """Cells (along ``rate``) whose throughput falls short of the arrival rate."""
-    rates = np.asarray(ds["rate"].values, dtype=float)
-    thr = line(ds, "sim_throughput_mean", "rate", **sel)
+def overloaded(ds, x="rate", **sel) -> np.ndarray:
+    """Cells (along ``x``) whose throughput falls short of the arrival rate
+    (the ``rate`` axis, or the spec's fixed ``rate``)."""
+    rates = np.asarray(ds["rate"].values if x == "rate" else float(ds.attrs["rate"]), dtype=float)
+    thr = line(ds, "sim_throughput_mean", x, **sel)
     with np.errstate(invalid="ignore"):
         return np.isfinite(thr) & (thr < OVERLOAD * rates)
 

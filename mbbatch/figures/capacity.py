@@ -16,18 +16,11 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .. import theory
-from .data import line, setting, token_setting, variants
+from .data import line, setting, token_setting
+from .panels import capacity_against_bound, capacity_search
 from .style import COLORS, MARKERS, new_figure, series_handles, sim_points, style_handles, two_legends
 
 __all__ = ["capacity_vs_k", "capacity_latency", "capacity_predictor"]
-
-
-def _search(ds, x: str, **sel) -> tuple:
-    """``(capacity, low, high, unresolved)`` along axis ``x``."""
-    cap = line(ds, "sim_capacity", x, **sel)
-    lo, hi = line(ds, "sim_capacity_low", x, **sel), line(ds, "sim_capacity_high", x, **sel)
-    resolved = line(ds, "capacity_resolved", x, **sel)
-    return cap, lo, hi, ~resolved & np.isfinite(cap)
 
 
 def _search_note(ds) -> str:
@@ -50,7 +43,7 @@ def capacity_vs_k(data) -> Figure:
     ax.plot(grid, thm, color=COLORS[0], lw=1.2, zorder=2)
     c_max = float(line(ds, "capacity", "bins")[0])
     ax.axhline(c_max, color="0.35", ls="--", lw=1.0, zorder=1)
-    cap, lo, hi, unresolved = _search(ds, "bins")
+    cap, lo, hi, unresolved = capacity_search(ds, "bins")
     sim_points(ax, ks, cap, lo, hi, unresolved, COLORS[0], MARKERS[0])
     ax.set_xlabel("bins k")
     ax.set_ylabel("capacity: largest stable arrival rate (requests/s)")
@@ -77,25 +70,8 @@ def capacity_latency(data) -> Figure:
     """The largest arrival rate each policy serves with its p95 latency
     within a target, against the target (stability required as well)."""
     ds = data["capacity_latency"]
-    found = variants(ds)
-    names = [name for name, _ in found]
-    labels = [_policy_label(settings) for _, settings in found]
-    x = np.asarray(ds["objective_latency_p95"].values, dtype=float)
-    fig, (ax,) = new_figure(7.6, 4.6)
-    for name, c, m in zip(names, COLORS, MARKERS):
-        cap, lo, hi, unresolved = _search(ds, "objective_latency_p95", policy=name)
-        sim_points(ax, x, cap, lo, hi, unresolved, c, m)
-        ax.plot(x, cap, color=c, lw=0.8, zorder=2)
-    ax.set_xscale("log")
-    ax.minorticks_off()
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{v:g}" for v in x])
-    ax.set_xlabel("p95 latency target (s)")
-    ax.set_ylabel("capacity within the target (requests/s)")
-    series = series_handles(labels, COLORS[: len(names)], MARKERS[: len(names)])
-    styles = style_handles(("sim", "find_capacity: midpoint and interval"),
-                           ("hollow", "bracket narrowed by probes undecided at the cap"))
-    two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
+    fig, _ = capacity_against_bound(ds, "objective_latency_p95", _policy_label, "p95 latency target (s)",
+                                    "capacity within the target (requests/s)")
     fig.suptitle("Which policy serves most load within a p95 latency target?\n"
                  f"{token_setting(ds, wrap=True)}\n{_search_note(ds)}", fontsize=8)
     return fig
@@ -112,7 +88,7 @@ def capacity_predictor(data) -> Figure:
     ks = [int(k) for k in ds["bins"].values]
     fig, (ax,) = new_figure(7.6, 4.6)
     for k, c, m in zip(ks, COLORS, MARKERS):
-        cap, lo, hi, unresolved = _search(ds, "predictor_sigma", bins=k)
+        cap, lo, hi, unresolved = capacity_search(ds, "predictor_sigma", bins=k)
         sim_points(ax, x, cap, lo, hi, unresolved, c, m)
         ax.plot(x, cap, color=c, lw=0.8, zorder=2)
         ax.axhline(servers * B / theory.service_time(B, l_min, l_max, k), color=c, ls=":", lw=1.0, zorder=1)

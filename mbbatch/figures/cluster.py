@@ -14,10 +14,11 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from .analysis import OVERLOAD, overloaded, replication_ci
+from ..params import default
+from .analysis import overloaded, replication_ci
 from .data import line, per_rep, variants
-from .style import (COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles,
-                    two_legends)
+from .panels import capacity_against_bound
+from .style import COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles
 
 __all__ = ["laps_modes", "autellix_routers", "capacity_routers", "engine_event"]
 
@@ -59,11 +60,8 @@ def laps_modes(data) -> Figure:
             ax.set_ylabel(f"p99 TTFT of {what} requests (s)")
             if i == 0:
                 ax.set_title(f"prompt median {mix:g} tokens: {100 * share:.0f} % short")
-    labels = [_mode_label(settings) for _, settings in found]
-    handles = series_handles(labels, COLORS[: len(found)], MARKERS[: len(found)])
-    handles += style_handles(("sim", "simulation: mean $\\pm$ 95% CI over replications"),
-                             ("hollow", "throughput below 0.95 $\\times$ arrival rate (overloaded)"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=3)
+    _variants_legend(fig, [_mode_label(settings) for _, settings in found],
+                     "throughput below 0.95 $\\times$ arrival rate (overloaded)")
     a = ds.attrs
     fig.suptitle(f"LAPS on {int(a['instances'])} prefill instances: short and long requests' p99 time to first "
                  f"token\nprompts log-normal ($\\sigma$ {float(a['prompt_sigma']):g}), short at most "
@@ -74,6 +72,18 @@ def laps_modes(data) -> Figure:
 
 
 _ROUTER_LABELS = {"autellix": "Autellix (program-aware)", "least_used": "least-used", "round_robin": "round-robin"}
+
+
+def _router_label(settings: dict) -> str:
+    return _ROUTER_LABELS[settings.get("router", default("Cluster.router"))]
+
+
+def _variants_legend(fig, labels, hollow: str) -> None:
+    """Below the panels: one entry per variant, then the simulation's marker
+    styles (``hollow``: what a hollow marker means)."""
+    handles = series_handles(labels, COLORS[: len(labels)], MARKERS[: len(labels)])
+    handles += style_handles(("sim", "simulation: mean $\\pm$ 95% CI over replications"), ("hollow", hollow))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3)
 
 
 def autellix_routers(data) -> Figure:
@@ -98,10 +108,7 @@ def autellix_routers(data) -> Figure:
             for (name, _), col, m in zip(found, COLORS, MARKERS):
                 sel = dict(policy=name, calls=c)
                 mean, half = replication_ci(per_rep(ds, var, "route_threshold", **sel))
-                thr = line(ds, "sim_throughput_mean", "route_threshold", **sel)
-                with np.errstate(invalid="ignore"):
-                    short = np.isfinite(thr) & (thr < OVERLOAD * float(ds.attrs["rate"]))
-                unst = line(ds, "unstable", "route_threshold", **sel) | short
+                unst = line(ds, "unstable", "route_threshold", **sel) | overloaded(ds, "route_threshold", **sel)
                 ax.plot(share[order], mean[order], color=col, lw=0.8, alpha=0.55, zorder=2)
                 sim_points(ax, share, mean, mean - half, mean + half, unst, col, m)
             if log:
@@ -110,11 +117,8 @@ def autellix_routers(data) -> Figure:
             ax.set_ylabel(label)
             if i == 0:
                 ax.set_title(f"{c} calls per program")
-    labels = [_ROUTER_LABELS.get(settings.get("router", ""), name) for name, settings in found]
-    handles = series_handles(labels, COLORS[: len(found)], MARKERS[: len(found)])
-    handles += style_handles(("sim", "simulation: mean $\\pm$ 95% CI over replications"),
-                             ("hollow", "unstable, or throughput below 0.95 $\\times$ arrival rate"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=3)
+    _variants_legend(fig, [_router_label(settings) for _, settings in found],
+                     "unstable, or throughput below 0.95 $\\times$ arrival rate")
     a = ds.attrs
     fig.suptitle(f"Routing {int(a['n']):,} calls of multi-call programs over {int(a['engines'])} engines (dynamic "
                  f"batching each) at {float(a['rate']):g} calls/s\nnew tokens log-normal (median "
@@ -128,27 +132,8 @@ def capacity_routers(data) -> Figure:
     """The largest call rate each router serves with its p99 TTFT within a
     bound, against the bound (stability required as well)."""
     ds = data["capacity_routers"]
-    found = variants(ds)
-    x = np.asarray(ds["objective_ttft_p99"].values, dtype=float)
-    fig, (ax,) = new_figure(7.6, 4.6)
-    for (name, _), c, m in zip(found, COLORS, MARKERS):
-        cap = line(ds, "sim_capacity", "objective_ttft_p99", policy=name)
-        lo = line(ds, "sim_capacity_low", "objective_ttft_p99", policy=name)
-        hi = line(ds, "sim_capacity_high", "objective_ttft_p99", policy=name)
-        unresolved = ~line(ds, "capacity_resolved", "objective_ttft_p99", policy=name) & np.isfinite(cap)
-        sim_points(ax, x, cap, lo, hi, unresolved, c, m)
-        ax.plot(x, cap, color=c, lw=0.8, zorder=2)
-    ax.set_xscale("log")
-    ax.minorticks_off()
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{v:g}" for v in x])
-    ax.set_xlabel("p99 TTFT bound (s)")
-    ax.set_ylabel("capacity within the bound (calls/s)")
-    labels = [_ROUTER_LABELS.get(settings.get("router", ""), name) for name, settings in found]
-    series = series_handles(labels, COLORS[: len(found)], MARKERS[: len(found)])
-    styles = style_handles(("sim", "find_capacity: midpoint and interval"),
-                           ("hollow", "bracket narrowed by probes undecided at the cap"))
-    two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
+    fig, _ = capacity_against_bound(ds, "objective_ttft_p99", _router_label, "p99 TTFT bound (s)",
+                                    "capacity within the bound (calls/s)")
     a = ds.attrs
     fig.suptitle(f"Which router serves most calls within a p99 TTFT bound? {int(a['engines'])} engines, programs "
                  f"of {int(a['calls'])} calls, large above {int(a['route_threshold'])} tokens\nsearched to "
@@ -168,7 +153,7 @@ def engine_event(data) -> Figure:
         ax.axvspan(float(a["remove"]), float(a["back"]), color="0.9", zorder=0)
         for k, (router, c, m) in enumerate(zip(ds["router"].values, COLORS, MARKERS)):
             ax.plot(t, ds[var].sel(router=router).values, color=c, marker=m, ms=3.5, lw=1.0, zorder=2,
-                    label=f"{_ROUTER_LABELS.get(str(router), str(router))} "
+                    label=f"{_ROUTER_LABELS[str(router)]} "
                           f"({float(ds['rerouted'].sel(router=router)):.0f} calls re-routed)")
         ax.set_ylim(bottom=0.0)
         ax.set_xlabel("arrival time (s)")

@@ -1,14 +1,15 @@
 """Panels shared by several figures: throughput and mean latency against
-the arrival rate, one series per number of bins (or servers)."""
+the arrival rate, one series per number of bins (or servers); searched
+capacities against an objective's bound, one series per variant."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .data import closed_form_curve, constant, sim_series, unit
-from .style import COLORS, MARKERS, log_ylim, series_handles, sim_points
+from .data import closed_form_curve, constant, line, sim_series, unit, variants
+from .style import COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles, two_legends
 
-__all__ = ["throughput_panel", "latency_panel"]
+__all__ = ["throughput_panel", "latency_panel", "capacity_search", "capacity_against_bound"]
 
 
 def throughput_panel(ax, ds, *, bound: bool):
@@ -61,3 +62,40 @@ def latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}")
     ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
     ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
     return series_handles([label(v) for v in values], colors, markers), curves
+
+
+def capacity_search(ds, x: str, **sel) -> tuple:
+    """A capacity store's searches along axis ``x``: ``(capacity, low,
+    high, unresolved)`` (a search whose bracket was narrowed by probes
+    undecided at the replication cap is unresolved)."""
+    cap = line(ds, "sim_capacity", x, **sel)
+    lo, hi = line(ds, "sim_capacity_low", x, **sel), line(ds, "sim_capacity_high", x, **sel)
+    resolved = line(ds, "capacity_resolved", x, **sel)
+    return cap, lo, hi, ~resolved & np.isfinite(cap)
+
+
+def capacity_against_bound(ds, bound: str, label, xlabel: str, ylabel: str) -> tuple:
+    """Each variant's searched capacity against the objective's ``bound``
+    axis (log-scaled, ticks at its values), one series per variant labelled
+    ``label(settings)``, with the series and the styles' legends.  Returns
+    ``(fig, ax)``."""
+    found = variants(ds)
+    names = [name for name, _ in found]
+    labels = [label(settings) for _, settings in found]
+    x = np.asarray(ds[bound].values, dtype=float)
+    fig, (ax,) = new_figure(7.6, 4.6)
+    for name, c, m in zip(names, COLORS, MARKERS):
+        cap, lo, hi, unresolved = capacity_search(ds, bound, policy=name)
+        sim_points(ax, x, cap, lo, hi, unresolved, c, m)
+        ax.plot(x, cap, color=c, lw=0.8, zorder=2)
+    ax.set_xscale("log")
+    ax.minorticks_off()
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{v:g}" for v in x])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    series = series_handles(labels, COLORS[: len(names)], MARKERS[: len(names)])
+    styles = style_handles(("sim", "find_capacity: midpoint and interval"),
+                           ("hollow", "bracket narrowed by probes undecided at the cap"))
+    two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
+    return fig, ax
