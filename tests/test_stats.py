@@ -7,7 +7,7 @@ import numpy as np
 import scipy.stats as st
 
 from mbbatch import stats
-from mbbatch._kernels.common import HIST_BASE, HIST_SHIFT, HIST_SIZE, hist_bucket
+from mbbatch._kernels.common import HIST_BASE, HIST_SHIFT, HIST_SIZE, hist_bucket, hist_ranks
 from mbbatch.stats import backlog_growing, queue_verdict
 
 
@@ -61,13 +61,22 @@ def test_hist_quantiles_within_the_bucket_width():
 
 
 def test_hist_quantiles_read_the_first_bucket_reaching_each_rank():
-    """The block-wise search equals searchsorted on the whole cumulative sum,
-    ranks on block boundaries, first and last buckets included."""
+    """The kernels' one-pass search (hist_ranks) equals searchsorted on the
+    whole cumulative sum, ranks on block boundaries, first and last buckets
+    and repeated ranks included."""
     rng = np.random.default_rng(2)
     for hist in (rng.integers(0, 3, HIST_SIZE) * (rng.random(HIST_SIZE) < 0.01),
                  np.eye(1, HIST_SIZE, 0, dtype=np.int64)[0], np.eye(1, HIST_SIZE, HIST_SIZE - 1, dtype=np.int64)[0],
                  np.r_[np.ones(1024, np.int64), np.zeros(HIST_SIZE - 1024, np.int64)]):
         total = int(hist.sum())
-        ranks = np.unique(np.r_[1, total, np.arange(1, total + 1, max(1, total // 97)), min(1024, total)])
-        np.testing.assert_array_equal(stats._first_reaching(hist, ranks),
-                                      np.searchsorted(np.cumsum(hist), ranks, side="left"))
+        qs = np.unique(np.r_[0.0, 1.0, np.linspace(0.0, 1.0, 97), min(1024 / total, 1.0)])
+        qs = np.sort(np.r_[qs, 0.5, 0.5, 1.0])   # (repeated quantiles too)
+        ranks = np.maximum(1, np.ceil(qs * total).astype(np.int64))
+        got = np.empty(qs.size, np.int64)
+        assert hist_ranks(hist, qs, got) == total
+        np.testing.assert_array_equal(got, np.searchsorted(np.cumsum(hist), ranks, side="left"))
+    empty = np.full(3, 7, np.int64)
+    assert hist_ranks(np.zeros(HIST_SIZE, np.int64), np.array([0.5, 0.9, 0.99]), empty) == 0
+    assert (empty == -1).all()
+    assert np.isnan(stats.hist_quantiles(np.zeros(HIST_SIZE, np.int64), stats.QUANTILES, HIST_BASE,
+                                         HIST_SHIFT)).all()

@@ -5,8 +5,8 @@ Modules
 - :mod:`.layout`: how a kernel's arguments are declared (``Layout`` for
   scalars, ``Arrays`` for arrays), once for the kernel and its callers;
 - :mod:`.common`: the parts both kernels use (arrival and length codes,
-  blocks of random draws, whole-token rounding, the latency histogram) and
-  the decorators of kernels and their steps;
+  blocks of random draws, whole-token rounding, the latency histogram and
+  its quantile ranks) and the decorators of kernels and their steps;
 - :mod:`.multibin`: the multi-bin paper's model, entry point :func:`.multibin.run`;
 - :mod:`.dynamic`: the event kernel of static, dynamic and multi-bin dynamic
   batching, entry point :func:`.dynamic.run`;
@@ -46,6 +46,7 @@ __all__ = ["CACHE", "warmup"]
 def warmup() -> None:
     """Compile (or load from the cache) every kernel and every controller
     function, so later calls run at full speed."""
+    common.warmup()
     multibin.warmup()
     dynamic.warmup()
     controller.warmup()

@@ -107,6 +107,39 @@ def hist_bucket(x):
     return np.uint64(0 if h < 0 else (h if h < HIST_SIZE else HIST_SIZE - 1))
 
 
+#: a helper called from Python on a run's outputs: it holds the GIL (a
+#: release and a retake cost more than its work while another thread of
+#: the process holds the interpreter)
+helper = njit(cache=CACHE, no_cfunc_wrapper=True, _nrt=False)
+
+
+@helper
+def hist_ranks(hist, qs, out):
+    """For each quantile ``qs[j]`` (ascending), the first bucket of ``hist``
+    whose cumulative count reaches the rank ``max(1, ceil(qs[j] * total))``
+    into ``out[j]`` (-1 for an empty histogram); returns the total.  One
+    pass, up to the last rank's bucket."""
+    total = np.int64(0)
+    for h in range(hist.shape[0]):
+        total += hist[h]
+    if total == 0:
+        for j in range(qs.shape[0]):
+            out[j] = -1
+        return total
+    j = 0
+    rank = max(np.int64(1), np.int64(math.ceil(qs[0] * total)))
+    c = np.int64(0)
+    for h in range(hist.shape[0]):
+        c += hist[h]
+        while c >= rank:
+            out[j] = h
+            j += 1
+            if j == qs.shape[0]:
+                return total
+            rank = max(np.int64(1), np.int64(math.ceil(qs[j] * total)))
+    return total
+
+
 @step
 def gamma_constants(shape):
     """``(b, c, inv)`` of :func:`standard_gamma` for ``shape``: Marsaglia and
@@ -380,3 +413,8 @@ def token_service(x, m, base, per_token, integer):
     round_lengths(x, m, integer)
     for j in range(m):
         x[j] = base + per_token * x[j]
+
+
+def warmup() -> None:
+    """Compile (or load from the cache) the helpers called from Python."""
+    hist_ranks(np.zeros(2, np.int64), np.array([0.5]), np.empty(1, np.int64))

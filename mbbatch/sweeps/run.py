@@ -426,13 +426,14 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
         _close(results)
         bar.close()
         raise
-    chunks = store.stored_grid_chunks(out)
+    writer = store.BlockWriter(out, spec.shape)
+    chunks = writer.chunks
     dirty, last_flush, requests, kernel = set(), time.perf_counter(), 0, 0.0
 
     def flush():
         nonlocal last_flush
         with whole():
-            store.write_blocks(out, values, dirty, spec.shape, done)
+            writer.write(values, dirty, done)
         dirty.clear()
         last_flush = time.perf_counter()
 

@@ -46,7 +46,7 @@ import numpy as np
 
 __all__ = ["SweepError", "StoreNote", "StoreLock", "STORE_FORMAT", "StoreState", "codecs", "create",
            "discardable", "verify", "repair_coords", "stored_attrs", "is_sweep_store", "lock_holder",
-           "write_blocks", "grid_chunks", "stored_grid_chunks", "block_of", "points_of", "consolidate",
+           "BlockWriter", "grid_chunks", "stored_grid_chunks", "block_of", "points_of", "consolidate",
            "open_dataset", "POINTS_PER_CHUNK"]
 
 #: Version of the store layout.  Stores without it (made before checksums)
@@ -505,35 +505,54 @@ def repair_coords(out, coords: dict, names: list) -> None:
             arr[...] = np.asarray(coords[name], dtype=arr.dtype)
 
 
-def write_blocks(out, values: dict, blocks, shape: tuple, done: np.ndarray) -> None:
-    """Write the grid ``blocks`` of every data variable from ``values`` (the
-    whole arrays, in memory), then the same blocks of ``done``.
+class BlockWriter:
+    """Writes grid blocks of a store's variables, its arrays opened once (a
+    sweep writes every few seconds; opening an array reads its metadata).
 
-    Each chunk is written whole, atomically (a temporary file renamed into
-    place), fill values included.  ``done`` is written last: a kill before it
-    leaves the blocks' new points not done, to be recomputed, and the points
-    done before keep their values (they are in ``values`` too)."""
-    import zarr
+    ``shape`` is the grid's shape; :meth:`write` takes the whole arrays, in
+    memory, of every data variable."""
 
-    blocks = sorted(set(blocks))
-    if not blocks:
-        return
-    chunks = stored_grid_chunks(out)
-    every = len(blocks) == math.prod(-(-n // c) for n, c in zip(shape, chunks))
+    def __init__(self, out, shape: tuple):
+        self.out = Path(out)
+        self.shape = tuple(shape)
+        self.chunks = stored_grid_chunks(self.out)
+        self.arrays: dict = {}
 
-    def put(arr, data):
-        if every:                       # one call: zarr writes the chunks concurrently
-            arr[...] = data
+    def _array(self, name: str):
+        if name not in self.arrays:
+            self.arrays[name] = _open_array(self.out, name, mode="r+")
+        return self.arrays[name]
+
+    def write(self, values: dict, blocks, done: np.ndarray) -> None:
+        """Write the grid ``blocks`` of every variable of ``values``, then the
+        same blocks of ``done``.
+
+        Each chunk is written whole, atomically (a temporary file renamed
+        into place), fill values included.  ``done`` is written last: a kill
+        before it leaves the blocks' new points not done, to be recomputed,
+        and the points done before keep their values (they are in
+        ``values`` too)."""
+        import zarr
+
+        blocks = sorted(set(blocks))
+        if not blocks:
             return
-        for b in blocks:
-            sel = _block_slices(b, chunks, shape)
-            arr[sel] = data[sel]
+        chunks, shape = self.chunks, self.shape
+        every = len(blocks) == math.prod(-(-n // c) for n, c in zip(shape, chunks))
 
-    with zarr.config.set({"array.write_empty_chunks": True}), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name, data in values.items():
-            put(_open_array(Path(out), name, mode="r+"), data)
-        put(_open_array(Path(out), "done", mode="r+"), done)
+        def put(arr, data):
+            if every:                       # one call: zarr writes the chunks concurrently
+                arr[...] = data
+                return
+            for b in blocks:
+                sel = _block_slices(b, chunks, shape)
+                arr[sel] = data[sel]
+
+        with zarr.config.set({"array.write_empty_chunks": True}), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name, data in values.items():
+                put(self._array(name), data)
+            put(self._array("done"), done)
 
 
 def consolidate(out) -> None:
