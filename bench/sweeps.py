@@ -24,6 +24,12 @@ KERNEL_SHARE_TARGET = 0.70
 MAKE_FIGURES_TARGET = 60.0
 
 
+def _scratch():
+    """A temporary folder inside the project, where `make figures` writes its
+    stores (a machine's /tmp may sit on a slower file system)."""
+    return tempfile.TemporaryDirectory(prefix=".bench-", dir=ROOT)
+
+
 def sweep_kernel_share(spec="sweeps/fig3.toml", runs=3):
     """Median (wall time, kernel time, share) of a sweep run from scratch on
     one worker, in this process (imports and compilation excluded)."""
@@ -32,7 +38,7 @@ def sweep_kernel_share(spec="sweeps/fig3.toml", runs=3):
 
     mb.warmup()
     walls, kernels, shares = [], [], []
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+    with _scratch() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for r in range(runs):
             ((_, s),) = run_sweeps([ROOT / spec], Path(tmp) / str(r), workers=1, progress=False)
@@ -60,7 +66,7 @@ def make_figures_seconds(runs=1):
     specs = sorted(str(p) for p in (ROOT / "sweeps").glob("*.toml"))
     times = []
     for _ in range(runs):
-        with tempfile.TemporaryDirectory() as tmp:
+        with _scratch() as tmp:
             res, figs = Path(tmp) / "results", Path(tmp) / "figures"
             t0 = time.perf_counter()
             for cmd in ([str(exe), "sweep", *specs, "--out-dir", str(res), "--quiet", "--skip-missing-traces"],

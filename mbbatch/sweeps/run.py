@@ -422,11 +422,11 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
         if fresh:
             store.create(ds, _encoding(spec, ds), out, replace=exists)
             values = {var: ds[var].values.copy() for var in ds.data_vars if var != "done"}
+        writer = store.BlockWriter(out, spec.shape, list(values))
     except BaseException:
         _close(results)
         bar.close()
         raise
-    writer = store.BlockWriter(out, spec.shape)
     chunks = writer.chunks
     dirty, last_flush, requests, kernel = set(), time.perf_counter(), 0, 0.0
 
@@ -454,7 +454,7 @@ def _run_locked(spec, out, ex, overwrite, netcdf, progress):
         _close(results)
         flush()
         bar.close()
-    if tasks or exists:
+    if not fresh:   # (a new store's consolidated metadata is written with it, and stays true)
         with whole():
             store.consolidate(out)
     if not done.all():

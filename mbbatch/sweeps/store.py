@@ -28,6 +28,7 @@ system that does not support it, do not run two sweeps on one store.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -306,6 +307,17 @@ def _temp_dir(out: Path, kind: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.{kind}-{os.getpid()}-", dir=out.parent))
 
 
+def _gather(coroutines) -> list:
+    """Run zarr coroutines concurrently, from synchronous code, on zarr's own
+    event loop (as zarr's synchronous API does)."""
+    from zarr.core.sync import sync
+
+    async def gather():
+        return await asyncio.gather(*coroutines)
+
+    return sync(gather())
+
+
 def create(ds, encoding: dict, out, *, replace: bool = False) -> None:
     """Write the template Dataset ``ds`` as a new store at ``out``.
 
@@ -314,6 +326,8 @@ def create(ds, encoding: dict, out, *, replace: bool = False) -> None:
     :func:`discardable` by the caller) is discarded only once the new store
     is complete.
     """
+    from zarr.storage import LocalStore, MemoryStore
+
     out = Path(out)
     _remove_stale_temporaries(out)
     ds = ds.copy()
@@ -322,10 +336,16 @@ def create(ds, encoding: dict, out, *, replace: bool = False) -> None:
     enc = {name: {**encoding.get(name, {}), "compressors": codecs()} for name in ds.variables}
     tmp = _temp_dir(out, "creating")
     try:
+        # built in memory (metadata, attributes, closed forms and fill values:
+        # over a hundred small steps, each a round trip to zarr's event loop),
+        # then every file written at once
+        files: dict = {}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
-            ds.to_zarr(tmp, mode="w-", encoding=enc, consolidated=True, zarr_format=3,
+            ds.to_zarr(MemoryStore(files), mode="w-", encoding=enc, consolidated=True, zarr_format=3,
                        write_empty_chunks=True)
+        local = LocalStore(str(tmp))
+        _gather(local.set(key, value) for key, value in files.items())
         if replace and (out.exists() or out.is_symlink()):
             discardable(out)
             trash = _temp_dir(out, "discarded")
@@ -506,53 +526,47 @@ def repair_coords(out, coords: dict, names: list) -> None:
 
 
 class BlockWriter:
-    """Writes grid blocks of a store's variables, its arrays opened once (a
-    sweep writes every few seconds; opening an array reads its metadata).
+    """Writes grid blocks of the data variables ``names`` of a store and of
+    its ``done``, the arrays opened once, here (a sweep writes every few
+    seconds; opening an array reads its metadata).  ``shape`` is the grid's
+    shape."""
 
-    ``shape`` is the grid's shape; :meth:`write` takes the whole arrays, in
-    memory, of every data variable."""
-
-    def __init__(self, out, shape: tuple):
+    def __init__(self, out, shape: tuple, names):
         self.out = Path(out)
         self.shape = tuple(shape)
-        self.chunks = stored_grid_chunks(self.out)
-        self.arrays: dict = {}
-
-    def _array(self, name: str):
-        if name not in self.arrays:
-            self.arrays[name] = _open_array(self.out, name, mode="r+")
-        return self.arrays[name]
-
-    def write(self, values: dict, blocks, done: np.ndarray) -> None:
-        """Write the grid ``blocks`` of every variable of ``values``, then the
-        same blocks of ``done``.
-
-        Each chunk is written whole, atomically (a temporary file renamed
-        into place), fill values included.  ``done`` is written last: a kill
-        before it leaves the blocks' new points not done, to be recomputed,
-        and the points done before keep their values (they are in
-        ``values`` too)."""
         import zarr
 
+        # (an array takes zarr's configuration when opened: every chunk written, fill values included)
+        with zarr.config.set({"array.write_empty_chunks": True}):
+            self.arrays = {name: _open_array(self.out, name, mode="r+") for name in [*names, "done"]}
+        if not all(arr.config.write_empty_chunks for arr in self.arrays.values()):
+            raise RuntimeError("zarr did not take write_empty_chunks: a fill-valued chunk would go unwritten")
+        self.chunks = tuple(self.arrays["done"].chunks)
+
+    def write(self, values: dict, blocks, done: np.ndarray) -> None:
+        """Write the grid ``blocks`` of every variable of ``values`` (whole
+        arrays, in memory), then the same blocks of ``done``.
+
+        Each chunk is written whole, atomically (a temporary file renamed
+        into place), fill values included; the variables' chunks are
+        written concurrently.  ``done`` is written last: a kill before it
+        leaves the blocks' new points not done, to be recomputed, and the
+        points done before keep their values (they are in ``values`` too)."""
         blocks = sorted(set(blocks))
         if not blocks:
             return
         chunks, shape = self.chunks, self.shape
         every = len(blocks) == math.prod(-(-n // c) for n, c in zip(shape, chunks))
+        sels = [...] if every else [_block_slices(b, chunks, shape) for b in blocks]
 
-        def put(arr, data):
-            if every:                       # one call: zarr writes the chunks concurrently
-                arr[...] = data
-                return
-            for b in blocks:
-                sel = _block_slices(b, chunks, shape)
-                arr[sel] = data[sel]
+        def puts(items):
+            return [self.arrays[name].async_array.setitem(sel, data if sel is Ellipsis else data[sel])
+                    for name, data in items for sel in sels]
 
-        with zarr.config.set({"array.write_empty_chunks": True}), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for name, data in values.items():
-                put(self._array(name), data)
-            put(self._array("done"), done)
+            _gather(puts(values.items()))
+            _gather(puts([("done", done)]))
 
 
 def consolidate(out) -> None:
