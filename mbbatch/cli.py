@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -44,6 +45,10 @@ def _number(text: str):
             return float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+#: the examples of ``mbbatch example``: name -> function of :mod:`mbbatch.examples`
+_EXAMPLES = {"fig1b": "figure_1b", "engine_event": "engine_event"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,12 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     fg.add_argument("--only", default=None, help="one figure by name")
     fg.add_argument("--results", default="results", help="folder of the stored Datasets")
     fg.add_argument("--out", default="figures", help="folder for the PNG and PDF files")
+    fg.add_argument("--workers", type=int, default=None, help="processes drawing at once (default: all cores)")
 
-    ex = sub.add_parser("example", help="store a worked example as a Dataset")
-    ex.add_argument("name", choices=["fig1b", "engine_event"],
+    ex = sub.add_parser("example", help="store worked examples as Datasets")
+    ex.add_argument("name", nargs="+", choices=list(_EXAMPLES),
                     help="fig1b: the paper's Figure 1b example; engine_event: an engine of a cluster removed and "
                          "returned mid-run, under each router")
-    ex.add_argument("--out", required=True, help="NetCDF file to write")
+    where = ex.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="NetCDF file to write (one example)")
+    where.add_argument("--out-dir", help="folder for NAME.nc of each example")
 
     th = sub.add_parser("theory", help="evaluate a closed form of mbbatch.theory")
     thsub = th.add_subparsers(dest="function", required=True, metavar="FUNCTION")
@@ -327,17 +335,22 @@ def _dispatch(args) -> int:
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            paths = make_figures(Path(args.results), Path(args.out), only=args.only)
+            paths = make_figures(Path(args.results), Path(args.out), only=args.only,
+                                 workers=args.workers if args.workers is not None else os.cpu_count() or 1)
         for w in caught:
             print(f"note: {w.message}", file=sys.stderr)
         for path in paths:
             print(path)
     elif args.command == "example":
-        from .examples import engine_event, figure_1b
+        from . import examples
 
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        (figure_1b if args.name == "fig1b" else engine_event)().to_netcdf(args.out)
-        print(args.out)
+        if args.out is not None and len(args.name) > 1:
+            raise ValueError("--out names one file: give one example, or --out-dir for several")
+        for name in dict.fromkeys(args.name):
+            out = Path(args.out) if args.out is not None else Path(args.out_dir) / f"{name}.nc"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            getattr(examples, _EXAMPLES[name])().to_netcdf(out)
+            print(out)
     elif args.command == "theory":
         from . import theory
 

@@ -220,6 +220,12 @@ class SimulationResult:
                               "bin": np.arange(ts["queue"].shape[1])})
         return self._time_series_ds
 
+    def time_series_columns(self) -> dict | None:
+        """The time series as its columns, plain arrays (``time``, ``queue``
+        (batch starts x bins), ``bin`` (the batch's bin), ...), without
+        building :attr:`time_series`; None where it does not apply."""
+        return None if self._time_series is None else dict(self._time_series)
+
     def metrics(self) -> dict:
         """The metrics that apply to this run's policy, by name (table order)."""
         return dict(self._metrics)

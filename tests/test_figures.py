@@ -54,6 +54,20 @@ def test_two_runs_are_byte_identical_and_do_not_simulate(results, drawn, tmp_pat
         assert a.read_bytes() == b.read_bytes(), a.name
 
 
+def test_figures_drawn_by_two_processes_are_the_same_bytes(results, drawn, tmp_path):
+    """``workers=2`` (what ``mbbatch figures`` does on two cores) draws each
+    figure in a worker process: the same files, in the same order, byte for
+    byte."""
+    out, files = drawn
+    names = ["fig3", "mb_dynamic", "engine_event"]
+    again = figures.make_figures(results, tmp_path, only=names, workers=2)
+    assert again == [tmp_path / f"{n}.{ext}" for n in names for ext in ("png", "pdf")]
+    for f in again:
+        assert f.read_bytes() == (out / f.name).read_bytes(), f.name
+    with pytest.raises(ValueError, match="workers"):
+        figures.make_figures(results, tmp_path, only="fig3", workers=0)
+
+
 def test_only_one_figure(results, tmp_path):
     files = figures.make_figures(results, tmp_path, only="fig3")
     assert files == [tmp_path / "fig3.png", tmp_path / "fig3.pdf"]
@@ -94,7 +108,7 @@ def test_registered_datasets_have_a_real_command(name):
         if args.command == "sweep":
             assert all((ROOT / spec).is_file() for spec in args.spec), args.spec
         else:
-            assert (args.command, args.name) == ("example", d)
+            assert (args.command, args.name) == ("example", [d])
         assert Path(args.out) == figures.dataset_path("results", d)
 
 

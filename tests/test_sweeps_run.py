@@ -17,7 +17,7 @@ import xarray as xr
 
 from mbbatch.results import UnstableWarning
 import mbbatch as mb
-from mbbatch.sweeps import StoreNote, SweepError, run_sweep
+from mbbatch.sweeps import StoreNote, SweepError, run_sweep, run_sweeps
 from mbbatch.sweeps.spec import SpecError, load_spec
 
 from .helpers import SLOW, SMALL, TOKEN, assert_identical, start_sweep, write
@@ -198,6 +198,33 @@ def test_serial_parallel_and_dask_are_bit_identical(tmp_path):
         dask = run_sweep(p, tmp_path / "dask.zarr", scheduler="local", workers=2, progress=False).load()
     assert_identical(serial, pool)
     assert_identical(serial, dask)
+
+
+@pytest.mark.heavy
+@pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
+def test_sweeps_on_one_pool_overlap_and_equal_each_run_alone(tmp_path, capsys):
+    """Several specs on a 2-process pool are all submitted at once (the
+    workers compute the next sweeps while a store is written): each store
+    equals its sweep run alone in-process, bit for bit; a finished store
+    among them is resumed (nothing computed); the run ends with one line for
+    all of them."""
+    small = write(tmp_path, SMALL, "small.toml")
+    tok = write(tmp_path, TOKEN.format(policy="static", arrivals="poisson", extra="",
+                                       grid="batch_size = [4, 16]\nrate = [0.5, 2.0]"), "tok.toml")
+    step = write(tmp_path, TOKEN.format(policy="dynamic", arrivals="step",
+                                        extra="b_max = 64\nrate = 0.5\nrate_high = 2.0\nt_up = 500.0\nt_down = 1000.0",
+                                        grid="controller = [\"spec\", \"multiplicative\"]").replace(
+        'name = "tok"', 'name = "step"'), "step.toml")
+    alone = {p.stem: run_sweep(p, tmp_path / "alone" / f"{p.stem}.zarr", workers=1, progress=False).load()
+             for p in (small, tok, step)}
+    run_sweeps([tok], tmp_path / "pool", workers=1, progress=False)            # finished before
+    runs = run_sweeps([small, tok, step], tmp_path / "pool", workers=2, progress=True)
+    for (ds, summary), stem in zip(runs, ["small", "tok", "step"]):
+        assert_identical(alone[stem], ds.load())
+        assert summary.overlapped
+    assert [s.points for _, s in runs] == [6, 0, 2]
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("3 sweeps: 8 grid points,") and "in the kernels per process (2)" in err[-1], err[-1]
 
 
 @pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")

@@ -102,7 +102,7 @@ TRACE_FIGURES = {"fig6": "AzureLLMInferenceTrace_conv.csv", "fig7": "AzureLLMInf
                  "trace_replay": "AzureLLMInferenceTrace_conv.csv"}
 
 
-def make_figures(results_dir, out_dir, only=None) -> list[Path]:
+def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path]:
     """Draw figures from the datasets in ``results_dir`` into ``out_dir``.
 
     Each figure ``name`` is saved as ``out_dir/<name>.png`` (:data:`.style.DPI` dots
@@ -117,6 +117,10 @@ def make_figures(results_dir, out_dir, only=None) -> list[Path]:
         Folder for the figures; created if absent.
     only : str or iterable of str, optional
         Draw only these figures (names of :data:`FIGURES`).
+    workers : int, default 1
+        Processes drawing at once (figures are independent; the files are
+        the same bytes however many draw them).  ``mbbatch figures`` uses
+        every core.
 
     Returns
     -------
@@ -131,6 +135,8 @@ def make_figures(results_dir, out_dir, only=None) -> list[Path]:
         A dataset a selected figure reads is missing; the message names the
         file and the command that makes it.  Checked before anything is drawn.
     """
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
     if only is None:
         names = list(FIGURES)
     else:
@@ -159,15 +165,48 @@ def make_figures(results_dir, out_dir, only=None) -> list[Path]:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache: dict[str, xr.Dataset] = {}
+    workers = min(workers, len(names))
+    if workers <= 1:
+        cache: dict[str, xr.Dataset] = {}
+        with house_style():
+            return [path for name in names for path in _draw(results_dir, out_dir, name, cache)]
+    # each figure in a worker process, its warnings brought back; the slowest
+    # figures (the multi-engine ones) come last in FIGURES, so start from the end
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import threading
+
+    # (fork, which skips the workers' imports, only while this process has no
+    # other thread: a thread's locks would be copied held)
+    start = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() \
+        else "spawn"
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(start)) as pool:
+        futures = {name: pool.submit(_draw_recording, results_dir, out_dir, name) for name in reversed(names)}
+        drawn = {name: future.result() for name, future in futures.items()}
     written: list[Path] = []
-    with house_style():
-        for name in names:
-            func, datasets = FIGURES[name]
-            data = {}
-            for d in datasets:
-                if d not in cache:
-                    cache[d] = open_dataset(results_dir, d)
-                data[d] = cache[d]
-            written += save(func(data), out_dir, name)
+    for name in names:
+        paths, caught = drawn[name]
+        for message, category in caught:
+            warnings.warn(message, category, stacklevel=2)
+        written += paths
     return written
+
+
+def _draw(results_dir, out_dir: Path, name: str, cache: dict) -> list[Path]:
+    """Draw figure ``name``, its datasets opened once into ``cache``."""
+    func, datasets = FIGURES[name]
+    data = {}
+    for d in datasets:
+        if d not in cache:
+            cache[d] = open_dataset(results_dir, d)
+        data[d] = cache[d]
+    return save(func(data), out_dir, name)
+
+
+def _draw_recording(results_dir, out_dir: Path, name: str) -> tuple[list[Path], list]:
+    """:func:`_draw` in a worker process: the files, and the warnings issued."""
+    with warnings.catch_warnings(record=True) as caught, house_style():
+        warnings.simplefilter("always")
+        paths = _draw(results_dir, out_dir, name, {})
+    return paths, [(str(w.message), w.category) for w in caught]

@@ -290,7 +290,7 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
             # (the backlog check is a steady-state question: not asked of a load step)
             out["backlog_growing"][rep] = bool(res.unstable) if arrivals in STEADY else False
             if time_grid is not None:
-                _sample_time_series(res.time_series, time_grid, out, rep)
+                _sample_time_series(res.time_series_columns(), time_grid, out, rep)
         out["_kernel_seconds"] = kernel      # (popped by the sweep for its summary line)
 
     # every rep on one helper thread, all watching one stop flag (Ctrl-C)
@@ -343,8 +343,7 @@ def check_capacity_point(arrivals: str, service: str, params: dict, capacity: di
 
 def _sample_time_series(ts, time_grid, out: dict, rep: int) -> None:
     """The value in force at each grid time: that of the last sampled batch
-    start before it."""
-    ts = {name: ts[name].values for name in ("time", "b_target", "b_low", "b_high", "tau_avg", "queue")}
+    start before it (``ts``: a result's time-series columns)."""
     if not ts["time"].size:
         return
     at = np.searchsorted(ts["time"], time_grid, side="right") - 1

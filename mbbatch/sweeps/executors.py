@@ -89,6 +89,13 @@ class Executor:
         return False
 
     @property
+    def submits_ahead(self) -> bool:
+        """Whether :meth:`run` hands its tasks to other processes at once (a
+        pool of more than one worker, or dask), so that the tasks of several
+        runs may be queued together."""
+        return self.scheduler is not None or self.workers > 1
+
+    @property
     def parallel(self) -> int:
         """Processes computing at once."""
         if self.scheduler is None:
@@ -122,8 +129,8 @@ class Executor:
         return self._pool(tasks)
 
     def _dask(self, tasks):
+        """Submit the tasks now; return the iterator of their results."""
         from distributed import Client, LocalCluster
-        from distributed import as_completed as dask_completed
 
         if self.client is None:
             if self.scheduler == "local":
@@ -133,6 +140,11 @@ class Executor:
             else:
                 self.client = Client(self.scheduler)
         futures = {self.client.submit(fn, *args, pure=False): key for key, fn, args in tasks}
+        return self._dask_completed(futures)
+
+    def _dask_completed(self, futures):
+        from distributed import as_completed as dask_completed
+
         try:
             for fut in dask_completed(futures):
                 yield futures[fut], fut.result()
@@ -141,6 +153,8 @@ class Executor:
             raise
 
     def _pool(self, tasks):
+        """Submit the tasks now (they compute while the caller prepares their
+        store); return the iterator of their results."""
         import multiprocessing as mp
 
         if self.pool is None:
@@ -150,6 +164,9 @@ class Executor:
         # until their initializer makes it end them quietly
         with sigint_handler(signal.SIG_IGN):
             futures = {self.pool.submit(fn, *args): key for key, fn, args in tasks}
+        return self._completed(futures)
+
+    def _completed(self, futures):
         try:
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()

@@ -17,6 +17,7 @@ what ``overwrite`` may delete) is :mod:`mbbatch.sweeps.store`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -230,13 +231,21 @@ class Summary:
     wall: float
     kernel: float
     parallel: int
+    #: computed beside other sweeps on one pool (``wall`` is then the time
+    #: spent storing this one, and the run's own summary gives the share)
+    overlapped: bool = False
 
     @property
     def kernel_share(self) -> float:
         """Share of the wall time the kernels ran (per process computing)."""
+        if self.overlapped:
+            return math.nan
         return self.kernel / (self.wall * self.parallel) if self.wall > 0 else math.nan
 
     def line(self) -> str:
+        if self.overlapped:
+            return (f"{self.name}: {self.points} grid points, {self.requests:.3g} requests, "
+                    f"{self.kernel:.1f} s in the kernels (computed beside the other sweeps)")
         rate = self.requests / self.wall if self.wall > 0 else math.nan
         share = f"{100 * self.kernel_share:.0f}% of it in the kernels" if self.points else "nothing to compute"
         per = f" per process ({self.parallel})" if self.parallel > 1 and self.points else ""
@@ -372,13 +381,36 @@ def run_sweeps(specs, out_dir, *, scheduler=None, workers=None, overwrite=False,
         raise SpecError(f"the specs name the same sweep twice: {dup}")
     prepared = [_prepare(s, out_dir / f"{s.name}.zarr", overwrite, rebuild_stale) for s in specs]
     results = []
-    with Executor(scheduler, workers) as ex:
+    start = time.perf_counter()
+    with Executor(scheduler, workers) as ex, contextlib.ExitStack() as held:
+        # on a pool (or dask) every sweep's points are submitted at once: the
+        # workers compute while this process writes the stores one by one
+        overlapped = ex.submits_ahead and len(prepared) > 1
+        runs = []
         for spec, out in prepared:
             discard = overwrite or (rebuild_stale and (out.exists() or out.is_symlink()) and _stale(spec, out))
-            ds, summary = _sweep(spec, out, ex, discard, None, progress)
-            if progress:
-                print(summary.line(), file=sys.stderr, flush=True)
-            results.append((ds, summary))
+            out.absolute().parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(store.StoreLock(out))
+            runs.append(_Run(spec, out, ex, discard, None, progress, overlapped))
+        try:
+            if overlapped:
+                for run in runs:
+                    run.start()
+            for run in runs:
+                if not overlapped:
+                    run.start()
+                ds, summary = run.finish()
+                if progress:
+                    print(summary.line(), file=sys.stderr, flush=True)
+                results.append((ds, summary))
+        finally:
+            for run in runs:
+                run.close()
+        if overlapped and progress:
+            total = Summary(f"{len(runs)} sweeps", sum(s.points for _, s in results),
+                            sum(s.requests for _, s in results), time.perf_counter() - start,
+                            sum(s.kernel for _, s in results), ex.parallel)
+            print(total.line(), file=sys.stderr, flush=True)
     return results
 
 
@@ -390,83 +422,111 @@ def _check_workers(workers):
 def _sweep(spec: SweepSpec, out: Path, ex: Executor, overwrite: bool, netcdf, progress):
     out.absolute().parent.mkdir(parents=True, exist_ok=True)
     with store.StoreLock(out):
-        return _run_locked(spec, out, ex, overwrite, netcdf, progress)
+        run = _Run(spec, out, ex, overwrite, netcdf, progress)
+        try:
+            run.start()
+            return run.finish()
+        finally:
+            run.close()
 
 
-def _run_locked(spec, out, ex, overwrite, netcdf, progress):
-    start = time.perf_counter()
-    exists = out.exists() or out.is_symlink()
-    fresh = overwrite or not exists
-    theory = {idx: point_theory(spec.arrivals, spec.service, params) for idx, params in spec.points()}
-    if fresh:
-        ds = _template(spec, theory)
-        done = np.zeros(spec.shape, dtype=bool)
-    else:
-        state = _open_existing(spec, out)
-        done, values = state.done, state.values
-    pending = [(idx, params) for idx, params in spec.points() if not done[idx]]
-    grid = time_grid(spec)
-    if spec.capacity is None:
-        tasks = [(idx, _point_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.reps, grid))
-                 for idx, params in pending]
-    else:
-        tasks = [(idx, _capacity_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.capacity))
-                 for idx, params in pending]
-    if tasks:
-        warm_worker()  # compile once here, so that workers load the cached kernels
-    n_cell = {idx: params["n"] for idx, params in pending}
-    bar = _Progress(len(tasks) * spec.reps, int(next(iter(n_cell.values()), 0)), spec.name, progress)
-    # (in this process the points start computing now, while the store is created)
-    results = ex.run(tasks)
-    try:
-        if fresh:
-            store.create(ds, _encoding(spec, ds), out, replace=exists)
-            values = {var: ds[var].values.copy() for var in ds.data_vars if var != "done"}
-        writer = store.BlockWriter(out, spec.shape, list(values))
-    except BaseException:
-        _close(results)
-        bar.close()
-        raise
-    chunks = writer.chunks
-    dirty, last_flush, requests, kernel = set(), time.perf_counter(), 0, 0.0
+class _Run:
+    """One sweep, its store locked: :meth:`start` submits its pending grid
+    points, :meth:`finish` creates (or has verified) the store and stores
+    their results as they come.  Several sweeps on one pool of workers are
+    all started first, so the workers compute the next sweeps' points while
+    this process writes a store (``overlapped``)."""
 
-    def flush():
-        nonlocal last_flush
-        with whole():
-            writer.write(values, dirty, done)
-        dirty.clear()
-        last_flush = time.perf_counter()
+    def __init__(self, spec, out, ex, overwrite, netcdf, progress, overlapped=False):
+        self.spec, self.out, self.ex, self.netcdf, self.progress = spec, out, ex, netcdf, progress
+        self.overlapped = overlapped
+        self.exists = out.exists() or out.is_symlink()
+        self.fresh = overwrite or not self.exists
+        self.results = iter(())
 
-    try:
-        for idx, sim in results:
-            kernel += sim.pop("_kernel_seconds", 0.0)
-            for var, value in _point_data(spec, sim, theory[idx]).items():
-                values[var][idx] = value
-            done[idx] = True
-            dirty.add(store.block_of(idx, chunks))
-            added = int(sim["capacity_requests"]) if spec.capacity is not None else n_cell[idx] * spec.reps
-            requests += added
-            bar.update(spec.reps, added)
-            if time.perf_counter() - last_flush >= FLUSH_SECONDS:
-                flush()
-    finally:
-        # what finished is kept, also when interrupted
-        _close(results)
-        flush()
-        bar.close()
-    if not fresh:   # (a new store's consolidated metadata is written with it, and stays true)
-        with whole():
-            store.consolidate(out)
-    if not done.all():
-        raise SweepError(f"out: {out} still has points not done after the run")
-    ds = store.open_dataset(out)
-    if "unstable" in values:
-        _warn_unstable(spec, np.asarray(values["unstable"], dtype=bool))
-    if netcdf is not None:
-        ds.load().to_netcdf(netcdf)
-    summary = Summary(spec.name, len(tasks), requests, time.perf_counter() - start, kernel,
-                      ex.parallel if len(tasks) > 1 else 1)
-    return ds, summary
+    def start(self) -> None:
+        spec, out = self.spec, self.out
+        self.t0 = time.perf_counter()
+        self.theory = {idx: point_theory(spec.arrivals, spec.service, params) for idx, params in spec.points()}
+        if self.fresh:
+            self.ds = _template(spec, self.theory)
+            self.done = np.zeros(spec.shape, dtype=bool)
+        else:
+            state = _open_existing(spec, out)
+            self.done, self.values = state.done, state.values
+        pending = [(idx, params) for idx, params in spec.points() if not self.done[idx]]
+        grid = time_grid(spec)
+        if spec.capacity is None:
+            self.tasks = [(idx, _point_task, (spec.arrivals, spec.service, params, spec.seed_of(params), spec.reps,
+                                              grid)) for idx, params in pending]
+        else:
+            self.tasks = [(idx, _capacity_task, (spec.arrivals, spec.service, params, spec.seed_of(params),
+                                                 spec.capacity)) for idx, params in pending]
+        self.n_cell = {idx: params["n"] for idx, params in pending}
+        if self.tasks:
+            warm_worker()  # compile once here, so that workers load the cached kernels
+        # (the points start computing now, while the store is created)
+        self.results = self.ex.run(self.tasks)
+
+    def finish(self):
+        spec, out, done = self.spec, self.out, self.done
+        start = self.t0 if not self.overlapped else time.perf_counter()
+        bar = _Progress(len(self.tasks) * spec.reps, int(next(iter(self.n_cell.values()), 0)), spec.name,
+                        self.progress)
+        try:
+            if self.fresh:
+                store.create(self.ds, _encoding(spec, self.ds), out, replace=self.exists)
+                self.values = {var: self.ds[var].values.copy() for var in self.ds.data_vars if var != "done"}
+            values = self.values
+            writer = store.BlockWriter(out, spec.shape, list(values))
+        except BaseException:
+            self.close()
+            bar.close()
+            raise
+        chunks = writer.chunks
+        dirty, last_flush, requests, kernel = set(), time.perf_counter(), 0, 0.0
+
+        def flush():
+            nonlocal last_flush
+            with whole():
+                writer.write(values, dirty, done)
+            dirty.clear()
+            last_flush = time.perf_counter()
+
+        try:
+            for idx, sim in self.results:
+                kernel += sim.pop("_kernel_seconds", 0.0)
+                for var, value in _point_data(spec, sim, self.theory[idx]).items():
+                    values[var][idx] = value
+                done[idx] = True
+                dirty.add(store.block_of(idx, chunks))
+                added = int(sim["capacity_requests"]) if spec.capacity is not None else self.n_cell[idx] * spec.reps
+                requests += added
+                bar.update(spec.reps, added)
+                if time.perf_counter() - last_flush >= FLUSH_SECONDS:
+                    flush()
+        finally:
+            # what finished is kept, also when interrupted
+            self.close()
+            flush()
+            bar.close()
+        if not self.fresh:   # (a new store's consolidated metadata is written with it, and stays true)
+            with whole():
+                store.consolidate(out)
+        if not done.all():
+            raise SweepError(f"out: {out} still has points not done after the run")
+        ds = store.open_dataset(out)
+        if "unstable" in values:
+            _warn_unstable(spec, np.asarray(values["unstable"], dtype=bool))
+        if self.netcdf is not None:
+            ds.load().to_netcdf(self.netcdf)
+        summary = Summary(spec.name, len(self.tasks), requests, time.perf_counter() - start, kernel,
+                          self.ex.parallel if len(self.tasks) > 1 else 1, overlapped=self.overlapped)
+        return ds, summary
+
+    def close(self) -> None:
+        """Stop the points not yet finished."""
+        _close(self.results)
 
 
 def _close(results) -> None:
