@@ -21,6 +21,7 @@ keeps full relative precision as ``L_m -> 1``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -39,9 +40,11 @@ __all__ = [
 _H_TABLE_SIZE = 4096
 
 
+@functools.cache
 def _harmonic_minus_one_table(n: int) -> np.ndarray:
     """``H_B - 1`` for ``B = 0..n`` (index 0 unused), summed exactly
-    (``math.fsum`` of the prefix, correctly rounded)."""
+    (``math.fsum`` of the prefix, correctly rounded).  Made on first use
+    (a fifth of a second: not at import)."""
     out = np.empty(n + 1)
     out[0] = -1.0
     terms = []
@@ -49,10 +52,8 @@ def _harmonic_minus_one_table(n: int) -> np.ndarray:
         if b >= 2:
             terms.append(1.0 / b)
         out[b] = math.fsum(terms)
+    out.flags.writeable = False
     return out
-
-
-_HM1 = _harmonic_minus_one_table(_H_TABLE_SIZE)
 
 
 def _harmonic_minus_one(B) -> np.ndarray:
@@ -60,7 +61,7 @@ def _harmonic_minus_one(B) -> np.ndarray:
     B = np.asarray(B, dtype=np.int64)
     small = B <= _H_TABLE_SIZE
     out = np.empty(B.shape, dtype=float)
-    out[small] = _HM1[B[small]]
+    out[small] = _harmonic_minus_one_table(_H_TABLE_SIZE)[B[small]]
     big = ~small
     if np.any(big):
         Bb = B[big].astype(float)
