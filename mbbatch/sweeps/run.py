@@ -447,9 +447,7 @@ class _Run:
     def start(self) -> None:
         spec, out = self.spec, self.out
         self.t0 = time.perf_counter()
-        self.theory = {idx: point_theory(spec.arrivals, spec.service, params) for idx, params in spec.points()}
         if self.fresh:
-            self.ds = _template(spec, self.theory)
             self.done = np.zeros(spec.shape, dtype=bool)
         else:
             state = _open_existing(spec, out)
@@ -465,8 +463,16 @@ class _Run:
         self.n_cell = {idx: params["n"] for idx, params in pending}
         if self.tasks:
             warm_worker()  # compile once here, so that workers load the cached kernels
-        # (the points start computing now, while the store is created)
+        # (the points start computing now, while their closed forms and the
+        # store are made)
         self.results = self.ex.run(self.tasks)
+        try:
+            self.theory = {idx: point_theory(spec.arrivals, spec.service, params) for idx, params in spec.points()}
+            if self.fresh:
+                self.ds = _template(spec, self.theory)
+        except BaseException:
+            self.close()
+            raise
 
     def finish(self):
         spec, out, done = self.spec, self.out, self.done
