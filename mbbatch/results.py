@@ -142,8 +142,11 @@ class SimulationResult:
         Token-level policies: the controllers' state at sampled batch starts
         (dimension ``time``): ``b_target``, ``b_low``, ``b_high``,
         ``tau_avg``, ``batch_bin`` (the batch's bin), ``batch_size`` and
-        ``queue`` (requests waiting, also along ``bin``).  None for
-        MultiBin, which has no controller.
+        ``queue`` (requests waiting, also along ``bin``).  LAPS with dynamic
+        allocation: the instances of its short and long groups
+        (``short_instances``, ``long_instances``), from the first arrival
+        and after each move.  None for MultiBin, which has no controller,
+        and for LAPS without dynamic allocation.
     kernel_seconds : float
         Wall time the kernel ran, s (the rest of ``simulate`` is checking,
         packing and these statistics).
@@ -213,11 +216,13 @@ class SimulationResult:
             # (the batch's bin is ``batch_bin``: ``bin`` is the queue's dimension)
             data = {("batch_bin" if col == "bin" else col): ("time", v, {"units": _TS_UNITS.get(col, "requests")})
                     for col, v in ts.items() if col not in ("time", "queue")}
-            data["queue"] = (("time", "bin"), ts["queue"], {"units": "requests",
-                                                            "description": "requests waiting per bin"})
-            self._time_series_ds = xr.Dataset(
-                data, coords={"time": ("time", ts["time"], {"units": "s", "long_name": "batch start time"}),
-                              "bin": np.arange(ts["queue"].shape[1])})
+            coords = {"time": ("time", ts["time"], {"units": "s", "long_name": _TS_TIME.get(self.kind,
+                                                                                           "batch start time")})}
+            if "queue" in ts:
+                data["queue"] = (("time", "bin"), ts["queue"], {"units": "requests",
+                                                                "description": "requests waiting per bin"})
+                coords["bin"] = np.arange(ts["queue"].shape[1])
+            self._time_series_ds = xr.Dataset(data, coords=coords)
         return self._time_series_ds
 
     def time_series_columns(self) -> dict | None:
@@ -301,4 +306,6 @@ class SimulationResult:
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
-_TS_UNITS = {"tau_avg": "s/token", "bin": "1"}
+_TS_UNITS = {"tau_avg": "s/token", "bin": "1", "short_instances": "instances", "long_instances": "instances"}
+#: what a time series' time is, where not a batch start
+_TS_TIME = {"laps": "first arrival, then each move between the groups"}

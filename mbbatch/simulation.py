@@ -1022,6 +1022,15 @@ def _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, s
                      keep_requests=bool(keep_requests), memory=memory)
 
 
+def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: np.ndarray) -> dict:
+    """The instances of LAPS's short and long groups over time, a step
+    function: at the first arrival, then after each move of the router's
+    dynamic allocation (from its log of moves)."""
+    to_short = np.where(move_group == _l.SHORT, 1, -1).astype(np.int64)
+    short = (E - pol.long_instances) + np.concatenate(([0], np.cumsum(to_short)))
+    return {"time": np.concatenate(([start], move_time)), "short_instances": short, "long_instances": E - short}
+
+
 def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
     config, inputs = plan.kernel_args
     # the arrival and prompt streams of the token-level policies: the same seed, the same requests
@@ -1065,6 +1074,8 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
         requests = Table({**req, "completion": req["first_token"], "latency": req["first_token"] - req["arrival"],
                           "ttft": req["first_token"] - req["arrival"]})
     config = {**plan.description, "seed_entropy": entropy_str(ss)}
+    ts = _laps_groups(pol, E, st["first_arrival"] if completed else 0.0, out.move_time[:k], out.move_group[:k]) \
+        if pol.routed and k == st["moves"] else None
     return SimulationResult(
         kind="laps", config=config, n=plan.n, servers=E, edges=np.array([-np.inf, pol.threshold, np.inf]),
         metrics=metrics,
@@ -1072,5 +1083,6 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
                 "ttft_long_histogram": out.hist_long,
                 "group_moves_log": Table({"time": out.move_time[:k].copy(), "instance": out.move_instance[:k].copy(),
                                           "to_group": np.where(out.move_group[:k] == _l.SHORT, "short", "long")})},
-        requests=requests, unstable=False, unstable_reason="not assessed: LAPS runs have no backlog check yet",
+        requests=requests, time_series=ts,
+        unstable=False, unstable_reason="not assessed: LAPS runs have no backlog check yet",
         latency_quantiles="histogram, relative error <= 2**-11", kernel_seconds=kernel_seconds)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -555,8 +556,18 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def drawn(results, tmp_path_factory):
-    """Every figure drawn from ``results``: the folder and the files written."""
+    """Every figure drawn from ``results`` in this process, with every way
+    to simulate refusing (figure code never simulates): the folder and the
+    files written."""
     if "drawn" not in _SESSION:
+        import mbbatch
+        import mbbatch.simulation
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("a figure script ran a simulation")
+
         out = tmp_path_factory.mktemp("figures")
-        _SESSION["drawn"] = out, figures.make_figures(results, out)
+        with mock.patch.object(mbbatch, "simulate", refuse), \
+                mock.patch.object(mbbatch.simulation, "simulate", refuse):
+            _SESSION["drawn"] = out, figures.make_figures(results, out)
     return _SESSION["drawn"]

@@ -134,6 +134,27 @@ def test_groups_keep_an_instance_and_move_at_most_once_per_interval():
     assert 1.0 <= res.mean_short_instances <= pol.instances - 1
 
 
+def test_instances_per_group_over_time():
+    """With dynamic allocation, ``res.time_series`` holds the groups'
+    instances from the first arrival and after each move: they sum to the
+    instances, each keeps one, a move changes each by one, and their time
+    average is ``mean_short_instances``.  Without it there is none."""
+    pol = mb.LAPS(instances=4, interval=0.2)
+    res = _run(pol, n=6000, rate=100.0, seed=3)
+    ts = res.time_series
+    short, long_, t = ts["short_instances"].values, ts["long_instances"].values, ts["time"].values
+    assert ts["short_instances"].attrs["units"] == "instances"
+    assert t.size == res.group_moves + 1 and t[0] == res.requests.arrival[0]
+    np.testing.assert_array_equal(t[1:], res.group_moves_log.time)
+    assert short[0] == pol.instances - pol.long_instances
+    assert np.all(short + long_ == pol.instances) and short.min() >= 1 and long_.min() >= 1
+    assert np.all(np.abs(np.diff(short)) == 1)
+    end = t[0] + res.span
+    area = np.sum(short * np.diff(np.append(t, end)))
+    assert area / res.span == pytest.approx(res.mean_short_instances, rel=1e-12)
+    assert _run(mb.LAPS(instances=4, dynamic=False), n=500, seed=3).time_series is None
+
+
 def test_the_same_seed_gives_the_token_policies_requests():
     """LAPS draws arrivals and prompts on the token-level policies' streams:
     the same seed, the same arrival times and prompt lengths."""
