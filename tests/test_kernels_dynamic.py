@@ -1102,3 +1102,23 @@ with event.install_listener("numba:compile", Listener()):
     mb.simulate(mb.MultiBinDynamic(bins=2, warmup=50), arrivals=mb.Saturated(), workload=workloads[0], n=5000)
 print(*compiled, "compiled:%d" % len(compiled))
 """
+
+
+@pytest.mark.filterwarnings("ignore::mbbatch.arrivals.TraceTiledWarning")
+@pytest.mark.parametrize("policy", [mb.DynamicBatching(), mb.StaticBatching(8), mb.MultiBinDynamic(bins=3)])
+def test_a_trace_repeated_in_the_kernel_equals_the_same_times_given_whole(policy):
+    """A replayed trace shorter than n is repeated end to end in the kernel;
+    the run equals one given every arrival time up front (the same times,
+    never repeated).  The kernel once read the time of the next arrival,
+    where a block of draws ends, from beyond the trace's end (memory past
+    it: a result that changed with the process's history); with 3 servers
+    and the linear model that read decided whether a batch started."""
+    times = np.cumsum(np.random.default_rng(5).exponential(0.3, 500))
+    wl = mb.Workload(prompt=st.lognorm(0.7, scale=200), output=st.lognorm(0.9, scale=100))
+    kw = dict(workload=wl, service_model=mb.LinearModel(), n=1500, seed=13, servers=3, keep_requests=True)
+    tiled = mb.simulate(policy, mb.Replay(times), **kw)
+    whole = mb.simulate(policy, mb.Replay(tiled.requests.arrival.copy()), **kw)
+    np.testing.assert_array_equal(tiled.requests.arrival, whole.requests.arrival)
+    for col in ("start", "completion", "batch"):
+        np.testing.assert_array_equal(getattr(tiled.requests, col), getattr(whole.requests, col), err_msg=col)
+    assert tiled.n_batches == whole.n_batches

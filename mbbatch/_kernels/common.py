@@ -256,6 +256,17 @@ def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, params, end
 
 
 @step
+def replay_time(arrival_times, period, i):
+    """The arrival time of request ``i`` of a replayed trace repeated end to
+    end, as :func:`draw_arrivals` makes it: time ``i % size`` of copy
+    ``i // size``, shifted by ``(i // size) * period``."""
+    size = arrival_times.shape[0]
+    c = i // size
+    r = i - c * size
+    return arrival_times[r] if c == 0 else arrival_times[r] + c * period
+
+
+@step
 def replay(values, i0, m, out):
     """Values i0 .. i0+m-1 of ``values`` into ``out``, in order, repeated
     end to end when the run is longer than they are."""

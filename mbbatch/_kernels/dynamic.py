@@ -29,7 +29,8 @@ from numba import njit
 
 from .common import (
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, SVC_UNIFORM,
-    confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, request_uniform, request_uniforms, round_lengths, step, subroutine,
+    confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, replay_time, request_uniform, request_uniforms, round_lengths, step,
+    subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
@@ -1191,7 +1192,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
             elif arrival_kind == ARR_SATURATED:
                 nxt = 0.0
             elif arrival_kind == ARR_REPLAY:
-                nxt = arrival_times[i]
+                # (request i of the trace repeated end to end: not arrival_times[i],
+                # which lies beyond the trace once it repeats)
+                nxt = replay_time(arrival_times, inputs.arrival_params[0], i)
             else:
                 nxt = np.inf  # a continuous draw ties with probability 0
             pending = nxt > now
