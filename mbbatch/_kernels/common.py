@@ -118,8 +118,9 @@ def hist_ranks(hist, qs, out):
     """For each quantile ``qs[j]`` (ascending), the first bucket of ``hist``
     whose cumulative count reaches the rank ``max(1, ceil(qs[j] * total))``
     into ``out[j]`` (-1 for an empty histogram); returns the total.  One
-    pass, up to the last rank's bucket."""
-    total = np.int64(0)
+    pass, up to the last rank's bucket.  (Plain comparisons rather than
+    ``max``, which numba takes twice as long to compile.)"""
+    total = 0
     for h in range(hist.shape[0]):
         total += hist[h]
     if total == 0:
@@ -127,8 +128,10 @@ def hist_ranks(hist, qs, out):
             out[j] = -1
         return total
     j = 0
-    rank = max(np.int64(1), np.int64(math.ceil(qs[0] * total)))
-    c = np.int64(0)
+    rank = math.ceil(qs[0] * total)
+    if rank < 1:
+        rank = 1
+    c = 0
     for h in range(hist.shape[0]):
         c += hist[h]
         while c >= rank:
@@ -136,7 +139,9 @@ def hist_ranks(hist, qs, out):
             j += 1
             if j == qs.shape[0]:
                 return total
-            rank = max(np.int64(1), np.int64(math.ceil(qs[j] * total)))
+            rank = math.ceil(qs[j] * total)
+            if rank < 1:
+                rank = 1
     return total
 
 
