@@ -29,8 +29,8 @@ from numba import njit
 
 from .common import (
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, SVC_UNIFORM,
-    confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, replay_time, request_uniform, request_uniforms, round_lengths, step,
-    subroutine,
+    confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, replay_time, request_uniform,
+    request_uniforms, round_lengths, step, subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,

@@ -173,9 +173,8 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
     # each figure in a worker process, its warnings brought back; the slowest
     # figures (the multi-engine ones) come last in FIGURES, so start from the end
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     import threading
+    from concurrent.futures import ProcessPoolExecutor
 
     # (fork, which skips the workers' imports, only while this process has no
     # other thread: a thread's locks would be copied held)

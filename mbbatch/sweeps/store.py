@@ -532,10 +532,10 @@ class BlockWriter:
     shape."""
 
     def __init__(self, out, shape: tuple, names):
-        self.out = Path(out)
-        self.shape = tuple(shape)
         import zarr
 
+        self.out = Path(out)
+        self.shape = tuple(shape)
         # (an array takes zarr's configuration when opened: every chunk written, fill values included)
         with zarr.config.set({"array.write_empty_chunks": True}):
             self.arrays = {name: _open_array(self.out, name, mode="r+") for name in [*names, "done"]}
