@@ -10,7 +10,8 @@ from ._version import __version__
 from . import theory, traces
 from ._kernels import warmup
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
-from .policies import LAPS, Cluster, DynamicBatching, EngineEvent, MultiBin, MultiBinDynamic, Programs, StaticBatching
+from .policies import (LAPS, Cluster, DynamicBatching, EngineEvent, MultiBin, MultiBinDynamic, Programs, Sessions,
+                       StaticBatching)
 from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from .lengths import Empirical
@@ -33,6 +34,7 @@ __all__ = [
     "Cluster",
     "EngineEvent",
     "Programs",
+    "Sessions",
     "Workload",
     "Empirical",
     "Oracle",

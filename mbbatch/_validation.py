@@ -249,12 +249,13 @@ def check_choice(name: str, value, choices: tuple) -> str:
     return str(value)
 
 
-def check_instance(name: str, value, cls: type, default=None):
-    """An instance of ``cls``; ``None`` gives ``default()`` when a default is given."""
+def check_instance(name: str, value, cls, default=None):
+    """An instance of ``cls`` (a class or a tuple of them); ``None`` gives ``default()`` when a default is given."""
     if value is None and default is not None:
         return default()
     if not isinstance(value, cls):
-        raise TypeError(f"{name} must be an instance of {cls.__name__}; got {_kind(value)}")
+        names = " or ".join(c.__name__ for c in cls) if isinstance(cls, tuple) else cls.__name__
+        raise TypeError(f"{name} must be an instance of {names}; got {_kind(value)}")
     return value
 
 

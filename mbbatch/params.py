@@ -277,6 +277,11 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("Programs.calls", "count", "calls", "calls of a program (a multi-call session)", _COUNT, default=4),
     _p("Programs.think_time", "real", "s", "mean think time between two calls of a program (exponential)",
        _NONNEG, default=1.0),
+    _p("Sessions.ids", "count", "", "each request's session in a trace (-1: a one-call program of its own)",
+       Domain(-1, INF, lo_closed=True)),
+    _p("Sessions.context", "choice", "", "what a trace's prompt lengths hold: the whole prompt, the session's "
+       "context included (a stateless API's calls), or the call's new tokens only (the context is added)",
+       default="included", choices=("included", "added")),
     _p("EngineEvent.time", "real", "s", "when an engine leaves or joins the cluster", _NONNEG),
     _p("EngineEvent.engine", "count", "", "the engine's id, 0 .. engines - 1", _COUNT0),
     _p("EngineEvent.action", "choice", "", "what happens to the engine", choices=("remove", "add")),

@@ -8,11 +8,11 @@ from typing import Optional
 import numpy as np
 
 from ._validation import check, check_fields, check_instance
-from .params import default
+from .params import PARAMS, default
 from .predictors import Oracle, as_predictor
 
 __all__ = ["MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic", "LAPS", "Cluster", "EngineEvent",
-           "Programs"]
+           "Programs", "Sessions"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -340,6 +340,70 @@ class Programs:
         return {"calls": self.calls, "think_time": self.think_time}
 
 
+@dataclass(frozen=True, eq=False)
+class Sessions:
+    """A trace's sessions as a cluster's programs: request ``i`` is a call of
+    program ``ids[i]`` (-1: a one-call program of its own), the calls of a
+    program in request order, its session ending at its last call.
+
+    Parameters
+    ----------
+    ids : Trace or array_like of int
+        A :class:`~mbbatch.traces.Trace` with a ``session`` column (BurstGPT
+        v1.2's ``Session ID``: :func:`~mbbatch.traces.load_burstgpt`), or one
+        id >= -1 per request.  Pair it with the same trace's arrivals and
+        lengths: ``Replay(trace)`` and ``Workload.from_trace(trace)``.
+    context : {"included", "added"}
+        What the trace's prompt lengths hold.  ``"included"`` (default): the
+        whole prompt, the session's context included, as the calls of a
+        stateless API carry it (BurstGPT logs Azure OpenAI API calls, whose
+        request tokens are the tokens sent).  A call then extends its
+        session's context (the previous call's prompt and output) by ``prompt
+        - context`` new tokens; a call whose prompt is shorter than that
+        context does not extend it and counts as new whole.  ``"added"``:
+        each prompt length is the call's new tokens, and its prompt is its
+        session's context (every earlier call's prompt and output) plus them,
+        as :class:`Programs` builds its calls.
+
+    A run of more requests than ``ids`` holds repeats them end to end (as
+    the trace's arrivals and lengths repeat), each copy's sessions new ones.
+    """
+
+    ids: object = None
+    context: str = default("Sessions.context")
+
+    def __post_init__(self):
+        from ._validation import check_count_array
+        from .traces import Trace
+
+        ids = self.ids
+        if isinstance(ids, Trace):
+            if ids.session is None:
+                raise ValueError("ids: the trace has no sessions (its file has no Session ID column: a BurstGPT "
+                                 "v1.2 file has one); pass one id per request instead")
+            ids = ids.session
+        arr = check_count_array("ids", ids, PARAMS["Sessions.ids"].domain)
+        check_fields(self, {"context": "Sessions.context"})
+        # programs numbered 0 .. count - 1 in order of first call; every -1 a program of its own
+        alone = arr < 0
+        arr[alone] = arr.max(initial=-1) + 1 + np.arange(int(alone.sum()))
+        _, first, program = np.unique(arr, return_index=True, return_inverse=True)
+        rank = np.empty(first.size, np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+        program = rank[program.ravel()]
+        program.flags.writeable = False
+        object.__setattr__(self, "ids", program)
+
+    @property
+    def count(self) -> int:
+        """The number of programs (sessions, and one-call programs) in ``ids``."""
+        return int(self.ids.max()) + 1
+
+    def describe(self) -> dict:
+        return {"programs": "sessions", "sessions": self.count, "session_calls": int(self.ids.size),
+                "context": self.context}
+
+
 _ENGINE_POLICIES = (StaticBatching, DynamicBatching)
 
 
@@ -368,7 +432,9 @@ class Cluster:
     - ``"round_robin"``: the registered engines in turn.
 
     Without ``programs`` every request is a one-call program of its own (so
-    Autellix routes as least-used).  With :class:`Programs`, and
+    Autellix routes as least-used).  ``programs`` are synthetic
+    (:class:`Programs`) or a trace's sessions (:class:`Sessions`).  With
+    them, and
     ``kv_reuse``, a call served on the engine that holds its program's
     context (the engine of the program's previous call) prefills only its new
     tokens; anywhere else it prefills its whole context.  A program's table
@@ -398,7 +464,7 @@ class Cluster:
         check_fields(self, {"engines": "Cluster.engines", "router": "Cluster.router",
                             "threshold": "Cluster.threshold", "kv_reuse": "Cluster.kv_reuse"})
         if self.programs is not None:
-            check_instance("programs", self.programs, Programs)
+            check_instance("programs", self.programs, (Programs, Sessions))
         events = self.events
         if isinstance(events, EngineEvent) or not isinstance(events, (list, tuple)):
             raise TypeError(f"events must be a list of EngineEvent; got {type(events).__name__}")

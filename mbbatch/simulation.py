@@ -35,7 +35,8 @@ from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STR
 from ._validation import check_servers, resolve_n
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .lengths import RVS, as_service
-from .policies import LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching, token_kind
+from .policies import (LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, Programs, Sessions, StaticBatching,
+                       token_kind)
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .results import SimulationResult, Table, UnstableWarning
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
@@ -595,7 +596,7 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
     cl, E = plan.cluster, 1
     if cl is not None:
         E = cl.engines
-        if cl.programs is not None:
+        if isinstance(cl.programs, Programs):
             # (each run draws its calls: replayed in the kernel)
             akind, rate, times, aparams = _common.ARR_REPLAY, 0.0, np.empty(0), np.zeros(1)
             prompt_kind = output_kind = _common.SVC_REPLAY
@@ -652,11 +653,13 @@ _ROUTERS = {"round_robin": _d.ROUTE_ROUND_ROBIN, "least_used": _d.ROUTE_LEAST_US
 
 def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
                   keep_batches) -> _TokenPlan:
-    if cluster.programs is not None and not isinstance(arrivals, (Poisson, Saturated)):
+    if isinstance(cluster.programs, Programs) and not isinstance(arrivals, (Poisson, Saturated)):
         raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
                         f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
     plan = _plan_tokens(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
                         keep_batches)
+    if isinstance(cluster.programs, Sessions):
+        _check_sessions(cluster.programs, plan.workload)
     E, n = cluster.engines, plan.n
     K = cluster.policy.bins if isinstance(cluster.policy, MultiBinDynamic) else 1
     slot = 8 * (_d.FIELDS.size + 1)
@@ -667,11 +670,29 @@ def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workloa
     return replace(plan, cluster=cluster, memory=plan.memory + check_memory(parts))
 
 
+def _check_sessions(sessions: Sessions, workload: Workload) -> None:
+    """A trace's sessions need the trace's own lengths, in its order."""
+    for name, spec in (("prompt", workload._prompt), ("output", workload._output)):
+        if spec.kind != _common.SVC_REPLAY or spec.values.size != sessions.ids.size:
+            raise ValueError(f"programs=Sessions(...) needs the workload's {name} lengths replayed from the same "
+                             f"trace, one per session id ({sessions.ids.size}): Workload.from_trace(trace); got "
+                             f"{spec.description}")
+
+
+def _program_count(programs, n: int) -> int:
+    """The size of the program table for the first ``n`` requests."""
+    if programs is None:
+        return 0
+    if isinstance(programs, Sessions):
+        return -(-n // programs.ids.size) * programs.count
+    return -(-n // programs.calls)
+
+
 def _pack_cluster(cluster, n: int) -> tuple:
     """The kernel's cluster configuration and engine events."""
     programs = cluster.programs
     config = _d.CLUSTER.pack(engines=cluster.engines, router=_ROUTERS[cluster.router], threshold=cluster.threshold,
-                             programs=0 if programs is None else -(-n // programs.calls),
+                             programs=_program_count(programs, n),
                              kv_reuse=bool(cluster.kv_reuse and programs is not None))
     ev = cluster.events
     events = dict(event_time=np.array([e.time for e in ev], float),
@@ -733,6 +754,52 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> dict:
     return ({"arrival_times": times.ravel()[order], "prompt_values": prompt.ravel()[order],
              "output_values": out.ravel()[order]},
             {"program": pid.astype(np.int64), "new_tokens": new.ravel()[order], "session_end": end.astype(np.int8)})
+
+
+def _session_calls(sessions: Sessions, workload: Workload, n: int) -> dict:
+    """The first ``n`` calls of a trace's sessions, in request order: the
+    kernel's prompt and output lengths (the trace's, repeated end to end;
+    with ``context="added"`` each prompt is its session's context plus the
+    trace's prompt) and the programs' arrays (each call's program, new
+    tokens and last-call flag), as :func:`_program_calls` gives them."""
+    integer = bool(workload.integer_lengths)
+    prompt = _lengths(workload._prompt, None, n, integer)
+    out = _lengths(workload._output, None, n, integer)
+    size = sessions.ids.size
+    pid = np.resize(sessions.ids, n)
+    if n > size:
+        # copy c of the trace: sessions of their own
+        pid += np.repeat(np.arange(-(-n // size), dtype=np.int64) * sessions.count, size)[:n]
+    order = np.argsort(pid, kind="stable")     # the calls of each program together, in request order
+    p = pid[order]
+    first = np.ones(n, bool)
+    first[1:] = p[1:] != p[:-1]
+    last = np.ones(n, bool)
+    last[:-1] = first[1:]
+    ps, os_ = prompt[order], out[order]
+    if sessions.context == "included":
+        # the context a call finds: its program's previous call's prompt and output
+        before = np.zeros(n)
+        before[1:] = (ps + os_)[:-1]
+        extends = ~first & (ps >= before)
+        new_s = np.where(extends, ps - before, ps)
+        full_s = ps
+    else:
+        # each prompt is the call's new tokens; its prompt adds every earlier call's prompt and output
+        turn = np.cumsum(ps + os_)
+        start = np.zeros(n)
+        start[1:] = turn[:-1]
+        base = np.maximum.accumulate(np.where(first, start, 0.0))
+        new_s = ps
+        full_s = turn - os_ - base
+    new = np.empty(n)
+    new[order] = new_s
+    full = np.empty(n)
+    full[order] = full_s
+    end = np.zeros(n, np.int8)
+    end[order[last]] = 1
+    return ({"prompt_values": full, "output_values": out},
+            {"program": pid, "new_tokens": new, "session_end": end})
 
 
 def _cluster_metrics(out, st: dict, cluster, hist_ttft_latency) -> dict:
@@ -833,7 +900,9 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
         cl_config, events = _pack_cluster(cluster, n)
         programs = _d.NO_PROGRAMS
         if cluster.programs is not None:
-            calls, programs = _program_calls(cluster, arrivals, workload, n, streams)
+            calls, programs = (_session_calls(cluster.programs, workload, n)
+                               if isinstance(cluster.programs, Sessions) else
+                               _program_calls(cluster, arrivals, workload, n, streams))
             inputs = inputs._replace(**{k: _readonly(v) for k, v in calls.items()})
         cl_args = (cl_config, programs, events)
     if cluster is None or cluster.programs is None:

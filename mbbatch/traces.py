@@ -152,13 +152,15 @@ class _Layout:
     iso: bool = True  # ISO-8601 timestamps accepted as well as seconds
     total: str | None = None  # a column that must equal prompt + output
     categories: tuple = ()  # (column, filter parameter, what a cell is)
+    session: str | None = None  # an optional column of session ids (read when present)
 
 
 _AZURE = _Layout("azure", _COLUMNS, time=_TIME, prompt="ContextTokens", output="GeneratedTokens")
 _BURSTGPT = _Layout("burstgpt", _BURSTGPT_COLUMNS, time="Timestamp", prompt="Request tokens",
                     output="Response tokens", iso=False, total="Total tokens",
                     categories=(("Model", "model", "a model name"),
-                                ("Log Type", "log_type", "a log type")))
+                                ("Log Type", "log_type", "a log type")),
+                    session="Session ID")
 
 
 class TraceError(ValueError):
@@ -206,9 +208,15 @@ class Trace:
         The loader's filter arguments, normalised (``window`` a list of two
         floats or None; ``model`` and ``log_type`` sorted lists of names or
         None; ``drop_failed`` a bool).
+    session : numpy.ndarray or None
+        Each request's session (int64): the distinct ``Session ID`` values
+        of the kept requests of a BurstGPT v1.2 file numbered 0, 1, ... in
+        order of first appearance, -1 where the cell is empty (API logs);
+        None when the file has no such column.  :class:`mbbatch.Sessions` makes
+        them a cluster's programs.
 
     A Trace built by hand rather than by a loader has None for `format`,
-    `size` and `sha256` unless given.
+    `size`, `sha256` and `session` unless given.
     """
 
     arrival: np.ndarray = field(repr=False)
@@ -219,6 +227,16 @@ class Trace:
     size: int | None = None
     sha256: str | None = None
     filters: dict = field(default_factory=dict)
+    session: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        if self.session is not None:
+            s = np.asarray(self.session)
+            if s.shape != np.shape(self.arrival) or not np.issubdtype(s.dtype, np.integer) or \
+                    (s.size and s.min() < -1):
+                raise ValueError(f"session must hold one integer >= -1 per request ({np.size(self.arrival)}); "
+                                 f"got {s.dtype} of shape {s.shape}")
+            object.__setattr__(self, "session", s.astype(np.int64, copy=False))
 
     def __len__(self) -> int:
         return int(self.arrival.size)
@@ -358,9 +376,10 @@ def load_burstgpt(path, *, model=None, log_type=None, drop_failed=True, window=N
         of the trace, a finite number, possibly fractional), ``Model``,
         ``Request tokens`` (prompt length), ``Response tokens`` (output
         length; 0 for a failed request), ``Total tokens`` (their sum; any
-        other value is an error) and ``Log Type``, in any order.  Other
-        columns, such as ``Session ID`` (empty outside conversation logs)
-        and ``Elapsed time``, are not read, and may be empty.
+        other value is an error) and ``Log Type``, in any order.  A
+        ``Session ID`` column (v1.2; any text, empty outside conversation
+        logs) is read as the trace's `session`.  Other columns, such as
+        ``Elapsed time``, are not read, and may be empty.
     model : str or collection of str, optional
         Keep only the requests whose ``Model`` is one of these names
         (compared exactly, e.g. ``"ChatGPT"``, ``"GPT-4"``).  Each name must
@@ -381,7 +400,8 @@ def load_burstgpt(path, *, model=None, log_type=None, drop_failed=True, window=N
         The kept requests sorted by timestamp (stable), arrival in s since
         the origin (float64), ``Request tokens`` as `prompt_tokens` and
         ``Response tokens`` as `output_tokens` (int64),
-        ``format="burstgpt"``.
+        ``format="burstgpt"``; `session` numbers the ``Session ID`` values
+        (None for a v1.1 file).
 
     Raises
     ------
@@ -536,11 +556,64 @@ class _Category:
         return ", ".join(shown)
 
 
+class _SessionIds:
+    """A session-id column, chunk by chunk, as 64-bit BLAKE2b digests of the
+    ids (padding removed; 0 for an empty cell): memory follows the rows
+    kept, not the distinct ids (a million distinct ids would take about 100
+    MB as Python strings).  :func:`_session_codes` numbers them at the end.
+    Two distinct ids share a digest with probability about ``m**2 / 2**65``
+    for ``m`` ids (3e-8 for a million), and would then count as one
+    session."""
+
+    def encode(self, cells):
+        digests = {}
+        for c in set(cells):
+            name = c.strip(" \t")
+            digests[c] = hashlib.blake2b(name.encode(), digest_size=8).digest() if name else bytes(8)
+        return np.frombuffer(b"".join(map(digests.__getitem__, cells)), dtype=np.int64)
+
+
+def _session_codes(h):
+    """Sessions numbered 0, 1, ... in order of first appearance, -1 for an
+    empty cell, from the rows' digests ``h`` (:class:`_SessionIds`), written
+    over them, with few temporaries alive at a time."""
+    n = h.size
+    if not h.flags.writeable:
+        h = h.copy()
+    empty = h == 0
+    order = np.argsort(h, kind="stable")
+    new = np.empty(n, bool)
+    new[0] = True
+    sorted_h = h[order]
+    np.not_equal(sorted_h[1:], sorted_h[:-1], out=new[1:])
+    first = order[new]                       # each id's first row (the sort is stable)
+    group = np.cumsum(new, out=sorted_h)     # (over the sorted digests, no longer needed)
+    del new
+    group -= 1
+    h[order] = group                         # each row's id, numbered in sorted order
+    del order, group, sorted_h
+    perm = np.argsort(first, kind="stable")
+    del first
+    rank = np.empty(perm.size, np.int64)
+    rank[perm] = np.arange(perm.size)
+    del perm
+    step = 1 << 16
+    for i in range(0, n, step):
+        h[i:i + step] = rank[h[i:i + step]]
+    if empty.any():
+        # the empty cells' number goes: the ids after them move down by one
+        e = h[np.argmax(empty)]
+        np.subtract(h, 1, out=h, where=h > e)
+        np.copyto(h, -1, where=empty)
+    return h
+
+
 class _State:
     """What the chunks of one file share: its time format and text columns."""
 
     def __init__(self, layout, categories):
         self.layout, self.categories, self.fmt = layout, categories, None
+        self.sessions = _SessionIds()
 
 
 class _HashingReader(io.RawIOBase):
@@ -576,7 +649,7 @@ def _load(path, layout, categories, stages, window, filters):
     try:
         hashed = _HashingReader(open(path, "rb", buffering=0))
         with io.TextIOWrapper(io.BufferedReader(hashed), encoding="utf-8-sig", newline="") as f:
-            stamps, prompt, output, origin, total = _read(csv.reader(f), path, name, state, select)
+            stamps, prompt, output, session, origin, total = _read(csv.reader(f), path, name, state, select)
             while hashed.read(1 << 13):  # the csv reader read to the end; make sure
                 pass
             size, digest = hashed.size, hashed.hash.hexdigest()
@@ -607,6 +680,8 @@ def _load(path, layout, categories, stages, window, filters):
         stamps = stamps[order]
         prompt = prompt[order]
         output = output[order]
+        if session is not None:
+            session = session[order]
         del order
     time = layout.time
     if state.fmt == _SECONDS_FMT:
@@ -633,6 +708,8 @@ def _load(path, layout, categories, stages, window, filters):
         if not inside.all():
             first, last = float(arrival[0]), float(arrival[-1])
             arrival, prompt, output = arrival[inside], prompt[inside], output[inside]
+            if session is not None:
+                session = session[inside]
             kept.append((f"window=({start!r}, {end!r}) keeps {arrival.size} (the requests "
                          f"left arrive {first!r} s to {last!r} s after the file's first)",
                          arrival.size))
@@ -640,8 +717,10 @@ def _load(path, layout, categories, stages, window, filters):
                 raise _empty(name, kept)
         if start != 0.0:
             arrival -= start
+    if session is not None:
+        session = _session_codes(session)
     return Trace(arrival=arrival, prompt_tokens=prompt, output_tokens=output, source=path.name,
-                 format=layout.format, size=size, sha256=digest, filters=filters)
+                 format=layout.format, size=size, sha256=digest, filters=filters, session=session)
 
 
 def _empty(name, kept):
@@ -677,14 +756,18 @@ class _CellError(Exception):
 def _read(reader, path, name, state, select):
     """Header, then data rows chunk by chunk.
 
-    Returns (stamps, prompt, output, origin, total): the rows `select` keeps
-    (all if it is None), the earliest timestamp of all rows and their number.
+    Returns (stamps, prompt, output, session, origin, total): the rows
+    `select` keeps (all if it is None; `session` None without the layout's
+    session column), the earliest timestamp of all rows and their number.
     """
     layout = state.layout
     header, line = _header(reader, name)
     found = [h.strip() for h in header]
     missing = [c for c in layout.columns if c not in found]
-    twice = [c for c in layout.columns if found.count(c) > 1]
+    # the optional session column, read when the header names it
+    session = layout.session if layout.session in found else None
+    wanted = (*layout.columns, session) if session else layout.columns
+    twice = [c for c in wanted if found.count(c) > 1]
     if missing or twice:
         where = (f"has no column{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}"
                  if missing else f"names the column {twice[0]!r} twice")
@@ -692,9 +775,9 @@ def _read(reader, path, name, state, select):
                          f"{', '.join(layout.columns)}); found {_short(repr(found), 200)}",
                          path=name, line=line)
     # (position, name) in file order, so the first bad cell of a row is reported
-    columns = sorted((found.index(c), c) for c in layout.columns)
+    columns = sorted((found.index(c), c) for c in wanted)
     expect = _short(",".join(found), 80)
-    keep = (layout.time, layout.prompt, layout.output)
+    keep = (layout.time, layout.prompt, layout.output) + ((session,) if session else ())
     parts = {c: [] for c in keep}
     origin, total = None, 0
     width = len(header)
@@ -712,7 +795,7 @@ def _read(reader, path, name, state, select):
         raise TraceError(f"{name}: holds no requests (only a header, at line {line})", path=name)
     # one column at a time, so at most one column is held twice
     out = [np.concatenate(parts.pop(c)) for c in keep]
-    return (*out, origin, total)
+    return (*out[:3], out[3] if session else None, origin, total)
 
 
 def _header(reader, name):
@@ -824,6 +907,8 @@ def _convert(cells, start, columns, state, path, name, width):
                 state.fmt, values[col] = _times(column, state.fmt, layout.iso)
             elif col in state.categories:
                 values[col] = state.categories[col].encode(column)
+            elif col == layout.session:
+                values[col] = state.sessions.encode(column)
             else:
                 values[col] = _lengths(column)
         except _CellError as exc:

@@ -6,6 +6,7 @@ invariants of routing, engine removal and KV reuse."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from scipy import stats
 import mbbatch as mb
 from mbbatch.metrics import applicable
 from mbbatch.routing import LoadBalancer
+from mbbatch.traces import Trace
 
 WL = mb.Workload(prompt=stats.uniform(1, 1999), output=stats.uniform(1, 127))
 ENGINE_POLICIES = [mb.StaticBatching(batch_size=8), mb.DynamicBatching(),
@@ -230,6 +232,115 @@ def test_programs_contexts_grow_call_by_call():
         for i in j:
             assert req.prompt[i] == ctx + req.new_tokens[i]
             ctx = req.prompt[i] + req.output[i]
+
+
+# --- a trace's sessions as programs ----------------------------------------------------------------
+
+def _session_trace(seed, m=600, sessions=60):
+    """A trace of ``m`` requests over ``sessions`` sessions (and some calls
+    without one), each session's prompts growing by its previous call's
+    prompt and output plus a few new tokens (a stateless API's calls), but
+    for a few calls that start over."""
+    rng = np.random.default_rng(seed)
+    t = np.sort(rng.uniform(0.0, 60.0, m))
+    sid = rng.integers(-1, sessions, m)
+    prompt = np.empty(m, np.int64)
+    output = rng.integers(1, 200, m)
+    ctx = {}
+    for i in range(m):
+        new = int(rng.integers(1, 3000))
+        s_ = int(sid[i])
+        start_over = rng.uniform() < 0.1
+        prompt[i] = new + (0 if s_ < 0 or start_over else ctx.get(s_, 0))
+        if s_ >= 0:
+            ctx[s_] = prompt[i] + output[i]
+    return Trace(arrival=t, prompt_tokens=prompt, output_tokens=output, session=sid)
+
+
+def _session_run(trace, n=None, **kw):
+    cluster = mb.Cluster(mb.DynamicBatching(), engines=kw.pop("engines", 3), router=kw.pop("router", "autellix"),
+                         threshold=kw.pop("threshold", 2048), programs=mb.Sessions(trace, **kw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mb.TraceTiledWarning)
+        return cluster, mb.simulate(cluster, mb.Replay(trace), workload=mb.Workload.from_trace(trace),
+                                    service_model=mb.DecodeModel(prefill_per_token=1e-4), n=n or len(trace),
+                                    seed=5, keep_requests=True)
+
+
+def test_sessions_are_the_traces_programs():
+    """Each session is one program, each call without a session one of its
+    own; with the context included, a call that extends its session's
+    context (the previous call's prompt and output) is new by the difference,
+    one that does not is new whole; with it added, prompts grow call by call."""
+    trace = _session_trace(1)
+    _, res = _session_run(trace)
+    req = res.requests
+    np.testing.assert_array_equal(req.prompt, trace.prompt_tokens)
+    sid = trace.session
+    for s_ in range(60):
+        j = np.flatnonzero(sid == s_)
+        assert np.unique(req.program[j]).size == 1
+        before = None
+        for i in j:
+            p = trace.prompt_tokens[i]
+            extends = before is not None and p >= before
+            assert req.new_tokens[i] == (p - before if extends else p)
+            before = p + trace.output_tokens[i]
+    alone = np.flatnonzero(sid < 0)
+    assert np.unique(req.program[alone]).size == alone.size
+    assert not np.isin(req.program[alone], req.program[sid >= 0]).any()
+    np.testing.assert_array_equal(req.new_tokens[alone], trace.prompt_tokens[alone])
+    # added: the trace's prompts are the new tokens
+    _, res = _session_run(trace, context="added")
+    req = res.requests
+    np.testing.assert_array_equal(req.new_tokens, trace.prompt_tokens)
+    for s_ in range(0, 60, 7):
+        ctx = 0.0
+        for i in np.flatnonzero(sid == s_):
+            assert req.prompt[i] == ctx + trace.prompt_tokens[i]
+            ctx = req.prompt[i] + req.output[i]
+
+
+def test_sessions_route_as_the_load_balancer_and_end_at_their_last_call():
+    """The simulated router makes the LoadBalancer's decisions on a trace's
+    sessions, clearing each session at its last call; a trace repeated end
+    to end makes each copy's sessions new ones."""
+    trace = _session_trace(2, m=400)
+    for n in (400, 1000):
+        cluster, res = _session_run(trace, n=n, threshold=1500)
+        engine, rerouted = _replay_balancer(res, cluster)
+        np.testing.assert_array_equal(res.requests.engine, engine)
+        assert rerouted == 0
+    prog = res.requests.program
+    assert not np.isin(prog[400:800], prog[:400]).any()
+    np.testing.assert_array_equal(np.diff(prog[:800].reshape(2, 400), axis=0)[0],
+                                  np.full(400, mb.Sessions(trace).count))
+
+
+def test_sessions_locality_autellix_beats_round_robin():
+    """Autellix keeps a session's large calls on its engine: more calls find
+    their context there than under round-robin, fewer tokens are recomputed."""
+    trace = _session_trace(3, m=1500, sessions=100)
+    _, auto = _session_run(trace, engines=4, threshold=1024)
+    _, rr = _session_run(trace, engines=4, router="round_robin")
+    assert auto.locality_hit_rate > rr.locality_hit_rate
+    assert auto.kv_recomputed_tokens < rr.kv_recomputed_tokens
+
+
+def test_sessions_are_checked():
+    with pytest.raises(ValueError, match="no sessions"):
+        mb.Sessions(Trace(arrival=np.arange(3.0), prompt_tokens=np.ones(3, np.int64),
+                          output_tokens=np.ones(3, np.int64)))
+    with pytest.raises(ValueError, match="ids"):
+        mb.Sessions([0, -2, 1])
+    with pytest.raises(TypeError, match="ids"):
+        mb.Sessions([0.5, 1.0])
+    with pytest.raises(ValueError, match="context"):
+        mb.Sessions([0, 1], context="whole")
+    assert mb.Sessions([7, -1, 7, 3, -1]).ids.tolist() == [0, 1, 0, 2, 3]
+    trace = _session_trace(4, m=50)
+    with pytest.raises(ValueError, match="Workload.from_trace"):
+        mb.simulate(mb.Cluster(programs=mb.Sessions(trace)), mb.Replay(trace), workload=WL, n=50)
 
 
 def test_same_seed_same_cluster_run():

@@ -719,6 +719,37 @@ def test_burstgpt_golden_file(tmp_path):
     assert tr.output_tokens.tolist() == [18, 0, 5, 276, 10]
 
 
+def test_burstgpt_sessions(tmp_path):
+    """Session IDs numbered in the kept requests' order of first appearance,
+    -1 where empty; sorted and windowed with the other columns; padding
+    removed; None for a v1.1 file."""
+    p = _write(tmp_path, BURST)
+    # sorted by time: s1 (0.5), s1 (1.25, failed), s2 (2), - (3), - (7.75)
+    assert load_burstgpt(p).session.tolist() == [0, 1, -1, -1]
+    assert load_burstgpt(p, drop_failed=False).session.tolist() == [0, 0, 1, -1, -1]
+    assert load_burstgpt(p, window=(1, 3)).session.tolist() == [0, -1]
+    assert load_burstgpt(p, model="GPT-4").session.tolist() == [0, -1]
+    text = BURST_HEADER + "".join(  # more than one chunk
+        _burst_row(str(4 * k), "ChatGPT", 10, 1, "Conversation log", session=" 77\t")
+        + _burst_row(str(4 * k + 1), "ChatGPT", 10, 1, "Conversation log", session="abc")
+        + _burst_row(str(4 * k + 2), "ChatGPT", 10, 1, "Conversation log", session="77")
+        + _burst_row(str(4 * k + 3), "ChatGPT", 10, 1, "API log", session=" ") for k in range(1500))
+    tr = load_burstgpt(_write(tmp_path, text, name="s.csv"))
+    assert tr.session.dtype == np.int64
+    assert tr.session.tolist() == [0, 1, 0, -1] * 1500
+    with pytest.raises(TraceError, match="twice"):
+        load_burstgpt(_write(tmp_path, BURST.replace("Elapsed time", "Session ID"), name="d.csv"))
+
+
+def test_trace_session_must_match_the_requests():
+    with pytest.raises(ValueError, match="session"):
+        Trace(arrival=np.zeros(3), prompt_tokens=np.ones(3, np.int64), output_tokens=np.ones(3, np.int64),
+              session=np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="session"):
+        Trace(arrival=np.zeros(2), prompt_tokens=np.ones(2, np.int64), output_tokens=np.ones(2, np.int64),
+              session=np.array([0, -2]))
+
+
 def test_burstgpt_release_1_1_layout(tmp_path):
     # v1.1 has no Session ID and Elapsed time columns
     text = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -727,6 +758,7 @@ def test_burstgpt_release_1_1_layout(tmp_path):
     tr = load_burstgpt(_write(tmp_path, text))
     assert tr.arrival.tolist() == [0.0, 40.0, 113.0]
     assert tr.prompt_tokens.tolist() == [472, 1087, 417]
+    assert tr.session is None
 
 
 @pytest.mark.parametrize("kwargs, arrival, prompt", [
@@ -922,7 +954,7 @@ def test_burstgpt_streams_and_filters_chunk_by_chunk(tmp_path, monkeypatch):
                    session="" if i % 3 == 0 else str(i)) for i in range(n)))
     monkeypatch.setattr(traces, "_CHUNK", 128)  # a small chunk lets a small file show it
     tr, peak = _peak(load_burstgpt, p, drop_failed=False)
-    out = tr.arrival.nbytes + tr.prompt_tokens.nbytes + tr.output_tokens.nbytes
+    out = tr.arrival.nbytes + tr.prompt_tokens.nbytes + tr.output_tokens.nbytes + tr.session.nbytes
     assert len(tr) == n and peak < 2 * out
     half, half_peak = _peak(load_burstgpt, p, model="GPT-4")
     assert len(half) == sum(i % 2 == 1 and i % 313 > 0 for i in range(n))
