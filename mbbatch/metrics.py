@@ -78,7 +78,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("token_throughput", "tokens/s", "generated (output) tokens / (last completion - first arrival)",
        TOKEN | ROUTED),
     _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival (LAPS: of "
-       "its prefill, the time to first token)", EVERY, aggregate="ci"),
+       "its prefill, the time to first token; with a decode stage, of its last token)", EVERY, aggregate="ci"),
     _m("mean_latency_ci_low", "s", "lower end of the run's 95% batch-means confidence interval of "
        "mean_latency", SINGLE | ROUTED, per_rep=False),
     _m("mean_latency_ci_high", "s", "upper end of the run's 95% batch-means confidence interval of "

@@ -264,6 +264,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default=True),
     _p("LAPS.dynamic", "flag", "", "the router's dynamic allocation of instances to a short and a long group",
        default=True),
+    _p("LAPS.decode_servers", "count", "servers", "decode servers behind the prefill instances (with a decode "
+       "policy): each serves the decode policy's batches", _COUNT, default=1),
     # --- a cluster of engines behind a router (Autellix, seed 002) -------------------------
     _p("Cluster.engines", "count", "engines", "engines of the cluster, each with its own queues and servers",
        _COUNT, default=4),

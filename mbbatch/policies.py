@@ -250,8 +250,18 @@ class LAPS:
     ``max_batch`` are queued (window 0: at once); meanwhile long requests
     run.  Without it, one FIFO queue.  The batch takes
     :class:`~mbbatch.PrefillModel` time; at its end its requests have their
-    first token.  (Decode, on separate instances, is not simulated: a
-    request's latency here is its time to first token.)
+    first token.
+
+    Decode runs on separate instances: with ``decode`` (a token-level
+    policy: :class:`StaticBatching`, :class:`DynamicBatching` or
+    :class:`MultiBinDynamic`) each request joins it when its prefill ends,
+    its output drawn from the workload's output lengths, and is served by
+    one of ``decode_servers`` servers under ``decode_model`` (default
+    ``DecodeModel(prefill_per_token=0)``: the KV cache arrives with the
+    request, so decode prefills nothing again).  A request's latency is then
+    end to end, arrival to last token; ``res.decode`` is the decode stage's
+    own result.  Without ``decode`` a request's latency is its time to
+    first token.
 
     ``dual_queue=False, dynamic=False`` is one FIFO queue per instance;
     ``window=0`` the dual queue alone.  The parameter table gives the
@@ -268,6 +278,9 @@ class LAPS:
     interval: float = default("LAPS.interval")
     ratio: float = default("LAPS.ratio")
     long_instances: Optional[int] = None
+    decode: object = None
+    decode_servers: int = default("LAPS.decode_servers")
+    decode_model: object = None
 
     def __post_init__(self):
         from ._validation import check_flag
@@ -275,7 +288,16 @@ class LAPS:
         check_fields(self, {"instances": "LAPS.instances", "threshold": "LAPS.threshold", "window": "LAPS.window",
                             "max_batch": "LAPS.max_batch", "max_batch_tokens": "LAPS.max_batch_tokens",
                             "interval": "LAPS.interval", "ratio": "LAPS.ratio",
-                            "long_instances": "LAPS.long_instances"})
+                            "long_instances": "LAPS.long_instances", "decode_servers": "LAPS.decode_servers"})
+        if self.decode is not None and not isinstance(self.decode, (StaticBatching, DynamicBatching)):
+            raise TypeError(f"decode must be StaticBatching, DynamicBatching or MultiBinDynamic (the decode "
+                            f"instances' batching) or None; got {type(self.decode).__name__}")
+        if self.decode is None and self.decode_model is not None:
+            raise TypeError("decode_model is the decode stage's service model: pass decode= too")
+        if self.decode_model is not None:
+            from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
+
+            check_instance("decode_model", self.decode_model, (MaxModel, LinearModel, DecodeModel, CalibratedModel))
         object.__setattr__(self, "dual_queue", check_flag("dual_queue", self.dual_queue))
         object.__setattr__(self, "dynamic", check_flag("dynamic", self.dynamic))
         if self.long_instances is None:
@@ -295,7 +317,9 @@ class LAPS:
         return {"policy": "laps", "instances": self.instances, "threshold": self.threshold, "window": self.window,
                 "max_batch": self.max_batch, "max_batch_tokens": self.max_batch_tokens,
                 "dual_queue": self.dual_queue, "dynamic": self.dynamic, "interval": self.interval,
-                "ratio": self.ratio, "long_instances": self.long_instances if self.routed else 0}
+                "ratio": self.ratio, "long_instances": self.long_instances if self.routed else 0,
+                **({"decode_policy": token_kind(self.decode), "decode_servers": self.decode_servers}
+                   if self.decode is not None else {})}
 
 
 @dataclass(frozen=True)

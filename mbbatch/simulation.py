@@ -1025,6 +1025,7 @@ class _LapsPlan:
     n: int
     keep_requests: bool
     memory: int
+    decode_model: object = None
 
     keep_batches = False
 
@@ -1046,7 +1047,9 @@ class _LapsPlan:
         config = _l.CONFIG.pack(
             n=n, arrival_kind=akind, prompt_kind=workload._prompt.kernel_kind, integer=workload.integer_lengths,
             instances=pol.instances, threshold=pol.threshold, max_batch=pol.max_batch, dual=pol.dual_queue,
-            dynamic=pol.routed, long0=pol.long_instances if pol.routed else 0, keep=self.keep_requests, rate=rate,
+            dynamic=pol.routed, long0=pol.long_instances if pol.routed else 0,
+            # (the decode stage starts each request at its first token)
+            keep=self.keep_requests or pol.decode is not None, rate=rate,
             window=pol.window, max_batch_tokens=pol.max_batch_tokens, interval=pol.interval, ratio=pol.ratio,
             a=self.model.a, b=self.model.b)
         inputs = _l.INPUTS.pack(arrival_times=times, arrival_params=aparams, arrival_ends=aends,
@@ -1055,8 +1058,10 @@ class _LapsPlan:
 
     @functools.cached_property
     def description(self) -> dict:
+        decode = {} if self.decode_model is None else {
+            f"decode_{k}": v for k, v in _model_config(self.decode_model).items()}
         return {**self.policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
-                **_model_config(self.model), "n": self.n}
+                **_model_config(self.model), **decode, "n": self.n}
 
 
 def _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
@@ -1082,13 +1087,39 @@ def _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, s
         "instances": (8 * (7 * E + E * policy.max_batch), "the instances' queues and batches"),
         "batch_size": (3 * 8 * _common.HIST_SIZE, "the time-to-first-token histograms"),
     }
-    if keep_requests:
-        parts["keep_requests"] = (48 * n, "the per-request arrays (keep_requests)")
+    if keep_requests or policy.decode is not None:
+        parts["keep_requests"] = (48 * n, "the per-request arrays (keep_requests, or the decode stage)")
+    decode_model = None
+    if policy.decode is not None:
+        decode_model = policy.decode_model if policy.decode_model is not None else DecodeModel(prefill_per_token=0.0)
+        # the decode stage, checked now (its arrivals are the first tokens, known after the prefill)
+        parts["decode"] = (_plan_tokens(policy.decode, Poisson(1.0), None, n, policy.decode_servers, True, workload,
+                                        decode_model, False).memory, "the decode stage")
     parts.update(_rvs_memory([("workload.prompt", workload._prompt)], n))
     memory = check_memory(parts)
     _check_clock(arrivals, n, model.a + model.b * workload._prompt.mean)
     return _LapsPlan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
-                     keep_requests=bool(keep_requests), memory=memory)
+                     keep_requests=bool(keep_requests), memory=memory, decode_model=decode_model)
+
+
+def _run_decode(plan: _LapsPlan, req: dict, ss: np.random.SeedSequence):
+    """The decode stage after LAPS's prefill: each request joins the decode
+    policy at its first token (in that order, ties in arrival order), its
+    prompt the one prefilled, its output from the workload's output
+    lengths (replayed in order, or drawn in Python on the output stream).
+    Returns the decode run's result and each request's completion (its last
+    token), in arrival order."""
+    pol, wl, n = plan.policy, plan.workload, plan.n
+    first = req["first_token"]
+    order = np.argsort(first, kind="stable")
+    out = _lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
+    stage = Workload(prompt=req["prompt"][order], output=out[order], integer_lengths=wl.integer_lengths,
+                     predictor_sigma=wl.predictor_sigma)
+    res = _plan_tokens(pol.decode, Replay(first[order]), None, n, pol.decode_servers, True, stage,
+                       plan.decode_model, False).run(ss, warn=False)
+    completion = np.empty(n)
+    completion[order] = res.requests.completion
+    return res, completion
 
 
 def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: np.ndarray) -> dict:
@@ -1137,10 +1168,28 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
         "span": span, "completed": completed, "n_batches": nb,
     }
     k = min(st["moves"], out.move_time.size)
+    quantiles = "histogram, relative error <= 2**-11"
+    arrays = {}
+    # (a prefill instance's latency is the time to first token: completion is the first token)
+    completion = None if req is None else req["first_token"]
+    if pol.decode is not None and completed:
+        # the decode stage: latency end to end, to the last token
+        decode, completion = _run_decode(plan, req, ss)
+        kernel_seconds += decode.kernel_seconds
+        e2e = completion - req["arrival"]
+        span = float(completion.max()) - st["first_arrival"]
+        q = _quantiles(None, e2e)
+        metrics.update(throughput=completed / span if span > 0 else nan, mean_latency=float(e2e.mean()),
+                       latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]), span=span)
+        arrays["decode"] = decode
+        quantiles = "latency exact (end to end); time to first token from histograms, relative error <= 2**-11"
     requests = None
-    if req is not None:
-        # (a prefill instance's latency is the time to first token: completion is the first token)
-        requests = Table({**req, "completion": req["first_token"], "latency": req["first_token"] - req["arrival"],
+    if plan.keep_requests:
+        cols = dict(req)
+        if "decode" in arrays:
+            cols["output"] = arrays["decode"].requests.output[np.argsort(np.argsort(req["first_token"],
+                                                                                   kind="stable"))]
+        requests = Table({**cols, "completion": completion, "latency": completion - req["arrival"],
                           "ttft": req["first_token"] - req["arrival"]})
     config = {**plan.description, "seed_entropy": entropy_str(ss)}
     ts = _laps_groups(pol, E, st["first_arrival"] if completed else 0.0, out.move_time[:k], out.move_group[:k]) \
@@ -1148,10 +1197,10 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
     return SimulationResult(
         kind="laps", config=config, n=plan.n, servers=E, edges=np.array([-np.inf, pol.threshold, np.inf]),
         metrics=metrics,
-        arrays={"latency_histogram": hist, "ttft_short_histogram": out.hist_short,
+        arrays={**arrays, "latency_histogram": hist, "ttft_short_histogram": out.hist_short,
                 "ttft_long_histogram": out.hist_long,
                 "group_moves_log": Table({"time": out.move_time[:k].copy(), "instance": out.move_instance[:k].copy(),
                                           "to_group": np.where(out.move_group[:k] == _l.SHORT, "short", "long")})},
         requests=requests, time_series=ts,
         unstable=False, unstable_reason="not assessed: LAPS runs have no backlog check yet",
-        latency_quantiles="histogram, relative error <= 2**-11", kernel_seconds=kernel_seconds)
+        latency_quantiles=quantiles, kernel_seconds=kernel_seconds)

@@ -166,6 +166,51 @@ def test_the_same_seed_gives_the_token_policies_requests():
     np.testing.assert_array_equal(res.requests.first_token, again.requests.first_token)
 
 
+def test_decode_after_prefill_is_the_decode_policy_on_the_first_tokens():
+    """With a decode stage, each request joins the decode policy at its
+    first token: the same run as the decode policy given those times and
+    the requests' lengths as a trace, bit for bit; the prefill is untouched
+    (its TTFT metrics and first tokens as without decode); latency is end
+    to end."""
+    rng = np.random.default_rng(4)
+    n = 1500
+    wl = mb.Workload(prompt=rng.integers(1, 1500, n).astype(float), output=rng.integers(1, 300, n).astype(float))
+    for decode in (mb.DynamicBatching(), mb.StaticBatching(batch_size=8), mb.MultiBinDynamic(bins=2, warmup=100)):
+        pol = mb.LAPS(instances=3, decode=decode, decode_servers=3)
+        res = _run(pol, n=n, rate=30.0, workload=wl)
+        alone = _run(mb.LAPS(instances=3), n=n, rate=30.0, workload=wl)
+        r = res.requests
+        np.testing.assert_array_equal(r.first_token, alone.requests.first_token)
+        for m in ("mean_ttft", "ttft_short_p99", "ttft_long_p99", "utilization", "group_moves"):
+            assert getattr(res, m) == getattr(alone, m), m
+        order = np.argsort(r.first_token, kind="stable")
+        hand = mb.simulate(decode, mb.Replay(r.first_token[order]),
+                           workload=mb.Workload(prompt=r.prompt[order], output=wl.output[order]),
+                           service_model=mb.DecodeModel(prefill_per_token=0.0), servers=3, n=n, seed=1,
+                           keep_requests=True)
+        np.testing.assert_array_equal(res.decode.requests.completion, hand.requests.completion)
+        assert res.decode.kind == mb.policies.token_kind(decode)
+        np.testing.assert_array_equal(r.completion[order], hand.requests.completion)
+        np.testing.assert_array_equal(r.output, wl.output)
+        assert np.all(r.completion > r.first_token)
+        np.testing.assert_array_equal(r.latency, r.completion - r.arrival)
+        assert res.mean_latency == pytest.approx(r.latency.mean(), rel=1e-12)
+        assert res.latency_p99 == np.quantile(r.latency, 0.99)
+        assert res.span == r.completion.max() - r.arrival.min()
+        assert res.throughput == n / res.span
+
+
+def test_decode_stage_settings_are_checked():
+    with pytest.raises(TypeError, match="decode must be"):
+        mb.LAPS(decode=mb.LAPS())
+    with pytest.raises(TypeError, match="pass decode="):
+        mb.LAPS(decode_model=mb.DecodeModel())
+    with pytest.raises(ValueError, match="decode_servers"):
+        mb.LAPS(decode=mb.DynamicBatching(), decode_servers=0)
+    with pytest.raises(TypeError, match="decode_model must be an instance of MaxModel or LinearModel or"):
+        mb.LAPS(decode=mb.DynamicBatching(), decode_model=mb.PrefillModel())
+
+
 def test_metrics_by_category():
     res = _run(mb.LAPS(instances=4), n=5000)
     r = res.requests
