@@ -259,9 +259,10 @@ class LAPS:
     one of ``decode_servers`` servers under ``decode_model`` (default
     ``DecodeModel(prefill_per_token=0)``: the KV cache arrives with the
     request, so decode prefills nothing again).  A request's latency is then
-    end to end, arrival to last token; ``res.decode`` is the decode stage's
-    own result.  Without ``decode`` a request's latency is its time to
-    first token.
+    end to end, arrival to last token (throughput and span too); the TTFT,
+    utilization and batch metrics stay the prefill instances';
+    ``res.decode`` is the decode stage's own result.  Without ``decode`` a
+    request's latency is its time to first token.
 
     ``dual_queue=False, dynamic=False`` is one FIFO queue per instance;
     ``window=0`` the dual queue alone.  The parameter table gives the
