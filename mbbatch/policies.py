@@ -399,7 +399,7 @@ class Sessions:
 
     def __post_init__(self):
         from ._validation import check_count_array
-        from .traces import Trace
+        from .traces import Trace, first_appearance
 
         ids = self.ids
         if isinstance(ids, Trace):
@@ -412,10 +412,7 @@ class Sessions:
         # programs numbered 0 .. count - 1 in order of first call; every -1 a program of its own
         alone = arr < 0
         arr[alone] = arr.max(initial=-1) + 1 + np.arange(int(alone.sum()))
-        _, first, program = np.unique(arr, return_index=True, return_inverse=True)
-        rank = np.empty(first.size, np.int64)
-        rank[np.argsort(first, kind="stable")] = np.arange(first.size)
-        program = rank[program.ravel()]
+        program = first_appearance(arr)
         program.flags.writeable = False
         object.__setattr__(self, "ids", program)
 

@@ -1108,7 +1108,7 @@ def _run_decode(plan: _LapsPlan, req: dict, ss: np.random.SeedSequence):
     prompt the one prefilled, its output from the workload's output
     lengths (replayed in order, or drawn in Python on the output stream).
     Returns the decode run's result and each request's completion (its last
-    token), in arrival order."""
+    token) and output length, in arrival order."""
     pol, wl, n = plan.policy, plan.workload, plan.n
     first = req["first_token"]
     order = np.argsort(first, kind="stable")
@@ -1119,7 +1119,7 @@ def _run_decode(plan: _LapsPlan, req: dict, ss: np.random.SeedSequence):
                        plan.decode_model, False).run(ss, warn=False)
     completion = np.empty(n)
     completion[order] = res.requests.completion
-    return res, completion
+    return res, completion, out
 
 
 def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: np.ndarray) -> dict:
@@ -1172,9 +1172,10 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
     arrays = {}
     # (a prefill instance's latency is the time to first token: completion is the first token)
     completion = None if req is None else req["first_token"]
+    output = None
     if pol.decode is not None and completed:
         # the decode stage: latency end to end, to the last token
-        decode, completion = _run_decode(plan, req, ss)
+        decode, completion, output = _run_decode(plan, req, ss)
         kernel_seconds += decode.kernel_seconds
         e2e = completion - req["arrival"]
         span = float(completion.max()) - st["first_arrival"]
@@ -1185,10 +1186,7 @@ def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
         quantiles = "latency exact (end to end); time to first token from histograms, relative error <= 2**-11"
     requests = None
     if plan.keep_requests:
-        cols = dict(req)
-        if "decode" in arrays:
-            cols["output"] = arrays["decode"].requests.output[np.argsort(np.argsort(req["first_token"],
-                                                                                   kind="stable"))]
+        cols = dict(req) if output is None else {**req, "output": output}
         requests = Table({**cols, "completion": completion, "latency": completion - req["arrival"],
                           "ttft": req["first_token"] - req["arrival"]})
     config = {**plan.description, "seed_entropy": entropy_str(ss)}

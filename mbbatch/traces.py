@@ -573,14 +573,13 @@ class _SessionIds:
         return np.frombuffer(b"".join(map(digests.__getitem__, cells)), dtype=np.int64)
 
 
-def _session_codes(h):
-    """Sessions numbered 0, 1, ... in order of first appearance, -1 for an
-    empty cell, from the rows' digests ``h`` (:class:`_SessionIds`), written
-    over them, with few temporaries alive at a time."""
+def first_appearance(h):
+    """The distinct values of the int64 array ``h`` numbered 0, 1, ... in
+    order of first appearance, written over ``h`` (copied first if
+    read-only), with few temporaries alive at a time."""
     n = h.size
     if not h.flags.writeable:
         h = h.copy()
-    empty = h == 0
     order = np.argsort(h, kind="stable")
     new = np.empty(n, bool)
     new[0] = True
@@ -600,6 +599,15 @@ def _session_codes(h):
     step = 1 << 16
     for i in range(0, n, step):
         h[i:i + step] = rank[h[i:i + step]]
+    return h
+
+
+def _session_codes(h):
+    """Sessions numbered 0, 1, ... in order of first appearance, -1 for an
+    empty cell, from the rows' digests ``h`` (:class:`_SessionIds`), written
+    over them."""
+    empty = h == 0
+    h = first_appearance(h)
     if empty.any():
         # the empty cells' number goes: the ids after them move down by one
         e = h[np.argmax(empty)]
