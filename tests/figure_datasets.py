@@ -452,6 +452,34 @@ def _laps_store():
     return ds
 
 
+def _laps_step_store():
+    """The LAPS load-step sweep on the real spec's template
+    (sweeps/laps_step.toml): the short group shrinking during the high load,
+    the more so the longer the prompts; TTFTs made up."""
+    from pathlib import Path as _Path
+
+    spec_path = _Path(__file__).resolve().parents[1] / "sweeps" / "laps_step.toml"
+    spec = parse_spec(spec_path.read_text(), source=str(spec_path))
+    attrs = {"name": spec.name, "description": spec.description, "service": spec.service, "reps": spec.reps,
+             **schema.spec_attrs(spec)}
+    ds = schema.template(spec, attrs)
+    t = ds["time"].values
+    E = int(spec.params["instances"])
+    high = (t >= spec.params["t_up"]) & (t < spec.params["t_down"])
+    for idx, params in spec.points():
+        med = params["prompt_median"]
+        for rep in range(spec.reps):
+            short = np.where(high, 1.0, 3.0 if med < 256 else 2.0) + (rep % 2) * (~high)
+            short[0] = np.nan                           # before the first arrival
+            ds["ts_short_instances"].values[idx + (rep,)] = short
+            ds["ts_long_instances"].values[idx + (rep,)] = E - short
+        ds["sim_ttft_short_p99"].values[idx] = 0.05 * (1 + med / 512.0)
+        ds["sim_ttft_long_p99"].values[idx] = 0.5 * (1 + med / 256.0)
+        ds["sim_short_share"].values[idx] = 1.0 / (1.0 + med / 256.0)
+        ds["done"].values[idx] = True
+    return ds
+
+
 def _autellix_store():
     """The Autellix sweep on the real spec's template (sweeps/autellix.toml):
     the large share set by the threshold, Autellix's TTFT and recomputed
@@ -531,6 +559,7 @@ def write_results(path):
     for name in CAPACITY_SPECS:
         dsets[name] = _capacity_store(name)
     dsets["laps"] = _laps_store()
+    dsets["laps_step"] = _laps_step_store()
     dsets["autellix"] = _autellix_store()
     for name, ds in dsets.items():
         ds.to_zarr(path / f"{name}.zarr", mode="w")

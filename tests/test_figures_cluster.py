@@ -27,6 +27,25 @@ def test_laps_modes_draws_each_mode_per_mix_and_category(results):  # noqa: F811
     assert "% short" in ax.get_title()
 
 
+def test_laps_allocation_draws_each_variants_groups_over_time_per_mix(results):  # noqa: F811
+    ds = xr.open_zarr(results / "laps_step.zarr", chunks=None).load()
+    fig = cluster.laps_allocation({"laps_step": ds})
+    axes = fig.axes
+    assert len(axes) == ds.sizes["prompt_median"]
+    ax = axes[0]
+    means = [ln for ln in ax.lines if ln.get_drawstyle() == "steps-post"]
+    assert len(means) == ds.sizes["policy"]
+    first = ds["ts_short_instances"].sel(policy=ds["policy"].values[0], prompt_median=ds["prompt_median"].values[0])
+    want = first.transpose("rep", "time").values
+    ok = np.isfinite(want).any(axis=0)
+    np.testing.assert_allclose(means[0].get_ydata()[ok], want[:, ok].mean(axis=0))
+    assert np.isnan(means[0].get_ydata()[~ok]).all()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[0].startswith("at most one move per 5 s") and "p99 TTFT short" in labels[0]
+    assert "per 1 s" in labels[1]
+    assert "short group" in ax.get_ylabel() and "% short" in ax.get_title()
+
+
 def test_autellix_routers_draws_each_router_per_calls_and_metric(results):  # noqa: F811
     ds = xr.open_zarr(results / "autellix.zarr", chunks=None).load()
     fig = cluster.autellix_routers({"autellix": ds})

@@ -553,3 +553,44 @@ def test_laps_and_its_prefill_model_go_together(tmp_path):
                                                     'service_model = "decode"')))
     with pytest.raises(SpecError, match=r"unknown key params.servers"):
         load_spec(write(tmp_path, LAPS_SPEC.replace("instances = 3", "instances = 3\nservers = 2"), "s.toml"))
+
+
+def test_a_laps_load_step_stores_its_groups_over_time(tmp_path):
+    """Through a load step a LAPS store keeps the instances of each group
+    over time (and not the token policies' controller series): at each grid
+    time, the value in force in mb.simulate's time series with the cell's
+    seed (NaN before the first arrival), the two groups summing to the
+    instances; NaN throughout for a variant without groups."""
+    from mbbatch.sweeps.cells import cell_seed
+    from mbbatch.sweeps.schema import time_grid
+
+    text = (LAPS_SPEC.replace('arrivals = "poisson"', 'arrivals = "step"')
+            .replace("n = 3000", "n = 3000\nrate_high = 80.0\nt_up = 20.0\nt_down = 40.0")
+            .replace("rate = [20.0, 60.0]", "rate = [30.0]"))
+    p = write(tmp_path, text)
+    ds = run_sweep(p, tmp_path / "l.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    assert ds["ts_short_instances"].dims == ("policy", "rate", "rep", "time")
+    assert ds["ts_short_instances"].attrs["units"] == "instances"
+    assert "ts_b_target" not in ds
+    t = time_grid(spec)
+    np.testing.assert_array_equal(ds["time"].values, t)
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=200.0), output=st.lognorm(0.8, scale=64.0))
+    moved = 0
+    for idx, params in spec.points():
+        pol = mb.LAPS(instances=3, dual_queue=params["dual_queue"], dynamic=params["dynamic"])
+        arr = mb.PiecewisePoisson(rates=[30.0, 80.0, 30.0], ends=[20.0, 40.0])
+        for rep in range(spec.reps):
+            res = mb.simulate(pol, arrivals=arr, workload=wl, n=3000, seed=cell_seed(spec.seed, params, rep))
+            cell = ds.isel(policy=idx[0], rate=idx[1], rep=rep)
+            ts = res.time_series_columns()
+            if not pol.routed:          # one queue, or no dynamic allocation: no groups, no series
+                assert ts is None and np.isnan(cell["ts_short_instances"].values).all()
+                continue
+            at = np.searchsorted(ts["time"], t, side="right") - 1
+            want = np.where(at >= 0, ts["short_instances"][np.maximum(at, 0)], np.nan)
+            np.testing.assert_array_equal(cell["ts_short_instances"].values, want)
+            got = cell["ts_short_instances"].values + cell["ts_long_instances"].values
+            assert np.all((got == 3) | np.isnan(got)) and np.isnan(got[0]) and not np.isnan(got[-1])
+            moved += res.group_moves
+    assert moved > 0            # the dynamic variant moved instances: the series is not constant

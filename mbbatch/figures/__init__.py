@@ -9,7 +9,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
 ['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers', 'fig6', 'fig7',
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
- 'capacity_predictor', 'laps_modes', 'autellix_routers', 'capacity_routers', 'engine_event']
+ 'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'capacity_routers', 'engine_event']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -25,8 +25,8 @@ A figure's name is the name of the function that draws it:
   (``predictor_gain``) and bursty arrivals (``bursty``);
 - :mod:`.capacity`: capacity searches against k, a p95 latency target and
   the predictor's error (``capacity_vs_k`` to ``capacity_predictor``);
-- :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``),
-  Autellix's routing (``autellix_routers``, ``capacity_routers``,
+- :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``) and
+  its dynamic allocation through a load step (``laps_allocation``), Autellix's routing (``autellix_routers``, ``capacity_routers``,
   ``engine_event``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
@@ -91,6 +91,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("capacity_latency", (capacity.capacity_latency, ["capacity_latency"])),
     ("capacity_predictor", (capacity.capacity_predictor, ["capacity_predictor"])),
     ("laps_modes", (cluster.laps_modes, ["laps"])),
+    ("laps_allocation", (cluster.laps_allocation, ["laps_step"])),
     ("autellix_routers", (cluster.autellix_routers, ["autellix"])),
     ("capacity_routers", (cluster.capacity_routers, ["capacity_routers"])),
     ("engine_event", (cluster.engine_event, ["engine_event"])),

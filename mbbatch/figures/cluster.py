@@ -1,5 +1,6 @@
 """The multi-engine experiments: LAPS's modes on its prefill instances
-(``laps_modes``); Autellix's router against least-used and round-robin
+(``laps_modes``) and its dynamic allocation through a load step
+(``laps_allocation``); Autellix's router against least-used and round-robin
 (``autellix_routers``), their capacity under a TTFT objective
 (``capacity_routers``) and an engine leaving and returning mid-run
 (``engine_event``).
@@ -15,12 +16,14 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..params import default
-from .analysis import overloaded, replication_ci
-from .data import line, per_rep, variants
+from matplotlib.lines import Line2D
+
+from .analysis import over_reps, overloaded, phases, replication_ci
+from .data import line, per_rep, time_series, variants
 from .panels import capacity_against_bound
 from .style import COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles
 
-__all__ = ["laps_modes", "autellix_routers", "capacity_routers", "engine_event"]
+__all__ = ["laps_modes", "laps_allocation", "autellix_routers", "capacity_routers", "engine_event"]
 
 
 def _mode_label(settings: dict) -> str:
@@ -68,6 +71,50 @@ def laps_modes(data) -> Figure:
                  f"{int(a['laps_threshold'])} tokens; a batch takes {1e3 * float(a['prefill_a']):g} ms + "
                  f"{1e3 * float(a['prefill_b']):g} ms per prompt token; n = {int(a['n']):,}, {int(a['reps'])} reps",
                  fontsize=9.5)
+    return fig
+
+
+def laps_allocation(data) -> Figure:
+    """Instances in LAPS's short group over time through a load step (the
+    high-load phase shaded), one column per short:long mix, one series per
+    variant (mean over replications, their range shaded); each variant's
+    p99 TTFT of short and long requests in its legend entry."""
+    ds = data["laps_step"]
+    a = ds.attrs
+    found = variants(ds)
+    t, steps = phases(ds)
+    t_up, t_down = steps[0]
+    E = int(a["instances"])
+    mixes = [float(v) for v in ds["prompt_median"].values]
+    fig = Figure(figsize=(12.0, 5.0), dpi=100, layout="constrained")
+    axes = fig.subplots(1, len(mixes), squeeze=False, sharey=True)[0]
+    for j, (ax, mix) in enumerate(zip(axes, mixes)):
+        ax.axvspan(t_up, t_down, color="0.5", alpha=0.12, lw=0, zorder=0)
+        handles = []
+        for (name, settings), c in zip(found, COLORS):
+            sel = dict(policy=name, prompt_median=mix)
+            short = time_series(ds, "ts_short_instances", **sel)
+            ax.fill_between(t, over_reps(np.min, short), over_reps(np.max, short), step="post", color=c,
+                            alpha=0.18, lw=0, zorder=1)
+            ax.plot(t, over_reps(np.mean, short), color=c, lw=1.4, drawstyle="steps-post", zorder=3)
+            ttft = [float(np.nanmean(per_rep(ds, v, "prompt_median", policy=name)[j]))
+                    for v in ("sim_ttft_short_p99", "sim_ttft_long_p99")]
+            interval = settings.get("interval", default("LAPS.interval"))
+            handles.append(Line2D([], [], color=c, lw=1.4,
+                                  label=f"at most one move per {interval:g} s: p99 TTFT short "
+                                        f"{ttft[0]:.3g} s, long {ttft[1]:.3g} s"))
+        share = float(np.nanmean(ds["sim_short_share"].sel(prompt_median=mix).values))
+        ax.set_title(f"prompt median {mix:g} tokens: {100 * share:.0f} % short", fontsize=9.5)
+        ax.set_ylim(0.0, E + 0.3)
+        ax.set_yticks(range(E + 1))
+        ax.set_xlabel("time (s)")
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7.5, frameon=False)
+    axes[0].set_ylabel(f"instances in the short group (of {E})")
+    fig.suptitle(f"LAPS's dynamic allocation through a load step {float(a['rate']):g} $\\to$ "
+                 f"{float(a['rate_high']):g} $\\to$ {float(a['rate']):g} requests/s (shaded: the high load) on "
+                 f"{E} prefill instances\nmean over {int(a['reps'])} replications (their range shaded); a group "
+                 f"gains an instance when its pending requests exceed {float(a['ratio']):g} $\\times$ the other's; "
+                 f"short at most {int(a['laps_threshold'])} prompt tokens", fontsize=9.5)
     return fig
 
 

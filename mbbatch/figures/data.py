@@ -103,15 +103,21 @@ def per_rep(ds, var, x, **sel) -> np.ndarray:
     return values
 
 
-def controller_series(ds, var, ctl) -> np.ndarray:
-    """(reps, time) array of a time series for one controller; NaN where not done."""
-    da = ds[var].sel(controller=ctl)
-    for d in [d for d in da.dims if d not in ("rep", "time")]:
-        da = da.isel({d: 0})
+def time_series(ds, var, **sel) -> np.ndarray:
+    """(reps, time) array of a load-step time series at the grid point
+    ``sel`` (the first value of any other axis); NaN where not done."""
+    da = ds[var].sel(**sel)
+    rest = {d: 0 for d in da.dims if d not in ("rep", "time")}
+    da = da.isel(rest)
     values = np.asarray(da.transpose("rep", "time").values, dtype=float)
-    if "done" in ds and not bool(np.asarray(ds["done"].sel(controller=ctl).values).all()):
+    if "done" in ds and not bool(np.asarray(ds["done"].sel(**sel).isel(rest).values).all()):
         values = np.full_like(values, np.nan)
     return values
+
+
+def controller_series(ds, var, ctl) -> np.ndarray:
+    """(reps, time) array of a time series for one controller; NaN where not done."""
+    return time_series(ds, var, controller=ctl)
 
 
 def _first_finite(values, default=np.nan) -> float:

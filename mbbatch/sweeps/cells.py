@@ -28,6 +28,7 @@ from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
 from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from ..workload import Workload
+from .schema import TIME_POINTS, rep_vars, time_series, variables
 from .spec import WORKLOAD_PARAMS, SpecError
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
@@ -240,9 +241,8 @@ def check_points(spec) -> None:
     the store's template bounded in memory.  Raises :class:`SpecError` naming
     the spec file, the grid point and the parameter."""
     from .._running import check_memory
-    from .schema import TIME_POINTS, TIME_SERIES, rep_vars, variables
 
-    per_rep = len(rep_vars(spec)) + (len(TIME_SERIES) * TIME_POINTS if spec.arrivals == "step" else 0)
+    per_rep = len(rep_vars(spec)) + (len(time_series(spec.kinds)) * TIME_POINTS if spec.arrivals == "step" else 0)
     per_point = len(variables(spec)) - len(rep_vars(spec))
     try:
         check_memory({"reps": (spec.n_points * (8 * spec.reps * per_rep + 8 * per_point),
@@ -273,7 +273,7 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     metrics = [m for m in METRICS.values() if m.per_rep and kind in m.kinds]
     out = {m.var: np.empty(reps, dtype=m.dtype) for m in metrics}
     if time_grid is not None:
-        for var in ("ts_b_target", "ts_b_low", "ts_b_high", "ts_tau_avg", "ts_queue"):
+        for var in time_series({kind}):
             out[var] = np.full((reps, time_grid.size), np.nan)
     run = plan(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)   # checked once, run per rep
     words = _words(params)
@@ -343,11 +343,17 @@ def check_capacity_point(arrivals: str, service: str, params: dict, capacity: di
 
 def _sample_time_series(ts, time_grid, out: dict, rep: int) -> None:
     """The value in force at each grid time: that of the last sampled batch
-    start before it (``ts``: a result's time-series columns)."""
-    if not ts["time"].size:
+    start (or, for LAPS, the last change of its groups) at or before it
+    (``ts``: a result's time-series columns); NaN before the first, and
+    throughout where the run has no series (LAPS without its groups)."""
+    if ts is None or not ts["time"].size:
         return
     at = np.searchsorted(ts["time"], time_grid, side="right") - 1
     ok = at >= 0
+    if "short_instances" in ts:
+        for var, col in (("ts_short_instances", "short_instances"), ("ts_long_instances", "long_instances")):
+            out[var][rep, ok] = ts[col][at[ok]]
+        return
     for var, col in (("ts_b_target", "b_target"), ("ts_b_low", "b_low"), ("ts_b_high", "b_high"),
                      ("ts_tau_avg", "tau_avg")):
         out[var][rep, ok] = ts[col][at[ok]]

@@ -33,8 +33,8 @@ from ..results import UnstableWarning
 from . import store
 from .cells import SEED_SCHEME, check_points, point_theory, run_capacity_point, run_point, trace_of
 from .executors import Executor, warm_worker, whole
-from .schema import (CAPACITY, CAPACITY_THEORY, FILL, TIME_SERIES, aggregates, coord_values, rep_vars, spec_attrs, template, time_grid,
-                     variables)
+from .schema import (CAPACITY, CAPACITY_THEORY, FILL, aggregates, coord_values, rep_vars, spec_attrs, template, time_grid,
+                     time_series, variables)
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 from .store import StoreNote, SweepError
 
@@ -96,9 +96,10 @@ def _encoding(spec: SweepSpec, ds) -> dict:
     all the reps (and times) of its points."""
     grid = store.grid_chunks(spec.shape)
     per_rep = rep_vars(spec)
+    series = time_series(spec.kinds)
     encoding = {}
     for var in ds.data_vars:
-        if var in TIME_SERIES:
+        if var in series:
             chunks = grid + (spec.reps, ds.sizes["time"])
         else:
             chunks = grid + ((spec.reps,) if var in per_rep else ())
@@ -111,7 +112,7 @@ def _layout(spec: SweepSpec) -> tuple[list, dict]:
     names = list(variables(spec))
     grid = time_grid(spec)
     if grid is not None:
-        names += list(TIME_SERIES)
+        names += list(time_series(spec.kinds))
     coords = {nm: coord_values(nm, vals) for nm, vals in spec.axes.items()}
     if spec.capacity is None:
         coords["rep"] = np.arange(spec.reps)
@@ -194,7 +195,7 @@ def _point_data(spec: SweepSpec, sim: dict, theory: dict) -> dict:
         return data
     for var in rep_vars(spec):
         data[var] = sim[var] if var in sim else np.full(spec.reps, FILL[kinds[var][1]], dtype=kinds[var][1])
-    for var in TIME_SERIES:
+    for var in time_series(spec.kinds):
         if var in sim:
             data[var] = sim[var]
     for src, (mean_v, lo_v, hi_v) in aggregates(spec).items():

@@ -21,7 +21,7 @@ from ..metrics import METRICS
 from .spec import SPEC_PARAMS, SweepSpec, _values
 
 __all__ = ["CAPACITY", "CAPACITY_THEORY", "variables", "rep_vars", "aggregates", "time_grid", "template", "coord_values", "THEORY",
-           "TIME_SERIES", "TIME_POINTS", "FILL", "spec_attrs"]
+           "TIME_SERIES", "LAPS_TIME_SERIES", "time_series", "TIME_POINTS", "FILL", "spec_attrs"]
 
 #: the closed forms of the multi-bin paper: name -> (units, description)
 THEORY = {
@@ -37,13 +37,18 @@ THEORY = {
     "theory_latency": ("s", "Lemma 5.1 eq. (7): E[t_service] + (B-1) k / (2 rate); exact with infinitely many "
                             "servers, a lower bound otherwise; NaN when saturated"),
 }
-#: time series of the load-step experiments: name -> (units, description)
+#: time series of the token-level policies' load-step experiments: name -> (units, description)
 TIME_SERIES = {
     "ts_b_target": ("requests", "b_target at the last batch start before each time"),
     "ts_b_low": ("requests", "the controller's b_low"),
     "ts_b_high": ("requests", "the controller's b_high"),
     "ts_tau_avg": ("s/token", "the controller's EMA of the decode time per token"),
     "ts_queue": ("requests", "requests waiting, all bins"),
+}
+#: time series of LAPS's load-step experiments: its router's dynamic allocation
+LAPS_TIME_SERIES = {
+    "ts_short_instances": ("instances", "prefill instances in LAPS's short group (the router's dynamic allocation)"),
+    "ts_long_instances": ("instances", "prefill instances in LAPS's long group"),
 }
 #: samples of the load-step time series over [0, 2 t_down - t_up]
 TIME_POINTS = 241
@@ -117,6 +122,12 @@ def aggregates(spec: SweepSpec) -> dict:
     return out
 
 
+def time_series(kinds) -> dict:
+    """The time series a load-step store holds for policies of ``kinds``
+    (LAPS runs alone in a spec): name -> (units, description)."""
+    return LAPS_TIME_SERIES if "laps" in kinds else TIME_SERIES
+
+
 def time_grid(spec: SweepSpec):
     """Times (s) the load-step time series are sampled at, or None."""
     if spec.arrivals != "step":
@@ -173,7 +184,7 @@ def template(spec: SweepSpec, attrs: dict):
     if grid is not None:
         coords["time"] = (("time",), grid, {"units": "s", "long_name": "time",
                                             "description": "time since the first arrival's clock start"})
-        for name, (units, desc) in TIME_SERIES.items():
+        for name, (units, desc) in time_series(spec.kinds).items():
             data[name] = (dims + ["rep", "time"], np.full(shape + (spec.reps, grid.size), np.nan),
                           {"units": units, "long_name": name.replace("_", " "), "description": desc})
     return xr.Dataset(data, coords=coords, attrs=attrs)
