@@ -594,3 +594,105 @@ def test_a_laps_load_step_stores_its_groups_over_time(tmp_path):
             assert np.all((got == 3) | np.isnan(got)) and np.isnan(got[0]) and not np.isnan(got[-1])
             moved += res.group_moves
     assert moved > 0            # the dynamic variant moved instances: the series is not constant
+
+
+# --- a trace's sessions as a cluster's programs ---------------------------------------------
+
+SESSIONS_SPEC = """
+name = "sess"
+arrivals = "trace"
+service_model = "decode"
+reps = 1
+seed = 6
+
+[workload]
+trace = "burst.csv"
+format = "burstgpt"
+
+[params]
+d_sla = 0.0075
+b_max = 32
+eta = 180000.0
+prefill_per_token = 0.0001
+engines = 3
+route_threshold = 400
+n = {n}
+{extra}
+
+[policies.autellix]
+kind = "cluster"
+router = "autellix"
+[policies.least_used]
+kind = "cluster"
+router = "least_used"
+
+[grid]
+policy = ["autellix", "least_used"]
+{grid}
+"""
+
+
+def _burst_sessions(tmp_path, rows=240):
+    """A BurstGPT file of ``rows`` calls: 30 sessions whose prompts grow by
+    the previous call's prompt and output (a stateless API's calls), every
+    fifth call without a session."""
+    rng = np.random.default_rng(3)
+    lines = ["Timestamp,Session ID,Elapsed time,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    context = {}
+    for i in range(rows):
+        sid = "" if i % 5 == 0 else f"s{rng.integers(30)}"
+        new, out = int(rng.integers(20, 400)), int(rng.integers(1, 120))
+        prompt = context.get(sid, 0) + new if sid else new
+        if sid:
+            context[sid] = prompt + out
+        lines.append(f"{0.05 * i:.2f},{sid},1.0,ChatGPT,{prompt},{out},{prompt + out},Conversation log")
+    p = tmp_path / "burst.csv"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("context", ["included", "added"])
+def test_a_cluster_sweep_takes_a_traces_sessions_as_its_programs(tmp_path, context):
+    """programs = "sessions": each cell is mb.simulate of the cluster with
+    Sessions(trace, context) on the replayed trace, bit for bit; n beyond
+    the trace tiles it (new sessions per copy)."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    path = _burst_sessions(tmp_path)
+    extra = 'programs = "sessions"' + ('' if context == "included" else '\nsession_context = "added"')
+    p = write(tmp_path, SESSIONS_SPEC.format(n=300, extra=extra, grid="kv_reuse = [true, false]"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # (n beyond the trace: tiled, and said so)
+        ds = run_sweep(p, tmp_path / "s.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    trace = mb.traces.load_burstgpt(path)
+    recomputed = {}
+    for idx, params in spec.points():
+        pol = mb.Cluster(mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0075, b_max=32),
+                                            memory=mb.Memory(m_max_gb=180001.0, m_model_gb=1.0,
+                                                             kv_mem_per_token_gb=1.0)),
+                         engines=3, router=params["router"], threshold=400, kv_reuse=params["kv_reuse"],
+                         programs=mb.Sessions(trace, context=context))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = mb.simulate(pol, arrivals=mb.Replay(trace), workload=mb.Workload.from_trace(trace),
+                              service_model=mb.DecodeModel(prefill_per_token=0.0001), n=300,
+                              seed=cell_seed(spec.seed, params, 0))
+        cell = ds.isel(policy=idx[0], kv_reuse=idx[1], rep=0)
+        assert float(cell["sim_ttft_p99"]) == res.ttft_p99
+        assert float(cell["sim_kv_recomputed_tokens"]) == res.kv_recomputed_tokens
+        assert float(cell["sim_locality_hit_rate"]) == res.locality_hit_rate
+        recomputed[(params["router"], params["kv_reuse"])] = res.kv_recomputed_tokens
+    # the program table pays: Autellix with KV reuse recomputes least
+    assert recomputed[("autellix", True)] < recomputed[("least_used", True)]
+
+
+def test_sessions_in_a_spec_need_a_replayed_burstgpt_trace(tmp_path):
+    _burst_sessions(tmp_path)
+    text = SESSIONS_SPEC.format(n=100, extra='programs = "sessions"', grid="")
+    with pytest.raises(SpecError, match=r'programs = "sessions" takes the sessions of a BurstGPT trace'):
+        load_spec(write(tmp_path, text.replace('format = "burstgpt"', 'format = "burstgpt"\nresample = true')))
+    with pytest.raises(SpecError, match=r"calls shapes synthetic programs; programs = \['sessions'\] has none"):
+        load_spec(write(tmp_path, text.replace("n = 100", "n = 100\ncalls = 3"), "b.toml"))
+    with pytest.raises(SpecError, match=r'session_context applies to programs = "sessions" only'):
+        load_spec(write(tmp_path, text.replace('programs = "sessions"', 'session_context = "added"'), "c.toml"))

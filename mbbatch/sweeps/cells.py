@@ -22,7 +22,8 @@ from .. import theory
 from .._running import interruptible, stop_flag
 from ..arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from ..metrics import METRICS
-from ..policies import LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, Programs, StaticBatching
+from ..policies import (LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, Programs, Sessions,
+                        StaticBatching)
 from ..predictors import BinConfusion, LogNormalError
 from ..simulation import check_simulation, plan
 from ..controller import Memory, SLAController
@@ -220,10 +221,15 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     if kind == "dynamic":
         return DynamicBatching(controller=ctl, memory=mem), arr, request_side
     if kind == "cluster":
+        if params["programs"] == "sessions":
+            programs = Sessions(trace, context=params["session_context"])
+        elif params["programs"] == "synthetic":
+            programs = Programs(calls=params["calls"], think_time=params["think_time"])
+        else:
+            programs = None
         return (Cluster(DynamicBatching(controller=ctl, memory=mem), engines=params["engines"],
                         router=params["router"], threshold=params["route_threshold"], kv_reuse=params["kv_reuse"],
-                        programs=Programs(calls=params["calls"], think_time=params["think_time"])), arr,
-                request_side)
+                        programs=programs), arr, request_side)
     p = params.get("predictor_p", 1.0)
     if p < 1 and params.get("predictor_sigma", 0.0) > 0:
         raise ValueError(f"predictor_sigma = {params['predictor_sigma']:g} and predictor_p = {p:g}: set one "

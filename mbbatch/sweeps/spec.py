@@ -223,8 +223,10 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("router", _CL, required=False, key="Cluster.router"),
     _sp("route_threshold", _CL, required=False, key="Cluster.threshold"),
     _sp("kv_reuse", _CL, required=False, key="Cluster.kv_reuse"),
+    _sp("programs", _CL, required=False),
     _sp("calls", _CL, required=False, key="Programs.calls"),
     _sp("think_time", _CL, required=False, key="Programs.think_time"),
+    _sp("session_context", _CL, required=False, key="Sessions.context"),
     _sp("n"),
     _sp("servers", _SINGLE, required=False),
     # a capacity search's objective: upper bounds on metrics of the policies they apply to
@@ -753,6 +755,19 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
         up, down = _values(spec, "t_up"), _values(spec, "t_down")
         if up and down and max(up) >= min(down):
             raise SpecError(f"{source}: t_down must be after t_up at every grid point")
+    programs = set(_values(spec, "programs"))
+    if "sessions" in programs:
+        if spec.trace is None or spec.trace["format"] != "burstgpt" or spec.trace["resample"]:
+            raise SpecError(f"{source}: programs = \"sessions\" takes the sessions of a BurstGPT trace, its "
+                            "requests replayed in order: a [workload] table with format = \"burstgpt\" and "
+                            "resample = false")
+    if programs and "synthetic" not in programs:
+        for key in ("calls", "think_time"):
+            if _values(spec, key):
+                raise SpecError(f"{source}: {key} shapes synthetic programs; programs = "
+                                f"{sorted(programs)} has none")
+    if _values(spec, "session_context") and "sessions" not in programs:
+        raise SpecError(f"{source}: session_context applies to programs = \"sessions\" only")
     lo, hi = _values(spec, "b_min"), _values(spec, "b_max")
     if lo and hi and max(lo) > min(hi):
         raise SpecError(f"{source}: b_min must be at most b_max at every grid point")
