@@ -264,6 +264,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default=True),
     _p("LAPS.dynamic", "flag", "", "the router's dynamic allocation of instances to a short and a long group",
        default=True),
+    _p("decode", "choice", "", "a sweep's LAPS decode stage: the token-level policy its decode servers run "
+       "(none: latency is the time to first token)", default="none",
+       choices=("none", "static", "dynamic", "multibin_dynamic")),
     _p("LAPS.decode_servers", "count", "servers", "decode servers behind the prefill instances (with a decode "
        "policy): each serves the decode policy's batches", _COUNT, default=1),
     # --- a cluster of engines behind a router (Autellix, seed 002) -------------------------

@@ -696,3 +696,57 @@ def test_sessions_in_a_spec_need_a_replayed_burstgpt_trace(tmp_path):
         load_spec(write(tmp_path, text.replace("n = 100", "n = 100\ncalls = 3"), "b.toml"))
     with pytest.raises(SpecError, match=r'session_context applies to programs = "sessions" only'):
         load_spec(write(tmp_path, text.replace('programs = "sessions"', 'session_context = "added"'), "c.toml"))
+
+
+# --- LAPS's decode stage in a spec -----------------------------------------------------------
+
+def test_a_laps_sweep_runs_a_decode_stage_of_each_token_policy(tmp_path):
+    """decode = "static" | "dynamic" | "multibin_dynamic" with its decode_*
+    settings: each cell equals mb.simulate of LAPS with that decode stage, bit
+    for bit (latency end to end, TTFT the prefill's); decode = "none" keeps
+    latency at the first token."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    text = (LAPS_SPEC.replace("n = 3000", "n = 2000\ndecode_servers = 2\ndecode_eta = 60000.0\n"
+                                          "decode_batch_size = 16\ndecode_bins = 2\ndecode_b_max = 64")
+            .replace('[policies.fifo]\nkind = "laps"\ndual_queue = false\ndynamic = false\n', "")
+            .replace('policy = ["fifo", "laps"]', 'policy = ["laps"]\ndecode = ["none", "static", "dynamic", '
+                                                  '"multibin_dynamic"]')
+            .replace("rate = [20.0, 60.0]", "rate = [40.0]"))
+    p = write(tmp_path, text)
+    ds = run_sweep(p, tmp_path / "d.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=200.0), output=st.lognorm(0.8, scale=64.0))
+    mem = dict(m_max_gb=60001.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+    ctl = mb.SLAController(b_max=64)
+    stages = {"none": None, "static": mb.StaticBatching(16, memory=mb.Memory(enabled=False, **mem)),
+              "dynamic": mb.DynamicBatching(controller=ctl, memory=mb.Memory(**mem)),
+              "multibin_dynamic": mb.MultiBinDynamic(bins=2, controller=ctl, memory=mb.Memory(**mem))}
+    for idx, params in spec.points():
+        decode = stages[params["decode"]]
+        pol = mb.LAPS(instances=3, decode=decode, decode_servers=2)
+        for rep in range(spec.reps):
+            res = mb.simulate(pol, arrivals=mb.Poisson(40.0), workload=wl, n=2000,
+                              seed=cell_seed(spec.seed, params, rep))
+            cell = ds.sel(policy="laps", decode=params["decode"], rate=40.0).isel(rep=rep)
+            assert float(cell["sim_mean_latency"]) == res.mean_latency
+            assert float(cell["sim_latency_p99"]) == res.latency_p99
+            assert float(cell["sim_ttft_short_p99"]) == res.ttft_short_p99
+            if decode is None:
+                assert res.mean_latency == res.mean_ttft
+            else:
+                assert res.mean_latency > res.mean_ttft and res.decode.kind == params["decode"]
+    # the prefill is the same whatever follows it
+    ttft = ds["sim_ttft_short_p99"].sel(policy="laps", rate=40.0)
+    assert (ttft == ttft.sel(decode="none")).all()
+
+
+def test_a_laps_decode_stage_is_checked_before_the_sweep(tmp_path):
+    with pytest.raises(SpecError, match=r'decode_eta sets LAPS.s decode stage; set decode = "static"'):
+        load_spec(write(tmp_path, LAPS_SPEC.replace("n = 3000", "n = 3000\ndecode_eta = 1000.0")))
+    with pytest.raises(SpecError, match=r'decode = "dynamic" needs decode_eta'):
+        run_sweep(write(tmp_path, LAPS_SPEC.replace("n = 3000", 'n = 3000\ndecode = "dynamic"'), "b.toml"),
+                  tmp_path / "b.zarr", workers=1, progress=False)
+    assert not (tmp_path / "b.zarr").exists()
+    with pytest.raises(SpecError, match=r"decode must be one of"):
+        load_spec(write(tmp_path, LAPS_SPEC.replace("n = 3000", 'n = 3000\ndecode = "fifo"'), "c.toml"))

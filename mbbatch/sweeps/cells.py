@@ -175,6 +175,31 @@ def service_model(name: str, params: dict):
                            feedback=params["feedback"])
 
 
+def _decode_stage(params: dict) -> dict:
+    """LAPS's decode-stage arguments of a cell (none without ``decode``): the
+    token-level policy its ``decode_*`` settings make (eta tokens of KV
+    capacity, one GB a token as for the token policies' cells) and its
+    DecodeModel (no prefill: the KV cache comes with the request)."""
+    kind = params["decode"]
+    if kind == "none":
+        return {}
+    eta = params["decode_eta"]
+    if eta is None and kind != "static":
+        raise ValueError(f"decode = \"{kind}\" needs decode_eta (the decode servers' KV-cache tokens)")
+    if kind == "static" and params["decode_batch_size"] is None:
+        raise ValueError("decode = \"static\" needs decode_batch_size (requests per decode batch)")
+    mem_kw = {} if eta is None else dict(m_max_gb=eta + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+    if kind == "static":
+        policy = StaticBatching(params["decode_batch_size"], sla=SLAController(d_sla=params["decode_d_sla"]),
+                                memory=Memory(enabled=False, **mem_kw))
+    else:
+        ctl = SLAController(d_sla=params["decode_d_sla"], b_max=params["decode_b_max"])
+        policy = (DynamicBatching(controller=ctl, memory=Memory(**mem_kw)) if kind == "dynamic" else
+                  MultiBinDynamic(bins=params["decode_bins"], controller=ctl, memory=Memory(**mem_kw)))
+    model = DecodeModel(beta=params["decode_model_beta"], gamma=params["decode_model_gamma"], prefill_per_token=0.0)
+    return {"decode": policy, "decode_servers": params["decode_servers"], "decode_model": model}
+
+
 def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     """The :func:`~mbbatch.simulate` arguments of one grid point: the policy,
     the arrival process and the keyword arguments of the request side.
@@ -206,7 +231,7 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
         pol = LAPS(instances=params["instances"], threshold=params["laps_threshold"], window=params["window"],
                    max_batch=params["max_batch"], max_batch_tokens=params["max_batch_tokens"],
                    dual_queue=params["dual_queue"], dynamic=params["dynamic"], interval=params["interval"],
-                   ratio=params["ratio"], long_instances=params["long_instances"])
+                   ratio=params["ratio"], long_instances=params["long_instances"], **_decode_stage(params))
         return pol, arr, request_side
     # eta tokens of capacity: 1 GB per token keeps the units plain
     mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)

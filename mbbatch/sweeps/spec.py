@@ -71,6 +71,7 @@ from .._validation import check
 from ..capacity import OBJECTIVE_METRICS
 from ..metrics import CONTROLLED, KINDS, METRICS, TOKEN
 from ..params import PARAMS as TABLE
+from ..params import REQUIRED
 
 __all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
            "parse_spec", "spec_from_dict"]
@@ -123,7 +124,10 @@ class SpecParam:
 
     @property
     def default(self):
-        return self.table.default
+        # an optional key whose table entry has no default (decode_eta, say):
+        # unset, None, unless given
+        d = self.table.default
+        return None if d is REQUIRED and not self.required else d
 
     def applies(self, kind: str, arrivals: str, workload: str, model: str, capacity: bool) -> bool:
         return (kind in self.kinds and (not self.arrivals or arrivals in self.arrivals)
@@ -134,7 +138,7 @@ class SpecParam:
         """Validate one value; return it normalized (int, float or str)."""
         if self.table.kind == "servers" and value == "inf":
             return math.inf
-        if value is None and self.table.default is None:
+        if value is None and self.default is None:
             return None                     # (unset: the default that None stands for)
         try:
             return check(self.key or self.name, value, self.name)
@@ -216,6 +220,17 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("interval", _LAPS, required=False, key="LAPS.interval"),
     _sp("ratio", _LAPS, required=False, key="LAPS.ratio"),
     _sp("long_instances", _LAPS, required=False, key="LAPS.long_instances"),
+    # LAPS's decode stage: its policy and servers, the policy's settings (the
+    # token policies' table entries) and its DecodeModel's
+    _sp("decode", _LAPS, required=False),
+    _sp("decode_servers", _LAPS, required=False, key="LAPS.decode_servers"),
+    _sp("decode_batch_size", _LAPS, required=False, key="batch_size"),
+    _sp("decode_bins", _LAPS, required=False, key="MultiBinDynamic.bins"),
+    _sp("decode_d_sla", _LAPS, required=False, key="d_sla"),
+    _sp("decode_b_max", _LAPS, required=False, key="b_max"),
+    _sp("decode_eta", _LAPS, required=False, key="eta"),
+    _sp("decode_model_beta", _LAPS, required=False, key="DecodeModel.beta"),
+    _sp("decode_model_gamma", _LAPS, required=False, key="gamma"),
     _sp("prefill_a", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.a"),
     _sp("prefill_b", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.b"),
     # a cluster of engines behind a router, and its programs (multi-call sessions)
@@ -232,6 +247,10 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     # a capacity search's objective: upper bounds on metrics of the policies they apply to
     *[_sp(f"objective_{m}", METRICS[m].kinds, required=False, capacity_only=True) for m in OBJECTIVE_METRICS],
 ]}
+
+#: the settings of LAPS's decode stage (its policy named by ``decode``)
+_DECODE_SETTINGS = ("decode_servers", "decode_batch_size", "decode_bins", "decode_d_sla", "decode_b_max",
+                    "decode_eta", "decode_model_beta", "decode_model_gamma")
 
 #: Parameters that shape the workload (the requests), as opposed to the
 #: policy serving them.  Only these enter a cell's seed, so cells that differ
@@ -766,6 +785,12 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
             if _values(spec, key):
                 raise SpecError(f"{source}: {key} shapes synthetic programs; programs = "
                                 f"{sorted(programs)} has none")
+    decode = set(_values(spec, "decode"))
+    if not decode - {"none"}:
+        for key in _DECODE_SETTINGS:
+            if _values(spec, key):
+                raise SpecError(f"{source}: {key} sets LAPS's decode stage; set decode = \"static\", "
+                                "\"dynamic\" or \"multibin_dynamic\" for one")
     if _values(spec, "session_context") and "sessions" not in programs:
         raise SpecError(f"{source}: session_context applies to programs = \"sessions\" only")
     lo, hi = _values(spec, "b_min"), _values(spec, "b_max")
