@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -426,11 +427,36 @@ class Sessions:
                 "context": self.context}
 
 
-_ENGINE_POLICIES = (StaticBatching, DynamicBatching)
+_ENGINE_POLICIES = (MultiBin, StaticBatching, DynamicBatching)
+
+
+@dataclass(frozen=True, eq=False)
+class MultiBinEngine(StaticBatching):
+    """A :class:`MultiBin` policy as a cluster's engine runs it, in the event
+    kernel: requests join ``bins`` FIFOs by their predicted output length
+    (tokens), a batch is exactly ``batch_size`` requests of one bin and leaves
+    only when full, and a free server takes the batch that formed first (the
+    paper's central FIFO of formed batches).  Made by :class:`Cluster` from
+    its ``MultiBin``; ``edges`` in tokens, or None (equal mass on the
+    workload's output lengths)."""
+
+    bins: int = 1
+    edges: Optional[np.ndarray] = None
+    predictor: object = None
+
+    @classmethod
+    def of(cls, policy: MultiBin) -> "MultiBinEngine":
+        if policy.max_wait != math.inf:
+            raise ValueError(f"a Cluster's MultiBin engines release full batches only: max_wait must be inf; "
+                             f"got {policy.max_wait:g}")
+        return cls(policy.batch_size, bins=policy.bins, edges=policy.edges, predictor=policy.predictor)
 
 
 def token_kind(policy) -> str:
-    """The kind of a token-level policy: ``static``, ``dynamic`` or ``multibin_dynamic``."""
+    """The kind of a token-level policy: ``static``, ``dynamic`` or
+    ``multibin_dynamic`` (``multibin`` for a cluster's MultiBin engines)."""
+    if isinstance(policy, (MultiBin, MultiBinEngine)):
+        return "multibin"
     if isinstance(policy, StaticBatching):
         return "static"
     return "multibin_dynamic" if isinstance(policy, MultiBinDynamic) else "dynamic"
@@ -440,9 +466,14 @@ def token_kind(policy) -> str:
 class Cluster:
     """A cluster of ``engines`` engines behind a router (Autellix, seed 002).
 
-    Each engine runs ``policy`` (:class:`StaticBatching`,
+    Each engine runs ``policy`` (:class:`MultiBin`, :class:`StaticBatching`,
     :class:`DynamicBatching` or :class:`MultiBinDynamic`) on queues of its
-    own with ``servers`` servers (``simulate(..., servers=)``, per engine);
+    own with ``servers`` servers (``simulate(..., servers=)``, per engine).
+    A MultiBin engine bins requests by their predicted output length in
+    tokens (its ``edges`` in tokens, else equal mass on the workload's output
+    lengths), serves full batches of ``batch_size`` only (``max_wait`` inf),
+    the first formed first, and its batch time is the service model's
+    (``MaxModel`` for the paper's max of members);
     the router sends each request to one engine when it arrives:
 
     - ``"autellix"``: Algorithm 2 (:class:`mbbatch.routing.LoadBalancer`): a
@@ -481,8 +512,10 @@ class Cluster:
         if self.policy is None:
             object.__setattr__(self, "policy", DynamicBatching())
         if not isinstance(self.policy, _ENGINE_POLICIES):
-            raise TypeError(f"policy must be StaticBatching, DynamicBatching or MultiBinDynamic (each engine's "
-                            f"batching); got {type(self.policy).__name__}")
+            raise TypeError(f"policy must be MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic (each "
+                            f"engine's batching); got {type(self.policy).__name__}")
+        if isinstance(self.policy, MultiBin):
+            MultiBinEngine.of(self.policy)          # (checked now: full batches only)
         check_fields(self, {"engines": "Cluster.engines", "router": "Cluster.router",
                             "threshold": "Cluster.threshold", "kv_reuse": "Cluster.kv_reuse"})
         if self.programs is not None:

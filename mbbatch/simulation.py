@@ -35,8 +35,8 @@ from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STR
 from ._validation import check_servers, resolve_n
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .lengths import RVS, as_service
-from .policies import (LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, Programs, Sessions, StaticBatching,
-                       token_kind)
+from .policies import (LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, MultiBinEngine, Programs, Sessions,
+                       StaticBatching, token_kind)
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .results import SimulationResult, Table, UnstableWarning
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
@@ -542,9 +542,9 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     if service_model is None:
         service_model = DecodeModel()
     _check_arrivals(arrivals)
-    predictor = policy.predictor if isinstance(policy, MultiBinDynamic) else Oracle()
+    predictor = policy.predictor if isinstance(policy, (MultiBinDynamic, MultiBinEngine)) else Oracle()
     if not isinstance(predictor, Oracle) and workload.predictor_sigma != 0:
-        raise ValueError("MultiBinDynamic takes one predictor: workload.predictor_sigma (a LogNormalError) or "
+        raise ValueError(f"{'MultiBin' if isinstance(policy, MultiBinEngine) else 'MultiBinDynamic'} takes one predictor: workload.predictor_sigma (a LogNormalError) or "
                          f"MultiBinDynamic(predictor=...), not both; got predictor_sigma = "
                          f"{workload.predictor_sigma:g} and {predictor}")
     if workload.predictor_sigma != 0:
@@ -555,7 +555,7 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     if servers == math.inf:
         raise ValueError("servers must be finite for the token-level policies; got inf")
     static = isinstance(policy, StaticBatching)
-    K = policy.bins if isinstance(policy, MultiBinDynamic) else 1
+    K = policy.bins if isinstance(policy, (MultiBinDynamic, MultiBinEngine)) else 1
     b_max = policy.batch_size if static else policy.controller.b_max
     warm = policy.warmup if isinstance(policy, MultiBinDynamic) else 1
     c = min(servers, n)
@@ -589,6 +589,7 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
     policy, arrivals, workload, model, n = plan.policy, plan.arrivals, plan.workload, plan.model, plan.n
     static = isinstance(policy, StaticBatching)
     multibin = isinstance(policy, MultiBinDynamic)
+    engine = isinstance(policy, MultiBinEngine)      # (a cluster's MultiBin engines: static, in bins)
     sla, mem = (policy.sla if static else policy.controller), policy.memory
     b_max = policy.batch_size if static else sla.b_max
     akind, rate, times, aparams, aends = _arrival_fields(arrivals, n)
@@ -619,8 +620,9 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
                         if isinstance(plan.predictor, BinConfusion) else 1.0, keep_requests=plan.keep_requests,
                         keep_batches=plan.keep_batches),
         policy=_d.POLICY.pack(
-            policy=_d.POL_STATIC if static else _d.POL_MB_DYNAMIC if multibin else _d.POL_DYNAMIC,
-            bins=policy.bins if multibin else 1, pin=b_max if static else (policy.pin or 0),
+            policy=(_d.POL_MULTIBIN if engine else _d.POL_STATIC if static else _d.POL_MB_DYNAMIC if multibin
+                    else _d.POL_DYNAMIC),
+            bins=policy.bins if multibin or engine else 1, pin=b_max if static else (policy.pin or 0),
             max_candidates=b_max if static else (policy.max_candidates or sla.b_max),
             selection=(_d.SEL_LONGEST_QUEUE if multibin and policy.selection == "longest_queue"
                        else _d.SEL_ROUND_ROBIN),
@@ -641,7 +643,7 @@ def _pack_tokens(plan: _TokenPlan) -> tuple:
         arrival_times=times, arrival_params=aparams, arrival_ends=aends,
         prompt_params=workload._prompt.params, prompt_values=workload._prompt.values,
         output_params=workload._output.params, output_values=workload._output.values,
-        bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin else 1),
+        bin_b_max=policy.bin_b_max if limits else np.zeros(policy.bins if multibin or engine else 1),
         predictions=plan.predictor.values if isinstance(plan.predictor, Predictions) else np.empty(0))
     return config, inputs
 
@@ -656,12 +658,13 @@ def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workloa
     if isinstance(cluster.programs, Programs) and not isinstance(arrivals, (Poisson, Saturated)):
         raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
                         f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
-    plan = _plan_tokens(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+    engine = MultiBinEngine.of(cluster.policy) if isinstance(cluster.policy, MultiBin) else cluster.policy
+    plan = _plan_tokens(engine, arrivals, service, n, servers, keep_requests, workload, service_model,
                         keep_batches)
     if isinstance(cluster.programs, Sessions):
         _check_sessions(cluster.programs, plan.workload)
     E, n = cluster.engines, plan.n
-    K = cluster.policy.bins if isinstance(cluster.policy, MultiBinDynamic) else 1
+    K = engine.bins if isinstance(engine, (MultiBinDynamic, MultiBinEngine)) else 1
     slot = 8 * (_d.FIELDS.size + 1)
     parts = {"engines": ((E - 1) * (K * (slot * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size))
                                     + 80 * min(plan.servers, n)), "the other engines' queues and servers")}
@@ -856,11 +859,24 @@ def _preset_edges(plan, ss):
     """Multi-bin dynamic batching's edges set before the run, ``(lo, hi)``,
     or None (Algorithm 6 at the end of the warm-up)."""
     policy = plan.policy
+    if isinstance(policy, MultiBinEngine):
+        return _engine_edges(policy, plan.workload)
     if not isinstance(policy, MultiBinDynamic) or policy.bin_edges == "warmup":
         return None
     if policy.bin_edges == "presample":
         return _c.equal_mass_edges(_presample(plan, stream(ss, STREAM_PRESAMPLE)), policy.bins)
     return plan.optimal_edges
+
+
+def _engine_edges(policy: MultiBinEngine, workload) -> tuple:
+    """A MultiBin engine's bins, ``(lo, hi)`` in output tokens: its edges, or
+    equal mass on the workload's output lengths.  Bin i holds ``edges[i] <=
+    x < edges[i+1]``, as MultiBin's, and a prediction below ``edges[0]``
+    bin 0 (the kernel's fallback, the last bin, is never reached)."""
+    e = policy.edges if policy.edges is not None else workload._output.equal_mass_edges(policy.bins)
+    lo, hi = np.asarray(e[:-1], dtype=float).copy(), np.asarray(e[1:], dtype=float).copy()
+    lo[0], hi[-1] = -np.inf, np.inf
+    return lo, hi
 
 
 def _optimal_edges(policy, workload) -> tuple:
@@ -889,9 +905,9 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     kind = token_kind(policy)
     # (a cluster's engines each have `servers`)
     total_servers = servers * (cluster.engines if cluster is not None else 1)
-    ctl_cfg = policy.sla if kind == "static" else policy.controller
+    ctl_cfg = policy.sla if isinstance(policy, StaticBatching) else policy.controller
     mem = policy.memory
-    K = policy.bins if kind == "multibin_dynamic" else 1
+    K = policy.bins if kind in ("multibin_dynamic", "multibin") else 1
     config, inputs = plan.kernel_args
     streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
                                                           STREAM_PREDICTION)))

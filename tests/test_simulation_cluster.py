@@ -166,6 +166,62 @@ def test_threshold_boundary_2048_small_2049_large():
     assert res.large_share == 0.0
 
 
+# --- MultiBin engines ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arrivals", [mb.Poisson(0.04), mb.Saturated()], ids=["poisson", "saturated"])
+@pytest.mark.parametrize("servers", [1, 3])
+def test_one_multibin_engine_is_the_papers_model_bit_for_bit(arrivals, servers):
+    """E = 1 with MultiBin engines (the event kernel waiting for full
+    batches) equals MultiBin on its own kernel with the same lengths under
+    the max model: every request's arrival and completion bit for bit,
+    the requests of partial batches left unserved in both."""
+    wl = mb.Workload(prompt=stats.lognorm(1.0, scale=300), output=stats.lognorm(0.8, scale=64))
+    pol = mb.MultiBin(bins=3, batch_size=8, edges=[0.0, 40.5, 90.5, math.inf])
+    kw = dict(arrivals=arrivals, workload=wl, service_model=mb.MaxModel(base=0.0, per_token=1.0), n=3000, seed=3,
+              keep_requests=True, servers=servers)
+    one = mb.simulate(pol, **kw)
+    cl = mb.simulate(mb.Cluster(pol, engines=1, router="round_robin"), **kw)
+    a, c = one.requests, cl.requests
+    np.testing.assert_array_equal(a.arrival, c.arrival)
+    np.testing.assert_array_equal(a.service, c.output)        # (seconds = tokens here)
+    np.testing.assert_array_equal(a.completion, c.completion)  # NaN: left in a partial batch, in both
+    assert one.completed == cl.completed < 3000 and one.mean_latency == cl.mean_latency
+    assert cl.config["engine_policy"] == "multibin"
+
+
+def test_multibin_engines_serve_full_batches_first_formed_first():
+    """Autellix over MultiBin engines: every batch holds B requests of one
+    bin, starts no earlier than its B-th arrival and, on each engine, in
+    the order the batches formed; a request is served at most once, and at
+    most B - 1 per bin and engine are left."""
+    B, K, E = 8, 3, 3
+    cluster = mb.Cluster(mb.MultiBin(bins=K, batch_size=B), engines=E, router="autellix",
+                         programs=mb.Programs(calls=3, think_time=0.5))
+    res = _run(cluster, 30.0, 4000, 5, servers=2)
+    req, bat = res.requests, res.batches
+    assert (bat.size == B).all() and res.completed == B * res.n_batches
+    assert 4000 - res.completed <= E * K * (B - 1)
+    served = np.isfinite(req.completion)
+    ids, members = np.unique(req.batch[served], return_counts=True)
+    assert (members == B).all() and ids.size == res.n_batches
+    for e in range(E):
+        on = served & (req.engine == e)
+        formed, start, bins = {}, {}, {}
+        for b_id, t, s, b in zip(req.batch[on], req.arrival[on], req.start[on], req.bin[on]):
+            formed[b_id] = max(formed.get(b_id, -np.inf), t)
+            start[b_id] = s
+            bins.setdefault(b_id, set()).add(b)
+        order = sorted(formed, key=lambda k: (start[k], k))
+        assert all(len(bins[k]) == 1 for k in order)
+        f = np.array([formed[k] for k in order])
+        assert (np.array([start[k] for k in order]) >= f).all() and (np.diff(f) >= 0).all()
+
+
+def test_multibin_engines_release_full_batches_only():
+    with pytest.raises(ValueError, match="MultiBin engines release full batches only: max_wait must be inf"):
+        mb.Cluster(mb.MultiBin(bins=2, batch_size=4, max_wait=5.0))
+
+
 # --- invariants -------------------------------------------------------------------------------------
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -43,6 +43,7 @@ from .layout import Arrays, Layout
 POL_STATIC = 0
 POL_DYNAMIC = 1
 POL_MB_DYNAMIC = 2
+POL_MULTIBIN = 3    # the multi-bin paper's batching (a cluster's engines): full batches of B, first formed first
 SEL_ROUND_ROBIN = 0
 SEL_LONGEST_QUEUE = 1
 MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
@@ -514,6 +515,30 @@ def _select_bin(K, select, rr, size):
 
 
 @step
+def _full_bin(K, base, B, size, head, q, qidx, mask):
+    """Multi-bin batching (the paper's model) on the engine whose bins start
+    at ``base``: of the bins holding a full batch (``B`` requests), the one
+    whose batch formed first (its B-th request arrived first; ties, at one
+    instant, to the lower request index), as the paper's central FIFO of
+    formed batches serves them; -1 when no bin is full."""
+    best = -1
+    first = np.inf
+    first_i = 0
+    for lb in range(K):
+        b = base + lb
+        if size[b] < B:
+            continue
+        slot = np.uint64((head[b] + B - 1) & mask)
+        t = q[Q.arrival, np.uint64(b), slot]
+        idx = qidx[np.uint64(b), slot]
+        if best < 0 or t < first or (t == first and idx < first_i):
+            best = lb
+            first = t
+            first_i = idx
+    return best
+
+
+@step
 def _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memory, multiplicative, sla, ctl, st):
     """Algorithm 3, steps 1-2: the target size ``(b_target, b_mem, b_SLA)``
     of queue b's batch (-1: not computed; its engine's bin ``lb``), from
@@ -933,16 +958,25 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                             break
                     elif queued == 0:
                         break
-                    lb, rr_e = _select_bin(K, select, rr_e, sizes)
-                    b = base + lb
-                    target, bm, bs = _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memory,
-                                                  multiplicative, sla, ctl, st)
+                    if policy == POL_MULTIBIN:
+                        # a full batch, or none: requests wait for their bin to fill
+                        lb = _full_bin(K, base, pin, size, head, q, qidx, mask)
+                        if lb < 0:
+                            nb = 0
+                            break
+                        b = base + lb
+                        target, bm, bs = pin, -1, -1
+                    else:
+                        lb, rr_e = _select_bin(K, select, rr_e, sizes)
+                        b = base + lb
+                        target, bm, bs = _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant,
+                                                      memory, multiplicative, sla, ctl, st)
                     # step 2: candidates, the head of that bin only
                     nb = size[b] if size[b] < max_cand else max_cand
                     nb = nb if nb < target else target
                     h0 = head[b]
                     nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(
-                        q, b, h0, nb, mask, memory_on and policy != POL_STATIC, eta, kv)
+                        q, b, h0, nb, mask, memory_on and policy != POL_STATIC and policy != POL_MULTIBIN, eta, kv)
                     if nb == 0:
                         # the head request alone exceeds the capacity: it can never
                         # be served, so it leaves the queue as rejected
@@ -963,8 +997,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     rr = rr_e
                 if nb == 0:
                     if cl is not None:
-                        continue   # every request queued on this engine was rejected
-                    break   # every queued request was rejected
+                        continue   # every request queued on this engine was rejected (or no bin is full)
+                    break   # every queued request was rejected (or no bin is full)
                 # the batch: the first nb of bin b (unused candidates stay at the front)
                 service, tbt, tpot, ttft = _batch_service(model, base_time, per_token, alpha, beta,
                                                           prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prefill,
@@ -1087,9 +1121,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     eng[EN.active, e] -= nd
                 if eng[EN.registered, e] != 0:
                     eng[EN.free, e] += 1
-                if policy != POL_STATIC:
+                if policy == POL_DYNAMIC or policy == POL_MB_DYNAMIC:
                     _complete(s_next, eng[EN.decoding, e], ema, ctl, st, servers_i, servers_f)
-            elif policy != POL_STATIC:
+            elif policy == POL_DYNAMIC or policy == POL_MB_DYNAMIC:
                 _complete(s_next, in_service, ema, ctl, st, servers_i, servers_f)
             servers_i[SV.busy, s_next] = 0
             n_free += 1
