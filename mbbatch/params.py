@@ -282,6 +282,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("Programs.calls", "count", "calls", "calls of a program (a multi-call session)", _COUNT, default=4),
     _p("Programs.think_time", "real", "s", "mean think time between two calls of a program (exponential)",
        _NONNEG, default=1.0),
+    _p("Programs.closed", "flag", "", "a call arrives think_time after the one before it completes (closed "
+       "loop), else think_time after it arrived (open loop)", default=False),
     _p("programs", "choice", "", "a sweep's cluster programs: synthetic multi-call programs (calls, think_time), "
        "the trace's sessions (a BurstGPT [workload] trace with its Session ID column, replayed in order) or none "
        "(each request a one-call program of its own)", default="synthetic", choices=("synthetic", "sessions", "none")),

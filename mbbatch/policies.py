@@ -352,18 +352,26 @@ class Programs:
 
     In a :class:`Cluster`, programs start as a Poisson process at the
     arrival rate / ``calls`` (so the calls arrive at the arrival rate in the
-    long run), a call's new tokens are drawn from the workload's prompt
-    lengths and its output from its output lengths.  Think times are open
-    loop: a call's arrival does not wait for the one before to finish."""
+    long run, open loop), a call's new tokens are drawn from the workload's
+    prompt lengths and its output from its output lengths.  Think times are
+    open loop by default: a call arrives ``think_time`` after the one before
+    it arrived, whether that one finished or not.  ``closed=True`` makes them
+    closed loop, as an agent's calls are: a call arrives ``think_time`` after
+    the one before it completed (its whole output), so a slow cluster slows
+    its programs down; the run takes the first ``n`` calls to arrive (a call
+    whose predecessor is never served never arrives).  Closed loops take the
+    oracle, bin confusion or given predictions (not a log-normal error)."""
 
     calls: int = default("Programs.calls")
     think_time: float = default("Programs.think_time")
+    closed: bool = default("Programs.closed")
 
     def __post_init__(self):
-        check_fields(self, {"calls": "Programs.calls", "think_time": "Programs.think_time"})
+        check_fields(self, {"calls": "Programs.calls", "think_time": "Programs.think_time",
+                            "closed": "Programs.closed"})
 
     def describe(self) -> dict:
-        return {"calls": self.calls, "think_time": self.think_time}
+        return {"calls": self.calls, "think_time": self.think_time, **({"closed_loop": True} if self.closed else {})}
 
 
 @dataclass(frozen=True, eq=False)

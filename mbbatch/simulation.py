@@ -663,6 +663,11 @@ def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workloa
                         keep_batches)
     if isinstance(cluster.programs, Sessions):
         _check_sessions(cluster.programs, plan.workload)
+    if isinstance(cluster.programs, Programs) and cluster.programs.closed and isinstance(plan.predictor,
+                                                                                        LogNormalError):
+        raise ValueError("closed-loop programs take the oracle, bin confusion or given predictions; got "
+                         f"{plan.predictor} (each call's prediction is made as it arrives, which a log-normal "
+                         "error's draws in arrival order cannot follow)")
     E, n = cluster.engines, plan.n
     K = engine.bins if isinstance(engine, (MultiBinDynamic, MultiBinEngine)) else 1
     slot = 8 * (_d.FIELDS.size + 1)
@@ -694,9 +699,11 @@ def _program_count(programs, n: int) -> int:
 def _pack_cluster(cluster, n: int) -> tuple:
     """The kernel's cluster configuration and engine events."""
     programs = cluster.programs
+    closed = isinstance(programs, Programs) and programs.closed
     config = _d.CLUSTER.pack(engines=cluster.engines, router=_ROUTERS[cluster.router], threshold=cluster.threshold,
                              programs=_program_count(programs, n),
-                             kv_reuse=bool(cluster.kv_reuse and programs is not None))
+                             kv_reuse=bool(cluster.kv_reuse and programs is not None),
+                             calls=programs.calls if closed else 0)
     ev = cluster.events
     events = dict(event_time=np.array([e.time for e in ev], float),
                   event_engine=np.array([e.engine for e in ev], np.int64),
@@ -757,6 +764,34 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> dict:
     return ({"arrival_times": times.ravel()[order], "prompt_values": prompt.ravel()[order],
              "output_values": out.ravel()[order]},
             {"program": pid.astype(np.int64), "new_tokens": new.ravel()[order], "session_end": end.astype(np.int8)})
+
+
+def _closed_loop_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
+    """The programs of a closed loop, drawn as :func:`_program_calls` draws
+    them (the same starts, think times, new tokens and outputs), for the
+    kernel to issue each call when the one before it completes: no calls
+    in the kernel's inputs, and the programs' arrays (each request's
+    program, new tokens, last-call flag and call id, filled by the kernel as
+    the calls arrive; -1 for a request that never arrives), the starts,
+    gaps, new tokens and outputs by call id and the heap holding the first
+    program's first call."""
+    C, think = cluster.programs.calls, cluster.programs.think_time
+    P = -(-n // C)
+    if isinstance(arrivals, Saturated):
+        starts = np.zeros(P)
+        gaps = np.zeros((P, C))
+    else:
+        starts = np.cumsum(streams.arrival.exponential(C / arrivals.rate, size=P))
+        gaps = streams.arrival.exponential(think, size=(P, C)) if think > 0 else np.zeros((P, C))
+    integer = bool(workload.integer_lengths)
+    new = _lengths(workload._prompt, streams.prompt, P * C, integer)
+    out = _lengths(workload._output, streams.output, P * C, integer)
+    heap_t = np.empty(P + 1)
+    heap_id = np.empty(P + 1, np.int64)
+    heap_t[0], heap_id[0] = starts[0], 0
+    return ({}, {"program": np.full(n, -1, np.int64), "new_tokens": np.full(n, np.nan),
+                 "session_end": np.zeros(n, np.int8), "call": np.full(n, -1, np.int64), "start": starts,
+                 "gap": gaps.ravel(), "new": new, "out": out, "heap_t": heap_t, "heap_id": heap_id})
 
 
 def _session_calls(sessions: Sessions, workload: Workload, n: int) -> dict:
@@ -916,9 +951,12 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
         cl_config, events = _pack_cluster(cluster, n)
         programs = _d.NO_PROGRAMS
         if cluster.programs is not None:
-            calls, programs = (_session_calls(cluster.programs, workload, n)
-                               if isinstance(cluster.programs, Sessions) else
-                               _program_calls(cluster, arrivals, workload, n, streams))
+            if isinstance(cluster.programs, Sessions):
+                calls, programs = _session_calls(cluster.programs, workload, n)
+            elif cluster.programs.closed:
+                calls, programs = _closed_loop_calls(cluster, arrivals, workload, n, streams)
+            else:
+                calls, programs = _program_calls(cluster, arrivals, workload, n, streams)
             inputs = inputs._replace(**{k: _readonly(v) for k, v in calls.items()})
         cl_args = (cl_config, programs, events)
     if cluster is None or cluster.programs is None:

@@ -107,11 +107,12 @@ def _replay_balancer(res, cluster):
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2 ** 32 - 1), engines=st.integers(1, 5), calls=st.integers(1, 6),
        threshold=st.sampled_from([0, 500, 2048, 6000, 10 ** 9]), think=st.sampled_from([0.0, 0.05, 1.0]),
-       load=st.floats(0.3, 1.3), removals=st.integers(0, 2))
+       load=st.floats(0.3, 1.3), removals=st.integers(0, 2), closed=st.booleans())
 def test_autellix_router_makes_the_load_balancers_decisions(seed, engines, calls, threshold, think, load,
-                                                              removals):
-    """On random runs (programs, loads up to overload, engines removed and
-    added back) every request's engine is the LoadBalancer's decision."""
+                                                              removals, closed):
+    """On random runs (programs, open or closed loop, loads up to overload,
+    engines removed and added back) every request's engine is the
+    LoadBalancer's decision."""
     rng = np.random.default_rng(seed)
     events = []
     for _ in range(removals if engines > 1 else 0):
@@ -126,7 +127,7 @@ def test_autellix_router_makes_the_load_balancers_decisions(seed, engines, calls
             ok.append(x)
             (state.discard if x.action == "remove" else state.add)(x.engine)
     cluster = mb.Cluster(mb.DynamicBatching(), engines=engines, router="autellix", threshold=threshold,
-                         programs=mb.Programs(calls=calls, think_time=think), events=ok)
+                         programs=mb.Programs(calls=calls, think_time=think, closed=closed), events=ok)
     res = _run(cluster, 12.0 * engines * load, 400, seed)
     engine, rerouted = _replay_balancer(res, cluster)
     np.testing.assert_array_equal(res.requests.engine, engine)
@@ -226,14 +227,16 @@ def test_multibin_engines_release_full_batches_only():
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2 ** 32 - 1), router=st.sampled_from(["autellix", "least_used", "round_robin"]),
-       engines=st.integers(2, 5), t_remove=st.floats(0.5, 5.0), down=st.floats(0.1, 5.0))
-def test_every_request_is_served_once_by_a_registered_engine(seed, router, engines, t_remove, down):
+       engines=st.integers(2, 5), t_remove=st.floats(0.5, 5.0), down=st.floats(0.1, 5.0),
+       closed=st.booleans())
+def test_every_request_is_served_once_by_a_registered_engine(seed, router, engines, t_remove, down, closed):
     """Every request completes exactly once, on an engine registered when
-    its batch started; none is lost when its engine leaves."""
+    its batch started; none is lost when its engine leaves (open or closed
+    loop)."""
     e = seed % engines
     events = [mb.EngineEvent(t_remove, e, "remove"), mb.EngineEvent(t_remove + down, e, "add")]
     cluster = mb.Cluster(mb.DynamicBatching(), engines=engines, router=router, events=events,
-                         programs=mb.Programs(calls=3, think_time=0.2))
+                         programs=mb.Programs(calls=3, think_time=0.2, closed=closed))
     res = _run(cluster, 14.0 * engines, 500, seed)
     req = res.requests
     assert res.completed == 500 and np.isfinite(req.completion).all()
@@ -321,6 +324,85 @@ def _session_run(trace, n=None, **kw):
         return cluster, mb.simulate(cluster, mb.Replay(trace), workload=mb.Workload.from_trace(trace),
                                     service_model=mb.DecodeModel(prefill_per_token=1e-4), n=n or len(trace),
                                     seed=5, keep_requests=True)
+
+
+@pytest.mark.parametrize("policy", ENGINE_POLICIES + [mb.MultiBin(bins=2, batch_size=4)],
+                         ids=["static", "dynamic", "multibin_dynamic", "multibin"])
+def test_closed_loop_calls_wait_for_the_call_before(policy):
+    """Closed loop: with no think time each call arrives the instant the
+    call before it completes; requests are numbered in arrival order, each
+    program's calls in order with its context grown call by call, and its
+    last call ends its session."""
+    C = 4
+    cluster = mb.Cluster(policy, engines=3, router="autellix", threshold=1000,
+                         programs=mb.Programs(calls=C, think_time=0.0, closed=True))
+    res = _run(cluster, 8.0, 2000, 11)
+    req = res.requests
+    arrived = req.program >= 0
+    assert np.all(np.diff(req.arrival[arrived]) >= 0)
+    served = np.isfinite(req.completion)
+    order = np.lexsort((req.arrival, req.program))
+    order = order[arrived[order]]
+    p, a, c = req.program[order], req.arrival[order], req.completion[order]
+    prompt, out, new = req.prompt[order], req.output[order], req.new_tokens[order]
+    follow = p[1:] == p[:-1]
+    np.testing.assert_array_equal(a[1:][follow], c[:-1][follow])      # (exact: arrival = completion + 0)
+    np.testing.assert_array_equal(prompt[1:][follow], prompt[:-1][follow] + out[:-1][follow] + new[1:][follow])
+    first = np.ones(p.size, bool)
+    first[1:] = ~follow
+    np.testing.assert_array_equal(prompt[first], new[first])
+    # a program's calls: at most C, its next call only after its previous one is served
+    counts = np.bincount(p)
+    assert counts.max() <= C and (counts[:-1] == C).sum() > 0
+    if isinstance(policy, mb.MultiBin):
+        assert not served.all()      # partial batches wait: their programs stop there
+    else:
+        assert served.all() and arrived.all()
+
+
+@pytest.mark.parametrize("closed", [False, True])
+@pytest.mark.parametrize("engines", [1, 3])
+def test_the_warmups_end_keeps_every_request_on_its_engine(engines, closed):
+    """Multi-bin dynamic batching's warm-up ends at an arrival: that request
+    counts on its engine's queue like any other, and every request is
+    served (it was once left out of its engine's count: a request stuck in
+    its queue, or a batch of none)."""
+    cluster = mb.Cluster(mb.MultiBinDynamic(bins=3, warmup=50), engines=engines, router="autellix", threshold=1000,
+                         programs=mb.Programs(calls=4, think_time=0.0, closed=closed))
+    res = _run(cluster, 8.0, 600, 0)
+    assert res.completed == 600 and np.isfinite(res.requests.completion).all()
+    assert res.engine_completed.sum() == 600
+
+
+def test_closed_loop_think_times_are_exponential_after_completion():
+    """Closed loop: the gaps from a call's completion to its program's next
+    call are exponential with mean think_time (Kolmogorov-Smirnov, p > 1e-4:
+    a correct run fails with probability 1e-4)."""
+    cluster = mb.Cluster(mb.DynamicBatching(), engines=2, programs=mb.Programs(calls=5, think_time=0.7, closed=True))
+    req = _run(cluster, 10.0, 5000, 2).requests
+    order = np.lexsort((req.arrival, req.program))
+    p, a, c = req.program[order], req.arrival[order], req.completion[order]
+    follow = p[1:] == p[:-1]
+    gaps = a[1:][follow] - c[:-1][follow]
+    assert gaps.size > 3000
+    assert stats.kstest(gaps, stats.expon(scale=0.7).cdf).pvalue > 1e-4
+
+
+def test_closed_loop_slows_programs_down_where_open_loop_does_not():
+    """Overloaded (programs starting at 40 calls/s on two busy engines), a
+    closed loop's calls wait for the calls before them, so its n calls take
+    longer to arrive than the open loop's: its call rate falls."""
+    kw = dict(engines=2, router="least_used")
+    open_ = _run(mb.Cluster(programs=mb.Programs(calls=8, think_time=0.1), **kw), 40.0, 6000, 4)
+    closed = _run(mb.Cluster(programs=mb.Programs(calls=8, think_time=0.1, closed=True), **kw), 40.0, 6000, 4)
+    assert closed.requests.arrival.max() > 1.05 * open_.requests.arrival.max()
+
+
+def test_closed_loop_refuses_a_lognormal_predictor():
+    cluster = mb.Cluster(mb.MultiBinDynamic(bins=2, predictor=mb.LogNormalError(0.5)),
+                         programs=mb.Programs(closed=True))
+    with pytest.raises(ValueError, match="closed-loop programs take the oracle"):
+        _run(cluster, 5.0, 100, 1)
 
 
 def test_sessions_are_the_traces_programs():

@@ -750,3 +750,54 @@ def test_a_laps_decode_stage_is_checked_before_the_sweep(tmp_path):
     assert not (tmp_path / "b.zarr").exists()
     with pytest.raises(SpecError, match=r"decode must be one of"):
         load_spec(write(tmp_path, LAPS_SPEC.replace("n = 3000", 'n = 3000\ndecode = "fifo"'), "c.toml"))
+
+
+def test_a_cluster_sweep_takes_closed_loop_programs(tmp_path):
+    """closed_loop as an axis: each cell equals mb.simulate of the cluster
+    with Programs(closed=...), bit for bit; both loops see the same draws
+    (closed_loop does not enter the seed)."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    text = """
+name = "loops"
+policy = "cluster"
+arrivals = "poisson"
+service_model = "decode"
+reps = 1
+seed = 8
+
+[params]
+prompt_median = 300.0
+prompt_sigma = 1.0
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0075
+b_max = 64
+eta = 180000.0
+prefill_per_token = 0.0001
+engines = 2
+calls = 3
+rate = 10.0
+n = 1500
+
+[grid]
+closed_loop = [false, true]
+"""
+    p = write(tmp_path, text)
+    ds = run_sweep(p, tmp_path / "c.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
+    seeds = set()
+    for idx, params in spec.points():
+        pol = mb.Cluster(mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0075, b_max=64),
+                                            memory=mb.Memory(m_max_gb=180001.0, m_model_gb=1.0,
+                                                             kv_mem_per_token_gb=1.0)),
+                         engines=2, programs=mb.Programs(calls=3, closed=params["closed_loop"]))
+        seed = cell_seed(spec.seed, params, 0)
+        seeds.add(seed.spawn_key)
+        res = mb.simulate(pol, arrivals=mb.Poisson(10.0), workload=wl,
+                          service_model=mb.DecodeModel(prefill_per_token=0.0001), n=1500, seed=seed)
+        cell = ds.isel(closed_loop=idx[0], rep=0)
+        assert float(cell["sim_ttft_p99"]) == res.ttft_p99 and float(cell["sim_mean_latency"]) == res.mean_latency
+    assert len(seeds) == 1
+    assert ds["sim_mean_latency"].sel(closed_loop=True).item() != ds["sim_mean_latency"].sel(closed_loop=False).item()

@@ -22,13 +22,15 @@ are computed there, in numpy), and resumes where it stopped.
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
 from .common import (
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, SVC_UNIFORM,
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY,
+    SVC_UNIFORM,
     confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, replay_time, request_uniform,
     request_uniforms, round_lengths, step, subroutine,
 )
@@ -83,7 +85,9 @@ MODEL = Layout("service model", ints=("model",),
 #: request (prefill tokens); ``programs``: the program table's size (0:
 #: every request its own one-call program, no table); ``kv_reuse`` 1: a call
 #: on the engine holding its program's context prefills only its new tokens
-CLUSTER = Layout("cluster", ints=("engines", "router", "threshold", "programs", "kv_reuse"))
+#: ``calls``: a closed loop's calls per program (0: the programs' calls are
+#: given in arrival order, open loop)
+CLUSTER = Layout("cluster", ints=("engines", "router", "threshold", "programs", "kv_reuse", "calls"))
 TokenConfig = namedtuple("TokenConfig", ("run", "policy", "sla", "memory", "model"))
 
 #: read-only inputs: replayed arrival times (s), the piecewise-Poisson rates
@@ -163,7 +167,8 @@ LOOP = Layout("loop state", ints=("i",         # next request to arrive
                                   "key",       # the run's key of request_uniform (bin confusion)
                                   "ev",        # the next engine event
                                   "rr_route",  # the round-robin router's next engine
-                                  "routed"),   # request i's engine, routed before its queue was full (-1)
+                                  "routed",    # request i's engine, routed before its queue was full (-1)
+                                  "heap"),     # closed-loop programs: calls waiting to arrive
               floats=("t",                     # the arrival clock, s
                       "now",                   # the time of the last event, s
                       "t_switch",              # the ON/OFF process's next change of state, s
@@ -183,9 +188,16 @@ N_FIELDS = FIELDS.size
 #: tokens, 1 on its program's last call; empty without programs), its
 #: engine events (time, engine, 1 add / 0 remove; in time order), its
 #: engines (:data:`ENGINES` rows) and its program table (:data:`TABLE` rows)
+#: Closed-loop programs (``config`` calls C > 0) arrive in the kernel: call c
+#: of program p (its id p C + c, per request in ``call``) arrives, for c > 0,
+#: ``gap[p C + c]`` s after call c - 1 completes, program p's first call at
+#: ``start[p]``; new tokens and outputs in ``new[p C + c]`` and ``out[p C + c]``;
+#: the calls waiting to arrive in the heap ``(heap_t, heap_id)`` (by time,
+#: then id).  Empty for given calls.
 CLUSTER_ARRAYS = Arrays("ClusterArrays", __name__, config=np.int64, program=np.int64, new_tokens=np.float64,
                         session_end=np.int8, event_time=np.float64, event_engine=np.int64, event_add=np.int8,
-                        eng=(np.int64, 2), table=(np.int64, 2))
+                        eng=(np.int64, 2), table=(np.int64, 2), call=np.int64, start=np.float64, gap=np.float64,
+                        new=np.float64, out=np.float64, heap_t=np.float64, heap_id=np.int64)
 ClusterArrays = CLUSTER_ARRAYS.type
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
@@ -215,6 +227,9 @@ ROUTE_LEAST_USED = 2
 ROUTE_AUTELLIX = 3
 #: the programs of a cluster run without them
 NO_PROGRAMS = dict(program=np.empty(0, np.int64), new_tokens=np.empty(0), session_end=np.empty(0, np.int8))
+#: the closed loop's arrays of a run without it
+NO_CLOSED_LOOP = dict(call=np.empty(0, np.int64), start=np.empty(0), gap=np.empty(0), new=np.empty(0),
+                      out=np.empty(0), heap_t=np.empty(1), heap_id=np.empty(1, np.int64))
 
 #: dynamic_kernel's return codes
 DONE = 0
@@ -277,14 +292,16 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     requests = REQUESTS.records(n if rn["keep_requests"] else 0)
     batches = BATCHES.records(n if rn["keep_batches"] else 0)
     window = min(pol["warmup"], n)
-    loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0, key=key, routed=-1)
+    # (a closed loop's heap starts with its first program's first call)
+    loop_ints, loop_floats = LOOP.zeros(ts_stride=1, t_switch=-1.0, key=key, routed=-1,
+                                        heap=1 if cl.get("calls", 0) > 0 else 0)
     servers_i, servers_f = SERVERS.records(c, fill=0)
     arrays = None
     if cluster is not None:
         eng = np.zeros((ENGINES.size, E), np.int64)
         eng[EN.registered] = 1
         eng[EN.free] = c // E
-        arrays = CLUSTER_ARRAYS.pack(config=cluster[0][0], **cluster[1], **cluster[2], eng=eng,
+        arrays = CLUSTER_ARRAYS.pack(config=cluster[0][0], **{**NO_CLOSED_LOOP, **cluster[1]}, **cluster[2], eng=eng,
                                      table=np.full((TABLE.size, max(cl["programs"], 1)), -1, np.int64))
     ws = WORKSPACE.pack(q=np.empty((FIELDS.size, K, QUEUE_START)), qidx=np.empty((K, QUEUE_START), np.int64),
                         head=np.zeros(K, np.int64), size=np.zeros(K, np.int64), window=np.empty(max(window, 1)),
@@ -512,6 +529,100 @@ def _select_bin(K, select, rr, size):
         if size[idx] > size[b]:
             b = idx
     return b, rr
+
+
+@step
+def _before(t, k, t2, k2):
+    """Whether call (t, k) comes before call (t2, k2): by time, then id."""
+    return t < t2 or (t == t2 and k < k2)
+
+
+@step
+def _heap_push(ht, hid, size, t, k):
+    """Call k at time t into the binary heap ``(ht, hid)`` of ``size``
+    calls; returns the new size."""
+    j = size
+    while j > 0:
+        p = (j - 1) >> 1
+        if _before(ht[p], hid[p], t, k):
+            break
+        ht[j] = ht[p]
+        hid[j] = hid[p]
+        j = p
+    ht[j] = t
+    hid[j] = k
+    return size + 1
+
+
+@step
+def _heap_pop(ht, hid, size):
+    """The first call of the heap, ``(t, k, new size)``."""
+    t = ht[0]
+    k = hid[0]
+    size -= 1
+    if size > 0:
+        lt = ht[size]
+        lk = hid[size]
+        j = 0
+        while True:
+            c = 2 * j + 1
+            if c >= size:
+                break
+            if c + 1 < size and _before(ht[c + 1], hid[c + 1], ht[c], hid[c]):
+                c += 1
+            if _before(lt, lk, ht[c], hid[c]):
+                break
+            ht[j] = ht[c]
+            hid[j] = hid[c]
+            j = c
+        ht[j] = lt
+        hid[j] = lk
+    return t, k, size
+
+
+@step
+def _closed_call(t, k, C, i, new, out, program, new_tokens, session_end, call, predictions, predictor, integer,
+                 blk):
+    """Step 1 of a closed loop: call k (call c of program p, k = p C + c)
+    arriving at t becomes request i, in column 0 of ``blk``: its prompt is
+    its program's context (every earlier call's new tokens and output) plus
+    its new tokens, its prediction the truth (or the given one, in whole
+    tokens when ``integer``)."""
+    p = k // C
+    row = p * C
+    c = k - row
+    s = 0.0
+    for j in range(c + 1):
+        s += new[row + j] + out[row + j]
+    o = out[row + c]
+    blk[Q.arrival, 0] = t
+    blk[Q.prompt, 0] = s - o
+    blk[Q.output, 0] = o
+    if predictor == PRED_REPLAY:
+        v = predictions[i]
+        if integer:
+            v = math.ceil(v)
+            v = v if v >= 1.0 else 1.0
+        blk[Q.pred, 0] = v
+    else:
+        blk[Q.pred, 0] = o
+    program[i] = p
+    new_tokens[i] = new[row + c]
+    session_end[i] = 1 if c == C - 1 else 0
+    call[i] = k
+
+
+@step
+def _follow_ups(q, qidx, b, h0, nb, mask, done, C, call, gap, heap_t, heap_id, hsize):
+    """A closed loop: each member of the batch (the first nb of queue b, head
+    at slot h0) that is not its program's last call has its program's next
+    call wait to arrive ``gap`` s after the batch is ``done``."""
+    ub = np.uint64(b)
+    for j in range(nb):
+        k = call[qidx[ub, np.uint64((h0 + j) & mask)]] + 1
+        if k % C != 0:
+            hsize = _heap_push(heap_t, heap_id, hsize, done + gap[k], k)
+    return hsize
 
 
 @step
@@ -827,6 +938,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
         n_events = event_time.shape[0]
         eng = cl.eng
         table = cl.table
+        C = cl.config[CL.calls]
+        closed = C > 0
     per_engine = n_srv // E
     base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
@@ -877,6 +990,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     ev = li[L.ev]
     rr_route = li[L.rr_route]
     routed = li[L.routed]
+    hsize = li[L.heap]
     t = lf[L.t]
     now = lf[L.now]
     t_switch = lf[L.t_switch]
@@ -1010,6 +1124,15 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 sum_lat, sum_arr, m2 = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft,
                                               (sum_prompt + sum_out) / bf, hist, hist_ttft, cl is not None, keep,
                                               r_i, r_f, n_batches)
+                if cl is not None:
+                    if closed:
+                        hsize = _follow_ups(q, qidx, b, h0, nb, mask, done, C, cl.call, cl.gap, cl.heap_t,
+                                            cl.heap_id, hsize)
+                        if jj < m and routed < 0 and hsize > 0 and _before(
+                                cl.heap_t[0], cl.heap_id[0], blk[Q.arrival, jj], cl.call[i]):
+                            # a call now arrives before the one drawn: that one waits in the heap again
+                            hsize = _heap_push(cl.heap_t, cl.heap_id, hsize, blk[Q.arrival, jj], cl.call[i])
+                            jj = m
                 sum_latency += sum_lat
                 sum_ttft += bf * (now + ttft) - sum_arr
                 # batch-means group of the batch: that of its first member's arrival index
@@ -1083,8 +1206,22 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
             if code == STOPPED:
                 break
 
-        # 1. the next block of draws
-        if jj == m and i < n:
+        # 1. the next block of draws (a closed loop: the next call to arrive, if any waits)
+        closed_next = False
+        if cl is not None:
+            closed_next = closed and jj == m and i < n and hsize > 0
+        if closed_next:
+            if stop[0] != 0:
+                code = STOPPED
+                break
+            t_k, k_c, hsize = _heap_pop(cl.heap_t, cl.heap_id, hsize)
+            _closed_call(t_k, k_c, C, i, cl.new, cl.out, program, new_tokens, session_end, cl.call, predictions,
+                         predictor, integer, blk)
+            m = 1
+            jj = 0
+            if i == 0:
+                floats[S.first_arrival] = t_k
+        elif jj == m and i < n and (cl is None or not closed):
             if stop[0] != 0:
                 code = STOPPED
                 break
@@ -1102,12 +1239,13 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
 
         # 2. the next event: the first completion, which wins ties, then an
         # engine event, then arrivals
-        t_arr = blk[Q.arrival, jj] if i < n else np.inf
+        t_arr = blk[Q.arrival, jj] if i < n and jj < m else np.inf
         t_ev = np.inf
         if cl is not None:
             if ev < n_events:
                 t_ev = event_time[ev]
-        if s_next < 0 and i >= n:
+        if s_next < 0 and t_arr == np.inf:
+            # (every request arrived; or, closed loop, none waits to arrive)
             break
         if s_next >= 0 and t_next <= t_arr and t_next <= t_ev:
             # 2a. a completion: Algorithm 7's feedback, in time order
@@ -1204,14 +1342,22 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     r_f[RQ.output, i] = blk[Q.output, jj]
                     r_f[RQ.pred, i] = blk[Q.pred, jj]
                 queued += 1
+                if cl is not None:
+                    if closed:
+                        k_c = cl.call[i]
+                        if k_c % C == 0 and k_c // C + 1 < cl.start.shape[0]:
+                            # a program starts: the next program's first call waits to arrive
+                            hsize = _heap_push(cl.heap_t, cl.heap_id, hsize, cl.start[k_c // C + 1], k_c + C)
                 i += 1
                 jj += 1
+                if cl is not None:
+                    # (counted before the warm-up may end: the request is queued on its engine either way)
+                    eng[EN.queued, e] += 1
                 if not binned and i == warmup:
                     floats[S.warmup_time] = now
                     code = WARMUP_DONE
                     break
                 if cl is not None:
-                    eng[EN.queued, e] += 1
                     if eng[EN.free, e] > 0 or jj == m or blk[Q.arrival, jj] >= t_next or blk[Q.arrival, jj] >= t_ev:
                         break
                 elif n_free > 0 or jj == m or blk[Q.arrival, jj] >= t_next:
@@ -1223,6 +1369,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
         if pending and i < n:
             if jj < m:
                 nxt = blk[Q.arrival, jj]
+            elif cl is not None and closed:
+                nxt = cl.heap_t[0] if hsize > 0 else np.inf
             elif arrival_kind == ARR_SATURATED:
                 nxt = 0.0
             elif arrival_kind == ARR_REPLAY:
@@ -1276,6 +1424,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     li[L.ev] = ev
     li[L.rr_route] = rr_route
     li[L.routed] = routed
+    li[L.heap] = hsize
     lf[L.routed_prefill] = routed_prefill
     lf[L.t] = t
     lf[L.now] = now

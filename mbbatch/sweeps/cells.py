@@ -249,7 +249,7 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
         if params["programs"] == "sessions":
             programs = Sessions(trace, context=params["session_context"])
         elif params["programs"] == "synthetic":
-            programs = Programs(calls=params["calls"], think_time=params["think_time"])
+            programs = Programs(calls=params["calls"], think_time=params["think_time"], closed=params["closed_loop"])
         else:
             programs = None
         return (Cluster(DynamicBatching(controller=ctl, memory=mem), engines=params["engines"],

@@ -241,6 +241,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("programs", _CL, required=False),
     _sp("calls", _CL, required=False, key="Programs.calls"),
     _sp("think_time", _CL, required=False, key="Programs.think_time"),
+    _sp("closed_loop", _CL, required=False, key="Programs.closed"),
     _sp("session_context", _CL, required=False, key="Sessions.context"),
     _sp("n"),
     _sp("servers", _SINGLE, required=False),
@@ -781,7 +782,7 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
                             "requests replayed in order: a [workload] table with format = \"burstgpt\" and "
                             "resample = false")
     if programs and "synthetic" not in programs:
-        for key in ("calls", "think_time"):
+        for key in ("calls", "think_time", "closed_loop"):
             if _values(spec, key):
                 raise SpecError(f"{source}: {key} shapes synthetic programs; programs = "
                                 f"{sorted(programs)} has none")
