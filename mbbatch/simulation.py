@@ -544,8 +544,9 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     _check_arrivals(arrivals)
     predictor = policy.predictor if isinstance(policy, (MultiBinDynamic, MultiBinEngine)) else Oracle()
     if not isinstance(predictor, Oracle) and workload.predictor_sigma != 0:
-        raise ValueError(f"{'MultiBin' if isinstance(policy, MultiBinEngine) else 'MultiBinDynamic'} takes one predictor: workload.predictor_sigma (a LogNormalError) or "
-                         f"MultiBinDynamic(predictor=...), not both; got predictor_sigma = "
+        name = "MultiBin" if isinstance(policy, MultiBinEngine) else "MultiBinDynamic"
+        raise ValueError(f"{name} takes one predictor: workload.predictor_sigma (a LogNormalError) or "
+                         f"{name}(predictor=...), not both; got predictor_sigma = "
                          f"{workload.predictor_sigma:g} and {predictor}")
     if workload.predictor_sigma != 0:
         predictor = LogNormalError(workload.predictor_sigma)

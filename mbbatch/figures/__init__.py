@@ -26,7 +26,8 @@ A figure's name is the name of the function that draws it:
 - :mod:`.capacity`: capacity searches against k, a p95 latency target and
   the predictor's error (``capacity_vs_k`` to ``capacity_predictor``);
 - :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``) and
-  its dynamic allocation through a load step (``laps_allocation``), Autellix's routing (``autellix_routers``, ``capacity_routers``,
+  its dynamic allocation through a load step (``laps_allocation``),
+  Autellix's routing (``autellix_routers``, ``capacity_routers``,
   ``engine_event``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;

@@ -33,8 +33,8 @@ from ..results import UnstableWarning
 from . import store
 from .cells import SEED_SCHEME, check_points, point_theory, run_capacity_point, run_point, trace_of
 from .executors import Executor, warm_worker, whole
-from .schema import (CAPACITY, CAPACITY_THEORY, FILL, aggregates, coord_values, rep_vars, spec_attrs, template, time_grid,
-                     time_series, variables)
+from .schema import (CAPACITY, CAPACITY_THEORY, FILL, aggregates, coord_values, rep_vars, spec_attrs, template,
+                     time_grid, time_series, variables)
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 from .store import StoreNote, SweepError
 
