@@ -279,6 +279,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        "small, 2049 large)", _COUNT0, default=2048),
     _p("Cluster.kv_reuse", "flag", "", "a call on the engine holding its program's context prefills only its "
        "new tokens (else every call prefills its whole context)", default=True),
+    _p("engine_policy", "choice", "", "a sweep's cluster engines' batching: dynamic (the cluster's d_sla, b_max, "
+       "eta, ...), static, multi-bin dynamic or the paper's multi-bin batching (engine_batch_size, engine_bins)",
+       default="dynamic", choices=("dynamic", "static", "multibin_dynamic", "multibin")),
     _p("Programs.calls", "count", "calls", "calls of a program (a multi-call session)", _COUNT, default=4),
     _p("Programs.think_time", "real", "s", "mean think time between two calls of a program (exponential)",
        _NONNEG, default=1.0),

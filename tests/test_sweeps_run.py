@@ -801,3 +801,66 @@ closed_loop = [false, true]
         assert float(cell["sim_ttft_p99"]) == res.ttft_p99 and float(cell["sim_mean_latency"]) == res.mean_latency
     assert len(seeds) == 1
     assert ds["sim_mean_latency"].sel(closed_loop=True).item() != ds["sim_mean_latency"].sel(closed_loop=False).item()
+
+
+ENGINES_SPEC = """
+name = "engines"
+policy = "cluster"
+arrivals = "poisson"
+service_model = "decode"
+reps = 1
+seed = 9
+
+[params]
+prompt_median = 300.0
+prompt_sigma = 1.0
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0075
+b_max = 64
+eta = 180000.0
+prefill_per_token = 0.0001
+engines = 2
+rate = 10.0
+n = 1500
+{extra}
+
+[grid]
+engine_policy = {axis}
+"""
+
+
+def test_a_cluster_sweep_runs_each_engine_policy(tmp_path):
+    """engine_policy as an axis: each cell equals mb.simulate of the cluster
+    with that engine batching, bit for bit, every variant on the same
+    requests."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    p = write(tmp_path, ENGINES_SPEC.format(extra="engine_batch_size = 8\nengine_bins = 2",
+                                            axis='["dynamic", "static", "multibin_dynamic", "multibin"]'))
+    ds = run_sweep(p, tmp_path / "e.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
+    mem = dict(m_max_gb=180001.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+    ctl = mb.SLAController(d_sla=0.0075, b_max=64)
+    engines = {"dynamic": mb.DynamicBatching(controller=ctl, memory=mb.Memory(**mem)),
+               "static": mb.StaticBatching(8, sla=mb.SLAController(d_sla=0.0075), memory=mb.Memory(enabled=False,
+                                                                                                   **mem)),
+               "multibin_dynamic": mb.MultiBinDynamic(bins=2, controller=ctl, memory=mb.Memory(**mem)),
+               "multibin": mb.MultiBin(bins=2, batch_size=8)}
+    for idx, params in spec.points():
+        pol = mb.Cluster(engines[params["engine_policy"]], engines=2, programs=mb.Programs())
+        res = mb.simulate(pol, arrivals=mb.Poisson(10.0), workload=wl,
+                          service_model=mb.DecodeModel(prefill_per_token=0.0001), n=1500,
+                          seed=cell_seed(spec.seed, params, 0))
+        cell = ds.isel(engine_policy=idx[0], rep=0)
+        assert float(cell["sim_mean_latency"]) == res.mean_latency and float(cell["sim_ttft_p99"]) == res.ttft_p99
+        assert int(cell["completed"]) == res.completed
+
+
+def test_engine_settings_need_their_engine_policy(tmp_path):
+    with pytest.raises(SpecError, match=r"engine_bins sets multi-bin engines"):
+        load_spec(write(tmp_path, ENGINES_SPEC.format(extra="engine_bins = 2", axis='["dynamic", "static"]')))
+    with pytest.raises(SpecError, match=r'engine_policy = "multibin" needs engine_batch_size'):
+        run_sweep(write(tmp_path, ENGINES_SPEC.format(extra="", axis='["multibin"]'), "b.toml"), tmp_path / "b.zarr",
+                  workers=1, progress=False)

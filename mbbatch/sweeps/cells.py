@@ -200,6 +200,25 @@ def _decode_stage(params: dict) -> dict:
     return {"decode": policy, "decode_servers": params["decode_servers"], "decode_model": model}
 
 
+def _engine_policy(params: dict, ctl, mem, mem_kw: dict):
+    """A cluster cell's engine batching (``engine_policy``): dynamic or
+    multi-bin dynamic with the cell's controller and memory, static with its
+    D_SLA (for the SLA metrics) and token capacity, or the paper's multi-bin
+    batching (``engine_batch_size``, ``engine_bins``)."""
+    kind = params["engine_policy"]
+    if kind in ("static", "multibin") and params["engine_batch_size"] is None:
+        raise ValueError(f"engine_policy = \"{kind}\" needs engine_batch_size (requests per batch)")
+    if kind == "dynamic":
+        return DynamicBatching(controller=ctl, memory=mem)
+    if kind == "multibin_dynamic":
+        return MultiBinDynamic(bins=params["engine_bins"], controller=ctl, memory=mem)
+    if kind == "static":
+        return StaticBatching(params["engine_batch_size"], sla=SLAController(d_sla=params["d_sla"],
+                                                                             eps_d=params["eps_d"]),
+                              memory=Memory(enabled=False, **mem_kw))
+    return MultiBin(bins=params["engine_bins"], batch_size=params["engine_batch_size"])
+
+
 def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     """The :func:`~mbbatch.simulate` arguments of one grid point: the policy,
     the arrival process and the keyword arguments of the request side.
@@ -252,7 +271,7 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
             programs = Programs(calls=params["calls"], think_time=params["think_time"], closed=params["closed_loop"])
         else:
             programs = None
-        return (Cluster(DynamicBatching(controller=ctl, memory=mem), engines=params["engines"],
+        return (Cluster(_engine_policy(params, ctl, mem, mem_kw), engines=params["engines"],
                         router=params["router"], threshold=params["route_threshold"], kv_reuse=params["kv_reuse"],
                         programs=programs), arr, request_side)
     p = params.get("predictor_p", 1.0)

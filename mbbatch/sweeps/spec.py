@@ -235,6 +235,9 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("prefill_b", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.b"),
     # a cluster of engines behind a router, and its programs (multi-call sessions)
     _sp("engines", _CL, required=False, key="Cluster.engines"),
+    _sp("engine_policy", _CL, required=False),
+    _sp("engine_batch_size", _CL, required=False, key="batch_size"),
+    _sp("engine_bins", _CL, required=False, key="MultiBinDynamic.bins"),
     _sp("router", _CL, required=False, key="Cluster.router"),
     _sp("route_threshold", _CL, required=False, key="Cluster.threshold"),
     _sp("kv_reuse", _CL, required=False, key="Cluster.kv_reuse"),
@@ -792,6 +795,12 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
             if _values(spec, key):
                 raise SpecError(f"{source}: {key} sets LAPS's decode stage; set decode = \"static\", "
                                 "\"dynamic\" or \"multibin_dynamic\" for one")
+    engines = set(_values(spec, "engine_policy")) or {"dynamic"}
+    if _values(spec, "engine_batch_size") and not engines & {"static", "multibin"}:
+        raise SpecError(f"{source}: engine_batch_size sets static or multi-bin engines; engine_policy = "
+                        f"{sorted(engines)} has none")
+    if _values(spec, "engine_bins") and not engines & {"multibin_dynamic", "multibin"}:
+        raise SpecError(f"{source}: engine_bins sets multi-bin engines; engine_policy = {sorted(engines)} has none")
     if _values(spec, "session_context") and "sessions" not in programs:
         raise SpecError(f"{source}: session_context applies to programs = \"sessions\" only")
     lo, hi = _values(spec, "b_min"), _values(spec, "b_max")
