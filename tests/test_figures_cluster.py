@@ -65,6 +65,22 @@ def test_autellix_routers_draws_each_router_per_calls_and_metric(results):  # no
     assert "share of large calls" in ax.get_xlabel()
 
 
+def test_autellix_loops_draws_each_router_in_each_loop(results):  # noqa: F811
+    ds = xr.open_zarr(results / "autellix_loops.zarr", chunks=None).load()
+    fig = cluster.autellix_loops({"autellix_loops": ds})
+    axes = [ax for ax in fig.axes if ax.get_lines()]
+    assert len(axes) == 4
+    ax = axes[0]                                  # p99 TTFT
+    joined = [ln for ln in ax.lines if ln.get_linestyle() in ("-", "--")]
+    assert len(joined) == 2 * ds.sizes["router"]
+    assert [ln.get_linestyle() for ln in joined[:2]] == ["-", "--"]
+    want, _ = replication_ci(ds["sim_ttft_p99"].sel(router="autellix", closed_loop=True)
+                             .transpose("rate", "rep").values)
+    np.testing.assert_allclose(joined[1].get_ydata(), want)
+    labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "Autellix (program-aware)" in labels and any(lb.startswith("closed loop") for lb in labels)
+
+
 def test_capacity_routers_draws_each_router_against_the_bound(results):  # noqa: F811
     ds = xr.open_zarr(results / "capacity_routers.zarr", chunks=None).load()
     fig = cluster.capacity_routers({"capacity_routers": ds})

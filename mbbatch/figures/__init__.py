@@ -9,7 +9,8 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
 ['fig1b', 'fig3', 'fig4', 'fig8', 'throughput_vs_k', 'min_bins_vs_eps', 'servers', 'fig6', 'fig7',
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
- 'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'capacity_routers', 'engine_event']
+ 'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
+ 'engine_event']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -28,7 +29,8 @@ A figure's name is the name of the function that draws it:
 - :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``) and
   its dynamic allocation through a load step (``laps_allocation``),
   Autellix's routing (``autellix_routers``, ``capacity_routers``,
-  ``engine_event``);
+  ``engine_event``) and open against closed-loop programs
+  (``autellix_loops``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -94,6 +96,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("laps_modes", (cluster.laps_modes, ["laps"])),
     ("laps_allocation", (cluster.laps_allocation, ["laps_step"])),
     ("autellix_routers", (cluster.autellix_routers, ["autellix"])),
+    ("autellix_loops", (cluster.autellix_loops, ["autellix_loops"])),
     ("capacity_routers", (cluster.capacity_routers, ["capacity_routers"])),
     ("engine_event", (cluster.engine_event, ["engine_event"])),
 ])

@@ -1,7 +1,8 @@
 """The multi-engine experiments: LAPS's modes on its prefill instances
 (``laps_modes``) and its dynamic allocation through a load step
 (``laps_allocation``); Autellix's router against least-used and round-robin
-(``autellix_routers``), their capacity under a TTFT objective
+(``autellix_routers``), open against closed-loop programs
+(``autellix_loops``), their capacity under a TTFT objective
 (``capacity_routers``) and an engine leaving and returning mid-run
 (``engine_event``).
 
@@ -23,7 +24,7 @@ from .data import line, per_rep, time_series, variants
 from .panels import capacity_against_bound
 from .style import COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles
 
-__all__ = ["laps_modes", "laps_allocation", "autellix_routers", "capacity_routers", "engine_event"]
+__all__ = ["laps_modes", "laps_allocation", "autellix_routers", "autellix_loops", "capacity_routers", "engine_event"]
 
 
 def _mode_label(settings: dict) -> str:
@@ -172,6 +173,44 @@ def autellix_routers(data) -> Figure:
                  f"{float(a['prompt_median']):g}, $\\sigma$ {float(a['prompt_sigma']):g}), a call's prompt its "
                  f"program's context + new tokens; KV reuse on the engine holding the context; "
                  f"{int(a['reps'])} reps", fontsize=9.5)
+    return fig
+
+
+def autellix_loops(data) -> Figure:
+    """Open against closed-loop programs under each router: p99 TTFT,
+    throughput, context tokens recomputed per call and the share of calls
+    served where their context is (panels) against the call rate; colour
+    the router, solid the open loop, dashed the closed loop."""
+    ds = data["autellix_loops"]
+    rates = np.asarray(ds["rate"].values, dtype=float)
+    routers = [str(r) for r in ds["router"].values]
+    panels = (("sim_ttft_p99", "p99 TTFT (s)"), ("sim_throughput", "throughput (calls/s)"),
+              ("sim_kv_recomputed_tokens", "context tokens recomputed per call"),
+              ("sim_locality_hit_rate", "calls served where their context is"))
+    fig, axes = new_figure(14.0, 4.6, ncols=len(panels))
+    for ax, (var, label) in zip(axes, panels):
+        for r, col, m in zip(routers, COLORS, MARKERS):
+            for closed, ls in ((False, "-"), (True, "--")):
+                sel = dict(router=r, closed_loop=closed)
+                mean, half = replication_ci(per_rep(ds, var, "rate", **sel))
+                unst = line(ds, "unstable", "rate", **sel) | overloaded(ds, **sel)
+                ax.plot(rates, mean, color=col, ls=ls, lw=1.0, alpha=0.7, zorder=2)
+                sim_points(ax, rates, mean, mean - half, mean + half, unst, col, m)
+        if var == "sim_throughput":
+            ax.plot(rates, rates, color="0.6", lw=0.8, ls=":", zorder=1)
+        ax.set_xlabel("call rate (calls/s)")
+        ax.set_ylabel(label)
+    handles = series_handles([_ROUTER_LABELS[r] for r in routers], COLORS[: len(routers)], MARKERS[: len(routers)])
+    handles += style_handles(("-", "open loop: a call arrives a think time after the one before it arrived"),
+                             ("--", "closed loop: ... after the one before it completed"),
+                             ("sim", "simulation: mean $\\pm$ 95% CI over replications"),
+                             ("hollow", "unstable, or throughput below 0.95 $\\times$ call rate"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8)
+    a = ds.attrs
+    fig.suptitle(f"Open against closed-loop programs: {int(a['calls'])}-call programs, {float(a['think_time']):g} s "
+                 f"of think time, on {int(a['engines'])} engines (dynamic batching each)\nlarge calls above "
+                 f"{int(a['route_threshold'])} prefill tokens; KV reuse on the engine holding the context; "
+                 f"n = {int(a['n']):,}, {int(a['reps'])} reps", fontsize=9.5)
     return fig
 
 
