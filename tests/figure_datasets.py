@@ -391,19 +391,27 @@ def _trace_replay(reps=2):
 CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers")
 
 
-def _capacity_store(name):
-    """A capacity store on the real spec's template (sweeps/NAME.toml):
-    synthetic searches, Theorem 4.2 (or a made-up latency law) plus 0.2 %,
-    intervals of +-0.5 %, every third search unresolved."""
+def _real_spec_template(name: str, *, reps: bool = True, capacity: bool = False):
+    """The spec ``sweeps/<name>.toml`` and its store's empty template, with
+    the attrs a sweep writes (its reps, or its [capacity] settings)."""
     from pathlib import Path as _Path
-
-    from mbbatch.sweeps.cells import point_theory
 
     spec_path = _Path(__file__).resolve().parents[1] / "sweeps" / f"{name}.toml"
     spec = parse_spec(spec_path.read_text(), source=str(spec_path))
     attrs = {"name": spec.name, "description": spec.description, "service": spec.service,
-             **{f"capacity_{k}": v for k, v in spec.capacity.items()}, **schema.spec_attrs(spec)}
-    ds = schema.template(spec, attrs)
+             **({"reps": spec.reps} if reps else {}),
+             **({f"capacity_{k}": v for k, v in spec.capacity.items()} if capacity else {}),
+             **schema.spec_attrs(spec)}
+    return spec, schema.template(spec, attrs)
+
+
+def _capacity_store(name):
+    """A capacity store on the real spec's template (sweeps/NAME.toml):
+    synthetic searches, Theorem 4.2 (or a made-up latency law) plus 0.2 %,
+    intervals of +-0.5 %, every third search unresolved."""
+    from mbbatch.sweeps.cells import point_theory
+
+    spec, ds = _real_spec_template(name, reps=False, capacity=True)
     for i, (idx, params) in enumerate(spec.points()):
         th = point_theory(spec.arrivals, spec.service, params)
         for var in schema.CAPACITY_THEORY:
@@ -430,13 +438,7 @@ def _laps_store():
     """The LAPS sweep on the real spec's template (sweeps/laps.toml):
     synthetic per-rep TTFTs growing with the load, the short share set by the
     prompt median, throughput short of the rate at the highest loads."""
-    from pathlib import Path as _Path
-
-    spec_path = _Path(__file__).resolve().parents[1] / "sweeps" / "laps.toml"
-    spec = parse_spec(spec_path.read_text(), source=str(spec_path))
-    attrs = {"name": spec.name, "description": spec.description, "service": spec.service, "reps": spec.reps,
-             **schema.spec_attrs(spec)}
-    ds = schema.template(spec, attrs)
+    spec, ds = _real_spec_template("laps")
     rng = np.random.default_rng(8)
     for idx, params in spec.points():
         rate, med = params["rate"], params["prompt_median"]
@@ -456,13 +458,7 @@ def _laps_step_store():
     """The LAPS load-step sweep on the real spec's template
     (sweeps/laps_step.toml): the short group shrinking during the high load,
     the more so the longer the prompts; TTFTs made up."""
-    from pathlib import Path as _Path
-
-    spec_path = _Path(__file__).resolve().parents[1] / "sweeps" / "laps_step.toml"
-    spec = parse_spec(spec_path.read_text(), source=str(spec_path))
-    attrs = {"name": spec.name, "description": spec.description, "service": spec.service, "reps": spec.reps,
-             **schema.spec_attrs(spec)}
-    ds = schema.template(spec, attrs)
+    spec, ds = _real_spec_template("laps_step")
     t = ds["time"].values
     E = int(spec.params["instances"])
     high = (t >= spec.params["t_up"]) & (t < spec.params["t_down"])
@@ -484,13 +480,7 @@ def _autellix_store():
     """The Autellix sweep on the real spec's template (sweeps/autellix.toml):
     the large share set by the threshold, Autellix's TTFT and recomputed
     tokens falling with it, the other routers flat."""
-    from pathlib import Path as _Path
-
-    spec_path = _Path(__file__).resolve().parents[1] / "sweeps" / "autellix.toml"
-    spec = parse_spec(spec_path.read_text(), source=str(spec_path))
-    attrs = {"name": spec.name, "description": spec.description, "service": spec.service, "reps": spec.reps,
-             **schema.spec_attrs(spec)}
-    ds = schema.template(spec, attrs)
+    spec, ds = _real_spec_template("autellix")
     rng = np.random.default_rng(9)
     for idx, params in spec.points():
         share = float(np.exp(-params["route_threshold"] / 1000.0))
@@ -510,13 +500,7 @@ def _autellix_loops_store():
     """The open/closed-loop sweep on the real spec's template
     (sweeps/autellix_loops.toml): TTFT growing with the rate, the closed
     loop and Autellix lower; locality the other way."""
-    from pathlib import Path as _Path
-
-    spec_path = _Path(__file__).resolve().parents[1] / "sweeps" / "autellix_loops.toml"
-    spec = parse_spec(spec_path.read_text(), source=str(spec_path))
-    attrs = {"name": spec.name, "description": spec.description, "service": spec.service, "reps": spec.reps,
-             **schema.spec_attrs(spec)}
-    ds = schema.template(spec, attrs)
+    spec, ds = _real_spec_template("autellix_loops")
     rng = np.random.default_rng(10)
     for idx, params in spec.points():
         gain = (0.9 if params["closed_loop"] else 1.0) * (0.85 if params["router"] == "autellix" else 1.0)

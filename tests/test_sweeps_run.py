@@ -598,6 +598,9 @@ def test_a_laps_load_step_stores_its_groups_over_time(tmp_path):
 
 # --- a trace's sessions as a cluster's programs ---------------------------------------------
 
+#: the memory a cell with eta = 180000 tokens builds (1 GB a token, a 1 GB model)
+CELL_MEMORY = dict(m_max_gb=180001.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+
 SESSIONS_SPEC = """
 name = "sess"
 arrivals = "trace"
@@ -669,8 +672,7 @@ def test_a_cluster_sweep_takes_a_traces_sessions_as_its_programs(tmp_path, conte
     recomputed = {}
     for idx, params in spec.points():
         pol = mb.Cluster(mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0075, b_max=32),
-                                            memory=mb.Memory(m_max_gb=180001.0, m_model_gb=1.0,
-                                                             kv_mem_per_token_gb=1.0)),
+                                            memory=mb.Memory(**CELL_MEMORY)),
                          engines=3, router=params["router"], threshold=400, kv_reuse=params["kv_reuse"],
                          programs=mb.Sessions(trace, context=context))
         with warnings.catch_warnings():
@@ -752,64 +754,15 @@ def test_a_laps_decode_stage_is_checked_before_the_sweep(tmp_path):
         load_spec(write(tmp_path, LAPS_SPEC.replace("n = 3000", 'n = 3000\ndecode = "fifo"'), "c.toml"))
 
 
-def test_a_cluster_sweep_takes_closed_loop_programs(tmp_path):
-    """closed_loop as an axis: each cell equals mb.simulate of the cluster
-    with Programs(closed=...), bit for bit; both loops see the same draws
-    (closed_loop does not enter the seed)."""
-    from mbbatch.sweeps.cells import cell_seed
-
-    text = """
-name = "loops"
+#: a cluster sweep of two engines (dynamic batching unless engine_policy says
+#: otherwise) at 10 calls/s
+CLUSTER_SPEC = """
+name = "{name}"
 policy = "cluster"
 arrivals = "poisson"
 service_model = "decode"
 reps = 1
-seed = 8
-
-[params]
-prompt_median = 300.0
-prompt_sigma = 1.0
-output_median = 64.0
-output_sigma = 0.8
-d_sla = 0.0075
-b_max = 64
-eta = 180000.0
-prefill_per_token = 0.0001
-engines = 2
-calls = 3
-rate = 10.0
-n = 1500
-
-[grid]
-closed_loop = [false, true]
-"""
-    p = write(tmp_path, text)
-    ds = run_sweep(p, tmp_path / "c.zarr", workers=1, progress=False).load()
-    spec = load_spec(p)
-    wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
-    seeds = set()
-    for idx, params in spec.points():
-        pol = mb.Cluster(mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0075, b_max=64),
-                                            memory=mb.Memory(m_max_gb=180001.0, m_model_gb=1.0,
-                                                             kv_mem_per_token_gb=1.0)),
-                         engines=2, programs=mb.Programs(calls=3, closed=params["closed_loop"]))
-        seed = cell_seed(spec.seed, params, 0)
-        seeds.add(seed.spawn_key)
-        res = mb.simulate(pol, arrivals=mb.Poisson(10.0), workload=wl,
-                          service_model=mb.DecodeModel(prefill_per_token=0.0001), n=1500, seed=seed)
-        cell = ds.isel(closed_loop=idx[0], rep=0)
-        assert float(cell["sim_ttft_p99"]) == res.ttft_p99 and float(cell["sim_mean_latency"]) == res.mean_latency
-    assert len(seeds) == 1
-    assert ds["sim_mean_latency"].sel(closed_loop=True).item() != ds["sim_mean_latency"].sel(closed_loop=False).item()
-
-
-ENGINES_SPEC = """
-name = "engines"
-policy = "cluster"
-arrivals = "poisson"
-service_model = "decode"
-reps = 1
-seed = 9
+seed = {seed}
 
 [params]
 prompt_median = 300.0
@@ -826,8 +779,34 @@ n = 1500
 {extra}
 
 [grid]
-engine_policy = {axis}
+{grid}
 """
+
+
+def test_a_cluster_sweep_takes_closed_loop_programs(tmp_path):
+    """closed_loop as an axis: each cell equals mb.simulate of the cluster
+    with Programs(closed=...), bit for bit; both loops see the same draws
+    (closed_loop does not enter the seed)."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    p = write(tmp_path, CLUSTER_SPEC.format(name="loops", seed=8, extra="calls = 3",
+                                            grid="closed_loop = [false, true]"))
+    ds = run_sweep(p, tmp_path / "c.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
+    seeds = set()
+    for idx, params in spec.points():
+        pol = mb.Cluster(mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0075, b_max=64),
+                                            memory=mb.Memory(**CELL_MEMORY)),
+                         engines=2, programs=mb.Programs(calls=3, closed=params["closed_loop"]))
+        seed = cell_seed(spec.seed, params, 0)
+        seeds.add(seed.spawn_key)
+        res = mb.simulate(pol, arrivals=mb.Poisson(10.0), workload=wl,
+                          service_model=mb.DecodeModel(prefill_per_token=0.0001), n=1500, seed=seed)
+        cell = ds.isel(closed_loop=idx[0], rep=0)
+        assert float(cell["sim_ttft_p99"]) == res.ttft_p99 and float(cell["sim_mean_latency"]) == res.mean_latency
+    assert len(seeds) == 1
+    assert ds["sim_mean_latency"].sel(closed_loop=True).item() != ds["sim_mean_latency"].sel(closed_loop=False).item()
 
 
 def test_a_cluster_sweep_runs_each_engine_policy(tmp_path):
@@ -836,12 +815,13 @@ def test_a_cluster_sweep_runs_each_engine_policy(tmp_path):
     requests."""
     from mbbatch.sweeps.cells import cell_seed
 
-    p = write(tmp_path, ENGINES_SPEC.format(extra="engine_batch_size = 8\nengine_bins = 2",
-                                            axis='["dynamic", "static", "multibin_dynamic", "multibin"]'))
+    p = write(tmp_path, CLUSTER_SPEC.format(
+        name="engines", seed=9, extra="engine_batch_size = 8\nengine_bins = 2",
+        grid='engine_policy = ["dynamic", "static", "multibin_dynamic", "multibin"]'))
     ds = run_sweep(p, tmp_path / "e.zarr", workers=1, progress=False).load()
     spec = load_spec(p)
     wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
-    mem = dict(m_max_gb=180001.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+    mem = CELL_MEMORY
     ctl = mb.SLAController(d_sla=0.0075, b_max=64)
     engines = {"dynamic": mb.DynamicBatching(controller=ctl, memory=mb.Memory(**mem)),
                "static": mb.StaticBatching(8, sla=mb.SLAController(d_sla=0.0075), memory=mb.Memory(enabled=False,
@@ -860,7 +840,9 @@ def test_a_cluster_sweep_runs_each_engine_policy(tmp_path):
 
 def test_engine_settings_need_their_engine_policy(tmp_path):
     with pytest.raises(SpecError, match=r"engine_bins sets multi-bin engines"):
-        load_spec(write(tmp_path, ENGINES_SPEC.format(extra="engine_bins = 2", axis='["dynamic", "static"]')))
+        load_spec(write(tmp_path, CLUSTER_SPEC.format(name="engines", seed=9, extra="engine_bins = 2",
+                                                      grid='engine_policy = ["dynamic", "static"]')))
     with pytest.raises(SpecError, match=r'engine_policy = "multibin" needs engine_batch_size'):
-        run_sweep(write(tmp_path, ENGINES_SPEC.format(extra="", axis='["multibin"]'), "b.toml"), tmp_path / "b.zarr",
-                  workers=1, progress=False)
+        run_sweep(write(tmp_path, CLUSTER_SPEC.format(name="engines", seed=9, extra="",
+                                                      grid='engine_policy = ["multibin"]'), "b.toml"),
+                  tmp_path / "b.zarr", workers=1, progress=False)
