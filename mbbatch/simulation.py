@@ -516,6 +516,11 @@ class _TokenPlan:
         return _optimal_edges(self.policy, self.workload)
 
     @functools.cached_property
+    def engine_edges(self) -> tuple:
+        """A MultiBin engine's bins (computed once per plan)."""
+        return _engine_edges(self.policy, self.workload)
+
+    @functools.cached_property
     def kernel_args(self) -> tuple:
         """The kernel's run configuration and inputs (read-only: every run of
         the plan shares them)."""
@@ -896,7 +901,7 @@ def _preset_edges(plan, ss):
     or None (Algorithm 6 at the end of the warm-up)."""
     policy = plan.policy
     if isinstance(policy, MultiBinEngine):
-        return _engine_edges(policy, plan.workload)
+        return plan.engine_edges
     if not isinstance(policy, MultiBinDynamic) or policy.bin_edges == "warmup":
         return None
     if policy.bin_edges == "presample":
