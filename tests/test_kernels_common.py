@@ -10,8 +10,11 @@ import pytest
 import scipy.stats as st
 from numba import njit
 
+from numba.core.errors import TypingError
+
 from mbbatch._kernels.common import (
-    draw_block, gamma_constants, numpy_gamma, standard_exponential, standard_normal,
+    ARR_POISSON, ARRIVAL_KINDS, LENGTH_KINDS, PRED_ORACLE, PREDICT_KINDS, draw_block, drawers, gamma_constants,
+    numpy_gamma, standard_exponential, standard_normal,
 )
 from mbbatch.lengths import as_service
 
@@ -70,8 +73,8 @@ def test_numpy_gamma_is_numpys(shape):
 
 
 @njit
-def _block(kind, params, values, m, gen, out):
-    draw_block(kind, params, values, 0, m, gen, out)
+def _block(fn, params, values, m, gen, out):
+    draw_block(fn, params, values, 0, m, gen, out)
 
 
 @pytest.mark.parametrize("dist", [st.gamma(0.4, loc=1.0, scale=2.0), st.gamma(2.5, scale=3.0),
@@ -81,8 +84,36 @@ def test_gamma_and_weibull_blocks_are_numpys(dist):
     with X numpy's ``standard_gamma`` or ``weibull`` on the same stream."""
     spec = as_service(dist)
     out = np.empty(3000)
-    _block(spec.kind, spec.params, spec.values, out.size, np.random.Generator(np.random.PCG64DXSM(9)), out)
+    _block(drawers(ARR_POISSON, spec.kind)[1], spec.params, spec.values, out.size,
+           np.random.Generator(np.random.PCG64DXSM(9)), out)
     gen = np.random.Generator(np.random.PCG64DXSM(9))
     shape, loc, scale = dist.args[0], dist.kwds.get("loc", 0.0), dist.kwds.get("scale", 1.0)
     x = gen.standard_gamma(shape, out.size) if dist.dist.name == "gamma" else gen.weibull(shape, out.size)
     np.testing.assert_array_equal(out, loc + scale * x)
+
+
+def test_drawers_are_compiled_per_kind_and_called_by_address():
+    """Every kind of every drawer compiles on its own and has an address;
+    the same kind gives the same compiled drawer; an unknown kind is an
+    error naming the kinds."""
+    for k in ARRIVAL_KINDS:
+        fns = drawers(k, *LENGTH_KINDS, predictor=PRED_ORACLE)
+        assert fns.shape == (2 + len(LENGTH_KINDS),) and (fns != 0).all()
+    assert len({int(drawers(ARR_POISSON, predictor=p)[1]) for p in PREDICT_KINDS}) == len(PREDICT_KINDS)
+    assert np.array_equal(drawers(ARR_POISSON, 0, 1), drawers(ARR_POISSON, 0, 1))
+    with pytest.raises(ValueError, match="no lengths drawer of kind 99; kinds are"):
+        drawers(ARR_POISSON, 99)
+
+
+def test_a_drawer_refuses_an_array_of_another_layout():
+    """The call by address checks its arguments against the drawers'
+    signature when the caller compiles: a strided array where the drawers
+    take a contiguous one is a typing error, not a wrong read."""
+
+    @njit
+    def strided(fn, params, values, gen, out):
+        draw_block(fn, params, values, 0, 2, gen, out[::2])
+
+    with pytest.raises(TypingError, match="argument 5 is .* the drawers take"):
+        strided(drawers(ARR_POISSON, 0)[1], np.array([0.0, 1.0]), np.empty(0), np.random.default_rng(0),
+                np.empty(4))

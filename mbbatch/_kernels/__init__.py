@@ -5,7 +5,8 @@ Modules
 - :mod:`.layout`: how a kernel's arguments are declared (``Layout`` for
   scalars, ``Arrays`` for arrays), once for the kernel and its callers;
 - :mod:`.common`: the parts both kernels use (arrival and length codes,
-  blocks of random draws, whole-token rounding, the latency histogram and
+  blocks of random draws (compiled per kind, called by address),
+  whole-token rounding, the latency histogram and
   its quantile ranks) and the decorators of kernels and their steps;
 - :mod:`.multibin`: the multi-bin paper's model, entry point :func:`.multibin.run`;
 - :mod:`.dynamic`: the event kernel of static, dynamic and multi-bin dynamic
@@ -66,6 +67,7 @@ def _drop_stale_caches(modules) -> None:
     caches = [f._cache for m in modules for f in vars(m).values()
               if getattr(f, "_cache", None) is not None and hasattr(f._cache, "flush")
               and getattr(f, "py_func", None) is not None and f.py_func.__module__ == m.__name__]
+    caches += common.drawer_caches()
     try:
         stamp_file = Path(caches[0].cache_path) / "mbbatch_kernels.sources"
         if stamp_file.is_file() and stamp_file.read_text() == stamp:

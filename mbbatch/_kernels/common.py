@@ -16,16 +16,23 @@ typing, which costs seconds of compile time too):
 - :data:`subroutine`: called once per block of requests, left to LLVM.
 
 Neither can be called from Python (no wrappers: less to compile).
+
+The random draws of a block (arrival times, lengths, predictions) are
+compiled per kind, apart from the kernels, and called by address
+(:func:`drawers`): a kernel compiles once for every kind, and a run compiles
+only the kinds it uses.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import cfunc, njit, types
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 # numpy's ziggurat tables (as numba holds them) and the bit generator's raw
 # draws: the distributions are drawn below, by numpy's algorithms (so numpy's
@@ -275,80 +282,272 @@ def numpy_gamma(bits, shape, b, c, inv):
                 return x
 
 
-@subroutine
-def draw_arrivals(kind, t, inv_rate, arrival_times, i0, m, gen, out, params, ends, seg, t_switch):
-    """Arrival times of requests i0 .. i0+m-1 into ``out``, continuing the
-    clock ``t`` and the process's state: the rate segment or ON/OFF state
-    ``seg`` and, for ON/OFF, the time ``t_switch`` of the next change of
-    state (negative before the first call).  Returns the new
-    ``(t, seg, t_switch)``."""
-    um = np.uint64(m)
-    bits = gen.bit_generator
-    if kind == ARR_POISSON:
-        for j in range(um):
-            t += standard_exponential(bits) * inv_rate
-            out[j] = t
-    elif kind == ARR_GAMMA:
-        shape = params[0]
-        scale = params[1]
-        b, c, inv = gamma_constants(shape)
-        for j in range(um):
-            t += standard_gamma(bits, shape, b, c, inv) * scale
-            out[j] = t
-    elif kind == ARR_ONOFF:
-        if t_switch < 0.0:
-            # the stationary state, and (memoryless) a whole sojourn from t
-            seg = np.int64(0) if next_double(bits) * (params[2] + params[3]) < params[2] else np.int64(1)
-            t_switch = t + standard_exponential(bits) * params[2 + seg]
-        for j in range(um):
-            # exact: memorylessness lets a gap that crosses a change of state
-            # restart at the change, at the new state's rate
-            while True:
-                r = params[seg]
-                if r > 0.0:
-                    nt = t + standard_exponential(bits) / r
-                    if nt <= t_switch:
+# --- the draws, compiled per kind -------------------------------------------------
+#
+# A kernel draws its requests a block at a time through three drawers: the
+# arrival process, a length (or service) distribution, the predictor.  Each
+# is compiled for one kind at a time, when a run first uses that kind, and
+# called by address: a kernel compiles none of the kinds it does not use
+# (a Poisson run compiles no gamma, ON/OFF or replay code), and compiles
+# once for all of them.  ``kind`` is a constant of each compiled drawer
+# (numba prunes the other kinds' branches before typing), and a call costs
+# one indirect call per block of requests.
+
+#: numba types of the drawers' arguments: the kernels' input arrays
+#: (read-only), their blocks, and a numpy Generator
+_IN = types.Array(types.float64, 1, "C", readonly=True)
+_OUT = types.Array(types.float64, 1, "C")
+_GEN = types.NumPyRandomGeneratorType("NumPyRandomGeneratorType")
+#: (t, inv_rate, arrival_times, i0, m, gen, out, params, ends, seg, t_switch) -> (t, seg, t_switch)
+ARRIVALS_SIG = types.Tuple((types.float64, types.int64, types.float64))(
+    types.float64, types.float64, _IN, types.int64, types.int64, _GEN, _OUT, _IN, _IN, types.int64, types.float64)
+#: (params, values, i0, m, gen, out) -> None
+LENGTHS_SIG = types.void(_IN, _IN, types.int64, types.int64, _GEN, _OUT)
+#: (sigma, values, i0, m, gen, true, out) -> None
+PREDICT_SIG = types.void(types.float64, _IN, types.int64, types.int64, _GEN, _OUT, _OUT)
+
+#: the kinds each drawer is compiled for
+ARRIVAL_KINDS = (ARR_POISSON, ARR_SATURATED, ARR_REPLAY, ARR_PIECEWISE, ARR_GAMMA, ARR_ONOFF)
+LENGTH_KINDS = (SVC_UNIFORM, SVC_EXPON, SVC_LOGNORM, SVC_GAMMA, SVC_WEIBULL_MIN, SVC_REPLAY, SVC_EMPIRICAL)
+PREDICT_KINDS = (PRED_ORACLE, PRED_LOGNORMAL, PRED_CONFUSION, PRED_REPLAY)
+
+
+def _caller(sig, name):
+    """An intrinsic ``call(fn, args)``: calls the drawer compiled for ``sig``
+    at address ``fn`` with the tuple ``args``.  Scalars are converted to the
+    drawer's types; arrays must match its dtype, dimensions and layout (a
+    read-only array passes for a writable one: numba stores both alike)."""
+
+    @intrinsic
+    def call(typingctx, fn, args):
+        if not isinstance(fn, types.Integer) or not isinstance(args, types.BaseTuple) \
+                or len(args) != len(sig.args):
+            raise TypingError(f"{name}(fn, args): an address and a tuple of {len(sig.args)} arguments")
+        for k, (have, want) in enumerate(zip(args.types, sig.args)):
+            if isinstance(want, types.Array):
+                ok = isinstance(have, types.Array) and (have.dtype, have.ndim, have.layout) == (
+                    want.dtype, want.ndim, want.layout)
+            else:
+                ok = have == want or (isinstance(want, types.Number) and isinstance(have, (types.Number,
+                                                                                       types.Boolean)))
+            if not ok:
+                raise TypingError(f"{name}: argument {k} is {have}; the drawers take {want}")
+
+        def codegen(context, builder, signature, llargs):
+            fnty = ir.FunctionType(context.get_value_type(sig.return_type),
+                                   [context.get_value_type(t) for t in sig.args])
+            ptr = builder.inttoptr(llargs[0], fnty.as_pointer())
+            vals = []
+            for k, (have, want) in enumerate(zip(args.types, sig.args)):
+                v = builder.extract_value(llargs[1], k)
+                vals.append(v if isinstance(want, types.Array) or have == want
+                            else context.cast(builder, v, have, want))
+            return builder.call(ptr, vals)
+
+        return sig.return_type(fn, args), codegen
+
+    return call
+
+
+_call_arrivals = _caller(ARRIVALS_SIG, "draw_arrivals")
+_call_lengths = _caller(LENGTHS_SIG, "draw_block")
+_call_predict = _caller(PREDICT_SIG, "predict")
+
+
+def _arrivals_py(kind):
+    """The arrival drawer of ``kind``, as Python (see :func:`drawers`)."""
+
+    def arrivals(t, inv_rate, arrival_times, i0, m, gen, out, params, ends, seg, t_switch):
+        um = np.uint64(m)
+        bits = gen.bit_generator
+        if kind == ARR_POISSON:
+            for j in range(um):
+                t += standard_exponential(bits) * inv_rate
+                out[j] = t
+        elif kind == ARR_GAMMA:
+            shape = params[0]
+            scale = params[1]
+            b, c, inv = gamma_constants(shape)
+            for j in range(um):
+                t += standard_gamma(bits, shape, b, c, inv) * scale
+                out[j] = t
+        elif kind == ARR_ONOFF:
+            if t_switch < 0.0:
+                # the stationary state, and (memoryless) a whole sojourn from t
+                seg = np.int64(0) if next_double(bits) * (params[2] + params[3]) < params[2] else np.int64(1)
+                t_switch = t + standard_exponential(bits) * params[2 + seg]
+            for j in range(um):
+                # exact: memorylessness lets a gap that crosses a change of state
+                # restart at the change, at the new state's rate
+                while True:
+                    r = params[seg]
+                    if r > 0.0:
+                        nt = t + standard_exponential(bits) / r
+                        if nt <= t_switch:
+                            t = nt
+                            break
+                    t = t_switch
+                    seg = 1 - seg
+                    t_switch = t + standard_exponential(bits) * params[2 + seg]
+                out[j] = t
+        elif kind == ARR_PIECEWISE:
+            for j in range(um):
+                # exact piecewise-constant Poisson: memorylessness lets a gap
+                # that crosses a rate change restart at the change
+                while True:
+                    nt = t + standard_exponential(bits) / params[seg]
+                    if nt <= ends[seg] or seg == params.shape[0] - 1:
                         t = nt
                         break
-                t = t_switch
-                seg = 1 - seg
-                t_switch = t + standard_exponential(bits) * params[2 + seg]
-            out[j] = t
-    elif kind == ARR_PIECEWISE:
-        for j in range(um):
-            # exact piecewise-constant Poisson: memorylessness lets a gap
-            # that crosses a rate change restart at the change
-            while True:
-                nt = t + standard_exponential(bits) / params[seg]
-                if nt <= ends[seg] or seg == params.shape[0] - 1:
-                    t = nt
-                    break
-                t = ends[seg]
-                seg += 1
-            out[j] = t
-    elif kind == ARR_REPLAY:
-        # request i is time i % size of copy i // size, shifted by (i // size) * period (params[0])
-        size = arrival_times.shape[0]
-        r = i0 % size
-        c = i0 // size
-        shift = c * params[0]
-        for j in range(um):
-            out[j] = arrival_times[r] if c == 0 else arrival_times[r] + shift
-            r += 1
-            if r == size:
-                r = 0
-                c += 1
-                shift = c * params[0]
-    else:
-        for j in range(um):
-            out[j] = 0.0
-    return t, seg, t_switch
+                    t = ends[seg]
+                    seg += 1
+                out[j] = t
+        elif kind == ARR_REPLAY:
+            # request i is time i % size of copy i // size, shifted by (i // size) * period (params[0])
+            size = arrival_times.shape[0]
+            r = i0 % size
+            c = i0 // size
+            shift = c * params[0]
+            for j in range(um):
+                out[j] = arrival_times[r] if c == 0 else arrival_times[r] + shift
+                r += 1
+                if r == size:
+                    r = 0
+                    c += 1
+                    shift = c * params[0]
+        else:
+            for j in range(um):
+                out[j] = 0.0
+        return t, seg, t_switch
+
+    return arrivals
+
+
+def _lengths_py(kind):
+    """The length drawer of ``kind``, as Python (see :func:`drawers`)."""
+
+    def lengths(params, values, i0, m, gen, out):
+        um = np.uint64(m)
+        loc = params[0]
+        scale = params[1]
+        bits = gen.bit_generator
+        if kind == SVC_UNIFORM:
+            for j in range(um):
+                out[j] = loc + scale * next_double(bits)
+        elif kind == SVC_EXPON:
+            for j in range(um):
+                out[j] = loc + scale * standard_exponential(bits)
+        elif kind == SVC_LOGNORM:
+            for j in range(um):
+                out[j] = loc + scale * np.exp(params[2] * standard_normal(bits))
+        elif kind == SVC_GAMMA:
+            shape = params[2]
+            b, c, inv = gamma_constants(shape)
+            for j in range(um):
+                out[j] = loc + scale * numpy_gamma(bits, shape, b, c, inv)
+        elif kind == SVC_WEIBULL_MIN:
+            # numpy's Weibull: E ** (1 / c), 0 at c = 0
+            inv = 1.0 / params[2] if params[2] != 0.0 else 0.0
+            for j in range(um):
+                out[j] = loc + scale * (0.0 if inv == 0.0 else pow(standard_exponential(bits), inv))
+        elif kind == SVC_EMPIRICAL:
+            size = values.shape[0]
+            for j in range(um):
+                # a 53-bit uniform times the size: an index in [0, size), each equally likely
+                # up to 2**-53 relative (sizes far below 2**53)
+                out[j] = values[np.uint64(next_double(bits) * size)]
+        else:
+            replay(values, i0, m, out)
+
+    return lengths
+
+
+def _predict_py(kind):
+    """The predictor of ``kind``, as Python (see :func:`drawers`)."""
+
+    def predictions(sigma, values, i0, m, gen, true, out):
+        um = np.uint64(m)
+        if kind == PRED_LOGNORMAL:
+            bits = gen.bit_generator
+            for j in range(um):
+                out[j] = true[j] * math.exp(sigma * standard_normal(bits))
+        elif kind == PRED_REPLAY:
+            replay(values, i0, m, out)
+        else:
+            for j in range(um):
+                out[j] = true[j]
+
+    return predictions
+
+
+#: (Python drawer of a kind, its signature, its kinds)
+DRAWERS = {"arrivals": (_arrivals_py, ARRIVALS_SIG, ARRIVAL_KINDS),
+           "lengths": (_lengths_py, LENGTHS_SIG, LENGTH_KINDS),
+           "predict": (_predict_py, PREDICT_SIG, PREDICT_KINDS)}
+
+
+#: the drawers compiled in this process, by (what, kind): kept for the
+#: process's life, since kernels call them by address
+_COMPILED: dict = {}
+_COMPILING = threading.Lock()
+
+
+def _drawer(what: str, kind: int):
+    """The drawer ``what`` compiled for ``kind``, once per process (a lock:
+    a drawer compiled twice by two threads, one copy dropped, would leave a
+    kernel calling freed code)."""
+    key = (what, int(kind))
+    fn = _COMPILED.get(key)
+    if fn is None:
+        py, sig, kinds = DRAWERS[what]
+        if key[1] not in kinds:
+            raise ValueError(f"no {what} drawer of kind {kind}; kinds are {kinds}")
+        with _COMPILING:
+            fn = _COMPILED.get(key)
+            if fn is None:
+                fn = _COMPILED[key] = cfunc(sig, cache=CACHE, _nrt=False)(py(key[1]))
+    return fn
+
+
+def drawers(arrival_kind: int, *length_kinds: int, predictor: int = PRED_ORACLE) -> np.ndarray:
+    """The addresses a kernel draws its requests through (compiling each
+    drawer the first time a process uses its kind): the arrival process,
+    then one per length stream, then the predictor."""
+    fns = [_drawer("arrivals", arrival_kind)] + [_drawer("lengths", k) for k in length_kinds] + [
+        _drawer("predict", predictor)]
+    return np.array([f.address for f in fns], np.int64)
+
+
+@step
+def draw_arrivals(fn, t, inv_rate, arrival_times, i0, m, gen, out, params, ends, seg, t_switch):
+    """Arrival times of requests i0 .. i0+m-1 into ``out`` by the arrival
+    drawer at ``fn`` (:func:`drawers`), continuing the clock ``t`` and the
+    process's state: the rate segment or ON/OFF state ``seg`` and, for
+    ON/OFF, the time ``t_switch`` of the next change of state (negative
+    before the first call).  Returns the new ``(t, seg, t_switch)``."""
+    return _call_arrivals(fn, (t, inv_rate, arrival_times, i0, m, gen, out, params, ends, seg, t_switch))
+
+
+@step
+def draw_block(fn, params, values, i0, m, gen, out):
+    """Draws (or replayed values) i0 .. i0+m-1 of one length or service
+    stream into ``out``, by the length drawer at ``fn`` (:func:`drawers`)."""
+    _call_lengths(fn, (params, values, i0, m, gen, out))
+
+
+@step
+def predict(fn, sigma, values, i0, m, gen, true, out):
+    """Predicted values of requests i0 .. i0+m-1 into ``out`` from their true
+    values ``true``, by the predictor at ``fn`` (:func:`drawers`): log-normal
+    error ``sigma`` (draws of ``gen``) or the given ``values``; the oracle
+    and bin confusion copy the truth."""
+    _call_predict(fn, (sigma, values, i0, m, gen, true, out))
 
 
 @step
 def replay_time(arrival_times, period, i):
     """The arrival time of request ``i`` of a replayed trace repeated end to
-    end, as :func:`draw_arrivals` makes it: time ``i % size`` of copy
+    end, as the replay arrivals drawer makes it: time ``i % size`` of copy
     ``i // size``, shifted by ``(i // size) * period``."""
     size = arrival_times.shape[0]
     c = i // size
@@ -367,61 +566,6 @@ def replay(values, i0, m, out):
         r += 1
         if r == size:
             r = 0
-
-
-@subroutine
-def draw_block(kind, params, values, i0, m, gen, out):
-    """Draws (or replayed values) i0 .. i0+m-1 of one length or service
-    stream into ``out``."""
-    # the switch sits outside the loops so each draw loop is a tight one
-    um = np.uint64(m)
-    loc = params[0]
-    scale = params[1]
-    bits = gen.bit_generator
-    if kind == SVC_UNIFORM:
-        for j in range(um):
-            out[j] = loc + scale * next_double(bits)
-    elif kind == SVC_EXPON:
-        for j in range(um):
-            out[j] = loc + scale * standard_exponential(bits)
-    elif kind == SVC_LOGNORM:
-        for j in range(um):
-            out[j] = loc + scale * np.exp(params[2] * standard_normal(bits))
-    elif kind == SVC_GAMMA:
-        shape = params[2]
-        b, c, inv = gamma_constants(shape)
-        for j in range(um):
-            out[j] = loc + scale * numpy_gamma(bits, shape, b, c, inv)
-    elif kind == SVC_WEIBULL_MIN:
-        # numpy's Weibull: E ** (1 / c), 0 at c = 0
-        inv = 1.0 / params[2] if params[2] != 0.0 else 0.0
-        for j in range(um):
-            out[j] = loc + scale * (0.0 if inv == 0.0 else pow(standard_exponential(bits), inv))
-    elif kind == SVC_EMPIRICAL:
-        size = values.shape[0]
-        for j in range(um):
-            # a 53-bit uniform times the size: an index in [0, size), each equally likely
-            # up to 2**-53 relative (sizes far below 2**53)
-            out[j] = values[np.uint64(next_double(bits) * size)]
-    else:
-        replay(values, i0, m, out)
-
-
-@subroutine
-def predict(kind, sigma, values, i0, m, gen, true, out):
-    """Predicted values of requests i0 .. i0+m-1 into ``out`` from their true
-    values ``true``: log-normal error ``sigma`` (draws of ``gen``) or the
-    given ``values``; the oracle and bin confusion copy the truth."""
-    um = np.uint64(m)
-    if kind == PRED_LOGNORMAL:
-        bits = gen.bit_generator
-        for j in range(um):
-            out[j] = true[j] * math.exp(sigma * standard_normal(bits))
-    elif kind == PRED_REPLAY:
-        replay(values, i0, m, out)
-    else:
-        for j in range(um):
-            out[j] = true[j]
 
 
 #: SplitMix64's increment and multipliers (Steele, Lea and Flood, "Fast splittable
@@ -521,5 +665,16 @@ def token_service(x, m, base, per_token, integer):
 
 
 def warmup() -> None:
-    """Compile (or load from the cache) the helpers called from Python."""
+    """Compile (or load from the cache) the helpers called from Python and
+    the drawer of every kind."""
     hist_ranks(np.zeros(2, np.int64), np.array([0.5]), np.empty(1, np.int64))
+    for what, (_, _, kinds) in DRAWERS.items():
+        for kind in kinds:
+            _drawer(what, kind)
+
+
+def drawer_caches() -> list:
+    """numba's disk caches of the drawers (one per drawer, shared by its
+    kinds), without compiling any, for :func:`mbbatch._kernels._drop_stale_caches`."""
+    from numba.core.caching import FunctionCache
+    return [FunctionCache(py(kinds[0])) for py, _, kinds in DRAWERS.values()] if CACHE else []

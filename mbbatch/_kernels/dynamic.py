@@ -31,8 +31,8 @@ from numba import njit
 from .common import (
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY,
     SVC_UNIFORM,
-    confused_bin, confused_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, replay_time, request_uniform,
-    request_uniforms, round_lengths, step, subroutine,
+    confused_bin, confused_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, predict, replay_time,
+    request_uniform, request_uniforms, round_lengths, step, subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
@@ -201,7 +201,7 @@ CLUSTER_ARRAYS = Arrays("ClusterArrays", __name__, config=np.int64, program=np.i
 ClusterArrays = CLUSTER_ARRAYS.type
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
-                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64)
+                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64, draws=np.int64)
 TokenWorkspace = WORKSPACE.type
 
 R = RUN.index
@@ -306,7 +306,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     ws = WORKSPACE.pack(q=np.empty((FIELDS.size, K, QUEUE_START)), qidx=np.empty((K, QUEUE_START), np.int64),
                         head=np.zeros(K, np.int64), size=np.zeros(K, np.int64), window=np.empty(max(window, 1)),
                         servers_i=servers_i, servers_f=servers_f, blk=np.empty((FIELDS.size, BLOCK)),
-                        loop_ints=loop_ints, loop_floats=loop_floats)
+                        loop_ints=loop_ints, loop_floats=loop_floats,
+                        draws=drawers(rn["arrival_kind"], rn["output_kind"], rn["prompt_kind"],
+                                      predictor=rn["predictor"]))
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
@@ -365,26 +367,26 @@ def _rebin(q, qidx, head, size, lo, hi, p=1.0, key=0):
 # --- the steps of the event loop ----------------------------------------------
 
 @subroutine
-def _draw_requests(i0, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_times, arrival_params, arrival_ends,
-                   gen_arrival,
-                   output_kind, output_params, output_values, gen_output, prompt_kind, prompt_params,
-                   prompt_values, gen_prompt, integer, sigma, gen_pred, predictor, predictions, blk):
+def _draw_requests(i0, m, t, seg, t_switch, draws, inv_rate, arrival_times, arrival_params, arrival_ends,
+                   gen_arrival, output_params, output_values, gen_output, prompt_params, prompt_values, gen_prompt,
+                   integer, sigma, gen_pred, predictor, predictions, blk):
     """Step 1: requests i0 .. i0+m-1 into the rows of ``blk``, one stream at a
     time: arrival times, output and prompt lengths (whole tokens when
-    ``integer``), predicted outputs (log-normal error ``sigma``).  Returns
+    ``integer``), predicted outputs (log-normal error ``sigma``), through
+    the drawers at ``draws`` (:func:`~.common.drawers`).  Returns
     the arrival clock and process state ``(t, seg, t_switch)``."""
     arrival = blk[Q.arrival]
     prompt = blk[Q.prompt]
     output = blk[Q.output]
     pred = blk[Q.pred]
-    t, seg, t_switch = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival, arrival,
+    t, seg, t_switch = draw_arrivals(draws[0], t, inv_rate, arrival_times, i0, m, gen_arrival, arrival,
                                      arrival_params, arrival_ends, seg, t_switch)
-    draw_block(output_kind, output_params, output_values, i0, m, gen_output, output)
-    draw_block(prompt_kind, prompt_params, prompt_values, i0, m, gen_prompt, prompt)
+    draw_block(draws[1], output_params, output_values, i0, m, gen_output, output)
+    draw_block(draws[2], prompt_params, prompt_values, i0, m, gen_prompt, prompt)
     round_lengths(output, m, integer)
     round_lengths(prompt, m, integer)
     # (the copy of the rounded outputs of the oracle and bin confusion is rounded already)
-    predict(predictor, sigma, predictions, i0, m, gen_pred, output, pred)
+    predict(draws[3], sigma, predictions, i0, m, gen_pred, output, pred)
     if predictor != PRED_ORACLE and predictor != PRED_CONFUSION:
         round_lengths(pred, m, integer)
     return t, seg, t_switch
@@ -889,8 +891,6 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     ri, rf = config.run
     n = ri[R.n]
     arrival_kind = ri[R.arrival_kind]
-    prompt_kind = ri[R.prompt_kind]
-    output_kind = ri[R.output_kind]
     integer = ri[R.integer] != 0
     keep = ri[R.keep_requests] != 0
     keep_batches = ri[R.keep_batches] != 0
@@ -1227,13 +1227,11 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 break
             m = n - i if n - i < BLOCK else BLOCK
             jj = 0
-            t, seg, t_switch = _draw_requests(i, m, t, seg, t_switch, arrival_kind, inv_rate, arrival_times,
+            t, seg, t_switch = _draw_requests(i, m, t, seg, t_switch, ws.draws, inv_rate, arrival_times,
                                               inputs.arrival_params, inputs.arrival_ends, streams.arrival,
-                                              output_kind,
-                                    inputs.output_params, inputs.output_values,
-                                    streams.output, prompt_kind, inputs.prompt_params,
-                                    inputs.prompt_values, streams.prompt, integer, sigma,
-                                    streams.prediction, predictor, predictions, blk)
+                                              inputs.output_params, inputs.output_values, streams.output,
+                                              inputs.prompt_params, inputs.prompt_values, streams.prompt,
+                                              integer, sigma, streams.prediction, predictor, predictions, blk)
             if i == 0:
                 floats[S.first_arrival] = blk[Q.arrival, 0]
 

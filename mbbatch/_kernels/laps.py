@@ -31,8 +31,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import (ARR_POISSON, HIST_SIZE, SVC_UNIFORM, draw_arrivals, draw_block, hist_bucket, kernel,
-                     round_lengths, step)
+from .common import (ARR_POISSON, HIST_SIZE, SVC_UNIFORM, draw_arrivals, draw_block, drawers, hist_bucket,
+                     kernel, round_lengths, step)
 from .layout import Arrays, Layout
 
 #: the run's scalars: ``dual`` 1 for the dual queue (else one FIFO),
@@ -66,10 +66,12 @@ REQUESTS = Layout("LAPS requests", ints=("instance", "category"),
 #: the kernel's scratch arrays: the requests (arrival, prompt, queue link,
 #: category), each instance's two queues (head, tail, length), its batch,
 #: its end time and its short window's deadline (the oldest short request's
-#: arrival + window), the router's groups and outstanding counts
+#: arrival + window), the router's groups and outstanding counts, and the
+#: addresses of the arrival and prompt drawers (:func:`~.common.drawers`)
 WORKSPACE = Arrays("LapsWorkspace", __name__, arrival=np.float64, prompt=np.float64, nxt=np.int64, cat=np.int8,
                    qh=(np.int64, 2), qt=(np.int64, 2), qn=(np.int64, 2), batch=(np.int64, 2), batch_n=np.int64,
-                   t_done=np.float64, deadline=np.float64, group=np.int64, n_group=np.int64, outstanding=np.int64)
+                   t_done=np.float64, deadline=np.float64, group=np.int64, n_group=np.int64, outstanding=np.int64,
+                   draws=np.int64)
 LapsWorkspace = WORKSPACE.type
 
 C = CONFIG.index
@@ -186,9 +188,9 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     r_f = requests[1]
 
     # the requests: arrival times and prompt lengths, one stream each
-    draw_arrivals(ci[C.arrival_kind], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
+    draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
                   inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
-    draw_block(ci[C.prompt_kind], inputs.prompt_params, inputs.prompt_values, 0, n, streams.prompt, prompt)
+    draw_block(ws.draws[1], inputs.prompt_params, inputs.prompt_values, 0, n, streams.prompt, prompt)
     round_lengths(prompt, n, ci[C.integer] != 0)
 
     # the router: groups (highest ids long), pending per category
@@ -370,7 +372,7 @@ def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray):
                         batch=np.empty((E, B), np.int64), batch_n=np.zeros(E, np.int64), t_done=np.empty(E),
                         deadline=np.full(E, np.inf),
                         group=np.empty(E, np.int64), n_group=np.empty(2, np.int64),
-                        outstanding=np.empty(E, np.int64))
+                        outstanding=np.empty(E, np.int64), draws=drawers(cfg["arrival_kind"], cfg["prompt_kind"]))
     code = laps_kernel(config, inputs, streams, out, requests, ws, stop)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None), code
 

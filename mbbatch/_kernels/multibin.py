@@ -26,7 +26,7 @@ import numpy as np
 from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a test read them from here)
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
     PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM, SVC_WEIBULL_MIN,
-    confuse_bins, draw_arrivals, draw_block, hist_bucket, kernel, predict, step, token_service,
+    confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, predict, step, token_service,
 )
 from .layout import Arrays, Layout
 
@@ -74,11 +74,12 @@ REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"),
 
 #: the kernel's scratch arrays.  Bin b's partial batch occupies
 #: [b * stride, (b + 1) * stride) of the buf_ arrays, stride = min(B, n);
-#: heap holds the servers' free times when 1 < servers < inf.
+#: heap holds the servers' free times when 1 < servers < inf; draws the
+#: addresses of the arrival, service and prediction drawers (:func:`~.common.drawers`).
 WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_index=np.int64,
                    count=np.uint64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
                    block_time=np.float64, block_bin=np.uint32, block_service=np.float64, block_pred=np.float64,
-                   heap=np.float64)
+                   heap=np.float64, draws=np.int64)
 MultiBinWorkspace = WORKSPACE.type
 
 C = CONFIG.index
@@ -124,7 +125,8 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                         hidx=np.empty(stride, np.uint64), block_time=np.empty(BLOCK),
                         block_bin=np.empty(BLOCK, np.uint32), block_service=np.empty(BLOCK),
                         block_pred=np.empty(BLOCK),
-                        heap=np.zeros(max(servers, 1)))
+                        heap=np.zeros(max(servers, 1)),
+                        draws=drawers(cfg["arrival_kind"], cfg["service_kind"], predictor=cfg["predictor"]))
     multibin_kernel(config, inputs, streams, out, requests, ws, stop)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None)
 
@@ -194,8 +196,6 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     """
     ci, cf = config
     n = ci[C.n]
-    arrival_kind = ci[C.arrival_kind]
-    service_kind = ci[C.service_kind]
     B = ci[C.batch_size]
     servers = ci[C.servers]
     keep = ci[C.keep] != 0
@@ -239,6 +239,7 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     block_service = ws.block_service
     block_pred = ws.block_pred
     heap = ws.heap
+    draws = ws.draws
 
     k = edges.shape[0] - 1
     G = group_latency.shape[0]
@@ -286,15 +287,15 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
                 jj = np.int64(0)
             # 1. draws, one stream at a time, in tight loops
             um = np.uint64(m)
-            t, seg, t_switch = draw_arrivals(arrival_kind, t, inv_rate, arrival_times, i0, m, gen_arrival,
+            t, seg, t_switch = draw_arrivals(draws[0], t, inv_rate, arrival_times, i0, m, gen_arrival,
                                              block_time, inputs.arrival_params, inputs.arrival_ends, seg, t_switch)
             if i0 == 0:
                 first_arrival = block_time[0]
-            draw_block(service_kind, service_params, service_values, i0, m, gen_service, block_service)
+            draw_block(draws[1], service_params, service_values, i0, m, gen_service, block_service)
             if tokens:
                 token_service(block_service, m, base, per_token, integer)
             # what a request is binned by (it is served for block_service)
-            predict(predictor, predictor_param, predictions, i0, m, gen_prediction, block_service, block_pred)
+            predict(draws[2], predictor_param, predictions, i0, m, gen_prediction, block_service, block_pred)
             if predictor == PRED_REPLAY and tokens:
                 token_service(block_pred, m, base, per_token, integer)
 
