@@ -33,8 +33,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
+# one test worker per core; a test file's tests share a worker (and its session fixtures)
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto --dist loadfile
 
 bench: $(STAMP)
 	$(PY) bench/run.py

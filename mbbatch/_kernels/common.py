@@ -505,7 +505,18 @@ def _drawer(what: str, kind: int):
         with _COMPILING:
             fn = _COMPILED.get(key)
             if fn is None:
-                fn = _COMPILED[key] = cfunc(sig, cache=CACHE, _nrt=False)(py(key[1]))
+                fn = _COMPILED[key] = cfunc(sig, cache=CACHE, _nrt=False)(_named(what, key[1]))
+    return fn
+
+
+def _named(what: str, kind: int):
+    """The Python drawer ``what`` of ``kind``, named for both: numba names a
+    function's disk cache after it, so each kind has a cache of its own.
+    (Kinds sharing one cache index could cross: two processes compiling two
+    kinds at once could each file its code under the same data file, and the
+    index of one could end up pointing at the other's code.)"""
+    fn = DRAWERS[what][0](kind)
+    fn.__qualname__ = fn.__name__ = f"drawer_{what}_{kind}"
     return fn
 
 
@@ -674,7 +685,8 @@ def warmup() -> None:
 
 
 def drawer_caches() -> list:
-    """numba's disk caches of the drawers (one per drawer, shared by its
-    kinds), without compiling any, for :func:`mbbatch._kernels._drop_stale_caches`."""
+    """numba's disk caches of the drawers (one per drawer and kind), without
+    compiling any, for :func:`mbbatch._kernels._drop_stale_caches`."""
     from numba.core.caching import FunctionCache
-    return [FunctionCache(py(kinds[0])) for py, _, kinds in DRAWERS.values()] if CACHE else []
+    return [FunctionCache(_named(what, kind)) for what, (_, _, kinds) in DRAWERS.items() for kind in kinds] \
+        if CACHE else []
