@@ -13,8 +13,8 @@ from numba import njit
 from numba.core.errors import TypingError
 
 from mbbatch._kernels.common import (
-    ARR_POISSON, ARRIVAL_KINDS, LENGTH_KINDS, PRED_ORACLE, PREDICT_KINDS, draw_block, drawers, gamma_constants,
-    numpy_gamma, standard_exponential, standard_normal,
+    ARR_POISSON, ARRIVAL_KINDS, CACHE, LENGTH_KINDS, PRED_ORACLE, PREDICT_KINDS, draw_block, drawer_caches, drawers,
+    gamma_constants, numpy_gamma, standard_exponential, standard_normal,
 )
 from mbbatch.lengths import as_service
 
@@ -117,3 +117,14 @@ def test_a_drawer_refuses_an_array_of_another_layout():
     with pytest.raises(TypingError, match="argument 5 is .* the drawers take"):
         strided(drawers(ARR_POISSON, 0)[1], np.array([0.0, 1.0]), np.empty(0), np.random.default_rng(0),
                 np.empty(4))
+
+
+@pytest.mark.skipif(not CACHE, reason="the numba disk cache is off (MBBATCH_NUMBA_CACHE=0)")
+def test_every_drawer_kind_has_a_cache_index_of_its_own():
+    """Each (drawer, kind) is cached under an index file of its own: kinds
+    sharing one index could cross when two processes (a sweep's workers)
+    compile two kinds at once, each filing its code as the index's first
+    data file."""
+    paths = [cache._cache_file._index_path for cache in drawer_caches()]
+    assert len(paths) == len(ARRIVAL_KINDS) + len(LENGTH_KINDS) + len(PREDICT_KINDS)
+    assert len(set(paths)) == len(paths)
