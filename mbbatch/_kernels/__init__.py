@@ -67,12 +67,12 @@ def _drop_stale_caches(modules) -> None:
     caches = [f._cache for m in modules for f in vars(m).values()
               if getattr(f, "_cache", None) is not None and hasattr(f._cache, "flush")
               and getattr(f, "py_func", None) is not None and f.py_func.__module__ == m.__name__]
-    caches += common.drawer_caches()
     try:
         stamp_file = Path(caches[0].cache_path) / "mbbatch_kernels.sources"
         if stamp_file.is_file() and stamp_file.read_text() == stamp:
             return
-        for cache in caches:
+        # (the drawers' caches are named only here: most imports find the stamp current)
+        for cache in caches + common.drawer_caches():
             cache.flush()
         stamp_file.write_text(stamp)
     except (IndexError, AttributeError, OSError):
