@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import mbbatch as mb
 from mbbatch.sweeps import check_store, run_sweep
 from mbbatch.sweeps import store
 from mbbatch.sweeps.store import StoreNote, SweepError
@@ -321,6 +322,42 @@ def test_a_store_without_checksums_needs_overwrite(tmp_path, reference):
         run_sweep(write(tmp_path, TINY), out, workers=1, progress=False)
     rebuilt = run_sweep(write(tmp_path, TINY), out, workers=1, progress=False, overwrite=True).load()
     assert_identical(reference[1], rebuilt)
+
+
+GAMMA = TINY.replace('arrivals = "poisson"', 'arrivals = "gamma"').replace("[grid]", "cv = 2.0\n\n[grid]")
+
+
+def test_a_gamma_store_of_older_gaps_is_read_not_resumed(tmp_path):
+    """Gamma gaps at an integer cv**2 are now drawn another way (a product
+    of uniforms, not exp): a store recording no sampler or another one
+    still opens when complete, but its missing points are not computed by
+    the new draws beside its old ones: the error names the store and the
+    way out, and nothing stored changes.  A store of today's draws resumes
+    as before."""
+    out = tmp_path / "g.zarr"
+    ds = run_sweep(write(tmp_path, GAMMA), out, workers=1, progress=False).load()
+    assert ds.attrs["gamma_gaps"] == mb.Gamma.SAMPLER
+    assert "gamma_gaps" not in run_sweep(write(tmp_path, TINY), tmp_path / "p.zarr", workers=1,
+                                         progress=False).attrs
+    meta = json.loads((out / "zarr.json").read_text())
+    del meta["attributes"]["gamma_gaps"]
+    (out / "zarr.json").write_text(json.dumps(meta))
+    complete = run_sweep(write(tmp_path, GAMMA), out, workers=1, progress=False).load()
+    for v in ds.data_vars:
+        np.testing.assert_array_equal(ds[v].values, complete[v].values, err_msg=v)
+    xr.Dataset({"done": (("bins", "rate"), np.zeros((1, 1), bool))}).to_zarr(
+        out, region={"bins": slice(0, 1), "rate": slice(2, 3)}, write_empty_chunks=True)
+    before = tree(out)
+    with pytest.raises(SweepError, match=r"g\.zarr holds gamma arrivals drawn by an older mbbatch.*1 points "
+                                         r"still to compute.*--overwrite"):
+        run_sweep(write(tmp_path, GAMMA), out, workers=1, progress=False)
+    assert tree(out) == before
+    report = check_store(out)
+    assert report.ok and "can be read, not resumed" in report.text and "--overwrite" in report.text, report.text
+    meta = json.loads((out / "zarr.json").read_text())
+    meta["attributes"]["gamma_gaps"] = mb.Gamma.SAMPLER
+    (out / "zarr.json").write_text(json.dumps(meta))
+    assert_identical(ds, run_sweep(write(tmp_path, GAMMA), out, workers=1, progress=False).load())
 
 
 def test_every_chunk_carries_a_checksum_and_exists(reference):

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import stats
+from ..arrivals import Gamma
 from ..results import UnstableWarning
 from . import store
 from .cells import SEED_SCHEME, check_points, point_theory, run_capacity_point, run_point, trace_of
@@ -66,6 +67,7 @@ def _attrs(spec: SweepSpec) -> dict:
         "confidence_level": stats.CONFIDENCE,
         **spec_attrs(spec),
         **_trace_attrs(spec),
+        **({"gamma_gaps": Gamma.SAMPLER} if spec.arrivals == "gamma" else {}),
         **versions(),
     }
 
@@ -158,6 +160,11 @@ def _open_existing(spec: SweepSpec, out: Path) -> store.StoreState:
                          "pass --overwrite to discard the stored results")
     names, coords = _layout(spec)
     state = store.verify(out, spec.shape, names, coords)
+    if spec.arrivals == "gamma" and stored.get("gamma_gaps") != Gamma.SAMPLER and not state.done.all():
+        raise SweepError(f"out: {out} holds gamma arrivals drawn by an older mbbatch, whose gaps were drawn "
+                         f"another way (now: {Gamma.SAMPLER}): its {int((~state.done).sum())} points still to "
+                         "compute would not match the ones it holds; pass --overwrite to recompute them all "
+                         "(its results are then lost), or keep it as it is")
     if state.coords:
         store.repair_coords(out, coords, state.coords)
         warnings.warn(f"{out}: rewrote the damaged coordinates {', '.join(state.coords)} from the spec",
@@ -606,9 +613,13 @@ def check_store(path) -> StoreReport:
         f" ({_describe_damage(spec, state.damaged)})" if state.damaged else ""))
     if state.coords:
         lines.append(f"  damaged coordinates: {', '.join(state.coords)}")
+    older = spec.arrivals == "gamma" and attrs.get("gamma_gaps") != Gamma.SAMPLER
+    if older:
+        lines.append("  its gamma gaps were drawn by an older mbbatch, another way: it can be read, not resumed")
     ok = not state.damaged and not state.coords
     if ok:
-        lines.append("intact" + ("" if not missing else "; resume the sweep to compute the missing points"))
+        lines.append("intact" + ("" if not missing else "; resume the sweep to compute the missing points"
+                                 if not older else "; its missing points can only be computed afresh (--overwrite)"))
     else:
         lines.append("DAMAGED: run the same `mbbatch sweep` command again; it recomputes the damaged points")
     return StoreReport("\n".join(lines), ok=ok)
