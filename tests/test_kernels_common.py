@@ -92,6 +92,19 @@ def test_gamma_and_weibull_blocks_are_numpys(dist):
     np.testing.assert_array_equal(out, loc + scale * x)
 
 
+@pytest.mark.parametrize("dist", [st.lognorm(0.8, scale=8.0), st.lognorm(1.5, loc=2.0, scale=0.5)])
+def test_lognormal_blocks_are_numpys(dist):
+    """A block of log-normal draws (its normals drawn first, then their
+    exps) is ``loc + scale * X`` with X numpy's ``lognormal(0, sigma)`` on
+    the same stream."""
+    spec = as_service(dist)
+    out = np.empty(3000)
+    _block(drawers(ARR_POISSON, spec.kind)[1], spec.params, spec.values, out.size,
+           np.random.Generator(np.random.PCG64DXSM(4)), out)
+    x = np.random.Generator(np.random.PCG64DXSM(4)).lognormal(0.0, dist.args[0], out.size)
+    np.testing.assert_array_equal(out, dist.kwds.get("loc", 0.0) + dist.kwds["scale"] * x)
+
+
 def test_drawers_are_compiled_per_kind_and_called_by_address():
     """Every kind of every drawer compiles on its own and has an address;
     the same kind gives the same compiled drawer; an unknown kind is an

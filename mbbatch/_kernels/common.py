@@ -490,8 +490,12 @@ def _lengths_py(kind):
             for j in range(um):
                 out[j] = loc + scale * standard_exponential(bits)
         elif kind == SVC_LOGNORM:
+            # the normals first, then their exps: two tight loops
+            sigma = params[2]
             for j in range(um):
-                out[j] = loc + scale * np.exp(params[2] * standard_normal(bits))
+                out[j] = standard_normal(bits)
+            for j in range(um):
+                out[j] = loc + scale * np.exp(sigma * out[j])
         elif kind == SVC_GAMMA:
             shape = params[2]
             b, c, inv = gamma_constants(shape)
