@@ -348,7 +348,7 @@ def test_a_gamma_store_of_older_gaps_is_read_not_resumed(tmp_path):
     xr.Dataset({"done": (("bins", "rate"), np.zeros((1, 1), bool))}).to_zarr(
         out, region={"bins": slice(0, 1), "rate": slice(2, 3)}, write_empty_chunks=True)
     before = tree(out)
-    with pytest.raises(SweepError, match=r"g\.zarr holds gamma arrivals drawn by an older mbbatch.*1 points "
+    with pytest.raises(SweepError, match=r"g\.zarr holds gamma arrivals drawn by an older mbbatch.*the 1 point "
                                          r"still to compute.*--overwrite"):
         run_sweep(write(tmp_path, GAMMA), out, workers=1, progress=False)
     assert tree(out) == before

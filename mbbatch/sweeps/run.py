@@ -161,9 +161,10 @@ def _open_existing(spec: SweepSpec, out: Path) -> store.StoreState:
     names, coords = _layout(spec)
     state = store.verify(out, spec.shape, names, coords)
     if spec.arrivals == "gamma" and stored.get("gamma_gaps") != Gamma.SAMPLER and not state.done.all():
+        todo = int((~state.done).sum())
         raise SweepError(f"out: {out} holds gamma arrivals drawn by an older mbbatch, whose gaps were drawn "
-                         f"another way (now: {Gamma.SAMPLER}): its {int((~state.done).sum())} points still to "
-                         "compute would not match the ones it holds; pass --overwrite to recompute them all "
+                         f"another way (now: {Gamma.SAMPLER}): the {todo} point{'s' if todo > 1 else ''} still "
+                         "to compute would not match the ones it holds; pass --overwrite to recompute them all "
                          "(its results are then lost), or keep it as it is")
     if state.coords:
         store.repair_coords(out, coords, state.coords)
