@@ -76,9 +76,10 @@ class Gamma:
     -----
     Gaps are drawn exactly, by Marsaglia and Tsang's method; below shape 1
     (``cv > 1``) as Gamma(a + 1) U^(1/a).  When ``cv**2`` is an integer (2,
-    3, 4, ...) U^(1/a) is a product of uniforms, and such runs take about
-    30 % less time than at other values of ``cv`` (``SAMPLER`` names the
-    method: sweep stores record it).
+    3, 4, ..., to within rounding: ``cv`` = sqrt(2), sqrt(3), 2, 3, ...)
+    U^(1/a) is a product of uniforms, and such runs take about 30 % less
+    time than at other values of ``cv`` (``SAMPLER`` names the method:
+    sweep stores record it).
     """
 
     rate: float

@@ -174,11 +174,14 @@ def test_the_recycled_uniform_is_uniform_and_independent_of_the_draw():
     np.testing.assert_allclose(st.gamma(1.25).mean(), g.mean(), rtol=0.01)
 
 
-@pytest.mark.parametrize("inv, k", [(4.0, 4), (9.0, 9), (2.0, 2), (1024.0, 1024), (1 / (1 / 9), 9), (1.0, 0),
-                                    (0.25, 0), (2.25, 0), (1025.0, 0), (np.inf, 0)])
+@pytest.mark.parametrize("inv, k", [(4.0, 4), (9.0, 9), (2.0, 2), (1024.0, 1024), (1.0, 0), (0.25, 0), (2.25, 0),
+                                    (1025.0, 0), (np.inf, 0), (2.0 + 1e-9, 0), (49.0 * (1 - 1e-14), 0)]
+                         + [(1 / (1 / (cv * cv)), round(cv * cv)) for cv in (2 ** 0.5, 3 ** 0.5, 3, 7, 29, 31)])
 def test_integer_inverse(inv, k):
-    """U^(1/a) is a product exactly when 1/a is an integer from 2 to 1024
-    (as float64 computes 1/cv**2 and its inverse for cv = 3)."""
+    """U^(1/a) is a product when 1/a is an integer from 2 to 1024 to within
+    4 ulps: every cv whose square is an integer, though float64 rounds
+    1/(1/cv**2) an ulp off it for cv = sqrt(2), sqrt(3), 7, 29, 31; a gap
+    of 1e-9 or 1e-14 relative is not rounding."""
     from numba import njit
 
     from mbbatch._kernels.common import integer_inverse

@@ -251,8 +251,10 @@ def marsaglia_tsang(bits, b, c, recycle):
 #: resumed (the points still to compute would be drawn differently from
 #: those it holds).  Stores without it drew every shape below 1 by exp.
 GAMMA_GAPS = ("Marsaglia-Tsang at shape a + 1 times U^(1/a): a product with the test's recycled uniform "
-              "when 1/a is an integer up to 1024, else exp(-E/a)")
+              "when 1/a is within 4 ulps of an integer from 2 to 1024, else exp(-E/a)")
 
+#: float64's machine epsilon
+EPS = float(np.finfo(np.float64).eps)
 #: the largest integer 1/shape whose U^(1/shape) :func:`standard_gamma` takes
 #: as a product (a CV of 32): the products' rounding errors grow as k ulps
 #: (2e-13 relative at 1024), and larger powers underflow for most U anyway
@@ -261,11 +263,14 @@ MAX_POWER = 1024
 
 @step
 def integer_inverse(inv):
-    """``1/shape`` as an int64 when it is an integer from 2 to
-    :data:`MAX_POWER` (a gamma CV whose square is an integer: 2, 3, 4, ...),
-    else 0: the power by which :func:`standard_gamma` takes U^(1/shape)."""
-    if 2.0 <= inv <= MAX_POWER and inv == math.floor(inv):
-        return np.int64(inv)
+    """``1/shape`` as an int64 when it is an integer k from 2 to
+    :data:`MAX_POWER` to within 4 ulps, else 0: the power by which
+    :func:`standard_gamma` takes U^(1/shape).  The tolerance takes every cv
+    whose square is an integer (up to 32): float64 rounds 1/(1/cv**2) off
+    the integer for cv = 7, 14, 28, 29, 31, sqrt(2) and sqrt(3), by an ulp."""
+    k = math.floor(inv + 0.5)
+    if 2.0 <= k <= MAX_POWER and abs(inv - k) <= 4.0 * EPS * k:
+        return np.int64(k)
     return np.int64(0)
 
 
@@ -289,7 +294,7 @@ def standard_gamma(bits, shape, b, c, inv, k):
     integer_inverse(inv)``): the exponential at shape 1 and Marsaglia-Tsang
     above it, as numpy draws them; below 1 by Stuart's theorem, Gamma(a) =
     Gamma(a + 1) U^(1/a), U uniform on (0, 1] independent of Gamma(a + 1).
-    When 1/a is an integer k (a CV of 2, 3, 4, ...), U^k is a product, with
+    When 1/a is an integer k (cv**2 = 2, 3, 4, ...), U^k is a product, with
     U recycled from Marsaglia-Tsang's test: 15 ns a draw at a = 1/4 against
     24 ns by exp(-E / a), E ~ Exp(1), the way other shapes below 1 are
     drawn.  numba's own sampler takes 100 ns at a = 1/4 and 30 ns at a = 4
