@@ -175,7 +175,8 @@ def test_the_recycled_uniform_is_uniform_and_independent_of_the_draw():
 
 
 @pytest.mark.parametrize("inv, k", [(4.0, 4), (9.0, 9), (2.0, 2), (1024.0, 1024), (1.0, 0), (0.25, 0), (2.25, 0),
-                                    (1025.0, 0), (np.inf, 0), (2.0 + 1e-9, 0), (49.0 * (1 - 1e-14), 0)]
+                                    (1025.0, 0), (1.5, 0), (1024.5, 0), (np.inf, 0), (np.nan, 0), (2.0 + 1e-9, 0),
+                                    (49.0 * (1 - 1e-14), 0)]
                          + [(1 / (1 / (cv * cv)), round(cv * cv)) for cv in (2 ** 0.5, 3 ** 0.5, 3, 7, 29, 31)])
 def test_integer_inverse(inv, k):
     """U^(1/a) is a product when 1/a is an integer from 2 to 1024 to within

@@ -268,8 +268,10 @@ def integer_inverse(inv):
     :func:`standard_gamma` takes U^(1/shape).  The tolerance takes every cv
     whose square is an integer (up to 32): float64 rounds 1/(1/cv**2) off
     the integer for cv = 7, 14, 28, 29, 31, sqrt(2) and sqrt(3), by an ulp."""
+    if not 1.5 <= inv <= MAX_POWER + 0.5:
+        return np.int64(0)   # (inf and NaN too, before they reach an integer conversion)
     k = math.floor(inv + 0.5)
-    if 2.0 <= k <= MAX_POWER and abs(inv - k) <= 4.0 * EPS * k:
+    if abs(inv - k) <= 4.0 * EPS * k:
         return np.int64(k)
     return np.int64(0)
 
