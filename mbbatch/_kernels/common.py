@@ -229,8 +229,8 @@ def marsaglia_tsang(bits, b, c, recycle):
     independent of the draw, for :func:`standard_gamma`: when the squeeze
     accepts (u < s(x)), u / s is uniform on [0, 1) and independent of x, so
     1 - u / s is recycled; when the log test accepts (a few draws in a
-    hundred) w is drawn afresh.  Either way w is independent of the draw, a
-    function of x.  Without ``recycle`` w is 0 and nothing more is drawn."""
+    hundred) w is drawn afresh.  Either way w is independent of x, and so of
+    the draw.  Without ``recycle`` w is 0 and nothing more is drawn."""
     while True:
         while True:
             x = standard_normal(bits)

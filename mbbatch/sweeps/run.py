@@ -133,6 +133,13 @@ def _template(spec: SweepSpec, theory: dict):
     return ds
 
 
+def _older_gamma_gaps(spec: SweepSpec, attrs: dict) -> bool:
+    """Whether a store of ``spec`` holds gamma arrivals whose gaps were drawn
+    another way than today's (``attrs["gamma_gaps"]``, absent before it was
+    recorded): it may be read, not resumed."""
+    return spec.arrivals == "gamma" and attrs.get("gamma_gaps") != Gamma.SAMPLER
+
+
 def _open_existing(spec: SweepSpec, out: Path) -> store.StoreState:
     """Check an existing store against the spec and verify it; return its
     state (which grid points are done and intact, and its values).  Damaged
@@ -160,7 +167,7 @@ def _open_existing(spec: SweepSpec, out: Path) -> store.StoreState:
                          "pass --overwrite to discard the stored results")
     names, coords = _layout(spec)
     state = store.verify(out, spec.shape, names, coords)
-    if spec.arrivals == "gamma" and stored.get("gamma_gaps") != Gamma.SAMPLER and not state.done.all():
+    if _older_gamma_gaps(spec, stored) and not state.done.all():
         todo = int((~state.done).sum())
         raise SweepError(f"out: {out} holds gamma arrivals drawn by an older mbbatch, whose gaps were drawn "
                          f"another way (now: {Gamma.SAMPLER}): the {todo} point{'s' if todo > 1 else ''} still "
@@ -614,7 +621,7 @@ def check_store(path) -> StoreReport:
         f" ({_describe_damage(spec, state.damaged)})" if state.damaged else ""))
     if state.coords:
         lines.append(f"  damaged coordinates: {', '.join(state.coords)}")
-    older = spec.arrivals == "gamma" and attrs.get("gamma_gaps") != Gamma.SAMPLER
+    older = _older_gamma_gaps(spec, attrs)
     if older:
         lines.append("  its gamma gaps were drawn by an older mbbatch, another way: it can be read, not resumed")
     ok = not state.damaged and not state.coords
