@@ -734,70 +734,76 @@ def _lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bo
     elif in_order and spec.kind == _common.SVC_REPLAY:
         x = np.resize(spec.values, m).astype(float)
     else:
-        x = gen.choice(spec.values, size=m)
-    return np.maximum(np.ceil(x), 1.0) if integer else x
+        x = np.asarray(gen.choice(spec.values, size=m), dtype=float)
+    if integer:
+        # (in place: x is a new array)
+        np.maximum(np.ceil(x, out=x), 1.0, out=x)
+    return x
 
 
-def _program_calls(cluster, arrivals, workload, n: int, streams) -> dict:
-    """The first ``n`` calls of a cluster's programs, in arrival order: the
-    kernel's inputs (their times, prompts: the program's context so far plus
-    the call's new tokens, and outputs) and the programs' arrays (each call's
-    program, new tokens and last-call flag).  Programs start as a
-    Poisson process at ``rate / calls`` (the arrival stream; then the think
-    times), new tokens on the prompt stream, outputs on the output stream.
-    Saturated: every call at time 0, every program's first call first, then
-    their second calls, and so on."""
+def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
+    """The draws of a cluster's ``P = ceil(n / calls)`` programs: ``(start,
+    gap, new, out)``, the programs' starts (a Poisson process at ``rate /
+    calls`` on the arrival stream; all 0 when saturated), then, by call id
+    (call c of program p: p calls + c), the calls' gaps (think times,
+    exponential, next on the arrival stream; 0 when saturated; a first
+    call's is not used), new tokens (prompt stream) and outputs (output
+    stream)."""
     C, think = cluster.programs.calls, cluster.programs.think_time
     P = -(-n // C)
     if isinstance(arrivals, Saturated):
-        times = np.zeros((P, C))
-        order = np.arange(P * C).reshape(P, C).T.ravel()[:n]
+        start, gap = np.zeros(P), np.zeros(P * C)
     else:
-        starts = np.cumsum(streams.arrival.exponential(C / arrivals.rate, size=P))
-        gaps = streams.arrival.exponential(think, size=(P, C)) if think > 0 else np.zeros((P, C))
-        gaps[:, 0] = 0.0
-        times = starts[:, None] + np.cumsum(gaps, axis=1)
-        order = np.argsort(times.ravel(), kind="stable")[:n]
+        start = np.cumsum(streams.arrival.exponential(C / arrivals.rate, size=P))
+        gap = streams.arrival.exponential(think, size=P * C) if think > 0 else np.zeros(P * C)
     integer = bool(workload.integer_lengths)
-    new = _lengths(workload._prompt, streams.prompt, P * C, integer).reshape(P, C)
-    out = _lengths(workload._output, streams.output, P * C, integer).reshape(P, C)
-    turn = new + out
-    prompt = np.cumsum(turn, axis=1) - out      # the context before the call, plus its new tokens
-    pid = order // C
-    # a program's calls kept are the first ones (its times increase): its last kept call ends its session
-    kept = np.bincount(pid, minlength=P)
-    end = (order % C) == kept[pid] - 1
-    return ({"arrival_times": times.ravel()[order], "prompt_values": prompt.ravel()[order],
-             "output_values": out.ravel()[order]},
-            {"program": pid.astype(np.int64), "new_tokens": new.ravel()[order], "session_end": end.astype(np.int8)})
+    return (start, gap, _lengths(workload._prompt, streams.prompt, P * C, integer),
+            _lengths(workload._output, streams.output, P * C, integer))
+
+
+def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
+    """The first ``n`` calls of open-loop programs (:func:`_program_draws`),
+    in arrival order: the kernel's inputs (their times: call c of a program
+    at its start plus its gaps 1 .. c; prompts: the program's context so
+    far plus the call's new tokens; outputs) and the programs' arrays (each
+    call's program, new tokens and 1 on its program's last call).  The
+    calls arrive by time, then id (a stable sort); saturated, all at time 0,
+    every program's first call first, then their second calls, and so on."""
+    C = cluster.programs.calls
+    start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
+    N = new.size
+    times, ctx = gap, np.empty(N)     # (the times overwrite the gaps)
+    _d.call_times(start, gap, new, out, C, times, ctx)
+    if isinstance(arrivals, Saturated):
+        order = np.arange(N).reshape(-1, C).T.ravel()
+    else:
+        # (about 2 calls a bucket)
+        order = np.empty(N, np.int64)
+        if not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64)):
+            order = np.argsort(times, kind="stable")
+    calls = {"arrival_times": np.empty(n), "prompt_values": np.empty(n), "output_values": np.empty(n)}
+    programs = {"program": np.empty(n, np.int64), "new_tokens": np.empty(n), "session_end": np.empty(n, np.int8)}
+    _d.gather_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), calls["arrival_times"],
+                    calls["prompt_values"], calls["output_values"], programs["program"], programs["new_tokens"],
+                    programs["session_end"])
+    return calls, programs
 
 
 def _closed_loop_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
-    """The programs of a closed loop, drawn as :func:`_program_calls` draws
-    them (the same starts, think times, new tokens and outputs), for the
-    kernel to issue each call when the one before it completes: no calls
-    in the kernel's inputs, and the programs' arrays (each request's
-    program, new tokens, last-call flag and call id, filled by the kernel as
-    the calls arrive; -1 for a request that never arrives), the starts,
-    gaps, new tokens and outputs by call id and the heap holding the first
+    """The programs of a closed loop (:func:`_program_draws`), for the
+    kernel to issue each call when the one before it completes: no calls in
+    the kernel's inputs, and the programs' arrays (each request's program,
+    new tokens, last-call flag and call id, filled by the kernel as the
+    calls arrive; -1 for a request that never arrives), the starts, gaps,
+    new tokens and outputs by call id and the heap holding the first
     program's first call."""
-    C, think = cluster.programs.calls, cluster.programs.think_time
-    P = -(-n // C)
-    if isinstance(arrivals, Saturated):
-        starts = np.zeros(P)
-        gaps = np.zeros((P, C))
-    else:
-        starts = np.cumsum(streams.arrival.exponential(C / arrivals.rate, size=P))
-        gaps = streams.arrival.exponential(think, size=(P, C)) if think > 0 else np.zeros((P, C))
-    integer = bool(workload.integer_lengths)
-    new = _lengths(workload._prompt, streams.prompt, P * C, integer)
-    out = _lengths(workload._output, streams.output, P * C, integer)
-    heap_t = np.empty(P + 1)
-    heap_id = np.empty(P + 1, np.int64)
-    heap_t[0], heap_id[0] = starts[0], 0
+    start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
+    heap_t = np.empty(start.size + 1)
+    heap_id = np.empty(start.size + 1, np.int64)
+    heap_t[0], heap_id[0] = start[0], 0
     return ({}, {"program": np.full(n, -1, np.int64), "new_tokens": np.full(n, np.nan),
-                 "session_end": np.zeros(n, np.int8), "call": np.full(n, -1, np.int64), "start": starts,
-                 "gap": gaps.ravel(), "new": new, "out": out, "heap_t": heap_t, "heap_id": heap_id})
+                 "session_end": np.zeros(n, np.int8), "call": np.full(n, -1, np.int64), "start": start,
+                 "gap": gap, "new": new, "out": out, "heap_t": heap_t, "heap_id": heap_id})
 
 
 def _session_calls(sessions: Sessions, workload: Workload, n: int) -> dict:

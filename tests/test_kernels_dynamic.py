@@ -1053,6 +1053,8 @@ def test_warmup_compiles_every_kernel():
     out = subprocess.run([sys.executable, "-c", WARMUP_CHILD], capture_output=True, text=True, check=True,
                          env={**os.environ, "MBBATCH_NUMBA_CACHE": "0", "PYTHONPATH": str(ROOT)})
     assert out.stdout.split()[-1] == "compiled:0", out.stdout
+    cluster = out.stdout.split("cluster:")[1].split()[0].split(",")
+    assert "dynamic_kernel" in cluster and not {"call_times", "sort_calls", "gather_calls"} & set(cluster), cluster
 
 
 WARMUP_CHILD = """
@@ -1105,7 +1107,15 @@ with event.install_listener("numba:compile", Listener()):
     mb.simulate(mb.MultiBinDynamic(bins=2, warmup=50), arrivals=mb.Saturated(), workload=workloads[0], n=5000)
 # the drawers, compiled apart from the kernels (numba reports no event for them)
 compiled += ["drawer %s %d" % key for key in set(common._COMPILED) - drawers]
-print(*compiled, "compiled:%d" % len(compiled))
+# open-loop programs on a cluster (whose event kernel compiles on first use):
+# their calls are ordered by helpers warmup() compiled
+n_single = len(compiled)
+with event.install_listener("numba:compile", Listener()):
+    for arr in (mb.Poisson(50.0), mb.Saturated()):
+        mb.simulate(mb.Cluster(engines=2, programs=mb.Programs(calls=3)), arrivals=arr, workload=workloads[0],
+                    n=300, seed=3)
+print("cluster:" + ",".join(sorted(set(compiled[n_single:]))))
+print(*compiled[:n_single], "compiled:%d" % n_single)
 """
 
 
@@ -1127,3 +1137,86 @@ def test_a_trace_repeated_in_the_kernel_equals_the_same_times_given_whole(policy
     for col in ("start", "completion", "batch"):
         np.testing.assert_array_equal(getattr(tiled.requests, col), getattr(whole.requests, col), err_msg=col)
     assert tiled.n_batches == whole.n_batches
+
+
+# --- the calls of open-loop programs, in arrival order (call_times, sort_calls, gather_calls) ----
+
+def _numpy_calls(start, gap, new, out, C, n, order=None):
+    """The calls as numpy computes them on ``(P, C)`` arrays: a stable
+    argsort of the times, the first ``n`` kept, a program's last kept call
+    ending its session."""
+    from mbbatch._kernels import dynamic as d  # noqa: F401  (the helpers' module)
+    P = start.size
+    g = gap.reshape(P, C).copy()
+    g[:, 0] = 0.0
+    times = (start[:, None] + np.cumsum(g, axis=1)).ravel()
+    no, oo = new.reshape(P, C), out.reshape(P, C)
+    ctx = (np.cumsum(no + oo, axis=1) - oo).ravel()
+    if order is None:
+        order = np.argsort(times, kind="stable")
+    first = order[:n]
+    pid = first // C
+    kept = np.bincount(pid, minlength=P)
+    end = (first % C) == kept[pid] - 1
+    return times, ctx, order, (times[first], ctx[first], out[first], pid, new[first], end.astype(np.int8))
+
+
+def _kernel_calls(start, gap, new, out, C, n, order=None):
+    from mbbatch._kernels import dynamic as d
+    N = new.size
+    times, ctx = np.empty(N), np.empty(N)
+    d.call_times(start, gap, new, out, C, times, ctx)
+    if order is None:
+        order = np.empty(N, np.int64)
+        assert d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64))
+    res = (np.empty(n), np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n), np.empty(n, np.int8))
+    d.gather_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), *res)
+    return times, ctx, order, res
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=hs.integers(0, 2 ** 32 - 1), C=hs.integers(1, 9), n=hs.integers(1, 3000),
+       think=hs.sampled_from([0.0, 0.01, 1.0, 50.0]), rate=hs.sampled_from([0.5, 20.0, 1e4]))
+def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
+    """call_times, sort_calls and gather_calls give what numpy gives on the
+    programs' ``(P, C)`` arrays (cumsums, a stable argsort of the times, the
+    first n calls, each program's last kept call ending its session), bit for
+    bit, ties (think time 0: a program's calls at one instant) included."""
+    rng = np.random.default_rng(seed)
+    P = -(-n // C)
+    start = np.cumsum(rng.exponential(C / rate, P))
+    gap = rng.exponential(think, P * C) if think > 0 else np.zeros(P * C)
+    new = np.ceil(rng.lognormal(4.0, 1.0, P * C))
+    out = np.ceil(rng.lognormal(3.0, 0.8, P * C))
+    t_np, c_np, o_np, want = _numpy_calls(start, gap, new, out, C, n)
+    t_k, c_k, o_k, got = _kernel_calls(start, gap, new, out, C, n)
+    assert t_np.tobytes() == t_k.tobytes() and c_np.tobytes() == c_k.tobytes()
+    np.testing.assert_array_equal(o_np, o_k)
+    for w, g, name in zip(want, got, ("arrival", "prompt", "output", "program", "new_tokens", "session_end")):
+        assert w.tobytes() == np.asarray(g, w.dtype).tobytes(), name
+
+
+def test_saturated_order_and_the_sort_fallback():
+    """A given order (saturated programs: every first call, then every
+    second) is gathered as numpy gathers it; times bunched in one bucket (one
+    late outlier) make sort_calls give up (the caller then sorts with numpy),
+    and equal times keep their ids' order."""
+    from mbbatch._kernels import dynamic as d
+    C, n = 3, 10
+    P = -(-n // C)
+    rng = np.random.default_rng(3)
+    new, out = np.ceil(rng.uniform(1, 100, P * C)), np.ceil(rng.uniform(1, 50, P * C))
+    order = np.arange(P * C).reshape(P, C).T.ravel()
+    zeros = np.zeros(P)
+    *_, want = _numpy_calls(zeros, np.zeros(P * C), new, out, C, n, order=order)
+    *_, got = _kernel_calls(zeros, np.zeros(P * C), new, out, C, n, order=order)
+    for w, g in zip(want, got):
+        assert w.tobytes() == np.asarray(g, w.dtype).tobytes()
+    # ends: the calls left out are the last programs' third calls
+    assert got[5].sum() == P
+    times = np.concatenate([rng.uniform(0.0, 1.0, 5000)[::-1], [1e12]])
+    order = np.empty(times.size, np.int64)
+    assert not d.sort_calls(times, order, np.empty(times.size // 2 + 2, np.int64))
+    times = np.repeat([2.0, 1.0, 3.0], 1000)
+    assert d.sort_calls(times, order[:3000], np.empty(1502, np.int64))
+    np.testing.assert_array_equal(order[:3000], np.argsort(times, kind="stable"))

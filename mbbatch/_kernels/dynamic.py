@@ -31,7 +31,7 @@ from numba import njit
 from .common import (
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY,
     SVC_UNIFORM,
-    confused_bin, confused_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, predict, replay_time,
+    confused_bin, confused_bins, draw_arrivals, draw_block, drawers, helper, hist_bucket, kernel, predict, replay_time,
     request_uniform, request_uniforms, round_lengths, step, subroutine,
 )
 from .controller import (
@@ -1430,6 +1430,104 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     return code
 
 
+# --- the calls of open-loop programs, in arrival order (called from Python)
+
+#: insertion-sort moves per call beyond which :func:`sort_calls` gives up (a
+#: sort of times this far from their buckets' order is left to numpy)
+SORT_MOVES = 64
+
+
+@helper
+def call_times(start, gap, new, out, C, times, ctx):
+    """Each call's arrival time and prompt, by call id (call c of program p:
+    p C + c), as numpy computes them on ``(P, C)`` arrays: ``times = start[:,
+    None] + cumsum(gap, axis=1)`` with the first call's gap 0, and ``ctx =
+    cumsum(new + out, axis=1) - out`` (the program's context before the call
+    plus its new tokens), each sum added in order.  ``times`` may be
+    ``gap`` (each gap is read before its time is written)."""
+    for p in range(start.shape[0]):
+        row = p * C
+        g = 0.0
+        s = 0.0
+        for c in range(C):
+            k = row + c
+            if c > 0:
+                g += gap[k]
+            times[k] = start[p] + g
+            s += new[k] + out[k]
+            ctx[k] = s - out[k]
+
+
+@helper
+def sort_calls(times, order, counts):
+    """The call ids in the order of a stable sort of ``times`` into
+    ``order``: a bucket sort (``counts.size - 1`` buckets of equal width
+    between the least and the largest time; the bucket is monotone in the
+    time, so buckets never need reordering) finished by an insertion sort
+    (moves only within a bucket, equal times kept in id order).  Returns
+    False, ``order`` unfinished, when the insertion sort would take more
+    than :data:`SORT_MOVES` moves per call (times bunched in few buckets)."""
+    N = times.shape[0]
+    nb = counts.shape[0] - 1
+    lo = np.inf
+    hi = -np.inf
+    for k in range(N):
+        t = times[k]
+        lo = t if t < lo else lo
+        hi = t if t > hi else hi
+    scale = nb / (hi - lo) if hi > lo else 0.0
+    counts[:] = 0
+    for k in range(N):
+        b = int((times[k] - lo) * scale)
+        counts[(b if b < nb else nb - 1) + 1] += 1
+    for b in range(nb):
+        counts[b + 1] += counts[b]
+    for k in range(N):
+        b = int((times[k] - lo) * scale)
+        b = b if b < nb else nb - 1
+        order[counts[b]] = k
+        counts[b] += 1
+    budget = SORT_MOVES * N
+    for j in range(1, N):
+        k = order[j]
+        t = times[k]
+        i = j
+        while i > 0 and times[order[i - 1]] > t:
+            order[i] = order[i - 1]
+            i -= 1
+        budget -= j - i
+        if budget < 0:
+            return False
+        order[i] = k
+    return True
+
+
+@helper
+def gather_calls(order, times, ctx, new, out, C, last, arrival, prompt, output, program, new_tokens, session_end):
+    """The first ``n`` calls of ``order`` (all the calls' ids, ``n`` the size
+    of ``arrival``) as the kernel's inputs (arrival time, prompt, output)
+    and the programs' arrays (program, new tokens, 1 on the program's last
+    call among them); ``last`` (one per program) is scratch."""
+    n = arrival.shape[0]
+    last[:] = C - 1
+    for j in range(n, order.shape[0]):
+        # a call left out: its program's calls before it end the session
+        k = order[j]
+        p = k // C
+        c = k - p * C
+        if c - 1 < last[p]:
+            last[p] = c - 1
+    for i in range(n):
+        k = order[i]
+        p = k // C
+        arrival[i] = times[k]
+        prompt[i] = ctx[k]
+        output[i] = out[k]
+        program[i] = p
+        new_tokens[i] = new[k]
+        session_end[i] = 1 if k - p * C == last[p] else 0
+
+
 def warmup() -> None:
     """Compile the event kernel (or load it from the cache) on a tiny input:
     multi-bin dynamic batching of 2 bins after a warm-up of 4 requests, 2
@@ -1451,3 +1549,10 @@ def warmup() -> None:
                          output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
     gen = np.random.default_rng(0)
     run(config, inputs, TokenStreams(gen, gen, gen, gen), np.zeros(1, np.int64), groups=1, ts_rows=4)
+    # the calls of open-loop programs: 2 programs of 2 calls, 3 kept
+    x = np.ones(4)
+    times, order = np.empty(4), np.empty(4, np.int64)
+    call_times(np.ones(2), x, x, x, 2, times, np.empty(4))
+    sort_calls(times, order, np.empty(4, np.int64))
+    gather_calls(order, times, x, x, x, 2, np.empty(2, np.int64), np.empty(3), np.empty(3), np.empty(3),
+                 np.empty(3, np.int64), np.empty(3), np.empty(3, np.int8))
