@@ -729,7 +729,11 @@ def _lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bo
     replayed values in order (repeated end to end; resampled unless
     ``in_order``) or resampled ones; whole tokens (at least 1) when
     ``integer``."""
-    if spec.dist is not None:
+    if spec.dist is not None and spec.kind != RVS:
+        # a family the kernels draw, one draw per value: its rvs in blocks give the
+        # values of one call, in a block's memory
+        x = spec.draw(gen, m)
+    elif spec.dist is not None:
         x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
     elif in_order and spec.kind == _common.SVC_REPLAY:
         x = np.resize(spec.values, m).astype(float)

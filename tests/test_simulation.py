@@ -675,3 +675,23 @@ def test_bin_edges_set_before_the_run(rule):
     np.testing.assert_array_equal(res.edges, np.append(lo, hi[-1]))
     with pytest.raises(ValueError, match="bin_edges"):
         mb.MultiBinDynamic(bin_edges="median")
+
+
+@pytest.mark.parametrize("dist", [st.uniform(1, 10), st.expon(scale=3), st.lognorm(0.8, scale=64),
+                                  st.lognorm(1.5, loc=2, scale=0.5), st.gamma(0.3, scale=3), st.gamma(2.5),
+                                  st.weibull_min(1.5, scale=2), st.pareto(2.5)])
+@pytest.mark.parametrize("integer", [True, False])
+def test_python_lengths_are_one_rvs_call(dist, integer):
+    """The lengths drawn before a run (programs' calls, presampled edges): a
+    family the kernels draw is drawn by its rvs in blocks, any other by one
+    rvs call, and either way the values are one rvs call's, bit for bit
+    (rounded up to whole tokens, at least 1, when ``integer``)."""
+    from mbbatch.lengths import as_service
+    from mbbatch.simulation import _lengths
+
+    m = 3 * (1 << 16) + 5     # (blocks of 65,536 and a part)
+    got = _lengths(as_service(dist), np.random.default_rng(8), m, integer)
+    want = np.asarray(dist.rvs(size=m, random_state=np.random.default_rng(8)), float)
+    if integer:
+        want = np.maximum(np.ceil(want), 1.0)
+    assert got.tobytes() == want.tobytes()

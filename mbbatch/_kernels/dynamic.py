@@ -424,25 +424,36 @@ def _arrive(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, ma
     return True
 
 
+#: above any engine's active requests
+ACTIVE_NONE = np.iinfo(np.int64).max
+
+
 @step
 def _scan_engines(eng):
     """The least-used registered engine (fewest active requests, ties to the
     lowest id), the most active requests of a registered engine, their sum
     and the registered engines."""
-    best = -1
+    active = eng[EN.active]
+    registered = eng[EN.registered]
+    E = active.shape[0]
+    # (reductions without branches, which the compiler vectorizes)
+    least = ACTIVE_NONE
     most = 0
     total = 0
     count = 0
-    for e in range(eng.shape[1]):
-        if eng[EN.registered, e] == 0:
-            continue
-        a = eng[EN.active, e]
-        if best < 0 or a < eng[EN.active, best]:
-            best = e
-        if a > most:
-            most = a
+    for e in range(E):
+        on = registered[e] != 0
+        a = active[e] if on else 0
+        least = min(least, active[e] if on else ACTIVE_NONE)
+        most = max(most, a)
         total += a
-        count += 1
+        count += 1 if on else 0
+    best = -1
+    if count > 0:
+        for e in range(E):
+            if registered[e] != 0 and active[e] == least:
+                best = e
+                break
     return best, most, total, count
 
 
