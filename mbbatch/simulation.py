@@ -785,11 +785,11 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
         order = np.empty(N, np.int64)
         if not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64)):
             order = np.argsort(times, kind="stable")
-    calls = {"arrival_times": np.empty(n), "prompt_values": np.empty(n), "output_values": np.empty(n)}
-    programs = {"program": np.empty(n, np.int64), "new_tokens": np.empty(n), "session_end": np.empty(n, np.int8)}
-    _d.gather_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), calls["arrival_times"],
-                    calls["prompt_values"], calls["output_values"], programs["program"], programs["new_tokens"],
-                    programs["session_end"])
+    session_end = np.empty(n, np.int8)
+    # (in place: the calls' arrays and `order`, which then holds each call's program)
+    _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end)
+    calls = {"arrival_times": times[:n], "prompt_values": ctx[:n], "output_values": out[:n]}
+    programs = {"program": order[:n], "new_tokens": new[:n], "session_end": session_end}
     return calls, programs
 
 

@@ -1054,7 +1054,7 @@ def test_warmup_compiles_every_kernel():
                          env={**os.environ, "MBBATCH_NUMBA_CACHE": "0", "PYTHONPATH": str(ROOT)})
     assert out.stdout.split()[-1] == "compiled:0", out.stdout
     cluster = out.stdout.split("cluster:")[1].split()[0].split(",")
-    assert "dynamic_kernel" in cluster and not {"call_times", "sort_calls", "gather_calls"} & set(cluster), cluster
+    assert "dynamic_kernel" in cluster and not {"call_times", "sort_calls", "permute_calls"} & set(cluster), cluster
 
 
 WARMUP_CHILD = """
@@ -1139,7 +1139,7 @@ def test_a_trace_repeated_in_the_kernel_equals_the_same_times_given_whole(policy
     assert tiled.n_batches == whole.n_batches
 
 
-# --- the calls of open-loop programs, in arrival order (call_times, sort_calls, gather_calls) ----
+# --- the calls of open-loop programs, in arrival order (call_times, sort_calls, permute_calls) ---
 
 def _numpy_calls(start, gap, new, out, C, n, order=None):
     """The calls as numpy computes them on ``(P, C)`` arrays: a stable
@@ -1169,16 +1169,18 @@ def _kernel_calls(start, gap, new, out, C, n, order=None):
     if order is None:
         order = np.empty(N, np.int64)
         assert d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64))
-    res = (np.empty(n), np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n), np.empty(n, np.int8))
-    d.gather_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), *res)
-    return times, ctx, order, res
+    t_id, c_id, o_id = times.copy(), ctx.copy(), order.copy()
+    new, out = new.copy(), out.copy()
+    end = np.empty(n, np.int8)
+    d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), end)
+    return t_id, c_id, o_id, (times[:n], ctx[:n], out[:n], order[:n], new[:n], end)
 
 
 @settings(max_examples=60, deadline=None)
 @given(seed=hs.integers(0, 2 ** 32 - 1), C=hs.integers(1, 9), n=hs.integers(1, 3000),
        think=hs.sampled_from([0.0, 0.01, 1.0, 50.0]), rate=hs.sampled_from([0.5, 20.0, 1e4]))
 def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
-    """call_times, sort_calls and gather_calls give what numpy gives on the
+    """call_times, sort_calls and permute_calls give what numpy gives on the
     programs' ``(P, C)`` arrays (cumsums, a stable argsort of the times, the
     first n calls, each program's last kept call ending its session), bit for
     bit, ties (think time 0: a program's calls at one instant) included."""
@@ -1198,7 +1200,7 @@ def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
 
 def test_saturated_order_and_the_sort_fallback():
     """A given order (saturated programs: every first call, then every
-    second) is gathered as numpy gathers it; times bunched in one bucket (one
+    second) is applied as numpy's fancy indexing applies it; times bunched in one bucket (one
     late outlier) make sort_calls give up (the caller then sorts with numpy),
     and equal times keep their ids' order."""
     from mbbatch._kernels import dynamic as d

@@ -1514,29 +1514,52 @@ def sort_calls(times, order, counts):
 
 
 @helper
-def gather_calls(order, times, ctx, new, out, C, last, arrival, prompt, output, program, new_tokens, session_end):
-    """The first ``n`` calls of ``order`` (all the calls' ids, ``n`` the size
-    of ``arrival``) as the kernel's inputs (arrival time, prompt, output)
-    and the programs' arrays (program, new tokens, 1 on the program's last
-    call among them); ``last`` (one per program) is scratch."""
-    n = arrival.shape[0]
+def permute_calls(order, times, ctx, new, out, C, last, session_end):
+    """Puts the calls in the order ``order`` (every call's id), in place:
+    afterwards ``times``, ``ctx``, ``new`` and ``out`` hold at i the values
+    of call ``order[i]``, ``order`` holds its program, and ``session_end``
+    (the first ``n`` calls, ``n`` its size) 1 on each program's last call
+    among the first ``n``.  ``last`` (one per program) is scratch.  The
+    permutation is applied cycle by cycle (a visited entry of ``order`` is
+    complemented, ``~k < 0``): no array of the calls is copied."""
+    N = order.shape[0]
+    n = session_end.shape[0]
     last[:] = C - 1
-    for j in range(n, order.shape[0]):
+    for j in range(n, N):
         # a call left out: its program's calls before it end the session
         k = order[j]
         p = k // C
         c = k - p * C
         if c - 1 < last[p]:
             last[p] = c - 1
-    for i in range(n):
-        k = order[i]
+    for i in range(N):
+        if order[i] < 0:
+            continue
+        t0 = times[i]
+        c0 = ctx[i]
+        n0 = new[i]
+        o0 = out[i]
+        j = i
+        while True:
+            k = order[j]
+            order[j] = ~k
+            if k == i:
+                times[j] = t0
+                ctx[j] = c0
+                new[j] = n0
+                out[j] = o0
+                break
+            times[j] = times[k]
+            ctx[j] = ctx[k]
+            new[j] = new[k]
+            out[j] = out[k]
+            j = k
+    for i in range(N):
+        k = ~order[i]
         p = k // C
-        arrival[i] = times[k]
-        prompt[i] = ctx[k]
-        output[i] = out[k]
-        program[i] = p
-        new_tokens[i] = new[k]
-        session_end[i] = 1 if k - p * C == last[p] else 0
+        if i < n:
+            session_end[i] = 1 if k - p * C == last[p] else 0
+        order[i] = p
 
 
 def warmup() -> None:
@@ -1565,5 +1588,4 @@ def warmup() -> None:
     times, order = np.empty(4), np.empty(4, np.int64)
     call_times(np.ones(2), x, x, x, 2, times, np.empty(4))
     sort_calls(times, order, np.empty(4, np.int64))
-    gather_calls(order, times, x, x, x, 2, np.empty(2, np.int64), np.empty(3), np.empty(3), np.empty(3),
-                 np.empty(3, np.int64), np.empty(3), np.empty(3, np.int8))
+    permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8))
