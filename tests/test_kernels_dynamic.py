@@ -1222,3 +1222,14 @@ def test_saturated_order_and_the_sort_fallback():
     times = np.repeat([2.0, 1.0, 3.0], 1000)
     assert d.sort_calls(times, order[:3000], np.empty(1502, np.int64))
     np.testing.assert_array_equal(order[:3000], np.argsort(times, kind="stable"))
+
+
+def test_sort_calls_on_a_span_too_small_for_its_scale():
+    """Times a few ulps apart (their span times the buckets overflows, or
+    is 0 times inf) still sort, stably, every bucket index in range."""
+    from mbbatch._kernels import dynamic as d
+
+    times = np.array([5e-324, 0.0, 1e-323, 0.0, 5e-324, 1e-323, 0.0])
+    order = np.empty(times.size, np.int64)
+    assert d.sort_calls(times, order, np.empty(times.size // 2 + 2, np.int64))
+    np.testing.assert_array_equal(order, np.argsort(times, kind="stable"))

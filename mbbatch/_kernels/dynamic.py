@@ -1469,6 +1469,15 @@ def call_times(start, gap, new, out, C, times, ctx):
             ctx[k] = s - out[k]
 
 
+@step
+def _bucket(t, lo, scale, nb):
+    """The bucket of time ``t >= lo``: ``(t - lo) * scale`` cut to 0 .. nb - 1,
+    the last bucket also when that is not finite (a span too small for the
+    scale), so never less than an earlier time's."""
+    x = (t - lo) * scale
+    return int(x) if x < nb else nb - 1
+
+
 @helper
 def sort_calls(times, order, counts):
     """The call ids in the order of a stable sort of ``times`` into
@@ -1489,13 +1498,11 @@ def sort_calls(times, order, counts):
     scale = nb / (hi - lo) if hi > lo else 0.0
     counts[:] = 0
     for k in range(N):
-        b = int((times[k] - lo) * scale)
-        counts[(b if b < nb else nb - 1) + 1] += 1
+        counts[_bucket(times[k], lo, scale, nb) + 1] += 1
     for b in range(nb):
         counts[b + 1] += counts[b]
     for k in range(N):
-        b = int((times[k] - lo) * scale)
-        b = b if b < nb else nb - 1
+        b = _bucket(times[k], lo, scale, nb)
         order[counts[b]] = k
         counts[b] += 1
     budget = SORT_MOVES * N
