@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .conftest import SHARED_DATA
+
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT.parent / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+TRACE = SHARED_DATA / "AzureLLMInferenceTrace_conv.csv"
 
 
 def blocks():
@@ -63,7 +65,6 @@ def test_examples_run_and_quote_their_values():
     assert res.time_series["tau_avg"].size > 0
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the Azure trace is not beside the checkout (shared/data/)")
 def block_with(text: str) -> str:
     (found,) = [b for b in blocks() if text in b]
     return found
@@ -83,6 +84,8 @@ def test_arrivals_example_runs_and_quotes_its_values():
         assert round(v, len(number.split(".")[1])) == pytest.approx(float(number))
 
 
+@pytest.mark.skipif(not TRACE.exists(), reason="the Azure LLM inference trace is not beside the checkout "
+                    "(shared/data/AzureLLMInferenceTrace_conv.csv); see README, Real traces")
 def test_trace_example_runs():
     import mbbatch as mb
 
