@@ -1145,7 +1145,6 @@ def _numpy_calls(start, gap, new, out, C, n, order=None):
     """The calls as numpy computes them on ``(P, C)`` arrays: a stable
     argsort of the times, the first ``n`` kept, a program's last kept call
     ending its session."""
-    from mbbatch._kernels import dynamic as d  # noqa: F401  (the helpers' module)
     P = start.size
     g = gap.reshape(P, C).copy()
     g[:, 0] = 0.0
@@ -1200,9 +1199,9 @@ def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
 
 def test_saturated_order_and_the_sort_fallback():
     """A given order (saturated programs: every first call, then every
-    second) is applied as numpy's fancy indexing applies it; times bunched in one bucket (one
-    late outlier) make sort_calls give up (the caller then sorts with numpy),
-    and equal times keep their ids' order."""
+    second) is applied as numpy's fancy indexing applies it; times bunched
+    in one bucket (one late outlier) make sort_calls give up (the caller
+    then sorts with numpy), and equal times keep their ids' order."""
     from mbbatch._kernels import dynamic as d
     C, n = 3, 10
     P = -(-n // C)

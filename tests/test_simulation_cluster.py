@@ -293,7 +293,6 @@ def test_programs_contexts_grow_call_by_call():
             ctx = req.prompt[i] + req.output[i]
 
 
-
 def test_programs_calls_sorted_in_the_kernel_or_by_numpy_alike(monkeypatch):
     """The calls' order from the kernel's bucket sort and from numpy's
     stable argsort (its fallback when the times are bunched) give the same
@@ -303,12 +302,18 @@ def test_programs_calls_sorted_in_the_kernel_or_by_numpy_alike(monkeypatch):
     cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=3, think_time=0.5))
     fast = _run(cluster, 20.0, 2000, 4)
     calls = []
-    monkeypatch.setattr(d, "sort_calls", lambda *a: calls.append(1) and False)
+
+    def give_up(*args):
+        calls.append(args)
+        return False
+
+    monkeypatch.setattr(d, "sort_calls", give_up)
     slow = _run(cluster, 20.0, 2000, 4)
     assert calls
     for c in fast.requests.columns:
         np.testing.assert_array_equal(fast.requests[c], slow.requests[c], err_msg=c)
     assert fast.mean_latency == slow.mean_latency
+
 
 # --- a trace's sessions as programs ----------------------------------------------------------------
 
