@@ -270,8 +270,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("LAPS.decode_servers", "count", "servers", "decode servers behind the prefill instances (with a decode "
        "policy): each serves the decode policy's batches", _COUNT, default=1),
     # --- a cluster of engines behind a router (Autellix, seed 002) -------------------------
+    # (2**20: the router's scan packs an engine's id in 20 bits)
     _p("Cluster.engines", "count", "engines", "engines of the cluster, each with its own queues and servers",
-       _COUNT, default=4),
+       Domain(1, 2 ** 20, lo_closed=True, hi_closed=True), default=4),
     _p("Cluster.router", "choice", "", "the router: Autellix's Algorithm 2 (small requests least-used, large "
        "ones to their program's engine), least-used (fewest active requests) or round-robin",
        default="autellix", choices=("autellix", "least_used", "round_robin")),

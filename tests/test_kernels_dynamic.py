@@ -28,6 +28,7 @@ Statistical tests state their confidence level.  Under the derandomized ``ci``
 profile the examples are fixed, so each run repeats the same experiment.
 """
 
+import functools
 import heapq
 import math
 import os
@@ -1232,3 +1233,36 @@ def test_sort_calls_on_a_span_too_small_for_its_scale():
     order = np.empty(times.size, np.int64)
     assert d.sort_calls(times, order, np.empty(times.size // 2 + 2, np.int64))
     np.testing.assert_array_equal(order, np.argsort(times, kind="stable"))
+
+
+# --- the router's scan of the engines (_scan_engines) ---------------------------------------------
+
+@functools.cache
+def _scan_from_numba():
+    """:func:`_scan_engines` called from numba (a step has no Python wrapper)."""
+    from numba import njit
+
+    from mbbatch._kernels import dynamic as d
+
+    return njit(lambda eng: d._scan_engines(eng))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=hs.data(), E=hs.integers(1, 40))
+def test_scan_engines_is_the_plain_reading(data, E):
+    """The least-used registered engine (ties to the lowest id), the most and
+    the sum of registered engines' active requests and their count, as a
+    plain loop reads them: engine ids and active counts packed in one key
+    (ENGINE_BITS bits of id), active counts up to 2**42 and ties included."""
+    from mbbatch._kernels import dynamic as d
+
+    eng = np.zeros((len(d.ENGINES.ints), E), np.int64)
+    big = data.draw(hs.booleans())
+    eng[d.EN.active] = data.draw(hs.lists(hs.integers(0, 2 ** 42 if big else 3), min_size=E, max_size=E))
+    eng[d.EN.registered] = data.draw(hs.lists(hs.integers(0, 1), min_size=E, max_size=E))
+    on = [e for e in range(E) if eng[d.EN.registered, e]]
+    a = eng[d.EN.active]
+    least = min((a[e] for e in on), default=None)
+    want = (next((e for e in on if a[e] == least), -1), max((a[e] for e in on), default=0),
+            sum(int(a[e]) for e in on), len(on))
+    assert tuple(int(x) for x in _scan_from_numba()(eng)) == want

@@ -515,6 +515,8 @@ def test_same_seed_same_cluster_run():
 
 @pytest.mark.parametrize("kw, match", [
     (dict(engines=0), "engines"),
+    # (the router's scan packs an engine's id in ENGINE_BITS bits)
+    (dict(engines=2 ** 20 + 1), r"engines must be an integer in \[1, 1048576\]"),
     (dict(router="random"), "router"),
     (dict(threshold=-1), "threshold"),
     (dict(policy=mb.LAPS()), "policy"),

@@ -424,7 +424,11 @@ def _arrive(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, ma
     return True
 
 
-#: above any engine's active requests
+#: bits of an engine's id in :func:`_scan_engines`' packed keys (at most
+#: 2**20 engines, ``Cluster.engines``' domain; an engine's active requests,
+#: bounded by its queues' memory, stay far below 2**43)
+ENGINE_BITS = 20
+#: above any engine's packed key
 ACTIVE_NONE = np.iinfo(np.int64).max
 
 
@@ -436,7 +440,8 @@ def _scan_engines(eng):
     active = eng[EN.active]
     registered = eng[EN.registered]
     E = active.shape[0]
-    # (reductions without branches, which the compiler vectorizes)
+    # (reductions without branches, which the compiler vectorizes; the least
+    # key, active requests then id, is the least-used engine's)
     least = ACTIVE_NONE
     most = 0
     total = 0
@@ -444,16 +449,11 @@ def _scan_engines(eng):
     for e in range(E):
         on = registered[e] != 0
         a = active[e] if on else 0
-        least = min(least, active[e] if on else ACTIVE_NONE)
+        least = min(least, (active[e] << ENGINE_BITS) | e if on else ACTIVE_NONE)
         most = max(most, a)
         total += a
         count += 1 if on else 0
-    best = -1
-    if count > 0:
-        for e in range(E):
-            if registered[e] != 0 and active[e] == least:
-                best = e
-                break
+    best = least & ((1 << ENGINE_BITS) - 1) if count > 0 else -1
     return best, most, total, count
 
 
