@@ -765,6 +765,12 @@ def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
             _lengths(workload._output, streams.output, P * C, integer))
 
 
+#: positions a call may move forward for :func:`~mbbatch._kernels.dynamic.permute_calls`
+#: to put calls in order in one pass (2 MB of scratch; think times of about
+#: 800 calls' spacing and more fall back to the cycle-by-cycle permutation)
+PERMUTE_RING = 1 << 16
+
+
 def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     """The first ``n`` calls of open-loop programs (:func:`_program_draws`),
     in arrival order: the kernel's inputs (their times: call c of a program
@@ -777,17 +783,18 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
     N = new.size
     times, ctx = gap, np.empty(N)     # (the times overwrite the gaps)
-    _d.call_times(start, gap, new, out, C, times, ctx)
+    hi = _d.call_times(start, gap, new, out, C, times, ctx)
     if isinstance(arrivals, Saturated):
         order = np.arange(N).reshape(-1, C).T.ravel()
     else:
         # (about 2 calls a bucket)
         order = np.empty(N, np.int64)
-        if not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64)):
+        if not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi):
             order = np.argsort(times, kind="stable")
     session_end = np.empty(n, np.int8)
     # (in place: the calls' arrays and `order`, which then holds each call's program)
-    _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end)
+    _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end,
+                     np.empty((4, PERMUTE_RING)))
     calls = {"arrival_times": times[:n], "prompt_values": ctx[:n], "output_values": out[:n]}
     programs = {"program": order[:n], "new_tokens": new[:n], "session_end": session_end}
     return calls, programs

@@ -1161,29 +1161,36 @@ def _numpy_calls(start, gap, new, out, C, n, order=None):
     return times, ctx, order, (times[first], ctx[first], out[first], pid, new[first], end.astype(np.int8))
 
 
-def _kernel_calls(start, gap, new, out, C, n, order=None):
+def _kernel_calls(start, gap, new, out, C, n, order=None, ring=1 << 16):
+    """The helpers' calls; ``ring``: the positions a call may move forward
+    for the one-pass permutation (else cycle by cycle)."""
     from mbbatch._kernels import dynamic as d
     N = new.size
     times, ctx = np.empty(N), np.empty(N)
-    d.call_times(start, gap, new, out, C, times, ctx)
+    hi = d.call_times(start, gap, new, out, C, times, ctx)
+    # the span of the times, as the sort takes it
+    assert (times[0], hi) == (times.min(), times.max())
     if order is None:
         order = np.empty(N, np.int64)
-        assert d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64))
+        assert d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi)
     t_id, c_id, o_id = times.copy(), ctx.copy(), order.copy()
     new, out = new.copy(), out.copy()
     end = np.empty(n, np.int8)
-    d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), end)
+    d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), end, np.empty((4, ring)))
     return t_id, c_id, o_id, (times[:n], ctx[:n], out[:n], order[:n], new[:n], end)
 
 
 @settings(max_examples=60, deadline=None)
 @given(seed=hs.integers(0, 2 ** 32 - 1), C=hs.integers(1, 9), n=hs.integers(1, 3000),
-       think=hs.sampled_from([0.0, 0.01, 1.0, 50.0]), rate=hs.sampled_from([0.5, 20.0, 1e4]))
-def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
+       think=hs.sampled_from([0.0, 0.01, 1.0, 50.0]), rate=hs.sampled_from([0.5, 20.0, 1e4]),
+       ring=hs.sampled_from([1, 2, 16, 1 << 16]))
+def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate, ring):
     """call_times, sort_calls and permute_calls give what numpy gives on the
     programs' ``(P, C)`` arrays (cumsums, a stable argsort of the times, the
     first n calls, each program's last kept call ending its session), bit for
-    bit, ties (think time 0: a program's calls at one instant) included."""
+    bit, ties (think time 0: a program's calls at one instant) included, the
+    permutation in one pass or (a ring too small for how far calls move)
+    cycle by cycle."""
     rng = np.random.default_rng(seed)
     P = -(-n // C)
     start = np.cumsum(rng.exponential(C / rate, P))
@@ -1191,7 +1198,7 @@ def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
     new = np.ceil(rng.lognormal(4.0, 1.0, P * C))
     out = np.ceil(rng.lognormal(3.0, 0.8, P * C))
     t_np, c_np, o_np, want = _numpy_calls(start, gap, new, out, C, n)
-    t_k, c_k, o_k, got = _kernel_calls(start, gap, new, out, C, n)
+    t_k, c_k, o_k, got = _kernel_calls(start, gap, new, out, C, n, ring=ring)
     assert t_np.tobytes() == t_k.tobytes() and c_np.tobytes() == c_k.tobytes()
     np.testing.assert_array_equal(o_np, o_k)
     for w, g, name in zip(want, got, ("arrival", "prompt", "output", "program", "new_tokens", "session_end")):
@@ -1218,9 +1225,9 @@ def test_saturated_order_and_the_sort_fallback():
     assert got[5].sum() == P
     times = np.concatenate([rng.uniform(0.0, 1.0, 5000)[::-1], [1e12]])
     order = np.empty(times.size, np.int64)
-    assert not d.sort_calls(times, order, np.empty(times.size // 2 + 2, np.int64))
+    assert not d.sort_calls(times, order, np.empty(times.size // 2 + 2, np.int64), times.min(), times.max())
     times = np.repeat([2.0, 1.0, 3.0], 1000)
-    assert d.sort_calls(times, order[:3000], np.empty(1502, np.int64))
+    assert d.sort_calls(times, order[:3000], np.empty(1502, np.int64), 1.0, 3.0)
     np.testing.assert_array_equal(order[:3000], np.argsort(times, kind="stable"))
 
 
@@ -1231,7 +1238,7 @@ def test_sort_calls_on_a_span_too_small_for_its_scale():
 
     times = np.array([5e-324, 0.0, 1e-323, 0.0, 5e-324, 1e-323, 0.0])
     order = np.empty(times.size, np.int64)
-    assert d.sort_calls(times, order, np.empty(times.size // 2 + 2, np.int64))
+    assert d.sort_calls(times, order, np.empty(times.size // 2 + 2, np.int64), times.min(), times.max())
     np.testing.assert_array_equal(order, np.argsort(times, kind="stable"))
 
 

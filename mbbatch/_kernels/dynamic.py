@@ -1455,7 +1455,10 @@ def call_times(start, gap, new, out, C, times, ctx):
     None] + cumsum(gap, axis=1)`` with the first call's gap 0, and ``ctx =
     cumsum(new + out, axis=1) - out`` (the program's context before the call
     plus its new tokens), each sum added in order.  ``times`` may be
-    ``gap`` (each gap is read before its time is written)."""
+    ``gap`` (each gap is read before its time is written).  Returns the
+    largest time (a program's last call: gaps are at least 0, and the
+    starts ascend, so the least is ``times[0]``)."""
+    hi = -np.inf
     for p in range(start.shape[0]):
         row = p * C
         g = 0.0
@@ -1467,6 +1470,9 @@ def call_times(start, gap, new, out, C, times, ctx):
             times[k] = start[p] + g
             s += new[k] + out[k]
             ctx[k] = s - out[k]
+        t = times[row + C - 1]
+        hi = t if t > hi else hi
+    return hi
 
 
 @step
@@ -1479,22 +1485,17 @@ def _bucket(t, lo, scale, nb):
 
 
 @helper
-def sort_calls(times, order, counts):
+def sort_calls(times, order, counts, lo, hi):
     """The call ids in the order of a stable sort of ``times`` into
     ``order``: a bucket sort (``counts.size - 1`` buckets of equal width
-    between the least and the largest time; the bucket is monotone in the
-    time, so buckets never need reordering) finished by an insertion sort
-    (moves only within a bucket, equal times kept in id order).  Returns
-    False, ``order`` unfinished, when the insertion sort would take more
-    than :data:`SORT_MOVES` moves per call (times bunched in few buckets)."""
+    between ``lo`` and ``hi``, the least and the largest time; the bucket is
+    monotone in the time, so buckets never need reordering) finished by an
+    insertion sort (moves only within a bucket, equal times kept in id
+    order).  Returns False, ``order`` unfinished, when the insertion sort
+    would take more than :data:`SORT_MOVES` moves per call (times bunched
+    in few buckets)."""
     N = times.shape[0]
     nb = counts.shape[0] - 1
-    lo = np.inf
-    hi = -np.inf
-    for k in range(N):
-        t = times[k]
-        lo = t if t < lo else lo
-        hi = t if t > hi else hi
     scale = nb / (hi - lo) if hi > lo else 0.0
     counts[:] = 0
     for k in range(N):
@@ -1521,14 +1522,18 @@ def sort_calls(times, order, counts):
 
 
 @helper
-def permute_calls(order, times, ctx, new, out, C, last, session_end):
-    """Puts the calls in the order ``order`` (every call's id), in place:
-    afterwards ``times``, ``ctx``, ``new`` and ``out`` hold at i the values
-    of call ``order[i]``, ``order`` holds its program, and ``session_end``
-    (the first ``n`` calls, ``n`` its size) 1 on each program's last call
-    among the first ``n``.  ``last`` (one per program) is scratch.  The
-    permutation is applied cycle by cycle (a visited entry of ``order`` is
-    complemented, ``~k < 0``): no array of the calls is copied."""
+def permute_calls(order, times, ctx, new, out, C, last, session_end, ring):
+    """Puts the first ``n`` calls (``n`` the size of ``session_end``) in the
+    order ``order`` (every call's id), in place: afterwards ``times``,
+    ``ctx``, ``new`` and ``out`` hold at i < n the values of call
+    ``order[i]``, ``order[i]`` its program, and ``session_end`` 1 on each
+    program's last call among the first ``n``.  ``last`` (one per program)
+    is scratch; so is ``ring``, ``(4, W)`` with W a power of two.  No array
+    of the calls is copied: when no call moves more than W - 1 places
+    forward, in one pass from the front, each position's values kept in
+    ``ring`` until the call that takes them (at most W - 1 places on) is
+    placed; otherwise cycle by cycle (a visited entry of ``order`` is
+    complemented, ``~k < 0``)."""
     N = order.shape[0]
     n = session_end.shape[0]
     last[:] = C - 1
@@ -1539,6 +1544,36 @@ def permute_calls(order, times, ctx, new, out, C, last, session_end):
         c = k - p * C
         if c - 1 < last[p]:
             last[p] = c - 1
+    W = ring.shape[1]
+    ahead = 0
+    for i in range(n):
+        ahead = max(ahead, i - order[i])
+    if ahead < W:
+        wrap = W - 1
+        for i in range(n):
+            # position i's values, for the call at most W - 1 places on that takes them
+            r = i & wrap
+            ring[0, r] = times[i]
+            ring[1, r] = ctx[i]
+            ring[2, r] = new[i]
+            ring[3, r] = out[i]
+            k = order[i]
+            if k < i:
+                # (placed already: its values are in the ring)
+                r = k & wrap
+                times[i] = ring[0, r]
+                ctx[i] = ring[1, r]
+                new[i] = ring[2, r]
+                out[i] = ring[3, r]
+            else:
+                times[i] = times[k]
+                ctx[i] = ctx[k]
+                new[i] = new[k]
+                out[i] = out[k]
+            p = k // C
+            session_end[i] = 1 if k - p * C == last[p] else 0
+            order[i] = p
+        return
     for i in range(N):
         if order[i] < 0:
             continue
@@ -1561,11 +1596,10 @@ def permute_calls(order, times, ctx, new, out, C, last, session_end):
             new[j] = new[k]
             out[j] = out[k]
             j = k
-    for i in range(N):
+    for i in range(n):
         k = ~order[i]
         p = k // C
-        if i < n:
-            session_end[i] = 1 if k - p * C == last[p] else 0
+        session_end[i] = 1 if k - p * C == last[p] else 0
         order[i] = p
 
 
@@ -1593,6 +1627,7 @@ def warmup() -> None:
     # the calls of open-loop programs: 2 programs of 2 calls, 3 kept
     x = np.ones(4)
     times, order = np.empty(4), np.empty(4, np.int64)
-    call_times(np.ones(2), x, x, x, 2, times, np.empty(4))
-    sort_calls(times, order, np.empty(4, np.int64))
-    permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8))
+    hi = call_times(np.ones(2), x, x, x, 2, times, np.empty(4))
+    sort_calls(times, order, np.empty(4, np.int64), times[0], hi)
+    permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8),
+                  np.empty((4, 2)))
