@@ -59,14 +59,18 @@ class ServiceSpec:
         """The kernel's code: distributions drawn in Python arrive as replayed values."""
         return _k.SVC_REPLAY if self.kind == RVS else self.kind
 
-    def draw(self, gen: np.random.Generator, n: int) -> np.ndarray:
+    def draw(self, gen: np.random.Generator, n: int, integer: bool = False) -> np.ndarray:
         """The ``n`` values of a distribution drawn in Python: ``rvs`` of
         :data:`RVS_BLOCK` values at a time on ``gen`` (the last block cut
-        to what is left)."""
+        to what is left); with ``integer``, each rounded up to a whole
+        token, at least 1 (block by block, while the block is in cache)."""
         out = np.empty(n)
         for i in range(0, n, RVS_BLOCK):
             m = min(RVS_BLOCK, n - i)
-            out[i:i + m] = self.dist.rvs(size=m, random_state=gen)
+            block = out[i:i + m]
+            block[:] = self.dist.rvs(size=m, random_state=gen)
+            if integer:
+                np.maximum(np.ceil(block, out=block), 1.0, out=block)
         return out
 
     @property

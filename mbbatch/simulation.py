@@ -731,9 +731,9 @@ def _lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bo
     ``integer``."""
     if spec.dist is not None and spec.kind != RVS:
         # a family the kernels draw, one draw per value: its rvs in blocks give the
-        # values of one call, in a block's memory
-        x = spec.draw(gen, m)
-    elif spec.dist is not None:
+        # values of one call, in a block's memory (rounded there)
+        return spec.draw(gen, m, integer)
+    if spec.dist is not None:
         x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
     elif in_order and spec.kind == _common.SVC_REPLAY:
         x = np.resize(spec.values, m).astype(float)
@@ -765,6 +765,13 @@ def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
             _lengths(workload._output, streams.output, P * C, integer))
 
 
+#: calls a chunk of :func:`~mbbatch._kernels.dynamic.order_calls` reads at
+#: least (its programs' calls), and the most calls its scratch may hold with
+#: those carried (about 70 bytes each: 18 MB); beyond that (programs far
+#: longer than the spacing of their starts), the calls are sorted all at once
+ORDER_CHUNK = 4096
+ORDER_CAP = 1 << 18
+
 #: positions a call may move forward for :func:`~mbbatch._kernels.dynamic.permute_calls`
 #: to put calls in order in one pass (2 MB of scratch; think times of about
 #: 800 calls' spacing and more fall back to the cycle-by-cycle permutation)
@@ -783,6 +790,33 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
     N = new.size
     times, ctx = gap, np.empty(N)     # (the times overwrite the gaps)
+    session_end = np.empty(n, np.int8)
+    if not isinstance(arrivals, Saturated):
+        # chunk by chunk, when the calls carried stay few: at a chunk's start
+        # s, only programs that started after s - span have calls to come (a
+        # window twice that, for rounding); a chunk at least as long as them
+        # carries each call about once at most
+        width = 2.0 * _d.program_span(gap, C) + 1e-12 * abs(float(start[-1]))
+        chunk = max(1, ORDER_CHUNK // C)
+        while True:
+            ends = np.arange(chunk, start.size, chunk)
+            carried = int(np.max(ends - np.searchsorted(start, start[ends] - width), initial=0))
+            if carried <= chunk:
+                break
+            chunk = carried
+        cap = (chunk + carried + 1) * C
+        if cap <= ORDER_CAP:
+            order = np.empty(N, np.int64)
+            written = _d.order_calls(start, gap, new, out, C, chunk, ctx, order, session_end,
+                                     np.empty(start.size, np.int64), np.empty((3, 4, cap)),
+                                     np.empty((3, cap), np.int64), np.empty(cap), np.empty(cap, np.int64),
+                                     np.empty(cap // 2 + 2, np.int64))
+            if written != N:
+                raise RuntimeError(f"mbbatch: the programs' calls overflowed their chunks ({written} of {N} "
+                                   "ordered); please report this")
+            calls = {"arrival_times": times[:n], "prompt_values": ctx[:n], "output_values": out[:n]}
+            programs = {"program": order[:n], "new_tokens": new[:n], "session_end": session_end}
+            return calls, programs
     hi = _d.call_times(start, gap, new, out, C, times, ctx)
     if isinstance(arrivals, Saturated):
         order = np.arange(N).reshape(-1, C).T.ravel()
@@ -791,7 +825,6 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
         order = np.empty(N, np.int64)
         if not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi):
             order = np.argsort(times, kind="stable")
-    session_end = np.empty(n, np.int8)
     # (in place: the calls' arrays and `order`, which then holds each call's program)
     _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end,
                      np.empty((4, PERMUTE_RING)))

@@ -1055,7 +1055,8 @@ def test_warmup_compiles_every_kernel():
                          env={**os.environ, "MBBATCH_NUMBA_CACHE": "0", "PYTHONPATH": str(ROOT)})
     assert out.stdout.split()[-1] == "compiled:0", out.stdout
     cluster = out.stdout.split("cluster:")[1].split()[0].split(",")
-    assert "dynamic_kernel" in cluster and not {"call_times", "sort_calls", "permute_calls"} & set(cluster), cluster
+    helpers = {"call_times", "sort_calls", "permute_calls", "program_span", "order_calls"}
+    assert "dynamic_kernel" in cluster and not helpers & set(cluster), cluster
 
 
 WARMUP_CHILD = """
@@ -1140,7 +1141,7 @@ def test_a_trace_repeated_in_the_kernel_equals_the_same_times_given_whole(policy
     assert tiled.n_batches == whole.n_batches
 
 
-# --- the calls of open-loop programs, in arrival order (call_times, sort_calls, permute_calls) ---
+# --- the calls of open-loop programs, in arrival order (order_calls; call_times, sort_calls, permute_calls) ---
 
 def _numpy_calls(start, gap, new, out, C, n, order=None):
     """The calls as numpy computes them on ``(P, C)`` arrays: a stable
@@ -1203,6 +1204,66 @@ def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate, ring):
     np.testing.assert_array_equal(o_np, o_k)
     for w, g, name in zip(want, got, ("arrival", "prompt", "output", "program", "new_tokens", "session_end")):
         assert w.tobytes() == np.asarray(g, w.dtype).tobytes(), name
+
+
+def _chunked_calls(start, gap, new, out, C, n, chunk, cap):
+    """order_calls' calls (``chunk`` programs at a time, scratch for ``cap``
+    calls), or None when they did not fit."""
+    from mbbatch._kernels import dynamic as d
+    N = new.size
+    times, new, out = gap.copy(), new.copy(), out.copy()
+    ctx, prog, end = np.empty(N), np.empty(N, np.int64), np.empty(n, np.int8)
+    written = d.order_calls(start, times, new, out, C, chunk, ctx, prog, end, np.empty(start.size, np.int64),
+                            np.empty((3, 4, cap)), np.empty((3, cap), np.int64), np.empty(cap),
+                            np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
+    if written < 0:
+        return None
+    assert written == N
+    return times[:n], ctx[:n], out[:n], prog[:n], new[:n], end
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=hs.integers(0, 2 ** 32 - 1), C=hs.integers(1, 9), n=hs.integers(1, 3000),
+       think=hs.sampled_from([0.0, 0.01, 1.0, 50.0]), rate=hs.sampled_from([0.5, 20.0, 1e4]),
+       chunk=hs.sampled_from([1, 2, 7, 64, 5000]))
+def test_chunked_calls_are_numpys_bit_for_bit(seed, C, n, think, rate, chunk):
+    """order_calls, chunk by chunk, gives what numpy gives (as
+    test_open_loop_calls_are_numpys_bit_for_bit), bit for bit, for any
+    chunk, with scratch for a chunk and the calls its programs' span may
+    carry (what simulate gives it); program_span is numpy's longest span."""
+    from mbbatch._kernels import dynamic as d
+    rng = np.random.default_rng(seed)
+    P = -(-n // C)
+    start = np.cumsum(rng.exponential(C / rate, P))
+    gap = rng.exponential(think, P * C) if think > 0 else np.zeros(P * C)
+    new = np.ceil(rng.lognormal(4.0, 1.0, P * C))
+    out = np.ceil(rng.lognormal(3.0, 0.8, P * C))
+    g = gap.reshape(P, C).copy()
+    g[:, 0] = 0.0
+    span = d.program_span(gap, C)
+    assert span == np.cumsum(g, axis=1)[:, -1].max()
+    width = 2.0 * span + 1e-12 * start[-1]
+    ends = np.arange(chunk, P, chunk)
+    carried = int(np.max(ends - np.searchsorted(start, start[ends] - width), initial=0))
+    *_, want = _numpy_calls(start, gap, new, out, C, n)
+    got = _chunked_calls(start, gap, new, out, C, n, chunk, (chunk + carried + 1) * C)
+    for w, x, name in zip(want, got, ("arrival", "prompt", "output", "program", "new_tokens", "session_end")):
+        assert w.tobytes() == np.asarray(x, w.dtype).tobytes(), name
+
+
+def test_chunked_calls_refuse_a_scratch_too_small():
+    """Calls carried beyond the scratch: order_calls says so (-1) instead of
+    losing any; with room for them it orders them as numpy does."""
+    rng = np.random.default_rng(5)
+    C, P = 3, 40
+    start = np.cumsum(rng.exponential(0.01, P))
+    gap = rng.exponential(5.0, P * C)        # calls long after the next programs' starts
+    new, out = np.ceil(rng.uniform(1, 99, P * C)), np.ceil(rng.uniform(1, 50, P * C))
+    assert _chunked_calls(start, gap, new, out, C, P * C, 2, 2 * C + 1) is None
+    *_, want = _numpy_calls(start, gap, new, out, C, P * C)
+    got = _chunked_calls(start, gap, new, out, C, P * C, 2, P * C)
+    for w, x in zip(want, got):
+        assert w.tobytes() == np.asarray(x, w.dtype).tobytes()
 
 
 def test_saturated_order_and_the_sort_fallback():

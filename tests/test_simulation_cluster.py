@@ -299,6 +299,9 @@ def test_programs_calls_sorted_in_the_kernel_or_by_numpy_alike(monkeypatch):
     run, bit for bit."""
     from mbbatch._kernels import dynamic as d
 
+    from mbbatch import simulation
+
+    monkeypatch.setattr(simulation, "ORDER_CAP", 0)     # (the calls sorted all at once)
     cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=3, think_time=0.5))
     fast = _run(cluster, 20.0, 2000, 4)
     calls = []
@@ -315,12 +318,30 @@ def test_programs_calls_sorted_in_the_kernel_or_by_numpy_alike(monkeypatch):
     assert fast.mean_latency == slow.mean_latency
 
 
+@pytest.mark.parametrize("think", [1.0, 0.0])
+def test_chunked_order_equals_the_whole_sort(monkeypatch, think):
+    """A run whose calls are put in order chunk by chunk gives what sorting
+    them all at once gives (no room for chunks: ORDER_CAP 0), record for
+    record, ties (think time 0) included."""
+    from mbbatch import simulation
+
+    cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=4, think_time=think))
+    monkeypatch.setattr(simulation, "ORDER_CHUNK", 64)
+    fast = _run(cluster, 20.0, 3000, 6)
+    monkeypatch.setattr(simulation, "ORDER_CAP", 0)
+    slow = _run(cluster, 20.0, 3000, 6)
+    for c in fast.requests.columns:
+        np.testing.assert_array_equal(fast.requests[c], slow.requests[c], err_msg=c)
+    assert fast.mean_latency == slow.mean_latency
+
+
 def test_one_pass_permutation_equals_cycles(monkeypatch):
     """A run whose calls are put in order in one pass gives what the
     cycle-by-cycle permutation gives (a ring of 1: no call may move
     forward), record for record."""
     from mbbatch import simulation
 
+    monkeypatch.setattr(simulation, "ORDER_CAP", 0)     # (the calls sorted all at once)
     cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=4, think_time=2.0))
     fast = _run(cluster, 20.0, 2000, 5)
     monkeypatch.setattr(simulation, "PERMUTE_RING", 1)

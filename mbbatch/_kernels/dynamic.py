@@ -1603,6 +1603,159 @@ def permute_calls(order, times, ctx, new, out, C, last, session_end, ring):
         order[i] = p
 
 
+@helper
+def program_span(gap, C):
+    """The longest span of a program: its gaps after the first call, summed
+    in order (its last call's offset from its start, as :func:`call_times`
+    adds them)."""
+    span = 0.0
+    for p in range(gap.shape[0] // C):
+        row = p * C
+        g = 0.0
+        for c in range(1, C):
+            g += gap[row + c]
+        span = g if g > span else span
+    return span
+
+
+@helper
+def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last, f, tag, srt_t, srt_i, counts):
+    """The open-loop programs' calls in arrival order (by time, then id), as
+    :func:`call_times`, :func:`sort_calls` and :func:`permute_calls` give
+    them, in one pass over the programs, ``chunk`` programs at a time: the
+    calls earlier than the next chunk's first start (no later program has
+    any) are sorted in a block that stays in cache (a bucket sort finished
+    by an insertion sort) and written out; the later ones are carried to
+    the next chunk.  The times are written over ``gap``, the new tokens and
+    outputs over ``new`` and ``out`` (position i is written once the
+    programs holding the first i calls are read), the prompts into ``ctx``,
+    each call's program into ``prog`` and, for the first ``n`` (the size of
+    ``session_end``), 1 on each program's last call among them.
+    ``pos_last`` (one per program), ``f`` ``(3, 4, cap)`` (the calls to
+    sort and two lists of carried calls: time, prompt, new tokens, output),
+    ``tag`` ``(3, cap)`` (2 program + 1 on its last call), ``srt_t``,
+    ``srt_i`` (cap) and ``counts`` are scratch; ``cap`` must hold a chunk's
+    calls and those carried (see :func:`program_span`).  Returns the calls
+    written, or -1 (nothing consistent written) when a chunk's calls did
+    not fit."""
+    P = start.shape[0]
+    n = session_end.shape[0]
+    cap = f.shape[2]
+    nb = counts.shape[0] - 1
+    ia = 1          # the carried calls: list ia, then list ib
+    ib = 2
+    ma = 0
+    i = 0
+    s_prev = start[0]
+    for p0 in range(0, P, chunk):
+        p_end = min(p0 + chunk, P)
+        if p_end < P:
+            # (every call of this chunk and those carried: at least s_prev)
+            s_next = start[p_end]
+            hi = s_next
+        else:
+            s_next = np.inf
+            hi = -np.inf
+            for j in range(ma):
+                hi = max(hi, f[ia, 0, j])
+            for p in range(p0, p_end):
+                row = p * C
+                g = 0.0
+                for c in range(1, C):
+                    g += gap[row + c]
+                hi = max(hi, start[p] + g)
+        if ma + (p_end - p0) * C > cap:
+            return -1
+        lo = s_prev
+        scale = nb / (hi - lo) if hi > lo else 0.0
+        counts[:] = 0
+        me = 0
+        mb = 0
+        # the calls carried, in id order: now (earlier than s_next) or carried again
+        for j in range(ma):
+            t = f[ia, 0, j]
+            if t < s_next:
+                for x in range(4):
+                    f[0, x, me] = f[ia, x, j]
+                tag[0, me] = tag[ia, j]
+                counts[_bucket(t, lo, scale, nb) + 1] += 1
+                me += 1
+            else:
+                for x in range(4):
+                    f[ib, x, mb] = f[ia, x, j]
+                tag[ib, mb] = tag[ia, j]
+                mb += 1
+        # the chunk's calls (as call_times computes them), in id order
+        for p in range(p0, p_end):
+            row = p * C
+            g = 0.0
+            s = 0.0
+            pos_last[p] = -1
+            for c in range(C):
+                k = row + c
+                if c > 0:
+                    g += gap[k]
+                s += new[k] + out[k]
+                t = start[p] + g
+                tg = 2 * p + (1 if c == C - 1 else 0)
+                if t < s_next:
+                    f[0, 0, me] = t
+                    f[0, 1, me] = s - out[k]
+                    f[0, 2, me] = new[k]
+                    f[0, 3, me] = out[k]
+                    tag[0, me] = tg
+                    counts[_bucket(t, lo, scale, nb) + 1] += 1
+                    me += 1
+                else:
+                    f[ib, 0, mb] = t
+                    f[ib, 1, mb] = s - out[k]
+                    f[ib, 2, mb] = new[k]
+                    f[ib, 3, mb] = out[k]
+                    tag[ib, mb] = tg
+                    mb += 1
+        # their order (stable: equal times keep their id order)
+        for b in range(nb):
+            counts[b + 1] += counts[b]
+        for j in range(me):
+            t = f[0, 0, j]
+            b = _bucket(t, lo, scale, nb)
+            srt_t[counts[b]] = t
+            srt_i[counts[b]] = j
+            counts[b] += 1
+        for j in range(1, me):
+            t = srt_t[j]
+            e = srt_i[j]
+            h = j
+            while h > 0 and srt_t[h - 1] > t:
+                srt_t[h] = srt_t[h - 1]
+                srt_i[h] = srt_i[h - 1]
+                h -= 1
+            srt_t[h] = t
+            srt_i[h] = e
+        for j in range(me):
+            e = srt_i[j]
+            gap[i] = srt_t[j]
+            ctx[i] = f[0, 1, e]
+            new[i] = f[0, 2, e]
+            out[i] = f[0, 3, e]
+            tg = tag[0, e]
+            p = tg >> 1
+            prog[i] = p
+            if i < n:
+                session_end[i] = tg & 1
+                pos_last[p] = i
+            i += 1
+        ia, ib = ib, ia
+        ma = mb
+        s_prev = s_next
+    # a program with calls beyond the first n: its last call among them ends its session
+    for j in range(n, i):
+        p = prog[j]
+        if pos_last[p] >= 0:
+            session_end[pos_last[p]] = 1
+    return i
+
+
 def warmup() -> None:
     """Compile the event kernel (or load it from the cache) on a tiny input:
     multi-bin dynamic batching of 2 bins after a warm-up of 4 requests, 2
@@ -1631,3 +1784,7 @@ def warmup() -> None:
     sort_calls(times, order, np.empty(4, np.int64), times[0], hi)
     permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8),
                   np.empty((4, 2)))
+    program_span(np.ones(4), 2)
+    order_calls(np.ones(2), np.ones(4), np.ones(4), np.ones(4), 2, 1, np.empty(4), order, np.empty(3, np.int8),
+                np.empty(2, np.int64), np.empty((3, 4, 4)), np.empty((3, 4), np.int64), np.empty(4),
+                np.empty(4, np.int64), np.empty(4, np.int64))
