@@ -767,15 +767,30 @@ def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
 
 #: calls a chunk of :func:`~mbbatch._kernels.dynamic.order_calls` reads at
 #: least (its programs' calls), and the most calls its scratch may hold with
-#: those carried (about 70 bytes each: 18 MB); beyond that (programs far
+#: those carried (about 140 bytes each: 37 MB); beyond that (programs far
 #: longer than the spacing of their starts), the calls are sorted all at once
 ORDER_CHUNK = 4096
 ORDER_CAP = 1 << 18
 
-#: positions a call may move forward for :func:`~mbbatch._kernels.dynamic.permute_calls`
-#: to put calls in order in one pass (2 MB of scratch; think times of about
-#: 800 calls' spacing and more fall back to the cycle-by-cycle permutation)
-PERMUTE_RING = 1 << 16
+
+def _order_chunks(start, gap, C: int):
+    """``(chunk, cap)`` for :func:`~mbbatch._kernels.dynamic.order_calls`:
+    programs a chunk and calls its scratch holds (a chunk's and those
+    carried into it), or None when that passes :data:`ORDER_CAP`.  At a
+    chunk's first start s, only programs that started after s - span (the
+    longest program span) have calls still to come; the window is taken
+    twice that, for rounding.  A chunk is at least as long as the programs
+    it may carry, so that a call is carried about once at most."""
+    width = 2.0 * _d.program_span(gap, C) + 1e-12 * abs(float(start[-1]))
+    chunk = max(1, ORDER_CHUNK // C)
+    while True:
+        ends = np.arange(chunk, start.size, chunk)
+        carried = int(np.max(ends - np.searchsorted(start, start[ends] - width), initial=0))
+        if carried <= chunk:
+            break
+        chunk = carried
+    cap = (chunk + carried + 1) * C
+    return (chunk, cap) if cap <= ORDER_CAP else None
 
 
 def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
@@ -784,50 +799,34 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     at its start plus its gaps 1 .. c; prompts: the program's context so
     far plus the call's new tokens; outputs) and the programs' arrays (each
     call's program, new tokens and 1 on its program's last call).  The
-    calls arrive by time, then id (a stable sort); saturated, all at time 0,
-    every program's first call first, then their second calls, and so on."""
+    calls arrive by time, then id (a stable sort: chunk by chunk, or all at
+    once when programs are far longer than the spacing of their starts);
+    saturated, all at time 0, every program's first call first, then their
+    second calls, and so on."""
     C = cluster.programs.calls
     start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
     N = new.size
-    times, ctx = gap, np.empty(N)     # (the times overwrite the gaps)
+    # (in place: the times overwrite the gaps, the calls' arrays their draws,
+    # and `order` holds each call's program)
+    saturated = isinstance(arrivals, Saturated)
+    times, ctx = gap, np.empty(N)
+    order = np.arange(N).reshape(-1, C).T.ravel() if saturated else np.empty(N, np.int64)
     session_end = np.empty(n, np.int8)
-    if not isinstance(arrivals, Saturated):
-        # chunk by chunk, when the calls carried stay few: at a chunk's start
-        # s, only programs that started after s - span have calls to come (a
-        # window twice that, for rounding); a chunk at least as long as them
-        # carries each call about once at most
-        width = 2.0 * _d.program_span(gap, C) + 1e-12 * abs(float(start[-1]))
-        chunk = max(1, ORDER_CHUNK // C)
-        while True:
-            ends = np.arange(chunk, start.size, chunk)
-            carried = int(np.max(ends - np.searchsorted(start, start[ends] - width), initial=0))
-            if carried <= chunk:
-                break
-            chunk = carried
-        cap = (chunk + carried + 1) * C
-        if cap <= ORDER_CAP:
-            order = np.empty(N, np.int64)
-            written = _d.order_calls(start, gap, new, out, C, chunk, ctx, order, session_end,
-                                     np.empty(start.size, np.int64), np.empty((3, 4, cap)),
-                                     np.empty((3, cap), np.int64), np.empty(cap), np.empty(cap, np.int64),
-                                     np.empty(cap // 2 + 2, np.int64))
-            if written != N:
-                raise RuntimeError(f"mbbatch: the programs' calls overflowed their chunks ({written} of {N} "
-                                   "ordered); please report this")
-            calls = {"arrival_times": times[:n], "prompt_values": ctx[:n], "output_values": out[:n]}
-            programs = {"program": order[:n], "new_tokens": new[:n], "session_end": session_end}
-            return calls, programs
-    hi = _d.call_times(start, gap, new, out, C, times, ctx)
-    if isinstance(arrivals, Saturated):
-        order = np.arange(N).reshape(-1, C).T.ravel()
+    chunks = None if saturated else _order_chunks(start, gap, C)
+    if chunks is not None:
+        chunk, cap = chunks
+        written = _d.order_calls(start, gap, new, out, C, chunk, ctx, order, session_end,
+                                 np.empty(start.size, np.int64), np.empty((3, 4, cap)), np.empty((3, cap), np.int64),
+                                 np.empty(cap), np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
+        if written != N:
+            raise RuntimeError(f"mbbatch: the programs' calls overflowed their chunks ({written} of {N} ordered); "
+                               "please report this")
     else:
-        # (about 2 calls a bucket)
-        order = np.empty(N, np.int64)
-        if not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi):
+        hi = _d.call_times(start, gap, new, out, C, times, ctx)
+        if not saturated and not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi):
+            # (about 2 calls a bucket)
             order = np.argsort(times, kind="stable")
-    # (in place: the calls' arrays and `order`, which then holds each call's program)
-    _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end,
-                     np.empty((4, PERMUTE_RING)))
+        _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end)
     calls = {"arrival_times": times[:n], "prompt_values": ctx[:n], "output_values": out[:n]}
     programs = {"program": order[:n], "new_tokens": new[:n], "session_end": session_end}
     return calls, programs

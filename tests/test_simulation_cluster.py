@@ -335,22 +335,6 @@ def test_chunked_order_equals_the_whole_sort(monkeypatch, think):
     assert fast.mean_latency == slow.mean_latency
 
 
-def test_one_pass_permutation_equals_cycles(monkeypatch):
-    """A run whose calls are put in order in one pass gives what the
-    cycle-by-cycle permutation gives (a ring of 1: no call may move
-    forward), record for record."""
-    from mbbatch import simulation
-
-    monkeypatch.setattr(simulation, "ORDER_CAP", 0)     # (the calls sorted all at once)
-    cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=4, think_time=2.0))
-    fast = _run(cluster, 20.0, 2000, 5)
-    monkeypatch.setattr(simulation, "PERMUTE_RING", 1)
-    slow = _run(cluster, 20.0, 2000, 5)
-    for c in fast.requests.columns:
-        np.testing.assert_array_equal(fast.requests[c], slow.requests[c], err_msg=c)
-    assert fast.mean_latency == slow.mean_latency
-
-
 # --- a trace's sessions as programs ----------------------------------------------------------------
 
 def _session_trace(seed, m=600, sessions=60):

@@ -1522,18 +1522,14 @@ def sort_calls(times, order, counts, lo, hi):
 
 
 @helper
-def permute_calls(order, times, ctx, new, out, C, last, session_end, ring):
-    """Puts the first ``n`` calls (``n`` the size of ``session_end``) in the
-    order ``order`` (every call's id), in place: afterwards ``times``,
-    ``ctx``, ``new`` and ``out`` hold at i < n the values of call
-    ``order[i]``, ``order[i]`` its program, and ``session_end`` 1 on each
-    program's last call among the first ``n``.  ``last`` (one per program)
-    is scratch; so is ``ring``, ``(4, W)`` with W a power of two.  No array
-    of the calls is copied: when no call moves more than W - 1 places
-    forward, in one pass from the front, each position's values kept in
-    ``ring`` until the call that takes them (at most W - 1 places on) is
-    placed; otherwise cycle by cycle (a visited entry of ``order`` is
-    complemented, ``~k < 0``)."""
+def permute_calls(order, times, ctx, new, out, C, last, session_end):
+    """Puts the calls in the order ``order`` (every call's id), in place:
+    afterwards ``times``, ``ctx``, ``new`` and ``out`` hold at i the values
+    of call ``order[i]``, ``order`` holds its program, and ``session_end``
+    (the first ``n`` calls, ``n`` its size) 1 on each program's last call
+    among the first ``n``.  ``last`` (one per program) is scratch.  The
+    permutation is applied cycle by cycle (a visited entry of ``order`` is
+    complemented, ``~k < 0``): no array of the calls is copied."""
     N = order.shape[0]
     n = session_end.shape[0]
     last[:] = C - 1
@@ -1544,36 +1540,6 @@ def permute_calls(order, times, ctx, new, out, C, last, session_end, ring):
         c = k - p * C
         if c - 1 < last[p]:
             last[p] = c - 1
-    W = ring.shape[1]
-    ahead = 0
-    for i in range(n):
-        ahead = max(ahead, i - order[i])
-    if ahead < W:
-        wrap = W - 1
-        for i in range(n):
-            # position i's values, for the call at most W - 1 places on that takes them
-            r = i & wrap
-            ring[0, r] = times[i]
-            ring[1, r] = ctx[i]
-            ring[2, r] = new[i]
-            ring[3, r] = out[i]
-            k = order[i]
-            if k < i:
-                # (placed already: its values are in the ring)
-                r = k & wrap
-                times[i] = ring[0, r]
-                ctx[i] = ring[1, r]
-                new[i] = ring[2, r]
-                out[i] = ring[3, r]
-            else:
-                times[i] = times[k]
-                ctx[i] = ctx[k]
-                new[i] = new[k]
-                out[i] = out[k]
-            p = k // C
-            session_end[i] = 1 if k - p * C == last[p] else 0
-            order[i] = p
-        return
     for i in range(N):
         if order[i] < 0:
             continue
@@ -1596,10 +1562,11 @@ def permute_calls(order, times, ctx, new, out, C, last, session_end, ring):
             new[j] = new[k]
             out[j] = out[k]
             j = k
-    for i in range(n):
+    for i in range(N):
         k = ~order[i]
         p = k // C
-        session_end[i] = 1 if k - p * C == last[p] else 0
+        if i < n:
+            session_end[i] = 1 if k - p * C == last[p] else 0
         order[i] = p
 
 
@@ -1782,8 +1749,7 @@ def warmup() -> None:
     times, order = np.empty(4), np.empty(4, np.int64)
     hi = call_times(np.ones(2), x, x, x, 2, times, np.empty(4))
     sort_calls(times, order, np.empty(4, np.int64), times[0], hi)
-    permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8),
-                  np.empty((4, 2)))
+    permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8))
     program_span(np.ones(4), 2)
     order_calls(np.ones(2), np.ones(4), np.ones(4), np.ones(4), 2, 1, np.empty(4), order, np.empty(3, np.int8),
                 np.empty(2, np.int64), np.empty((3, 4, 4)), np.empty((3, 4), np.int64), np.empty(4),
