@@ -1143,6 +1143,17 @@ def test_a_trace_repeated_in_the_kernel_equals_the_same_times_given_whole(policy
 
 # --- the calls of open-loop programs, in arrival order (order_calls; call_times, sort_calls, permute_calls) ---
 
+def _program_draws(seed, C, n, think, rate):
+    """Programs' starts, gaps, new tokens and outputs, by call id, for n calls."""
+    rng = np.random.default_rng(seed)
+    P = -(-n // C)
+    start = np.cumsum(rng.exponential(C / rate, P))
+    gap = rng.exponential(think, P * C) if think > 0 else np.zeros(P * C)
+    new = np.ceil(rng.lognormal(4.0, 1.0, P * C))
+    out = np.ceil(rng.lognormal(3.0, 0.8, P * C))
+    return start, gap, new, out
+
+
 def _numpy_calls(start, gap, new, out, C, n, order=None):
     """The calls as numpy computes them on ``(P, C)`` arrays: a stable
     argsort of the times, the first ``n`` kept, a program's last kept call
@@ -1188,12 +1199,7 @@ def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
     programs' ``(P, C)`` arrays (cumsums, a stable argsort of the times, the
     first n calls, each program's last kept call ending its session), bit for
     bit, ties (think time 0: a program's calls at one instant) included."""
-    rng = np.random.default_rng(seed)
-    P = -(-n // C)
-    start = np.cumsum(rng.exponential(C / rate, P))
-    gap = rng.exponential(think, P * C) if think > 0 else np.zeros(P * C)
-    new = np.ceil(rng.lognormal(4.0, 1.0, P * C))
-    out = np.ceil(rng.lognormal(3.0, 0.8, P * C))
+    start, gap, new, out = _program_draws(seed, C, n, think, rate)
     t_np, c_np, o_np, want = _numpy_calls(start, gap, new, out, C, n)
     t_k, c_k, o_k, got = _kernel_calls(start, gap, new, out, C, n)
     assert t_np.tobytes() == t_k.tobytes() and c_np.tobytes() == c_k.tobytes()
@@ -1225,24 +1231,16 @@ def _chunked_calls(start, gap, new, out, C, n, chunk, cap):
 def test_chunked_calls_are_numpys_bit_for_bit(seed, C, n, think, rate, chunk):
     """order_calls, chunk by chunk, gives what numpy gives (as
     test_open_loop_calls_are_numpys_bit_for_bit), bit for bit, for any
-    chunk, with scratch for a chunk and the calls its programs' span may
-    carry (what simulate gives it); program_span is numpy's longest span."""
+    chunk, with the scratch simulate gives it (for a chunk and the calls its
+    programs' span may carry); program_span is numpy's longest span."""
+    from mbbatch import simulation
     from mbbatch._kernels import dynamic as d
-    rng = np.random.default_rng(seed)
-    P = -(-n // C)
-    start = np.cumsum(rng.exponential(C / rate, P))
-    gap = rng.exponential(think, P * C) if think > 0 else np.zeros(P * C)
-    new = np.ceil(rng.lognormal(4.0, 1.0, P * C))
-    out = np.ceil(rng.lognormal(3.0, 0.8, P * C))
-    g = gap.reshape(P, C).copy()
+    start, gap, new, out = _program_draws(seed, C, n, think, rate)
+    g = gap.reshape(-1, C).copy()
     g[:, 0] = 0.0
-    span = d.program_span(gap, C)
-    assert span == np.cumsum(g, axis=1)[:, -1].max()
-    width = 2.0 * span + 1e-12 * start[-1]
-    ends = np.arange(chunk, P, chunk)
-    carried = int(np.max(ends - np.searchsorted(start, start[ends] - width), initial=0))
+    assert d.program_span(gap, C) == np.cumsum(g, axis=1)[:, -1].max()
     *_, want = _numpy_calls(start, gap, new, out, C, n)
-    got = _chunked_calls(start, gap, new, out, C, n, chunk, (chunk + carried + 1) * C)
+    got = _chunked_calls(start, gap, new, out, C, n, *simulation._order_chunks(start, gap, C, chunk))
     for w, x, name in zip(want, got, ("arrival", "prompt", "output", "program", "new_tokens", "session_end")):
         assert w.tobytes() == np.asarray(x, w.dtype).tobytes(), name
 
