@@ -2,7 +2,9 @@
 output lengths (tokens).  Each comes from
 
 - a frozen continuous scipy.stats distribution: the families of
-  :data:`SUPPORTED_DISTRIBUTIONS` are drawn inside the kernels; any other is
+  :data:`SUPPORTED_DISTRIBUTIONS` are drawn by the kernels' drawers (inside
+  the kernels, or before the run where it needs them first, as programs'
+  calls: the values a run on that stream draws); any other is
   drawn before the run from its own ``rvs``, in blocks of :data:`RVS_BLOCK`,
   on the run's generator of that stream (so results are reproducible bit for
   bit, at 8 bytes of memory per request);
@@ -59,18 +61,14 @@ class ServiceSpec:
         """The kernel's code: distributions drawn in Python arrive as replayed values."""
         return _k.SVC_REPLAY if self.kind == RVS else self.kind
 
-    def draw(self, gen: np.random.Generator, n: int, integer: bool = False) -> np.ndarray:
+    def draw(self, gen: np.random.Generator, n: int) -> np.ndarray:
         """The ``n`` values of a distribution drawn in Python: ``rvs`` of
         :data:`RVS_BLOCK` values at a time on ``gen`` (the last block cut
-        to what is left); with ``integer``, each rounded up to a whole
-        token, at least 1 (block by block, while the block is in cache)."""
+        to what is left)."""
         out = np.empty(n)
         for i in range(0, n, RVS_BLOCK):
             m = min(RVS_BLOCK, n - i)
-            block = out[i:i + m]
-            block[:] = self.dist.rvs(size=m, random_state=gen)
-            if integer:
-                np.maximum(np.ceil(block, out=block), 1.0, out=block)
+            out[i:i + m] = self.dist.rvs(size=m, random_state=gen)
         return out
 
     @property

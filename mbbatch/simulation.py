@@ -725,14 +725,17 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 
 def _lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bool = True) -> np.ndarray:
-    """``m`` lengths of ``spec`` drawn in Python: a distribution's ``rvs``,
-    replayed values in order (repeated end to end; resampled unless
-    ``in_order``) or resampled ones; whole tokens (at least 1) when
-    ``integer``."""
+    """``m`` lengths of ``spec`` drawn before a run: a family the kernels
+    draw, by their drawer (the first ``m`` draws of ``gen``, the values a
+    run on that stream gives its first ``m`` requests); another
+    distribution, by its ``rvs``; replayed values in order (repeated end to
+    end; resampled unless ``in_order``) or resampled ones; whole tokens (at
+    least 1) when ``integer``."""
     if spec.dist is not None and spec.kind != RVS:
-        # a family the kernels draw, one draw per value: its rvs in blocks give the
-        # values of one call, in a block's memory (rounded there)
-        return spec.draw(gen, m, integer)
+        x = np.empty(m)
+        _common.draw_lengths(_common.length_drawer(spec.kind), _readonly(spec.params), _readonly(spec.values), gen,
+                             x, integer)
+        return x
     if spec.dist is not None:
         x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
     elif in_order and spec.kind == _common.SVC_REPLAY:
@@ -743,6 +746,13 @@ def _lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bo
         # (in place: x is a new array)
         np.maximum(np.ceil(x, out=x), 1.0, out=x)
     return x
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (the type the kernels' drawers take)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:

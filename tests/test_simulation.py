@@ -681,17 +681,24 @@ def test_bin_edges_set_before_the_run(rule):
                                   st.lognorm(1.5, loc=2, scale=0.5), st.gamma(0.3, scale=3), st.gamma(2.5),
                                   st.weibull_min(1.5, scale=2), st.pareto(2.5)])
 @pytest.mark.parametrize("integer", [True, False])
-def test_python_lengths_are_one_rvs_call(dist, integer):
-    """The lengths drawn before a run (programs' calls, presampled edges): a
-    family the kernels draw is drawn by its rvs in blocks, any other by one
-    rvs call, and either way the values are one rvs call's, bit for bit
-    (rounded up to whole tokens, at least 1, when ``integer``)."""
-    from mbbatch.lengths import as_service
+def test_python_lengths_are_the_kernels_draws(dist, integer):
+    """The lengths drawn before a run (programs' calls, presampled edges, a
+    LAPS decode stage's outputs): a family the kernels draw is drawn by
+    their drawer, the values a run on that stream gives its first requests
+    (bit for bit); any other is one rvs call's values (rounded up to whole
+    tokens, at least 1, when ``integer``)."""
+    from mbbatch._seeding import STREAM_PROMPT, stream
+    from mbbatch.lengths import SUPPORTED_DISTRIBUTIONS, as_service
     from mbbatch.simulation import _lengths
 
-    m = 3 * (1 << 16) + 5     # (blocks of 65,536 and a part)
-    got = _lengths(as_service(dist), np.random.default_rng(8), m, integer)
-    want = np.asarray(dist.rvs(size=m, random_state=np.random.default_rng(8)), float)
-    if integer:
-        want = np.maximum(np.ceil(want), 1.0)
+    m = 3 * 1024 + 5     # (blocks of draws and a part)
+    got = _lengths(as_service(dist), stream(np.random.SeedSequence(8), STREAM_PROMPT), m, integer)
+    if dist.dist.name in SUPPORTED_DISTRIBUTIONS:
+        res = mb.simulate(mb.StaticBatching(8), mb.Poisson(1.0), n=m, seed=8, keep_requests=True,
+                          workload=mb.Workload(prompt=dist, output=st.uniform(1, 2), integer_lengths=integer))
+        want = res.requests.prompt
+    else:
+        want = np.asarray(dist.rvs(size=m, random_state=stream(np.random.SeedSequence(8), STREAM_PROMPT)), float)
+        if integer:
+            want = np.maximum(np.ceil(want), 1.0)
     assert got.tobytes() == want.tobytes()

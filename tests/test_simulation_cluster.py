@@ -335,6 +335,22 @@ def test_chunked_order_equals_the_whole_sort(monkeypatch, think):
     assert fast.mean_latency == slow.mean_latency
 
 
+@pytest.mark.parametrize("integer", [True, False])
+def test_programs_draw_the_lengths_a_single_engine_run_draws(integer):
+    """Common random numbers: with one call a program, call k's new tokens
+    and output are the k-th draws of the prompt and output streams, the
+    lengths a single-engine run on the same seed gives its request k (the
+    kernels' drawers draw both, log-normal and Weibull included)."""
+    wl = mb.Workload(prompt=stats.lognorm(1.0, scale=300), output=stats.weibull_min(1.5, scale=64),
+                     integer_lengths=integer)
+    cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=1, think_time=0.0))
+    res = _run(cluster, 5.0, 3000, 9, workload=wl)
+    plain = _run(mb.DynamicBatching(), 5.0, 3000, 9, workload=wl)
+    np.testing.assert_array_equal(res.requests.program, np.arange(3000))
+    assert res.requests.new_tokens.tobytes() == plain.requests.prompt.tobytes()
+    assert res.requests.output.tobytes() == plain.requests.output.tobytes()
+
+
 # --- a trace's sessions as programs ----------------------------------------------------------------
 
 def _session_trace(seed, m=600, sessions=60):

@@ -728,6 +728,27 @@ def round_lengths(x, m, integer):
             x[j] = v if v >= 1.0 else 1.0
 
 
+@helper
+def draw_lengths(fn, params, values, gen, out, integer):
+    """``out.size`` lengths of one stream drawn before a run as a kernel
+    draws a run's (:func:`draw_block` by the length drawer at ``fn``, in
+    blocks of :data:`BLOCK`, then :func:`round_lengths` when ``integer``):
+    the stream's first draws, the values a kernel would give its first
+    requests."""
+    n = out.shape[0]
+    for i0 in range(0, n, BLOCK):
+        m = min(BLOCK, n - i0)
+        blk = out[i0:i0 + m]
+        draw_block(fn, params, values, i0, m, gen, blk)
+        round_lengths(blk, m, integer)
+
+
+def length_drawer(kind: int) -> int:
+    """The address of the length drawer of ``kind`` (compiled the first time
+    a process uses it), for :func:`draw_lengths`."""
+    return _drawer("lengths", kind).address
+
+
 @subroutine
 def token_service(x, m, base, per_token, integer):
     """Each of the first m output lengths x (tokens) becomes its request's
@@ -745,6 +766,9 @@ def warmup() -> None:
     for what, (_, _, kinds) in DRAWERS.items():
         for kind in kinds:
             _drawer(what, kind)
+    ro = np.zeros(3)
+    ro.flags.writeable = False
+    draw_lengths(length_drawer(SVC_UNIFORM), ro, ro, np.random.Generator(np.random.PCG64DXSM(0)), np.empty(2), True)
 
 
 def drawer_caches() -> list:
