@@ -677,6 +677,19 @@ def test_bin_edges_set_before_the_run(rule):
         mb.MultiBinDynamic(bin_edges="median")
 
 
+@pytest.mark.parametrize("scale", [1e-3, 0.25, 1.0, 7.5])
+def test_programs_exponentials_are_numpys(scale):
+    """The programs' starts and think times, drawn by the kernels' drawer,
+    are numpy's ``exponential`` draws bit for bit, and leave the generator
+    where numpy leaves it."""
+    from mbbatch.simulation import _exponentials
+
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    m = 3 * 1024 + 7
+    assert _exponentials(a, scale, m).tobytes() == b.exponential(scale, m).tobytes()
+    assert a.random() == b.random()
+
+
 @pytest.mark.parametrize("dist", [st.uniform(1, 10), st.expon(scale=3), st.lognorm(0.8, scale=64),
                                   st.lognorm(1.5, loc=2, scale=0.5), st.gamma(0.3, scale=3), st.gamma(2.5),
                                   st.weibull_min(1.5, scale=2), st.pareto(2.5)])
