@@ -836,7 +836,7 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     if chunks is not None:
         chunk, cap = chunks
         written = _d.order_calls(start, gap, new, out, C, chunk, ctx, order, session_end,
-                                 np.empty(start.size, np.int64), np.empty((3, 4, cap)), np.empty((3, cap), np.int64),
+                                 np.empty(start.size, np.int64), np.empty((3, cap, 4)), np.empty((3, cap), np.int64),
                                  np.empty(cap), np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
         if written != N:
             raise RuntimeError(f"mbbatch: the programs' calls overflowed their chunks ({written} of {N} ordered); "

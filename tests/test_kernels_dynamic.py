@@ -1216,7 +1216,7 @@ def _chunked_calls(start, gap, new, out, C, n, chunk, cap):
     times, new, out = gap.copy(), new.copy(), out.copy()
     ctx, prog, end = np.empty(N), np.empty(N, np.int64), np.empty(n, np.int8)
     written = d.order_calls(start, times, new, out, C, chunk, ctx, prog, end, np.empty(start.size, np.int64),
-                            np.empty((3, 4, cap)), np.empty((3, cap), np.int64), np.empty(cap),
+                            np.empty((3, cap, 4)), np.empty((3, cap), np.int64), np.empty(cap),
                             np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
     if written < 0:
         return None

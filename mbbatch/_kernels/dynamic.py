@@ -1598,7 +1598,7 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
     programs holding the first i calls are read), the prompts into ``ctx``,
     each call's program into ``prog`` and, for the first ``n`` (the size of
     ``session_end``), 1 on each program's last call among them.
-    ``pos_last`` (one per program), ``f`` ``(3, 4, cap)`` (the calls to
+    ``pos_last`` (one per program), ``f`` ``(3, cap, 4)`` (the calls to
     sort and two lists of carried calls: time, prompt, new tokens, output),
     ``tag`` ``(3, cap)`` (2 program + 1 on its last call), ``srt_t``,
     ``srt_i`` (cap) and ``counts`` are scratch; ``cap`` must hold a chunk's
@@ -1607,7 +1607,7 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
     not fit."""
     P = start.shape[0]
     n = session_end.shape[0]
-    cap = f.shape[2]
+    cap = f.shape[1]
     nb = counts.shape[0] - 1
     ia = 1          # the carried calls: list ia, then list ib
     ib = 2
@@ -1624,7 +1624,7 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
             s_next = np.inf
             hi = -np.inf
             for j in range(ma):
-                hi = max(hi, f[ia, 0, j])
+                hi = max(hi, f[ia, j, 0])
             for p in range(p0, p_end):
                 row = p * C
                 g = 0.0
@@ -1640,16 +1640,16 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
         mb = 0
         # the calls carried, in id order: now (earlier than s_next) or carried again
         for j in range(ma):
-            t = f[ia, 0, j]
+            t = f[ia, j, 0]
             if t < s_next:
                 for x in range(4):
-                    f[0, x, me] = f[ia, x, j]
+                    f[0, me, x] = f[ia, j, x]
                 tag[0, me] = tag[ia, j]
                 counts[_bucket(t, lo, scale, nb) + 1] += 1
                 me += 1
             else:
                 for x in range(4):
-                    f[ib, x, mb] = f[ia, x, j]
+                    f[ib, mb, x] = f[ia, j, x]
                 tag[ib, mb] = tag[ia, j]
                 mb += 1
         # the chunk's calls (as call_times computes them), in id order
@@ -1666,25 +1666,25 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
                 t = start[p] + g
                 tg = 2 * p + (1 if c == C - 1 else 0)
                 if t < s_next:
-                    f[0, 0, me] = t
-                    f[0, 1, me] = s - out[k]
-                    f[0, 2, me] = new[k]
-                    f[0, 3, me] = out[k]
+                    f[0, me, 0] = t
+                    f[0, me, 1] = s - out[k]
+                    f[0, me, 2] = new[k]
+                    f[0, me, 3] = out[k]
                     tag[0, me] = tg
                     counts[_bucket(t, lo, scale, nb) + 1] += 1
                     me += 1
                 else:
-                    f[ib, 0, mb] = t
-                    f[ib, 1, mb] = s - out[k]
-                    f[ib, 2, mb] = new[k]
-                    f[ib, 3, mb] = out[k]
+                    f[ib, mb, 0] = t
+                    f[ib, mb, 1] = s - out[k]
+                    f[ib, mb, 2] = new[k]
+                    f[ib, mb, 3] = out[k]
                     tag[ib, mb] = tg
                     mb += 1
         # their order (stable: equal times keep their id order)
         for b in range(nb):
             counts[b + 1] += counts[b]
         for j in range(me):
-            t = f[0, 0, j]
+            t = f[0, j, 0]
             b = _bucket(t, lo, scale, nb)
             srt_t[counts[b]] = t
             srt_i[counts[b]] = j
@@ -1702,9 +1702,9 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
         for j in range(me):
             e = srt_i[j]
             gap[i] = srt_t[j]
-            ctx[i] = f[0, 1, e]
-            new[i] = f[0, 2, e]
-            out[i] = f[0, 3, e]
+            ctx[i] = f[0, e, 1]
+            new[i] = f[0, e, 2]
+            out[i] = f[0, e, 3]
             tg = tag[0, e]
             p = tg >> 1
             prog[i] = p
