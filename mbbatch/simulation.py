@@ -835,9 +835,11 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     chunks = None if saturated else _order_chunks(start, gap, C)
     if chunks is not None:
         chunk, cap = chunks
-        written = _d.order_calls(start, gap, new, out, C, chunk, ctx, order, session_end,
-                                 np.empty(start.size, np.int64), np.empty((3, cap, 4)), np.empty((3, cap), np.int64),
-                                 np.empty(cap), np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
+        # (a program's last call kept is tracked only when calls are left out)
+        last = np.empty(start.size if n < N else 0, np.int64)
+        written = _d.order_calls(start, gap, new, out, C, chunk, ctx, order, session_end, last,
+                                 np.empty((3, cap, 4)), np.empty((3, cap), np.int64), np.empty(cap),
+                                 np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
         if written != N:
             raise RuntimeError(f"mbbatch: the programs' calls overflowed their chunks ({written} of {N} ordered); "
                                "please report this")

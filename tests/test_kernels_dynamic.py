@@ -1215,7 +1215,8 @@ def _chunked_calls(start, gap, new, out, C, n, chunk, cap):
     N = new.size
     times, new, out = gap.copy(), new.copy(), out.copy()
     ctx, prog, end = np.empty(N), np.empty(N, np.int64), np.empty(n, np.int8)
-    written = d.order_calls(start, times, new, out, C, chunk, ctx, prog, end, np.empty(start.size, np.int64),
+    last = np.empty(start.size if n < N else 0, np.int64)     # (as simulate gives it)
+    written = d.order_calls(start, times, new, out, C, chunk, ctx, prog, end, last,
                             np.empty((3, cap, 4)), np.empty((3, cap), np.int64), np.empty(cap),
                             np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
     if written < 0:

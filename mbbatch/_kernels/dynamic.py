@@ -1598,7 +1598,8 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
     programs holding the first i calls are read), the prompts into ``ctx``,
     each call's program into ``prog`` and, for the first ``n`` (the size of
     ``session_end``), 1 on each program's last call among them.
-    ``pos_last`` (one per program), ``f`` ``(3, cap, 4)`` (the calls to
+    ``pos_last`` (one per program; empty when ``n`` is every call: no
+    session is cut short), ``f`` ``(3, cap, 4)`` (the calls to
     sort and two lists of carried calls: time, prompt, new tokens, output),
     ``tag`` ``(3, cap)`` (2 program + 1 on its last call), ``srt_t``,
     ``srt_i`` (cap) and ``counts`` are scratch; ``cap`` must hold a chunk's
@@ -1607,6 +1608,7 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
     not fit."""
     P = start.shape[0]
     n = session_end.shape[0]
+    cut = n < P * C
     cap = f.shape[1]
     nb = counts.shape[0] - 1
     ia = 1          # the carried calls: list ia, then list ib
@@ -1657,7 +1659,8 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
             row = p * C
             g = 0.0
             s = 0.0
-            pos_last[p] = -1
+            if cut:
+                pos_last[p] = -1
             for c in range(C):
                 k = row + c
                 if c > 0:
@@ -1710,7 +1713,8 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
             prog[i] = p
             if i < n:
                 session_end[i] = tg & 1
-                pos_last[p] = i
+                if cut:
+                    pos_last[p] = i
             i += 1
         ia, ib = ib, ia
         ma = mb
