@@ -748,13 +748,6 @@ def _lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bo
     return x
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a`` (the type the kernels' drawers take)."""
-    v = a.view()
-    v.flags.writeable = False
-    return v
-
-
 def _exponentials(gen: np.random.Generator, scale: float, m: int) -> np.ndarray:
     """``gen.exponential(scale, m)``, bit for bit, by the kernels' drawer
     (numba's draws: faster)."""
