@@ -297,9 +297,8 @@ def test_programs_calls_sorted_in_the_kernel_or_by_numpy_alike(monkeypatch):
     """The calls' order from the kernel's bucket sort and from numpy's
     stable argsort (its fallback when the times are bunched) give the same
     run, bit for bit."""
-    from mbbatch._kernels import dynamic as d
-
     from mbbatch import simulation
+    from mbbatch._kernels import dynamic as d
 
     monkeypatch.setattr(simulation, "ORDER_CAP", 0)     # (the calls sorted all at once)
     cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=3, think_time=0.5))
