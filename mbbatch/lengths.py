@@ -3,8 +3,8 @@ output lengths (tokens).  Each comes from
 
 - a frozen continuous scipy.stats distribution: the families of
   :data:`SUPPORTED_DISTRIBUTIONS` are drawn by the kernels' drawers (inside
-  the kernels, or before the run where it needs them first, as programs'
-  calls: the values a run on that stream draws); any other is
+  the kernels, or before a run that needs them up front, as open-loop
+  programs' calls do: the values a run on that stream draws); any other is
   drawn before the run from its own ``rvs``, in blocks of :data:`RVS_BLOCK`,
   on the run's generator of that stream (so results are reproducible bit for
   bit, at 8 bytes of memory per request);
