@@ -801,7 +801,7 @@ def _order_chunks(start, gap, C: int, chunk: int | None = None):
         carried = int(np.max(ends - np.searchsorted(start, start[ends] - width), initial=0))
         if carried <= chunk:
             break
-        chunk = carried
+        chunk = max(carried, 2 * chunk)     # (at least doubled: a few rounds at most)
     cap = (chunk + carried + 1) * C
     return (chunk, cap) if cap <= ORDER_CAP else None
 
