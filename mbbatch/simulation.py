@@ -791,10 +791,11 @@ def _order_chunks(start, gap, C: int, chunk: int | None = None):
     worth, or more) and calls its scratch holds (a chunk's and those
     carried into it), or None when that passes :data:`ORDER_CAP`.  At a
     chunk's first start s, only programs that started after s - span (the
-    longest program span) have calls still to come; the window is taken
-    twice that, for rounding.  A chunk is at least as long as the programs
-    it may carry, so that a call is carried about once at most."""
-    width = 2.0 * _d.program_span(gap, C) + 1e-12 * abs(float(start[-1]))
+    longest program span) have calls still to come (the window widened by
+    1e-9 of the last start, far more than the times' rounding).  A chunk is
+    at least as long as the programs it may carry, so that a call is
+    carried about once at most."""
+    width = _d.program_span(gap, C) + 1e-9 * abs(float(start[-1]))
     chunk = max(1, ORDER_CHUNK // C) if chunk is None else chunk
     while True:
         ends = np.arange(chunk, start.size, chunk)
