@@ -770,7 +770,8 @@ def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
     if isinstance(arrivals, Saturated):
         start, gap = np.zeros(P), np.zeros(P * C)
     else:
-        start = np.cumsum(_exponentials(streams.arrival, C / arrivals.rate, P))
+        start = _exponentials(streams.arrival, C / arrivals.rate, P)
+        np.cumsum(start, out=start)
         gap = _exponentials(streams.arrival, think, P * C) if think > 0 else np.zeros(P * C)
     integer = bool(workload.integer_lengths)
     return (start, gap, _lengths(workload._prompt, streams.prompt, P * C, integer),
