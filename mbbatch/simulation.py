@@ -787,16 +787,18 @@ ORDER_CAP = 1 << 18
 
 
 def _order_chunks(start, gap, C: int, chunk: int | None = None):
-    """``(chunk, cap)`` for :func:`~mbbatch._kernels.dynamic.order_calls`:
+    """``(chunk, cap, top)`` for :func:`~mbbatch._kernels.dynamic.order_calls`:
     programs a chunk (``chunk``, by default :data:`ORDER_CHUNK` calls'
-    worth, or more) and calls its scratch holds (a chunk's and those
-    carried into it), or None when that passes :data:`ORDER_CAP`.  At a
+    worth, or more), calls its scratch holds (a chunk's and those carried
+    into it) and a time at least every call's (the last start plus the
+    longest span), or None when the scratch passes :data:`ORDER_CAP`.  At a
     chunk's first start s, only programs that started after s - span (the
     longest program span) have calls still to come (the window widened by
     1e-9 of the last start, far more than the times' rounding).  A chunk is
     at least as long as the programs it may carry, so that a call is
     carried about once at most."""
-    width = _d.program_span(gap, C) + 1e-9 * abs(float(start[-1]))
+    span = _d.program_span(gap, C)
+    width = span + 1e-9 * abs(float(start[-1]))
     chunk = max(1, ORDER_CHUNK // C) if chunk is None else chunk
     while True:
         ends = np.arange(chunk, start.size, chunk)
@@ -805,7 +807,7 @@ def _order_chunks(start, gap, C: int, chunk: int | None = None):
             break
         chunk = max(carried, 2 * chunk)     # (at least doubled: a few rounds at most)
     cap = (chunk + carried + 1) * C
-    return (chunk, cap) if cap <= ORDER_CAP else None
+    return (chunk, cap, start[-1] + span) if cap <= ORDER_CAP else None
 
 
 def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
@@ -829,10 +831,10 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     session_end = np.empty(n, np.int8)
     chunks = None if saturated else _order_chunks(start, gap, C)
     if chunks is not None:
-        chunk, cap = chunks
+        chunk, cap, top = chunks
         # (a program's last call kept is tracked only when calls are left out)
         last = np.empty(start.size if n < N else 0, np.int64)
-        written = _d.order_calls(start, gap, new, out, C, chunk, ctx, order, session_end, last,
+        written = _d.order_calls(start, gap, new, out, C, chunk, top, ctx, order, session_end, last,
                                  np.empty((3, cap, 4)), np.empty((3, cap), np.int64), np.empty(cap),
                                  np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
         if written != N:

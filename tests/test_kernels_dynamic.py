@@ -1208,15 +1208,16 @@ def test_open_loop_calls_are_numpys_bit_for_bit(seed, C, n, think, rate):
         assert w.tobytes() == np.asarray(g, w.dtype).tobytes(), name
 
 
-def _chunked_calls(start, gap, new, out, C, n, chunk, cap):
+def _chunked_calls(start, gap, new, out, C, n, chunk, cap, top):
     """order_calls' calls (``chunk`` programs at a time, scratch for ``cap``
-    calls), or None when they did not fit."""
+    calls, ``top`` at least every call's time), or None when they did not
+    fit."""
     from mbbatch._kernels import dynamic as d
     N = new.size
     times, new, out = gap.copy(), new.copy(), out.copy()
     ctx, prog, end = np.empty(N), np.empty(N, np.int64), np.empty(n, np.int8)
     last = np.empty(start.size if n < N else 0, np.int64)     # (as simulate gives it)
-    written = d.order_calls(start, times, new, out, C, chunk, ctx, prog, end, last,
+    written = d.order_calls(start, times, new, out, C, chunk, top, ctx, prog, end, last,
                             np.empty((3, cap, 4)), np.empty((3, cap), np.int64), np.empty(cap),
                             np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
     if written < 0:
@@ -1249,14 +1250,16 @@ def test_chunked_calls_are_numpys_bit_for_bit(seed, C, n, think, rate, chunk):
 def test_chunked_calls_refuse_a_scratch_too_small():
     """Calls carried beyond the scratch: order_calls says so (-1) instead of
     losing any; with room for them it orders them as numpy does."""
+    from mbbatch._kernels import dynamic as d
     rng = np.random.default_rng(5)
     C, P = 3, 40
     start = np.cumsum(rng.exponential(0.01, P))
     gap = rng.exponential(5.0, P * C)        # calls long after the next programs' starts
     new, out = np.ceil(rng.uniform(1, 99, P * C)), np.ceil(rng.uniform(1, 50, P * C))
-    assert _chunked_calls(start, gap, new, out, C, P * C, 2, 2 * C + 1) is None
+    top = start[-1] + d.program_span(gap, C)
+    assert _chunked_calls(start, gap, new, out, C, P * C, 2, 2 * C + 1, top) is None
     *_, want = _numpy_calls(start, gap, new, out, C, P * C)
-    got = _chunked_calls(start, gap, new, out, C, P * C, 2, P * C)
+    got = _chunked_calls(start, gap, new, out, C, P * C, 2, P * C, top)
     for w, x in zip(want, got):
         assert w.tobytes() == np.asarray(x, w.dtype).tobytes()
 

@@ -1586,14 +1586,17 @@ def program_span(gap, C):
 
 
 @helper
-def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last, f, tag, srt_t, srt_i, counts):
+def order_calls(start, gap, new, out, C, chunk, top, ctx, prog, session_end, pos_last, f, tag, srt_t, srt_i,
+                counts):
     """The open-loop programs' calls in arrival order (by time, then id), as
     :func:`call_times`, :func:`sort_calls` and :func:`permute_calls` give
     them, in one pass over the programs, ``chunk`` programs at a time: the
     calls earlier than the next chunk's first start (no later program has
     any) are sorted in a block that stays in cache (a bucket sort finished
     by an insertion sort) and written out; the later ones are carried to
-    the next chunk.  The times are written over ``gap``, the new tokens and
+    the next chunk.  ``top`` is at least every call's time (the last start
+    plus the longest program span): the last chunk's buckets reach it.
+    The times are written over ``gap``, the new tokens and
     outputs over ``new`` and ``out`` (position i is written once the
     programs holding the first i calls are read), the prompts into ``ctx``,
     each call's program into ``prog`` and, for the first ``n`` (the size of
@@ -1618,21 +1621,9 @@ def order_calls(start, gap, new, out, C, chunk, ctx, prog, session_end, pos_last
     s_prev = start[0]
     for p0 in range(0, P, chunk):
         p_end = min(p0 + chunk, P)
-        if p_end < P:
-            # (every call of this chunk and those carried: at least s_prev)
-            s_next = start[p_end]
-            hi = s_next
-        else:
-            s_next = np.inf
-            hi = -np.inf
-            for j in range(ma):
-                hi = max(hi, f[ia, j, 0])
-            for p in range(p0, p_end):
-                row = p * C
-                g = 0.0
-                for c in range(1, C):
-                    g += gap[row + c]
-                hi = max(hi, start[p] + g)
+        # (every call of this chunk and those carried: at least s_prev)
+        s_next = start[p_end] if p_end < P else np.inf
+        hi = s_next if p_end < P else top
         if ma + (p_end - p0) * C > cap:
             return -1
         lo = s_prev
@@ -1755,6 +1746,6 @@ def warmup() -> None:
     sort_calls(times, order, np.empty(4, np.int64), times[0], hi)
     permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8))
     program_span(np.ones(4), 2)
-    order_calls(np.ones(2), np.ones(4), np.ones(4), np.ones(4), 2, 1, np.empty(4), order, np.empty(3, np.int8),
+    order_calls(np.ones(2), np.ones(4), np.ones(4), np.ones(4), 2, 1, 2.0, np.empty(4), order, np.empty(3, np.int8),
                 np.empty(2, np.int64), np.empty((3, 4, 4)), np.empty((3, 4), np.int64), np.empty(4),
                 np.empty(4, np.int64), np.empty(4, np.int64))
