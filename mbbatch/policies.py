@@ -42,7 +42,9 @@ class MultiBin:
     max_wait : float
         A bin sends a partial batch to the central FIFO once its oldest
         request has waited ``max_wait`` s (the real-system variant of the
-        paper's Section 3).  Default ``inf``: batches of exactly B only.
+        paper's Section 3); partial batches due at the same time go in the
+        order their oldest requests arrived.  Default ``inf``: batches of
+        exactly B only.
     predictor : Oracle, LogNormalError, BinConfusion or Predictions, optional
         What a request is binned by (:mod:`mbbatch.predictors`).  Default:
         the oracle.

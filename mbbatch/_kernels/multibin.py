@@ -74,10 +74,11 @@ REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"),
 
 #: the kernel's scratch arrays.  Bin b's partial batch occupies
 #: [b * stride, (b + 1) * stride) of the buf_ arrays, stride = min(B, n);
-#: heap holds the servers' free times when 1 < servers < inf; draws the
+#: first[b] is the index of bin b's oldest request (its partial batch's
+#: place in arrival order); heap holds the servers' free times when 1 < servers < inf; draws the
 #: addresses of the arrival, service and prediction drawers (:func:`~.common.drawers`).
 WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_index=np.int64,
-                   count=np.uint64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
+                   count=np.uint64, first=np.int64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
                    block_time=np.float64, block_bin=np.uint32, block_service=np.float64, block_pred=np.float64,
                    heap=np.float64, draws=np.int64)
 MultiBinWorkspace = WORKSPACE.type
@@ -121,7 +122,7 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                        bin_latency=np.zeros(k))
     requests = REQUESTS.records(n if cfg["keep"] else 0)
     ws = WORKSPACE.pack(buf_arrival=np.empty(k * stride), buf_index=np.empty(k * stride, np.int64),
-                        count=np.zeros(k, np.uint64), max_service=np.full(k, -np.inf), lat=np.empty(stride),
+                        count=np.zeros(k, np.uint64), first=np.zeros(k, np.int64), max_service=np.full(k, -np.inf), lat=np.empty(stride),
                         hidx=np.empty(stride, np.uint64), block_time=np.empty(BLOCK),
                         block_bin=np.empty(BLOCK, np.uint32), block_service=np.empty(BLOCK),
                         block_pred=np.empty(BLOCK),
@@ -132,8 +133,8 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
 
 
 @step
-def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, max_service, uB, uS, buf_arrival,
-          keep, buf_index, r_i, r_f, deadline, max_wait):
+def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, first, max_service, uB, uS,
+          buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait):
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
     (arrival time kept, service time folded into the bin's running maximum).
 
@@ -141,8 +142,8 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, ma
     fills a batch (its bin's count is reset), or ``-1 - j`` when request ``j``
     arrives after ``deadline``, the earliest time a partial batch must
     leave (``max_wait``), or ``m``.  ``deadline`` is updated as bins get their
-    first member.  Bin b's partial batch starts at ``b * uS`` of the
-    buffers."""
+    first member, whose index goes to ``first``.  Bin b's partial batch starts
+    at ``b * uS`` of the buffers."""
     one = np.uint64(1)
     for jj in range(np.uint64(j0), np.uint64(m)):
         t = block_time[jj]
@@ -157,6 +158,7 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, ma
             # a bin's oldest member sets its deadline; later ones cannot be earlier
             d = t + max_wait
             deadline = d if d < deadline else deadline
+            first[b] = i0 + np.int64(jj)
         buf_arrival[o] = t
         mx = max_service[b]
         max_service[b] = s if s > mx else mx
@@ -231,6 +233,7 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     buf_arrival = ws.buf_arrival
     buf_index = ws.buf_index
     count = ws.count
+    first = ws.first
     max_service = ws.max_service
     lat = ws.lat
     hidx = ws.hidx
@@ -327,24 +330,28 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
         # 3. requests in arrival order; _fill returns at each full batch and
         # before the first arrival past a partial batch's deadline
         if not arrivals_over:
-            jj, deadline = _fill(jj, m, i0, block_time, block_service, block_pred, block_bin, count, max_service,
-                                 uB, uS, buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait)
+            jj, deadline = _fill(jj, m, i0, block_time, block_service, block_pred, block_bin, count, first,
+                                 max_service, uB, uS, buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait)
             if jj == m:
                 continue
         if arrivals_over or jj < 0:
             if deadline == np.inf:
                 break
             # a partial batch leaves at its deadline: the bin whose oldest
-            # member is oldest
+            # member is oldest, the earlier arrival of two at the same time
             if jj < 0:
                 jj = -1 - jj
             ready = deadline
             b = np.uint64(0)
-            first = np.inf
+            oldest = np.inf
+            oldest_i = n
             for q in range(k):
-                if count[q] > 0 and buf_arrival[q * stride] < first:
-                    first = buf_arrival[q * stride]
-                    b = np.uint64(q)
+                if count[q] > 0:
+                    a = buf_arrival[q * stride]
+                    if a < oldest or (a == oldest and first[q] < oldest_i):
+                        oldest = a
+                        oldest_i = first[q]
+                        b = np.uint64(q)
             o = b * uS
             members = count[b]
             count[b] = 0
