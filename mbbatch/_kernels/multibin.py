@@ -122,7 +122,8 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                        bin_latency=np.zeros(k))
     requests = REQUESTS.records(n if cfg["keep"] else 0)
     ws = WORKSPACE.pack(buf_arrival=np.empty(k * stride), buf_index=np.empty(k * stride, np.int64),
-                        count=np.zeros(k, np.uint64), first=np.zeros(k, np.int64), max_service=np.full(k, -np.inf), lat=np.empty(stride),
+                        count=np.zeros(k, np.uint64), first=np.zeros(k, np.int64),
+                        max_service=np.full(k, -np.inf), lat=np.empty(stride),
                         hidx=np.empty(stride, np.uint64), block_time=np.empty(BLOCK),
                         block_bin=np.empty(BLOCK, np.uint32), block_service=np.empty(BLOCK),
                         block_pred=np.empty(BLOCK),
