@@ -211,7 +211,7 @@ def _simulate(args) -> None:
     (_, cell), = spec.points()
     sim = run_point(spec.arrivals, spec.service, cell, spec.seed, spec.reps)
     print(f"{args.policy}, {args.arrivals} arrivals, {spec.reps} rep{'s' if spec.reps > 1 else ''}, "
-          f"seed {spec.seed}")
+          f"seed {spec.seed}" + (f": mean [{100 * stats.CONFIDENCE:g}% t-interval]" if spec.reps > 1 else ""))
     for m in METRICS.values():
         if m.var not in sim:
             continue

@@ -145,7 +145,9 @@ def test_simulate_prints_the_metrics_of_one_configuration():
     r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
             "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "20000", "--reps", "3", "--seed", "5")
     assert r.returncode == 0, r.stderr
-    lines = {ln.split()[0]: ln for ln in r.stdout.splitlines()[1:]}
+    head, *rows = r.stdout.splitlines()
+    assert head == "multibin, poisson arrivals, 3 reps, seed 5: mean [95% t-interval]"
+    lines = {ln.split()[0]: ln for ln in rows}
     assert "throughput" in lines and "requests/s" in lines["throughput"] and "[" in lines["throughput"]
     assert "mean_ttft" not in lines                          # a token-policy metric: absent, not NaN
     # the same numbers as the sweep's cell with these parameters
