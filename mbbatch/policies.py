@@ -182,6 +182,9 @@ class MultiBinDynamic(DynamicBatching):
     bins : int
         K, >= 1.
     selection : {"round_robin", "longest_queue"}
+        Which non-empty bin forms the next batch (Algorithm 5): the next in
+        turn after the last one served, or the one holding the most requests
+        (of equal queues, the lowest bin).  Default ``"round_robin"``.
     warmup : int
         Requests whose predictions set the edges, >= bins.  Default 1000.
     bin_b_max : sequence of int, optional
