@@ -352,7 +352,7 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
     k, B = policy.bins, policy.batch_size
     S = min(B, n)
     parts = {
-        "bins": (16 * k * S + 40 * k + 8 * (k + 1), "the bins' partial batches"),
+        "bins": (16 * k * S + 48 * k + 8 * (k + 1), "the bins' partial batches"),
         "servers": (0 if servers == math.inf else 8 * min(servers, n), "the servers' free times"),
         "batch_size": (16 * S, "one batch's latencies"),
         "n": (8 * _common.HIST_SIZE, "the latency histogram"),
@@ -567,10 +567,6 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     c = min(servers, n)
     slot = 8 * (_d.FIELDS.size + 1)      # bytes of a queued request: its fields and its index
     queue = slot * _d.QUEUE_START
-    if isinstance(arrivals, Saturated):
-        # every request is queued at time 0: the ring buffers grow to hold n (a power of two, at
-        # least the start), and while one doubles the old buffers sit beside the new: 1.5 slots
-        queue = 3 * slot // 2 * (1 << max(int(n - 1).bit_length(), _d.QUEUE_START.bit_length() - 1))
     parts = {
         "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.CONTROLLER.size + _c.BATCH_STATS.size + 4)),
                  "the bins' queues"),
@@ -579,6 +575,14 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
         ("batch_size" if static else "b_max"): (8 * (min(b_max, n) + 1), "the batch-size histogram"),
         "n": (8 * _common.HIST_SIZE, "the latency histogram"),
     }
+    if isinstance(arrivals, Saturated):
+        # every request is queued at time 0: the ring buffers grow to hold n (a power of two, at
+        # least the start), and while one doubles the old buffers sit beside the new: 1.5 slots.
+        # n sizes that growth (the part to make smaller), so it is counted under n
+        grown = 3 * slot // 2 * (1 << max(int(n - 1).bit_length(), _d.QUEUE_START.bit_length() - 1))
+        parts["n"] = (parts["n"][0] + K * (grown - queue),
+                      "the queues of the n requests waiting at time 0 (saturated arrivals) and the latency "
+                      "histogram")
     if keep_requests:
         parts["keep_requests"] = (72 * n, "the per-request arrays (keep_requests)")
     if keep_batches:

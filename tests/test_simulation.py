@@ -17,8 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as hs
 
 import mbbatch as mb
+import mbbatch._running
 from mbbatch import theory
 from mbbatch.metrics import METRICS
+from mbbatch.simulation import check_simulation
 
 from .reference import reference_latencies
 
@@ -390,14 +392,20 @@ def _simulate_case(which, name, value):
     kw = {**base, name: value}
     oracle = ORACLE[name]
     expected = oracle.expect(value) if oracle is not None else None
+    call = mb.simulate
+    if name == "n" and expected == "ok" and int(value) > 10**6:
+        # a valid count that large is checked, not run: check_simulation raises what simulate would
+        call = check_simulation
+        del kw["seed"]
     try:
-        mb.simulate(**kw)
+        call(**kw)
     except (TypeError, ValueError) as exc:
         msg = str(exc)
         # an array given for the replayed service may clash with n instead
         names = (name, "n") if name in ("service", "workload") else (name,)
         assert any(nm in msg for nm in names), f"simulate({name}={value!r}): {msg}"
-        if expected == "ok":
+        # (a valid n may still need more memory than this machine has: refused, naming n)
+        if expected == "ok" and not (name == "n" and msg.startswith("n: this run needs")):
             raise AssertionError(f"simulate({name}={value!r}) is valid but was refused: {msg}")
         if expected not in (None, "refused", "ok"):
             assert isinstance(exc, expected), f"simulate({name}={value!r}): {type(exc).__name__}: {msg}"
@@ -417,6 +425,18 @@ def test_every_bad_simulate_argument_is_refused_naming_it(which, name):
        | hs.lists(hs.floats(), max_size=3))
 def test_any_simulate_argument_is_refused_naming_it(which, name, value):
     _simulate_case(which, name, value)
+
+
+@pytest.mark.parametrize("policy", [mb.StaticBatching(4), mb.DynamicBatching(), mb.MultiBinDynamic(bins=3)],
+                         ids=["static", "dynamic", "multibin_dynamic"])
+def test_saturated_queues_too_big_for_memory_name_n(monkeypatch, policy):
+    """Saturated arrivals queue all n requests at time 0: a run whose queues
+    cannot fit names n (the size to make smaller), not bins."""
+    monkeypatch.setattr(mbbatch._running, "available_memory", lambda: 50 * 2**20)
+    check_simulation(policy, mb.Saturated(), workload=WL, n=10**4)
+    with pytest.raises(ValueError, match=r"^n: this run needs .* for the queues of the n requests waiting at "
+                                         r"time 0 \(saturated arrivals\)"):
+        check_simulation(policy, mb.Saturated(), workload=WL, n=10**6)
 
 
 def test_replayed_arrays_of_different_lengths_name_both():
