@@ -234,6 +234,25 @@ def _rvs_memory(named_specs, n: int) -> dict:
             for name, spec in named_specs if spec.kind == RVS}
 
 
+#: typical service times (s) whose latencies the latency histogram resolves.
+#: Its buckets cover 2**-30 .. 2**50 s (HIST_MIN_EXP, HIST_MAX_EXP); a run's
+#: latencies reach from a small share of its typical service time (its short
+#: requests) to many times it (a queue under load), so that time must sit 10
+#: octaves above the bottom and 20 below the top: about 1 us to 34 years.
+SCALE_RANGE = (2.0 ** (_common.HIST_MIN_EXP + 10), 2.0 ** (_common.HIST_MAX_EXP - 20))
+
+
+def _check_scale(scale: float, name: str) -> None:
+    """Refuse a run whose typical service time ``scale`` (s) lies outside
+    :data:`SCALE_RANGE`: its latency quantiles would be read off the
+    histogram's end buckets, wrong by orders of magnitude."""
+    lo, hi = SCALE_RANGE
+    if math.isfinite(scale) and scale > 0 and not lo <= scale <= hi:
+        raise ValueError(f"{name}: service times of about {scale:.3g} s lie outside [{lo:.3g}, {hi:.3g}] s, the "
+                         "range whose latencies the latency histogram resolves (its buckets cover 2**-30 to "
+                         "2**50 s); express the times in other units")
+
+
 def _check_clock(arrivals, n, scale) -> None:
     """Refuse a run whose clock would be too coarse for its service times."""
     if isinstance(arrivals, Replay):
@@ -361,6 +380,7 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
         parts["keep_requests"] = (40 * n, "the per-request arrays (keep_requests)")
     parts.update(_rvs_memory(named, n))
     memory = check_memory(parts)
+    _check_scale(model.base + model.per_token * spec.mean, "service" if workload is None else "workload.output")
     _check_clock(arrivals, n, model.base + model.per_token * spec.mean)
 
     integer = workload is not None and workload.integer_lengths
@@ -589,6 +609,7 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
         parts["keep_batches"] = (64 * n, "the per-batch arrays (keep_batches)")
     parts.update(_rvs_memory([("workload.prompt", workload._prompt), ("workload.output", workload._output)], n))
     memory = check_memory(parts)
+    _check_scale(_model_scale(service_model, workload), "workload")
     _check_clock(arrivals, n, _model_scale(service_model, workload))
     return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
                       bool(keep_batches), memory, predictor)
@@ -1229,6 +1250,7 @@ def _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, s
                                         decode_model, False).memory, "the decode stage")
     parts.update(_rvs_memory([("workload.prompt", workload._prompt)], n))
     memory = check_memory(parts)
+    _check_scale(model.a + model.b * workload._prompt.mean, "workload.prompt")
     _check_clock(arrivals, n, model.a + model.b * workload._prompt.mean)
     return _LapsPlan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
                      keep_requests=bool(keep_requests), memory=memory, decode_model=decode_model)

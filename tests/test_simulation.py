@@ -18,6 +18,7 @@ from hypothesis import strategies as hs
 
 import mbbatch as mb
 import mbbatch._running
+import mbbatch.simulation
 from mbbatch import theory
 from mbbatch.metrics import METRICS
 from mbbatch.simulation import check_simulation
@@ -437,6 +438,27 @@ def test_saturated_queues_too_big_for_memory_name_n(monkeypatch, policy):
     with pytest.raises(ValueError, match=r"^n: this run needs .* for the queues of the n requests waiting at "
                                          r"time 0 \(saturated arrivals\)"):
         check_simulation(policy, mb.Saturated(), workload=WL, n=10**6)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda scale: mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(0.1 / scale), st.uniform(scale, scale),
+                               n=1000), "service"),
+    (lambda scale: mb.simulate(mb.StaticBatching(4), mb.Poisson(0.1 / scale), workload=WL, n=1000,
+                               service_model=mb.MaxModel(base=0.0, per_token=scale / 30)), "workload"),
+    (lambda scale: mb.simulate(mb.LAPS(), mb.Poisson(0.1 / scale), workload=WL, n=1000,
+                               service_model=mb.PrefillModel(a=scale / 2, b=scale / 110)), "workload.prompt"),
+], ids=["multibin", "static", "laps"])
+def test_service_times_beyond_the_latency_histogram_are_refused(call, name):
+    """A typical service time outside about 1 us .. 34 years (10 octaves
+    inside the histogram's 2**-30 .. 2**50 s at the bottom, 20 at the top)
+    is refused, naming the parameter: its latency quantiles would be read off
+    the end buckets (at 1e-12 s the median came out as 9.3e-10 s)."""
+    lo, hi = mbbatch.simulation.SCALE_RANGE
+    for bad in (1e-12, lo / 2, hi * 2, 1e16):
+        with pytest.raises(ValueError, match=rf"^{name}: service times of about .* lie outside "):
+            call(bad)
+    for good in (lo * 1.5, 1.0, hi / 4):
+        call(good)
 
 
 def test_replayed_arrays_of_different_lengths_name_both():

@@ -60,6 +60,17 @@ def test_hist_quantiles_within_the_bucket_width():
     np.testing.assert_allclose(got, exact, rtol=2.0 ** -10)
 
 
+def test_hist_quantiles_beyond_the_histogram_are_inf():
+    """The last bucket holds every latency of 2**50 s or more: a quantile
+    read there is inf, not that bucket's midpoint (about 1.1e15 s)."""
+    hist = np.zeros(HIST_SIZE, np.int64)
+    for v in (1.0, 2.0, 2.0 ** 50, 1e16, 1e300):
+        hist[hist_bucket(v)] += 1
+    got = stats.hist_quantiles(hist, [0.2, 0.4, 0.6, 1.0], HIST_BASE, HIST_SHIFT)
+    assert got[0] == 1.0 * (1 + 2.0 ** -11) and got[1] == 2.0 * (1 + 2.0 ** -11)
+    assert (got[2:] == np.inf).all()
+
+
 def test_hist_quantiles_read_the_first_bucket_reaching_each_rank():
     """The kernels' one-pass search (hist_ranks) equals searchsorted on the
     whole cumulative sum, ranks on block boundaries, first and last buckets
