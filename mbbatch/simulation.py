@@ -380,8 +380,9 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
         parts["keep_requests"] = (40 * n, "the per-request arrays (keep_requests)")
     parts.update(_rvs_memory(named, n))
     memory = check_memory(parts)
-    _check_scale(model.base + model.per_token * spec.mean, "service" if workload is None else "workload.output")
-    _check_clock(arrivals, n, model.base + model.per_token * spec.mean)
+    scale = model.base + model.per_token * spec.mean
+    _check_scale(scale, "service" if workload is None else "workload.output")
+    _check_clock(arrivals, n, scale)
 
     integer = workload is not None and workload.integer_lengths
     if policy.edges is None:
@@ -609,8 +610,9 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
         parts["keep_batches"] = (64 * n, "the per-batch arrays (keep_batches)")
     parts.update(_rvs_memory([("workload.prompt", workload._prompt), ("workload.output", workload._output)], n))
     memory = check_memory(parts)
-    _check_scale(_model_scale(service_model, workload), "workload")
-    _check_clock(arrivals, n, _model_scale(service_model, workload))
+    scale = _model_scale(service_model, workload)
+    _check_scale(scale, "workload")
+    _check_clock(arrivals, n, scale)
     return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
                       bool(keep_batches), memory, predictor)
 
@@ -1250,8 +1252,9 @@ def _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, s
                                         decode_model, False).memory, "the decode stage")
     parts.update(_rvs_memory([("workload.prompt", workload._prompt)], n))
     memory = check_memory(parts)
-    _check_scale(model.a + model.b * workload._prompt.mean, "workload.prompt")
-    _check_clock(arrivals, n, model.a + model.b * workload._prompt.mean)
+    scale = model.a + model.b * workload._prompt.mean
+    _check_scale(scale, "workload.prompt")
+    _check_clock(arrivals, n, scale)
     return _LapsPlan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
                      keep_requests=bool(keep_requests), memory=memory, decode_model=decode_model)
 

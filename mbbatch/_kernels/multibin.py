@@ -75,8 +75,9 @@ REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"),
 #: the kernel's scratch arrays.  Bin b's partial batch occupies
 #: [b * stride, (b + 1) * stride) of the buf_ arrays, stride = min(B, n);
 #: first[b] is the index of bin b's oldest request (its partial batch's
-#: place in arrival order); heap holds the servers' free times when 1 < servers < inf; draws the
-#: addresses of the arrival, service and prediction drawers (:func:`~.common.drawers`).
+#: place in arrival order); heap holds the servers' free times when
+#: 1 < servers < inf; draws the addresses of the arrival, service and
+#: prediction drawers (:func:`~.common.drawers`).
 WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_index=np.int64,
                    count=np.uint64, first=np.int64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
                    block_time=np.float64, block_bin=np.uint32, block_service=np.float64, block_pred=np.float64,
