@@ -195,7 +195,7 @@ def test_decode_after_prefill_is_the_decode_policy_on_the_first_tokens():
         assert np.all(r.completion > r.first_token)
         np.testing.assert_array_equal(r.latency, r.completion - r.arrival)
         assert res.mean_latency == pytest.approx(r.latency.mean(), rel=1e-12)
-        assert res.latency_p99 == np.quantile(r.latency, 0.99)
+        assert res.latency_p99 == np.quantile(r.latency, 0.99, method="inverted_cdf")
         assert res.span == r.completion.max() - r.arrival.min()
         assert res.throughput == n / res.span
 

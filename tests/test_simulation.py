@@ -210,6 +210,25 @@ def test_streaming_quantiles_match_exact_within_bucket():
         assert getattr(streamed, name) == getattr(exact, name)
 
 
+@pytest.mark.parametrize("policy, kw", [
+    (mb.MultiBin(bins=2, batch_size=1), dict(service=st.uniform(1, 19))),
+    (mb.DynamicBatching(), dict(workload=mb.Workload(prompt=st.uniform(10, 100), output=st.uniform(5, 50)))),
+    (mb.LAPS(), dict(workload=mb.Workload(prompt=st.uniform(10, 500), output=st.uniform(5, 50)))),
+], ids=["multibin", "dynamic", "laps"])
+@pytest.mark.parametrize("n", [2, 4, 7, 1559])
+def test_kept_and_streamed_quantiles_are_one_definition(policy, kw, n):
+    """With and without keep_requests a run's latency quantiles are the same
+    inverted-CDF quantile, within the histogram's half bucket (2**-11
+    relative); the kept ones were numpy's linear interpolation, which at
+    n = 2 put the median halfway between the two latencies."""
+    for seed in range(3):
+        run = dict(arrivals=mb.Poisson(rate=0.5), n=n, seed=seed, **kw)
+        streamed, kept = mb.simulate(policy, **run), mb.simulate(policy, keep_requests=True, **run)
+        for q in ("latency_p50", "latency_p95", "latency_p99"):
+            got, exact = getattr(streamed, q), getattr(kept, q)
+            assert abs(got - exact) <= 2.0 ** -11 * exact, (q, got, exact)
+
+
 def test_latency_decomposes_into_fill_queue_and_service():
     res = mb.simulate(mb.MultiBin(bins=2, batch_size=16), arrivals=mb.Poisson(rate=2.0),
                       service=st.uniform(1, 9), n=50_000, seed=5)
