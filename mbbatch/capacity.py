@@ -9,7 +9,12 @@ searches its rate:
    requests bounds the stable rate from above: a probe at 1.05 times it must
    fail (else the bound is doubled).  A light load, a tenth of it, bounds it
    from below: a probe there must pass (else it is halved, down to a
-   thousandth; below that the result is a rate of 0).
+   thousandth).  Where none of those passes, rates between the light load
+   and the upper end, a tenth of it apart, are probed from the top down:
+   a criterion can fail at light load and pass at higher load (the paper's
+   model fills its batches slowly at low rates, so its latency falls with
+   the rate before it rises near saturation); the highest that passes, if
+   any, is the lower end, else the result is a rate of 0.
 2. **Bisect.**  A probe at the bracket's midpoint replicates until each
    criterion's confidence interval lies on one side of its threshold
    (pass or fail), or ``max_reps`` is reached (undecided).  An undecided
@@ -80,6 +85,10 @@ UPPER_MARGIN = 1.05
 LIGHT_LOAD = 0.1
 #: halvings of the lower end, and doublings of the upper end, tried at most
 BRACKET_STEPS = 10
+#: where no rate down to a thousandth of the light load passes, rates this
+#: share of the upper end apart are probed from the top down (see the module
+#: docstring): a criterion can fail at light load and pass at higher load
+SCAN_STEP = 0.1
 #: replications of a probe at first (two at least: an interval needs two)
 FIRST_REPS = 3
 
@@ -411,7 +420,7 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     else:
         raise RuntimeError(f"no failing rate up to {hi:g} requests/s (the saturated throughput is {sat:g}): "
                            "the criterion does not bound the rate")
-    lo = LIGHT_LOAD * sat
+    top, lo = hi, LIGHT_LOAD * sat
     for _ in range(BRACKET_STEPS):
         v = s.probe(lo).verdict
         if v == "pass":
@@ -419,7 +428,23 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
         hi = min(hi, lo) if v == "fail" else hi
         lo *= 0.5
     else:
-        return result(0.0, hi, resolved=True)
+        # nothing passes at light load or below: the paper's model, whose batches fill slowly at low
+        # rates, can pass at higher load only (its latency falls with the rate, then rises near
+        # saturation); the highest passing rate above the light load, if any, starts the bisection
+        floor, hi = hi, top
+        for j in range(1, round(1 / SCAN_STEP)):
+            rate = top * (1.0 - j * SCAN_STEP)
+            if rate <= LIGHT_LOAD * sat:
+                break
+            v = s.probe(rate).verdict
+            if v == "pass":
+                lo = rate
+                break
+            hi = rate if v == "fail" else hi
+        else:
+            v = None
+        if v != "pass":
+            return result(0.0, floor, resolved=True)
     unverified = False
     while hi - lo > rel_tol * 0.5 * (lo + hi):
         mid = 0.5 * (lo + hi)
