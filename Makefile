@@ -1,5 +1,5 @@
 # mbbatch, as a file DAG: results depend on their specs and the sources,
-# figures on the results.  Phony targets: help, test, figures, bench, clean.
+# figures on the results.  Phony targets: help, test, thorough, figures, bench, clean.
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,10 +19,11 @@ SPECS := $(wildcard sweeps/*.toml)
 SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
 SWEPT := $(RESULTS)/.swept
 
-.PHONY: help test figures bench clean
+.PHONY: help test thorough figures bench clean
 
 help:
 	@echo "make test      create .venv, install mbbatch with its test extras, run the test suite"
+	@echo "make thorough  the hypothesis properties on 500 fresh random examples each"
 	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
 	@echo "make bench     print the speed and memory table"
 	@echo "make clean     remove .venv, results/ and caches"
@@ -36,6 +37,11 @@ $(STAMP): pyproject.toml
 # one test worker per core; a test file's tests share a worker (and its session fixtures)
 test: $(STAMP)
 	$(PY) -m pytest -n auto --dist loadfile
+
+# the hypothesis properties under tests/conftest.py's "thorough" profile: 500 random examples
+# each, fresh every run (make test's are few and fixed, so every run repeats one experiment)
+thorough: $(STAMP)
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n auto --dist loadfile $(shell grep -l '@given' tests/test_*.py)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
