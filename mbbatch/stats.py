@@ -76,13 +76,14 @@ def hist_quantiles(hist: np.ndarray, qs, base: int, shift: int) -> np.ndarray:
     """Quantiles ``qs`` (ascending) of the values counted in ``hist``: the
     "inverted CDF" rank ``max(1, ceil(q * total))``, read at the midpoint of
     the first bucket whose cumulative count reaches it (relative error at
-    most half a bucket's width).  A quantile in the last bucket, which holds
-    every value beyond the histogram's range, is inf."""
+    most half a bucket's width).  The end buckets also hold every value
+    beyond the histogram's range: a quantile in the first (values under
+    about 1 ns, zero included) is 0, in the last (2**50 s or more) inf."""
     h = np.empty(len(qs), np.int64)
     if _kernel_common.hist_ranks(hist, np.asarray(qs, dtype=np.float64), h) == 0:
         return np.full(len(qs), math.nan)
     lo, hi = hist_bucket_bounds(h, base, shift)
-    return np.where(h == len(hist) - 1, math.inf, 0.5 * (lo + hi))
+    return np.where(h == 0, 0.0, np.where(h == len(hist) - 1, math.inf, 0.5 * (lo + hi)))
 
 
 # --- the steady-state check ------------------------------------------------------------

@@ -210,6 +210,17 @@ def test_streaming_quantiles_match_exact_within_bucket():
         assert getattr(streamed, name) == getattr(exact, name)
 
 
+def test_zero_latencies_stream_as_zero():
+    """Zero service times on infinitely many servers: every latency is 0, and
+    so is every streamed quantile (it was the first bucket's midpoint,
+    9.3e-10 s), as the kept ones are."""
+    run = dict(arrivals=mb.Poisson(1.0), service=np.zeros(100), n=100, servers=math.inf)
+    streamed = mb.simulate(mb.MultiBin(bins=1, batch_size=1), **run)
+    kept = mb.simulate(mb.MultiBin(bins=1, batch_size=1), keep_requests=True, **run)
+    for q in ("latency_p50", "latency_p95", "latency_p99"):
+        assert getattr(streamed, q) == getattr(kept, q) == 0.0
+
+
 @pytest.mark.parametrize("policy, kw", [
     (mb.MultiBin(bins=2, batch_size=1), dict(service=st.uniform(1, 19))),
     (mb.DynamicBatching(), dict(workload=mb.Workload(prompt=st.uniform(10, 100), output=st.uniform(5, 50)))),

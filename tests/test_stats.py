@@ -60,15 +60,18 @@ def test_hist_quantiles_within_the_bucket_width():
     np.testing.assert_allclose(got, exact, rtol=2.0 ** -10)
 
 
-def test_hist_quantiles_beyond_the_histogram_are_inf():
-    """The last bucket holds every latency of 2**50 s or more: a quantile
-    read there is inf, not that bucket's midpoint (about 1.1e15 s)."""
+def test_hist_quantiles_beyond_the_histogram_are_0_or_inf():
+    """The end buckets hold every latency beyond the histogram's range: a
+    quantile read in the first (under about 1 ns, zero included) is 0, in the
+    last (2**50 s or more) inf, not those buckets' midpoints (9.3e-10 s and
+    1.1e15 s)."""
     hist = np.zeros(HIST_SIZE, np.int64)
-    for v in (1.0, 2.0, 2.0 ** 50, 1e16, 1e300):
+    for v in (0.0, 1e-12, 1.0, 2.0, 2.0 ** 50, 1e16, 1e300):
         hist[hist_bucket(v)] += 1
-    got = stats.hist_quantiles(hist, [0.2, 0.4, 0.6, 1.0], HIST_BASE, HIST_SHIFT)
-    assert got[0] == 1.0 * (1 + 2.0 ** -11) and got[1] == 2.0 * (1 + 2.0 ** -11)
-    assert (got[2:] == np.inf).all()
+    got = stats.hist_quantiles(hist, [0.1, 0.25, 0.4, 0.55, 0.7, 1.0], HIST_BASE, HIST_SHIFT)
+    assert got[0] == got[1] == 0.0
+    assert got[2] == 1.0 * (1 + 2.0 ** -11) and got[3] == 2.0 * (1 + 2.0 ** -11)
+    assert (got[4:] == np.inf).all()
 
 
 def test_hist_quantiles_read_the_first_bucket_reaching_each_rank():
