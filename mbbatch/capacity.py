@@ -431,7 +431,7 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
         # nothing passes at light load or below: the paper's model, whose batches fill slowly at low
         # rates, can pass at higher load only (its latency falls with the rate, then rises near
         # saturation); the highest passing rate above the light load, if any, starts the bisection
-        floor, hi = hi, top
+        floor, hi, v = hi, top, None
         for j in range(1, round(1 / SCAN_STEP)):
             rate = top * (1.0 - j * SCAN_STEP)
             if rate <= LIGHT_LOAD * sat:
@@ -441,8 +441,6 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
                 lo = rate
                 break
             hi = rate if v == "fail" else hi
-        else:
-            v = None
         if v != "pass":
             return result(0.0, floor, resolved=True)
     unverified = False
