@@ -242,19 +242,16 @@ def _rvs_memory(named_specs, n: int) -> dict:
 SCALE_RANGE = (2.0 ** (_common.HIST_MIN_EXP + 10), 2.0 ** (_common.HIST_MAX_EXP - 20))
 
 
-def _check_scale(scale: float, name: str) -> None:
-    """Refuse a run whose typical service time ``scale`` (s) lies outside
-    :data:`SCALE_RANGE`: its latency quantiles would be read off the
-    histogram's end buckets, wrong by orders of magnitude."""
+def _check_times(arrivals, n, scale: float, name: str) -> None:
+    """Refuse a run whose typical service time ``scale`` (s, set by the
+    parameter ``name``) lies outside :data:`SCALE_RANGE` (its latency
+    quantiles would be read off the histogram's end buckets, wrong by orders
+    of magnitude), or whose clock would be too coarse for its service times."""
     lo, hi = SCALE_RANGE
     if math.isfinite(scale) and scale > 0 and not lo <= scale <= hi:
         raise ValueError(f"{name}: service times of about {scale:.3g} s lie outside [{lo:.3g}, {hi:.3g}] s, the "
                          "range whose latencies the latency histogram resolves (its buckets cover 2**-30 to "
                          "2**50 s); express the times in other units")
-
-
-def _check_clock(arrivals, n, scale) -> None:
-    """Refuse a run whose clock would be too coarse for its service times."""
     if isinstance(arrivals, Replay):
         check_clock(max(abs(float(arrivals.times[0])), abs(arrivals.last_time(n))), scale, "arrivals.times")
     elif isinstance(arrivals, (Poisson, Gamma, OnOff)):
@@ -382,9 +379,8 @@ def _plan_multibin(policy, arrivals, service, n, servers, keep_requests, workloa
         parts["keep_requests"] = (40 * n, "the per-request arrays (keep_requests)")
     parts.update(_rvs_memory(named, n))
     memory = check_memory(parts)
-    scale = model.base + model.per_token * spec.mean
-    _check_scale(scale, "service" if workload is None else "workload.output")
-    _check_clock(arrivals, n, scale)
+    _check_times(arrivals, n, model.base + model.per_token * spec.mean,
+                 "service" if workload is None else "workload.output")
 
     integer = workload is not None and workload.integer_lengths
     if policy.edges is None:
@@ -612,9 +608,7 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
         parts["keep_batches"] = (64 * n, "the per-batch arrays (keep_batches)")
     parts.update(_rvs_memory([("workload.prompt", workload._prompt), ("workload.output", workload._output)], n))
     memory = check_memory(parts)
-    scale = _model_scale(service_model, workload)
-    _check_scale(scale, "workload")
-    _check_clock(arrivals, n, scale)
+    _check_times(arrivals, n, _model_scale(service_model, workload), "workload")
     return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
                       bool(keep_batches), memory, predictor)
 
@@ -1254,9 +1248,7 @@ def _plan_laps(policy, arrivals, service, n, servers, keep_requests, workload, s
                                         decode_model, False).memory, "the decode stage")
     parts.update(_rvs_memory([("workload.prompt", workload._prompt)], n))
     memory = check_memory(parts)
-    scale = model.a + model.b * workload._prompt.mean
-    _check_scale(scale, "workload.prompt")
-    _check_clock(arrivals, n, scale)
+    _check_times(arrivals, n, model.a + model.b * workload._prompt.mean, "workload.prompt")
     return _LapsPlan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
                      keep_requests=bool(keep_requests), memory=memory, decode_model=decode_model)
 
