@@ -1634,16 +1634,15 @@ def order_calls(start, gap, new, out, C, chunk, top, ctx, prog, session_end, pos
         # the calls carried, in id order: now (earlier than s_next) or carried again
         for j in range(ma):
             t = f[ia, j, 0]
-            if t < s_next:
-                for x in range(4):
-                    f[0, me, x] = f[ia, j, x]
-                tag[0, me] = tag[ia, j]
+            now = t < s_next
+            L, h = (0, me) if now else (ib, mb)
+            for x in range(4):
+                f[L, h, x] = f[ia, j, x]
+            tag[L, h] = tag[ia, j]
+            if now:
                 counts[_bucket(t, lo, scale, nb) + 1] += 1
                 me += 1
             else:
-                for x in range(4):
-                    f[ib, mb, x] = f[ia, j, x]
-                tag[ib, mb] = tag[ia, j]
                 mb += 1
         # the chunk's calls (as call_times computes them), in id order
         for p in range(p0, p_end):
