@@ -30,7 +30,7 @@ from ..controller import Memory, SLAController
 from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from ..workload import Workload
 from .schema import TIME_POINTS, rep_vars, time_series, variables
-from .spec import WORKLOAD_PARAMS, SpecError
+from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
            "service_model", "trace_filters", "run_capacity_point", "check_capacity_point"]
@@ -348,6 +348,12 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     return out
 
 
+def _search_objects(arrivals: str, service: str, params: dict) -> tuple:
+    """:func:`point_objects` of a capacity cell: the arrival process at a
+    placeholder rate (a replay at scale 1), whose shape the search keeps."""
+    return point_objects(arrivals, service, {**params, **dict.fromkeys(SEARCHED, 1.0)})
+
+
 def run_capacity_point(arrivals: str, service: str, params: dict, root_seed: int, capacity: dict) -> dict:
     """A capacity search (:func:`mbbatch.find_capacity`) at one grid point of
     a capacity spec: its [capacity] table's settings and objective, the
@@ -355,7 +361,7 @@ def run_capacity_point(arrivals: str, service: str, params: dict, root_seed: int
     seed sequence, as a sweep's rep r would)."""
     from ..capacity import find_capacity
 
-    pol, arr, kw = point_objects(arrivals, service, {**params, "rate": 1.0})
+    pol, arr, kw = _search_objects(arrivals, service, params)
     objective = _objective(params)
     stop = stop_flag()
 
@@ -384,7 +390,7 @@ def check_capacity_point(arrivals: str, service: str, params: dict, capacity: di
     """Raise what :func:`run_capacity_point` would refuse, without searching."""
     from ..capacity import check_search
 
-    pol, arr, kw = point_objects(arrivals, service, {**params, "rate": 1.0})
+    pol, arr, kw = _search_objects(arrivals, service, params)
     objective = _objective(params)
     check_search(pol, arr, params.get("servers", 1), objective, capacity["rel_tol"], capacity["confidence"],
                  capacity["max_reps"], capacity["throughput_tol"])
