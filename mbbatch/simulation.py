@@ -523,6 +523,9 @@ class _TokenPlan:
     memory: int
     predictor: object
     cluster: object = None
+    #: the output lengths' distribution, for ``bin_edges="optimal"``: the workload's, or (LAPS's
+    #: decode stage, whose workload replays lengths drawn from it) the one they were drawn from
+    output_law: object = None
 
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
         """Simulate with the seed ``ss``; ``warn``: issue an :class:`UnstableWarning`
@@ -532,7 +535,7 @@ class _TokenPlan:
     @functools.cached_property
     def optimal_edges(self) -> tuple:
         """The edges of ``bin_edges="optimal"`` (computed once per plan)."""
-        return _optimal_edges(self.policy, self.workload)
+        return _optimal_edges(self.policy, self.output_law)
 
     @functools.cached_property
     def engine_edges(self) -> tuple:
@@ -559,7 +562,7 @@ def _model_scale(model, workload) -> float:
 
 
 def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
-                 keep_batches) -> _TokenPlan:
+                 keep_batches, output_law=None) -> _TokenPlan:
     if service is not None:
         raise TypeError(f"{type(policy).__name__} takes workload=Workload(prompt=..., output=...) (and a "
                         "service_model), not service=: it forms batches by prompt and output lengths")
@@ -574,6 +577,10 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
                          f"{workload.predictor_sigma:g} and {predictor}")
     if workload.predictor_sigma != 0:
         predictor = LogNormalError(workload.predictor_sigma)
+    output_law = workload._output.dist if output_law is None else output_law
+    if isinstance(policy, MultiBinDynamic) and policy.bin_edges == "optimal" and output_law is None:
+        raise ValueError("bin_edges=\"optimal\" needs the output lengths as a distribution (eq. (2) on it); "
+                         f"got {workload._output.description['service']} values: use \"presample\" or \"warmup\"")
     n = _resolve_n(n, arrivals, [("workload.prompt", workload._prompt), ("workload.output", workload._output)],
                    predictor)
     servers = check_servers(servers)
@@ -610,7 +617,7 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     memory = check_memory(parts)
     _check_times(arrivals, n, _model_scale(service_model, workload), "workload")
     return _TokenPlan(policy, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
-                      bool(keep_batches), memory, predictor)
+                      bool(keep_batches), memory, predictor, output_law=output_law)
 
 
 def _pack_tokens(plan: _TokenPlan) -> tuple:
@@ -1011,18 +1018,15 @@ def _engine_edges(policy: MultiBinEngine, workload) -> tuple:
     return lo, hi
 
 
-def _optimal_edges(policy, workload) -> tuple:
-    """theory.optimal_boundaries on the output-length distribution at B =
-    b_max, floored and tiled like Algorithm 6's edges."""
+def _optimal_edges(policy, law) -> tuple:
+    """theory.optimal_boundaries on the output-length distribution ``law``
+    at B = b_max, floored and tiled like Algorithm 6's edges."""
     from . import theory
 
-    if workload._output.dist is None:
-        raise ValueError("bin_edges=\"optimal\" needs the output lengths as a distribution (eq. (2) on it); "
-                         "got replayed values: use \"presample\" or \"warmup\"")
     K = policy.bins
     if K == 1:
         return np.zeros(1), np.full(1, _c.EDGE_MAX)
-    e = np.floor(np.asarray(theory.optimal_boundaries(workload._output.dist, policy.controller.b_max, K),
+    e = np.floor(np.asarray(theory.optimal_boundaries(law, policy.controller.b_max, K),
                             dtype=float))
     hi = e[1:].copy()
     hi[-1] = _c.EDGE_MAX
@@ -1267,7 +1271,7 @@ def _run_decode(plan: _LapsPlan, req: dict, ss: np.random.SeedSequence):
     stage = Workload(prompt=req["prompt"][order], output=out[order], integer_lengths=wl.integer_lengths,
                      predictor_sigma=wl.predictor_sigma)
     res = _plan_tokens(pol.decode, Replay(first[order]), None, n, pol.decode_servers, True, stage,
-                       plan.decode_model, False).run(ss, warn=False)
+                       plan.decode_model, False, output_law=wl._output.dist).run(ss, warn=False)
     completion = np.empty(n)
     completion[order] = res.requests.completion
     return res, completion, out

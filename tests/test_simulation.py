@@ -770,6 +770,27 @@ def test_bin_edges_set_before_the_run(rule):
         mb.MultiBinDynamic(bin_edges="median")
 
 
+def test_optimal_bin_edges_need_a_distribution_and_are_checked_before_the_run():
+    """bin_edges="optimal" on replayed or resampled output lengths is refused
+    when the call is checked (naming bin_edges), not when it runs; LAPS's
+    decode stage, whose output lengths are drawn from the workload's
+    distribution, takes eq. (2)'s edges on that distribution."""
+    from mbbatch._kernels.controller import EDGE_MAX
+    from mbbatch.simulation import check_simulation
+
+    mbd = mb.MultiBinDynamic(bins=3, bin_edges="optimal")
+    for output in (np.arange(1.0, 200.0), mb.Empirical(np.arange(1.0, 200.0))):
+        wl = mb.Workload(prompt=st.uniform(16, 496), output=output)
+        for policy, model in ((mbd, None), (mb.LAPS(decode=mbd), mb.PrefillModel())):
+            with pytest.raises(ValueError, match="bin_edges=\"optimal\" needs the output lengths as a distrib"):
+                check_simulation(policy, mb.Poisson(1.0), workload=wl, n=1000, service_model=model)
+    wl = mb.Workload(prompt=st.lognorm(0.5, scale=100), output=st.lognorm(0.5, scale=50))
+    res = mb.simulate(mb.LAPS(decode=mbd), mb.Poisson(1.0), workload=wl, n=2000, seed=1,
+                      service_model=mb.PrefillModel())
+    e = np.floor(theory.optimal_boundaries(wl.output, 256, 3))
+    np.testing.assert_array_equal(res.decode.edges, np.r_[0.0, e[1:-1], EDGE_MAX])
+
+
 @pytest.mark.parametrize("scale", [1e-3, 0.25, 1.0, 7.5])
 def test_programs_exponentials_are_numpys(scale):
     """The programs' starts and think times, drawn by the kernels' drawer,
