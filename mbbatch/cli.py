@@ -144,19 +144,36 @@ def _spec_value(p):
     return parse
 
 
+def _simulate_params() -> dict:
+    """The spec parameters that are ``mbbatch simulate`` flags: all but a
+    capacity search's objective (``mbbatch capacity``) and a trace's
+    settings (a spec's [workload] table)."""
+    from .sweeps.spec import SPEC_PARAMS
+
+    return {name: sp for name, sp in SPEC_PARAMS.items()
+            if not sp.capacity_only and {"trace"} not in (sp.arrivals, sp.workload)}
+
+
 def _simulate_parser(sub) -> None:
     """``mbbatch simulate``: one grid point from flags, each flag a parameter
     of the table, checked as a spec's would be."""
+    from . import stats
     from .metrics import KINDS
     from .params import PARAMS
-    from .sweeps.spec import SPEC_PARAMS
+    from .sweeps.spec import ARRIVALS, SPEC_PARAMS
 
     sim = sub.add_parser("simulate", help="simulate one configuration and print its metrics",
                          description="Simulate one configuration (a one-point sweep, not stored) and print "
-                                     "its metrics, with 95%% t-intervals over --reps replications.  Flags "
-                                     "are the parameters of a sweep spec.")
+                                     f"its metrics, with {100 * stats.CONFIDENCE:g}% t-intervals over --reps "
+                                     "replications.  Flags are the parameters of a sweep spec.  (A trace's "
+                                     "requests need a spec's [workload] table: mbbatch sweep.)")
     sim.add_argument("--policy", required=True, choices=KINDS, help="the batching policy")
-    sim.add_argument("--arrivals", default="poisson", choices=("poisson", "saturated", "step"))
+    arrivals = [a for a in ARRIVALS if a != "trace"]
+    flags = {a: ", ".join("--" + nm.replace("_", "-") for nm, sp in SPEC_PARAMS.items() if a in sp.arrivals)
+             for a in arrivals}
+    sim.add_argument("--arrivals", default="poisson", choices=arrivals,
+                     help="the arrival process (default poisson), with its flags: "
+                          + "; ".join(f"{a}: {f}" for a, f in flags.items() if f))
     form = sim.add_mutually_exclusive_group(required=True)
     form.add_argument("--service", choices=("uniform", "expon"),
                       help="the paper's workload: the service-time distribution (policy multibin)")
@@ -165,9 +182,7 @@ def _simulate_parser(sub) -> None:
                            "service model")
     sim.add_argument("--reps", type=int, default=1, help="replications (default 1)")
     sim.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
-    for name, sp in SPEC_PARAMS.items():
-        if sp.capacity_only:
-            continue            # (a capacity search's objective: `mbbatch capacity`)
+    for name, sp in _simulate_params().items():
         p = sp.table
         where = f" in {p.domain}" if p.domain is not None else f": {', '.join(p.choices)}"
         units = f", {p.units}" if p.units else ""
@@ -183,10 +198,10 @@ def _simulate(args) -> None:
     from . import stats
     from .metrics import METRICS
     from .sweeps.cells import run_point
-    from .sweeps.spec import SPEC_PARAMS, spec_from_dict
+    from .sweeps.spec import spec_from_dict
 
-    params = {name: getattr(args, f"p_{name}") for name, sp in SPEC_PARAMS.items()
-              if not sp.capacity_only and getattr(args, f"p_{name}") is not None}
+    params = {name: getattr(args, f"p_{name}") for name in _simulate_params()
+              if getattr(args, f"p_{name}") is not None}
     raw = {"name": "simulate", "policy": args.policy, "arrivals": args.arrivals, "reps": args.reps,
            "seed": args.seed, "params": params}
     if args.service is not None:

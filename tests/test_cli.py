@@ -162,6 +162,37 @@ def test_simulate_prints_the_metrics_of_one_configuration():
     assert f"{sum(thr) / 3:.6g}" in lines["throughput"]
 
 
+@pytest.mark.parametrize("arrivals, flags, process", [
+    ("gamma", ["--rate", "0.3", "--cv", "2"], "Gamma(rate=0.3, cv=2.0)"),
+    ("onoff", ["--rate-on", "0.6", "--rate-off", "0.1", "--mean-on", "20", "--mean-off", "30"],
+     "OnOff(rate_on=0.6, rate_off=0.1, mean_on=20.0, mean_off=30.0)"),
+])
+def test_simulate_takes_every_arrival_process_a_spec_takes(arrivals, flags, process):
+    """Each arrival process but a trace's (a spec's [workload]), with its
+    own flags; the numbers are those of simulate with the cell's seed."""
+    import mbbatch as mb
+    import scipy.stats as st
+    from mbbatch.sweeps.cells import cell_seed
+    from mbbatch.sweeps.spec import SPEC_PARAMS
+
+    r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
+            "--l-min", "1", "--l-max", "20", "--n", "5000", "--seed", "3", "--arrivals", arrivals, *flags)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"multibin, {arrivals} arrivals, 1 rep, seed 3")
+    values = dict(zip((f[2:].replace("-", "_") for f in flags[::2]), map(float, flags[1::2])))
+    params = {"bins": 2, "batch_size": 8, "edges": "equal_mass", "max_wait": float("inf"), "l_min": 1.0,
+              "l_max": 20.0, "n": 5000, "servers": 1, "kind": "multibin", **values}
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=8), eval(process, vars(mb)), st.uniform(1, 19), n=5000,
+                      seed=cell_seed(3, params, 0))
+    thr = next(ln for ln in r.stdout.splitlines() if ln.split()[0] == "throughput")
+    assert f"{res.throughput:.6g}" == thr.split()[1]
+    # a trace's settings are not flags: they need a spec's [workload] table
+    usage = run("simulate", "--help").stdout
+    trace_only = [nm for nm, sp in SPEC_PARAMS.items() if {"trace"} in (sp.arrivals, sp.workload)]
+    assert trace_only and not any(f"--{nm.replace('_', '-')} " in usage for nm in trace_only)
+    assert "%%" not in usage
+
+
 def test_simulate_names_the_flag_of_a_bad_value():
     one_line_error(run("simulate", "--policy", "static", "--service-model", "decode", "--rate", "2", "--n", "100"),
                    "--batch-size")

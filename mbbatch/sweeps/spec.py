@@ -73,8 +73,8 @@ from ..metrics import CONTROLLED, KINDS, METRICS, TOKEN
 from ..params import PARAMS as TABLE
 from ..params import REQUIRED
 
-__all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "load_spec",
-           "parse_spec", "spec_from_dict"]
+__all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "ARRIVALS",
+           "load_spec", "parse_spec", "spec_from_dict"]
 
 
 class SpecError(ValueError):
@@ -293,7 +293,8 @@ CAPACITY_KEYS = {
 }
 #: arrival processes a capacity search can set the rate of
 CAPACITY_ARRIVALS = ("poisson", "gamma", "onoff", "trace")
-_ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step", "trace")
+#: the arrival processes a spec names
+ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step", "trace")
 #: where a missing trace file can be downloaded, by format
 TRACE_SOURCES = {"azure": "https://github.com/Azure/AzurePublicDataset (data/AzureLLMInferenceTrace_*.csv)",
                  "burstgpt": "https://github.com/HPMLL/BurstGPT (the releases' BurstGPT_*.csv)"}
@@ -506,7 +507,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise SpecError(f"{source}: description must be a string; got {description!r}")
-    arrivals = _choice(raw, "arrivals", _ARRIVALS, source)
+    arrivals = _choice(raw, "arrivals", ARRIVALS, source)
     if capacity is not None and arrivals not in CAPACITY_ARRIVALS:
         raise SpecError(f"{source}: a capacity search sets the rate of arrivals {list(CAPACITY_ARRIVALS)}; "
                         f"got arrivals = {arrivals!r}")
