@@ -35,6 +35,20 @@ def _param_flag(p, symbol: str, required=True) -> tuple:
     return flags, dict(dest=symbol, type=_number, required=required, metavar=symbol.upper(), help=help_)
 
 
+def _flag_named(message: str) -> str:
+    """A theory function's error, its leading parameter named by the flag
+    the user typed (the paper's symbol beside it): ``B must be ...`` ->
+    ``--batch-size (B) must be ...``."""
+    from .params import PARAMS, SYMBOLS
+
+    symbol, _, rest = message.partition(" ")
+    name = SYMBOLS.get(symbol, symbol)
+    if name not in PARAMS or not rest:
+        return message
+    flag = PARAMS[name].flag
+    return f"{flag} ({symbol}) {rest}" if symbol in SYMBOLS else f"{flag} {rest}"
+
+
 def _number(text: str):
     """An int if the text is one, else a float (so `--B 4.0` reaches the
     function as a float and is refused as the wrong kind)."""
@@ -369,13 +383,16 @@ def _dispatch(args) -> int:
     elif args.command == "theory":
         from . import theory
 
-        if args.function == "batch-service-time":
-            value = theory.batch_service_time(_frozen(args), args.edges, args.B)
-        elif args.function == "optimal-boundaries":
-            value = theory.optimal_boundaries(_frozen(args), args.B, args.k)
-        else:
-            fn, params = _THEORY[args.function]
-            value = getattr(theory, fn)(*(getattr(args, p) for p in params))
+        try:
+            if args.function == "batch-service-time":
+                value = theory.batch_service_time(_frozen(args), args.edges, args.B)
+            elif args.function == "optimal-boundaries":
+                value = theory.optimal_boundaries(_frozen(args), args.B, args.k)
+            else:
+                fn, params = _THEORY[args.function]
+                value = getattr(theory, fn)(*(getattr(args, p) for p in params))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(_flag_named(str(exc))) from None
         print(value if not hasattr(value, "tolist") else value.tolist())
     return 0
 

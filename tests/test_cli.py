@@ -115,7 +115,15 @@ def test_cli_help_and_theory():
     r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "4")
     assert r.returncode == 0 and float(r.stdout) == pytest.approx(9.970261906558987, rel=1e-12)
     r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "0")
-    assert r.returncode == 2 and "k must be" in r.stderr
+    assert r.returncode == 2 and "--bins (k) must be" in r.stderr
+    # an error names the flag (the paper's symbol beside it), its numbers plain
+    for args, needle in ((["throughput", "--batch-size", "0", "--l-min", "1", "--l-max", "20", "--bins", "2"],
+                          "error: --batch-size (B) must be an integer in [1, inf); got 0"),
+                         (["latency", "--batch-size", "8", "--l-min", "1", "--l-max", "20", "--bins", "2",
+                           "--rate", "-1"], "error: --rate (lam) must be in (0, inf); got -1.0"),
+                         (["service-time", "--batch-size", "8", "--l-min", "5", "--l-max", "2", "--bins", "2"],
+                          "error: --l-max must be greater than l_min; got l_max=2.0, l_min=5.0")):
+        assert needle in one_line_error(run_cli("theory", *args))
     r = run_cli("theory", "batch-service-time", "--dist", "expon", "--scale", "10", "--B", "200",
                 "--edges", "0", "inf")
     assert r.returncode == 0 and float(r.stdout) == pytest.approx(58.780309481214, rel=1e-12)  # H_200 / 0.1

@@ -80,8 +80,8 @@ def _check_edges(edges, support):
     if not (e[0] <= a + tol and e[-1] >= b - tol):
         raise ValueError(
             f"edges must cover the support [{a}, {b}] of dist: need "
-            f"edges[0] <= {a} and edges[-1] >= {b}; got edges[0]={e[0]!r}, "
-            f"edges[-1]={e[-1]!r}")
+            f"edges[0] <= {a} and edges[-1] >= {b}; got edges[0]={float(e[0])!r}, "
+            f"edges[-1]={float(e[-1])!r}")
     e[0] = min(e[0], a)
     e[-1] = max(e[-1], b)
     return e

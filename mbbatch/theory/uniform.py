@@ -67,7 +67,7 @@ def _check_interval(l_min, l_max):
         i = np.flatnonzero(np.broadcast_to(bad, lmax_b.shape))[0]
         raise ValueError(
             "l_max must be greater than l_min; got "
-            f"l_max={lmax_b.ravel()[i]!r}, l_min={lmin_b.ravel()[i]!r}")
+            f"l_max={float(lmax_b.ravel()[i])!r}, l_min={float(lmin_b.ravel()[i])!r}")
     return l_min, l_max
 
 
