@@ -102,8 +102,10 @@ def test_half_written_point_is_recomputed(tmp_path):
 def test_resume_after_kill_is_bit_identical(tmp_path):
     """kill -9 a real `mbbatch sweep` process mid-sweep, start it again: it
     computes only the missing points and ends bit-identical to an
-    uninterrupted run."""
-    p = write(tmp_path, SLOW)
+    uninterrupted run.  (Long enough that points are stored in several
+    batches, FLUSH_SECONDS apart, before the sweep ends: SLOW alone took 2.3
+    s on a fast machine, all its points stored in one batch, at the end.)"""
+    p = write(tmp_path, SLOW.replace("n = 4000000", "n = 12000000"))
     out = tmp_path / "killed.zarr"
     proc = start_sweep(p, out, workers=1, points=3)
     proc.send_signal(signal.SIGKILL)
