@@ -375,11 +375,11 @@ def _dispatch(args) -> int:
 
         if args.out is not None and len(args.name) > 1:
             raise ValueError("--out names one file: give one example, or --out-dir for several")
+        from .sweeps.store import write_netcdf
+
         for name in dict.fromkeys(args.name):
             out = Path(args.out) if args.out is not None else Path(args.out_dir) / f"{name}.nc"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            getattr(examples, _EXAMPLES[name])().to_netcdf(out)
-            print(out)
+            print(write_netcdf(getattr(examples, _EXAMPLES[name])(), out, "--out" if args.out else "--out-dir"))
     elif args.command == "theory":
         from . import theory
 

@@ -382,3 +382,52 @@ def test_a_link_to_a_store_resumes_and_shares_its_lock(tmp_path, reference):
             run_sweep(write(tmp_path, TINY), link, workers=1, progress=False)
     ds = run_sweep(write(tmp_path, TINY), link, workers=1, progress=False).load()
     assert_identical(reference[1], ds)
+
+
+# --- NetCDF exports: written whole, replacing only mbbatch's own ----------------------------
+
+def test_a_netcdf_export_replaces_only_a_file_mbbatch_wrote(tmp_path):
+    """--netcdf is checked before the sweep runs: a folder, a path under a
+    file, or an existing file mbbatch did not write (left as it was) is
+    refused and no store is made; a missing folder is made, and a second
+    export replaces the first, whole, with no temporary left beside it."""
+    spec = write(tmp_path, TINY)
+    foreign = tmp_path / "notes.nc"
+    foreign.write_text("my notes\n")
+    (tmp_path / "folder").mkdir()
+    for target, needle in ((foreign, "exists and is not a NetCDF file mbbatch wrote"),
+                           (tmp_path / "folder", "is a folder"),
+                           (foreign / "x.nc", "is a file, not a folder")):
+        with pytest.raises(SweepError, match=needle):
+            run_sweep(spec, tmp_path / "a.zarr", workers=1, progress=False, netcdf=target)
+        assert not (tmp_path / "a.zarr").exists() and foreign.read_text() == "my notes\n"
+    # an xarray NetCDF file of someone else's is not replaced either
+    xr.Dataset({"x": ("i", np.arange(3.0))}, attrs={"description": "mine"}).to_netcdf(tmp_path / "mine.nc")
+    with pytest.raises(SweepError, match="not a NetCDF file mbbatch wrote"):
+        run_sweep(spec, tmp_path / "a.zarr", workers=1, progress=False, netcdf=tmp_path / "mine.nc")
+    nc = tmp_path / "new" / "deeper" / "s.nc"
+    ds = run_sweep(spec, tmp_path / "a.zarr", workers=1, progress=False, netcdf=nc).load()
+    first = nc.read_bytes()
+    run_sweep(spec, tmp_path / "a.zarr", workers=1, progress=False, netcdf=nc)
+    assert nc.read_bytes() == first and os.listdir(nc.parent) == ["s.nc"]
+    with xr.open_dataset(nc) as back:
+        assert_identical(ds, back.load())
+
+
+def test_an_example_export_replaces_only_its_own_file(tmp_path):
+    """`mbbatch example --out` refuses a file it did not write, and rewrites
+    its own (an export of the same example, the same description and
+    variables, or any export that carries mbbatch's version)."""
+    foreign = tmp_path / "fig1b.nc"
+    foreign.write_text("keep me\n")
+    r = cli("example", "fig1b", "--out-dir", str(tmp_path))
+    assert r.returncode == 2 and "--out-dir" in r.stderr and "not a NetCDF file mbbatch wrote" in r.stderr
+    assert foreign.read_text() == "keep me\n"
+    foreign.unlink()
+    for _ in range(2):
+        r = cli("example", "fig1b", "--out-dir", str(tmp_path))
+        assert r.returncode == 0, r.stderr
+    from mbbatch.examples import figure_1b
+
+    with xr.open_dataset(foreign) as back:
+        assert back.attrs["description"] == figure_1b().attrs["description"]

@@ -367,13 +367,17 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
         store (and nothing but one) is ever deleted: anything else at ``out``
         is refused with an error, and nothing is touched.
     netcdf : str or path, optional
-        Also export the finished Dataset to this NetCDF file.
+        Also export the finished Dataset to this NetCDF file (checked before
+        the sweep runs: an existing file there is replaced only if mbbatch
+        wrote it).
     progress : bool
         Show progress (a bar on a terminal, plain lines otherwise) and end
         with a one-line summary.
     """
     _check_workers(workers)
     spec, out = _prepare(spec, out, overwrite)
+    if netcdf is not None:
+        store.check_export(netcdf, "netcdf")
     with Executor(scheduler, workers) as ex:
         ds, summary = _sweep(spec, out, ex, overwrite, netcdf, progress)
     if progress:
@@ -541,7 +545,7 @@ class _Run:
         if "unstable" in values:
             _warn_unstable(spec, np.asarray(values["unstable"], dtype=bool))
         if self.netcdf is not None:
-            ds.load().to_netcdf(self.netcdf)
+            store.write_netcdf(ds.load(), self.netcdf)
         summary = Summary(spec.name, len(self.tasks), requests, time.perf_counter() - start, kernel,
                           self.ex.parallel if len(self.tasks) > 1 else 1, overlapped=self.overlapped)
         return ds, summary

@@ -20,7 +20,9 @@ What it guarantees (the README's "What mbbatch guarantees" says it for users):
 - **Nothing but a sweep store is ever deleted.**  ``--overwrite`` removes a
   path only if it is a sweep store (its metadata says so) holding nothing but
   what a sweep writes; never a file, a symbolic link, the working directory
-  or one of its parents.
+  or one of its parents.  A NetCDF export (:func:`write_netcdf`) replaces
+  only a NetCDF file mbbatch wrote, checked before the sweep runs, and is
+  written whole (a temporary file renamed into place).
 
 Locks use ``fcntl.flock``: reliable on local file systems; on a network file
 system that does not support it, do not run two sweeps on one store.
@@ -48,7 +50,7 @@ import numpy as np
 __all__ = ["SweepError", "StoreNote", "StoreLock", "STORE_FORMAT", "StoreState", "codecs", "create",
            "discardable", "verify", "repair_coords", "stored_attrs", "is_sweep_store", "lock_holder",
            "BlockWriter", "grid_chunks", "stored_grid_chunks", "block_of", "points_of", "consolidate",
-           "open_dataset", "POINTS_PER_CHUNK"]
+           "open_dataset", "POINTS_PER_CHUNK", "check_export", "write_netcdf"]
 
 #: Version of the store layout.  Stores without it (made before checksums)
 #: cannot be verified and are rebuilt only with ``--overwrite``.
@@ -596,3 +598,57 @@ def stored_attrs(out) -> dict | None:
     if not isinstance(root, dict) or not isinstance(root.get("attributes"), dict):
         return None
     return root["attributes"]
+
+
+def _ours(path: Path, ds=None) -> bool:
+    """Whether the file at ``path`` is a NetCDF file mbbatch wrote: a sweep's
+    export (the store mark, or mbbatch's version, in its attributes), or an
+    earlier export of ``ds`` itself (the same description and variables)."""
+    import xarray as xr
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with xr.open_dataset(path) as old:
+                attrs, names = dict(old.attrs), set(old.data_vars)
+    except Exception:  # noqa: BLE001 - not a NetCDF file xarray reads: not ours
+        return False
+    if MARK in attrs or "mbbatch_version" in attrs:
+        return True
+    return ds is not None and "description" in attrs and attrs["description"] == ds.attrs.get("description") \
+        and names == set(ds.data_vars)
+
+
+def check_export(path, param: str, ds=None) -> Path:
+    """Raise :class:`SweepError` unless a NetCDF export may be written at
+    ``path`` (``param``: the argument that named it): not a folder, not under
+    a file, and, if a file is there, one mbbatch wrote (see :func:`_ours`;
+    nothing else is ever replaced)."""
+    path = Path(path)
+    if path.is_dir():
+        raise SweepError(f"{param}: {path} is a folder; give the path of the NetCDF file to write")
+    for folder in (path.absolute().parent, *path.absolute().parent.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise SweepError(f"{param}: {folder} is a file, not a folder to put {path.name} in")
+            break
+    if path.is_symlink() or (path.exists() and not _ours(path, ds)):
+        raise SweepError(f"{param}: {path} exists and is not a NetCDF file mbbatch wrote; an export replaces "
+                         "only mbbatch's own: choose another path")
+    return path
+
+
+def write_netcdf(ds, path, param: str = "netcdf") -> Path:
+    """Export ``ds`` to the NetCDF file ``path`` (checked by
+    :func:`check_export`; folders made as needed), whole: written beside it
+    under a temporary name, then renamed into place."""
+    path = check_export(path, param, ds)
+    path.absolute().parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.absolute().parent / f".{path.name}.{os.getpid()}.tmp"   # (created with the umask's mode)
+    try:
+        ds.to_netcdf(tmp)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path
