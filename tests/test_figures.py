@@ -138,3 +138,29 @@ def test_figures_of_an_absent_trace_are_skipped_with_a_note(tmp_path):
     assert "fig3" in str(exc.value) and "fig6" not in str(exc.value)
     with pytest.raises(FileNotFoundError, match="fig6"):
         make_figures(tmp_path, tmp_path / "out", only="fig6")     # asked for by name: an error
+
+
+def test_a_figure_of_an_interrupted_sweep_says_what_it_leaves_out(results, tmp_path):
+    """Grid points not done (a sweep killed before its end) are left out of
+    a figure, with a note naming the store, how many, and the command that
+    resumes it into the same folder; a complete store draws without one."""
+    import shutil
+    import warnings
+
+    import zarr
+
+    from mbbatch.figures import IncompleteDataset, make_figures
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IncompleteDataset)
+        make_figures(results, tmp_path / "whole", only="fig3")
+    shutil.copytree(results / "fig3.zarr", tmp_path / "res" / "fig3.zarr")
+    done = zarr.open_array(str(tmp_path / "res" / "fig3.zarr"), path="done", mode="r+")
+    flags = done[...]
+    flags.flat[[1, 4]] = False
+    done[...] = flags
+    with pytest.warns(IncompleteDataset) as caught:
+        make_figures(tmp_path / "res", tmp_path / "out", only="fig3")
+    message = str(caught[0].message)
+    assert f"has 2 of {flags.size} grid points not done" in message
+    assert f"mbbatch sweep sweeps/fig3.toml --out {tmp_path / 'res' / 'fig3.zarr'}" in message

@@ -58,17 +58,24 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import xarray as xr
 
 from . import capacity, cluster, experiments, paper, workloads
 from .data import dataset_command, dataset_path, open_dataset
 from .style import house_style, save
 
-__all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "make_figures", "dataset_path", "dataset_command"]
+__all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "IncompleteDataset", "make_figures", "dataset_path",
+           "dataset_command"]
 
 
 class TraceFigureSkipped(UserWarning):
     """A figure whose dataset needs a trace file that is absent was skipped."""
+
+
+class IncompleteDataset(UserWarning):
+    """A figure was drawn from a sweep store with grid points not done (an
+    interrupted sweep): those points are left out of it."""
 
 #: name -> (drawing function, datasets it reads), in drawing order.
 FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
@@ -164,7 +171,7 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
     needed = list(OrderedDict.fromkeys(d for n in names for d in FIGURES[n][1]))
     missing = [d for d in needed if not dataset_path(results_dir, d).exists()]
     if missing:
-        lines = [f"  {dataset_path(results_dir, d)}: make it with `{dataset_command(d)}`"
+        lines = [f"  {dataset_path(results_dir, d)}: make it with `{dataset_command(d, results_dir)}`"
                  for d in missing]
         raise FileNotFoundError("missing dataset(s) for the figures:\n" + "\n".join(lines))
 
@@ -205,6 +212,12 @@ def _draw(results_dir, out_dir: Path, name: str, cache: dict) -> list[Path]:
         if d not in cache:
             cache[d] = open_dataset(results_dir, d)
         data[d] = cache[d]
+        if "done" in data[d]:
+            done = np.asarray(data[d]["done"].values, dtype=bool)
+            if not done.all():
+                warnings.warn(f"figure {name}: {dataset_path(results_dir, d)} has {done.size - done.sum()} of "
+                              f"{done.size} grid points not done (an interrupted sweep), left out of it; resume "
+                              f"with `{dataset_command(d, results_dir)}`", IncompleteDataset, stacklevel=2)
     return save(func(data), out_dir, name)
 
 

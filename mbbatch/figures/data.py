@@ -32,11 +32,12 @@ def dataset_path(results_dir, dataset: str) -> Path:
     return Path(results_dir) / f"{dataset}{ext}"
 
 
-def dataset_command(dataset: str) -> str:
-    """The command that writes a dataset into ``results/``."""
+def dataset_command(dataset: str, results_dir="results") -> str:
+    """The command that writes a dataset into ``results_dir``."""
+    path = dataset_path(results_dir, dataset)
     if dataset in NETCDF:
-        return f"mbbatch example {dataset} --out results/{dataset}.nc"
-    return f"mbbatch sweep sweeps/{dataset}.toml --out results/{dataset}.zarr"
+        return f"mbbatch example {dataset} --out {path}"
+    return f"mbbatch sweep sweeps/{dataset}.toml --out {path}"
 
 
 def open_dataset(results_dir, dataset: str) -> xr.Dataset:
