@@ -431,3 +431,37 @@ def test_an_example_export_replaces_only_its_own_file(tmp_path):
 
     with xr.open_dataset(foreign) as back:
         assert back.attrs["description"] == figure_1b().attrs["description"]
+
+
+def test_a_netcdf_export_holds_boolean_settings(tmp_path):
+    """NetCDF has no boolean attribute: a spec's boolean setting (LAPS's
+    dynamic = false here, fixed for the sweep) is exported as 0 or 1, where
+    it failed after the whole sweep had run; boolean variables and a
+    boolean grid axis read back as booleans, every value as stored."""
+    spec = write(tmp_path, """
+name = "flags"
+arrivals = "poisson"
+policy = "laps"
+reps = 1
+seed = 3
+
+[params]
+prompt_median = 256.0
+prompt_sigma = 0.8
+output_median = 64.0
+output_sigma = 0.8
+instances = 2
+n = 400
+dynamic = false
+
+[grid]
+dual_queue = [true, false]
+rate = [0.5, 2.0]
+""")
+    nc = tmp_path / "flags.nc"
+    ds = run_sweep(spec, tmp_path / "flags.zarr", workers=1, progress=False, netcdf=nc).load()
+    assert ds.attrs["dynamic"] is False
+    with xr.open_dataset(nc) as back:
+        assert back.attrs["dynamic"] == 0 and back["dual_queue"].dtype == bool and back["done"].dtype == bool
+        for v in ds.variables:
+            np.testing.assert_array_equal(ds[v].values, back[v].values, err_msg=v)

@@ -638,11 +638,23 @@ def check_export(path, param: str, ds=None) -> Path:
     return path
 
 
+def _netcdf_attrs(attrs: dict) -> dict:
+    """Attributes NetCDF can hold: a boolean (which it has no type for) as
+    the integer 0 or 1."""
+    return {k: np.int8(v) if isinstance(v, (bool, np.bool_)) else v for k, v in attrs.items()}
+
+
 def write_netcdf(ds, path, param: str = "netcdf") -> Path:
     """Export ``ds`` to the NetCDF file ``path`` (checked by
     :func:`check_export`; folders made as needed), whole: written beside it
-    under a temporary name, then renamed into place."""
+    under a temporary name, then renamed into place.  Boolean attributes (a
+    spec's ``kv_reuse = true``, say) are stored as 0 or 1; boolean
+    variables and coordinates read back as booleans (xarray's encoding)."""
     path = check_export(path, param, ds)
+    ds = ds.copy(deep=False)
+    ds.attrs = _netcdf_attrs(ds.attrs)
+    for var in ds.variables.values():
+        var.attrs = _netcdf_attrs(var.attrs)
     path.absolute().parent.mkdir(parents=True, exist_ok=True)
     tmp = path.absolute().parent / f".{path.name}.{os.getpid()}.tmp"   # (created with the umask's mode)
     try:
