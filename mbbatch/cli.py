@@ -150,6 +150,10 @@ def _spec_value(p):
     def parse(text: str):
         if p.kind == "choice":
             return text
+        if p.kind == "flag":
+            if text.lower() not in ("true", "false"):
+                raise argparse.ArgumentTypeError(f"not true or false: {text!r}")
+            return text.lower() == "true"
         if p.kind == "servers" and text == "inf":
             return "inf"
         return _number(text) if text not in ("inf", "nan") else float(text)
@@ -198,7 +202,8 @@ def _simulate_parser(sub) -> None:
     sim.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     for name, sp in _simulate_params().items():
         p = sp.table
-        where = f" in {p.domain}" if p.domain is not None else f": {', '.join(p.choices)}"
+        where = f" in {p.domain}" if p.domain is not None else \
+            ": true or false" if p.kind == "flag" else f": {', '.join(p.choices)}"
         units = f", {p.units}" if p.units else ""
         sim.add_argument("--" + name.replace("_", "-"), dest=f"p_{name}", type=_spec_value(p), default=None,
                          metavar=name.upper(), help=f"{p.description}{units}{where}")

@@ -201,6 +201,29 @@ def test_simulate_takes_every_arrival_process_a_spec_takes(arrivals, flags, proc
     assert "%%" not in usage
 
 
+def test_simulate_takes_boolean_settings_as_a_spec_does():
+    """A boolean parameter's flag takes true or false (as a spec's TOML
+    does): the numbers are the sweep cell's with the same settings; any
+    other word is refused naming the flag."""
+    from mbbatch.sweeps.cells import run_point
+    from mbbatch.sweeps.spec import spec_from_dict
+
+    params = {"rate": 2.0, "prompt_median": 100.0, "prompt_sigma": 0.5, "output_median": 50.0, "output_sigma": 0.5,
+              "n": 800, "dual_queue": False, "dynamic": False}
+    flags = [x for k, v in params.items() for x in ("--" + k.replace("_", "-"), str(v).lower())]
+    r = run("simulate", "--policy", "laps", "--service-model", "prefill", "--seed", "4", *flags)
+    assert r.returncode == 0, r.stderr
+    spec = spec_from_dict({"name": "s", "policy": "laps", "arrivals": "poisson", "service_model": "prefill",
+                           "reps": 1, "seed": 4, "params": params})
+    (_, cell), = spec.points()
+    assert cell["dual_queue"] is False and cell["dynamic"] is False
+    sim = run_point(spec.arrivals, spec.service, cell, spec.seed, spec.reps)
+    thr = next(ln for ln in r.stdout.splitlines() if ln.split()[0] == "throughput")
+    assert thr.split()[1] == f"{sim['sim_throughput'][0]:.6g}"
+    r = run("simulate", "--policy", "laps", "--service-model", "prefill", *flags[:-1], "0")
+    assert r.returncode == 2 and "error: argument --dynamic: not true or false: '0'" in r.stderr, r.stderr
+
+
 def test_simulate_names_the_flag_of_a_bad_value():
     one_line_error(run("simulate", "--policy", "static", "--service-model", "decode", "--rate", "2", "--n", "100"),
                    "--batch-size")
