@@ -77,6 +77,7 @@ class IncompleteDataset(UserWarning):
     """A figure was drawn from a sweep store with grid points not done (an
     interrupted sweep): those points are left out of it."""
 
+
 #: name -> (drawing function, datasets it reads), in drawing order.
 FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("fig1b", (paper.fig1b, ["fig1b"])),
