@@ -32,6 +32,13 @@ BASES = {
                    "d_sla": 0.0074, "eta": 20000.0, "n": 1000},
         "grid": {"batch_size": [4, 16], "rate": [0.5, 2.0]},
     },
+    "variants": {
+        "name": "v", "arrivals": "poisson", "reps": 2, "seed": 1,
+        "params": {"prompt_median": 128.0, "prompt_sigma": 0.5, "output_median": 64.0, "output_sigma": 0.8,
+                   "d_sla": 0.0074, "eta": 20000.0, "n": 1000, "rate": 1.0},
+        "grid": {"policy": ["static8", "dynamic"]},
+        "policies": {"static8": {"kind": "static", "batch_size": 8}, "dynamic": {"kind": "dynamic", "b_max": 64}},
+    },
     "multibin_dynamic": {
         "name": "d", "policy": "multibin_dynamic", "arrivals": "step", "reps": 2, "seed": 1,
         "params": {"prompt_median": 128.0, "prompt_sigma": 0.5, "output_median": 64.0, "output_sigma": 0.8,
@@ -102,6 +109,23 @@ def test_spec_fuzz_only_spec_errors_naming_the_file(tmp_path_factory, base, tabl
     else:
         spec[key] = value
     check(tmp_path_factory.mktemp("fuzz"), toml(spec))
+
+
+@pytest.mark.parametrize("table", ["params", "grid"])
+@pytest.mark.parametrize("value", [[0.5, 0.5], {"a": 1}, 3, True, "nosuch"])
+def test_a_policy_that_is_not_a_variant_name_is_a_spec_error(tmp_path, table, value):
+    """grid.policy and params.policy name variants: any other value (a list,
+    a table, a number) is a SpecError naming the key (it was a TypeError)."""
+    spec = json.loads(json.dumps(BASES["variants"]))
+    if table == "grid":
+        spec["grid"]["policy"] = [value, "dynamic"]
+    else:
+        del spec["grid"]["policy"]
+        spec["params"]["policy"] = value
+    p = tmp_path / "bad.toml"
+    p.write_text(toml(spec))
+    with pytest.raises(SpecError, match=f"bad.toml: {'grid' if table == 'grid' else 'params'}.policy"):
+        load_spec(p)
 
 
 @given(raw=st.binary(max_size=200))

@@ -647,7 +647,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
         if nm == "policy":
             if single:
                 raise SpecError(f"{where}: a policy axis needs [policies.NAME] tables")
-            bad = [v for v in values if v not in policies]
+            bad = [v for v in values if not isinstance(v, str) or v not in policies]
             if bad:
                 raise SpecError(f"{where}: no variant named {bad[0]!r}; the variants: {sorted(policies)}")
             checked = list(values)
@@ -661,7 +661,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
         if "policy" in axes:
             chosen = axes["policy"]
         elif "policy" in fixed:
-            if fixed["policy"] not in policies:
+            if not isinstance(fixed["policy"], str) or fixed["policy"] not in policies:
                 raise SpecError(f"{source}: params.policy names no variant; the variants: {sorted(policies)}")
             params["policy"] = chosen = fixed["policy"]
             chosen = [chosen]
