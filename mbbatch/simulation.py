@@ -28,7 +28,7 @@ from ._kernels import controller as _c
 from ._kernels import dynamic as _d
 from ._kernels import laps as _l
 from ._kernels import multibin as _k
-from ._running import check_clock, check_memory, interruptible, stop_flag
+from ._running import available_memory, check_clock, check_memory, format_bytes, interruptible, stop_flag
 from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STREAM_PROMPT, STREAM_SERVICE,
                        as_seed_sequence,
                        entropy_str, stream)
@@ -1069,8 +1069,18 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     # bin confusion: each request's uniform from a key drawn on the prediction stream
     key = int(streams.prediction.integers(0, 2 ** 63)) if isinstance(plan.predictor, BinConfusion) else 0
     edges = _preset_edges(plan, ss)
-    out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS,
-                                                 key=key, edges=edges, cluster=cl_args), stop)
+    avail = available_memory()
+    try:
+        out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS,
+                                                     ts_rows=TIME_SERIES_ROWS, key=key, edges=edges,
+                                                     cluster=cl_args, max_queue_bytes=avail), stop)
+    except _d.QueueOverflow as exc:
+        # an open-arrival run's backlog is not known before it runs: a run that outgrows the memory
+        # stops here, rather than at the operating system's out-of-memory kill
+        raise MemoryError(f"n: this run's backlog outgrew the memory: {exc.waiting:,} requests were waiting "
+                          f"when its queues needed {format_bytes(exc.needed)}, more than the "
+                          f"{format_bytes(exc.limit)} available; the policy does not keep up with the "
+                          f"arrivals (no steady state): make n smaller, or the arrival rate lower") from None
     kernel_seconds = time.perf_counter() - t0
     st = _d.STATS.unpack((out.ints, out.floats))
 

@@ -791,6 +791,27 @@ def test_optimal_bin_edges_need_a_distribution_and_are_checked_before_the_run():
     np.testing.assert_array_equal(res.decode.edges, np.r_[0.0, e[1:-1], EDGE_MAX])
 
 
+def test_a_backlog_that_outgrows_the_memory_stops_the_run_naming_n(monkeypatch):
+    """An overloaded open-arrival run queues a backlog that grows with n,
+    which no check before the run can size: when its queues would outgrow
+    the memory available, the run stops with a MemoryError naming n (it
+    was the operating system's out-of-memory kill: 24 GB at n = 2**31).
+    A run whose queues fit is unchanged."""
+    import mbbatch.simulation as sim
+
+    wl = mb.Workload(prompt=st.lognorm(0.9, scale=250), output=st.lognorm(0.5, scale=40))
+    kw = dict(arrivals=mb.Poisson(50.0), workload=wl, n=200_000, seed=3)
+    full = mb.simulate(mb.StaticBatching(batch_size=2), **kw)
+    assert full.throughput < 10.0                       # overloaded: the backlog grows with n
+    monkeypatch.setattr(sim, "available_memory", lambda: 8 << 20)
+    with pytest.raises(MemoryError, match=r"^n: this run's backlog outgrew the memory: [\d,]+ requests were "
+                                          r"waiting .* more than the 8.0 MiB available"):
+        mb.simulate(mb.StaticBatching(batch_size=2), **kw)
+    small = mb.simulate(mb.StaticBatching(batch_size=2), **{**kw, "n": 2000})
+    monkeypatch.undo()
+    assert small.to_dataset().equals(mb.simulate(mb.StaticBatching(batch_size=2), **{**kw, "n": 2000}).to_dataset())
+
+
 @pytest.mark.parametrize("scale", [1e-3, 0.25, 1.0, 7.5])
 def test_programs_exponentials_are_numpys(scale):
     """The programs' starts and think times, drawn by the kernels' drawer,

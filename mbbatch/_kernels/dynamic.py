@@ -243,8 +243,19 @@ QUEUE_START = 1024
 STOP_CHECK_BATCHES = 4096
 
 
+class QueueOverflow(MemoryError):
+    """The queues' ring buffers would outgrow the memory given to :func:`run`
+    (an overloaded run's backlog): ``waiting`` requests were queued, and the
+    doubled buffers, beside the current ones, needed ``needed`` bytes
+    (``limit``: the memory given)."""
+
+    def __init__(self, waiting: int, needed: int, limit: int):
+        super().__init__(f"{waiting} requests waiting: the queues need {needed} bytes, beyond {limit}")
+        self.waiting, self.needed, self.limit = waiting, needed, limit
+
+
 def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: np.ndarray, *, groups: int,
-        ts_rows: int, key: int = 0, edges=None, cluster=None):
+        ts_rows: int, key: int = 0, edges=None, cluster=None, max_queue_bytes=None):
     """Simulate the run ``config`` on ``inputs`` (:data:`INPUTS` ``.pack(...)``)
     with ``groups`` batch-means groups and a time series of ``ts_rows`` rows.
 
@@ -262,7 +273,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     (``{event_time, event_engine, event_add}``); None: one engine.
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
-    the buffers are then doubled here and it resumes where it stopped.
+    the buffers are then doubled here and it resumes where it stopped, or,
+    if the doubled buffers beside the current ones would take more than
+    ``max_queue_bytes`` (None: no limit), :class:`QueueOverflow` is raised.
     Growing the queue out here keeps the queue array a plain argument of the
     event loop, never rebound there.  It also returns at the end of
     Algorithm 6's warm-up, for the bin edges (numpy: numba's sort would cost
@@ -312,6 +325,11 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
+            # (the doubled buffers, the current ones while they are copied and a bin's copy in
+            # between: at most 4 x their bytes)
+            needed = 4 * ws.qidx.size * 8 * (FIELDS.size + 1)
+            if max_queue_bytes is not None and needed > max_queue_bytes:
+                raise QueueOverflow(int(ws.size.sum()), needed, max_queue_bytes)
             ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
         elif code == WARMUP_DONE:
             out.edges_lo[:], out.edges_hi[:] = equal_mass_edges(ws.window[:window], pol["bins"])
