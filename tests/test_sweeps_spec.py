@@ -383,6 +383,8 @@ batch_size = 4
     ("trace", "", "", r"arrivals = \"trace\" replays a trace's arrival times: it needs a \[workload\]"),
     ("trace", "", "[workload]\ntrace = \"t.csv\"\ncolour = 1\n", "unknown key 'colour'"),
     ("trace", "", "[workload]\ntrace = \"t.csv\"\nformat = \"csv\"\n", "format must be one of"),
+    ("trace", "", "[workload]\ntrace = \"t.csv\"\nformat = [\"azure\"]\n", "format must be one of"),
+    ("trace", "", "[workload]\ntrace = \"t.csv\"\nformat = {a = 1}\n", "format must be one of"),
     ("trace", "", "[workload]\ntrace = \"t.csv\"\nmodel = \"GPT-4\"\n", "model and log_type filter BurstGPT"),
     ("trace", "service = \"uniform\"", "[workload]\ntrace = \"t.csv\"\n", "service does not apply"),
     ("trace", "service_model = \"decode\"", "[workload]\ntrace = \"t.csv\"\n", "multibin takes service_model"),
