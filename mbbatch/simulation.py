@@ -591,8 +591,7 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     b_max = policy.batch_size if static else policy.controller.b_max
     warm = policy.warmup if isinstance(policy, MultiBinDynamic) else 1
     c = min(servers, n)
-    slot = 8 * (_d.FIELDS.size + 1)      # bytes of a queued request: its fields and its index
-    queue = slot * _d.QUEUE_START
+    queue = _d.SLOT_BYTES * _d.QUEUE_START
     parts = {
         "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.CONTROLLER.size + _c.BATCH_STATS.size + 4)),
                  "the bins' queues"),
@@ -603,9 +602,9 @@ def _plan_tokens(policy, arrivals, service, n, servers, keep_requests, workload,
     }
     if isinstance(arrivals, Saturated):
         # every request is queued at time 0: the ring buffers grow to hold n (a power of two, at
-        # least the start), and while one doubles the old buffers sit beside the new: 1.5 slots.
-        # n sizes that growth (the part to make smaller), so it is counted under n
-        grown = 3 * slot // 2 * (1 << max(int(n - 1).bit_length(), _d.QUEUE_START.bit_length() - 1))
+        # least the start), the last doubling's old buffers beside the new (grow_bytes).  n sizes
+        # that growth (the part to make smaller), so it is counted under n
+        grown = _d.grow_bytes((1 << max(int(n - 1).bit_length(), _d.QUEUE_START.bit_length() - 1)) // 2)
         parts["n"] = (parts["n"][0] + K * (grown - queue),
                       "the queues of the n requests waiting at time 0 (saturated arrivals) and the latency "
                       "histogram")
@@ -706,8 +705,7 @@ def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workloa
                          "error's draws in arrival order cannot follow)")
     E, n = cluster.engines, plan.n
     K = engine.bins if isinstance(engine, (MultiBinDynamic, MultiBinEngine)) else 1
-    slot = 8 * (_d.FIELDS.size + 1)
-    parts = {"engines": ((E - 1) * (K * (slot * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size))
+    parts = {"engines": ((E - 1) * (K * (_d.SLOT_BYTES * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size))
                                     + 80 * min(plan.servers, n)), "the other engines' queues and servers")}
     if cluster.programs is not None:
         parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")

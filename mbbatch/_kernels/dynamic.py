@@ -239,15 +239,23 @@ STOPPED = 3         # stop[0] was set
 
 #: the ring buffers' first capacity (a power of two); they double when full
 QUEUE_START = 1024
+#: bytes of a queued request in the ring buffers: its fields and its index
+SLOT_BYTES = 8 * (FIELDS.size + 1)
 #: batches between two looks at the stop flag while no blocks are drawn
 STOP_CHECK_BATCHES = 4096
+
+
+def grow_bytes(slots: int) -> int:
+    """Bytes held while ring buffers of ``slots`` slots in all double
+    (:func:`_grow`): the doubled buffers beside the current ones."""
+    return 3 * SLOT_BYTES * slots
 
 
 class QueueOverflow(MemoryError):
     """The queues' ring buffers would outgrow the memory given to :func:`run`
     (an overloaded run's backlog): ``waiting`` requests were queued, and the
     doubled buffers, beside the current ones, needed ``needed`` bytes
-    (``limit``: the memory given)."""
+    (:func:`grow_bytes`; ``limit``: the memory given)."""
 
     def __init__(self, waiting: int, needed: int, limit: int):
         super().__init__(f"{waiting} requests waiting: the queues need {needed} bytes, beyond {limit}")
@@ -274,8 +282,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
     the buffers are then doubled here and it resumes where it stopped, or,
-    if the doubled buffers beside the current ones would take more than
-    ``max_queue_bytes`` (None: no limit), :class:`QueueOverflow` is raised.
+    if the doubled buffers beside the current ones (:func:`grow_bytes`)
+    would take more than ``max_queue_bytes`` (None: no limit),
+    :class:`QueueOverflow` is raised.
     Growing the queue out here keeps the queue array a plain argument of the
     event loop, never rebound there.  It also returns at the end of
     Algorithm 6's warm-up, for the bin edges (numpy: numba's sort would cost
@@ -325,9 +334,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
-            # (the doubled buffers, the current ones while they are copied and a bin's copy in
-            # between: at most 4 x their bytes)
-            needed = 4 * ws.qidx.size * 8 * (FIELDS.size + 1)
+            needed = grow_bytes(ws.qidx.size)
             if max_queue_bytes is not None and needed > max_queue_bytes:
                 raise QueueOverflow(int(ws.size.sum()), needed, max_queue_bytes)
             ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
@@ -349,14 +356,19 @@ def _ring(head, size, cap):
 
 def _grow(q, qidx, head, size):
     """Double the ring buffers' capacity, unrolling each bin's ring; returns
-    the new ``q`` and ``qidx`` (``head`` is reset in place)."""
+    the new ``q`` and ``qidx`` (``head`` is reset in place).  A ring is
+    copied as its two contiguous runs (head to the end, then the start), so
+    nothing is allocated beside the new buffers (:func:`grow_bytes`)."""
     K, cap = qidx.shape
     new_q = np.empty((q.shape[0], K, 2 * cap))
     new_qidx = np.empty((K, 2 * cap), np.int64)
     for b in range(K):
-        j = _ring(head[b], size[b], cap)
-        new_q[:, b, :size[b]] = q[:, b, j]
-        new_qidx[b, :size[b]] = qidx[b, j]
+        h, m = int(head[b]), int(size[b])
+        a = min(m, cap - h)             # entries from the head to the end of the ring
+        new_q[:, b, :a] = q[:, b, h:h + a]
+        new_q[:, b, a:m] = q[:, b, :m - a]
+        new_qidx[b, :a] = qidx[b, h:h + a]
+        new_qidx[b, a:m] = qidx[b, :m - a]
     head[:] = 0
     return {"q": new_q, "qidx": new_qidx}
 

@@ -734,9 +734,7 @@ def _trace_table(raw: dict, source: str) -> dict | None:
     if "trace" not in table or not isinstance(table["trace"], str) or not table["trace"]:
         raise SpecError(f"{where}: trace must name the trace file (a path, relative to the spec's folder "
                         f"or to ${DATA_DIR_ENV})")
-    fmt = table.get("format", "azure")
-    if not isinstance(fmt, str) or fmt not in TRACE_SOURCES:
-        raise SpecError(f"{where}: format must be one of {sorted(TRACE_SOURCES)}; got {fmt!r}")
+    fmt = _choice(table, "format", sorted(TRACE_SOURCES), where) if "format" in table else "azure"
     filters = {k: table[k] for k in ("model", "log_type") if k in table}
     resample = table.get("resample", False)
     if not isinstance(resample, bool):
