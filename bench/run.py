@@ -2,7 +2,10 @@
 
 Model: k = 4 bins, B = 128, Poisson(lambda = 8), uniform(1, 20) service, one
 server (stable: Theorem 4.2 puts the k = 4 capacity at 9.97).  Ratios are
-taken within one process; times are medians of several runs.
+taken within one process; times are medians of several runs.  Every timed
+run must be stable: a run whose backlog grows (UnstableWarning) stops the
+bench, since it would time an overloaded server (the sweep bench's grid is
+timed as the sweep runs it, warnings and all).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from statistics import median
 
@@ -178,6 +182,7 @@ def main():
     ap.add_argument("--runs", type=int, default=7, help="runs per timing (median)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
+    warnings.simplefilter("error", mb.UnstableWarning)
 
     rows = []
     sim_t, draw_t, ratio = bench_speed(args.n, args.runs)
