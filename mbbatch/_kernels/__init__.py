@@ -46,7 +46,9 @@ __all__ = ["CACHE", "warmup"]
 
 def warmup() -> None:
     """Compile (or load from the cache) every kernel and every controller
-    function, so later calls run at full speed."""
+    function, so later calls run at full speed.  A cluster's event kernel is
+    the one exception: it compiles on the first cluster run (see
+    :func:`.dynamic.warmup`)."""
     common.warmup()
     multibin.warmup()
     dynamic.warmup()

@@ -1750,7 +1750,12 @@ def order_calls(start, gap, new, out, C, chunk, top, ctx, prog, session_end, pos
 def warmup() -> None:
     """Compile the event kernel (or load it from the cache) on a tiny input:
     multi-bin dynamic batching of 2 bins after a warm-up of 4 requests, 2
-    servers, 16 requests (one specialization serves every run)."""
+    servers, 16 requests (one specialization serves every single-engine run),
+    and the helpers that order a cluster's program calls.  A cluster's runs
+    take a second specialization of the kernel (its engine arrays typed, not
+    None), compiled on a process's first cluster run and cached: compiling
+    it here would add about 6 s (cache off, measured) to every cold warm-up,
+    for runs most sessions never make."""
     n = 16
     config = TokenConfig(
         run=RUN.pack(n=n, arrival_kind=ARR_POISSON, prompt_kind=SVC_UNIFORM, output_kind=SVC_UNIFORM, integer=1,
