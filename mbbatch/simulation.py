@@ -1067,16 +1067,15 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     # bin confusion: each request's uniform from a key drawn on the prediction stream
     key = int(streams.prediction.integers(0, 2 ** 63)) if isinstance(plan.predictor, BinConfusion) else 0
     edges = _preset_edges(plan, ss)
-    avail = available_memory()
     try:
         out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS,
                                                      ts_rows=TIME_SERIES_ROWS, key=key, edges=edges,
-                                                     cluster=cl_args, max_queue_bytes=avail), stop)
+                                                     cluster=cl_args, available=available_memory), stop)
     except _d.QueueOverflow as exc:
         # an open-arrival run's backlog is not known before it runs: a run that outgrows the memory
         # stops here, rather than at the operating system's out-of-memory kill
         raise MemoryError(f"n: this run's backlog outgrew the memory: {exc.waiting:,} requests were waiting "
-                          f"when its queues needed {format_bytes(exc.needed)}, more than the "
+                          f"when doubling its queues needed {format_bytes(exc.needed)}, more than the "
                           f"{format_bytes(exc.limit)} available; the policy does not keep up with the "
                           f"arrivals (no steady state): make n smaller, or the arrival rate lower") from None
     kernel_seconds = time.perf_counter() - t0

@@ -812,6 +812,27 @@ def test_a_backlog_that_outgrows_the_memory_stops_the_run_naming_n(monkeypatch):
     assert small.to_dataset().equals(mb.simulate(mb.StaticBatching(batch_size=2), **{**kw, "n": 2000}).to_dataset())
 
 
+def test_the_memory_guard_asks_at_each_doubling(monkeypatch):
+    """The guard reads the memory available when the queues double, not once
+    before the run: memory another process (another worker of a sweep) takes
+    while the run goes on counts.  Here the first doublings see 1 TiB and the
+    later ones 4 MiB: the run stops (it ran on to its out-of-memory kill when
+    the memory was read once, at the start)."""
+    import mbbatch.simulation as sim
+
+    asked = []
+
+    def available():
+        asked.append(1)
+        return 1 << 40 if len(asked) <= 3 else 4 << 20
+
+    monkeypatch.setattr(sim, "available_memory", available)
+    wl = mb.Workload(prompt=st.lognorm(0.9, scale=250), output=st.lognorm(0.5, scale=40))
+    with pytest.raises(MemoryError, match=r"^n: this run's backlog outgrew .* more than the 4.0 MiB available"):
+        mb.simulate(mb.StaticBatching(batch_size=2), arrivals=mb.Poisson(50.0), workload=wl, n=200_000, seed=3)
+    assert len(asked) > 3                     # stopped at a doubling after the memory was taken
+
+
 @pytest.mark.parametrize("scale", [1e-3, 0.25, 1.0, 7.5])
 def test_programs_exponentials_are_numpys(scale):
     """The programs' starts and think times, drawn by the kernels' drawer,

@@ -245,25 +245,32 @@ SLOT_BYTES = 8 * (FIELDS.size + 1)
 STOP_CHECK_BATCHES = 4096
 
 
+def doubling_bytes(slots: int) -> int:
+    """Bytes that doubling ring buffers of ``slots`` slots in all allocates
+    (:func:`_grow`): the doubled buffers."""
+    return 2 * SLOT_BYTES * slots
+
+
 def grow_bytes(slots: int) -> int:
     """Bytes held while ring buffers of ``slots`` slots in all double
     (:func:`_grow`): the doubled buffers beside the current ones."""
-    return 3 * SLOT_BYTES * slots
+    return SLOT_BYTES * slots + doubling_bytes(slots)
 
 
 class QueueOverflow(MemoryError):
-    """The queues' ring buffers would outgrow the memory given to :func:`run`
-    (an overloaded run's backlog): ``waiting`` requests were queued, and the
-    doubled buffers, beside the current ones, needed ``needed`` bytes
-    (:func:`grow_bytes`; ``limit``: the memory given)."""
+    """The queues' ring buffers would outgrow the memory :func:`run` was
+    told is available (an overloaded run's backlog): ``waiting`` requests
+    were queued, and doubling the buffers needed ``needed`` more bytes
+    (:func:`doubling_bytes`) than the ``limit`` available then."""
 
     def __init__(self, waiting: int, needed: int, limit: int):
-        super().__init__(f"{waiting} requests waiting: the queues need {needed} bytes, beyond {limit}")
+        super().__init__(f"{waiting} requests waiting: doubling the queues needs {needed} bytes, beyond the "
+                         f"{limit} available")
         self.waiting, self.needed, self.limit = waiting, needed, limit
 
 
 def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: np.ndarray, *, groups: int,
-        ts_rows: int, key: int = 0, edges=None, cluster=None, max_queue_bytes=None):
+        ts_rows: int, key: int = 0, edges=None, cluster=None, available=None):
     """Simulate the run ``config`` on ``inputs`` (:data:`INPUTS` ``.pack(...)``)
     with ``groups`` batch-means groups and a time series of ``ts_rows`` rows.
 
@@ -282,8 +289,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
 
     The kernel returns whenever an arrival finds its bin's ring buffer full;
     the buffers are then doubled here and it resumes where it stopped, or,
-    if the doubled buffers beside the current ones (:func:`grow_bytes`)
-    would take more than ``max_queue_bytes`` (None: no limit),
+    if the doubled buffers (:func:`doubling_bytes`) would take more than
+    ``available()`` bytes, asked at each doubling (the memory available
+    then, so other processes' use counts too; None: no limit),
     :class:`QueueOverflow` is raised.
     Growing the queue out here keeps the queue array a plain argument of the
     event loop, never rebound there.  It also returns at the end of
@@ -334,9 +342,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
-            needed = grow_bytes(ws.qidx.size)
-            if max_queue_bytes is not None and needed > max_queue_bytes:
-                raise QueueOverflow(int(ws.size.sum()), needed, max_queue_bytes)
+            needed, limit = doubling_bytes(ws.qidx.size), available() if available is not None else None
+            if limit is not None and needed > limit:
+                raise QueueOverflow(int(ws.size.sum()), needed, limit)
             ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
         elif code == WARMUP_DONE:
             out.edges_lo[:], out.edges_hi[:] = equal_mass_edges(ws.window[:window], pol["bins"])
