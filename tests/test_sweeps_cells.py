@@ -172,6 +172,30 @@ def test_optimal_edges_are_a_sweep_choice_of_multibin():
     assert parse_spec(text, source="s.toml").params["edges"] == "optimal"
 
 
+def test_optimal_edges_under_uniform_service():
+    """Uniform service with edges = "optimal": every such spec was refused
+    (its closed forms read mu = None as exponential service: "unsupported
+    operand type(s) for /: 'float' and 'NoneType'").  Its batch service time
+    is eq. (2)'s at the optimal edges; for uniform service those are the
+    equal-width (equal-mass) edges, so it is Theorem 4.2's."""
+    import scipy.stats as st
+
+    from mbbatch import theory
+    from mbbatch.sweeps.cells import check_points
+
+    text = SMALL.replace('[params]', '[params]\nedges = "optimal"')
+    check_points(parse_spec(text, source="s.toml"))
+    base = {"kind": "multibin", "batch_size": 8, "l_min": 1.0, "l_max": 20.0, "bins": 3, "servers": 1,
+            "max_wait": math.inf, "rate": 0.5}
+    got = point_theory("poisson", "uniform", {**base, "edges": "optimal"})["theory_mean_batch_service"]
+    dist = st.uniform(1.0, 19.0)
+    want = theory.batch_service_time(dist, theory.optimal_boundaries(dist, 8, 3), 8)
+    assert got == want
+    np.testing.assert_allclose(theory.optimal_boundaries(dist, 8, 3), np.linspace(1.0, 20.0, 4), rtol=1e-12)
+    equal = point_theory("poisson", "uniform", {**base, "edges": "equal_mass"})["theory_mean_batch_service"]
+    assert got == pytest.approx(equal, rel=1e-12)
+
+
 # --- the batch service model's parameters ---------------------------------------------------
 
 def _service_spec(model: str, params: str, grid: str) -> str:

@@ -119,7 +119,8 @@ def _edges(params: dict):
     if params.get("edges") == "lemma_a1":
         return theory.exponential_boundaries(params["batch_size"], params["mu"], params["bins"])
     if params.get("edges") == "optimal":
-        service = "expon" if "mu" in params else "uniform"
+        # (the closed forms' cached calls pass mu = None for uniform service)
+        service = "expon" if params.get("mu") is not None else "uniform"
         return _optimal_edges(service, params.get("l_min"), params.get("l_max"), params.get("mu"),
                               params["batch_size"], params["bins"])
     return None  # equal mass, computed by simulate
