@@ -1,5 +1,5 @@
 # mbbatch, as a file DAG: results depend on their specs and the sources,
-# figures on the results.  Phony targets: help, test, thorough, figures, bench, clean.
+# figures on the results.  Phony targets: help, test, thorough, fuzz, figures, bench, clean.
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,12 +19,13 @@ SPECS := $(wildcard sweeps/*.toml)
 SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
 SWEPT := $(RESULTS)/.swept
 
-.PHONY: help test thorough figures bench clean
+.PHONY: help test thorough fuzz figures bench clean
 
 help:
 	@echo "make test      create .venv, install mbbatch with its test extras, run the test suite"
 	@echo "make thorough  the hypothesis properties on 500 fresh random examples each"
 	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
+	@echo "make fuzz      random sweep specs run serially, on a pool, killed and resumed, on dask, by the CLI"
 	@echo "make bench     print the speed and memory table"
 	@echo "make clean     remove .venv, results/ and caches"
 
@@ -42,6 +43,13 @@ test: $(STAMP)
 # each, fresh every run (make test's are few and fixed, so every run repeats one experiment)
 thorough: $(STAMP)
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n auto --dist loadfile $(shell grep -l '@given' tests/test_*.py)
+
+# random sweep specs (tests/fuzz_sweeps.py): each refused before a store exists, or run
+# and compared bit for bit across executors; FUZZ_SPECS and FUZZ_SEED choose how many and which
+FUZZ_SPECS ?= 100
+FUZZ_SEED ?= 0
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz_sweeps --specs $(FUZZ_SPECS) --seed $(FUZZ_SEED)
 
 bench: $(STAMP)
 	$(PY) bench/run.py

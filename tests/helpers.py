@@ -1,5 +1,7 @@
 """Shared helpers of the sweep tests (not a test module)."""
 
+import json
+import math
 import os
 import signal
 import subprocess
@@ -117,3 +119,27 @@ n = 1500
 [grid]
 {grid}
 """
+
+
+def toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
+    if isinstance(v, str):
+        return json.dumps(v)          # a TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+def toml(spec: dict) -> str:
+    """A spec (a dict of keys and tables) as TOML text."""
+    top = [f"{k} = {toml_value(v)}" for k, v in spec.items() if not isinstance(v, dict)]
+    tables = [f"[{k}]\n" + "\n".join(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())
+              for k, v in spec.items() if isinstance(v, dict)]
+    return "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n"

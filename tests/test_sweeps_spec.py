@@ -3,7 +3,6 @@ objects are built and its simulation checked, and any bad value, anywhere,
 is a SpecError naming the file (a fuzz over keys and values)."""
 
 import json
-import math
 
 import pytest
 from hypothesis import given
@@ -13,7 +12,7 @@ from mbbatch.sweeps import run_sweep
 from mbbatch.sweeps.cells import check_points
 from mbbatch.sweeps.spec import SPEC_PARAMS, SpecError, load_spec, parse_spec
 
-from .helpers import ROOT, SMALL, TOKEN, write
+from .helpers import ROOT, SMALL, TOKEN, toml, write
 
 BASES = {
     "multibin": {
@@ -47,29 +46,6 @@ BASES = {
         "grid": {"bins": [2, 4]},
     },
 }
-
-
-def toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else ("inf" if v == math.inf else "-inf" if v == -math.inf else repr(v))
-    if isinstance(v, str):
-        return json.dumps(v)          # a TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(v)
-
-
-def toml(spec: dict) -> str:
-    top = [f"{k} = {toml_value(v)}" for k, v in spec.items() if not isinstance(v, dict)]
-    tables = [f"[{k}]\n" + "\n".join(f"{kk} = {toml_value(vv)}" for kk, vv in v.items())
-              for k, v in spec.items() if isinstance(v, dict)]
-    return "\n".join(top) + "\n\n" + "\n\n".join(tables) + "\n"
 
 
 scalars = st.one_of(

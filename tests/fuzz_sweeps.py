@@ -1,0 +1,404 @@
+"""`make fuzz`: random sweep specs, run every way a sweep can run.
+
+Each spec is drawn at random: every policy kind (single, or several as
+variants on a policy axis), every arrival process, the paper's service
+laws, log-normal tokens and synthetic traces (replayed or resampled), every
+service model, capacity specs with objectives, and any spec parameter
+that applies, fixed, on the grid or in a variant.  Each must either be
+refused as a SpecError before any store exists, or run, and then:
+
+- its store passes :func:`mbbatch.sweeps.check_store`;
+- with probability ``--pool``, a 2-process pool gives the same store, bit
+  for bit;
+- ``--kill``: a ``mbbatch sweep`` process killed (SIGKILL) at a random
+  moment, then resumed, gives the same store;
+- ``--dask``: a dask LocalCluster of 2 workers gives the same store, and its
+  NetCDF export the same arrays;
+- ``--multi``: the spec run beside another on one pool (``run_sweeps``)
+  gives the same store as each alone;
+- ``--cli``: ``mbbatch simulate`` with the first grid point's flags prints
+  the store's throughput.
+
+Usage: ``python -m tests.fuzz_sweeps --specs 200 --seed 1`` from the
+checkout (``make fuzz`` runs 100 with every comparison).  A failing spec is
+printed with its traceback, and kept with its trace file under
+``--keep-failures`` (default ``fuzz-failures/``).  Refusals are counted and
+their messages summarised: read them, as a refusal of a valid spec is a
+fault too.  Not a test module: pytest does not collect it;
+``tests/test_fuzz_sweeps.py`` checks that it draws every spec parameter and
+runs a few specs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from mbbatch.sweeps import check_store, load_spec, run_sweep, run_sweeps
+from mbbatch.sweeps.cells import check_points
+from mbbatch.sweeps.spec import SPEC_PARAMS, SpecError
+
+from .helpers import ROOT, assert_identical, toml
+
+#: the policy kinds a spec can name
+KINDS = ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster")
+#: the token policies that can share a spec as variants
+VARIANT_KINDS = ("static", "dynamic", "multibin_dynamic", "cluster")
+#: token service models (LAPS takes the prefill model, MultiBin the max model)
+TOKEN_MODELS = ("decode", "linear", "max", "calibrated")
+#: the parameters drawn only as the spec's structure needs them (see :func:`make_spec`)
+STRUCTURAL = ("session_context",)
+
+
+def _ranges(R: random.Random) -> dict:
+    """Every spec parameter's sampler: values a run of a few thousand
+    requests handles in well under a second, edges included (0, inf, 1)."""
+    def u(a, b):
+        return round(R.uniform(a, b), 4)
+
+    def pick(*xs):
+        return lambda: R.choice(xs)
+
+    return {
+        "bins": lambda: R.randint(1, 4),
+        "batch_size": lambda: R.randint(1, 16),
+        "edges": pick("equal_mass", "lemma_a1", "optimal"),
+        "max_wait": lambda: R.choice([math.inf, u(0, 5), 0.0]),
+        "rate": lambda: u(0.05, 3),
+        "scale": lambda: u(0.2, 3),
+        "cv": lambda: u(0.3, 3),
+        "rate_on": lambda: u(0.1, 4),
+        "rate_off": lambda: u(0, 0.5),
+        "mean_on": lambda: u(1, 30),
+        "mean_off": lambda: u(1, 30),
+        "rate_high": lambda: u(0.5, 5),
+        "t_up": lambda: u(1, 50),
+        "t_down": lambda: u(60, 200),
+        "l_min": lambda: u(0, 3),
+        "l_max": lambda: u(3.5, 20),
+        "mu": lambda: u(0.2, 3),
+        "base": lambda: u(0, 0.1),
+        "per_token": lambda: u(0.001, 0.05),
+        "linear_alpha": lambda: u(0.0001, 0.01),
+        "linear_beta": lambda: u(0, 0.2),
+        "decode_beta": lambda: u(0.001, 0.01),
+        "prefill_per_token": lambda: u(0, 1e-4),
+        "gamma": lambda: u(0, 1),
+        "calibrated_alpha": lambda: u(0, 0.01),
+        "calibrated_beta": lambda: u(0.001, 0.01),
+        "feedback": pick("calibrated", "uncalibrated", "legacy"),
+        "window_start": lambda: u(0, 100),
+        "window_end": lambda: R.choice([math.inf, u(300, 3000)]),
+        "drop_failed": pick(True, False),
+        "prompt_median": lambda: u(10, 300),
+        "prompt_sigma": lambda: u(0.1, 1.2),
+        "output_median": lambda: u(5, 200),
+        "output_sigma": lambda: u(0.1, 1.2),
+        "predictor_sigma": lambda: u(0, 1),
+        "predictor_p": lambda: u(0, 1),
+        "d_sla": lambda: u(0.003, 0.03),
+        "eps_d": lambda: u(0, 1e-3),
+        "b_min": lambda: R.randint(1, 4),
+        "b_max": lambda: R.randint(4, 64),
+        "controller": pick("spec", "multiplicative"),
+        "memory": pick("l0", "clt", "off"),
+        "eta": lambda: u(500, 50000),
+        "eps_m": lambda: u(0.01, 0.3),
+        "selection": pick("round_robin", "longest_queue"),
+        "bin_edges": pick("warmup", "presample", "optimal"),
+        "warmup": lambda: R.randint(1, 300),
+        "instances": lambda: R.randint(1, 4),
+        "laps_threshold": lambda: R.randint(0, 600),
+        "window": lambda: u(0, 0.02),
+        "max_batch": lambda: R.randint(1, 16),
+        "max_batch_tokens": lambda: u(100, 20000),
+        "dual_queue": pick(True, False),
+        "dynamic": pick(True, False),
+        "interval": lambda: u(0, 10),
+        "ratio": lambda: u(0.3, 4),
+        "long_instances": lambda: R.randint(1, 3),
+        "decode": pick("none", "static", "dynamic", "multibin_dynamic"),
+        "decode_servers": lambda: R.randint(1, 3),
+        "decode_batch_size": lambda: R.randint(1, 16),
+        "decode_bins": lambda: R.randint(1, 4),
+        "decode_d_sla": lambda: u(0.003, 0.03),
+        "decode_b_max": lambda: R.randint(4, 64),
+        "decode_eta": lambda: u(500, 50000),
+        "decode_model_beta": lambda: u(0.001, 0.01),
+        "decode_model_gamma": lambda: u(0, 1),
+        "prefill_a": lambda: u(0, 0.01),
+        "prefill_b": lambda: u(1e-5, 1e-3),
+        "engines": lambda: R.randint(1, 4),
+        "engine_policy": pick("dynamic", "static", "multibin_dynamic", "multibin"),
+        "engine_batch_size": lambda: R.randint(1, 16),
+        "engine_bins": lambda: R.randint(1, 4),
+        "router": pick("autellix", "least_used", "round_robin"),
+        "route_threshold": lambda: R.randint(0, 4096),
+        "kv_reuse": pick(True, False),
+        "programs": pick("synthetic", "none"),
+        "calls": lambda: R.randint(1, 5),
+        "think_time": lambda: u(0, 2),
+        "closed_loop": pick(True, False),
+        "session_context": pick("included", "added"),
+        "n": lambda: R.choice([R.randint(30, 1500), R.randint(30, 1500), R.randint(20000, 200000)]),
+        "servers": lambda: R.choice([1, 1, 2, 3, "inf"]),
+        "objective_latency_p50": lambda: u(0.5, 50),
+        "objective_latency_p95": lambda: u(1, 100),
+        "objective_latency_p99": lambda: u(1, 200),
+        "objective_mean_latency": lambda: u(0.5, 50),
+        "objective_mean_ttft": lambda: u(0.05, 5),
+        "objective_ttft_p99": lambda: u(0.1, 10),
+        "objective_sla_violation_share": lambda: u(0, 1),
+        "objective_sla_violation_tokens": lambda: u(0, 1),
+        "objective_sla_violation_requests": lambda: u(0, 1),
+    }
+
+
+def trace_file(R: random.Random, folder: Path) -> None:
+    """A synthetic trace in the Azure format: 50 to 800 rows."""
+    rng = np.random.default_rng(R.randrange(10 ** 6))
+    rows = R.randint(50, 800)
+    t = np.cumsum(rng.exponential(R.choice([0.1, 1.0, 5.0]), rows))
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"{x:.6f},{p},{o}" for x, p, o in zip(t, rng.integers(1, 2000, rows), rng.integers(1, 500, rows))]
+    (folder / "trace.csv").write_text("\n".join(lines) + "\n")
+
+
+def make_spec(R: random.Random, folder: Path) -> dict:
+    """A random spec (a dict for :func:`tests.helpers.toml`); a trace it
+    replays is written to ``folder``.  Most are valid; some combine values
+    the checker must refuse (a variant axis of one kind with a policy
+    setting, an objective of a metric the policy lacks, ...)."""
+    sample = _ranges(R)
+    capacity = R.random() < 0.12
+    main = R.choice(KINDS)
+    if main in ("laps", "multibin"):
+        kinds = [main]
+    else:
+        kinds = R.sample(VARIANT_KINDS, R.choice([1, 1, 2, 3]))
+        if main not in kinds:
+            kinds[0] = main
+    spec = {"name": "fz", "seed": R.randint(0, 10 ** 6)}
+    if not capacity:
+        spec["reps"] = R.randint(1, 3)
+    arrivals = R.choice(["poisson", "gamma", "onoff", "trace"] if capacity
+                        else ["poisson", "gamma", "onoff", "saturated", "step", "trace"])
+    spec["arrivals"] = arrivals
+    token_model = "max" if kinds == ["multibin"] else ("prefill" if kinds == ["laps"] else R.choice(TOKEN_MODELS))
+    if arrivals == "trace" or R.random() < 0.1:
+        wl = "trace"
+        trace_file(R, folder)
+        spec["workload"] = {"trace": "trace.csv", "format": "azure",
+                            "resample": arrivals != "trace" and R.random() < 0.5}
+        spec["service_model"] = model = token_model
+    elif kinds == ["multibin"] and R.random() < 0.7:
+        wl = spec["service"] = R.choice(["uniform", "expon"])
+        model = "max"
+    else:
+        wl = "tokens"
+        spec["service_model"] = model = token_model
+    params, grid, policies = {}, {}, {}
+    names = []
+    if len(kinds) > 1 or R.random() < 0.3:
+        for i, k in enumerate(kinds + ([R.choice(kinds)] if R.random() < 0.3 else [])):
+            names.append(f"v{i}_{k}")
+            policies[names[-1]] = {"kind": k}
+            if R.random() < 0.2:
+                policies[names[-1]]["seed"] = R.randint(0, 100)
+    else:
+        spec["policy"] = kinds[0]
+    points = 1
+    for name, sp in SPEC_PARAMS.items():
+        applies = [k for k in set(kinds) if sp.applies(k, arrivals, wl, model, capacity)]
+        if not applies or name in STRUCTURAL:
+            continue
+        if capacity and name in ("rate", "rate_on", "scale"):
+            continue                        # the search sets the rate
+        if not sp.required and R.random() > 0.35:
+            continue
+        if ((name.startswith("decode_") and params.get("decode", "none") == "none")
+                or (name == "engine_batch_size" and params.get("engine_policy") not in ("static", "multibin"))
+                or (name == "engine_bins" and params.get("engine_policy") not in ("multibin_dynamic", "multibin"))
+                or (name in ("calls", "think_time", "closed_loop")
+                    and params.get("programs", "synthetic") != "synthetic")
+                or (name == "edges" and wl not in ("uniform", "expon"))):
+            continue
+        if name in ("engine_policy", "decode", "programs"):
+            params[name] = sample[name]()
+            continue
+        if name == "n":
+            params["n"] = R.randint(100, 400) if capacity else sample["n"]()
+            continue
+        r = R.random()
+        if r < 0.2 and points < 6 and len(applies) == len(set(kinds)):
+            k = R.choice([1, 2, 2, 3])
+            values = []
+            for _ in range(10):
+                v = sample[name]()
+                if v not in values:
+                    values.append(v)
+                if len(values) == k:
+                    break
+            if points * len(values) <= 8:
+                grid[name] = values
+                points *= len(values)
+                continue
+        if names and r < 0.45:
+            for vn in names:
+                if policies[vn]["kind"] in applies and (sp.required or R.random() < 0.7):
+                    policies[vn][name] = sample[name]()
+            if sp.required and any(policies[v]["kind"] in applies and name not in policies[v] for v in names):
+                params[name] = sample[name]()
+            continue
+        params[name] = sample[name]()
+    if names:
+        if R.random() < 0.8 or len(names) == 1:
+            grid["policy"] = names
+        else:
+            params["policy"] = names[0]
+    if capacity:
+        spec["capacity"] = {"max_reps": 3, "rel_tol": R.choice([0.05, 0.2])}
+    spec["params"] = params
+    spec["grid"] = grid or {"n": [params.pop("n")]}
+    if policies:
+        spec["policies"] = policies
+    return spec
+
+
+def _cli_throughput(spec: dict) -> str:
+    """What ``mbbatch simulate`` prints as the throughput at the spec's first
+    grid point (a spec of one policy, no workload table, no capacity)."""
+    args = ["--policy", spec["policy"], "--arrivals", spec["arrivals"], "--reps", str(spec["reps"]),
+            "--seed", str(spec["seed"])]
+    args += ["--service", spec["service"]] if "service" in spec else ["--service-model", spec["service_model"]]
+    values = {**spec["params"], **{k: v[0] for k, v in spec["grid"].items()}}
+    for k, v in values.items():
+        text = "true" if v is True else "false" if v is False else "inf" if v == math.inf else str(v)
+        args += ["--" + k.replace("_", "-"), text]
+    out = subprocess.run([sys.executable, "-m", "mbbatch.cli", "simulate", *args], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, (args, out.stderr[-2000:])
+    return {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()[1:]}["throughput"]
+
+
+def fuzz_one(R: random.Random, folder: Path, *, pool=0.0, kill=0.0, dask=0.0, multi=0.0, cli=0.0) -> tuple:
+    """Draw one spec into ``folder`` and check it; returns ``(spec text,
+    outcome, note)``: outcome "refused" (note: the SpecError's message) or
+    the comparisons made ("ran", "pool", ...).  Raises on any fault."""
+    spec = make_spec(R, folder)
+    text = toml(spec)
+    path = folder / "s.toml"
+    path.write_text(text)
+    try:
+        check_points(load_spec(path))
+    except SpecError as e:
+        assert not any(folder.glob("*.zarr"))
+        return text, ("refused",), str(e).split(": ", 1)[-1]
+    done = ["ran"]
+    a = run_sweep(path, folder / "a.zarr", workers=1, progress=False).load()
+    report = check_store(folder / "a.zarr")
+    assert report.ok, report
+    if R.random() < cli and "policies" not in spec and "workload" not in spec and "capacity" not in spec:
+        x = np.asarray(a["sim_throughput"].isel({d: 0 for d in a["sim_throughput"].dims if d != "rep"}).values,
+                       float)
+        assert _cli_throughput(spec) == f"{x.mean() if spec['reps'] > 1 else x[0]:.6g}"
+        done.append("cli")
+    if R.random() < kill:
+        cmd = [sys.executable, "-m", "mbbatch.cli", "sweep", str(path), "--out", str(folder / "k.zarr"),
+               "--workers", str(R.choice([1, 2])), "--quiet"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        time.sleep(R.uniform(0.5, 4.0))
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            done.append("killed")
+        proc.wait()
+        assert_identical(a, run_sweep(path, folder / "k.zarr", workers=1, progress=False).load())
+        done.append("resumed")
+    if R.random() < pool:
+        assert_identical(a, run_sweep(path, folder / "b.zarr", workers=2, progress=False).load())
+        done.append("pool")
+    if R.random() < dask:
+        import xarray as xr
+
+        nc = folder / "export" / "d.nc"
+        assert_identical(a, run_sweep(path, folder / "d.zarr", scheduler="local", workers=2, progress=False,
+                                      netcdf=nc).load())
+        with xr.open_dataset(nc) as ds:
+            for v in a.data_vars:
+                np.testing.assert_array_equal(a[v].values, ds[v].values, err_msg=v)
+        done.append("dask")
+    if R.random() < multi:
+        other = make_spec(R, folder)
+        other["name"] = "other"
+        (folder / "o.toml").write_text(toml(other))
+        try:
+            check_points(load_spec(folder / "o.toml"))
+        except SpecError:
+            return text, tuple(done), ""
+        alone = run_sweep(folder / "o.toml", folder / "oa.zarr", workers=1, progress=False).load()
+        both = run_sweeps([path, folder / "o.toml"], folder / "multi", workers=2, progress=False)
+        assert_identical(a, both[0][0].load())
+        assert_identical(alone, both[1][0].load())
+        done.append("multi")
+    return text, tuple(done), ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--specs", type=int, default=100, help="random specs to draw (default 100)")
+    ap.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
+    for name, default in (("pool", 0.3), ("kill", 0.15), ("dask", 0.03), ("multi", 0.03), ("cli", 0.2)):
+        ap.add_argument(f"--{name}", type=float, default=default, metavar="P",
+                        help=f"share of accepted specs given this comparison (default {default})")
+    ap.add_argument("--keep-failures", type=Path, default=Path("fuzz-failures"), metavar="DIR",
+                    help="where a failing spec's folder is kept (default fuzz-failures/)")
+    args = ap.parse_args(argv)
+    R = random.Random(args.seed)
+    counts, refusals, failures = Counter(), Counter(), 0
+    t0 = time.perf_counter()
+    bar = tqdm(range(args.specs), unit="spec", file=sys.stderr)
+    for i in bar:
+        folder = Path(tempfile.mkdtemp(prefix="mbbatch-fuzz-"))
+        text = ""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                text, done, note = fuzz_one(R, folder, pool=args.pool, kill=args.kill, dask=args.dask,
+                                            multi=args.multi, cli=args.cli)
+            counts.update(done)
+            if note:
+                refusals[note[:100]] += 1
+        except Exception:
+            failures += 1
+            keep = args.keep_failures / f"seed{args.seed}_spec{i}"
+            bar.write(f"===== spec {i} (seed {args.seed}) FAILED; kept in {keep}\n{traceback.format_exc()}{text}")
+            shutil.copytree(folder, keep, dirs_exist_ok=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        bar.set_postfix(failed=failures, refused=counts["refused"])
+    print(f"{args.specs} specs in {time.perf_counter() - t0:.0f} s: "
+          + ", ".join([f"{failures} failed"] + [f"{k} {v}" for k, v in sorted(counts.items())]))
+    for message, c in refusals.most_common(20):
+        print(f"  refused {c}x: {message}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

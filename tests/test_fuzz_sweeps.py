@@ -1,0 +1,55 @@
+"""The random-spec fuzzer of ``make fuzz`` (tests/fuzz_sweeps.py): it draws
+every spec parameter, and a few of its specs run and compare here, so it
+cannot rot between fuzz runs."""
+
+import random
+from collections import Counter
+
+import pytest
+
+from mbbatch.sweeps.spec import SPEC_PARAMS
+
+from . import fuzz_sweeps
+from .fuzz_sweeps import _ranges, fuzz_one, main
+
+
+def test_every_spec_parameter_has_a_sampler():
+    """A parameter added to the spec table without a sampler here would
+    never be fuzzed: this fails until it has one."""
+    assert set(_ranges(random.Random(0))) == set(SPEC_PARAMS)
+
+
+@pytest.mark.filterwarnings("ignore::mbbatch.arrivals.TraceTiledWarning")
+def test_a_few_random_specs_run_and_agree_on_a_pool(tmp_path):
+    """Six specs of seed 3: each is refused before a store exists, or runs,
+    passes check_store and gives the same store on a 2-process pool."""
+    R = random.Random(3)
+    outcomes = Counter()
+    for i in range(6):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        _, done, _ = fuzz_one(R, folder, pool=1.0)
+        outcomes.update(done)
+    assert outcomes["ran"] >= 3 and outcomes["pool"] == outcomes["ran"], outcomes
+
+
+def test_the_command_line(tmp_path, capsys):
+    """``python -m tests.fuzz_sweeps`` runs, counts and exits 0 when nothing fails."""
+    assert main(["--specs", "2", "--seed", "5", "--pool", "0", "--kill", "0", "--dask", "0", "--multi", "0",
+                 "--cli", "0", "--keep-failures", str(tmp_path / "kept")]) == 0
+    assert capsys.readouterr().out.startswith("2 specs in ")
+    assert not (tmp_path / "kept").exists()
+
+
+def test_a_failure_is_kept_and_fails_the_run(tmp_path, monkeypatch, capsys):
+    """A spec whose check raises is printed, its folder kept, and the exit
+    status is 1."""
+    def broken(R, folder, **kw):
+        (folder / "s.toml").write_text("name = \"x\"\n")
+        raise AssertionError("stores differ")
+
+    monkeypatch.setattr(fuzz_sweeps, "fuzz_one", broken)
+    assert main(["--specs", "1", "--keep-failures", str(tmp_path / "kept")]) == 1
+    assert (tmp_path / "kept" / "seed0_spec0" / "s.toml").is_file()
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "stores differ" in out and out.strip().endswith("1 failed")
