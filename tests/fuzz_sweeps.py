@@ -19,12 +19,15 @@ refused as a SpecError before any store exists, or run, and then:
 - ``--cli``: ``mbbatch simulate`` with the first grid point's flags prints
   the store's throughput.
 
+A refusal whose message is Python's own (``NoneType``, ``unsupported
+operand``, ... :data:`INTERNAL`) is a fault too.
+
 Usage: ``python -m tests.fuzz_sweeps --specs 200 --seed 1`` from the
 checkout (``make fuzz`` runs 100 with every comparison).  A failing spec is
 printed with its traceback, and kept with its trace file under
 ``--keep-failures`` (default ``fuzz-failures/``).  Refusals are counted and
 their messages summarised: read them, as a refusal of a valid spec is a
-fault too.  Not a test module: pytest does not collect it;
+fault as well.  Not a test module: pytest does not collect it;
 ``tests/test_fuzz_sweeps.py`` checks that it draws every spec parameter and
 runs a few specs.
 """
@@ -63,6 +66,9 @@ VARIANT_KINDS = ("static", "dynamic", "multibin_dynamic", "cluster")
 TOKEN_MODELS = ("decode", "linear", "max", "calibrated")
 #: the parameters drawn only as the spec's structure needs them (see :func:`make_spec`)
 STRUCTURAL = ("session_context",)
+#: a refusal whose message holds one of these is Python's, not the checker's: a fault
+INTERNAL = ("NoneType", "unsupported operand", "has no attribute", "not subscriptable", "unhashable",
+            "positional argument", "referenced before assignment", "object is not", "KeyError", "IndexError")
 
 
 def _ranges(R: random.Random) -> dict:
@@ -308,7 +314,9 @@ def fuzz_one(R: random.Random, folder: Path, *, pool=0.0, kill=0.0, dask=0.0, mu
         check_points(load_spec(path))
     except SpecError as e:
         assert not any(folder.glob("*.zarr"))
-        return text, ("refused",), str(e).split(": ", 1)[-1]
+        message = str(e).split(": ", 1)[-1]
+        assert not any(w in message for w in INTERNAL), f"refused with an internal error: {message}"
+        return text, ("refused",), message
     done = ["ran"]
     a = run_sweep(path, folder / "a.zarr", workers=1, progress=False).load()
     report = check_store(folder / "a.zarr")

@@ -53,3 +53,22 @@ def test_a_failure_is_kept_and_fails_the_run(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "kept" / "seed0_spec0" / "s.toml").is_file()
     out = capsys.readouterr().out
     assert "FAILED" in out and "stores differ" in out and out.strip().endswith("1 failed")
+
+
+def test_a_refusal_in_pythons_words_is_a_fault(tmp_path, monkeypatch):
+    """A SpecError whose message is Python's own (as uniform service with
+    optimal edges once was: "unsupported operand type(s) for /: 'float' and
+    'NoneType'") fails the spec; a checker's refusal does not."""
+    from mbbatch.sweeps.spec import SpecError
+
+    def refuse(message):
+        def check(spec):
+            raise SpecError(f"s.toml: at grid point bins=1: {message}")
+        return check
+
+    monkeypatch.setattr(fuzz_sweeps, "check_points", refuse("bins must be in [1, inf); got 0"))
+    assert fuzz_one(random.Random(0), tmp_path)[1] == ("refused",)
+    monkeypatch.setattr(fuzz_sweeps, "check_points",
+                        refuse("unsupported operand type(s) for /: 'float' and 'NoneType'"))
+    with pytest.raises(AssertionError, match="refused with an internal error"):
+        fuzz_one(random.Random(0), tmp_path)
