@@ -175,19 +175,19 @@ def _ranges(R: random.Random) -> dict:
     }
 
 
-def trace_file(R: random.Random, folder: Path) -> None:
-    """A synthetic trace in the Azure format: 50 to 800 rows."""
+def trace_file(R: random.Random, path: Path) -> None:
+    """A synthetic trace in the Azure format at ``path``: 50 to 800 rows."""
     rng = np.random.default_rng(R.randrange(10 ** 6))
     rows = R.randint(50, 800)
     t = np.cumsum(rng.exponential(R.choice([0.1, 1.0, 5.0]), rows))
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     lines += [f"{x:.6f},{p},{o}" for x, p, o in zip(t, rng.integers(1, 2000, rows), rng.integers(1, 500, rows))]
-    (folder / "trace.csv").write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n")
 
 
-def make_spec(R: random.Random, folder: Path) -> dict:
+def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
     """A random spec (a dict for :func:`tests.helpers.toml`); a trace it
-    replays is written to ``folder``.  Most are valid; some combine values
+    replays is written to ``folder / trace``.  Most are valid; some combine values
     the checker must refuse (a variant axis of one kind with a policy
     setting, an objective of a metric the policy lacks, ...)."""
     sample = _ranges(R)
@@ -208,8 +208,8 @@ def make_spec(R: random.Random, folder: Path) -> dict:
     token_model = "max" if kinds == ["multibin"] else ("prefill" if kinds == ["laps"] else R.choice(TOKEN_MODELS))
     if arrivals == "trace" or R.random() < 0.1:
         wl = "trace"
-        trace_file(R, folder)
-        spec["workload"] = {"trace": "trace.csv", "format": "azure",
+        trace_file(R, folder / trace)
+        spec["workload"] = {"trace": trace, "format": "azure",
                             "resample": arrivals != "trace" and R.random() < 0.5}
         spec["service_model"] = model = token_model
     elif kinds == ["multibin"] and R.random() < 0.7:
@@ -352,7 +352,7 @@ def fuzz_one(R: random.Random, folder: Path, *, pool=0.0, kill=0.0, dask=0.0, mu
                 np.testing.assert_array_equal(a[v].values, ds[v].values, err_msg=v)
         done.append("dask")
     if R.random() < multi:
-        other = make_spec(R, folder)
+        other = make_spec(R, folder, trace="other.csv")       # (not the first spec's trace)
         other["name"] = "other"
         (folder / "o.toml").write_text(toml(other))
         try:
