@@ -45,7 +45,8 @@ thorough: $(STAMP)
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n auto --dist loadfile $(shell grep -l '@given' tests/test_*.py)
 
 # random sweep specs (tests/fuzz_sweeps.py): each refused before a store exists, or run
-# and compared bit for bit across executors; FUZZ_SPECS and FUZZ_SEED choose how many and which
+# and compared bit for bit across executors, and mutated with junk values; FUZZ_SPECS and
+# FUZZ_SEED choose how many and which
 FUZZ_SPECS ?= 100
 FUZZ_SEED ?= 0
 fuzz: $(STAMP)

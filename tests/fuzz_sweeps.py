@@ -17,7 +17,13 @@ refused as a SpecError before any store exists, or run, and then:
 - ``--multi``: the spec run beside another on one pool (``run_sweeps``)
   gives the same store as each alone;
 - ``--cli``: ``mbbatch simulate`` with the first grid point's flags prints
-  the store's throughput.
+  the store's throughput;
+- ``--mutate``: the spec with one value anywhere (a parameter, a grid axis,
+  a variant's setting, a top-level key, the capacity or workload table)
+  replaced by junk (:data:`JUNK`: NaN, inf, 2**63, strings, booleans,
+  lists, tables, ...) is refused as a SpecError naming its file before any
+  store exists, or runs cleanly (not run when it asks for more than
+  :data:`MAX_MUTATED_N` requests a cell).
 
 A refusal whose message is Python's own (``NoneType``, ``unsupported
 operand``, ... :data:`INTERNAL`) is a fault too.
@@ -35,6 +41,7 @@ runs a few specs.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import random
@@ -66,6 +73,12 @@ VARIANT_KINDS = ("static", "dynamic", "multibin_dynamic", "cluster")
 TOKEN_MODELS = ("decode", "linear", "max", "calibrated")
 #: the parameters drawn only as the spec's structure needs them (see :func:`make_spec`)
 STRUCTURAL = ("session_context",)
+#: what a mutation puts in place of a value
+JUNK = (0, -1, 1, 2 ** 63, 10 ** 30, -0.0, 0.0, 1e-300, 1e300, 5e-324, math.inf, -math.inf, math.nan, "", "inf",
+        "nan", "x", True, False, [], [1, 2], [0.5, 0.5], {"a": 1}, "poisson", 0.5, 3, 7.5, 1e6, 2 ** 31, "true",
+        [True, False])
+#: a mutated spec accepted with more requests a cell than this is not run (it would run for minutes)
+MAX_MUTATED_N = 10 ** 6
 #: a refusal whose message holds one of these is Python's, not the checker's: a fault
 INTERNAL = ("NoneType", "unsupported operand", "has no attribute", "not subscriptable", "unhashable",
             "positional argument", "referenced before assignment", "object is not", "KeyError", "IndexError")
@@ -286,6 +299,50 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
     return spec
 
 
+def mutated(R: random.Random, spec: dict) -> dict:
+    """``spec`` with one value replaced by a :data:`JUNK` value (a copy)."""
+    m = copy.deepcopy(spec)
+    junk = R.choice(JUNK)
+    where = R.choice(["params", "grid", "top", "policies", "capacity", "workload"])
+    if where == "params" and m["params"]:
+        m["params"][R.choice(sorted(m["params"]))] = junk
+    elif where == "grid" and m["grid"]:
+        k = R.choice(sorted(m["grid"]))
+        m["grid"][k] = junk if R.random() < 0.5 else [junk] + list(m["grid"][k])[:1]
+    elif where == "policies" and m.get("policies"):
+        p = R.choice(sorted(m["policies"]))
+        m["policies"][p][R.choice(sorted(m["policies"][p]))] = junk
+    elif where == "capacity" and m.get("capacity"):
+        m["capacity"][R.choice(sorted(m["capacity"]) + ["confidence", "throughput_tol"])] = junk
+    elif where == "workload" and m.get("workload"):
+        m["workload"][R.choice(sorted(m["workload"]) + ["model", "log_type"])] = junk
+    else:
+        m[R.choice(["reps", "seed", "arrivals", "service", "service_model", "policy", "name", "description"])] = junk
+    return m
+
+
+def _check_mutated(R: random.Random, spec: dict, folder: Path) -> str:
+    """Mutate ``spec`` (:func:`mutated`) and check the contract; returns what
+    happened: "mutant refused", "mutant ran" or "mutant not run"."""
+    path = folder / "m.toml"
+    path.write_text(toml(mutated(R, spec)))
+    try:
+        parsed = load_spec(path)
+        check_points(parsed)
+    except SpecError as e:
+        assert "m.toml" in str(e), f"a refusal not naming the file: {e}"
+        message = str(e).split(": ", 1)[-1]
+        assert not any(w in message for w in INTERNAL), f"mutant refused with an internal error: {message}"
+        assert not (folder / "m.zarr").exists()
+        return "mutant refused"
+    if max(params["n"] * parsed.reps for _, params in parsed.points()) > MAX_MUTATED_N:
+        return "mutant not run"
+    run_sweep(path, folder / "m.zarr", workers=1, progress=False)
+    report = check_store(folder / "m.zarr")
+    assert report.ok, report
+    return "mutant ran"
+
+
 def _cli_throughput(spec: dict) -> str:
     """What ``mbbatch simulate`` prints as the throughput at the spec's first
     grid point (a spec of one policy, no workload table, no capacity)."""
@@ -302,7 +359,8 @@ def _cli_throughput(spec: dict) -> str:
     return {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()[1:]}["throughput"]
 
 
-def fuzz_one(R: random.Random, folder: Path, *, pool=0.0, kill=0.0, dask=0.0, multi=0.0, cli=0.0) -> tuple:
+def fuzz_one(R: random.Random, folder: Path, *, pool=0.0, kill=0.0, dask=0.0, multi=0.0, cli=0.0,
+             mutate=0.0) -> tuple:
     """Draw one spec into ``folder`` and check it; returns ``(spec text,
     outcome, note)``: outcome "refused" (note: the SpecError's message) or
     the comparisons made ("ran", "pool", ...).  Raises on any fault."""
@@ -351,6 +409,8 @@ def fuzz_one(R: random.Random, folder: Path, *, pool=0.0, kill=0.0, dask=0.0, mu
             for v in a.data_vars:
                 np.testing.assert_array_equal(a[v].values, ds[v].values, err_msg=v)
         done.append("dask")
+    if R.random() < mutate:
+        done.append(_check_mutated(R, spec, folder))
     if R.random() < multi:
         other = make_spec(R, folder, trace="other.csv")       # (not the first spec's trace)
         other["name"] = "other"
@@ -372,7 +432,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--specs", type=int, default=100, help="random specs to draw (default 100)")
     ap.add_argument("--seed", type=int, default=0, help="the generator's seed (default 0)")
-    for name, default in (("pool", 0.3), ("kill", 0.15), ("dask", 0.03), ("multi", 0.03), ("cli", 0.2)):
+    for name, default in (("pool", 0.3), ("kill", 0.15), ("dask", 0.03), ("multi", 0.03), ("cli", 0.2),
+                          ("mutate", 0.5)):
         ap.add_argument(f"--{name}", type=float, default=default, metavar="P",
                         help=f"share of accepted specs given this comparison (default {default})")
     ap.add_argument("--keep-failures", type=Path, default=Path("fuzz-failures"), metavar="DIR",
@@ -389,7 +450,7 @@ def main(argv=None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 text, done, note = fuzz_one(R, folder, pool=args.pool, kill=args.kill, dask=args.dask,
-                                            multi=args.multi, cli=args.cli)
+                                            multi=args.multi, cli=args.cli, mutate=args.mutate)
             counts.update(done)
             if note:
                 refusals[note[:100]] += 1

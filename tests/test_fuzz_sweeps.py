@@ -22,15 +22,18 @@ def test_every_spec_parameter_has_a_sampler():
 @pytest.mark.filterwarnings("ignore::mbbatch.arrivals.TraceTiledWarning")
 def test_a_few_random_specs_run_and_agree_on_a_pool(tmp_path):
     """Six specs of seed 3: each is refused before a store exists, or runs,
-    passes check_store and gives the same store on a 2-process pool."""
+    passes check_store and gives the same store on a 2-process pool; each
+    that ran, mutated, is refused naming its file or runs."""
     R = random.Random(3)
     outcomes = Counter()
     for i in range(6):
         folder = tmp_path / str(i)
         folder.mkdir()
-        _, done, _ = fuzz_one(R, folder, pool=1.0)
+        _, done, _ = fuzz_one(R, folder, pool=1.0, mutate=1.0)
         outcomes.update(done)
     assert outcomes["ran"] >= 3 and outcomes["pool"] == outcomes["ran"], outcomes
+    mutants = outcomes["mutant refused"] + outcomes["mutant ran"] + outcomes["mutant not run"]
+    assert mutants == outcomes["ran"] and outcomes["mutant refused"] >= 1, outcomes
 
 
 def test_the_command_line(tmp_path, capsys):
@@ -72,3 +75,17 @@ def test_a_refusal_in_pythons_words_is_a_fault(tmp_path, monkeypatch):
                         refuse("unsupported operand type(s) for /: 'float' and 'NoneType'"))
     with pytest.raises(AssertionError, match="refused with an internal error"):
         fuzz_one(random.Random(0), tmp_path)
+
+
+def test_a_mutant_refused_without_naming_its_file_is_a_fault(tmp_path, monkeypatch):
+    """The mutation contract: a SpecError must name the mutated spec's file."""
+    from mbbatch.sweeps.spec import SpecError
+
+    def refuse(spec):
+        raise SpecError("at grid point bins=1: bins must be in [1, inf); got 0")
+
+    spec = fuzz_sweeps.make_spec(random.Random(0), tmp_path)
+    monkeypatch.setattr(fuzz_sweeps, "load_spec", lambda path: None)
+    monkeypatch.setattr(fuzz_sweeps, "check_points", refuse)
+    with pytest.raises(AssertionError, match="a refusal not naming the file"):
+        fuzz_sweeps._check_mutated(random.Random(0), spec, tmp_path)
