@@ -61,7 +61,7 @@ from tqdm import tqdm
 
 from mbbatch.sweeps import check_store, load_spec, run_sweep, run_sweeps
 from mbbatch.sweeps.cells import check_points
-from mbbatch.sweeps.spec import SPEC_PARAMS, SpecError
+from mbbatch.sweeps.spec import SEARCHED, SPEC_PARAMS, SpecError
 
 from .helpers import ROOT, assert_identical, toml
 
@@ -242,11 +242,13 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
     else:
         spec["policy"] = kinds[0]
     points = 1
+    if "cluster" in kinds and arrivals not in ("poisson", "saturated") and R.random() < 0.9:
+        params["programs"] = "none"         # (programs start as a Poisson process: else refused)
     for name, sp in SPEC_PARAMS.items():
         applies = [k for k in set(kinds) if sp.applies(k, arrivals, wl, model, capacity)]
-        if not applies or name in STRUCTURAL:
+        if not applies or name in STRUCTURAL or name in params:
             continue
-        if capacity and name in ("rate", "rate_on", "scale"):
+        if capacity and name in SEARCHED:
             continue                        # the search sets the rate
         if not sp.required and R.random() > 0.35:
             continue
@@ -286,10 +288,10 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
             continue
         params[name] = sample[name]()
     if names:
-        if R.random() < 0.8 or len(names) == 1:
+        if R.random() < 0.95 or len(names) == 1:
             grid["policy"] = names
         else:
-            params["policy"] = names[0]
+            params["policy"] = names[0]     # (variants left off the axis: refused)
     if capacity:
         spec["capacity"] = {"max_reps": 3, "rel_tol": R.choice([0.05, 0.2])}
     spec["params"] = params
