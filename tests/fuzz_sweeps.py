@@ -22,8 +22,8 @@ refused as a SpecError before any store exists, or run, and then:
   a variant's setting, a top-level key, the capacity or workload table)
   replaced by junk (:data:`JUNK`: NaN, inf, 2**63, strings, booleans,
   lists, tables, ...) is refused as a SpecError naming its file before any
-  store exists, or runs cleanly (not run when it asks for more than
-  :data:`MAX_MUTATED_N` requests a cell).
+  store exists, or runs cleanly (not run when a grid point asks for more
+  than :data:`MAX_MUTATED_N` requests, n x reps).
 
 A refusal whose message is Python's own (``NoneType``, ``unsupported
 operand``, ... :data:`INTERNAL`) is a fault too.
@@ -77,7 +77,7 @@ STRUCTURAL = ("session_context",)
 JUNK = (0, -1, 1, 2 ** 63, 10 ** 30, -0.0, 0.0, 1e-300, 1e300, 5e-324, math.inf, -math.inf, math.nan, "", "inf",
         "nan", "x", True, False, [], [1, 2], [0.5, 0.5], {"a": 1}, "poisson", 0.5, 3, 7.5, 1e6, 2 ** 31, "true",
         [True, False])
-#: a mutated spec accepted with more requests a cell than this is not run (it would run for minutes)
+#: a mutated spec accepted with more requests (n x reps) at a grid point is not run (it would take minutes)
 MAX_MUTATED_N = 10 ** 6
 #: a refusal whose message holds one of these is Python's, not the checker's: a fault
 INTERNAL = ("NoneType", "unsupported operand", "has no attribute", "not subscriptable", "unhashable",
