@@ -447,11 +447,10 @@ def main(argv=None) -> int:
     bar = tqdm(range(args.specs), unit="spec", file=sys.stderr)
     for i in bar:
         folder = Path(tempfile.mkdtemp(prefix="mbbatch-fuzz-"))
-        text = ""
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                text, done, note = fuzz_one(R, folder, pool=args.pool, kill=args.kill, dask=args.dask,
+                _, done, note = fuzz_one(R, folder, pool=args.pool, kill=args.kill, dask=args.dask,
                                             multi=args.multi, cli=args.cli, mutate=args.mutate)
             counts.update(done)
             if note:
@@ -459,6 +458,8 @@ def main(argv=None) -> int:
         except Exception:
             failures += 1
             keep = args.keep_failures / f"seed{args.seed}_spec{i}"
+            spec_file = folder / "s.toml"
+            text = spec_file.read_text() if spec_file.is_file() else ""
             bar.write(f"===== spec {i} (seed {args.seed}) FAILED; kept in {keep}\n{traceback.format_exc()}{text}")
             shutil.copytree(folder, keep, dirs_exist_ok=True)
         finally:
