@@ -816,8 +816,8 @@ def test_the_memory_guard_asks_at_each_doubling(monkeypatch):
     """The guard reads the memory available when the queues double, not once
     before the run: memory another process (another worker of a sweep) takes
     while the run goes on counts.  Here the first doublings see 1 TiB and the
-    later ones 4 MiB: the run stops (it ran on to its out-of-memory kill when
-    the memory was read once, at the start)."""
+    later ones 4 MiB: the run stops (read once, at the start, the 1 TiB let
+    it run on to its end, as it would have run on to the out-of-memory kill)."""
     import mbbatch.simulation as sim
 
     asked = []
