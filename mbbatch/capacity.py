@@ -161,7 +161,9 @@ class CapacityResult:
     """What :func:`find_capacity` found.
 
     ``rate`` is the midpoint of the final bracket ``(rate_low, rate_high)``
-    (its confidence interval, see the module docstring); ``criterion``
+    (its confidence interval, see the module docstring), or 0 where no
+    probed rate passes (the bracket then runs from 0 to the lowest rate
+    probed, a thousandth of the light load or less); ``criterion``
     says what was required; ``probes`` lists every probe in order;
     ``requests`` counts the simulated requests, the saturated runs
     included; ``resolved`` is False when an end of the bracket moved to a
@@ -415,9 +417,9 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     sat = s.saturated_throughput()
     criterion = "stable" + (f" and {objective.describe()}" if objective is not None else "")
 
-    def result(lo, hi, resolved=True):
+    def result(lo, hi, resolved=True, rate=None):
         low, high = _interval(s.probes, lo, hi)
-        return CapacityResult(rate=0.5 * (lo + hi), rate_low=low, rate_high=high, criterion=criterion,
+        return CapacityResult(rate=0.5 * (lo + hi) if rate is None else rate, rate_low=low, rate_high=high, criterion=criterion,
                               confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
                               probes=tuple(s.probes), requests=s.requests, resolved=resolved,
                               seconds=time.perf_counter() - t0, kernel_seconds=s.kernel_seconds)
@@ -452,7 +454,9 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
                 break
             hi = rate if v == "fail" else hi
         if v != "pass":
-            return result(0.0, floor, resolved=True)
+            # no rate passes (the lowest probed fails too): the capacity is 0, and the bracket says
+            # how far down that was checked
+            return result(0.0, floor, resolved=True, rate=0.0)
     unverified = False
     while hi - lo > rel_tol * 0.5 * (lo + hi):
         mid = 0.5 * (lo + hi)

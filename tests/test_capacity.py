@@ -110,8 +110,12 @@ def test_a_latency_objective_met_only_at_higher_load_is_found(bins, B, target):
 
 
 def test_an_objective_met_nowhere_gives_a_rate_of_0():
+    """Where no probed rate passes, the capacity is 0 (it was the midpoint of
+    [0, the lowest failing rate], a small positive rate nothing supports);
+    the bracket says how far down that was checked."""
     r = find_capacity(mb.MultiBin(bins=3, batch_size=40), service=U, n=20_000, seed=3, max_reps=8,
                       objective=Objective(latency_p95=20.0))
+    assert r.rate == 0.0 and r.summary().startswith("capacity 0 requests/s"), r.summary()
     assert r.rate_low == 0.0 and r.rate_high < 1e-3 * r.saturated_throughput and r.resolved, r.summary()
     assert not any(p.verdict == "pass" for p in r.probes)
 
