@@ -88,7 +88,9 @@ def _ranges(R: random.Random) -> dict:
     """Every spec parameter's sampler: values a run of a few thousand
     requests handles in well under a second, edges included (0, inf, 1)."""
     def u(a, b):
-        return round(R.uniform(a, b), 4)
+        """Uniform on [a, b] to 4 significant digits (readable specs; a
+        small range, as prefill_b's, is not rounded to 0)."""
+        return float(f"{R.uniform(a, b):.4g}")
 
     def pick(*xs):
         return lambda: R.choice(xs)
