@@ -29,7 +29,9 @@ A refusal whose message is Python's own (``NoneType``, ``unsupported
 operand``, ... :data:`INTERNAL`) is a fault too.
 
 Usage: ``python -m tests.fuzz_sweeps --specs 200 --seed 1`` from the
-checkout (``make fuzz`` runs 100 with every comparison).  A failing spec is
+checkout (``make fuzz`` runs 100 with every comparison).  Leave mbbatch's
+sources alone while it runs (or run it in a copy): a store records the
+code's hash, so an edit mid-run makes a resumed store differ.  A failing spec is
 printed with its traceback, and kept with its trace file under
 ``--keep-failures`` (default ``fuzz-failures/``).  Refusals are counted and
 their messages summarised: read them, as a refusal of a valid spec is a
