@@ -419,8 +419,8 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
 
     def result(lo, hi, resolved=True, rate=None):
         low, high = _interval(s.probes, lo, hi)
-        return CapacityResult(rate=0.5 * (lo + hi) if rate is None else rate, rate_low=low, rate_high=high, criterion=criterion,
-                              confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
+        return CapacityResult(rate=0.5 * (lo + hi) if rate is None else rate, rate_low=low, rate_high=high,
+                              criterion=criterion, confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
                               probes=tuple(s.probes), requests=s.requests, resolved=resolved,
                               seconds=time.perf_counter() - t0, kernel_seconds=s.kernel_seconds)
 
