@@ -82,7 +82,7 @@ from .simulation import plan
 from .params import Domain
 
 __all__ = ["Objective", "Probe", "CapacityResult", "find_capacity", "check_search", "with_rate",
-           "OBJECTIVE_METRICS"]
+           "OBJECTIVE_METRICS", "SEARCH_DOMAINS"]
 
 #: the metrics an objective may bound from above
 OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft", "ttft_p99",
@@ -101,6 +101,15 @@ BRACKET_STEPS = 10
 SCAN_STEP = 0.1
 #: replications of a probe at first (two at least: an interval needs two)
 FIRST_REPS = 3
+#: the finest rel_tol.  A bisection ends only when its bracket is within rel_tol of its midpoint;
+#: near float64's resolution (2.2e-16) a midpoint is one of the bracket's ends, the bracket stops
+#: narrowing and the search never ended (rel_tol = 1e-300 did so).  1e-9 keeps millions of float64
+#: steps in every bracket, about 30 halvings from the first one, and lies far below what replications
+#: can resolve (a probe's load interval is about 1e-5 wide even at 10^9 requests)
+REL_TOL_MIN = 1e-9
+#: find_capacity's own settings: their domains (the sweep spec's [capacity] table reads them)
+SEARCH_DOMAINS = {"rel_tol": Domain(REL_TOL_MIN, 1.0, lo_closed=True), "confidence": Domain(0.0, 1.0),
+                  "throughput_tol": Domain(0.0, 1.0)}
 
 
 @dataclass(frozen=True)
@@ -239,9 +248,8 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
             if kind not in METRICS[m].kinds:
                 raise ValueError(f"objective: {m} is not a metric of {type(policy).__name__} (it applies to "
                                  f"{', '.join(sorted(METRICS[m].kinds))})")
-    check_scalar_real("rel_tol", rel_tol, Domain(0.0, 1.0))
-    check_scalar_real("confidence", confidence, Domain(0.0, 1.0))
-    check_scalar_real("throughput_tol", throughput_tol, Domain(0.0, 1.0))
+    for name, value in (("rel_tol", rel_tol), ("confidence", confidence), ("throughput_tol", throughput_tol)):
+        check_scalar_real(name, value, SEARCH_DOMAINS[name])
     if isinstance(max_reps, bool) or not isinstance(max_reps, (int, np.integer)) or max_reps < FIRST_REPS:
         raise ValueError(f"max_reps must be an integer in [{FIRST_REPS}, inf); got {max_reps!r}")
 
@@ -391,7 +399,8 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     objective : Objective, optional
         Bounds on latency or SLA metrics; stability is required as well.
     rel_tol : float
-        The search ends when its bracket is within this share of its midpoint.
+        The search ends when its bracket is within this share of its midpoint;
+        in [1e-9, 1) (:data:`REL_TOL_MIN`).
     confidence : float
         Level of each criterion's t-interval over the replications.
     seed : int or SeedSequence

@@ -163,7 +163,7 @@ def test_with_rate_scales_a_replay():
 @pytest.mark.parametrize("kw, exc, match", [
     ({"arrivals": mb.Saturated()}, TypeError, "arrivals must have one mean rate"),
     ({"servers": math.inf}, ValueError, "servers must be finite"),
-    ({"rel_tol": 0.0}, ValueError, r"rel_tol must be in \(0, 1\)"),
+    ({"rel_tol": 0.0}, ValueError, r"rel_tol must be in \[1e-09, 1\)"),
     ({"confidence": 1.0}, ValueError, r"confidence must be in \(0, 1\)"),
     ({"max_reps": 2}, ValueError, r"max_reps must be an integer in \[3, inf\)"),
     ({"objective": {"latency_p95": 3}}, TypeError, "objective must be None"),
@@ -173,6 +173,22 @@ def test_with_rate_scales_a_replay():
 def test_bad_arguments_are_refused_before_any_work(kw, exc, match):
     with pytest.raises(exc, match=match):
         find_capacity(mb.MultiBin(bins=2, batch_size=8), **{"service": U, **kw})
+
+
+def test_a_rel_tol_below_float_resolution_is_refused_and_the_finest_ends():
+    """rel_tol = 1e-300 was accepted, and the bisection never ended: near
+    float64's resolution a midpoint is one of the bracket's ends, so the
+    bracket stopped narrowing (a sweep cell ran for 15 minutes before it was
+    killed).  It is refused now, naming the range; at the finest rel_tol the
+    search ends (about 30 halvings, and the narrowing around undecided
+    probes)."""
+    from mbbatch.capacity import REL_TOL_MIN, check_search
+
+    with pytest.raises(ValueError, match=r"^rel_tol must be in \[1e-09, 1\); got 1e-300$"):
+        check_search(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), 1, None, 1e-300, 0.95, 24, 0.05)
+    r = find_capacity(mb.MultiBin(bins=2, batch_size=4), service=U, n=300, max_reps=3, rel_tol=REL_TOL_MIN,
+                      seed=0)
+    assert r.rate_low <= r.rate <= r.rate_high and r.n_probes < 100, r.summary()
 
 
 def test_objective_needs_a_bound_in_its_domain():

@@ -405,7 +405,8 @@ def test_a_capacity_spec_has_its_defaults_and_no_rate():
     (("bins = [1, 2]", "bins = [1, 2]\nrate = [1.0, 2.0]"), r"grid\.rate: a capacity search sets the arrival rate"),
     (("seed = 1", "seed = 1\nreps = 3"), "reps does not apply to a capacity search"),
     (('arrivals = "poisson"', 'arrivals = "saturated"'), "a capacity search sets the rate of arrivals"),
-    (("[capacity]", "[capacity]\nrel_tol = 0.0"), r"capacity: rel_tol must be in \(0, 1\); got 0\.0"),
+    (("[capacity]", "[capacity]\nrel_tol = 0.0"), r"capacity: rel_tol must be in \[1e-09, 1\); got 0\.0"),
+    (("[capacity]", "[capacity]\nrel_tol = 1e-300"), r"capacity: rel_tol must be in \[1e-09, 1\); got 1e-300"),
     (("[capacity]", "[capacity]\nmax_reps = 2"), r"capacity: max_reps must be in \[3, inf\), an integer; got 2"),
     (("[capacity]", "[capacity]\nspeed = 1"), "capacity: unknown key 'speed'"),
     (("[capacity]", "[capacity]\nlatency_p95 = 3.0"), "capacity: latency_p95: an objective's bounds are "

@@ -68,7 +68,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .._validation import check
-from ..capacity import OBJECTIVE_METRICS
+from ..capacity import OBJECTIVE_METRICS, SEARCH_DOMAINS
 from ..metrics import CONTROLLED, KINDS, METRICS, TOKEN
 from ..params import PARAMS as TABLE
 from ..params import REQUIRED
@@ -284,12 +284,20 @@ _TOP = {
                 "confidence, max_reps and throughput_tol; an objective's bounds are the parameters "
                 "objective_<metric>",
 }
+
+
+def _search_key(key: str, default: float) -> tuple:
+    """A [capacity] key of find_capacity's settings: its domain is find_capacity's."""
+    domain = SEARCH_DOMAINS[key]
+    return default, str(domain), lambda v: bool(domain.contains(v))
+
+
 #: the [capacity] table: key -> (default, domain text, check)
 CAPACITY_KEYS = {
-    "rel_tol": (0.01, "(0, 1)", lambda v: 0 < v < 1),
-    "confidence": (0.95, "(0, 1)", lambda v: 0 < v < 1),
+    "rel_tol": _search_key("rel_tol", 0.01),
+    "confidence": _search_key("confidence", 0.95),
     "max_reps": (24, "[3, inf), an integer", lambda v: isinstance(v, int) and v >= 3),
-    "throughput_tol": (0.05, "(0, 1)", lambda v: 0 < v < 1),
+    "throughput_tol": _search_key("throughput_tol", 0.05),
 }
 #: arrival processes a capacity search can set the rate of
 CAPACITY_ARRIVALS = ("poisson", "gamma", "onoff", "trace")
