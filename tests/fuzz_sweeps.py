@@ -26,7 +26,9 @@ refused as a SpecError before any store exists, or run, and then:
   than :data:`MAX_MUTATED_N` requests, n x reps).
 
 A refusal whose message is Python's own (``NoneType``, ``unsupported
-operand``, ... :data:`INTERNAL`) is a fault too.
+operand``, ... :data:`INTERNAL`) is a fault too, and so is a spec whose
+checks take longer than ``--timeout`` seconds (a capacity search with
+``rel_tol = 1e-300`` once never ended).
 
 Usage: ``python -m tests.fuzz_sweeps --specs 200 --seed 1`` from the
 checkout (``make fuzz`` runs 100 with every comparison).  Leave mbbatch's
@@ -442,6 +444,8 @@ def main(argv=None) -> int:
                           ("mutate", 0.5)):
         ap.add_argument(f"--{name}", type=float, default=default, metavar="P",
                         help=f"share of accepted specs given this comparison (default {default})")
+    ap.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                    help="seconds a spec's checks may take before it counts as a failure (default 600)")
     ap.add_argument("--keep-failures", type=Path, default=Path("fuzz-failures"), metavar="DIR",
                     help="where a failing spec's folder is kept (default fuzz-failures/)")
     args = ap.parse_args(argv)
@@ -449,8 +453,14 @@ def main(argv=None) -> int:
     counts, refusals, failures = Counter(), Counter(), 0
     t0 = time.perf_counter()
     bar = tqdm(range(args.specs), unit="spec", file=sys.stderr)
+
+    def too_long(signum, frame):
+        raise TimeoutError(f"the spec's checks took more than {args.timeout:g} s")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
     for i in bar:
         folder = Path(tempfile.mkdtemp(prefix="mbbatch-fuzz-"))
+        signal.setitimer(signal.ITIMER_REAL, args.timeout)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -467,8 +477,10 @@ def main(argv=None) -> int:
             bar.write(f"===== spec {i} (seed {args.seed}) FAILED; kept in {keep}\n{traceback.format_exc()}{text}")
             shutil.copytree(folder, keep, dirs_exist_ok=True)
         finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
             shutil.rmtree(folder, ignore_errors=True)
         bar.set_postfix(failed=failures, refused=counts["refused"])
+    signal.signal(signal.SIGALRM, previous)
     print(f"{args.specs} specs in {time.perf_counter() - t0:.0f} s: "
           + ", ".join([f"{failures} failed"] + [f"{k} {v}" for k, v in sorted(counts.items())]))
     for message, c in refusals.most_common(20):

@@ -90,3 +90,17 @@ def test_a_mutant_refused_without_naming_its_file_is_a_fault(tmp_path, monkeypat
     monkeypatch.setattr(fuzz_sweeps, "check_points", refuse)
     with pytest.raises(AssertionError, match="a refusal not naming the file"):
         fuzz_sweeps._check_mutated(random.Random(0), spec, tmp_path)
+
+
+def test_a_spec_that_runs_too_long_is_a_failure(tmp_path, monkeypatch, capsys):
+    """A spec whose checks outlast --timeout fails (as a capacity search
+    that never ended once hung the fuzzer instead)."""
+    import time
+
+    def slow(R, folder, **kw):
+        time.sleep(5)
+        return "", ("ran",), ""
+
+    monkeypatch.setattr(fuzz_sweeps, "fuzz_one", slow)
+    assert main(["--specs", "1", "--timeout", "0.5", "--keep-failures", str(tmp_path / "kept")]) == 1
+    assert "took more than 0.5 s" in capsys.readouterr().out
