@@ -705,8 +705,8 @@ def _plan_cluster(cluster, arrivals, service, n, servers, keep_requests, workloa
                          "error's draws in arrival order cannot follow)")
     E, n = cluster.engines, plan.n
     K = engine.bins if isinstance(engine, (MultiBinDynamic, MultiBinEngine)) else 1
-    parts = {"engines": ((E - 1) * (K * (_d.SLOT_BYTES * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size))
-                                    + 80 * min(plan.servers, n)), "the other engines' queues and servers")}
+    per_bin = _d.SLOT_BYTES * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size)
+    parts = {"engines": ((E - 1) * (K * per_bin + 80 * min(plan.servers, n)), "the other engines' queues and servers")}
     if cluster.programs is not None:
         parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")
     return replace(plan, cluster=cluster, memory=plan.memory + check_memory(parts))

@@ -307,6 +307,14 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
     return spec
 
 
+def _refusal(e: SpecError, what: str) -> str:
+    """A SpecError's message past its file name, checked to be the checker's
+    words, not Python's (:data:`INTERNAL`)."""
+    message = str(e).split(": ", 1)[-1]
+    assert not any(w in message for w in INTERNAL), f"{what} with an internal error: {message}"
+    return message
+
+
 def mutated(R: random.Random, spec: dict) -> dict:
     """``spec`` with one value replaced by a :data:`JUNK` value (a copy)."""
     m = copy.deepcopy(spec)
@@ -339,8 +347,7 @@ def _check_mutated(R: random.Random, spec: dict, folder: Path) -> str:
         check_points(parsed)
     except SpecError as e:
         assert "m.toml" in str(e), f"a refusal not naming the file: {e}"
-        message = str(e).split(": ", 1)[-1]
-        assert not any(w in message for w in INTERNAL), f"mutant refused with an internal error: {message}"
+        _refusal(e, "mutant refused")
         assert not (folder / "m.zarr").exists()
         return "mutant refused"
     if max(params["n"] * parsed.reps for _, params in parsed.points()) > MAX_MUTATED_N:
@@ -380,9 +387,7 @@ def fuzz_one(R: random.Random, folder: Path, *, pool=0.0, kill=0.0, dask=0.0, mu
         check_points(load_spec(path))
     except SpecError as e:
         assert not any(folder.glob("*.zarr"))
-        message = str(e).split(": ", 1)[-1]
-        assert not any(w in message for w in INTERNAL), f"refused with an internal error: {message}"
-        return text, ("refused",), message
+        return text, ("refused",), _refusal(e, "refused")
     done = ["ran"]
     a = run_sweep(path, folder / "a.zarr", workers=1, progress=False).load()
     report = check_store(folder / "a.zarr")
