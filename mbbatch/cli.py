@@ -258,6 +258,13 @@ def _simulate(args) -> None:
         else:
             shown = f"{x[0]:.6g}"
         print(f"  {m.name:<26} {shown:<36} {m.units}")
+    unstable = np.asarray(sim[METRICS["unstable"].var], dtype=bool)
+    if unstable.any():
+        # (as a sweep and mb.simulate warn: the table alone showed it as one more row)
+        k = int(unstable.sum())
+        print(f"warning: {k} of {unstable.size} replication{'s' if unstable.size > 1 else ''} "
+              f"{'has' if k == 1 else 'have'} no steady state (the backlog grew through the run): the averages "
+              "describe a transient, not the policy's long-run behaviour", file=sys.stderr)
 
 
 def _frozen(args):

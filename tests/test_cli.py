@@ -170,6 +170,20 @@ def test_simulate_prints_the_metrics_of_one_configuration():
     assert f"{sum(thr) / 3:.6g}" in lines["throughput"]
 
 
+def test_simulate_warns_when_the_backlog_grows():
+    """The table's unstable row was the only sign of an overloaded run; a
+    sweep and mb.simulate warn."""
+    flags = ["--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8", "--l-min", "1",
+             "--l-max", "20", "--n", "20000", "--reps", "2"]
+    r = run("simulate", *flags, "--rate", "30")    # the service rate: Theorem 4.2, 0.56 requests/s
+    assert r.returncode == 0, r.stderr
+    assert "unstable                   2 of 2" in r.stdout
+    assert r.stderr.strip() == ("warning: 2 of 2 replications have no steady state (the backlog grew through "
+                                "the run): the averages describe a transient, not the policy's long-run behaviour")
+    r = run("simulate", *flags, "--rate", "0.3")
+    assert r.returncode == 0 and "unstable                   0 of 2" in r.stdout and r.stderr == ""
+
+
 @pytest.mark.parametrize("arrivals, flags, process", [
     ("gamma", ["--rate", "0.3", "--cv", "2"], "Gamma(rate=0.3, cv=2.0)"),
     ("onoff", ["--rate-on", "0.6", "--rate-off", "0.1", "--mean-on", "20", "--mean-off", "30"],
