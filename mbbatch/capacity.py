@@ -69,13 +69,14 @@ right.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from . import stats
-from ._validation import check_scalar_real
+from ._validation import check_flag, check_scalar_real
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from .metrics import METRICS
 from .simulation import plan
@@ -231,11 +232,11 @@ def with_rate(arrivals, rate: float):
 
 
 def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol):
+    """Raise what :func:`find_capacity` refuses in its own arguments (the
+    simulation's are checked by :func:`mbbatch.simulation.plan`)."""
     if isinstance(arrivals, (Saturated, PiecewisePoisson)):
         raise TypeError(f"arrivals must have one mean rate to search (Poisson, Gamma, OnOff or Replay); got "
                         f"{type(arrivals).__name__}")
-    """Raise what :func:`find_capacity` refuses in its own arguments (the
-    simulation's are checked by :func:`mbbatch.simulation.plan`)."""
     with_rate(arrivals, 1.0)          # (refuses any other type)
     if servers == math.inf:
         raise ValueError("servers must be finite: infinitely many servers sustain every rate")
@@ -259,7 +260,7 @@ class _Search:
     rate, replications added until decided."""
 
     def __init__(self, policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol,
-                 seed):
+                 seed, progress=False):
         self.policy, self.arrivals, self.sim_kw, self.servers = policy, arrivals, sim_kw, servers
         self.bounds = objective.bounds() if objective is not None else {}
         self.confidence, self.max_reps, self.throughput_tol = confidence, max_reps, throughput_tol
@@ -267,6 +268,13 @@ class _Search:
         self.root = root
         self.probes, self.requests, self.kernel_seconds = [], 0, 0.0
         self.seen = {}          # rate -> Probe: a rate probed again (an undecided neighbour) is not rerun
+        self.progress, self.t0 = progress, time.perf_counter()
+
+    def say(self, text: str) -> None:
+        """A progress line on stderr (with ``progress``)."""
+        if self.progress:
+            print(f"find_capacity: {text} [{time.perf_counter() - self.t0:.1f} s, {self.requests:.3g} requests]",
+                  file=sys.stderr, flush=True)
 
     def seed(self, rep: int) -> np.random.SeedSequence:
         return np.random.SeedSequence(self.root.entropy, spawn_key=(*self.root.spawn_key, rep))
@@ -276,7 +284,9 @@ class _Search:
         runs = [run.run(self.seed(r), warn=False) for r in range(FIRST_REPS)]
         self.requests += FIRST_REPS * run.n
         self.kernel_seconds += sum(res.kernel_seconds for res in runs)
-        return float(np.mean([res.throughput for res in runs]))
+        sat = float(np.mean([res.throughput for res in runs]))
+        self.say(f"saturated throughput {sat:.6g} requests/s")
+        return sat
 
     def probe(self, rate: float) -> Probe:
         if rate in self.seen:
@@ -306,6 +316,7 @@ class _Search:
         p = Probe(rate=float(rate), reps=reps, criteria=tuple(rows), verdict=verdict)
         self.probes.append(p)
         self.seen[rate] = p
+        self.say(f"probe {len(self.probes)}: {rate:.6g} requests/s {verdict} after {reps} replications")
         return p
 
     def _criteria(self, values, growing) -> list:
@@ -383,7 +394,7 @@ def _interval(probes, lo: float, hi: float) -> tuple:
 
 def find_capacity(policy, *, arrivals=None, service=None, workload=None, service_model=None, servers=1,
                   objective=None, rel_tol=0.01, confidence=0.95, n=100_000, seed=0, max_reps=24,
-                  throughput_tol=0.05) -> CapacityResult:
+                  throughput_tol=0.05, progress=False) -> CapacityResult:
     """The largest arrival rate ``policy`` sustains: stable, and within
     ``objective`` if given (see the module docstring for the criteria and
     the method).
@@ -411,6 +422,10 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     throughput_tol : float
         A probe whose throughput interval lies below ``(1 - throughput_tol)``
         times its rate fails.
+    progress : bool
+        Print a line on stderr for the saturated runs and for each probe
+        (its rate, verdict and replications), with the time and requests so
+        far: a search at large ``n`` takes minutes.
 
     Returns
     -------
@@ -419,19 +434,23 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     t0 = time.perf_counter()
     arrivals = Poisson(rate=1.0) if arrivals is None else arrivals
     check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol)
+    progress = check_flag("progress", progress)
     sim_kw = {"service": service, "workload": workload, "service_model": service_model, "n": n}
     # (every argument checked now, before any work: the plan refuses what simulate would)
     plan(policy, with_rate(arrivals, 1.0), servers=servers, **sim_kw)
-    s = _Search(policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol, seed)
+    s = _Search(policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol, seed, progress)
     sat = s.saturated_throughput()
     criterion = "stable" + (f" and {objective.describe()}" if objective is not None else "")
 
     def result(lo, hi, resolved=True, rate=None):
         low, high = _interval(s.probes, lo, hi)
-        return CapacityResult(rate=0.5 * (lo + hi) if rate is None else rate, rate_low=low, rate_high=high,
-                              criterion=criterion, confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
-                              probes=tuple(s.probes), requests=s.requests, resolved=resolved,
-                              seconds=time.perf_counter() - t0, kernel_seconds=s.kernel_seconds)
+        out = CapacityResult(rate=0.5 * (lo + hi) if rate is None else rate, rate_low=low, rate_high=high,
+                             criterion=criterion, confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
+                             probes=tuple(s.probes), requests=s.requests, resolved=resolved,
+                             seconds=time.perf_counter() - t0, kernel_seconds=s.kernel_seconds)
+        if progress:
+            print(f"find_capacity: {out.summary()}", file=sys.stderr, flush=True)
+        return out
 
     hi = UPPER_MARGIN * sat
     for _ in range(BRACKET_STEPS):

@@ -169,10 +169,28 @@ def test_with_rate_scales_a_replay():
     ({"objective": {"latency_p95": 3}}, TypeError, "objective must be None"),
     ({"objective": Objective(mean_ttft=1.0)}, ValueError, "mean_ttft is not a metric of MultiBin"),
     ({"n": 0}, ValueError, "n must be"),
+    ({"progress": 1}, TypeError, r"progress must be a bool \(True or False\); got 1"),
 ])
 def test_bad_arguments_are_refused_before_any_work(kw, exc, match):
     with pytest.raises(exc, match=match):
         find_capacity(mb.MultiBin(bins=2, batch_size=8), **{"service": U, **kw})
+
+
+def test_progress_prints_the_saturated_runs_every_probe_and_the_result(capsys):
+    r = find_capacity(mb.MultiBin(bins=2, batch_size=8), service=U, n=5_000, rel_tol=0.05, progress=True)
+    out, err = capsys.readouterr()
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == r.n_probes + 2
+    assert lines[0].startswith(f"find_capacity: saturated throughput {r.saturated_throughput:.6g} requests/s [")
+    for i, (line, p) in enumerate(zip(lines[1:], r.probes), 1):
+        assert line.startswith(f"find_capacity: probe {i}: {p.rate:.6g} requests/s {p.verdict} after {p.reps} "
+                               "replications ["), line
+    assert lines[-1] == f"find_capacity: {r.summary()}"
+    # the same search without the lines
+    quiet = find_capacity(mb.MultiBin(bins=2, batch_size=8), service=U, n=5_000, rel_tol=0.05)
+    assert capsys.readouterr() == ("", "")
+    assert (quiet.rate, quiet.probes) == (r.rate, r.probes)
 
 
 def test_a_rel_tol_below_float_resolution_is_refused_and_the_finest_ends():
