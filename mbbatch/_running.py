@@ -7,37 +7,52 @@ runs signal handlers only between bytecodes, so a Ctrl-C during a long
 kernel (compiled ``nogil``) on a helper thread while the main thread waits,
 ready to take the signal: it then sets the kernel's stop flag, which the
 kernel checks at every block of requests, waits the few milliseconds until
-it returns, and raises ``KeyboardInterrupt``.
+it returns, and raises ``KeyboardInterrupt``.  Meanwhile it can show a
+progress bar of the requests arrived, which the kernel writes beside the
+flag at every check.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 
 import numpy as np
+
+from ._kernels.common import ARRIVED, STOP, STOP_SIZE
 
 #: how often (s) the waiting main thread wakes: Python runs a signal handler
 #: only between bytecodes, so a blocking join without a timeout would hold Ctrl-C
 POLL_SECONDS = 0.25
 #: a run's clock must resolve this fraction of a typical service time
 CLOCK_RESOLUTION = 1e-4
+#: a progress bar shows once a run has taken this long (s): short runs print nothing
+PROGRESS_DELAY = 1.0
 
-__all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "stop_flag", "watch_stop_flag", "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
+__all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "PROGRESS_DELAY", "new_stop_flag", "stop_flag", "watch_stop_flag",
+           "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
 
 
 _enclosing = threading.local()
 
 
+def new_stop_flag() -> np.ndarray:
+    """A fresh stop flag: ``flag[STOP]`` nonzero asks a kernel to return at
+    its next check; the kernel writes the requests arrived so far to
+    ``flag[ARRIVED]`` (see :mod:`mbbatch._kernels.common`)."""
+    return np.zeros(STOP_SIZE, np.int64)
+
+
 def stop_flag() -> np.ndarray:
-    """A kernel's stop flag: nonzero asks it to return at its next check.
+    """A kernel's stop flag (:func:`new_stop_flag`).
 
     Inside :func:`interruptible`'s helper thread it is the enclosing call's
     flag, so that many kernels run back to back on one helper thread (a
     sweep's replications) all stop at one Ctrl-C."""
     enclosing = getattr(_enclosing, "stop", None)
-    return enclosing if enclosing is not None else np.zeros(1, np.int64)
+    return enclosing if enclosing is not None else new_stop_flag()
 
 
 def watch_stop_flag(stop: np.ndarray) -> None:
@@ -46,11 +61,14 @@ def watch_stop_flag(stop: np.ndarray) -> None:
     _enclosing.stop = stop
 
 
-def interruptible(call, stop: np.ndarray):
+def interruptible(call, stop: np.ndarray, total: int | None = None):
     """``call()`` (which runs a kernel watching ``stop``) on a helper thread,
     so that Ctrl-C in the main thread stops it within about a block of
     requests and raises ``KeyboardInterrupt``.  Elsewhere than the main
-    thread (signals only reach the main thread) ``call()`` runs directly."""
+    thread (signals only reach the main thread) ``call()`` runs directly.
+
+    With ``total`` (the run's requests), a progress bar of the requests
+    arrived goes to stderr once the run has taken :data:`PROGRESS_DELAY`."""
     if threading.current_thread() is not threading.main_thread():
         return call()
     box = {}
@@ -63,15 +81,26 @@ def interruptible(call, stop: np.ndarray):
             box["error"] = exc
 
     worker = threading.Thread(target=target, name="mbbatch-kernel", daemon=True)
+    bar = None
+    if total is not None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="request", unit_scale=True, desc="simulate", delay=PROGRESS_DELAY,
+                   file=sys.stderr, leave=False)
     try:
         worker.start()          # (a Ctrl-C may come while it waits for the thread to start)
         while worker.is_alive():
             worker.join(POLL_SECONDS)
+            if bar is not None:
+                bar.update(min(int(stop[ARRIVED]), total) - bar.n)
     except BaseException:
-        stop[0] = 1             # set before the kernel starts, it returns at its first check
+        stop[STOP] = 1          # set before the kernel starts, it returns at its first check
         if worker.ident is not None:
             worker.join()
         raise
+    finally:
+        if bar is not None:
+            bar.close()
     if "error" in box:
         raise box["error"]
     return box.get("value")

@@ -32,7 +32,7 @@ from ._running import available_memory, check_clock, check_memory, format_bytes,
 from ._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STREAM_PROMPT, STREAM_SERVICE,
                        as_seed_sequence,
                        entropy_str, stream)
-from ._validation import check_servers, resolve_n
+from ._validation import check_flag, check_servers, resolve_n
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .lengths import RVS, as_service
 from .policies import (LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, MultiBinEngine, Programs, Sessions,
@@ -54,7 +54,7 @@ TS_COLUMNS = ("b_target", "b_low", "b_high", "tau_avg", "bin", "batch_size")
 
 
 def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_requests=False, *,
-             workload=None, service_model=None, keep_batches=False) -> SimulationResult:
+             workload=None, service_model=None, keep_batches=False, progress=False) -> SimulationResult:
     """Simulate a batching policy on one stream of requests.
 
     Requests arrive by ``arrivals``.  Their lengths come from ``workload``
@@ -126,6 +126,9 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
     keep_batches : bool
         Token-level policies: also return per-batch records
         (``res.batches``).
+    progress : bool
+        Show a progress bar of the requests arrived on stderr, once the run
+        has taken a second (tqdm; shorter runs show nothing).
 
     Returns
     -------
@@ -133,8 +136,9 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
         The one result type: the metrics of :data:`mbbatch.metrics.METRICS`
         that apply to the policy, as attributes.
     """
+    progress = check_flag("progress", progress)
     plan = _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
-    return plan.run(as_seed_sequence(seed))
+    return plan.run(as_seed_sequence(seed), progress=progress)
 
 
 def check_simulation(policy, arrivals, service=None, n=None, servers=1, keep_requests=False, *,
@@ -321,10 +325,11 @@ class _MultiBinPlan:
     memory: int
     predictor: object
 
-    def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
         """Simulate with the seed ``ss``; ``warn``: issue an :class:`UnstableWarning`
-        for a run with no steady state (else only ``res.unstable`` says it)."""
-        return _run_multibin(self, ss, warn)
+        for a run with no steady state (else only ``res.unstable`` says it);
+        ``progress``: a progress bar on stderr (see :func:`simulate`)."""
+        return _run_multibin(self, ss, warn, progress)
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
@@ -435,7 +440,7 @@ def _drawn(inputs, arrays, field: str, spec, gen, n: int):
     return arrays.pack(**{**inputs._asdict(), field: spec.draw(gen, n)})
 
 
-def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence, warn: bool) -> SimulationResult:
+def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
     config, inputs = plan.kernel_args
     arrival = stream(ss, STREAM_ARRIVALS)
     # (the prediction stream only where the predictor draws: a generator costs ~20 us)
@@ -446,7 +451,8 @@ def _run_multibin(plan: _MultiBinPlan, ss: np.random.SeedSequence, warn: bool) -
     args = (config, inputs, streams)
     stop = stop_flag()
     t0 = time.perf_counter()
-    out, req = interruptible(lambda: _k.run(*args, stop, groups=BATCH_MEANS_GROUPS), stop)
+    out, req = interruptible(lambda: _k.run(*args, stop, groups=BATCH_MEANS_GROUPS), stop,
+                             plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     n, servers = plan.n, plan.servers
     st = _k.STATS.unpack((out.ints, out.floats))
@@ -527,10 +533,11 @@ class _TokenPlan:
     #: decode stage, whose workload replays lengths drawn from it) the one they were drawn from
     output_law: object = None
 
-    def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
         """Simulate with the seed ``ss``; ``warn``: issue an :class:`UnstableWarning`
-        for a run with no steady state (else only ``res.unstable`` says it)."""
-        return _run_tokens(self, ss, warn)
+        for a run with no steady state (else only ``res.unstable`` says it);
+        ``progress``: a progress bar on stderr (see :func:`simulate`)."""
+        return _run_tokens(self, ss, warn, progress)
 
     @functools.cached_property
     def optimal_edges(self) -> tuple:
@@ -1033,7 +1040,7 @@ def _optimal_edges(policy, law) -> tuple:
     return lo, hi
 
 
-def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
+def _run_tokens(plan: _TokenPlan, ss, warn: bool, progress: bool) -> SimulationResult:
     policy, arrivals, workload, service_model = plan.policy, plan.arrivals, plan.workload, plan.model
     n, servers, cluster = plan.n, plan.servers, plan.cluster
     kind = token_kind(policy)
@@ -1070,7 +1077,8 @@ def _run_tokens(plan: _TokenPlan, ss, warn: bool) -> SimulationResult:
     try:
         out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS,
                                                      ts_rows=TIME_SERIES_ROWS, key=key, edges=edges,
-                                                     cluster=cl_args, available=available_memory), stop)
+                                                     cluster=cl_args, available=available_memory), stop,
+                                      n if progress else None)
     except _d.QueueOverflow as exc:
         # an open-arrival run's backlog is not known before it runs: a run that outgrows the memory
         # stops here, rather than at the operating system's out-of-memory kill
@@ -1196,10 +1204,10 @@ class _LapsPlan:
         """The instances (what serves batches side by side)."""
         return self.policy.instances
 
-    def run(self, ss: np.random.SeedSequence, *, warn: bool = True) -> SimulationResult:
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
         """Simulate with the seed ``ss`` (``warn`` as the other plans: LAPS
-        runs are not assessed for a steady state)."""
-        return _run_laps(self, ss)
+        runs are not assessed for a steady state; ``progress`` as theirs)."""
+        return _run_laps(self, ss, progress)
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
@@ -1293,14 +1301,14 @@ def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: n
     return {"time": np.concatenate(([start], move_time)), "short_instances": short, "long_instances": E - short}
 
 
-def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence) -> SimulationResult:
+def _run_laps(plan: _LapsPlan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
     config, inputs = plan.kernel_args
     # the arrival and prompt streams of the token-level policies: the same seed, the same requests
     streams = _l.LapsStreams(stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_PROMPT))
     inputs = _drawn(inputs, _l.INPUTS, "prompt_values", plan.workload._prompt, streams.prompt, plan.n)
     stop = stop_flag()
     t0 = time.perf_counter()
-    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop), stop)
+    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop), stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     st = _l.STATS.unpack((out.ints, out.floats))
     pol, E = plan.policy, plan.policy.instances

@@ -37,7 +37,7 @@ def run(values=None, *, n, edges, base=0.0, per_token=1.0, integer=0, batch_size
                            service_params=uniform or [0.0, 1.0],
                            service_values=np.empty(0) if values is None else values, edges=edges,
                            predictions=np.empty(0))
-    out, req = k.run(config, inputs, streams(seed), np.zeros(1, np.int64), groups=4)
+    out, req = k.run(config, inputs, streams(seed), np.zeros(k.STOP_SIZE, np.int64), groups=4)
     return out, req
 
 

@@ -11,7 +11,11 @@ import time
 
 import numpy as np
 import pytest
+import scipy.stats as st
 
+import mbbatch as mb
+from mbbatch import _running
+from mbbatch._kernels.common import ARRIVED, BLOCK, STOP_SIZE
 from mbbatch._running import check_clock, check_memory, format_bytes, interruptible, stop_flag
 
 from .helpers import ROOT, take_ctrl_c
@@ -62,6 +66,56 @@ def test_interruptible_returns_the_value_and_raises_the_error():
 
     with pytest.raises(MemoryError, match="big"):
         interruptible(fail, stop)
+
+
+def test_interruptible_shows_the_requests_arrived_once_the_run_is_long(monkeypatch, capsys):
+    monkeypatch.setattr(_running, "PROGRESS_DELAY", 0.0)
+    stop = stop_flag()
+
+    def run():
+        for k in range(1, 5):          # (the kernel writes the requests arrived at each block)
+            stop[ARRIVED] = 250 * k
+            time.sleep(2 * _running.POLL_SECONDS)
+        return "done"
+
+    assert interruptible(run, stop, total=1000) == "done"
+    err = capsys.readouterr().err
+    assert "simulate:" in err and "500/1.00k" in err and "750/1.00k" in err, err
+
+
+def test_a_short_run_shows_no_progress(capsys):
+    assert interruptible(lambda: 42, stop_flag(), total=1000) == 42
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("policy", ["multibin", "dynamic", "laps"])
+def test_every_kernel_writes_the_requests_arrived(policy, monkeypatch):
+    """What the progress bar reads: at each check, the requests arrived so
+    far (the kernels check at every block, LAPS every 65,536 events)."""
+    flag = _running.new_stop_flag()
+    assert flag.shape == (STOP_SIZE,) and not flag.any()
+    monkeypatch.setattr(_running._enclosing, "stop", flag, raising=False)
+    wl = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128))
+    n = 300_000
+    if policy == "multibin":
+        mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(0.3), st.uniform(1, 19), n=n, seed=0)
+    elif policy == "dynamic":
+        mb.simulate(mb.DynamicBatching(), mb.Poisson(4.0), workload=wl, n=n, seed=0)
+    else:
+        mb.simulate(mb.LAPS(instances=2), mb.Poisson(4.0), workload=wl, n=n, seed=0,
+                    service_model=mb.PrefillModel())
+    low = n - 65_536 if policy == "laps" else n - BLOCK
+    assert low <= flag[ARRIVED] <= n
+
+
+def test_a_stop_flag_of_the_wrong_shape_is_refused():
+    from mbbatch._kernels import multibin
+
+    config, inputs = mb.simulation.plan(mb.MultiBin(bins=1, batch_size=2), mb.Poisson(1.0), n=10,
+                                        service=st.uniform(1, 2)).kernel_args
+    gen = np.random.Generator(np.random.PCG64(0))
+    with pytest.raises(TypeError, match=r"stop must be an int64 array of shape \(2,\)"):
+        multibin.run(config, inputs, multibin.MultiBinStreams(gen, gen, gen), np.zeros(1, np.int64), groups=1)
 
 
 def test_check_memory_names_the_largest_part():

@@ -411,7 +411,7 @@ class _N(Count):
         return "refused" if v is None else super().expect(v)
 
 
-ORACLE = {"n": _N("[1, 9007199254740992]"), "keep_requests": Flag(), "keep_batches": Flag(),
+ORACLE = {"n": _N("[1, 9007199254740992]"), "keep_requests": Flag(), "keep_batches": Flag(), "progress": Flag(),
           "servers": None, "seed": None, "policy": None, "arrivals": None, "service": None,
           "workload": None, "service_model": None}
 U = st.uniform(1, 19)
@@ -450,6 +450,17 @@ def _simulate_case(which, name, value):
 def test_every_bad_simulate_argument_is_refused_naming_it(which, name):
     for label, value in BAD_VALUES.items():
         _simulate_case(which, name, value)
+
+
+@pytest.mark.parametrize("which", sorted(SIMULATE))
+def test_progress_changes_nothing_but_stderr(which, monkeypatch, capsys):
+    monkeypatch.setattr(mbbatch._running, "PROGRESS_DELAY", 0.0)     # the bar shows at once
+    kw = {**SIMULATE[which], "keep_requests": True}
+    quiet, shown = mb.simulate(**kw), mb.simulate(**kw, progress=True)
+    assert quiet.to_dataset().identical(shown.to_dataset())
+    np.testing.assert_array_equal(quiet.requests.latency, shown.requests.latency)
+    out, err = capsys.readouterr()
+    assert out == "" and "simulate:" in err
 
 
 @given(which=hs.sampled_from(sorted(SIMULATE)), name=hs.sampled_from(sorted(ORACLE)),

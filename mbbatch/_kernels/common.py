@@ -72,6 +72,19 @@ PRED_LOGNORMAL = 1   # true x exp(sigma Z), Z from the prediction stream: param 
 PRED_CONFUSION = 2   # the true bin with probability p, else a neighbour (each side alike): param = p
 PRED_REPLAY = 3      # given values, in request order
 
+#: a kernel's ``stop`` array (int64): ``stop[STOP]`` nonzero asks it to return
+#: at its next check (the caller's Ctrl-C); at each check it writes to
+#: ``stop[ARRIVED]`` how many requests have arrived so far (the caller's progress)
+STOP, ARRIVED = 0, 1
+STOP_SIZE = 2
+
+
+def check_stop(stop) -> None:
+    """Refuse a ``stop`` array the kernels cannot use (they write to it without bounds checks)."""
+    if not (isinstance(stop, np.ndarray) and stop.dtype == np.int64 and stop.shape == (STOP_SIZE,)):
+        raise TypeError(f"stop must be an int64 array of shape ({STOP_SIZE},) (common.STOP, common.ARRIVED); "
+                        f"got {stop!r}")
+
 #: requests drawn per block: random numbers are drawn in tight loops, one
 #: stream at a time, then the block is processed without calls in its loop
 BLOCK = 1024

@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit
 
 from .common import (
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY,
-    SVC_UNIFORM,
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE,
+    PRED_REPLAY, STOP, STOP_SIZE, SVC_UNIFORM, check_stop,
     confused_bin, confused_bins, draw_arrivals, draw_block, drawers, helper, hist_bucket, kernel, predict, replay_time,
     request_uniform, request_uniforms, round_lengths, step, subroutine,
 )
@@ -235,7 +235,7 @@ NO_CLOSED_LOOP = dict(call=np.empty(0, np.int64), start=np.empty(0), gap=np.empt
 DONE = 0
 QUEUE_FULL = 1      # an arrival found its bin's ring buffer full (nothing of it done yet)
 WARMUP_DONE = 2     # the warm-up window is complete: Python sets the edges and re-bins
-STOPPED = 3         # stop[0] was set
+STOPPED = 3         # stop[STOP] was set
 
 #: the ring buffers' first capacity (a power of two); they double when full
 QUEUE_START = 1024
@@ -278,7 +278,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     statistics as ``STATS.unpack((outputs.ints, outputs.floats))``), and the
     per-request and per-batch records as ``{field: array}`` (None unless
     kept; :data:`REQUESTS` and :data:`BATCHES` name the fields).  Once
-    ``stop[0]`` is set (the caller's Ctrl-C) the kernel returns early, its
+    ``stop[STOP]`` is set (the caller's Ctrl-C) the kernel returns early, its
     outputs incomplete.  ``key`` (a draw of the prediction stream) sets each
     request's uniform of bin confusion.  ``edges``, ``(lo, hi)``, sets the
     bins before the run (with a warm-up of 0 in ``config``).  ``cluster``,
@@ -298,6 +298,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     Algorithm 6's warm-up, for the bin edges (numpy: numba's sort would cost
     seconds of compile time).
     """
+    check_stop(stop)
     rn, pol, sla = RUN.unpack(config.run), POLICY.unpack(config.policy), SLA.unpack(config.sla)
     cl = CLUSTER.unpack(cluster[0]) if cluster is not None else {"engines": 1, "router": ROUTE_NONE, "programs": 0}
     n, c, E = rn["n"], pol["servers"], cl["engines"]
@@ -931,10 +932,12 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
 
     Returns QUEUE_FULL when an arrival found its bin's buffer full (nothing
     of that arrival done yet), WARMUP_DONE when Algorithm 6's window is
-    complete (after that arrival), STOPPED once ``stop[0]`` is nonzero
+    complete (after that arrival), STOPPED once ``stop[STOP]`` is nonzero
     (checked at every block of draws and every STOP_CHECK_BATCHES batches:
     the caller's Ctrl-C; the kernel runs without the GIL so that the
-    caller's thread can take the signal meanwhile), DONE at the end.
+    caller's thread can take the signal meanwhile), DONE at the end.  At
+    each block of draws it writes the requests arrived so far to
+    ``stop[ARRIVED]`` (the caller's progress).
     """
     # the configuration, as scalars
     ri, rf = config.run
@@ -1248,7 +1251,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     s_next = k
                 in_service += nb
                 n_batches += 1
-                if n_batches & (STOP_CHECK_BATCHES - 1) == 0 and stop[0] != 0:
+                if n_batches & (STOP_CHECK_BATCHES - 1) == 0 and stop[STOP] != 0:
                     # (a long drain after the last arrival draws no blocks)
                     code = STOPPED
                     break
@@ -1260,9 +1263,10 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
         if cl is not None:
             closed_next = closed and jj == m and i < n and hsize > 0
         if closed_next:
-            if stop[0] != 0:
+            if stop[STOP] != 0:
                 code = STOPPED
                 break
+            stop[ARRIVED] = i
             t_k, k_c, hsize = _heap_pop(cl.heap_t, cl.heap_id, hsize)
             _closed_call(t_k, k_c, C, i, cl.new, cl.out, program, new_tokens, session_end, cl.call, predictions,
                          predictor, integer, blk)
@@ -1271,9 +1275,10 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
             if i == 0:
                 floats[S.first_arrival] = t_k
         elif jj == m and i < n and (cl is None or not closed):
-            if stop[0] != 0:
+            if stop[STOP] != 0:
                 code = STOPPED
                 break
+            stop[ARRIVED] = i
             m = n - i if n - i < BLOCK else BLOCK
             jj = 0
             t, seg, t_switch = _draw_requests(i, m, t, seg, t_switch, ws.draws, inv_rate, arrival_times,
@@ -1780,7 +1785,7 @@ def warmup() -> None:
                          prompt_params=np.array([1.0, 9.0]), prompt_values=np.empty(0),
                          output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
     gen = np.random.default_rng(0)
-    run(config, inputs, TokenStreams(gen, gen, gen, gen), np.zeros(1, np.int64), groups=1, ts_rows=4)
+    run(config, inputs, TokenStreams(gen, gen, gen, gen), np.zeros(STOP_SIZE, np.int64), groups=1, ts_rows=4)
     # the calls of open-loop programs: 2 programs of 2 calls, 3 kept
     x = np.ones(4)
     times, order = np.empty(4), np.empty(4, np.int64)

@@ -31,8 +31,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import (ARR_POISSON, HIST_SIZE, SVC_UNIFORM, draw_arrivals, draw_block, drawers, hist_bucket,
-                     kernel, round_lengths, step)
+from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals,
+                     draw_block, drawers, hist_bucket, kernel, round_lengths, step)
 from .layout import Arrays, Layout
 
 #: the run's scalars: ``dual`` 1 for the dual queue (else one FIFO),
@@ -149,8 +149,8 @@ def _dispatch(e, now, dual, window, max_batch, max_batch_tokens, a, b, arrival, 
 @kernel
 def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     """Simulate the run ``config``; statistics and records are written in
-    place.  Returns 0, or 1 once ``stop[0]`` was set (checked every 65,536
-    events)."""
+    place.  Returns 0, or 1 once ``stop[STOP]`` was set (checked every
+    65,536 events, when ``stop[ARRIVED]`` gets the requests arrived so far)."""
     ci, cf = config
     n = ci[C.n]
     E = ci[C.instances]
@@ -230,9 +230,11 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     code = 0
     while True:
         events += 1
-        if (events & 65535) == 0 and stop[0] != 0:
-            code = 1
-            break
+        if (events & 65535) == 0:
+            if stop[STOP] != 0:
+                code = 1
+                break
+            stop[ARRIVED] = i
         t_arr = arrival[i] if i < n else np.inf
         # the first batch end, and the first short window to expire on an idle instance
         t_c = np.inf
@@ -358,7 +360,9 @@ def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray):
     returns ``(outputs, requests, code)``, the statistics as
     ``STATS.unpack((outputs.ints, outputs.floats))``, the per-request
     records as ``{field: row}`` (or None without ``keep``), and the
-    kernel's code (1: stopped by ``stop``)."""
+    kernel's code (1: stopped by ``stop[STOP]``; ``stop[ARRIVED]`` gets the
+    requests arrived so far every 65,536 events)."""
+    check_stop(stop)
     cfg = CONFIG.unpack(config)
     n, E, B = cfg["n"], cfg["instances"], cfg["max_batch"]
     ints, floats = STATS.zeros(last_completion=-np.inf)
@@ -385,4 +389,4 @@ def warmup() -> None:
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          prompt_params=np.array([1.0, 500.0]), prompt_values=np.empty(0))
     gen = np.random.default_rng(0)
-    run(config, inputs, LapsStreams(gen, gen), np.zeros(1, np.int64))
+    run(config, inputs, LapsStreams(gen, gen), np.zeros(STOP_SIZE, np.int64))

@@ -24,9 +24,10 @@ from collections import namedtuple
 import numpy as np
 
 from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a test read them from here)
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
-    PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM, SVC_WEIBULL_MIN,
-    confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, predict, step, token_service,
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
+    PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, STOP, STOP_SIZE, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM,
+    SVC_WEIBULL_MIN,
+    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, predict, step, token_service,
 )
 from .layout import Arrays, Layout
 
@@ -108,9 +109,11 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
     Returns ``(outputs, requests)``: a :data:`MultiBinOutputs` (the
     statistics as ``STATS.unpack((outputs.ints, outputs.floats))``) and the
     per-request records as ``{field: array}`` (:data:`REQUESTS` names the
-    fields), or None without ``keep``.  Once ``stop[0]`` is set (the
-    caller's Ctrl-C) the kernel returns early, its outputs incomplete.
+    fields), or None without ``keep``.  Once ``stop[STOP]`` is set (the
+    caller's Ctrl-C) the kernel returns early, its outputs incomplete; it
+    writes the requests arrived so far to ``stop[ARRIVED]`` at each block.
     """
+    check_stop(stop)
     cfg = CONFIG.unpack(config)
     n, B, servers = cfg["n"], cfg["batch_size"], cfg["servers"]
     k = inputs.edges.shape[0] - 1
@@ -191,8 +194,9 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     ``excluded`` and get no completion time.
 
     ``servers`` need be at most ``n`` (more are never all busy).  The kernel
-    returns early, its outputs incomplete, once ``stop[0]`` is nonzero
-    (checked at every block of draws): the caller's Ctrl-C.  It runs without
+    returns early, its outputs incomplete, once ``stop[STOP]`` is nonzero
+    (checked at every block of draws, where ``stop[ARRIVED]`` gets the
+    requests arrived so far): the caller's Ctrl-C.  It runs without
     the GIL, so the caller's thread can take the signal meanwhile.
 
     The hot loops index with unsigned integers: numba then emits no
@@ -282,8 +286,9 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     arrivals_over = False
     while True:
         if jj == m and not arrivals_over:
-            if stop[0] != 0:
+            if stop[STOP] != 0:
                 return
+            stop[ARRIVED] = i0 + m
             i0 += m
             if i0 >= n:
                 arrivals_over = True
@@ -481,4 +486,4 @@ def warmup() -> None:
                          service_params=np.array([1.0, 1.0]), predictions=np.empty(0),
                          service_values=np.empty(0), edges=np.array([1.0, 1.5, 2.0]))
     gen = np.random.default_rng(0)
-    run(config, inputs, MultiBinStreams(gen, gen, gen), np.zeros(1, np.int64), groups=1)
+    run(config, inputs, MultiBinStreams(gen, gen, gen), np.zeros(STOP_SIZE, np.int64), groups=1)

@@ -18,9 +18,7 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-import numpy as np
-
-from .._running import POLL_SECONDS, watch_stop_flag
+from .._running import POLL_SECONDS, STOP, new_stop_flag, watch_stop_flag
 
 __all__ = ["Executor", "sigint_handler", "whole"]
 
@@ -191,7 +189,7 @@ class _InProcess:
     AHEAD = 4
 
     def __init__(self, tasks):
-        self.stop = np.zeros(1, np.int64)
+        self.stop = new_stop_flag()
         self.results = queue.Queue(maxsize=self.AHEAD)
         self.left = len(tasks)
         self.thread = threading.Thread(target=self._work, args=(list(tasks),), name="mbbatch-kernel",
@@ -201,13 +199,13 @@ class _InProcess:
     def _work(self, tasks):
         watch_stop_flag(self.stop)        # every kernel of every task watches it
         for key, fn, args in tasks:
-            if self.stop[0]:
+            if self.stop[STOP]:
                 return
             try:
                 item = (key, fn(*args), None)
             except BaseException as exc:  # noqa: BLE001 - raised in the caller
                 item = (key, None, exc)
-            while not self.stop[0]:
+            while not self.stop[STOP]:
                 try:
                     self.results.put(item, timeout=POLL_SECONDS)
                     break
@@ -242,7 +240,7 @@ class _InProcess:
 
     def close(self) -> None:
         """Stop the tasks not yet finished and wait for the helper."""
-        self.stop[0] = 1
+        self.stop[STOP] = 1
         self.thread.join()
 
 
