@@ -51,7 +51,13 @@ The criteria:
   while it is below 1).  The results' and sweeps' backlog check
   (:attr:`SimulationResult.unstable`) decides only a probe still undecided
   at the replication cap: it fails if every replication shows a growing
-  backlog (see :func:`_verdict` for why not before).
+  backlog, and passes if none does and only the load is undecided (a policy
+  whose batches grow with the load keeps its servers busy, its load 1
+  within the interval, over a wide range of rates below its limit; see
+  :func:`_verdict`).  Give runs long enough for the policy's start-up to be
+  a small part of them (``n``): the controllers of dynamic batching start
+  with small batches, which raise a short run's load (3 % at 8,000 calls
+  for 8 Autellix engines).
 - **Objectives**, :class:`Objective`: any of ``latency_p50``,
   ``latency_p95``, ``latency_p99``, ``mean_latency``, ``mean_ttft``,
   ``sla_violation_share`` (share of requests above D_SLA, seed 001 section
@@ -354,18 +360,33 @@ def _verdict(rows, at_cap: bool) -> str:
     """A probe's verdict from its criteria: it fails if the load, the
     throughput or an objective fails, passes if they all pass.  The backlog
     check decides only a probe still undecided at the replication cap
-    (``at_cap``):
-    near the limit a stable queue run for finitely many requests still shows
-    the transient growth those checks look for (every replication of a probe
-    at 99.7 % of Theorem 4.2's capacity flags a growing backlog at n =
-    200,000), so it would put the limit below the theorem's."""
+    (``at_cap``): it fails where every replication's backlog grew, and
+    passes where none did and only the load is undecided.
+
+    Not before the cap: near the limit a stable queue run for finitely many
+    requests still shows the transient growth those checks look for (every
+    replication of a probe at 99.7 % of Theorem 4.2's capacity flags a
+    growing backlog at n = 200,000), so it would put the limit below the
+    theorem's.  And not only to fail: a policy whose batches grow with the
+    load (dynamic batching) keeps its servers busy over a wide range of rates
+    below its limit, where the load is 1 within any interval the
+    replications give (0.996 to 1.001 from 22 to 33 calls/s for 8 Autellix
+    engines stable up to 40, n = 200,000), and an undecided load there
+    left the answer anywhere in that range (21 to 36 calls/s as ``max_reps``
+    went from 32 to 8).  Whether such a probe is stable is whether its
+    backlog grows."""
     decisive = [c[5] for c in rows if c[0] not in GUARDS]
     if "fail" in decisive:
         return "fail"
     if all(v == "pass" for v in decisive):
         return "pass"
-    if at_cap and any(c[5] == "fail" for c in rows if c[0] in GUARDS):
-        return "fail"
+    if at_cap:
+        guards = [c for c in rows if c[0] in GUARDS]
+        if any(c[5] == "fail" for c in guards):
+            return "fail"
+        undecided = [c[0] for c in rows if c[0] not in GUARDS and c[5] == "undecided"]
+        if undecided == [LOAD] and all(c[1] == 0.0 for c in guards):
+            return "pass"
     return "undecided"
 
 

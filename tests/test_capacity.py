@@ -3,6 +3,7 @@ and Lemma A.1, objectives against stability, monotone in the threshold, and
 the arrival process's shape kept as its rate is set."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -229,6 +230,51 @@ def test_an_undecided_probe_narrows_the_bracket_from_both_sides_to_rel_tol():
     assert undecided and all(p.reps == 4 for p in undecided)
     assert not r.resolved and "unresolved" in r.summary()
     assert r.rate_high - r.rate_low <= 0.02 * r.rate * (1 + 1e-12)
+
+
+def _rows(load, growing, objective=None):
+    """A probe's criteria rows: (metric, mean, low, high, threshold, verdict)."""
+    rows = [("load", 1.0, 0.99, 1.01, 1.0, load), ("throughput / rate", 1.0, 0.99, 1.01, 0.95, "pass"),
+            ("backlog growing", growing, math.nan, math.nan, 1.0, "fail" if growing == 1.0 else "pass")]
+    return rows + ([("latency_p95", 1.0, 0.9, 1.1, 1.0, objective)] if objective else [])
+
+
+@pytest.mark.parametrize("load, growing, objective, at_cap, want", [
+    ("pass", 0.5, None, False, "pass"),            # the load decides, the backlog check does not
+    ("fail", 0.0, None, False, "fail"),
+    ("undecided", 0.0, None, False, "undecided"),  # before the cap: more replications
+    ("undecided", 1.0, None, True, "fail"),        # at the cap: every backlog grew
+    ("undecided", 0.0, None, True, "pass"),        # at the cap: none grew, only the load undecided
+    ("undecided", 0.5, None, True, "undecided"),   # some grew
+    ("undecided", 0.0, "undecided", True, "undecided"),   # an objective undecided too: it is not the backlog's
+    ("pass", 0.0, "undecided", True, "undecided"),
+])
+def test_the_backlog_check_decides_only_a_load_undecided_at_the_cap(load, growing, objective, at_cap, want):
+    from mbbatch.capacity import _verdict
+
+    assert _verdict(_rows(load, growing, objective), at_cap) == want
+
+
+def test_a_policy_whose_batches_grow_with_the_load_is_searched_to_its_stable_limit():
+    """8 Autellix engines of dynamic batching keep their servers busy from
+    about 20 calls/s up to their limit near 40: the load is 1 within its
+    interval all along.  The search answered 24.7 there (probes undecided on
+    the load narrowed the bracket wherever they fell); the runs themselves
+    are stable up to the answer and not 15 % above it."""
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
+    engine = mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0075, b_max=64))
+    cluster = mb.Cluster(engine, engines=8, router="autellix", threshold=1024,
+                         programs=mb.Programs(calls=4, think_time=1.0))
+    kw = dict(workload=wl, service_model=mb.DecodeModel(prefill_per_token=1e-4), n=200_000)
+    r = find_capacity(cluster, objective=Objective(ttft_p99=16.0), max_reps=8, rel_tol=0.05, seed=20251124, **kw)
+    plateau = [p for p in r.probes if p.row("load")[2] < 1.0 < p.row("load")[3]]
+    assert plateau and r.rate > 30.0, r.summary()
+    below = mb.simulate(cluster, mb.Poisson(r.rate_low), seed=1, **kw)
+    assert not below.unstable and below.throughput / r.rate_low > 0.99 and below.ttft_p99 <= 16.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mb.UnstableWarning)
+        above = mb.simulate(cluster, mb.Poisson(1.15 * r.rate_high), seed=1, **kw)
+    assert above.unstable or above.ttft_p99 > 16.0
 
 
 @pytest.mark.parametrize("arrivals", [mb.Gamma(rate=1.0, cv=2.0),
