@@ -36,7 +36,7 @@ the time between tokens alone (seed 001), which the decode model keeps
 nearly flat above about 20 requests a batch, so the batch size stays
 wherever it entered the dead band; on U(10, 500) prompts and Exp(60)
 outputs it is stable at 80 requests/s but not at 20 (n = 200,000), and the
-search answers about 10.4 against a saturated throughput of 81.
+search answers about 11 (n = 200,000) against a saturated throughput of 81.
 
 The criteria:
 
