@@ -253,6 +253,21 @@ def test_the_backlog_check_decides_only_a_load_undecided_at_the_cap(load, growin
     from mbbatch.capacity import _verdict
 
     assert _verdict(_rows(load, growing, objective), at_cap) == want
+    # at or above the saturated throughput nothing passes on the backlog
+    above = _verdict(_rows(load, growing, objective), at_cap, below_saturation=False)
+    assert above == ("undecided" if want == "pass" and load == "undecided" else want)
+
+
+def test_no_probe_above_the_answer_passes_on_a_short_runs_backlog():
+    """1,149 requests a run, exponential service: the first upper probe (1.05
+    times the saturated throughput) had an undecided load and no replication
+    flagged a growing backlog (the check misses an overload in so short a
+    run); it passed, above the answer.  No probe at or above the saturated
+    throughput passes on the backlog now."""
+    r = find_capacity(mb.MultiBin(bins=5, batch_size=12), service=st.expon(scale=3.0), n=1149, seed=12,
+                      rel_tol=0.01, max_reps=5)
+    assert all(p.rate <= r.rate_high for p in r.probes if p.verdict == "pass"), r.summary()
+    assert r.rate < r.saturated_throughput
 
 
 def test_a_policy_whose_batches_grow_with_the_load_is_searched_to_its_stable_limit():
