@@ -267,6 +267,32 @@ def _simulate(args) -> None:
               "describe a transient, not the policy's long-run behaviour", file=sys.stderr)
 
 
+#: a capacity store's searches printed at most (the rest: mbbatch check, or the store itself)
+CAPACITY_LINES = 40
+
+
+def _print_capacities(ds) -> None:
+    """A capacity store's searches, one line a grid point: the point, the
+    capacity and its interval, and whether probes undecided at the
+    replication cap narrowed it."""
+    import numpy as np
+
+    cap = ds["sim_capacity"]
+    units = cap.attrs.get("units", "")
+    dims = list(cap.dims)
+    cells = list(np.ndindex(*cap.shape))
+    for idx in cells[:CAPACITY_LINES]:
+        point = ", ".join(f"{d}={ds[d].values[i]}" for d, i in zip(dims, idx))
+        if not bool(ds["done"].values[idx]):
+            print(f"  {point}: not done")
+            continue
+        lo, hi = ds["sim_capacity_low"].values[idx], ds["sim_capacity_high"].values[idx]
+        note = "" if bool(ds["capacity_resolved"].values[idx]) else "  (unresolved: probes undecided at the cap)"
+        print(f"  {point}: {cap.values[idx]:.4g} {units} [{lo:.4g}, {hi:.4g}]{note}")
+    if len(cells) > CAPACITY_LINES:
+        print(f"  ... and {len(cells) - CAPACITY_LINES} more grid points in the store")
+
+
 def _frozen(args):
     import scipy.stats as st
 
@@ -363,6 +389,8 @@ def _dispatch(args) -> int:
                 caught.clear()
         for ds, out in done:
             print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {out}")
+            if "sim_capacity" in ds:
+                _print_capacities(ds)
     elif args.command == "simulate":
         _simulate(args)
     elif args.command == "check":

@@ -517,6 +517,14 @@ def test_the_capacity_command_runs_capacity_specs_only(tmp_path):
                         "--out", str(tmp_path / "c.zarr"), "--workers", "1", "--quiet"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0 and "capk: 4 grid points done" in r.stdout, r.stderr
+    # then each search, one line a grid point, as stored
+    ds = xr.open_zarr(tmp_path / "c.zarr").load()
+    lines = r.stdout.splitlines()[1:]
+    want = [f"  bins={k}, servers={c}: {ds['sim_capacity'].values[i, j]:.4g} requests/s "
+            f"[{ds['sim_capacity_low'].values[i, j]:.4g}, {ds['sim_capacity_high'].values[i, j]:.4g}]"
+            + ("" if ds["capacity_resolved"].values[i, j] else "  (unresolved: probes undecided at the cap)")
+            for i, k in enumerate(ds["bins"].values) for j, c in enumerate(ds["servers"].values)]
+    assert lines == want, r.stdout
 
 
 # --- LAPS as a sweep policy --------------------------------------------------------------
