@@ -85,6 +85,7 @@ from . import stats
 from ._validation import check_flag, check_scalar_real
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from .metrics import METRICS
+from .policies import MultiBin
 from .simulation import plan
 from .params import Domain
 
@@ -237,7 +238,7 @@ def with_rate(arrivals, rate: float):
                     f"{type(arrivals).__name__}")
 
 
-def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol):
+def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n=None):
     """Raise what :func:`find_capacity` refuses in its own arguments (the
     simulation's are checked by :func:`mbbatch.simulation.plan`)."""
     if isinstance(arrivals, (Saturated, PiecewisePoisson)):
@@ -259,6 +260,10 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
         check_scalar_real(name, value, SEARCH_DOMAINS[name])
     if isinstance(max_reps, bool) or not isinstance(max_reps, (int, np.integer)) or max_reps < FIRST_REPS:
         raise ValueError(f"max_reps must be an integer in [{FIRST_REPS}, inf); got {max_reps!r}")
+    if (isinstance(policy, MultiBin) and isinstance(n, (int, np.integer)) and not isinstance(n, bool)
+            and n < policy.batch_size):
+        raise ValueError(f"n must be at least batch_size = {policy.batch_size} for a capacity search of MultiBin: "
+                         f"fewer requests fill no batch, so none completes at any rate; got n = {n}")
 
 
 class _Search:
@@ -459,13 +464,17 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     """
     t0 = time.perf_counter()
     arrivals = Poisson(rate=1.0) if arrivals is None else arrivals
-    check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol)
+    check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n)
     progress = check_flag("progress", progress)
     sim_kw = {"service": service, "workload": workload, "service_model": service_model, "n": n}
     # (every argument checked now, before any work: the plan refuses what simulate would)
     plan(policy, with_rate(arrivals, 1.0), servers=servers, **sim_kw)
     s = _Search(policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol, seed, progress)
     sat = s.saturated_throughput()
+    if not (math.isfinite(sat) and sat > 0):
+        # (batches that never fill: a MultiBin engine's, each seeing fewer than batch_size requests)
+        raise ValueError(f"n: the saturated runs of n = {n} requests completed none, so there is no rate to "
+                         f"search below their throughput ({sat}); make n larger")
     criterion = "stable" + (f" and {objective.describe()}" if objective is not None else "")
 
     def result(lo, hi, resolved=True, rate=None):

@@ -171,10 +171,21 @@ def test_with_rate_scales_a_replay():
     ({"objective": Objective(mean_ttft=1.0)}, ValueError, "mean_ttft is not a metric of MultiBin"),
     ({"n": 0}, ValueError, "n must be"),
     ({"progress": 1}, TypeError, r"progress must be a bool \(True or False\); got 1"),
+    ({"n": 5}, ValueError, r"n must be at least batch_size = 8 for a capacity search of MultiBin: .*got n = 5$"),
 ])
 def test_bad_arguments_are_refused_before_any_work(kw, exc, match):
     with pytest.raises(exc, match=match):
         find_capacity(mb.MultiBin(bins=2, batch_size=8), **{"service": U, **kw})
+
+
+def test_a_search_whose_saturated_runs_complete_nothing_is_refused_naming_n():
+    """4 MultiBin engines of batches of 30, 100 requests: no engine's batch
+    fills.  The search went on at a rate of NaN (1.05 x the saturated
+    throughput) and failed inside a probe; found by make fuzz."""
+    cluster = mb.Cluster(mb.MultiBin(bins=1, batch_size=30), engines=4, router="round_robin")
+    with pytest.raises(ValueError, match=r"^n: the saturated runs of n = 100 requests completed none"):
+        find_capacity(cluster, workload=mb.Workload(st.uniform(1, 10), st.uniform(1, 10)),
+                      service_model=mb.MaxModel(base=0.1, per_token=0.01), n=100)
 
 
 def test_progress_prints_the_saturated_runs_every_probe_and_the_result(capsys):

@@ -253,3 +253,17 @@ def test_a_service_model_parameter_is_checked_against_its_domain():
     text = _service_spec("decode", "decode_beta = -1.0", "")
     with pytest.raises(SpecError, match=r"s.toml: params: decode_beta must be in \(0, inf\); got -1"):
         parse_spec(text, source="s.toml")
+
+
+def test_a_capacity_spec_whose_batches_cannot_fill_is_refused_before_any_store():
+    """batch_size above n in a MultiBin capacity spec: the search went on at
+    a rate of NaN and failed mid-sweep (found by make fuzz's mutants)."""
+    from mbbatch.sweeps.cells import check_points
+
+    from .test_sweeps_run import CAPACITY_SPEC
+
+    check_points(parse_spec(CAPACITY_SPEC, source="c.toml"))
+    text = CAPACITY_SPEC.replace("batch_size = 64", "batch_size = 2147483648")
+    with pytest.raises(SpecError, match=r"c.toml: at grid point bins=1, servers=1: n must be at least batch_size = "
+                                        r"2147483648 .*got n = 30000"):
+        check_points(parse_spec(text, source="c.toml"))

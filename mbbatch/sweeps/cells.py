@@ -394,7 +394,7 @@ def check_capacity_point(arrivals: str, service: str, params: dict, capacity: di
     pol, arr, kw = _search_objects(arrivals, service, params)
     objective = _objective(params)
     check_search(pol, arr, params.get("servers", 1), objective, capacity["rel_tol"], capacity["confidence"],
-                 capacity["max_reps"], capacity["throughput_tol"])
+                 capacity["max_reps"], capacity["throughput_tol"], params["n"])
     check_simulation(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)
 
 
