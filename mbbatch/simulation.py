@@ -142,10 +142,11 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
 
 
 def check_simulation(policy, arrivals, service=None, n=None, servers=1, keep_requests=False, *,
-                     workload=None, service_model=None, keep_batches=False) -> int:
+                     workload=None, service_model=None, keep_batches=False, progress=False) -> int:
     """Check a :func:`simulate` call without running it: raise the error the
     call would raise before simulating (bad arguments, memory that cannot
     fit); return the bytes of memory it would allocate."""
+    check_flag("progress", progress)
     return _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model,
                  keep_batches).memory
 

@@ -463,6 +463,21 @@ def test_progress_changes_nothing_but_stderr(which, monkeypatch, capsys):
     assert out == "" and "simulate:" in err
 
 
+def test_check_simulation_takes_every_argument_of_simulate():
+    """The check of a call without running it takes the call's arguments,
+    with their defaults, and refuses what the call refuses."""
+    import inspect
+
+    assert inspect.signature(check_simulation).parameters.keys() == \
+        inspect.signature(mb.simulate).parameters.keys() - {"seed"}
+    for name, p in inspect.signature(check_simulation).parameters.items():
+        assert p.default == inspect.signature(mb.simulate).parameters[name].default, name
+    kw = {k: v for k, v in SIMULATE["static"].items() if k != "seed"}
+    for call in (mb.simulate, check_simulation):
+        with pytest.raises(TypeError, match=r"^progress must be a bool \(True or False\); got 1 \(int\)$"):
+            call(**kw, progress=1)
+
+
 @given(which=hs.sampled_from(sorted(SIMULATE)), name=hs.sampled_from(sorted(ORACLE)),
        value=hs.sampled_from(list(BAD_VALUES.values())) | hs.integers() | hs.floats() | hs.text(max_size=4)
        | hs.lists(hs.floats(), max_size=3))
