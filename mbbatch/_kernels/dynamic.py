@@ -164,6 +164,7 @@ LOOP = Layout("loop state", ints=("i",         # next request to arrive
                                   "ts_seen",   # batches offered to the time series
                                   "ts_stride",  # every ts_stride-th of them is kept
                                   "pending",   # 1: free servers form batches at `now` first
+                                  "deferred",  # 1: free servers wait, with requests queued, for the end of `now`
                                   "key",       # the run's key of request_uniform (bin confusion)
                                   "ev",        # the next engine event
                                   "rr_route",  # the round-robin router's next engine
@@ -731,8 +732,10 @@ def _remove_engine(e, K, per_engine, router, threshold, programs, kv, rr_route, 
     finish, outside the router's counts); the program table forgets it and
     the contexts it held; its queued requests, bin by bin in queue order, are
     routed again to the tail of their bin on their new engine (every queue
-    has room: checked by the caller).  Returns the round-robin pointer, the
-    context tokens prefilled again and the requests moved."""
+    has room: checked by the caller), each with the verdict of its new
+    engine (whether it holds the call's context).  Returns the round-robin
+    pointer, the context tokens prefilled again, the requests moved and the
+    change in calls served on the engine holding their context."""
     mask = qidx.shape[1] - 1
     eng[EN.registered, e] = 0
     eng[EN.free, e] = 0
@@ -748,6 +751,7 @@ def _remove_engine(e, K, per_engine, router, threshold, programs, kv, rr_route, 
                 table[TB.holder, pp] = -1
     recomputed = 0.0
     moved = 0
+    hits = 0
     for lb in range(K):
         b = e * K + lb
         ub = np.uint64(b)
@@ -759,11 +763,13 @@ def _remove_engine(e, K, per_engine, router, threshold, programs, kv, rr_route, 
             e2, rr_route, _, _, _, _ = _route(router, threshold, prompt, pid, programs, eng, rr_route, table)
             prefill = prompt
             if programs:
-                prefill, _, _ = _context(kv, pid, e2, prompt, new_tokens[idx], table)
-                recomputed += prefill - q[Q.prefill, ub, sl]
+                was = q[Q.prefill, ub, sl]
+                prefill, _, hit = _context(kv, pid, e2, prompt, new_tokens[idx], table)
+                recomputed += prefill - was
+                # the call's verdict is the engine's that serves it: a hit prefilled fewer than its prompt
+                hits += (1 if hit else 0) - (1 if was < prompt else 0)
                 if session_end[idx] != 0:
                     table[TB.engine, pid] = -1
-                    table[TB.holder, pid] = -1
             b2 = e2 * K + lb
             ub2 = np.uint64(b2)
             sl2 = np.uint64((head[b2] + size[b2]) & mask)
@@ -778,7 +784,7 @@ def _remove_engine(e, K, per_engine, router, threshold, programs, kv, rr_route, 
             eng[EN.active, e2] += 1
             moved += 1
     eng[EN.queued, e] = 0
-    return rr_route, recomputed, moved
+    return rr_route, recomputed, moved, hits
 
 
 @njit(cache=CACHE, inline="always")
@@ -1038,6 +1044,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     ts_seen = li[L.ts_seen]
     ts_stride = li[L.ts_stride]
     pending = li[L.pending] != 0
+    deferred = li[L.deferred] != 0
     key = li[L.key]
     ev = li[L.ev]
     rr_route = li[L.rr_route]
@@ -1337,11 +1344,12 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 if most + eng[EN.queued, e] > mask + 1:
                     code = QUEUE_FULL
                     break
-                rr_route, recomputed, moved = _remove_engine(e, K, per_engine, router, threshold, programs, kv,
-                                                             rr_route, q, qidx, head, size, eng, table,
-                                                             servers_i, program, new_tokens, session_end)
+                rr_route, recomputed, moved, hits = _remove_engine(e, K, per_engine, router, threshold, programs,
+                                                                   kv, rr_route, q, qidx, head, size, eng, table,
+                                                                   servers_i, program, new_tokens, session_end)
                 kv_recomputed += recomputed
                 rerouted += moved
+                kv_hits += hits
             now = t_ev
             ev += 1
         else:
@@ -1377,9 +1385,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                             if held:
                                 kv_hits += 1
                             if session_end[i] != 0:
-                                # the session ends: its program-table entry is cleared
+                                # the session ends: its program-table entry is cleared (the engine
+                                # holding its context keeps it: an earlier call rerouted finds it)
                                 table[TB.engine, pid] = -1
-                                table[TB.holder, pid] = -1
                         eng[EN.active, e] += 1
                         routed = e
                         routed_prefill = prefill
@@ -1410,7 +1418,10 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     code = WARMUP_DONE
                     break
                 if cl is not None:
-                    if eng[EN.free, e] > 0 or jj == m or blk[Q.arrival, jj] >= t_next or blk[Q.arrival, jj] >= t_ev:
+                    # (a free server of another engine may hold batches deferred to the end of this
+                    # instant: they form before a later arrival)
+                    if eng[EN.free, e] > 0 or jj == m or blk[Q.arrival, jj] >= t_next or blk[Q.arrival, jj] >= t_ev \
+                            or (deferred and blk[Q.arrival, jj] > now):
                         break
                 elif n_free > 0 or jj == m or blk[Q.arrival, jj] >= t_next:
                     break
@@ -1418,6 +1429,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 break
         # the batches wait until every event of this instant is in
         pending = queued > 0 and n_free > 0
+        deferred = pending
         if pending and i < n:
             if jj < m:
                 nxt = blk[Q.arrival, jj]
@@ -1435,6 +1447,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
         if cl is not None:
             if pending and ev < n_events and event_time[ev] <= now:
                 pending = False
+        deferred = deferred and not pending
         if code == WARMUP_DONE:
             break
 
@@ -1473,6 +1486,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     li[L.ts_seen] = ts_seen
     li[L.ts_stride] = ts_stride
     li[L.pending] = 1 if pending else 0
+    li[L.deferred] = 1 if deferred else 0
     li[L.ev] = ev
     li[L.rr_route] = rr_route
     li[L.routed] = routed
