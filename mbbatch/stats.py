@@ -17,7 +17,7 @@ from scipy import stats as _st
 from ._kernels import common as _kernel_common
 
 __all__ = ["CONFIDENCE", "QUANTILES", "batch_means_ci", "t_interval", "hist_quantiles", "hist_bucket_bounds",
-           "backlog_growing", "backlog_verdict", "queue_verdict"]
+           "backlog_verdict", "queue_verdict"]
 
 #: Confidence level of every interval mbbatch reports.
 CONFIDENCE = 0.95
@@ -124,12 +124,6 @@ def backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
                       f"in the central FIFO, against {second:.4g} s in the second quarter; the averages "
                       "describe a transient, not a steady state")
     return False, "no growing backlog"
-
-
-def backlog_growing(group_wait, mean_batch_service: float) -> bool:
-    """Whether the central-FIFO wait grows through the run (see
-    :func:`backlog_verdict`)."""
-    return backlog_verdict(group_wait, mean_batch_service)[0]
 
 
 def queue_verdict(times, queue, mean_batch: float, start: float, end: float) -> tuple[bool, str]:

@@ -212,8 +212,6 @@ def test_reference_equals_the_kernel_batch_by_batch(model):
     _check_against_kernel(model, _kernel_run(model))
 
 
-@pytest.mark.skipif(not hasattr(__import__("mbbatch._kernels.dynamic", fromlist=["x"]), "MODEL_CALIBRATED"),
-                    reason="CalibratedModel is not wired into the event kernel yet")
 @pytest.mark.parametrize("feedback", ["calibrated", "uncalibrated", "legacy"])
 def test_calibrated_reference_equals_the_kernel_batch_by_batch(feedback):
     model = CalibratedModel(alpha=0.02, beta=5.74e-3, gamma=0.316, feedback=feedback)

@@ -573,7 +573,6 @@ def test_huge_counts_run_in_memory_of_what_the_run_can_use():
 # --- steady state: res.unstable, its reason and an UnstableWarning ---------------------------
 
 from mbbatch.results import UnstableWarning  # noqa: E402
-from mbbatch.stats import backlog_growing  # noqa: E402
 
 from .conftest import SHARED_DATA  # noqa: E402
 
@@ -634,12 +633,6 @@ def test_one_bin_b4_on_the_azure_trace_warns():
     res = mb.simulate(mb.MultiBin(bins=1, batch_size=8), arrivals=mb.Replay(tr.arrival),
                       service=1.0 + tr.output_tokens / 100.0, servers=4)
     assert not res.unstable
-
-
-def test_the_sweeps_and_single_runs_share_the_check():
-    """The sweep's backlog_growing and a single run's flag are one function."""
-    res = mb.simulate(mb.MultiBin(bins=1, batch_size=4), arrivals=mb.Poisson(1.0), service=U, n=20000, seed=1)
-    assert res.unstable == backlog_growing(res.group_mean_batch_wait, res.mean_batch_service)
 
 
 # --- MultiBin on the request model: workload= with MaxModel(base, per_token) ----------------

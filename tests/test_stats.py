@@ -8,16 +8,16 @@ import scipy.stats as st
 
 from mbbatch import stats
 from mbbatch._kernels.common import HIST_BASE, HIST_SHIFT, HIST_SIZE, hist_bucket, hist_ranks
-from mbbatch.stats import backlog_growing, queue_verdict
+from mbbatch.stats import backlog_verdict, queue_verdict
 
 
 def test_backlog_heuristic():
     S = 10.0
     level = np.full(32, 50.0) + np.sin(np.arange(32)) * 5
     growing = np.linspace(0, 5000, 32)
-    assert not backlog_growing(level, S)
-    assert backlog_growing(growing, S)
-    assert not backlog_growing(np.full(32, np.nan), S)
+    assert backlog_verdict(level, S) == (False, "no growing backlog")
+    assert backlog_verdict(growing, S)[0]
+    assert backlog_verdict(np.full(32, np.nan), S) == (False, "not assessed: too few batches")
 
 
 def test_queue_verdict_reads_the_arrival_window():

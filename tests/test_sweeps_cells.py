@@ -267,3 +267,28 @@ def test_a_capacity_spec_whose_batches_cannot_fill_is_refused_before_any_store()
     with pytest.raises(SpecError, match=r"c.toml: at grid point bins=1, servers=1: n must be at least batch_size = "
                                         r"2147483648 .*got n = 30000"):
         check_points(parse_spec(text, source="c.toml"))
+
+
+# --- a cell's steady-state flag ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arrivals, rate, growing", [("poisson", 0.3, False), ("poisson", 20.0, True),
+                                                      ("step", 20.0, False)])
+def test_a_cells_backlog_growing_is_its_runs_unstable_flag(arrivals, rate, growing):
+    """The store's backlog_growing is, rep by rep, the unstable flag of the
+    run simulate makes from the cell's objects and seed (a load step, which
+    has no single steady state, is never flagged).  At 20 requests/s a
+    MultiBin of 2 bins and B = 8 on U(1, 20) service (Theorem 4.2: 0.56
+    requests/s) is overloaded: every rep's flag is set."""
+    from mbbatch.simulation import plan
+    from mbbatch.sweeps.cells import _words, point_objects
+
+    params = {"kind": "multibin", "bins": 2, "batch_size": 8, "edges": "equal_mass", "max_wait": math.inf,
+              "rate": rate, "rate_high": 2 * rate, "t_up": 100.0, "t_down": 200.0, "l_min": 1.0, "l_max": 20.0,
+              "n": 4000, "servers": 1, "predictor_sigma": 0.0, "predictor_p": 1.0}
+    out = run_point(arrivals, "uniform", params, 3, 3)
+    pol, arr, kw = point_objects(arrivals, "uniform", params)
+    run = plan(pol, arr, n=params["n"], **kw)
+    flags = [run.run(cell_seed(3, params, rep, _words(params)), warn=False).unstable for rep in range(3)]
+    assert out["backlog_growing"].tolist() == ([False] * 3 if arrivals == "step" else flags)
+    assert out["backlog_growing"].tolist() == [growing] * 3
