@@ -12,6 +12,7 @@ from ._kernels import warmup
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .policies import (LAPS, Cluster, DynamicBatching, EngineEvent, MultiBin, MultiBinDynamic, Programs, Sessions,
                        StaticBatching)
+from . import registry  # (the policies' registry: it sets the parameter table's choices of kinds)
 from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from .lengths import Empirical
@@ -60,6 +61,7 @@ __all__ = [
     "UnstableWarning",
     "theory",
     "traces",
+    "registry",
     "warmup",
     "__version__",
 ]

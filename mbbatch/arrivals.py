@@ -28,11 +28,15 @@ from typing import ClassVar
 
 import numpy as np
 
+from ._kernels import common as _common
 from ._kernels.common import GAMMA_GAPS
 from ._validation import check_fields, check_real_array
 from .params import PARAMS
 
-__all__ = ["Poisson", "Gamma", "OnOff", "Saturated", "Replay", "PiecewisePoisson", "TraceTiledWarning"]
+__all__ = ["Arrivals", "Poisson", "Gamma", "OnOff", "Saturated", "Replay", "PiecewisePoisson", "TraceTiledWarning"]
+
+_NONE, _ONE, _NEVER = np.empty(0), np.ones(1), np.full(1, np.inf)
+_NONE.flags.writeable = _ONE.flags.writeable = _NEVER.flags.writeable = False
 
 
 class TraceTiledWarning(UserWarning):
@@ -40,8 +44,50 @@ class TraceTiledWarning(UserWarning):
     is repeated end to end (see :meth:`Replay.times_for`)."""
 
 
+class Arrivals:
+    """What an arrival process declares and gives, for the planners, the
+    sweeps and :mod:`mbbatch.registry`.
+
+    Class attributes: ``spec``, its name in sweep specs (``arrivals = ...``);
+    ``spec_keys``, the spec parameters it is built from
+    (:meth:`from_spec`); ``unassessed``, why runs under it are not checked
+    for a steady state ("" where they are: it has one).
+    """
+
+    spec: ClassVar[str] = ""
+    spec_keys: ClassVar[tuple] = ()
+    unassessed: ClassVar[str] = ""
+
+    @classmethod
+    def from_spec(cls, params: dict, trace=None) -> "Arrivals":
+        """The process of a sweep cell's parameters (``trace``: its trace)."""
+        raise NotImplementedError
+
+    def kernel_fields(self, n: int) -> tuple:
+        """The kernels' ``(arrival kind, rate, replayed times, params, ends)``
+        for a run of ``n`` requests (see
+        :func:`~mbbatch._kernels.common.draw_arrivals`)."""
+        raise NotImplementedError
+
+    def span(self, n: int) -> tuple:
+        """``(start, end)``: the span of the first ``n`` arrivals' times, s
+        (expected, for a random process), over which a steady state is judged."""
+        raise NotImplementedError
+
+    def clock(self, n: int):
+        """``(horizon, what)``: the largest time (s) the run's clock reaches
+        while arrivals last, and what sets it; None when it stays at 0."""
+        start, end = self.span(n)
+        return max(abs(start), abs(end)), f"a mean rate of {self.rate:g} requests/s and n = {n} arrivals"
+
+    def at_rate(self, rate: float) -> "Arrivals":
+        """The process at mean rate ``rate``, its shape kept."""
+        raise TypeError(f"arrivals must be Poisson, Gamma, OnOff or Replay (a process with a mean rate to set); got "
+                        f"{type(self).__name__}")
+
+
 @dataclass(frozen=True)
-class Poisson:
+class Poisson(Arrivals):
     """Poisson arrivals (Assumption 3.1 of the multi-bin paper).
 
     Parameters
@@ -52,15 +98,31 @@ class Poisson:
 
     rate: float
 
+    spec: ClassVar[str] = "poisson"
+    spec_keys: ClassVar[tuple] = ("rate",)
+
     def __post_init__(self):
         check_fields(self, {"rate": "rate"})
 
     def describe(self) -> dict:
         return {"arrivals": "poisson", "rate": self.rate}
 
+    @classmethod
+    def from_spec(cls, params: dict, trace=None) -> "Poisson":
+        return cls(rate=params["rate"])
+
+    def kernel_fields(self, n: int) -> tuple:
+        return _common.ARR_POISSON, self.rate, _NONE, _ONE, _NEVER
+
+    def span(self, n: int) -> tuple:
+        return 0.0, n / self.rate
+
+    def at_rate(self, rate: float) -> "Poisson":
+        return Poisson(rate=rate)
+
 
 @dataclass(frozen=True)
-class Gamma:
+class Gamma(Arrivals):
     """A renewal process with gamma inter-arrival times.
 
     Parameters
@@ -87,6 +149,8 @@ class Gamma:
 
     #: how the gaps are drawn (recorded by sweep stores of gamma arrivals)
     SAMPLER: ClassVar[str] = GAMMA_GAPS
+    spec: ClassVar[str] = "gamma"
+    spec_keys: ClassVar[tuple] = ("rate", "cv")
 
     def __post_init__(self):
         check_fields(self, {"rate": "rate", "cv": "cv"})
@@ -102,9 +166,22 @@ class Gamma:
     def describe(self) -> dict:
         return {"arrivals": "gamma", "rate": self.rate, "cv": self.cv}
 
+    @classmethod
+    def from_spec(cls, params: dict, trace=None) -> "Gamma":
+        return cls(rate=params["rate"], cv=params["cv"])
+
+    def kernel_fields(self, n: int) -> tuple:
+        return _common.ARR_GAMMA, self.rate, _NONE, np.array([self.shape, self.scale]), _NEVER
+
+    def span(self, n: int) -> tuple:
+        return 0.0, n / self.rate
+
+    def at_rate(self, rate: float) -> "Gamma":
+        return Gamma(rate=rate, cv=self.cv)
+
 
 @dataclass(frozen=True)
-class OnOff:
+class OnOff(Arrivals):
     """A two-state Markov-modulated Poisson process (ON/OFF bursts).
 
     Arrivals are Poisson at ``rate_on`` while ON and at ``rate_off`` while
@@ -126,6 +203,9 @@ class OnOff:
     rate_off: float
     mean_on: float
     mean_off: float
+
+    spec: ClassVar[str] = "onoff"
+    spec_keys: ClassVar[tuple] = ("rate_on", "rate_off", "mean_on", "mean_off")
 
     def __post_init__(self):
         check_fields(self, {"rate_on": "rate_on", "rate_off": "rate_off", "mean_on": "mean_on",
@@ -156,18 +236,52 @@ class OnOff:
         return {"arrivals": "onoff", "rate_on": self.rate_on, "rate_off": self.rate_off,
                 "mean_on": self.mean_on, "mean_off": self.mean_off}
 
+    @classmethod
+    def from_spec(cls, params: dict, trace=None) -> "OnOff":
+        return cls(rate_on=params["rate_on"], rate_off=params["rate_off"], mean_on=params["mean_on"],
+                   mean_off=params["mean_off"])
+
+    def kernel_fields(self, n: int) -> tuple:
+        return (_common.ARR_ONOFF, self.rate, _NONE,
+                np.array([self.rate_on, self.rate_off, self.mean_on, self.mean_off]), _NEVER)
+
+    def span(self, n: int) -> tuple:
+        return 0.0, n / self.rate
+
+    def at_rate(self, rate: float) -> "OnOff":
+        """The burst ratio (``rate_off / rate_on``) and the sojourns kept."""
+        f = rate / self.rate
+        return OnOff(rate_on=self.rate_on * f, rate_off=self.rate_off * f, mean_on=self.mean_on,
+                     mean_off=self.mean_off)
+
 
 @dataclass(frozen=True)
-class Saturated:
+class Saturated(Arrivals):
     """All ``n`` requests arrive together at time 0: the saturated system whose
     throughput is the service capacity of Theorem 4.2."""
+
+    spec: ClassVar[str] = "saturated"
+    unassessed: ClassVar[str] = "every request arrives at time 0 (saturated)"
 
     def describe(self) -> dict:
         return {"arrivals": "saturated"}
 
+    @classmethod
+    def from_spec(cls, params: dict, trace=None) -> "Saturated":
+        return cls()
+
+    def kernel_fields(self, n: int) -> tuple:
+        return _common.ARR_SATURATED, 0.0, _NONE, _ONE, _NEVER
+
+    def span(self, n: int) -> tuple:
+        return 0.0, 0.0
+
+    def clock(self, n: int):
+        return None
+
 
 @dataclass(frozen=True, eq=False)
-class Replay:
+class Replay(Arrivals):
     """Arrival times given explicitly: a trace's, or any array.
 
     Parameters
@@ -193,6 +307,9 @@ class Replay:
     times: np.ndarray = field(repr=False)
     scale: float = PARAMS["Replay.scale"].default
     window: tuple | None = None
+
+    spec: ClassVar[str] = "trace"
+    spec_keys: ClassVar[tuple] = ("scale",)
 
     def __post_init__(self):
         from .traces import Trace
@@ -265,6 +382,27 @@ class Replay:
         span = float(self.times[-1] - self.times[0])
         return (self.times.size - 1) / span if span > 0 else math.inf
 
+    @classmethod
+    def from_spec(cls, params: dict, trace=None) -> "Replay":
+        """The cell's trace replayed at its ``scale``."""
+        return cls(trace, scale=params["scale"])
+
+    def kernel_fields(self, n: int) -> tuple:
+        # (a run longer than the times repeats them in the kernel, each copy shifted by the period)
+        period = self._tiling(n)[1] if n > self.times.size else 0.0
+        return _common.ARR_REPLAY, 0.0, self.times, np.array([period]), _NEVER
+
+    def span(self, n: int) -> tuple:
+        """The first and the ``n``-th arrival time, s."""
+        return float(self.times[0]), self.last_time(n)
+
+    def clock(self, n: int):
+        return max(abs(float(self.times[0])), abs(self.last_time(n))), "arrivals.times"
+
+    def at_rate(self, rate: float) -> "Replay":
+        """The same times, scaled to mean rate ``rate``."""
+        return Replay(self.times, scale=rate / self.rate)
+
     def describe(self) -> dict:
         d = {"arrivals": "replay", "n_times": int(self.times.size)}
         if self.scale != 1.0:
@@ -275,7 +413,7 @@ class Replay:
 
 
 @dataclass(frozen=True, eq=False)
-class PiecewisePoisson:
+class PiecewisePoisson(Arrivals):
     """Poisson arrivals whose rate steps through ``rates``: ``rates[j]`` holds
     until time ``ends[j]`` (s); the last rate holds for ever.  A load step
     (low, high, low) is ``PiecewisePoisson([1, 5, 1], [600, 1200])``.
@@ -291,6 +429,10 @@ class PiecewisePoisson:
     rates: tuple
     ends: tuple = ()
 
+    spec: ClassVar[str] = "step"
+    spec_keys: ClassVar[tuple] = ("rate", "rate_high", "t_up", "t_down")
+    unassessed: ClassVar[str] = "a load step has no single steady state"
+
     def __post_init__(self):
         # a single number is one constant rate (one change time) as before
         r = check_real_array("rates", self.rates, PARAMS["rates"].domain, allow_scalar=True)
@@ -304,3 +446,15 @@ class PiecewisePoisson:
 
     def describe(self) -> dict:
         return {"arrivals": "piecewise_poisson", "rates": list(self.rates), "ends": list(self.ends)}
+
+    @classmethod
+    def from_spec(cls, params: dict, trace=None) -> "PiecewisePoisson":
+        """A load step: ``rate``, ``rate_high`` from ``t_up`` to ``t_down``, ``rate`` again."""
+        return cls([params["rate"], params["rate_high"], params["rate"]], [params["t_up"], params["t_down"]])
+
+    def kernel_fields(self, n: int) -> tuple:
+        return _common.ARR_PIECEWISE, self.rates[0], _NONE, np.array(self.rates), np.array([*self.ends, np.inf])
+
+    def clock(self, n: int):
+        return (self.ends[-1] + n / min(self.rates) if self.ends else n / self.rates[0],
+                f"rates down to {min(self.rates):g} requests/s and n = {n} arrivals")

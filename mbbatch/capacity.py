@@ -83,7 +83,7 @@ import numpy as np
 
 from . import stats
 from ._validation import check_flag, check_scalar_real
-from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
+from .arrivals import Arrivals, Poisson, Saturated
 from .metrics import METRICS
 from .policies import MultiBin
 from .simulation import plan
@@ -223,25 +223,18 @@ class CapacityResult:
 def with_rate(arrivals, rate: float):
     """The arrival process ``arrivals`` at mean rate ``rate``, its shape kept:
     Poisson; Gamma with its CV; ON/OFF with its burst ratio (rate_off /
-    rate_on) and its sojourns; a replay by its ``scale``."""
-    if isinstance(arrivals, Poisson):
-        return Poisson(rate=rate)
-    if isinstance(arrivals, Gamma):
-        return Gamma(rate=rate, cv=arrivals.cv)
-    if isinstance(arrivals, OnOff):
-        f = rate / arrivals.rate
-        return OnOff(rate_on=arrivals.rate_on * f, rate_off=arrivals.rate_off * f, mean_on=arrivals.mean_on,
-                     mean_off=arrivals.mean_off)
-    if isinstance(arrivals, Replay):
-        return Replay(arrivals.times, scale=rate / arrivals.rate)
-    raise TypeError(f"arrivals must be Poisson, Gamma, OnOff or Replay (a process with a mean rate to set); got "
-                    f"{type(arrivals).__name__}")
+    rate_on) and its sojourns; a replay by its ``scale``
+    (:meth:`mbbatch.arrivals.Arrivals.at_rate`)."""
+    if not isinstance(arrivals, Arrivals):
+        raise TypeError(f"arrivals must be Poisson, Gamma, OnOff or Replay (a process with a mean rate to set); "
+                        f"got {type(arrivals).__name__}")
+    return arrivals.at_rate(rate)
 
 
 def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n=None):
     """Raise what :func:`find_capacity` refuses in its own arguments (the
     simulation's are checked by :func:`mbbatch.simulation.plan`)."""
-    if isinstance(arrivals, (Saturated, PiecewisePoisson)):
+    if isinstance(arrivals, Arrivals) and arrivals.unassessed:
         raise TypeError(f"arrivals must have one mean rate to search (Poisson, Gamma, OnOff or Replay); got "
                         f"{type(arrivals).__name__}")
     with_rate(arrivals, 1.0)          # (refuses any other type)

@@ -176,7 +176,7 @@ def _simulate_parser(sub) -> None:
     """``mbbatch simulate``: one grid point from flags, each flag a parameter
     of the table, checked as a spec's would be."""
     from . import stats
-    from .metrics import KINDS
+    from .registry import KINDS
     from .params import PARAMS
     from .sweeps.spec import ARRIVALS, SPEC_PARAMS
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ._kernels.routing import ROUTERS as _ROUTERS
+
 __all__ = ["Domain", "Param", "PARAMS", "REQUIRED", "SYMBOLS", "MAX_DURATION", "default"]
 
 INF = math.inf
@@ -264,9 +266,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default=True),
     _p("LAPS.dynamic", "flag", "", "the router's dynamic allocation of instances to a short and a long group",
        default=True),
+    # (choices: "none" and the kinds that declare decode_stage, set by mbbatch.registry)
     _p("decode", "choice", "", "a sweep's LAPS decode stage: the token-level policy its decode servers run "
-       "(none: latency is the time to first token)", default="none",
-       choices=("none", "static", "dynamic", "multibin_dynamic")),
+       "(none: latency is the time to first token)", default="none"),
     _p("LAPS.decode_servers", "count", "servers", "decode servers behind the prefill instances (with a decode "
        "policy): each serves the decode policy's batches", _COUNT, default=1),
     # --- a cluster of engines behind a router (Autellix, seed 002) -------------------------
@@ -275,14 +277,15 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        Domain(1, 2 ** 20, lo_closed=True, hi_closed=True), default=4),
     _p("Cluster.router", "choice", "", "the router: Autellix's Algorithm 2 (small requests least-used, large "
        "ones to their program's engine), least-used (fewest active requests) or round-robin",
-       default="autellix", choices=("autellix", "least_used", "round_robin")),
+       default="autellix", choices=tuple(_ROUTERS)),
     _p("Cluster.threshold", "count", "tokens", "prefill tokens of the largest small request (Autellix: 2048 "
        "small, 2049 large)", _COUNT0, default=2048),
     _p("Cluster.kv_reuse", "flag", "", "a call on the engine holding its program's context prefills only its "
        "new tokens (else every call prefills its whole context)", default=True),
+    # (choices: the kinds that declare engine, set by mbbatch.registry)
     _p("engine_policy", "choice", "", "a sweep's cluster engines' batching: dynamic (the cluster's d_sla, b_max, "
-       "eta, ...), static, multi-bin dynamic or the paper's multi-bin batching (engine_batch_size, engine_bins)",
-       default="dynamic", choices=("dynamic", "static", "multibin_dynamic", "multibin")),
+       "eta, ...), or another engine kind, static, multi-bin dynamic or the paper's multi-bin batching "
+       "(engine_batch_size, engine_bins)", default="dynamic"),
     _p("Programs.calls", "count", "calls", "calls of a program (a multi-call session)", _COUNT, default=4),
     _p("Programs.think_time", "real", "s", "mean think time between two calls of a program (exponential)",
        _NONNEG, default=1.0),

@@ -19,6 +19,7 @@ results bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -26,25 +27,50 @@ from ._kernels import common as _common
 from ._validation import check_fields, check_real_array
 from .params import PARAMS
 
-__all__ = ["Oracle", "LogNormalError", "BinConfusion", "Predictions", "PREDICTORS", "as_predictor"]
+__all__ = ["Predictor", "Oracle", "LogNormalError", "BinConfusion", "Predictions", "PREDICTORS", "as_predictor"]
+
+_EMPTY = np.empty(0)
+_EMPTY.flags.writeable = False
 
 
-@dataclass(frozen=True)
-class Oracle:
-    """Bins by the true value."""
+class Predictor:
+    """What a predictor gives the kernels: its code (``common.PRED_*``), its
+    parameter, its given values (:class:`Predictions`) and whether it draws
+    on the prediction stream."""
 
-    code = _common.PRED_ORACLE
+    code: ClassVar[int] = _common.PRED_ORACLE
+    #: whether it draws from the prediction stream (stream 3)
+    draws: ClassVar[bool] = False
 
     @property
     def param(self) -> float:
         return 0.0
+
+    @property
+    def given(self) -> np.ndarray:
+        """The predictions given per request (empty: none)."""
+        return _EMPTY
+
+    def event_fields(self) -> dict:
+        """The event kernel's predictor fields: its code, its log-normal
+        error (0: none) and its bin confusion's probability (1: none)."""
+        return {"predictor": self.code,
+                "predictor_sigma": self.param if self.code == _common.PRED_LOGNORMAL else 0.0,
+                "predictor_p": self.param if self.code == _common.PRED_CONFUSION else 1.0}
+
+
+@dataclass(frozen=True)
+class Oracle(Predictor):
+    """Bins by the true value."""
+
+    code = _common.PRED_ORACLE
 
     def describe(self) -> dict:
         return {"predictor": "oracle"}
 
 
 @dataclass(frozen=True)
-class LogNormalError:
+class LogNormalError(Predictor):
     """Prediction = true value x exp(sigma Z), Z ~ N(0, 1): a multiplicative
     error whose log has standard deviation ``sigma`` (in [0, inf); 0 is the
     oracle)."""
@@ -52,6 +78,7 @@ class LogNormalError:
     sigma: float
 
     code = _common.PRED_LOGNORMAL
+    draws = True
 
     def __post_init__(self):
         check_fields(self, {"sigma": "LogNormalError.sigma"})
@@ -65,7 +92,7 @@ class LogNormalError:
 
 
 @dataclass(frozen=True)
-class BinConfusion:
+class BinConfusion(Predictor):
     """The true bin with probability ``p`` (in [0, 1]; 1 is the oracle),
     otherwise a neighbouring bin: either side with probability (1 - p) / 2
     where both exist, the one neighbour with probability 1 - p in the first
@@ -74,6 +101,7 @@ class BinConfusion:
     p: float
 
     code = _common.PRED_CONFUSION
+    draws = True
 
     def __post_init__(self):
         check_fields(self, {"p": "BinConfusion.p"})
@@ -87,7 +115,7 @@ class BinConfusion:
 
 
 @dataclass(frozen=True, eq=False)
-class Predictions:
+class Predictions(Predictor):
     """The user's predicted values, one per request in request order, in the
     units of the true values (non-negative, finite)."""
 
@@ -101,8 +129,8 @@ class Predictions:
         object.__setattr__(self, "values", v)
 
     @property
-    def param(self) -> float:
-        return 0.0
+    def given(self) -> np.ndarray:
+        return self.values
 
     def describe(self) -> dict:
         return {"predictor": "predictions", "n_predictions": int(self.values.size)}

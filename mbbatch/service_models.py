@@ -52,6 +52,9 @@ from .params import PARAMS, default
 __all__ = ["MaxModel", "LinearModel", "DecodeModel", "CalibratedModel", "PrefillModel", "SERVICE_MODELS", "UNCALIBRATED_TBT",
            "BatchTimes", "BatchAggregates", "batch_aggregates", "FitResult"]
 
+#: the kernel's code of CalibratedModel's feedback rules
+_FEEDBACK_CODES = {"calibrated": _d.MODEL_CALIBRATED, "uncalibrated": _d.MODEL_CALIBRATED_UNCALIBRATED,
+                   "legacy": _d.MODEL_CALIBRATED_LEGACY}
 #: ComputeDecodeTBT's value when the latency model is not calibrated, s/token
 #: (specification, lines 507-508: ``RETURN 0.00574  // Default 5.74ms``), as the kernel feeds it.
 UNCALIBRATED_TBT = _d.UNCALIBRATED_TBT
@@ -537,8 +540,13 @@ class MaxModel(_Fitted):
     def __post_init__(self):
         check_fields(self, {"base": "base", "per_token": "per_token"})
 
-    def vector(self):
-        return np.array([self.base, self.per_token, 0, 0, 0, 0, 0], dtype=np.float64)
+    def kernel_fields(self) -> dict:
+        """The event kernel's fields of the model (``_kernels.dynamic.MODEL``)."""
+        return dict(model=_d.MODEL_MAX, base=self.base, per_token=self.per_token)
+
+    def one_request(self, prompt: float, output: float) -> float:
+        """Service time of a batch of one request of these lengths, s."""
+        return self.base + self.per_token * output
 
     def _service(self, max_output, **_):
         return self.base + self.per_token * max_output
@@ -593,8 +601,13 @@ class LinearModel(_Fitted):
     def __post_init__(self):
         check_fields(self, {"base": "base", "alpha": "LinearModel.alpha", "beta": "LinearModel.beta"})
 
-    def vector(self):
-        return np.array([self.base, 0, self.alpha, self.beta, 0, 0, 0], dtype=np.float64)
+    def kernel_fields(self) -> dict:
+        """The event kernel's fields of the model (``_kernels.dynamic.MODEL``)."""
+        return dict(model=_d.MODEL_LINEAR, base=self.base, alpha=self.alpha, beta=self.beta)
+
+    def one_request(self, prompt: float, output: float) -> float:
+        """Service time of a batch of one request of these lengths, s."""
+        return self.base + self.alpha * (prompt + output)
 
     def _service(self, size, max_seq_len, **_):
         return self.base + self.alpha * max_seq_len * (1.0 + self.beta * (size - 1.0) / size)
@@ -655,8 +668,14 @@ class DecodeModel(_Fitted):
     def __post_init__(self):
         check_fields(self, {"beta": "DecodeModel.beta", "gamma": "gamma", "prefill_per_token": "prefill_per_token"})
 
-    def vector(self):
-        return np.array([0, 0, 0, 0, self.prefill_per_token, self.beta, self.gamma], dtype=np.float64)
+    def kernel_fields(self) -> dict:
+        """The event kernel's fields of the model (``_kernels.dynamic.MODEL``)."""
+        return dict(model=_d.MODEL_DECODE, prefill_per_token=self.prefill_per_token, tbt_beta=self.beta,
+                    tbt_gamma=self.gamma)
+
+    def one_request(self, prompt: float, output: float) -> float:
+        """Service time of a batch of one request of these lengths, s."""
+        return self.prefill_per_token * prompt + self.beta * output
 
     def _service(self, size, max_output, sum_prompt, **_):
         tbt = self.beta * _h(self.gamma, size)
@@ -765,10 +784,14 @@ class CalibratedModel(_Fitted):
         check_fields(self, {"alpha": "CalibratedModel.alpha", "beta": "CalibratedModel.beta", "gamma": "gamma",
                             "feedback": "CalibratedModel.feedback"})
 
-    def vector(self):
-        """The kernel's service-model floats (``base, per_token, alpha, beta,
-        prefill_per_token, tbt_beta, tbt_gamma``): ``alpha`` as ``base``."""
-        return np.array([self.alpha, 0, 0, 0, 0, self.beta, self.gamma], dtype=np.float64)
+    def kernel_fields(self) -> dict:
+        """The event kernel's fields of the model (``_kernels.dynamic.MODEL``):
+        ``alpha`` as ``base``, the feedback in the model's code."""
+        return dict(model=_FEEDBACK_CODES[self.feedback], base=self.alpha, tbt_beta=self.beta, tbt_gamma=self.gamma)
+
+    def one_request(self, prompt: float, output: float) -> float:
+        """Service time of a batch of one request of these lengths, s."""
+        return self.alpha + self.beta * (prompt + output)
 
     def decode_tbt(self, size):
         """ComputeDecodeTBT (lines 501-510) as this model provides it to
@@ -844,6 +867,10 @@ class PrefillModel(_Fitted):
 
     def __post_init__(self):
         check_fields(self, {"a": "PrefillModel.a", "b": "PrefillModel.b"})
+
+    def one_request(self, prompt: float, output: float) -> float:
+        """Time of a prefill batch of one request of ``prompt`` tokens, s."""
+        return self.a + self.b * prompt
 
     def _service(self, sum_prompt, **_):
         return self.a + self.b * sum_prompt

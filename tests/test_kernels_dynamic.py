@@ -1235,14 +1235,14 @@ def test_chunked_calls_are_numpys_bit_for_bit(seed, C, n, think, rate, chunk):
     test_open_loop_calls_are_numpys_bit_for_bit), bit for bit, for any
     chunk, with the scratch simulate gives it (for a chunk and the calls its
     programs' span may carry); program_span is numpy's longest span."""
-    from mbbatch import simulation
     from mbbatch._kernels import dynamic as d
+    from mbbatch.planners import cluster as planner
     start, gap, new, out = _program_draws(seed, C, n, think, rate)
     g = gap.reshape(-1, C).copy()
     g[:, 0] = 0.0
     assert d.program_span(gap, C) == np.cumsum(g, axis=1)[:, -1].max()
     *_, want = _numpy_calls(start, gap, new, out, C, n)
-    got = _chunked_calls(start, gap, new, out, C, n, *simulation._order_chunks(start, gap, C, chunk))
+    got = _chunked_calls(start, gap, new, out, C, n, *planner._order_chunks(start, gap, C, chunk))
     for w, x, name in zip(want, got, ("arrival", "prompt", "output", "program", "new_tokens", "session_end")):
         assert w.tobytes() == np.asarray(x, w.dtype).tobytes(), name
 

@@ -189,7 +189,7 @@ def test_decode_after_prefill_is_the_decode_policy_on_the_first_tokens():
                            service_model=mb.DecodeModel(prefill_per_token=0.0), servers=3, n=n, seed=1,
                            keep_requests=True)
         np.testing.assert_array_equal(res.decode.requests.completion, hand.requests.completion)
-        assert res.decode.kind == mb.policies.token_kind(decode)
+        assert res.decode.kind == decode.kind
         np.testing.assert_array_equal(r.completion[order], hand.requests.completion)
         np.testing.assert_array_equal(r.output, wl.output)
         assert np.all(r.completion > r.first_token)

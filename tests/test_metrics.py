@@ -3,7 +3,7 @@ sweep schema's simulated variables."""
 
 import pytest
 
-from mbbatch.metrics import EVERY, KINDS, METRICS, applicable, by_var, label
+from mbbatch.metrics import KINDS, METRICS, TAGS, applicable, by_var, label
 from mbbatch.sweeps import parse_spec
 from mbbatch.sweeps.schema import aggregates, rep_vars, variables
 
@@ -13,7 +13,7 @@ from .helpers import SMALL, TOKEN
 @pytest.mark.parametrize("name", sorted(METRICS))
 def test_every_metric_is_declared_whole(name):
     m = METRICS[name]
-    assert m.name == name and m.description and m.kinds and m.kinds <= EVERY
+    assert m.name == name and m.description and m.tag in TAGS and m.kinds and m.kinds <= set(KINDS)
     assert m.dtype in ("f8", "i8", "bool") and m.aggregate in ("", "mean", "ci")
     assert not m.aggregate or m.per_rep          # an aggregate is over the stored reps
     assert by_var(m.var) is m

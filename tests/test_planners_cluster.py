@@ -297,10 +297,10 @@ def test_programs_calls_sorted_in_the_kernel_or_by_numpy_alike(monkeypatch):
     """The calls' order from the kernel's bucket sort and from numpy's
     stable argsort (its fallback when the times are bunched) give the same
     run, bit for bit."""
-    from mbbatch import simulation
     from mbbatch._kernels import dynamic as d
+    from mbbatch.planners import cluster as planner
 
-    monkeypatch.setattr(simulation, "ORDER_CAP", 0)     # (the calls sorted all at once)
+    monkeypatch.setattr(planner, "ORDER_CAP", 0)     # (the calls sorted all at once)
     cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=3, think_time=0.5))
     fast = _run(cluster, 20.0, 2000, 4)
     calls = []
@@ -322,12 +322,12 @@ def test_chunked_order_equals_the_whole_sort(monkeypatch, think):
     """A run whose calls are put in order chunk by chunk gives what sorting
     them all at once gives (no room for chunks: ORDER_CAP 0), record for
     record, ties (think time 0) included."""
-    from mbbatch import simulation
+    from mbbatch.planners import cluster as planner
 
     cluster = mb.Cluster(engines=3, router="autellix", programs=mb.Programs(calls=4, think_time=think))
-    monkeypatch.setattr(simulation, "ORDER_CHUNK", 64)
+    monkeypatch.setattr(planner, "ORDER_CHUNK", 64)
     fast = _run(cluster, 20.0, 3000, 6)
-    monkeypatch.setattr(simulation, "ORDER_CAP", 0)
+    monkeypatch.setattr(planner, "ORDER_CAP", 0)
     slow = _run(cluster, 20.0, 3000, 6)
     for c in fast.requests.columns:
         np.testing.assert_array_equal(fast.requests[c], slow.requests[c], err_msg=c)

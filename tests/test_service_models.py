@@ -323,15 +323,54 @@ def test_calibrated_model_errors_name_the_parameter_and_its_domain():
         CalibratedModel(feedback=True)
 
 
-def test_existing_models_keep_their_codes_vectors_and_names():
+def test_existing_models_keep_their_codes_fields_and_names():
+    """Each model gives the event kernel its own fields (``_kernels.dynamic.MODEL``), the others 0."""
+    from mbbatch._kernels import dynamic as d
+
     assert [MaxModel.code, LinearModel.code, DecodeModel.code, CalibratedModel.code] == [0, 1, 2, 3]
-    assert MaxModel(0.5, 0.01).vector().tolist() == [0.5, 0.01, 0, 0, 0, 0, 0]
-    assert LinearModel(0.2, 1e-3, 0.5).vector().tolist() == [0.2, 0, 1e-3, 0.5, 0, 0, 0]
-    assert DecodeModel(5e-3, 0.3, 1e-4).vector().tolist() == [0, 0, 0, 0, 1e-4, 5e-3, 0.3]
-    assert CalibratedModel(0.02, 4e-3, 0.2).vector().tolist() == [0.02, 0, 0, 0, 0, 4e-3, 0.2]
+
+    def floats(model):
+        return d.MODEL.zeros(**model.kernel_fields())[1].tolist()
+
+    assert floats(MaxModel(0.5, 0.01)) == [0.5, 0.01, 0, 0, 0, 0, 0]
+    assert floats(LinearModel(0.2, 1e-3, 0.5)) == [0.2, 0, 1e-3, 0.5, 0, 0, 0]
+    assert floats(DecodeModel(5e-3, 0.3, 1e-4)) == [0, 0, 0, 0, 1e-4, 5e-3, 0.3]
+    assert floats(CalibratedModel(0.02, 4e-3, 0.2)) == [0.02, 0, 0, 0, 0, 4e-3, 0.2]
+    assert [d.MODEL.zeros(**CalibratedModel(feedback=f).kernel_fields())[0][0]
+            for f in ("calibrated", "uncalibrated", "legacy")] == [d.MODEL_CALIBRATED, d.MODEL_CALIBRATED_UNCALIBRATED,
+                                                                   d.MODEL_CALIBRATED_LEGACY]
     assert SERVICE_MODELS == {"prefill": PrefillModel, "max": MaxModel, "linear": LinearModel,
                               "decode": DecodeModel, "calibrated": CalibratedModel}
     assert set(sm.__all__) >= {"CalibratedModel", "FitResult", "BatchTimes", "batch_aggregates"}
+
+
+@given(data=st.data(), which=st.sampled_from(["max", "linear", "decode", "calibrated", "uncalibrated", "legacy"]))
+def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
+    """The formula of each model has one truth: its numpy ``times`` equals,
+    bit for bit, what the event kernel's ``_batch_service`` computes
+    (``_kernels.dynamic.batch_times``), on random batches and parameters."""
+    from mbbatch._kernels import dynamic as d
+
+    real = st.floats(1e-6, 1.0, allow_nan=False)
+    if which == "max":
+        model = MaxModel(base=data.draw(st.floats(0, 1.0)), per_token=data.draw(real))
+    elif which == "linear":
+        model = LinearModel(base=data.draw(st.floats(0, 1.0)), alpha=data.draw(real), beta=data.draw(real))
+    elif which == "decode":
+        model = DecodeModel(beta=data.draw(real), gamma=data.draw(real), prefill_per_token=data.draw(real))
+    else:
+        model = CalibratedModel(alpha=data.draw(st.floats(0, 1.0)), beta=data.draw(real), gamma=data.draw(real),
+                                feedback="calibrated" if which == "calibrated" else which)
+    m = data.draw(st.integers(1, 20))
+    size = np.array(data.draw(st.lists(st.integers(1, 512), min_size=m, max_size=m)), dtype=float)
+    max_out = np.array(data.draw(st.lists(st.integers(0, 4096), min_size=m, max_size=m)), dtype=float)
+    max_seq = max_out + np.array(data.draw(st.lists(st.integers(0, 8192), min_size=m, max_size=m)), dtype=float)
+    sum_prompt = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=m, max_size=m)), dtype=float)
+    out = np.empty((4, m))
+    d.batch_times(d.MODEL.zeros(**model.kernel_fields()), size, sum_prompt, max_out, max_seq, out)
+    t = model.times(size=size.astype(np.int64), max_seq_len=max_seq, max_output=max_out, sum_prompt=sum_prompt)
+    for k, name in enumerate(BatchTimes._fields):
+        assert np.asarray(getattr(t, name), dtype=float).tobytes() == out[k].tobytes(), name
 
 
 def test_docstring_examples():

@@ -159,14 +159,14 @@ def test_one_predictor_per_cell(tmp_path):
 def test_optimal_edges_are_a_sweep_choice_of_multibin():
     """edges = "optimal": eq. (2)'s minimising edges, so the closed-form batch
     service time is at most that of equal mass and of Lemma A.1."""
-    from mbbatch.sweeps.cells import _edges
+    from mbbatch.policies.multibin import spec_edges
 
     base = {"kind": "multibin", "batch_size": 200, "mu": 0.1, "bins": 4, "servers": 1, "max_wait": math.inf,
             "rate": 1.0}
     ets = {rule: point_theory("poisson", "expon", {**base, "edges": rule})["theory_mean_batch_service"]
            for rule in ("equal_mass", "lemma_a1", "optimal")}
     assert ets["optimal"] <= ets["lemma_a1"] <= ets["equal_mass"]
-    e = _edges({**base, "edges": "optimal"})
+    e = spec_edges({**base, "edges": "optimal"})
     assert e.shape == (5,) and e[0] == 0.0 and np.isinf(e[-1])
     text = SMALL.replace('[params]', '[params]\nedges = "optimal"')
     assert parse_spec(text, source="s.toml").params["edges"] == "optimal"

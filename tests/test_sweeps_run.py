@@ -581,7 +581,7 @@ def test_a_laps_sweep_stores_what_simulate_returns_for_each_cell(tmp_path):
 
 
 def test_laps_and_its_prefill_model_go_together(tmp_path):
-    with pytest.raises(SpecError, match=r"policy laps \(prefill instances\) takes service_model = \"prefill\""):
+    with pytest.raises(SpecError, match=r"policy laps takes service_model = \"prefill\""):
         load_spec(write(tmp_path, LAPS_SPEC.replace('arrivals = "poisson"', 'arrivals = "poisson"\n'
                                                     'service_model = "decode"')))
     with pytest.raises(SpecError, match=r"unknown key params.servers"):

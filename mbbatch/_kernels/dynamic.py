@@ -39,15 +39,12 @@ from .controller import (
     M, T, b_mem_core, b_sla_core, check_memory, controller_init, decode_tbt, equal_mass_edges, feedback_core,
     partition_tiled, partition_tiled_array,
 )
+from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_LONGEST_QUEUE,
+                        SEL_ROUND_ROBIN)
 from .layout import Arrays, Layout
+from .routing import ROUTE_AUTELLIX, ROUTE_NONE, ROUTE_ROUND_ROBIN
 
-# policies, Algorithm 5's bin selection rules, and the batch service models
-POL_STATIC = 0
-POL_DYNAMIC = 1
-POL_MB_DYNAMIC = 2
-POL_MULTIBIN = 3    # the multi-bin paper's batching (a cluster's engines): full batches of B, first formed first
-SEL_ROUND_ROBIN = 0
-SEL_LONGEST_QUEUE = 1
+# the batch service models
 MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
 MODEL_LINEAR = 1    # base + alpha * max_seq_len * (1 + beta (b-1)/b)
 MODEL_DECODE = 2    # prefill_per_token * sum prompt + TBT(b) * max output_len
@@ -219,13 +216,6 @@ CL = CLUSTER.index
 EN = ENGINES.index
 TB = TABLE.index
 
-#: the routers: none (one engine), round-robin over the registered engines,
-#: least-used (fewest active requests, ties to the lowest id), Autellix's
-#: Algorithm 2 (small requests least-used, large ones by the program table)
-ROUTE_NONE = 0
-ROUTE_ROUND_ROBIN = 1
-ROUTE_LEAST_USED = 2
-ROUTE_AUTELLIX = 3
 #: the programs of a cluster run without them
 NO_PROGRAMS = dict(program=np.empty(0, np.int64), new_tokens=np.empty(0), session_end=np.empty(0, np.int8))
 #: the closed loop's arrays of a run without it
@@ -707,10 +697,10 @@ def _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memor
     """Algorithm 3, steps 1-2: the target size ``(b_target, b_mem, b_SLA)``
     of queue b's batch (-1: not computed; its engine's bin ``lb``), from
     Algorithm 1 and Algorithm 2 (which moves the queue's interval)."""
-    if policy == POL_STATIC:
+    if policy == FORM_STATIC:
         return pin, -1, -1
     # (a per-bin limit only for the multi-bin policy)
-    limit = bin_b_max[lb] if policy == POL_MB_DYNAMIC else 0.0
+    limit = bin_b_max[lb] if policy == FORM_MULTIBIN_DYNAMIC else 0.0
     bm = b_mem_core(memory[M.eta], memory_variant, memory[M.z], memory[M.default_tokens], memory[M.b_min],
                     memory[M.b_max], st[b, T.avg_prompt], st[b, T.avg_output], st[b, T.count],
                     st[b, T.mean_tokens], st[b, T.m2_tokens], limit)
@@ -863,6 +853,23 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
     service = prefill + tbt * max_out
     # (a batch whose outputs are all under one token ends sooner)
     return service, tbt, tbt, min(prefill + tbt, service)
+
+
+@helper
+def batch_times(model, sizes, sum_prompt, max_out, max_seq, out):
+    """:func:`_batch_service` of batches, from Python: ``model`` a
+    :data:`MODEL` pair, one batch per entry of ``sizes`` (requests),
+    ``sum_prompt`` (tokens prefilled), ``max_out`` and ``max_seq`` (tokens);
+    ``out`` (4, batches) receives each batch's service time, fed-back decode
+    time, time per output token and time to first token (the numbers
+    :meth:`mbbatch.service_models.MaxModel.times` and its siblings state in
+    numpy, held equal by the tests)."""
+    code = model[0][O.model]
+    mf = model[1]
+    for j in range(sizes.shape[0]):
+        out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(
+            code, mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta], mf[O.prefill_per_token], mf[O.tbt_beta],
+            mf[O.tbt_gamma], sizes[j], sum_prompt[j], max_out[j], max_seq[j])
 
 
 @step
@@ -1058,7 +1065,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     for b in range(size.shape[0]):
         queued += size[b]
     # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen
-    binned = K == 1 or policy != POL_MB_DYNAMIC or i >= warmup
+    binned = K == 1 or policy != FORM_MULTIBIN_DYNAMIC or i >= warmup
     # the servers: (t_next, s_next) is the first completion
     in_service = 0
     n_free = 0
@@ -1131,7 +1138,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                             break
                     elif queued == 0:
                         break
-                    if policy == POL_MULTIBIN:
+                    if policy == FORM_MULTIBIN:
                         # a full batch, or none: requests wait for their bin to fill
                         lb = _full_bin(K, base, pin, size, head, q, qidx, mask)
                         if lb < 0:
@@ -1149,7 +1156,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     nb = nb if nb < target else target
                     h0 = head[b]
                     nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(
-                        q, b, h0, nb, mask, memory_on and policy != POL_STATIC and policy != POL_MULTIBIN, eta, kv)
+                        q, b, h0, nb, mask, memory_on and policy != FORM_STATIC and policy != FORM_MULTIBIN, eta, kv)
                     if nb == 0:
                         # the head request alone exceeds the capacity: it can never
                         # be served, so it leaves the queue as rejected
@@ -1318,9 +1325,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     eng[EN.active, e] -= nd
                 if eng[EN.registered, e] != 0:
                     eng[EN.free, e] += 1
-                if policy == POL_DYNAMIC or policy == POL_MB_DYNAMIC:
+                if policy == FORM_DYNAMIC or policy == FORM_MULTIBIN_DYNAMIC:
                     _complete(s_next, eng[EN.decoding, e], ema, ctl, st, servers_i, servers_f)
-            elif policy == POL_DYNAMIC or policy == POL_MB_DYNAMIC:
+            elif policy == FORM_DYNAMIC or policy == FORM_MULTIBIN_DYNAMIC:
                 _complete(s_next, in_service, ema, ctl, st, servers_i, servers_f)
             servers_i[SV.busy, s_next] = 0
             n_free += 1
@@ -1788,7 +1795,7 @@ def warmup() -> None:
         run=RUN.pack(n=n, arrival_kind=ARR_POISSON, prompt_kind=SVC_UNIFORM, output_kind=SVC_UNIFORM, integer=1,
                      keep_requests=1, keep_batches=1, rate=1.0, predictor_sigma=0.0, predictor=PRED_ORACLE,
                      predictor_p=1.0),
-        policy=POLICY.pack(policy=POL_MB_DYNAMIC, bins=2, pin=0, max_candidates=4, selection=SEL_ROUND_ROBIN,
+        policy=POLICY.pack(policy=FORM_MULTIBIN_DYNAMIC, bins=2, pin=0, max_candidates=4, selection=SEL_ROUND_ROBIN,
                            warmup=4, memory_on=1, servers=2),
         sla=SLA.pack(variant=0, d_sla=7.5e-3, eps_d=5e-5, b_min=1.0, b_max=4.0, alpha=4.0, delta=2.0,
                      ema=DEFAULT_EMA),

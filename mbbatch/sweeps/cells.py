@@ -20,13 +20,10 @@ import scipy.stats as st
 
 from .. import theory
 from .._running import interruptible, stop_flag
-from ..arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from ..metrics import METRICS
-from ..policies import (LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, Programs, Sessions,
-                        StaticBatching)
-from ..predictors import BinConfusion, LogNormalError
+from ..policies.multibin import spec_edges
+from ..registry import ARRIVALS, POLICIES, build
 from ..simulation import check_simulation, plan
-from ..controller import Memory, SLAController
 from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
 from ..workload import Workload
 from .schema import TIME_POINTS, rep_vars, time_series, variables
@@ -47,7 +44,7 @@ SEED_SCHEME = (
 
 #: the arrival processes with a steady state (a load step has none; saturated
 #: runs are not assessed)
-STEADY = ("poisson", "gamma", "onoff", "trace")
+STEADY = tuple(a for a, cls in ARRIVALS.items() if not cls.unassessed)
 
 
 @functools.lru_cache(maxsize=4)
@@ -115,51 +112,6 @@ def _frozen(name: str, loc: float, scale: float, *shapes):
     return getattr(st, name)(*shapes, loc=loc, scale=scale)
 
 
-def _edges(params: dict):
-    if params.get("edges") == "lemma_a1":
-        return theory.exponential_boundaries(params["batch_size"], params["mu"], params["bins"])
-    if params.get("edges") == "optimal":
-        # (the closed forms' cached calls pass mu = None for uniform service)
-        service = "expon" if params.get("mu") is not None else "uniform"
-        return _optimal_edges(service, params.get("l_min"), params.get("l_max"), params.get("mu"),
-                              params["batch_size"], params["bins"])
-    return None  # equal mass, computed by simulate
-
-
-@functools.lru_cache(maxsize=256)
-def _optimal_edges(service, l_min, l_max, mu, B, k):
-    """theory.optimal_boundaries for the paper's workload, once per process."""
-    params = {"l_min": l_min, "l_max": l_max, "mu": mu}
-    return np.asarray(theory.optimal_boundaries(_service_dist(service, params), B, k), dtype=float)
-
-
-def _arrivals(arrivals: str, params: dict):
-    if arrivals == "poisson":
-        return Poisson(rate=params["rate"])
-    if arrivals == "trace":
-        return Replay(trace_of(params), scale=params["scale"])
-    if arrivals == "gamma":
-        return Gamma(rate=params["rate"], cv=params["cv"])
-    if arrivals == "onoff":
-        return OnOff(rate_on=params["rate_on"], rate_off=params["rate_off"], mean_on=params["mean_on"],
-                     mean_off=params["mean_off"])
-    if arrivals == "step":
-        return PiecewisePoisson([params["rate"], params["rate_high"], params["rate"]],
-                                [params["t_up"], params["t_down"]])
-    return Saturated()
-
-
-def _predictor(params: dict):
-    """MultiBin's predictor: log-normal error ``predictor_sigma`` or bin
-    confusion ``predictor_p`` (one of them), else the oracle."""
-    sigma, p = params.get("predictor_sigma", 0.0), params.get("predictor_p", 1.0)
-    if sigma > 0 and p < 1:
-        raise ValueError(f"predictor_sigma = {sigma:g} and predictor_p = {p:g}: set one predictor, not both")
-    if sigma > 0:
-        return LogNormalError(sigma)
-    return BinConfusion(p) if p < 1 else None
-
-
 def service_model(name: str, params: dict):
     """The batch service model ``name`` of a cell with token-level requests,
     from its parameters (each the model's default unless the spec sets it)."""
@@ -176,113 +128,27 @@ def service_model(name: str, params: dict):
                            feedback=params["feedback"])
 
 
-def _decode_stage(params: dict) -> dict:
-    """LAPS's decode-stage arguments of a cell (none without ``decode``): the
-    token-level policy its ``decode_*`` settings make (eta tokens of KV
-    capacity, one GB a token as for the token policies' cells) and its
-    DecodeModel (no prefill: the KV cache comes with the request)."""
-    kind = params["decode"]
-    if kind == "none":
-        return {}
-    eta = params["decode_eta"]
-    if eta is None and kind != "static":
-        raise ValueError(f"decode = \"{kind}\" needs decode_eta (the decode servers' KV-cache tokens)")
-    if kind == "static" and params["decode_batch_size"] is None:
-        raise ValueError("decode = \"static\" needs decode_batch_size (requests per decode batch)")
-    mem_kw = {} if eta is None else dict(m_max_gb=eta + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
-    if kind == "static":
-        policy = StaticBatching(params["decode_batch_size"], sla=SLAController(d_sla=params["decode_d_sla"]),
-                                memory=Memory(enabled=False, **mem_kw))
-    else:
-        ctl = SLAController(d_sla=params["decode_d_sla"], b_max=params["decode_b_max"])
-        policy = (DynamicBatching(controller=ctl, memory=Memory(**mem_kw)) if kind == "dynamic" else
-                  MultiBinDynamic(bins=params["decode_bins"], controller=ctl, memory=Memory(**mem_kw)))
-    model = DecodeModel(beta=params["decode_model_beta"], gamma=params["decode_model_gamma"], prefill_per_token=0.0)
-    return {"decode": policy, "decode_servers": params["decode_servers"], "decode_model": model}
-
-
-def _engine_policy(params: dict, ctl, mem, mem_kw: dict):
-    """A cluster cell's engine batching (``engine_policy``): dynamic or
-    multi-bin dynamic with the cell's controller and memory, static with its
-    D_SLA (for the SLA metrics) and token capacity, or the paper's multi-bin
-    batching (``engine_batch_size``, ``engine_bins``)."""
-    kind = params["engine_policy"]
-    if kind in ("static", "multibin") and params["engine_batch_size"] is None:
-        raise ValueError(f"engine_policy = \"{kind}\" needs engine_batch_size (requests per batch)")
-    if kind == "dynamic":
-        return DynamicBatching(controller=ctl, memory=mem)
-    if kind == "multibin_dynamic":
-        return MultiBinDynamic(bins=params["engine_bins"], controller=ctl, memory=mem)
-    if kind == "static":
-        return StaticBatching(params["engine_batch_size"], sla=SLAController(d_sla=params["d_sla"],
-                                                                             eps_d=params["eps_d"]),
-                              memory=Memory(enabled=False, **mem_kw))
-    return MultiBin(bins=params["engine_bins"], batch_size=params["engine_batch_size"])
-
-
 def point_objects(arrivals: str, service: str, params: dict) -> tuple:
-    """The :func:`~mbbatch.simulate` arguments of one grid point: the policy,
-    the arrival process and the keyword arguments of the request side.
-    ``service`` is the spec's workload: ``uniform`` or ``expon`` (the paper's
-    service times), else the token-level service model's name."""
-    kind = params["kind"]
-    arr = _arrivals(arrivals, params)
+    """The :func:`~mbbatch.simulate` arguments of one grid point: the policy
+    (its kind's, :data:`mbbatch.registry.POLICIES`), the arrival process
+    (:data:`mbbatch.registry.ARRIVALS`) and the keyword arguments of the
+    request side.  ``service`` is the spec's workload: ``uniform`` or
+    ``expon`` (the paper's service times), else the token-level service
+    model's name."""
     trace = trace_of(params)
+    arr = ARRIVALS[arrivals].from_spec(params, trace)
     if service in ("uniform", "expon"):
         request_side = {"service": _service_dist(service, params)}
     elif trace is not None:
-        request_side = {"workload": Workload.from_trace(trace, resample=params["trace"]["resample"],
-                                                        predictor_sigma=params.get("predictor_sigma", 0.0)
-                                                        if kind == "multibin_dynamic" else 0.0),
+        request_side = {"workload": Workload.from_trace(trace, resample=params["trace"]["resample"]),
                         "service_model": service_model(service, params)}
     else:
         request_side = {"workload": Workload(prompt=_frozen("lognorm", 0.0, params["prompt_median"],
                                                             params["prompt_sigma"]),
                                              output=_frozen("lognorm", 0.0, params["output_median"],
-                                                            params["output_sigma"]),
-                                             predictor_sigma=params.get("predictor_sigma", 0.0)
-                                             if kind == "multibin_dynamic" else 0.0),
+                                                            params["output_sigma"])),
                         "service_model": service_model(service, params)}
-    if kind == "multibin":
-        pol = MultiBin(bins=params["bins"], batch_size=params["batch_size"], edges=_edges(params),
-                       max_wait=params["max_wait"], predictor=_predictor(params))
-        return pol, arr, request_side
-    if kind == "laps":
-        pol = LAPS(instances=params["instances"], threshold=params["laps_threshold"], window=params["window"],
-                   max_batch=params["max_batch"], max_batch_tokens=params["max_batch_tokens"],
-                   dual_queue=params["dual_queue"], dynamic=params["dynamic"], interval=params["interval"],
-                   ratio=params["ratio"], long_instances=params["long_instances"], **_decode_stage(params))
-        return pol, arr, request_side
-    # eta tokens of capacity: 1 GB per token keeps the units plain
-    mem_kw = dict(m_max_gb=params["eta"] + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
-    if kind == "static":
-        sla = SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"])
-        return StaticBatching(params["batch_size"], sla=sla, memory=Memory(enabled=False, **mem_kw)), arr, \
-            request_side
-    mem = Memory(variant="l0" if params["memory"] == "off" else params["memory"], eps_m=params["eps_m"],
-                 enabled=params["memory"] != "off", **mem_kw)
-    ctl = SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"], b_min=params["b_min"],
-                        b_max=params["b_max"], variant=params["controller"])
-    if kind == "dynamic":
-        return DynamicBatching(controller=ctl, memory=mem), arr, request_side
-    if kind == "cluster":
-        if params["programs"] == "sessions":
-            programs = Sessions(trace, context=params["session_context"])
-        elif params["programs"] == "synthetic":
-            programs = Programs(calls=params["calls"], think_time=params["think_time"], closed=params["closed_loop"])
-        else:
-            programs = None
-        return (Cluster(_engine_policy(params, ctl, mem, mem_kw), engines=params["engines"],
-                        router=params["router"], threshold=params["route_threshold"], kv_reuse=params["kv_reuse"],
-                        programs=programs), arr, request_side)
-    p = params.get("predictor_p", 1.0)
-    if p < 1 and params.get("predictor_sigma", 0.0) > 0:
-        raise ValueError(f"predictor_sigma = {params['predictor_sigma']:g} and predictor_p = {p:g}: set one "
-                         "predictor, not both")
-    return (MultiBinDynamic(bins=params["bins"], controller=ctl, memory=mem, selection=params["selection"],
-                            warmup=params["warmup"], predictor=BinConfusion(p) if p < 1 else None,
-                            bin_edges=params["bin_edges"]), arr,
-            request_side)
+    return build(params["kind"], params, trace), arr, request_side
 
 
 def check_points(spec) -> None:
@@ -426,19 +292,20 @@ def _mean_batch_service(service, l_min, l_max, mu, edges_rule, B, k) -> float:
     if service == "uniform" and edges_rule == "equal_mass":
         return theory.service_time(B, l_min, l_max, k)                          # Theorem 4.2
     dist = _service_dist(service, params)
-    edges = _edges(params)
+    edges = spec_edges(params)
     if edges is None:
         edges = dist.ppf(np.linspace(0.0, 1.0, k + 1))
     return theory.batch_service_time(dist, edges, B)
 
 
 def _mean_rate(arrivals: str, params: dict):
-    """The long-run arrival rate of a process with a steady state, else None."""
-    if arrivals in ("poisson", "gamma"):
-        return params.get("rate")            # (None in a capacity search, which sets it)
-    if arrivals == "onoff":
-        return OnOff(params["rate_on"], params["rate_off"], params["mean_on"], params["mean_off"]).rate
-    return None
+    """The long-run arrival rate of a process with a steady state and a rate
+    set by its parameters, else None (a capacity search sets it; a trace's
+    is its own)."""
+    cls = ARRIVALS[arrivals]
+    if cls.unassessed or arrivals == "trace" or any(params.get(k) is None for k in cls.spec_keys):
+        return None
+    return cls.from_spec(params).rate
 
 
 def _trace_theory(arrivals: str, params: dict) -> dict:
@@ -473,9 +340,10 @@ def point_theory(arrivals: str, service: str, params: dict) -> dict:
     The multi-bin closed forms assume the paper's workload and batches of
     exactly B: with a finite ``max_wait`` they are left NaN, and the token
     policies have none."""
-    if params["kind"] == "multibin" and params.get("trace", {}).get("resample") and service == "max":
+    paper = POLICIES[params["kind"]].paper
+    if paper and params.get("trace", {}).get("resample") and service == "max":
         return _trace_theory(arrivals, params)
-    if params["kind"] != "multibin" or service not in ("uniform", "expon"):
+    if not paper or service not in ("uniform", "expon"):
         return {"unstable": False}
     if params["max_wait"] < math.inf:
         nan = math.nan

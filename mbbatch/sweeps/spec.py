@@ -69,9 +69,12 @@ else:  # pragma: no cover
 
 from .._validation import check
 from ..capacity import OBJECTIVE_METRICS, SEARCH_DOMAINS
-from ..metrics import CONTROLLED, KINDS, METRICS, TOKEN
+from ..metrics import METRICS
+from ..arrivals import Arrivals
 from ..params import PARAMS as TABLE
 from ..params import REQUIRED
+from ..registry import ARRIVALS as _ARRIVAL_CLASSES
+from ..registry import KINDS, POLICIES
 
 __all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "ARRIVALS",
            "load_spec", "parse_spec", "spec_from_dict"]
@@ -85,17 +88,21 @@ class TraceNotFound(SpecError):
     """A spec's [workload] trace file is not where the spec looks for it."""
 
 
-# the settings a parameter applies under: a policy kind, an arrival process,
-# a workload form ("uniform" or "expon" service; "tokens" for prompt/output lengths)
-_MB = frozenset({"multibin"})
-# (a cluster's engines run dynamic batching: its settings apply)
-_CL = frozenset({"cluster"})
-_TOK = TOKEN | _CL
-_DYN = CONTROLLED | _CL
-_MBD = frozenset({"multibin_dynamic"})
-_LAPS = frozenset({"laps"})
 _ALL = frozenset(KINDS)
-_SINGLE = _ALL - _LAPS
+
+
+def _kinds_of(name: str) -> frozenset:
+    """The kinds a spec key applies to: those that declare it among their
+    settings; every kind for a key no policy declares (the arrivals, the
+    workload, the service model, n)."""
+    declaring = frozenset(k for k, cls in POLICIES.items() if name in cls.settings)
+    return declaring or _ALL
+
+
+def _arrivals_of(name: str) -> frozenset:
+    """The arrival processes a spec key builds (empty: the key is not an
+    arrival process's)."""
+    return frozenset(a for a, cls in _ARRIVAL_CLASSES.items() if name in cls.spec_keys)
 
 
 @dataclass(frozen=True)
@@ -147,9 +154,11 @@ class SpecParam:
             raise SpecError(f"{where}: {exc}{hint}") from None
 
 
-def _sp(name, kinds=_ALL, *, arrivals=(), workload=(), required=True, key="", models=(), capacity_only=False):
-    return SpecParam(name, frozenset(kinds), frozenset(arrivals), frozenset(workload), required, key,
-                     frozenset(models), capacity_only)
+def _sp(name, kinds=None, *, workload=(), required=True, key="", models=(), capacity_only=False):
+    """A spec key; its kinds (unless given) and arrival processes are those
+    that declare it (:data:`mbbatch.registry.POLICIES`, :data:`mbbatch.registry.ARRIVALS`)."""
+    return SpecParam(name, frozenset(kinds) if kinds is not None else _kinds_of(name), _arrivals_of(name),
+                     frozenset(workload), required, key, frozenset(models), capacity_only)
 
 
 # token-level requests (log-normal lengths or a trace's) under a batch service model
@@ -159,20 +168,20 @@ _REQ = ("tokens", "trace")
 #: Every parameter a sweep can set or sweep over, by name.  The names are the
 #: Dataset dimensions and the keys of [params], [grid] and [policies.NAME].
 SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
-    _sp("bins", _MB | _MBD),
-    _sp("batch_size", _MB | {"static"}),
-    _sp("edges", _MB, required=False),
-    _sp("max_wait", _MB, required=False),
-    _sp("rate", arrivals=("poisson", "step", "gamma")),
-    _sp("scale", arrivals=("trace",), required=False, key="Replay.scale"),
-    _sp("cv", arrivals=("gamma",)),
-    _sp("rate_on", arrivals=("onoff",)),
-    _sp("rate_off", arrivals=("onoff",), required=False),
-    _sp("mean_on", arrivals=("onoff",)),
-    _sp("mean_off", arrivals=("onoff",)),
-    _sp("rate_high", arrivals=("step",)),
-    _sp("t_up", arrivals=("step",)),
-    _sp("t_down", arrivals=("step",)),
+    _sp("bins"),
+    _sp("batch_size"),
+    _sp("edges", required=False),
+    _sp("max_wait", required=False),
+    _sp("rate"),
+    _sp("scale", required=False, key="Replay.scale"),
+    _sp("cv"),
+    _sp("rate_on"),
+    _sp("rate_off", required=False),
+    _sp("mean_on"),
+    _sp("mean_off"),
+    _sp("rate_high"),
+    _sp("t_up"),
+    _sp("t_down"),
     _sp("l_min", workload=("uniform",)),
     _sp("l_max", workload=("uniform",)),
     _sp("mu", workload=("expon",)),
@@ -196,58 +205,58 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("output_median", workload=("tokens",)),
     _sp("output_sigma", workload=("tokens",)),
     # the predictor: not a workload parameter (cells that differ only in it see the same requests)
-    _sp("predictor_sigma", _MB | _MBD, required=False),
-    _sp("predictor_p", _MB | _MBD, required=False),
-    _sp("d_sla", _TOK),
-    _sp("eps_d", _TOK, required=False),
-    _sp("b_min", _DYN, required=False),
-    _sp("b_max", _DYN),
-    _sp("controller", _DYN, required=False),
-    _sp("memory", _DYN, required=False),
-    _sp("eta", _TOK),
-    _sp("eps_m", _DYN, required=False),
-    _sp("selection", _MBD, required=False),
-    _sp("bin_edges", _MBD, required=False),
-    _sp("warmup", _MBD, required=False),
+    _sp("predictor_sigma", required=False),
+    _sp("predictor_p", required=False),
+    _sp("d_sla"),
+    _sp("eps_d", required=False),
+    _sp("b_min", required=False),
+    _sp("b_max"),
+    _sp("controller", required=False),
+    _sp("memory", required=False),
+    _sp("eta"),
+    _sp("eps_m", required=False),
+    _sp("selection", required=False),
+    _sp("bin_edges", required=False),
+    _sp("warmup", required=False),
     # LAPS: its instances and router, and its prefill model
-    _sp("instances", _LAPS, required=False, key="LAPS.instances"),
-    _sp("laps_threshold", _LAPS, required=False, key="LAPS.threshold"),
-    _sp("window", _LAPS, required=False, key="LAPS.window"),
-    _sp("max_batch", _LAPS, required=False, key="LAPS.max_batch"),
-    _sp("max_batch_tokens", _LAPS, required=False, key="LAPS.max_batch_tokens"),
-    _sp("dual_queue", _LAPS, required=False, key="LAPS.dual_queue"),
-    _sp("dynamic", _LAPS, required=False, key="LAPS.dynamic"),
-    _sp("interval", _LAPS, required=False, key="LAPS.interval"),
-    _sp("ratio", _LAPS, required=False, key="LAPS.ratio"),
-    _sp("long_instances", _LAPS, required=False, key="LAPS.long_instances"),
+    _sp("instances", required=False, key="LAPS.instances"),
+    _sp("laps_threshold", required=False, key="LAPS.threshold"),
+    _sp("window", required=False, key="LAPS.window"),
+    _sp("max_batch", required=False, key="LAPS.max_batch"),
+    _sp("max_batch_tokens", required=False, key="LAPS.max_batch_tokens"),
+    _sp("dual_queue", required=False, key="LAPS.dual_queue"),
+    _sp("dynamic", required=False, key="LAPS.dynamic"),
+    _sp("interval", required=False, key="LAPS.interval"),
+    _sp("ratio", required=False, key="LAPS.ratio"),
+    _sp("long_instances", required=False, key="LAPS.long_instances"),
     # LAPS's decode stage: its policy and servers, the policy's settings (the
     # token policies' table entries) and its DecodeModel's
-    _sp("decode", _LAPS, required=False),
-    _sp("decode_servers", _LAPS, required=False, key="LAPS.decode_servers"),
-    _sp("decode_batch_size", _LAPS, required=False, key="batch_size"),
-    _sp("decode_bins", _LAPS, required=False, key="MultiBinDynamic.bins"),
-    _sp("decode_d_sla", _LAPS, required=False, key="d_sla"),
-    _sp("decode_b_max", _LAPS, required=False, key="b_max"),
-    _sp("decode_eta", _LAPS, required=False, key="eta"),
-    _sp("decode_model_beta", _LAPS, required=False, key="DecodeModel.beta"),
-    _sp("decode_model_gamma", _LAPS, required=False, key="gamma"),
-    _sp("prefill_a", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.a"),
-    _sp("prefill_b", _LAPS, workload=_REQ, models=("prefill",), required=False, key="PrefillModel.b"),
+    _sp("decode", required=False),
+    _sp("decode_servers", required=False, key="LAPS.decode_servers"),
+    _sp("decode_batch_size", required=False, key="batch_size"),
+    _sp("decode_bins", required=False, key="MultiBinDynamic.bins"),
+    _sp("decode_d_sla", required=False, key="d_sla"),
+    _sp("decode_b_max", required=False, key="b_max"),
+    _sp("decode_eta", required=False, key="eta"),
+    _sp("decode_model_beta", required=False, key="DecodeModel.beta"),
+    _sp("decode_model_gamma", required=False, key="gamma"),
+    _sp("prefill_a", workload=_REQ, models=("prefill",), required=False, key="PrefillModel.a"),
+    _sp("prefill_b", workload=_REQ, models=("prefill",), required=False, key="PrefillModel.b"),
     # a cluster of engines behind a router, and its programs (multi-call sessions)
-    _sp("engines", _CL, required=False, key="Cluster.engines"),
-    _sp("engine_policy", _CL, required=False),
-    _sp("engine_batch_size", _CL, required=False, key="batch_size"),
-    _sp("engine_bins", _CL, required=False, key="MultiBinDynamic.bins"),
-    _sp("router", _CL, required=False, key="Cluster.router"),
-    _sp("route_threshold", _CL, required=False, key="Cluster.threshold"),
-    _sp("kv_reuse", _CL, required=False, key="Cluster.kv_reuse"),
-    _sp("programs", _CL, required=False),
-    _sp("calls", _CL, required=False, key="Programs.calls"),
-    _sp("think_time", _CL, required=False, key="Programs.think_time"),
-    _sp("closed_loop", _CL, required=False, key="Programs.closed"),
-    _sp("session_context", _CL, required=False, key="Sessions.context"),
+    _sp("engines", required=False, key="Cluster.engines"),
+    _sp("engine_policy", required=False),
+    _sp("engine_batch_size", required=False, key="batch_size"),
+    _sp("engine_bins", required=False, key="MultiBinDynamic.bins"),
+    _sp("router", required=False, key="Cluster.router"),
+    _sp("route_threshold", required=False, key="Cluster.threshold"),
+    _sp("kv_reuse", required=False, key="Cluster.kv_reuse"),
+    _sp("programs", required=False),
+    _sp("calls", required=False, key="Programs.calls"),
+    _sp("think_time", required=False, key="Programs.think_time"),
+    _sp("closed_loop", required=False, key="Programs.closed"),
+    _sp("session_context", required=False, key="Sessions.context"),
     _sp("n"),
-    _sp("servers", _SINGLE, required=False),
+    _sp("servers", required=False),
     # a capacity search's objective: upper bounds on metrics of the policies they apply to
     *[_sp(f"objective_{m}", METRICS[m].kinds, required=False, capacity_only=True) for m in OBJECTIVE_METRICS],
 ]}
@@ -299,10 +308,10 @@ CAPACITY_KEYS = {
     "max_reps": (24, "[3, inf), an integer", lambda v: isinstance(v, int) and v >= 3),
     "throughput_tol": _search_key("throughput_tol", 0.05),
 }
-#: arrival processes a capacity search can set the rate of
-CAPACITY_ARRIVALS = ("poisson", "gamma", "onoff", "trace")
 #: the arrival processes a spec names
-ARRIVALS = ("poisson", "gamma", "onoff", "saturated", "step", "trace")
+ARRIVALS = tuple(_ARRIVAL_CLASSES)
+#: arrival processes a capacity search can set the rate of (those with a mean rate to set)
+CAPACITY_ARRIVALS = tuple(a for a, cls in _ARRIVAL_CLASSES.items() if cls.at_rate is not Arrivals.at_rate)
 #: where a missing trace file can be downloaded, by format
 TRACE_SOURCES = {"azure": "https://github.com/Azure/AzurePublicDataset (data/AzureLLMInferenceTrace_*.csv)",
                  "burstgpt": "https://github.com/HPMLL/BurstGPT (the releases' BurstGPT_*.csv)"}
@@ -563,24 +572,22 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
         workload = "trace"
         model = _choice(raw, "service_model", TABLE["service_model"].choices, source) \
             if "service_model" in raw else "max"
-        if "multibin" in kinds and model != "max":
-            raise SpecError(f"{source}: policy multibin takes service_model = \"max\"; got {model!r}")
     elif "service" in raw:
         workload = _choice(raw, "service", _SERVICES, source)
         model = "max"
-        if kinds & TOKEN:
-            raise SpecError(f"{source}: service = {workload!r} is for policy multibin; token-level policies "
-                            f"({', '.join(sorted(kinds & TOKEN))}) take service_model and prompt_/output_ "
-                            "parameters")
+        tokens = [k for k in KINDS if k in kinds and not POLICIES[k].paper]
+        if tokens:
+            paper = [k for k in KINDS if POLICIES[k].paper]
+            raise SpecError(f"{source}: service = {workload!r} is for the paper's model (policy "
+                            f"{' or '.join(paper)}); policies {', '.join(tokens)} take service_model and "
+                            "prompt_/output_ parameters")
     else:
         workload = "tokens"
-        model = raw.get("service_model", "prefill" if kinds == {"laps"} else "decode")
+        # the kinds' default model (a paper's policy has none for token-level requests)
+        defaults = {POLICIES[k].models[0] for k in kinds if not POLICIES[k].paper}
+        model = defaults.pop() if len(defaults) == 1 else "decode"
         if "service_model" in raw:
             model = _choice(raw, "service_model", TABLE["service_model"].choices, source)
-        if "multibin" in kinds and model != "max":
-            raise SpecError(f"{source}: policy multibin takes service = \"uniform\" or \"expon\" (the paper's "
-                            "workload), or token-level requests with service_model = \"max\"; "
-                            f"got service_model = {model!r}")
 
     if capacity is not None:
         for nm in SEARCHED:
@@ -590,10 +597,13 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                 raise SpecError(f"{source}: {where[0]}.{nm}: a capacity search sets the arrival rate; remove "
                                 f"{nm} (the arrival process keeps its other parameters, its shape)")
 
-    if ("laps" in kinds) != (model == "prefill") or ("laps" in kinds and len(kinds) > 1):
-        raise SpecError(f"{source}: policy laps (prefill instances) takes service_model = \"prefill\" and the "
-                        f"prefill model takes policy laps; a spec runs one or the other; got policies "
-                        f"{sorted(kinds)} with service_model = {model!r}")
+    for k in KINDS:
+        if k in kinds and model not in POLICIES[k].models:
+            paper = (" (or service = \"uniform\" or \"expon\": the paper's workload)"
+                     if POLICIES[k].paper and workload == "tokens" else "")
+            raise SpecError(f"{source}: policy {k} takes service_model = "
+                            f"{' or '.join(f'{chr(34)}{m}{chr(34)}' for m in POLICIES[k].models)}{paper}; got "
+                            f"policies {sorted(kinds)} with service_model = {model!r}")
 
     # --- which keys apply, and to which variants
     def applies_to(nm):

@@ -1,0 +1,287 @@
+"""The planner of a cluster of engines behind a router (Autellix: Luo et al.,
+2025, arXiv:2502.13965): the event kernel's plan (:mod:`.tokens`) for the
+engines' policy, with the cluster's part: its router and engine events, and
+its programs' calls (drawn before the run, or, in a closed loop, in the
+kernel)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .._kernels import common as _common
+from .._kernels import controller as _c
+from .._kernels import dynamic as _d
+from .._kernels.routing import ROUTERS
+from .._running import check_memory
+from ..policies.cluster import Programs, Sessions
+from . import tokens
+from .common import exponentials, lengths, quantiles, readonly
+
+__all__ = ["Plan", "Part", "check", "ORDER_CHUNK", "ORDER_CAP"]
+
+#: a cluster's plan: the event kernel's, with the cluster's :class:`Part`
+Plan = tokens.Plan
+
+
+@dataclass(frozen=True, eq=False)
+class Part:
+    """The cluster's part of a token plan (:attr:`.tokens.Plan.cluster`)."""
+
+    policy: object
+
+    @property
+    def draws_calls(self) -> bool:
+        """Whether each run draws its programs' calls (synthetic programs):
+        the kernel replays them."""
+        return isinstance(self.policy.programs, Programs)
+
+    def prepare(self, plan, inputs, streams) -> tuple:
+        """A run's inputs with its programs' calls, the kernel's cluster
+        arguments ``(config, programs, events)`` and the programs' arrays
+        (None without programs)."""
+        cluster, workload, n = self.policy, plan.workload, plan.n
+        programs = cluster.programs
+        arrays = _d.NO_PROGRAMS
+        if programs is None:
+            from .common import drawn
+
+            inputs = drawn(inputs, _d.INPUTS, "output_values", workload._output, streams.output, n)
+            inputs = drawn(inputs, _d.INPUTS, "prompt_values", workload._prompt, streams.prompt, n)
+        else:
+            if isinstance(programs, Sessions):
+                calls, arrays = _session_calls(programs, workload, n)
+            elif programs.closed:
+                calls, arrays = _closed_loop_calls(cluster, plan.arrivals, workload, n, streams)
+            else:
+                calls, arrays = _program_calls(cluster, plan.arrivals, workload, n, streams)
+            inputs = inputs._replace(**{k: readonly(v) for k, v in calls.items()})
+        config, events = _pack(cluster, n)
+        return inputs, (config, arrays, events), (arrays if programs is not None else None)
+
+    def metrics(self, out, st: dict, ttft_latency) -> dict:
+        """The cluster's routing metrics (those of the tag ``router``)."""
+        nan = math.nan
+        routes = st["routes"]
+        q = quantiles(out.hist_ttft, ttft_latency)
+        return {
+            "ttft_p50": float(q[0]), "ttft_p95": float(q[1]), "ttft_p99": float(q[2]),
+            "large_share": st["large"] / routes if routes else nan,
+            "locality_hit_rate": st["kv_hits"] / st["followups"] if st["followups"] else nan,
+            "kv_recomputed_tokens": st["kv_recomputed"] / routes if routes else nan,
+            "load_imbalance": st["sum_active_max"] / st["sum_active_mean"] if st["sum_active_mean"] > 0 else nan,
+            "rerouted": st["rerouted"],
+        }
+
+    def arrays(self, out, servers: int, span: float, positive_span: bool) -> dict:
+        """The engines' completed requests and utilization."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {"engine_completed": out.engine_completed,
+                    "engine_utilization": out.engine_busy / (servers * span) if positive_span
+                    else np.full(self.policy.engines, math.nan)}
+
+
+def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
+          keep_batches) -> tokens.Plan:
+    """The checked plan of a ``simulate`` call of a :class:`~mbbatch.Cluster`."""
+    if isinstance(cluster.programs, Programs) and arrivals.spec not in ("poisson", "saturated"):
+        raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
+                        f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
+    engine = cluster.policy.engine_form()
+    plan = tokens.check(engine, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
+    if isinstance(cluster.programs, Sessions):
+        _check_sessions(cluster.programs, plan.workload)
+    if cluster.programs is not None and cluster.programs.closed and plan.predictor.code == _common.PRED_LOGNORMAL:
+        raise ValueError("closed-loop programs take the oracle, bin confusion or given predictions; got "
+                         f"{plan.predictor} (each call's prediction is made as it arrives, which a log-normal "
+                         "error's draws in arrival order cannot follow)")
+    E, n = cluster.engines, plan.n
+    K = plan.event.bins
+    per_bin = _d.SLOT_BYTES * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size)
+    parts = {"engines": ((E - 1) * (K * per_bin + 80 * min(plan.servers, n)), "the other engines' queues and servers")}
+    if cluster.programs is not None:
+        parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")
+    return replace(plan, cluster=Part(cluster), memory=plan.memory + check_memory(parts))
+
+
+def _check_sessions(sessions: Sessions, workload) -> None:
+    """A trace's sessions need the trace's own lengths, in its order."""
+    for name, spec in (("prompt", workload._prompt), ("output", workload._output)):
+        if spec.kind != _common.SVC_REPLAY or spec.values.size != sessions.ids.size:
+            raise ValueError(f"programs=Sessions(...) needs the workload's {name} lengths replayed from the same "
+                             f"trace, one per session id ({sessions.ids.size}): Workload.from_trace(trace); got "
+                             f"{spec.description}")
+
+
+def _pack(cluster, n: int) -> tuple:
+    """The kernel's cluster configuration and engine events."""
+    programs = cluster.programs
+    closed = programs is not None and programs.closed
+    config = _d.CLUSTER.pack(engines=cluster.engines, router=ROUTERS[cluster.router], threshold=cluster.threshold,
+                             programs=programs.table_size(n) if programs is not None else 0,
+                             kv_reuse=bool(cluster.kv_reuse and programs is not None),
+                             calls=programs.calls if closed else 0)
+    ev = cluster.events
+    events = dict(event_time=np.array([e.time for e in ev], float),
+                  event_engine=np.array([e.engine for e in ev], np.int64),
+                  event_add=np.array([e.action == "add" for e in ev], np.int8))
+    return config, events
+
+
+def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
+    """The draws of a cluster's ``P = ceil(n / calls)`` programs: ``(start,
+    gap, new, out)``, the programs' starts (a Poisson process at ``rate /
+    calls`` on the arrival stream; all 0 when saturated), then, by call id
+    (call c of program p: p calls + c), the calls' gaps (think times,
+    exponential, next on the arrival stream; 0 when saturated; a first
+    call's is not used), new tokens (prompt stream) and outputs (output
+    stream)."""
+    C, think = cluster.programs.calls, cluster.programs.think_time
+    P = -(-n // C)
+    if arrivals.clock(n) is None:           # (saturated: every program at 0)
+        start, gap = np.zeros(P), np.zeros(P * C)
+    else:
+        start = exponentials(streams.arrival, C / arrivals.rate, P)
+        np.cumsum(start, out=start)
+        gap = exponentials(streams.arrival, think, P * C) if think > 0 else np.zeros(P * C)
+    integer = bool(workload.integer_lengths)
+    return (start, gap, lengths(workload._prompt, streams.prompt, P * C, integer),
+            lengths(workload._output, streams.output, P * C, integer))
+
+
+#: calls a chunk of :func:`~mbbatch._kernels.dynamic.order_calls` reads at
+#: least (its programs' calls), and the most calls its scratch may hold with
+#: those carried (about 140 bytes each: 37 MB); beyond that (programs far
+#: longer than the spacing of their starts), the calls are sorted all at once
+ORDER_CHUNK = 4096
+ORDER_CAP = 1 << 18
+
+
+def _order_chunks(start, gap, C: int, chunk: int | None = None):
+    """``(chunk, cap, top)`` for :func:`~mbbatch._kernels.dynamic.order_calls`:
+    programs a chunk (``chunk``, by default :data:`ORDER_CHUNK` calls'
+    worth, or more), calls its scratch holds (a chunk's and those carried
+    into it) and a time at least every call's (the last start plus the
+    longest span), or None when the scratch passes :data:`ORDER_CAP`.  At a
+    chunk's first start s, only programs that started after s - span (the
+    longest program span) have calls still to come (the window widened by
+    1e-9 of the last start, far more than the times' rounding).  A chunk is
+    at least as long as the programs it may carry, so that a call is
+    carried about once at most."""
+    span = _d.program_span(gap, C)
+    width = span + 1e-9 * abs(float(start[-1]))
+    chunk = max(1, ORDER_CHUNK // C) if chunk is None else chunk
+    while True:
+        ends = np.arange(chunk, start.size, chunk)
+        carried = int(np.max(ends - np.searchsorted(start, start[ends] - width), initial=0))
+        if carried <= chunk:
+            break
+        chunk = max(carried, 2 * chunk)     # (at least doubled: a few rounds at most)
+    cap = (chunk + carried + 1) * C
+    return (chunk, cap, start[-1] + span) if cap <= ORDER_CAP else None
+
+
+def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
+    """The first ``n`` calls of open-loop programs (:func:`_program_draws`),
+    in arrival order: the kernel's inputs (their times: call c of a program
+    at its start plus its gaps 1 .. c; prompts: the program's context so
+    far plus the call's new tokens; outputs) and the programs' arrays (each
+    call's program, new tokens and 1 on its program's last call).  The
+    calls arrive by time, then id (a stable sort: chunk by chunk, or all at
+    once when programs are far longer than the spacing of their starts);
+    saturated, all at time 0, every program's first call first, then their
+    second calls, and so on."""
+    C = cluster.programs.calls
+    start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
+    N = new.size
+    # (in place: the times overwrite the gaps, the calls' arrays their draws,
+    # and `order` holds each call's program)
+    saturated = arrivals.clock(n) is None
+    times, ctx = gap, np.empty(N)
+    order = np.arange(N).reshape(-1, C).T.ravel() if saturated else np.empty(N, np.int64)
+    session_end = np.empty(n, np.int8)
+    chunks = None if saturated else _order_chunks(start, gap, C)
+    if chunks is not None:
+        chunk, cap, top = chunks
+        # (a program's last call kept is tracked only when calls are left out)
+        last = np.empty(start.size if n < N else 0, np.int64)
+        written = _d.order_calls(start, gap, new, out, C, chunk, top, ctx, order, session_end, last,
+                                 np.empty((3, cap, 4)), np.empty((3, cap), np.int64), np.empty(cap),
+                                 np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
+        if written != N:
+            raise RuntimeError(f"mbbatch: the programs' calls overflowed their chunks ({written} of {N} ordered); "
+                               "please report this")
+    else:
+        hi = _d.call_times(start, gap, new, out, C, times, ctx)
+        if not saturated and not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi):
+            # (about 2 calls a bucket)
+            order = np.argsort(times, kind="stable")
+        _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end)
+    calls = {"arrival_times": times[:n], "prompt_values": ctx[:n], "output_values": out[:n]}
+    programs = {"program": order[:n], "new_tokens": new[:n], "session_end": session_end}
+    return calls, programs
+
+
+def _closed_loop_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
+    """The programs of a closed loop (:func:`_program_draws`), for the
+    kernel to issue each call when the one before it completes: no calls in
+    the kernel's inputs, and the programs' arrays (each request's program,
+    new tokens, last-call flag and call id, filled by the kernel as the
+    calls arrive; -1 for a request that never arrives), the starts, gaps,
+    new tokens and outputs by call id and the heap holding the first
+    program's first call."""
+    start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
+    heap_t = np.empty(start.size + 1)
+    heap_id = np.empty(start.size + 1, np.int64)
+    heap_t[0], heap_id[0] = start[0], 0
+    return ({}, {"program": np.full(n, -1, np.int64), "new_tokens": np.full(n, np.nan),
+                 "session_end": np.zeros(n, np.int8), "call": np.full(n, -1, np.int64), "start": start,
+                 "gap": gap, "new": new, "out": out, "heap_t": heap_t, "heap_id": heap_id})
+
+
+def _session_calls(sessions: Sessions, workload, n: int) -> dict:
+    """The first ``n`` calls of a trace's sessions, in request order: the
+    kernel's prompt and output lengths (the trace's, repeated end to end;
+    with ``context="added"`` each prompt is its session's context plus the
+    trace's prompt) and the programs' arrays (each call's program, new
+    tokens and last-call flag), as :func:`_program_calls` gives them."""
+    integer = bool(workload.integer_lengths)
+    prompt = lengths(workload._prompt, None, n, integer)
+    out = lengths(workload._output, None, n, integer)
+    size = sessions.ids.size
+    pid = np.resize(sessions.ids, n)
+    if n > size:
+        # copy c of the trace: sessions of their own
+        pid += np.repeat(np.arange(-(-n // size), dtype=np.int64) * sessions.count, size)[:n]
+    order = np.argsort(pid, kind="stable")     # the calls of each program together, in request order
+    p = pid[order]
+    first = np.ones(n, bool)
+    first[1:] = p[1:] != p[:-1]
+    last = np.ones(n, bool)
+    last[:-1] = first[1:]
+    ps, os_ = prompt[order], out[order]
+    if sessions.context == "included":
+        # the context a call finds: its program's previous call's prompt and output
+        before = np.zeros(n)
+        before[1:] = (ps + os_)[:-1]
+        extends = ~first & (ps >= before)
+        new_s = np.where(extends, ps - before, ps)
+        full_s = ps
+    else:
+        # each prompt is the call's new tokens; its prompt adds every earlier call's prompt and output
+        turn = np.cumsum(ps + os_)
+        start = np.zeros(n)
+        start[1:] = turn[:-1]
+        base = np.maximum.accumulate(np.where(first, start, 0.0))
+        new_s = ps
+        full_s = turn - os_ - base
+    new = np.empty(n)
+    new[order] = new_s
+    full = np.empty(n)
+    full[order] = full_s
+    end = np.zeros(n, np.int8)
+    end[order[last]] = 1
+    return ({"prompt_values": full, "output_values": out},
+            {"program": pid, "new_tokens": new, "session_end": end})

@@ -1,0 +1,258 @@
+"""What every planner shares: checking a call's arrivals, lengths and clock,
+drawing lengths before a run, latency quantiles, and the metrics of a run
+assembled from the metric table (:func:`assemble`)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import stats
+from .._kernels import common as _common
+from .._running import check_clock
+from .._validation import resolve_n as _resolve
+from ..arrivals import Arrivals, Replay, TraceTiledWarning
+from ..lengths import RVS
+from ..metrics import applicable
+from ..predictors import Predictions
+from ..results import SimulationResult, UnstableWarning
+
+__all__ = ["BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE", "RunTotals", "assemble", "check_arrivals",
+           "check_batch_model",
+           "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
+           "exponentials", "readonly", "per_bin", "steady_state", "HISTOGRAM_QUANTILES"]
+
+#: Number of contiguous groups (by arrival index) for the batch-means
+#: confidence interval of the mean latency.
+BATCH_MEANS_GROUPS = 32
+#: Rows of the token-level policies' downsampled time series.
+TIME_SERIES_ROWS = 512
+#: how quantiles read off the kernels' latency histograms are exact
+HISTOGRAM_QUANTILES = "histogram, relative error <= 2**-11"
+
+
+def check_batch_model(service_model) -> None:
+    """Refuse a service model that does not time the batches of a batching
+    policy (MaxModel, LinearModel, DecodeModel or CalibratedModel)."""
+    from ..policies.base import TOKEN_MODELS
+    from ..service_models import SERVICE_MODELS
+
+    models = tuple(SERVICE_MODELS[m] for m in TOKEN_MODELS)
+    if service_model is not None and not isinstance(service_model, models):
+        names = [m.__name__ for m in sorted(models, key=lambda m: m.code)]
+        raise TypeError(f"service_model must be {', '.join(names[:-1])} or {names[-1]}; "
+                        f"got {type(service_model).__name__}")
+
+
+def check_arrivals(arrivals) -> None:
+    """Refuse anything but an arrival process of :mod:`mbbatch.arrivals`."""
+    if not isinstance(arrivals, Arrivals):
+        from ..registry import ARRIVALS
+
+        names = [cls.__name__ for cls in ARRIVALS.values()]
+        raise TypeError("arrivals must be " + ", ".join(names[:-1]) + f" or {names[-1]}; "
+                        f"got {type(arrivals).__name__}")
+
+
+def _replayed(arrivals, named_specs) -> list:
+    out = [("arrivals.times", arrivals.times.size)] if isinstance(arrivals, Replay) else []
+    return out + [(name, sp.values.size) for name, sp in named_specs if sp.kind == _common.SVC_REPLAY]
+
+
+def resolve_n(n, arrivals, named_specs, predictor=None) -> int:
+    """``n`` checked, defaulting to the length of the replayed arrays (which
+    must have one length).  A larger ``n`` repeats them end to end, with a
+    :class:`TraceTiledWarning`."""
+    replayed = _replayed(arrivals, named_specs)
+    if isinstance(predictor, Predictions):
+        if not replayed and n is not None and n > predictor.values.size:
+            raise ValueError(f"predictor.values has {predictor.values.size} values; the n = {n} requests need "
+                             "one each")
+        replayed.append(("predictor.values", predictor.values.size))
+    n = _resolve(n, replayed, tile=True)
+    if replayed and n > replayed[0][1]:
+        size = replayed[0][1]
+        if isinstance(arrivals, Replay):
+            arrivals.last_time(n)                    # (refuses times that cannot be tiled)
+        shift = (" (arrival times shifted by the trace's span plus one mean gap each time)"
+                 if isinstance(arrivals, Replay) else "")
+        warnings.warn(f"n = {n} exceeds the {size} replayed values of {', '.join(nm for nm, _ in replayed)}: "
+                      f"they are repeated {-(-n // size)} times end to end{shift}", TraceTiledWarning, stacklevel=6)
+    return n
+
+
+def rvs_memory(named_specs, n: int) -> dict:
+    """check_memory's parts for the distributions drawn in Python before a run."""
+    return {name: (8 * n, f"the {n} draws of {name}, made before the run ({spec.description['service']} "
+                          "is not drawn in the kernels)")
+            for name, spec in named_specs if spec.kind == RVS}
+
+
+#: typical service times (s) whose latencies the latency histogram resolves.
+#: Its buckets cover 2**-30 .. 2**50 s (HIST_MIN_EXP, HIST_MAX_EXP); a run's
+#: latencies reach from a small share of its typical service time (its short
+#: requests) to many times it (a queue under load), so that time must sit 10
+#: octaves above the bottom and 20 below the top: about 1 us to 34 years.
+SCALE_RANGE = (2.0 ** (_common.HIST_MIN_EXP + 10), 2.0 ** (_common.HIST_MAX_EXP - 20))
+
+
+def check_times(arrivals, n, scale: float, name: str) -> None:
+    """Refuse a run whose typical service time ``scale`` (s, set by the
+    parameter ``name``) lies outside :data:`SCALE_RANGE` (its latency
+    quantiles would be read off the histogram's end buckets, wrong by orders
+    of magnitude), or whose clock would be too coarse for its service times."""
+    lo, hi = SCALE_RANGE
+    if math.isfinite(scale) and scale > 0 and not lo <= scale <= hi:
+        raise ValueError(f"{name}: service times of about {scale:.3g} s lie outside [{lo:.3g}, {hi:.3g}] s, the "
+                         "range whose latencies the latency histogram resolves (its buckets cover 2**-30 to "
+                         "2**50 s); express the times in other units")
+    clock = arrivals.clock(n)
+    if clock is not None:
+        check_clock(clock[0], scale, clock[1])
+
+
+def model_config(model) -> dict:
+    """A service model's entries of a run's configuration."""
+    return {"service_model": type(model).__name__, **{f"model_{k}": v for k, v in vars(model).items()}}
+
+
+def quantiles(hist, latency) -> np.ndarray:
+    """Latency quantiles: exact from the per-request latencies when kept,
+    else read from the kernel's histogram.  Both are the inverted CDF (the
+    smallest latency with a share q of the requests at or below it), so the
+    two differ by at most the histogram's half bucket."""
+    if latency is not None:
+        return np.quantile(latency[~np.isnan(latency)], stats.QUANTILES, method="inverted_cdf")
+    return stats.hist_quantiles(hist, stats.QUANTILES, _common.HIST_BASE, _common.HIST_SHIFT)
+
+
+def steady_state(arrivals, n: int, verdict) -> tuple:
+    """``(unstable, reason)`` of a run: ``verdict(start, end)`` over the
+    arrivals' span where the arrival process has a steady state, else not
+    assessed (saturated arrivals, a load step), saying why."""
+    if arrivals.unassessed:
+        return False, f"not assessed: {arrivals.unassessed}"
+    return verdict(*arrivals.span(n))
+
+
+def finish(res: SimulationResult, warn: bool, stacklevel: int) -> SimulationResult:
+    """``res``, with an :class:`UnstableWarning` when ``warn`` and it has no steady state."""
+    if warn and res.unstable:
+        warnings.warn(f"no steady state: {res.unstable_reason}", UnstableWarning, stacklevel=stacklevel)
+    return res
+
+
+class RunTotals(NamedTuple):
+    """What every run counts, from which the metrics of the tag ``run``
+    (and ``batch_means``) follow by one formula each (:func:`assemble`).
+
+    ``completed`` requests, their ``span`` (last completion - first arrival,
+    s), summed latency (s), ``busy`` server-time (s) on ``servers`` servers
+    (inf: infinitely many), ``batches`` served holding ``members`` requests
+    in all, the latency quantiles at :data:`mbbatch.stats.QUANTILES` (s),
+    and the batch-means groups' mean latencies (s; None: no interval).
+    """
+
+    completed: int
+    span: float
+    sum_latency: float
+    busy: float
+    servers: float
+    batches: int
+    members: float
+    latency_quantiles: np.ndarray
+    group_latency: np.ndarray | None = None
+
+
+def assemble(kind: str, totals: RunTotals, extra: dict) -> dict:
+    """The metrics of a ``kind`` run, in the table's order: the run's own
+    from ``totals`` (each by its one formula), the batch-means interval where
+    ``kind`` reports it, and the family's ``extra`` values for the rest.  A
+    metric missing or unexpected is an error (the planner's bug)."""
+    c, span, busy, nb = totals.completed, totals.span, totals.busy, totals.batches
+    nan = math.nan
+    positive = bool(c) and span > 0
+    q = totals.latency_quantiles
+    values = {
+        # (every request completed at its arrival instant: infinitely fast)
+        "throughput": (c / span if span > 0 else math.inf) if c else nan,
+        "mean_latency": totals.sum_latency / c if c else nan,
+        "latency_p50": float(q[0]), "latency_p95": float(q[1]), "latency_p99": float(q[2]),
+        "utilization": busy / (totals.servers * span) if positive and totals.servers != math.inf else nan,
+        "mean_busy_servers": busy / span if positive else nan,
+        "mean_batch_service": busy / nb if nb else nan,
+        "batch_size_mean": totals.members / nb if nb else nan,
+        "span": span if c else nan,
+        "completed": c,
+        "n_batches": nb,
+    }
+    if totals.group_latency is not None:
+        values["mean_latency_ci_low"], values["mean_latency_ci_high"] = stats.batch_means_ci(
+            totals.group_latency, values["mean_latency"])
+    values.update(extra)
+    names = [m for m in applicable(kind) if m != "unstable"]
+    missing = [m for m in names if m not in values]
+    unexpected = sorted(set(extra) - set(names))
+    if missing or unexpected:
+        raise RuntimeError(f"mbbatch: the metrics of a {kind} run: missing {missing}, unexpected {unexpected}; "
+                           "please report this")
+    return {m: values[m] for m in names}
+
+
+def drawn(inputs, arrays, field: str, spec, gen, n: int):
+    """``inputs`` with ``field`` holding the ``n`` draws of ``spec`` when it
+    is a distribution drawn in Python (see :mod:`mbbatch.lengths`)."""
+    if spec.kind != RVS:
+        return inputs
+    return arrays.pack(**{**inputs._asdict(), field: spec.draw(gen, n)})
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view, as the kernel's inputs are (one kernel type)."""
+    a = a.view()
+    a.flags.writeable = False
+    return a
+
+
+def lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bool = True) -> np.ndarray:
+    """``m`` lengths of ``spec`` drawn before a run: a family the kernels
+    draw, by their drawer (the first ``m`` draws of ``gen``, the values a
+    run on that stream gives its first ``m`` requests); another
+    distribution, by its ``rvs``; replayed values in order (repeated end to
+    end; resampled unless ``in_order``) or resampled ones; whole tokens (at
+    least 1) when ``integer``."""
+    if spec.dist is not None and spec.kind != RVS:
+        x = np.empty(m)
+        _common.draw_lengths(_common.length_drawer(spec.kind), readonly(spec.params), readonly(spec.values), gen,
+                             x, integer)
+        return x
+    if spec.dist is not None:
+        x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
+    elif in_order and spec.kind == _common.SVC_REPLAY:
+        x = np.resize(spec.values, m).astype(float)
+    else:
+        x = np.asarray(gen.choice(spec.values, size=m), dtype=float)
+    if integer:
+        # (in place: x is a new array)
+        np.maximum(np.ceil(x, out=x), 1.0, out=x)
+    return x
+
+
+def exponentials(gen: np.random.Generator, scale: float, m: int) -> np.ndarray:
+    """``gen.exponential(scale, m)``, bit for bit, by the kernels' drawer
+    (numba's draws: faster)."""
+    x = np.empty(m)
+    _common.draw_lengths(_common.length_drawer(_common.SVC_EXPON), readonly(np.array([0.0, scale])),
+                         readonly(np.empty(0)), gen, x, False)
+    return x
+
+
+def per_bin(completed: np.ndarray, latency: np.ndarray, span: float) -> dict:
+    """Per-bin throughput (requests/s over the run's span) and mean latency (s)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"bin_throughput": completed / span if span > 0 else np.full(completed.size, np.nan),
+                "bin_mean_latency": np.where(completed > 0, latency / completed, np.nan),
+                "bin_completed": completed}

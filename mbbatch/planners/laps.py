@@ -1,0 +1,211 @@
+"""The planner of LAPS (arXiv:2601.11589) on its kernel
+(:mod:`mbbatch._kernels.laps`): prefill instances behind the LAPS router,
+and, with a decode stage, the token-level plan (:mod:`.tokens`) of the decode
+servers on the requests' first tokens."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._kernels import common as _common
+from .._kernels import laps as _l
+from .._running import check_memory, interruptible, stop_flag
+from .._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
+from ..arrivals import Poisson, Replay
+from ..results import SimulationResult, Table
+from ..service_models import DecodeModel, PrefillModel
+from ..workload import Workload
+from . import tokens
+from .common import (HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_times, drawn, lengths,
+                     model_config, quantiles, resolve_n, rvs_memory)
+
+__all__ = ["Plan", "check"]
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A checked LAPS run, ready to allocate and simulate."""
+
+    policy: object
+    arrivals: object
+    workload: Workload
+    model: PrefillModel
+    n: int
+    keep_requests: bool
+    memory: int
+    decode_model: object = None
+
+    keep_batches = False
+
+    @property
+    def servers(self) -> int:
+        """The instances (what serves batches side by side)."""
+        return self.policy.instances
+
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
+        """Simulate with the seed ``ss`` (``warn`` as the other plans: LAPS
+        runs are not assessed for a steady state; ``progress`` as theirs)."""
+        return _run(self, ss, progress)
+
+    @functools.cached_property
+    def kernel_args(self) -> tuple:
+        """The kernel's run configuration and inputs."""
+        pol, arrivals, workload, n = self.policy, self.arrivals, self.workload, self.n
+        akind, rate, times, aparams, aends = arrivals.kernel_fields(n)
+        config = _l.CONFIG.pack(
+            n=n, arrival_kind=akind, prompt_kind=workload._prompt.kernel_kind, integer=workload.integer_lengths,
+            instances=pol.instances, threshold=pol.threshold, max_batch=pol.max_batch, dual=pol.dual_queue,
+            dynamic=pol.routed, long0=pol.long_instances if pol.routed else 0,
+            # (the decode stage starts each request at its first token)
+            keep=self.keep_requests or pol.decode is not None, rate=rate,
+            window=pol.window, max_batch_tokens=pol.max_batch_tokens, interval=pol.interval, ratio=pol.ratio,
+            a=self.model.a, b=self.model.b)
+        inputs = _l.INPUTS.pack(arrival_times=times, arrival_params=aparams, arrival_ends=aends,
+                                prompt_params=workload._prompt.params, prompt_values=workload._prompt.values)
+        return config, inputs
+
+    @functools.cached_property
+    def description(self) -> dict:
+        decode = {} if self.decode_model is None else {
+            f"decode_{k}": v for k, v in model_config(self.decode_model).items()}
+        return {**self.policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
+                **model_config(self.model), **decode, "n": self.n}
+
+
+def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches) -> Plan:
+    """The checked :class:`Plan` of a ``simulate`` call of :class:`~mbbatch.LAPS`."""
+    if service is not None:
+        raise TypeError("LAPS takes workload=Workload(prompt=..., output=...) (prompt lengths decide its routing "
+                        "and its prefill time), not service=")
+    if keep_batches:
+        raise TypeError("keep_batches is for the token-level policies; LAPS keeps per-request records "
+                        "(keep_requests=True)")
+    if not (servers == 1 or servers is None):
+        raise ValueError(f"servers does not apply to LAPS: its instances are LAPS(instances=...); got servers = "
+                         f"{servers!r}")
+    model = PrefillModel() if service_model is None else service_model
+    if not isinstance(model, PrefillModel):
+        raise TypeError(f"LAPS takes service_model=PrefillModel(a, b) (a prefill batch takes a + b x its prompt "
+                        f"tokens); got {type(model).__name__}")
+    check_arrivals(arrivals)
+    n = resolve_n(n, arrivals, [("workload.prompt", workload._prompt)])
+    E = policy.instances
+    parts = {
+        "n": (25 * n, "the requests' arrival times, prompts, queue links and classes"),
+        "instances": (8 * (7 * E + E * policy.max_batch), "the instances' queues and batches"),
+        "batch_size": (3 * 8 * _common.HIST_SIZE, "the time-to-first-token histograms"),
+    }
+    if keep_requests or policy.decode is not None:
+        parts["keep_requests"] = (48 * n, "the per-request arrays (keep_requests, or the decode stage)")
+    decode_model = None
+    if policy.decode is not None:
+        decode_model = policy.decode_model if policy.decode_model is not None else DecodeModel(prefill_per_token=0.0)
+        # the decode stage, checked now (its arrivals are the first tokens, known after the prefill)
+        parts["decode"] = (tokens.check(policy.decode, Poisson(1.0), None, n, policy.decode_servers, True, workload,
+                                        decode_model, False).memory, "the decode stage")
+    parts.update(rvs_memory([("workload.prompt", workload._prompt)], n))
+    memory = check_memory(parts)
+    check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "workload.prompt")
+    return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
+                     keep_requests=bool(keep_requests), memory=memory, decode_model=decode_model)
+
+
+def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
+    """The decode stage after LAPS's prefill: each request joins the decode
+    policy at its first token (in that order, ties in arrival order), its
+    prompt the one prefilled, its output from the workload's output
+    lengths (replayed in order, or drawn in Python on the output stream).
+    Returns the decode run's result and each request's completion (its last
+    token) and output length, in arrival order."""
+    pol, wl, n = plan.policy, plan.workload, plan.n
+    first = req["first_token"]
+    order = np.argsort(first, kind="stable")
+    out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
+    stage = Workload(prompt=req["prompt"][order], output=out[order], integer_lengths=wl.integer_lengths,
+                     predictor_sigma=wl.predictor_sigma)
+    res = tokens.check(pol.decode, Replay(first[order]), None, n, pol.decode_servers, True, stage,
+                       plan.decode_model, False, output_law=wl._output.dist).run(ss, warn=False)
+    completion = np.empty(n)
+    completion[order] = res.requests.completion
+    return res, completion, out
+
+
+def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: np.ndarray) -> dict:
+    """The instances of LAPS's short and long groups over time, a step
+    function: at the first arrival, then after each move of the router's
+    dynamic allocation (from its log of moves)."""
+    to_short = np.where(move_group == _l.SHORT, 1, -1).astype(np.int64)
+    short = (E - pol.long_instances) + np.concatenate(([0], np.cumsum(to_short)))
+    return {"time": np.concatenate(([start], move_time)), "short_instances": short, "long_instances": E - short}
+
+
+def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
+    config, inputs = plan.kernel_args
+    # the arrival and prompt streams of the token-level policies: the same seed, the same requests
+    streams = _l.LapsStreams(stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_PROMPT))
+    inputs = drawn(inputs, _l.INPUTS, "prompt_values", plan.workload._prompt, streams.prompt, plan.n)
+    stop = stop_flag()
+    t0 = time.perf_counter()
+    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop), stop, plan.n if progress else None)
+    kernel_seconds = time.perf_counter() - t0
+    st = _l.STATS.unpack((out.ints, out.floats))
+    pol, E = plan.policy, plan.policy.instances
+    completed, nb, short = st["completed"], st["batches"], st["short"]
+    nan = math.nan
+    span = st["last_completion"] - st["first_arrival"] if completed else nan
+    positive = bool(completed) and span > 0
+    hist = out.hist_short + out.hist_long
+    q_all, q_s, q_l = (quantiles(h, None) for h in (hist, out.hist_short, out.hist_long))
+    long_ = completed - short
+    totals = RunTotals(completed=completed, span=span, sum_latency=st["sum_ttft"], busy=st["busy"], servers=E,
+                       batches=nb, members=st["sum_batch"], latency_quantiles=q_all)
+    extra = {
+        "mean_ttft": st["sum_ttft"] / completed if completed else nan,
+        **{f"ttft_short_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_s)},
+        **{f"ttft_long_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_l)},
+        "mean_ttft_short": st["sum_ttft_short"] / short if short else nan,
+        "mean_ttft_long": st["sum_ttft_long"] / long_ if long_ else nan,
+        "short_share": short / completed if completed else nan,
+        "group_moves": st["moves"],
+        "mean_short_instances": (st["short_instance_time"] / span if pol.routed else float(E)) if positive else nan,
+    }
+    k = min(st["moves"], out.move_time.size)
+    how = HISTOGRAM_QUANTILES
+    arrays = {}
+    # (a prefill instance's latency is the time to first token: completion is the first token)
+    completion = None if req is None else req["first_token"]
+    output = None
+    if pol.decode is not None and completed:
+        # the decode stage: latency end to end, to the last token
+        decode, completion, output = _run_decode(plan, req, ss)
+        kernel_seconds += decode.kernel_seconds
+        e2e = completion - req["arrival"]
+        span = float(completion.max()) - st["first_arrival"]
+        q = quantiles(None, e2e)
+        extra.update(throughput=completed / span if span > 0 else nan, mean_latency=float(e2e.mean()),
+                     latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]), span=span)
+        arrays["decode"] = decode
+        how = f"latency exact (end to end); time to first token from histograms, {HISTOGRAM_QUANTILES[11:]}"
+    requests = None
+    if plan.keep_requests:
+        cols = dict(req) if output is None else {**req, "output": output}
+        requests = Table({**cols, "completion": completion, "latency": completion - req["arrival"],
+                          "ttft": req["first_token"] - req["arrival"]})
+    config = {**plan.description, "seed_entropy": entropy_str(ss)}
+    ts = _laps_groups(pol, E, st["first_arrival"] if completed else 0.0, out.move_time[:k], out.move_group[:k]) \
+        if pol.routed and k == st["moves"] else None
+    return SimulationResult(
+        kind=pol.kind, config=config, n=plan.n, servers=E, edges=np.array([-np.inf, pol.threshold, np.inf]),
+        metrics=assemble(pol.kind, totals, extra),
+        arrays={**arrays, "latency_histogram": hist, "ttft_short_histogram": out.hist_short,
+                "ttft_long_histogram": out.hist_long,
+                "group_moves_log": Table({"time": out.move_time[:k].copy(), "instance": out.move_instance[:k].copy(),
+                                          "to_group": np.where(out.move_group[:k] == _l.SHORT, "short", "long")})},
+        requests=requests, time_series=ts,
+        unstable=False, unstable_reason="not assessed: LAPS runs have no backlog check yet",
+        latency_quantiles=how, kernel_seconds=kernel_seconds)

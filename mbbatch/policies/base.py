@@ -1,0 +1,170 @@
+"""What a policy declares: the class attributes :mod:`mbbatch.registry` reads.
+
+A policy is a frozen dataclass of its settings (validated at the boundary)
+that declares, once, as class attributes:
+
+``kind``
+    its name: a spec's ``kind``, the command line's ``--policy``, the
+    result's ``kind``;
+``planner``
+    the planner that checks and runs it (a module of :mod:`mbbatch.planners`:
+    ``"multibin"``, ``"tokens"``, ``"cluster"`` or ``"laps"``);
+``reports``
+    the metric tags it reports (:data:`mbbatch.metrics.TAGS`): the metrics of
+    the table with one of these tags are its results' attributes;
+``settings``
+    the spec keys of its settings (rows of :data:`mbbatch.sweeps.spec.SPEC_PARAMS`);
+``models``
+    the batch service models it takes, by their spec name, the default first;
+``paper``
+    whether it takes the multi-bin paper's ``service=`` shorthand;
+``engine``, ``decode_stage``
+    whether it can run as a :class:`~mbbatch.Cluster`'s engines or as
+    :class:`~mbbatch.LAPS`'s decode stage;
+
+and the classmethod ``from_spec(params, ctx)``: the policy of a sweep
+cell's parameters (:class:`SpecContext`).  A token-level policy (``planner
+= "tokens"``) also says how the event kernel runs it: ``event_config()``
+(:class:`EventPolicy`); an engine policy that is not token-level gives the
+token-level form its engines run (``engine_form()``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import numpy as np
+
+__all__ = ["Policy", "EventPolicy", "SpecContext", "declaring", "TOKEN_MODELS", "predictor_from_spec", "memory_from_spec",
+           "controller_from_spec", "memory_kw"]
+
+#: the batch service models of the token-level policies (spec names), the default first
+TOKEN_MODELS = ("decode", "linear", "max", "calibrated")
+
+
+class Policy:
+    """The declarations every policy makes (see the module docstring)."""
+
+    kind: ClassVar[str] = ""
+    planner: ClassVar[str] = ""
+    reports: ClassVar[frozenset] = frozenset()
+    settings: ClassVar[tuple] = ()
+    models: ClassVar[tuple] = TOKEN_MODELS
+    paper: ClassVar[bool] = False
+    engine: ClassVar[bool] = False
+    decode_stage: ClassVar[bool] = False
+
+    @classmethod
+    def from_spec(cls, params: dict, ctx: "SpecContext"):
+        """The policy of a sweep cell's parameters ``params``."""
+        raise NotImplementedError
+
+    @property
+    def title(self) -> str:
+        """The policy's name in messages (its class's)."""
+        return type(self).__name__
+
+    def engine_form(self):
+        """The token-level policy a :class:`~mbbatch.Cluster`'s engines run for
+        this one (itself, for a token-level policy)."""
+        return self
+
+
+class EventPolicy(NamedTuple):
+    """How the event kernel runs a token-level policy: its batch formation
+    step (a ``FORM_*`` code of :mod:`mbbatch._kernels.formation`) and the
+    settings that step reads.
+
+    ``bins`` queues by predicted output length (1: one FIFO); ``b_max`` the
+    largest batch; ``pin`` a fixed target size (0: the controller's);
+    ``max_candidates`` requests looked at per batch; ``selection``
+    Algorithm 5's rule (``SEL_*``); ``warmup`` Algorithm 6's window (1: no
+    bins to set); ``memory_on`` whether the token capacity bounds a batch;
+    ``sla`` and ``memory`` the :class:`~mbbatch.SLAController` and
+    :class:`~mbbatch.Memory` (a static policy's give its SLA metrics and
+    token capacity only); ``predictor`` what it sorts or bins requests by;
+    ``bin_b_max`` per-bin limits (None: none); ``controlled`` whether
+    Algorithm 7 feeds its controllers back; ``max_wait`` the age (s) after
+    which a request goes first (inf: never); ``preset`` where bins set
+    before the run come from (``""``: none, or Algorithm 6's warm-up;
+    ``"presample"``, ``"optimal"``, or ``"edges"``: ``edges`` in tokens, or
+    equal mass on the workload's output lengths when None).
+    """
+
+    formation: int
+    bins: int
+    b_max: int
+    pin: int
+    max_candidates: int
+    selection: int
+    warmup: int
+    memory_on: bool
+    sla: object
+    memory: object
+    predictor: object
+    bin_b_max: np.ndarray | None = None
+    controlled: bool = False
+    max_wait: float = float("inf")
+    preset: str = ""
+    edges: np.ndarray | None = None
+
+
+class SpecContext(NamedTuple):
+    """What ``from_spec`` reads besides a cell's parameters: ``build(kind,
+    params)``, the policy of another kind (a cluster's engines, LAPS's decode
+    stage), ``kinds``, the registry's classes by kind, and ``trace``, the
+    cell's :class:`~mbbatch.traces.Trace` (None without a [workload] table)."""
+
+    build: object
+    kinds: dict
+    trace: object = None
+
+
+def declaring(attr: str) -> list:
+    """The names of the policy classes that declare ``attr`` true (those
+    loaded: every policy of :mod:`mbbatch.policies`), sorted, for error
+    messages."""
+    out, todo = [], list(Policy.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        if getattr(cls, attr, False) and cls.kind and cls.__name__ not in out and not cls.__name__.startswith("_"):
+            out.append(cls.__name__)
+    return sorted(out)
+
+
+def predictor_from_spec(params: dict):
+    """A binning policy's predictor from a cell's ``predictor_sigma`` (a
+    log-normal error) or ``predictor_p`` (bin confusion), one of them; None
+    (the oracle) when neither is set."""
+    from ..predictors import BinConfusion, LogNormalError
+
+    sigma, p = params.get("predictor_sigma", 0.0), params.get("predictor_p", 1.0)
+    if sigma > 0 and p < 1:
+        raise ValueError(f"predictor_sigma = {sigma:g} and predictor_p = {p:g}: set one predictor, not both")
+    if sigma > 0:
+        return LogNormalError(sigma)
+    return BinConfusion(p) if p < 1 else None
+
+
+def memory_kw(eta: float) -> dict:
+    """:class:`~mbbatch.Memory`'s arguments for a token capacity of ``eta``
+    tokens (a spec's ``eta``): one GB a token keeps the units plain."""
+    return dict(m_max_gb=eta + 1.0, m_model_gb=1.0, kv_mem_per_token_gb=1.0)
+
+
+def memory_from_spec(params: dict):
+    """The :class:`~mbbatch.Memory` of a cell: ``eta`` tokens, the ``memory``
+    rule (``"off"``: not enforced) and ``eps_m``."""
+    from ..controller import Memory
+
+    return Memory(variant="l0" if params["memory"] == "off" else params["memory"], eps_m=params["eps_m"],
+                  enabled=params["memory"] != "off", **memory_kw(params["eta"]))
+
+
+def controller_from_spec(params: dict):
+    """The :class:`~mbbatch.SLAController` of a cell."""
+    from ..controller import SLAController
+
+    return SLAController(d_sla=params["d_sla"], eps_d=params["eps_d"], b_min=params["b_min"], b_max=params["b_max"],
+                         variant=params["controller"])

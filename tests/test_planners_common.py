@@ -1,0 +1,109 @@
+"""What the planners share (mbbatch.planners.common): the metrics of a run
+assembled from the metric table, one formula each; lengths and think times
+drawn before a run by the kernels' drawers; the arrivals' and the clock's
+checks."""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as st
+
+import mbbatch as mb
+from mbbatch.planners.common import RunTotals, assemble, check_arrivals, check_batch_model
+
+
+def _totals(**kw):
+    base = dict(completed=10, span=5.0, sum_latency=20.0, busy=6.0, servers=2, batches=4, members=10.0,
+                latency_quantiles=np.array([1.0, 2.0, 3.0]), group_latency=None)
+    return RunTotals(**{**base, **kw})
+
+
+MULTIBIN_EXTRA = {"std_batch_service": 0.1, "mean_fill_wait": 1.0, "mean_queue_wait": 0.5, "excluded_partial": 0}
+
+
+def test_a_runs_metrics_follow_from_its_totals_by_one_formula_each():
+    """throughput = completed / span, utilization = busy / (servers x span),
+    mean batch service = busy / batches, and so on, for every family;
+    the result is in the metric table's order, the family's extra values
+    beside them."""
+    g = np.array([1.0, 2.0, 3.0, 2.0])
+    m = assemble("multibin", _totals(group_latency=g), MULTIBIN_EXTRA)
+    assert list(m) == [k for k in mb.metrics.applicable("multibin") if k != "unstable"]
+    assert (m["throughput"], m["mean_latency"], m["utilization"], m["mean_busy_servers"]) == (2.0, 2.0, 0.6, 1.2)
+    assert (m["mean_batch_service"], m["batch_size_mean"], m["span"], m["n_batches"]) == (1.5, 2.5, 5.0, 4)
+    assert (m["latency_p50"], m["latency_p99"]) == (1.0, 3.0)
+    assert m["mean_latency_ci_low"] < m["mean_latency"] < m["mean_latency_ci_high"]
+    assert math.isnan(assemble("multibin", _totals(servers=math.inf, group_latency=g),
+                               MULTIBIN_EXTRA)["utilization"])
+
+
+def test_a_run_of_no_time_or_no_request():
+    """Every request completed at its arrival instant: infinitely fast, its
+    rates of time undefined; no request completed: nothing defined."""
+    g = np.full(4, np.nan)
+    m = assemble("multibin", _totals(span=0.0, group_latency=g), MULTIBIN_EXTRA)
+    assert m["throughput"] == math.inf and math.isnan(m["utilization"]) and math.isnan(m["mean_busy_servers"])
+    m = assemble("multibin", _totals(completed=0, span=-math.inf, batches=0, members=0, group_latency=g),
+                 MULTIBIN_EXTRA)
+    assert all(math.isnan(m[k]) for k in ("throughput", "mean_latency", "utilization", "mean_batch_service",
+                                          "batch_size_mean", "span"))
+
+
+def test_a_missing_or_unexpected_metric_is_the_planners_bug():
+    with pytest.raises(RuntimeError, match=r"missing \['excluded_partial'\]"):
+        assemble("multibin", _totals(group_latency=np.ones(4)), {k: v for k, v in MULTIBIN_EXTRA.items()
+                                                                 if k != "excluded_partial"})
+    with pytest.raises(RuntimeError, match=r"unexpected \['mean_ttft'\]"):
+        assemble("multibin", _totals(group_latency=np.ones(4)), {**MULTIBIN_EXTRA, "mean_ttft": 1.0})
+
+
+def test_the_calls_arrivals_and_batch_model_are_checked():
+    check_arrivals(mb.Poisson(1.0))
+    with pytest.raises(TypeError, match="arrivals must be Poisson, Gamma, OnOff, Saturated, PiecewisePoisson or "
+                                        "Replay; got float"):
+        check_arrivals(1.0)
+    check_batch_model(mb.DecodeModel())
+    with pytest.raises(TypeError, match="service_model must be MaxModel, LinearModel, DecodeModel or "
+                                        "CalibratedModel; got PrefillModel"):
+        check_batch_model(mb.PrefillModel())
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.25, 1.0, 7.5])
+def test_programs_exponentials_are_numpys(scale):
+    """The programs' starts and think times, drawn by the kernels' drawer,
+    are numpy's ``exponential`` draws bit for bit, and leave the generator
+    where numpy leaves it."""
+    from mbbatch.planners.common import exponentials
+
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    m = 3 * 1024 + 7
+    assert exponentials(a, scale, m).tobytes() == b.exponential(scale, m).tobytes()
+    assert a.random() == b.random()
+
+
+@pytest.mark.parametrize("dist", [st.uniform(1, 10), st.expon(scale=3), st.lognorm(0.8, scale=64),
+                                  st.lognorm(1.5, loc=2, scale=0.5), st.gamma(0.3, scale=3), st.gamma(2.5),
+                                  st.weibull_min(1.5, scale=2), st.pareto(2.5)])
+@pytest.mark.parametrize("integer", [True, False])
+def test_python_lengths_are_the_kernels_draws(dist, integer):
+    """The lengths drawn before a run (programs' calls, presampled edges, a
+    LAPS decode stage's outputs): a family the kernels draw is drawn by
+    their drawer, the values a run on that stream gives its first requests
+    (bit for bit); any other is one rvs call's values (rounded up to whole
+    tokens, at least 1, when ``integer``)."""
+    from mbbatch._seeding import STREAM_PROMPT, stream
+    from mbbatch.lengths import SUPPORTED_DISTRIBUTIONS, as_service
+    from mbbatch.planners.common import lengths
+
+    m = 3 * 1024 + 5     # (blocks of draws and a part)
+    got = lengths(as_service(dist), stream(np.random.SeedSequence(8), STREAM_PROMPT), m, integer)
+    if dist.dist.name in SUPPORTED_DISTRIBUTIONS:
+        res = mb.simulate(mb.StaticBatching(8), mb.Poisson(1.0), n=m, seed=8, keep_requests=True,
+                          workload=mb.Workload(prompt=dist, output=st.uniform(1, 2), integer_lengths=integer))
+        want = res.requests.prompt
+    else:
+        want = np.asarray(dist.rvs(size=m, random_state=stream(np.random.SeedSequence(8), STREAM_PROMPT)), float)
+        if integer:
+            want = np.maximum(np.ceil(want), 1.0)
+    assert got.tobytes() == want.tobytes()
