@@ -63,18 +63,21 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from mbbatch.params import PARAMS
+from mbbatch.policies.base import TOKEN_MODELS as _TOKEN_MODELS
+from mbbatch.registry import POLICIES
 from mbbatch.sweeps import check_store, load_spec, run_sweep, run_sweeps
 from mbbatch.sweeps.cells import check_points
 from mbbatch.sweeps.spec import SEARCHED, SPEC_PARAMS, SpecError
 
 from .helpers import ROOT, assert_identical, toml
 
-#: the policy kinds a spec can name
-KINDS = ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster")
-#: the token policies that can share a spec as variants
-VARIANT_KINDS = ("static", "dynamic", "multibin_dynamic", "cluster")
+#: the policy kinds a spec can name (the registry's)
+KINDS = tuple(POLICIES)
 #: token service models (LAPS takes the prefill model, MultiBin the max model)
-TOKEN_MODELS = ("decode", "linear", "max", "calibrated")
+TOKEN_MODELS = _TOKEN_MODELS
+#: the token policies that can share a spec as variants: those that take every token service model
+VARIANT_KINDS = tuple(k for k, cls in POLICIES.items() if cls.models == TOKEN_MODELS)
 #: the parameters drawn only as the spec's structure needs them (see :func:`make_spec`)
 STRUCTURAL = ("session_context",)
 #: what a mutation puts in place of a value
@@ -157,7 +160,7 @@ def _ranges(R: random.Random) -> dict:
         "interval": lambda: u(0, 10),
         "ratio": lambda: u(0.3, 4),
         "long_instances": lambda: R.randint(1, 3),
-        "decode": pick("none", "static", "dynamic", "multibin_dynamic"),
+        "decode": pick(*PARAMS["decode"].choices),
         "decode_servers": lambda: R.randint(1, 3),
         "decode_batch_size": lambda: R.randint(1, 16),
         "decode_bins": lambda: R.randint(1, 4),
@@ -169,10 +172,10 @@ def _ranges(R: random.Random) -> dict:
         "prefill_a": lambda: u(0, 0.01),
         "prefill_b": lambda: u(1e-5, 1e-3),
         "engines": lambda: R.randint(1, 4),
-        "engine_policy": pick("dynamic", "static", "multibin_dynamic", "multibin"),
+        "engine_policy": pick(*PARAMS["engine_policy"].choices),
         "engine_batch_size": lambda: R.randint(1, 16),
         "engine_bins": lambda: R.randint(1, 4),
-        "router": pick("autellix", "least_used", "round_robin"),
+        "router": pick(*PARAMS["Cluster.router"].choices),
         "route_threshold": lambda: R.randint(0, 4096),
         "kv_reuse": pick(True, False),
         "programs": pick("synthetic", "none"),
@@ -212,7 +215,7 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
     sample = _ranges(R)
     capacity = R.random() < 0.12
     main = R.choice(KINDS)
-    if main in ("laps", "multibin"):
+    if main not in VARIANT_KINDS:
         kinds = [main]
     else:
         kinds = R.sample(VARIANT_KINDS, R.choice([1, 1, 2, 3]))
@@ -224,14 +227,14 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
     arrivals = R.choice(["poisson", "gamma", "onoff", "trace"] if capacity
                         else ["poisson", "gamma", "onoff", "saturated", "step", "trace"])
     spec["arrivals"] = arrivals
-    token_model = "max" if kinds == ["multibin"] else ("prefill" if kinds == ["laps"] else R.choice(TOKEN_MODELS))
+    token_model = POLICIES[main].models[0] if main not in VARIANT_KINDS else R.choice(TOKEN_MODELS)
     if arrivals == "trace" or R.random() < 0.1:
         wl = "trace"
         trace_file(R, folder / trace)
         spec["workload"] = {"trace": trace, "format": "azure",
                             "resample": arrivals != "trace" and R.random() < 0.5}
         spec["service_model"] = model = token_model
-    elif kinds == ["multibin"] and R.random() < 0.7:
+    elif POLICIES[main].paper and R.random() < 0.7:
         wl = spec["service"] = R.choice(["uniform", "expon"])
         model = "max"
     else:
@@ -259,8 +262,9 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
         if not sp.required and R.random() > 0.35:
             continue
         if ((name.startswith("decode_") and params.get("decode", "none") == "none")
-                or (name == "engine_batch_size" and params.get("engine_policy") not in ("static", "multibin"))
-                or (name == "engine_bins" and params.get("engine_policy") not in ("multibin_dynamic", "multibin"))
+                or (name == "engine_batch_size"
+                    and "batch_size" not in POLICIES[params.get("engine_policy", "dynamic")].settings)
+                or (name == "engine_bins" and "bins" not in POLICIES[params.get("engine_policy", "dynamic")].settings)
                 or (name in ("calls", "think_time", "closed_loop")
                     and params.get("programs", "synthetic") != "synthetic")
                 or (name == "edges" and wl not in ("uniform", "expon"))):
