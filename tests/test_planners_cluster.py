@@ -297,7 +297,7 @@ def test_programs_calls_sorted_in_the_kernel_or_by_numpy_alike(monkeypatch):
     """The calls' order from the kernel's bucket sort and from numpy's
     stable argsort (its fallback when the times are bunched) give the same
     run, bit for bit."""
-    from mbbatch._kernels import dynamic as d
+    from mbbatch._kernels import programs as d
     from mbbatch.planners import cluster as planner
 
     monkeypatch.setattr(planner, "ORDER_CAP", 0)     # (the calls sorted all at once)

@@ -9,8 +9,11 @@ Modules
   whole-token rounding, the latency histogram and
   its quantile ranks) and the decorators of kernels and their steps;
 - :mod:`.multibin`: the multi-bin paper's model, entry point :func:`.multibin.run`;
-- :mod:`.dynamic`: the event kernel of static, dynamic and multi-bin dynamic
-  batching, entry point :func:`.dynamic.run`;
+- :mod:`.dynamic`: the event kernel of the token-level policies and of
+  clusters, entry point :func:`.dynamic.run`; its steps live beside it:
+  :mod:`.queues` (the bins' ring buffers), :mod:`.formation` (how a free
+  server's batch is chosen, one rule per policy), :mod:`.routing` (a
+  cluster's routers) and :mod:`.programs` (a cluster's multi-call programs);
 - :mod:`.controller`: Algorithms 1, 2, 4, 6 and 7;
 - :mod:`.laps`: LAPS's prefill instances behind its router, entry point
   :func:`.laps.run`.
@@ -38,7 +41,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from . import common, controller, dynamic, laps, multibin
+from . import common, controller, dynamic, formation, laps, multibin, programs, queues, routing
 from .common import CACHE
 
 __all__ = ["CACHE", "warmup"]
@@ -81,4 +84,4 @@ def _drop_stale_caches(modules) -> None:
         pass  # no cache to keep, or none we can write: numba compiles afresh
 
 
-_drop_stale_caches([common, controller, dynamic, laps, multibin])
+_drop_stale_caches([common, controller, dynamic, formation, laps, multibin, programs, queues, routing])

@@ -29,20 +29,21 @@ import numpy as np
 from numba import njit
 
 from .common import (
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, CACHE, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE,
-    PRED_REPLAY, STOP, STOP_SIZE, SVC_UNIFORM, check_stop,
-    confused_bin, confused_bins, draw_arrivals, draw_block, drawers, helper, hist_bucket, kernel, predict, replay_time,
-    request_uniform, request_uniforms, round_lengths, step, subroutine,
+    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
+    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket, kernel, predict,
+    replay_time, round_lengths, step, subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
-    M, T, b_mem_core, b_sla_core, check_memory, controller_init, decode_tbt, equal_mass_edges, feedback_core,
-    partition_tiled, partition_tiled_array,
+    M, T, controller_init, decode_tbt, equal_mass_edges, feedback_core,
 )
-from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_LONGEST_QUEUE,
-                        SEL_ROUND_ROBIN)
+from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN,
+                        _candidates, _full_bin, _select_bin, _target_size)
 from .layout import Arrays, Layout
-from .routing import ROUTE_AUTELLIX, ROUTE_NONE, ROUTE_ROUND_ROBIN
+from .programs import (NO_CLOSED_LOOP, NO_PROGRAMS, _before, _closed_call, _follow_ups, _heap_pop, _heap_push,
+                       call_times, order_calls, permute_calls, program_span, sort_calls)
+from .queues import FIELDS, N_FIELDS, QUEUE_START, SLOT_BYTES, Q, doubling_bytes, grow, grow_bytes, join, rebin
+from .routing import EN, ENGINES, ROUTE_NONE, TABLE, TB, context, remove_engine, route
 
 # the batch service models
 MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
@@ -139,13 +140,6 @@ REQUESTS = Layout("token requests", ints=("bin", "batch", "engine"),
 BATCHES = Layout("token batches", ints=("bin", "size", "b_target", "b_mem", "b_sla"),
                  floats=("start", "service", "tokens"))
 
-# --- the workspace, from which a call resumes
-#: a request's arrival time (s) and prompt, output and predicted output
-#: lengths (tokens): the rows of the block of draws ``blk[field, j]`` and of
-#: the per-bin FIFOs, ring buffers ``q[field, bin, slot]`` (the request's
-#: index in ``qidx[bin, slot]``) of a power-of-two capacity
-FIELDS = Layout("request fields", floats=("arrival", "prompt", "output", "pred",
-                                          "prefill"))   # prompt tokens its batch prefills (KV reuse: fewer)
 #: the servers, columns of ``servers_i`` and ``servers_f``: the batch in
 #: service and the aggregates its feedback reads
 SERVERS = Layout("servers", ints=("busy", "size",
@@ -171,15 +165,6 @@ LOOP = Layout("loop state", ints=("i",         # next request to arrive
                       "now",                   # the time of the last event, s
                       "t_switch",              # the ON/OFF process's next change of state, s
                       "routed_prefill"))       # request i's prefill tokens, routed before its queue was full
-#: a cluster's engines, columns of ``eng``: registered (0: removed), active
-#: requests (the router's count: routed, not completed), queued requests,
-#: free servers (0 while removed), requests decoding, Algorithm 5's
-#: round-robin pointer
-ENGINES = Layout("engines", ints=("registered", "active", "queued", "free", "decoding", "rr"))
-#: the program table's rows (``table[row, program]``): the program's engine
-#: (Autellix's program table; -1: none) and the engine holding its context (-1: none)
-TABLE = Layout("program table", ints=("engine", "holder"))
-N_FIELDS = FIELDS.size
 #: a cluster's arrays, the kernel's last argument (None: one engine, and the
 #: kernel compiled without the cluster's code): its configuration
 #: (:data:`CLUSTER` ints), its programs (per request: its program, new
@@ -209,18 +194,10 @@ S = STATS.index
 TS = TIME_SERIES.index
 RQ = REQUESTS.index
 BT = BATCHES.index
-Q = FIELDS.index
 SV = SERVERS.index
 L = LOOP.index
 CL = CLUSTER.index
-EN = ENGINES.index
-TB = TABLE.index
 
-#: the programs of a cluster run without them
-NO_PROGRAMS = dict(program=np.empty(0, np.int64), new_tokens=np.empty(0), session_end=np.empty(0, np.int8))
-#: the closed loop's arrays of a run without it
-NO_CLOSED_LOOP = dict(call=np.empty(0, np.int64), start=np.empty(0), gap=np.empty(0), new=np.empty(0),
-                      out=np.empty(0), heap_t=np.empty(1), heap_id=np.empty(1, np.int64))
 
 #: dynamic_kernel's return codes
 DONE = 0
@@ -228,24 +205,8 @@ QUEUE_FULL = 1      # an arrival found its bin's ring buffer full (nothing of it
 WARMUP_DONE = 2     # the warm-up window is complete: Python sets the edges and re-bins
 STOPPED = 3         # stop[STOP] was set
 
-#: the ring buffers' first capacity (a power of two); they double when full
-QUEUE_START = 1024
-#: bytes of a queued request in the ring buffers: its fields and its index
-SLOT_BYTES = 8 * (FIELDS.size + 1)
 #: batches between two looks at the stop flag while no blocks are drawn
 STOP_CHECK_BATCHES = 4096
-
-
-def doubling_bytes(slots: int) -> int:
-    """Bytes that doubling ring buffers of ``slots`` slots in all allocates
-    (:func:`_grow`): the doubled buffers."""
-    return 2 * SLOT_BYTES * slots
-
-
-def grow_bytes(slots: int) -> int:
-    """Bytes held while ring buffers of ``slots`` slots in all double
-    (:func:`_grow`): the doubled buffers beside the current ones."""
-    return SLOT_BYTES * slots + doubling_bytes(slots)
 
 
 class QueueOverflow(MemoryError):
@@ -337,61 +298,16 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
             needed, limit = doubling_bytes(ws.qidx.size), available() if available is not None else None
             if limit is not None and needed > limit:
                 raise QueueOverflow(int(ws.size.sum()), needed, limit)
-            ws = ws._replace(**_grow(ws.q, ws.qidx, ws.head, ws.size))
+            ws = ws._replace(**grow(ws.q, ws.qidx, ws.head, ws.size))
         elif code == WARMUP_DONE:
             out.edges_lo[:], out.edges_hi[:] = equal_mass_edges(ws.window[:window], pol["bins"])
             confusion = rn["predictor"] == PRED_CONFUSION
-            _rebin(ws.q, ws.qidx, ws.head, ws.size, out.edges_lo, out.edges_hi, rn["predictor_p"] if confusion
+            rebin(ws.q, ws.qidx, ws.head, ws.size, out.edges_lo, out.edges_hi, rn["predictor_p"] if confusion
                    else 1.0, key)
         else:
             break
     return (out, REQUESTS.rows(requests) if rn["keep_requests"] else None,
             BATCHES.rows(batches) if rn["keep_batches"] else None)
-
-
-def _ring(head, size, cap):
-    """Slots of a ring buffer's entries, oldest first."""
-    return (head + np.arange(size)) & (cap - 1)
-
-
-def _grow(q, qidx, head, size):
-    """Double the ring buffers' capacity, unrolling each bin's ring; returns
-    the new ``q`` and ``qidx`` (``head`` is reset in place).  A ring is
-    copied as its two contiguous runs (head to the end, then the start), so
-    nothing is allocated beside the new buffers (:func:`grow_bytes`)."""
-    K, cap = qidx.shape
-    new_q = np.empty((q.shape[0], K, 2 * cap))
-    new_qidx = np.empty((K, 2 * cap), np.int64)
-    for b in range(K):
-        h, m = int(head[b]), int(size[b])
-        a = min(m, cap - h)             # entries from the head to the end of the ring
-        new_q[:, b, :a] = q[:, b, h:h + a]
-        new_q[:, b, a:m] = q[:, b, :m - a]
-        new_qidx[b, :a] = qidx[b, h:h + a]
-        new_qidx[b, a:m] = qidx[b, :m - a]
-    head[:] = 0
-    return {"q": new_q, "qidx": new_qidx}
-
-
-def _rebin(q, qidx, head, size, lo, hi, p=1.0, key=0):
-    """The end of Algorithm 6's warm-up: each engine's bin 0 queue (every
-    request so far; its other bins are empty) re-binned by each waiting
-    request's own prediction (Algorithm 4), confused with probability 1 -
-    ``p``: no future is used.  No bin receives more than the requests bin 0
-    held, so none overflows."""
-    K = lo.shape[0]
-    for base in range(0, qidx.shape[0], K):
-        j = _ring(head[base], size[base], qidx.shape[1])
-        fields, index = q[:, base, j], qidx[base, j]
-        bins = partition_tiled_array(fields[Q.pred], lo, hi)
-        if p < 1.0:
-            bins = confused_bins(bins, request_uniforms(key, index), p, K)
-        head[base:base + K] = 0
-        for b in range(K):
-            mine = bins == b
-            size[base + b] = np.count_nonzero(mine)
-            q[:, base + b, :size[base + b]] = fields[:, mine]
-            qidx[base + b, :size[base + b]] = index[mine]
 
 
 # --- the steps of the event loop ----------------------------------------------
@@ -423,109 +339,6 @@ def _draw_requests(i0, m, t, seg, t_switch, draws, inv_rate, arrival_times, arri
 
 
 @step
-def _arrive(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill):
-    """Step 2b, one arrival: request i (column jj of the block) joins the
-    FIFO of its bin (Algorithm 4) on the engine whose queues start at
-    ``base``, or of bin 0 during the warm-up, whose window keeps its
-    prediction; with bin confusion (``p < 1``) the bin moves to a neighbour
-    with probability 1 - p.  Returns False, nothing done, when the ring
-    buffer is full."""
-    pred = blk[Q.pred, jj]
-    if binned:
-        b = partition_tiled(pred, lo, hi, K) if K > 1 else 0
-        if p < 1.0:
-            b = confused_bin(b, request_uniform(key, i), p, K)
-    else:
-        b = 0
-        window[i] = pred
-    b += base
-    if size[b] > mask:   # size == capacity == mask + 1
-        return False
-    # unsigned indices: no negative-index wraparound code
-    ub = np.uint64(b)
-    slot = np.uint64((head[b] + size[b]) & mask)
-    q[Q.arrival, ub, slot] = blk[Q.arrival, jj]
-    q[Q.prompt, ub, slot] = blk[Q.prompt, jj]
-    q[Q.output, ub, slot] = blk[Q.output, jj]
-    q[Q.pred, ub, slot] = pred
-    q[Q.prefill, ub, slot] = prefill
-    qidx[ub, slot] = i
-    size[b] += 1
-    return True
-
-
-#: bits of an engine's id in :func:`_scan_engines`' packed keys (at most
-#: 2**20 engines, ``Cluster.engines``' domain; an engine's active requests,
-#: bounded by its queues' memory, stay far below 2**43)
-ENGINE_BITS = 20
-#: above any engine's packed key
-ACTIVE_NONE = np.iinfo(np.int64).max
-
-
-@step
-def _scan_engines(eng):
-    """The least-used registered engine (fewest active requests, ties to the
-    lowest id), the most active requests of a registered engine, their sum
-    and the registered engines."""
-    active = eng[EN.active]
-    registered = eng[EN.registered]
-    E = active.shape[0]
-    # (reductions without branches, which the compiler vectorizes; the least
-    # key, active requests then id, is the least-used engine's)
-    least = ACTIVE_NONE
-    most = 0
-    total = 0
-    count = 0
-    for e in range(E):
-        on = registered[e] != 0
-        a = active[e] if on else 0
-        least = min(least, (active[e] << ENGINE_BITS) | e if on else ACTIVE_NONE)
-        most = max(most, a)
-        total += a
-        count += 1 if on else 0
-    best = least & ((1 << ENGINE_BITS) - 1) if count > 0 else -1
-    return best, most, total, count
-
-
-@step
-def _route(router, threshold, prompt, pid, programs, eng, rr_route, table):
-    """The router's engine for a request of ``prompt`` tokens of program
-    ``pid``: round-robin over the registered engines, least-used, or
-    Autellix's Algorithm 2 (at most ``threshold`` tokens: least-used; more:
-    the program table's engine, assigned least-used on first sight; without
-    ``programs``, every request is its own program: least-used).  Returns
-    the engine, the round-robin pointer after it, whether the program table
-    routed it, and the engine loads (:func:`_scan_engines`)."""
-    best, most, total, count = _scan_engines(eng)
-    if router == ROUTE_ROUND_ROBIN:
-        E = eng.shape[1]
-        e = rr_route
-        for _ in range(E):
-            if eng[EN.registered, e] != 0:
-                break
-            e = e + 1 if e + 1 < E else 0
-        return e, (e + 1 if e + 1 < E else 0), False, most, total, count
-    if router == ROUTE_AUTELLIX and programs and prompt > threshold:
-        e = table[TB.engine, pid]
-        if e >= 0:
-            return e, rr_route, True, most, total, count
-        table[TB.engine, pid] = best
-    return best, rr_route, False, most, total, count
-
-
-@step
-def _context(kv, pid, e, prompt, new, table):
-    """KV reuse: a call on the engine holding its program's context prefills
-    its ``new`` tokens only, elsewhere its whole ``prompt``; the engine then
-    holds the context.  Returns the prefill tokens and whether a context
-    came before (and whether it was held there)."""
-    followup = new < prompt
-    hit = kv and followup and table[TB.holder, pid] == e
-    table[TB.holder, pid] = e
-    return (new if hit else prompt), followup, hit
-
-
-@step
 def _complete(s, in_service, ema, ctl, st, servers_i, servers_f):
     """Step 2a: Algorithm 7's feedback for the batch server s completes, with
     ``in_service`` requests still decoding, into its bin's controller."""
@@ -551,281 +364,6 @@ def _next_completion(servers_i, servers_f):
             t_next = servers_f[SV.free_at, k]
             s_next = k
     return t_next, s_next
-
-
-@step
-def _select_bin(K, select, rr, size):
-    """Algorithm 5, step 1: the bin to serve (one holds requests), and the
-    round-robin pointer after it."""
-    if K == 1:
-        return 0, rr
-    if select == SEL_ROUND_ROBIN:
-        for off in range(K):
-            b = rr + off  # (rr + off) % K, without a division
-            if b >= K:
-                b -= K
-            if size[b] > 0:
-                return b, (b + 1 if b + 1 < K else 0)
-        return -1, rr
-    b = 0
-    for idx in range(1, K):
-        if size[idx] > size[b]:
-            b = idx
-    return b, rr
-
-
-@step
-def _before(t, k, t2, k2):
-    """Whether call (t, k) comes before call (t2, k2): by time, then id."""
-    return t < t2 or (t == t2 and k < k2)
-
-
-@step
-def _heap_push(ht, hid, size, t, k):
-    """Call k at time t into the binary heap ``(ht, hid)`` of ``size``
-    calls; returns the new size."""
-    j = size
-    while j > 0:
-        p = (j - 1) >> 1
-        if _before(ht[p], hid[p], t, k):
-            break
-        ht[j] = ht[p]
-        hid[j] = hid[p]
-        j = p
-    ht[j] = t
-    hid[j] = k
-    return size + 1
-
-
-@step
-def _heap_pop(ht, hid, size):
-    """The first call of the heap, ``(t, k, new size)``."""
-    t = ht[0]
-    k = hid[0]
-    size -= 1
-    if size > 0:
-        lt = ht[size]
-        lk = hid[size]
-        j = 0
-        while True:
-            c = 2 * j + 1
-            if c >= size:
-                break
-            if c + 1 < size and _before(ht[c + 1], hid[c + 1], ht[c], hid[c]):
-                c += 1
-            if _before(lt, lk, ht[c], hid[c]):
-                break
-            ht[j] = ht[c]
-            hid[j] = hid[c]
-            j = c
-        ht[j] = lt
-        hid[j] = lk
-    return t, k, size
-
-
-@step
-def _closed_call(t, k, C, i, new, out, program, new_tokens, session_end, call, predictions, predictor, integer,
-                 blk):
-    """Step 1 of a closed loop: call k (call c of program p, k = p C + c)
-    arriving at t becomes request i, in column 0 of ``blk``: its prompt is
-    its program's context (every earlier call's new tokens and output) plus
-    its new tokens, its prediction the truth (or the given one, in whole
-    tokens when ``integer``)."""
-    p = k // C
-    row = p * C
-    c = k - row
-    s = 0.0
-    for j in range(c + 1):
-        s += new[row + j] + out[row + j]
-    o = out[row + c]
-    blk[Q.arrival, 0] = t
-    blk[Q.prompt, 0] = s - o
-    blk[Q.output, 0] = o
-    if predictor == PRED_REPLAY:
-        v = predictions[i]
-        if integer:
-            v = math.ceil(v)
-            v = v if v >= 1.0 else 1.0
-        blk[Q.pred, 0] = v
-    else:
-        blk[Q.pred, 0] = o
-    program[i] = p
-    new_tokens[i] = new[row + c]
-    session_end[i] = 1 if c == C - 1 else 0
-    call[i] = k
-
-
-@step
-def _follow_ups(q, qidx, b, h0, nb, mask, done, C, call, gap, heap_t, heap_id, hsize):
-    """A closed loop: each member of the batch (the first nb of queue b, head
-    at slot h0) that is not its program's last call has its program's next
-    call wait to arrive ``gap`` s after the batch is ``done``."""
-    ub = np.uint64(b)
-    for j in range(nb):
-        k = call[qidx[ub, np.uint64((h0 + j) & mask)]] + 1
-        if k % C != 0:
-            hsize = _heap_push(heap_t, heap_id, hsize, done + gap[k], k)
-    return hsize
-
-
-@step
-def _full_bin(K, base, B, size, head, q, qidx, mask):
-    """Multi-bin batching (the paper's model) on the engine whose bins start
-    at ``base``: of the bins holding a full batch (``B`` requests), the one
-    whose batch formed first (its B-th request arrived first; ties, at one
-    instant, to the lower request index), as the paper's central FIFO of
-    formed batches serves them; -1 when no bin is full."""
-    best = -1
-    first = np.inf
-    first_i = 0
-    for lb in range(K):
-        b = base + lb
-        if size[b] < B:
-            continue
-        slot = np.uint64((head[b] + B - 1) & mask)
-        t = q[Q.arrival, np.uint64(b), slot]
-        idx = qidx[np.uint64(b), slot]
-        if best < 0 or t < first or (t == first and idx < first_i):
-            best = lb
-            first = t
-            first_i = idx
-    return best
-
-
-@step
-def _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memory, multiplicative, sla, ctl, st):
-    """Algorithm 3, steps 1-2: the target size ``(b_target, b_mem, b_SLA)``
-    of queue b's batch (-1: not computed; its engine's bin ``lb``), from
-    Algorithm 1 and Algorithm 2 (which moves the queue's interval)."""
-    if policy == FORM_STATIC:
-        return pin, -1, -1
-    # (a per-bin limit only for the multi-bin policy)
-    limit = bin_b_max[lb] if policy == FORM_MULTIBIN_DYNAMIC else 0.0
-    bm = b_mem_core(memory[M.eta], memory_variant, memory[M.z], memory[M.default_tokens], memory[M.b_min],
-                    memory[M.b_max], st[b, T.avg_prompt], st[b, T.avg_output], st[b, T.count],
-                    st[b, T.mean_tokens], st[b, T.m2_tokens], limit)
-    bs, ctl[b, C.b_low], ctl[b, C.b_high] = b_sla_core(
-        ctl[b, C.b_low], ctl[b, C.b_high], ctl[b, C.tau_avg], ctl[b, C.b_avg], ctl[b, C.n_decode],
-        ctl[b, C.updates], sla[A.d_sla], sla[A.eps_d], sla[A.b_min], sla[A.b_max], sla[A.alpha], sla[A.delta],
-        multiplicative)
-    if pin > 0:
-        return pin, bm, bs
-    if memory_on:
-        return (bm if bm < bs else bs), bm, bs
-    return bs, bm, bs
-
-
-@subroutine
-def _remove_engine(e, K, per_engine, router, threshold, programs, kv, rr_route, q, qidx, head, size, eng, table,
-                   servers_i, program, new_tokens, session_end):
-    """Engine e leaves the cluster: it starts no batch (those it serves
-    finish, outside the router's counts); the program table forgets it and
-    the contexts it held; its queued requests, bin by bin in queue order, are
-    routed again to the tail of their bin on their new engine (every queue
-    has room: checked by the caller), each with the verdict of its new
-    engine (whether it holds the call's context).  Returns the round-robin
-    pointer, the context tokens prefilled again, the requests moved and the
-    change in calls served on the engine holding their context."""
-    mask = qidx.shape[1] - 1
-    eng[EN.registered, e] = 0
-    eng[EN.free, e] = 0
-    eng[EN.active, e] = 0
-    for k in range(e * per_engine, (e + 1) * per_engine):
-        if servers_i[SV.busy, k] != 0:
-            servers_i[SV.orphan, k] = 1
-    if programs:
-        for pp in range(table.shape[1]):
-            if table[TB.engine, pp] == e:
-                table[TB.engine, pp] = -1
-            if table[TB.holder, pp] == e:
-                table[TB.holder, pp] = -1
-    recomputed = 0.0
-    moved = 0
-    hits = 0
-    for lb in range(K):
-        b = e * K + lb
-        ub = np.uint64(b)
-        while size[b] > 0:
-            sl = np.uint64(head[b])
-            idx = qidx[ub, sl]
-            prompt = q[Q.prompt, ub, sl]
-            pid = program[idx] if programs else idx
-            e2, rr_route, _, _, _, _ = _route(router, threshold, prompt, pid, programs, eng, rr_route, table)
-            prefill = prompt
-            if programs:
-                was = q[Q.prefill, ub, sl]
-                prefill, _, hit = _context(kv, pid, e2, prompt, new_tokens[idx], table)
-                recomputed += prefill - was
-                # the call's verdict is the engine's that serves it: a hit prefilled fewer than its prompt
-                hits += (1 if hit else 0) - (1 if was < prompt else 0)
-                if session_end[idx] != 0:
-                    table[TB.engine, pid] = -1
-            b2 = e2 * K + lb
-            ub2 = np.uint64(b2)
-            sl2 = np.uint64((head[b2] + size[b2]) & mask)
-            for f in range(N_FIELDS):
-                q[f, ub2, sl2] = q[f, ub, sl]
-            q[Q.prefill, ub2, sl2] = prefill
-            qidx[ub2, sl2] = idx
-            size[b2] += 1
-            head[b] = (head[b] + 1) & mask
-            size[b] -= 1
-            eng[EN.queued, e2] += 1
-            eng[EN.active, e2] += 1
-            moved += 1
-    eng[EN.queued, e] = 0
-    return rr_route, recomputed, moved, hits
-
-
-@njit(cache=CACHE, inline="always")
-def _head_sums(q, ub, h0, nb, mask, kv):
-    """The first nb requests of queue ub (head at slot h0), in one pass:
-    their tokens, summed prompt and output lengths, largest output, largest
-    prompt + output, and summed prefill tokens (with ``kv``; else the
-    summed prompt)."""
-    tokens = 0.0
-    sum_prompt = 0.0
-    sum_out = 0.0
-    max_out = 0.0
-    max_seq = 0.0
-    sum_prefill = 0.0
-    for j in range(nb):
-        sl = np.uint64((h0 + j) & mask)
-        p = q[Q.prompt, ub, sl]
-        o = q[Q.output, ub, sl]
-        tokens += p + o
-        sum_prompt += p
-        sum_out += o
-        if o > max_out:
-            max_out = o
-        if p + o > max_seq:
-            max_seq = p + o
-        if kv:
-            sum_prefill += q[Q.prefill, ub, sl]
-    return tokens, sum_prompt, sum_out, max_out, max_seq, (sum_prefill if kv else sum_prompt)
-
-
-@step
-def _candidates(q, b, h0, nb, mask, fit, eta, kv):
-    """Algorithm 3, step 3: the head of bin b's queue (at slot h0) that makes
-    the batch: its first nb requests, and with ``fit`` fewer, the last ones
-    dropped while their tokens exceed the capacity eta (0: the head request
-    alone does).  Returns how many and their aggregates (:func:`_head_sums`;
-    ``kv``: prefill tokens of their own);
-    ``tokens`` is that of the nb candidates less those dropped."""
-    ub = np.uint64(b)
-    tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _head_sums(q, ub, h0, nb, mask, kv)
-    if fit:
-        nb0 = nb
-        while nb > 0 and not check_memory(tokens, eta):
-            sl = np.uint64((h0 + nb - 1) & mask)
-            tokens -= q[Q.prompt, ub, sl] + q[Q.output, ub, sl]
-            nb -= 1
-        if 0 < nb < nb0:
-            # the sums again, over the members kept (rare; the batch pass
-            # above stays a single one in the common case)
-            _, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _head_sums(q, ub, h0, nb, mask, kv)
-    return nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill
 
 
 @step
@@ -1351,9 +889,13 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 if most + eng[EN.queued, e] > mask + 1:
                     code = QUEUE_FULL
                     break
-                rr_route, recomputed, moved, hits = _remove_engine(e, K, per_engine, router, threshold, programs,
-                                                                   kv, rr_route, q, qidx, head, size, eng, table,
-                                                                   servers_i, program, new_tokens, session_end)
+                # (the batches it serves finish outside the router's counts)
+                for k in range(e * per_engine, (e + 1) * per_engine):
+                    if servers_i[SV.busy, k] != 0:
+                        servers_i[SV.orphan, k] = 1
+                rr_route, recomputed, moved, hits = remove_engine(e, K, router, threshold, programs, kv, rr_route, q,
+                                                                  qidx, head, size, eng, table, program, new_tokens,
+                                                                  session_end)
                 kv_recomputed += recomputed
                 rerouted += moved
                 kv_hits += hits
@@ -1374,7 +916,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                         prefill = routed_prefill
                     else:
                         pid = program[i] if programs else i
-                        e, rr_route, hit, most, total, count = _route(router, threshold, prefill, pid, programs,
+                        e, rr_route, hit, most, total, count = route(router, threshold, prefill, pid, programs,
                                                                       eng, rr_route, table)
                         routes += 1
                         sum_active_max += most
@@ -1385,7 +927,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                             table_hits += 1
                         if programs:
                             full = prefill
-                            prefill, followup, held = _context(kv, pid, e, full, new_tokens[i], table)
+                            prefill, followup, held = context(kv, pid, e, full, new_tokens[i], table)
                             kv_recomputed += prefill - new_tokens[i]
                             if followup:
                                 followups += 1
@@ -1398,7 +940,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                         eng[EN.active, e] += 1
                         routed = e
                         routed_prefill = prefill
-                if not _arrive(i, jj, binned, K, e * K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
+                if not join(i, jj, binned, K, e * K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
                                key, prefill):
                     code = QUEUE_FULL
                     break
@@ -1506,279 +1048,6 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
 
 
 # --- the calls of open-loop programs, in arrival order (called from Python)
-
-#: insertion-sort moves per call beyond which :func:`sort_calls` gives up (a
-#: sort of times this far from their buckets' order is left to numpy)
-SORT_MOVES = 64
-
-
-@helper
-def call_times(start, gap, new, out, C, times, ctx):
-    """Each call's arrival time and prompt, by call id (call c of program p:
-    p C + c), as numpy computes them on ``(P, C)`` arrays: ``times = start[:,
-    None] + cumsum(gap, axis=1)`` with the first call's gap 0, and ``ctx =
-    cumsum(new + out, axis=1) - out`` (the program's context before the call
-    plus its new tokens), each sum added in order.  ``times`` may be
-    ``gap`` (each gap is read before its time is written).  Returns the
-    largest time (a program's last call: gaps are at least 0, and the
-    starts ascend, so the least is ``times[0]``)."""
-    hi = -np.inf
-    for p in range(start.shape[0]):
-        row = p * C
-        g = 0.0
-        s = 0.0
-        for c in range(C):
-            k = row + c
-            if c > 0:
-                g += gap[k]
-            times[k] = start[p] + g
-            s += new[k] + out[k]
-            ctx[k] = s - out[k]
-        t = times[row + C - 1]
-        hi = t if t > hi else hi
-    return hi
-
-
-@step
-def _bucket(t, lo, scale, nb):
-    """The bucket of time ``t >= lo``: ``(t - lo) * scale`` cut to 0 .. nb - 1,
-    the last bucket also when that is not finite (a span too small for the
-    scale), so never less than an earlier time's."""
-    x = (t - lo) * scale
-    return int(x) if x < nb else nb - 1
-
-
-@helper
-def sort_calls(times, order, counts, lo, hi):
-    """The call ids in the order of a stable sort of ``times`` into
-    ``order``: a bucket sort (``counts.size - 1`` buckets of equal width
-    between ``lo`` and ``hi``, the least and the largest time; the bucket is
-    monotone in the time, so buckets never need reordering) finished by an
-    insertion sort (moves only within a bucket, equal times kept in id
-    order).  Returns False, ``order`` unfinished, when the insertion sort
-    would take more than :data:`SORT_MOVES` moves per call (times bunched
-    in few buckets)."""
-    N = times.shape[0]
-    nb = counts.shape[0] - 1
-    scale = nb / (hi - lo) if hi > lo else 0.0
-    counts[:] = 0
-    for k in range(N):
-        counts[_bucket(times[k], lo, scale, nb) + 1] += 1
-    for b in range(nb):
-        counts[b + 1] += counts[b]
-    for k in range(N):
-        b = _bucket(times[k], lo, scale, nb)
-        order[counts[b]] = k
-        counts[b] += 1
-    budget = SORT_MOVES * N
-    for j in range(1, N):
-        k = order[j]
-        t = times[k]
-        i = j
-        while i > 0 and times[order[i - 1]] > t:
-            order[i] = order[i - 1]
-            i -= 1
-        budget -= j - i
-        if budget < 0:
-            return False
-        order[i] = k
-    return True
-
-
-@helper
-def permute_calls(order, times, ctx, new, out, C, last, session_end):
-    """Puts the calls in the order ``order`` (every call's id), in place:
-    afterwards ``times``, ``ctx``, ``new`` and ``out`` hold at i the values
-    of call ``order[i]``, ``order`` holds its program, and ``session_end``
-    (the first ``n`` calls, ``n`` its size) 1 on each program's last call
-    among the first ``n``.  ``last`` (one per program) is scratch.  The
-    permutation is applied cycle by cycle (a visited entry of ``order`` is
-    complemented, ``~k < 0``): no array of the calls is copied."""
-    N = order.shape[0]
-    n = session_end.shape[0]
-    last[:] = C - 1
-    for j in range(n, N):
-        # a call left out: its program's calls before it end the session
-        k = order[j]
-        p = k // C
-        c = k - p * C
-        if c - 1 < last[p]:
-            last[p] = c - 1
-    for i in range(N):
-        if order[i] < 0:
-            continue
-        t0 = times[i]
-        c0 = ctx[i]
-        n0 = new[i]
-        o0 = out[i]
-        j = i
-        while True:
-            k = order[j]
-            order[j] = ~k
-            if k == i:
-                times[j] = t0
-                ctx[j] = c0
-                new[j] = n0
-                out[j] = o0
-                break
-            times[j] = times[k]
-            ctx[j] = ctx[k]
-            new[j] = new[k]
-            out[j] = out[k]
-            j = k
-    for i in range(N):
-        k = ~order[i]
-        p = k // C
-        if i < n:
-            session_end[i] = 1 if k - p * C == last[p] else 0
-        order[i] = p
-
-
-@helper
-def program_span(gap, C):
-    """The longest span of a program: its gaps after the first call, summed
-    in order (its last call's offset from its start, as :func:`call_times`
-    adds them)."""
-    span = 0.0
-    for p in range(gap.shape[0] // C):
-        row = p * C
-        g = 0.0
-        for c in range(1, C):
-            g += gap[row + c]
-        span = g if g > span else span
-    return span
-
-
-@helper
-def order_calls(start, gap, new, out, C, chunk, top, ctx, prog, session_end, pos_last, f, tag, srt_t, srt_i,
-                counts):
-    """The open-loop programs' calls in arrival order (by time, then id), as
-    :func:`call_times`, :func:`sort_calls` and :func:`permute_calls` give
-    them, in one pass over the programs, ``chunk`` programs at a time: the
-    calls earlier than the next chunk's first start (no later program has
-    any) are sorted in a block that stays in cache (a bucket sort finished
-    by an insertion sort) and written out; the later ones are carried to
-    the next chunk.  ``top`` is at least every call's time (the last start
-    plus the longest program span): the last chunk's buckets reach it.
-    The times are written over ``gap``, the new tokens and
-    outputs over ``new`` and ``out`` (position i is written once the
-    programs holding the first i calls are read), the prompts into ``ctx``,
-    each call's program into ``prog`` and, for the first ``n`` (the size of
-    ``session_end``), 1 on each program's last call among them.
-    ``pos_last`` (one per program; empty when ``n`` is every call: no
-    session is cut short), ``f`` ``(3, cap, 4)`` (the calls to
-    sort and two lists of carried calls: time, prompt, new tokens, output),
-    ``tag`` ``(3, cap)`` (2 program + 1 on its last call), ``srt_t``,
-    ``srt_i`` (cap) and ``counts`` are scratch; ``cap`` must hold a chunk's
-    calls and those carried (see :func:`program_span`).  Returns the calls
-    written, or -1 (nothing consistent written) when a chunk's calls did
-    not fit."""
-    P = start.shape[0]
-    n = session_end.shape[0]
-    cut = n < P * C
-    cap = f.shape[1]
-    nb = counts.shape[0] - 1
-    ia = 1          # the carried calls: list ia, then list ib
-    ib = 2
-    ma = 0
-    i = 0
-    s_prev = start[0]
-    for p0 in range(0, P, chunk):
-        p_end = min(p0 + chunk, P)
-        # (every call of this chunk and those carried: at least s_prev)
-        s_next = start[p_end] if p_end < P else np.inf
-        hi = s_next if p_end < P else top
-        if ma + (p_end - p0) * C > cap:
-            return -1
-        lo = s_prev
-        scale = nb / (hi - lo) if hi > lo else 0.0
-        counts[:] = 0
-        me = 0
-        mb = 0
-        # the calls carried, in id order: now (earlier than s_next) or carried again
-        for j in range(ma):
-            t = f[ia, j, 0]
-            now = t < s_next
-            L, h = (0, me) if now else (ib, mb)
-            for x in range(4):
-                f[L, h, x] = f[ia, j, x]
-            tag[L, h] = tag[ia, j]
-            if now:
-                counts[_bucket(t, lo, scale, nb) + 1] += 1
-                me += 1
-            else:
-                mb += 1
-        # the chunk's calls (as call_times computes them), in id order
-        for p in range(p0, p_end):
-            row = p * C
-            g = 0.0
-            s = 0.0
-            if cut:
-                pos_last[p] = -1
-            for c in range(C):
-                k = row + c
-                if c > 0:
-                    g += gap[k]
-                s += new[k] + out[k]
-                t = start[p] + g
-                tg = 2 * p + (1 if c == C - 1 else 0)
-                if t < s_next:
-                    f[0, me, 0] = t
-                    f[0, me, 1] = s - out[k]
-                    f[0, me, 2] = new[k]
-                    f[0, me, 3] = out[k]
-                    tag[0, me] = tg
-                    counts[_bucket(t, lo, scale, nb) + 1] += 1
-                    me += 1
-                else:
-                    f[ib, mb, 0] = t
-                    f[ib, mb, 1] = s - out[k]
-                    f[ib, mb, 2] = new[k]
-                    f[ib, mb, 3] = out[k]
-                    tag[ib, mb] = tg
-                    mb += 1
-        # their order (stable: equal times keep their id order)
-        for b in range(nb):
-            counts[b + 1] += counts[b]
-        for j in range(me):
-            t = f[0, j, 0]
-            b = _bucket(t, lo, scale, nb)
-            srt_t[counts[b]] = t
-            srt_i[counts[b]] = j
-            counts[b] += 1
-        for j in range(1, me):
-            t = srt_t[j]
-            e = srt_i[j]
-            h = j
-            while h > 0 and srt_t[h - 1] > t:
-                srt_t[h] = srt_t[h - 1]
-                srt_i[h] = srt_i[h - 1]
-                h -= 1
-            srt_t[h] = t
-            srt_i[h] = e
-        for j in range(me):
-            e = srt_i[j]
-            gap[i] = srt_t[j]
-            ctx[i] = f[0, e, 1]
-            new[i] = f[0, e, 2]
-            out[i] = f[0, e, 3]
-            tg = tag[0, e]
-            p = tg >> 1
-            prog[i] = p
-            if i < n:
-                session_end[i] = tg & 1
-                if cut:
-                    pos_last[p] = i
-            i += 1
-        ia, ib = ib, ia
-        ma = mb
-        s_prev = s_next
-    # a program with calls beyond the first n: its last call among them ends its session
-    for j in range(n, i):
-        p = prog[j]
-        if pos_last[p] >= 0:
-            session_end[pos_last[p]] = 1
-    return i
 
 
 def warmup() -> None:

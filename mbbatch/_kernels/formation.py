@@ -14,6 +14,13 @@ policy gives (:meth:`mbbatch.policies.base.Policy.event_config`):
 
 from __future__ import annotations
 
+import numpy as np
+from numba import njit
+
+from .common import CACHE, step
+from .controller import A, C, M, T, b_mem_core, b_sla_core, check_memory
+from .queues import Q
+
 __all__ = ["FORM_STATIC", "FORM_DYNAMIC", "FORM_MULTIBIN_DYNAMIC", "FORM_MULTIBIN", "SEL_ROUND_ROBIN",
            "SEL_LONGEST_QUEUE", "SELECTIONS"]
 
@@ -25,3 +32,122 @@ FORM_MULTIBIN = 3
 SEL_ROUND_ROBIN = 0
 SEL_LONGEST_QUEUE = 1
 SELECTIONS = {"round_robin": SEL_ROUND_ROBIN, "longest_queue": SEL_LONGEST_QUEUE}
+
+
+@step
+def _select_bin(K, select, rr, size):
+    """Algorithm 5, step 1: the bin to serve (one holds requests), and the
+    round-robin pointer after it."""
+    if K == 1:
+        return 0, rr
+    if select == SEL_ROUND_ROBIN:
+        for off in range(K):
+            b = rr + off  # (rr + off) % K, without a division
+            if b >= K:
+                b -= K
+            if size[b] > 0:
+                return b, (b + 1 if b + 1 < K else 0)
+        return -1, rr
+    b = 0
+    for idx in range(1, K):
+        if size[idx] > size[b]:
+            b = idx
+    return b, rr
+
+
+@step
+def _full_bin(K, base, B, size, head, q, qidx, mask):
+    """Multi-bin batching (the paper's model) on the engine whose bins start
+    at ``base``: of the bins holding a full batch (``B`` requests), the one
+    whose batch formed first (its B-th request arrived first; ties, at one
+    instant, to the lower request index), as the paper's central FIFO of
+    formed batches serves them; -1 when no bin is full."""
+    best = -1
+    first = np.inf
+    first_i = 0
+    for lb in range(K):
+        b = base + lb
+        if size[b] < B:
+            continue
+        slot = np.uint64((head[b] + B - 1) & mask)
+        t = q[Q.arrival, np.uint64(b), slot]
+        idx = qidx[np.uint64(b), slot]
+        if best < 0 or t < first or (t == first and idx < first_i):
+            best = lb
+            first = t
+            first_i = idx
+    return best
+
+
+@step
+def _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memory, multiplicative, sla, ctl, st):
+    """Algorithm 3, steps 1-2: the target size ``(b_target, b_mem, b_SLA)``
+    of queue b's batch (-1: not computed; its engine's bin ``lb``), from
+    Algorithm 1 and Algorithm 2 (which moves the queue's interval)."""
+    if policy == FORM_STATIC:
+        return pin, -1, -1
+    # (a per-bin limit only for the multi-bin policy)
+    limit = bin_b_max[lb] if policy == FORM_MULTIBIN_DYNAMIC else 0.0
+    bm = b_mem_core(memory[M.eta], memory_variant, memory[M.z], memory[M.default_tokens], memory[M.b_min],
+                    memory[M.b_max], st[b, T.avg_prompt], st[b, T.avg_output], st[b, T.count],
+                    st[b, T.mean_tokens], st[b, T.m2_tokens], limit)
+    bs, ctl[b, C.b_low], ctl[b, C.b_high] = b_sla_core(
+        ctl[b, C.b_low], ctl[b, C.b_high], ctl[b, C.tau_avg], ctl[b, C.b_avg], ctl[b, C.n_decode],
+        ctl[b, C.updates], sla[A.d_sla], sla[A.eps_d], sla[A.b_min], sla[A.b_max], sla[A.alpha], sla[A.delta],
+        multiplicative)
+    if pin > 0:
+        return pin, bm, bs
+    if memory_on:
+        return (bm if bm < bs else bs), bm, bs
+    return bs, bm, bs
+
+
+@njit(cache=CACHE, inline="always")
+def _head_sums(q, ub, h0, nb, mask, kv):
+    """The first nb requests of queue ub (head at slot h0), in one pass:
+    their tokens, summed prompt and output lengths, largest output, largest
+    prompt + output, and summed prefill tokens (with ``kv``; else the
+    summed prompt)."""
+    tokens = 0.0
+    sum_prompt = 0.0
+    sum_out = 0.0
+    max_out = 0.0
+    max_seq = 0.0
+    sum_prefill = 0.0
+    for j in range(nb):
+        sl = np.uint64((h0 + j) & mask)
+        p = q[Q.prompt, ub, sl]
+        o = q[Q.output, ub, sl]
+        tokens += p + o
+        sum_prompt += p
+        sum_out += o
+        if o > max_out:
+            max_out = o
+        if p + o > max_seq:
+            max_seq = p + o
+        if kv:
+            sum_prefill += q[Q.prefill, ub, sl]
+    return tokens, sum_prompt, sum_out, max_out, max_seq, (sum_prefill if kv else sum_prompt)
+
+
+@step
+def _candidates(q, b, h0, nb, mask, fit, eta, kv):
+    """Algorithm 3, step 3: the head of bin b's queue (at slot h0) that makes
+    the batch: its first nb requests, and with ``fit`` fewer, the last ones
+    dropped while their tokens exceed the capacity eta (0: the head request
+    alone does).  Returns how many and their aggregates (:func:`_head_sums`;
+    ``kv``: prefill tokens of their own);
+    ``tokens`` is that of the nb candidates less those dropped."""
+    ub = np.uint64(b)
+    tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _head_sums(q, ub, h0, nb, mask, kv)
+    if fit:
+        nb0 = nb
+        while nb > 0 and not check_memory(tokens, eta):
+            sl = np.uint64((h0 + nb - 1) & mask)
+            tokens -= q[Q.prompt, ub, sl] + q[Q.output, ub, sl]
+            nb -= 1
+        if 0 < nb < nb0:
+            # the sums again, over the members kept (rare; the batch pass
+            # above stays a single one in the common case)
+            _, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _head_sums(q, ub, h0, nb, mask, kv)
+    return nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill

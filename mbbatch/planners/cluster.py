@@ -14,6 +14,8 @@ import numpy as np
 from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
+from .._kernels import programs as _p
+from .._kernels import queues as _q
 from .._kernels.routing import ROUTERS
 from .._running import check_memory
 from ..policies.cluster import Programs, Sessions
@@ -44,7 +46,7 @@ class Part:
         (None without programs)."""
         cluster, workload, n = self.policy, plan.workload, plan.n
         programs = cluster.programs
-        arrays = _d.NO_PROGRAMS
+        arrays = _p.NO_PROGRAMS
         if programs is None:
             from .common import drawn
 
@@ -99,7 +101,7 @@ def check(cluster, arrivals, service, n, servers, keep_requests, workload, servi
                          "error's draws in arrival order cannot follow)")
     E, n = cluster.engines, plan.n
     K = plan.event.bins
-    per_bin = _d.SLOT_BYTES * _d.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size)
+    per_bin = _q.SLOT_BYTES * _q.QUEUE_START + 8 * (_c.CONTROLLER.size + _c.BATCH_STATS.size)
     parts = {"engines": ((E - 1) * (K * per_bin + 80 * min(plan.servers, n)), "the other engines' queues and servers")}
     if cluster.programs is not None:
         parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")
@@ -170,7 +172,7 @@ def _order_chunks(start, gap, C: int, chunk: int | None = None):
     1e-9 of the last start, far more than the times' rounding).  A chunk is
     at least as long as the programs it may carry, so that a call is
     carried about once at most."""
-    span = _d.program_span(gap, C)
+    span = _p.program_span(gap, C)
     width = span + 1e-9 * abs(float(start[-1]))
     chunk = max(1, ORDER_CHUNK // C) if chunk is None else chunk
     while True:
@@ -207,18 +209,18 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
         chunk, cap, top = chunks
         # (a program's last call kept is tracked only when calls are left out)
         last = np.empty(start.size if n < N else 0, np.int64)
-        written = _d.order_calls(start, gap, new, out, C, chunk, top, ctx, order, session_end, last,
+        written = _p.order_calls(start, gap, new, out, C, chunk, top, ctx, order, session_end, last,
                                  np.empty((3, cap, 4)), np.empty((3, cap), np.int64), np.empty(cap),
                                  np.empty(cap, np.int64), np.empty(cap // 2 + 2, np.int64))
         if written != N:
             raise RuntimeError(f"mbbatch: the programs' calls overflowed their chunks ({written} of {N} ordered); "
                                "please report this")
     else:
-        hi = _d.call_times(start, gap, new, out, C, times, ctx)
-        if not saturated and not _d.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi):
+        hi = _p.call_times(start, gap, new, out, C, times, ctx)
+        if not saturated and not _p.sort_calls(times, order, np.empty(N // 2 + 2, np.int64), times[0], hi):
             # (about 2 calls a bucket)
             order = np.argsort(times, kind="stable")
-        _d.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end)
+        _p.permute_calls(order, times, ctx, new, out, C, np.empty(start.size, np.int64), session_end)
     calls = {"arrival_times": times[:n], "prompt_values": ctx[:n], "output_values": out[:n]}
     programs = {"program": order[:n], "new_tokens": new[:n], "session_end": session_end}
     return calls, programs

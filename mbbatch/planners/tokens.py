@@ -18,6 +18,7 @@ from .. import stats
 from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
+from .._kernels import queues as _q
 from .._running import available_memory, check_memory, format_bytes, interruptible, stop_flag
 from .._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STREAM_PROMPT, STREAM_SERVICE,
                         entropy_str, stream)
@@ -119,7 +120,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         raise ValueError("servers must be finite for the token-level policies; got inf")
     K, b_max = ev.bins, ev.b_max
     c = min(servers, n)
-    queue = _d.SLOT_BYTES * _d.QUEUE_START
+    queue = _q.SLOT_BYTES * _q.QUEUE_START
     parts = {
         "bins": (K * (queue + 8 * (TIME_SERIES_ROWS + _c.CONTROLLER.size + _c.BATCH_STATS.size + 4)),
                  "the bins' queues"),
@@ -132,7 +133,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         # every request is queued at time 0: the ring buffers grow to hold n (a power of two, at
         # least the start), the last doubling's old buffers beside the new (grow_bytes).  n sizes
         # that growth (the part to make smaller), so it is counted under n
-        grown = _d.grow_bytes((1 << max(int(n - 1).bit_length(), _d.QUEUE_START.bit_length() - 1)) // 2)
+        grown = _q.grow_bytes((1 << max(int(n - 1).bit_length(), _q.QUEUE_START.bit_length() - 1)) // 2)
         parts["n"] = (parts["n"][0] + K * (grown - queue),
                       "the queues of the n requests waiting at time 0 (saturated arrivals) and the latency "
                       "histogram")
