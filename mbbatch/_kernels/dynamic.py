@@ -37,13 +37,14 @@ from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
     M, T, controller_init, decode_tbt, equal_mass_edges, feedback_core,
 )
-from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN,
-                        _candidates, _full_bin, _select_bin, _target_size)
+from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN, Rule,
+                        form_batch)
 from .layout import Arrays, Layout
 from .programs import (NO_CLOSED_LOOP, NO_PROGRAMS, _before, _closed_call, _follow_ups, _heap_pop, _heap_push,
                        call_times, order_calls, permute_calls, program_span, sort_calls)
 from .queues import FIELDS, N_FIELDS, QUEUE_START, SLOT_BYTES, Q, doubling_bytes, grow, grow_bytes, join, rebin
-from .routing import EN, ENGINES, ROUTE_NONE, TABLE, TB, context, remove_engine, route
+from .routing import (EN, ENGINES, ROUTE_NONE, TABLE, Router, engine_done, engine_formed, engine_of, engine_started,
+                      remove_engine, route_call)
 
 # the batch service models
 MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
@@ -160,7 +161,8 @@ LOOP = Layout("loop state", ints=("i",         # next request to arrive
                                   "ev",        # the next engine event
                                   "rr_route",  # the round-robin router's next engine
                                   "routed",    # request i's engine, routed before its queue was full (-1)
-                                  "heap"),     # closed-loop programs: calls waiting to arrive
+                                  "heap",      # closed-loop programs: calls waiting to arrive
+                                  "joins"),    # requests that joined a queue (arrivals and reroutes)
               floats=("t",                     # the arrival clock, s
                       "now",                   # the time of the last event, s
                       "t_switch",              # the ON/OFF process's next change of state, s
@@ -543,12 +545,18 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
         table = cl.table
         C = cl.config[CL.calls]
         closed = C > 0
+        rt = Router(router, threshold, programs, kv)
     per_engine = n_srv // E
+    # the controllers learn from each batch's completion (Algorithm 7)
+    controlled = policy == FORM_DYNAMIC or policy == FORM_MULTIBIN_DYNAMIC
+    # the policy's batch formation rule (formation.form_batch)
+    rule = Rule(policy, K, pin, max_cand, select, memory_on,
+                memory_on and policy != FORM_STATIC and policy != FORM_MULTIBIN, multiplicative, memory_variant, sla,
+                memory, inputs.bin_b_max, eta)
     base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
     # the arrays and streams
     arrival_times = inputs.arrival_times
-    bin_b_max = inputs.bin_b_max
     hist = out.hist
     size_hist = out.size_hist
     ts = out.ts
@@ -595,6 +603,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     rr_route = li[L.rr_route]
     routed = li[L.routed]
     hsize = li[L.heap]
+    joins = li[L.joins]
     t = lf[L.t]
     now = lf[L.now]
     t_switch = lf[L.t_switch]
@@ -656,67 +665,22 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 if servers_i[SV.busy, k] != 0:
                     continue
                 # the server's engine: its queues start at `base`
-                if cl is not None:
-                    e = k // per_engine
-                    if eng[EN.queued, e] == 0 or eng[EN.registered, e] == 0:
-                        continue
-                    base = e * K
-                    rr_e = eng[EN.rr, e]
-                else:
-                    e = 0
-                    base = 0
-                    rr_e = rr
-                sizes = size[base:base + K]
-                # Algorithm 5 with Algorithm 3: the bin, its target size, and
-                # the longest head of its queue within that size and memory
-                nb = 0
-                while True:
-                    if cl is not None:
-                        if eng[EN.queued, e] == 0:
-                            break
-                    elif queued == 0:
-                        break
-                    if policy == FORM_MULTIBIN:
-                        # a full batch, or none: requests wait for their bin to fill
-                        lb = _full_bin(K, base, pin, size, head, q, qidx, mask)
-                        if lb < 0:
-                            nb = 0
-                            break
-                        b = base + lb
-                        target, bm, bs = pin, -1, -1
-                    else:
-                        lb, rr_e = _select_bin(K, select, rr_e, sizes)
-                        b = base + lb
-                        target, bm, bs = _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant,
-                                                      memory, multiplicative, sla, ctl, st)
-                    # step 2: candidates, the head of that bin only
-                    nb = size[b] if size[b] < max_cand else max_cand
-                    nb = nb if nb < target else target
-                    h0 = head[b]
-                    nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(
-                        q, b, h0, nb, mask, memory_on and policy != FORM_STATIC and policy != FORM_MULTIBIN, eta, kv)
-                    if nb == 0:
-                        # the head request alone exceeds the capacity: it can never
-                        # be served, so it leaves the queue as rejected
-                        head[b] = (h0 + 1) & mask
-                        size[b] -= 1
-                        queued -= 1
-                        if cl is not None:
-                            eng[EN.queued, e] -= 1
-                            eng[EN.active, e] -= 1
-                        rejected += 1
-                        continue
-                    if tokens > eta:
-                        mem_exceed += 1   # (the memory constraint is off)
-                    break
-                if cl is not None:
-                    eng[EN.rr, e] = rr_e
-                else:
-                    rr = rr_e
+                e, base, rr_e, waiting = engine_of(cl, k, per_engine, K, rr, queued)
+                if waiting == 0:
+                    continue
+                # 3a. the batch of the policy's rule: a bin, its target size, the head of its queue
+                (nb, lb, rr_e, rej, target, bm, bs, h0, tokens, sum_prompt, sum_out, max_out, max_seq,
+                 sum_prefill) = form_batch(rule, ws, ctl, st, base, rr_e, waiting, kv)
+                queued -= rej
+                rejected += rej
+                rr = engine_formed(cl, e, rr_e, rr, rej)
                 if nb == 0:
                     if cl is not None:
                         continue   # every request queued on this engine was rejected (or no bin is full)
                     break   # every queued request was rejected (or no bin is full)
+                if tokens > eta:
+                    mem_exceed += 1   # (the memory constraint is off)
+                b = base + lb
                 # the batch: the first nb of bin b (unused candidates stay at the front)
                 service, tbt, tpot, ttft = _batch_service(model, base_time, per_token, alpha, beta,
                                                           prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prefill,
@@ -746,12 +710,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 head[b] = (h0 + nb) & mask
                 size[b] -= nb
                 queued -= nb
-                if cl is not None:
-                    eng[EN.queued, e] -= nb
-                    eng[EN.free, e] -= 1
-                    eng[EN.decoding, e] += nb
-                    engine_completed[e] += nb
-                    engine_busy[e] += service
+                engine_started(cl, e, nb, service, engine_completed, engine_busy)
 
                 busy_time += service
                 tokens_out += sum_out
@@ -856,17 +815,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
             now = t_next
             nd = servers_i[SV.size, s_next]
             in_service -= nd
-            if cl is not None:
-                e = s_next // per_engine
-                eng[EN.decoding, e] -= nd
-                if servers_i[SV.orphan, s_next] == 0:
-                    eng[EN.active, e] -= nd
-                if eng[EN.registered, e] != 0:
-                    eng[EN.free, e] += 1
-                if policy == FORM_DYNAMIC or policy == FORM_MULTIBIN_DYNAMIC:
-                    _complete(s_next, eng[EN.decoding, e], ema, ctl, st, servers_i, servers_f)
-            elif policy == FORM_DYNAMIC or policy == FORM_MULTIBIN_DYNAMIC:
-                _complete(s_next, in_service, ema, ctl, st, servers_i, servers_f)
+            decoding = engine_done(cl, s_next, per_engine, nd, servers_i[SV.orphan, s_next] != 0, in_service)
+            if controlled:
+                _complete(s_next, decoding, ema, ctl, st, servers_i, servers_f)
             servers_i[SV.busy, s_next] = 0
             n_free += 1
             t_next, s_next = _next_completion(servers_i, servers_f)
@@ -893,9 +844,9 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 for k in range(e * per_engine, (e + 1) * per_engine):
                     if servers_i[SV.busy, k] != 0:
                         servers_i[SV.orphan, k] = 1
-                rr_route, recomputed, moved, hits = remove_engine(e, K, router, threshold, programs, kv, rr_route, q,
-                                                                  qidx, head, size, eng, table, program, new_tokens,
-                                                                  session_end)
+                rr_route, recomputed, moved, hits, joins = remove_engine(e, K, router, threshold, programs, kv,
+                                                                         rr_route, q, qidx, head, size, eng, table,
+                                                                         program, new_tokens, session_end, joins)
                 kv_recomputed += recomputed
                 rerouted += moved
                 kv_hits += hits
@@ -915,35 +866,32 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                         e = routed
                         prefill = routed_prefill
                     else:
-                        pid = program[i] if programs else i
-                        e, rr_route, hit, most, total, count = route(router, threshold, prefill, pid, programs,
-                                                                      eng, rr_route, table)
-                        routes += 1
-                        sum_active_max += most
-                        sum_active_mean += total / count
+                        # 2c. the router's engine for it
                         if prefill > threshold:
                             n_large += 1
+                        pid, new, last = i, 0.0, False
+                        if programs:
+                            pid, new, last = program[i], new_tokens[i], session_end[i] != 0
+                        e, prefill, rr_route, hit, followup, held, most, mean = route_call(rt, eng, table, prefill,
+                                                                                           pid, new, last, rr_route)
+                        routes += 1
+                        sum_active_max += most
+                        sum_active_mean += mean
                         if hit:
                             table_hits += 1
                         if programs:
-                            full = prefill
-                            prefill, followup, held = context(kv, pid, e, full, new_tokens[i], table)
-                            kv_recomputed += prefill - new_tokens[i]
+                            kv_recomputed += prefill - new
                             if followup:
                                 followups += 1
                             if held:
                                 kv_hits += 1
-                            if session_end[i] != 0:
-                                # the session ends: its program-table entry is cleared (the engine
-                                # holding its context keeps it: an earlier call rerouted finds it)
-                                table[TB.engine, pid] = -1
-                        eng[EN.active, e] += 1
                         routed = e
                         routed_prefill = prefill
                 if not join(i, jj, binned, K, e * K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
-                               key, prefill):
+                            key, prefill, joins):
                     code = QUEUE_FULL
                     break
+                joins += 1
                 routed = -1
                 if keep:
                     r_f[RQ.arrival, i] = now
@@ -1040,6 +988,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     li[L.rr_route] = rr_route
     li[L.routed] = routed
     li[L.heap] = hsize
+    li[L.joins] = joins
     lf[L.routed_prefill] = routed_prefill
     lf[L.t] = t
     lf[L.now] = now

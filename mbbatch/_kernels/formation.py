@@ -14,6 +14,8 @@ policy gives (:meth:`mbbatch.policies.base.Policy.event_config`):
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
@@ -22,7 +24,7 @@ from .controller import A, C, M, T, b_mem_core, b_sla_core, check_memory
 from .queues import Q
 
 __all__ = ["FORM_STATIC", "FORM_DYNAMIC", "FORM_MULTIBIN_DYNAMIC", "FORM_MULTIBIN", "SEL_ROUND_ROBIN",
-           "SEL_LONGEST_QUEUE", "SELECTIONS"]
+           "SEL_LONGEST_QUEUE", "SELECTIONS", "Rule", "form_batch"]
 
 FORM_STATIC = 0
 FORM_DYNAMIC = 1
@@ -32,6 +34,16 @@ FORM_MULTIBIN = 3
 SEL_ROUND_ROBIN = 0
 SEL_LONGEST_QUEUE = 1
 SELECTIONS = {"round_robin": SEL_ROUND_ROBIN, "longest_queue": SEL_LONGEST_QUEUE}
+
+#: A run's batch formation rule and its settings, made once by the event
+#: kernel: the rule (``FORM_*``), the bins per engine, the pinned or static
+#: size (0: the controller's), the candidates looked at, Algorithm 5's
+#: selection, whether the token capacity bounds the target (``memory_on``)
+#: and drops the last candidates (``fit``), the controller's variants, its
+#: SLA and memory settings (:data:`~.controller.SLA`, :data:`~.controller.MEMORY`
+#: floats), the per-bin limits and the token capacity.
+Rule = namedtuple("Rule", ("form", "bins", "pin", "max_candidates", "selection", "memory_on", "fit",
+                           "multiplicative", "memory_variant", "sla", "memory", "bin_b_max", "eta"))
 
 
 @step
@@ -56,26 +68,24 @@ def _select_bin(K, select, rr, size):
 
 
 @step
-def _full_bin(K, base, B, size, head, q, qidx, mask):
+def _full_bin(K, base, B, size, head, q, mask):
     """Multi-bin batching (the paper's model) on the engine whose bins start
     at ``base``: of the bins holding a full batch (``B`` requests), the one
-    whose batch formed first (its B-th request arrived first; ties, at one
-    instant, to the lower request index), as the paper's central FIFO of
-    formed batches serves them; -1 when no bin is full."""
+    whose batch formed first (its B-th request joined first: by arrival,
+    ties at one instant in request order; a request routed again from a
+    removed engine joins at that instant, after every batch formed before),
+    as the paper's central FIFO of formed batches serves them; -1 when no
+    bin is full."""
     best = -1
     first = np.inf
-    first_i = 0
     for lb in range(K):
         b = base + lb
         if size[b] < B:
             continue
-        slot = np.uint64((head[b] + B - 1) & mask)
-        t = q[Q.arrival, np.uint64(b), slot]
-        idx = qidx[np.uint64(b), slot]
-        if best < 0 or t < first or (t == first and idx < first_i):
+        joined = q[Q.joined, np.uint64(b), np.uint64((head[b] + B - 1) & mask)]
+        if joined < first:
             best = lb
-            first = t
-            first_i = idx
+            first = joined
     return best
 
 
@@ -151,3 +161,58 @@ def _candidates(q, b, h0, nb, mask, fit, eta, kv):
             # above stays a single one in the common case)
             _, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _head_sums(q, ub, h0, nb, mask, kv)
     return nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill
+
+
+@step
+def form_batch(rule, ws, ctl, st, base, rr, waiting, kv):
+    """The batch a free server takes from the engine whose queues start at
+    ``base`` (``waiting`` requests queued there; ``ws`` holds the queues):
+    by the rule, a bin (the first formed full batch's, or Algorithm 5's
+    choice) and its target size (the static size, or Algorithm 3's from
+    Algorithms 1 and 2), then the head of that bin's queue within the size
+    and, where the rule fits it, the token capacity.  A head request alone
+    above the capacity can never be served: it leaves the queue, rejected,
+    and the rule looks again.
+
+    Returns ``(nb, lb, rr, rejected, target, b_mem, b_sla, h0, tokens,
+    sum_prompt, sum_out, max_out, max_seq, sum_prefill)``: the batch's size
+    (0: none, no bin full or every request rejected), its bin on the engine,
+    the round-robin pointer after it, the requests rejected, the sizes behind
+    it (-1: not computed), its head slot and its members' aggregates
+    (:func:`_candidates`)."""
+    q = ws.q
+    qidx = ws.qidx
+    head = ws.head
+    size = ws.size
+    mask = q.shape[2] - 1
+    K = rule.bins
+    sizes = size[base:base + K]
+    rejected = 0
+    while waiting > 0:
+        if rule.form == FORM_MULTIBIN:
+            # a full batch, or none: requests wait for their bin to fill
+            lb = _full_bin(K, base, rule.pin, size, head, q, mask)
+            if lb < 0:
+                break
+            b = base + lb
+            target, bm, bs = rule.pin, -1, -1
+        else:
+            lb, rr = _select_bin(K, rule.selection, rr, sizes)
+            b = base + lb
+            target, bm, bs = _target_size(b, lb, rule.form, rule.pin, rule.memory_on, rule.bin_b_max,
+                                          rule.memory_variant, rule.memory, rule.multiplicative, rule.sla, ctl, st)
+        # Algorithm 3, step 2: candidates, the head of that bin only
+        nb = size[b] if size[b] < rule.max_candidates else rule.max_candidates
+        nb = nb if nb < target else target
+        h0 = head[b]
+        nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(q, b, h0, nb, mask, rule.fit,
+                                                                                     rule.eta, kv)
+        if nb == 0:
+            # the head request alone exceeds the capacity: it can never be served
+            head[b] = (h0 + 1) & mask
+            size[b] -= 1
+            waiting -= 1
+            rejected += 1
+            continue
+        return nb, lb, rr, rejected, target, bm, bs, h0, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill
+    return 0, 0, rr, rejected, 0, -1, -1, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0

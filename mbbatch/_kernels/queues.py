@@ -20,18 +20,16 @@ __all__ = ["FIELDS", "Q", "N_FIELDS", "QUEUE_START", "SLOT_BYTES", "doubling_byt
            "rebin", "join"]
 
 
-# --- the workspace, from which a call resumes
 #: a request's arrival time (s) and prompt, output and predicted output
 #: lengths (tokens): the rows of the block of draws ``blk[field, j]`` and of
 #: the per-bin FIFOs, ring buffers ``q[field, bin, slot]`` (the request's
-#: index in ``qidx[bin, slot]``) of a power-of-two capacity
-FIELDS = Layout("request fields", floats=("arrival", "prompt", "output", "pred",
-                                          "prefill"))   # prompt tokens its batch prefills (KV reuse: fewer)
-
-
+#: index in ``qidx[bin, slot]``) of a power-of-two capacity; in a queue also
+#: the prompt tokens its batch prefills (KV reuse: fewer) and when it joined
+#: the queue, counted in the order of every queue's joins (an arrival's, or a
+#: request routed again from a removed engine: a batch forms when its last
+#: member joins)
+FIELDS = Layout("request fields", floats=("arrival", "prompt", "output", "pred", "prefill", "joined"))
 N_FIELDS = FIELDS.size
-
-
 Q = FIELDS.index
 
 
@@ -101,13 +99,14 @@ def rebin(q, qidx, head, size, lo, hi, p=1.0, key=0):
 
 
 @step
-def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill):
+def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill, joined):
     """Step 2b, one arrival: request i (column jj of the block) joins the
     FIFO of its bin (Algorithm 4) on the engine whose queues start at
     ``base``, or of bin 0 during the warm-up, whose window keeps its
     prediction; with bin confusion (``p < 1``) the bin moves to a neighbour
-    with probability 1 - p.  Returns False, nothing done, when the ring
-    buffer is full."""
+    with probability 1 - p; it prefills ``prefill`` tokens and is the
+    ``joined``-th join.  Returns False, nothing done, when the ring buffer
+    is full."""
     pred = blk[Q.pred, jj]
     if binned:
         b = partition_tiled(pred, lo, hi, K) if K > 1 else 0
@@ -127,6 +126,7 @@ def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask,
     q[Q.output, ub, slot] = blk[Q.output, jj]
     q[Q.pred, ub, slot] = pred
     q[Q.prefill, ub, slot] = prefill
+    q[Q.joined, ub, slot] = joined
     qidx[ub, slot] = i
     size[b] += 1
     return True

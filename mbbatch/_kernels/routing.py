@@ -15,6 +15,8 @@ Algorithm 2):
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from .common import step, subroutine
@@ -22,7 +24,8 @@ from .layout import Layout
 from .queues import N_FIELDS, Q
 
 __all__ = ["ROUTE_NONE", "ROUTE_ROUND_ROBIN", "ROUTE_LEAST_USED", "ROUTE_AUTELLIX", "ROUTERS", "ENGINES", "EN",
-           "TABLE", "TB", "scan_engines", "route", "context", "remove_engine"]
+           "TABLE", "TB", "Router", "scan_engines", "route", "context", "route_call", "remove_engine", "engine_of",
+           "engine_formed", "engine_started", "engine_done"]
 
 ROUTE_NONE = 0
 ROUTE_ROUND_ROBIN = 1
@@ -125,7 +128,7 @@ def context(kv, pid, e, prompt, new, table):
 
 @subroutine
 def remove_engine(e, K, router, threshold, programs, kv, rr_route, q, qidx, head, size, eng, table, program,
-                  new_tokens, session_end):
+                  new_tokens, session_end, joins):
     """Engine e leaves the cluster: it starts no batch (those it serves
     finish, outside the router's counts: the caller marks them); the program
     table forgets it and
@@ -134,7 +137,9 @@ def remove_engine(e, K, router, threshold, programs, kv, rr_route, q, qidx, head
     has room: checked by the caller), each with the verdict of its new
     engine (whether it holds the call's context).  Returns the round-robin
     pointer, the context tokens prefilled again, the requests moved and the
-    change in calls served on the engine holding their context."""
+    change in calls served on the engine holding their context, and the
+    joins counted (``joins`` before: each moved request joins its new queue
+    at this instant)."""
     mask = qidx.shape[1] - 1
     eng[EN.registered, e] = 0
     eng[EN.free, e] = 0
@@ -172,6 +177,8 @@ def remove_engine(e, K, router, threshold, programs, kv, rr_route, q, qidx, head
             for f in range(N_FIELDS):
                 q[f, ub2, sl2] = q[f, ub, sl]
             q[Q.prefill, ub2, sl2] = prefill
+            q[Q.joined, ub2, sl2] = joins
+            joins += 1
             qidx[ub2, sl2] = idx
             size[b2] += 1
             head[b] = (head[b] + 1) & mask
@@ -180,4 +187,98 @@ def remove_engine(e, K, router, threshold, programs, kv, rr_route, q, qidx, head
             eng[EN.active, e2] += 1
             moved += 1
     eng[EN.queued, e] = 0
-    return rr_route, recomputed, moved, hits
+    return rr_route, recomputed, moved, hits, joins
+
+
+#: A cluster's router and its settings, made once by the event kernel: its
+#: code (``ROUTE_*``), Autellix's threshold (prefill tokens of the largest
+#: small request), whether requests are calls of programs (a program table)
+#: and whether a call on the engine holding its program's context prefills
+#: its new tokens only (KV reuse).
+Router = namedtuple("Router", ("router", "threshold", "programs", "kv"))
+
+
+@step
+def route_call(rt, eng, table, prompt, pid, new, last, rr_route):
+    """An arriving request of ``prompt`` tokens, a call of program ``pid``
+    with ``new`` tokens of its own (``last``: its program's last call),
+    routed (:func:`route`); with programs its engine holds the program's
+    context from now on (:func:`context`), and at its program's last call
+    the program table forgets the program (the engine holding its context
+    keeps it: an earlier call rerouted finds it).  The engine counts it
+    active.  Returns ``(engine, prefill tokens, round-robin pointer, routed
+    by the table, followup, held, most, mean)``: whether a context came
+    before it and whether its engine held it, and the most and the mean
+    active requests of the registered engines (before it)."""
+    e, rr_route, hit, most, total, count = route(rt.router, rt.threshold, prompt, pid, rt.programs, eng, rr_route,
+                                                 table)
+    prefill = prompt
+    followup = False
+    held = False
+    if rt.programs:
+        prefill, followup, held = context(rt.kv, pid, e, prompt, new, table)
+        if last:
+            table[TB.engine, pid] = -1
+    eng[EN.active, e] += 1
+    return e, prefill, rr_route, hit, followup, held, most, total / count
+
+
+# --- an engine's counts as its servers form, start and finish batches (``cl`` the kernel's
+# cluster arrays, None for one engine: numba prunes the other branch)
+
+@step
+def engine_of(cl, k, per_engine, K, rr, queued):
+    """Server k's engine, where the engine's queues start, its round-robin
+    pointer (Algorithm 5's) and the requests waiting for it (0: none it may
+    serve: a removed engine's servers start no batch).  One engine: engine
+    0, the run's pointer ``rr`` and its ``queued`` requests."""
+    if cl is None:
+        return 0, 0, rr, queued
+    eng = cl.eng
+    e = k // per_engine
+    return e, e * K, eng[EN.rr, e], eng[EN.queued, e] if eng[EN.registered, e] != 0 else 0
+
+
+@step
+def engine_formed(cl, e, rr_e, rr, rejected):
+    """After engine e chose its batch: its round-robin pointer kept, the
+    requests it rejected no longer queued nor active.  Returns the run's
+    pointer (one engine: ``rr_e``)."""
+    if cl is None:
+        return rr_e
+    eng = cl.eng
+    eng[EN.rr, e] = rr_e
+    eng[EN.queued, e] -= rejected
+    eng[EN.active, e] -= rejected
+    return rr
+
+
+@step
+def engine_started(cl, e, nb, service, completed, busy):
+    """Engine e's server started a batch of ``nb`` requests taking
+    ``service`` s: the requests decode, a server less is free."""
+    if cl is not None:
+        eng = cl.eng
+        eng[EN.queued, e] -= nb
+        eng[EN.free, e] -= 1
+        eng[EN.decoding, e] += nb
+        completed[e] += nb
+        busy[e] += service
+
+
+@step
+def engine_done(cl, s, per_engine, nd, orphan, in_service):
+    """Server s finished its batch of ``nd`` requests: its engine's counts
+    (they stay active nowhere; the server is free again if its engine is in
+    the cluster).  Returns the requests still decoding that Algorithm 7's
+    N_decode reads: the engine's (one engine: the run's ``in_service``)."""
+    if cl is None:
+        return in_service
+    eng = cl.eng
+    e = s // per_engine
+    eng[EN.decoding, e] -= nd
+    if not orphan:
+        eng[EN.active, e] -= nd
+    if eng[EN.registered, e] != 0:
+        eng[EN.free, e] += 1
+    return eng[EN.decoding, e]
