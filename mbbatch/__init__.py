@@ -10,8 +10,11 @@ from ._version import __version__
 from . import theory, traces
 from ._kernels import warmup
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
-from .policies import (LAPS, Cluster, DynamicBatching, EngineEvent, MultiBin, MultiBinDynamic, Programs, Sessions,
-                       StaticBatching)
+from .policies.multibin import MultiBin
+from .policies.static import StaticBatching
+from .policies.dynamic import DynamicBatching, MultiBinDynamic
+from .policies.laps import LAPS
+from .policies.cluster import Cluster, EngineEvent, Programs, Sessions
 from . import registry  # (the policies' registry: it sets the parameter table's choices of kinds)
 from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel

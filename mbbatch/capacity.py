@@ -85,7 +85,7 @@ from . import stats
 from ._validation import check_flag, check_scalar_real
 from .arrivals import Arrivals, Poisson, Saturated
 from .metrics import METRICS
-from .policies import MultiBin
+from .policies.multibin import MultiBin
 from .simulation import plan
 from .params import Domain
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .arrivals import Saturated
-from .policies import MultiBin
+from .policies.multibin import MultiBin
 from .simulation import simulate
 
 __all__ = ["figure_1b", "engine_event"]
@@ -63,7 +63,8 @@ def engine_event():
 
     from .arrivals import Poisson
     from .controller import SLAController
-    from .policies import Cluster, DynamicBatching, EngineEvent, Programs
+    from .policies.cluster import Cluster, EngineEvent, Programs
+    from .policies.dynamic import DynamicBatching
     from .service_models import DecodeModel
     from .workload import Workload
 

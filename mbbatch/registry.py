@@ -28,7 +28,11 @@ import dataclasses
 from . import params as _params
 from ._kernels.routing import ROUTERS
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
-from .policies import LAPS, Cluster, DynamicBatching, MultiBin, MultiBinDynamic, StaticBatching
+from .policies.cluster import Cluster
+from .policies.dynamic import DynamicBatching, MultiBinDynamic
+from .policies.laps import LAPS
+from .policies.multibin import MultiBin
+from .policies.static import StaticBatching
 from .policies.base import Policy, SpecContext
 
 __all__ = ["POLICIES", "KINDS", "ARRIVALS", "ROUTERS", "kind_of", "build", "engine_kinds", "decode_kinds", "with_tag"]

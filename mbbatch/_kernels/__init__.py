@@ -39,9 +39,10 @@ wrapper, :mod:`mbbatch.simulation`, does all of that.
 from __future__ import annotations
 
 import hashlib
+import importlib
 from pathlib import Path
 
-from . import common, controller, dynamic, formation, laps, multibin, programs, queues, routing
+from . import common, controller, dynamic, laps, multibin
 from .common import CACHE
 
 __all__ = ["CACHE", "warmup"]
@@ -84,4 +85,6 @@ def _drop_stale_caches(modules) -> None:
         pass  # no cache to keep, or none we can write: numba compiles afresh
 
 
-_drop_stale_caches([common, controller, dynamic, formation, laps, multibin, programs, queues, routing])
+# (every module of the package: a new one needs no line here)
+_drop_stale_caches([importlib.import_module(f"{__name__}.{path.stem}")
+                    for path in sorted(Path(__file__).parent.glob("*.py")) if path.stem != "__init__"])

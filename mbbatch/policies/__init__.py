@@ -1,17 +1,14 @@
 """Batching policies: configuration only, validated at the boundary.
 
-One module per policy (its class, what it declares to the registry, how it
-is built from a sweep's parameters and, for the token-level policies, how
-the event kernel runs it); :mod:`.base` says what a policy declares, and
-:mod:`mbbatch.registry` lists the policies.
+One module per policy: its class, what it declares to the registry
+(:mod:`.base` says what), how a sweep's parameters build it and, for a
+token-level policy, how the event kernel runs it.  The registry
+(:mod:`mbbatch.registry`) lists them, and :mod:`mbbatch` exports them:
+
+- :mod:`.multibin`: :class:`~mbbatch.MultiBin`, the multi-bin paper's;
+- :mod:`.static`: :class:`~mbbatch.StaticBatching`;
+- :mod:`.dynamic`: :class:`~mbbatch.DynamicBatching` and
+  :class:`~mbbatch.MultiBinDynamic`;
+- :mod:`.laps`: :class:`~mbbatch.LAPS`;
+- :mod:`.cluster`: :class:`~mbbatch.Cluster` and its programs and events.
 """
-
-from .base import EventPolicy, Policy
-from .cluster import Cluster, EngineEvent, Programs, Sessions
-from .dynamic import DynamicBatching, MultiBinDynamic
-from .laps import LAPS
-from .multibin import MultiBin, MultiBinEngine
-from .static import StaticBatching
-
-__all__ = ["Policy", "EventPolicy", "MultiBin", "StaticBatching", "DynamicBatching", "MultiBinDynamic", "LAPS",
-           "Cluster", "EngineEvent", "Programs", "Sessions", "MultiBinEngine"]
