@@ -74,7 +74,9 @@ POLICY = Layout("token policy", ints=("policy", "bins",
                                       "max_candidates", "selection",
                                       "warmup",     # Algorithm 6's warm-up window, requests
                                       "memory_on",
-                                      "servers"))   # at most n (more are never all busy)
+                                      "servers",    # at most n (more are never all busy)
+                                      "scratch"),   # floats of scratch the formation rule works in
+                floats=("max_wait",))               # a request that waited this long goes first (inf: never)
 #: a model uses its own fields (see the MODEL_ codes) and leaves the others 0
 MODEL = Layout("service model", ints=("model",),
                floats=("base", "per_token", "alpha", "beta", "prefill_per_token", "tbt_beta", "tbt_gamma"))
@@ -186,7 +188,8 @@ CLUSTER_ARRAYS = Arrays("ClusterArrays", __name__, config=np.int64, program=np.i
 ClusterArrays = CLUSTER_ARRAYS.type
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
-                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64, draws=np.int64)
+                   blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64, draws=np.int64,
+                   scratch=np.float64)
 TokenWorkspace = WORKSPACE.type
 
 R = RUN.index
@@ -293,7 +296,8 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                         servers_i=servers_i, servers_f=servers_f, blk=np.empty((FIELDS.size, BLOCK)),
                         loop_ints=loop_ints, loop_floats=loop_floats,
                         draws=drawers(rn["arrival_kind"], rn["output_kind"], rn["prompt_kind"],
-                                      predictor=rn["predictor"]))
+                                      predictor=rn["predictor"]),
+                        scratch=np.empty(max(pol["scratch"], 1)))
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
@@ -552,7 +556,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     # the policy's batch formation rule (formation.form_batch)
     rule = Rule(policy, K, pin, max_cand, select, memory_on,
                 memory_on and policy != FORM_STATIC and policy != FORM_MULTIBIN, multiplicative, memory_variant, sla,
-                memory, inputs.bin_b_max, eta)
+                memory, inputs.bin_b_max, eta, config.policy[1][P.max_wait])
     base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
     # the arrays and streams
@@ -670,7 +674,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     continue
                 # 3a. the batch of the policy's rule: a bin, its target size, the head of its queue
                 (nb, lb, rr_e, rej, target, bm, bs, h0, tokens, sum_prompt, sum_out, max_out, max_seq,
-                 sum_prefill) = form_batch(rule, ws, ctl, st, base, rr_e, waiting, kv)
+                 sum_prefill) = form_batch(rule, ws, ctl, st, base, rr_e, waiting, kv, now)
                 queued -= rej
                 rejected += rej
                 rr = engine_formed(cl, e, rr_e, rr, rej)
@@ -1014,7 +1018,7 @@ def warmup() -> None:
                      keep_requests=1, keep_batches=1, rate=1.0, predictor_sigma=0.0, predictor=PRED_ORACLE,
                      predictor_p=1.0),
         policy=POLICY.pack(policy=FORM_MULTIBIN_DYNAMIC, bins=2, pin=0, max_candidates=4, selection=SEL_ROUND_ROBIN,
-                           warmup=4, memory_on=1, servers=2),
+                           warmup=4, memory_on=1, servers=2, scratch=0, max_wait=np.inf),
         sla=SLA.pack(variant=0, d_sla=7.5e-3, eps_d=5e-5, b_min=1.0, b_max=4.0, alpha=4.0, delta=2.0,
                      ema=DEFAULT_EMA),
         memory=MEMORY.pack(variant=0, eta=1e5, b_min=1.0, b_max=4.0, z=1.645, default_tokens=DEFAULT_TOKENS),

@@ -41,9 +41,10 @@ SELECTIONS = {"round_robin": SEL_ROUND_ROBIN, "longest_queue": SEL_LONGEST_QUEUE
 #: selection, whether the token capacity bounds the target (``memory_on``)
 #: and drops the last candidates (``fit``), the controller's variants, its
 #: SLA and memory settings (:data:`~.controller.SLA`, :data:`~.controller.MEMORY`
-#: floats), the per-bin limits and the token capacity.
+#: floats), the per-bin limits, the token capacity, and the age (s) after
+#: which a request goes first (inf: never).
 Rule = namedtuple("Rule", ("form", "bins", "pin", "max_candidates", "selection", "memory_on", "fit",
-                           "multiplicative", "memory_variant", "sla", "memory", "bin_b_max", "eta"))
+                           "multiplicative", "memory_variant", "sla", "memory", "bin_b_max", "eta", "max_wait"))
 
 
 @step
@@ -164,9 +165,10 @@ def _candidates(q, b, h0, nb, mask, fit, eta, kv):
 
 
 @step
-def form_batch(rule, ws, ctl, st, base, rr, waiting, kv):
-    """The batch a free server takes from the engine whose queues start at
-    ``base`` (``waiting`` requests queued there; ``ws`` holds the queues):
+def form_batch(rule, ws, ctl, st, base, rr, waiting, kv, now):
+    """The batch a free server takes at ``now`` from the engine whose queues
+    start at ``base`` (``waiting`` requests queued there; ``ws`` holds the
+    queues and the rule's scratch):
     by the rule, a bin (the first formed full batch's, or Algorithm 5's
     choice) and its target size (the static size, or Algorithm 3's from
     Algorithms 1 and 2), then the head of that bin's queue within the size

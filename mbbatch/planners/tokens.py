@@ -137,6 +137,10 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         parts["n"] = (parts["n"][0] + K * (grown - queue),
                       "the queues of the n requests waiting at time 0 (saturated arrivals) and the latency "
                       "histogram")
+    if ev.scratch:
+        key = "b_max" if ev.controlled else "batch_size"
+        parts[key] = (parts[key][0] + 8 * _scratch(ev, n), "the batch-size histogram and the scratch its rule "
+                      "chooses a batch in")
     if keep_requests:
         parts["keep_requests"] = (72 * n, "the per-request arrays (keep_requests)")
     if keep_batches:
@@ -170,7 +174,7 @@ def _pack(plan: Plan) -> tuple:
             policy=ev.formation, bins=ev.bins, pin=ev.pin, max_candidates=ev.max_candidates,
             selection=ev.selection, warmup=ev.warmup, memory_on=ev.memory_on,
             # more servers than requests are never all busy: the kernel needs at most n (per engine)
-            servers=E * min(plan.servers, n)),
+            servers=E * min(plan.servers, n), scratch=_scratch(ev, n), max_wait=ev.max_wait),
         sla=_c.SLA.pack(variant=_c.CTL_VARIANT_SPEC if sla.variant == "spec" else _c.CTL_VARIANT_MULTIPLICATIVE,
                         d_sla=sla.d_sla, eps_d=sla.eps_d, b_min=sla.b_min, b_max=ev.b_max, alpha=sla.alpha,
                         delta=sla.delta, ema=_c.DEFAULT_EMA),
@@ -185,6 +189,12 @@ def _pack(plan: Plan) -> tuple:
         bin_b_max=ev.bin_b_max if ev.bin_b_max is not None else np.zeros(ev.bins),
         predictions=plan.predictor.given)
     return config, inputs
+
+
+def _scratch(ev, n: int) -> int:
+    """The floats of scratch the rule asks for (for a batch of ``b_max``), for
+    a batch of at most n requests."""
+    return ev.scratch * min(ev.b_max, n) // ev.b_max if ev.scratch else 0
 
 
 def _presample(plan: Plan, gen: np.random.Generator) -> np.ndarray:

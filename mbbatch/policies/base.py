@@ -88,7 +88,8 @@ class EventPolicy(NamedTuple):
     which a request goes first (inf: never); ``preset`` where bins set
     before the run come from (``""``: none, or Algorithm 6's warm-up;
     ``"presample"``, ``"optimal"``, or ``"edges"``: ``edges`` in tokens, or
-    equal mass on the workload's output lengths when None).
+    equal mass on the workload's output lengths when None); ``scratch`` the
+    floats of scratch its rule works in, for a batch of ``b_max``.
     """
 
     formation: int
@@ -107,6 +108,7 @@ class EventPolicy(NamedTuple):
     max_wait: float = float("inf")
     preset: str = ""
     edges: np.ndarray | None = None
+    scratch: int = 0
 
 
 class SpecContext(NamedTuple):
