@@ -872,7 +872,7 @@ def test_a_cluster_sweep_runs_each_engine_policy(tmp_path):
 
 
 def test_engine_settings_need_their_engine_policy(tmp_path):
-    with pytest.raises(SpecError, match=r"engine_bins sets multi-bin engines"):
+    with pytest.raises(SpecError, match=r"engine_bins sets the bins of the engines of multibin, multibin_dynamic"):
         load_spec(write(tmp_path, CLUSTER_SPEC.format(name="engines", seed=9, extra="engine_bins = 2",
                                                       grid='engine_policy = ["dynamic", "static"]')))
     with pytest.raises(SpecError, match=r'engine_policy = "multibin" needs engine_batch_size'):

@@ -810,14 +810,15 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
     if not decode - {"none"}:
         for key in _DECODE_SETTINGS:
             if _values(spec, key):
-                raise SpecError(f"{source}: {key} sets LAPS's decode stage; set decode = \"static\", "
-                                "\"dynamic\" or \"multibin_dynamic\" for one")
-    engines = set(_values(spec, "engine_policy")) or {"dynamic"}
-    if _values(spec, "engine_batch_size") and not engines & {"static", "multibin"}:
-        raise SpecError(f"{source}: engine_batch_size sets static or multi-bin engines; engine_policy = "
-                        f"{sorted(engines)} has none")
-    if _values(spec, "engine_bins") and not engines & {"multibin_dynamic", "multibin"}:
-        raise SpecError(f"{source}: engine_bins sets multi-bin engines; engine_policy = {sorted(engines)} has none")
+                stages = [f'"{k}"' for k in TABLE["decode"].choices if k != "none"]
+                raise SpecError(f"{source}: {key} sets LAPS's decode stage; set decode = "
+                                f"{', '.join(stages[:-1])} or {stages[-1]} for one")
+    engines = set(_values(spec, "engine_policy")) or {TABLE["engine_policy"].default}
+    for key, setting in (("engine_batch_size", "batch_size"), ("engine_bins", "bins")):
+        takes = [k for k in TABLE["engine_policy"].choices if setting in POLICIES[k].settings]
+        if _values(spec, key) and not engines & set(takes):
+            raise SpecError(f"{source}: {key} sets the {setting} of the engines of {', '.join(takes)}; "
+                            f"engine_policy = {sorted(engines)} has none")
     if _values(spec, "session_context") and "sessions" not in programs:
         raise SpecError(f"{source}: session_context applies to programs = \"sessions\" only")
     lo, hi = _values(spec, "b_min"), _values(spec, "b_max")
