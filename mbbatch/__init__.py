@@ -15,6 +15,7 @@ from .policies.static import StaticBatching
 from .policies.dynamic import DynamicBatching, MultiBinDynamic
 from .policies.laps import LAPS
 from .policies.cluster import Cluster, EngineEvent, Programs, Sessions
+from .policies.spf import ShortestPredictedFirst
 from . import registry  # (the policies' registry: it sets the parameter table's choices of kinds)
 from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
@@ -34,6 +35,7 @@ __all__ = [
     "StaticBatching",
     "DynamicBatching",
     "MultiBinDynamic",
+    "ShortestPredictedFirst",
     "LAPS",
     "Cluster",
     "EngineEvent",

@@ -193,7 +193,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("edges", "choice", "", "bin edges: equal probability mass, Lemma A.1's (exponential only), or the "
        "edges minimising eq. (2) (theory.optimal_boundaries)",
        default="equal_mass", choices=("equal_mass", "lemma_a1", "optimal")),
-    _p("max_wait", "real", "s", "a bin's partial batch leaves once its oldest request waited this long",
+    _p("max_wait", "real", "s", "starvation guard: a request that waited this long goes without waiting for its "
+       "batch (MultiBin: its bin's partial batch leaves; shortest-predicted-first: it goes first, oldest first)",
        _NONNEG_INF, default=INF),
     _p("max_candidates", "count", "requests", "candidates looked at per batching decision (default b_max)",
        _COUNT, default=None),

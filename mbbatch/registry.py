@@ -32,6 +32,7 @@ from .policies.cluster import Cluster
 from .policies.dynamic import DynamicBatching, MultiBinDynamic
 from .policies.laps import LAPS
 from .policies.multibin import MultiBin
+from .policies.spf import ShortestPredictedFirst
 from .policies.static import StaticBatching
 from .policies.base import Policy, SpecContext
 
@@ -45,6 +46,7 @@ POLICIES: dict = {cls.kind: cls for cls in (
     MultiBinDynamic,
     LAPS,
     Cluster,
+    ShortestPredictedFirst,
 )}
 #: The kinds, in the registry's order.
 KINDS = tuple(POLICIES)

@@ -33,7 +33,7 @@ def _spec(kind):
                           .replace("d_sla = 0.0074\n", "").replace("eta = 20000.0\n", "")
                           .format(policy=kind, arrivals="poisson", extra="instances = 2", grid="rate = [1.0]"))
     extra = {"static": "batch_size = 8", "dynamic": "b_max = 64", "multibin_dynamic": "b_max = 64\nbins = 2",
-             "cluster": "b_max = 64\nengines = 2"}[kind]
+             "cluster": "b_max = 64\nengines = 2", "spf": "batch_size = 8"}[kind]
     return parse_spec(TOKEN.format(policy=kind, arrivals="poisson", extra=extra, grid="rate = [1.0]"))
 
 

@@ -18,6 +18,7 @@ CALLS = {
     "multibin_dynamic": (mb.MultiBinDynamic(bins=2, warmup=100), {"workload": WL}),
     "laps": (mb.LAPS(instances=2), {"workload": WL}),
     "cluster": (mb.Cluster(engines=2), {"workload": WL}),
+    "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
 }
 
 

@@ -8,7 +8,7 @@ import mbbatch as mb
 def test_a_clusters_engines_declare_they_can_be_engines():
     assert mb.Cluster().policy == mb.DynamicBatching() or isinstance(mb.Cluster().policy, mb.DynamicBatching)
     with pytest.raises(TypeError, match="policy must be DynamicBatching or MultiBin or MultiBinDynamic or "
-                                        "StaticBatching .*; got LAPS"):
+                                        "ShortestPredictedFirst or StaticBatching .*; got LAPS"):
         mb.Cluster(mb.LAPS())
     cl = mb.Cluster(mb.MultiBin(bins=2, batch_size=4), engines=3)
     assert cl.engine_kind == "multibin" and cl.kind == "cluster" and cl.describe()["engine_policy"] == "multibin"

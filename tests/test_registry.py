@@ -34,7 +34,7 @@ def test_the_kinds_are_the_registrys_everywhere():
     from mbbatch.cli import _parser
     from mbbatch.sweeps.spec import KINDS
 
-    assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster")
+    assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf")
     assert KINDS == registry.KINDS and mb.metrics.KINDS == registry.KINDS
     sim = next(a for a in _parser()._subparsers._group_actions[0].choices["simulate"]._actions
                if a.dest == "policy")
@@ -61,7 +61,7 @@ def test_a_spec_key_applies_to_the_kinds_that_declare_it():
 
 def test_the_parameter_tables_kind_choices_are_the_registrys():
     assert set(PARAMS["engine_policy"].choices) == set(registry.engine_kinds()) == {
-        "multibin", "static", "dynamic", "multibin_dynamic"}
+        "multibin", "static", "dynamic", "multibin_dynamic", "spf"}
     assert PARAMS["engine_policy"].choices[0] == PARAMS["engine_policy"].default
     assert PARAMS["decode"].choices == ("none", "static", "dynamic", "multibin_dynamic")
     assert PARAMS["Cluster.router"].choices == tuple(registry.ROUTERS)

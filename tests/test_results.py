@@ -22,9 +22,10 @@ POLICIES = {
     "multibin_dynamic": (mb.MultiBinDynamic(bins=2, warmup=100), {"workload": WL}),
     "laps": (mb.LAPS(instances=1), {"workload": WL}),
     "cluster": (mb.Cluster(engines=2, programs=mb.Programs(calls=2)), {"workload": WL}),
+    "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
 }
 #: the policies whose results keep batch records (keep_batches)
-BATCHED = ("static", "dynamic", "multibin_dynamic", "cluster")
+BATCHED = ("static", "dynamic", "multibin_dynamic", "cluster", "spf")
 
 
 def _run(kind, **kw):
@@ -48,7 +49,7 @@ def test_every_policy_gives_the_one_result_type_with_its_metrics(kind):
         assert res.mean_latency_ci == (res.mean_latency_ci_low, res.mean_latency_ci_high)
         assert res.mean_latency_ci[0] <= res.mean_latency <= res.mean_latency_ci[1]
     assert res.edges.ndim == 1 and np.all(np.diff(res.edges) >= 0)
-    assert res.edges.size == (2 if kind in ("dynamic", "static", "cluster") else 3)
+    assert res.edges.size == (2 if kind in ("dynamic", "static", "cluster", "spf") else 3)
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         res.nonsense
 

@@ -9,7 +9,9 @@ policy gives (:meth:`mbbatch.policies.base.Policy.event_config`):
 - ``FORM_MULTIBIN_DYNAMIC``: Algorithm 5 on top, a bin chosen by
   ``SEL_ROUND_ROBIN`` or ``SEL_LONGEST_QUEUE``, its own controller;
 - ``FORM_MULTIBIN``: the multi-bin paper's batching (a cluster's engines):
-  full batches of ``B`` of one bin only, the first formed first.
+  full batches of ``B`` of one bin only, the first formed first;
+- ``FORM_SPF``: up to ``B`` requests, the smallest predicted outputs first
+  (:mod:`.spf`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from numba import njit
 from .common import CACHE, step
 from .controller import A, C, M, T, b_mem_core, b_sla_core, check_memory
 from .queues import Q
+from .spf import FORM_SPF, spf_batch
 
-__all__ = ["FORM_STATIC", "FORM_DYNAMIC", "FORM_MULTIBIN_DYNAMIC", "FORM_MULTIBIN", "SEL_ROUND_ROBIN",
+__all__ = ["FORM_STATIC", "FORM_DYNAMIC", "FORM_MULTIBIN_DYNAMIC", "FORM_MULTIBIN", "FORM_SPF", "SEL_ROUND_ROBIN",
            "SEL_LONGEST_QUEUE", "SELECTIONS", "Rule", "form_batch"]
 
 FORM_STATIC = 0
@@ -95,8 +98,8 @@ def _target_size(b, lb, policy, pin, memory_on, bin_b_max, memory_variant, memor
     """Algorithm 3, steps 1-2: the target size ``(b_target, b_mem, b_SLA)``
     of queue b's batch (-1: not computed; its engine's bin ``lb``), from
     Algorithm 1 and Algorithm 2 (which moves the queue's interval)."""
-    if policy == FORM_STATIC:
-        return pin, -1, -1
+    if policy != FORM_DYNAMIC and policy != FORM_MULTIBIN_DYNAMIC:
+        return pin, -1, -1      # (a size of its own: no controller)
     # (a per-bin limit only for the multi-bin policy)
     limit = bin_b_max[lb] if policy == FORM_MULTIBIN_DYNAMIC else 0.0
     bm = b_mem_core(memory[M.eta], memory_variant, memory[M.z], memory[M.default_tokens], memory[M.b_min],
@@ -206,6 +209,8 @@ def form_batch(rule, ws, ctl, st, base, rr, waiting, kv, now):
         # Algorithm 3, step 2: candidates, the head of that bin only
         nb = size[b] if size[b] < rule.max_candidates else rule.max_candidates
         nb = nb if nb < target else target
+        if rule.form == FORM_SPF:
+            spf_batch(ws, b, nb, now, rule.max_wait)
         h0 = head[b]
         nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(q, b, h0, nb, mask, rule.fit,
                                                                                      rule.eta, kv)
