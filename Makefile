@@ -26,7 +26,7 @@ help:
 	@echo "make thorough  the hypothesis properties on 500 fresh random examples each"
 	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
 	@echo "make fuzz      random sweep specs run serially, on a pool, killed and resumed, on dask, by the CLI"
-	@echo "make bench     print the speed and memory table"
+	@echo "make bench     print the speed and memory table, and the event kernel's before/after pairs"
 	@echo "make clean     remove .venv, results/ and caches"
 
 $(STAMP): pyproject.toml
@@ -52,8 +52,12 @@ FUZZ_SEED ?= 0
 fuzz: $(STAMP)
 	$(PY) -m tests.fuzz_sweeps --specs $(FUZZ_SPECS) --seed $(FUZZ_SEED)
 
+# the paired before/after table runs against this commit (any git revision): the event kernel
+# before its formation and routing steps were named (BENCH_BEFORE=... to compare another)
+BENCH_BEFORE ?= 3171bff
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/paired.py --before $(BENCH_BEFORE)
 
 # Every spec in one process, on one pool of workers.  A sweep resumes where it
 # stopped; a store made from another spec or by other code is stale, and is

@@ -92,8 +92,8 @@ def cold(package: str, path: Path, runs: int) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", required=True, help="the earlier commit (any git revision)")
-    ap.add_argument("--n", type=int, default=2_000_000, help="requests per run")
-    ap.add_argument("--runs", type=int, default=7, help="pairs per case (median)")
+    ap.add_argument("--n", type=int, default=10_000_000, help="requests per run")
+    ap.add_argument("--runs", type=int, default=9, help="pairs per case (median)")
     ap.add_argument("--cold-runs", type=int, default=3, help="cold compiles per version (median)")
     args = ap.parse_args()
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], check=True,

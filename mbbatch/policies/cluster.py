@@ -171,7 +171,9 @@ class Cluster(Policy):
     ``kv_reuse``, a call served on the engine that holds its program's
     context (the engine of the program's previous call) prefills only its new
     tokens; anywhere else it prefills its whole context.  A program's table
-    entry is cleared at its last call.  Prefill tokens cost time under the
+    entry is cleared at its last call (the engine holding its context keeps
+    it: an earlier call routed again after an engine's removal finds it
+    there).  Prefill tokens cost time under the
     :class:`~mbbatch.DecodeModel` (``prefill_per_token``); the other service
     models read the prompt lengths only as context.
 
