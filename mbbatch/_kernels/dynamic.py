@@ -892,7 +892,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                         routed = e
                         routed_prefill = prefill
                 if not join(i, jj, binned, K, e * K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
-                            key, prefill, joins):
+                            key, prefill, joins, cl is not None):
                     code = QUEUE_FULL
                     break
                 joins += 1

@@ -99,14 +99,15 @@ def rebin(q, qidx, head, size, lo, hi, p=1.0, key=0):
 
 
 @step
-def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill, joined):
+def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill, joined, track):
     """Step 2b, one arrival: request i (column jj of the block) joins the
     FIFO of its bin (Algorithm 4) on the engine whose queues start at
     ``base``, or of bin 0 during the warm-up, whose window keeps its
     prediction; with bin confusion (``p < 1``) the bin moves to a neighbour
     with probability 1 - p; it prefills ``prefill`` tokens and is the
-    ``joined``-th join.  Returns False, nothing done, when the ring buffer
-    is full."""
+    ``joined``-th join (recorded where ``track``: a cluster's, whose multi-bin
+    engines order their batches by it; one engine's runs never read it).
+    Returns False, nothing done, when the ring buffer is full."""
     pred = blk[Q.pred, jj]
     if binned:
         b = partition_tiled(pred, lo, hi, K) if K > 1 else 0
@@ -126,7 +127,8 @@ def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask,
     q[Q.output, ub, slot] = blk[Q.output, jj]
     q[Q.pred, ub, slot] = pred
     q[Q.prefill, ub, slot] = prefill
-    q[Q.joined, ub, slot] = joined
+    if track:
+        q[Q.joined, ub, slot] = joined
     qidx[ub, slot] = i
     size[b] += 1
     return True

@@ -8,14 +8,16 @@ to its head, in arrival order, the others behind them in theirs, so that the
 event kernel serves the head as every rule's batch.  It chooses in
 ``O(m log B)`` for a queue of ``m`` (a max-heap of the ``B`` smallest keys)
 and moves in ``O(m)``, in the rule's scratch: ``B`` offsets, then the
-members' fields and indices (:func:`scratch_size`).
+members' fields and indices (:func:`scratch_size`).  It is called, not
+inlined, from the event loop: the other rules' loop stays as small (and as
+quick to compile) as it was.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .common import step
+from .common import step, subroutine
 from .queues import N_FIELDS, Q
 
 __all__ = ["FORM_SPF", "scratch_size", "spf_batch"]
@@ -73,20 +75,17 @@ def _sift_offsets(heap, size, j):
         j = c
 
 
-@step
-def spf_batch(ws, b, nb, now, max_wait):
-    """Put the ``nb`` requests of queue b that make its batch at ``now`` at
-    the head of the queue: first those that have waited ``max_wait`` s or
-    more (the queue's oldest, at its head already), then, of the others, the
-    ``nb`` minus as many with the smallest predictions (ties in arrival
-    order).  The members keep their arrival order among themselves, and so do
-    the requests left behind them."""
-    q = ws.q
-    qidx = ws.qidx
+@subroutine
+def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
+    """Put the ``nb`` requests of queue b (``m`` of them, from slot ``h``)
+    that make its batch at ``now`` at the head of the queue: first those that
+    have waited ``max_wait`` s or more (the queue's oldest, at its head
+    already), then, of the others, the ``nb`` minus as many with the
+    smallest predictions (ties in arrival order), in the scratch ``sc``.  The
+    members keep their arrival order among themselves, and so do the
+    requests left behind them."""
     mask = q.shape[2] - 1
     ub = np.uint64(b)
-    h = ws.head[b]
-    m = ws.size[b]
     # the requests that have waited too long: the oldest, at the head
     o = 0
     while o < nb and now - q[Q.arrival, ub, np.uint64((h + o) & mask)] >= max_wait:
@@ -95,7 +94,6 @@ def spf_batch(ws, b, nb, now, max_wait):
     if need == 0 or nb == m:
         return
     # the need smallest keys of offsets o .. m - 1: a max-heap of offsets in the scratch
-    sc = ws.scratch
     heap = sc[:need]
     for j in range(need):
         heap[j] = o + j
