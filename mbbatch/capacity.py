@@ -425,7 +425,9 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
 
     Parameters
     ----------
-    policy : MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic
+    policy : a policy of :data:`mbbatch.registry.POLICIES`
+        MultiBin, StaticBatching, DynamicBatching, MultiBinDynamic,
+        ShortestPredictedFirst, Cluster or LAPS.
     arrivals : Poisson, Gamma, OnOff or Replay, optional
         The shape of the arrival process (default Poisson); its rate is what
         the search sets.

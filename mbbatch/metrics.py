@@ -45,11 +45,12 @@ def __getattr__(name):
 class Metric:
     """One metric.
 
-    ``tag`` is the kind of run it describes (:data:`TAGS`); ``var`` is its Dataset variable (default ``sim_<name>`` for real values,
-    ``<name>`` for counts and flags); ``per_rep`` whether sweeps store it per
-    replication; ``aggregate`` the per-point summary sweeps add: ``"ci"``
-    (mean and 95% t-interval over replications: ``<var>_mean``,
-    ``<var>_ci_low``, ``<var>_ci_high``), ``"mean"`` (``<var>_mean``) or none.
+    ``tag`` is the kind of run it describes (:data:`TAGS`); ``var`` is its
+    Dataset variable (default ``sim_<name>`` for real values, ``<name>`` for
+    counts and flags); ``per_rep`` whether sweeps store it per replication;
+    ``aggregate`` the per-point summary sweeps add: ``"ci"`` (mean and 95%
+    t-interval over replications: ``<var>_mean``, ``<var>_ci_low``,
+    ``<var>_ci_high``), ``"mean"`` (``<var>_mean``) or none.
     """
 
     name: str

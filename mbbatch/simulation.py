@@ -50,11 +50,14 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
       waiting in a partial batch when the arrivals end never complete: they
       are counted in ``excluded_partial`` and excluded from every metric.
       MultiBin takes ``service=`` or ``workload=`` with a :class:`MaxModel`.
-    - :class:`StaticBatching`, :class:`DynamicBatching` and
-      :class:`MultiBinDynamic` form a batch whenever a server is free and
-      requests wait (the dynamic-batching specification's Algorithms 1-7);
-      they take ``workload=`` and any service model (default
+    - :class:`StaticBatching`, :class:`DynamicBatching`,
+      :class:`MultiBinDynamic` and :class:`ShortestPredictedFirst` form a
+      batch whenever a server is free and requests wait (the
+      dynamic-batching paper's Algorithms 1-7; shortest predicted output
+      first); they take ``workload=`` and any service model (default
       :class:`DecodeModel`).
+    - :class:`Cluster` runs one of those (or MultiBin) on engines behind a
+      router, and :class:`LAPS` prefill instances behind theirs.
 
     Every argument is checked before anything runs, and a run whose memory
     cannot fit is refused, saying how much it would need.  Ctrl-C stops a
@@ -65,8 +68,9 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
 
     Parameters
     ----------
-    policy : MultiBin, StaticBatching, DynamicBatching or MultiBinDynamic
-        The batching policy.
+    policy : a policy of :data:`mbbatch.registry.POLICIES`
+        The batching policy: MultiBin, StaticBatching, DynamicBatching,
+        MultiBinDynamic, ShortestPredictedFirst, Cluster or LAPS.
     arrivals : Poisson, Gamma, OnOff, PiecewisePoisson, Saturated or Replay
         The arrival process (rates in requests/s), for every policy; see
         :mod:`mbbatch.arrivals`.  A Replay of fewer times than ``n`` is

@@ -23,15 +23,17 @@ from ..results import SimulationResult, UnstableWarning
 __all__ = ["BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE", "RunTotals", "assemble", "check_arrivals",
            "check_batch_model",
            "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
-           "exponentials", "readonly", "per_bin", "steady_state", "HISTOGRAM_QUANTILES"]
+           "exponentials", "readonly", "per_bin", "steady_state", "HISTOGRAM_QUANTILES", "HISTOGRAM_ERROR"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
 BATCH_MEANS_GROUPS = 32
 #: Rows of the token-level policies' downsampled time series.
 TIME_SERIES_ROWS = 512
-#: how quantiles read off the kernels' latency histograms are exact
-HISTOGRAM_QUANTILES = "histogram, relative error <= 2**-11"
+#: the relative error of a quantile read off the kernels' latency histograms
+HISTOGRAM_ERROR = "relative error <= 2**-11"
+#: how exact such quantiles are
+HISTOGRAM_QUANTILES = f"histogram, {HISTOGRAM_ERROR}"
 
 
 def check_batch_model(service_model) -> None:

@@ -21,8 +21,8 @@ from ..results import SimulationResult, Table
 from ..service_models import DecodeModel, PrefillModel
 from ..workload import Workload
 from . import tokens
-from .common import (HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_times, drawn, lengths,
-                     model_config, quantiles, resolve_n, rvs_memory)
+from .common import (HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_times,
+                     drawn, lengths, model_config, quantiles, resolve_n, rvs_memory)
 
 __all__ = ["Plan", "check"]
 
@@ -190,7 +190,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         extra.update(throughput=completed / span if span > 0 else nan, mean_latency=float(e2e.mean()),
                      latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]), span=span)
         arrays["decode"] = decode
-        how = f"latency exact (end to end); time to first token from histograms, {HISTOGRAM_QUANTILES[11:]}"
+        how = f"latency exact (end to end); time to first token from histograms, {HISTOGRAM_ERROR}"
     requests = None
     if plan.keep_requests:
         cols = dict(req) if output is None else {**req, "output": output}

@@ -22,8 +22,8 @@ from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import MaxModel
 from ..workload import Workload
-from .common import (check_batch_model, BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_times,
-                     drawn, finish, model_config, per_bin, quantiles, resolve_n, rvs_memory, steady_state)
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_batch_model,
+                     check_times, drawn, finish, model_config, per_bin, quantiles, resolve_n, rvs_memory, steady_state)
 
 __all__ = ["Plan", "check"]
 

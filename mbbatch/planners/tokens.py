@@ -26,9 +26,9 @@ from .._validation import check_servers
 from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import DecodeModel
-from .common import (check_batch_model, BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble,
-                     check_arrivals, check_times, drawn, finish, lengths, model_config, per_bin, quantiles, resolve_n,
-                     rvs_memory, steady_state)
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
+                     check_batch_model, check_times, drawn, finish, lengths, model_config, per_bin, quantiles,
+                     resolve_n, rvs_memory, steady_state)
 
 __all__ = ["Plan", "check", "TS_COLUMNS"]
 

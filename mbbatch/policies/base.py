@@ -35,8 +35,8 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["Policy", "EventPolicy", "SpecContext", "declaring", "TOKEN_MODELS", "predictor_from_spec", "memory_from_spec",
-           "controller_from_spec", "memory_kw"]
+__all__ = ["Policy", "EventPolicy", "SpecContext", "declaring", "TOKEN_MODELS", "predictor_from_spec",
+           "memory_from_spec", "controller_from_spec", "memory_kw"]
 
 #: the batch service models of the token-level policies (spec names), the default first
 TOKEN_MODELS = ("decode", "linear", "max", "calibrated")
