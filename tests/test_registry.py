@@ -102,3 +102,58 @@ def test_every_arrival_process_declares_its_spec_name_and_keys(name):
     assert cls.spec == name and set(cls.spec_keys) <= set(SPEC_PARAMS)
     for key in cls.spec_keys:
         assert name in SPEC_PARAMS[key].arrivals
+
+
+# --- every registered token-level policy, its settings drawn from the parameter table --------
+
+import numpy as np  # noqa: E402
+import scipy.stats as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hs  # noqa: E402
+
+from .strategies import valid  # noqa: E402
+
+#: bounds that keep a drawn run small (a setting not here takes its default)
+SMALL = {"batch_size": (1, 16), "b_min": (1, 4), "b_max": (4, 64), "bins": (1, 4), "warmup": (4, 200),
+         "max_wait": (0.0, 50.0), "d_sla": (1e-3, 0.05), "eps_d": (0.0, 1e-3), "eta": (2000.0, 1e6),
+         "eps_m": (0.01, 0.2), "predictor_sigma": (0.0, 1.0), "predictor_p": (0.5, 1.0), "servers": (1, 3)}
+#: the kinds the event kernel runs on one engine
+TOKEN_KINDS = [k for k, cls in registry.POLICIES.items() if cls.planner == "tokens"]
+
+
+@settings(deadline=None)
+@given(data=hs.data(), kind=hs.sampled_from(TOKEN_KINDS))
+def test_every_token_policy_from_drawn_settings_serves_each_request_once(data, kind):
+    """Any registered token-level policy (a new one included), its settings
+    drawn from the parameter table's domains and built as a sweep's cell
+    builds it: every request is served once or rejected, batches hold at
+    most b_max, members of a batch start and complete together, and no more
+    batches run at once than there are servers."""
+    cls = registry.POLICIES[kind]
+    params = {name: (data.draw(valid(SPEC_PARAMS[name].key or name, *SMALL[name]), label=name) if name in SMALL
+                     else SPEC_PARAMS[name].default) for name in cls.settings}
+    if "b_min" in params and "b_max" in params:
+        params["b_min"] = min(params["b_min"], params["b_max"])
+    if "warmup" in params:
+        params["warmup"] = max(params["warmup"], params.get("bins", 1))
+    if params.get("predictor_sigma", 0.0) > 0:
+        params["predictor_p"] = 1.0
+    policy = registry.build(kind, params)
+    assert type(policy) is cls
+    n, servers = 400, params["servers"]
+    wl = mb.Workload(prompt=st.lognorm(0.5, scale=100), output=st.lognorm(0.8, scale=40))
+    res = mb.simulate(policy, mb.Poisson(data.draw(hs.floats(1.0, 200.0), label="rate")), workload=wl, n=n,
+                      servers=servers, seed=data.draw(hs.integers(0, 2**32 - 1), label="seed"), keep_requests=True,
+                      keep_batches=True)
+    r, b = res.requests, res.batches
+    served = ~np.isnan(r.completion)
+    assert res.completed == served.sum() and res.completed + res.rejected == n
+    b_max = policy.event_config().b_max
+    assert b.size.max() <= b_max and b.size.sum() == res.completed
+    for j in np.unique(r.batch[served]):
+        members = r.batch == j
+        assert np.unique(r.start[members]).size == 1 and np.unique(r.completion[members]).size == 1
+    starts, ends = b.start, b.start + b.service
+    events = np.concatenate([np.stack([starts, np.ones_like(starts)]), np.stack([ends, -np.ones_like(ends)])], axis=1)
+    order = np.lexsort((events[1], events[0]))                 # (an end before a start at one instant)
+    assert np.cumsum(events[1][order]).max() <= servers
