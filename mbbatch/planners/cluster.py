@@ -20,7 +20,7 @@ from .._kernels.routing import ROUTERS
 from .._running import check_memory
 from ..policies.cluster import Programs, Sessions
 from . import tokens
-from .common import exponentials, lengths, quantiles, readonly
+from .common import drawn_lengths, exponentials, lengths, quantiles, readonly
 
 __all__ = ["Plan", "Part", "check", "ORDER_CHUNK", "ORDER_CAP"]
 
@@ -48,10 +48,7 @@ class Part:
         programs = cluster.programs
         arrays = _p.NO_PROGRAMS
         if programs is None:
-            from .common import drawn
-
-            inputs = drawn(inputs, _d.INPUTS, "output_values", workload._output, streams.output, n)
-            inputs = drawn(inputs, _d.INPUTS, "prompt_values", workload._prompt, streams.prompt, n)
+            inputs = drawn_lengths(inputs, _d.INPUTS, workload, streams, n)
         else:
             if isinstance(programs, Sessions):
                 calls, arrays = _session_calls(programs, workload, n)

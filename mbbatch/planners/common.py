@@ -23,7 +23,7 @@ from ..results import SimulationResult, UnstableWarning
 __all__ = ["BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE", "RunTotals", "assemble", "check_arrivals",
            "check_batch_model",
            "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
-           "exponentials", "readonly", "per_bin", "steady_state", "HISTOGRAM_QUANTILES", "HISTOGRAM_ERROR"]
+           "exponentials", "drawn_lengths", "readonly", "per_bin", "steady_state", "HISTOGRAM_QUANTILES", "HISTOGRAM_ERROR"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
@@ -210,6 +210,14 @@ def drawn(inputs, arrays, field: str, spec, gen, n: int):
     if spec.kind != RVS:
         return inputs
     return arrays.pack(**{**inputs._asdict(), field: spec.draw(gen, n)})
+
+
+def drawn_lengths(inputs, arrays, workload, streams, n: int):
+    """The event kernel's ``inputs`` with the output and the prompt lengths
+    drawn in Python where the workload's distributions need it (the output
+    stream first, then the prompt stream: :func:`drawn`)."""
+    inputs = drawn(inputs, arrays, "output_values", workload._output, streams.output, n)
+    return drawn(inputs, arrays, "prompt_values", workload._prompt, streams.prompt, n)
 
 
 def readonly(a: np.ndarray) -> np.ndarray:

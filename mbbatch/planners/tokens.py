@@ -27,7 +27,7 @@ from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import DecodeModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
-                     check_batch_model, check_times, drawn, finish, lengths, model_config, per_bin, quantiles,
+                     check_batch_model, check_times, drawn_lengths, finish, lengths, model_config, per_bin, quantiles,
                      resolve_n, rvs_memory, steady_state)
 
 __all__ = ["Plan", "check", "TS_COLUMNS"]
@@ -274,8 +274,7 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
     if cluster is not None:
         inputs, cl_args, programs = cluster.prepare(plan, inputs, streams)
     else:
-        inputs = drawn(inputs, _d.INPUTS, "output_values", workload._output, streams.output, n)
-        inputs = drawn(inputs, _d.INPUTS, "prompt_values", workload._prompt, streams.prompt, n)
+        inputs = drawn_lengths(inputs, _d.INPUTS, workload, streams, n)
     args = (config, inputs, streams)
     stop = stop_flag()
     t0 = time.perf_counter()
