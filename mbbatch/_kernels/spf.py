@@ -6,11 +6,12 @@ output lengths (ties in arrival order); a request that has waited
 A queue stays in arrival order.  :func:`spf_batch` moves the batch's members
 to its head, in arrival order, the others behind them in theirs, so that the
 event kernel serves the head as every rule's batch.  It chooses in
-``O(m log B)`` for a queue of ``m`` (a max-heap of the ``B`` smallest keys)
-and moves in ``O(m)``, in the rule's scratch: ``B`` offsets, then the
-members' fields and indices (:func:`scratch_size`).  It is called, not
-inlined, from the event loop: the other rules' loop stays as small (and as
-quick to compile) as it was.
+``O(m log B)`` for a queue of ``m`` (a max-heap of the ``B`` smallest keys,
+whose greatest then marks the members: keys differ, by index) and moves in
+one pass, in the rule's scratch: the heap, then the members' fields and
+indices (:func:`scratch_size`).  It is called, not inlined, from the event
+loop: the other rules' loop stays as small (and as quick to compile) as it
+was.
 """
 
 from __future__ import annotations
@@ -27,51 +28,30 @@ FORM_SPF = 4
 
 
 def scratch_size(batch_size: int) -> int:
-    """Floats of scratch :func:`spf_batch` needs for batches of ``batch_size``:
-    an offset, the fields and the index of each member."""
+    """Floats of scratch :func:`spf_batch` needs for batches of ``batch_size``
+    (a heap of members, then their fields and indices)."""
     return (N_FIELDS + 2) * batch_size
 
 
 @step
-def _key_before(q, ub, h, mask, qidx, a, b):
-    """Whether the request at offset ``a`` of queue ``ub`` (head slot ``h``)
-    comes before the one at ``b``: a smaller prediction, or an equal one and
-    an earlier arrival (a lower request index)."""
-    sa = np.uint64((h + a) & mask)
-    sb = np.uint64((h + b) & mask)
-    pa = q[Q.pred, ub, sa]
-    pb = q[Q.pred, ub, sb]
-    return pa < pb or (pa == pb and qidx[ub, sa] < qidx[ub, sb])
-
-
-@step
-def _sift_down(heap, size, j, q, ub, h, mask, qidx):
-    """Restore the max-heap of offsets ``heap[:size]`` (the greatest key at
-    the root) below position j."""
+def _sift(heap, size, j, pred, idx):
+    """Restore the max-heap of offsets ``heap[:size]`` by key (``pred`` of
+    the offset, then ``idx``: the greatest at the root) below position j."""
     while True:
         c = 2 * j + 1
         if c >= size:
             return
-        if c + 1 < size and _key_before(q, ub, h, mask, qidx, int(heap[c]), int(heap[c + 1])):
-            c += 1
-        if not _key_before(q, ub, h, mask, qidx, int(heap[j]), int(heap[c])):
+        a = int(heap[c])
+        if c + 1 < size:
+            d = int(heap[c + 1])
+            if pred[a] < pred[d] or (pred[a] == pred[d] and idx[a] < idx[d]):
+                c += 1
+                a = d
+        t = int(heap[j])
+        if not (pred[t] < pred[a] or (pred[t] == pred[a] and idx[t] < idx[a])):
             return
-        heap[j], heap[c] = heap[c], heap[j]
-        j = c
-
-
-@step
-def _sift_offsets(heap, size, j):
-    """Restore the max-heap of values ``heap[:size]`` below position j."""
-    while True:
-        c = 2 * j + 1
-        if c >= size:
-            return
-        if c + 1 < size and heap[c] < heap[c + 1]:
-            c += 1
-        if heap[j] >= heap[c]:
-            return
-        heap[j], heap[c] = heap[c], heap[j]
+        heap[j] = a
+        heap[c] = t
         j = c
 
 
@@ -93,43 +73,46 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
     need = nb - o
     if need == 0 or nb == m:
         return
-    # the need smallest keys of offsets o .. m - 1: a max-heap of offsets in the scratch
+    # the candidates' keys, by slot (offset j of the queue is at slot (h + j) & mask)
+    pred = q[Q.pred, b]
+    idx = qidx[b]
+    # the need smallest keys: a max-heap of slots (their greatest key at the root)
     heap = sc[:need]
     for j in range(need):
-        heap[j] = o + j
+        heap[j] = (h + o + j) & mask
     for j in range(need // 2 - 1, -1, -1):
-        _sift_down(heap, need, j, q, ub, h, mask, qidx)
+        _sift(heap, need, j, pred, idx)
     for j in range(o + need, m):
-        if _key_before(q, ub, h, mask, qidx, j, int(heap[0])):
-            heap[0] = j
-            _sift_down(heap, need, 0, q, ub, h, mask, qidx)
-    # the chosen offsets in arrival order (a heap sort of the offsets)
-    for j in range(need // 2 - 1, -1, -1):
-        _sift_offsets(heap, need, j)
-    for end in range(need - 1, 0, -1):
-        heap[0], heap[end] = heap[end], heap[0]
-        _sift_offsets(heap, end, 0)
-    # the members' fields and indices kept, the others moved back over them, the members in front
-    for t in range(need):
-        sl = np.uint64((h + int(heap[t])) & mask)
-        for f in range(N_FIELDS):
-            sc[need + t * (N_FIELDS + 1) + f] = q[f, ub, sl]
-        sc[need + t * (N_FIELDS + 1) + N_FIELDS] = qidx[ub, sl]
+        sl = (h + j) & mask
+        t = int(heap[0])
+        if pred[sl] < pred[t] or (pred[sl] == pred[t] and idx[sl] < idx[t]):
+            heap[0] = sl
+            _sift(heap, need, 0, pred, idx)
+    # the greatest chosen key: the members are the candidates at or below it (keys differ: by index)
+    top = int(heap[0])
+    kp = pred[top]
+    ki = idx[top]
+    # from the back: the others move back in their order, the members are kept (last first)
     w = m - 1
-    t = need - 1
+    kept = 0
     for r in range(m - 1, o - 1, -1):
-        if t >= 0 and r == int(heap[t]):
-            t -= 1
+        sr = np.uint64((h + r) & mask)
+        if pred[sr] < kp or (pred[sr] == kp and idx[sr] <= ki):
+            for f in range(N_FIELDS):
+                sc[kept * (N_FIELDS + 1) + f] = q[f, ub, sr]
+            sc[kept * (N_FIELDS + 1) + N_FIELDS] = qidx[ub, sr]
+            kept += 1
             continue
         if w != r:
-            sr = np.uint64((h + r) & mask)
             sw = np.uint64((h + w) & mask)
             for f in range(N_FIELDS):
                 q[f, ub, sw] = q[f, ub, sr]
             qidx[ub, sw] = qidx[ub, sr]
         w -= 1
+    # the members in front of them, in arrival order
     for t in range(need):
         sl = np.uint64((h + o + t) & mask)
+        k = (need - 1 - t) * (N_FIELDS + 1)
         for f in range(N_FIELDS):
-            q[f, ub, sl] = sc[need + t * (N_FIELDS + 1) + f]
-        qidx[ub, sl] = np.int64(sc[need + t * (N_FIELDS + 1) + N_FIELDS])
+            q[f, ub, sl] = sc[k + f]
+        qidx[ub, sl] = np.int64(sc[k + N_FIELDS])
