@@ -891,11 +891,15 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                                 kv_hits += 1
                         routed = e
                         routed_prefill = prefill
-                if not join(i, jj, binned, K, e * K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
-                            key, prefill, joins, cl is not None):
+                bq, slot = join(i, jj, binned, K, e * K, lo, hi, window, blk, q, qidx, head, size, mask, confusion_p,
+                                key, prefill)
+                if bq < 0:
                     code = QUEUE_FULL
                     break
-                joins += 1
+                if cl is not None:
+                    # (a multi-bin engine's batch forms when its last member joins its queue)
+                    q[Q.joined, np.uint64(bq), slot] = joins
+                    joins += 1
                 routed = -1
                 if keep:
                     r_f[RQ.arrival, i] = now

@@ -99,15 +99,15 @@ def rebin(q, qidx, head, size, lo, hi, p=1.0, key=0):
 
 
 @step
-def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill, joined, track):
+def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask, p, key, prefill):
     """Step 2b, one arrival: request i (column jj of the block) joins the
     FIFO of its bin (Algorithm 4) on the engine whose queues start at
     ``base``, or of bin 0 during the warm-up, whose window keeps its
     prediction; with bin confusion (``p < 1``) the bin moves to a neighbour
-    with probability 1 - p; it prefills ``prefill`` tokens and is the
-    ``joined``-th join (recorded where ``track``: a cluster's, whose multi-bin
-    engines order their batches by it; one engine's runs never read it).
-    Returns False, nothing done, when the ring buffer is full."""
+    with probability 1 - p; it prefills ``prefill`` tokens.  Returns its
+    queue and slot (where a cluster records its join: one engine's runs
+    never read it), or ``(-1, 0)``, nothing done, when the ring buffer is
+    full."""
     pred = blk[Q.pred, jj]
     if binned:
         b = partition_tiled(pred, lo, hi, K) if K > 1 else 0
@@ -118,7 +118,7 @@ def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask,
         window[i] = pred
     b += base
     if size[b] > mask:   # size == capacity == mask + 1
-        return False
+        return -1, np.uint64(0)
     # unsigned indices: no negative-index wraparound code
     ub = np.uint64(b)
     slot = np.uint64((head[b] + size[b]) & mask)
@@ -127,8 +127,6 @@ def join(i, jj, binned, K, base, lo, hi, window, blk, q, qidx, head, size, mask,
     q[Q.output, ub, slot] = blk[Q.output, jj]
     q[Q.pred, ub, slot] = pred
     q[Q.prefill, ub, slot] = prefill
-    if track:
-        q[Q.joined, ub, slot] = joined
     qidx[ub, slot] = i
     size[b] += 1
-    return True
+    return b, slot
