@@ -3,7 +3,6 @@ the calls of open-loop programs put in arrival order, chunk by chunk or all
 at once, bit for bit as numpy orders them."""
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 

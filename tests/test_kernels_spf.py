@@ -2,7 +2,6 @@
 its batches on hand-computed traces, its starvation guard and its scratch."""
 
 import numpy as np
-import pytest
 
 import mbbatch as mb
 from mbbatch._kernels import spf

@@ -22,11 +22,9 @@ are computed there, in numpy), and resumes where it stopped.
 
 from __future__ import annotations
 
-import math
 from collections import namedtuple
 
 import numpy as np
-from numba import njit
 
 from .common import (
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
@@ -40,9 +38,9 @@ from .controller import (
 from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN, Rule,
                         form_batch)
 from .layout import Arrays, Layout
-from .programs import (NO_CLOSED_LOOP, NO_PROGRAMS, _before, _closed_call, _follow_ups, _heap_pop, _heap_push,
+from .programs import (NO_CLOSED_LOOP, _before, _closed_call, _follow_ups, _heap_pop, _heap_push,
                        call_times, order_calls, permute_calls, program_span, sort_calls)
-from .queues import FIELDS, N_FIELDS, QUEUE_START, SLOT_BYTES, Q, doubling_bytes, grow, grow_bytes, join, rebin
+from .queues import FIELDS, QUEUE_START, Q, doubling_bytes, grow, join, rebin
 from .routing import (EN, ENGINES, ROUTE_NONE, TABLE, Router, engine_done, engine_formed, engine_of, engine_started,
                       remove_engine, route_call)
 

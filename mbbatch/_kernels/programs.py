@@ -17,7 +17,7 @@ from .common import PRED_REPLAY, helper, step
 from .queues import Q
 
 __all__ = ["NO_PROGRAMS", "NO_CLOSED_LOOP", "SORT_MOVES", "call_times", "sort_calls", "permute_calls",
-           "program_span", "order_calls", "warmup"]
+           "program_span", "order_calls"]
 
 
 #: the programs of a cluster run without them
