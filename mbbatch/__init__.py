@@ -18,13 +18,14 @@ from .policies.cluster import Cluster, EngineEvent, Programs, Sessions
 from .policies.spf import ShortestPredictedFirst
 from . import registry  # (the policies' registry: it sets the parameter table's choices of kinds)
 from .controller import Memory, SLAController
-from .service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
+from .service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
 from .lengths import Empirical
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .workload import Workload
 from .results import SimulationResult, Table, UnstableWarning
 from .simulation import simulate
 from .capacity import CapacityResult, Objective, find_capacity
+from . import profiles
 
 __all__ = [
     "simulate",
@@ -52,6 +53,7 @@ __all__ = [
     "DecodeModel",
     "CalibratedModel",
     "PrefillModel",
+    "IterationModel",
     "Memory",
     "SLAController",
     "PiecewisePoisson",
@@ -66,6 +68,7 @@ __all__ = [
     "UnstableWarning",
     "theory",
     "traces",
+    "profiles",
     "registry",
     "warmup",
     "__version__",

@@ -242,6 +242,13 @@ def check_choice(name: str, value, choices: tuple) -> str:
     """One of ``choices`` (strings): another string is a ``ValueError``, a
     non-string a ``TypeError``."""
     allowed = ", ".join(repr(c) for c in choices)
+    if len(choices) > 12:
+        # (a long list, such as the hardware profiles: its size, and the names closest to the value)
+        import difflib
+
+        close = difflib.get_close_matches(str(value), choices, n=3, cutoff=0.5) if isinstance(value, str) else []
+        allowed = f"the {len(choices)} choices ({', '.join(repr(c) for c in choices[:3])}, ...)" + (
+            f"; the closest: {', '.join(repr(c) for c in close)}" if close else "")
     if not isinstance(value, str):
         raise TypeError(f"{name} must be one of {allowed}; got {_show(value)} ({_kind(value)})")
     if value not in choices:

@@ -101,6 +101,13 @@ def _parser() -> argparse.ArgumentParser:
 
     _simulate_parser(sub)
 
+    pr = sub.add_parser("profiles", help="list the measured hardware profiles, their fits and errors",
+                        description="The hardware profiles of mbbatch.profiles: IterationModel fitted to each "
+                                    "group of LLM-Inference-Bench's measured batches (Chitty-Venkata et al., "
+                                    "2024, arXiv:2411.00136), with the fit's relative errors in and out of "
+                                    "sample.  Use one with --service-model profile --profile NAME.")
+    pr.add_argument("--match", default="", help="only the names containing this text (e.g. H100/vLLM)")
+
     ck = sub.add_parser("check", help="verify a sweep store: done, missing and damaged grid points")
     ck.add_argument("store", help="the Zarr store a sweep wrote")
 
@@ -203,7 +210,8 @@ def _simulate_parser(sub) -> None:
     for name, sp in _simulate_params().items():
         p = sp.table
         where = f" in {p.domain}" if p.domain is not None else \
-            ": true or false" if p.kind == "flag" else f": {', '.join(p.choices)}"
+            ": true or false" if p.kind == "flag" else f": {', '.join(p.choices)}" if len(p.choices) <= 12 else \
+            f": one of {len(p.choices)} (mbbatch {name}s lists them; default {p.default})"
         units = f", {p.units}" if p.units else ""
         sim.add_argument("--" + name.replace("_", "-"), dest=f"p_{name}", type=_spec_value(p), default=None,
                          metavar=name.upper(), help=f"{p.description}{units}{where}")
@@ -393,6 +401,18 @@ def _dispatch(args) -> int:
                 _print_capacities(ds)
     elif args.command == "simulate":
         _simulate(args)
+    elif args.command == "profiles":
+        from . import profiles
+
+        t = profiles.list()
+        keep = [i for i, name in enumerate(t.name) if args.match in name]
+        if not keep:
+            raise ValueError(f"--match: no profile name contains {args.match!r} (mbbatch profiles lists them)")
+        print(f"{'profile':<44} {'rows':>4}  {'R^2':>6}  {'median':>7}  {'held out':>8}  step (ms)  "
+              f"per context token (ns)")
+        for i in keep:
+            print(f"{t.name[i]:<44} {t.rows[i]:>4}  {t.r2[i]:>6.3f}  {t.median_error[i]:>7.1%}  "
+                  f"{t.holdout_error[i]:>8.1%}  {1e3 * t.step[i]:>9.3f}  {1e9 * t.per_context_token[i]:.3f}")
     elif args.command == "check":
         from .sweeps import check_store
 

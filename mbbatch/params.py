@@ -215,7 +215,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        choices=("round_robin", "longest_queue")),
     # --- batch service models -----------------------------------------------------------
     _p("service_model", "choice", "", "batch service model of the token-level policies (prefill: LAPS's)",
-       default="decode", choices=("decode", "linear", "max", "calibrated", "prefill")),
+       default="decode", choices=("decode", "linear", "max", "calibrated", "prefill", "iteration", "profile")),
+    # a measured accelerator (mbbatch.profiles): its choices are the shipped profiles' names
+    _p("profile", "choice", "", "a measured hardware profile: IterationModel fitted to an accelerator's batch "
+       "times (mbbatch.profiles.names())", default="H100/vLLM/Meta-Llama-3-8B/tp1", choices=()),
     _p("base", "real", "s", "fixed time per batch", _NONNEG, default=0.0),
     _p("per_token", "real", "s/token", "time per output token (MaxModel)", _POS, default=1.0),
     # no calibration in the sources: 1 ms per token of the longest sequence and a 10% cost of
@@ -246,6 +249,21 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # prompt tokens/s, the order of a 7B model's prefill on one GPU) are our placeholders
     _p("PrefillModel.a", "real", "s", "fixed time per prefill batch", _NONNEG, default=5e-3),
     _p("PrefillModel.b", "real", "s/token", "prefill time per prompt token of the batch", _POS, default=1e-4),
+    # IterationModel: an engine iteration's time, linear in what it does; defaults: the fit of the
+    # profile H100/vLLM/Meta-Llama-3-8B/tp1 (mbbatch.profiles.DEFAULT), to 3 significant digits (a
+    # test holds them to it).  Its set-up and prefill per token fit at 0: that benchmark's prompts
+    # and outputs have one length, so b L is split between prefill and decode only through b
+    _p("IterationModel.setup", "real", "s", "fixed time per batch (iteration model)", _NONNEG, default=0.0),
+    _p("IterationModel.step", "real", "s", "fixed time per engine iteration", _NONNEG, default=7.76e-3),
+    _p("IterationModel.prefill_per_token", "real", "s/token", "time per prompt token prefilled (iteration model)",
+       _NONNEG, default=0.0),
+    _p("IterationModel.per_sequence", "real", "s", "time per sequence decoded in an iteration", _NONNEG,
+       default=7.38e-5),
+    _p("IterationModel.per_context_token", "real", "s/token",
+       "time per context (KV) token a decoded sequence attends over, per iteration", _NONNEG, default=5.81e-8),
+    _p("IterationModel.finished", "choice", "",
+       "whether a batch's finished members leave its decode iterations (leave) or step on padded (stay)",
+       default="leave", choices=("leave", "stay")),
     # --- LAPS (seed 004): the router's and the prefill servers' settings --------------------
     _p("LAPS.instances", "count", "instances", "prefill instances behind the router", _COUNT, default=4),
     _p("LAPS.threshold", "count", "tokens", "prompt tokens of the longest short request (--laps-length-threshold)",

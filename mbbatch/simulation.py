@@ -99,10 +99,12 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
         Without it the kernels stream in memory independent of n.
     workload : Workload, optional
         The requests' lengths; give it or ``service``, not both.
-    service_model : MaxModel, LinearModel, DecodeModel or CalibratedModel, optional
+    service_model : MaxModel, LinearModel, DecodeModel, CalibratedModel or IterationModel, optional
         The batch service model (with ``workload``).  Default
-        :class:`DecodeModel` for the token-level policies; MultiBin takes
-        MaxModel only (the max of its members' service times).
+        :class:`DecodeModel` for the token-level policies (a measured
+        accelerator: :func:`mbbatch.profiles.get`); MultiBin takes MaxModel
+        only (the max of its members' service times); LAPS a PrefillModel,
+        or an IterationModel's prefill iteration.
     keep_batches : bool
         Token-level policies: also return per-batch records
         (``res.batches``).

@@ -193,7 +193,7 @@ SETTLE_UP, SETTLE_DOWN = 300.0, 1000.0
 
 
 def _token_sweep(name, axes, cell, *, policies, attrs, reps=REPS, seed=0, arrivals="poisson",
-                 time_series=None):
+                 time_series=None, service_model="decode"):
     """A sweep dataset of token policies over ``axes``, with the variables the
     sweep schema gives a spec of these ``policies`` (variant name -> settings
     with ``kind``; one variant: no policy axis).
@@ -202,8 +202,8 @@ def _token_sweep(name, axes, cell, *, policies, attrs, reps=REPS, seed=0, arriva
     grid point; ``time_series(point, rep, time)`` the ts_* values (load steps).
     """
     single = len(policies) == 1
-    toml = [f'name = "{name}"', f'arrivals = "{arrivals}"', 'service_model = "decode"', f"reps = {reps}",
-            "seed = 1"]
+    toml = [f'name = "{name}"', f'arrivals = "{arrivals}"', f'service_model = "{service_model}"',
+            f"reps = {reps}", "seed = 1"]
     if single:
         toml.append(f'policy = "{next(iter(policies.values()))["kind"]}"')
     toml.append("[params]")
@@ -358,9 +358,39 @@ def write_token_results(path):
         mw[v] = mw[v].where(~short, mw[v] * 0.1)  # tiny batches: the server saturates early
     mw["unstable"] = mw["unstable"] | short
     dsets["max_wait"] = mw
+    dsets.update(_hardware_sweeps(rates))
     for name, ds in dsets.items():
         ds.to_zarr(path / f"{name}.zarr", mode="w")
     return path
+
+
+#: synthetic capacities (requests/s) of the hardware figures' variants: policy, then by GPU
+HARDWARE_CAPS = {"static8": (1.5, 0.8), "static32": (3.3, 1.7), "dynamic": (5.1, 2.7), "mb4": (6.8, 3.9)}
+
+
+def _hardware_sweeps(rates):
+    """The stores of hardware_policies and hardware_trace (the policies on two profiles) and of
+    hardware_trace_default (on the seeds' DecodeModel)."""
+    kinds = {"static8": {"kind": "static", "batch_size": 8}, "static32": {"kind": "static", "batch_size": 32},
+             "dynamic": {"kind": "dynamic"}, "mb4": {"kind": "multibin_dynamic", "bins": 4, "warmup": 1000}}
+    gpus = {"_h100": ("H100/vLLM/Meta-Llama-3-8B/tp1", 0.0101), "_a100": ("A100/vLLM/Meta-Llama-3-8B/tp1", 0.0178)}
+    variants = {p + g: {**settings, "profile": prof, "d_sla": d} for g, (prof, d) in gpus.items()
+                for p, settings in kinds.items()}
+
+    def cap(policy):
+        base, gpu = (policy[:-5], policy[-5:]) if policy[-5:] in gpus else (policy, None)
+        return HARDWARE_CAPS[base][0 if gpu in (None, "_h100") else 1]
+
+    out = {}
+    for name, seed in (("hardware_policies", 11), ("hardware_trace", 12)):
+        out[name] = _token_sweep(name, {"policy": list(variants), "rate": rates},
+                                 lambda policy, rate: (cap(policy), 0.0), policies=variants,
+                                 attrs=dict(n=20000, b_max=256), seed=seed, service_model="profile")
+    out["hardware_trace_default"] = _token_sweep(
+        "hardware_trace_default", {"policy": list(kinds), "rate": rates},
+        lambda policy, rate: (HARDWARE_CAPS[policy][1] * 0.9, 0.1), policies=kinds, attrs=dict(n=20000, b_max=256),
+        seed=13)
+    return out
 
 
 def _trace_replay(reps=2):

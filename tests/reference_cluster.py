@@ -11,7 +11,11 @@ first); the routers ``round_robin``, ``least_used`` and ``autellix``;
 programs (a call's program, its new tokens, its program's last call) and KV
 reuse; engine events.  A batch of b requests takes ``DecodeModel(beta,
 gamma, prefill_per_token)``'s ``prefill_per_token * (its prefill tokens) +
-beta (1 + gamma (b-1)/max(1, b)) * (its largest output)`` s.
+beta (1 + gamma (b-1)/max(1, b)) * (its largest output)`` s; or, with
+``iteration`` (an ``mb.IterationModel``), its iterations from that model's
+definition: a prefill iteration over its prefill tokens, then one decode
+iteration per step, each member attending over its whole prompt and the
+tokens it generated.
 
 The rules, from the README ("Routers of a cluster"), ``mb.Cluster``,
 ``mb.EngineEvent``, ``mb.Programs`` and ``mbbatch.routing.LoadBalancer``:
@@ -113,7 +117,8 @@ class ReferenceRun:
 
 
 def reference_cluster(arrival, prompt, output, *, engines, servers, batch_size, router, threshold=2048,
-                      program=None, new_tokens=None, kv_reuse=False, events=(), beta, gamma, prefill_per_token,
+                      program=None, new_tokens=None, kv_reuse=False, events=(), beta=None, gamma=None,
+                      prefill_per_token=None, iteration=None,
                       edges=None, pred=None, forget_context_at_last_call=False, verdict_at_first_routing=False,
                       formed_at_last_arrival=False):
     """Simulate the cluster on the given requests (in arrival order).
@@ -317,14 +322,35 @@ def reference_cluster(arrival, prompt, output, *, engines, servers, batch_size, 
         enqueue(i, e)
         return e
 
-    def serve(k, members, now):
+    def batch_time(members):
         b = float(len(members))
         sum_prefill = 0.0
         for j in members:
             sum_prefill += run.prefill[j]
         max_out = max(output[j] for j in members)
-        tbt = beta * (1.0 + gamma * (b - 1.0) / max(1.0, b))
-        done = now + (prefill_per_token * sum_prefill + tbt * max_out)
+        if iteration is None:
+            tbt = beta * (1.0 + gamma * (b - 1.0) / max(1.0, b))
+            return prefill_per_token * sum_prefill + tbt * max_out
+        # IterationModel, from its definition: the prefill iteration over the tokens prefilled, then
+        # one decode iteration per step; a member's context is its whole prompt (reused or not) + j
+        m = iteration
+        dmax = max(max_out - 1.0, 0.0)
+        if m.finished == "stay":
+            sum_prompt = 0.0
+            for j in members:
+                sum_prompt += prompt[j]
+            seq, ctx = b * dmax, sum_prompt * dmax + b * dmax * (dmax + 1.0) / 2.0
+        else:
+            seq = ctx = 0.0
+            for j in members:
+                d = max(output[j] - 1.0, 0.0)
+                seq += d
+                ctx += prompt[j] * d + d * (d + 1.0) / 2.0
+        prefill = m.setup + m.step + m.prefill_per_token * sum_prefill
+        return prefill + (m.step * dmax + m.per_sequence * seq + m.per_context_token * ctx)
+
+    def serve(k, members, now):
+        done = now + batch_time(members)
         for j in members:
             run.engine[j] = k // c
             run.start[j] = now

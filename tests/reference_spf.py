@@ -45,10 +45,8 @@ def reference_spf(arrival, prompt, output, pred, batch_size, servers, model, max
             members = old + rest[:batch_size - len(old)]
             chosen = set(members)
             waiting = [r for r in waiting if r not in chosen]
-            times = model.times(size=len(members), max_seq_len=max(prompt[r] + output[r] for r in members),
-                                max_output=max(output[r] for r in members),
-                                sum_prompt=float(sum(prompt[r] for r in members)))
-            done = now + float(times.service)
+            times = model.batch_times([prompt[r] for r in members], [output[r] for r in members])
+            done = now + float(times.service[0])
             for r in members:
                 start[r] = now
                 completion[r] = done

@@ -69,10 +69,10 @@ def test_unknown_figure_raises(results, tmp_path):
 def test_registry_holds_every_figure_under_its_own_name():
     """A figure is found by its name: the function of that name in paper, experiments, workloads,
     capacity or cluster."""
-    from mbbatch.figures import capacity, cluster, workloads
+    from mbbatch.figures import capacity, cluster, hardware, workloads
 
     defined = {}
-    for module in (paper, experiments, workloads, capacity, cluster):
+    for module in (paper, experiments, workloads, capacity, cluster, hardware):
         public = {n: f for n, f in inspect.getmembers(module, inspect.isfunction)
                   if f.__module__ == module.__name__ and not n.startswith("_")}
         assert sorted(module.__all__) == sorted(public), module.__name__
@@ -85,7 +85,8 @@ def test_registry_holds_every_figure_under_its_own_name():
 def test_registered_datasets_have_a_real_command(name):
     """Each dataset's command is one the CLI accepts, and a sweep's spec exists."""
     datasets = figures.FIGURES[name][1]
-    assert datasets and len(set(datasets)) == len(datasets)
+    # (hardware_fit reads the measurements shipped with mbbatch, no dataset)
+    assert (datasets or name == "hardware_fit") and len(set(datasets)) == len(datasets)
     for d in datasets:
         argv = shlex.split(figures.dataset_command(d))
         assert argv[0] == "mbbatch"
@@ -115,7 +116,8 @@ def test_package_imports_only_theory_and_itself():
                         node.module is None and {a.name for a in node.names} <= own), where
                 else:
                     assert node.level == 2, where
-                    allowed = {"theory", "metrics", "params", "stats"}
+                    # (and the measured hardware's fits, which simulate nothing)
+                    allowed = {"theory", "metrics", "params", "stats", "profiles", "service_models"}
                     assert (node.module or "").split(".")[0] in allowed or (
                         node.module is None and {a.name for a in node.names} <= allowed), where
 
@@ -164,3 +166,4 @@ def test_a_figure_of_an_interrupted_sweep_says_what_it_leaves_out(results, tmp_p
     message = str(caught[0].message)
     assert f"has 2 of {flags.size} grid points not done" in message
     assert f"mbbatch sweep sweeps/fig3.toml --out {tmp_path / 'res' / 'fig3.zarr'}" in message
+

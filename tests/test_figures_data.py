@@ -31,7 +31,7 @@ def test_missing_dataset_names_the_command(tmp_path):
     assert figures.dataset_command("fig4") == "mbbatch sweep sweeps/fig4.toml --out results/fig4.zarr"
 
 
-@pytest.mark.parametrize("name", list(figures.FIGURES))
+@pytest.mark.parametrize("name", [n for n, (_, datasets) in figures.FIGURES.items() if datasets])
 def test_missing_datasets_name_their_commands(tmp_path, name):
     empty = tmp_path / "results"
     empty.mkdir()

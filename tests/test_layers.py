@@ -19,7 +19,9 @@ KERNELS, MODEL, SWEEPS, FIGURES, TOP = range(5)
 LAYERS = {"mbbatch._kernels": KERNELS, "mbbatch.sweeps": SWEEPS, "mbbatch.figures": FIGURES,
           "mbbatch.cli": TOP, "mbbatch": TOP}   # (the package itself: its API gathers every layer)
 #: the figures read stored Datasets: of the model layer, only these (see test_figures)
-FIGURES_MAY_READ = ("mbbatch.theory", "mbbatch.metrics", "mbbatch.params", "mbbatch.stats")
+FIGURES_MAY_READ = ("mbbatch.theory", "mbbatch.metrics", "mbbatch.params", "mbbatch.stats",
+                    # the measured hardware and the fits of the service models (they simulate nothing)
+                    "mbbatch.profiles", "mbbatch.service_models")
 #: modules with nothing of their own to test
 NO_TESTS = {"mbbatch._version": "one constant (tests/test_provenance.py checks it is pyproject's version)"}
 

@@ -64,8 +64,8 @@ def test_the_calls_arrivals_and_batch_model_are_checked():
                                         "Replay; got float"):
         check_arrivals(1.0)
     check_batch_model(mb.DecodeModel())
-    with pytest.raises(TypeError, match="service_model must be MaxModel, LinearModel, DecodeModel or "
-                                        "CalibratedModel; got PrefillModel"):
+    with pytest.raises(TypeError, match="service_model must be MaxModel, LinearModel, DecodeModel, "
+                                        "CalibratedModel or IterationModel; got PrefillModel"):
         check_batch_model(mb.PrefillModel())
 
 

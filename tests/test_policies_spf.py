@@ -48,8 +48,14 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("servers, B, max_wait, predictor, arrivals, rate", CASES)
-def test_the_kernel_equals_the_reference_request_by_request(servers, B, max_wait, predictor, arrivals, rate):
+#: an engine timed iteration by iteration (finished members leaving, and padded)
+ITERATION = [mb.IterationModel(setup=0.01, step=5e-3, prefill_per_token=1e-4, per_sequence=2e-4,
+                               per_context_token=1e-7, finished=f) for f in ("leave", "stay")]
+
+
+@pytest.mark.parametrize("servers, B, max_wait, predictor, arrivals, rate, model",
+                         [(*c, MODEL) for c in CASES] + [(2, 8, 5.0, None, "poisson", 10.0, m) for m in ITERATION])
+def test_the_kernel_equals_the_reference_request_by_request(servers, B, max_wait, predictor, arrivals, rate, model):
     """Every request's batch start and completion, bit for bit, against the
     plain-Python reference, on the kernel's own requests: light and heavy
     loads (a backlog makes the choice matter), whole-token lengths (ties
@@ -66,9 +72,9 @@ def test_the_kernel_equals_the_reference_request_by_request(servers, B, max_wait
     else:
         arr = mb.Saturated()
     pol = mb.ShortestPredictedFirst(B, max_wait=max_wait, predictor=predictor)
-    res = mb.simulate(pol, arr, workload=WL, service_model=MODEL, n=n, servers=servers, seed=7, keep_requests=True)
+    res = mb.simulate(pol, arr, workload=WL, service_model=model, n=n, servers=servers, seed=7, keep_requests=True)
     r = res.requests
-    start, completion = reference_spf(r.arrival, r.prompt, r.output, r.pred, B, servers, MODEL, max_wait)
+    start, completion = reference_spf(r.arrival, r.prompt, r.output, r.pred, B, servers, model, max_wait)
     np.testing.assert_array_equal(r.start, start)
     np.testing.assert_array_equal(r.completion, completion)
     assert res.completed == n

@@ -115,3 +115,17 @@ def test_shell_examples_are_valid_commands():
         for spec in getattr(args, "spec", None) or []:
             if "*" not in spec:
                 assert (ROOT / spec).is_file(), line
+
+
+def test_profiles_example_runs_and_quotes_its_error():
+    import scipy.stats as st
+
+    import mbbatch as mb
+
+    ns = {"mb": mb, "np": np, "st": st}
+    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
+    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
+    m = ns["m"]
+    assert m.profile == "H100/vLLM/Meta-Llama-3-8B/tp1"
+    assert round(100 * ns["profiles"].fit(m.profile).holdout_error, 1) == 1.6
+    assert ns["res"].completed == 20_000 and not ns["res"].unstable

@@ -153,6 +153,9 @@ def reference_of(res, cluster, model=MODEL, **rules):
     r = res.requests
     programs = cluster.programs is not None
     multibin = isinstance(cluster.policy, mb.MultiBin)
+    if isinstance(model, mb.IterationModel):
+        rules = {**rules, "iteration": model}
+        model = mb.DecodeModel()    # (its fields unused)
     return reference_cluster(
         r.arrival, r.prompt, r.output, engines=cluster.engines, servers=res.servers // cluster.engines,
         batch_size=cluster.policy.batch_size, router=cluster.router, threshold=cluster.threshold,
@@ -191,6 +194,20 @@ def test_the_kernel_equals_the_reference_request_by_request(case):
     cluster, kwargs = build(case)
     res = simulate(cluster, kwargs)
     assert differences(res, reference_of(res, cluster)) == {}
+
+
+#: engines timed iteration by iteration: a batch's prefill counts only the tokens its engine does not
+#: hold (KV reuse), its decode steps attend over the whole context
+ITERATION = [mb.IterationModel(setup=0.01, step=5e-3, prefill_per_token=1e-4, per_sequence=2e-4,
+                               per_context_token=1e-7, finished=f) for f in ("leave", "stay")]
+
+
+@pytest.mark.parametrize("model", ITERATION, ids=lambda m: m.finished)
+@pytest.mark.parametrize("case", CASES[::12], ids=[c.id for c in CASES[::12]])
+def test_the_kernel_equals_the_reference_under_the_iteration_model(case, model):
+    cluster, kwargs = build(case)
+    res = simulate(cluster, {**kwargs, "service_model": model})
+    assert differences(res, reference_of(res, cluster, model)) == {}
 
 
 def _runs_differ(a, b) -> bool:

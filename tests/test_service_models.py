@@ -22,6 +22,7 @@ from mbbatch.service_models import (
     BatchTimes,
     CalibratedModel,
     DecodeModel,
+    IterationModel,
     PrefillModel,
     FitResult,
     LinearModel,
@@ -285,10 +286,10 @@ def test_references_broadcast_and_return_floats_for_scalars():
 
 def test_reference_errors_name_the_argument():
     m = CalibratedModel()
-    with pytest.raises(TypeError, match=r"service_time needs size \(requests\), max_seq_len \(tokens\); "
-                                        r"max_seq_len not given"):
+    with pytest.raises(TypeError, match=r"service_time needs size \(requests\), max_seq_len \(tokens\) \(or size, "
+                                        r"prompt and output of uniform batches\); max_seq_len not given"):
         m.service_time(4)
-    with pytest.raises(TypeError, match=r"times needs .*max_output \(tokens\); max_output not given"):
+    with pytest.raises(TypeError, match=r"times needs .*max_output \(tokens\) \(or .*\); max_output not given"):
         m.times(4, 100)
     with pytest.raises(ValueError, match=r"size must hold integers in \[1, inf\) \(requests\); got size\[1\] = 0"):
         m.service_time([3, 0], 100.0)
@@ -327,24 +328,30 @@ def test_existing_models_keep_their_codes_fields_and_names():
     """Each model gives the event kernel its own fields (``_kernels.dynamic.MODEL``), the others 0."""
     from mbbatch._kernels import dynamic as d
 
-    assert [MaxModel.code, LinearModel.code, DecodeModel.code, CalibratedModel.code] == [0, 1, 2, 3]
+    assert [MaxModel.code, LinearModel.code, DecodeModel.code, CalibratedModel.code, IterationModel.code] == [
+        0, 1, 2, 3, 6]
 
     def floats(model):
         return d.MODEL.zeros(**model.kernel_fields())[1].tolist()
 
-    assert floats(MaxModel(0.5, 0.01)) == [0.5, 0.01, 0, 0, 0, 0, 0]
-    assert floats(LinearModel(0.2, 1e-3, 0.5)) == [0.2, 0, 1e-3, 0.5, 0, 0, 0]
-    assert floats(DecodeModel(5e-3, 0.3, 1e-4)) == [0, 0, 0, 0, 1e-4, 5e-3, 0.3]
-    assert floats(CalibratedModel(0.02, 4e-3, 0.2)) == [0.02, 0, 0, 0, 0, 4e-3, 0.2]
+    assert floats(MaxModel(0.5, 0.01)) == [0.5, 0.01, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert floats(LinearModel(0.2, 1e-3, 0.5)) == [0.2, 0, 1e-3, 0.5, 0, 0, 0, 0, 0, 0]
+    assert floats(DecodeModel(5e-3, 0.3, 1e-4)) == [0, 0, 0, 0, 1e-4, 5e-3, 0.3, 0, 0, 0]
+    assert floats(CalibratedModel(0.02, 4e-3, 0.2)) == [0.02, 0, 0, 0, 0, 4e-3, 0.2, 0, 0, 0]
+    assert floats(IterationModel(0.02, 5e-3, 1e-4, 2e-4, 1e-7)) == [0.02, 0, 0, 0, 1e-4, 0, 0, 5e-3, 2e-4, 1e-7]
+    assert [d.MODEL.zeros(**IterationModel(finished=f).kernel_fields())[0].tolist()
+            for f in ("leave", "stay")] == [[d.MODEL_ITERATION, 0], [d.MODEL_ITERATION, 1]]
     assert [d.MODEL.zeros(**CalibratedModel(feedback=f).kernel_fields())[0][0]
             for f in ("calibrated", "uncalibrated", "legacy")] == [d.MODEL_CALIBRATED, d.MODEL_CALIBRATED_UNCALIBRATED,
                                                                    d.MODEL_CALIBRATED_LEGACY]
     assert SERVICE_MODELS == {"prefill": PrefillModel, "max": MaxModel, "linear": LinearModel,
-                              "decode": DecodeModel, "calibrated": CalibratedModel}
+                              "decode": DecodeModel, "calibrated": CalibratedModel, "iteration": IterationModel,
+                              "profile": IterationModel}
     assert set(sm.__all__) >= {"CalibratedModel", "FitResult", "BatchTimes", "batch_aggregates"}
 
 
-@given(data=st.data(), which=st.sampled_from(["max", "linear", "decode", "calibrated", "uncalibrated", "legacy"]))
+@given(data=st.data(), which=st.sampled_from(["max", "linear", "decode", "calibrated", "uncalibrated", "legacy",
+                                             "leave", "stay"]))
 def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
     """The formula of each model has one truth: its numpy ``times`` equals,
     bit for bit, what the event kernel's ``_batch_service`` computes
@@ -358,6 +365,10 @@ def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
         model = LinearModel(base=data.draw(st.floats(0, 1.0)), alpha=data.draw(real), beta=data.draw(real))
     elif which == "decode":
         model = DecodeModel(beta=data.draw(real), gamma=data.draw(real), prefill_per_token=data.draw(real))
+    elif which in ("leave", "stay"):
+        model = IterationModel(setup=data.draw(st.floats(0, 1.0)), step=data.draw(real),
+                               prefill_per_token=data.draw(st.floats(0, 1e-3)), per_sequence=data.draw(real),
+                               per_context_token=data.draw(st.floats(0, 1e-6)), finished=which)
     else:
         model = CalibratedModel(alpha=data.draw(st.floats(0, 1.0)), beta=data.draw(real), gamma=data.draw(real),
                                 feedback="calibrated" if which == "calibrated" else which)
@@ -366,9 +377,19 @@ def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
     max_out = np.array(data.draw(st.lists(st.integers(0, 4096), min_size=m, max_size=m)), dtype=float)
     max_seq = max_out + np.array(data.draw(st.lists(st.integers(0, 8192), min_size=m, max_size=m)), dtype=float)
     sum_prompt = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=m, max_size=m)), dtype=float)
+    # the decode work of some members (the iteration model's, finished members leaving)
+    seq = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=m, max_size=m)), dtype=float)
+    ctx = np.array(data.draw(st.lists(st.integers(0, 10**9), min_size=m, max_size=m)), dtype=float)
     out = np.empty((4, m))
-    d.batch_times(d.MODEL.zeros(**model.kernel_fields()), size, sum_prompt, max_out, max_seq, out)
-    t = model.times(size=size.astype(np.int64), max_seq_len=max_seq, max_output=max_out, sum_prompt=sum_prompt)
+    kf = model.kernel_fields()
+    if which == "stay":
+        # the padded decode work, as the kernel's decode_work makes it from the batch's size, prompts and
+        # longest output (end to end: tests/test_policies_spf.py's iteration-model cases)
+        dmax = np.maximum(max_out - 1.0, 0.0)
+        seq, ctx = size * dmax, sum_prompt * dmax + size * dmax * (dmax + 1.0) / 2.0
+    d.batch_times(d.MODEL.zeros(**kf), size, sum_prompt, max_out, max_seq, seq, ctx, out)
+    t = model.times(size=size.astype(np.int64), max_seq_len=max_seq, max_output=max_out, sum_prompt=sum_prompt,
+                    sequence_steps=seq, context_steps=ctx)
     for k, name in enumerate(BatchTimes._fields):
         assert np.asarray(getattr(t, name), dtype=float).tobytes() == out[k].tobytes(), name
 
@@ -487,7 +508,7 @@ def test_fit_holds_a_negative_coefficient_at_its_bound():
 def test_fit_errors_name_the_column_and_the_problem():
     rows = _rows(TRUE[3], 20, np.random.default_rng(4))
     with pytest.raises(ValueError, match=r"CalibratedModel.fit needs the columns size \(requests\), max_seq_len "
-                                         r"\(tokens\), service \(s\); measurements lack max_seq_len"):
+                                         r"\(tokens\); measurements lack max_seq_len"):
         CalibratedModel.fit({k: v for k, v in rows.items() if k != "max_seq_len"})
     with pytest.raises(ValueError, match="needs at least 4 measurement rows for 3 parameters .*; got 3"):
         CalibratedModel.fit({k: v[:3] for k, v in rows.items()})
@@ -505,8 +526,10 @@ def test_fit_errors_name_the_column_and_the_problem():
         CalibratedModel.fit(dict(rows, size=np.ones(20, dtype=int)))
     with pytest.raises(ValueError, match="do not determine base, per_token .*two values"):
         MaxModel.fit({"max_output": np.full(5, 3.0), "service": np.arange(5.0)})
-    with pytest.raises(ValueError, match=r"best fit has per_token = 0, outside its domain \(0, inf\).*max_output"):
-        MaxModel.fit({"max_output": np.arange(5.0), "service": 10.0 - np.arange(5.0)})
+    # the best fit on the bound of an open domain: returned, no model
+    res = MaxModel.fit({"max_output": np.arange(5.0), "service": 10.0 - np.arange(5.0)})
+    assert res.model is None and res.at_bound == ("per_token",) and res.params["per_token"] == 0.0
+    assert "per_token at 0, outside the domain" in res.note and "no model" in str(res)
     with pytest.raises(TypeError, match="measurements must be a DataFrame"):
         CalibratedModel.fit([[1, 2, 3]])
     with pytest.raises(TypeError, match="without field names"):
@@ -515,3 +538,150 @@ def test_fit_errors_name_the_column_and_the_problem():
         CalibratedModel.fit(rows, gamma=0.3)
     with pytest.raises(TypeError, match="feedback is not a field; the fields it takes fixed are: none"):
         LinearModel.fit(rows, feedback="legacy")
+
+
+# --- the iteration model ---------------------------------------------------------------------
+
+def _iterations(model, prompt, output):
+    """A batch run iteration by iteration, from IterationModel's definition:
+    its set-up, a prefill iteration giving every member its first token,
+    then decode iterations while a member has tokens to go (finished members
+    leave, or with ``finished="stay"`` step on until the longest is done),
+    each ``step + per_sequence * sequences + per_context_token * their
+    context`` (a member's context at its j-th decode step: prompt + j).
+    Returns (service, time to first token, mean decode iteration)."""
+    t = model.setup + model.step + model.prefill_per_token * sum(prompt)
+    ttft = t
+    togo = [max(o - 1, 0) for o in output]
+    steps = max(togo)
+    for j in range(1, steps + 1):
+        active = [i for i in range(len(prompt)) if model.finished == "stay" or togo[i] >= j]
+        t += model.step + model.per_sequence * len(active) + model.per_context_token * sum(
+            prompt[i] + j for i in active)
+    return t, ttft, (t - ttft) / steps if steps else None
+
+
+ITER = IterationModel(setup=0.02, step=6e-3, prefill_per_token=8e-5, per_sequence=1e-4, per_context_token=6e-8)
+
+
+@pytest.mark.parametrize("finished", ["leave", "stay"])
+def test_iteration_model_is_its_iterations(finished):
+    """The closed form equals the batch run iteration by iteration (random
+    mixed batches, whole-token lengths, outputs of 0 and 1 token included)."""
+    model = IterationModel(**{k: getattr(ITER, k) for k in ITER._params}, finished=finished)
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        b = int(rng.integers(1, 12))
+        prompt = rng.integers(0, 400, b).tolist()
+        output = rng.integers(0, 60, b).tolist()
+        service, ttft, tbt = _iterations(model, prompt, output)
+        t = model.batch_times(prompt, output)
+        assert t.service[0] == pytest.approx(service, rel=1e-12)
+        assert t.ttft[0] == pytest.approx(ttft, rel=1e-12)
+        if tbt is not None:
+            assert t.decode_tbt[0] == pytest.approx(tbt, rel=1e-12) and t.tpot[0] == t.decode_tbt[0]
+    # uniform batches: the same by the aggregates of size, prompt and output
+    assert model.service_time(size=[1, 16, 64], prompt=512, output=512) == pytest.approx(
+        [_iterations(model, [512] * b, [512] * b)[0] for b in (1, 16, 64)], rel=1e-12)
+
+
+def test_iteration_model_leave_and_stay_differ_only_in_mixed_batches():
+    stay = IterationModel(**{k: getattr(ITER, k) for k in ITER._params}, finished="stay")
+    assert stay.service_time(size=8, prompt=100, output=50) == ITER.service_time(size=8, prompt=100, output=50)
+    mixed = ITER.batch_times([100, 100], [10, 50]).service[0]
+    assert stay.batch_times([100, 100], [10, 50]).service[0] > mixed
+
+
+def test_iteration_model_checks_its_fields_and_arguments():
+    with pytest.raises(ValueError, match=r"^per_sequence must be in \[0, inf\); got -1.0$"):
+        IterationModel(per_sequence=-1.0)
+    with pytest.raises(ValueError, match="a decode iteration must take time: one of step, per_sequence and "
+                                         "per_context_token must be > 0"):
+        IterationModel(step=0.0, per_sequence=0.0, per_context_token=0.0)
+    with pytest.raises(ValueError, match="finished"):
+        IterationModel(finished="drop")
+    with pytest.raises(TypeError, match="uniform batches are given by size, prompt and output .* together"):
+        ITER.service_time(size=4, prompt=100)
+    with pytest.raises(TypeError, match="got also max_output"):
+        ITER.service_time(size=4, prompt=100, output=10, max_output=10)
+    with pytest.raises(ValueError, match=r"output must be in \[0, inf\) \(tokens\)"):
+        ITER.service_time(size=4, prompt=100, output=-1)
+    # its prefill batches as LAPS's PrefillModel
+    pm = ITER.prefill_model()
+    assert pm.service_time(sum_prompt=300.0) == ITER.times(size=3, prompt=100, output=1).ttft
+
+
+def _uniform_rows(model, rng, noise=0.0, relative=False):
+    """Measured uniform batches as accelerator benchmarks run them: sizes
+    1-256, prompt and output lengths 128-2048 (not always equal), times with
+    Gaussian errors (absolute, s, or relative)."""
+    size = np.repeat([1, 16, 32, 64, 128, 256], 10)
+    prompt = rng.choice([128.0, 256.0, 512.0, 1024.0, 2048.0], size.size)
+    output = rng.choice([128.0, 256.0, 512.0, 1024.0, 2048.0], size.size)
+    t = model.times(size=size, prompt=prompt, output=output)
+    e = rng.normal(0.0, noise, size.size)
+    scale = (lambda x: x * (1 + e)) if relative else (lambda x: x + e)
+    return dict(size=size, prompt=prompt, output=output, service=scale(t.service), prefill=t.ttft,
+                per_token=t.decode_tbt)
+
+
+@pytest.mark.parametrize("columns", [("service",), ("prefill", "per_token"), ("service", "prefill", "per_token")])
+@pytest.mark.parametrize("weights", ["absolute", "relative"])
+def test_iteration_model_fit_recovers_known_coefficients(columns, weights):
+    """Noise-free measurements of a known engine: every coefficient back to
+    1e-8 relative, from whole batches, from the phases alone, or from both;
+    in and out of sample errors of 0."""
+    rows = _uniform_rows(ITER, np.random.default_rng(5))
+    rows = {k: v for k, v in rows.items() if k in ("size", "prompt", "output", *columns)}
+    res = IterationModel.fit(rows, weights=weights)
+    for k in ITER._params:
+        assert res.params[k] == pytest.approx(getattr(ITER, k), rel=1e-8), k
+    assert type(res.model) is IterationModel and res.at_bound == () and res.weights == weights
+    assert res.median_error < 1e-10 and res.max_error < 1e-10 and res.holdout_error < 1e-10
+    assert res.holdout == "leave-one-out"
+
+
+def test_fit_holdout_error_is_leave_one_out():
+    """The held-out error is the median over rows of each row's relative error
+    under the fit without it (checked by refitting by hand), with noise."""
+    rng = np.random.default_rng(8)
+    rows = {k: v for k, v in _uniform_rows(ITER, rng, 0.05, relative=True).items()
+            if k in ("size", "prompt", "output", "service")}
+    res = IterationModel.fit(rows, weights="relative")
+    errs = []
+    for i in range(rows["size"].size):
+        keep = np.arange(rows["size"].size) != i
+        fit = IterationModel.fit({k: v[keep] for k, v in rows.items()}, weights="relative")
+        pred = fit.model.service_time(size=rows["size"][i], prompt=rows["prompt"][i], output=rows["output"][i])
+        errs.append(abs(pred - rows["service"][i]) / rows["service"][i])
+    assert res.holdout_error == pytest.approx(np.median(errs), rel=1e-9)
+    assert res.median_error < res.holdout_error < 0.1 and res.max_error >= res.median_error
+
+
+def test_fit_takes_the_phases_only_where_the_model_times_them():
+    rows = _uniform_rows(ITER, np.random.default_rng(6))
+    with pytest.raises(ValueError, match="LinearModel.fit: measurements have a prefill column, which LinearModel "
+                                         "cannot fit"):
+        LinearModel.fit({k: rows[k] for k in ("size", "prompt", "output", "prefill")})
+    with pytest.raises(ValueError, match="needs at least one measured time: a column service"):
+        IterationModel.fit({k: rows[k] for k in ("size", "prompt", "output")})
+    with pytest.raises(ValueError, match="weights must be 'absolute' or 'relative'"):
+        IterationModel.fit(rows, weights="log")
+    # DecodeModel from its phases: its prefill is prefill + TBT(b), its steps TBT(b)
+    true = DecodeModel(beta=6e-3, gamma=0.4, prefill_per_token=1e-4)
+    t = true.times(size=rows["size"], prompt=rows["prompt"], output=rows["output"])
+    res = DecodeModel.fit(dict(size=rows["size"], prompt=rows["prompt"], output=rows["output"], prefill=t.ttft,
+                               per_token=t.decode_tbt))
+    assert res.params == pytest.approx({"beta": 6e-3, "gamma": 0.4, "prefill_per_token": 1e-4}, rel=1e-9)
+
+
+def test_a_fit_on_a_bound_is_returned_with_the_bound_named():
+    """Times that do not grow with batch size: the best per_sequence and
+    per_context_token are 0 (the closed bound of their domain); the fit
+    returns the model, naming them."""
+    size = np.repeat([1, 8, 64], 6)
+    L = np.tile([128.0, 256.0, 512.0, 1024.0, 1536.0, 2048.0], 3)
+    service = 0.5 + 0.01 * L - 1e-5 * size * L        # faster with more requests: no physical engine
+    res = IterationModel.fit(dict(size=size, prompt=L, output=L, service=service))
+    assert set(res.at_bound) >= {"per_context_token"} and all(res.params[k] == 0.0 for k in res.at_bound)
+    assert res.model is not None and "at 0, the bound of the domain" in res.note

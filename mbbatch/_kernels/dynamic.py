@@ -53,6 +53,9 @@ MODEL_DECODE = 2    # prefill_per_token * sum prompt + TBT(b) * max output_len
 MODEL_CALIBRATED = 3
 MODEL_CALIBRATED_UNCALIBRATED = 4
 MODEL_CALIBRATED_LEGACY = 5
+# an engine iteration's time, linear in its prefill tokens, decoded sequences and their context
+# (service_models.IterationModel): a batch's prefill iteration, then one per decode step
+MODEL_ITERATION = 6
 #: ComputeDecodeTBT's ELSE branch (specification, Algorithm 7's v2 model): the decode time fed back
 #: when the latency model is not calibrated, s/token
 UNCALIBRATED_TBT = 0.00574
@@ -76,8 +79,10 @@ POLICY = Layout("token policy", ints=("policy", "bins",
                                       "scratch"),   # floats of scratch the formation rule works in
                 floats=("max_wait",))               # a request that waited this long goes first (inf: never)
 #: a model uses its own fields (see the MODEL_ codes) and leaves the others 0
-MODEL = Layout("service model", ints=("model",),
-               floats=("base", "per_token", "alpha", "beta", "prefill_per_token", "tbt_beta", "tbt_gamma"))
+MODEL = Layout("service model", ints=("model",
+                                      "padded"),    # IterationModel: finished members stay
+               floats=("base", "per_token", "alpha", "beta", "prefill_per_token", "tbt_beta", "tbt_gamma",
+                       "iteration", "per_sequence", "per_context"))
 #: a cluster of ``engines`` engines, each running the policy on its own
 #: queues and ``servers / engines`` servers, behind the router (``ROUTE_*``;
 #: ``ROUTE_NONE``: one engine); ``threshold``: Autellix's largest small
@@ -372,10 +377,12 @@ def _next_completion(servers_i, servers_f):
 
 @step
 def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prompt,
-                   max_out, max_seq):
+                   max_out, max_seq, iteration, per_sequence, per_context, seq_steps, ctx_steps):
     """A batch's service time (s), decode time between tokens (s/token; 0:
     none, the legacy feedback rule), time per output token (s/token, what
-    the SLA bounds) and time to first token after its start (s)."""
+    the SLA bounds) and time to first token after its start (s).
+    ``seq_steps`` and ``ctx_steps``: its decode work (:func:`decode_work`,
+    read by the iteration model only)."""
     bf = float(nb)
     if model == MODEL_MAX:
         service = base + per_token * max_out
@@ -385,6 +392,17 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
         service = base + alpha * max_seq * (1.0 + beta * (bf - 1.0) / bf)
         tpot = service / max(max_out, 1.0)
         return service, 0.0, tpot, tpot
+    if model == MODEL_ITERATION:
+        # the prefill iteration (every member's first token), then one per decode step
+        d = max(max_out - 1.0, 0.0)
+        prefill = base + iteration + prefill_per_token * sum_prompt
+        decode = iteration * d + per_sequence * seq_steps + per_context * ctx_steps
+        service = prefill + decode
+        if d > 0.0:
+            tbt = decode / d
+        else:
+            tbt = iteration + per_sequence * bf + per_context * (sum_prompt + bf)
+        return service, tbt, tbt, prefill
     tbt = decode_tbt(tbt_beta, tbt_gamma, bf)
     if model >= MODEL_CALIBRATED:
         service = base + tbt * max_seq
@@ -397,11 +415,35 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
     return service, tbt, tbt, min(prefill + tbt, service)
 
 
+@step
+def decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded):
+    """The decode work of a batch (the first nb of queue b, head at slot h0)
+    under the iteration model: its members' decode steps and the context
+    tokens they attend over (``service_models.BatchAggregates``'
+    ``sequence_steps`` and ``context_steps``); ``padded``: every member
+    steps until the longest is done (``sum_prompt``: the members' prompts)."""
+    dmax = max(max_out - 1.0, 0.0)
+    bf = float(nb)
+    if padded:
+        return bf * dmax, sum_prompt * dmax + bf * dmax * (dmax + 1.0) / 2.0
+    ub = np.uint64(b)
+    seq = 0.0
+    ctx = 0.0
+    for j in range(nb):
+        sl = np.uint64((h0 + j) & mask)
+        p = q[Q.prompt, ub, sl]
+        d = max(q[Q.output, ub, sl] - 1.0, 0.0)
+        seq += d
+        ctx += p * d + d * (d + 1.0) / 2.0
+    return seq, ctx
+
+
 @helper
-def batch_times(model, sizes, sum_prompt, max_out, max_seq, out):
+def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps, out):
     """:func:`_batch_service` of batches, from Python: ``model`` a
     :data:`MODEL` pair, one batch per entry of ``sizes`` (requests),
-    ``sum_prompt`` (tokens prefilled), ``max_out`` and ``max_seq`` (tokens);
+    ``sum_prompt`` (tokens prefilled), ``max_out`` and ``max_seq`` (tokens),
+    ``seq_steps`` and ``ctx_steps`` (the iteration model's decode work);
     ``out`` (4, batches) receives each batch's service time, fed-back decode
     time, time per output token and time to first token (the numbers
     :meth:`mbbatch.service_models.MaxModel.times` and its siblings state in
@@ -411,7 +453,8 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, out):
     for j in range(sizes.shape[0]):
         out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(
             code, mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta], mf[O.prefill_per_token], mf[O.tbt_beta],
-            mf[O.tbt_gamma], sizes[j], sum_prompt[j], max_out[j], max_seq[j])
+            mf[O.tbt_gamma], sizes[j], sum_prompt[j], max_out[j], max_seq[j], mf[O.iteration], mf[O.per_sequence],
+            mf[O.per_context], seq_steps[j], ctx_steps[j])
 
 
 @step
@@ -557,6 +600,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 memory, inputs.bin_b_max, eta, config.policy[1][P.max_wait])
     base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
+    iteration, per_sequence, per_context = mf[O.iteration], mf[O.per_sequence], mf[O.per_context]
+    padded = config.model[0][O.padded] != 0
     # the arrays and streams
     arrival_times = inputs.arrival_times
     hist = out.hist
@@ -684,9 +729,13 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     mem_exceed += 1   # (the memory constraint is off)
                 b = base + lb
                 # the batch: the first nb of bin b (unused candidates stay at the front)
+                seq_steps = ctx_steps = 0.0
+                if model == MODEL_ITERATION:
+                    seq_steps, ctx_steps = decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded)
                 service, tbt, tpot, ttft = _batch_service(model, base_time, per_token, alpha, beta,
                                                           prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prefill,
-                                                          max_out, max_seq)
+                                                          max_out, max_seq, iteration, per_sequence, per_context,
+                                                          seq_steps, ctx_steps)
                 done = now + service
                 if done > last_completion:
                     last_completion = done

@@ -10,7 +10,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
- 'engine_event']
+ 'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -31,6 +31,10 @@ A figure's name is the name of the function that draws it:
   Autellix's routing (``autellix_routers``, ``capacity_routers``,
   ``engine_event``) and open against closed-loop programs
   (``autellix_loops``);
+- :mod:`.hardware`: the service models fitted to measured accelerators
+  (``hardware_fit``: it reads the measurements shipped with mbbatch, no
+  sweep), and the dynamic-batching experiments on two of them
+  (``hardware_policies``, ``hardware_trace``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -61,7 +65,7 @@ from typing import Callable
 import numpy as np
 import xarray as xr
 
-from . import capacity, cluster, experiments, paper, workloads
+from . import capacity, cluster, experiments, hardware, paper, workloads
 from .data import dataset_command, dataset_path, open_dataset
 from .style import house_style, save
 
@@ -107,12 +111,15 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("autellix_loops", (cluster.autellix_loops, ["autellix_loops"])),
     ("capacity_routers", (cluster.capacity_routers, ["capacity_routers"])),
     ("engine_event", (cluster.engine_event, ["engine_event"])),
+    ("hardware_fit", (hardware.hardware_fit, [])),
+    ("hardware_policies", (hardware.hardware_policies, ["token_policies", "hardware_policies"])),
+    ("hardware_trace", (hardware.hardware_trace, ["hardware_trace_default", "hardware_trace"])),
 ])
 
 
 #: figures whose datasets replay a trace, with the trace's file name
 TRACE_FIGURES = {"fig6": "AzureLLMInferenceTrace_conv.csv", "fig7": "AzureLLMInferenceTrace_conv.csv",
-                 "trace_replay": "AzureLLMInferenceTrace_conv.csv"}
+                 "trace_replay": "AzureLLMInferenceTrace_conv.csv", "hardware_trace": "AzureLLMInferenceTrace_conv.csv"}
 
 
 def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path]:

@@ -38,11 +38,11 @@ HISTOGRAM_QUANTILES = f"histogram, {HISTOGRAM_ERROR}"
 
 def check_batch_model(service_model) -> None:
     """Refuse a service model that does not time the batches of a batching
-    policy (MaxModel, LinearModel, DecodeModel or CalibratedModel)."""
+    policy (MaxModel, LinearModel, DecodeModel, CalibratedModel or IterationModel)."""
     from ..policies.base import TOKEN_MODELS
     from ..service_models import SERVICE_MODELS
 
-    models = tuple(SERVICE_MODELS[m] for m in TOKEN_MODELS)
+    models = tuple(dict.fromkeys(SERVICE_MODELS[m] for m in TOKEN_MODELS))   # (a profile is an IterationModel)
     if service_model is not None and not isinstance(service_model, models):
         names = [m.__name__ for m in sorted(models, key=lambda m: m.code)]
         raise TypeError(f"service_model must be {', '.join(names[:-1])} or {names[-1]}; "

@@ -18,7 +18,7 @@ from .._running import check_memory, interruptible, stop_flag
 from .._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
 from ..arrivals import Poisson, Replay
 from ..results import SimulationResult, Table
-from ..service_models import DecodeModel, PrefillModel
+from ..service_models import DecodeModel, IterationModel, PrefillModel
 from ..workload import Workload
 from . import tokens
 from .common import (HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_times,
@@ -89,9 +89,12 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         raise ValueError(f"servers does not apply to LAPS: its instances are LAPS(instances=...); got servers = "
                          f"{servers!r}")
     model = PrefillModel() if service_model is None else service_model
+    if isinstance(model, IterationModel):
+        # an engine's prefill batch is one prefill iteration: exactly a PrefillModel
+        model = model.prefill_model()
     if not isinstance(model, PrefillModel):
         raise TypeError(f"LAPS takes service_model=PrefillModel(a, b) (a prefill batch takes a + b x its prompt "
-                        f"tokens); got {type(model).__name__}")
+                        f"tokens) or an IterationModel (its prefill iteration); got {type(model).__name__}")
     check_arrivals(arrivals)
     n = resolve_n(n, arrivals, [("workload.prompt", workload._prompt)])
     E = policy.instances

@@ -39,7 +39,7 @@ __all__ = ["Policy", "EventPolicy", "SpecContext", "declaring", "TOKEN_MODELS", 
            "memory_from_spec", "controller_from_spec", "memory_kw"]
 
 #: the batch service models of the token-level policies (spec names), the default first
-TOKEN_MODELS = ("decode", "linear", "max", "calibrated")
+TOKEN_MODELS = ("decode", "linear", "max", "calibrated", "iteration", "profile")
 
 
 class Policy:

@@ -87,9 +87,10 @@ class LAPS(Policy):
         if self.decode is None and self.decode_model is not None:
             raise TypeError("decode_model is the decode stage's service model: pass decode= too")
         if self.decode_model is not None:
-            from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel
+            from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel
 
-            check_instance("decode_model", self.decode_model, (MaxModel, LinearModel, DecodeModel, CalibratedModel))
+            check_instance("decode_model", self.decode_model, (MaxModel, LinearModel, DecodeModel, CalibratedModel,
+                                                               IterationModel))
         object.__setattr__(self, "dual_queue", check_flag("dual_queue", self.dual_queue))
         object.__setattr__(self, "dynamic", check_flag("dynamic", self.dynamic))
         if self.long_instances is None:

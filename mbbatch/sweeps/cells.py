@@ -9,6 +9,7 @@ its variant's name ``policy``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -24,7 +25,7 @@ from ..metrics import METRICS
 from ..policies.multibin import spec_edges
 from ..registry import ARRIVALS, POLICIES, build
 from ..simulation import check_simulation, plan
-from ..service_models import CalibratedModel, DecodeModel, LinearModel, MaxModel, PrefillModel
+from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
 from ..workload import Workload
 from .schema import TIME_POINTS, rep_vars, time_series, variables
 from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError
@@ -124,6 +125,15 @@ def service_model(name: str, params: dict):
     if name == "decode":
         return DecodeModel(beta=params["decode_beta"], gamma=params["gamma"],
                            prefill_per_token=params["prefill_per_token"])
+    if name == "iteration":
+        return IterationModel(setup=params["iteration_setup"], step=params["iteration_step"],
+                              prefill_per_token=params["iteration_prefill"],
+                              per_sequence=params["iteration_per_sequence"],
+                              per_context_token=params["iteration_per_context"], finished=params["finished"])
+    if name == "profile":
+        from .. import profiles
+
+        return dataclasses.replace(profiles.get(params["profile"]), finished=params["finished"])
     return CalibratedModel(alpha=params["calibrated_alpha"], beta=params["calibrated_beta"], gamma=params["gamma"],
                            feedback=params["feedback"])
 

@@ -67,9 +67,22 @@ def _attrs(spec: SweepSpec) -> dict:
         "confidence_level": stats.CONFIDENCE,
         **spec_attrs(spec),
         **_trace_attrs(spec),
+        **_profile_attrs(spec),
         **({"gamma_gaps": Gamma.SAMPLER} if spec.arrivals == "gamma" else {}),
         **versions(),
     }
+
+
+def _profile_attrs(spec: SweepSpec) -> dict:
+    """The hardware profiles a ``service_model = "profile"`` spec times its
+    runs with: each one's source, data SHA-256, rows, coefficients and fit
+    errors (:func:`mbbatch.profiles.provenance`), as JSON by name."""
+    if spec.service_model != "profile" or spec.workload not in ("tokens", "trace"):
+        return {}
+    from .. import profiles
+
+    used = dict.fromkeys(cell["profile"] for _, cell in spec.points())
+    return {"profiles": json.dumps({name: profiles.provenance(name) for name in used}, sort_keys=True)}
 
 
 def _trace_attrs(spec: SweepSpec) -> dict:

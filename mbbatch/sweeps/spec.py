@@ -196,6 +196,17 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("calibrated_alpha", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.alpha"),
     _sp("calibrated_beta", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.beta"),
     _sp("feedback", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.feedback"),
+    _sp("iteration_setup", workload=_REQ, models=("iteration",), required=False, key="IterationModel.setup"),
+    _sp("iteration_step", workload=_REQ, models=("iteration",), required=False, key="IterationModel.step"),
+    _sp("iteration_prefill", workload=_REQ, models=("iteration",), required=False,
+        key="IterationModel.prefill_per_token"),
+    _sp("iteration_per_sequence", workload=_REQ, models=("iteration",), required=False,
+        key="IterationModel.per_sequence"),
+    _sp("iteration_per_context", workload=_REQ, models=("iteration",), required=False,
+        key="IterationModel.per_context_token"),
+    _sp("finished", workload=_REQ, models=("iteration", "profile"), required=False, key="IterationModel.finished"),
+    # a measured accelerator: a grid axis of profile names compares hardware
+    _sp("profile", workload=_REQ, models=("profile",), required=False),
     # a trace's filters (the loaders' window and drop_failed): grid axes allowed
     _sp("window_start", workload=("trace",), required=False),
     _sp("window_end", workload=("trace",), required=False),
@@ -280,7 +291,9 @@ _TOP = {
     "arrivals": "the arrival process: poisson, gamma (rate, cv), onoff (rate_on, rate_off, mean_on, "
                 "mean_off), saturated or step (a load step)",
     "service": "the paper's workload: the service-time distribution, uniform or expon",
-    "service_model": "token-level requests: the batch service model, decode (default), linear, max or calibrated",
+    "service_model": "token-level requests: the batch service model, decode (default), linear, max, calibrated, "
+                     "iteration (IterationModel's coefficients) or profile (a measured accelerator, the "
+                     "parameter profile)",
     "reps": "replications per grid point, an integer >= 1",
     "seed": "root seed, a non-negative integer",
     "params": "table of fixed parameter values",

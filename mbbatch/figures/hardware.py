@@ -1,0 +1,195 @@
+"""Measured hardware: the service models fitted to real accelerators' batches.
+
+- ``hardware_fit``: measured against fitted batch times for four profiles (two
+  GPUs, two model sizes), and the held-out errors of each model family over
+  every shipped profile.
+
+It reads no sweep: its data are the measurements shipped with mbbatch
+(:mod:`mbbatch.profiles`); it fits models, it does not simulate.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .. import profiles
+from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel
+from .style import COLORS, MARKERS
+
+__all__ = ["hardware_fit", "hardware_policies", "hardware_trace"]
+
+#: the four profiles drawn: two GPUs (H100, A100), two model sizes (8B, 70B)
+FIT_PROFILES = ("H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1",
+                "H100/vLLM/Meta-Llama-3-70B/tp4", "A100/vLLM/Llama-2-70b-hf/tp4")
+#: the model families compared, each fitted as its class's fit fits it by default
+FAMILIES = (("IterationModel (relative)", IterationModel, "relative"),
+            ("DecodeModel", DecodeModel, "absolute"),
+            ("DecodeModel (relative)", DecodeModel, "relative"),
+            ("LinearModel", LinearModel, "absolute"),
+            ("CalibratedModel", CalibratedModel, "absolute"))
+
+
+def _rows(name: str) -> dict:
+    t = profiles.measurements(name)
+    keep = ~t.excluded
+    return {k: t[k][keep] for k in ("size", "prompt", "output", "service")}
+
+
+@functools.cache
+def _holdout_errors() -> dict:
+    """Each family's held-out (leave-one-out) median relative error, per
+    shipped profile: ``{family: array over profiles.names()}``."""
+    out = {}
+    for label, cls, weights in FAMILIES:
+        errs = []
+        for name in profiles.names():
+            errs.append(profiles.fit(name).holdout_error if cls is IterationModel
+                        else cls.fit(_rows(name), weights=weights).holdout_error)
+        out[label] = np.array(errs)
+    return out
+
+
+def hardware_fit(data) -> Figure:
+    """Measured against fitted batch times (four profiles), and the held-out
+    errors of each service model family across the shipped profiles."""
+    fig = Figure(figsize=(14.5, 7.6), dpi=100, layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 0.9])
+    axes = top.subplots(1, 4)
+    for ax, name in zip(axes, FIT_PROFILES):
+        t = profiles.measurements(name)
+        res = profiles.fit(name)
+        model = res.model
+        dec = DecodeModel.fit(_rows(name))
+        sizes = sorted(set(t.size.tolist()))
+        for i, b in enumerate(sizes):
+            at = (t.size == b) & ~t.excluded
+            ax.scatter(t.service[at], model.service_time(size=t.size[at], prompt=t.prompt[at], output=t.output[at]),
+                       s=22, color=COLORS[i % len(COLORS)], marker=MARKERS[0], label=f"b = {b}", zorder=3)
+            if dec.model is not None:
+                ax.scatter(t.service[at], dec.model.service_time(size=t.size[at], prompt=t.prompt[at],
+                                                                 output=t.output[at]),
+                           s=14, facecolors="none", edgecolors=COLORS[i % len(COLORS)], marker=MARKERS[1],
+                           lw=0.8, zorder=2)
+        lo, hi = float(t.service[~t.excluded].min()) / 1.5, float(t.service[~t.excluded].max()) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="0.4", lw=0.8, ls="--", zorder=1)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured batch time (s)")
+        ax.set_title(f"{name}\nIterationModel: held out {res.holdout_error:.1%} (R$^2$ {res.r2:.3f})\n"
+                     f"DecodeModel (hollow): held out {dec.holdout_error:.1%}", fontsize=8.5)
+    axes[0].set_ylabel("fitted batch time (s)")
+    axes[0].legend(fontsize=7.5, loc="upper left", title="filled: IterationModel", title_fontsize=7.5)
+    top.suptitle("LLM-Inference-Bench (Chitty-Venkata et al., 2024): batches of b requests of L prompt tokens "
+                 "generating L tokens, L = 128-2,048, run to completion", fontsize=10)
+
+    ax = bottom.subplots(1, 1)
+    errs = _holdout_errors()
+    labels = list(errs)
+    ax.boxplot([100 * errs[k][np.isfinite(errs[k])] for k in labels], orientation="horizontal", whis=(5, 95),
+               showfliers=False, widths=0.55)
+    for i, k in enumerate(labels):
+        e = 100 * errs[k][np.isfinite(errs[k])]
+        ax.text(float(np.percentile(e, 95)) * 1.12, i + 1, f"median {np.median(e):.1f} %", va="center",
+                fontsize=8.5)
+    ax.set_yticks(range(1, len(labels) + 1), labels)
+    ax.set_xscale("log")
+    ax.set_xlabel("held-out relative error of a profile (median over its rows, leave-one-out), % "
+                  "(boxes: quartiles; whiskers: 5th-95th percentile over the profiles)")
+    ax.set_title(f"Each model family fitted to each of the {len(profiles.names())} profiles", fontsize=10)
+    return fig
+
+
+# --- the dynamic-batching experiments on measured hardware ---------------------------------
+
+#: the policies compared, by their style in experiments' figures: (label, style key, variant prefix)
+_POLICIES = (("static batching, B = 8", "static8", "static8"), ("static batching, B = 32", "static32", "static32"),
+             ("dynamic batching", "dynamic", "dynamic"), ("multi-bin dynamic, K = 4", "mb_dynamic", "mb4"))
+#: the profiles' variant suffixes
+_GPUS = (("_h100", "H100/vLLM/Meta-Llama-3-8B/tp1"), ("_a100", "A100/vLLM/Meta-Llama-3-8B/tp1"))
+
+
+def _carried(series: dict) -> float:
+    """The largest arrival rate of the grid a policy carries: stable there and
+    at every lower rate (neither a growing backlog nor a throughput below
+    :data:`~mbbatch.figures.analysis.OVERLOAD` times the rate); 0 if none."""
+    best = 0.0
+    for r, bad in zip(series["rate"], series["unstable"]):
+        if bad:
+            break
+        best = float(r)
+    return best
+
+
+def _columns(default, profiled, default_note: str) -> list:
+    """(title, [(label, style key, series)]) of the default model's store and each profile's."""
+    from .experiments import _token_series
+
+    cols = [(f"the seeds' DecodeModel ({default_note})",
+             [(label, key, _token_series(default, policy=prefix)) for label, key, prefix in _POLICIES])]
+    for suffix, name in _GPUS:
+        d_sla = _json_setting(profiled, f"dynamic{suffix}", "d_sla")
+        cols.append((f"profile {name}\n(IterationModel fitted to measurements; D$_{{SLA}}$ = {1e3 * d_sla:.1f} ms)",
+                     [(label, key, _token_series(profiled, policy=prefix + suffix))
+                      for label, key, prefix in _POLICIES]))
+    return cols
+
+
+def _json_setting(ds, variant: str, key: str):
+    import json
+
+    return json.loads(ds.attrs[f"policy_{variant}"])[key]
+
+
+def _policy_grid(cols: list, title: str) -> Figure:
+    from .experiments import _POLICY_STYLE, _joined
+    from .style import log_ylim, series_handles
+
+    fig = Figure(figsize=(14.5, 8.2), dpi=100, layout="constrained")
+    axes = fig.subplots(2, len(cols), sharey="row")
+    p95_vals = []
+    hi_r = max(float(np.nanmax(s["rate"])) for _, series in cols for _, _, s in series)
+    for j, (head, series) in enumerate(cols):
+        ax_t, ax_p = axes[0, j], axes[1, j]
+        ax_t.plot([0, hi_r * 1.05], [0, hi_r * 1.05], color="0.4", ls=":", lw=1.0, zorder=1)
+        lines = []
+        for label, key, s in series:
+            c, m = _POLICY_STYLE[key]
+            _joined(ax_t, s["rate"], *s["throughput"], s["unstable"], c, m)
+            _joined(ax_p, s["rate"], *s["p95"], s["unstable"], c, m)
+            p95_vals.append(np.concatenate(s["p95"]))
+            lines.append(f"{label}: {_carried(s):g}")
+        ax_t.text(0.03, 0.97, "largest rate carried (requests/s):\n" + "\n".join(lines), transform=ax_t.transAxes,
+                  va="top", ha="left", fontsize=7.5, color="0.2")
+        ax_t.set_title(head, fontsize=9)
+        for ax in (ax_t, ax_p):
+            ax.set_xlim(0, hi_r * 1.05)
+            ax.set_xlabel("arrival rate $\\lambda$ (requests/s)")
+        ax_t.set_ylim(0, hi_r * 1.05)
+        ax_p.set_yscale("log")
+    log_ylim(axes[1, 0], p95_vals, [])
+    axes[0, 0].set_ylabel("throughput (requests/s)")
+    axes[1, 0].set_ylabel("p95 latency (s)")
+    labels = [label for label, _, _ in cols[0][1]]
+    keys = [key for _, key, _ in cols[0][1]]
+    fig.legend(handles=series_handles(labels, [_POLICY_STYLE[k][0] for k in keys],
+                                      [_POLICY_STYLE[k][1] for k in keys]),
+               loc="outside lower center", ncols=len(labels), fontsize=8.5)
+    fig.suptitle(title + "\nmarkers: mean over 3 replications with 95% t-intervals; hollow: no steady state "
+                 "(backlog growing, or throughput below 0.95 x the rate)", fontsize=10)
+    return fig
+
+
+def hardware_policies(data) -> Figure:
+    """Static, dynamic and multi-bin dynamic batching vs load under the seeds'
+    DecodeModel and under two measured GPUs (log-normal lengths)."""
+    return _policy_grid(_columns(data["token_policies"], data["hardware_policies"], "token_policies"),
+                        "The dynamic-batching experiments (ii) and (iv) on measured hardware: log-normal prompts "
+                        "and outputs (medians 256 and 128 tokens)")
+
+
+def hardware_trace(data) -> Figure:
+    """The same on the Azure conversation trace's lengths."""
+    return _policy_grid(_columns(data["hardware_trace_default"], data["hardware_trace"], "7.4 ms"),
+                        "The dynamic-batching experiments on measured hardware: the Azure conversation trace's "
+                        "prompt and output lengths (medians 1,020 and 129 tokens), Poisson arrivals")

@@ -1,0 +1,338 @@
+"""Named hardware profiles: :class:`~mbbatch.IterationModel` fitted to measured
+batch latencies of real accelerators.
+
+The measurements shipped with mbbatch are LLM-Inference-Bench's (Chitty-Venkata
+et al., 2024, "LLM-Inference-Bench: Inference Benchmarking of Large Language
+Models on AI Accelerators", SC24 workshops, arXiv:2411.00136; BSD 3-Clause,
+its license and citation beside the data in ``mbbatch/data/llm_inference_bench``):
+4,772 batches, each of ``size`` requests of ``L`` prompt tokens generating ``L``
+tokens, run to completion on one of 9 accelerators, 1 to 8 devices, 6
+frameworks and 15 models.  A profile is one group of them (hardware x devices
+x framework x model), named ``HARDWARE/FRAMEWORK/MODEL/tpN``, for example
+``H100/vLLM/Meta-Llama-3-8B/tp1`` (``MODEL`` without its organisation,
+``N`` the devices).  Names are stable: they follow the data's values.
+
+Each profile is fitted on relative error (its times span three orders of
+magnitude, :meth:`~mbbatch.IterationModel.fit`) when first asked for; its
+held-out error (leave-one-out) is reported (:func:`list`, :func:`fit`).
+Over the 227 profiles the median of their held-out errors is 5.7 % (today's
+:class:`~mbbatch.DecodeModel` on the same rows: 20 %); the largest, 20 %,
+are llama.cpp on MI300X and Mixtral (a mixture of experts, whose decode step
+grows with batch size and saturates, which the model's linear terms do not
+follow) on MI250.
+
+Rows screened out: a batch that took less than half the time of the same
+batch size at a shorter length in its group (twice the tokens cannot take
+less time: these are runs that failed, e.g. a 2,048 + 2,048-token request
+beyond a 2,048-token model's context, measured at 0.05 s).  33 rows (one
+size x length cell each) of 9 of the 256 groups are so excluded; :func:`measurements` gives
+every row, with a column ``excluded``.  Groups left with fewer than 8 rows,
+or fewer than 3 batch sizes or 3 lengths, are not profiles (their terms are
+not told apart).
+
+Because the benchmark's prompts and outputs have one length ``L``, a batch's
+prefill and its decode steps grow together: the fit tells the per-batch and
+per-iteration times apart, and the attention over the context, but splits
+``b L`` between ``prefill_per_token`` and ``per_sequence`` only by the
+difference of ``b`` between ``b L`` and ``b (L - 1)``; their standard errors
+say how little the data fix each (their sum is well determined).  Workloads
+whose prompts are much longer or shorter than their outputs lean on that
+split; measurements of the phases (``prefill``, ``per_token`` columns of
+:func:`from_csv`) fix it.
+
+Examples
+--------
+>>> from mbbatch import profiles
+>>> m = profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1")
+>>> m.profile
+'H100/vLLM/Meta-Llama-3-8B/tp1'
+>>> round(float(m.service_time(size=16, prompt=512, output=512)), 1)    # measured: 5.04 s
+5.1
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import hashlib
+import math
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from .results import Table
+from .service_models import FitResult, IterationModel
+
+__all__ = ["list", "names", "get", "fit", "measurements", "provenance", "from_csv", "sla_target", "SOURCE",
+           "DEFAULT", "SLA_HEADROOM"]
+
+#: the shipped measurements' file, in the package's data
+_DATA = ("data", "llm_inference_bench", "All_results.csv")
+#: where they come from
+SOURCE = ("LLM-Inference-Bench (Chitty-Venkata et al., 2024, arXiv:2411.00136), Plots/All_results.csv at "
+          "commit 4211f5d4e9bc0145ed541b6d372d5d8223b44235, BSD 3-Clause")
+#: the profile whose fit gives IterationModel's defaults
+DEFAULT = "H100/vLLM/Meta-Llama-3-8B/tp1"
+#: the shipped profiles' names, one a line: what the parameter table offers without reading the
+#: measurements (the tests hold it equal to :func:`names`)
+_INDEX = ("data", "llm_inference_bench", "profiles.txt")
+#: groups with fewer rows (after screening) are not profiles
+MIN_ROWS = 8
+#: a row below this share of the same size's time at a shorter length is a failed run
+FAILED_SHARE = 0.5
+
+_HARDWARE = {"Nvidia H100 GPU": "H100", "Nvidia A100 GPU": "A100", "Nvidia GH200 GPU": "GH200",
+             "AMD MI300X GPU": "MI300X", "AMD MI250 GPU": "MI250", "Intel PVC GPU": "PVC",
+             "Intel Max 1550": "Max1550", "Habana Gaudi2": "Gaudi2", "SambaNova SN40L": "SN40L"}
+_COLUMNS = {"Hardware": "hardware", "Num of Hardware": "devices", "Framework": "framework", "Model": "model",
+            "Input Output Length": "length", "Batch Size": "size", "Latency": "service"}
+
+
+def _name(hardware: str, devices: int, framework: str, model: str) -> str:
+    return f"{_HARDWARE.get(hardware, hardware.replace(' ', ''))}/{framework}/{model.split('/')[-1]}/tp{devices}"
+
+
+def _read(data: bytes) -> dict:
+    """The CSV's columns by our names, as arrays."""
+    import io
+
+    import pandas as pd
+
+    df = pd.read_csv(io.BytesIO(data))
+    missing = [c for c in _COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"the measurements file lacks the columns {', '.join(missing)} (it has "
+                         f"{', '.join(map(str, df.columns))})")
+    df = df[builtins.list(_COLUMNS)].rename(columns=_COLUMNS)
+    return {"hardware": df.hardware.to_numpy(object), "devices": df.devices.to_numpy(np.int64),
+            "framework": df.framework.to_numpy(object), "model": df.model.to_numpy(object),
+            "length": df.length.to_numpy(np.float64), "size": df["size"].to_numpy(np.int64),
+            "service": df.service.to_numpy(np.float64)}
+
+
+def _screen(length: np.ndarray, size: np.ndarray, service: np.ndarray) -> np.ndarray:
+    """Rows that are failed runs (:data:`FAILED_SHARE`): by batch size, a
+    length's median time below that share of the largest median at the
+    shorter lengths."""
+    bad = np.zeros(length.size, bool)
+    cells = {}
+    for i, key in enumerate(zip(size.tolist(), length.tolist())):
+        cells.setdefault(key, []).append(i)
+    medians = {key: float(np.median(service[idx])) for key, idx in cells.items()}
+    for b in set(size.tolist()):
+        longest = -math.inf
+        for L in sorted(L for (bb, L) in medians if bb == b):
+            if medians[(b, L)] < FAILED_SHARE * longest:
+                bad[cells[(b, L)]] = True
+            longest = max(longest, medians[(b, L)])
+    return bad
+
+
+@functools.cache
+def _shipped() -> tuple:
+    """``(groups, digest)``: the shipped groups by name (their rows, screened),
+    and the file's SHA-256."""
+    raw = resources.files("mbbatch").joinpath(*_DATA).read_bytes()
+    return _groups(_read(raw)), hashlib.sha256(raw).hexdigest()
+
+
+def _groups(cols: dict) -> dict:
+    keys = builtins.list(zip(cols["hardware"], cols["devices"].tolist(), cols["framework"], cols["model"]))
+    at = {}
+    for i, key in enumerate(keys):
+        at.setdefault(key, []).append(i)
+    groups = {}
+    for key, idx in at.items():
+        rows = {k: v[idx] for k, v in cols.items()}
+        rows["excluded"] = _screen(rows["length"], rows["size"], rows["service"])
+        groups[_name(*key)] = rows
+    return groups
+
+
+def _fittable(g: dict) -> bool:
+    """A group is a profile: :data:`MIN_ROWS` rows or more after screening,
+    of 3 batch sizes and 3 lengths at least (each term's scaling seen)."""
+    keep = ~g["excluded"]
+    return (int(keep.sum()) >= MIN_ROWS and np.unique(g["size"][keep]).size >= 3
+            and np.unique(g["length"][keep]).size >= 3)
+
+
+def names() -> builtins.list:
+    """The shipped profiles' names, sorted."""
+    groups, _ = _shipped()
+    return sorted(k for k, g in groups.items() if _fittable(g))
+
+
+def _group(name: str) -> dict:
+    groups, _ = _shipped()
+    if not isinstance(name, str) or name not in groups or not _fittable(groups[name]):
+        import difflib
+
+        close = difflib.get_close_matches(str(name), names(), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"profile must be one of the {len(names())} shipped profiles (mbbatch.profiles.names()); "
+                         f"got {name!r}{hint}")
+    return groups[name]
+
+
+def _rows_of(g: dict) -> dict:
+    keep = ~g["excluded"]
+    return dict(size=g["size"][keep], prompt=g["length"][keep], output=g["length"][keep],
+                service=g["service"][keep])
+
+
+@functools.cache
+def fit(name: str) -> FitResult:
+    """The fit of profile ``name`` (:meth:`~mbbatch.IterationModel.fit` on
+    relative error, its rows after screening): coefficients, standard errors,
+    R^2, in-sample and leave-one-out relative errors."""
+    res = IterationModel.fit(_rows_of(_group(name)), weights="relative")
+    return replace(res, model=replace(res.model, profile=name))
+
+
+def get(name: str) -> IterationModel:
+    """The :class:`~mbbatch.IterationModel` of profile ``name`` (its ``profile``
+    field names it; :func:`provenance` and :func:`fit` tell the rest)."""
+    return fit(name).model
+
+
+def measurements(name: str) -> Table:
+    """Profile ``name``'s rows: ``size`` (requests), ``prompt`` and ``output``
+    (tokens per request), ``service`` (s), ``excluded`` (a failed run, not fitted)."""
+    g = _group(name)
+    return Table(dict(size=g["size"], prompt=g["length"], output=g["length"], service=g["service"],
+                      excluded=g["excluded"]))
+
+
+def provenance(name: str) -> dict:
+    """Where profile ``name`` comes from and how well it fits: the data's
+    source and SHA-256, its group, rows fitted and excluded, coefficients
+    and errors.  A store records it beside the runs it timed."""
+    g = _group(name)
+    res = fit(name)
+    _, digest = _shipped()
+    return {"profile": name, "source": SOURCE, "data_sha256": digest, "hardware": str(g["hardware"][0]),
+            "devices": int(g["devices"][0]), "framework": str(g["framework"][0]), "model": str(g["model"][0]),
+            "rows": int((~g["excluded"]).sum()), "excluded": int(g["excluded"].sum()), **res.params,
+            "r2": res.r2, "median_error": res.median_error, "max_error": res.max_error,
+            "holdout_error": res.holdout_error}
+
+
+def list() -> Table:  # noqa: A001  (the module's API: mbbatch.profiles.list())
+    """Every shipped profile, a row each: ``name``, ``hardware``, ``devices``,
+    ``framework``, ``model``, ``rows`` fitted, ``excluded``, the
+    coefficients, ``r2``, ``median_error``, ``max_error`` and
+    ``holdout_error`` (relative).  Fits every profile the first time (a few
+    seconds)."""
+    rows = [provenance(n) for n in names()]
+    keys = [k for k in rows[0] if k not in ("source", "data_sha256", "profile")]
+    return Table({"name": np.array([r["profile"] for r in rows], dtype=object),
+                  **{k: np.array([r[k] for r in rows], dtype=object if isinstance(rows[0][k], str) else None)
+                     for k in keys}})
+
+
+def from_csv(path, *, size: str = "size", prompt: str = "prompt", output: str = "output",
+             service: str | None = "service", prefill: str | None = None, per_token: str | None = None,
+             weights: str = "relative", **fixed) -> FitResult:
+    """Fit an :class:`~mbbatch.IterationModel` to a user's own measurements.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A CSV file, one row per measured batch, with a header.
+    size, prompt, output : str
+        The columns of the batch size (requests) and the prompt and output
+        lengths of its requests (tokens each).
+    service, prefill, per_token : str or None
+        The columns of the measured times (at least one; None: not measured):
+        the whole batch (s), its prefill to the first token (s), its mean
+        decode step (s).
+    weights : {"relative", "absolute"}
+        As :meth:`~mbbatch.IterationModel.fit`.
+    **fixed
+        ``finished`` of the model.
+
+    Returns
+    -------
+    FitResult
+    """
+    import csv
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"path: no measurements file at {str(p)!r}")
+    with p.open(newline="") as f:
+        rows = builtins.list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"path: {str(p)!r} has no rows")
+    wanted = {"size": size, "prompt": prompt, "output": output, "service": service, "prefill": prefill,
+              "per_token": per_token}
+    wanted = {k: v for k, v in wanted.items() if v is not None}
+    missing = [v for v in wanted.values() if v not in rows[0]]
+    if missing:
+        raise ValueError(f"path: {str(p)!r} lacks the columns {', '.join(missing)} (it has {', '.join(rows[0])})")
+    cols = {}
+    for ours, theirs in wanted.items():
+        try:
+            vals = [float(r[theirs]) for r in rows]
+        except ValueError:
+            raise ValueError(f"{ours}: column {theirs!r} of {str(p)!r} must hold numbers") from None
+        cols[ours] = np.array(vals)
+    if np.any(cols["size"] != np.round(cols["size"])) or np.any(~np.isfinite(cols["size"])):
+        raise ValueError(f"size: column {size!r} of {str(p)!r} must hold whole numbers of requests")
+    cols["size"] = cols["size"].astype(np.int64)
+    return IterationModel.fit(cols, weights=weights, **fixed)
+
+
+def _index() -> tuple:
+    return tuple(resources.files("mbbatch").joinpath(*_INDEX).read_text().split())
+
+
+def _offer_choices() -> None:
+    """The parameter table's ``profile`` offers the shipped profiles."""
+    from . import params as _params
+
+    _params.PARAMS["profile"] = replace(_params.PARAMS["profile"], choices=_index())
+
+
+_offer_choices()
+
+
+#: the dynamic-batching paper's SLA headroom: its D_SLA (7.4 ms) over its one-sequence decode time
+#: (5.74 ms), Pang et al., 2025, arXiv:2503.05248
+SLA_HEADROOM = 7.4 / 5.74
+
+
+def sla_target(model: IterationModel, context: float, headroom: float = SLA_HEADROOM) -> float:
+    """A decode-time SLA target D_SLA (s/token) for an engine of ``model``:
+    ``headroom`` times its one-sequence decode step at ``context`` tokens.
+
+    The dynamic-batching paper's D_SLA of 7.4 ms is a constant of its GPU
+    (whose one-sequence decode step it calibrates at 5.74 ms): on an engine
+    whose single sequence already steps in 7.8 ms (an H100 with an 8B
+    model, :data:`DEFAULT`) it cannot be met at any batch size, and the
+    controller shrinks every batch to ``b_min``.  Keeping the paper's ratio
+    (``headroom`` = 7.4 / 5.74 = 1.29) carries its SLA over to measured
+    hardware; ``context`` is the workload's typical context (e.g. the median
+    prompt plus half the median output).
+
+    Examples
+    --------
+    >>> m = IterationModel(step=0.01, per_sequence=1e-4, per_context_token=1e-7)
+    >>> round(sla_target(m, context=320.0), 6)      # 1.2892 x (0.01 + 1e-4 + 3.2e-5)
+    0.013075
+    """
+    if not isinstance(model, IterationModel):
+        raise TypeError(f"model must be an IterationModel; got {type(model).__name__}")
+    if not (isinstance(headroom, (int, float)) and math.isfinite(headroom) and headroom > 0):
+        raise ValueError(f"headroom must be in (0, inf); got {headroom!r}")
+    return float(headroom * model.decode_step(1, context))
+
+
+def _defaults_check() -> dict:
+    """IterationModel's defaults, as the fit of :data:`DEFAULT` rounded to 3
+    significant digits (the tests hold the parameter table to it)."""
+    res = fit(DEFAULT)
+    return {k: float(f"{v:.3g}") if v != 0.0 else 0.0 for k, v in res.params.items() if not math.isnan(v)}

@@ -1,0 +1,52 @@
+"""mbbatch.figures.hardware: the fits to measured hardware, and the batching
+policies on two measured GPUs beside the seeds' model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mbbatch import figures, profiles
+from mbbatch.figures import hardware
+
+from .figure_datasets import MARKS, results  # noqa: F401  (fixtures)
+
+pytestmark = MARKS
+
+
+def test_hardware_fit_draws_from_an_empty_folder(tmp_path):
+    """It reads the measurements shipped with mbbatch: no results folder is needed."""
+    empty = tmp_path / "results"
+    empty.mkdir()
+    assert figures.FIGURES["hardware_fit"][1] == []
+    files = figures.make_figures(empty, tmp_path / "out", only="hardware_fit")
+    assert [f.name for f in files] == ["hardware_fit.png", "hardware_fit.pdf"]
+
+
+def test_its_four_profiles_are_two_gpus_and_two_model_sizes():
+    names = hardware.FIT_PROFILES
+    assert set(names) <= set(profiles.names())
+    assert {n.split("/")[0] for n in names} == {"H100", "A100"}
+    assert {"70" in n.split("/")[2] for n in names} == {True, False}
+
+
+def test_the_held_out_errors_of_each_family():
+    """The figure's bottom panel: every family fitted to every profile; IterationModel's median is the
+    profiles' (5.7 %), below every other family's."""
+    errs = hardware._holdout_errors()
+    assert list(errs) == [label for label, _, _ in hardware.FAMILIES]
+    assert all(e.size == len(profiles.names()) for e in errs.values())
+    mine = np.nanmedian(errs["IterationModel (relative)"])
+    assert round(100 * mine, 1) == 5.7
+    assert all(np.nanmedian(e) > mine for label, e in errs.items() if label != "IterationModel (relative)")
+
+
+def test_carried_is_the_last_stable_rate_before_the_first_unstable():
+    s = {"rate": np.array([0.5, 1.0, 2.0, 3.0]), "unstable": np.array([False, False, True, False])}
+    assert hardware._carried(s) == 1.0
+    assert hardware._carried({**s, "unstable": np.ones(4, bool)}) == 0.0
+
+
+def test_the_policy_figures_draw(results, tmp_path):
+    files = figures.make_figures(results, tmp_path, only=["hardware_policies", "hardware_trace"])
+    assert [f.name for f in files] == ["hardware_policies.png", "hardware_policies.pdf", "hardware_trace.png",
+                                       "hardware_trace.pdf"]

@@ -1,0 +1,205 @@
+"""mbbatch.profiles: the shipped measurements, their screening, the fitted
+profiles and their errors, a user's own CSV."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from importlib import resources
+
+import numpy as np
+import pytest
+
+import mbbatch as mb
+from mbbatch import profiles
+from mbbatch.params import PARAMS
+
+#: four profiles of two GPUs and two model sizes (the hardware_fit figure's), with the held-out
+#: (leave-one-out) relative error each must stay below: measured 1.6 %, 2.5 %, 2.9 % (20 rows
+#: each) and 12.3 % (11 rows: A100's 70B runs stop at batches of 16); the bounds are 1.5 times
+#: that, so a refit that loses a term fails
+HELD_OUT = {"H100/vLLM/Meta-Llama-3-8B/tp1": 0.024, "A100/vLLM/Meta-Llama-3-8B/tp1": 0.037,
+            "H100/vLLM/Meta-Llama-3-70B/tp4": 0.043, "A100/vLLM/Llama-2-70b-hf/tp4": 0.184}
+
+
+def test_the_measurements_ship_with_their_license_and_citation():
+    folder = resources.files("mbbatch").joinpath("data", "llm_inference_bench")
+    readme = folder.joinpath("README.md").read_text()
+    assert "BSD 3-Clause" in folder.joinpath("LICENSE").read_text()
+    assert "arXiv:2411.00136" in readme
+    digest = hashlib.sha256(folder.joinpath("All_results.csv").read_bytes()).hexdigest()
+    assert digest in readme and profiles.provenance(profiles.DEFAULT)["data_sha256"] == digest
+
+
+def test_names_follow_the_data():
+    names = profiles.names()
+    assert len(names) == 227 and names == sorted(names)
+    assert all(re.fullmatch(r"[A-Za-z0-9]+/[A-Za-z.\-]+/[A-Za-z0-9.\-]+/tp[1248]", n) for n in names), names[:5]
+    assert set(HELD_OUT) <= set(names) and profiles.DEFAULT in names
+    with pytest.raises(ValueError, match=r"profile must be one of the 227 shipped profiles .*got "
+                                         r"'H100/vLLM/Meta-Llama-3-8B/tp3'; did you mean H100/vLLM/Meta-Llama-3-8B"):
+        profiles.get("H100/vLLM/Meta-Llama-3-8B/tp3")
+
+
+def test_failed_runs_are_screened_out():
+    """A 2,048 + 2,048-token request on a model of a 2,048-token context, 'measured' in 0.05 s, is
+    not fitted; nothing else of that group is excluded."""
+    t = profiles.measurements("GH200/vLLM/opt-6.7b/tp1")
+    assert t.excluded.sum() == 4 and set(t.prompt[t.excluded]) == {2048.0}
+    assert np.all(t.service[t.excluded] < 3.0) and np.all(t.service[(t.prompt == 1024.0)] > 7.0)
+    assert not profiles.measurements(profiles.DEFAULT).excluded.any()
+    assert profiles.fit("GH200/vLLM/opt-6.7b/tp1").n == 16
+
+
+@pytest.mark.parametrize("name", list(HELD_OUT))
+def test_held_out_errors_of_four_profiles(name):
+    res = profiles.fit(name)
+    assert res.holdout == "leave-one-out" and res.n == int((~profiles.measurements(name).excluded).sum())
+    assert res.holdout_error < HELD_OUT[name]
+    assert res.r2 > 0.98 and res.median_error <= res.holdout_error
+    m = profiles.get(name)
+    assert isinstance(m, mb.IterationModel) and m.profile == name
+    rows = profiles.measurements(name)
+    pred = m.service_time(size=rows.size, prompt=rows.prompt, output=rows.output)
+    assert np.median(np.abs(pred - rows.service) / rows.service) == pytest.approx(res.median_error, rel=1e-9)
+
+
+def test_across_profiles_the_median_held_out_error():
+    """The issue's target: the median over the profiles of their held-out errors at most 7 % (measured
+    5.7 %); and against today's DecodeModel fitted to the same rows (median 20 %), IterationModel is worse
+    in 6 of 227 (Mixtral on MI250 and A100, SambaNova, Gaudi2 with DeepSpeed: see the profiles' docs)."""
+    t = profiles.list()
+    assert len(t) == 227 and set(t.columns) >= {"name", "hardware", "rows", "excluded", "r2", "holdout_error",
+                                                "step", "per_context_token"}
+    assert np.median(t.holdout_error.astype(float)) <= 0.07
+    worse = []
+    for name in t.name:
+        rows = profiles.measurements(name)
+        keep = ~rows.excluded
+        dec = mb.DecodeModel.fit({k: rows[k][keep] for k in ("size", "prompt", "output", "service")})
+        if profiles.fit(name).holdout_error > dec.holdout_error:
+            worse.append(name)
+    assert len(worse) <= 6, worse
+
+
+def test_the_default_iteration_model_is_the_default_profile():
+    fitted = profiles.fit(profiles.DEFAULT).params
+    for k, v in fitted.items():
+        assert PARAMS[f"IterationModel.{k}"].default == (float(f"{v:.3g}") if v else 0.0), k
+    assert mb.IterationModel().profile is None
+
+
+def test_a_users_csv_fits_as_the_shipped_rows(tmp_path):
+    rows = profiles.measurements(profiles.DEFAULT)
+    path = tmp_path / "mine.csv"
+    lines = ["batch,isl,osl,latency_s"] + [f"{b},{p:g},{o:g},{float(s)!r}" for b, p, o, s in
+                                           zip(rows.size, rows.prompt, rows.output, rows.service)]
+    path.write_text("\n".join(lines) + "\n")
+    res = profiles.from_csv(path, size="batch", prompt="isl", output="osl", service="latency_s")
+    assert res.params == pytest.approx(profiles.fit(profiles.DEFAULT).params, rel=1e-12, abs=1e-18)
+    with pytest.raises(ValueError, match="lacks the columns latency"):
+        profiles.from_csv(path, size="batch", prompt="isl", output="osl", service="latency")
+    with pytest.raises(FileNotFoundError, match="path: no measurements file"):
+        profiles.from_csv(tmp_path / "none.csv")
+
+
+def test_a_profile_times_every_token_policy():
+    """A fitted profile is a service model of the token-level policies like any other."""
+    import scipy.stats as st
+
+    m = profiles.get("A100/vLLM/Meta-Llama-3-8B/tp1")
+    wl = mb.Workload(prompt=st.uniform(16, 496), output=st.uniform(1, 255))
+    res = mb.simulate(mb.StaticBatching(16), mb.Poisson(1.0), workload=wl, service_model=m, n=3000, seed=1,
+                      keep_batches=True)
+    assert res.completed == 3000 and not res.unstable
+    b = res.batches
+    assert np.all(b.service >= m.step)
+
+
+def test_the_index_of_names_is_the_fitted_groups():
+    from mbbatch.params import PARAMS
+
+    assert profiles._index() == tuple(profiles.names()) == PARAMS["profile"].choices
+
+
+SWEEP = """
+name = "hardware"
+arrivals = "poisson"
+service_model = "profile"
+reps = 2
+seed = 11
+policy = "static"
+[params]
+batch_size = 16
+prompt_median = 200.0
+prompt_sigma = 0.6
+output_median = 80.0
+output_sigma = 0.7
+d_sla = 0.05
+eta = 100000.0
+n = 1500
+rate = 0.5
+[grid]
+profile = ["H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1"]
+finished = ["leave", "stay"]
+"""
+
+
+def test_a_sweep_with_a_profile_axis_is_simulate_per_cell(tmp_path):
+    """Each cell of a profile axis equals mb.simulate under that profile's model, with the cell's seed; the
+    store records each profile's provenance (data hash, coefficients, errors)."""
+    import dataclasses
+    import json
+
+    import scipy.stats as st
+
+    from mbbatch.sweeps import run_sweep
+    from mbbatch.sweeps.cells import cell_seed
+    from mbbatch.sweeps.spec import parse_spec
+
+    spec = parse_spec(SWEEP)
+    ds = run_sweep(spec, tmp_path / "hw.zarr", workers=1, progress=False).load()
+    stored = json.loads(ds.attrs["profiles"])
+    assert set(stored) == {"H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1"}
+    for name, prov in stored.items():
+        assert prov["data_sha256"] == profiles.provenance(name)["data_sha256"]
+        assert prov["step"] == profiles.fit(name).params["step"]
+    wl = mb.Workload(prompt=st.lognorm(0.6, scale=200.0), output=st.lognorm(0.7, scale=80.0))
+    for _, params in spec.points():
+        model = dataclasses.replace(profiles.get(params["profile"]), finished=params["finished"])
+        for rep in range(2):
+            res = mb.simulate(mb.StaticBatching(16), mb.Poisson(0.5), workload=wl, service_model=model, n=1500,
+                              seed=cell_seed(11, params, rep))
+            got = ds.sel(profile=params["profile"], finished=params["finished"], rep=rep)
+            assert float(got["sim_throughput"]) == res.throughput
+            assert float(got["sim_mean_latency"]) == res.mean_latency
+    # the measured profiles differ, and so do their runs
+    lat = ds["sim_mean_latency"].mean("rep")
+    assert float(lat.sel(profile="A100/vLLM/Meta-Llama-3-8B/tp1", finished="leave")) > float(
+        lat.sel(profile="H100/vLLM/Meta-Llama-3-8B/tp1", finished="leave"))
+
+
+@pytest.mark.parametrize("spec, context", [("hardware_policies", 256.0 + 128.0 / 2),
+                                           ("hardware_trace", 1020.0 + 129.0 / 2)])
+def test_the_hardware_specs_d_sla_is_the_profiles_sla_target(spec, context):
+    """The specs' D_SLA per profile: sla_target at the workload's median prompt plus half its median output
+    (the Azure conversation trace's medians: 1,020 and 129 tokens), to 0.1 ms."""
+    import tomllib
+    from pathlib import Path
+
+    raw = tomllib.loads((Path(__file__).resolve().parents[1] / "sweeps" / f"{spec}.toml").read_text())
+    assert raw["service_model"] == "profile"
+    for name, variant in raw["policies"].items():
+        want = round(profiles.sla_target(profiles.get(variant["profile"]), context), 4)
+        assert variant["d_sla"] == want, name
+
+
+def test_sla_target_keeps_the_papers_headroom():
+    assert profiles.SLA_HEADROOM == pytest.approx(7.4 / 5.74)
+    m = profiles.get(profiles.DEFAULT)
+    assert profiles.sla_target(m, 320.0) == pytest.approx(7.4 / 5.74 * float(m.decode_step(1, 320.0)))
+    assert profiles.sla_target(m, 320.0) > float(m.decode_step(1, 320.0)) > 0.0074   # the seeds' D_SLA: unmet
+    with pytest.raises(TypeError, match="model must be an IterationModel"):
+        profiles.sla_target(mb.DecodeModel(), 320.0)
+    with pytest.raises(ValueError, match=r"headroom must be in \(0, inf\)"):
+        profiles.sla_target(m, 320.0, headroom=0.0)
