@@ -880,7 +880,12 @@ class LinearModel(_Fitted):
 @dataclass(frozen=True)
 class DecodeModel(_Fitted):
     """Batch service = ``prefill_per_token * sum(prompt) + TBT(b) * max(output)``,
-    ``TBT(b) = beta (1 + gamma (b-1)/max(1, b))`` s/token (calibrated defaults).
+    ``TBT(b) = beta (1 + gamma (b-1)/max(1, b))`` s/token.
+
+    The defaults (5.74 ms, 0.316) are the dynamic-batching paper's calibration
+    (Pang et al., 2025, arXiv:2503.05248), kept to reproduce its experiments:
+    not a measurement of ours, and flatter in ``b`` than measured
+    accelerators (:class:`IterationModel`, :mod:`mbbatch.profiles`).
 
     Algorithm 7 is fed ``TBT(b)`` (the v2 model's decode TBT); it is also the
     time per output token, and the first token comes ``prefill + TBT(b)``

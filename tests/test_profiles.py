@@ -184,8 +184,12 @@ def test_a_sweep_with_a_profile_axis_is_simulate_per_cell(tmp_path):
 def test_the_hardware_specs_d_sla_is_the_profiles_sla_target(spec, context):
     """The specs' D_SLA per profile: sla_target at the workload's median prompt plus half its median output
     (the Azure conversation trace's medians: 1,020 and 129 tokens), to 0.1 ms."""
-    import tomllib
     from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:     # (Python 3.10: the backport, a dependency there)
+        import tomli as tomllib
 
     raw = tomllib.loads((Path(__file__).resolve().parents[1] / "sweeps" / f"{spec}.toml").read_text())
     assert raw["service_model"] == "profile"
