@@ -1317,7 +1317,10 @@ class IterationModel(_Fitted):
         ``a = setup + step``, ``b = prefill_per_token`` (LAPS's prefill
         instances; exact, a prefill batch being one prefill iteration)."""
         if self.prefill_per_token == 0.0:
-            raise ValueError("IterationModel.prefill_model: prefill_per_token is 0; a PrefillModel's b must be > 0")
+            why = (f" (profile {self.profile}'s fit holds it at 0: its batches' prompts and outputs have one "
+                   "length, which cannot tell prefill from decode apart)" if self.profile else "")
+            raise ValueError(f"prefill_per_token must be > 0 for a prefill batch's time; got 0{why}; give LAPS "
+                             "a PrefillModel, or an IterationModel with a measured prefill_per_token")
         return PrefillModel(a=self.setup + self.step, b=self.prefill_per_token)
 
     def _steps(self, size, max_output, sum_prompt, sequence_steps, context_steps):

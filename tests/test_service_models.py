@@ -607,6 +607,8 @@ def test_iteration_model_checks_its_fields_and_arguments():
     with pytest.raises(ValueError, match=r"output must be in \[0, inf\) \(tokens\)"):
         ITER.service_time(size=4, prompt=100, output=-1)
     # its prefill batches as LAPS's PrefillModel
+    with pytest.raises(ValueError, match="prefill_per_token must be > 0 for a prefill batch's time; got 0"):
+        IterationModel(prefill_per_token=0.0).prefill_model()
     pm = ITER.prefill_model()
     assert pm.service_time(sum_prompt=300.0) == ITER.times(size=3, prompt=100, output=1).ttft
 

@@ -33,6 +33,11 @@ class ShortestPredictedFirst(Policy):
     throughput converges to this policy's).  ``max_wait=0`` is static
     batching (every request is old enough to go first, in arrival order).
 
+    Choosing a batch scans the waiting requests: its cost grows with the
+    backlog, so an overloaded run (whose backlog grows with ``n``) costs
+    about ``n^2 / B`` steps; 196,647 requests of a trace at ``B = 2``, far
+    beyond the server, take 97 s where a stable run takes a second.
+
     Parameters
     ----------
     batch_size : int
