@@ -587,8 +587,6 @@ class _Fitted:
             cols.update({k: agg[k] for k in needs})
         else:
             cols = _measurement_columns(owner, measurements, needs, targets)
-            if not targets or any(t not in cols for t in targets):
-                raise ValueError(f"{owner} needs at least one measured time column")
         agg = {k: cols[k] for k in needs}
         designs, ys, kinds = [], [], []
         for t in targets:
