@@ -405,20 +405,21 @@ def _measurement_columns(owner: str, measurements, names: tuple, optional: tuple
 def _least_squares(owner: str, design: np.ndarray, y: np.ndarray, names: tuple, hint: str):
     """Non-negative linear least squares ``design @ c ~ y``: the columns
     scaled to unit norm, the unconstrained solution (``numpy.linalg.lstsq``)
-    when it is non-negative, else the bounded one (``scipy.optimize.lsq_linear``,
-    BVLS, exact for these few columns).  Returns ``c`` and the indices held at 0."""
+    when it is non-negative, else the bounded one (``scipy.optimize.nnls``,
+    Lawson and Hanson's active set method, exact for these few columns).
+    Returns ``c`` and the indices held at 0."""
     norms = np.sqrt(np.sum(design * design, axis=0))
-    if np.any(norms == 0.0) or np.linalg.matrix_rank(design / np.where(norms > 0, norms, 1.0)) < design.shape[1]:
+    scaled = design / np.where(norms > 0, norms, 1.0)
+    # (lstsq's rank is numpy.linalg.matrix_rank's, by the same singular values and tolerance)
+    c, _, rank, _ = np.linalg.lstsq(scaled, y, rcond=None)
+    if np.any(norms == 0.0) or rank < design.shape[1]:
         raise ValueError(f"{owner}: the measurements do not determine {', '.join(names)} (the least-squares "
                          f"problem is rank deficient); {hint}")
-    scaled = design / norms
-    c, *_ = np.linalg.lstsq(scaled, y, rcond=None)
     held = ()
     if np.any(c < 0.0):
-        from scipy.optimize import lsq_linear
+        from scipy.optimize import nnls
 
-        res = lsq_linear(scaled, y, bounds=(0.0, np.inf), method="bvls")
-        c = np.maximum(res.x, 0.0)
+        c, _ = nnls(scaled, y)
         held = tuple(int(i) for i in np.flatnonzero(c == 0.0))
     return c / norms, held
 
@@ -608,7 +609,7 @@ class _Fitted:
         The times are linear in coefficients ``c >= 0`` (products such as
         ``beta * gamma`` where the model multiplies parameters), so the fit
         is a non-negative linear least squares (``numpy.linalg.lstsq``,
-        ``scipy.optimize.lsq_linear`` where a bound binds): the global least-
+        ``scipy.optimize.nnls`` where a bound binds): the global least-
         squares optimum over the parameters' closed domains.  Standard errors
         come from the Jacobian of the times in the model's own parameters.
 
