@@ -166,8 +166,11 @@ def names() -> builtins.list:
 
 
 def _group(name: str) -> dict:
+    if not isinstance(name, str):
+        raise TypeError(f"profile must be a profile's name (str; mbbatch.profiles.names()); got "
+                        f"{type(name).__name__}")
     groups, _ = _shipped()
-    if not isinstance(name, str) or name not in groups or not _fittable(groups[name]):
+    if name not in groups or not _fittable(groups[name]):
         import difflib
 
         close = difflib.get_close_matches(str(name), names(), n=3, cutoff=0.5)

@@ -676,7 +676,8 @@ class _Fitted:
         if weights == "relative":
             if np.any(y <= 0.0):
                 i = int(np.argmax(y <= 0.0))
-                raise ValueError(f"{owner}: weights='relative' needs measured times > 0; got {y[i]!r} (row {i})")
+                raise ValueError(f"{owner}: weights='relative' needs measured times > 0; got {float(y[i])!r} "
+                                 f"(measured time {i})")
             w = 1.0 / y
         else:
             w = np.ones_like(y)

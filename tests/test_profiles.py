@@ -39,6 +39,8 @@ def test_names_follow_the_data():
     with pytest.raises(ValueError, match=r"profile must be one of the 227 shipped profiles .*got "
                                          r"'H100/vLLM/Meta-Llama-3-8B/tp3'; did you mean H100/vLLM/Meta-Llama-3-8B"):
         profiles.get("H100/vLLM/Meta-Llama-3-8B/tp3")
+    with pytest.raises(TypeError, match="profile must be a profile's name .*got int"):
+        profiles.get(3)
 
 
 def test_failed_runs_are_screened_out():
