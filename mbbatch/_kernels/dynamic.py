@@ -377,12 +377,14 @@ def _next_completion(servers_i, servers_f):
 
 @step
 def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prompt,
-                   max_out, max_seq, iteration, per_sequence, per_context, seq_steps, ctx_steps):
+                   max_out, max_seq, iteration, per_sequence, per_context, seq_steps, ctx_steps, sum_context):
     """A batch's service time (s), decode time between tokens (s/token; 0:
     none, the legacy feedback rule), time per output token (s/token, what
     the SLA bounds) and time to first token after its start (s).
-    ``seq_steps`` and ``ctx_steps``: its decode work (:func:`decode_work`,
-    read by the iteration model only)."""
+    ``seq_steps`` and ``ctx_steps``: its decode work (:func:`decode_work`),
+    ``sum_context`` its members' whole prompts (``sum_prompt`` counts the
+    tokens prefilled: fewer where a cluster reuses a context); read by the
+    iteration model only."""
     bf = float(nb)
     if model == MODEL_MAX:
         service = base + per_token * max_out
@@ -401,7 +403,7 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
         if d > 0.0:
             tbt = decode / d
         else:
-            tbt = iteration + per_sequence * bf + per_context * (sum_prompt + bf)
+            tbt = iteration + per_sequence * bf + per_context * (sum_context + bf)
         return service, tbt, tbt, prefill
     tbt = decode_tbt(tbt_beta, tbt_gamma, bf)
     if model >= MODEL_CALIBRATED:
@@ -454,7 +456,7 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps
         out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(
             code, mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta], mf[O.prefill_per_token], mf[O.tbt_beta],
             mf[O.tbt_gamma], sizes[j], sum_prompt[j], max_out[j], max_seq[j], mf[O.iteration], mf[O.per_sequence],
-            mf[O.per_context], seq_steps[j], ctx_steps[j])
+            mf[O.per_context], seq_steps[j], ctx_steps[j], sum_prompt[j])
 
 
 @step
@@ -735,7 +737,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 service, tbt, tpot, ttft = _batch_service(model, base_time, per_token, alpha, beta,
                                                           prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prefill,
                                                           max_out, max_seq, iteration, per_sequence, per_context,
-                                                          seq_steps, ctx_steps)
+                                                          seq_steps, ctx_steps, sum_prompt)
                 done = now + service
                 if done > last_completion:
                     last_completion = done
