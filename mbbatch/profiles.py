@@ -15,8 +15,8 @@ x framework x model), named ``HARDWARE/FRAMEWORK/MODEL/tpN``, for example
 Each profile is fitted on relative error (its times span three orders of
 magnitude, :meth:`~mbbatch.IterationModel.fit`) when first asked for; its
 held-out error (leave-one-out) is reported (:func:`list`, :func:`fit`).
-Over the 227 profiles the median of their held-out errors is 5.7 % (today's
-:class:`~mbbatch.DecodeModel` on the same rows: 20 %); the largest, 20 %,
+Over the 227 profiles the median of their held-out errors is 5.7 % (the seeds'
+:class:`~mbbatch.DecodeModel` form, refitted to the same rows: 20 %); the largest, 20 %,
 are llama.cpp on MI300X and Mixtral (a mixture of experts, whose decode step
 grows with batch size and saturates, which the model's linear terms do not
 follow) on MI250.
@@ -47,7 +47,7 @@ Examples
 >>> m.profile
 'H100/vLLM/Meta-Llama-3-8B/tp1'
 >>> round(float(m.service_time(size=16, prompt=512, output=512)), 1)    # measured: 5.04 s
-5.1
+4.9
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def sla_target(model: IterationModel, context: float, headroom: float = SLA_HEAD
     --------
     >>> m = IterationModel(step=0.01, per_sequence=1e-4, per_context_token=1e-7)
     >>> round(sla_target(m, context=320.0), 6)      # 1.2892 x (0.01 + 1e-4 + 3.2e-5)
-    0.013075
+    0.013062
     """
     if not isinstance(model, IterationModel):
         raise TypeError(f"model must be an IterationModel; got {type(model).__name__}")

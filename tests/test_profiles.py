@@ -209,3 +209,9 @@ def test_sla_target_keeps_the_papers_headroom():
         profiles.sla_target(mb.DecodeModel(), 320.0)
     with pytest.raises(ValueError, match=r"headroom must be in \(0, inf\)"):
         profiles.sla_target(m, 320.0, headroom=0.0)
+
+
+def test_docstring_examples():
+    import doctest
+
+    assert doctest.testmod(profiles, optionflags=doctest.ELLIPSIS).failed == 0
