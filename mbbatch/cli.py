@@ -404,15 +404,16 @@ def _dispatch(args) -> int:
     elif args.command == "profiles":
         from . import profiles
 
-        t = profiles.list()
-        keep = [i for i, name in enumerate(t.name) if args.match in name]
+        # (only the matching profiles are fitted)
+        keep = [name for name in profiles.names() if args.match in name]
         if not keep:
             raise ValueError(f"--match: no profile name contains {args.match!r} (mbbatch profiles lists them)")
         print(f"{'profile':<44} {'rows':>4}  {'R^2':>6}  {'median':>7}  {'held out':>8}  step (ms)  "
               f"per context token (ns)")
-        for i in keep:
-            print(f"{t.name[i]:<44} {t.rows[i]:>4}  {t.r2[i]:>6.3f}  {t.median_error[i]:>7.1%}  "
-                  f"{t.holdout_error[i]:>8.1%}  {1e3 * t.step[i]:>9.3f}  {1e9 * t.per_context_token[i]:.3f}")
+        for name in keep:
+            p = profiles.provenance(name)
+            print(f"{name:<44} {p['rows']:>4}  {p['r2']:>6.3f}  {p['median_error']:>7.1%}  "
+                  f"{p['holdout_error']:>8.1%}  {1e3 * p['step']:>9.3f}  {1e9 * p['per_context_token']:.3f}")
     elif args.command == "check":
         from .sweeps import check_store
 

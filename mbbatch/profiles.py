@@ -333,9 +333,3 @@ def sla_target(model: IterationModel, context: float, headroom: float = SLA_HEAD
         raise ValueError(f"headroom must be in (0, inf); got {headroom!r}")
     return float(headroom * model.decode_step(1, context))
 
-
-def _defaults_check() -> dict:
-    """IterationModel's defaults, as the fit of :data:`DEFAULT` rounded to 3
-    significant digits (the tests hold the parameter table to it)."""
-    res = fit(DEFAULT)
-    return {k: float(f"{v:.3g}") if v != 0.0 else 0.0 for k, v in res.params.items() if not math.isnan(v)}

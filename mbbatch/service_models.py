@@ -1323,15 +1323,9 @@ class IterationModel(_Fitted):
                              "a PrefillModel, or an IterationModel with a measured prefill_per_token")
         return PrefillModel(a=self.setup + self.step, b=self.prefill_per_token)
 
-    def _steps(self, size, max_output, sum_prompt, sequence_steps, context_steps):
-        d = np.maximum(max_output - 1.0, 0.0)
-        if self.finished == "stay":
-            return d, size * d, sum_prompt * d + size * d * (d + 1.0) / 2.0
-        return d, sequence_steps, context_steps
-
     def _times(self, size, max_output, sum_prompt, sequence_steps, context_steps, **_):
         # the kernel's order of operations (_kernels.dynamic._batch_service)
-        d, s, k = self._steps(size, max_output, sum_prompt, sequence_steps, context_steps)
+        d, s, k = self._columns(self.finished, size, max_output, sum_prompt, sequence_steps, context_steps)
         prefill = self.setup + self.step + self.prefill_per_token * sum_prompt
         decode = self.step * d + self.per_sequence * s + self.per_context_token * k
         service = prefill + decode
@@ -1344,6 +1338,8 @@ class IterationModel(_Fitted):
 
     @staticmethod
     def _columns(finished, size, max_output, sum_prompt, sequence_steps, context_steps):
+        """Its decode steps ``D``, sequence steps ``S`` and context steps ``K``
+        under ``finished`` (the class docstring's formulas)."""
         d = np.maximum(max_output - 1.0, 0.0)
         if finished == "stay":
             return d, size * d, sum_prompt * d + size * d * (d + 1.0) / 2.0

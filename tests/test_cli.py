@@ -258,3 +258,16 @@ def test_sweep_skips_a_spec_whose_trace_is_absent_only_when_asked(tmp_path):
     r = run_cli("sweep", str(spec), "--out-dir", str(tmp_path / "res"), "--skip-missing-traces")
     assert r.returncode == 0 and "note: skipped" in r.stderr, r.stderr
     assert not (tmp_path / "res" / "t.zarr").exists()
+
+
+def test_profiles_lists_the_matching_fits():
+    from mbbatch import profiles
+
+    r = run("profiles", "--match", "H100/vLLM/Meta-Llama-3-8B/")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("profile") and len(lines) == 1 + 3     # tp1, tp2, tp4
+    fit = profiles.fit(profiles.DEFAULT)
+    row = next(ln for ln in lines if ln.startswith(profiles.DEFAULT + " "))
+    assert f"{fit.holdout_error:.1%}" in row and f"{1e3 * fit.params['step']:.3f}" in row
+    one_line_error(run("profiles", "--match", "TPUv9"), "--match: no profile name contains 'TPUv9'")

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from .. import profiles
 from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel
+from .data import variants
 from .style import COLORS, MARKERS
 
 __all__ = ["hardware_fit", "hardware_policies", "hardware_trace"]
@@ -128,17 +129,11 @@ def _columns(default, profiled, default_note: str) -> list:
     cols = [(f"the seeds' DecodeModel ({default_note})",
              [(label, key, _token_series(default, policy=prefix)) for label, key, prefix in _POLICIES])]
     for suffix, name in _GPUS:
-        d_sla = _json_setting(profiled, f"dynamic{suffix}", "d_sla")
+        d_sla = dict(variants(profiled))[f"dynamic{suffix}"]["d_sla"]
         cols.append((f"profile {name}\n(IterationModel fitted to measurements; D$_{{SLA}}$ = {1e3 * d_sla:.1f} ms)",
                      [(label, key, _token_series(profiled, policy=prefix + suffix))
                       for label, key, prefix in _POLICIES]))
     return cols
-
-
-def _json_setting(ds, variant: str, key: str):
-    import json
-
-    return json.loads(ds.attrs[f"policy_{variant}"])[key]
 
 
 def _policy_grid(cols: list, title: str) -> Figure:
