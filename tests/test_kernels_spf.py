@@ -1,11 +1,12 @@
 """Shortest-predicted-first's step of the event kernel (mbbatch._kernels.spf):
 its batches on hand-computed traces, its starvation guard and its scratch."""
 
+import numba
 import numpy as np
 
 import mbbatch as mb
 from mbbatch._kernels import spf
-from mbbatch._kernels.queues import N_FIELDS
+from mbbatch._kernels.queues import N_FIELDS, Q
 
 MODEL = mb.MaxModel(base=0.0, per_token=1.0)
 
@@ -65,3 +66,76 @@ def test_its_scratch_holds_a_batch():
                              n=100)
     big = check_simulation(pol, mb.Poisson(1.0), workload=mb.Workload([1.0], [1.0]), n=100)
     assert big - small < 8 * (spf.scratch_size(100) + 101)
+
+
+@numba.njit
+def _batch(q, qidx, b, h, m, nb, now, max_wait, sc):
+    return spf.spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc)
+
+
+def _gather(cap, h, arrival, pred, idx, nb, now, max_wait):
+    """spf_batch on a queue of one ring of ``cap`` slots from slot ``h``:
+    the queue (idx) after it from its new head, and that head."""
+    m = len(pred)
+    q = np.full((N_FIELDS, 2, cap), np.nan)
+    qidx = np.full((2, cap), -1, np.int64)
+    slots = (h + np.arange(m)) % cap
+    q[Q.arrival, 1, slots] = arrival
+    q[Q.pred, 1, slots] = pred
+    q[Q.prompt, 1, slots] = np.arange(m) + 0.5      # (a field moved with its request)
+    qidx[1, slots] = idx
+    sc = np.empty(spf.scratch_size(nb))
+    h1 = _batch(q, qidx, 1, h, m, nb, now, max_wait, sc)
+    got = (h1 + np.arange(m)) % cap
+    assert (q[Q.prompt, 1, got] == np.searchsorted(idx, qidx[1, got]) + 0.5).all()   # fields moved with it
+    assert (q[Q.pred, 1, got] == np.asarray(pred)[np.searchsorted(idx, qidx[1, got])]).all()
+    return qidx[1, got].tolist(), h1
+
+
+def _expected(arrival, pred, idx, nb, now, max_wait):
+    """The queue after the batch, from its definition: the overdue head,
+    then the nb - overdue smallest (prediction, index) of the rest, in
+    arrival order, then the others in theirs."""
+    m = len(pred)
+    o = 0
+    while o < nb and now - arrival[o] >= max_wait:
+        o += 1
+    rest = sorted(range(o, m), key=lambda j: (pred[j], idx[j]))[:nb - o]
+    members = list(range(o)) + sorted(rest)
+    return [idx[j] for j in members] + [idx[j] for j in range(m) if j not in members]
+
+
+def test_the_batch_is_gathered_either_way_to_the_same_queue():
+    """Random queues in rings of 8 to 64 slots (wrapping, ties in the
+    predictions, some requests overdue): the queue after spf_batch is its
+    definition's, whichever way it gathers; the members at the tail of a
+    queue with room move the head back (the cheap way), without room or at
+    the front they do not."""
+    rng = np.random.default_rng(5)
+    moved = kept = 0
+    for case in range(600):
+        cap = int(rng.choice([8, 16, 64]))
+        m = int(rng.integers(2, cap + 1))
+        nb = int(rng.integers(1, m + 1))
+        h = int(rng.integers(0, cap))
+        arrival = np.sort(rng.uniform(0, 10, m))
+        pred = rng.integers(0, 6, m).astype(float)
+        if case % 3 == 0:
+            pred[-nb:] = -1.0 - rng.integers(0, 2, nb)      # the shortest at the tail
+        idx = np.sort(rng.choice(1000, m, replace=False))
+        max_wait = float(rng.choice([np.inf, 5.0, 0.0]))
+        got, h1 = _gather(cap, h, arrival, pred, idx, nb, 10.0, max_wait)
+        assert got == _expected(arrival, pred, idx, nb, 10.0, max_wait), case
+        moved += h1 != h
+        kept += h1 == h
+    assert moved > 50 and kept > 50, (moved, kept)
+
+
+def test_a_full_ring_gathers_in_place():
+    """Members at the tail of a full ring: no room before the head, so the
+    others move back and the head stays."""
+    pred = [5.0, 6.0, 7.0, 1.0]
+    got, h1 = _gather(4, 2, [0.0, 1.0, 2.0, 3.0], pred, [0, 1, 2, 3], 1, 4.0, np.inf)
+    assert got == [3, 0, 1, 2] and h1 == 2
+    got, h1 = _gather(8, 2, [0.0, 1.0, 2.0, 3.0], pred, [0, 1, 2, 3], 1, 4.0, np.inf)
+    assert got == [3, 0, 1, 2] and h1 == 1

@@ -210,7 +210,7 @@ def form_batch(rule, ws, ctl, st, base, rr, waiting, kv, now):
         nb = size[b] if size[b] < rule.max_candidates else rule.max_candidates
         nb = nb if nb < target else target
         if rule.form == FORM_SPF:
-            spf_batch(q, qidx, b, head[b], size[b], nb, now, rule.max_wait, ws.scratch)
+            head[b] = spf_batch(q, qidx, b, head[b], size[b], nb, now, rule.max_wait, ws.scratch)
         h0 = head[b]
         nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(q, b, h0, nb, mask, rule.fit,
                                                                                      rule.eta, kv)

@@ -55,6 +55,38 @@ def _sift(heap, size, j, pred, idx):
         j = c
 
 
+@step
+def _member(pred, idx, sl, kp, ki):
+    """Whether the request at slot ``sl`` is a member: its key at or below
+    the greatest chosen key ``(kp, ki)``."""
+    return pred[sl] < kp or (pred[sl] == kp and idx[sl] <= ki)
+
+
+@step
+def _keep(q, qidx, ub, sl, sc, k):
+    """The request at slot ``sl`` of queue ``ub`` into the scratch's k-th
+    record."""
+    for f in range(N_FIELDS):
+        sc[k * (N_FIELDS + 1) + f] = q[f, ub, sl]
+    sc[k * (N_FIELDS + 1) + N_FIELDS] = qidx[ub, sl]
+
+
+@step
+def _put(q, qidx, ub, sl, sc, k):
+    """The scratch's k-th record into slot ``sl`` of queue ``ub``."""
+    for f in range(N_FIELDS):
+        q[f, ub, sl] = sc[k * (N_FIELDS + 1) + f]
+    qidx[ub, sl] = np.int64(sc[k * (N_FIELDS + 1) + N_FIELDS])
+
+
+@step
+def _move(q, qidx, ub, to, frm):
+    """The request at slot ``frm`` of queue ``ub`` to slot ``to``."""
+    for f in range(N_FIELDS):
+        q[f, ub, to] = q[f, ub, frm]
+    qidx[ub, to] = qidx[ub, frm]
+
+
 @subroutine
 def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
     """Put the ``nb`` requests of queue b (``m`` of them, from slot ``h``)
@@ -63,7 +95,13 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
     already), then, of the others, the ``nb`` minus as many with the
     smallest predictions (ties in arrival order), in the scratch ``sc``.  The
     members keep their arrival order among themselves, and so do the
-    requests left behind them."""
+    requests left behind them.  Returns the queue's head slot after it: the
+    members are gathered the cheaper way, the others before the last member
+    moving back (the head stays) or those after the first member moving
+    forward (the head moves back by the members chosen by key, where the
+    ring has room): the same queue either way, at a cost of the requests
+    moved, not of the queue (a backlog's newest requests, where the short
+    ones wait, are gathered without moving the rest)."""
     mask = q.shape[2] - 1
     ub = np.uint64(b)
     # the requests that have waited too long: the oldest, at the head
@@ -72,7 +110,7 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
         o += 1
     need = nb - o
     if need == 0 or nb == m:
-        return
+        return h
     # the candidates' keys, by slot (offset j of the queue is at slot (h + j) & mask)
     pred = q[Q.pred, b]
     idx = qidx[b]
@@ -82,37 +120,62 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
         heap[j] = (h + o + j) & mask
     for j in range(need // 2 - 1, -1, -1):
         _sift(heap, need, j, pred, idx)
-    for j in range(o + need, m):
-        sl = (h + j) & mask
-        t = int(heap[0])
-        if pred[sl] < pred[t] or (pred[sl] == pred[t] and idx[sl] < idx[t]):
-            heap[0] = sl
-            _sift(heap, need, 0, pred, idx)
+    # (the root's key in locals: a candidate above it, the common case, is one comparison)
+    t = int(heap[0])
+    tp = pred[t]
+    ti = idx[t]
+    # (the ring's slots in at most two runs)
+    s0 = (h + o + need) & mask
+    rest = m - o - need
+    run = min(rest, mask + 1 - s0)
+    for s1, s2 in ((s0, s0 + run), (0, rest - run)):
+        for sl in range(s1, s2):
+            p = pred[sl]
+            if p < tp or (p == tp and idx[sl] < ti):
+                heap[0] = sl
+                _sift(heap, need, 0, pred, idx)
+                t = int(heap[0])
+                tp = pred[t]
+                ti = idx[t]
     # the greatest chosen key: the members are the candidates at or below it (keys differ: by index)
-    top = int(heap[0])
-    kp = pred[top]
-    ki = idx[top]
-    # from the back: the others move back in their order, the members are kept (last first)
-    w = m - 1
+    kp = tp
+    ki = ti
+    # the first and the last member
+    first = o
+    while not _member(pred, idx, (h + first) & mask, kp, ki):
+        first += 1
+    last = m - 1
+    while not _member(pred, idx, (h + last) & mask, kp, ki):
+        last -= 1
+    if m - first + o < last - o + 1 and m + need <= mask + 1:
+        # the others after the first member move forward, the members (arrival order) into the scratch
+        kept = 0
+        for r in range(first, m):
+            sr = np.uint64((h + r) & mask)
+            if _member(pred, idx, sr, kp, ki):
+                _keep(q, qidx, ub, sr, sc, kept)
+                kept += 1
+            else:
+                _move(q, qidx, ub, np.uint64((h + r - kept) & mask), sr)
+        # the overdue requests `need` slots back, in their order, then the members behind them
+        for r in range(o):
+            _move(q, qidx, ub, np.uint64((h + r - need) & mask), np.uint64((h + r) & mask))
+        for t in range(need):
+            _put(q, qidx, ub, np.uint64((h + o - need + t) & mask), sc, t)
+        return (h - need) & mask
+    # the others before the last member move back in their order, the members are kept (last first)
+    w = last
     kept = 0
-    for r in range(m - 1, o - 1, -1):
+    for r in range(last, o - 1, -1):
         sr = np.uint64((h + r) & mask)
-        if pred[sr] < kp or (pred[sr] == kp and idx[sr] <= ki):
-            for f in range(N_FIELDS):
-                sc[kept * (N_FIELDS + 1) + f] = q[f, ub, sr]
-            sc[kept * (N_FIELDS + 1) + N_FIELDS] = qidx[ub, sr]
+        if _member(pred, idx, sr, kp, ki):
+            _keep(q, qidx, ub, sr, sc, kept)
             kept += 1
             continue
         if w != r:
-            sw = np.uint64((h + w) & mask)
-            for f in range(N_FIELDS):
-                q[f, ub, sw] = q[f, ub, sr]
-            qidx[ub, sw] = qidx[ub, sr]
+            _move(q, qidx, ub, np.uint64((h + w) & mask), sr)
         w -= 1
     # the members in front of them, in arrival order
     for t in range(need):
-        sl = np.uint64((h + o + t) & mask)
-        k = (need - 1 - t) * (N_FIELDS + 1)
-        for f in range(N_FIELDS):
-            q[f, ub, sl] = sc[k + f]
-        qidx[ub, sl] = np.int64(sc[k + N_FIELDS])
+        _put(q, qidx, ub, np.uint64((h + o + t) & mask), sc, need - 1 - t)
+    return h
