@@ -127,7 +127,7 @@ def test_a_drawer_refuses_an_array_of_another_layout():
     def strided(fn, params, values, gen, out):
         draw_block(fn, params, values, 0, 2, gen, out[::2])
 
-    with pytest.raises(TypingError, match="argument 5 is .* the drawers take"):
+    with pytest.raises(TypingError, match="argument 5 is .* the function takes"):
         strided(drawers(ARR_POISSON, 0)[1], np.array([0.0, 1.0]), np.empty(0), np.random.default_rng(0),
                 np.empty(4))
 

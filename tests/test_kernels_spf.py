@@ -1,6 +1,9 @@
 """Shortest-predicted-first's step of the event kernel (mbbatch._kernels.spf):
 its batches on hand-computed traces, its starvation guard and its scratch."""
 
+import subprocess
+import sys
+
 import numba
 import numpy as np
 
@@ -139,3 +142,17 @@ def test_a_full_ring_gathers_in_place():
     assert got == [3, 0, 1, 2] and h1 == 2
     got, h1 = _gather(8, 2, [0.0, 1.0, 2.0, 3.0], pred, [0, 1, 2, 3], 1, 4.0, np.inf)
     assert got == [3, 0, 1, 2] and h1 == 1
+
+
+def test_its_step_is_compiled_apart_on_first_use():
+    """mb.warmup() compiles none of the rule (the event kernel calls it by
+    address); a process's first run of it does."""
+    code = ("import mbbatch as mb, numpy as np\n"
+            "from mbbatch._kernels import common\n"
+            "mb.warmup()\n"
+            "key = ('order', mb._kernels.spf.FORM_SPF)\n"
+            "print(key in common._COMPILED)\n"
+            "mb.simulate(mb.ShortestPredictedFirst(2), mb.Poisson(1.0), workload=mb.Workload([1.0], [1.0]), n=20)\n"
+            "print(key in common._COMPILED)\n")
+    got = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["False", "True"]

@@ -20,7 +20,9 @@ Neither can be called from Python (no wrappers: less to compile).
 The random draws of a block (arrival times, lengths, predictions) are
 compiled per kind, apart from the kernels, and called by address
 (:func:`drawers`): a kernel compiles once for every kind, and a run compiles
-only the kinds it uses.
+only the kinds it uses.  So is a batch formation rule's step that reorders a
+queue (:func:`compiled_apart`, :func:`by_address`; shortest-predicted-first's,
+:mod:`.spf`).
 """
 
 from __future__ import annotations
@@ -383,11 +385,12 @@ LENGTH_KINDS = (SVC_UNIFORM, SVC_EXPON, SVC_LOGNORM, SVC_GAMMA, SVC_WEIBULL_MIN,
 PREDICT_KINDS = (PRED_ORACLE, PRED_LOGNORMAL, PRED_CONFUSION, PRED_REPLAY)
 
 
-def _caller(sig, name):
-    """An intrinsic ``call(fn, args)``: calls the drawer compiled for ``sig``
-    at address ``fn`` with the tuple ``args``.  Scalars are converted to the
-    drawer's types; arrays must match its dtype, dimensions and layout (a
-    read-only array passes for a writable one: numba stores both alike)."""
+def by_address(sig, name):
+    """An intrinsic ``call(fn, args)``: calls the function compiled for
+    ``sig`` (a drawer, or any function :func:`compiled_apart`) at address
+    ``fn`` with the tuple ``args``.  Scalars are converted to the function's
+    types; arrays must match its dtype, dimensions and layout (a read-only
+    array passes for a writable one: numba stores both alike)."""
 
     @intrinsic
     def call(typingctx, fn, args):
@@ -402,7 +405,7 @@ def _caller(sig, name):
                 ok = have == want or (isinstance(want, types.Number) and isinstance(have, (types.Number,
                                                                                        types.Boolean)))
             if not ok:
-                raise TypingError(f"{name}: argument {k} is {have}; the drawers take {want}")
+                raise TypingError(f"{name}: argument {k} is {have}; the function takes {want}")
 
         def codegen(context, builder, signature, llargs):
             fnty = ir.FunctionType(context.get_value_type(sig.return_type),
@@ -420,9 +423,9 @@ def _caller(sig, name):
     return call
 
 
-_call_arrivals = _caller(ARRIVALS_SIG, "draw_arrivals")
-_call_lengths = _caller(LENGTHS_SIG, "draw_block")
-_call_predict = _caller(PREDICT_SIG, "predict")
+_call_arrivals = by_address(ARRIVALS_SIG, "draw_arrivals")
+_call_lengths = by_address(LENGTHS_SIG, "draw_block")
+_call_predict = by_address(PREDICT_SIG, "predict")
 
 
 def _arrivals_py(kind):
@@ -562,27 +565,33 @@ DRAWERS = {"arrivals": (_arrivals_py, ARRIVALS_SIG, ARRIVAL_KINDS),
            "predict": (_predict_py, PREDICT_SIG, PREDICT_KINDS)}
 
 
-#: the drawers compiled in this process, by (what, kind): kept for the
-#: process's life, since kernels call them by address
+#: the functions compiled apart in this process (the drawers, by (what,
+#: kind)): kept for the process's life, since kernels call them by address
 _COMPILED: dict = {}
 _COMPILING = threading.Lock()
 
 
-def _drawer(what: str, kind: int):
-    """The drawer ``what`` compiled for ``kind``, once per process (a lock:
-    a drawer compiled twice by two threads, one copy dropped, would leave a
-    kernel calling freed code)."""
-    key = (what, int(kind))
+def compiled_apart(key: tuple, make, sig):
+    """``make()``, a Python function, compiled as a C function of ``sig``
+    (a kernel calls it by address: :func:`by_address`), once per process
+    under ``key`` (a lock: a function compiled twice by two threads, one copy
+    dropped, would leave a kernel calling freed code).  ``make`` names the
+    function after its key: numba names a function's disk cache after it."""
     fn = _COMPILED.get(key)
     if fn is None:
-        py, sig, kinds = DRAWERS[what]
-        if key[1] not in kinds:
-            raise ValueError(f"no {what} drawer of kind {kind}; kinds are {kinds}")
         with _COMPILING:
             fn = _COMPILED.get(key)
             if fn is None:
-                fn = _COMPILED[key] = cfunc(sig, cache=CACHE, _nrt=False)(_named(what, key[1]))
+                fn = _COMPILED[key] = cfunc(sig, cache=CACHE, _nrt=False)(make())
     return fn
+
+
+def _drawer(what: str, kind: int):
+    """The drawer ``what`` compiled for ``kind``, once per process."""
+    py, sig, kinds = DRAWERS[what]
+    if int(kind) not in kinds:
+        raise ValueError(f"no {what} drawer of kind {kind}; kinds are {kinds}")
+    return compiled_apart((what, int(kind)), lambda: _named(what, int(kind)), sig)
 
 
 def _named(what: str, kind: int):

@@ -36,7 +36,7 @@ from .controller import (
     M, T, controller_init, decode_tbt, equal_mass_edges, feedback_core,
 )
 from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN, Rule,
-                        form_batch)
+                        form_batch, ordering)
 from .layout import Arrays, Layout
 from .programs import (NO_CLOSED_LOOP, _before, _closed_call, _follow_ups, _heap_pop, _heap_push,
                        call_times, order_calls, permute_calls, program_span, sort_calls)
@@ -192,7 +192,7 @@ ClusterArrays = CLUSTER_ARRAYS.type
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
                    blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64, draws=np.int64,
-                   scratch=np.float64)
+                   scratch=np.float64, order=np.int64)
 TokenWorkspace = WORKSPACE.type
 
 R = RUN.index
@@ -300,7 +300,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                         loop_ints=loop_ints, loop_floats=loop_floats,
                         draws=drawers(rn["arrival_kind"], rn["output_kind"], rn["prompt_kind"],
                                       predictor=rn["predictor"]),
-                        scratch=np.empty(max(pol["scratch"], 1)))
+                        scratch=np.empty(max(pol["scratch"], 1)), order=np.array([ordering(pol["policy"])]))
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
@@ -599,7 +599,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     # the policy's batch formation rule (formation.form_batch)
     rule = Rule(policy, K, pin, max_cand, select, memory_on,
                 memory_on and policy != FORM_STATIC and policy != FORM_MULTIBIN, multiplicative, memory_variant, sla,
-                memory, inputs.bin_b_max, eta, config.policy[1][P.max_wait])
+                memory, inputs.bin_b_max, eta, config.policy[1][P.max_wait], ws.order[0])
     base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
     iteration, per_sequence, per_context = mf[O.iteration], mf[O.per_sequence], mf[O.per_context]

@@ -24,10 +24,10 @@ from numba import njit
 from .common import CACHE, step
 from .controller import A, C, M, T, b_mem_core, b_sla_core, check_memory
 from .queues import Q
-from .spf import FORM_SPF, spf_batch
+from .spf import FORM_SPF, call_order, order_address
 
 __all__ = ["FORM_STATIC", "FORM_DYNAMIC", "FORM_MULTIBIN_DYNAMIC", "FORM_MULTIBIN", "FORM_SPF", "SEL_ROUND_ROBIN",
-           "SEL_LONGEST_QUEUE", "SELECTIONS", "Rule", "form_batch"]
+           "SEL_LONGEST_QUEUE", "SELECTIONS", "Rule", "form_batch", "ordering"]
 
 FORM_STATIC = 0
 FORM_DYNAMIC = 1
@@ -44,10 +44,19 @@ SELECTIONS = {"round_robin": SEL_ROUND_ROBIN, "longest_queue": SEL_LONGEST_QUEUE
 #: selection, whether the token capacity bounds the target (``memory_on``)
 #: and drops the last candidates (``fit``), the controller's variants, its
 #: SLA and memory settings (:data:`~.controller.SLA`, :data:`~.controller.MEMORY`
-#: floats), the per-bin limits, the token capacity, and the age (s) after
-#: which a request goes first (inf: never).
+#: floats), the per-bin limits, the token capacity, the age (s) after
+#: which a request goes first (inf: never), and the address of the step that
+#: orders its queue (:func:`ordering`).
 Rule = namedtuple("Rule", ("form", "bins", "pin", "max_candidates", "selection", "memory_on", "fit",
-                           "multiplicative", "memory_variant", "sla", "memory", "bin_b_max", "eta", "max_wait"))
+                           "multiplicative", "memory_variant", "sla", "memory", "bin_b_max", "eta", "max_wait",
+                           "order"))
+
+
+def ordering(form: int) -> int:
+    """The address of rule ``form``'s step that puts its batch at the head
+    of a queue (:data:`~.spf.ORDER_SIG`), compiled apart the first time a
+    process runs the rule; 0: the rule serves the head as it is."""
+    return order_address() if form == FORM_SPF else 0
 
 
 @step
@@ -210,7 +219,7 @@ def form_batch(rule, ws, ctl, st, base, rr, waiting, kv, now):
         nb = size[b] if size[b] < rule.max_candidates else rule.max_candidates
         nb = nb if nb < target else target
         if rule.form == FORM_SPF:
-            head[b] = spf_batch(q, qidx, b, head[b], size[b], nb, now, rule.max_wait, ws.scratch)
+            head[b] = call_order(rule.order, (q, qidx, b, head[b], size[b], nb, now, rule.max_wait, ws.scratch))
         h0 = head[b]
         nb, tokens, sum_prompt, sum_out, max_out, max_seq, sum_prefill = _candidates(q, b, h0, nb, mask, rule.fit,
                                                                                      rule.eta, kv)

@@ -9,19 +9,21 @@ event kernel serves the head as every rule's batch.  It chooses in
 ``O(m log B)`` for a queue of ``m`` (a max-heap of the ``B`` smallest keys,
 whose greatest then marks the members: keys differ, by index) and moves in
 one pass, in the rule's scratch: the heap, then the members' fields and
-indices (:func:`scratch_size`).  It is called, not inlined, from the event
-loop: the other rules' loop stays as small (and as quick to compile) as it
-was.
+indices (:func:`scratch_size`).  It is compiled apart, the first time a
+process runs the rule, and called by address (:func:`order_address`): the
+event loop compiles none of it, so that every other rule's runs (and
+:func:`mbbatch.warmup`) compile as quickly as before it existed.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import types
 
-from .common import step, subroutine
+from .common import by_address, compiled_apart, step
 from .queues import N_FIELDS, Q
 
-__all__ = ["FORM_SPF", "scratch_size", "spf_batch"]
+__all__ = ["FORM_SPF", "ORDER_SIG", "call_order", "order_address", "scratch_size", "spf_batch"]
 
 #: the rule's code (:mod:`.formation`)
 FORM_SPF = 4
@@ -87,7 +89,7 @@ def _move(q, qidx, ub, to, frm):
     qidx[ub, to] = qidx[ub, frm]
 
 
-@subroutine
+@step
 def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
     """Put the ``nb`` requests of queue b (``m`` of them, from slot ``h``)
     that make its batch at ``now`` at the head of the queue: first those that
@@ -179,3 +181,25 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
     for t in range(need):
         _put(q, qidx, ub, np.uint64((h + o + t) & mask), sc, need - 1 - t)
     return h
+
+
+#: a rule's step that orders a queue so that its batch is at the head, as
+#: :func:`spf_batch`: (q, qidx, b, h, m, nb, now, max_wait, scratch) -> the
+#: queue's head after it
+ORDER_SIG = types.int64(types.Array(types.float64, 3, "C"), types.Array(types.int64, 2, "C"), types.int64,
+                        types.int64, types.int64, types.int64, types.float64, types.float64,
+                        types.Array(types.float64, 1, "C"))
+#: ``call_order(address, args)``: the ordering step at ``address``
+call_order = by_address(ORDER_SIG, "call_order")
+
+
+def _order_spf():
+    def order_spf(q, qidx, b, h, m, nb, now, max_wait, sc):
+        return spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc)
+    return order_spf
+
+
+def order_address() -> int:
+    """The address of :func:`spf_batch`, compiled apart (the first time a
+    process asks)."""
+    return compiled_apart(("order", FORM_SPF), _order_spf, ORDER_SIG).address
