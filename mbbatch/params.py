@@ -214,7 +214,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("selection", "choice", "", "bin selection of Algorithm 5", default="round_robin",
        choices=("round_robin", "longest_queue")),
     # --- batch service models -----------------------------------------------------------
-    _p("service_model", "choice", "", "batch service model of the token-level policies (prefill: LAPS's)",
+    _p("service_model", "choice", "", "batch service model of the token-level policies (prefill: LAPS's; "
+       "multibin on a workload: max, iteration or profile)",
        default="decode", choices=("decode", "linear", "max", "calibrated", "prefill", "iteration", "profile")),
     # a measured accelerator (mbbatch.profiles): its choices are the shipped profiles' names
     _p("profile", "choice", "", "a measured hardware profile: IterationModel fitted to an accelerator's batch "

@@ -21,7 +21,7 @@ from .reference import reference_latencies
 def streams(seed):
     ss = np.random.SeedSequence(seed)
     arrival = stream(ss, STREAM_ARRIVALS)
-    return k.MultiBinStreams(arrival, stream(ss, STREAM_SERVICE), arrival)
+    return k.MultiBinStreams(arrival, stream(ss, STREAM_SERVICE), arrival, arrival)
 
 
 def run(values=None, *, n, edges, base=0.0, per_token=1.0, integer=0, batch_size=4, servers=1,
@@ -29,14 +29,14 @@ def run(values=None, *, n, edges, base=0.0, per_token=1.0, integer=0, batch_size
     """Poisson arrivals; replayed lengths ``values``, or uniform ones on
     ``uniform = (loc, scale)``; every request kept."""
     kind = k.SVC_REPLAY if values is not None else k.SVC_UNIFORM
-    config = k.CONFIG.pack(n=n, arrival_kind=k.ARR_POISSON, service_kind=kind, batch_size=batch_size,
-                           servers=0 if servers == math.inf else servers, keep=1, integer=integer, rate=rate,
-                           max_wait=max_wait, base=base, per_token=per_token, predictor=k.PRED_ORACLE,
-                           predictor_param=0.0)
+    config = k.CONFIG.zeros(n=n, arrival_kind=k.ARR_POISSON, service_kind=kind, prompt_kind=kind,
+                            batch_size=batch_size, servers=0 if servers == math.inf else servers, keep=1,
+                            integer=integer, rate=rate, max_wait=max_wait, base=base, per_token=per_token,
+                            predictor=k.PRED_ORACLE)
     inputs = k.INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                            service_params=uniform or [0.0, 1.0],
                            service_values=np.empty(0) if values is None else values, edges=edges,
-                           predictions=np.empty(0))
+                           predictions=np.empty(0), prompt_params=np.empty(0), prompt_values=np.empty(0))
     out, req = k.run(config, inputs, streams(seed), np.zeros(k.STOP_SIZE, np.int64), groups=4)
     return out, req
 

@@ -47,3 +47,59 @@ def test_its_engine_form_serves_full_batches_only():
     with pytest.raises(ValueError, match="release full batches only: max_wait must be inf"):
         mb.MultiBin(bins=2, batch_size=4, max_wait=3.0).engine_form()
     assert math.isinf(mb.MultiBin(bins=2, batch_size=4).max_wait)
+
+
+WL = mb.Workload(prompt=st.lognorm(0.8, scale=300), output=st.expon(scale=100))
+
+
+@pytest.mark.parametrize("finished", ["leave", "stay"])
+@pytest.mark.parametrize("max_wait", [math.inf, 20.0])
+def test_under_an_iteration_model_a_batch_takes_the_models_time(finished, max_wait):
+    """With infinitely many servers a batch starts when it is ready (its
+    last member's arrival, or its bin's deadline) and completes after the
+    model's time for its members: IterationModel.batch_times on their prompt
+    and output lengths (the event kernel's requests of the same seed: one
+    seed, the same requests), to rounding; each request's record is its time
+    alone."""
+    model = mb.IterationModel(setup=0.01, step=8e-3, prefill_per_token=2e-5, per_sequence=1e-4,
+                              per_context_token=6e-8, finished=finished)
+    kw = dict(arrivals=mb.Poisson(3.0), workload=WL, n=3000, seed=4, keep_requests=True)
+    same = mb.simulate(mb.StaticBatching(1), service_model=model, **kw).requests
+    r = mb.simulate(mb.MultiBin(bins=3, batch_size=6, max_wait=max_wait), service_model=model, servers=math.inf,
+                    **kw).requests
+    assert (r.arrival == same.arrival).all()
+    np.testing.assert_allclose(r.service, model.service_time(size=1, prompt=same.prompt, output=same.output),
+                               rtol=1e-12)
+    served = r.batch >= 0
+    order = np.argsort(r.batch[served], kind="stable")
+    batch = r.batch[served][order]
+    starts = np.flatnonzero(np.r_[True, batch[1:] != batch[:-1]])
+    sizes = np.diff(np.r_[starts, batch.size])
+    want = model.batch_times(same.prompt[served][order], same.output[served][order], sizes).service
+    done = r.completion[served][order][starts]
+    ready = np.maximum.reduceat(r.arrival[served][order], starts)
+    if max_wait == math.inf:
+        assert (sizes == 6).all()
+    else:
+        assert (sizes < 6).any()
+        # a partial batch leaves at its oldest member's deadline
+        ready = np.where(sizes < 6, np.minimum.reduceat(r.arrival[served][order], starts) + max_wait, ready)
+    np.testing.assert_allclose(done - ready, want, rtol=1e-9)
+
+
+def test_under_an_iteration_model_it_bins_by_output_length():
+    """Edges in tokens: a request's bin is set by its output length (an
+    oracle), and equal-mass edges split the lengths evenly."""
+    r = mb.simulate(mb.MultiBin(bins=2, batch_size=4, edges=[0.0, 50.0, np.inf]), arrivals=mb.Poisson(3.0),
+                    workload=WL, service_model=mb.profiles.get(mb.profiles.DEFAULT), n=2000, seed=1,
+                    keep_requests=True).requests
+    same = mb.simulate(mb.StaticBatching(1), arrivals=mb.Poisson(3.0), workload=WL,
+                       service_model=mb.profiles.get(mb.profiles.DEFAULT), n=2000, seed=1,
+                       keep_requests=True).requests
+    assert (r.bin == (same.output >= 50.0)).all()
+
+
+def test_multibin_refuses_other_token_models():
+    with pytest.raises(TypeError, match="MultiBin takes service_model=MaxModel.* or an IterationModel"):
+        mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), workload=WL, service_model=mb.DecodeModel(),
+                    n=100)

@@ -130,15 +130,14 @@ arrivals = "poisson"
 service_model = "profile"
 reps = 2
 seed = 11
-policy = "static"
+policy = "{policy}"
 [params]
 batch_size = 16
 prompt_median = 200.0
 prompt_sigma = 0.6
 output_median = 80.0
 output_sigma = 0.7
-d_sla = 0.05
-eta = 100000.0
+{settings}
 n = 1500
 rate = 0.5
 [grid]
@@ -147,9 +146,15 @@ finished = ["leave", "stay"]
 """
 
 
-def test_a_sweep_with_a_profile_axis_is_simulate_per_cell(tmp_path):
-    """Each cell of a profile axis equals mb.simulate under that profile's model, with the cell's seed; the
-    store records each profile's provenance (data hash, coefficients, errors)."""
+POLICIES = {"static": ("d_sla = 0.05\neta = 100000.0", lambda: mb.StaticBatching(16)),
+            "multibin": ("bins = 2", lambda: mb.MultiBin(bins=2, batch_size=16))}
+
+
+@pytest.mark.parametrize("kind", POLICIES)
+def test_a_sweep_with_a_profile_axis_is_simulate_per_cell(tmp_path, kind):
+    """Each cell of a profile axis equals mb.simulate under that profile's model, with the cell's seed, for a
+    token policy and for multi-bin batching; the store records each profile's provenance (data hash,
+    coefficients, errors)."""
     import dataclasses
     import json
 
@@ -159,7 +164,8 @@ def test_a_sweep_with_a_profile_axis_is_simulate_per_cell(tmp_path):
     from mbbatch.sweeps.cells import cell_seed
     from mbbatch.sweeps.spec import parse_spec
 
-    spec = parse_spec(SWEEP)
+    settings, policy = POLICIES[kind]
+    spec = parse_spec(SWEEP.format(policy=kind, settings=settings))
     ds = run_sweep(spec, tmp_path / "hw.zarr", workers=1, progress=False).load()
     stored = json.loads(ds.attrs["profiles"])
     assert set(stored) == {"H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1"}
@@ -170,7 +176,7 @@ def test_a_sweep_with_a_profile_axis_is_simulate_per_cell(tmp_path):
     for _, params in spec.points():
         model = dataclasses.replace(profiles.get(params["profile"]), finished=params["finished"])
         for rep in range(2):
-            res = mb.simulate(mb.StaticBatching(16), mb.Poisson(0.5), workload=wl, service_model=model, n=1500,
+            res = mb.simulate(policy(), mb.Poisson(0.5), workload=wl, service_model=model, n=1500,
                               seed=cell_seed(11, params, rep))
             got = ds.sel(profile=params["profile"], finished=params["finished"], rep=rep)
             assert float(got["sim_throughput"]) == res.throughput

@@ -115,7 +115,7 @@ def test_a_stop_flag_of_the_wrong_shape_is_refused():
                                         service=st.uniform(1, 2)).kernel_args
     gen = np.random.Generator(np.random.PCG64(0))
     with pytest.raises(TypeError, match=r"stop must be an int64 array of shape \(2,\)"):
-        multibin.run(config, inputs, multibin.MultiBinStreams(gen, gen, gen), np.zeros(1, np.int64), groups=1)
+        multibin.run(config, inputs, multibin.MultiBinStreams(gen, gen, gen, gen), np.zeros(1, np.int64), groups=1)
 
 
 def test_check_memory_names_the_largest_part():

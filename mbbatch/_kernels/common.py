@@ -781,6 +781,50 @@ def token_service(x, m, base, per_token, integer):
         x[j] = base + per_token * x[j]
 
 
+# --- the iteration model (service_models.IterationModel), shared by the kernels
+
+@step
+def member_work(prompt, output):
+    """One member's decode work in a batch whose finished members leave:
+    its decode steps ``d = max(output - 1, 0)`` (its first token comes from
+    the prefill iteration) and the context tokens it attends over in them,
+    ``prompt * d + d (d + 1) / 2``."""
+    d = max(output - 1.0, 0.0)
+    return d, prompt * d + d * (d + 1.0) / 2.0
+
+
+@step
+def padded_work(nb, sum_prompt, max_out):
+    """The decode work of a batch of ``nb`` whose finished members stay
+    (padded): every member steps until the longest is done."""
+    dmax = max(max_out - 1.0, 0.0)
+    bf = float(nb)
+    return bf * dmax, sum_prompt * dmax + bf * dmax * (dmax + 1.0) / 2.0
+
+
+@step
+def iteration_times(setup, step_time, prefill_per_token, per_sequence, per_context, nb, sum_prefill, max_out,
+                    seq_steps, ctx_steps, sum_context):
+    """A batch's times under the iteration model: its prefill iteration
+    (every member's first token; ``sum_prefill`` tokens prefilled) then one
+    iteration per decode step, ``seq_steps`` and ``ctx_steps`` its decode
+    work (:func:`member_work` summed, or :func:`padded_work`),
+    ``sum_context`` its members' whole prompts.  Returns ``(service, tbt,
+    prefill)``: the batch's time (s), its decode time per step (s; with no
+    decode step, one step's over its members' contexts) and its prefill
+    iteration's (s, the time to first token after its start)."""
+    bf = float(nb)
+    d = max(max_out - 1.0, 0.0)
+    prefill = setup + step_time + prefill_per_token * sum_prefill
+    decode = step_time * d + per_sequence * seq_steps + per_context * ctx_steps
+    service = prefill + decode
+    if d > 0.0:
+        tbt = decode / d
+    else:
+        tbt = step_time + per_sequence * bf + per_context * (sum_context + bf)
+    return service, tbt, prefill
+
+
 def warmup() -> None:
     """Compile (or load from the cache) the helpers called from Python and
     the drawer of every kind."""

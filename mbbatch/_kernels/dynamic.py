@@ -28,8 +28,8 @@ import numpy as np
 
 from .common import (
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
-    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket, kernel, predict,
-    replay_time, round_lengths, step, subroutine,
+    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket, iteration_times,
+    kernel, member_work, padded_work, predict, replay_time, round_lengths, step, subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
@@ -396,14 +396,8 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
         return service, 0.0, tpot, tpot
     if model == MODEL_ITERATION:
         # the prefill iteration (every member's first token), then one per decode step
-        d = max(max_out - 1.0, 0.0)
-        prefill = base + iteration + prefill_per_token * sum_prompt
-        decode = iteration * d + per_sequence * seq_steps + per_context * ctx_steps
-        service = prefill + decode
-        if d > 0.0:
-            tbt = decode / d
-        else:
-            tbt = iteration + per_sequence * bf + per_context * (sum_context + bf)
+        service, tbt, prefill = iteration_times(base, iteration, prefill_per_token, per_sequence, per_context, nb,
+                                                sum_prompt, max_out, seq_steps, ctx_steps, sum_context)
         return service, tbt, tbt, prefill
     tbt = decode_tbt(tbt_beta, tbt_gamma, bf)
     if model >= MODEL_CALIBRATED:
@@ -424,19 +418,16 @@ def decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded):
     tokens they attend over (``service_models.BatchAggregates``'
     ``sequence_steps`` and ``context_steps``); ``padded``: every member
     steps until the longest is done (``sum_prompt``: the members' prompts)."""
-    dmax = max(max_out - 1.0, 0.0)
-    bf = float(nb)
     if padded:
-        return bf * dmax, sum_prompt * dmax + bf * dmax * (dmax + 1.0) / 2.0
+        return padded_work(nb, sum_prompt, max_out)
     ub = np.uint64(b)
     seq = 0.0
     ctx = 0.0
     for j in range(nb):
         sl = np.uint64((h0 + j) & mask)
-        p = q[Q.prompt, ub, sl]
-        d = max(q[Q.output, ub, sl] - 1.0, 0.0)
+        d, c = member_work(q[Q.prompt, ub, sl], q[Q.output, ub, sl])
         seq += d
-        ctx += p * d + d * (d + 1.0) / 2.0
+        ctx += c
     return seq, ctx
 
 

@@ -14,7 +14,12 @@ declared once below (:data:`CONFIG`, :data:`INPUTS`, ...).  With
 ``base``, ``per_token`` and ``integer`` in :data:`CONFIG` the drawn or
 replayed values are output lengths (tokens) and each request's service time
 is ``base + per_token * length``: the max-of-members model
-``MaxModel(base, per_token)`` of the token-level policies.
+``MaxModel(base, per_token)`` of the token-level policies.  With
+``iteration`` the values are output lengths, each request draws a prompt
+too (the prompt stream, as the event kernel's requests do: one seed, the
+same requests), and a batch takes the iteration model's time
+(``IterationModel``: its prefill iteration, then one iteration per decode
+step) over its members' running aggregates.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a 
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
     PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, STOP, STOP_SIZE, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM,
     SVC_WEIBULL_MIN,
-    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, predict, step, token_service,
+    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, iteration_times, kernel, member_work,
+    padded_work, predict, round_lengths, step, token_service,
 )
 from .layout import Arrays, Layout
 
@@ -37,21 +43,28 @@ from .layout import Arrays, Layout
 #: tokens, at least 1, when ``integer`` is 1): a request's service time from
 #: its output length under the max-of-members model.  ``base = 0,
 #: per_token = 1, integer = 0`` leaves the values as they are.
+#: ``iteration`` 1: the values are output lengths (``base = 0, per_token =
+#: 1``), prompts are drawn (``prompt_kind``), and a batch takes the iteration
+#: model's time (``setup``, ``step``, ``prefill_per_token``,
+#: ``per_sequence``, ``per_context``; ``padded`` 1: finished members stay).
 CONFIG = Layout("multi-bin run", ints=("n", "arrival_kind", "service_kind", "batch_size", "servers", "keep",
-                                       "integer", "predictor"),
-                floats=("rate", "max_wait", "base", "per_token", "predictor_param"))
+                                       "integer", "predictor", "iteration", "padded", "prompt_kind"),
+                floats=("rate", "max_wait", "base", "per_token", "predictor_param", "setup", "step",
+                        "prefill_per_token", "per_sequence", "per_context"))
 
 #: read-only inputs: replayed arrival times (s), the arrival process's
 #: parameters and change times (:func:`~.common.draw_arrivals`), the service
-#: distribution's (loc, scale[, shape]) or replayed service values, and the
-#: k + 1 bin edges
+#: distribution's (loc, scale[, shape]) or replayed service values, the
+#: k + 1 bin edges, the given predictions, and the prompt lengths' (loc,
+#: scale[, shape]) or replayed values (read with ``iteration`` only)
 INPUTS = Arrays("MultiBinInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, service_params=np.float64, service_values=np.float64, edges=np.float64,
-                predictions=np.float64)
+                predictions=np.float64, prompt_params=np.float64, prompt_values=np.float64)
 MultiBinInputs = INPUTS.type
 
-#: the random streams: arrival gaps, service times and the predictor's errors
-MultiBinStreams = namedtuple("MultiBinStreams", ("arrival", "service", "prediction"))
+#: the random streams: arrival gaps, service times, the predictor's errors
+#: and the prompt lengths (drawn with ``iteration`` only)
+MultiBinStreams = namedtuple("MultiBinStreams", ("arrival", "service", "prediction", "prompt"))
 
 #: the statistics (:data:`MultiBinOutputs` ``ints`` and ``floats``)
 STATS = Layout("multi-bin statistics", ints=("completed", "batches", "excluded"),
@@ -77,12 +90,16 @@ REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"),
 #: [b * stride, (b + 1) * stride) of the buf_ arrays, stride = min(B, n);
 #: first[b] is the index of bin b's oldest request (its partial batch's
 #: place in arrival order); heap holds the servers' free times when
-#: 1 < servers < inf; draws the addresses of the arrival, service and
-#: prediction drawers (:func:`~.common.drawers`).
+#: 1 < servers < inf; draws the addresses of the arrival, service, prompt
+#: and prediction drawers (:func:`~.common.drawers`); with ``iteration``,
+#: block_prompt holds the block's prompts and sum_prompt, seq_steps and
+#: ctx_steps each bin's partial batch's summed prompts and decode work
+#: (:func:`~.common.member_work`).
 WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_index=np.int64,
                    count=np.uint64, first=np.int64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
                    block_time=np.float64, block_bin=np.uint32, block_service=np.float64, block_pred=np.float64,
-                   heap=np.float64, draws=np.int64)
+                   heap=np.float64, draws=np.int64, block_prompt=np.float64, sum_prompt=np.float64,
+                   seq_steps=np.float64, ctx_steps=np.float64)
 MultiBinWorkspace = WORKSPACE.type
 
 C = CONFIG.index
@@ -132,16 +149,26 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                         block_bin=np.empty(BLOCK, np.uint32), block_service=np.empty(BLOCK),
                         block_pred=np.empty(BLOCK),
                         heap=np.zeros(max(servers, 1)),
-                        draws=drawers(cfg["arrival_kind"], cfg["service_kind"], predictor=cfg["predictor"]))
-    multibin_kernel(config, inputs, streams, out, requests, ws, stop)
+                        draws=drawers(cfg["arrival_kind"], cfg["service_kind"], cfg["prompt_kind"],
+                                      predictor=cfg["predictor"]),
+                        block_prompt=np.empty(BLOCK if cfg["iteration"] else 1),
+                        sum_prompt=np.zeros(k), seq_steps=np.zeros(k), ctx_steps=np.zeros(k))
+    # (the iteration model's coefficients, or None: the kernel compiled without its code)
+    it = ((cfg["setup"], cfg["step"], cfg["prefill_per_token"], cfg["per_sequence"], cfg["per_context"])
+          if cfg["iteration"] else None)
+    multibin_kernel(config, inputs, streams, out, requests, ws, stop, it)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None)
 
 
 @step
 def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, first, max_service, uB, uS,
-          buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait):
+          buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait, it, ws):
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
-    (arrival time kept, service time folded into the bin's running maximum).
+    (arrival time kept, service time folded into the bin's running maximum;
+    ``it``, the iteration model's coefficients ``(setup, step,
+    prefill_per_token, per_sequence, per_context)`` or None: the output
+    length is, and the prompt and decode work summed in ``ws``; a request's
+    record gets its time alone, a batch of one).
 
     Returns ``(j, deadline)``: ``j`` is the index of the first request that
     fills a batch (its bin's count is reset), or ``-1 - j`` when request ``j``
@@ -167,11 +194,20 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
         buf_arrival[o] = t
         mx = max_service[b]
         max_service[b] = s if s > mx else mx
+        alone = s
+        if it is not None:
+            p = ws.block_prompt[jj]
+            dw, cw = member_work(p, s)
+            ws.sum_prompt[b] += p
+            ws.seq_steps[b] += dw
+            ws.ctx_steps[b] += cw
+            if keep:
+                alone = iteration_times(it[0], it[1], it[2], it[3], it[4], 1, p, s, dw, cw, p)[0]
         if keep:
             i = i0 + np.int64(jj)
             buf_index[o] = i
             r_f[RQ.arrival, i] = t
-            r_f[RQ.service, i] = s
+            r_f[RQ.service, i] = alone
             r_f[RQ.predicted, i] = block_pred[jj]
             r_i[RQ.bin, i] = b
         c += one
@@ -183,9 +219,14 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
 
 
 @kernel
-def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
+def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
     """Simulate ``n`` requests through multi-bin batching; outputs are
     written in place (``out.floats[S.last_completion]`` must start at -inf).
+    ``it``: the iteration model's ``(setup, step, prefill_per_token,
+    per_sequence, per_context)``, or None, the max-of-members model (numba
+    prunes the iteration model's branches, each under ``if it is not
+    None``, before typing: the paper's model compiles as if they were not
+    there, and the iteration model's kernel on its first run).
 
     ``servers == 0`` means infinitely many servers (Assumption 5.1).  With
     ``max_wait`` finite a bin also releases a partial batch once its oldest
@@ -213,6 +254,7 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
     base = cf[C.base]
     per_token = cf[C.per_token]
     tokens = integer or base != 0.0 or per_token != 1.0
+    padded = ci[C.padded] != 0
     predictor = ci[C.predictor]
     predictor_param = cf[C.predictor_param]
     # the arrays and streams
@@ -304,8 +346,12 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
             draw_block(draws[1], service_params, service_values, i0, m, gen_service, block_service)
             if tokens:
                 token_service(block_service, m, base, per_token, integer)
+            if it is not None:
+                draw_block(draws[2], inputs.prompt_params, inputs.prompt_values, i0, m, streams.prompt,
+                           ws.block_prompt)
+                round_lengths(ws.block_prompt, m, integer)
             # what a request is binned by (it is served for block_service)
-            predict(draws[2], predictor_param, predictions, i0, m, gen_prediction, block_service, block_pred)
+            predict(draws[3], predictor_param, predictions, i0, m, gen_prediction, block_service, block_pred)
             if predictor == PRED_REPLAY and tokens:
                 token_service(block_pred, m, base, per_token, integer)
 
@@ -338,7 +384,8 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
         # before the first arrival past a partial batch's deadline
         if not arrivals_over:
             jj, deadline = _fill(jj, m, i0, block_time, block_service, block_pred, block_bin, count, first,
-                                 max_service, uB, uS, buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait)
+                                 max_service, uB, uS, buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait,
+                                 it, ws)
             if jj == m:
                 continue
         if arrivals_over or jj < 0:
@@ -374,9 +421,17 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
         # The batch is ready now: at the arrival of its B-th request, or at its
         # bin's deadline.  Batches reach the central FIFO in ready-time order, so serving
         # them in generation order is "first completed batch, first served".
-        # batch service time = max of the members'
+        # batch service time = max of the members' (the iteration model: its
+        # prefill iteration, then one per decode step of its longest member)
         S_b = max_service[b]
         max_service[b] = -np.inf
+        if it is not None:
+            sp = ws.sum_prompt[b]
+            seq, ctx = (padded_work(members, sp, S_b) if padded else (ws.seq_steps[b], ws.ctx_steps[b]))
+            S_b = iteration_times(it[0], it[1], it[2], it[3], it[4], members, sp, S_b, seq, ctx, sp)[0]
+            ws.sum_prompt[b] = 0.0
+            ws.seq_steps[b] = 0.0
+            ws.ctx_steps[b] = 0.0
 
         if servers == 1:
             start = ready if ready > free_at else free_at
@@ -479,11 +534,12 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop):
 def warmup() -> None:
     """Compile the kernel (or load it from the cache) on a tiny input: two
     bins of two, two servers, two requests."""
-    config = CONFIG.pack(n=2, arrival_kind=ARR_POISSON, service_kind=SVC_UNIFORM, batch_size=2, servers=2,
-                         predictor=PRED_ORACLE, predictor_param=0.0,
-                         keep=1, integer=0, rate=1.0, max_wait=np.inf, base=0.0, per_token=1.0)
+    config = CONFIG.zeros(n=2, arrival_kind=ARR_POISSON, service_kind=SVC_UNIFORM, batch_size=2, servers=2,
+                          predictor=PRED_ORACLE, keep=1, rate=1.0, max_wait=np.inf, per_token=1.0,
+                          prompt_kind=SVC_UNIFORM)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          service_params=np.array([1.0, 1.0]), predictions=np.empty(0),
-                         service_values=np.empty(0), edges=np.array([1.0, 1.5, 2.0]))
+                         service_values=np.empty(0), edges=np.array([1.0, 1.5, 2.0]),
+                         prompt_params=np.array([1.0, 1.0]), prompt_values=np.empty(0))
     gen = np.random.default_rng(0)
-    run(config, inputs, MultiBinStreams(gen, gen, gen), np.zeros(STOP_SIZE, np.int64), groups=1)
+    run(config, inputs, MultiBinStreams(gen, gen, gen, gen), np.zeros(STOP_SIZE, np.int64), groups=1)

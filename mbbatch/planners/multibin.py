@@ -15,12 +15,12 @@ from .. import stats
 from .._kernels import common as _common
 from .._kernels import multibin as _k
 from .._running import check_memory, interruptible, stop_flag
-from .._seeding import STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_SERVICE, entropy_str, stream
+from .._seeding import STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
 from .._validation import check_servers
 from ..lengths import as_service
 from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
-from ..service_models import MaxModel
+from ..service_models import IterationModel, MaxModel
 from ..workload import Workload
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_batch_model,
                      check_times, drawn, finish, model_config, per_bin, quantiles, resolve_n, rvs_memory, steady_state)
@@ -36,7 +36,7 @@ class Plan:
     arrivals: object
     spec: object            # the output lengths (service times under the shorthand)
     workload: Workload | None
-    model: MaxModel
+    model: MaxModel | IterationModel
     edges: np.ndarray
     n: int
     servers: float
@@ -76,9 +76,10 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     check_arrivals(arrivals)
     if workload is not None:
         model = service_model if service_model is not None else MaxModel()
-        if not isinstance(model, MaxModel):
+        if not isinstance(model, (MaxModel, IterationModel)):
             raise TypeError("MultiBin takes service_model=MaxModel(base, per_token) (a batch takes its "
-                            f"longest member's time); got {type(model).__name__}")
+                            "longest member's time, the multi-bin paper's model) or an IterationModel (a "
+                            f"measured engine's: mb.profiles.get(name)); got {type(model).__name__}")
         if workload.predictor_sigma != 0 and not isinstance(policy.predictor, Oracle):
             raise ValueError("MultiBin takes one predictor: workload.predictor_sigma (a LogNormalError) or "
                              f"MultiBin(predictor=...), not both; got predictor_sigma = "
@@ -106,8 +107,12 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         parts["keep_requests"] = (40 * n, "the per-request arrays (keep_requests)")
     parts.update(rvs_memory(named, n))
     memory = check_memory(parts)
-    check_times(arrivals, n, model.base + model.per_token * spec.mean,
-                "service" if workload is None else "workload.output")
+    if isinstance(model, IterationModel):
+        check_times(arrivals, n, float(model.service_time(size=1, prompt=workload._prompt.mean, output=spec.mean)),
+                    "workload.output")
+    else:
+        check_times(arrivals, n, model.base + model.per_token * spec.mean,
+                    "service" if workload is None else "workload.output")
 
     integer = workload is not None and workload.integer_lengths
     if policy.edges is None:
@@ -124,13 +129,16 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     return Plan(policy, arrivals, spec, workload, model, edges, n, servers, bool(keep_requests), memory, predictor)
 
 
-def _service_times(model: MaxModel, integer: bool, lengths: np.ndarray) -> np.ndarray:
+def _service_times(model, integer: bool, lengths: np.ndarray) -> np.ndarray:
     """Output lengths as the multi-bin kernel makes them service times:
     ``base + per_token * length``, the length first rounded up to whole
     tokens (at least 1) when ``integer``.  Monotone, so equal-mass edges of
-    the lengths stay edges of the service times."""
+    the lengths stay edges of the service times.  Under an IterationModel
+    the kernel bins by output length: the (rounded) lengths."""
     if integer:
         lengths = np.maximum(np.ceil(lengths), 1.0)
+    if isinstance(model, IterationModel):
+        return lengths
     return model.base + model.per_token * lengths
 
 
@@ -138,16 +146,31 @@ def _pack(plan: Plan) -> tuple:
     """The multi-bin kernel's configuration and inputs for ``plan``: ``(config, inputs)``."""
     akind, rate, times, aparams, aends = plan.arrivals.kernel_fields(plan.n)
     integer = int(plan.workload is not None and plan.workload.integer_lengths)
+    model = plan.model
+    if isinstance(model, IterationModel):
+        prompt = plan.workload._prompt
+        timing = dict(iteration=1, padded=int(model.finished == "stay"), prompt_kind=prompt.kernel_kind,
+                      base=0.0, per_token=1.0, setup=model.setup, step=model.step,
+                      prefill_per_token=model.prefill_per_token, per_sequence=model.per_sequence,
+                      per_context=model.per_context_token)
+        prompt_params, prompt_values = prompt.params, prompt.values
+    else:
+        # (no prompts: the service kind's drawer stands in for theirs, never called)
+        timing = dict(iteration=0, padded=0, prompt_kind=plan.spec.kernel_kind, base=model.base,
+                      per_token=model.per_token, setup=0.0, step=0.0, prefill_per_token=0.0, per_sequence=0.0,
+                      per_context=0.0)
+        prompt_params = prompt_values = np.empty(0)
     config = _k.CONFIG.pack(
         n=plan.n, arrival_kind=akind, rate=rate, service_kind=plan.spec.kernel_kind,
         batch_size=plan.policy.batch_size,
         # more servers than requests are never all busy: the kernel needs at most n (0: infinitely many)
         servers=0 if plan.servers == math.inf else int(min(plan.servers, plan.n)), max_wait=plan.policy.max_wait,
-        keep=plan.keep, integer=integer, base=plan.model.base, per_token=plan.model.per_token,
-        predictor=plan.predictor.code, predictor_param=plan.predictor.param)
+        keep=plan.keep, integer=integer, predictor=plan.predictor.code, predictor_param=plan.predictor.param,
+        **timing)
     inputs = _k.INPUTS.pack(arrival_times=times, arrival_params=aparams, arrival_ends=aends,
                             service_params=plan.spec.params, service_values=plan.spec.values,
-                            edges=plan.edges, predictions=plan.predictor.given)
+                            edges=plan.edges, predictions=plan.predictor.given, prompt_params=prompt_params,
+                            prompt_values=prompt_values)
     return config, inputs
 
 
@@ -155,9 +178,13 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
     config, inputs = plan.kernel_args
     arrival = stream(ss, STREAM_ARRIVALS)
     # (the prediction stream only where the predictor draws: a generator costs ~20 us)
+    iteration = isinstance(plan.model, IterationModel)
     streams = _k.MultiBinStreams(arrival, stream(ss, STREAM_SERVICE),
-                                 stream(ss, STREAM_PREDICTION) if plan.predictor.draws else arrival)
+                                 stream(ss, STREAM_PREDICTION) if plan.predictor.draws else arrival,
+                                 stream(ss, STREAM_PROMPT) if iteration else arrival)
     inputs = drawn(inputs, _k.INPUTS, "service_values", plan.spec, streams.service, plan.n)
+    if iteration:
+        inputs = drawn(inputs, _k.INPUTS, "prompt_values", plan.workload._prompt, streams.prompt, plan.n)
     args = (config, inputs, streams)
     stop = stop_flag()
     t0 = time.perf_counter()

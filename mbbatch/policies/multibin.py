@@ -30,7 +30,13 @@ class MultiBin(Policy):
     true one by default: an oracle) and served for their true one; each bin
     forms batches of exactly ``batch_size`` in
     arrival order; a batch joins one central FIFO when its last request
-    arrives; a batch's service time is the maximum of its members'.
+    arrives; a batch's service time is the maximum of its members' (the
+    paper's model; on a workload, ``MaxModel``).  On a workload it may take
+    an :class:`~mbbatch.IterationModel` instead (a measured engine:
+    :func:`mbbatch.profiles.get`): a batch then takes its prefill iteration
+    and one iteration per decode step of its longest member, requests are
+    binned by their predicted output length (tokens; ``edges`` too), and
+    each request's ``service`` record is its time in a batch of its own.
 
     Parameters
     ----------
@@ -67,7 +73,7 @@ class MultiBin(Policy):
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "multibin"})
     settings: ClassVar[tuple] = ("bins", "batch_size", "edges", "max_wait", "predictor_sigma", "predictor_p",
                                  "servers")
-    models: ClassVar[tuple] = ("max",)
+    models: ClassVar[tuple] = ("max", "iteration", "profile")
     paper: ClassVar[bool] = True
     engine: ClassVar[bool] = True
 

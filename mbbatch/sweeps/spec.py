@@ -293,7 +293,7 @@ _TOP = {
     "service": "the paper's workload: the service-time distribution, uniform or expon",
     "service_model": "token-level requests: the batch service model, decode (default), linear, max, calibrated, "
                      "iteration (IterationModel's coefficients) or profile (a measured accelerator, the "
-                     "parameter profile)",
+                     "parameter profile); multibin takes max (its default), iteration or profile",
     "reps": "replications per grid point, an integer >= 1",
     "seed": "root seed, a non-negative integer",
     "params": "table of fixed parameter values",
