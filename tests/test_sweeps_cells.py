@@ -292,3 +292,50 @@ def test_a_cells_backlog_growing_is_its_runs_unstable_flag(arrivals, rate, growi
     flags = [run.run(cell_seed(3, params, rep, _words(params)), warn=False).unstable for rep in range(3)]
     assert out["backlog_growing"].tolist() == ([False] * 3 if arrivals == "step" else flags)
     assert out["backlog_growing"].tolist() == [growing] * 3
+
+
+_ITERATION_SPEC = """
+name = "it"
+seed = 1
+reps = 1
+arrivals = "poisson"
+policy = "multibin"
+service_model = "profile"
+[params]
+rate = 1.5
+bins = 4
+batch_size = 8
+n = 1000
+prompt_median = 300.0
+prompt_sigma = 0.8
+output_median = 100.0
+output_sigma = 0.9
+[grid]
+max_wait = [inf, 30.0]
+"""
+
+
+def test_multibin_under_an_iteration_model_has_its_closed_forms():
+    """A multibin cell on a profile: eq. (2) under the profile's model
+    (theory.iteration_batch_service_time) at the edges the simulation uses,
+    its service rate and Lemma 5.1's latency; NaN with a finite max_wait."""
+    import scipy.stats as st
+
+    import mbbatch as mb
+    from mbbatch import theory
+
+    spec = parse_spec(_ITERATION_SPEC)
+    (_, full), (_, partial) = spec.points()
+    got = point_theory(spec.arrivals, spec.service, full)
+    wl = mb.Workload(prompt=st.lognorm(0.8, scale=300.0), output=st.lognorm(0.9, scale=100.0))
+    model = mb.profiles.get(mb.profiles.DEFAULT)
+    edges = mb.simulation.plan(mb.MultiBin(bins=4, batch_size=8), mb.Poisson(1.5), n=1000, workload=wl,
+                               service_model=model).edges
+    ov, ow = theory.integer_lengths(wl._output.dist)
+    pv, pw = theory.integer_lengths(wl._prompt.dist)
+    es = theory.iteration_batch_service_time(model, ov, 8, edges, prompt_mean=float(pv @ pw), weights=ow)
+    assert got["theory_mean_batch_service"] == es and got["theory_service_rate"] == 8 / es
+    assert got["theory_throughput"] == 1.5 and got["theory_latency"] == es + 7 * 4 / 3.0
+    assert got["capacity"] > got["theory_service_rate"] and not got["unstable"]
+    assert all(math.isnan(v) for k, v in point_theory(spec.arrivals, spec.service, partial).items()
+               if k != "unstable")

@@ -344,13 +344,59 @@ def _trace_theory(arrivals: str, params: dict) -> dict:
     return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}
 
 
+def _iteration_theory(arrivals: str, service: str, params: dict) -> dict:
+    """Closed forms of MultiBin on token-level requests under an iteration
+    model (``service_model = "iteration"`` or ``"profile"``): eq. (2) with a
+    batch timed by the model (:func:`~mbbatch.theory.iteration_batch_service_time`),
+    at the edges the simulation uses, over the whole-token lengths it draws
+    (a trace's, where it resamples them); ``capacity`` its limit of one
+    length per bin.  NaN with a finite ``max_wait``, lengths not rounded to
+    whole tokens, or a trace replayed in order."""
+    nan = math.nan
+    none = {"theory_mean_batch_service": nan, "theory_service_rate": nan, "capacity": nan,
+            "theory_throughput_bound": nan, "theory_throughput": nan, "theory_latency": nan, "unstable": False}
+    trace = trace_of(params)
+    if params["max_wait"] < math.inf or (trace is not None and not params["trace"]["resample"]):
+        return none
+    policy, arr, side = point_objects(arrivals, service, params)
+    wl, model = side["workload"], side["service_model"]
+    if not wl.integer_lengths:
+        return none
+    edges = plan(policy, arr, n=params["n"], servers=params["servers"], **side).edges
+    if trace is not None:
+        outputs, weights = np.maximum(np.ceil(trace.output_tokens.astype(float)), 1.0), None
+        prompt_mean = float(np.mean(np.maximum(np.ceil(trace.prompt_tokens.astype(float)), 1.0)))
+    else:
+        outputs, weights = theory.integer_lengths(wl._output.dist)
+        pv, pw = theory.integer_lengths(wl._prompt.dist)
+        prompt_mean = float(pv @ pw)
+    B, k, servers = params["batch_size"], params["bins"], params["servers"]
+    es = theory.iteration_batch_service_time(model, outputs, B, edges, prompt_mean=prompt_mean, weights=weights)
+    one = model.service_time(size=B, prompt=prompt_mean, output=outputs)
+    mean_one = float(np.average(one, weights=weights))
+    rate_s = servers * B / es if servers != math.inf else math.inf
+    out = {"theory_mean_batch_service": es, "theory_service_rate": rate_s,
+           "capacity": servers * B / mean_one if servers != math.inf else math.inf,
+           "theory_throughput_bound": nan, "theory_throughput": rate_s, "theory_latency": nan}
+    lam = _mean_rate(arrivals, params)
+    if lam is not None:
+        out["theory_throughput"] = min(lam, rate_s)
+    if arrivals == "poisson" and lam is not None:
+        # Lemma 5.1's fill wait, whatever times the batches: k (B - 1) / (2 lam)
+        out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
+    out["unstable"] = bool(lam is not None and lam >= rate_s)
+    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}
+
+
 def point_theory(arrivals: str, service: str, params: dict) -> dict:
     """Closed-form predictions at one grid point (NaN where none applies).
 
-    The multi-bin closed forms assume the paper's workload and batches of
-    exactly B: with a finite ``max_wait`` they are left NaN, and the token
-    policies have none."""
+    The multi-bin closed forms assume the paper's workload (or an iteration
+    model's, :func:`_iteration_theory`) and batches of exactly B: with a
+    finite ``max_wait`` they are left NaN, and the token policies have none."""
     paper = POLICIES[params["kind"]].paper
+    if paper and service in ("iteration", "profile"):
+        return _iteration_theory(arrivals, service, params)
     if paper and params.get("trace", {}).get("resample") and service == "max":
         return _trace_theory(arrivals, params)
     if not paper or service not in ("uniform", "expon"):

@@ -14,6 +14,10 @@ Exponential service times (Assumption A.1; Appendix A.4):
 Any continuous distribution: :func:`batch_service_time` (eq. 2, exact, by
 quadrature) and :func:`optimal_boundaries` (numerical minimiser).
 
+A measured engine: :func:`iteration_batch_service_time` (eq. 2 with a batch
+timed by an ``IterationModel``, exact for whole-token lengths,
+:func:`integer_lengths`).
+
 Pure numpy/scipy; no randomness.  See ``theory/NOTES.md`` in the repository
 for the assumptions of each formula and the paper's errata.
 """
@@ -25,6 +29,7 @@ from .exponential import (
     harmonic_number,
 )
 from .general import batch_service_time, empirical_batch_service_time, optimal_boundaries
+from .iteration import integer_lengths, iteration_batch_service_time
 from .uniform import (
     capacity,
     latency,
@@ -48,4 +53,6 @@ __all__ = [
     "harmonic_number",
     "batch_service_time",
     "optimal_boundaries",
+    "iteration_batch_service_time",
+    "integer_lengths",
 ]

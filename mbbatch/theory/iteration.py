@@ -1,0 +1,123 @@
+"""Multi-bin batching on a measured engine: the expected batch service time
+when a batch is timed by an :class:`~mbbatch.IterationModel`.
+
+The multi-bin batching paper's eq. (2) (Guldogan, Kunde, Lee and Pedarsani,
+2024, arXiv:2412.04504) averages a batch's time over its bin,
+``E[t_service] = sum_i Pr(bin = i) E[t(batch) | bin = i]``, with a batch
+taking its longest member's time.  Under the iteration model (an engine's
+prefill iteration, then one decode iteration per further token of its
+longest member; :class:`~mbbatch.IterationModel`) a batch of ``B`` members of
+bin ``i``, output lengths ``o_j`` (``d_j = max(o_j - 1, 0)`` decode steps,
+``D = max_j d_j``) and prompts ``p_j`` drawn independently of them, takes::
+
+    setup + step (1 + D) + prefill_per_token sum(p_j)
+          + per_sequence S + per_context_token K
+
+with ``S = sum(d_j)`` and ``K = sum(p_j d_j + d_j (d_j + 1) / 2)`` when
+finished members leave, ``S = B D`` and ``K = D sum(p_j) + B D (D + 1) / 2``
+when they stay (padded).  Its expectation needs, per bin, the mean of the
+largest of ``B`` draws (as eq. (2)) and the conditional means of ``d`` and
+``d (d + 1) / 2``: exact for a discrete distribution of output lengths, as a
+simulation's whole-token lengths are (:func:`integer_lengths`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validation import check_count
+
+__all__ = ["iteration_batch_service_time", "integer_lengths"]
+
+
+def integer_lengths(dist, tail: float = 1e-12) -> tuple:
+    """The lengths a simulation draws from ``dist`` (a frozen
+    ``scipy.stats`` distribution) in whole tokens, ``max(ceil(x), 1)``, as
+    ``(values, weights)``: the lengths 1, 2, ... up to the ``1 - tail``
+    quantile and their probabilities (the mass beyond it, ``tail``, left
+    out and the rest renormalised)."""
+    if not 0.0 < tail < 1e-3:
+        raise ValueError(f"tail must be in (0, 1e-3); got {tail!r}")
+    top = float(dist.ppf(1.0 - tail))
+    if not np.isfinite(top) or top > 1e8:
+        raise ValueError(f"the distribution's 1 - tail quantile, {top:g} tokens, is too long to enumerate")
+    values = np.arange(1.0, max(np.ceil(top), 1.0) + 1.0)
+    cdf = dist.cdf(values)
+    weights = np.diff(np.concatenate(([0.0], cdf)))
+    weights = np.clip(weights, 0.0, None)
+    return values, weights / weights.sum()
+
+
+def iteration_batch_service_time(model, outputs, B, edges=None, *, prompt_mean, weights=None):
+    r"""Expected batch service time of multi-bin batching under an iteration
+    model: eq. (2) with a batch timed by ``model`` (see the module).
+
+    Parameters
+    ----------
+    model : IterationModel
+        Its ``setup``, ``step``, ``prefill_per_token``, ``per_sequence``,
+        ``per_context_token`` and ``finished`` are read.
+    outputs : array_like of float
+        Output lengths (tokens >= 0), the support of a discrete
+        distribution (repeats weigh), e.g. :func:`integer_lengths` or a
+        trace's column.
+    B : int
+        Batch size, ``B >= 1``.
+    edges : array_like, shape (k + 1,), optional
+        Bin edges in tokens covering the lengths; bin ``i`` holds
+        ``e_i <= o < e_{i+1}``, the last closed above (requests binned by
+        their true length: an oracle).  Default: one bin.
+    prompt_mean : float
+        The prompts' mean length (tokens), drawn independently of the outputs.
+    weights : array_like of float, optional
+        Probabilities of ``outputs`` (default: equal).
+
+    Examples
+    --------
+    >>> from mbbatch import IterationModel
+    >>> m = IterationModel(setup=0.0, step=1.0, prefill_per_token=0.0, per_sequence=0.0, per_context_token=0.0)
+    >>> iteration_batch_service_time(m, [1.0, 3.0], 2, prompt_mean=0.0)    # 1 + E[max d] = 1 + 2 * 3/4
+    2.5
+    """
+    v = np.asarray(outputs, dtype=float).ravel()
+    if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v < 0):
+        raise ValueError("outputs must hold at least one finite length >= 0")
+    w = np.full(v.size, 1.0 / v.size) if weights is None else np.asarray(weights, dtype=float).ravel()
+    if w.shape != v.shape or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
+        raise ValueError("weights must be one finite probability >= 0 per output length, not all 0")
+    w = w / w.sum()
+    B = int(check_count("B", B))
+    if not np.isfinite(prompt_mean) or prompt_mean < 0:
+        raise ValueError(f"prompt_mean must be a finite length >= 0; got {prompt_mean!r}")
+    e = np.array([v.min(), v.max()]) if edges is None else np.asarray(edges, dtype=float)
+    if e.ndim != 1 or e.size < 2 or np.any(np.isnan(e)) or np.any(np.diff(e) < 0):
+        raise ValueError(f"edges must be a non-decreasing 1-D array of at least 2 values; got {edges!r}")
+    if e[0] > v.min() or e[-1] < v.max():
+        raise ValueError(f"edges must cover the lengths [{v.min():g}, {v.max():g}]; got [{e[0]:g}, {e[-1]:g}]")
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    k = e.size - 1
+    b = np.clip(np.searchsorted(e, v, side="right") - 1, 0, k - 1)
+    stay = model.finished == "stay"
+    total = 0.0
+    for i in range(k):
+        mine = b == i
+        p_i = float(w[mine].sum())
+        if p_i == 0.0:
+            continue
+        x, q = v[mine], w[mine] / p_i
+        d = np.maximum(x - 1.0, 0.0)
+        cdf = np.cumsum(q)
+        cdf[-1] = 1.0
+        top = np.diff(np.concatenate(([0.0], cdf ** B)))       # Pr(max = x_j): the lengths sorted
+        e_dmax = float(top @ d)
+        if stay:
+            seq = B * e_dmax
+            ctx = B * prompt_mean * e_dmax + B * float(top @ (d * (d + 1.0) / 2.0))
+        else:
+            seq = B * float(q @ d)
+            ctx = B * (prompt_mean * float(q @ d) + float(q @ (d * (d + 1.0) / 2.0)))
+        t = (model.setup + model.step * (1.0 + e_dmax) + model.prefill_per_token * B * prompt_mean
+             + model.per_sequence * seq + model.per_context_token * ctx)
+        total += p_i * t
+    return total
