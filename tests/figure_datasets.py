@@ -386,11 +386,33 @@ def _hardware_sweeps(rates):
         out[name] = _token_sweep(name, {"policy": list(variants), "rate": rates},
                                  lambda policy, rate: (cap(policy), 0.0), policies=variants,
                                  attrs=dict(n=20000, b_max=256), seed=seed, service_model="profile")
+    out["hardware_multibin"] = _hardware_multibin()
     out["hardware_trace_default"] = _token_sweep(
         "hardware_trace_default", {"policy": list(kinds), "rate": rates},
         lambda policy, rate: (HARDWARE_CAPS[policy][1] * 0.9, 0.1), policies=kinds, attrs=dict(n=20000, b_max=256),
         seed=13)
     return out
+
+
+def _hardware_multibin(reps=REPS):
+    """hardware_multibin's store: saturated multi-bin batching on two profiles, finished members leaving
+    or staying; eq. (2) rising with the bins towards the capacity, the simulation within 1 % of it."""
+    bins = np.array([1, 2, 4, 8, 16, 32, 64])
+    profiles_ = ["H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1"]
+    finished = ["leave", "stay"]
+    cap = np.array([13.5, 6.4])[None, :, None] * np.ones((bins.size, 2, 2))
+    thm = cap * (1.0 - 0.75 / np.sqrt(bins))[:, None, None] * np.array([1.0, 0.8])[None, None, :]
+    rng = np.random.default_rng(21)
+    sim = thm[..., None] * (1.0 + 0.005 * rng.standard_normal(thm.shape + (reps,)))
+    dims = ("bins", "profile", "finished")
+    mean = sim.mean(axis=-1)
+    ds = xr.Dataset({"theory_service_rate": (dims, thm), "capacity": (dims, cap),
+                     "sim_throughput": (dims + ("rep",), sim), "sim_throughput_mean": (dims, mean),
+                     "sim_throughput_ci_low": (dims, mean * 0.99), "sim_throughput_ci_high": (dims, mean * 1.01),
+                     "unstable": (dims, np.zeros(thm.shape, bool)), "done": (dims, np.ones(thm.shape, bool))},
+                    coords={"bins": bins, "profile": profiles_, "finished": finished, "rep": np.arange(reps)})
+    ds.attrs.update(name="hardware_multibin", reps=reps, arrivals="saturated", batch_size=32)
+    return ds
 
 
 def _trace_replay(reps=2):

@@ -50,3 +50,23 @@ def test_the_policy_figures_draw(results, tmp_path):
     files = figures.make_figures(results, tmp_path, only=["hardware_policies", "hardware_trace"])
     assert [f.name for f in files] == ["hardware_policies.png", "hardware_policies.pdf", "hardware_trace.png",
                                        "hardware_trace.pdf"]
+
+
+def test_the_multibin_figure_draws_from_its_sweep(tmp_path):
+    """hardware_multibin's spec, run small (n = 20,000), draws; its store
+    holds eq. (2) beside each cell, rising with the bins towards its
+    capacity, and the simulation near it."""
+    from pathlib import Path
+
+    from mbbatch.sweeps import run_sweep
+    from mbbatch.sweeps.spec import parse_spec
+
+    text = (Path(__file__).resolve().parents[1] / "sweeps" / "hardware_multibin.toml").read_text()
+    spec = parse_spec(text.replace("n = 1000000", "n = 20000").replace("reps = 3", "reps = 2"))
+    ds = run_sweep(spec, tmp_path / "hardware_multibin.zarr", workers=1, progress=False).load()
+    thm = ds["theory_service_rate"]
+    assert np.all(thm.diff("bins") > 0) and np.all(thm < ds["capacity"])
+    rel = ds["sim_throughput_mean"] / thm - 1.0
+    assert float(np.abs(rel).max()) < 0.1
+    files = figures.make_figures(tmp_path, tmp_path / "out", only="hardware_multibin")
+    assert [f.name for f in files] == ["hardware_multibin.png", "hardware_multibin.pdf"]

@@ -10,7 +10,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
- 'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace']
+ 'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace', 'hardware_multibin']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -33,8 +33,9 @@ A figure's name is the name of the function that draws it:
   (``autellix_loops``);
 - :mod:`.hardware`: the service models fitted to measured accelerators
   (``hardware_fit``: it reads the measurements shipped with mbbatch, no
-  sweep), and the dynamic-batching experiments on two of them
-  (``hardware_policies``, ``hardware_trace``);
+  sweep), the dynamic-batching experiments on two of them
+  (``hardware_policies``, ``hardware_trace``) and multi-bin batching on
+  them beside its closed form (``hardware_multibin``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -114,6 +115,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("hardware_fit", (hardware.hardware_fit, [])),
     ("hardware_policies", (hardware.hardware_policies, ["token_policies", "hardware_policies"])),
     ("hardware_trace", (hardware.hardware_trace, ["hardware_trace_default", "hardware_trace"])),
+    ("hardware_multibin", (hardware.hardware_multibin, ["hardware_multibin"])),
 ])
 
 

@@ -2,10 +2,13 @@
 
 - ``hardware_fit``: measured against fitted batch times for four profiles (two
   GPUs, two model sizes), and the held-out errors of each model family over
-  every shipped profile.
-
-It reads no sweep: its data are the measurements shipped with mbbatch
-(:mod:`mbbatch.profiles`); it fits models, it does not simulate.
+  every shipped profile.  It reads no sweep: its data are the measurements
+  shipped with mbbatch (:mod:`mbbatch.profiles`); it fits models, it does not
+  simulate.
+- ``hardware_policies``, ``hardware_trace``: the dynamic-batching
+  experiments on two measured GPUs.
+- ``hardware_multibin``: multi-bin batching's throughput against its bins on
+  two measured GPUs, simulated beside eq. (2) under the profile's model.
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ import functools
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from .. import profiles
 from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel
-from .data import variants
-from .style import COLORS, MARKERS
+from .data import line, sim_series, variants
+from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
-__all__ = ["hardware_fit", "hardware_policies", "hardware_trace"]
+__all__ = ["hardware_fit", "hardware_policies", "hardware_trace", "hardware_multibin"]
 
 #: the four profiles drawn: two GPUs (H100, A100), two model sizes (8B, 70B)
 FIT_PROFILES = ("H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1",
@@ -188,3 +192,49 @@ def hardware_trace(data) -> Figure:
     return _policy_grid(_columns(data["hardware_trace_default"], data["hardware_trace"], "7.4 ms"),
                         "The dynamic-batching experiments on measured hardware: the Azure conversation trace's "
                         "prompt and output lengths (medians 1,020 and 129 tokens), Poisson arrivals")
+
+
+#: the engines' two ways with a finished member: (store value, label)
+_FINISHED = (("leave", "finished members leave (vLLM)"), ("stay", "finished members stay (padded)"))
+
+
+def hardware_multibin(data) -> Figure:
+    """Multi-bin batching, saturated, against its number of bins on two
+    measured GPUs: simulated throughput (markers, 95% t-intervals over the
+    replications) beside eq. (2) under the profile's model (lines,
+    ``theory_service_rate``)."""
+    ds = data["hardware_multibin"]
+    profiles_ = [str(p) for p in ds["profile"].values]
+    k = np.asarray(ds["bins"].values, dtype=float)
+    fig = Figure(figsize=(11.5, 4.8), dpi=100, layout="constrained")
+    axes = fig.subplots(1, len(profiles_), sharey=True)
+    tops = []
+    for ax, name in zip(np.atleast_1d(axes), profiles_):
+        notes = []
+        for i, (finished, label) in enumerate(_FINISHED):
+            c, m = COLORS[i], MARKERS[i]
+            thm = line(ds, "theory_service_rate", "bins", profile=name, finished=finished)
+            ax.plot(k, thm, color=c, lw=1.2, zorder=2)
+            mean, lo, hi, unstable = sim_series(ds, "sim_throughput", "bins", profile=name, finished=finished)
+            sim_points(ax, k, mean, lo, hi, unstable, c, m)
+            notes.append(f"{finished}: {mean[0]:.2f} -> {mean[-1]:.2f} requests/s (x{mean[-1] / mean[0]:.2f})")
+        cap = line(ds, "capacity", "bins", profile=name, finished="leave")
+        ax.axhline(float(cap[0]), color="0.35", ls="--", lw=1.0, zorder=1)
+        log2_k_axis(ax, int(k.max()))
+        ax.set_xlabel("bins k (by output length)")
+        ax.set_title(f"profile {name}", fontsize=9.5)
+        ax.text(0.03, 0.97, f"k = {int(k[0])} -> {int(k[-1])}:\n" + "\n".join(notes), transform=ax.transAxes,
+                va="top", ha="left", fontsize=8, color="0.2")
+        tops.append(float(cap[0]))
+    first = np.atleast_1d(axes)[0]
+    first.set_ylim(0, 1.3 * max(tops))     # (room above the capacity for the notes)
+    first.set_ylabel("throughput, saturated (requests/s)")
+    handles = [Line2D([], [], color=COLORS[i], marker=MARKERS[i], label=label)
+               for i, (_, label) in enumerate(_FINISHED)]
+    handles += style_handles(("sim", "simulated (95% t-interval over replications)"),
+                             ("-", "eq. (2) under the profile's IterationModel"),
+                             ("--", "k -> inf: every batch of one length (capacity)"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5)
+    fig.suptitle("Multi-bin batching on measured hardware, saturated: batches of B = 32 timed by a measured "
+                 "engine's iterations\nlog-normal prompts and outputs (medians 256 and 128 tokens)", fontsize=10)
+    return fig
