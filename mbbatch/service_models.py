@@ -24,6 +24,11 @@ A batch's service time comes from one of four models, chosen by class:
   one decode iteration per token step: the cost model fitted to measured
   accelerators (:mod:`mbbatch.profiles`).
 
+Every model times the token-level policies; :class:`~mbbatch.MultiBin` on a
+workload takes :class:`MaxModel` (the paper's) or :class:`IterationModel`,
+whose expected batch time under multi-bin batching is
+:func:`mbbatch.theory.iteration_batch_service_time`.
+
 The defaults of :class:`DecodeModel` and :class:`CalibratedModel` (5.74 ms,
 0.316) reproduce the dynamic-batching paper's experiments (Pang et al.,
 2025, arXiv:2503.05248); they are not measurements of ours.
