@@ -318,30 +318,49 @@ def _mean_rate(arrivals: str, params: dict):
     return cls.from_spec(params).rate
 
 
+#: a cell's closed forms where none applies
+_NO_THEORY = {"theory_mean_batch_service": math.nan, "theory_service_rate": math.nan, "capacity": math.nan,
+              "theory_throughput_bound": math.nan, "theory_throughput": math.nan, "theory_latency": math.nan,
+              "unstable": False}
+
+
+def _forms(arrivals: str, params: dict, es: float, mean_one: float, *, bound: float = math.nan,
+           latency: bool = True) -> dict:
+    """A multibin cell's closed forms from its expected batch service time
+    ``es`` (s) and one request's (``mean_one``: the capacity's batches of one
+    length): the service rate, the throughput (the arrival rate where a
+    steady state has one), ``bound`` (Corollary A.1.1's, scaled by the
+    servers) and, with ``latency`` under Poisson arrivals, Lemma 5.1's
+    latency, for any edges: a request waits ``(B-1)/(2 lam p_i)`` for its
+    bin's batch to fill, and ``sum_i p_i (B-1)/(2 lam p_i) = k(B-1)/(2 lam)``."""
+    B, k, servers = params["batch_size"], params["bins"], params["servers"]
+    rate_s = servers * B / es if servers != math.inf else math.inf
+    out = {"theory_mean_batch_service": es, "theory_service_rate": rate_s,
+           "capacity": servers * B / mean_one if servers != math.inf else math.inf,
+           "theory_throughput_bound": bound, "theory_throughput": rate_s, "theory_latency": math.nan}
+    lam = _mean_rate(arrivals, params)
+    if lam is not None:
+        # a stable system serves what arrives, whatever the arrival process
+        out["theory_throughput"] = min(lam, rate_s)
+    if latency and arrivals == "poisson" and lam is not None:
+        out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
+    out["unstable"] = bool(lam is not None and lam >= rate_s)
+    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}
+
+
 def _trace_theory(arrivals: str, params: dict) -> dict:
     """Closed forms of MultiBin on a trace's output lengths drawn i.i.d. (the
     Empirical resample) under the max model: eq. (2) on the empirical
     distribution, with the edges the simulation uses (equal-mass quantiles
     of the lengths, rounded up to whole tokens)."""
-    nan = math.nan
     if params["max_wait"] < math.inf:
-        return {"theory_mean_batch_service": nan, "theory_service_rate": nan, "capacity": nan,
-                "theory_throughput_bound": nan, "theory_throughput": nan, "theory_latency": nan,
-                "unstable": False}
-    B, k, servers = params["batch_size"], params["bins"], params["servers"]
+        return dict(_NO_THEORY)
+    B, k = params["batch_size"], params["bins"]
     lengths = trace_of(params).output_tokens.astype(float)
     edges = np.maximum(np.ceil(np.quantile(lengths, np.linspace(0.0, 1.0, k + 1))), 1.0)
     es = params["base"] + params["per_token"] * theory.empirical_batch_service_time(lengths, edges, B)
-    rate_s = servers * B / es if servers != math.inf else math.inf
     mean_one = params["base"] + params["per_token"] * float(lengths.mean())
-    out = {"theory_mean_batch_service": es, "theory_service_rate": rate_s,
-           "capacity": servers * B / mean_one if servers != math.inf else math.inf,
-           "theory_throughput_bound": nan, "theory_throughput": rate_s, "theory_latency": nan}
-    lam = _mean_rate(arrivals, params)
-    if lam is not None:
-        out["theory_throughput"] = min(lam, rate_s)
-    out["unstable"] = bool(lam is not None and lam >= rate_s)
-    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}
+    return _forms(arrivals, params, es, mean_one, latency=False)
 
 
 def _iteration_theory(arrivals: str, service: str, params: dict) -> dict:
@@ -352,16 +371,13 @@ def _iteration_theory(arrivals: str, service: str, params: dict) -> dict:
     (a trace's, where it resamples them); ``capacity`` its limit of one
     length per bin.  NaN with a finite ``max_wait``, lengths not rounded to
     whole tokens, or a trace replayed in order."""
-    nan = math.nan
-    none = {"theory_mean_batch_service": nan, "theory_service_rate": nan, "capacity": nan,
-            "theory_throughput_bound": nan, "theory_throughput": nan, "theory_latency": nan, "unstable": False}
     trace = trace_of(params)
     if params["max_wait"] < math.inf or (trace is not None and not params["trace"]["resample"]):
-        return none
+        return dict(_NO_THEORY)
     policy, arr, side = point_objects(arrivals, service, params)
     wl, model = side["workload"], side["service_model"]
     if not wl.integer_lengths:
-        return none
+        return dict(_NO_THEORY)
     edges = plan(policy, arr, n=params["n"], servers=params["servers"], **side).edges
     if trace is not None:
         outputs, weights = np.maximum(np.ceil(trace.output_tokens.astype(float)), 1.0), None
@@ -370,22 +386,11 @@ def _iteration_theory(arrivals: str, service: str, params: dict) -> dict:
         outputs, weights = theory.integer_lengths(wl._output.dist)
         pv, pw = theory.integer_lengths(wl._prompt.dist)
         prompt_mean = float(pv @ pw)
-    B, k, servers = params["batch_size"], params["bins"], params["servers"]
+    B = params["batch_size"]
     es = theory.iteration_batch_service_time(model, outputs, B, edges, prompt_mean=prompt_mean, weights=weights)
+    # (a batch of one length takes the same time whether finished members leave or stay)
     one = model.service_time(size=B, prompt=prompt_mean, output=outputs)
-    mean_one = float(np.average(one, weights=weights))
-    rate_s = servers * B / es if servers != math.inf else math.inf
-    out = {"theory_mean_batch_service": es, "theory_service_rate": rate_s,
-           "capacity": servers * B / mean_one if servers != math.inf else math.inf,
-           "theory_throughput_bound": nan, "theory_throughput": rate_s, "theory_latency": nan}
-    lam = _mean_rate(arrivals, params)
-    if lam is not None:
-        out["theory_throughput"] = min(lam, rate_s)
-    if arrivals == "poisson" and lam is not None:
-        # Lemma 5.1's fill wait, whatever times the batches: k (B - 1) / (2 lam)
-        out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
-    out["unstable"] = bool(lam is not None and lam >= rate_s)
-    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}
+    return _forms(arrivals, params, es, float(np.average(one, weights=weights)))
 
 
 def point_theory(arrivals: str, service: str, params: dict) -> dict:
@@ -402,34 +407,14 @@ def point_theory(arrivals: str, service: str, params: dict) -> dict:
     if not paper or service not in ("uniform", "expon"):
         return {"unstable": False}
     if params["max_wait"] < math.inf:
-        nan = math.nan
-        return {"theory_mean_batch_service": nan, "theory_service_rate": nan, "capacity": nan,
-                "theory_throughput_bound": nan, "theory_throughput": nan, "theory_latency": nan,
-                "unstable": False}
+        return dict(_NO_THEORY)
     B, k, servers = params["batch_size"], params["bins"], params["servers"]
     dist = _service_dist(service, params)
     es = _mean_batch_service(service, params.get("l_min"), params.get("l_max"), params.get("mu"),
                              params["edges"], B, k)
-    mean_one = float(dist.mean())
-    rate_s = servers * B / es if servers != math.inf else math.inf
-    out = {
-        "theory_mean_batch_service": es,
-        "theory_service_rate": rate_s,
-        "capacity": servers * B / mean_one if servers != math.inf else math.inf,
-        "theory_throughput_bound": math.nan,
-        "theory_throughput": rate_s,
-        "theory_latency": math.nan,
-    }
+    bound = math.nan
     if service == "expon" and params["edges"] == "lemma_a1":
         bound = theory.exponential_throughput_bound(B, params["mu"], k)         # Corollary A.1.1
-        out["theory_throughput_bound"] = servers * bound if servers != math.inf else math.inf
-    lam = _mean_rate(arrivals, params)
-    if lam is not None:
-        # a stable system serves what arrives, whatever the arrival process
-        out["theory_throughput"] = min(lam, rate_s)
-    if arrivals == "poisson" and lam is not None:
-        # Lemma 5.1, eq. (7), for any edges: a request waits (B-1)/(2 lam p_i)
-        # for its bin's batch to fill, and sum_i p_i (B-1)/(2 lam p_i) = k(B-1)/(2 lam)
-        out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
-    out["unstable"] = bool(lam is not None and lam >= rate_s)
-    return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}
+        bound = servers * bound if servers != math.inf else math.inf
+    # Lemma 5.1, eq. (7), for any edges (see _forms)
+    return _forms(arrivals, params, es, float(dist.mean()), bound=bound)
