@@ -149,7 +149,46 @@ def _parser() -> argparse.ArgumentParser:
         else:
             flags, kw = _param_flag(p, "k")
             p.add_argument(*flags, **kw)
+    p = thsub.add_parser("iteration-batch-service-time",
+                         help="E[t_service] of multi-bin batching on a measured engine (eq. 2 under a hardware "
+                              "profile's IterationModel), log-normal lengths, equal-mass bins")
+    from .params import PARAMS
+
+    p.add_argument("--profile", default=PARAMS["profile"].default,
+                   help=f"a hardware profile (mbbatch profiles lists them; default {PARAMS['profile'].default})")
+    p.add_argument("--finished", default=PARAMS["IterationModel.finished"].default,
+                   choices=PARAMS["IterationModel.finished"].choices,
+                   help="finished members leave the batch (vLLM) or stay (padded)")
+    for prm in ("B", "k"):
+        flags, kw = _param_flag(p, prm)
+        p.add_argument(*flags, **kw)
+    for name in ("prompt_median", "prompt_sigma", "output_median", "output_sigma"):
+        flags, kw = _param_flag(p, name)
+        p.add_argument(*flags, **kw)
     return ap
+
+
+def _iteration_service(args) -> float:
+    """``mbbatch theory iteration-batch-service-time``: eq. (2) under the
+    profile's model, at the equal-mass edges a simulation of these lengths
+    uses (in whole tokens)."""
+    import dataclasses
+
+    import scipy.stats as st
+
+    from . import profiles, simulation, theory
+    from .arrivals import Poisson
+    from .policies.multibin import MultiBin
+    from .workload import Workload
+
+    model = dataclasses.replace(profiles.get(args.profile), finished=args.finished)
+    prompt = st.lognorm(args.prompt_sigma, scale=args.prompt_median)
+    output = st.lognorm(args.output_sigma, scale=args.output_median)
+    edges = simulation.plan(MultiBin(bins=args.k, batch_size=args.B), Poisson(1.0), n=args.B * args.k,
+                            workload=Workload(prompt=prompt, output=output), service_model=model).edges
+    pv, pw = theory.integer_lengths(prompt)
+    ov, ow = theory.integer_lengths(output)
+    return theory.iteration_batch_service_time(model, ov, args.B, edges, prompt_mean=float(pv @ pw), weights=ow)
 
 
 def _spec_value(p):
@@ -449,6 +488,8 @@ def _dispatch(args) -> int:
                 value = theory.batch_service_time(_frozen(args), args.edges, args.B)
             elif args.function == "optimal-boundaries":
                 value = theory.optimal_boundaries(_frozen(args), args.B, args.k)
+            elif args.function == "iteration-batch-service-time":
+                value = _iteration_service(args)
             else:
                 fn, params = _THEORY[args.function]
                 value = getattr(theory, fn)(*(getattr(args, p) for p in params))

@@ -131,6 +131,33 @@ def test_cli_help_and_theory():
     assert r.returncode == 2 and "dist" in r.stderr
 
 
+
+def test_cli_theory_on_a_measured_engine():
+    """iteration-batch-service-time: eq. (2) under a profile's model at the simulation's equal-mass edges,
+    as the sweeps store it; a bad profile or batch size is named."""
+    import scipy.stats as st
+
+    import mbbatch as mb
+    from mbbatch import theory
+
+    lengths = ["--prompt-median", "256", "--prompt-sigma", "0.6", "--output-median", "128", "--output-sigma", "1"]
+    r = run_cli("theory", "iteration-batch-service-time", "--batch-size", "32", "--bins", "4", "--finished", "stay",
+                *lengths)
+    wl = mb.Workload(prompt=st.lognorm(0.6, scale=256), output=st.lognorm(1.0, scale=128))
+    model = mb.IterationModel(**{**vars(mb.profiles.get(mb.profiles.DEFAULT)), "finished": "stay"})
+    edges = mb.simulation.plan(mb.MultiBin(bins=4, batch_size=32), mb.Poisson(1.0), n=128, workload=wl,
+                               service_model=model).edges
+    ov, ow = theory.integer_lengths(wl._output.dist)
+    pv, pw = theory.integer_lengths(wl._prompt.dist)
+    want = theory.iteration_batch_service_time(model, ov, 32, edges, prompt_mean=float(pv @ pw), weights=ow)
+    assert r.returncode == 0 and float(r.stdout) == pytest.approx(want, rel=1e-12)
+    r = run_cli("theory", "iteration-batch-service-time", "--batch-size", "32", "--bins", "4", "--profile", "x",
+                *lengths)
+    assert r.returncode == 2 and "--profile must be one of the 227 shipped profiles" in one_line_error(r)
+    r = run_cli("theory", "iteration-batch-service-time", "--batch-size", "0", "--bins", "4", *lengths)
+    assert r.returncode == 2 and "--batch-size must be an integer in [1, inf); got 0" in one_line_error(r)
+
+
 def test_cli_sweep_reports_bad_spec(tmp_path):
     p = write(tmp_path, SMALL.replace("reps = 3", "reps = -1"), "bad.toml")
     r = run_cli("sweep", str(p), "--out", str(tmp_path / "x.zarr"))
