@@ -78,6 +78,23 @@ def _joined(ax, x, mean, lo, hi, unstable, color, marker):
     sim_points(ax, x, mean, lo, hi, unstable, color, marker)
 
 
+def _rate_series(ax_t, others, series, hi_r) -> list:
+    """Throughput against the arrival rate on ``ax_t`` beside the diagonal
+    (what a stable system carries, up to ``hi_r``), and on each axes of
+    ``others`` (``(axes, variable)`` pairs of the series) its variable, each
+    series joined in its policy's style.  ``series``: (label, style key,
+    :func:`_token_series` dict).  Returns the p95 latencies drawn."""
+    ax_t.plot([0, hi_r * 1.05], [0, hi_r * 1.05], color="0.4", ls=":", lw=1.0, zorder=1)
+    p95_vals = []
+    for _, key, s in series:
+        c, m = _POLICY_STYLE[key]
+        _joined(ax_t, s["rate"], *s["throughput"], s["unstable"], c, m)
+        for ax, var in others:
+            _joined(ax, s["rate"], *s[var], s["unstable"], c, m)
+        p95_vals.append(np.concatenate(s["p95"]))
+    return p95_vals
+
+
 def _token_panels(fig, axes, series, title):
     """Experiments (ii) and (iv): throughput, p95 latency, SLA violations vs rate.
 
@@ -86,14 +103,7 @@ def _token_panels(fig, axes, series, title):
     ax_t, ax_p, ax_s = axes
     rates = np.concatenate([s["rate"] for _, _, s in series])
     hi_r = float(np.nanmax(rates))
-    ax_t.plot([0, hi_r * 1.05], [0, hi_r * 1.05], color="0.4", ls=":", lw=1.0, zorder=1)
-    p95_vals = []
-    for label, key, s in series:
-        c, m = _POLICY_STYLE[key]
-        _joined(ax_t, s["rate"], *s["throughput"], s["unstable"], c, m)
-        _joined(ax_p, s["rate"], *s["p95"], s["unstable"], c, m)
-        _joined(ax_s, s["rate"], *s["sla"], s["unstable"], c, m)
-        p95_vals.append(np.concatenate(s["p95"]))
+    p95_vals = _rate_series(ax_t, ((ax_p, "p95"), (ax_s, "sla")), series, hi_r)
     unit_r = "requests/s"
     for ax in axes:
         ax.set_xlabel(f"arrival rate $\\lambda$ ({unit_r})")

@@ -141,7 +141,7 @@ def _columns(default, profiled, default_note: str) -> list:
 
 
 def _policy_grid(cols: list, title: str) -> Figure:
-    from .experiments import _POLICY_STYLE, _joined
+    from .experiments import _POLICY_STYLE, _rate_series
     from .style import log_ylim, series_handles
 
     fig = Figure(figsize=(14.5, 8.2), dpi=100, layout="constrained")
@@ -150,14 +150,8 @@ def _policy_grid(cols: list, title: str) -> Figure:
     hi_r = max(float(np.nanmax(s["rate"])) for _, series in cols for _, _, s in series)
     for j, (head, series) in enumerate(cols):
         ax_t, ax_p = axes[0, j], axes[1, j]
-        ax_t.plot([0, hi_r * 1.05], [0, hi_r * 1.05], color="0.4", ls=":", lw=1.0, zorder=1)
-        lines = []
-        for label, key, s in series:
-            c, m = _POLICY_STYLE[key]
-            _joined(ax_t, s["rate"], *s["throughput"], s["unstable"], c, m)
-            _joined(ax_p, s["rate"], *s["p95"], s["unstable"], c, m)
-            p95_vals.append(np.concatenate(s["p95"]))
-            lines.append(f"{label}: {_carried(s):g}")
+        p95_vals += _rate_series(ax_t, ((ax_p, "p95"),), series, hi_r)
+        lines = [f"{label}: {_carried(s):g}" for label, _, s in series]
         ax_t.text(0.03, 0.97, "largest rate carried (requests/s):\n" + "\n".join(lines), transform=ax_t.transAxes,
                   va="top", ha="left", fontsize=7.5, color="0.2")
         ax_t.set_title(head, fontsize=9)
