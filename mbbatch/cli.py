@@ -171,24 +171,22 @@ def _parser() -> argparse.ArgumentParser:
 def _iteration_service(args) -> float:
     """``mbbatch theory iteration-batch-service-time``: eq. (2) under the
     profile's model, at the equal-mass edges a simulation of these lengths
-    uses (in whole tokens)."""
+    uses (in whole tokens), as a sweep stores it."""
     import dataclasses
 
     import scipy.stats as st
 
-    from . import profiles, simulation, theory
+    from . import profiles, simulation
     from .arrivals import Poisson
     from .policies.multibin import MultiBin
+    from .sweeps.cells import iteration_closed_form
     from .workload import Workload
 
     model = dataclasses.replace(profiles.get(args.profile), finished=args.finished)
-    prompt = st.lognorm(args.prompt_sigma, scale=args.prompt_median)
-    output = st.lognorm(args.output_sigma, scale=args.output_median)
-    edges = simulation.plan(MultiBin(bins=args.k, batch_size=args.B), Poisson(1.0), n=args.B * args.k,
-                            workload=Workload(prompt=prompt, output=output), service_model=model).edges
-    pv, pw = theory.integer_lengths(prompt)
-    ov, ow = theory.integer_lengths(output)
-    return theory.iteration_batch_service_time(model, ov, args.B, edges, prompt_mean=float(pv @ pw), weights=ow)
+    wl = Workload(prompt=st.lognorm(args.prompt_sigma, scale=args.prompt_median),
+                  output=st.lognorm(args.output_sigma, scale=args.output_median))
+    return iteration_closed_form(simulation.plan(MultiBin(bins=args.k, batch_size=args.B), Poisson(1.0),
+                                                 n=args.B * args.k, workload=wl, service_model=model))[0]
 
 
 def _spec_value(p):

@@ -31,7 +31,7 @@ from .schema import TIME_POINTS, rep_vars, time_series, variables
 from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
-           "service_model", "trace_filters", "run_capacity_point", "check_capacity_point"]
+           "service_model", "trace_filters", "run_capacity_point", "check_capacity_point", "iteration_closed_form"]
 
 SEED_SCHEME = (
     "SeedSequence(entropy=<spec seed, or its policy variant's>, spawn_key=(w0, ..., w7, rep)), where "
@@ -363,6 +363,42 @@ def _trace_theory(arrivals: str, params: dict) -> dict:
     return _forms(arrivals, params, es, mean_one, latency=False)
 
 
+@functools.lru_cache(maxsize=64)
+def _whole_tokens(dist) -> tuple:
+    """:func:`~mbbatch.theory.integer_lengths` of a frozen distribution, once
+    per process (a grid's cells share their lengths' distributions:
+    :func:`_frozen`)."""
+    return theory.integer_lengths(dist)
+
+
+def _length_law(spec) -> tuple:
+    """``(values, weights)`` of the whole-token lengths a simulation draws
+    from a workload's length ``spec``: a distribution's enumerated, or
+    replayed values (a trace's, resampled) equally likely (weights None)."""
+    if spec.dist is not None:
+        return _whole_tokens(spec.dist)
+    return np.maximum(np.ceil(np.asarray(spec.values, dtype=float)), 1.0), None
+
+
+def iteration_closed_form(run_plan) -> tuple:
+    """Eq. (2) for a checked MultiBin plan on a workload under an
+    :class:`~mbbatch.IterationModel` (:func:`mbbatch.simulation.plan`):
+    ``(E[t_service], the batch time of one length)``, s, at the edges its
+    simulation uses, over the whole-token lengths it draws, the prompts'
+    mean independent of the outputs
+    (:func:`~mbbatch.theory.iteration_batch_service_time`; the second is the
+    capacity's limit of one length per bin)."""
+    model, wl, B = run_plan.model, run_plan.workload, run_plan.policy.batch_size
+    outputs, weights = _length_law(wl._output)
+    pv, pw = _length_law(wl._prompt)
+    prompt_mean = float(pv @ pw) if pw is not None else float(np.mean(pv))
+    es = theory.iteration_batch_service_time(model, outputs, B, run_plan.edges, prompt_mean=prompt_mean,
+                                             weights=weights)
+    # (a batch of one length takes the same time whether finished members leave or stay)
+    one = model.service_time(size=B, prompt=prompt_mean, output=outputs)
+    return es, float(np.average(one, weights=weights))
+
+
 def _iteration_theory(arrivals: str, service: str, params: dict) -> dict:
     """Closed forms of MultiBin on token-level requests under an iteration
     model (``service_model = "iteration"`` or ``"profile"``): eq. (2) with a
@@ -378,19 +414,8 @@ def _iteration_theory(arrivals: str, service: str, params: dict) -> dict:
     wl, model = side["workload"], side["service_model"]
     if not wl.integer_lengths:
         return dict(_NO_THEORY)
-    edges = plan(policy, arr, n=params["n"], servers=params["servers"], **side).edges
-    if trace is not None:
-        outputs, weights = np.maximum(np.ceil(trace.output_tokens.astype(float)), 1.0), None
-        prompt_mean = float(np.mean(np.maximum(np.ceil(trace.prompt_tokens.astype(float)), 1.0)))
-    else:
-        outputs, weights = theory.integer_lengths(wl._output.dist)
-        pv, pw = theory.integer_lengths(wl._prompt.dist)
-        prompt_mean = float(pv @ pw)
-    B = params["batch_size"]
-    es = theory.iteration_batch_service_time(model, outputs, B, edges, prompt_mean=prompt_mean, weights=weights)
-    # (a batch of one length takes the same time whether finished members leave or stay)
-    one = model.service_time(size=B, prompt=prompt_mean, output=outputs)
-    return _forms(arrivals, params, es, float(np.average(one, weights=weights)))
+    es, one = iteration_closed_form(plan(policy, arr, n=params["n"], servers=params["servers"], **side))
+    return _forms(arrivals, params, es, one)
 
 
 def point_theory(arrivals: str, service: str, params: dict) -> dict:
