@@ -134,7 +134,7 @@ def _screen(length: np.ndarray, size: np.ndarray, service: np.ndarray) -> np.nda
 def _shipped() -> tuple:
     """``(groups, digest)``: the shipped groups by name (their rows, screened),
     and the file's SHA-256."""
-    raw = resources.files("mbbatch").joinpath(*_DATA).read_bytes()
+    raw = resources.files(__package__).joinpath(*_DATA).read_bytes()
     return _groups(_read(raw)), hashlib.sha256(raw).hexdigest()
 
 
@@ -290,7 +290,7 @@ def from_csv(path, *, size: str = "size", prompt: str = "prompt", output: str = 
 
 
 def _index() -> tuple:
-    return tuple(resources.files("mbbatch").joinpath(*_INDEX).read_text().split())
+    return tuple(resources.files(__package__).joinpath(*_INDEX).read_text().split())
 
 
 def _offer_choices() -> None:

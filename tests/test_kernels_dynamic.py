@@ -1055,8 +1055,27 @@ def test_warmup_compiles_every_kernel():
                          env={**os.environ, "MBBATCH_NUMBA_CACHE": "0", "PYTHONPATH": str(ROOT)})
     assert out.stdout.split()[-1] == "compiled:0", out.stdout
     cluster = out.stdout.split("cluster:")[1].split()[0].split(",")
-    helpers = {"call_times", "sort_calls", "permute_calls", "program_span", "order_calls", "draw_lengths"}
-    assert "dynamic_kernel" in cluster and not helpers & set(cluster), cluster
+    # a cluster's first run compiles its kernel and the helpers ordering its programs' calls (warmup does not)
+    assert {"dynamic_kernel", "order_calls", "program_span"} <= set(cluster), cluster
+    assert "draw_lengths" not in cluster, cluster
+
+
+def test_the_iteration_models_step_is_compiled_apart_on_first_use():
+    """mb.warmup() compiles none of the iteration model's batch time (the
+    event kernel calls it by address); a process's first run under an
+    IterationModel does, and a run under another model never."""
+    code = ("import mbbatch as mb\n"
+            "from mbbatch._kernels import common, dynamic\n"
+            "mb.warmup()\n"
+            "key = ('timing', dynamic.MODEL_ITERATION)\n"
+            "wl = mb.Workload([10.0], [5.0])\n"
+            "mb.simulate(mb.StaticBatching(2), mb.Poisson(1.0), workload=wl, service_model=mb.DecodeModel(), n=20)\n"
+            "print(key in common._COMPILED)\n"
+            "mb.simulate(mb.StaticBatching(2), mb.Poisson(1.0), workload=wl, service_model=mb.IterationModel(),"
+            " n=20)\n"
+            "print(key in common._COMPILED)\n")
+    got = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["False", "True"]
 
 
 WARMUP_CHILD = """
@@ -1109,8 +1128,8 @@ with event.install_listener("numba:compile", Listener()):
     mb.simulate(mb.MultiBinDynamic(bins=2, warmup=50), arrivals=mb.Saturated(), workload=workloads[0], n=5000)
 # the drawers, compiled apart from the kernels (numba reports no event for them)
 compiled += ["drawer %s %d" % key for key in set(common._COMPILED) - drawers]
-# open-loop programs on a cluster (whose event kernel compiles on first use):
-# their calls are ordered by helpers warmup() compiled
+# open-loop programs on a cluster (whose event kernel, and the helpers ordering
+# its programs' calls, compile on first use)
 n_single = len(compiled)
 with event.install_listener("numba:compile", Listener()):
     for arr in (mb.Poisson(50.0), mb.Saturated()):

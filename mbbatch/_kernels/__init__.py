@@ -50,9 +50,11 @@ __all__ = ["CACHE", "warmup"]
 
 def warmup() -> None:
     """Compile (or load from the cache) every kernel and every controller
-    function, so later calls run at full speed.  A cluster's event kernel is
-    the one exception: it compiles on the first cluster run (see
-    :func:`.dynamic.warmup`)."""
+    function, so later calls run at full speed.  A cluster's event kernel
+    and the helpers ordering its programs' calls are the exception: they
+    compile on the first cluster run (see :func:`.dynamic.warmup`); steps
+    compiled apart (the draws, shortest-predicted-first's batch, the
+    iteration model's batch time) compile on their first use."""
     common.warmup()
     multibin.warmup()
     dynamic.warmup()

@@ -25,11 +25,13 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
+from numba import types
 
 from .common import (
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
     STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket, iteration_times,
-    kernel, member_work, padded_work, predict, replay_time, round_lengths, step, subroutine,
+    by_address, compiled_apart, kernel, member_work, padded_work, predict, replay_time, round_lengths, step,
+    subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
@@ -38,8 +40,7 @@ from .controller import (
 from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN, Rule,
                         form_batch, ordering)
 from .layout import Arrays, Layout
-from .programs import (NO_CLOSED_LOOP, _before, _closed_call, _follow_ups, _heap_pop, _heap_push,
-                       call_times, order_calls, permute_calls, program_span, sort_calls)
+from .programs import NO_CLOSED_LOOP, _before, _closed_call, _follow_ups, _heap_pop, _heap_push
 from .queues import FIELDS, QUEUE_START, Q, doubling_bytes, grow, join, rebin
 from .routing import (EN, ENGINES, ROUTE_NONE, TABLE, Router, engine_done, engine_formed, engine_of, engine_started,
                       remove_engine, route_call)
@@ -192,7 +193,7 @@ ClusterArrays = CLUSTER_ARRAYS.type
 WORKSPACE = Arrays("TokenWorkspace", __name__, q=(np.float64, 3), qidx=(np.int64, 2), head=np.int64,
                    size=np.int64, window=np.float64, servers_i=(np.int64, 2), servers_f=(np.float64, 2),
                    blk=(np.float64, 2), loop_ints=np.int64, loop_floats=np.float64, draws=np.int64,
-                   scratch=np.float64, order=np.int64)
+                   scratch=np.float64, steps=np.int64, timing=np.float64)
 TokenWorkspace = WORKSPACE.type
 
 R = RUN.index
@@ -260,6 +261,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     """
     check_stop(stop)
     rn, pol, sla = RUN.unpack(config.run), POLICY.unpack(config.policy), SLA.unpack(config.sla)
+    md = MODEL.unpack(config.model)
     cl = CLUSTER.unpack(cluster[0]) if cluster is not None else {"engines": 1, "router": ROUTE_NONE, "programs": 0}
     n, c, E = rn["n"], pol["servers"], cl["engines"]
     # each engine's bins are queues of their own: engine e's bin b is queue e * bins + b
@@ -300,7 +302,11 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                         loop_ints=loop_ints, loop_floats=loop_floats,
                         draws=drawers(rn["arrival_kind"], rn["output_kind"], rn["prompt_kind"],
                                       predictor=rn["predictor"]),
-                        scratch=np.empty(max(pol["scratch"], 1)), order=np.array([ordering(pol["policy"])]))
+                        scratch=np.empty(max(pol["scratch"], 1)),
+                        steps=np.array([ordering(pol["policy"]), timing_address(md["model"])]),
+                        timing=TIMING.zeros(setup=md["base"], step=md["iteration"],
+                                            prefill_per_token=md["prefill_per_token"],
+                                            per_sequence=md["per_sequence"], per_context=md["per_context"])[1])
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
@@ -377,14 +383,11 @@ def _next_completion(servers_i, servers_f):
 
 @step
 def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prompt,
-                   max_out, max_seq, iteration, per_sequence, per_context, seq_steps, ctx_steps, sum_context):
+                   max_out, max_seq):
     """A batch's service time (s), decode time between tokens (s/token; 0:
     none, the legacy feedback rule), time per output token (s/token, what
-    the SLA bounds) and time to first token after its start (s).
-    ``seq_steps`` and ``ctx_steps``: its decode work (:func:`decode_work`),
-    ``sum_context`` its members' whole prompts (``sum_prompt`` counts the
-    tokens prefilled: fewer where a cluster reuses a context); read by the
-    iteration model only."""
+    the SLA bounds) and time to first token after its start (s), under
+    every model but the iteration model (:func:`iteration_batch`)."""
     bf = float(nb)
     if model == MODEL_MAX:
         service = base + per_token * max_out
@@ -394,11 +397,6 @@ def _batch_service(model, base, per_token, alpha, beta, prefill_per_token, tbt_b
         service = base + alpha * max_seq * (1.0 + beta * (bf - 1.0) / bf)
         tpot = service / max(max_out, 1.0)
         return service, 0.0, tpot, tpot
-    if model == MODEL_ITERATION:
-        # the prefill iteration (every member's first token), then one per decode step
-        service, tbt, prefill = iteration_times(base, iteration, prefill_per_token, per_sequence, per_context, nb,
-                                                sum_prompt, max_out, seq_steps, ctx_steps, sum_context)
-        return service, tbt, tbt, prefill
     tbt = decode_tbt(tbt_beta, tbt_gamma, bf)
     if model >= MODEL_CALIBRATED:
         service = base + tbt * max_seq
@@ -431,6 +429,51 @@ def decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded):
     return seq, ctx
 
 
+#: the coefficients of the iteration model in :func:`iteration_batch`'s
+#: ``timing`` (then its two outputs)
+TIMING = Layout("iteration timing", floats=("setup", "step", "prefill_per_token", "per_sequence", "per_context",
+                                            "tbt", "prefill"))
+TI = TIMING.index
+#: :func:`iteration_batch`: (q, b, h0, nb, mask, max_out, sum_prefill,
+#: sum_prompt, padded, timing) -> the batch's service time
+TIMING_SIG = types.float64(types.Array(types.float64, 3, "C"), types.int64, types.int64, types.int64, types.int64,
+                           types.float64, types.float64, types.float64, types.int64, types.Array(types.float64, 1, "C"))
+#: ``call_timing(address, args)``: :func:`iteration_batch` at ``address``
+call_timing = by_address(TIMING_SIG, "call_timing")
+
+
+@step
+def iteration_batch(q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt, padded, timing):
+    """A batch's service time (s) under the iteration model (the first nb of
+    queue b, head at slot h0; ``sum_prefill`` tokens prefilled of its
+    members' ``sum_prompt``): its decode work (:func:`decode_work`) timed by
+    :func:`~.common.iteration_times` with the coefficients in ``timing``
+    (:data:`TIMING`), whose ``tbt`` and ``prefill`` receive its decode time
+    per step and its prefill iteration's (the time to first token after its
+    start).  The event kernel calls it by address (:func:`timing_address`):
+    a run of another model compiles none of it."""
+    seq, ctx = decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded)
+    service, timing[TI.tbt], timing[TI.prefill] = iteration_times(
+        timing[TI.setup], timing[TI.step], timing[TI.prefill_per_token], timing[TI.per_sequence],
+        timing[TI.per_context], nb, sum_prefill, max_out, seq, ctx, sum_prompt)
+    return service
+
+
+def _iteration_batch():
+    def iteration_batch_apart(q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt, padded, timing):
+        return iteration_batch(q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt, padded, timing)
+    return iteration_batch_apart
+
+
+def timing_address(model: int) -> int:
+    """The address of the step that times a batch of service model ``model``
+    (:func:`iteration_batch`, compiled apart the first time a process asks),
+    0: :func:`_batch_service` times it in the kernel."""
+    if model != MODEL_ITERATION:
+        return 0
+    return compiled_apart(("timing", MODEL_ITERATION), _iteration_batch, TIMING_SIG).address
+
+
 @helper
 def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps, out):
     """:func:`_batch_service` of batches, from Python: ``model`` a
@@ -444,10 +487,15 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps
     code = model[0][O.model]
     mf = model[1]
     for j in range(sizes.shape[0]):
-        out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(
-            code, mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta], mf[O.prefill_per_token], mf[O.tbt_beta],
-            mf[O.tbt_gamma], sizes[j], sum_prompt[j], max_out[j], max_seq[j], mf[O.iteration], mf[O.per_sequence],
-            mf[O.per_context], seq_steps[j], ctx_steps[j], sum_prompt[j])
+        if code == MODEL_ITERATION:
+            out[0, j], out[1, j], out[3, j] = iteration_times(
+                mf[O.base], mf[O.iteration], mf[O.prefill_per_token], mf[O.per_sequence], mf[O.per_context],
+                sizes[j], sum_prompt[j], max_out[j], seq_steps[j], ctx_steps[j], sum_prompt[j])
+            out[2, j] = out[1, j]
+        else:
+            out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(
+                code, mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta], mf[O.prefill_per_token],
+                mf[O.tbt_beta], mf[O.tbt_gamma], sizes[j], sum_prompt[j], max_out[j], max_seq[j])
 
 
 @step
@@ -590,11 +638,12 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     # the policy's batch formation rule (formation.form_batch)
     rule = Rule(policy, K, pin, max_cand, select, memory_on,
                 memory_on and policy != FORM_STATIC and policy != FORM_MULTIBIN, multiplicative, memory_variant, sla,
-                memory, inputs.bin_b_max, eta, config.policy[1][P.max_wait], ws.order[0])
+                memory, inputs.bin_b_max, eta, config.policy[1][P.max_wait], ws.steps[0])
     base_time, per_token, alpha, beta = mf[O.base], mf[O.per_token], mf[O.alpha], mf[O.beta]
     prefill_per_token, tbt_beta, tbt_gamma = mf[O.prefill_per_token], mf[O.tbt_beta], mf[O.tbt_gamma]
-    iteration, per_sequence, per_context = mf[O.iteration], mf[O.per_sequence], mf[O.per_context]
-    padded = config.model[0][O.padded] != 0
+    # (the iteration model's coefficients, and its outputs: iteration_batch)
+    timing = ws.timing
+    padded = config.model[0][O.padded]
     # the arrays and streams
     arrival_times = inputs.arrival_times
     hist = out.hist
@@ -722,13 +771,15 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                     mem_exceed += 1   # (the memory constraint is off)
                 b = base + lb
                 # the batch: the first nb of bin b (unused candidates stay at the front)
-                seq_steps = ctx_steps = 0.0
                 if model == MODEL_ITERATION:
-                    seq_steps, ctx_steps = decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded)
-                service, tbt, tpot, ttft = _batch_service(model, base_time, per_token, alpha, beta,
-                                                          prefill_per_token, tbt_beta, tbt_gamma, nb, sum_prefill,
-                                                          max_out, max_seq, iteration, per_sequence, per_context,
-                                                          seq_steps, ctx_steps, sum_prompt)
+                    service = call_timing(ws.steps[1], (q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt,
+                                                        padded, timing))
+                    tbt = tpot = timing[TI.tbt]
+                    ttft = timing[TI.prefill]
+                else:
+                    service, tbt, tpot, ttft = _batch_service(model, base_time, per_token, alpha, beta,
+                                                              prefill_per_token, tbt_beta, tbt_gamma, nb,
+                                                              sum_prefill, max_out, max_seq)
                 done = now + service
                 if done > last_completion:
                     last_completion = done
@@ -1050,12 +1101,12 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
 def warmup() -> None:
     """Compile the event kernel (or load it from the cache) on a tiny input:
     multi-bin dynamic batching of 2 bins after a warm-up of 4 requests, 2
-    servers, 16 requests (one specialization serves every single-engine run),
-    and the helpers that order a cluster's program calls.  A cluster's runs
-    take a second specialization of the kernel (its engine arrays typed, not
-    None), compiled on a process's first cluster run and cached: compiling
-    it here would add about 6 s (cache off, measured) to every cold warm-up,
-    for runs most sessions never make."""
+    servers, 16 requests (one specialization serves every single-engine run).
+    A cluster's runs take a second specialization of the kernel (its engine
+    arrays typed, not None) and the helpers that order its programs' calls
+    (:mod:`.programs`), compiled on a process's first cluster run and
+    cached: compiling them here would add about 6 s and 1.5 s (cache off,
+    measured) to every cold warm-up, for runs most sessions never make."""
     n = 16
     config = TokenConfig(
         run=RUN.pack(n=n, arrival_kind=ARR_POISSON, prompt_kind=SVC_UNIFORM, output_kind=SVC_UNIFORM, integer=1,
@@ -1073,13 +1124,3 @@ def warmup() -> None:
                          output_params=np.array([1.0, 9.0]), output_values=np.empty(0), bin_b_max=np.zeros(2))
     gen = np.random.default_rng(0)
     run(config, inputs, TokenStreams(gen, gen, gen, gen), np.zeros(STOP_SIZE, np.int64), groups=1, ts_rows=4)
-    # the calls of open-loop programs: 2 programs of 2 calls, 3 kept
-    x = np.ones(4)
-    times, order = np.empty(4), np.empty(4, np.int64)
-    hi = call_times(np.ones(2), x, x, x, 2, times, np.empty(4))
-    sort_calls(times, order, np.empty(4, np.int64), times[0], hi)
-    permute_calls(order, times, np.ones(4), np.ones(4), np.ones(4), 2, np.empty(2, np.int64), np.empty(3, np.int8))
-    program_span(np.ones(4), 2)
-    order_calls(np.ones(2), np.ones(4), np.ones(4), np.ones(4), 2, 1, 2.0, np.empty(4), order, np.empty(3, np.int8),
-                np.empty(2, np.int64), np.empty((3, 4, 4)), np.empty((3, 4), np.int64), np.empty(4),
-                np.empty(4, np.int64), np.empty(4, np.int64))
