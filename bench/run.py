@@ -238,6 +238,20 @@ def main():
         rows.append((f"LAPS, 4 instances, {name}, n=%.0e" % args.n, f"{t:.3f} s", f"{rate / 1e6:.1f} M requests/s",
                      "PASS" if rate >= laps_bench.TARGET else "FAIL"))
 
+    import continuous as continuous_bench   # bench/continuous.py
+
+    got = continuous_bench.bench_continuous(args.n)
+    for seqs, t, res in got:
+        rate = args.n / t
+        target = seqs == 256
+        rows.append((f"ContinuousBatching(max_num_seqs={seqs}), 80 % load, n=%.0e" % args.n, f"{t:.3f} s",
+                     f"{rate / 1e6:.1f} M requests/s ({res.preemptions:,} preemptions)",
+                     ("PASS" if rate >= continuous_bench.TARGET else "FAIL") if target else ""))
+    ratio = got[2][1] / got[0][1]
+    rows.append(("  time per request, 1,024 sequences / 64", f"{ratio:.2f}",
+                 f"target <= {continuous_bench.SCALING_TARGET:g}",
+                 "PASS" if ratio <= continuous_bench.SCALING_TARGET else "FAIL"))
+
     import cluster as cluster_bench   # bench/cluster.py
 
     for what, t in zip(("simulate", "its kernel"), cluster_bench.bench_cluster(args.n)):

@@ -16,6 +16,7 @@ from .policies.dynamic import DynamicBatching, MultiBinDynamic
 from .policies.laps import LAPS
 from .policies.cluster import Cluster, EngineEvent, Programs, Sessions
 from .policies.spf import ShortestPredictedFirst
+from .policies.continuous import ContinuousBatching
 from . import registry  # (the policies' registry: it sets the parameter table's choices of kinds)
 from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
@@ -37,6 +38,7 @@ __all__ = [
     "DynamicBatching",
     "MultiBinDynamic",
     "ShortestPredictedFirst",
+    "ContinuousBatching",
     "LAPS",
     "Cluster",
     "EngineEvent",

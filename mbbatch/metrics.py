@@ -23,12 +23,15 @@ TAGS = {
     "run": "every run: throughput, latency, servers, batches",
     "batch_means": "the run's own batch-means confidence interval of the mean latency",
     "tokens": "batches of token-level requests: tokens, decode time per token, SLA shares, memory",
+    "decode": "generated tokens: their throughput and the time between them",
     "ttft": "the time to first token",
+    "ttft_quantiles": "quantiles of the time to first token",
     "multibin": "the multi-bin paper's model: bins filling, a central FIFO of full batches",
     "controller": "SLA controllers (Algorithms 2 and 7)",
     "warmup": "Algorithm 6's warm-up",
     "router": "a cluster's router: its routing, programs and TTFT quantiles",
     "laps": "LAPS's prefill instances: short and long requests, its groups",
+    "continuous": "a continuous-batching engine: time between tokens, preemptions, running sequences, KV memory",
 }
 
 
@@ -88,7 +91,7 @@ def _m(*args, **kw) -> Metric:
 METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("throughput", "requests/s", "completed requests / (last completion - first arrival)", aggregate="ci"),
     _m("token_throughput", "tokens/s", "generated (output) tokens / (last completion - first arrival)",
-       "tokens"),
+       "decode"),
     _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival (LAPS: of "
        "its prefill, the time to first token; with a decode stage, of its last token)", aggregate="ci"),
     _m("mean_latency_ci_low", "s", "lower end of the run's 95% batch-means confidence interval of "
@@ -109,7 +112,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("group_moves", "moves", "instances the LAPS router moved between its groups", "laps", dtype="i8"),
     _m("mean_short_instances", "instances", "time-average instances in LAPS's short group (all of them without "
        "dynamic allocation)", "laps"),
-    _m("mean_tbt", "s/token", "mean decode time per output token (token-weighted)", "tokens"),
+    _m("mean_tbt", "s/token", "mean decode time per output token (token-weighted; continuous batching: "
+       "the mean gap between two tokens of a request)", "decode"),
     _m("sla_violation_tokens", "1", "share of output tokens decoded slower than D_SLA + eps_D per token",
        "tokens", aggregate="mean"),
     _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", "tokens"),
@@ -145,7 +149,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("convergence_time", "s", "time from the first arrival until b_target stays within 10% of its median "
        "over the last 20% of the run (sampled time series); NaN if it settles only in that last part",
        "controller"),
-    *[_m(f"ttft_{q}", "s", f"{'median' if q == 'p50' else q[1:] + 'th percentile'} time to first token", "router")
+    *[_m(f"ttft_{q}", "s", f"{'median' if q == 'p50' else q[1:] + 'th percentile'} time to first token",
+         "ttft_quantiles")
       for q in ("p50", "p95", "p99")],
     _m("large_share", "1", "share of the requests above the router's threshold (Autellix: large)", "router"),
     _m("locality_hit_rate", "1", "share of the calls with an earlier context (a program's later calls) served "
@@ -155,6 +160,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("load_imbalance", "1", "most active requests on an engine / mean active requests per engine, each "
        "averaged over the routing decisions (Poisson arrivals see time averages)", "router"),
     _m("rerouted", "requests", "queued requests routed again when their engine was removed", "router", dtype="i8"),
+    *[_m(f"tbt_{q}", "s", f"{'median' if q == 'p50' else q[1:] + 'th percentile'} time between tokens: of "
+         "every gap between two tokens of a request", "continuous") for q in ("p50", "p95", "p99")],
+    _m("preemptions", "preemptions", "running sequences preempted (recompute) when the KV blocks ran out",
+       "continuous", dtype="i8"),
+    _m("recomputed_tokens", "tokens/request", "prompt and generated tokens prefilled again on resuming after a "
+       "preemption, per request", "continuous"),
+    _m("mean_running", "sequences", "mean running sequences per unit of busy time", "continuous"),
+    _m("kv_usage_mean", "1", "mean share of the KV blocks in use per unit of busy time (NaN: unlimited memory)",
+       "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
        "no steady state", dtype="bool", var_name="backlog_growing"),
 ]}

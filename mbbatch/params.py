@@ -213,6 +213,21 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default="warmup", choices=("warmup", "presample", "optimal")),
     _p("selection", "choice", "", "bin selection of Algorithm 5", default="round_robin",
        choices=("round_robin", "longest_queue")),
+    # --- continuous batching (vLLM's defaults) ---------------------------------------------
+    _p("max_num_seqs", "count", "sequences", "running sequences at most (continuous batching)", _COUNT,
+       default=256),
+    _p("max_batched_tokens", "count", "tokens", "tokens an iteration processes at most: decodes one each, "
+       "prefill chunks (continuous batching)", _COUNT, default=2048),
+    _p("chunked_prefill", "flag", "", "prefill chunks mixed with the decodes in one iteration (else whole prompts "
+       "in iterations of their own, the decodes paused)", default=True),
+    _p("kv_tokens", "real", "tokens", "KV cache capacity (continuous batching; inf: memory never binds)",
+       Domain(0, INF, hi_closed=True), default=INF),
+    _p("block_size", "count", "tokens", "tokens per KV block (paged memory)", _COUNT, default=16),
+    _p("admission", "choice", "", "the order waiting requests are admitted in: first come first served, shortest "
+       "predicted output first, or multi-bin (bins by predicted output, served round robin)", default="fcfs",
+       choices=("fcfs", "spf", "multibin")),
+    _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
+       default=4),
     # --- batch service models -----------------------------------------------------------
     _p("service_model", "choice", "", "batch service model of the token-level policies (prefill: LAPS's; "
        "multibin on a workload: max, iteration or profile)",

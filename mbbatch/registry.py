@@ -29,6 +29,7 @@ from . import params as _params
 from ._kernels.routing import ROUTERS
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from .policies.cluster import Cluster
+from .policies.continuous import ContinuousBatching
 from .policies.dynamic import DynamicBatching, MultiBinDynamic
 from .policies.laps import LAPS
 from .policies.multibin import MultiBin
@@ -47,6 +48,7 @@ POLICIES: dict = {cls.kind: cls for cls in (
     LAPS,
     Cluster,
     ShortestPredictedFirst,
+    ContinuousBatching,
 )}
 #: The kinds, in the registry's order.
 KINDS = tuple(POLICIES)

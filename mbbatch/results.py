@@ -125,7 +125,8 @@ class SimulationResult:
     batches_per_bin : ndarray of int (MultiBin)
         Batches served from each bin.
     batch_size_hist : ndarray of int (token-level policies)
-        ``batch_size_hist[b]`` counts batches of size b.
+        ``batch_size_hist[b]`` counts batches of size b (continuous batching:
+        iterations processing b sequences).
     group_mean_latency : ndarray
         Mean latency of each batch-means group.
     group_mean_batch_wait : ndarray (MultiBin)
@@ -306,6 +307,8 @@ class SimulationResult:
         return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
-_TS_UNITS = {"tau_avg": "s/token", "bin": "1", "short_instances": "instances", "long_instances": "instances"}
+_TS_UNITS = {"tau_avg": "s/token", "bin": "1", "short_instances": "instances", "long_instances": "instances",
+             "running": "sequences", "kv_blocks": "blocks"}
 #: what a time series' time is, where not a batch start
-_TS_TIME = {"laps": "first arrival, then each move between the groups"}
+_TS_TIME = {"laps": "first arrival, then each move between the groups",
+            "continuous": "sampled iteration start time"}

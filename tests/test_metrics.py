@@ -32,6 +32,10 @@ def _spec(kind):
         return parse_spec(TOKEN.replace('service_model = "decode"', 'service_model = "prefill"')
                           .replace("d_sla = 0.0074\n", "").replace("eta = 20000.0\n", "")
                           .format(policy=kind, arrivals="poisson", extra="instances = 2", grid="rate = [1.0]"))
+    if kind == "continuous":
+        return parse_spec(TOKEN.replace('service_model = "decode"', 'service_model = "iteration"')
+                          .replace("d_sla = 0.0074\n", "").replace("eta = 20000.0\n", "")
+                          .format(policy=kind, arrivals="poisson", extra="max_num_seqs = 16", grid="rate = [1.0]"))
     extra = {"static": "batch_size = 8", "dynamic": "b_max = 64", "multibin_dynamic": "b_max = 64\nbins = 2",
              "cluster": "b_max = 64\nengines = 2", "spf": "batch_size = 8"}[kind]
     return parse_spec(TOKEN.format(policy=kind, arrivals="poisson", extra=extra, grid="rate = [1.0]"))

@@ -19,6 +19,7 @@ CALLS = {
     "laps": (mb.LAPS(instances=2), {"workload": WL}),
     "cluster": (mb.Cluster(engines=2), {"workload": WL}),
     "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
+    "continuous": (mb.ContinuousBatching(max_num_seqs=16, kv_tokens=4096), {"workload": WL}),
 }
 
 

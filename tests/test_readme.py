@@ -132,3 +132,20 @@ def test_profiles_example_runs_and_quotes_its_error():
     assert [round(x, 2) for x in ns["carried"]] == [3.29, 4.53, 6.09, 7.74]
     readme = (ROOT / "README.md").read_text()
     assert "`carried` is 3.29, 4.53, 6.09, 7.74 requests/s" in " ".join(readme.split())
+
+
+def test_continuous_batching_example_runs_and_quotes_its_throughputs():
+    import scipy.stats as st
+
+    import mbbatch as mb
+
+    ns = {"mb": mb, "np": np, "st": st}
+    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
+    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
+    exec(compile(block_with("ContinuousBatching("), "README.md", "exec"), ns)
+    cb = [round(x, 2) for x in ns["cb"]]
+    assert cb == [13.42, 33.97]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`cb` is 13.42 and 33.97 requests/s" in readme
+    assert [round(100 * x / cb[0]) for x in (ns["carried"][0], ns["carried"][3])] == [25, 58]
+    assert "carries 25 % of the continuous engine's throughput with one bin and 58 % with eight" in readme

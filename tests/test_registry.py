@@ -34,7 +34,8 @@ def test_the_kinds_are_the_registrys_everywhere():
     from mbbatch.cli import _parser
     from mbbatch.sweeps.spec import KINDS
 
-    assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf")
+    assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf",
+                              "continuous")
     assert KINDS == registry.KINDS and mb.metrics.KINDS == registry.KINDS
     sim = next(a for a in _parser()._subparsers._group_actions[0].choices["simulate"]._actions
                if a.dest == "policy")

@@ -150,9 +150,9 @@ def test_count_arrays_validated():
 
 def test_the_package_exports_every_submodules_closed_form():
     from mbbatch import theory
-    from mbbatch.theory import exponential, general, iteration, uniform
+    from mbbatch.theory import continuous, exponential, general, iteration, uniform
 
     assert set(theory.__all__) == (set(uniform.__all__) | set(exponential.__all__) | set(general.__all__)
-                                   | set(iteration.__all__))
+                                   | set(iteration.__all__) | set(continuous.__all__))
     for name in theory.__all__:
         assert callable(getattr(theory, name)), name

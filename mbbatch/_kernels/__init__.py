@@ -16,7 +16,9 @@ Modules
   cluster's routers) and :mod:`.programs` (a cluster's multi-call programs);
 - :mod:`.controller`: Algorithms 1, 2, 4, 6 and 7;
 - :mod:`.laps`: LAPS's prefill instances behind its router, entry point
-  :func:`.laps.run`.
+  :func:`.laps.run`;
+- :mod:`.continuous`: continuous (iteration-level) batching on paged KV
+  memory, entry point :func:`.continuous.run`.
 
 They import nothing from the rest of mbbatch.
 
@@ -42,7 +44,7 @@ import hashlib
 import importlib
 from pathlib import Path
 
-from . import common, controller, dynamic, laps, multibin
+from . import common, continuous, controller, dynamic, laps, multibin
 from .common import CACHE
 
 __all__ = ["CACHE", "warmup"]
@@ -60,6 +62,7 @@ def warmup() -> None:
     dynamic.warmup()
     controller.warmup()
     laps.warmup()
+    continuous.warmup()
 
 
 def _drop_stale_caches(modules) -> None:

@@ -13,7 +13,8 @@ one :class:`~mbbatch.SimulationResult`.  A policy names its planner
 - :mod:`.multibin`: the multi-bin paper's kernel;
 - :mod:`.tokens`: the event kernel of the token-level policies;
 - :mod:`.cluster`: the event kernel with engines, a router and programs;
-- :mod:`.laps`: LAPS's prefill instances, and its decode stage.
+- :mod:`.laps`: LAPS's prefill instances, and its decode stage;
+- :mod:`.continuous`: the continuous-batching engine.
 
 :mod:`.common` holds what they share, the metrics of a run assembled from the
 metric table among it (:func:`.common.assemble`).
@@ -26,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from ..results import SimulationResult
-from . import cluster, laps, multibin, tokens
+from . import cluster, continuous, laps, multibin, tokens
 
 __all__ = ["Plan", "Planner", "PLANNERS"]
 
@@ -51,4 +52,5 @@ class Planner(Protocol):
 
 
 #: the planners by the name a policy declares
-PLANNERS: dict = {"multibin": multibin, "tokens": tokens, "cluster": cluster, "laps": laps}
+PLANNERS: dict = {"multibin": multibin, "tokens": tokens, "cluster": cluster, "laps": laps,
+                  "continuous": continuous}

@@ -10,5 +10,8 @@ token-level policy, how the event kernel runs it.  The registry
 - :mod:`.dynamic`: :class:`~mbbatch.DynamicBatching` and
   :class:`~mbbatch.MultiBinDynamic`;
 - :mod:`.laps`: :class:`~mbbatch.LAPS`;
-- :mod:`.cluster`: :class:`~mbbatch.Cluster` and its programs and events.
+- :mod:`.cluster`: :class:`~mbbatch.Cluster` and its programs and events;
+- :mod:`.spf`: :class:`~mbbatch.ShortestPredictedFirst`;
+- :mod:`.continuous`: :class:`~mbbatch.ContinuousBatching`, an engine that
+  batches at every iteration.
 """

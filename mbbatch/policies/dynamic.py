@@ -51,7 +51,7 @@ class DynamicBatching(Policy):
 
     kind: ClassVar[str] = "dynamic"
     planner: ClassVar[str] = "tokens"
-    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "ttft", "controller"})
+    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "controller"})
     settings: ClassVar[tuple] = ("d_sla", "eps_d", "b_min", "b_max", "controller", "memory", "eta", "eps_m",
                                  "servers")
     engine: ClassVar[bool] = True

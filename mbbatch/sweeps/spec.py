@@ -229,6 +229,14 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("selection", required=False),
     _sp("bin_edges", required=False),
     _sp("warmup", required=False),
+    # continuous batching: the engine's limits, memory and admission order
+    _sp("max_num_seqs", required=False),
+    _sp("max_batched_tokens", required=False),
+    _sp("chunked_prefill", required=False),
+    _sp("kv_tokens", required=False),
+    _sp("block_size", required=False),
+    _sp("admission", required=False),
+    _sp("admission_bins", required=False, key="ContinuousBatching.bins"),
     # LAPS: its instances and router, and its prefill model
     _sp("instances", required=False, key="LAPS.instances"),
     _sp("laps_threshold", required=False, key="LAPS.threshold"),

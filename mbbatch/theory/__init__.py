@@ -18,10 +18,15 @@ A measured engine: :func:`iteration_batch_service_time` (eq. 2 with a batch
 timed by an ``IterationModel``, exact for whole-token lengths,
 :func:`integer_lengths`).
 
+Continuous batching: :func:`continuous_capacity` (Li, Dai and Peng, 2025,
+arXiv:2504.07347: the stability limit of an engine whose iterations cost
+the tokens they process).
+
 Pure numpy/scipy; no randomness.  See ``theory/NOTES.md`` in the repository
 for the assumptions of each formula and the paper's errata.
 """
 
+from .continuous import continuous_capacity
 from .exponential import (
     exponential_boundaries,
     exponential_service_bound,
@@ -55,4 +60,5 @@ __all__ = [
     "optimal_boundaries",
     "iteration_batch_service_time",
     "integer_lengths",
+    "continuous_capacity",
 ]

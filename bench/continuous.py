@@ -1,0 +1,82 @@
+"""`make bench`, continuous batching: requests/s of mb.ContinuousBatching at
+n = 10^7 on one core, Poisson arrivals at 80 % of the engine's saturated
+throughput, log-normal prompts and outputs (medians 256 and 128 tokens,
+sigma 0.8), chunked prefill, the default hardware profile (H100, Llama-3-8B),
+a KV cache of 60,000 tokens (it binds now and then: preemptions); and the
+cost per request at max_num_seqs 64 against 1,024 (each at 80 % of its own
+saturated throughput).
+
+Targets: at least 5 million requests/s at max_num_seqs = 256; 1,024's time
+per request within 1.5 times 64's.  Run alone (``python bench/continuous.py``)
+or through ``bench/run.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+from statistics import median
+
+import scipy.stats as st
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mbbatch as mb  # noqa: E402
+
+#: requests/s at max_num_seqs = 256
+TARGET = 5e6
+#: 1,024 sequences' time per request over 64's
+SCALING_TARGET = 1.5
+#: the KV cache, tokens
+KV_TOKENS = 60_000.0
+#: the share of the saturated throughput the runs are offered
+LOAD = 0.8
+
+
+def _workload():
+    return mb.Workload(prompt=st.lognorm(0.8, scale=256), output=st.lognorm(0.8, scale=128))
+
+
+def _rate(policy, wl) -> float:
+    """80 % of the engine's saturated throughput (10^6 requests)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mb.UnstableWarning)
+        sat = mb.simulate(policy, arrivals=mb.Saturated(), workload=wl, n=1_000_000, seed=0).throughput
+    return LOAD * sat
+
+
+def bench_continuous(n: int = 10_000_000, runs: int = 3) -> list:
+    """``[(max_num_seqs, median seconds, result of the last run), ...]`` at
+    64, 256 and 1,024 running sequences."""
+    mb.warmup()
+    wl = _workload()
+    out = []
+    for seqs in (64, 256, 1024):
+        policy = mb.ContinuousBatching(max_num_seqs=seqs, kv_tokens=KV_TOKENS)
+        rate = _rate(policy, wl)
+        times = []
+        for r in range(runs):
+            t0 = time.process_time()
+            res = mb.simulate(policy, arrivals=mb.Poisson(rate), workload=wl, n=n, seed=r)
+            times.append(time.process_time() - t0)
+        out.append((seqs, median(times), res))
+    return out
+
+
+def main():
+    n = 10_000_000
+    got = bench_continuous(n)
+    for seqs, t, res in got:
+        print(f"ContinuousBatching(max_num_seqs={seqs}), 80 % load, n={n:.0e}: {t:.3f} s, {n / t / 1e6:.1f} M "
+              f"requests/s; {res.preemptions:,} preemptions, mean running {res.mean_running:.0f}"
+              + (f" (target >= {TARGET / 1e6:g} M) {'PASS' if n / t >= TARGET else 'FAIL'}" if seqs == 256 else ""))
+    ratio = got[2][1] / got[0][1]
+    print(f"time per request, 1,024 sequences / 64: {ratio:.2f} (target <= {SCALING_TARGET:g}) "
+          f"{'PASS' if ratio <= SCALING_TARGET else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,630 @@
+"""The continuous-batching kernel: one engine that batches at every iteration.
+
+Requests arrive (:func:`~.common.draw_arrivals`) with whole-token prompt and
+output lengths and a predicted output (drawn before the run).  At each
+iteration boundary the engine schedules one iteration:
+
+- *decodes*: every running sequence whose prompt is prefilled steps one
+  token.  Its KV cache takes blocks of ``block_size`` tokens; a sequence of
+  ``L`` tokens holds ``ceil(L / block_size)`` blocks, and one about to grow
+  past a full block takes a new one.  While the blocks the decodes need
+  exceed the free ones, the most recently admitted running sequence is
+  preempted (recompute: its blocks are freed, it goes back to the head of the
+  queue, and its prompt and generated tokens are prefilled again on resume);
+- *prefill*: with ``chunked`` (Agrawal et al., 2024, "Taming
+  throughput-latency tradeoff in LLM inference with Sarathi-Serve",
+  arXiv:2403.02310; vLLM's V1 scheduler), the decodes count one token each
+  against the iteration's budget of ``max_batched_tokens``, the prompts being
+  prefilled take chunks of what is left in admission order, then waiting
+  requests are admitted (each with a chunk) while the budget lasts, the
+  running count is below ``max_num_seqs`` and the free blocks hold the new
+  sequence's prompt (and its first token); without it (Yu et al., 2022,
+  "Orca", OSDI; vLLM's V0 scheduler), an iteration that can admit the
+  waiting head prefills whole prompts (as many as the budget, the count and
+  the blocks allow) and pauses the decodes, else it decodes.  The waiting
+  head is a preempted request (the last preempted first), else the next by
+  the admission order: first come first served, shortest predicted output
+  first (ties in arrival order), or multi-bin (bins by predicted output
+  between ``edges``, each first come first served, served round robin).
+  Admission stops at the first request that does not fit.
+
+An iteration takes ``step + setup [if it prefills] + prefill_per_token x
+(tokens prefilled) + per_sequence x (sequences decoded) + per_context x
+(their context tokens)`` (:class:`mbbatch.IterationModel`; a sequence of
+prompt ``p`` with ``g`` tokens generated attends over ``p + g``).  At its
+end each decoded sequence has its next token, each prompt whose prefill
+completes its first token (a resumed one its next), and the sequences with
+all their output leave, freeing their blocks.  An idle engine waits for the
+next arrival.  Arrivals at an iteration's end join before the next is
+scheduled.
+
+The loop never visits every running sequence at an iteration: a decode
+round is a counter, and a sequence joining the decodes records the round it
+joined at, so that its length, its completion round (a heap), the decodes'
+context (a sum) and the new blocks a round takes (a count per block phase)
+follow in O(1) or O(log n) per event; the gaps between tokens are counted
+per group of sequences whose last token came at the same instant.
+
+Pure numba on arrays and scalars; the Python side is
+:mod:`mbbatch.planners.continuous`.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, check_stop, draw_arrivals, drawers,
+                     hist_bucket, kernel, step)
+from .layout import Arrays, Layout
+from .programs import _heap_pop, _heap_push
+
+#: admission orders
+ADMIT_FCFS, ADMIT_SPF, ADMIT_MULTIBIN = 0, 1, 2
+ADMISSIONS = {"fcfs": ADMIT_FCFS, "spf": ADMIT_SPF, "multibin": ADMIT_MULTIBIN}
+#: the kernel's codes: done, stopped (Ctrl-C), stalled (a bug: work waits, nothing runs)
+DONE, STOPPED, STALLED = 0, 1, 3
+#: no limit on the KV blocks
+UNLIMITED = 1 << 62
+
+#: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
+CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
+                                        "blocks", "block_size", "admission", "bins", "keep"),
+                floats=("rate", "setup", "step", "prefill_per_token", "per_sequence", "per_context"))
+#: read-only inputs: replayed arrival times, the arrival process's
+#: parameters and change times, the requests' lengths (whole tokens) and
+#: predicted outputs, the bins' inner edges (tokens)
+INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
+                arrival_ends=np.float64, prompt=np.float64, output=np.float64, prediction=np.float64,
+                edges=np.float64)
+ContinuousInputs = INPUTS.type
+#: the random streams: arrival gaps
+ContinuousStreams = namedtuple("ContinuousStreams", ("arrival",))
+STATS = Layout("continuous statistics", ints=("completed", "iterations", "rounds", "preemptions", "recomputed",
+                                              "prefill_tokens", "tokens", "tbt_count", "max_running",
+                                              "ts_rows", "ts_stride"),
+               floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft", "sum_tbt",
+                       "running_time", "blocks_time", "waiting_time", "sum_batch"))
+#: the outputs: histograms of the latency, the time to first token and the
+#: time between tokens (every gap between two tokens of a request), the
+#: latencies summed per group of arrivals (batch means), the iterations by
+#: the sequences they process (decodes and prefill chunks), and the time series
+#: (:data:`TS` columns, a row every ``ts_stride`` iterations, the stride
+#: doubling whenever the rows fill)
+OUTPUTS = Arrays("ContinuousOutputs", __name__, ints=np.int64, floats=np.float64, hist=np.int64,
+                 hist_ttft=np.int64, hist_tbt=np.int64, group_latency=np.float64, group_count=np.int64,
+                 ts=(np.float64, 2), size_hist=np.int64)
+ContinuousOutputs = OUTPUTS.type
+#: per-request records (``keep``): preemptions; arrival, first admission,
+#: first token and completion
+REQUESTS = Layout("continuous requests", ints=("preemptions",),
+                  floats=("arrival", "admitted", "first_token", "completion"))
+#: the kernel's arrays: per request its arrival, tokens generated, tokens
+#: prefilled and to prefill at its admission, the round it joined the
+#: decodes at, its completion round (-1: not decoding), its links in the
+#: running list (admission order) and in a bin's queue, the time of its last
+#: token (at joining the decodes, or when preempted); the heaps (completion
+#: rounds; predictions), the resumption stack, the prefill queue, the bins'
+#: heads and tails, the decodes per block phase, the groups of decodes by
+#: their last token's time, the scratch of an iteration's prefill chunks,
+#: and the arrival drawer's address
+WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, pre=np.int64, need=np.int64,
+                   d0=np.int64, fin=np.int64, prv=np.int64, nxt=np.int64, qnext=np.int64, last=np.float64,
+                   hk=np.int64, hid=np.int64, sk=np.float64, sid=np.int64, stack=np.int64, pq=np.int64,
+                   bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
+                   draws=np.int64)
+ContinuousWorkspace = WORKSPACE.type
+
+#: the time series' columns
+TS = namedtuple("TS", ("time", "running", "waiting", "kv_blocks"))(0, 1, 2, 3)
+
+C = CONFIG.index
+S = STATS.index
+RQ = REQUESTS.index
+
+
+@step
+def _blocks(tokens, bs):
+    """Blocks of ``bs`` tokens that hold ``tokens``."""
+    return (tokens + bs - 1) // bs
+
+
+@step
+def _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K):
+    """The request admitted next (-1: none waits): the last preempted, else
+    the admission order's next: the first arrived (``qh``), the top of the
+    predictions' heap, or the head of the first bin holding one from the
+    round-robin pointer ``rr`` on."""
+    if nstack > 0:
+        return stack[nstack - 1]
+    if waiting == 0:
+        return -1
+    if adm == ADMIT_FCFS:
+        return qh
+    if adm == ADMIT_SPF:
+        return sid[0]
+    for off in range(K):
+        b = rr + off
+        if b >= K:
+            b -= K
+        if bh[b] >= 0:
+            return bh[b]
+    return -1
+
+
+@step
+def _leave(r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f):
+    """Request r completes at ``now``: out of the running list (``head``,
+    ``tail``: returned as they are after), its latency into the histogram
+    and its batch-means group, its record kept."""
+    if prv[r] >= 0:
+        nxt[prv[r]] = nxt[r]
+    else:
+        head = nxt[r]
+    if nxt[r] >= 0:
+        prv[nxt[r]] = prv[r]
+    else:
+        tail = prv[r]
+    lat = now - arrival[r]
+    out.hist[hist_bucket(lat)] += 1
+    g = (r * out.group_latency.shape[0]) // n
+    out.group_latency[g] += lat
+    out.group_count[g] += 1
+    if keep:
+        r_f[RQ.completion, r] = now
+    return head, tail
+
+
+@kernel
+def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
+    """Simulate the run ``config``; statistics and records are written in
+    place.  Returns :data:`DONE`, :data:`STOPPED` once ``stop[STOP]`` was
+    set (checked every 65,536 iterations, when ``stop[ARRIVED]`` gets the
+    requests arrived so far), or :data:`STALLED`."""
+    ci, cf = config
+    n = ci[C.n]
+    M = ci[C.max_num_seqs]
+    B = ci[C.max_batched_tokens]
+    chunked = ci[C.chunked] != 0
+    bs = ci[C.block_size]
+    free = ci[C.blocks] if ci[C.blocks] >= 0 else UNLIMITED
+    adm = ci[C.admission]
+    K = ci[C.bins]
+    keep = ci[C.keep] != 0
+    rate = cf[C.rate]
+    setup = cf[C.setup]
+    step_t = cf[C.step]
+    ppt = cf[C.prefill_per_token]
+    per_seq = cf[C.per_sequence]
+    per_ctx = cf[C.per_context]
+    inv_rate = 1.0 / rate if rate > 0.0 else 0.0
+
+    arrival = ws.arrival
+    gen = ws.gen
+    pre = ws.pre
+    need = ws.need
+    d0 = ws.d0
+    fin = ws.fin
+    prv = ws.prv
+    nxt = ws.nxt
+    qnext = ws.qnext
+    last = ws.last
+    hk = ws.hk
+    hid = ws.hid
+    sk = ws.sk
+    sid = ws.sid
+    stack = ws.stack
+    pq = ws.pq
+    bh = ws.bh
+    bt = ws.bt
+    phase = ws.phase
+    gt = ws.gt
+    gc = ws.gc
+    chunk = ws.chunk
+    prompt = inputs.prompt
+    output = inputs.output
+    prediction = inputs.prediction
+    edges = inputs.edges
+    hist_ttft = out.hist_ttft
+    hist_tbt = out.hist_tbt
+    r_i = requests[0]
+    r_f = requests[1]
+    PQ = pq.shape[0]
+    ts = out.ts
+    ts_max = ts.shape[0]
+    ts_rows = 0
+    ts_stride = 1
+
+    draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
+                  inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
+    for b in range(K):
+        bh[b] = -1
+        bt[b] = -1
+    for j in range(bs):
+        phase[j] = 0
+
+    # the running list (admission order), the decodes, the prefill queue (a ring), the waiting requests
+    head = -1
+    tail = -1
+    running = 0
+    n_dec = 0
+    s0 = 0          # sum over the decodes of prompt + generated - joined round
+    hsize = 0       # completion heap
+    ssize = 0       # spf heap
+    nstack = 0
+    pq_h = 0
+    pq_n = 0
+    qh = 0          # fcfs: the first waiting request (arrived: qh .. i - 1)
+    waiting = 0
+    rr = 0
+    rounds = 0      # decode rounds done
+    n_main = 0      # decodes whose last token came at the last round's end, t_round
+    t_round = 0.0
+    ng = 0          # groups of decodes that joined since the last round: (gt, gc)
+
+    completed = 0
+    iterations = 0
+    preemptions = 0
+    recomputed = 0
+    prefill_tokens = 0
+    tokens = 0
+    tbt_count = 0
+    max_running = 0
+    busy = 0.0
+    sum_lat = 0.0
+    sum_ttft = 0.0
+    sum_tbt = 0.0
+    running_time = 0.0
+    blocks_time = 0.0
+    waiting_time = 0.0
+    sum_batch = 0
+    blocks_total = free
+    last_done = -np.inf
+    now = 0.0
+    i = 0
+    code = DONE
+    while True:
+        if (iterations & 65535) == 0:
+            if stop[STOP] != 0:
+                code = STOPPED
+                break
+            stop[ARRIVED] = i
+        # arrivals up to now join the waiting requests
+        while i < n and arrival[i] <= now:
+            if adm == ADMIT_SPF:
+                ssize = _heap_push(sk, sid, ssize, prediction[i], i)
+            elif adm == ADMIT_MULTIBIN:
+                b = 0
+                while b < K - 1 and prediction[i] >= edges[b]:
+                    b += 1
+                qnext[i] = -1
+                if bt[b] >= 0:
+                    qnext[bt[b]] = i
+                else:
+                    bh[b] = i
+                bt[b] = i
+            waiting += 1
+            i += 1
+        if running == 0 and waiting == 0 and nstack == 0:
+            if i >= n:
+                break
+            now = arrival[i] if arrival[i] > now else now
+            continue
+        iterations += 1
+        if (iterations & 65535) == 0:
+            stop[ARRIVED] = i
+
+        # the waiting head: the last preempted, else the admission order's next (-1: none)
+        nxt_r = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
+        prefill_phase = False
+        if not chunked and nxt_r >= 0 and running < M:
+            if _blocks(np.int64(prompt[nxt_r]) + gen[nxt_r] + 1, bs) <= free:
+                prefill_phase = True
+        n_d = 0
+        ctx = 0
+        if chunked or not prefill_phase:
+            # the decodes' new blocks: preempt the most recently admitted while they do not fit
+            want = phase[(-rounds) % bs] if n_dec > 0 else 0
+            while want > free:
+                r = tail
+                tail = prv[r]
+                if tail >= 0:
+                    nxt[tail] = -1
+                else:
+                    head = -1
+                running -= 1
+                p = np.int64(prompt[r])
+                if fin[r] >= 0:
+                    # a decode: its length now, then out of the decodes
+                    gj = gen[r]
+                    g = gj + rounds - d0[r]
+                    gen[r] = g
+                    n_dec -= 1
+                    s0 -= p + gj - d0[r]
+                    phase[(p + gj - d0[r]) % bs] -= 1
+                    fin[r] = -1
+                    if d0[r] < rounds:
+                        n_main -= 1
+                        last[r] = t_round
+                    else:
+                        for k in range(ng):
+                            if gt[k] == last[r]:
+                                gc[k] -= 1
+                                break
+                    free += _blocks(p + g, bs)
+                else:
+                    # prefilling: the last of the prefill queue
+                    pq_n -= 1
+                    free += _blocks(need[r] + 1, bs)
+                preemptions += 1
+                if keep:
+                    r_i[RQ.preemptions, r] += 1
+                stack[nstack] = r
+                nstack += 1
+                want = phase[(-rounds) % bs] if n_dec > 0 else 0
+            free -= want
+            n_d = n_dec
+            ctx = s0 + n_dec * rounds
+        budget = B - n_d
+        nc = 0
+        ptok = 0
+        if chunked:
+            # the prompts being prefilled, in admission order
+            for k in range(pq_n):
+                if budget <= 0:
+                    break
+                r = pq[(pq_h + k) % PQ]
+                c = need[r] - pre[r]
+                if c > budget:
+                    c = budget
+                chunk[nc] = c
+                nc += 1
+                budget -= c
+                ptok += c
+        if chunked or prefill_phase:
+            while budget > 0 and running < M:
+                r = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
+                from_stack = nstack > 0
+                if r < 0:
+                    break
+                L0 = np.int64(prompt[r]) + gen[r]
+                nb = _blocks(L0 + 1, bs)
+                if nb > free or (not chunked and L0 > budget):
+                    break
+                # admitted
+                if from_stack:
+                    nstack -= 1
+                    recomputed += L0
+                else:
+                    waiting -= 1
+                    if adm == ADMIT_FCFS:
+                        qh += 1
+                    elif adm == ADMIT_SPF:
+                        _, _, ssize = _heap_pop(sk, sid, ssize)
+                    else:
+                        for off in range(K):
+                            b = rr + off
+                            if b >= K:
+                                b -= K
+                            if bh[b] == r:
+                                bh[b] = qnext[r]
+                                if bh[b] < 0:
+                                    bt[b] = -1
+                                rr = b + 1 if b + 1 < K else 0
+                                break
+                    if keep:
+                        r_f[RQ.admitted, r] = now
+                free -= nb
+                need[r] = L0
+                pre[r] = 0
+                fin[r] = -1
+                prv[r] = tail
+                nxt[r] = -1
+                if tail >= 0:
+                    nxt[tail] = r
+                else:
+                    head = r
+                tail = r
+                running += 1
+                pq[(pq_h + pq_n) % PQ] = r
+                pq_n += 1
+                c = L0 if L0 < budget else budget
+                chunk[nc] = c
+                nc += 1
+                budget -= c
+                ptok += c
+        if n_d == 0 and nc == 0:
+            if running > 0:
+                code = STALLED
+                break
+            if i >= n:
+                break
+            now = arrival[i] if arrival[i] > now else now
+            iterations -= 1
+            continue
+        if running > max_running:
+            max_running = running
+        t = step_t + (setup if ptok > 0 else 0.0) + ppt * ptok + per_seq * n_d + per_ctx * ctx
+        used = blocks_total - free
+        sum_batch += n_d + nc
+        out.size_hist[n_d + nc] += 1
+        if iterations % ts_stride == 0:
+            if ts_rows == ts_max:
+                # full: every other row kept, the stride doubled
+                for k in range(ts_max // 2):
+                    for col in range(4):
+                        ts[k, col] = ts[2 * k + 1, col]
+                ts_rows = ts_max // 2
+                ts_stride *= 2
+            if iterations % ts_stride == 0:
+                ts[ts_rows, TS.time] = now
+                ts[ts_rows, TS.running] = running
+                ts[ts_rows, TS.waiting] = waiting + nstack
+                ts[ts_rows, TS.kv_blocks] = used if blocks_total < UNLIMITED else -1.0
+                ts_rows += 1
+        running_time += running * t
+        blocks_time += used * t
+        waiting_time += (waiting + nstack) * t
+        now = now + t
+        busy += t
+        prefill_tokens += ptok
+        if n_d > 0:
+            # a decode round: the gaps since each group's last token
+            gap = now - t_round
+            if n_main > 0:
+                hist_tbt[hist_bucket(gap)] += n_main
+                sum_tbt += n_main * gap
+                tbt_count += n_main
+            for k in range(ng):
+                if gc[k] > 0:
+                    gap = now - gt[k]
+                    hist_tbt[hist_bucket(gap)] += gc[k]
+                    sum_tbt += gc[k] * gap
+                    tbt_count += gc[k]
+            ng = 0
+            rounds += 1
+            n_main = n_d
+            t_round = now
+            tokens += n_d
+            # the decodes done with this round leave
+            while hsize > 0 and hk[0] <= rounds:
+                r = hid[0]
+                key = hk[0]
+                _, _, hsize = _heap_pop(hk, hid, hsize)
+                if fin[r] != key:
+                    continue
+                p = np.int64(prompt[r])
+                g0 = gen[r]
+                s0 -= p + g0 - d0[r]
+                phase[(p + g0 - d0[r]) % bs] -= 1
+                n_dec -= 1
+                n_main -= 1
+                fin[r] = -1
+                gen[r] = np.int64(output[r])
+                free += _blocks(p + gen[r], bs)
+                head, tail = _leave(r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
+                running -= 1
+                sum_lat += now - arrival[r]
+                completed += 1
+                last_done = now
+        # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
+        joined = 0
+        for k in range(nc):
+            r = pq[pq_h]
+            pre[r] += chunk[k]
+            if pre[r] < need[r]:
+                break
+            pq_h = pq_h + 1 if pq_h + 1 < PQ else 0
+            pq_n -= 1
+            g = gen[r]
+            if g == 0:
+                ttft = now - arrival[r]
+                sum_ttft += ttft
+                hist_ttft[hist_bucket(ttft)] += 1
+                if keep:
+                    r_f[RQ.first_token, r] = now
+            else:
+                gap = now - last[r]
+                hist_tbt[hist_bucket(gap)] += 1
+                sum_tbt += gap
+                tbt_count += 1
+            g += 1
+            gen[r] = g
+            tokens += 1
+            p = np.int64(prompt[r])
+            if g >= np.int64(output[r]):
+                free += _blocks(p + g, bs)
+                head, tail = _leave(r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
+                running -= 1
+                sum_lat += now - arrival[r]
+                completed += 1
+                last_done = now
+                continue
+            # it joins the decodes at this round
+            d0[r] = rounds
+            last[r] = now
+            key = rounds + np.int64(output[r]) - g
+            fin[r] = key
+            hsize = _heap_push(hk, hid, hsize, key, r)
+            s0 += p + g - rounds
+            phase[(p + g - rounds) % bs] += 1
+            n_dec += 1
+            joined += 1
+        if joined > 0:
+            gt[ng] = now
+            gc[ng] = joined
+            ng += 1
+    st_i, st_f = out.ints, out.floats
+    st_i[S.completed] = completed
+    st_i[S.iterations] = iterations
+    st_i[S.rounds] = rounds
+    st_i[S.preemptions] = preemptions
+    st_i[S.recomputed] = recomputed
+    st_i[S.prefill_tokens] = prefill_tokens
+    st_i[S.tokens] = tokens
+    st_i[S.tbt_count] = tbt_count
+    st_i[S.max_running] = max_running
+    st_i[S.ts_rows] = ts_rows
+    st_i[S.ts_stride] = ts_stride
+    st_f[S.sum_batch] = sum_batch
+    st_f[S.first_arrival] = arrival[0] if n > 0 else np.nan
+    st_f[S.last_completion] = last_done
+    st_f[S.busy] = busy
+    st_f[S.sum_latency] = sum_lat
+    st_f[S.sum_ttft] = sum_ttft
+    st_f[S.sum_tbt] = sum_tbt
+    st_f[S.running_time] = running_time
+    st_f[S.blocks_time] = blocks_time if blocks_total < UNLIMITED else 0.0
+    st_f[S.waiting_time] = waiting_time
+    if keep:
+        for r in range(n):
+            r_f[RQ.arrival, r] = arrival[r]
+    return code
+
+
+def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.ndarray, *, groups: int = 1,
+        ts_rows: int = 2):
+    """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``:
+    returns ``(outputs, requests, code)``: the statistics as
+    ``STATS.unpack((outputs.ints, outputs.floats))``, the per-request
+    records as ``{field: row}`` (None without ``keep``) and the kernel's
+    code; ``groups`` batch-means groups of arrivals and a time series of at
+    most ``ts_rows`` rows (even)."""
+    check_stop(stop)
+    cfg = CONFIG.unpack(config)
+    n, M, bs, K = cfg["n"], cfg["max_num_seqs"], cfg["block_size"], cfg["bins"]
+    ints, floats = STATS.zeros(last_completion=-np.inf)
+    out = OUTPUTS.pack(ints=ints, floats=floats, hist=np.zeros(HIST_SIZE, np.int64),
+                       hist_ttft=np.zeros(HIST_SIZE, np.int64), hist_tbt=np.zeros(HIST_SIZE, np.int64),
+                       group_latency=np.zeros(groups), group_count=np.zeros(groups, np.int64),
+                       ts=np.zeros((2 * (ts_rows // 2), len(TS))), size_hist=np.zeros(M + 1, np.int64))
+    requests = REQUESTS.records(n if cfg["keep"] else 0, fill=0)
+    if cfg["keep"]:
+        requests[1][:] = np.nan
+    # (a request is on the completion heap once per time it joins the decodes: n + its preemptions; the
+    # heap drops stale entries as it reaches them, so n + M bounds it where the decodes ever number M)
+    heap = n + M + 1
+    ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.zeros(n, np.int64), pre=np.zeros(n, np.int64),
+                        need=np.zeros(n, np.int64), d0=np.zeros(n, np.int64), fin=np.full(n, -1, np.int64),
+                        prv=np.empty(n, np.int64), nxt=np.empty(n, np.int64), qnext=np.empty(n, np.int64),
+                        last=np.zeros(n), hk=np.empty(heap, np.int64), hid=np.empty(heap, np.int64),
+                        sk=np.empty(n if cfg["admission"] == ADMIT_SPF else 1),
+                        sid=np.empty(n if cfg["admission"] == ADMIT_SPF else 1, np.int64),
+                        stack=np.empty(n, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),
+                        bt=np.empty(K, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
+                        gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
+                        draws=drawers(cfg["arrival_kind"]))
+    code = continuous_kernel(config, inputs, streams, out, requests, ws, stop)
+    return out, (REQUESTS.rows(requests) if cfg["keep"] else None), code
+
+
+def warmup() -> None:
+    """Compile the kernel (or load it from the cache) on a tiny input."""
+    config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
+                         block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, rate=1.0, setup=0.0, step=0.01,
+                         prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6)
+    x = np.full(4, 3.0)
+    inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
+                         prompt=x, output=x, prediction=x, edges=np.array([2.0]))
+    run(config, inputs, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64))

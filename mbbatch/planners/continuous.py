@@ -1,0 +1,220 @@
+"""The planner of continuous batching (:mod:`mbbatch._kernels.continuous`):
+one engine batching at every iteration, timed by an
+:class:`~mbbatch.IterationModel`."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import stats
+from .._kernels import common as _common
+from .._kernels import continuous as _k
+from .._running import check_memory, interruptible, stop_flag
+from .._seeding import STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
+from ..predictors import LogNormalError, Oracle, Predictions
+from ..results import SimulationResult, Table
+from ..service_models import IterationModel
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
+                     check_times, finish, lengths, model_config, quantiles, resolve_n, rvs_memory, steady_state)
+
+__all__ = ["Plan", "check"]
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A checked continuous-batching run, ready to allocate and simulate."""
+
+    policy: object
+    arrivals: object
+    workload: object
+    model: IterationModel
+    predictor: object
+    n: int
+    keep_requests: bool
+    memory: int
+
+    servers = 1
+    keep_batches = False
+
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
+        """Simulate with the seed ``ss`` (``warn`` and ``progress`` as the other plans')."""
+        return _run(self, ss, warn, progress)
+
+    @functools.cached_property
+    def edges(self) -> np.ndarray:
+        """The multi-bin admission's inner edges (tokens of predicted output)."""
+        pol = self.policy
+        if pol.admission != "multibin" or pol.bins == 1:
+            return np.empty(0)
+        if pol.edges is not None:
+            return np.asarray(pol.edges, dtype=float)
+        return np.asarray(self.workload._output.equal_mass_edges(pol.bins)[1:-1], dtype=float)
+
+    @functools.cached_property
+    def kernel_args(self) -> tuple:
+        """The kernel's run configuration and the arrival inputs."""
+        pol, m = self.policy, self.model
+        akind, rate, times, aparams, aends = self.arrivals.kernel_fields(self.n)
+        blocks = -1 if math.isinf(pol.kv_tokens) else int(pol.kv_tokens // pol.block_size)
+        config = _k.CONFIG.pack(
+            n=self.n, arrival_kind=akind, max_num_seqs=pol.max_num_seqs, max_batched_tokens=pol.max_batched_tokens,
+            chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
+            admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
+            rate=rate, setup=m.setup, step=m.step, prefill_per_token=m.prefill_per_token,
+            per_sequence=m.per_sequence, per_context=m.per_context_token)
+        return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
+
+    @functools.cached_property
+    def description(self) -> dict:
+        return {**self.policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
+                **model_config(self.model), "n": self.n, "servers": 1}
+
+
+def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches) -> Plan:
+    """The checked :class:`Plan` of a ``simulate`` call of
+    :class:`~mbbatch.ContinuousBatching`."""
+    if service is not None:
+        raise TypeError("ContinuousBatching takes workload=Workload(prompt=..., output=...) (and an "
+                        "IterationModel), not service=: its iterations are timed by their tokens")
+    if keep_batches:
+        raise TypeError("keep_batches: ContinuousBatching batches at every iteration and keeps no batch records; "
+                        "keep_requests=True keeps each request's admission, first token and completion")
+    if not (servers == 1 or servers is None):
+        raise ValueError(f"servers: ContinuousBatching runs one engine (servers = 1); got servers = {servers!r}")
+    model = IterationModel() if service_model is None else service_model
+    if not isinstance(model, IterationModel):
+        raise TypeError(f"service_model: ContinuousBatching's iterations are timed by an IterationModel (or a "
+                        f"profile: mb.profiles.get(name)); got {type(service_model).__name__}")
+    if not workload.integer_lengths:
+        raise ValueError("workload.integer_lengths: ContinuousBatching steps whole tokens; it must be True")
+    check_arrivals(arrivals)
+    predictor = policy.predictor
+    if not isinstance(predictor, Oracle) and workload.predictor_sigma != 0:
+        raise ValueError(f"ContinuousBatching takes one predictor: workload.predictor_sigma (a LogNormalError) or "
+                         f"ContinuousBatching(predictor=...), not both; got predictor_sigma = "
+                         f"{workload.predictor_sigma:g} and {predictor}")
+    if workload.predictor_sigma != 0:
+        predictor = LogNormalError(workload.predictor_sigma)
+    specs = [("workload.prompt", workload._prompt), ("workload.output", workload._output)]
+    n = resolve_n(n, arrivals, specs, predictor)
+    M = policy.max_num_seqs
+    parts = {
+        "n": (8 * 17 * n, "the requests' arrival times, lengths, predictions, states, links and heaps"),
+        "max_num_seqs": (8 * 4 * (M + 1), "the prefill queue and the decodes' groups"),
+        "batch_size": (3 * 8 * _common.HIST_SIZE, "the latency, first-token and between-token histograms"),
+    }
+    if keep_requests:
+        parts["keep_requests"] = (8 * 5 * n, "the per-request records")
+    parts.update(rvs_memory(specs, n))
+    memory = check_memory(parts)
+    check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "service_model")
+    return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, predictor=predictor, n=n,
+                keep_requests=bool(keep_requests), memory=memory)
+
+
+def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
+    """The requests' prompts and outputs (whole tokens: the prompt and output
+    streams, as the token-level policies' requests) and predicted outputs,
+    checked against the engine: a request that could never run is refused,
+    named, before the run."""
+    wl, n, pol = plan.workload, plan.n, plan.policy
+    prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True)
+    output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
+    pr = plan.predictor
+    if isinstance(pr, Oracle):
+        prediction = output
+    elif isinstance(pr, LogNormalError):
+        prediction = output * np.exp(pr.sigma * stream(ss, STREAM_PREDICTION).standard_normal(n))
+    elif isinstance(pr, Predictions):
+        prediction = np.resize(np.asarray(pr.values, dtype=float), n)
+    else:       # pragma: no cover (the policy refuses the others)
+        raise TypeError(f"predictor {pr!r}")
+    if math.isfinite(pol.kv_tokens):
+        capacity = int(pol.kv_tokens // pol.block_size) * pol.block_size
+        too_big = np.flatnonzero(prompt + output > capacity)
+        if too_big.size:
+            r = int(too_big[0])
+            raise ValueError(f"kv_tokens = {pol.kv_tokens:g}: request {r} (prompt {prompt[r]:g} + output "
+                             f"{output[r]:g} tokens) can never fit the {capacity} tokens of KV blocks alone "
+                             f"({too_big.size} requests cannot); raise kv_tokens or bound the lengths")
+    if not pol.chunked_prefill:
+        # a prompt (with the tokens a preempted request prefills again) must fit one iteration
+        longest = prompt + output - 1 if math.isfinite(pol.kv_tokens) else prompt
+        too_big = np.flatnonzero(longest > pol.max_batched_tokens)
+        if too_big.size:
+            r = int(too_big[0])
+            raise ValueError(f"max_batched_tokens = {pol.max_batched_tokens}: without chunked prefill a prompt "
+                             f"(and, where preemption may recompute it, its generated tokens) is prefilled in one "
+                             f"iteration; request {r} needs {longest[r]:g} tokens ({too_big.size} requests do); "
+                             "raise max_batched_tokens or turn chunked_prefill on")
+    return prompt, output, prediction
+
+
+def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
+    config, arr = plan.kernel_args
+    prompt, output, prediction = _requests(plan, ss)
+    inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges)
+    streams = _k.ContinuousStreams(stream(ss, STREAM_ARRIVALS))
+    stop = stop_flag()
+    n = plan.n
+    t0 = time.perf_counter()
+    out, req, code = interruptible(
+        lambda: _k.run(config, inputs, streams, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS),
+        stop, n if progress else None)
+    kernel_seconds = time.perf_counter() - t0
+    if code == _k.STALLED:      # pragma: no cover (a bug: the tests hold the kernel to its reference)
+        raise RuntimeError("mbbatch: the continuous-batching engine stalled with work waiting; please report this")
+    st = _k.STATS.unpack((out.ints, out.floats))
+    completed, iters = st["completed"], st["iterations"]
+    nan = math.nan
+    span = st["last_completion"] - st["first_arrival"] if completed else nan
+    positive = bool(completed) and span > 0
+    requests = None
+    if plan.keep_requests:
+        requests = Table({**req, "prompt": prompt, "output": output, "prediction": prediction,
+                          "latency": req["completion"] - req["arrival"],
+                          "ttft": req["first_token"] - req["arrival"]})
+    q = quantiles(out.hist, requests.latency if requests is not None and completed else None)
+    q_ttft = quantiles(out.hist_ttft, requests.ttft if requests is not None and completed else None)
+    q_tbt = quantiles(out.hist_tbt, None)
+    busy = st["busy"]
+    tokens = st["tokens"]
+    blocks = (int(plan.policy.kv_tokens // plan.policy.block_size) if math.isfinite(plan.policy.kv_tokens)
+              else 0)
+    extra = {
+        "token_throughput": tokens / span if positive else nan,
+        "mean_tbt": st["sum_tbt"] / st["tbt_count"] if st["tbt_count"] else nan,
+        "mean_ttft": st["sum_ttft"] / completed if completed else nan,
+        **{f"ttft_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_ttft)},
+        **{f"tbt_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_tbt)},
+        "preemptions": st["preemptions"],
+        "recomputed_tokens": st["recomputed"] / completed if completed else nan,
+        "mean_running": st["running_time"] / busy if busy > 0 else nan,
+        "kv_usage_mean": st["blocks_time"] / (busy * blocks) if busy > 0 and blocks else nan,
+    }
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
+    metrics = assemble(plan.policy.kind, RunTotals(
+        completed=completed, span=span, sum_latency=st["sum_latency"], busy=busy, servers=1, batches=iters,
+        members=st["sum_batch"], latency_quantiles=q, group_latency=g_lat), extra)
+    rows = st["ts_rows"]
+    ts = {name: out.ts[:rows, col].copy() for name, col in zip(_k.TS._fields, _k.TS)}
+    if not math.isfinite(plan.policy.kv_tokens):
+        ts.pop("kv_blocks")
+    mean_running = extra["mean_running"]
+    unstable, reason = steady_state(plan.arrivals, n, lambda start, end: stats.queue_verdict(
+        ts["time"], ts["waiting"][:, None], mean_running, start, end))
+    res = SimulationResult(
+        kind=plan.policy.kind, config={**plan.description, "seed_entropy": entropy_str(ss)}, n=n, servers=1,
+        edges=np.concatenate(([-np.inf], plan.edges, [np.inf])), metrics=metrics,
+        arrays={"latency_histogram": out.hist, "ttft_histogram": out.hist_ttft, "tbt_histogram": out.hist_tbt,
+                "group_mean_latency": g_lat, "batch_size_hist": out.size_hist},
+        requests=requests, time_series=ts, unstable=unstable, unstable_reason=reason,
+        latency_quantiles="exact" if requests is not None else HISTOGRAM_QUANTILES,
+        kernel_seconds=kernel_seconds)
+    return finish(res, warn, stacklevel=5)

@@ -1,0 +1,155 @@
+"""Continuous (iteration-level) batching: the engine vLLM, SGLang and
+TensorRT-LLM serve with, on paged KV memory, with chunked prefill and
+preemption by recomputation (:mod:`mbbatch._kernels.continuous`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .._validation import check_fields
+from ..params import default
+from ..predictors import BinConfusion, Oracle, as_predictor
+from .base import Policy
+
+__all__ = ["ContinuousBatching"]
+
+
+@dataclass(frozen=True, eq=False)
+class ContinuousBatching(Policy):
+    """An engine that batches at every iteration (Yu et al., 2022, "Orca: a
+    distributed serving system for transformer-based generative models",
+    OSDI; Kwon et al., 2023, "Efficient memory management for large language
+    model serving with PagedAttention", arXiv:2309.06180).
+
+    Each iteration, every running sequence whose prompt is prefilled decodes
+    one token, and waiting requests are admitted while fewer than
+    ``max_num_seqs`` run and the KV memory holds their prompt:
+
+    - ``chunked_prefill=True`` (Agrawal et al., 2024, Sarathi-Serve,
+      arXiv:2403.02310; vLLM's V1 scheduler): the decodes count one token
+      each against the iteration's ``max_batched_tokens``; prompts being
+      prefilled take chunks of the rest in admission order, then newly
+      admitted requests, so a prompt may span several iterations;
+    - ``chunked_prefill=False`` (Orca's and vLLM's V0 scheduler): an
+      iteration that can admit the waiting head prefills whole prompts (as
+      many as ``max_batched_tokens``, the count and the memory allow) and
+      pauses the decodes; otherwise it decodes.
+
+    KV memory holds ``kv_tokens`` tokens in blocks of ``block_size``; a
+    sequence holds the blocks of its prompt and generated tokens.  When the
+    decodes need a block and none is free, the most recently admitted
+    running sequence is preempted (recompute: its blocks freed, it returns to
+    the head of the queue, the last preempted first, and its prompt and
+    generated tokens are prefilled again when it resumes).  A request whose
+    prompt and output could never fit the memory alone (or, without chunked
+    prefill, the iteration's token budget) is refused before the run.
+
+    Admission order (``admission``): ``"fcfs"``; ``"spf"``, the smallest
+    predicted output first (ties in arrival order); ``"multibin"``, ``bins``
+    first-come-first-served queues by predicted output (between the
+    workload's output quantiles at equal mass, or ``edges`` in tokens)
+    served round robin.  Admission stops at the first waiting request that
+    does not fit (no request overtakes the head).
+
+    An iteration takes the :class:`~mbbatch.IterationModel`'s time of what
+    it does: ``step``, plus ``setup`` when it prefills, plus
+    ``prefill_per_token`` per prompt token prefilled, ``per_sequence`` per
+    sequence decoded and ``per_context_token`` per context token those
+    sequences attend over.
+
+    Parameters
+    ----------
+    max_num_seqs : int
+        Running sequences at most, >= 1; default 256 (vLLM's).
+    max_batched_tokens : int
+        Tokens an iteration processes at most (decodes one each, prefill
+        chunks), >= max_num_seqs with chunked prefill; default 2048 (vLLM's
+        with chunked prefill).
+    chunked_prefill : bool
+        Chunked prefill mixed with decodes (default), or whole prompts in
+        iterations of their own.
+    kv_tokens : float
+        KV cache capacity, tokens, > 0; default inf (memory never binds; an
+        H100 of 80 GB serving Llama-3-8B in vLLM holds about 4e5).
+    block_size : int
+        Tokens per KV block, >= 1; default 16 (vLLM's).
+    admission : {"fcfs", "spf", "multibin"}
+        The order waiting requests are admitted in.
+    bins : int
+        Bins of ``admission="multibin"``, >= 1; default 4.
+    edges : sequence of float, optional
+        Its ``bins - 1`` inner edges, tokens of predicted output, ascending.
+    predictor : Oracle, LogNormalError or Predictions, optional
+        What ``"spf"`` and ``"multibin"`` order by; default the oracle, or
+        the workload's ``predictor_sigma``.
+    """
+
+    max_num_seqs: int = default("max_num_seqs")
+    max_batched_tokens: int = default("max_batched_tokens")
+    chunked_prefill: bool = default("chunked_prefill")
+    kv_tokens: float = default("kv_tokens")
+    block_size: int = default("block_size")
+    admission: str = default("admission")
+    bins: int = default("ContinuousBatching.bins")
+    edges: tuple | None = None
+    predictor: object = None
+
+    kind: ClassVar[str] = "continuous"
+    planner: ClassVar[str] = "continuous"
+    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",
+                                              "continuous"})
+    settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
+                                 "admission", "admission_bins", "predictor_sigma")
+    models: ClassVar[tuple] = ("iteration", "profile")
+
+    def __post_init__(self):
+        check_fields(self, {"max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens",
+                            "chunked_prefill": "chunked_prefill", "kv_tokens": "kv_tokens",
+                            "block_size": "block_size", "admission": "admission",
+                            "bins": "ContinuousBatching.bins"})
+        if self.chunked_prefill and self.max_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_batched_tokens = {self.max_batched_tokens} must be >= max_num_seqs = "
+                             f"{self.max_num_seqs} with chunked prefill: every running sequence's decode takes one "
+                             "token of the iteration's budget")
+        if math.isfinite(self.kv_tokens) and self.kv_tokens < self.block_size:
+            raise ValueError(f"kv_tokens = {self.kv_tokens:g} must hold at least one block of block_size = "
+                             f"{self.block_size} tokens")
+        if self.edges is not None:
+            e = tuple(float(x) for x in self.edges)
+            if self.admission != "multibin":
+                raise ValueError(f"edges are the bins of admission='multibin'; admission is {self.admission!r}")
+            if len(e) != self.bins - 1 or any(not math.isfinite(x) for x in e) or list(e) != sorted(set(e)):
+                raise ValueError(f"edges must be bins - 1 = {self.bins - 1} finite, strictly ascending inner edges "
+                                 f"(tokens); got {self.edges!r}")
+            object.__setattr__(self, "edges", e)
+        predictor = as_predictor(self.predictor)
+        if isinstance(predictor, BinConfusion):
+            raise TypeError("predictor: ContinuousBatching orders by predicted lengths; bin confusion has no "
+                            "lengths: use mb.Oracle(), mb.LogNormalError(sigma) or mb.Predictions(values)")
+        object.__setattr__(self, "predictor", predictor)
+
+    def describe(self) -> dict:
+        d = {"policy": self.kind, "max_num_seqs": self.max_num_seqs, "max_batched_tokens": self.max_batched_tokens,
+             "chunked_prefill": self.chunked_prefill,
+             "kv_tokens": "inf" if math.isinf(self.kv_tokens) else self.kv_tokens, "block_size": self.block_size,
+             "admission": self.admission}
+        if self.admission == "multibin":
+            d["bins"] = self.bins
+            if self.edges is not None:
+                d["edges"] = list(self.edges)
+        if not isinstance(self.predictor, Oracle):
+            d.update(self.predictor.describe())
+        return d
+
+    @classmethod
+    def from_spec(cls, params: dict, ctx) -> "ContinuousBatching":
+        """A cell's engine: its settings and log-normal predictor."""
+        from ..predictors import LogNormalError
+
+        sigma = params.get("predictor_sigma", 0.0)
+        return cls(max_num_seqs=params["max_num_seqs"], max_batched_tokens=params["max_batched_tokens"],
+                   chunked_prefill=params["chunked_prefill"], kv_tokens=params["kv_tokens"],
+                   block_size=params["block_size"], admission=params["admission"], bins=params["admission_bins"],
+                   predictor=LogNormalError(sigma) if sigma > 0 else None)

@@ -1,0 +1,200 @@
+"""An independent plain-Python continuous-batching engine: every iteration
+visits every running sequence (the obvious loop), written from the rules in
+:mod:`mbbatch._kernels.continuous`'s docstring, not from its code.  The
+tests hold the kernel to it request by request."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
+             block_size, admission, edges=None, setup=0.0, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
+             per_context=0.0):
+    """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
+    ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
+    order).  Returns a dict of per-request arrays (``first_token``,
+    ``completion``, ``admitted`` the time of first admission, ``preempted``
+    counts), the TBT samples (every gap between two tokens of a request),
+    and totals (``iterations``, ``busy``, ``preemptions``, ``recomputed``)."""
+    n = len(arrival)
+    arrival = [float(a) for a in arrival]
+    prompt = [int(p) for p in prompt]
+    output = [int(o) for o in output]
+    blocks_total = math.inf if math.isinf(kv_tokens) else int(kv_tokens // block_size)
+    free = blocks_total
+    first = [math.nan] * n
+    done = [math.nan] * n
+    admitted = [math.nan] * n
+    preempted = [0] * n
+    g = [0] * n              # tokens generated
+    pre = [0] * n            # tokens prefilled of the current admission
+    need = [0] * n           # tokens to prefill at this admission (prompt + generated)
+    held = [0] * n           # blocks held
+    last_tok = [math.nan] * n
+    running = []             # admission order
+    resume = []              # preempted: a stack (the last pushed resumes first)
+    waiting = []             # arrived, not admitted (arrival order)
+    bins = []
+    if admission == "multibin":
+        bins = [[] for _ in range(len(edges) + 1)]
+    rr = [0]
+    tbt = []
+    i = 0
+    now = 0.0
+    busy = 0.0
+    iterations = 0
+    preemptions = 0
+    recomputed = 0
+
+    def bin_of(r):
+        return int(np.searchsorted(edges, prediction[r], side="right"))
+
+    def arrive_until(t):
+        nonlocal i
+        while i < n and arrival[i] <= t:
+            if admission == "multibin":
+                bins[bin_of(i)].append(i)
+            else:
+                waiting.append(i)
+            i += 1
+
+    def peek():
+        if resume:
+            return resume[-1]
+        if admission == "fcfs":
+            return waiting[0] if waiting else -1
+        if admission == "spf":
+            if not waiting:
+                return -1
+            return min(waiting, key=lambda r: (prediction[r], r))
+        K = len(bins)
+        for off in range(K):
+            b = (rr[0] + off) % K
+            if bins[b]:
+                return bins[b][0]
+        return -1
+
+    def take(r):
+        if resume and resume[-1] == r:
+            resume.pop()
+            return
+        if admission == "multibin":
+            K = len(bins)
+            for off in range(K):
+                b = (rr[0] + off) % K
+                if bins[b]:
+                    assert bins[b][0] == r
+                    bins[b].pop(0)
+                    rr[0] = (b + 1) % K
+                    return
+        waiting.remove(r)
+
+    def blocks(tokens):
+        return -(-tokens // block_size)
+
+    def preempt_last():
+        nonlocal free, preemptions
+        r = running.pop()
+        free += held[r]
+        held[r] = 0
+        preempted[r] += 1
+        preemptions += 1
+        resume.append(r)
+        return r
+
+    while True:
+        arrive_until(now)
+        if not running and peek() < 0:
+            if i >= n:
+                break
+            now = max(now, arrival[i])
+            continue
+        decoding = [r for r in running if pre[r] == need[r]]
+        prefill = {}
+        prefill_phase = False
+        if not chunked:
+            r = peek()
+            if r >= 0 and len(running) < max_num_seqs and blocks(prompt[r] + g[r] + 1) <= free:
+                prefill_phase = True
+        if chunked or not prefill_phase:
+            # the decodes' new blocks, preempting the most recently admitted while they do not fit
+            while True:
+                want = sum(1 for r in decoding if (prompt[r] + g[r]) % block_size == 0)
+                if want <= free:
+                    break
+                gone = preempt_last()
+                decoding = [r for r in decoding if r != gone]
+            for r in decoding:
+                if (prompt[r] + g[r]) % block_size == 0:
+                    held[r] += 1
+                    free -= 1
+        else:
+            decoding = []
+        budget = max_batched_tokens - len(decoding)
+        if chunked:
+            for r in running:
+                if pre[r] < need[r] and budget > 0:
+                    c = min(need[r] - pre[r], budget)
+                    prefill[r] = c
+                    budget -= c
+        if chunked or prefill_phase:
+            while budget > 0 and len(running) < max_num_seqs:
+                r = peek()
+                if r < 0:
+                    break
+                L0 = prompt[r] + g[r]
+                b = blocks(L0 + 1)
+                if b > free or (not chunked and L0 > budget):
+                    break
+                if resume and resume[-1] == r:
+                    recomputed += L0        # a resumption: its prompt and generated tokens prefilled again
+                take(r)
+                free -= b
+                held[r] = b
+                need[r] = L0
+                pre[r] = 0
+                if math.isnan(admitted[r]):
+                    admitted[r] = now
+                running.append(r)
+                c = min(L0, budget)
+                prefill[r] = c
+                budget -= c
+        if not decoding and not prefill:
+            # nothing fits (a lone request's blocks exceed the free ones: cannot happen when every request fits
+            # the memory alone and nothing runs) or nothing to do
+            assert not running, "stalled"
+            if i >= n:
+                break
+            now = max(now, arrival[i])
+            continue
+        ptok = sum(prefill.values())
+        ctx = sum(prompt[r] + g[r] for r in decoding)
+        t = (step + (setup if ptok > 0 else 0.0) + prefill_per_token * ptok + per_sequence * len(decoding)
+             + per_context * ctx)
+        now = now + t
+        busy += t
+        iterations += 1
+        for r in decoding:
+            g[r] += 1
+            tbt.append(now - last_tok[r])
+            last_tok[r] = now
+        for r, c in prefill.items():
+            pre[r] += c
+            if pre[r] == need[r]:
+                if g[r] == 0:
+                    first[r] = now
+                else:
+                    tbt.append(now - last_tok[r])
+                g[r] += 1
+                last_tok[r] = now
+        for r in [r for r in running if pre[r] == need[r] and g[r] >= output[r]]:
+            running.remove(r)
+            free += held[r]
+            held[r] = 0
+            done[r] = now
+    return dict(first_token=np.array(first), completion=np.array(done), admitted=np.array(admitted),
+                preempted=np.array(preempted), tbt=np.array(tbt), iterations=iterations, busy=busy,
+                preemptions=preemptions, recomputed=recomputed)

@@ -1,0 +1,136 @@
+"""The continuous-batching kernel against an independent plain-Python
+engine (tests/reference_continuous.py), request by request."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mbbatch._kernels import continuous as ck
+from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
+
+from . import reference_continuous as ref
+
+COEF = dict(setup=0.002, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-5)
+
+
+def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
+            edges, **coef):
+    n = len(arr)
+    blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
+    cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
+                         max_batched_tokens=max_batched_tokens, chunked=int(chunked), blocks=blocks,
+                         block_size=block_size, admission=ck.ADMISSIONS[admission], bins=len(edges) + 1, keep=1,
+                         rate=0.0, **coef)
+    inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
+                            arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
+                            prediction=pred.astype(float), edges=np.asarray(edges, float))
+    out, req, code = ck.run(cfg, inputs, ck.ContinuousStreams(np.random.default_rng(0)),
+                            np.zeros(STOP_SIZE, np.int64), groups=4, ts_rows=8)
+    return out, req, code
+
+
+def _config(rng):
+    """A random small run: arrival times (ties sometimes), lengths, predictions
+    off by a few tokens half the time, memory from unlimited to one that
+    forces preemptions, budgets and orders."""
+    n = int(rng.integers(1, 60))
+    arr = np.sort(rng.exponential(rng.choice([0.01, 0.1, 1.0]), n).cumsum())
+    if rng.random() < 0.2:
+        arr = np.round(arr, 1)       # equal arrival times
+    p = rng.integers(1, 40, n)
+    o = rng.integers(1, 30, n)
+    pred = o + rng.integers(-3, 4, n) * (rng.random() < 0.5)
+    bs = int(rng.choice([1, 4, 16]))
+    longest = int((p + o).max())
+    kv = rng.choice([np.inf, longest + bs * rng.integers(0, 4), longest * 3, longest * 10])
+    kv = np.inf if np.isinf(kv) else float(bs * (-(-kv // bs)))
+    chunked = bool(rng.random() < 0.5)
+    M = int(rng.choice([1, 2, 4, 16]))
+    budget = int(rng.choice([max(M, 8), 64, 256])) if chunked else int(max(longest, rng.choice([64, 256])))
+    return (arr, p, o, pred), dict(max_num_seqs=M, max_batched_tokens=budget, chunked=chunked, kv_tokens=kv,
+                                   block_size=bs, admission=str(rng.choice(["fcfs", "spf", "multibin"])),
+                                   edges=np.array([10.0, 20.0]), **COEF)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_kernel_is_the_reference_engine_request_by_request(seed):
+    """Over 40 random configurations per seed (chunked and not, memory that
+    binds with preemptions and memory that does not, every admission order,
+    equal arrival times): each request's admission, first token and
+    completion times and preemptions, the iterations, preemptions and
+    recomputed tokens, equal; the gaps between tokens equal in number, in
+    their histogram and (summed in another order) their sum."""
+    rng = np.random.default_rng(seed)
+    seen_preemptions = 0
+    for _ in range(40):
+        (arr, p, o, pred), kw = _config(rng)
+        want = ref.simulate(arr, p, o, pred, **kw)
+        out, req, code = _kernel(arr, p, o, pred, **kw)
+        st = ck.STATS.unpack((out.ints, out.floats))
+        assert code == ck.DONE
+        for col in ("admitted", "first_token", "completion"):
+            np.testing.assert_array_equal(req[col], want[col], err_msg=f"{col} {kw}")
+        np.testing.assert_array_equal(req["preemptions"], want["preempted"])
+        assert (st["iterations"], st["preemptions"], st["recomputed"]) == (
+            want["iterations"], want["preemptions"], want["recomputed"]), kw
+        assert st["tbt_count"] == want["tbt"].size == int((o - 1).sum())
+        hist = np.zeros_like(out.hist_tbt)
+        for gap in want["tbt"]:
+            hist[int(ck.hist_bucket(gap))] += 1
+        np.testing.assert_array_equal(out.hist_tbt, hist)
+        assert st["sum_tbt"] == pytest.approx(want["tbt"].sum(), rel=1e-12, abs=1e-15)
+        assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
+        seen_preemptions += st["preemptions"]
+    assert seen_preemptions > 0          # (the memory bound some runs)
+
+
+def test_one_sequence_at_a_time_is_a_fifo_server_of_the_iteration_models_batches():
+    """max_num_seqs = 1 without chunking: each request runs alone, from its
+    admission to its completion the IterationModel's time of a batch of one
+    (its prefill iteration, then one per further token), in arrival order."""
+    import mbbatch as mb
+
+    rng = np.random.default_rng(3)
+    n = 300
+    arr = np.sort(rng.exponential(0.5, n).cumsum())
+    p, o = rng.integers(1, 500, n), rng.integers(1, 200, n)
+    out, req, code = _kernel(arr, p, o, o.copy(), max_num_seqs=1, max_batched_tokens=int(p.max()), chunked=False,
+                             kv_tokens=np.inf, block_size=16, admission="fcfs", edges=[], **COEF)
+    model = mb.IterationModel(setup=COEF["setup"], step=COEF["step"], prefill_per_token=COEF["prefill_per_token"],
+                              per_sequence=COEF["per_sequence"], per_context_token=COEF["per_context"])
+    service = model.service_time(size=np.ones(n, np.int64), prompt=p, output=o)
+    np.testing.assert_allclose(req["completion"] - req["admitted"], service, rtol=1e-9)
+    start = np.maximum.accumulate(np.maximum(arr, np.concatenate(([0.0], req["completion"][:-1]))))
+    np.testing.assert_allclose(req["admitted"], start, rtol=1e-12)
+    assert np.all(np.diff(req["completion"]) > 0)
+
+
+def test_memory_for_one_sequence_serializes_and_unlimited_memory_never_preempts():
+    rng = np.random.default_rng(4)
+    n = 200
+    arr = np.sort(rng.exponential(0.05, n).cumsum())
+    p, o = rng.integers(1, 60, n), rng.integers(1, 60, n)
+    kw = dict(max_batched_tokens=512, chunked=True, block_size=4, admission="fcfs", edges=[], **COEF)
+    out, req, _ = _kernel(arr, p, o, o.copy(), max_num_seqs=64, kv_tokens=np.inf, **kw)
+    assert ck.STATS.unpack((out.ints, out.floats))["preemptions"] == 0
+    assert ck.STATS.unpack((out.ints, out.floats))["max_running"] > 1
+    # 120 tokens hold any one request (at most 118) but never two of them at their longest
+    out, req, _ = _kernel(arr, p, o, o.copy(), max_num_seqs=64, kv_tokens=120.0, **kw)
+    st = ck.STATS.unpack((out.ints, out.floats))
+    assert st["completed"] == n and st["preemptions"] > 0
+
+
+def test_the_time_series_keeps_a_row_every_stride_iterations():
+    rng = np.random.default_rng(5)
+    n = 400
+    arr = np.sort(rng.exponential(0.02, n).cumsum())
+    p, o = rng.integers(1, 60, n), rng.integers(1, 60, n)
+    out, _, _ = _kernel(arr, p, o, o.copy(), max_num_seqs=8, max_batched_tokens=64, chunked=True, kv_tokens=400.0,
+                        block_size=4, admission="spf", edges=[], **COEF)
+    st = ck.STATS.unpack((out.ints, out.floats))
+    rows, stride = st["ts_rows"], st["ts_stride"]
+    assert stride > 1 and 4 <= rows <= 8 and rows * stride <= st["iterations"] < (rows + 1) * stride
+    ts = out.ts[:rows]
+    assert np.all(np.diff(ts[:, ck.TS.time]) > 0) and np.all(ts[:, ck.TS.running] <= 8)
+    assert np.all((ts[:, ck.TS.kv_blocks] >= 0) & (ts[:, ck.TS.kv_blocks] <= 100))
