@@ -100,17 +100,21 @@ ContinuousOutputs = OUTPUTS.type
 #: first token and completion
 REQUESTS = Layout("continuous requests", ints=("preemptions",),
                   floats=("arrival", "admitted", "first_token", "completion"))
-#: the kernel's arrays: per request its arrival, tokens generated, tokens
-#: prefilled and to prefill at its admission, the round it joined the
-#: decodes at, its completion round (-1: not decoding), its links in the
-#: running list (admission order) and in a bin's queue, the time of its last
-#: token (at joining the decodes, or when preempted); the heaps (completion
-#: rounds; predictions), the resumption stack, the prefill queue, the bins'
-#: heads and tails, the decodes per block phase, the groups of decodes by
-#: their last token's time, the scratch of an iteration's prefill chunks,
-#: and the arrival drawer's address
-WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, pre=np.int64, need=np.int64,
-                   d0=np.int64, fin=np.int64, prv=np.int64, nxt=np.int64, qnext=np.int64, last=np.float64,
+#: the kernel's arrays: per request its arrival and, once preempted, its
+#: tokens generated and the time of its last token; per running sequence (a
+#: slot of ``max_num_seqs + 1``: the memory a run touches grows with the
+#: engine, not with n) its request, tokens generated (before its admission,
+#: then when it joined the decodes), tokens prefilled and to prefill, the
+#: round it joined the decodes at, its completion round (-1: not decoding),
+#: its links in the running list (admission order), the time of its last
+#: token, and the free slots; the links of the bins' queues; the heaps
+#: (completion rounds, by request and slot; predictions), the resumption
+#: stack, the prefill queue (slots), the bins' heads and tails, the decodes
+#: per block phase, the groups of decodes by their last token's time, the
+#: scratch of an iteration's prefill chunks, and the arrival drawer's address
+WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
+                   occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
+                   prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
                    hk=np.int64, hid=np.int64, sk=np.float64, sid=np.int64, stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    draws=np.int64)
@@ -154,18 +158,18 @@ def _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K):
 
 
 @step
-def _leave(r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f):
-    """Request r completes at ``now``: out of the running list (``head``,
-    ``tail``: returned as they are after), its latency into the histogram
-    and its batch-means group, its record kept."""
-    if prv[r] >= 0:
-        nxt[prv[r]] = nxt[r]
+def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f):
+    """Request r (in slot s) completes at ``now``: out of the running list
+    (``head``, ``tail``: returned as they are after), its latency into the
+    histogram and its batch-means group, its record kept."""
+    if prv[s] >= 0:
+        nxt[prv[s]] = nxt[s]
     else:
-        head = nxt[r]
-    if nxt[r] >= 0:
-        prv[nxt[r]] = prv[r]
+        head = nxt[s]
+    if nxt[s] >= 0:
+        prv[nxt[s]] = prv[s]
     else:
-        tail = prv[r]
+        tail = prv[s]
     lat = now - arrival[r]
     out.hist[hist_bucket(lat)] += 1
     g = (r * out.group_latency.shape[0]) // n
@@ -202,6 +206,10 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
 
     arrival = ws.arrival
     gen = ws.gen
+    last_pre = ws.last_pre
+    occ = ws.occ
+    gs = ws.gs
+    free_slots = ws.free_slots
     pre = ws.pre
     need = ws.need
     d0 = ws.d0
@@ -243,6 +251,11 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
         bt[b] = -1
     for j in range(bs):
         phase[j] = 0
+    M1 = M + 1
+    nfree = 0
+    for k in range(M1):
+        free_slots[nfree] = M - k
+        nfree += 1
 
     # the running list (admission order), the decodes, the prefill queue (a ring), the waiting requests
     head = -1
@@ -319,7 +332,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
         nxt_r = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
         prefill_phase = False
         if not chunked and nxt_r >= 0 and running < M:
-            if _blocks(np.int64(prompt[nxt_r]) + gen[nxt_r] + 1, bs) <= free:
+            if _blocks(np.int64(prompt[nxt_r]) + (gen[nxt_r] if nstack > 0 else 0) + 1, bs) <= free:
                 prefill_phase = True
         n_d = 0
         ctx = 0
@@ -327,36 +340,44 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             # the decodes' new blocks: preempt the most recently admitted while they do not fit
             want = phase[(-rounds) % bs] if n_dec > 0 else 0
             while want > free:
-                r = tail
-                tail = prv[r]
+                sl = tail
+                r = occ[sl]
+                tail = prv[sl]
                 if tail >= 0:
                     nxt[tail] = -1
                 else:
                     head = -1
                 running -= 1
                 p = np.int64(prompt[r])
-                if fin[r] >= 0:
+                if fin[sl] >= 0:
                     # a decode: its length now, then out of the decodes
-                    gj = gen[r]
-                    g = gj + rounds - d0[r]
-                    gen[r] = g
+                    gj = gs[sl]
+                    g = gj + rounds - d0[sl]
                     n_dec -= 1
-                    s0 -= p + gj - d0[r]
-                    phase[(p + gj - d0[r]) % bs] -= 1
-                    fin[r] = -1
-                    if d0[r] < rounds:
+                    s0 -= p + gj - d0[sl]
+                    phase[(p + gj - d0[sl]) % bs] -= 1
+                    fin[sl] = -1
+                    lt = last[sl]
+                    if d0[sl] < rounds:
                         n_main -= 1
-                        last[r] = t_round
+                        lt = t_round
                     else:
                         for k in range(ng):
-                            if gt[k] == last[r]:
+                            if gt[k] == lt:
                                 gc[k] -= 1
                                 break
                     free += _blocks(p + g, bs)
                 else:
                     # prefilling: the last of the prefill queue
+                    g = gs[sl]
+                    lt = last[sl]
                     pq_n -= 1
-                    free += _blocks(need[r] + 1, bs)
+                    free += _blocks(need[sl] + 1, bs)
+                gen[r] = g
+                last_pre[r] = lt
+                occ[sl] = -1
+                free_slots[nfree] = sl
+                nfree += 1
                 preemptions += 1
                 if keep:
                     r_i[RQ.preemptions, r] += 1
@@ -374,8 +395,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             for k in range(pq_n):
                 if budget <= 0:
                     break
-                r = pq[(pq_h + k) % PQ]
-                c = need[r] - pre[r]
+                sl = pq[(pq_h + k) % PQ]
+                c = need[sl] - pre[sl]
                 if c > budget:
                     c = budget
                 chunk[nc] = c
@@ -388,7 +409,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 from_stack = nstack > 0
                 if r < 0:
                     break
-                L0 = np.int64(prompt[r]) + gen[r]
+                g0 = gen[r] if from_stack else 0
+                L0 = np.int64(prompt[r]) + g0
                 nb = _blocks(L0 + 1, bs)
                 if nb > free or (not chunked and L0 > budget):
                     break
@@ -416,18 +438,23 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                     if keep:
                         r_f[RQ.admitted, r] = now
                 free -= nb
-                need[r] = L0
-                pre[r] = 0
-                fin[r] = -1
-                prv[r] = tail
-                nxt[r] = -1
+                nfree -= 1
+                sl = free_slots[nfree]
+                occ[sl] = r
+                gs[sl] = g0
+                last[sl] = last_pre[r] if from_stack else 0.0
+                need[sl] = L0
+                pre[sl] = 0
+                fin[sl] = -1
+                prv[sl] = tail
+                nxt[sl] = -1
                 if tail >= 0:
-                    nxt[tail] = r
+                    nxt[tail] = sl
                 else:
-                    head = r
-                tail = r
+                    head = sl
+                tail = sl
                 running += 1
-                pq[(pq_h + pq_n) % PQ] = r
+                pq[(pq_h + pq_n) % PQ] = sl
                 pq_n += 1
                 c = L0 if L0 < budget else budget
                 chunk[nc] = c
@@ -489,21 +516,24 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             tokens += n_d
             # the decodes done with this round leave
             while hsize > 0 and hk[0] <= rounds:
-                r = hid[0]
                 key = hk[0]
+                r = hid[0] // M1
+                sl = hid[0] - r * M1
                 _, _, hsize = _heap_pop(hk, hid, hsize)
-                if fin[r] != key:
-                    continue
+                if occ[sl] != r or fin[sl] != key:
+                    continue        # (preempted since it joined: a stale entry)
                 p = np.int64(prompt[r])
-                g0 = gen[r]
-                s0 -= p + g0 - d0[r]
-                phase[(p + g0 - d0[r]) % bs] -= 1
+                g0 = gs[sl]
+                s0 -= p + g0 - d0[sl]
+                phase[(p + g0 - d0[sl]) % bs] -= 1
                 n_dec -= 1
                 n_main -= 1
-                fin[r] = -1
-                gen[r] = np.int64(output[r])
-                free += _blocks(p + gen[r], bs)
-                head, tail = _leave(r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
+                fin[sl] = -1
+                free += _blocks(p + np.int64(output[r]), bs)
+                head, tail = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
+                occ[sl] = -1
+                free_slots[nfree] = sl
+                nfree += 1
                 running -= 1
                 sum_lat += now - arrival[r]
                 completed += 1
@@ -511,13 +541,14 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
         # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
         joined = 0
         for k in range(nc):
-            r = pq[pq_h]
-            pre[r] += chunk[k]
-            if pre[r] < need[r]:
+            sl = pq[pq_h]
+            pre[sl] += chunk[k]
+            if pre[sl] < need[sl]:
                 break
             pq_h = pq_h + 1 if pq_h + 1 < PQ else 0
             pq_n -= 1
-            g = gen[r]
+            r = occ[sl]
+            g = gs[sl]
             if g == 0:
                 ttft = now - arrival[r]
                 sum_ttft += ttft
@@ -525,28 +556,31 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 if keep:
                     r_f[RQ.first_token, r] = now
             else:
-                gap = now - last[r]
+                gap = now - last[sl]
                 hist_tbt[hist_bucket(gap)] += 1
                 sum_tbt += gap
                 tbt_count += 1
             g += 1
-            gen[r] = g
+            gs[sl] = g
             tokens += 1
             p = np.int64(prompt[r])
             if g >= np.int64(output[r]):
                 free += _blocks(p + g, bs)
-                head, tail = _leave(r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
+                head, tail = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
+                occ[sl] = -1
+                free_slots[nfree] = sl
+                nfree += 1
                 running -= 1
                 sum_lat += now - arrival[r]
                 completed += 1
                 last_done = now
                 continue
             # it joins the decodes at this round
-            d0[r] = rounds
-            last[r] = now
+            d0[sl] = rounds
+            last[sl] = now
             key = rounds + np.int64(output[r]) - g
-            fin[r] = key
-            hsize = _heap_push(hk, hid, hsize, key, r)
+            fin[sl] = key
+            hsize = _heap_push(hk, hid, hsize, key, r * M1 + sl)
             s0 += p + g - rounds
             phase[(p + g - rounds) % bs] += 1
             n_dec += 1
@@ -605,10 +639,16 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
     # (a request is on the completion heap once per time it joins the decodes: n + its preemptions; the
     # heap drops stale entries as it reaches them, so n + M bounds it where the decodes ever number M)
     heap = n + M + 1
-    ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.zeros(n, np.int64), pre=np.zeros(n, np.int64),
-                        need=np.zeros(n, np.int64), d0=np.zeros(n, np.int64), fin=np.full(n, -1, np.int64),
-                        prv=np.empty(n, np.int64), nxt=np.empty(n, np.int64), qnext=np.empty(n, np.int64),
-                        last=np.zeros(n), hk=np.empty(heap, np.int64), hid=np.empty(heap, np.int64),
+    # (the per-request arrays but the arrivals are written only for preempted requests and, with multi-bin
+    # admission, queued ones: np.empty leaves the rest of their pages untouched)
+    M1 = M + 1
+    ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.empty(n, np.int64), last_pre=np.empty(n),
+                        occ=np.full(M1, -1, np.int64), gs=np.zeros(M1, np.int64), pre=np.zeros(M1, np.int64),
+                        need=np.zeros(M1, np.int64), d0=np.zeros(M1, np.int64), fin=np.full(M1, -1, np.int64),
+                        prv=np.empty(M1, np.int64), nxt=np.empty(M1, np.int64), last=np.zeros(M1),
+                        free_slots=np.empty(M1, np.int64),
+                        qnext=np.empty(n if cfg["admission"] == ADMIT_MULTIBIN else 1, np.int64),
+                        hk=np.empty(heap, np.int64), hid=np.empty(heap, np.int64),
                         sk=np.empty(n if cfg["admission"] == ADMIT_SPF else 1),
                         sid=np.empty(n if cfg["admission"] == ADMIT_SPF else 1, np.int64),
                         stack=np.empty(n, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),

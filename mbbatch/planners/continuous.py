@@ -134,7 +134,9 @@ def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
         prediction = np.resize(np.asarray(pr.values, dtype=float), n)
     else:       # pragma: no cover (the policy refuses the others)
         raise TypeError(f"predictor {pr!r}")
-    if math.isfinite(pol.kv_tokens):
+    # (the longest prompt and output first: the requests' sums only where they might not fit)
+    longest_p, longest_o = float(prompt.max(initial=0.0)), float(output.max(initial=0.0))
+    if math.isfinite(pol.kv_tokens) and longest_p + longest_o > pol.kv_tokens // pol.block_size * pol.block_size:
         capacity = int(pol.kv_tokens // pol.block_size) * pol.block_size
         too_big = np.flatnonzero(prompt + output > capacity)
         if too_big.size:
@@ -142,7 +144,8 @@ def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
             raise ValueError(f"kv_tokens = {pol.kv_tokens:g}: request {r} (prompt {prompt[r]:g} + output "
                              f"{output[r]:g} tokens) can never fit the {capacity} tokens of KV blocks alone "
                              f"({too_big.size} requests cannot); raise kv_tokens or bound the lengths")
-    if not pol.chunked_prefill:
+    bound = longest_p + longest_o - 1 if math.isfinite(pol.kv_tokens) else longest_p
+    if not pol.chunked_prefill and bound > pol.max_batched_tokens:
         # a prompt (with the tokens a preempted request prefills again) must fit one iteration
         longest = prompt + output - 1 if math.isfinite(pol.kv_tokens) else prompt
         too_big = np.flatnonzero(longest > pol.max_batched_tokens)
