@@ -387,6 +387,7 @@ def _hardware_sweeps(rates):
                                  lambda policy, rate: (cap(policy), 0.0), policies=variants,
                                  attrs=dict(n=20000, b_max=256), seed=seed, service_model="profile")
     out["hardware_multibin"] = _hardware_multibin()
+    out["continuous_vs_binned"] = _continuous_vs_binned()
     out["hardware_trace_default"] = _token_sweep(
         "hardware_trace_default", {"policy": list(kinds), "rate": rates},
         lambda policy, rate: (HARDWARE_CAPS[policy][1] * 0.9, 0.1), policies=kinds, attrs=dict(n=20000, b_max=256),
@@ -412,6 +413,24 @@ def _hardware_multibin(reps=REPS):
                      "unstable": (dims, np.zeros(thm.shape, bool)), "done": (dims, np.ones(thm.shape, bool))},
                     coords={"bins": bins, "profile": profiles_, "finished": finished, "rep": np.arange(reps)})
     ds.attrs.update(name="hardware_multibin", reps=reps, arrivals="saturated", batch_size=32)
+    return ds
+
+
+def _continuous_vs_binned(reps=REPS):
+    """continuous_vs_binned's store: the continuous engine, saturated, at 32 and 256 running sequences on
+    hardware_multibin's two profiles, above multi-bin batching's capacity."""
+    seqs = np.array([32, 256])
+    profiles_ = ["H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1"]
+    thr = np.array([[13.5, 6.5], [34.2, 13.5]])
+    rng = np.random.default_rng(22)
+    sim = thr[..., None] * (1.0 + 0.002 * rng.standard_normal(thr.shape + (reps,)))
+    dims = ("max_num_seqs", "profile")
+    mean = sim.mean(axis=-1)
+    ds = xr.Dataset({"sim_throughput": (dims + ("rep",), sim), "sim_throughput_mean": (dims, mean),
+                     "sim_throughput_ci_low": (dims, mean * 0.998), "sim_throughput_ci_high": (dims, mean * 1.002),
+                     "unstable": (dims, np.zeros(thr.shape, bool)), "done": (dims, np.ones(thr.shape, bool))},
+                    coords={"max_num_seqs": seqs, "profile": profiles_, "rep": np.arange(reps)})
+    ds.attrs.update(name="continuous_vs_binned", reps=reps, arrivals="saturated")
     return ds
 
 

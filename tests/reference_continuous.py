@@ -11,7 +11,7 @@ import numpy as np
 
 
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
-             block_size, admission, edges=None, setup=0.0, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
+             block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
@@ -172,7 +172,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             continue
         ptok = sum(prefill.values())
         ctx = sum(prompt[r] + g[r] for r in decoding)
-        t = (step + (setup if ptok > 0 else 0.0) + prefill_per_token * ptok + per_sequence * len(decoding)
+        t = (step + prefill_per_token * ptok + per_sequence * len(decoding)
              + per_context * ctx)
         now = now + t
         busy += t

@@ -68,11 +68,11 @@ def test_unknown_figure_raises(results, tmp_path):
 
 def test_registry_holds_every_figure_under_its_own_name():
     """A figure is found by its name: the function of that name in paper, experiments, workloads,
-    capacity or cluster."""
-    from mbbatch.figures import capacity, cluster, hardware, workloads
+    capacity, cluster, hardware or continuous."""
+    from mbbatch.figures import capacity, cluster, continuous, hardware, workloads
 
     defined = {}
-    for module in (paper, experiments, workloads, capacity, cluster, hardware):
+    for module in (paper, experiments, workloads, capacity, cluster, hardware, continuous):
         public = {n: f for n, f in inspect.getmembers(module, inspect.isfunction)
                   if f.__module__ == module.__name__ and not n.startswith("_")}
         assert sorted(module.__all__) == sorted(public), module.__name__

@@ -11,7 +11,7 @@ from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
 
 from . import reference_continuous as ref
 
-COEF = dict(setup=0.002, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-5)
+COEF = dict(step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-5)
 
 
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
@@ -97,7 +97,7 @@ def test_one_sequence_at_a_time_is_a_fifo_server_of_the_iteration_models_batches
     p, o = rng.integers(1, 500, n), rng.integers(1, 200, n)
     out, req, code = _kernel(arr, p, o, o.copy(), max_num_seqs=1, max_batched_tokens=int(p.max()), chunked=False,
                              kv_tokens=np.inf, block_size=16, admission="fcfs", edges=[], **COEF)
-    model = mb.IterationModel(setup=COEF["setup"], step=COEF["step"], prefill_per_token=COEF["prefill_per_token"],
+    model = mb.IterationModel(setup=0.0, step=COEF["step"], prefill_per_token=COEF["prefill_per_token"],
                               per_sequence=COEF["per_sequence"], per_context_token=COEF["per_context"])
     service = model.service_time(size=np.ones(n, np.int64), prompt=p, output=o)
     np.testing.assert_allclose(req["completion"] - req["admitted"], service, rtol=1e-9)

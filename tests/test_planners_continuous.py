@@ -74,7 +74,7 @@ def test_one_sequence_at_a_time_is_an_mg1_queue():
     of 8 independent runs' mean waits (n = 20,000 each, load 0.6; each
     run's first requests see an empty queue, a bias below a tenth of the
     interval here)."""
-    m = mb.IterationModel(setup=0.002, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3,
+    m = mb.IterationModel(setup=0.0, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3,
                           per_context_token=1e-6)
     # independent uniform whole-token lengths: E[S] and E[S^2] over every pair
     wl = mb.Workload(prompt=st.uniform(0, 299), output=st.uniform(0, 99))   # (rounded up: 1 .. 299, 1 .. 99)

@@ -28,7 +28,7 @@ def test_the_bound_is_the_budget_over_its_iteration_time_and_a_requests_work():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(setup=0.01), "setup"), (dict(per_context_token=1e-6), "per_context_token"),
+    (dict(per_context_token=1e-6), "per_context_token"),
     (dict(prefill_per_token=2e-4), "prefill_per_token"),
 ])
 def test_the_bound_refuses_a_model_outside_its_assumptions(kw, match):

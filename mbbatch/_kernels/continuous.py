@@ -28,10 +28,11 @@ iteration boundary the engine schedules one iteration:
   between ``edges``, each first come first served, served round robin).
   Admission stops at the first request that does not fit.
 
-An iteration takes ``step + setup [if it prefills] + prefill_per_token x
-(tokens prefilled) + per_sequence x (sequences decoded) + per_context x
-(their context tokens)`` (:class:`mbbatch.IterationModel`; a sequence of
-prompt ``p`` with ``g`` tokens generated attends over ``p + g``).  At its
+An iteration takes ``step + prefill_per_token x (tokens prefilled) +
+per_sequence x (sequences decoded) + per_context x (their context tokens)``
+(:class:`mbbatch.IterationModel`; a sequence of prompt ``p`` with ``g``
+tokens generated attends over ``p + g``).  The model's ``setup``, a batch's
+once when it starts, has no counterpart: the engine never starts a batch.  At its
 end each decoded sequence has its next token, each prompt whose prefill
 completes its first token (a resumed one its next), and the sequences with
 all their output leave, freeing their blocks.  An idle engine waits for the
@@ -71,7 +72,7 @@ UNLIMITED = 1 << 62
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep"),
-                floats=("rate", "setup", "step", "prefill_per_token", "per_sequence", "per_context"))
+                floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens)
@@ -197,7 +198,6 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
     K = ci[C.bins]
     keep = ci[C.keep] != 0
     rate = cf[C.rate]
-    setup = cf[C.setup]
     step_t = cf[C.step]
     ppt = cf[C.prefill_per_token]
     per_seq = cf[C.per_sequence]
@@ -472,7 +472,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             continue
         if running > max_running:
             max_running = running
-        t = step_t + (setup if ptok > 0 else 0.0) + ppt * ptok + per_seq * n_d + per_ctx * ctx
+        t = step_t + ppt * ptok + per_seq * n_d + per_ctx * ctx
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
@@ -662,7 +662,7 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
 def warmup() -> None:
     """Compile the kernel (or load it from the cache) on a tiny input."""
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
-                         block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, rate=1.0, setup=0.0, step=0.01,
+                         block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, rate=1.0, step=0.01,
                          prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6)
     x = np.full(4, 3.0)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),

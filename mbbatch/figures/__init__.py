@@ -10,7 +10,8 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
- 'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace', 'hardware_multibin']
+ 'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
+ 'continuous_vs_binned']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -36,6 +37,8 @@ A figure's name is the name of the function that draws it:
   sweep), the dynamic-batching experiments on two of them
   (``hardware_policies``, ``hardware_trace``) and multi-bin batching on
   them beside its closed form (``hardware_multibin``);
+- :mod:`.continuous`: continuous batching against multi-bin batching run
+  to completion on them (``continuous_vs_binned``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -66,7 +69,7 @@ from typing import Callable
 import numpy as np
 import xarray as xr
 
-from . import capacity, cluster, experiments, hardware, paper, workloads
+from . import capacity, cluster, continuous, experiments, hardware, paper, workloads
 from .data import dataset_command, dataset_path, open_dataset
 from .style import house_style, save
 
@@ -116,6 +119,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("hardware_policies", (hardware.hardware_policies, ["token_policies", "hardware_policies"])),
     ("hardware_trace", (hardware.hardware_trace, ["hardware_trace_default", "hardware_trace"])),
     ("hardware_multibin", (hardware.hardware_multibin, ["hardware_multibin"])),
+    ("continuous_vs_binned", (continuous.continuous_vs_binned, ["hardware_multibin", "continuous_vs_binned"])),
 ])
 
 

@@ -26,9 +26,10 @@ def continuous_capacity(model, max_batched_tokens, prompt_mean, output_mean):
     Parameters
     ----------
     model : IterationModel
-        ``setup = 0``, ``per_context_token = 0`` and ``prefill_per_token ==
-        per_sequence`` (one cost per token, prefilled or decoded), so that
-        ``t(k) = step + per_sequence k``.
+        ``per_context_token = 0`` and ``prefill_per_token == per_sequence``
+        (one cost per token, prefilled or decoded), so that ``t(k) = step +
+        per_sequence k`` (``setup`` is a batch's, which a continuous engine
+        never starts).
     max_batched_tokens : int or array
         The budget ``b``, tokens.
     prompt_mean, output_mean : float or array
@@ -47,8 +48,6 @@ def continuous_capacity(model, max_batched_tokens, prompt_mean, output_mean):
     27.8867
     """
     bad = []
-    if model.setup != 0.0:
-        bad.append(f"setup = {model.setup:g} (must be 0)")
     if model.per_context_token != 0.0:
         bad.append(f"per_context_token = {model.per_context_token:g} (must be 0)")
     if model.prefill_per_token != model.per_sequence:

@@ -1,0 +1,65 @@
+"""Continuous batching against batching run to completion.
+
+- ``continuous_vs_binned``: on two measured GPUs, the saturated throughput
+  of multi-bin batching (batches of 32 run to completion) against its bins,
+  as a share of the continuous-batching engine's at the same 32 running
+  sequences, and the engine's at 256 (vLLM's default).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from .data import line, sim_series
+from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
+
+__all__ = ["continuous_vs_binned"]
+
+#: hardware_multibin's finished-member modes drawn, and their labels
+_FINISHED = (("leave", "multi-bin, finished members leave"), ("stay", "multi-bin, finished members padded"))
+
+
+def continuous_vs_binned(data) -> Figure:
+    """Per profile: multi-bin batching's saturated throughput (markers, 95%
+    t-intervals over the replications) over the continuous engine's at 32
+    running sequences (the share of it each k recovers), with the engine at
+    256 sequences as a dashed line."""
+    mbs, cont = data["hardware_multibin"], data["continuous_vs_binned"]
+    profiles_ = [str(p) for p in cont["profile"].values]
+    k = np.asarray(mbs["bins"].values, dtype=float)
+    fig = Figure(figsize=(11.5, 4.8), dpi=100, layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(profiles_), sharey=True))
+    top = 1.0
+    for ax, name in zip(axes, profiles_):
+        ref = float(line(cont, "sim_throughput_mean", None, profile=name, max_num_seqs=32))
+        wide = float(line(cont, "sim_throughput_mean", None, profile=name, max_num_seqs=256))
+        notes = [f"continuous, 32 sequences: {ref:.2f} requests/s", f"continuous, 256 sequences: {wide:.2f}"]
+        for i, (finished, _) in enumerate(_FINISHED):
+            mean, lo, hi, unstable = sim_series(mbs, "sim_throughput", "bins", profile=name, finished=finished)
+            sim_points(ax, k, mean / ref, lo / ref, hi / ref, unstable, COLORS[i], MARKERS[i])
+            ax.plot(k, mean / ref, color=COLORS[i], lw=0.8, zorder=2)
+            notes.append(f"multi-bin ({finished}): {100 * mean[0] / ref:.0f} % at k = {int(k[0])}, "
+                         f"{100 * mean[-1] / ref:.0f} % at k = {int(k[-1])}")
+        ax.axhline(1.0, color="0.2", lw=1.0, zorder=1)
+        ax.axhline(wide / ref, color="0.35", ls="--", lw=1.0, zorder=1)
+        top = max(top, wide / ref)
+        log2_k_axis(ax, int(k.max()))
+        ax.set_xlabel("bins k of multi-bin batching (by output length)")
+        ax.set_title(f"profile {name}", fontsize=9.5)
+        ax.text(0.03, 0.97, "\n".join(notes), transform=ax.transAxes, va="top", ha="left", fontsize=8,
+                color="0.2")
+    axes[0].set_ylim(0, 1.45 * top)        # (room above the lines for the notes)
+    axes[0].set_ylabel("saturated throughput / continuous batching's at 32 sequences")
+    handles = [Line2D([], [], color=COLORS[i], marker=MARKERS[i], label=label)
+               for i, (_, label) in enumerate(_FINISHED)]
+    handles += style_handles(("sim", "simulated (95% t-interval over replications)"),
+                             ("-", "continuous batching, 32 running sequences (1)"),
+                             ("--", "continuous batching, 256 running sequences"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5)
+    fig.suptitle("How much of continuous batching's throughput multi-bin batching recovers: batches of B = 32 "
+                 "run to completion against an engine admitting at every iteration,\nboth timed by a measured "
+                 "engine's iterations; log-normal prompts and outputs (medians 256 and 128 tokens), saturated",
+                 fontsize=10)
+    return fig
