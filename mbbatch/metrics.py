@@ -167,6 +167,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("recomputed_tokens", "tokens/request", "prompt and generated tokens prefilled again on resuming after a "
        "preemption, per request", "continuous"),
     _m("mean_running", "sequences", "mean running sequences per unit of busy time", "continuous"),
+    _m("mean_in_system", "requests", "time-average requests in the engine, waiting or running, from the first "
+       "arrival to the last completion (Little's law: throughput x mean_latency)", "continuous"),
     _m("kv_usage_mean", "1", "mean share of the KV blocks in use per unit of busy time (NaN: unlimited memory)",
        "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "

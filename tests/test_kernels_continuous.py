@@ -106,19 +106,31 @@ def test_one_sequence_at_a_time_is_a_fifo_server_of_the_iteration_models_batches
     assert np.all(np.diff(req["completion"]) > 0)
 
 
-def test_memory_for_one_sequence_serializes_and_unlimited_memory_never_preempts():
+def test_unlimited_memory_never_preempts_and_memory_for_one_sequence_serializes():
+    """Without a memory bound nothing is preempted.  With 30 blocks of 4
+    tokens, prompts of 70 to 79 tokens (an admission takes 18 blocks at
+    least: two never fit) and outputs up to 40 (every request fits alone):
+    one sequence runs at a time, in arrival order, never preempted, each
+    from its admission to its completion the IterationModel's batch of one."""
+    import mbbatch as mb
+
     rng = np.random.default_rng(4)
     n = 200
     arr = np.sort(rng.exponential(0.05, n).cumsum())
     p, o = rng.integers(1, 60, n), rng.integers(1, 60, n)
     kw = dict(max_batched_tokens=512, chunked=True, block_size=4, admission="fcfs", edges=[], **COEF)
-    out, req, _ = _kernel(arr, p, o, o.copy(), max_num_seqs=64, kv_tokens=np.inf, **kw)
-    assert ck.STATS.unpack((out.ints, out.floats))["preemptions"] == 0
-    assert ck.STATS.unpack((out.ints, out.floats))["max_running"] > 1
-    # 120 tokens hold any one request (at most 118) but never two of them at their longest
+    out, _, _ = _kernel(arr, p, o, o.copy(), max_num_seqs=64, kv_tokens=np.inf, **kw)
+    st = ck.STATS.unpack((out.ints, out.floats))
+    assert st["preemptions"] == 0 and st["max_running"] > 1
+    p, o = rng.integers(70, 80, n), rng.integers(1, 41, n)
     out, req, _ = _kernel(arr, p, o, o.copy(), max_num_seqs=64, kv_tokens=120.0, **kw)
     st = ck.STATS.unpack((out.ints, out.floats))
-    assert st["completed"] == n and st["preemptions"] > 0
+    assert st["completed"] == n and st["preemptions"] == 0 and st["max_running"] == 1
+    assert np.all(np.diff(req["admitted"]) > 0) and np.all(req["admitted"][1:] >= req["completion"][:-1])
+    model = mb.IterationModel(setup=0.0, step=COEF["step"], prefill_per_token=COEF["prefill_per_token"],
+                              per_sequence=COEF["per_sequence"], per_context_token=COEF["per_context"])
+    np.testing.assert_allclose(req["completion"] - req["admitted"],
+                               model.service_time(size=np.ones(n, np.int64), prompt=p, output=o), rtol=1e-9)
 
 
 def test_the_time_series_keeps_a_row_every_stride_iterations():

@@ -3,6 +3,7 @@ requests it runs (the token-level policies' for one seed), its metrics, and
 the engine as a queue."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -64,6 +65,19 @@ def test_its_metrics_hold_together():
     assert res.token_throughput == pytest.approx(r.output.sum() / res.span, rel=1e-12)
     assert set(res.time_series.data_vars) == {"running", "waiting", "kv_blocks"}
     assert int(res.batch_size_hist.sum()) == res.n_batches
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(chunked_prefill=False, max_batched_tokens=16384, admission="spf"),
+                                dict(max_num_seqs=16, kv_tokens=20_000, admission="multibin")])
+def test_littles_law_holds_on_every_run(kw):
+    """The engine's time-average requests in it (counted by the kernel as
+    they wait and run) is the throughput times the mean latency: the
+    sample-path Little's law, L T = sum of latencies, to rounding."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mb.UnstableWarning)
+        for arr in (mb.Poisson(15.0), mb.Saturated()):
+            res = mb.simulate(mb.ContinuousBatching(**kw), arr, workload=WL, n=5000, seed=4)
+            assert res.mean_in_system == pytest.approx(res.throughput * res.mean_latency, rel=1e-9)
 
 
 def test_one_sequence_at_a_time_is_an_mg1_queue():

@@ -86,7 +86,7 @@ STATS = Layout("continuous statistics", ints=("completed", "iterations", "rounds
                                               "prefill_tokens", "tokens", "tbt_count", "max_running",
                                               "ts_rows", "ts_stride"),
                floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft", "sum_tbt",
-                       "running_time", "blocks_time", "waiting_time", "sum_batch"))
+                       "running_time", "blocks_time", "waiting_time", "sum_batch", "system_time"))
 #: the outputs: histograms of the latency, the time to first token and the
 #: time between tokens (every gap between two tokens of a request), the
 #: latencies summed per group of arrivals (batch means), the iterations by
@@ -292,6 +292,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
     blocks_time = 0.0
     waiting_time = 0.0
     sum_batch = 0
+    # the integral over time of the requests in the engine (waiting or running): Little's law's L x T
+    system_time = 0.0
     blocks_total = free
     last_done = -np.inf
     now = 0.0
@@ -317,6 +319,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 else:
                     bh[b] = i
                 bt[b] = i
+            # (it arrived during the iteration that just ended: in the engine since)
+            system_time += now - arrival[i]
             waiting += 1
             i += 1
         if running == 0 and waiting == 0 and nstack == 0:
@@ -491,6 +495,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 ts[ts_rows, TS.kv_blocks] = used if blocks_total < UNLIMITED else -1.0
                 ts_rows += 1
         running_time += running * t
+        system_time += (running + waiting + nstack) * t
         blocks_time += used * t
         waiting_time += (waiting + nstack) * t
         now = now + t
@@ -602,6 +607,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
     st_i[S.ts_rows] = ts_rows
     st_i[S.ts_stride] = ts_stride
     st_f[S.sum_batch] = sum_batch
+    st_f[S.system_time] = system_time
     st_f[S.first_arrival] = arrival[0] if n > 0 else np.nan
     st_f[S.last_completion] = last_done
     st_f[S.busy] = busy

@@ -198,6 +198,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         "preemptions": st["preemptions"],
         "recomputed_tokens": st["recomputed"] / completed if completed else nan,
         "mean_running": st["running_time"] / busy if busy > 0 else nan,
+        "mean_in_system": st["system_time"] / span if positive else nan,
         "kv_usage_mean": st["blocks_time"] / (busy * blocks) if busy > 0 and blocks else nan,
     }
     with np.errstate(invalid="ignore", divide="ignore"):
