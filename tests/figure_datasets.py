@@ -388,6 +388,7 @@ def _hardware_sweeps(rates):
                                  attrs=dict(n=20000, b_max=256), seed=seed, service_model="profile")
     out["hardware_multibin"] = _hardware_multibin()
     out["continuous_vs_binned"] = _continuous_vs_binned()
+    out["continuous_memory"] = _continuous_memory()
     out["hardware_trace_default"] = _token_sweep(
         "hardware_trace_default", {"policy": list(kinds), "rate": rates},
         lambda policy, rate: (HARDWARE_CAPS[policy][1] * 0.9, 0.1), policies=kinds, attrs=dict(n=20000, b_max=256),
@@ -431,6 +432,31 @@ def _continuous_vs_binned(reps=REPS):
                      "unstable": (dims, np.zeros(thr.shape, bool)), "done": (dims, np.ones(thr.shape, bool))},
                     coords={"max_num_seqs": seqs, "profile": profiles_, "rep": np.arange(reps)})
     ds.attrs.update(name="continuous_vs_binned", reps=reps, arrivals="saturated")
+    return ds
+
+
+def _continuous_memory(reps=REPS, n=20000):
+    """continuous_memory's store: preemptions falling and latency with them as the KV cache grows, the
+    smallest cache overloaded."""
+    kv = np.array([12000.0, 16000.0, 24000.0, 48000.0])
+    adm = ["fcfs", "spf", "multibin"]
+    shape = (kv.size, len(adm))
+    rng = np.random.default_rng(23)
+    pre = np.round(n * np.array([0.48, 0.19, 0.002, 0.0])[:, None, None] * np.ones(shape + (reps,)))
+    p95 = np.array([1300.0, 6.0, 5.1, 5.1])[:, None] * np.ones(shape)
+    thr = np.array([13.5, 15.0, 15.0, 15.0])[:, None, None] * (1 + 0.001 * rng.standard_normal(shape + (reps,)))
+    dims = ("kv_tokens", "admission")
+    mean = thr.mean(axis=-1)
+    unstable = np.zeros(shape, bool)
+    unstable[0] = True
+    ds = xr.Dataset({"preemptions": (dims + ("rep",), pre.astype(np.int64)),
+                     "completed": (dims + ("rep",), np.full(shape + (reps,), n, np.int64)),
+                     "sim_latency_p95_mean": (dims, p95), "sim_throughput": (dims + ("rep",), thr),
+                     "sim_throughput_mean": (dims, mean), "sim_throughput_ci_low": (dims, mean * 0.999),
+                     "sim_throughput_ci_high": (dims, mean * 1.001), "unstable": (dims, unstable),
+                     "done": (dims, np.ones(shape, bool))},
+                    coords={"kv_tokens": kv, "admission": adm, "rep": np.arange(reps)})
+    ds.attrs.update(name="continuous_memory", reps=reps, arrivals="poisson", rate=15.0, n=n)
     return ds
 
 

@@ -41,3 +41,21 @@ def test_its_spec_runs_small_and_the_engine_is_multi_bins_limit(tmp_path):
     for name, (k64, limit) in binned.items():
         got = float(thr.sel(max_num_seqs=32, profile=name))
         assert got > k64 and abs(got / limit - 1) < 0.03, (name, got)
+
+
+def test_the_memory_figure_draws_and_its_spec_shows_preemptions_rising_as_the_cache_shrinks(results, tmp_path):
+    """continuous_memory draws; its spec, run small (n = 20,000, 2
+    replications, three caches): preemptions per request fall as the cache
+    grows, to none at 48,000 tokens, for every admission order."""
+    from mbbatch.sweeps import run_sweep
+    from mbbatch.sweeps.spec import parse_spec
+
+    files = figures.make_figures(results, tmp_path, only="continuous_memory")
+    assert [f.name for f in files] == ["continuous_memory.png", "continuous_memory.pdf"]
+    text = (ROOT / "sweeps" / "continuous_memory.toml").read_text()
+    text = text.replace("n = 200000", "n = 20000").replace("reps = 3", "reps = 2").replace(
+        "kv_tokens = [12000.0, 16000.0, 20000.0, 24000.0, 32000.0, 48000.0]", "kv_tokens = [16000.0, 24000.0, 48000.0]")
+    ds = run_sweep(parse_spec(text), tmp_path / "continuous_memory.zarr", workers=1, progress=False).load()
+    pre = (ds["preemptions"] / ds["completed"]).mean("rep")
+    assert np.all(pre.diff("kv_tokens") <= 0) and np.all(pre.sel(kv_tokens=48000.0) == 0)
+    assert np.all(pre.sel(kv_tokens=16000.0) > 0.05)

@@ -3,7 +3,10 @@
 - ``continuous_vs_binned``: on two measured GPUs, the saturated throughput
   of multi-bin batching (batches of 32 run to completion) against its bins,
   as a share of the continuous-batching engine's at the same 32 running
-  sequences, and the engine's at 256 (vLLM's default).
+  sequences, and the engine's at 256 (vLLM's default);
+- ``continuous_memory``: preemptions, p95 latency and throughput as the
+  engine's KV cache shrinks, admitting first come first served, shortest
+  predicted output first or by multi-bin.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .data import line, sim_series
+from .data import line, per_rep, sim_series
 from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
-__all__ = ["continuous_vs_binned"]
+__all__ = ["continuous_vs_binned", "continuous_memory"]
 
 #: hardware_multibin's finished-member modes drawn, and their labels
 _FINISHED = (("leave", "multi-bin, finished members leave"), ("stay", "multi-bin, finished members padded"))
@@ -62,4 +65,52 @@ def continuous_vs_binned(data) -> Figure:
                  "run to completion against an engine admitting at every iteration,\nboth timed by a measured "
                  "engine's iterations; log-normal prompts and outputs (medians 256 and 128 tokens), saturated",
                  fontsize=10)
+    return fig
+
+
+#: continuous_memory's admission orders, and their labels
+_ADMISSIONS = (("fcfs", "first come first served"), ("spf", "shortest predicted output first"),
+               ("multibin", "multi-bin (4 bins, round robin)"))
+
+
+def continuous_memory(data) -> Figure:
+    """Against the KV cache's capacity, per admission order: preemptions per
+    request (the replications' mean), p95 latency and throughput (markers,
+    95% t-intervals; hollow where the backlog grows)."""
+    ds = data["continuous_memory"]
+    kv = np.asarray(ds["kv_tokens"].values, dtype=float)
+    fig = Figure(figsize=(12.5, 4.4), dpi=100, layout="constrained")
+    ax_p, ax_l, ax_t = fig.subplots(1, 3)
+    for i, (adm, _) in enumerate(_ADMISSIONS):
+        c, m = COLORS[i], MARKERS[i]
+        pre = np.nanmean(per_rep(ds, "preemptions", "kv_tokens", admission=adm)
+                         / per_rep(ds, "completed", "kv_tokens", admission=adm), axis=1)
+        unstable = line(ds, "unstable", "kv_tokens", admission=adm).astype(bool)
+        sim_points(ax_p, kv, pre, pre, pre, unstable, c, m)
+        ax_p.plot(kv, pre, color=c, lw=0.8, zorder=2)
+        # (p95: its mean over the replications, the store's aggregate; no interval is stored)
+        p95 = line(ds, "sim_latency_p95_mean", "kv_tokens", admission=adm)
+        sim_points(ax_l, kv, p95, p95, p95, unstable, c, m)
+        ax_l.plot(kv, p95, color=c, lw=0.8, zorder=2)
+        mean, lo, hi, uns = sim_series(ds, "sim_throughput", "kv_tokens", admission=adm)
+        sim_points(ax_t, kv, mean, lo, hi, uns, c, m)
+        ax_t.plot(kv, mean, color=c, lw=0.8, zorder=2)
+    rate = float(ds.attrs.get("rate", np.nan))
+    ax_t.axhline(rate, color="0.35", ls="--", lw=1.0, zorder=1)
+    ax_p.set_ylabel("preemptions per request")
+    ax_l.set_ylabel("p95 latency (s)")
+    ax_l.set_yscale("log")
+    ax_t.set_ylabel("throughput (requests/s)")
+    ax_t.set_ylim(0, 1.15 * rate)
+    for ax in (ax_p, ax_l, ax_t):
+        ax.set_xlabel("KV cache (thousands of tokens)")
+        ax.set_xticks(kv, [f"{x / 1000:g}" for x in kv])
+    handles = [Line2D([], [], color=COLORS[i], marker=MARKERS[i], label=label)
+               for i, (_, label) in enumerate(_ADMISSIONS)]
+    handles += style_handles(("sim", "simulated (95% t-interval; p95: mean over replications)"),
+                             ("hollow", "no steady state (the backlog grows)"), ("--", "arrival rate"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5)
+    fig.suptitle("Continuous batching as its KV cache shrinks: preemptions (recompute), latency and throughput by "
+                 f"admission order\nH100 profile, 256 sequences at most, chunked prefill, Poisson arrivals at "
+                 f"{rate:g} requests/s", fontsize=10)
     return fig
