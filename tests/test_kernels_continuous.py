@@ -3,6 +3,9 @@ engine (tests/reference_continuous.py), request by request."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -146,3 +149,17 @@ def test_the_time_series_keeps_a_row_every_stride_iterations():
     ts = out.ts[:rows]
     assert np.all(np.diff(ts[:, ck.TS.time]) > 0) and np.all(ts[:, ck.TS.running] <= 8)
     assert np.all((ts[:, ck.TS.kv_blocks] >= 0) & (ts[:, ck.TS.kv_blocks] <= 100))
+
+
+def test_warmup_leaves_it_to_its_first_run():
+    """mb.warmup() does not compile the kernel (4.7 s of CPU cold); a
+    process's first continuous-batching run does (or loads it from the
+    cache)."""
+    code = ("import mbbatch as mb\n"
+            "from mbbatch._kernels import continuous as ck\n"
+            "mb.warmup()\n"
+            "print(len(ck.continuous_kernel.signatures))\n"
+            "mb.simulate(mb.ContinuousBatching(), mb.Poisson(1.0), workload=mb.Workload([10.0], [5.0]), n=20)\n"
+            "print(len(ck.continuous_kernel.signatures))\n")
+    got = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["0", "1"]

@@ -54,7 +54,10 @@ def warmup() -> None:
     """Compile (or load from the cache) every kernel and every controller
     function, so later calls run at full speed.  A cluster's event kernel
     and the helpers ordering its programs' calls are the exception: they
-    compile on the first cluster run (see :func:`.dynamic.warmup`); steps
+    compile on the first cluster run (see :func:`.dynamic.warmup`); so does
+    the continuous-batching kernel on the first ``ContinuousBatching`` run
+    (about 4.7 s of CPU cold, for runs many sessions never make:
+    :func:`.continuous.warmup` compiles it ahead); steps
     compiled apart (the draws, shortest-predicted-first's batch, the
     iteration model's batch time) compile on their first use."""
     common.warmup()
@@ -62,7 +65,6 @@ def warmup() -> None:
     dynamic.warmup()
     controller.warmup()
     laps.warmup()
-    continuous.warmup()
 
 
 def _drop_stale_caches(modules) -> None:
