@@ -159,10 +159,11 @@ def _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K):
 
 
 @step
-def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f):
+def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree):
     """Request r (in slot s) completes at ``now``: out of the running list
-    (``head``, ``tail``: returned as they are after), its latency into the
-    histogram and its batch-means group, its record kept."""
+    (``head``, ``tail``) and its slot freed (``nfree`` free slots), its
+    latency into the histogram and its batch-means group, its record kept.
+    Returns ``(head, tail, nfree)`` after."""
     if prv[s] >= 0:
         nxt[prv[s]] = nxt[s]
     else:
@@ -178,7 +179,9 @@ def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f):
     out.group_count[g] += 1
     if keep:
         r_f[RQ.completion, r] = now
-    return head, tail
+    occ[s] = -1
+    free_slots[nfree] = s
+    return head, tail, nfree + 1
 
 
 @kernel
@@ -535,10 +538,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 n_main -= 1
                 fin[sl] = -1
                 free += _blocks(p + np.int64(output[r]), bs)
-                head, tail = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
-                occ[sl] = -1
-                free_slots[nfree] = sl
-                nfree += 1
+                head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
+                                           free_slots, nfree)
                 running -= 1
                 sum_lat += now - arrival[r]
                 completed += 1
@@ -571,10 +572,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             p = np.int64(prompt[r])
             if g >= np.int64(output[r]):
                 free += _blocks(p + g, bs)
-                head, tail = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f)
-                occ[sl] = -1
-                free_slots[nfree] = sl
-                nfree += 1
+                head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
+                                           free_slots, nfree)
                 running -= 1
                 sum_lat += now - arrival[r]
                 completed += 1
