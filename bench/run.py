@@ -244,7 +244,7 @@ def main():
     for seqs, t, res in got:
         rate = args.n / t
         target = seqs == 256
-        rows.append((f"ContinuousBatching(max_num_seqs={seqs}), 80 % load, n=%.0e" % args.n, f"{t:.3f} s",
+        rows.append((f"ContinuousBatching(max_num_seqs={seqs}), 80 % load, n={args.n:.0e}", f"{t:.3f} s",
                      f"{rate / 1e6:.1f} M requests/s ({res.preemptions:,} preemptions)",
                      ("PASS" if rate >= continuous_bench.TARGET else "FAIL") if target else ""))
     ratio = got[2][1] / got[0][1]
