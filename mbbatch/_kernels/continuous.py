@@ -137,25 +137,34 @@ def _blocks(tokens, bs):
 
 @step
 def _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K):
-    """The request admitted next (-1: none waits): the last preempted, else
-    the admission order's next: the first arrived (``qh``), the top of the
-    predictions' heap, or the head of the first bin holding one from the
-    round-robin pointer ``rr`` on."""
+    """The request admitted next and its bin: ``(-1, -1)`` when none waits;
+    the last preempted (bin -1), else the admission order's next: the first
+    arrived (``qh``), the top of the predictions' heap (bin -1 both), or the
+    head of the first bin holding one from the round-robin pointer ``rr``
+    on."""
     if nstack > 0:
-        return stack[nstack - 1]
+        return stack[nstack - 1], -1
     if waiting == 0:
-        return -1
+        return -1, -1
     if adm == ADMIT_FCFS:
-        return qh
+        return qh, -1
     if adm == ADMIT_SPF:
-        return sid[0]
+        return sid[0], -1
     for off in range(K):
         b = rr + off
         if b >= K:
             b -= K
         if bh[b] >= 0:
-            return bh[b]
-    return -1
+            return bh[b], b
+    return -1, -1
+
+
+@step
+def _release(s, occ, free_slots, nfree):
+    """Slot s freed (its sequence done or preempted); returns the free slots."""
+    occ[s] = -1
+    free_slots[nfree] = s
+    return nfree + 1
 
 
 @step
@@ -179,9 +188,7 @@ def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ, fre
     out.group_count[g] += 1
     if keep:
         r_f[RQ.completion, r] = now
-    occ[s] = -1
-    free_slots[nfree] = s
-    return head, tail, nfree + 1
+    return head, tail, _release(s, occ, free_slots, nfree)
 
 
 @kernel
@@ -336,7 +343,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             stop[ARRIVED] = i
 
         # the waiting head: the last preempted, else the admission order's next (-1: none)
-        nxt_r = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
+        nxt_r, _ = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
         prefill_phase = False
         if not chunked and nxt_r >= 0 and running < M:
             if _blocks(np.int64(prompt[nxt_r]) + (gen[nxt_r] if nstack > 0 else 0) + 1, bs) <= free:
@@ -382,9 +389,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                     free += _blocks(need[sl] + 1, bs)
                 gen[r] = g
                 last_pre[r] = lt
-                occ[sl] = -1
-                free_slots[nfree] = sl
-                nfree += 1
+                nfree = _release(sl, occ, free_slots, nfree)
                 preemptions += 1
                 if keep:
                     r_i[RQ.preemptions, r] += 1
@@ -412,7 +417,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 ptok += c
         if chunked or prefill_phase:
             while budget > 0 and running < M:
-                r = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
+                r, b = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
                 from_stack = nstack > 0
                 if r < 0:
                     break
@@ -432,16 +437,11 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                     elif adm == ADMIT_SPF:
                         _, _, ssize = _heap_pop(sk, sid, ssize)
                     else:
-                        for off in range(K):
-                            b = rr + off
-                            if b >= K:
-                                b -= K
-                            if bh[b] == r:
-                                bh[b] = qnext[r]
-                                if bh[b] < 0:
-                                    bt[b] = -1
-                                rr = b + 1 if b + 1 < K else 0
-                                break
+                        # out of its bin (the head of bin b), the round robin past it
+                        bh[b] = qnext[r]
+                        if bh[b] < 0:
+                            bt[b] = -1
+                        rr = b + 1 if b + 1 < K else 0
                     if keep:
                         r_f[RQ.admitted, r] = now
                 free -= nb
