@@ -171,6 +171,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "arrival to the last completion (Little's law: throughput x mean_latency)", "continuous"),
     _m("kv_usage_mean", "1", "mean share of the KV blocks in use per unit of busy time (NaN: unlimited memory)",
        "continuous"),
+    _m("max_num_seqs_mean", "sequences", "mean cap on the running sequences per unit of busy time: the "
+       "controller's (Algorithms 1, 2 and 7), else max_num_seqs", "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
        "no steady state", dtype="bool", var_name="backlog_growing"),
 ]}

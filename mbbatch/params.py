@@ -228,6 +228,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        choices=("fcfs", "spf", "multibin")),
     _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
        default=4),
+    _p("sla_control", "flag", "", "the dynamic-batching controller (Algorithms 1, 2 and 7, its memory eta the "
+       "engine's kv_tokens) sets the running sequences' cap at every iteration (continuous batching)",
+       default=False),
     # --- batch service models -----------------------------------------------------------
     _p("service_model", "choice", "", "batch service model of the token-level policies (prefill: LAPS's; "
        "multibin on a workload: max, iteration or profile)",

@@ -389,6 +389,7 @@ def _hardware_sweeps(rates):
     out["hardware_multibin"] = _hardware_multibin()
     out["continuous_vs_binned"] = _continuous_vs_binned()
     out["continuous_memory"] = _continuous_memory()
+    out["continuous_controller"] = _continuous_controller()
     out["hardware_trace_default"] = _token_sweep(
         "hardware_trace_default", {"policy": list(kinds), "rate": rates},
         lambda policy, rate: (HARDWARE_CAPS[policy][1] * 0.9, 0.1), policies=kinds, attrs=dict(n=20000, b_max=256),
@@ -706,3 +707,33 @@ def drawn(results, tmp_path_factory):
                 mock.patch.object(mbbatch.simulation, "simulate", refuse):
             _SESSION["drawn"] = out, figures.make_figures(results, out)
     return _SESSION["drawn"]
+
+
+def _continuous_controller(reps=REPS):
+    """continuous_controller's store: fixed caps carrying up to a limit each at a time between tokens that
+    grows with it, the controller holding its D_SLA; the cap in force per replication."""
+    import json
+
+    names = {"cap32": 32, "cap128": 128, "cap256": 256, "sla20": 0.02}
+    rate = np.array([5.0, 15.0, 25.0, 30.0])
+    limit = np.array([13.4, 27.5, 32.0, 26.5])
+    thr = np.minimum(rate[None, :], limit[:, None])
+    tbt = np.array([[0.010, 0.0117, 0.0117, 0.0117], [0.010, 0.014, 0.022, 0.0224],
+                    [0.010, 0.014, 0.0226, 0.030], [0.010, 0.014, 0.0203, 0.0205]])
+    cap = np.array([[32.0] * 4, [128.0] * 4, [256.0] * 4, [140.0, 160.0, 155.0, 116.0]])
+    rng = np.random.default_rng(24)
+    noise = 1.0 + 0.01 * rng.standard_normal(thr.shape + (reps,))
+    dims = ("policy", "rate")
+    unstable = rate[None, :] > limit[:, None]
+    ds = xr.Dataset({"sim_throughput_mean": (dims, thr), "sim_throughput_ci_low": (dims, thr * 0.99),
+                     "sim_throughput_ci_high": (dims, thr * 1.01),
+                     "sim_tbt_p99": (dims + ("rep",), tbt[..., None] * noise),
+                     "sim_max_num_seqs_mean": (dims + ("rep",), cap[..., None] * np.ones(reps)),
+                     "sim_latency_p95_mean": (dims, np.where(unstable, 500.0, 8.0)),
+                     "unstable": (dims, unstable), "done": (dims, np.ones(thr.shape, bool))},
+                    coords={"policy": list(names), "rate": rate, "rep": np.arange(reps)})
+    ds.attrs.update(name="continuous_controller", reps=reps, arrivals="poisson", policy="continuous")
+    for name, v in names.items():
+        ds.attrs[f"policy_{name}"] = json.dumps({"kind": "continuous", "max_num_seqs": v} if name.startswith("cap")
+                                                else {"d_sla": v, "kind": "continuous", "sla_control": True})
+    return ds

@@ -167,6 +167,7 @@ def _ranges(R: random.Random) -> dict:
         "max_num_seqs": lambda: R.randint(1, 64),
         "max_batched_tokens": lambda: R.choice([R.randint(1, 64), R.randint(64, 4096)]),
         "chunked_prefill": pick(True, False),
+        "sla_control": pick(True, False),
         "kv_tokens": lambda: R.choice([math.inf, u(500, 100000)]),
         "block_size": pick(1, 16, 32),
         "admission": pick("fcfs", "spf", "multibin"),

@@ -9,16 +9,30 @@ import math
 
 import numpy as np
 
+from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
+
 
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
-             per_context=0.0):
+             per_context=0.0, controller=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
     ``completion``, ``admitted`` the time of first admission, ``preempted``
     counts), the TBT samples (every gap between two tokens of a request),
-    and totals (``iterations``, ``busy``, ``preemptions``, ``recomputed``)."""
+    and totals (``iterations``, ``busy``, ``preemptions``, ``recomputed``).
+
+    ``controller``: a dict of Algorithm 2's settings ``sla = (d_sla, eps_d,
+    b_min, b_max, alpha, delta, multiplicative)``, the EMA weight ``ema``
+    and optionally Algorithm 1's ``memory = (eta, variant, z,
+    default_tokens, b_min, b_max)``: before every iteration b_SLA (at most
+    b_mem) caps the running sequences (at most ``max_num_seqs``); after it,
+    Algorithm 7 with the iteration as the batch (its sequences, its time),
+    N_decode the sequences left running and the requests it completed as the
+    statistics' batch.  The algorithms themselves are the kernels' scalar
+    forms (their own tests hold them to the pseudocode); this engine checks
+    when and with what the kernel calls them.  The cap per iteration is
+    returned as ``caps``."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -48,6 +62,13 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     iterations = 0
     preemptions = 0
     recomputed = 0
+    caps = []
+    if controller is not None:
+        d_sla, eps_d, b_min, b_max, alpha, delta, mult = controller["sla"]
+        ema = controller["ema"]
+        mem = controller.get("memory")
+        ctl = dict(lo=float(b_min), hi=float(b_max), tau=0.0, b_avg=0.0, n_decode=0.0, updates=0.0)
+        st = [0.0] * 5       # avg prompt, avg output, count, mean tokens, m2 tokens
 
     def bin_of(r):
         return int(np.searchsorted(edges, prediction[r], side="right"))
@@ -112,12 +133,22 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 break
             now = max(now, arrival[i])
             continue
+        cap = max_num_seqs
+        if controller is not None:
+            b, ctl["lo"], ctl["hi"] = b_sla_core(ctl["lo"], ctl["hi"], ctl["tau"], ctl["b_avg"], ctl["n_decode"],
+                                                 ctl["updates"], d_sla, eps_d, float(b_min), float(b_max),
+                                                 float(alpha), float(delta), mult)
+            if mem is not None:
+                eta, variant, z, default_tokens, mb_min, mb_max = mem
+                b = min(b, b_mem_core(eta, variant, z, default_tokens, float(mb_min), float(mb_max), *st, 0.0))
+            cap = min(int(b), max_num_seqs)
+        caps.append(cap)
         decoding = [r for r in running if pre[r] == need[r]]
         prefill = {}
         prefill_phase = False
         if not chunked:
             r = peek()
-            if r >= 0 and len(running) < max_num_seqs and blocks(prompt[r] + g[r] + 1) <= free:
+            if r >= 0 and len(running) < cap and blocks(prompt[r] + g[r] + 1) <= free:
                 prefill_phase = True
         if chunked or not prefill_phase:
             # the decodes' new blocks, preempting the most recently admitted while they do not fit
@@ -141,7 +172,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                     prefill[r] = c
                     budget -= c
         if chunked or prefill_phase:
-            while budget > 0 and len(running) < max_num_seqs:
+            while budget > 0 and len(running) < cap:
                 r = peek()
                 if r < 0:
                     break
@@ -190,11 +221,24 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                     tbt.append(now - last_tok[r])
                 g[r] += 1
                 last_tok[r] = now
-        for r in [r for r in running if pre[r] == need[r] and g[r] >= output[r]]:
+        finished = [r for r in running if pre[r] == need[r] and g[r] >= output[r]]
+        for r in finished:
             running.remove(r)
             free += held[r]
             held[r] = 0
             done[r] = now
+        if controller is not None:
+            if mem is not None and finished:
+                k = len(finished)
+                sp, so = sum(prompt[r] for r in finished), sum(output[r] for r in finished)
+                sq = sum((prompt[r] + output[r]) ** 2 for r in finished)
+                m2 = float(k * sq - (sp + so) ** 2) / k
+                st = list(feedback_core(k, float(sp), float(so), m2, float(max(output[r] for r in finished)), t,
+                                        t, ema, *st, 0.0, 0.0)[:5])
+            ctl["tau"], ctl["b_avg"] = feedback_core(len(decoding) + len(prefill), 0.0, 0.0, 0.0, 1.0, t, t, ema,
+                                                     0.0, 0.0, 0.0, 0.0, 0.0, ctl["tau"], ctl["b_avg"])[5:]
+            ctl["n_decode"] = float(len(running))
+            ctl["updates"] += 1.0
     return dict(first_token=np.array(first), completion=np.array(done), admitted=np.array(admitted),
                 preempted=np.array(preempted), tbt=np.array(tbt), iterations=iterations, busy=busy,
-                preemptions=preemptions, recomputed=recomputed)
+                preemptions=preemptions, recomputed=recomputed, caps=np.array(caps))

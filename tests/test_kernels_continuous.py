@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mbbatch._kernels import continuous as ck
+from mbbatch._kernels import controller as kc
 from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
 
 from . import reference_continuous as ref
@@ -17,19 +18,37 @@ from . import reference_continuous as ref
 COEF = dict(step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-5)
 
 
+def _control(controller):
+    """The kernel's control packs of the reference's ``controller`` dict (None: none)."""
+    if controller is None:
+        return ck.controls()
+    d_sla, eps_d, b_min, b_max, alpha, delta, mult = controller["sla"]
+    sla = kc.SLA.pack(variant=int(mult), d_sla=d_sla, eps_d=eps_d, b_min=float(b_min), b_max=float(b_max),
+                      alpha=float(alpha), delta=float(delta), ema=controller["ema"])
+    mem = controller.get("memory")
+    if mem is None:
+        return ck.controls(sla)
+    eta, variant, z, default_tokens, mb_min, mb_max = mem
+    return ck.controls(sla, kc.MEMORY.pack(variant=variant, eta=eta, b_min=float(mb_min), b_max=float(mb_max), z=z,
+                                           default_tokens=default_tokens))
+
+
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
-            edges, **coef):
+            edges, controller=None, ts_rows=8, **coef):
     n = len(arr)
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
                          max_batched_tokens=max_batched_tokens, chunked=int(chunked), blocks=blocks,
                          block_size=block_size, admission=ck.ADMISSIONS[admission], bins=len(edges) + 1, keep=1,
+                         controlled=int(controller is not None),
+                         memory_on=int(controller is not None and controller.get("memory") is not None),
                          rate=0.0, **coef)
     inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                             prediction=pred.astype(float), edges=np.asarray(edges, float))
     out, req, code = ck.run(cfg, inputs, ck.ContinuousStreams(np.random.default_rng(0)),
-                            np.zeros(STOP_SIZE, np.int64), groups=4, ts_rows=8)
+                            np.zeros(STOP_SIZE, np.int64), control=_control(controller), groups=4,
+                            ts_rows=ts_rows)
     return out, req, code
 
 
@@ -86,6 +105,46 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
         assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
         seen_preemptions += st["preemptions"]
     assert seen_preemptions > 0          # (the memory bound some runs)
+
+
+def _controller(rng):
+    """A random controller: D_SLA about the iterations' times (so that
+    every case of Algorithm 2 happens), either variant, and half the time
+    Algorithm 1 on a token capacity that binds now and then."""
+    d_sla = float(rng.choice([0.012, 0.02, 0.04]))
+    b_min = int(rng.integers(1, 3))
+    b_max = int(rng.choice([4, 8, 16]))
+    c = dict(sla=(d_sla, float(rng.choice([0.0, 1e-3])), b_min, max(b_min, b_max), int(rng.choice([2, 4])),
+                  int(rng.choice([1, 2])), bool(rng.random() < 0.3)), ema=kc.DEFAULT_EMA)
+    if rng.random() < 0.5:
+        c["memory"] = (float(rng.choice([150.0, 400.0, 2000.0])), int(rng.integers(0, 2)), 1.645, 50.0, b_min,
+                       max(b_min, b_max))
+    return c
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_controlled_kernel_is_the_reference_engine_request_by_request(seed):
+    """Algorithms 1, 2 and 7 setting the running sequences' cap at every
+    iteration, over 30 random configurations per seed: the cap of every
+    iteration (the time series, a row per iteration), each request's
+    admission, first token and completion, the preemptions and the
+    controller's last state equal the reference's."""
+    rng = np.random.default_rng(100 + seed)
+    caps_seen = set()
+    for _ in range(30):
+        (arr, p, o, pred), kw = _config(rng)
+        kw["controller"] = _controller(rng)
+        want = ref.simulate(arr, p, o, pred, **kw)
+        out, req, code = _kernel(arr, p, o, pred, ts_rows=2 * (len(want["caps"]) + 1), **kw)
+        st = ck.STATS.unpack((out.ints, out.floats))
+        assert code == ck.DONE and st["ts_stride"] == 1
+        np.testing.assert_array_equal(out.ts[:st["ts_rows"], ck.TS.max_num_seqs], want["caps"], err_msg=f"{kw}")
+        for col in ("admitted", "first_token", "completion"):
+            np.testing.assert_array_equal(req[col], want[col], err_msg=f"{col} {kw}")
+        np.testing.assert_array_equal(req["preemptions"], want["preempted"])
+        assert (st["iterations"], st["preemptions"]) == (want["iterations"], want["preemptions"])
+        caps_seen.update(np.unique(want["caps"]).tolist())
+    assert len(caps_seen) > 5             # (the cap moved)
 
 
 def test_one_sequence_at_a_time_is_a_fifo_server_of_the_iteration_models_batches():

@@ -53,3 +53,16 @@ def test_a_sweep_cell_builds_it():
     assert (p.max_num_seqs, p.max_batched_tokens, p.chunked_prefill, p.kv_tokens, p.block_size, p.admission) == (
         8, 64, False, 4096.0, 8, "spf")
     assert p.predictor == mb.LogNormalError(0.3)
+
+
+def test_a_sweep_cell_with_sla_control_builds_the_controller_on_the_engines_memory():
+    params = {"max_num_seqs": 64, "max_batched_tokens": 2048, "chunked_prefill": True, "kv_tokens": 4096.0,
+              "block_size": 16, "admission": "fcfs", "admission_bins": 4, "sla_control": True, "d_sla": 0.02,
+              "eps_d": 1e-3, "b_min": 2, "b_max": 128, "controller": "spec", "memory": "clt", "eps_m": 0.1}
+    p = registry.build("continuous", params)
+    assert p.controller == mb.SLAController(d_sla=0.02, eps_d=1e-3, b_min=2, b_max=128)
+    assert (p.algorithm1.eta, p.algorithm1.variant, p.algorithm1.eps_m) == (4096.0, "clt", 0.1)
+    assert p.describe()["eta"] == 4096.0 and p.describe()["controller"] == "spec"
+    assert registry.build("continuous", {**params, "memory": "off"}).algorithm1 is None
+    assert registry.build("continuous", {**params, "kv_tokens": math.inf}).algorithm1 is None
+    assert registry.build("continuous", {**params, "sla_control": False}).controller is None

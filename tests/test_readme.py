@@ -142,10 +142,24 @@ def test_continuous_batching_example_runs_and_quotes_its_throughputs():
     ns = {"mb": mb, "np": np, "st": st}
     exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
     exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
-    exec(compile(block_with("ContinuousBatching("), "README.md", "exec"), ns)
+    exec(compile(block_with("ContinuousBatching(max_num_seqs=s)"), "README.md", "exec"), ns)
     cb = [round(x, 2) for x in ns["cb"]]
     assert cb == [13.42, 33.97]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`cb` is 13.42 and 33.97 requests/s" in readme
     assert [round(100 * x / cb[0]) for x in (ns["carried"][0], ns["carried"][3])] == [25, 58]
     assert "carries 25 % of the continuous engine's throughput with one bin and 58 % with eight" in readme
+
+
+def test_the_controller_example_runs_and_quotes_its_times_between_tokens():
+    import scipy.stats as st
+
+    import mbbatch as mb
+
+    ns = {"mb": mb, "np": np, "st": st}
+    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
+    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
+    exec(compile(block_with("SLAController(d_sla=0.02"), "README.md", "exec"), ns)
+    assert [round(x, 2) for x in ns["tbt"]] == [22.03, 20.24]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`tbt` is 22.03 and 20.24 ms" in readme

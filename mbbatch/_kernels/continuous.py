@@ -39,6 +39,18 @@ all their output leave, freeing their blocks.  An idle engine waits for the
 next arrival.  Arrivals at an iteration's end join before the next is
 scheduled.
 
+With a controller (``controlled``), the running sequences an iteration may
+admit up to are not ``max_num_seqs`` but the dynamic-batching paper's
+``b_target`` (Pang, Li and Wang, 2025, "Optimizing LLM inference throughput via
+memory-aware and SLA-constrained dynamic batching", arXiv:2503.05248), as
+its vLLM patch sets ``max_num_seqs``: at every iteration Algorithm 2's
+b_SLA (and, ``memory_on``, at most Algorithm 1's b_mem), capped by
+``max_num_seqs``; a cap below the running count admits nothing and
+preempts nothing.  After every iteration Algorithm 7 feeds it back: the
+iteration is the batch (its sequences, its time the time between tokens of
+its decodes), ``N_decode`` the sequences still running, and the requests
+the iteration completed update the length statistics Algorithm 1 reads.
+
 The loop never visits every running sequence at an iteration: a decode
 round is a counter, and a sequence joining the decodes records the round it
 joined at, so that its length, its completion round (a heap), the decodes'
@@ -57,7 +69,10 @@ from collections import namedtuple
 import numpy as np
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, check_stop, draw_arrivals, drawers,
-                     hist_bucket, kernel, step)
+                     helper, hist_bucket, kernel, step)
+from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS,
+                         MEMORY, SLA, T, b_mem_core, b_sla_core, controller_init, feedback_core)
+from .controller import M as MM
 from .layout import Arrays, Layout
 from .programs import _heap_pop, _heap_push
 
@@ -71,7 +86,8 @@ UNLIMITED = 1 << 62
 
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
-                                        "blocks", "block_size", "admission", "bins", "keep"),
+                                        "blocks", "block_size", "admission", "bins", "keep", "controlled",
+                                        "memory_on"),
                 floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
@@ -86,7 +102,7 @@ STATS = Layout("continuous statistics", ints=("completed", "iterations", "rounds
                                               "prefill_tokens", "tokens", "tbt_count", "max_running",
                                               "ts_rows", "ts_stride"),
                floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft", "sum_tbt",
-                       "running_time", "blocks_time", "waiting_time", "sum_batch", "system_time"))
+                       "running_time", "blocks_time", "waiting_time", "sum_batch", "system_time", "cap_time"))
 #: the outputs: histograms of the latency, the time to first token and the
 #: time between tokens (every gap between two tokens of a request), the
 #: latencies summed per group of arrivals (batch means), the iterations by
@@ -95,7 +111,7 @@ STATS = Layout("continuous statistics", ints=("completed", "iterations", "rounds
 #: doubling whenever the rows fill)
 OUTPUTS = Arrays("ContinuousOutputs", __name__, ints=np.int64, floats=np.float64, hist=np.int64,
                  hist_ttft=np.int64, hist_tbt=np.int64, group_latency=np.float64, group_count=np.int64,
-                 ts=(np.float64, 2), size_hist=np.int64)
+                 ts=(np.float64, 2), size_hist=np.int64, ctl=np.float64, bstats=np.float64)
 ContinuousOutputs = OUTPUTS.type
 #: per-request records (``keep``): preemptions; arrival, first admission,
 #: first token and completion
@@ -118,11 +134,15 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
                    hk=np.int64, hid=np.int64, sk=np.float64, sid=np.int64, stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
-                   draws=np.int64)
+                   tally=np.int64, draws=np.int64)
 ContinuousWorkspace = WORKSPACE.type
 
 #: the time series' columns
-TS = namedtuple("TS", ("time", "running", "waiting", "kv_blocks"))(0, 1, 2, 3)
+TS = namedtuple("TS", ("time", "running", "waiting", "kv_blocks", "max_num_seqs"))(0, 1, 2, 3, 4)
+TS_WIDTH = len(TS)
+#: the requests completed in an iteration (Algorithm 7's batch): their count, the sums of their prompts, outputs
+#: and squared prompt + output, and the longest output (whole tokens: exact in any order)
+TALLY = namedtuple("TALLY", ("n", "prompt", "output", "square", "longest"))(0, 1, 2, 3, 4)
 
 C = CONFIG.index
 S = STATS.index
@@ -191,10 +211,70 @@ def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ, fre
     return head, tail, _release(s, occ, free_slots, nfree)
 
 
+@step
+def _cap(ctl, bst, sla, memory, memory_on, M):
+    """The running sequences allowed at this iteration under the controller
+    (the dynamic-batching paper's vLLM patch setting ``max_num_seqs``):
+    Algorithm 2's b_SLA (its interval moved in ``ctl``), with ``memory_on``
+    at most Algorithm 1's b_mem from the completed requests' statistics
+    ``bst``, and at most the engine's ``M`` slots."""
+    si, sf = sla
+    b, ctl[CT.b_low], ctl[CT.b_high] = b_sla_core(
+        ctl[CT.b_low], ctl[CT.b_high], ctl[CT.tau_avg], ctl[CT.b_avg], ctl[CT.n_decode], ctl[CT.updates],
+        sf[A.d_sla], sf[A.eps_d], sf[A.b_min], sf[A.b_max], sf[A.alpha], sf[A.delta],
+        si[A.variant] == CTL_VARIANT_MULTIPLICATIVE)
+    if memory_on:
+        mi, mf = memory
+        bm = b_mem_core(mf[MM.eta], mi[MM.variant], mf[MM.z], mf[MM.default_tokens], mf[MM.b_min], mf[MM.b_max],
+                        bst[T.avg_prompt], bst[T.avg_output], bst[T.count], bst[T.mean_tokens], bst[T.m2_tokens],
+                        0.0)
+        if bm < b:
+            b = bm
+    return b if b < M else np.int64(M)
+
+
+@step
+def _tally(tally, p, o):
+    """Request of prompt ``p`` and output ``o`` tokens completed: into the iteration's tally."""
+    tally[TALLY.n] += 1
+    tally[TALLY.prompt] += p
+    tally[TALLY.output] += o
+    tally[TALLY.square] += (p + o) * (p + o)
+    if o > tally[TALLY.longest]:
+        tally[TALLY.longest] = o
+
+
+@step
+def _feedback(ctl, bst, tally, ema, t, size, running):
+    """Algorithm 7 after an iteration of ``size`` sequences that took ``t``
+    (the time between tokens of its decodes), ``running`` sequences left:
+    the completed requests' statistics (the tally, emptied) when any, the
+    controller's EMAs of the time between tokens and of the iteration's
+    sequences, its N_decode and update count."""
+    nb = tally[TALLY.n]
+    if nb > 0:
+        s = tally[TALLY.prompt] + tally[TALLY.output]
+        # (their squared deviations from their mean, from whole-token sums: exact in any order)
+        m2_b = float(nb * tally[TALLY.square] - s * s) / nb
+        (bst[T.avg_prompt], bst[T.avg_output], bst[T.count], bst[T.mean_tokens], bst[T.m2_tokens], _,
+         _) = feedback_core(nb, float(tally[TALLY.prompt]), float(tally[TALLY.output]), m2_b,
+                            float(tally[TALLY.longest]), t, t, ema, bst[T.avg_prompt], bst[T.avg_output],
+                            bst[T.count], bst[T.mean_tokens], bst[T.m2_tokens], 0.0, 0.0)
+        for k in range(5):
+            tally[k] = 0
+    # (the controller's half of the same step, the iteration its batch)
+    _, _, _, _, _, ctl[CT.tau_avg], ctl[CT.b_avg] = feedback_core(
+        size, 0.0, 0.0, 0.0, 1.0, t, t, ema, 0.0, 0.0, 0.0, 0.0, 0.0, ctl[CT.tau_avg], ctl[CT.b_avg])
+    ctl[CT.n_decode] = float(running)
+    ctl[CT.updates] += 1.0
+
+
 @kernel
-def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
-    """Simulate the run ``config``; statistics and records are written in
-    place.  Returns :data:`DONE`, :data:`STOPPED` once ``stop[STOP]`` was
+def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop):
+    """Simulate the run ``config`` (with ``controlled``, the controller of
+    ``control``: :data:`~.controller.SLA` and :data:`~.controller.MEMORY`
+    packs, its state in ``out.ctl`` and ``out.bstats``); statistics and
+    records are written in place.  Returns :data:`DONE`, :data:`STOPPED` once ``stop[STOP]`` was
     set (checked every 65,536 iterations, when ``stop[ARRIVED]`` gets the
     requests arrived so far), or :data:`STALLED`."""
     ci, cf = config
@@ -207,6 +287,13 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
     adm = ci[C.admission]
     K = ci[C.bins]
     keep = ci[C.keep] != 0
+    controlled = ci[C.controlled] != 0
+    memory_on = ci[C.memory_on] != 0
+    sla, memory = control
+    ema = sla[1][A.ema]
+    ctl = out.ctl
+    bst = out.bstats
+    tally = ws.tally
     rate = cf[C.rate]
     step_t = cf[C.step]
     ppt = cf[C.prefill_per_token]
@@ -304,6 +391,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
     sum_batch = 0
     # the integral over time of the requests in the engine (waiting or running): Little's law's L x T
     system_time = 0.0
+    cap_time = 0.0
     blocks_total = free
     last_done = -np.inf
     now = 0.0
@@ -341,11 +429,14 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
         iterations += 1
         if (iterations & 65535) == 0:
             stop[ARRIVED] = i
+        cap = M
+        if controlled:
+            cap = _cap(ctl, bst, sla, memory, memory_on, M)
 
         # the waiting head: the last preempted, else the admission order's next (-1: none)
         nxt_r, _ = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
         prefill_phase = False
-        if not chunked and nxt_r >= 0 and running < M:
+        if not chunked and nxt_r >= 0 and running < cap:
             if _blocks(np.int64(prompt[nxt_r]) + (gen[nxt_r] if nstack > 0 else 0) + 1, bs) <= free:
                 prefill_phase = True
         n_d = 0
@@ -416,7 +507,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 budget -= c
                 ptok += c
         if chunked or prefill_phase:
-            while budget > 0 and running < M:
+            while budget > 0 and running < cap:
                 r, b = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
                 from_stack = nstack > 0
                 if r < 0:
@@ -487,7 +578,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             if ts_rows == ts_max:
                 # full: every other row kept, the stride doubled
                 for k in range(ts_max // 2):
-                    for col in range(4):
+                    for col in range(TS_WIDTH):
                         ts[k, col] = ts[2 * k + 1, col]
                 ts_rows = ts_max // 2
                 ts_stride *= 2
@@ -496,8 +587,10 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 ts[ts_rows, TS.running] = running
                 ts[ts_rows, TS.waiting] = waiting + nstack
                 ts[ts_rows, TS.kv_blocks] = used if blocks_total < UNLIMITED else -1.0
+                ts[ts_rows, TS.max_num_seqs] = cap
                 ts_rows += 1
         running_time += running * t
+        cap_time += cap * t
         system_time += (running + waiting + nstack) * t
         blocks_time += used * t
         waiting_time += (waiting + nstack) * t
@@ -538,6 +631,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
                 n_main -= 1
                 fin[sl] = -1
                 free += _blocks(p + np.int64(output[r]), bs)
+                if memory_on:
+                    _tally(tally, p, np.int64(output[r]))
                 head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1
@@ -572,6 +667,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             p = np.int64(prompt[r])
             if g >= np.int64(output[r]):
                 free += _blocks(p + g, bs)
+                if memory_on:
+                    _tally(tally, p, g)
                 head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1
@@ -593,6 +690,8 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
             gt[ng] = now
             gc[ng] = joined
             ng += 1
+        if controlled:
+            _feedback(ctl, bst, tally, ema, t, n_d + nc, running)
     st_i, st_f = out.ints, out.floats
     st_i[S.completed] = completed
     st_i[S.iterations] = iterations
@@ -607,6 +706,7 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
     st_i[S.ts_stride] = ts_stride
     st_f[S.sum_batch] = sum_batch
     st_f[S.system_time] = system_time
+    st_f[S.cap_time] = cap_time
     st_f[S.first_arrival] = arrival[0] if n > 0 else np.nan
     st_f[S.last_completion] = last_done
     st_f[S.busy] = busy
@@ -622,22 +722,45 @@ def continuous_kernel(config, inputs, streams, out, requests, ws, stop):
     return code
 
 
-def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.ndarray, *, groups: int = 1,
-        ts_rows: int = 2):
-    """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``:
-    returns ``(outputs, requests, code)``: the statistics as
-    ``STATS.unpack((outputs.ints, outputs.floats))``, the per-request
-    records as ``{field: row}`` (None without ``keep``) and the kernel's
-    code; ``groups`` batch-means groups of arrivals and a time series of at
-    most ``ts_rows`` rows (even)."""
+@helper
+def arrival_times(fn, inv_rate, times, gen, out, params, ends):
+    """The arrival times a run of ``out.size`` requests draws (by the
+    arrival drawer at ``fn``, from ``gen``), into ``out``: those the
+    engines of a run of several share out."""
+    draw_arrivals(fn, 0.0, inv_rate, times, 0, out.shape[0], gen, out, params, ends, np.int64(0), -1.0)
+
+
+def controls(sla=None, memory=None) -> tuple:
+    """The kernel's ``control``: the SLA controller's and the memory's packs
+    (:data:`~.controller.SLA`, :data:`~.controller.MEMORY`), zeros where
+    none (a run without ``controlled`` or ``memory_on``)."""
+    return (SLA.zeros() if sla is None else sla, MEMORY.zeros() if memory is None else memory)
+
+
+def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.ndarray, *, control=None,
+        groups: int = 1, ts_rows: int = 2):
+    """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``,
+    with the controller ``control`` (:func:`controls`; needed with
+    ``controlled``): returns ``(outputs, requests, code)``: the statistics
+    as ``STATS.unpack((outputs.ints, outputs.floats))`` (the controller's
+    last state in ``outputs.ctl``), the per-request records as
+    ``{field: row}`` (None without ``keep``) and the kernel's code;
+    ``groups`` batch-means groups of arrivals and a time series of at most
+    ``ts_rows`` rows (even)."""
     check_stop(stop)
     cfg = CONFIG.unpack(config)
+    control = controls() if control is None else control
+    ctl = np.zeros(CONTROLLER.size)
+    if cfg["controlled"]:
+        sf = SLA.unpack(control[0])
+        controller_init(ctl, sf["b_min"], sf["b_max"])
     n, M, bs, K = cfg["n"], cfg["max_num_seqs"], cfg["block_size"], cfg["bins"]
     ints, floats = STATS.zeros(last_completion=-np.inf)
     out = OUTPUTS.pack(ints=ints, floats=floats, hist=np.zeros(HIST_SIZE, np.int64),
                        hist_ttft=np.zeros(HIST_SIZE, np.int64), hist_tbt=np.zeros(HIST_SIZE, np.int64),
                        group_latency=np.zeros(groups), group_count=np.zeros(groups, np.int64),
-                       ts=np.zeros((2 * (ts_rows // 2), len(TS))), size_hist=np.zeros(M + 1, np.int64))
+                       ts=np.zeros((2 * (ts_rows // 2), TS_WIDTH)), size_hist=np.zeros(M + 1, np.int64), ctl=ctl,
+                       bstats=np.zeros(BATCH_STATS.size))
     requests = REQUESTS.records(n if cfg["keep"] else 0, fill=0)
     if cfg["keep"]:
         requests[1][:] = np.nan
@@ -659,8 +782,8 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
                         stack=np.empty(n, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),
                         bt=np.empty(K, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
-                        draws=drawers(cfg["arrival_kind"]))
-    code = continuous_kernel(config, inputs, streams, out, requests, ws, stop)
+                        tally=np.zeros(len(TALLY), np.int64), draws=drawers(cfg["arrival_kind"]))
+    code = continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None), code
 
 
@@ -669,9 +792,12 @@ def warmup() -> None:
     ``mb.warmup()`` leaves it out (about 4.7 s of CPU cold): a process's
     first continuous-batching run compiles it, and the disk cache keeps it."""
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
-                         block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, rate=1.0, step=0.01,
-                         prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6)
+                         block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
+                         rate=1.0, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6)
+    ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
+                           ema=DEFAULT_EMA),
+                  MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))
     x = np.full(4, 3.0)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          prompt=x, output=x, prediction=x, edges=np.array([2.0]))
-    run(config, inputs, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64))
+    run(config, inputs, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)

@@ -11,7 +11,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
  'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
- 'continuous_vs_binned', 'continuous_memory']
+ 'continuous_vs_binned', 'continuous_memory', 'continuous_controller']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -38,8 +38,9 @@ A figure's name is the name of the function that draws it:
   (``hardware_policies``, ``hardware_trace``) and multi-bin batching on
   them beside its closed form (``hardware_multibin``);
 - :mod:`.continuous`: continuous batching against multi-bin batching run
-  to completion on them (``continuous_vs_binned``), and as its KV cache
-  shrinks (``continuous_memory``);
+  to completion on them (``continuous_vs_binned``), as its KV cache
+  shrinks (``continuous_memory``), and its cap set by the dynamic-batching
+  controller (``continuous_controller``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -122,6 +123,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("hardware_multibin", (hardware.hardware_multibin, ["hardware_multibin"])),
     ("continuous_vs_binned", (continuous.continuous_vs_binned, ["hardware_multibin", "continuous_vs_binned"])),
     ("continuous_memory", (continuous.continuous_memory, ["continuous_memory"])),
+    ("continuous_controller", (continuous.continuous_controller, ["continuous_controller"])),
 ])
 
 

@@ -6,7 +6,10 @@
   sequences, and the engine's at 256 (vLLM's default);
 - ``continuous_memory``: preemptions, p95 latency and throughput as the
   engine's KV cache shrinks, admitting first come first served, shortest
-  predicted output first or by multi-bin.
+  predicted output first or by multi-bin;
+- ``continuous_controller``: the dynamic-batching controller setting the
+  engine's cap on running sequences against fixed caps: p99 time between
+  tokens against throughput, p95 latency and the cap against load.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .data import line, per_rep, sim_series
+from .. import stats
+from .data import line, per_rep, sim_series, variants
 from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
-__all__ = ["continuous_vs_binned", "continuous_memory"]
+__all__ = ["continuous_vs_binned", "continuous_memory", "continuous_controller"]
 
 #: hardware_multibin's finished-member modes drawn, and their labels
 _FINISHED = (("leave", "multi-bin, finished members leave"), ("stay", "multi-bin, finished members padded"))
@@ -113,4 +117,69 @@ def continuous_memory(data) -> Figure:
     fig.suptitle("Continuous batching as its KV cache shrinks: preemptions (recompute), latency and throughput by "
                  f"admission order\nH100 profile, 256 sequences at most, chunked prefill, Poisson arrivals at "
                  f"{rate:g} requests/s", fontsize=10)
+    return fig
+
+
+def _rep_interval(ds, var, x, **sel) -> tuple:
+    """``(mean, low, high)`` along ``x`` of a metric stored per replication:
+    the 95 % t-interval of its replications' mean."""
+    return tuple(np.array(v) for v in zip(*(stats.t_interval(r) for r in per_rep(ds, var, x, **sel))))
+
+
+def continuous_controller(data) -> Figure:
+    """Per variant (fixed caps, and the controller at each D_SLA): p99 time
+    between tokens against the throughput carried (each point a load; 95 %
+    t-intervals over the replications' p99s; hollow where the backlog
+    grows), with the SLA lines; p95 latency and the cap in force (the
+    controller's time average) against the offered load."""
+    ds = data["continuous_controller"]
+    settings = dict(variants(ds))
+    names = list(settings)
+    rate = np.asarray(ds["rate"].values, dtype=float)
+    ctl = [p for p in names if settings[p].get("sla_control")]
+    fixed = [p for p in names if p not in ctl]
+    # fixed caps in blues to greys by their size, the controllers in strong colours
+    shades = ["#9ecae1", "#6baed6", "#3182bd", "#08519c", "#08306b"]
+    style = {p: (shades[i % len(shades)], MARKERS[i]) for i, p in enumerate(fixed)}
+    style.update({p: (("#d62728", "#ff7f0e", "#2ca02c")[i % 3], "P*Xh"[i % 4]) for i, p in enumerate(ctl)})
+    fig = Figure(figsize=(13.5, 4.6), dpi=100, layout="constrained")
+    ax_t, ax_l, ax_c = fig.subplots(1, 3)
+    labels = {}
+    for p in names:
+        c, m = style[p]
+        unstable = line(ds, "unstable", "rate", policy=p).astype(bool)
+        thr = line(ds, "sim_throughput_mean", "rate", policy=p)
+        mean, lo, hi = (1e3 * v for v in _rep_interval(ds, "sim_tbt_p99", "rate", policy=p))
+        sim_points(ax_t, thr, mean, lo, hi, unstable, c, m)
+        ax_t.plot(thr, mean, color=c, lw=0.8, zorder=2)
+        p95 = line(ds, "sim_latency_p95_mean", "rate", policy=p)
+        sim_points(ax_l, rate, p95, p95, p95, unstable, c, m)
+        ax_l.plot(rate, p95, color=c, lw=0.8, zorder=2)
+        cap, cap_lo, cap_hi = _rep_interval(ds, "sim_max_num_seqs_mean", "rate", policy=p)
+        sim_points(ax_c, rate, cap, cap_lo, cap_hi, unstable, c, m)
+        ax_c.plot(rate, cap, color=c, lw=0.8, zorder=2)
+        if p in ctl:
+            d = float(settings[p]["d_sla"])
+            ax_t.axhline(1e3 * d, color=c, ls="--", lw=1.0, zorder=1)
+            labels[p] = f"controller, D_SLA = {1e3 * d:g} ms"
+        else:
+            labels[p] = f"max_num_seqs = {settings[p]['max_num_seqs']}"
+    ax_t.set_xlabel("throughput carried (requests/s)")
+    ax_t.set_ylabel("p99 time between tokens (ms)")
+    ax_l.set_xlabel("offered load (requests/s)")
+    ax_l.set_ylabel("p95 latency (s)")
+    ax_l.set_yscale("log")
+    ax_c.set_xlabel("offered load (requests/s)")
+    ax_c.set_ylabel("cap on running sequences (time average)")
+    ax_c.set_yscale("log", base=2)
+    caps = sorted({int(settings[p]["max_num_seqs"]) for p in fixed})
+    ax_c.set_yticks(caps, [str(c) for c in caps])
+    ax_c.minorticks_off()
+    handles = [Line2D([], [], color=style[p][0], marker=style[p][1], label=labels[p]) for p in names]
+    handles += style_handles(("sim", "simulated (95% t-interval over replications)"),
+                             ("hollow", "no steady state (the backlog grows)"), ("--", "the controller's D_SLA"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=5, fontsize=8.5)
+    fig.suptitle("The dynamic-batching controller setting a continuous-batching engine's max_num_seqs (Algorithms 2 "
+                 "and 7 at every iteration) against fixed caps\nH100 profile, chunked prefill, Poisson arrivals, "
+                 "log-normal prompts and outputs (medians 256 and 128 tokens)", fontsize=10)
     return fig

@@ -23,7 +23,8 @@ from ..results import SimulationResult, UnstableWarning
 __all__ = ["BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE", "RunTotals", "assemble", "check_arrivals",
            "check_batch_model",
            "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
-           "exponentials", "drawn_lengths", "readonly", "per_bin", "steady_state", "HISTOGRAM_QUANTILES", "HISTOGRAM_ERROR"]
+           "exponentials", "drawn_lengths", "readonly", "per_bin", "steady_state", "settled", "HISTOGRAM_QUANTILES",
+           "HISTOGRAM_ERROR"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
@@ -266,3 +267,14 @@ def per_bin(completed: np.ndarray, latency: np.ndarray, span: float) -> dict:
         return {"bin_throughput": completed / span if span > 0 else np.full(completed.size, np.nan),
                 "bin_mean_latency": np.where(completed > 0, latency / completed, np.nan),
                 "bin_completed": completed}
+
+
+def settled(t, b_target, st) -> float:
+    """Seconds from the first arrival until the sampled ``b_target`` (a controller's batch size or cap) settles
+    (:func:`~mbbatch.stats.settling_time` over the whole run); NaN when it
+    settles only in the run's last part, or nothing was sampled."""
+    if t.size == 0 or not st["completed"]:
+        return math.nan
+    t0, t1 = float(st["first_arrival"]), float(t[-1])
+    dt, _, late = stats.settling_time(t, b_target, t0, t1)
+    return math.nan if late else dt

@@ -8,19 +8,23 @@ import functools
 import math
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
+import scipy.stats as _st
 
 from .. import stats
 from .._kernels import common as _common
 from .._kernels import continuous as _k
+from .._kernels import controller as _c
 from .._running import check_memory, interruptible, stop_flag
 from .._seeding import STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
 from ..predictors import LogNormalError, Oracle, Predictions
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
-                     check_times, finish, lengths, model_config, quantiles, resolve_n, rvs_memory, steady_state)
+                     check_times, finish, lengths, model_config, quantiles, resolve_n, rvs_memory, settled,
+                     steady_state)
 
 __all__ = ["Plan", "check"]
 
@@ -37,8 +41,8 @@ class Plan:
     n: int
     keep_requests: bool
     memory: int
+    servers: int = 1
 
-    servers = 1
     keep_batches = False
 
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
@@ -65,14 +69,33 @@ class Plan:
             n=self.n, arrival_kind=akind, max_num_seqs=pol.max_num_seqs, max_batched_tokens=pol.max_batched_tokens,
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
             admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
-            rate=rate, step=m.step, prefill_per_token=m.prefill_per_token,
+            controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate, step=m.step, prefill_per_token=m.prefill_per_token,
             per_sequence=m.per_sequence, per_context=m.per_context_token)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
     @functools.cached_property
+    def control(self) -> tuple:
+        """The kernel's controller packs (zeros without one): B_max is the
+        smaller of the controller's and ``max_num_seqs``."""
+        pol = self.policy
+        sla, mem = pol.controller, pol.algorithm1
+        if sla is None:
+            return _k.controls()
+        b_max = float(min(sla.b_max, pol.max_num_seqs))
+        b_min = float(min(sla.b_min, b_max))
+        packs = [_c.SLA.pack(variant=_c.CTL_VARIANT_SPEC if sla.variant == "spec" else _c.CTL_VARIANT_MULTIPLICATIVE,
+                             d_sla=sla.d_sla, eps_d=sla.eps_d, b_min=b_min, b_max=b_max, alpha=float(sla.alpha),
+                             delta=float(sla.delta), ema=_c.DEFAULT_EMA)]
+        if mem is not None:
+            packs.append(_c.MEMORY.pack(variant=_c.MEM_VARIANT_CLT if mem.variant == "clt" else _c.MEM_VARIANT_L0,
+                                        eta=mem.eta, b_min=b_min, b_max=b_max,
+                                        z=float(_st.norm.ppf(1.0 - mem.eps_m)), default_tokens=_c.DEFAULT_TOKENS))
+        return _k.controls(*packs)
+
+    @functools.cached_property
     def description(self) -> dict:
         return {**self.policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
-                **model_config(self.model), "n": self.n, "servers": 1}
+                **model_config(self.model), "n": self.n, "servers": self.servers}
 
 
 def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches) -> Plan:
@@ -84,8 +107,10 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     if keep_batches:
         raise TypeError("keep_batches: ContinuousBatching batches at every iteration and keeps no batch records; "
                         "keep_requests=True keeps each request's admission, first token and completion")
-    if not (servers == 1 or servers is None):
-        raise ValueError(f"servers: ContinuousBatching runs one engine (servers = 1); got servers = {servers!r}")
+    servers = 1 if servers is None else servers
+    if isinstance(servers, bool) or not isinstance(servers, (int, np.integer)) or servers < 1:
+        raise ValueError(f"servers: ContinuousBatching runs servers independent engines, an integer in [1, inf) "
+                         f"(each request to the next in turn); got servers = {servers!r}")
     model = IterationModel() if service_model is None else service_model
     if not isinstance(model, IterationModel):
         raise TypeError(f"service_model: ContinuousBatching's iterations are timed by an IterationModel (or a "
@@ -114,7 +139,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     memory = check_memory(parts)
     check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "service_model")
     return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, predictor=predictor, n=n,
-                keep_requests=bool(keep_requests), memory=memory)
+                keep_requests=bool(keep_requests), memory=memory, servers=int(servers))
 
 
 def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
@@ -158,21 +183,88 @@ def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
     return prompt, output, prediction
 
 
-def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
+def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, progress: bool):
+    """Run the engines: one kernel run per engine, request r going to engine
+    ``r % servers`` (round robin, at arrival).  Returns their outputs and
+    records, the requests of each (slices) and the kernel seconds."""
     config, arr = plan.kernel_args
-    prompt, output, prediction = _requests(plan, ss)
-    inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges)
+    c, n = plan.servers, plan.n
     streams = _k.ContinuousStreams(stream(ss, STREAM_ARRIVALS))
     stop = stop_flag()
-    n = plan.n
+    kw = dict(control=plan.control, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS)
     t0 = time.perf_counter()
-    out, req, code = interruptible(
-        lambda: _k.run(config, inputs, streams, stop, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS),
-        stop, n if progress else None)
+    if c == 1:
+        inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges)
+        runs = [interruptible(lambda: _k.run(config, inputs, streams, stop, **kw), stop, n if progress else None)]
+    else:
+        # the arrival times one engine would draw for all n, dealt out; each engine replays its share
+        cfg = _k.CONFIG.unpack(config)
+        times = np.empty(n)
+        _k.arrival_times(_common.drawers(cfg["arrival_kind"])[0], 1.0 / cfg["rate"] if cfg["rate"] > 0 else 0.0,
+                         arr["arrival_times"], streams.arrival, times, arr["arrival_params"], arr["arrival_ends"])
+        runs = []
+        for e in range(c):
+            part = slice(e, n, c)
+            m = len(range(e, n, c))
+            cfg_e = _k.CONFIG.pack(**{**cfg, "n": m, "arrival_kind": _common.ARR_REPLAY, "rate": 0.0})
+            inputs = _k.INPUTS.pack(arrival_times=times[part].copy(), arrival_params=np.zeros(1),
+                                    arrival_ends=arr["arrival_ends"], prompt=prompt[part].copy(),
+                                    output=output[part].copy(), prediction=prediction[part].copy(),
+                                    edges=plan.edges)
+            runs.append(interruptible(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), stop,
+                                      m if progress else None))
     kernel_seconds = time.perf_counter() - t0
-    if code == _k.STALLED:      # pragma: no cover (a bug: the tests hold the kernel to its reference)
+    if any(code == _k.STALLED for _, _, code in runs):      # pragma: no cover (a bug: see the kernel's tests)
         raise RuntimeError("mbbatch: the continuous-batching engine stalled with work waiting; please report this")
-    st = _k.STATS.unpack((out.ints, out.floats))
+    return runs, kernel_seconds
+
+
+#: the statistics of several engines: summed but for these
+_FIRST, _LAST = ("first_arrival",), ("last_completion", "max_running")
+
+
+def _merged(plan: Plan, runs) -> tuple:
+    """The engines' statistics, histograms, batch-means groups and records
+    as one run's; their time series summed at the union of their sampling
+    instants (each held from its last sample, 0 before its first), thinned
+    to at most :data:`TIME_SERIES_ROWS` rows, and each engine's waiting
+    requests (a column each) for the backlog check."""
+    stats_ = [_k.STATS.unpack((out.ints, out.floats)) for out, _, _ in runs]
+    series = [{name: out.ts[:s["ts_rows"], col] for name, col in zip(_k.TS._fields, _k.TS)}
+              for (out, _, _), s in zip(runs, stats_)]
+    if len(runs) == 1:
+        out, req, _ = runs[0]
+        ts = {k: v.copy() for k, v in series[0].items()}
+        return (stats_[0], out, req, ts, ts["waiting"][:, None])
+    st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_) for k in stats_[0]}
+    outs = [out for out, _, _ in runs]
+    hists = {f: sum(getattr(o, f) for o in outs) for f in ("hist", "hist_ttft", "hist_tbt", "group_latency",
+                                                           "group_count", "size_hist")}
+    req = None
+    if plan.keep_requests:
+        c, n = plan.servers, plan.n
+        req = {}
+        for e, (_, r, _) in enumerate(runs):
+            for k, v in r.items():
+                req.setdefault(k, np.empty(n, v.dtype))[e::c] = v
+    t = np.unique(np.concatenate([s["time"] for s in series]))
+    held = []
+    for s in series:
+        k = np.searchsorted(s["time"], t, side="right") - 1
+        held.append({name: np.where(k >= 0, col[np.maximum(k, 0)], 0.0) for name, col in s.items()})
+    step = max(1, -(-t.size // TIME_SERIES_ROWS))
+    ts = {name: sum(h[name] for h in held)[::step] for name in series[0]}
+    ts["time"] = t[::step]
+    queue = np.stack([h["waiting"] for h in held], axis=1)[::step]
+    merged = SimpleNamespace(ctl=np.stack([o.ctl for o in outs]), **hists)
+    return st, merged, req, ts, queue
+
+
+def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
+    prompt, output, prediction = _requests(plan, ss)
+    n = plan.n
+    runs, kernel_seconds = _engines(plan, ss, prompt, output, prediction, progress)
+    st, out, req, ts, queue = _merged(plan, runs)
     completed, iters = st["completed"], st["iterations"]
     nan = math.nan
     span = st["last_completion"] - st["first_arrival"] if completed else nan
@@ -200,21 +292,34 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         "mean_running": st["running_time"] / busy if busy > 0 else nan,
         "mean_in_system": st["system_time"] / span if positive else nan,
         "kv_usage_mean": st["blocks_time"] / (busy * blocks) if busy > 0 and blocks else nan,
+        "max_num_seqs_mean": st["cap_time"] / busy if busy > 0 else nan,
     }
     with np.errstate(invalid="ignore", divide="ignore"):
         g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
-    metrics = assemble(plan.policy.kind, RunTotals(
-        completed=completed, span=span, sum_latency=st["sum_latency"], busy=busy, servers=1, batches=iters,
-        members=st["sum_batch"], latency_quantiles=q, group_latency=g_lat), extra)
-    rows = st["ts_rows"]
-    ts = {name: out.ts[:rows, col].copy() for name, col in zip(_k.TS._fields, _k.TS)}
     if not math.isfinite(plan.policy.kv_tokens):
         ts.pop("kv_blocks")
+    sla = plan.policy.controller
+    if sla is None:
+        ts.pop("max_num_seqs")
+        extra.update(sla_infeasible=False, convergence_time=nan)
+    else:
+        # infeasible: still above D_SLA + eps_D with its interval shrunk to B_min (as the event policies')
+        C = _c.C
+        ctl = np.atleast_2d(out.ctl)
+        extra["sla_infeasible"] = bool(np.any((ctl[:, C.updates] >= _c.SLA_WARMUP_UPDATES)
+                                              & (ctl[:, C.tau_avg] > sla.d_sla + sla.eps_d)
+                                              & (ctl[:, C.b_low] <= min(sla.b_min, plan.policy.max_num_seqs))))
+        extra["convergence_time"] = settled(ts["time"], ts["max_num_seqs"], st)
+    metrics = assemble(plan.policy.kind, RunTotals(
+        completed=completed, span=span, sum_latency=st["sum_latency"], busy=busy, servers=plan.servers,
+        batches=iters,
+        members=st["sum_batch"], latency_quantiles=q, group_latency=g_lat), extra)
     mean_running = extra["mean_running"]
     unstable, reason = steady_state(plan.arrivals, n, lambda start, end: stats.queue_verdict(
-        ts["time"], ts["waiting"][:, None], mean_running, start, end))
+        ts["time"], queue, mean_running, start, end))
     res = SimulationResult(
-        kind=plan.policy.kind, config={**plan.description, "seed_entropy": entropy_str(ss)}, n=n, servers=1,
+        kind=plan.policy.kind, config={**plan.description, "seed_entropy": entropy_str(ss)}, n=n,
+        servers=plan.servers,
         edges=np.concatenate(([-np.inf], plan.edges, [np.inf])), metrics=metrics,
         arrays={"latency_histogram": out.hist, "ttft_histogram": out.hist_ttft, "tbt_histogram": out.hist_tbt,
                 "group_mean_latency": g_lat, "batch_size_hist": out.size_hist},

@@ -28,7 +28,7 @@ from ..results import SimulationResult, Table
 from ..service_models import DecodeModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
                      check_batch_model, check_times, drawn_lengths, finish, lengths, model_config, per_bin, quantiles,
-                     resolve_n, rvs_memory, steady_state)
+                     resolve_n, rvs_memory, settled, steady_state)
 
 __all__ = ["Plan", "check", "TS_COLUMNS"]
 
@@ -253,17 +253,6 @@ def _optimal_edges(K: int, b_max: int, law) -> tuple:
     return lo, hi
 
 
-def _convergence_time(t, b_target, st) -> float:
-    """Seconds from the first arrival until the sampled b_target settles
-    (:func:`~mbbatch.stats.settling_time` over the whole run); NaN when it
-    settles only in the run's last part, or nothing was sampled."""
-    if t.size == 0 or not st["completed"]:
-        return math.nan
-    t0, t1 = float(st["first_arrival"]), float(t[-1])
-    dt, _, late = stats.settling_time(t, b_target, t0, t1)
-    return math.nan if late else dt
-
-
 def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
     ev, arrivals, workload, n = plan.event, plan.arrivals, plan.workload, plan.n
     cluster = plan.cluster
@@ -345,7 +334,7 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
             extra["sla_infeasible"] = any(
                 out.ctl[b, C.updates] >= _c.SLA_WARMUP_UPDATES and out.ctl[b, C.tau_avg] > sla_limit
                 and out.ctl[b, C.b_low] <= sla.b_min for b in range(ev.bins))
-            extra["convergence_time"] = _convergence_time(ts["time"], ts["b_target"], st)
+            extra["convergence_time"] = settled(ts["time"], ts["b_target"], st)
     metrics = assemble(plan.kind, RunTotals(
         completed=completed, span=span, sum_latency=st["sum_latency"], busy=st["busy"], servers=total_servers,
         batches=nb, members=st["sum_b"], latency_quantiles=q, group_latency=g_lat), extra)

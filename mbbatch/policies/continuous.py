@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._validation import check_fields
+from .._validation import check_fields, check_instance
 from ..params import default
 from ..predictors import BinConfusion, Oracle, as_predictor
-from .base import Policy
+from .base import Policy, controller_from_spec
 
 __all__ = ["ContinuousBatching"]
 
@@ -62,6 +62,25 @@ class ContinuousBatching(Policy):
     every iteration that admits, the A100 profile's 95 ms would dominate its
     iterations.)
 
+    Run with ``servers = c`` (:func:`~mbbatch.simulate`), it is ``c``
+    independent engines, request ``r`` going to engine ``r mod c`` (round
+    robin at arrival, a load balancer in front of data-parallel replicas);
+    the metrics are the engines' together (``mean_running``,
+    ``kv_usage_mean`` and ``max_num_seqs_mean`` per engine).
+
+    With ``controller`` (an :class:`~mbbatch.SLAController`), the dynamic
+    batching controller sets the running sequences' cap during the run, as
+    the vLLM patch of Pang, Li and Wang (2025, arXiv:2503.05248) sets
+    ``max_num_seqs``: before every iteration Algorithm 2's b_SLA with
+    ``N_decode`` the running sequences, at most Algorithm 1's b_mem (the
+    ``memory``, by default the L0 rule on the engine's own ``kv_tokens``
+    when finite), at most ``max_num_seqs`` (the engine's slots: a
+    ``controller.b_max`` above it is cut to it); after every iteration
+    Algorithm 7 with the iteration as the batch, its time the latency signal
+    (the time between tokens of its decodes), and the requests it completed
+    as the length statistics' batch.  A cap below the running sequences
+    admits nothing and preempts nothing.
+
     Parameters
     ----------
     max_num_seqs : int
@@ -87,6 +106,12 @@ class ContinuousBatching(Policy):
     predictor : Oracle, LogNormalError or Predictions, optional
         What ``"spf"`` and ``"multibin"`` order by; default the oracle, or
         the workload's ``predictor_sigma``.
+    controller : SLAController, optional
+        Algorithms 2 and 7 set the cap on running sequences; default none
+        (``max_num_seqs`` throughout).
+    memory : Memory, optional
+        Algorithm 1's memory under a controller; default the L0 rule on
+        ``kv_tokens`` (none when it is inf); ``Memory(enabled=False)``: none.
     """
 
     max_num_seqs: int = default("max_num_seqs")
@@ -98,13 +123,16 @@ class ContinuousBatching(Policy):
     bins: int = default("ContinuousBatching.bins")
     edges: tuple | None = None
     predictor: object = None
+    controller: object = None
+    memory: object = None
 
     kind: ClassVar[str] = "continuous"
     planner: ClassVar[str] = "continuous"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",
-                                              "continuous"})
+                                              "continuous", "controller"})
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
-                                 "admission", "admission_bins", "predictor_sigma")
+                                 "admission", "admission_bins", "predictor_sigma", "sla_control", "d_sla", "eps_d",
+                                 "b_min", "b_max", "controller", "memory", "eps_m", "servers")
     models: ClassVar[tuple] = ("iteration", "profile")
 
     def __post_init__(self):
@@ -132,6 +160,29 @@ class ContinuousBatching(Policy):
             raise TypeError("predictor: ContinuousBatching orders by predicted lengths; bin confusion has no "
                             "lengths: use mb.Oracle(), mb.LogNormalError(sigma) or mb.Predictions(values)")
         object.__setattr__(self, "predictor", predictor)
+        from ..controller import Memory, SLAController
+
+        if self.controller is not None:
+            check_instance("controller", self.controller, SLAController)
+        if self.memory is not None:
+            check_instance("memory", self.memory, Memory)
+            if self.controller is None:
+                raise ValueError("memory is Algorithm 1's, under a controller: give controller=mb.SLAController(...) "
+                                 "too (the engine's own memory is kv_tokens)")
+
+    @property
+    def algorithm1(self):
+        """Algorithm 1's :class:`~mbbatch.Memory` under the controller: the
+        one given, else the L0 rule on ``kv_tokens``; None where it does
+        not apply (no controller, memory disabled, ``kv_tokens`` inf)."""
+        from ..controller import Memory
+        from .base import memory_kw
+
+        if self.controller is None:
+            return None
+        if self.memory is not None:
+            return self.memory if self.memory.enabled else None
+        return None if math.isinf(self.kv_tokens) else Memory(**memory_kw(self.kv_tokens))
 
     def describe(self) -> dict:
         d = {"policy": self.kind, "max_num_seqs": self.max_num_seqs, "max_batched_tokens": self.max_batched_tokens,
@@ -144,6 +195,12 @@ class ContinuousBatching(Policy):
                 d["edges"] = list(self.edges)
         if not isinstance(self.predictor, Oracle):
             d.update(self.predictor.describe())
+        c = self.controller
+        if c is not None:
+            d.update({"d_sla": c.d_sla, "eps_d": c.eps_d, "b_min": c.b_min, "b_max": c.b_max, "alpha": c.alpha,
+                      "delta": c.delta, "controller": c.variant})
+            m = self.algorithm1
+            d.update({"memory": "off"} if m is None else {"memory": m.variant, "eta": m.eta, "eps_m": m.eps_m})
         return d
 
     @classmethod
@@ -151,8 +208,19 @@ class ContinuousBatching(Policy):
         """A cell's engine: its settings and log-normal predictor."""
         from ..predictors import LogNormalError
 
+        from ..controller import Memory
+        from .base import memory_kw
+
         sigma = params.get("predictor_sigma", 0.0)
+        controller = memory = None
+        if params.get("sla_control", False):
+            controller = controller_from_spec(params)
+            # (Algorithm 1 on the engine's own KV cache: eta = kv_tokens)
+            if params["memory"] == "off" or math.isinf(params["kv_tokens"]):
+                memory = Memory(enabled=False)
+            else:
+                memory = Memory(variant=params["memory"], eps_m=params["eps_m"], **memory_kw(params["kv_tokens"]))
         return cls(max_num_seqs=params["max_num_seqs"], max_batched_tokens=params["max_batched_tokens"],
                    chunked_prefill=params["chunked_prefill"], kv_tokens=params["kv_tokens"],
                    block_size=params["block_size"], admission=params["admission"], bins=params["admission_bins"],
-                   predictor=LogNormalError(sigma) if sigma > 0 else None)
+                   predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory)

@@ -113,14 +113,15 @@ class SpecParam:
     process is in ``arrivals`` (if given), whose workload form is in
     ``workload`` (if given) and whose batch service model is in ``models``
     (if given), and only to a capacity spec if ``capacity_only``.
-    ``required``: no default, it must be given.
+    ``required``: no default, it must be given (a set of kinds: by those
+    kinds only).
     """
 
     name: str
     kinds: frozenset
     arrivals: frozenset = frozenset()
     workload: frozenset = frozenset()
-    required: bool = True
+    required: bool | frozenset = True
     key: str = ""
     models: frozenset = frozenset()
     capacity_only: bool = False
@@ -135,6 +136,10 @@ class SpecParam:
         # unset, None, unless given
         d = self.table.default
         return None if d is REQUIRED and not self.required else d
+
+    def required_for(self, kind: str) -> bool:
+        """Whether a cell of policy ``kind`` must give it."""
+        return kind in self.required if isinstance(self.required, frozenset) else self.required
 
     def applies(self, kind: str, arrivals: str, workload: str, model: str, capacity: bool) -> bool:
         return (kind in self.kinds and (not self.arrivals or arrivals in self.arrivals)
@@ -218,10 +223,11 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     # the predictor: not a workload parameter (cells that differ only in it see the same requests)
     _sp("predictor_sigma", required=False),
     _sp("predictor_p", required=False),
-    _sp("d_sla"),
+    # (continuous batching's controller, off by default, takes the table's defaults)
+    _sp("d_sla", required=_ALL - {"continuous"}),
     _sp("eps_d", required=False),
     _sp("b_min", required=False),
-    _sp("b_max"),
+    _sp("b_max", required=_ALL - {"continuous"}),
     _sp("controller", required=False),
     _sp("memory", required=False),
     _sp("eta"),
@@ -231,6 +237,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("warmup", required=False),
     # continuous batching: the engine's limits, memory and admission order
     _sp("max_num_seqs", required=False),
+    _sp("sla_control", required=False),
     _sp("max_batched_tokens", required=False),
     _sp("chunked_prefill", required=False),
     _sp("kv_tokens", required=False),
@@ -716,7 +723,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     # --- every variant has every parameter it needs
     for vname, settings in policies.items():
         for nm, sp in SPEC_PARAMS.items():
-            if (sp.required and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
+            if (sp.required_for(settings["kind"]) and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
                     and nm not in settings and nm not in params and nm not in axes
                     and not (capacity is not None and nm in SEARCHED)):
                 where = f"policies.{vname}, " if not single else ""
