@@ -390,6 +390,7 @@ def _hardware_sweeps(rates):
     out["continuous_vs_binned"] = _continuous_vs_binned()
     out["continuous_memory"] = _continuous_memory()
     out["continuous_controller"] = _continuous_controller()
+    out["continuous_trace_capacity"], out["continuous_trace"] = _continuous_trace()
     out["hardware_trace_default"] = _token_sweep(
         "hardware_trace_default", {"policy": list(kinds), "rate": rates},
         lambda policy, rate: (HARDWARE_CAPS[policy][1] * 0.9, 0.1), policies=kinds, attrs=dict(n=20000, b_max=256),
@@ -737,3 +738,36 @@ def _continuous_controller(reps=REPS):
         ds.attrs[f"policy_{name}"] = json.dumps({"kind": "continuous", "max_num_seqs": v} if name.startswith("cap")
                                                 else {"d_sla": v, "kind": "continuous", "sla_control": True})
     return ds
+
+
+def _continuous_trace(reps=REPS):
+    """continuous_trace's two stores: the capacities (multi-bin rising with k beside eq. (2), towards its
+    limit near the continuous engine's at 32 sequences) and p95 latency against load."""
+    import json
+
+    names = {"continuous256": ("continuous", 256), "continuous32": ("continuous", 32), "multibin1": ("multibin", 1),
+             "multibin4": ("multibin", 4), "dynamic": ("dynamic", None)}
+    thr = np.array([4.6, 3.4, 2.2, 2.9, 2.85])
+    theory = np.array([np.nan, np.nan, 2.21, 2.88, np.nan])
+    limit = np.array([np.nan, np.nan, 3.35, 3.35, np.nan])
+    rng = np.random.default_rng(25)
+    sim = thr[:, None] * (1.0 + 0.005 * rng.standard_normal((thr.size, reps)))
+    mean = sim.mean(axis=1)
+    cap = xr.Dataset({"sim_throughput": (("policy", "rep"), sim), "sim_throughput_mean": ("policy", mean),
+                      "sim_throughput_ci_low": ("policy", mean * 0.99), "sim_throughput_ci_high": ("policy", mean * 1.01),
+                      "theory_service_rate": ("policy", theory), "capacity": ("policy", limit),
+                      "unstable": ("policy", np.zeros(thr.size, bool)), "done": ("policy", np.ones(thr.size, bool))},
+                     coords={"policy": list(names), "rep": np.arange(reps)})
+    rate = np.array([0.5, 1.5, 2.5, 3.5])
+    unstable = rate[None, :] > thr[:, None] * 0.9
+    p95 = np.where(unstable, 1000.0, 10.0 * (1 + rate[None, :]))
+    lat = xr.Dataset({"sim_latency_p95_mean": (("policy", "rate"), p95), "unstable": (("policy", "rate"), unstable),
+                      "done": (("policy", "rate"), np.ones(p95.shape, bool))},
+                     coords={"policy": list(names), "rate": rate})
+    for ds, name in ((cap, "continuous_trace_capacity"), (lat, "continuous_trace")):
+        ds.attrs.update(name=name, reps=reps, arrivals="saturated" if ds is cap else "poisson",
+                        profile="A100/vLLM/Meta-Llama-3-8B/tp1")
+        for v, (kind, x) in names.items():
+            key = {"continuous": "max_num_seqs", "multibin": "bins"}.get(kind)
+            ds.attrs[f"policy_{v}"] = json.dumps({"kind": kind, **({key: x} if key else {})})
+    return cap, lat

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mbbatch import figures
 
+from .conftest import SHARED_DATA
 from .figure_datasets import MARKS, results  # noqa: F401  (fixtures)
 
 pytestmark = MARKS
@@ -88,3 +90,39 @@ def test_the_controller_figure_draws_and_its_spec_holds_the_sla_where_a_fixed_ca
     assert float(ds["sim_max_num_seqs_mean"].sel(policy="sla20", rate=30.0).mean()) < 200
     assert bool(ds["unstable"].sel(policy="sla20", rate=30.0)) and not bool(ds["unstable"].sel(policy="cap256",
                                                                                                  rate=30.0))
+
+
+def test_the_trace_figure_draws(results, tmp_path):
+    assert figures.FIGURES["continuous_trace"][1] == ["continuous_trace_capacity", "continuous_trace"]
+    assert figures.TRACE_FIGURES["continuous_trace"] == "AzureLLMInferenceTrace_conv.csv"
+    files = figures.make_figures(results, tmp_path, only="continuous_trace")
+    assert [f.name for f in files] == ["continuous_trace.png", "continuous_trace.pdf"]
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "AzureLLMInferenceTrace_conv.csv").is_file(),
+                    reason="needs the Azure LLM inference trace (shared/data/AzureLLMInferenceTrace_conv.csv); "
+                           "see README, Real traces")
+def test_the_trace_capacity_spec_runs_small_multi_bin_beside_eq_2_and_its_limit_the_engine_at_32(tmp_path,
+                                                                                                 monkeypatch):
+    """continuous_trace_capacity, run small (n = 20,000, 2 replications):
+    multi-bin batching's saturated throughput within 2 % of eq. (2) under
+    the profile at every k and rising with k; its limit of every batch one
+    length within 3 % of the continuous engine's at the same 32 sequences
+    (at every iteration both step 32 of them); the engine at 256 above every
+    policy run to completion."""
+    from mbbatch.sweeps import run_sweep
+    from mbbatch.sweeps.spec import parse_spec
+
+    monkeypatch.setenv("MBBATCH_DATA", str(SHARED_DATA))
+    text = (ROOT / "sweeps" / "continuous_trace_capacity.toml").read_text()
+    spec = parse_spec(text.replace("n = 100000", "n = 20000").replace("reps = 3", "reps = 2"),
+                      source=ROOT / "sweeps" / "continuous_trace_capacity.toml")
+    ds = run_sweep(spec, tmp_path / "continuous_trace_capacity.zarr", workers=1, progress=False).load()
+    thr = ds["sim_throughput_mean"]
+    mbs = ["multibin1", "multibin2", "multibin4", "multibin8"]
+    sim = thr.sel(policy=mbs).values
+    theory = ds["theory_service_rate"].sel(policy=mbs).values
+    assert np.all(np.abs(sim / theory - 1) < 0.02) and np.all(np.diff(sim) > 0)
+    limit = float(ds["capacity"].sel(policy="multibin1"))
+    assert abs(limit / float(thr.sel(policy="continuous32")) - 1) < 0.03
+    assert float(thr.sel(policy="continuous256")) > float(thr.drop_sel(policy="continuous256").max())

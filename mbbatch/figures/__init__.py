@@ -11,7 +11,8 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
  'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
- 'continuous_vs_binned', 'continuous_memory', 'continuous_controller']
+ 'continuous_vs_binned', 'continuous_memory', 'continuous_controller',
+ 'continuous_trace']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -40,7 +41,8 @@ A figure's name is the name of the function that draws it:
 - :mod:`.continuous`: continuous batching against multi-bin batching run
   to completion on them (``continuous_vs_binned``), as its KV cache
   shrinks (``continuous_memory``), and its cap set by the dynamic-batching
-  controller (``continuous_controller``);
+  controller (``continuous_controller``), and against batching run to
+  completion on a real trace's lengths (``continuous_trace``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -124,12 +126,14 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("continuous_vs_binned", (continuous.continuous_vs_binned, ["hardware_multibin", "continuous_vs_binned"])),
     ("continuous_memory", (continuous.continuous_memory, ["continuous_memory"])),
     ("continuous_controller", (continuous.continuous_controller, ["continuous_controller"])),
+    ("continuous_trace", (continuous.continuous_trace, ["continuous_trace_capacity", "continuous_trace"])),
 ])
 
 
 #: figures whose datasets replay a trace, with the trace's file name
 TRACE_FIGURES = {"fig6": "AzureLLMInferenceTrace_conv.csv", "fig7": "AzureLLMInferenceTrace_conv.csv",
-                 "trace_replay": "AzureLLMInferenceTrace_conv.csv", "hardware_trace": "AzureLLMInferenceTrace_conv.csv"}
+                 "trace_replay": "AzureLLMInferenceTrace_conv.csv", "hardware_trace": "AzureLLMInferenceTrace_conv.csv",
+                 "continuous_trace": "AzureLLMInferenceTrace_conv.csv"}
 
 
 def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path]:

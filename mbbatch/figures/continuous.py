@@ -9,7 +9,10 @@
   predicted output first or by multi-bin;
 - ``continuous_controller``: the dynamic-batching controller setting the
   engine's cap on running sequences against fixed caps: p99 time between
-  tokens against throughput, p95 latency and the cap against load.
+  tokens against throughput, p95 latency and the cap against load;
+- ``continuous_trace``: on the Azure conversation trace's lengths, the
+  capacity of multi-bin batching (beside eq. (2)) and of dynamic batching
+  against the continuous engine's, and p95 latency against load.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .. import stats
 from .data import line, per_rep, sim_series, variants
 from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
-__all__ = ["continuous_vs_binned", "continuous_memory", "continuous_controller"]
+__all__ = ["continuous_vs_binned", "continuous_memory", "continuous_controller", "continuous_trace"]
 
 #: hardware_multibin's finished-member modes drawn, and their labels
 _FINISHED = (("leave", "multi-bin, finished members leave"), ("stay", "multi-bin, finished members padded"))
@@ -183,3 +186,83 @@ def continuous_controller(data) -> Figure:
                  "and 7 at every iteration) against fixed caps\nH100 profile, chunked prefill, Poisson arrivals, "
                  "log-normal prompts and outputs (medians 256 and 128 tokens)", fontsize=10)
     return fig
+
+
+def continuous_trace(data) -> Figure:
+    """Left: the capacity (saturated throughput, 95 % t-intervals) of
+    multi-bin batching against its bins beside eq. (2) (the line) and its
+    limit of every batch one length (dotted), with the continuous engine at
+    256 and 32 sequences and dynamic batching as horizontal lines, each
+    labelled with its share of the 256-sequence engine's.  Right: p95
+    latency against the offered load, per policy (hollow where the backlog
+    grows)."""
+    cap, ds = data["continuous_trace_capacity"], data["continuous_trace"]
+    settings = dict(variants(cap))
+    mbs = [p for p in settings if settings[p]["kind"] == "multibin"]
+    k = np.array([int(settings[p]["bins"]) for p in mbs], dtype=float)
+    thr = {p: float(line(cap, "sim_throughput_mean", None, policy=p)) for p in settings}
+    ref = next(p for p in settings if settings[p]["kind"] == "continuous" and
+               settings[p].get("max_num_seqs", 256) == 256)
+    fig = Figure(figsize=(12.5, 4.8), dpi=100, layout="constrained")
+    ax_c, ax_l = fig.subplots(1, 2)
+    mean, lo, hi = (np.array([float(line(cap, v, None, policy=p)) for p in mbs])
+                    for v in ("sim_throughput_mean", "sim_throughput_ci_low", "sim_throughput_ci_high"))
+    unstable = np.zeros(k.size, bool)
+    sim_points(ax_c, k, mean, lo, hi, unstable, COLORS[0], MARKERS[0])
+    theory = np.array([float(line(cap, "theory_service_rate", None, policy=p)) for p in mbs])
+    ax_c.plot(k, theory, color=COLORS[0], lw=1.2, zorder=2)
+    limit = float(line(cap, "capacity", None, policy=mbs[0]))
+    ax_c.axhline(limit, color=COLORS[0], ls=":", lw=1.0, zorder=1)
+    others = [p for p in settings if p not in mbs]
+    lines_ = {}
+    for i, p in enumerate(others):
+        c = COLORS[(i + 1) % len(COLORS)]
+        ls = ("-", "--", "-.", (0, (5, 1, 1, 1)))[i % 4]
+        ax_c.axhline(thr[p], color=c, ls=ls, lw=1.2, zorder=1)
+        lines_[p] = (c, ls, MARKERS[(i + 1) % len(MARKERS)])
+    notes = [f"{_trace_label(p, settings[p])}: {thr[p]:.2f} requests/s ({100 * thr[p] / thr[ref]:.0f} %)"
+             for p in others]
+    notes += [f"multi-bin, k = {int(x)}: {m:.2f} ({100 * m / thr[ref]:.0f} %)" for x, m in zip(k, mean)]
+    notes.append(f"multi-bin's limit (every batch one length): {limit:.2f}")
+    ax_c.text(0.98, 0.03, "\n".join(notes), transform=ax_c.transAxes, va="bottom", ha="right", fontsize=8,
+              color="0.2")
+    log2_k_axis(ax_c, int(k.max()))
+    ax_c.set_xlabel("bins k of multi-bin batching (by output length)")
+    ax_c.set_ylabel("capacity: saturated throughput (requests/s)")
+    ax_c.set_ylim(0, 1.1 * max(thr.values()))
+    rate = np.asarray(ds["rate"].values, dtype=float)
+    styles = {**{p: (COLORS[0], "-", MARKERS[(i + 4) % len(MARKERS)]) for i, p in enumerate(mbs)}, **lines_}
+    shades = np.linspace(0.35, 1.0, len(mbs))
+    for p in settings:
+        c, ls, m = styles[p]
+        alpha = shades[mbs.index(p)] if p in mbs else 1.0
+        p95 = line(ds, "sim_latency_p95_mean", "rate", policy=p)
+        uns = line(ds, "unstable", "rate", policy=p).astype(bool)
+        sim_points(ax_l, rate, p95, p95, p95, uns, c, m)
+        ax_l.plot(rate, p95, color=c, ls=ls, lw=0.9, alpha=alpha, zorder=2)
+    ax_l.set_yscale("log")
+    ax_l.set_xlabel("offered load (requests/s)")
+    ax_l.set_ylabel("p95 latency (s)")
+    handles = [Line2D([], [], color=COLORS[0], marker=MARKERS[0], label="multi-bin batching, B = 32 (capacity)"),
+               Line2D([], [], color=COLORS[0], lw=1.2, label="eq. (2) under the profile")]
+    handles += [Line2D([], [], color=styles[p][0], ls=styles[p][1], marker=styles[p][2], label=_trace_label(
+        p, settings[p])) for p in settings if p not in mbs]
+    handles += [Line2D([], [], color=COLORS[0], marker=styles[p][2], ls="none",
+                       label=f"multi-bin, k = {settings[p]['bins']} (latency)") for p in mbs]
+    handles += style_handles(("sim", "simulated (capacity: 95% t-interval over replications)"),
+                             ("hollow", "no steady state (the backlog grows)"), (":", "multi-bin's limit"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8.5)
+    fig.suptitle("Continuous batching against batching run to completion on a real workload: the Azure conversation "
+                 "trace's lengths (means 1,155 and 211 tokens),\nevery iteration timed by one measured engine "
+                 f"({cap.attrs.get('profile', 'A100/vLLM/Meta-Llama-3-8B/tp1')}); Poisson arrivals for the "
+                 "latencies", fontsize=10)
+    return fig
+
+
+def _trace_label(name: str, s: dict) -> str:
+    """A legend label of a continuous_trace variant."""
+    if s["kind"] == "continuous":
+        return f"continuous batching, {s.get('max_num_seqs', 256)} sequences"
+    if s["kind"] == "dynamic":
+        return "dynamic batching (Algorithms 1-3, 7)"
+    return name
