@@ -14,7 +14,7 @@ from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
-             per_context=0.0, controller=None):
+             per_context=0.0, controller=None, cached=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -32,7 +32,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     statistics' batch.  The algorithms themselves are the kernels' scalar
     forms (their own tests hold them to the pseudocode); this engine checks
     when and with what the kernel calls them.  The cap per iteration is
-    returned as ``caps``."""
+    returned as ``caps``.
+
+    ``cached``: per request, the prompt tokens whose KV cache it brings; a
+    first admission prefills only the rest (a resumed one everything)."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -177,20 +180,22 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 if r < 0:
                     break
                 L0 = prompt[r] + g[r]
+                resumed = bool(resume) and resume[-1] == r
+                todo = L0 if resumed or cached is None else L0 - int(cached[r])
                 b = blocks(L0 + 1)
-                if b > free or (not chunked and L0 > budget):
+                if b > free or (not chunked and todo > budget):
                     break
-                if resume and resume[-1] == r:
+                if resumed:
                     recomputed += L0        # a resumption: its prompt and generated tokens prefilled again
                 take(r)
                 free -= b
                 held[r] = b
-                need[r] = L0
+                need[r] = todo
                 pre[r] = 0
                 if math.isnan(admitted[r]):
                     admitted[r] = now
                 running.append(r)
-                c = min(L0, budget)
+                c = min(todo, budget)
                 prefill[r] = c
                 budget -= c
         if not decoding and not prefill:

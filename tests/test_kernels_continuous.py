@@ -34,7 +34,7 @@ def _control(controller):
 
 
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
-            edges, controller=None, ts_rows=8, **coef):
+            edges, controller=None, ts_rows=8, cached=None, **coef):
     n = len(arr)
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
@@ -45,7 +45,8 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
                          rate=0.0, **coef)
     inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
-                            prediction=pred.astype(float), edges=np.asarray(edges, float))
+                            prediction=pred.astype(float), edges=np.asarray(edges, float),
+                            cached=np.empty(0) if cached is None else np.asarray(cached, float))
     out, req, code = ck.run(cfg, inputs, ck.ContinuousStreams(np.random.default_rng(0)),
                             np.zeros(STOP_SIZE, np.int64), control=_control(controller), groups=4,
                             ts_rows=ts_rows)
@@ -120,6 +121,29 @@ def _controller(rng):
         c["memory"] = (float(rng.choice([150.0, 400.0, 2000.0])), int(rng.integers(0, 2)), 1.645, 50.0, b_min,
                        max(b_min, b_max))
     return c
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_requests_bringing_their_prompts_kv_cache_are_the_reference_engines(seed):
+    """A decode stage's requests, bringing the KV cache of their whole
+    prompt (or of part of it), over 40 random configurations per seed:
+    equal to the reference request by request; a request that brings its
+    whole prompt and is never preempted prefills nothing (its first token
+    ends the iteration that admits it)."""
+    rng = np.random.default_rng(200 + seed)
+    for _ in range(40):
+        (arr, p, o, pred), kw = _config(rng)
+        cached = np.where(rng.random(len(p)) < 0.6, p, rng.integers(0, p + 1))
+        want = ref.simulate(arr, p, o, pred, cached=cached, **kw)
+        out, req, code = _kernel(arr, p, o, pred, cached=cached, **kw)
+        st = ck.STATS.unpack((out.ints, out.floats))
+        assert code == ck.DONE
+        for col in ("admitted", "first_token", "completion"):
+            np.testing.assert_array_equal(req[col], want[col], err_msg=f"{col} {kw}")
+        np.testing.assert_array_equal(req["preemptions"], want["preempted"])
+        assert (st["iterations"], st["preemptions"], st["recomputed"]) == (
+            want["iterations"], want["preemptions"], want["recomputed"])
+        assert st["prefill_tokens"] == int((p - cached).sum()) + st["recomputed"]
 
 
 @pytest.mark.parametrize("seed", range(3))

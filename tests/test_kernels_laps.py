@@ -200,6 +200,29 @@ def test_decode_after_prefill_is_the_decode_policy_on_the_first_tokens():
         assert res.throughput == n / res.span
 
 
+def test_a_continuous_decode_stage_decodes_from_the_iteration_that_admits_it():
+    """decode=ContinuousBatching(): each request joins an engine (dealt in
+    turn to 2) at its first token with its prompt's KV cache, so it
+    prefills nothing: with iterations of a fixed 10 ms, it completes its
+    output o tokens o iterations after the iteration boundary that admits
+    it (at its arrival, or within 10 ms); the prefill is untouched."""
+    rng = np.random.default_rng(5)
+    n = 1200
+    wl = mb.Workload(prompt=rng.integers(1, 1500, n).astype(float), output=rng.integers(1, 300, n).astype(float))
+    step = mb.IterationModel(setup=0.0, step=0.01, prefill_per_token=0.0, per_sequence=0.0, per_context_token=0.0)
+    pol = mb.LAPS(instances=3, decode=mb.ContinuousBatching(max_num_seqs=64), decode_servers=2, decode_model=step)
+    res = _run(pol, n=n, rate=30.0, workload=wl)
+    alone = _run(mb.LAPS(instances=3), n=n, rate=30.0, workload=wl)
+    r = res.requests
+    np.testing.assert_array_equal(r.first_token, alone.requests.first_token)
+    assert res.decode.kind == "continuous" and res.decode.servers == 2
+    assert res.decode.recomputed_tokens == 0 and res.decode.preemptions == 0
+    took = r.completion - r.first_token
+    assert np.all(took >= 0.01 * r.output - 1e-9) and np.all(took < 0.01 * (r.output + 1) + 1e-9)
+    assert np.any(took < 0.01 * r.output + 1e-9)        # (some arrived at an idle engine: exactly o iterations)
+    np.testing.assert_array_equal(r.latency, r.completion - r.arrival)
+
+
 def test_decode_stage_settings_are_checked():
     with pytest.raises(TypeError, match="decode must be"):
         mb.LAPS(decode=mb.LAPS())

@@ -13,7 +13,7 @@ from mbbatch.policies.base import (Policy, controller_from_spec, declaring, memo
 def test_declaring_lists_the_policies_of_a_capability():
     assert declaring("engine") == ["DynamicBatching", "MultiBin", "MultiBinDynamic", "ShortestPredictedFirst",
                                    "StaticBatching"]
-    assert declaring("decode_stage") == ["DynamicBatching", "MultiBinDynamic", "StaticBatching"]
+    assert declaring("decode_stage") == ["ContinuousBatching", "DynamicBatching", "MultiBinDynamic", "StaticBatching"]
 
 
 def test_a_token_policy_is_its_own_engine_form():

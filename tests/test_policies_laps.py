@@ -17,7 +17,8 @@ def _build(kind, params):
 
 
 def test_the_decode_stage_is_a_decode_stage_policy():
-    with pytest.raises(TypeError, match="decode must be DynamicBatching or MultiBinDynamic or StaticBatching"):
+    with pytest.raises(TypeError, match="decode must be ContinuousBatching or DynamicBatching or MultiBinDynamic or "
+                                        "StaticBatching"):
         mb.LAPS(decode=mb.MultiBin(bins=2, batch_size=4))
     with pytest.raises(TypeError, match="decode_model is the decode stage's service model"):
         mb.LAPS(decode_model=mb.DecodeModel())
@@ -33,3 +34,8 @@ def test_a_cells_laps_and_its_decode_stage():
     laps = _build("laps", {**CELL, "decode": "multibin_dynamic", "decode_eta": 1000.0, "decode_bins": 3})
     assert isinstance(laps.decode, mb.MultiBinDynamic) and laps.decode.bins == 3
     assert laps.decode.memory.eta == 1000.0 and laps.decode_model.prefill_per_token == 0.0
+    # a continuous-batching decode stage: decode_b_max running sequences, decode_eta KV tokens (else inf)
+    laps = _build("laps", {**CELL, "decode": "continuous", "decode_eta": 50_000.0})
+    assert isinstance(laps.decode, mb.ContinuousBatching) and isinstance(laps.decode_model, mb.IterationModel)
+    assert (laps.decode.max_num_seqs, laps.decode.kv_tokens) == (64, 50_000.0)
+    assert _build("laps", {**CELL, "decode": "continuous"}).decode.kv_tokens == float("inf")

@@ -64,7 +64,7 @@ def test_the_parameter_tables_kind_choices_are_the_registrys():
     assert set(PARAMS["engine_policy"].choices) == set(registry.engine_kinds()) == {
         "multibin", "static", "dynamic", "multibin_dynamic", "spf"}
     assert PARAMS["engine_policy"].choices[0] == PARAMS["engine_policy"].default
-    assert PARAMS["decode"].choices == ("none", "static", "dynamic", "multibin_dynamic")
+    assert PARAMS["decode"].choices == ("none", "static", "dynamic", "multibin_dynamic", "continuous")
     assert PARAMS["Cluster.router"].choices == tuple(registry.ROUTERS)
 
 

@@ -39,6 +39,13 @@ all their output leave, freeing their blocks.  An idle engine waits for the
 next arrival.  Arrivals at an iteration's end join before the next is
 scheduled.
 
+A request may bring the KV cache of ``cached`` tokens of its prompt (a
+decode stage's, behind prefill instances that processed the prompt): its
+admission takes the blocks of its whole prompt but prefills only the rest,
+none when the whole prompt came (a chunk of no tokens: the iteration it is
+admitted in ends with its next token); preempted, it loses the cache and
+prefills prompt and generated tokens again, as any other.
+
 With a controller (``controlled``), the running sequences an iteration may
 admit up to are not ``max_num_seqs`` but the dynamic-batching paper's
 ``b_target`` (Pang, Li and Wang, 2025, "Optimizing LLM inference throughput via
@@ -91,10 +98,11 @@ CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "ma
                 floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
-#: predicted outputs, the bins' inner edges (tokens)
+#: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
+#: whose KV cache each request brings (empty: none; a decode stage's)
 INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, prompt=np.float64, output=np.float64, prediction=np.float64,
-                edges=np.float64)
+                edges=np.float64, cached=np.float64)
 ContinuousInputs = INPUTS.type
 #: the random streams: arrival gaps
 ContinuousStreams = namedtuple("ContinuousStreams", ("arrival",))
@@ -331,6 +339,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     output = inputs.output
     prediction = inputs.prediction
     edges = inputs.edges
+    cached = inputs.cached
+    has_cached = cached.shape[0] > 0
     hist_ttft = out.hist_ttft
     hist_tbt = out.hist_tbt
     r_i = requests[0]
@@ -514,8 +524,10 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     break
                 g0 = gen[r] if from_stack else 0
                 L0 = np.int64(prompt[r]) + g0
+                # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone)
+                todo = L0 if from_stack or not has_cached else L0 - np.int64(cached[r])
                 nb = _blocks(L0 + 1, bs)
-                if nb > free or (not chunked and L0 > budget):
+                if nb > free or (not chunked and todo > budget):
                     break
                 # admitted
                 if from_stack:
@@ -541,7 +553,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 occ[sl] = r
                 gs[sl] = g0
                 last[sl] = last_pre[r] if from_stack else 0.0
-                need[sl] = L0
+                need[sl] = todo
                 pre[sl] = 0
                 fin[sl] = -1
                 prv[sl] = tail
@@ -554,7 +566,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 running += 1
                 pq[(pq_h + pq_n) % PQ] = sl
                 pq_n += 1
-                c = L0 if L0 < budget else budget
+                c = todo if todo < budget else budget
                 chunk[nc] = c
                 nc += 1
                 budget -= c
@@ -799,5 +811,5 @@ def warmup() -> None:
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))
     x = np.full(4, 3.0)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
-                         prompt=x, output=x, prediction=x, edges=np.array([2.0]))
+                         prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0))
     run(config, inputs, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)

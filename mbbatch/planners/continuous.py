@@ -42,6 +42,7 @@ class Plan:
     keep_requests: bool
     memory: int
     servers: int = 1
+    prefilled: bool = False
 
     keep_batches = False
 
@@ -98,9 +99,11 @@ class Plan:
                 **model_config(self.model), "n": self.n, "servers": self.servers}
 
 
-def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches) -> Plan:
+def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches, *,
+          prefilled: bool = False) -> Plan:
     """The checked :class:`Plan` of a ``simulate`` call of
-    :class:`~mbbatch.ContinuousBatching`."""
+    :class:`~mbbatch.ContinuousBatching`; ``prefilled``: each request brings
+    its whole prompt's KV cache (a decode stage's, as LAPS's)."""
     if service is not None:
         raise TypeError("ContinuousBatching takes workload=Workload(prompt=..., output=...) (and an "
                         "IterationModel), not service=: its iterations are timed by their tokens")
@@ -139,7 +142,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     memory = check_memory(parts)
     check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "service_model")
     return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, predictor=predictor, n=n,
-                keep_requests=bool(keep_requests), memory=memory, servers=int(servers))
+                keep_requests=bool(keep_requests), memory=memory, servers=int(servers), prefilled=bool(prefilled))
 
 
 def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
@@ -169,7 +172,9 @@ def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
             raise ValueError(f"kv_tokens = {pol.kv_tokens:g}: request {r} (prompt {prompt[r]:g} + output "
                              f"{output[r]:g} tokens) can never fit the {capacity} tokens of KV blocks alone "
                              f"({too_big.size} requests cannot); raise kv_tokens or bound the lengths")
-    bound = longest_p + longest_o - 1 if math.isfinite(pol.kv_tokens) else longest_p
+    # (a decode stage's prompts come prefilled: only a preempted request prefills)
+    fresh = 0.0 if plan.prefilled else longest_p
+    bound = longest_p + longest_o - 1 if math.isfinite(pol.kv_tokens) else fresh
     if not pol.chunked_prefill and bound > pol.max_batched_tokens:
         # a prompt (with the tokens a preempted request prefills again) must fit one iteration
         longest = prompt + output - 1 if math.isfinite(pol.kv_tokens) else prompt
@@ -194,7 +199,8 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
     kw = dict(control=plan.control, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS)
     t0 = time.perf_counter()
     if c == 1:
-        inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges)
+        inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
+                                cached=prompt if plan.prefilled else np.empty(0))
         runs = [interruptible(lambda: _k.run(config, inputs, streams, stop, **kw), stop, n if progress else None)]
     else:
         # the arrival times one engine would draw for all n, dealt out; each engine replays its share
@@ -210,7 +216,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
             inputs = _k.INPUTS.pack(arrival_times=times[part].copy(), arrival_params=np.zeros(1),
                                     arrival_ends=arr["arrival_ends"], prompt=prompt[part].copy(),
                                     output=output[part].copy(), prediction=prediction[part].copy(),
-                                    edges=plan.edges)
+                                    edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0))
             runs.append(interruptible(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), stop,
                                       m if progress else None))
     kernel_seconds = time.perf_counter() - t0

@@ -20,7 +20,7 @@ from ..arrivals import Poisson, Replay
 from ..results import SimulationResult, Table
 from ..service_models import DecodeModel, IterationModel, PrefillModel
 from ..workload import Workload
-from . import tokens
+from . import continuous, tokens
 from .common import (HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_times,
                      drawn, lengths, model_config, quantiles, resolve_n, rvs_memory)
 
@@ -107,15 +107,26 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         parts["keep_requests"] = (48 * n, "the per-request arrays (keep_requests, or the decode stage)")
     decode_model = None
     if policy.decode is not None:
-        decode_model = policy.decode_model if policy.decode_model is not None else DecodeModel(prefill_per_token=0.0)
+        decode_model = policy.decode_model if policy.decode_model is not None else (
+            IterationModel() if policy.decode.planner == "continuous" else DecodeModel(prefill_per_token=0.0))
         # the decode stage, checked now (its arrivals are the first tokens, known after the prefill)
-        parts["decode"] = (tokens.check(policy.decode, Poisson(1.0), None, n, policy.decode_servers, True, workload,
-                                        decode_model, False).memory, "the decode stage")
+        parts["decode"] = (_decode_plan(policy, Poisson(1.0), workload, decode_model, n).memory,
+                           "the decode stage")
     parts.update(rvs_memory([("workload.prompt", workload._prompt)], n))
     memory = check_memory(parts)
     check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "workload.prompt")
     return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
                      keep_requests=bool(keep_requests), memory=memory, decode_model=decode_model)
+
+
+def _decode_plan(pol, arrivals, workload, model, n: int, output_law=None):
+    """The checked plan of LAPS's decode stage: its policy's planner, the
+    prompts prefilled (their KV cache comes with the requests)."""
+    if pol.decode.planner == "continuous":
+        return continuous.check(pol.decode, arrivals, None, n, pol.decode_servers, True, workload, model, False,
+                                prefilled=True)
+    return tokens.check(pol.decode, arrivals, None, n, pol.decode_servers, True, workload, model, False,
+                        output_law=output_law)
 
 
 def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
@@ -131,8 +142,8 @@ def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
     out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
     stage = Workload(prompt=req["prompt"][order], output=out[order], integer_lengths=wl.integer_lengths,
                      predictor_sigma=wl.predictor_sigma)
-    res = tokens.check(pol.decode, Replay(first[order]), None, n, pol.decode_servers, True, stage,
-                       plan.decode_model, False, output_law=wl._output.dist).run(ss, warn=False)
+    res = _decode_plan(pol, Replay(first[order]), stage, plan.decode_model, n,
+                       output_law=wl._output.dist).run(ss, warn=False)
     completion = np.empty(n)
     completion[order] = res.requests.completion
     return res, completion, out

@@ -134,6 +134,7 @@ class ContinuousBatching(Policy):
                                  "admission", "admission_bins", "predictor_sigma", "sla_control", "d_sla", "eps_d",
                                  "b_min", "b_max", "controller", "memory", "eps_m", "servers")
     models: ClassVar[tuple] = ("iteration", "profile")
+    decode_stage: ClassVar[bool] = True
 
     def __post_init__(self):
         check_fields(self, {"max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens",
@@ -211,16 +212,21 @@ class ContinuousBatching(Policy):
         from ..controller import Memory
         from .base import memory_kw
 
+        def get(key, table_key=None):
+            # (a LAPS decode stage's cell gives only some: the rest at the table's defaults)
+            return params[key] if key in params else default(table_key or key)
+
         sigma = params.get("predictor_sigma", 0.0)
         controller = memory = None
-        if params.get("sla_control", False):
+        if get("sla_control"):
             controller = controller_from_spec(params)
             # (Algorithm 1 on the engine's own KV cache: eta = kv_tokens)
-            if params["memory"] == "off" or math.isinf(params["kv_tokens"]):
+            if params["memory"] == "off" or math.isinf(get("kv_tokens")):
                 memory = Memory(enabled=False)
             else:
-                memory = Memory(variant=params["memory"], eps_m=params["eps_m"], **memory_kw(params["kv_tokens"]))
-        return cls(max_num_seqs=params["max_num_seqs"], max_batched_tokens=params["max_batched_tokens"],
-                   chunked_prefill=params["chunked_prefill"], kv_tokens=params["kv_tokens"],
-                   block_size=params["block_size"], admission=params["admission"], bins=params["admission_bins"],
+                memory = Memory(variant=params["memory"], eps_m=params["eps_m"], **memory_kw(get("kv_tokens")))
+        return cls(max_num_seqs=get("max_num_seqs"), max_batched_tokens=get("max_batched_tokens"),
+                   chunked_prefill=get("chunked_prefill"), kv_tokens=get("kv_tokens"),
+                   block_size=get("block_size"), admission=get("admission"),
+                   bins=get("admission_bins", "ContinuousBatching.bins"),
                    predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory)

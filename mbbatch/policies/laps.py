@@ -3,6 +3,7 @@ instances behind its router, and a decode stage."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -42,7 +43,14 @@ class LAPS(Policy):
     its output drawn from the workload's output lengths, and is served by
     one of ``decode_servers`` servers under ``decode_model`` (default
     ``DecodeModel(prefill_per_token=0)``: the KV cache arrives with the
-    request, so decode prefills nothing again).  A request's latency is then
+    request, so decode prefills nothing again).  With
+    ``decode=ContinuousBatching(...)`` the decode instances are
+    continuous-batching engines (``decode_servers`` of them, the requests
+    dealt in turn), as LAPS's decode instances are vLLM engines: a request
+    brings its prompt's KV cache, takes its blocks and decodes from the
+    iteration that admits it (a preempted one prefills again), its
+    iterations timed by ``decode_model`` (an
+    :class:`~mbbatch.IterationModel`, default ``IterationModel()``).  A request's latency is then
     end to end, arrival to last token (throughput and span too); the TTFT,
     utilization and batch metrics stay the prefill instances';
     ``res.decode`` is the decode stage's own result.  Without ``decode`` a
@@ -121,22 +129,32 @@ class LAPS(Policy):
         tokens of KV capacity, one GB a token as for the token policies'
         cells, the other settings at their defaults) under a
         :class:`~mbbatch.DecodeModel` without prefill (the KV cache comes with
-        the request)."""
+        the request); a ``"continuous"`` stage runs ``decode_b_max`` sequences
+        at most on ``decode_eta`` KV tokens (inf without), timed by the
+        default :class:`~mbbatch.IterationModel`."""
         stage = {}
         kind = params["decode"]
         if kind != "none":
-            if params["decode_eta"] is None and kind != "static":
+            if params["decode_eta"] is None and kind not in ("static", "continuous"):
                 raise ValueError(f"decode = \"{kind}\" needs decode_eta (the decode servers' KV-cache tokens)")
             if kind == "static" and params["decode_batch_size"] is None:
                 raise ValueError("decode = \"static\" needs decode_batch_size (requests per decode batch)")
-            from ..service_models import DecodeModel
+            from ..service_models import DecodeModel, IterationModel
 
             own = {key: default(key) for key in _DECODE_DEFAULTS}
             own.update(batch_size=params["decode_batch_size"], bins=params["decode_bins"],
                        d_sla=params["decode_d_sla"], b_max=params["decode_b_max"], eta=params["decode_eta"])
+            if kind == "continuous":
+                # the engines' running sequences at most and KV cache (inf without decode_eta), timed by the
+                # default IterationModel
+                own.update(max_num_seqs=params["decode_b_max"],
+                           kv_tokens=math.inf if params["decode_eta"] is None else params["decode_eta"])
+                model = IterationModel()
+            else:
+                model = DecodeModel(beta=params["decode_model_beta"], gamma=params["decode_model_gamma"],
+                                    prefill_per_token=0.0)
             stage = {"decode": ctx.build(kind, own), "decode_servers": params["decode_servers"],
-                     "decode_model": DecodeModel(beta=params["decode_model_beta"], gamma=params["decode_model_gamma"],
-                                                 prefill_per_token=0.0)}
+                     "decode_model": model}
         return cls(instances=params["instances"], threshold=params["laps_threshold"], window=params["window"],
                    max_batch=params["max_batch"], max_batch_tokens=params["max_batch_tokens"],
                    dual_queue=params["dual_queue"], dynamic=params["dynamic"], interval=params["interval"],
