@@ -76,7 +76,7 @@ from collections import namedtuple
 import numpy as np
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, check_stop, draw_arrivals, drawers,
-                     helper, hist_bucket, kernel, step)
+                     helper, hist_bucket, kernel, step, subroutine)
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS,
                          MEMORY, SLA, T, b_mem_core, b_sla_core, controller_init, feedback_core)
 from .controller import M as MM
@@ -219,7 +219,7 @@ def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ, fre
     return head, tail, _release(s, occ, free_slots, nfree)
 
 
-@step
+@subroutine
 def _cap(ctl, bst, sla, memory, memory_on, M):
     """The running sequences allowed at this iteration under the controller
     (the dynamic-batching paper's vLLM patch setting ``max_num_seqs``):
@@ -252,7 +252,7 @@ def _tally(tally, p, o):
         tally[TALLY.longest] = o
 
 
-@step
+@subroutine
 def _feedback(ctl, bst, tally, ema, t, size, running):
     """Algorithm 7 after an iteration of ``size`` sequences that took ``t``
     (the time between tokens of its decodes), ``running`` sequences left:
@@ -602,7 +602,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 ts[ts_rows, TS.max_num_seqs] = cap
                 ts_rows += 1
         running_time += running * t
-        cap_time += cap * t
         system_time += (running + waiting + nstack) * t
         blocks_time += used * t
         waiting_time += (waiting + nstack) * t
@@ -703,6 +702,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             gc[ng] = joined
             ng += 1
         if controlled:
+            cap_time += cap * t
             _feedback(ctl, bst, tally, ema, t, n_d + nc, running)
     st_i, st_f = out.ints, out.floats
     st_i[S.completed] = completed

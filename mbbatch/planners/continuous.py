@@ -298,7 +298,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         "mean_running": st["running_time"] / busy if busy > 0 else nan,
         "mean_in_system": st["system_time"] / span if positive else nan,
         "kv_usage_mean": st["blocks_time"] / (busy * blocks) if busy > 0 and blocks else nan,
-        "max_num_seqs_mean": st["cap_time"] / busy if busy > 0 else nan,
+        "max_num_seqs_mean": (st["cap_time"] / busy if plan.policy.controller is not None
+                              else float(plan.policy.max_num_seqs)) if busy > 0 else nan,
     }
     with np.errstate(invalid="ignore", divide="ignore"):
         g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
