@@ -17,10 +17,28 @@ pytestmark = MARKS
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _draws(results, out_dir, name):
+    files = figures.make_figures(results, out_dir, only=name)
+    assert [f.name for f in files] == [f"{name}.png", f"{name}.pdf"]
+
+
+def _small(name, out_dir, *swaps):
+    """The store of sweeps/NAME.toml with each ``(old, new)`` of ``swaps``
+    replaced in its text (a smaller run)."""
+    from mbbatch.sweeps import run_sweep
+    from mbbatch.sweeps.spec import parse_spec
+
+    text = (ROOT / "sweeps" / f"{name}.toml").read_text()
+    for old, new in swaps:
+        assert old in text, old
+        text = text.replace(old, new)
+    spec = parse_spec(text, source=ROOT / "sweeps" / f"{name}.toml")
+    return run_sweep(spec, out_dir / f"{name}.zarr", workers=1, progress=False).load()
+
+
 def test_it_draws_from_the_two_stores(results, tmp_path):
     assert figures.FIGURES["continuous_vs_binned"][1] == ["hardware_multibin", "continuous_vs_binned"]
-    files = figures.make_figures(results, tmp_path, only="continuous_vs_binned")
-    assert [f.name for f in files] == ["continuous_vs_binned.png", "continuous_vs_binned.pdf"]
+    _draws(results, tmp_path, "continuous_vs_binned")
 
 
 def test_its_spec_runs_small_and_the_engine_is_multi_bins_limit(tmp_path):
@@ -31,12 +49,7 @@ def test_its_spec_runs_small_and_the_engine_is_multi_bins_limit(tmp_path):
     figures/README.md) and about what its limit of every batch one length
     does (13.49 and 6.40: at every iteration both step 32 sequences; within
     3 %, this small run's start and drain), and 256 sequences more than 32."""
-    from mbbatch.sweeps import run_sweep
-    from mbbatch.sweeps.spec import parse_spec
-
-    text = (ROOT / "sweeps" / "continuous_vs_binned.toml").read_text()
-    spec = parse_spec(text.replace("n = 1000000", "n = 20000").replace("reps = 3", "reps = 2"))
-    ds = run_sweep(spec, tmp_path / "continuous_vs_binned.zarr", workers=1, progress=False).load()
+    ds = _small("continuous_vs_binned", tmp_path, ("n = 1000000", "n = 20000"), ("reps = 3", "reps = 2"))
     thr = ds["sim_throughput_mean"]
     assert np.all(thr.sel(max_num_seqs=256) > thr.sel(max_num_seqs=32))
     binned = {"H100/vLLM/Meta-Llama-3-8B/tp1": (11.61, 13.49), "A100/vLLM/Meta-Llama-3-8B/tp1": (5.63, 6.40)}
@@ -49,15 +62,10 @@ def test_the_memory_figure_draws_and_its_spec_shows_preemptions_rising_as_the_ca
     """continuous_memory draws; its spec, run small (n = 20,000, 2
     replications, three caches): preemptions per request fall as the cache
     grows, to none at 48,000 tokens, for every admission order."""
-    from mbbatch.sweeps import run_sweep
-    from mbbatch.sweeps.spec import parse_spec
-
-    files = figures.make_figures(results, tmp_path, only="continuous_memory")
-    assert [f.name for f in files] == ["continuous_memory.png", "continuous_memory.pdf"]
-    text = (ROOT / "sweeps" / "continuous_memory.toml").read_text()
-    text = text.replace("n = 200000", "n = 20000").replace("reps = 3", "reps = 2").replace(
-        "kv_tokens = [12000.0, 16000.0, 20000.0, 24000.0, 32000.0, 48000.0]", "kv_tokens = [16000.0, 24000.0, 48000.0]")
-    ds = run_sweep(parse_spec(text), tmp_path / "continuous_memory.zarr", workers=1, progress=False).load()
+    _draws(results, tmp_path, "continuous_memory")
+    ds = _small("continuous_memory", tmp_path, ("n = 200000", "n = 20000"), ("reps = 3", "reps = 2"),
+                ("kv_tokens = [12000.0, 16000.0, 20000.0, 24000.0, 32000.0, 48000.0]",
+                 "kv_tokens = [16000.0, 24000.0, 48000.0]"))
     pre = (ds["preemptions"] / ds["completed"]).mean("rep")
     assert np.all(pre.diff("kv_tokens") <= 0) and np.all(pre.sel(kv_tokens=48000.0) == 0)
     assert np.all(pre.sel(kv_tokens=16000.0) > 0.05)
@@ -71,15 +79,9 @@ def test_the_controller_figure_draws_and_its_spec_holds_the_sla_where_a_fixed_ca
     D_SLA = 20 ms holds its p99 within 5 % of it (carrying less, its
     backlog growing) at a cap below 256, the one with 25 ms within 5 % of
     25 ms."""
-    from mbbatch.sweeps import run_sweep
-    from mbbatch.sweeps.spec import parse_spec
-
-    files = figures.make_figures(results, tmp_path, only="continuous_controller")
-    assert [f.name for f in files] == ["continuous_controller.png", "continuous_controller.pdf"]
-    text = (ROOT / "sweeps" / "continuous_controller.toml").read_text()
-    text = text.replace("n = 50000", "n = 20000").replace("reps = 3", "reps = 2").replace(
-        "rate = [5.0, 10.0, 15.0, 20.0, 22.5, 25.0, 27.5, 30.0, 32.5]", "rate = [10.0, 30.0]")
-    ds = run_sweep(parse_spec(text), tmp_path / "continuous_controller.zarr", workers=1, progress=False).load()
+    _draws(results, tmp_path, "continuous_controller")
+    ds = _small("continuous_controller", tmp_path, ("n = 50000", "n = 20000"), ("reps = 3", "reps = 2"),
+                ("rate = [5.0, 10.0, 15.0, 20.0, 22.5, 25.0, 27.5, 30.0, 32.5]", "rate = [10.0, 30.0]"))
     p99 = ds["sim_tbt_p99"].mean("rep")
     low = p99.sel(rate=10.0)
     assert float(abs(low.sel(policy="sla20") / low.sel(policy="cap256") - 1)) < 0.02
@@ -95,8 +97,7 @@ def test_the_controller_figure_draws_and_its_spec_holds_the_sla_where_a_fixed_ca
 def test_the_trace_figure_draws(results, tmp_path):
     assert figures.FIGURES["continuous_trace"][1] == ["continuous_trace_capacity", "continuous_trace"]
     assert figures.TRACE_FIGURES["continuous_trace"] == "AzureLLMInferenceTrace_conv.csv"
-    files = figures.make_figures(results, tmp_path, only="continuous_trace")
-    assert [f.name for f in files] == ["continuous_trace.png", "continuous_trace.pdf"]
+    _draws(results, tmp_path, "continuous_trace")
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "AzureLLMInferenceTrace_conv.csv").is_file(),
@@ -110,14 +111,8 @@ def test_the_trace_capacity_spec_runs_small_multi_bin_beside_eq_2_and_its_limit_
     length within 3 % of the continuous engine's at the same 32 sequences
     (at every iteration both step 32 of them); the engine at 256 above every
     policy run to completion."""
-    from mbbatch.sweeps import run_sweep
-    from mbbatch.sweeps.spec import parse_spec
-
     monkeypatch.setenv("MBBATCH_DATA", str(SHARED_DATA))
-    text = (ROOT / "sweeps" / "continuous_trace_capacity.toml").read_text()
-    spec = parse_spec(text.replace("n = 100000", "n = 20000").replace("reps = 3", "reps = 2"),
-                      source=ROOT / "sweeps" / "continuous_trace_capacity.toml")
-    ds = run_sweep(spec, tmp_path / "continuous_trace_capacity.zarr", workers=1, progress=False).load()
+    ds = _small("continuous_trace_capacity", tmp_path, ("n = 100000", "n = 20000"), ("reps = 3", "reps = 2"))
     thr = ds["sim_throughput_mean"]
     mbs = ["multibin1", "multibin2", "multibin4", "multibin8"]
     sim = thr.sel(policy=mbs).values

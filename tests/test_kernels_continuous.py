@@ -76,6 +76,20 @@ def _config(rng):
                                    edges=np.array([10.0, 20.0]), **COEF)
 
 
+def _same_run(out, req, code, want, kw) -> dict:
+    """The kernel's run ``(out, req, code)`` is the reference's ``want``:
+    each request's admission, first token, completion and preemptions, the
+    iterations, preemptions and recomputed tokens.  Returns its statistics."""
+    st = ck.STATS.unpack((out.ints, out.floats))
+    assert code == ck.DONE
+    for col in ("admitted", "first_token", "completion"):
+        np.testing.assert_array_equal(req[col], want[col], err_msg=f"{col} {kw}")
+    np.testing.assert_array_equal(req["preemptions"], want["preempted"])
+    assert (st["iterations"], st["preemptions"], st["recomputed"]) == (
+        want["iterations"], want["preemptions"], want["recomputed"]), kw
+    return st
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_kernel_is_the_reference_engine_request_by_request(seed):
     """Over 40 random configurations per seed (chunked and not, memory that
@@ -90,13 +104,7 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
         (arr, p, o, pred), kw = _config(rng)
         want = ref.simulate(arr, p, o, pred, **kw)
         out, req, code = _kernel(arr, p, o, pred, **kw)
-        st = ck.STATS.unpack((out.ints, out.floats))
-        assert code == ck.DONE
-        for col in ("admitted", "first_token", "completion"):
-            np.testing.assert_array_equal(req[col], want[col], err_msg=f"{col} {kw}")
-        np.testing.assert_array_equal(req["preemptions"], want["preempted"])
-        assert (st["iterations"], st["preemptions"], st["recomputed"]) == (
-            want["iterations"], want["preemptions"], want["recomputed"]), kw
+        st = _same_run(out, req, code, want, kw)
         assert st["tbt_count"] == want["tbt"].size == int((o - 1).sum())
         hist = np.zeros_like(out.hist_tbt)
         for gap in want["tbt"]:
@@ -135,14 +143,7 @@ def test_requests_bringing_their_prompts_kv_cache_are_the_reference_engines(seed
         (arr, p, o, pred), kw = _config(rng)
         cached = np.where(rng.random(len(p)) < 0.6, p, rng.integers(0, p + 1))
         want = ref.simulate(arr, p, o, pred, cached=cached, **kw)
-        out, req, code = _kernel(arr, p, o, pred, cached=cached, **kw)
-        st = ck.STATS.unpack((out.ints, out.floats))
-        assert code == ck.DONE
-        for col in ("admitted", "first_token", "completion"):
-            np.testing.assert_array_equal(req[col], want[col], err_msg=f"{col} {kw}")
-        np.testing.assert_array_equal(req["preemptions"], want["preempted"])
-        assert (st["iterations"], st["preemptions"], st["recomputed"]) == (
-            want["iterations"], want["preemptions"], want["recomputed"])
+        st = _same_run(*_kernel(arr, p, o, pred, cached=cached, **kw), want, kw)
         assert st["prefill_tokens"] == int((p - cached).sum()) + st["recomputed"]
 
 
@@ -160,13 +161,9 @@ def test_the_controlled_kernel_is_the_reference_engine_request_by_request(seed):
         kw["controller"] = _controller(rng)
         want = ref.simulate(arr, p, o, pred, **kw)
         out, req, code = _kernel(arr, p, o, pred, ts_rows=2 * (len(want["caps"]) + 1), **kw)
-        st = ck.STATS.unpack((out.ints, out.floats))
-        assert code == ck.DONE and st["ts_stride"] == 1
+        st = _same_run(out, req, code, want, kw)
+        assert st["ts_stride"] == 1
         np.testing.assert_array_equal(out.ts[:st["ts_rows"], ck.TS.max_num_seqs], want["caps"], err_msg=f"{kw}")
-        for col in ("admitted", "first_token", "completion"):
-            np.testing.assert_array_equal(req[col], want[col], err_msg=f"{col} {kw}")
-        np.testing.assert_array_equal(req["preemptions"], want["preempted"])
-        assert (st["iterations"], st["preemptions"]) == (want["iterations"], want["preemptions"])
         caps_seen.update(np.unique(want["caps"]).tolist())
     assert len(caps_seen) > 5             # (the cap moved)
 
