@@ -350,6 +350,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     ts_max = ts.shape[0]
     ts_rows = 0
     ts_stride = 1
+    ts_due = 1
 
     draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
                   inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
@@ -379,6 +380,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     waiting = 0
     rr = 0
     rounds = 0      # decode rounds done
+    ph = 0          # (-rounds) mod block_size: the block phase whose decodes take a new block next round
     n_main = 0      # decodes whose last token came at the last round's end, t_round
     t_round = 0.0
     ng = 0          # groups of decodes that joined since the last round: (gt, gc)
@@ -453,7 +455,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         ctx = 0
         if chunked or not prefill_phase:
             # the decodes' new blocks: preempt the most recently admitted while they do not fit
-            want = phase[(-rounds) % bs] if n_dec > 0 else 0
+            want = phase[ph] if n_dec > 0 else 0
             while want > free:
                 sl = tail
                 r = occ[sl]
@@ -496,7 +498,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     r_i[RQ.preemptions, r] += 1
                 stack[nstack] = r
                 nstack += 1
-                want = phase[(-rounds) % bs] if n_dec > 0 else 0
+                want = phase[ph] if n_dec > 0 else 0
             free -= want
             n_d = n_dec
             ctx = s0 + n_dec * rounds
@@ -586,7 +588,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
-        if iterations % ts_stride == 0:
+        if iterations == ts_due:
             if ts_rows == ts_max:
                 # full: every other row kept, the stride doubled
                 for k in range(ts_max // 2):
@@ -601,6 +603,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 ts[ts_rows, TS.kv_blocks] = used if blocks_total < UNLIMITED else -1.0
                 ts[ts_rows, TS.max_num_seqs] = cap
                 ts_rows += 1
+            # (the next multiple of the stride: no division at every iteration)
+            ts_due = (iterations // ts_stride + 1) * ts_stride
         running_time += running * t
         system_time += (running + waiting + nstack) * t
         blocks_time += used * t
@@ -623,6 +627,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     tbt_count += gc[k]
             ng = 0
             rounds += 1
+            ph = ph - 1 if ph > 0 else bs - 1
             n_main = n_d
             t_round = now
             tokens += n_d
