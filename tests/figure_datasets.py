@@ -754,7 +754,8 @@ def _continuous_trace(reps=REPS):
     sim = thr[:, None] * (1.0 + 0.005 * rng.standard_normal((thr.size, reps)))
     mean = sim.mean(axis=1)
     cap = xr.Dataset({"sim_throughput": (("policy", "rep"), sim), "sim_throughput_mean": ("policy", mean),
-                      "sim_throughput_ci_low": ("policy", mean * 0.99), "sim_throughput_ci_high": ("policy", mean * 1.01),
+                      "sim_throughput_ci_low": ("policy", mean * 0.99),
+                      "sim_throughput_ci_high": ("policy", mean * 1.01),
                       "theory_service_rate": ("policy", theory), "capacity": ("policy", limit),
                       "unstable": ("policy", np.zeros(thr.size, bool)), "done": ("policy", np.ones(thr.size, bool))},
                      coords={"policy": list(names), "rep": np.arange(reps)})

@@ -205,3 +205,6 @@ def test_servers_are_independent_engines_taking_the_requests_in_turn():
     sat = [mb.simulate(mb.ContinuousBatching(), mb.Saturated(), workload=WL, n=120_000, seed=1,
                        servers=c).throughput for c in (1, 3)]
     assert 2.9 < sat[1] / sat[0] <= 3.0
+    # more engines than requests: the others idle
+    few = mb.simulate(pol, mb.Poisson(1.0), workload=WL, n=2, seed=0, servers=5, keep_requests=True)
+    assert few.completed == 2 and np.all(np.isfinite(few.requests.completion)) and math.isfinite(few.throughput)

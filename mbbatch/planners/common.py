@@ -270,7 +270,8 @@ def per_bin(completed: np.ndarray, latency: np.ndarray, span: float) -> dict:
 
 
 def settled(t, b_target, st) -> float:
-    """Seconds from the first arrival until the sampled ``b_target`` (a controller's batch size or cap) settles
+    """Seconds from the first arrival until the sampled ``b_target`` (a
+    controller's batch size, or cap on running sequences) settles
     (:func:`~mbbatch.stats.settling_time` over the whole run); NaN when it
     settles only in the run's last part, or nothing was sampled."""
     if t.size == 0 or not st["completed"]:

@@ -70,8 +70,8 @@ class Plan:
             n=self.n, arrival_kind=akind, max_num_seqs=pol.max_num_seqs, max_batched_tokens=pol.max_batched_tokens,
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
             admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
-            controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate, step=m.step, prefill_per_token=m.prefill_per_token,
-            per_sequence=m.per_sequence, per_context=m.per_context_token)
+            controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate, step=m.step,
+            prefill_per_token=m.prefill_per_token, per_sequence=m.per_sequence, per_context=m.per_context_token)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
     @functools.cached_property
@@ -190,10 +190,12 @@ def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
 
 def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, progress: bool):
     """Run the engines: one kernel run per engine, request r going to engine
-    ``r % servers`` (round robin, at arrival).  Returns their outputs and
-    records, the requests of each (slices) and the kernel seconds."""
+    ``r % servers`` (round robin, at arrival; more engines than requests:
+    the others idle).  Returns each engine's ``(outputs, records, code)``
+    and the kernel seconds.  (With several, a progress bar counts each
+    engine's requests in turn.)"""
     config, arr = plan.kernel_args
-    c, n = plan.servers, plan.n
+    c, n = _busy_engines(plan), plan.n
     streams = _k.ContinuousStreams(stream(ss, STREAM_ARRIVALS))
     stop = stop_flag()
     kw = dict(control=plan.control, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS)
@@ -225,6 +227,11 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
     return runs, kernel_seconds
 
 
+def _busy_engines(plan: Plan) -> int:
+    """The engines that serve a request: ``servers``, at most ``n``."""
+    return min(plan.servers, plan.n)
+
+
 #: the statistics of several engines: summed but for these
 _FIRST, _LAST = ("first_arrival",), ("last_completion", "max_running")
 
@@ -248,7 +255,7 @@ def _merged(plan: Plan, runs) -> tuple:
                                                            "group_count", "size_hist")}
     req = None
     if plan.keep_requests:
-        c, n = plan.servers, plan.n
+        c, n = _busy_engines(plan), plan.n
         req = {}
         for e, (_, r, _) in enumerate(runs):
             for k, v in r.items():
@@ -319,8 +326,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         extra["convergence_time"] = settled(ts["time"], ts["max_num_seqs"], st)
     metrics = assemble(plan.policy.kind, RunTotals(
         completed=completed, span=span, sum_latency=st["sum_latency"], busy=busy, servers=plan.servers,
-        batches=iters,
-        members=st["sum_batch"], latency_quantiles=q, group_latency=g_lat), extra)
+        batches=iters, members=st["sum_batch"], latency_quantiles=q, group_latency=g_lat), extra)
     mean_running = extra["mean_running"]
     unstable, reason = steady_state(plan.arrivals, n, lambda start, end: stats.queue_verdict(
         ts["time"], queue, mean_running, start, end))

@@ -723,7 +723,8 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     # --- every variant has every parameter it needs
     for vname, settings in policies.items():
         for nm, sp in SPEC_PARAMS.items():
-            if (sp.required_for(settings["kind"]) and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
+            if (sp.required_for(settings["kind"])
+                    and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
                     and nm not in settings and nm not in params and nm not in axes
                     and not (capacity is not None and nm in SEARCHED)):
                 where = f"policies.{vname}, " if not single else ""
