@@ -427,7 +427,7 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     ----------
     policy : a policy of :data:`mbbatch.registry.POLICIES`
         MultiBin, StaticBatching, DynamicBatching, MultiBinDynamic,
-        ShortestPredictedFirst, Cluster or LAPS.
+        ShortestPredictedFirst, ContinuousBatching, Cluster or LAPS.
     arrivals : Poisson, Gamma, OnOff or Replay, optional
         The shape of the arrival process (default Poisson); its rate is what
         the search sets.

@@ -56,8 +56,15 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
       dynamic-batching paper's Algorithms 1-7; shortest predicted output
       first); they take ``workload=`` and any service model (default
       :class:`DecodeModel`).
-    - :class:`Cluster` runs one of those (or MultiBin) on engines behind a
-      router, and :class:`LAPS` prefill instances behind theirs.
+    - :class:`ContinuousBatching` batches at every iteration (vLLM's,
+      SGLang's engine: paged KV memory, chunked prefill, preemption); it
+      takes ``workload=`` with whole-token lengths and an
+      :class:`IterationModel` (default; or a profile); ``servers`` are
+      independent engines taking the requests in turn.
+    - :class:`Cluster` runs one of the run-to-completion policies (or
+      MultiBin) on engines behind a router, and :class:`LAPS` prefill
+      instances behind theirs (its decode stage any of them, or
+      ContinuousBatching).
 
     Every argument is checked before anything runs, and a run whose memory
     cannot fit is refused, saying how much it would need.  Ctrl-C stops a
@@ -70,7 +77,8 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
     ----------
     policy : a policy of :data:`mbbatch.registry.POLICIES`
         The batching policy: MultiBin, StaticBatching, DynamicBatching,
-        MultiBinDynamic, ShortestPredictedFirst, Cluster or LAPS.
+        MultiBinDynamic, ShortestPredictedFirst, ContinuousBatching, Cluster
+        or LAPS.
     arrivals : Poisson, Gamma, OnOff, PiecewisePoisson, Saturated or Replay
         The arrival process (rates in requests/s), for every policy; see
         :mod:`mbbatch.arrivals`.  A Replay of fewer times than ``n`` is
