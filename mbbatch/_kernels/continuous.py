@@ -77,8 +77,8 @@ import numpy as np
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, check_stop, draw_arrivals, drawers,
                      helper, hist_bucket, kernel, step, subroutine)
-from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS,
-                         MEMORY, SLA, T, b_mem_core, b_sla_core, controller_init, feedback_core)
+from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
+                         b_sla, controller_init, feedback_core)
 from .controller import M as MM
 from .layout import Arrays, Layout
 from .programs import _heap_pop, _heap_push
@@ -226,11 +226,7 @@ def _cap(ctl, bst, sla, memory, memory_on, M):
     Algorithm 2's b_SLA (its interval moved in ``ctl``), with ``memory_on``
     at most Algorithm 1's b_mem from the completed requests' statistics
     ``bst``, and at most the engine's ``M`` slots."""
-    si, sf = sla
-    b, ctl[CT.b_low], ctl[CT.b_high] = b_sla_core(
-        ctl[CT.b_low], ctl[CT.b_high], ctl[CT.tau_avg], ctl[CT.b_avg], ctl[CT.n_decode], ctl[CT.updates],
-        sf[A.d_sla], sf[A.eps_d], sf[A.b_min], sf[A.b_max], sf[A.alpha], sf[A.delta],
-        si[A.variant] == CTL_VARIANT_MULTIPLICATIVE)
+    b = b_sla(ctl, sla)
     if memory_on:
         mi, mf = memory
         bm = b_mem_core(mf[MM.eta], mi[MM.variant], mf[MM.z], mf[MM.default_tokens], mf[MM.b_min], mf[MM.b_max],
@@ -239,6 +235,16 @@ def _cap(ctl, bst, sla, memory, memory_on, M):
         if bm < b:
             b = bm
     return b if b < M else np.int64(M)
+
+
+@step
+def _freed(p, o, bs, tally, memory_on):
+    """The KV blocks a request of prompt ``p`` and output ``o`` tokens frees
+    as it completes (with ``memory_on``, counted into the iteration's tally
+    first)."""
+    if memory_on:
+        _tally(tally, p, o)
+    return _blocks(p + o, bs)
 
 
 @step
@@ -268,7 +274,7 @@ def _feedback(ctl, bst, tally, ema, t, size, running):
          _) = feedback_core(nb, float(tally[TALLY.prompt]), float(tally[TALLY.output]), m2_b,
                             float(tally[TALLY.longest]), t, t, ema, bst[T.avg_prompt], bst[T.avg_output],
                             bst[T.count], bst[T.mean_tokens], bst[T.m2_tokens], 0.0, 0.0)
-        for k in range(5):
+        for k in range(tally.shape[0]):
             tally[k] = 0
     # (the controller's half of the same step, the iteration its batch)
     _, _, _, _, _, ctl[CT.tau_avg], ctl[CT.b_avg] = feedback_core(
@@ -646,9 +652,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 n_dec -= 1
                 n_main -= 1
                 fin[sl] = -1
-                free += _blocks(p + np.int64(output[r]), bs)
-                if memory_on:
-                    _tally(tally, p, np.int64(output[r]))
+                free += _freed(p, np.int64(output[r]), bs, tally, memory_on)
                 head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1
@@ -682,9 +686,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             tokens += 1
             p = np.int64(prompt[r])
             if g >= np.int64(output[r]):
-                free += _blocks(p + g, bs)
-                if memory_on:
-                    _tally(tally, p, g)
+                # (g is its output now)
+                free += _freed(p, g, bs, tally, memory_on)
                 head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1

@@ -21,7 +21,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from .. import stats
+from .analysis import replication_ci
 from .data import line, per_rep, sim_series, variants
 from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
@@ -125,8 +125,9 @@ def continuous_memory(data) -> Figure:
 
 def _rep_interval(ds, var, x, **sel) -> tuple:
     """``(mean, low, high)`` along ``x`` of a metric stored per replication:
-    the 95 % t-interval of its replications' mean."""
-    return tuple(np.array(v) for v in zip(*(stats.t_interval(r) for r in per_rep(ds, var, x, **sel))))
+    the 95 % t-interval of its replications' mean (:func:`.analysis.replication_ci`)."""
+    mean, half = replication_ci(per_rep(ds, var, x, **sel))
+    return mean, mean - half, mean + half
 
 
 def continuous_controller(data) -> Figure:

@@ -221,10 +221,10 @@ class ContinuousBatching(Policy):
         if get("sla_control"):
             controller = controller_from_spec(params)
             # (Algorithm 1 on the engine's own KV cache: eta = kv_tokens)
-            if params["memory"] == "off" or math.isinf(get("kv_tokens")):
+            if get("memory") == "off" or math.isinf(get("kv_tokens")):
                 memory = Memory(enabled=False)
             else:
-                memory = Memory(variant=params["memory"], eps_m=params["eps_m"], **memory_kw(get("kv_tokens")))
+                memory = Memory(variant=get("memory"), eps_m=get("eps_m"), **memory_kw(get("kv_tokens")))
         return cls(max_num_seqs=get("max_num_seqs"), max_batched_tokens=get("max_batched_tokens"),
                    chunked_prefill=get("chunked_prefill"), kv_tokens=get("kv_tokens"),
                    block_size=get("block_size"), admission=get("admission"),
