@@ -7,7 +7,10 @@ cost per request at max_num_seqs 64 against 1,024 (each at 80 % of its own
 saturated throughput).
 
 Targets: at least 5 million requests/s at max_num_seqs = 256; 1,024's time
-per request within 1.5 times 64's.  Run alone (``python bench/continuous.py``)
+per request within 1.5 times 64's.  Beside them, untargeted: a cluster of
+4 such engines (max_num_seqs 256) behind least-used routing at 80 % of
+four engines' throughput, its time per request against one engine's (the
+router advances every engine to every arrival).  Run alone (``python bench/continuous.py``)
 or through ``bench/run.py``.
 """
 
@@ -66,6 +69,29 @@ def bench_continuous(n: int = 10_000_000, runs: int = 3) -> list:
     return out
 
 
+#: the engines of the cluster bench
+ENGINES = 4
+
+
+def bench_cluster(n: int = 10_000_000, runs: int = 3) -> tuple:
+    """``(median seconds of the cluster, of one engine alone)``: 4 engines of
+    max_num_seqs 256 behind least-used routing at 4 x 80 % of one engine's
+    saturated throughput, and one engine at 80 % of its own."""
+    wl = _workload()
+    engine = mb.ContinuousBatching(kv_tokens=KV_TOKENS)
+    rate = _rate(engine, wl)
+    cluster = mb.Cluster(engine, engines=ENGINES, router="least_used")
+    times = {}
+    for name, policy, r in (("cluster", cluster, ENGINES * rate), ("one", engine, rate)):
+        got = []
+        for k in range(runs):
+            t0 = time.process_time()
+            mb.simulate(policy, arrivals=mb.Poisson(r), workload=wl, n=n, seed=k)
+            got.append(time.process_time() - t0)
+        times[name] = median(got)
+    return times["cluster"], times["one"]
+
+
 def main():
     n = 10_000_000
     got = bench_continuous(n)
@@ -76,6 +102,11 @@ def main():
     ratio = got[2][1] / got[0][1]
     print(f"time per request, 1,024 sequences / 64: {ratio:.2f} (target <= {SCALING_TARGET:g}) "
           f"{'PASS' if ratio <= SCALING_TARGET else 'FAIL'}")
+    m = n // 10
+    t_cluster, t_one = bench_cluster(m)
+    print(f"Cluster of {ENGINES} ContinuousBatching engines, least used, 80 % load, n={m:.0e}: {t_cluster:.3f} s, "
+          f"{m / t_cluster / 1e6:.2f} M requests/s; time per request / one engine's: {t_cluster / t_one:.2f} "
+          "(no target)")
 
 
 if __name__ == "__main__":

@@ -251,6 +251,11 @@ def main():
     rows.append(("  time per request, 1,024 sequences / 64", f"{ratio:.2f}",
                  f"target <= {continuous_bench.SCALING_TARGET:g}",
                  "PASS" if ratio <= continuous_bench.SCALING_TARGET else "FAIL"))
+    m = max(1, args.n // 10)
+    t_cluster, t_one = continuous_bench.bench_cluster(m)
+    rows.append((f"Cluster of {continuous_bench.ENGINES} ContinuousBatching engines, least used, n=%.0e" % m,
+                 f"{t_cluster:.3f} s", f"{m / t_cluster / 1e6:.2f} M requests/s", ""))
+    rows.append(("  its time per request / one engine's", f"{t_cluster / t_one:.2f}", "(no target)", ""))
 
     import cluster as cluster_bench   # bench/cluster.py
 

@@ -42,7 +42,7 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
                          block_size=block_size, admission=ck.ADMISSIONS[admission], bins=len(edges) + 1, keep=1,
                          controlled=int(controller is not None),
                          memory_on=int(controller is not None and controller.get("memory") is not None),
-                         rate=0.0, **coef)
+                         rate=0.0, until=np.inf, **coef)
     inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                             prediction=pred.astype(float), edges=np.asarray(edges, float),
@@ -243,3 +243,49 @@ def test_warmup_leaves_it_to_its_first_run():
             "print(len(ck.continuous_kernel.signatures))\n")
     got = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
     assert got.stdout.split() == ["0", "1"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
+    """advance(engine, ..., until) pauses before an iteration would start at
+    or after until and resumes where it stopped: over 30 random
+    configurations (a controller half the time), advanced to random times
+    (arrival instants among them), every record, statistic, histogram and
+    time-series row equal the run's in one call."""
+    rng = np.random.default_rng(300 + seed)
+    paused = 0
+    for _ in range(30):
+        (arr, p, o, pred), kw = _config(rng)
+        controller = _controller(rng) if rng.random() < 0.5 else None
+        n = len(arr)
+        blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
+        cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=kw["max_num_seqs"],
+                             max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
+                             block_size=kw["block_size"], admission=ck.ADMISSIONS[kw["admission"]], bins=3, keep=1,
+                             controlled=int(controller is not None),
+                             memory_on=int(controller is not None and controller.get("memory") is not None),
+                             rate=0.0, until=np.inf, **COEF)
+        inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
+                                arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
+                                prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
+                                cached=np.empty(0))
+        runs = []
+        for steps in (False, True):
+            eng = ck.start(cfg, inputs, control=_control(controller), groups=4, ts_rows=64)
+            stop = np.zeros(STOP_SIZE, np.int64)
+            streams = ck.ContinuousStreams(np.random.default_rng(0))
+            if steps:
+                span = float(arr[-1]) + 5.0
+                ts = np.sort(np.concatenate((rng.uniform(0, span, 8), rng.choice(arr, 4))))
+                for until in ts:
+                    code = ck.advance(eng, streams, stop, until)
+                    paused += code == ck.PAUSED
+            assert ck.advance(eng, streams, stop, np.inf) == ck.DONE
+            runs.append(eng)
+        one, many = runs
+        for f in ("ints", "floats", "hist", "hist_ttft", "hist_tbt", "group_latency", "group_count", "ts",
+                  "size_hist", "ctl", "bstats"):
+            np.testing.assert_array_equal(getattr(one.out, f), getattr(many.out, f), err_msg=f)
+        for a, b in zip(one.requests, many.requests):
+            np.testing.assert_array_equal(a, b)
+    assert paused > 50

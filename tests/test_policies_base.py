@@ -11,8 +11,8 @@ from mbbatch.policies.base import (Policy, controller_from_spec, declaring, memo
 
 
 def test_declaring_lists_the_policies_of_a_capability():
-    assert declaring("engine") == ["DynamicBatching", "MultiBin", "MultiBinDynamic", "ShortestPredictedFirst",
-                                   "StaticBatching"]
+    assert declaring("engine") == ["ContinuousBatching", "DynamicBatching", "MultiBin", "MultiBinDynamic",
+                                   "ShortestPredictedFirst", "StaticBatching"]
     assert declaring("decode_stage") == ["ContinuousBatching", "DynamicBatching", "MultiBinDynamic", "StaticBatching"]
 
 

@@ -7,11 +7,12 @@ import mbbatch as mb
 
 def test_a_clusters_engines_declare_they_can_be_engines():
     assert mb.Cluster().policy == mb.DynamicBatching() or isinstance(mb.Cluster().policy, mb.DynamicBatching)
-    with pytest.raises(TypeError, match="policy must be DynamicBatching or MultiBin or MultiBinDynamic or "
-                                        "ShortestPredictedFirst or StaticBatching .*; got LAPS"):
+    with pytest.raises(TypeError, match="policy must be ContinuousBatching or DynamicBatching or MultiBin or "
+                                        "MultiBinDynamic or ShortestPredictedFirst or StaticBatching .*; got LAPS"):
         mb.Cluster(mb.LAPS())
     cl = mb.Cluster(mb.MultiBin(bins=2, batch_size=4), engines=3)
     assert cl.engine_kind == "multibin" and cl.kind == "cluster" and cl.describe()["engine_policy"] == "multibin"
+    assert mb.Cluster(mb.ContinuousBatching(), engines=2).describe()["engine_policy"] == "continuous"
 
 
 def test_program_tables_are_sized_by_their_programs():

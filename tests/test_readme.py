@@ -163,3 +163,22 @@ def test_the_controller_example_runs_and_quotes_its_times_between_tokens():
     assert [round(x, 2) for x in ns["tbt"]] == [22.03, 20.24]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`tbt` is 22.03 and 20.24 ms" in readme
+
+
+def test_the_continuous_cluster_example_runs_and_quotes_its_routing():
+    import scipy.stats as st
+
+    import mbbatch as mb
+
+    ns = {"mb": mb, "np": np, "st": st}
+    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
+    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
+    exec(compile(block_with("for r in (\"autellix\", \"least_used\")"), "README.md", "exec"), ns)
+    a, lu = ns["cl"]["autellix"], ns["cl"]["least_used"]
+    assert not a.unstable and not lu.unstable
+    assert [round(100 * r.locality_hit_rate) for r in (a, lu)] == [74, 25]
+    assert [round(r.kv_recomputed_tokens, 1) for r in (a, lu)] == [97.0, 585.0]
+    assert [round(1e3 * r.ttft_p99, 1) for r in (a, lu)] == [117.2, 210.8]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ("Autellix serves 74 % of the later calls where their context is (least used: 25 %), prefills 97.0 "
+            "context tokens again per call (585.0) and has a p99 time to first token of 117.2 ms (210.8 ms)") in readme

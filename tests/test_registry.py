@@ -62,7 +62,7 @@ def test_a_spec_key_applies_to_the_kinds_that_declare_it():
 
 def test_the_parameter_tables_kind_choices_are_the_registrys():
     assert set(PARAMS["engine_policy"].choices) == set(registry.engine_kinds()) == {
-        "multibin", "static", "dynamic", "multibin_dynamic", "spf"}
+        "multibin", "static", "dynamic", "multibin_dynamic", "spf", "continuous"}
     assert PARAMS["engine_policy"].choices[0] == PARAMS["engine_policy"].default
     assert PARAMS["decode"].choices == ("none", "static", "dynamic", "multibin_dynamic", "continuous")
     assert PARAMS["Cluster.router"].choices == tuple(registry.ROUTERS)

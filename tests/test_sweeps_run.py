@@ -879,3 +879,35 @@ def test_engine_settings_need_their_engine_policy(tmp_path):
         run_sweep(write(tmp_path, CLUSTER_SPEC.format(name="engines", seed=9, extra="",
                                                       grid='engine_policy = ["multibin"]'), "b.toml"),
                   tmp_path / "b.zarr", workers=1, progress=False)
+
+
+def test_a_cluster_sweep_runs_continuous_batching_engines(tmp_path):
+    """engine_policy = "continuous" with its settings (max_num_seqs as an
+    axis, kv_tokens) and an iteration model: each cell equals mb.simulate
+    of the cluster of ContinuousBatching engines (the spec's default
+    synthetic programs), bit for bit; its settings
+    without a continuous engine are refused, named."""
+    from mbbatch.sweeps.cells import cell_seed
+
+    spec_text = CLUSTER_SPEC.format(name="cont", seed=10, extra='engine_policy = "continuous"\nkv_tokens = 20000.0',
+                                    grid='max_num_seqs = [8, 64]\nrouter = ["least_used", "round_robin"]')
+    p = write(tmp_path, spec_text.replace('service_model = "decode"', 'service_model = "iteration"')
+              .replace("prefill_per_token = 0.0001\n", ""))
+    ds = run_sweep(p, tmp_path / "c.zarr", workers=1, progress=False).load()
+    spec = load_spec(p)
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
+    means = set()
+    for idx, params in spec.points():
+        pol = mb.Cluster(mb.ContinuousBatching(max_num_seqs=params["max_num_seqs"], kv_tokens=20000.0), engines=2,
+                         router=params["router"], programs=mb.Programs())
+        res = mb.simulate(pol, arrivals=mb.Poisson(10.0), workload=wl, service_model=mb.IterationModel(), n=1500,
+                          seed=cell_seed(spec.seed, params, 0))
+        cell = ds.isel(max_num_seqs=idx[0], router=idx[1], rep=0)
+        assert float(cell["sim_mean_latency"]) == res.mean_latency and float(cell["sim_tbt_p99"]) == res.tbt_p99
+        assert float(cell["sim_load_imbalance"]) == res.load_imbalance and int(cell["completed"]) == 1500
+        means.add(res.mean_latency)
+    assert len(means) == 4
+    with pytest.raises(SpecError, match=r"max_num_seqs sets the max_num_seqs of the engines of continuous; "
+                                        r"engine_policy = \['dynamic'\] has none"):
+        load_spec(write(tmp_path, CLUSTER_SPEC.format(name="bad", seed=9, extra="max_num_seqs = 8",
+                                                      grid='router = ["least_used"]'), "bad.toml"))

@@ -86,8 +86,9 @@ from .programs import _heap_pop, _heap_push
 #: admission orders
 ADMIT_FCFS, ADMIT_SPF, ADMIT_MULTIBIN = 0, 1, 2
 ADMISSIONS = {"fcfs": ADMIT_FCFS, "spf": ADMIT_SPF, "multibin": ADMIT_MULTIBIN}
-#: the kernel's codes: done, stopped (Ctrl-C), stalled (a bug: work waits, nothing runs)
-DONE, STOPPED, STALLED = 0, 1, 3
+#: the kernel's codes: done, stopped (Ctrl-C), paused (at ``until``: :func:`advance`), stalled (a bug: work
+#: waits, nothing runs)
+DONE, STOPPED, PAUSED, STALLED = 0, 1, 2, 3
 #: no limit on the KV blocks
 UNLIMITED = 1 << 62
 
@@ -95,7 +96,7 @@ UNLIMITED = 1 << 62
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
                                         "memory_on"),
-                floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context"))
+                floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
@@ -142,8 +143,18 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
                    hk=np.int64, hid=np.int64, sk=np.float64, sid=np.int64, stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
-                   tally=np.int64, draws=np.int64)
+                   tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64)
 ContinuousWorkspace = WORKSPACE.type
+
+#: an engine's scalars between two calls of the kernel (a run advanced to a
+#: time, then resumed: :func:`advance`); ``started``: not the first call
+STATE = Layout("continuous engine state",
+               ints=("head", "tail", "running", "n_dec", "s0", "hsize", "ssize", "nstack", "pq_h", "pq_n", "qh",
+                     "waiting", "rr", "rounds", "ph", "n_main", "ng", "completed", "iterations", "preemptions",
+                     "recomputed", "prefill_tokens", "tokens", "tbt_count", "max_running", "sum_batch", "i",
+                     "nfree", "free", "blocks_total", "ts_rows", "ts_stride", "ts_due", "started", "completed_before"),
+               floats=("t_round", "busy", "sum_lat", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
+                       "waiting_time", "system_time", "cap_time", "last_done", "now"))
 
 #: the time series' columns
 TS = namedtuple("TS", ("time", "running", "waiting", "kv_blocks", "max_num_seqs"))(0, 1, 2, 3, 4)
@@ -154,6 +165,7 @@ TALLY = namedtuple("TALLY", ("n", "prompt", "output", "square", "longest"))(0, 1
 
 C = CONFIG.index
 S = STATS.index
+ES = STATE.index
 RQ = REQUESTS.index
 
 
@@ -196,10 +208,11 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree):
+def _leave(s, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree):
     """Request r (in slot s) completes at ``now``: out of the running list
     (``head``, ``tail``) and its slot freed (``nfree`` free slots), its
-    latency into the histogram and its batch-means group, its record kept.
+    latency into the histogram and its batch-means group (``group[r]``;
+    none given: the group of r among the ``n``), its record kept.
     Returns ``(head, tail, nfree)`` after."""
     if prv[s] >= 0:
         nxt[prv[s]] = nxt[s]
@@ -211,7 +224,7 @@ def _leave(s, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ, fre
         tail = prv[s]
     lat = now - arrival[r]
     out.hist[hist_bucket(lat)] += 1
-    g = (r * out.group_latency.shape[0]) // n
+    g = group[r] if group.shape[0] > 0 else (r * out.group_latency.shape[0]) // n
     out.group_latency[g] += lat
     out.group_count[g] += 1
     if keep:
@@ -288,9 +301,14 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     """Simulate the run ``config`` (with ``controlled``, the controller of
     ``control``: :data:`~.controller.SLA` and :data:`~.controller.MEMORY`
     packs, its state in ``out.ctl`` and ``out.bstats``); statistics and
-    records are written in place.  Returns :data:`DONE`, :data:`STOPPED` once ``stop[STOP]`` was
-    set (checked every 65,536 iterations, when ``stop[ARRIVED]`` gets the
-    requests arrived so far), or :data:`STALLED`."""
+    records are written in place.  Returns :data:`DONE` (every one of the
+    ``n`` requests served: a cluster's engine may be given more and called
+    again), :data:`PAUSED` (an iteration would start at or after
+    ``until``: called again, it resumes from the scalars it kept in
+    ``ws.state_i`` and ``ws.state_f``), :data:`STOPPED` once
+    ``stop[STOP]`` was set (checked every 65,536 iterations, when
+    ``stop[ARRIVED]`` gets the requests arrived so far), or
+    :data:`STALLED`."""
     ci, cf = config
     n = ci[C.n]
     M = ci[C.max_num_seqs]
@@ -316,6 +334,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
 
     arrival = ws.arrival
+    group = ws.group
     gen = ws.gen
     last_pre = ws.last_pre
     occ = ws.occ
@@ -358,18 +377,19 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     ts_stride = 1
     ts_due = 1
 
-    draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
-                  inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
-    for b in range(K):
-        bh[b] = -1
-        bt[b] = -1
-    for j in range(bs):
-        phase[j] = 0
     M1 = M + 1
     nfree = 0
-    for k in range(M1):
-        free_slots[nfree] = M - k
-        nfree += 1
+    if ws.state_i[ES.started] == 0:
+        draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
+                      inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
+        for b in range(K):
+            bh[b] = -1
+            bt[b] = -1
+        for j in range(bs):
+            phase[j] = 0
+        for k in range(M1):
+            free_slots[nfree] = M - k
+            nfree += 1
 
     # the running list (admission order), the decodes, the prefill queue (a ring), the waiting requests
     head = -1
@@ -414,7 +434,58 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     last_done = -np.inf
     now = 0.0
     i = 0
+    completed_before = 0        # (completed before the last iteration: those it completed end at now)
     code = DONE
+    until = cf[C.until]
+    if ws.state_i[ES.started] != 0:
+        # (resumed: the engine's scalars where the last call left them)
+        si_, sf_ = ws.state_i, ws.state_f
+        head = si_[ES.head]
+        tail = si_[ES.tail]
+        running = si_[ES.running]
+        n_dec = si_[ES.n_dec]
+        s0 = si_[ES.s0]
+        hsize = si_[ES.hsize]
+        ssize = si_[ES.ssize]
+        nstack = si_[ES.nstack]
+        pq_h = si_[ES.pq_h]
+        pq_n = si_[ES.pq_n]
+        qh = si_[ES.qh]
+        waiting = si_[ES.waiting]
+        rr = si_[ES.rr]
+        rounds = si_[ES.rounds]
+        ph = si_[ES.ph]
+        n_main = si_[ES.n_main]
+        ng = si_[ES.ng]
+        completed = si_[ES.completed]
+        iterations = si_[ES.iterations]
+        preemptions = si_[ES.preemptions]
+        recomputed = si_[ES.recomputed]
+        prefill_tokens = si_[ES.prefill_tokens]
+        tokens = si_[ES.tokens]
+        tbt_count = si_[ES.tbt_count]
+        max_running = si_[ES.max_running]
+        sum_batch = si_[ES.sum_batch]
+        i = si_[ES.i]
+        nfree = si_[ES.nfree]
+        free = si_[ES.free]
+        blocks_total = si_[ES.blocks_total]
+        ts_rows = si_[ES.ts_rows]
+        ts_stride = si_[ES.ts_stride]
+        ts_due = si_[ES.ts_due]
+        t_round = sf_[ES.t_round]
+        busy = sf_[ES.busy]
+        sum_lat = sf_[ES.sum_lat]
+        sum_ttft = sf_[ES.sum_ttft]
+        sum_tbt = sf_[ES.sum_tbt]
+        running_time = sf_[ES.running_time]
+        blocks_time = sf_[ES.blocks_time]
+        waiting_time = sf_[ES.waiting_time]
+        system_time = sf_[ES.system_time]
+        cap_time = sf_[ES.cap_time]
+        last_done = sf_[ES.last_done]
+        now = sf_[ES.now]
+        completed_before = si_[ES.completed_before]
     while True:
         if (iterations & 65535) == 0:
             if stop[STOP] != 0:
@@ -437,6 +508,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 bt[b] = i
             # (it arrived during the iteration that just ended: in the engine since)
             system_time += now - arrival[i]
+            if keep:
+                r_f[RQ.arrival, i] = arrival[i]
             waiting += 1
             i += 1
         if running == 0 and waiting == 0 and nstack == 0:
@@ -444,7 +517,12 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 break
             now = arrival[i] if arrival[i] > now else now
             continue
+        if now >= until:
+            # (an iteration starting at or after until waits for what arrives up to then)
+            code = PAUSED
+            break
         iterations += 1
+        completed_before = completed
         if (iterations & 65535) == 0:
             stop[ARRIVED] = i
         cap = M
@@ -653,7 +731,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 n_main -= 1
                 fin[sl] = -1
                 free += _freed(p, np.int64(output[r]), bs, tally, memory_on)
-                head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
+                head, tail, nfree = _leave(sl, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1
                 sum_lat += now - arrival[r]
@@ -688,7 +766,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             if g >= np.int64(output[r]):
                 # (g is its output now)
                 free += _freed(p, g, bs, tally, memory_on)
-                head, tail, nfree = _leave(sl, r, now, n, arrival, prv, nxt, head, tail, out, keep, r_f, occ,
+                head, tail, nfree = _leave(sl, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1
                 sum_lat += now - arrival[r]
@@ -712,6 +790,54 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if controlled:
             cap_time += cap * t
             _feedback(ctl, bst, tally, ema, t, n_d + nc, running)
+    si_, sf_ = ws.state_i, ws.state_f
+    si_[ES.head] = head
+    si_[ES.tail] = tail
+    si_[ES.running] = running
+    si_[ES.n_dec] = n_dec
+    si_[ES.s0] = s0
+    si_[ES.hsize] = hsize
+    si_[ES.ssize] = ssize
+    si_[ES.nstack] = nstack
+    si_[ES.pq_h] = pq_h
+    si_[ES.pq_n] = pq_n
+    si_[ES.qh] = qh
+    si_[ES.waiting] = waiting
+    si_[ES.rr] = rr
+    si_[ES.rounds] = rounds
+    si_[ES.ph] = ph
+    si_[ES.n_main] = n_main
+    si_[ES.ng] = ng
+    si_[ES.completed] = completed
+    si_[ES.iterations] = iterations
+    si_[ES.preemptions] = preemptions
+    si_[ES.recomputed] = recomputed
+    si_[ES.prefill_tokens] = prefill_tokens
+    si_[ES.tokens] = tokens
+    si_[ES.tbt_count] = tbt_count
+    si_[ES.max_running] = max_running
+    si_[ES.sum_batch] = sum_batch
+    si_[ES.i] = i
+    si_[ES.nfree] = nfree
+    si_[ES.free] = free
+    si_[ES.blocks_total] = blocks_total
+    si_[ES.ts_rows] = ts_rows
+    si_[ES.ts_stride] = ts_stride
+    si_[ES.ts_due] = ts_due
+    sf_[ES.t_round] = t_round
+    sf_[ES.busy] = busy
+    sf_[ES.sum_lat] = sum_lat
+    sf_[ES.sum_ttft] = sum_ttft
+    sf_[ES.sum_tbt] = sum_tbt
+    sf_[ES.running_time] = running_time
+    sf_[ES.blocks_time] = blocks_time
+    sf_[ES.waiting_time] = waiting_time
+    sf_[ES.system_time] = system_time
+    sf_[ES.cap_time] = cap_time
+    sf_[ES.last_done] = last_done
+    sf_[ES.now] = now
+    si_[ES.started] = 1
+    si_[ES.completed_before] = completed_before
     st_i, st_f = out.ints, out.floats
     st_i[S.completed] = completed
     st_i[S.iterations] = iterations
@@ -736,9 +862,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     st_f[S.running_time] = running_time
     st_f[S.blocks_time] = blocks_time if blocks_total < UNLIMITED else 0.0
     st_f[S.waiting_time] = waiting_time
-    if keep:
-        for r in range(n):
-            r_f[RQ.arrival, r] = arrival[r]
     return code
 
 
@@ -757,6 +880,12 @@ def controls(sla=None, memory=None) -> tuple:
     return (SLA.zeros() if sla is None else sla, MEMORY.zeros() if memory is None else memory)
 
 
+#: an engine being simulated: its run's configuration (a copy: ``until`` is
+#: set by :func:`advance`), controller packs, inputs, outputs, records and
+#: workspace (its scalars between calls in ``ws.state_i``, ``ws.state_f``)
+Engine = namedtuple("Engine", ("config", "control", "inputs", "out", "requests", "ws"))
+
+
 def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.ndarray, *, control=None,
         groups: int = 1, ts_rows: int = 2):
     """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``,
@@ -767,7 +896,30 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
     ``{field: row}`` (None without ``keep``) and the kernel's code;
     ``groups`` batch-means groups of arrivals and a time series of at most
     ``ts_rows`` rows (even)."""
+    engine = start(config, inputs, control=control, groups=groups, ts_rows=ts_rows)
+    code = advance(engine, streams, stop, np.inf)
+    return engine.out, (REQUESTS.rows(engine.requests) if CONFIG.unpack(config)["keep"] else None), code
+
+
+def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until: float) -> int:
+    """Simulate ``engine`` on until an iteration would start at or after
+    ``until`` (:data:`PAUSED`; what arrives up to then joins first when it
+    resumes), or to its end (:data:`DONE`), or :data:`STOPPED` /
+    :data:`STALLED` as :func:`run`.  A run advanced in steps is the run
+    advanced at once, bit for bit."""
     check_stop(stop)
+    engine.config[1][C.until] = until
+    return continuous_kernel(engine.config, engine.control, engine.inputs, streams, engine.out, engine.requests,
+                             engine.ws, stop)
+
+
+def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts_rows: int = 2,
+          grouped: bool = False) -> Engine:
+    """An :class:`Engine` ready for :func:`advance` (the arguments as
+    :func:`run`'s); ``grouped``: each request's batch-means group is given
+    in ``ws.group`` (a cluster's engine: its group among the cluster's
+    arrivals), not its place among the engine's ``n``."""
+    config = (config[0].copy(), config[1].copy())
     cfg = CONFIG.unpack(config)
     control = controls() if control is None else control
     ctl = np.zeros(CONTROLLER.size)
@@ -802,9 +954,10 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
                         stack=np.empty(n, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),
                         bt=np.empty(K, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
-                        tally=np.zeros(len(TALLY), np.int64), draws=drawers(cfg["arrival_kind"]))
-    code = continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
-    return out, (REQUESTS.rows(requests) if cfg["keep"] else None), code
+                        tally=np.zeros(len(TALLY), np.int64), state_i=np.zeros(len(STATE.ints), np.int64),
+                        state_f=np.zeros(len(STATE.floats)), group=np.empty(n if grouped else 0, np.int64),
+                        draws=drawers(cfg["arrival_kind"]))
+    return Engine(config, control, inputs, out, requests, ws)
 
 
 def warmup() -> None:
@@ -813,7 +966,8 @@ def warmup() -> None:
     first continuous-batching run compiles it, and the disk cache keeps it."""
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
-                         rate=1.0, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6)
+                         rate=1.0, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6,
+                         until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))

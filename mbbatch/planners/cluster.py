@@ -16,13 +16,13 @@ from .._kernels import controller as _c
 from .._kernels import dynamic as _d
 from .._kernels import programs as _p
 from .._kernels import queues as _q
-from .._kernels.routing import ROUTERS
+from .._kernels.routing import ROUTERS, Router
 from .._running import check_memory
 from ..policies.cluster import Programs, Sessions
-from . import tokens
+from . import continuous, tokens
 from .common import drawn_lengths, exponentials, lengths, quantiles, readonly
 
-__all__ = ["Plan", "Part", "check", "ORDER_CHUNK", "ORDER_CAP"]
+__all__ = ["Plan", "Part", "ContinuousPart", "check", "ORDER_CHUNK", "ORDER_CAP"]
 
 #: a cluster's plan: the event kernel's, with the cluster's :class:`Part`
 Plan = tokens.Plan
@@ -62,17 +62,9 @@ class Part:
 
     def metrics(self, out, st: dict, ttft_latency) -> dict:
         """The cluster's routing metrics (those of the tag ``router``)."""
-        nan = math.nan
-        routes = st["routes"]
         q = quantiles(out.hist_ttft, ttft_latency)
-        return {
-            "ttft_p50": float(q[0]), "ttft_p95": float(q[1]), "ttft_p99": float(q[2]),
-            "large_share": st["large"] / routes if routes else nan,
-            "locality_hit_rate": st["kv_hits"] / st["followups"] if st["followups"] else nan,
-            "kv_recomputed_tokens": st["kv_recomputed"] / routes if routes else nan,
-            "load_imbalance": st["sum_active_max"] / st["sum_active_mean"] if st["sum_active_mean"] > 0 else nan,
-            "rerouted": st["rerouted"],
-        }
+        return {"ttft_p50": float(q[0]), "ttft_p95": float(q[1]), "ttft_p99": float(q[2]), **_router_metrics(st),
+                **_NOT_ITERATIONS}
 
     def arrays(self, out, servers: int, span: float, positive_span: bool) -> dict:
         """The engines' completed requests and utilization."""
@@ -82,12 +74,84 @@ class Part:
                     else np.full(self.policy.engines, math.nan)}
 
 
-def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
-          keep_batches) -> tokens.Plan:
-    """The checked plan of a ``simulate`` call of a :class:`~mbbatch.Cluster`."""
+@dataclass(frozen=True, eq=False)
+class ContinuousPart:
+    """The cluster's part of a continuous-batching plan
+    (:attr:`.continuous.Plan.cluster`): its engines run
+    :class:`~mbbatch.ContinuousBatching` behind its router
+    (:mod:`mbbatch._kernels.continuous_cluster`)."""
+
+    policy: object
+
+    @property
+    def router(self) -> Router:
+        """The kernel's router: its code, threshold, programs and KV reuse."""
+        cl = self.policy
+        programs = cl.programs is not None
+        return Router(ROUTERS[cl.router], cl.threshold, programs, bool(cl.kv_reuse and programs))
+
+    def memory(self, n: int) -> dict:
+        """The memory the cluster adds to the engines' (``check_memory``'s parts)."""
+        parts = {"engines": (8 * 3 * n, "each request's engine and number there")}
+        if self.policy.programs is not None:
+            parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")
+        return parts
+
+    def calls(self, plan, streams) -> tuple:
+        """The programs' calls of a run: ``(times, prompt, output,
+        programs)``, the calls' arrival times (None: the arrival process's),
+        prompts (their programs' contexts and new tokens) and outputs, and
+        the kernel's ``programs`` (the calls' program, new tokens and
+        last-call flag, and the program table's size); all None without
+        programs.  ``streams``: the run's arrival, prompt and output streams."""
+        cluster, workload, n = self.policy, plan.workload, plan.n
+        programs = cluster.programs
+        if programs is None:
+            return None, None, None, None
+        if isinstance(programs, Sessions):
+            calls, arrays = _session_calls(programs, workload, n)
+        else:
+            calls, arrays = _program_calls(cluster, plan.arrivals, workload, n, streams)
+        return (calls.get("arrival_times"), calls["prompt_values"], calls["output_values"],
+                ((arrays["program"], arrays["new_tokens"], arrays["session_end"]), programs.table_size(n)))
+
+    def metrics(self, routed: dict) -> dict:
+        """The router's metrics (the tag ``router``; no engine leaves, so none
+        is routed again) from the kernel's statistics (``ROUTED``)."""
+        return _router_metrics({**routed, "rerouted": 0})
+
+
+def _router_metrics(st: dict) -> dict:
+    """The router's metrics (the tag ``router``) from its kernel's counts."""
+    nan = math.nan
+    routes = st["routes"]
+    return {
+        "large_share": st["large"] / routes if routes else nan,
+        "locality_hit_rate": st["kv_hits"] / st["followups"] if st["followups"] else nan,
+        "kv_recomputed_tokens": st["kv_recomputed"] / routes if routes else nan,
+        "load_imbalance": st["sum_active_max"] / st["sum_active_mean"] if st["sum_active_mean"] > 0 else nan,
+        "rerouted": st["rerouted"],
+    }
+
+
+#: a cluster's metrics of continuous-batching engines (the tag
+#: ``continuous``), on run-to-completion engines: no time between tokens
+#: measured, no preemption (0), no running sequences or KV blocks of theirs
+_NOT_ITERATIONS = {"tbt_p50": math.nan, "tbt_p95": math.nan, "tbt_p99": math.nan, "preemptions": 0,
+                   "recomputed_tokens": math.nan, "mean_running": math.nan, "mean_in_system": math.nan,
+                   "kv_usage_mean": math.nan, "max_num_seqs_mean": math.nan}
+
+
+def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):
+    """The checked plan of a ``simulate`` call of a :class:`~mbbatch.Cluster`:
+    a token plan (:mod:`.tokens`) for run-to-completion engines, a
+    continuous one (:mod:`.continuous`) for continuous-batching engines."""
     if isinstance(cluster.programs, Programs) and arrivals.spec not in ("poisson", "saturated"):
         raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
                         f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
+    if cluster.policy.planner == "continuous":
+        return _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
+                                 keep_batches)
     engine = cluster.policy.engine_form()
     plan = tokens.check(engine, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
     if isinstance(cluster.programs, Sessions):
@@ -103,6 +167,23 @@ def check(cluster, arrivals, service, n, servers, keep_requests, workload, servi
     if cluster.programs is not None:
         parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")
     return replace(plan, cluster=Part(cluster), memory=plan.memory + check_memory(parts))
+
+
+def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
+                      keep_batches) -> continuous.Plan:
+    """The checked plan of a cluster of :class:`~mbbatch.ContinuousBatching`
+    engines: what its kernel does not model yet is refused, named."""
+    if cluster.events:
+        raise ValueError(f"events: a Cluster of ContinuousBatching engines takes no engine events yet (an engine "
+                         f"leaving would hand its waiting requests back to the router); got {len(cluster.events)}")
+    if cluster.programs is not None and cluster.programs.closed:
+        raise ValueError("programs: a Cluster of ContinuousBatching engines takes open-loop programs "
+                         "(Programs(closed=False)) or a trace's sessions; closed loops are not modelled on them yet")
+    plan = continuous.check(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
+                            keep_batches, cluster=ContinuousPart(cluster))
+    if isinstance(cluster.programs, Sessions):
+        _check_sessions(cluster.programs, plan.workload)
+    return plan
 
 
 def _check_sessions(sessions: Sessions, workload) -> None:

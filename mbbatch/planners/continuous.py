@@ -1,6 +1,9 @@
 """The planner of continuous batching (:mod:`mbbatch._kernels.continuous`):
 one engine batching at every iteration, timed by an
-:class:`~mbbatch.IterationModel`."""
+:class:`~mbbatch.IterationModel`; several independent engines
+(``servers``), or a cluster's engines behind its router
+(:mod:`mbbatch._kernels.continuous_cluster`, its part of the plan from
+:mod:`.cluster`)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import scipy.stats as _st
 from .. import stats
 from .._kernels import common as _common
 from .._kernels import continuous as _k
+from .._kernels import continuous_cluster as _cc
 from .._kernels import controller as _c
 from .._running import check_memory, interruptible, stop_flag
 from .._seeding import STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
@@ -43,8 +47,16 @@ class Plan:
     memory: int
     servers: int = 1
     prefilled: bool = False
+    #: a cluster's part of the plan (:class:`.cluster.ContinuousPart`): its
+    #: engines behind its router; None: ``servers`` engines in turn
+    cluster: object = None
 
     keep_batches = False
+
+    @property
+    def engines(self) -> int:
+        """The engines: the cluster's, or ``servers``."""
+        return self.cluster.policy.engines if self.cluster is not None else self.servers
 
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
         """Simulate with the seed ``ss`` (``warn`` and ``progress`` as the other plans')."""
@@ -71,7 +83,8 @@ class Plan:
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
             admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate, step=m.step,
-            prefill_per_token=m.prefill_per_token, per_sequence=m.per_sequence, per_context=m.per_context_token)
+            prefill_per_token=m.prefill_per_token, per_sequence=m.per_sequence, per_context=m.per_context_token,
+            until=math.inf)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
     @functools.cached_property
@@ -95,15 +108,18 @@ class Plan:
 
     @functools.cached_property
     def description(self) -> dict:
-        return {**self.policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
+        policy = self.policy if self.cluster is None else self.cluster.policy
+        return {**policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
                 **model_config(self.model), "n": self.n, "servers": self.servers}
 
 
 def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches, *,
-          prefilled: bool = False) -> Plan:
+          prefilled: bool = False, cluster=None) -> Plan:
     """The checked :class:`Plan` of a ``simulate`` call of
     :class:`~mbbatch.ContinuousBatching`; ``prefilled``: each request brings
-    its whole prompt's KV cache (a decode stage's, as LAPS's)."""
+    its whole prompt's KV cache (a decode stage's, as LAPS's); ``cluster``:
+    a cluster's part (:class:`.cluster.ContinuousPart`), the policy its
+    engines'."""
     if service is not None:
         raise TypeError("ContinuousBatching takes workload=Workload(prompt=..., output=...) (and an "
                         "IterationModel), not service=: its iterations are timed by their tokens")
@@ -111,6 +127,9 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         raise TypeError("keep_batches: ContinuousBatching batches at every iteration and keeps no batch records; "
                         "keep_requests=True keeps each request's admission, first token and completion")
     servers = 1 if servers is None else servers
+    if cluster is not None and servers != 1:
+        raise ValueError(f"servers: each ContinuousBatching engine of a Cluster is one engine (batching at every "
+                         f"iteration: its max_num_seqs are its slots); servers must be 1; got servers = {servers!r}")
     if isinstance(servers, bool) or not isinstance(servers, (int, np.integer)) or servers < 1:
         raise ValueError(f"servers: ContinuousBatching runs servers independent engines, an integer in [1, inf) "
                          f"(each request to the next in turn); got servers = {servers!r}")
@@ -131,28 +150,37 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     specs = [("workload.prompt", workload._prompt), ("workload.output", workload._output)]
     n = resolve_n(n, arrivals, specs, predictor)
     M = policy.max_num_seqs
+    # (a cluster's engines each hold every request it may route them, and their groups)
+    E = 1 if cluster is None else cluster.policy.engines
+    per = 8 * 17 * n if cluster is None else 8 * 22 * n
     parts = {
-        "n": (8 * 17 * n, "the requests' arrival times, lengths, predictions, states, links and heaps"),
-        "max_num_seqs": (8 * 4 * (M + 1), "the prefill queue and the decodes' groups"),
-        "batch_size": (3 * 8 * _common.HIST_SIZE, "the latency, first-token and between-token histograms"),
+        "n": (E * per, "the requests' arrival times, lengths, predictions, states, links and heaps"
+              + (", on each engine" if E > 1 else "")),
+        "max_num_seqs": (E * 8 * 4 * (M + 1), "the prefill queue and the decodes' groups"),
+        "batch_size": (E * 3 * 8 * _common.HIST_SIZE, "the latency, first-token and between-token histograms"),
     }
     if keep_requests:
-        parts["keep_requests"] = (8 * 5 * n, "the per-request records")
+        parts["keep_requests"] = (E * 8 * 5 * n, "the per-request records")
+    if cluster is not None:
+        parts.update(cluster.memory(n))
     parts.update(rvs_memory(specs, n))
     memory = check_memory(parts)
     check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "service_model")
     return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, predictor=predictor, n=n,
-                keep_requests=bool(keep_requests), memory=memory, servers=int(servers), prefilled=bool(prefilled))
+                keep_requests=bool(keep_requests), memory=memory, servers=int(servers), prefilled=bool(prefilled),
+                cluster=cluster)
 
 
-def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
+def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) -> tuple:
     """The requests' prompts and outputs (whole tokens: the prompt and output
-    streams, as the token-level policies' requests) and predicted outputs,
-    checked against the engine: a request that could never run is refused,
-    named, before the run."""
+    streams, as the token-level policies' requests, unless given: a
+    cluster's programs' calls) and predicted outputs, checked against the
+    engine: a request that could never run is refused, named, before the
+    run."""
     wl, n, pol = plan.workload, plan.n, plan.policy
-    prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True)
-    output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
+    if prompt is None:
+        prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True)
+        output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
     pr = plan.predictor
     if isinstance(pr, Oracle):
         prediction = output
@@ -188,6 +216,17 @@ def _requests(plan: Plan, ss: np.random.SeedSequence) -> tuple:
     return prompt, output, prediction
 
 
+def _arrival_times(plan: Plan, gen) -> np.ndarray:
+    """The arrival times one engine would draw for all ``n`` requests (from
+    ``gen``, the arrival stream): those its engines share out."""
+    config, arr = plan.kernel_args
+    cfg = _k.CONFIG.unpack(config)
+    times = np.empty(plan.n)
+    _k.arrival_times(_common.drawers(cfg["arrival_kind"])[0], 1.0 / cfg["rate"] if cfg["rate"] > 0 else 0.0,
+                     arr["arrival_times"], gen, times, arr["arrival_params"], arr["arrival_ends"])
+    return times
+
+
 def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, progress: bool):
     """Run the engines: one kernel run per engine, request r going to engine
     ``r % servers`` (round robin, at arrival; more engines than requests:
@@ -207,9 +246,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
     else:
         # the arrival times one engine would draw for all n, dealt out; each engine replays its share
         cfg = _k.CONFIG.unpack(config)
-        times = np.empty(n)
-        _k.arrival_times(_common.drawers(cfg["arrival_kind"])[0], 1.0 / cfg["rate"] if cfg["rate"] > 0 else 0.0,
-                         arr["arrival_times"], streams.arrival, times, arr["arrival_params"], arr["arrival_ends"])
+        times = _arrival_times(plan, streams.arrival)
         runs = []
         for e in range(c):
             part = slice(e, n, c)
@@ -222,9 +259,38 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
             runs.append(interruptible(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), stop,
                                       m if progress else None))
     kernel_seconds = time.perf_counter() - t0
+    _check_codes(runs)
+    return runs, kernel_seconds
+
+
+def _check_codes(runs) -> None:
     if any(code == _k.STALLED for _, _, code in runs):      # pragma: no cover (a bug: see the kernel's tests)
         raise RuntimeError("mbbatch: the continuous-batching engine stalled with work waiting; please report this")
-    return runs, kernel_seconds
+
+
+def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+    """Run a cluster's engines behind its router
+    (:func:`mbbatch._kernels.continuous_cluster.run`) on its requests (its
+    programs' calls, or requests of its own).  Returns the requests'
+    ``(prompt, output, prediction)``, each engine's ``(outputs, records,
+    code)``, each request's engine and number there, the routing
+    statistics and the kernel seconds."""
+    arrivals = stream(ss, STREAM_ARRIVALS)
+    times, prompt, output, programs = plan.cluster.calls(plan, SimpleNamespace(
+        arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+    prompt, output, prediction = _requests(plan, ss, prompt, output)
+    if times is None:
+        times = _arrival_times(plan, arrivals)
+    config, _ = plan.kernel_args
+    stop = stop_flag()
+    t0 = time.perf_counter()
+    runs, where, local, routed, _ = interruptible(
+        lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
+                        _k.ContinuousStreams(arrivals), stop, control=plan.control, programs=programs,
+                        groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS), stop, plan.n if progress else None)
+    kernel_seconds = time.perf_counter() - t0
+    _check_codes(runs)
+    return (prompt, output, prediction), runs, (where, local), routed, kernel_seconds
 
 
 def _busy_engines(plan: Plan) -> int:
@@ -232,16 +298,27 @@ def _busy_engines(plan: Plan) -> int:
     return min(plan.servers, plan.n)
 
 
+#: a cluster's metrics of run-to-completion batches (the tag ``tokens``), on
+#: continuous-batching engines: no SLA of the batches' (NaN), no batch
+#: memory of the token capacity's (NaN; the engines' KV use is
+#: ``kv_usage_mean``), no batch over it, no request dropped (each that could
+#: never fit is refused before the run)
+_NOT_BATCHES = {"sla_violation_tokens": math.nan, "sla_violation_requests": math.nan,
+                "sla_violation_share": math.nan, "memory_peak": math.nan, "memory_mean": math.nan,
+                "batch_size_std": math.nan, "mem_exceed_batches": 0, "rejected": 0}
+
 #: the statistics of several engines: summed but for these
 _FIRST, _LAST = ("first_arrival",), ("last_completion", "max_running")
 
 
-def _merged(plan: Plan, runs) -> tuple:
+def _merged(plan: Plan, runs, placed=None) -> tuple:
     """The engines' statistics, histograms, batch-means groups and records
-    as one run's; their time series summed at the union of their sampling
-    instants (each held from its last sample, 0 before its first), thinned
-    to at most :data:`TIME_SERIES_ROWS` rows, and each engine's waiting
-    requests (a column each) for the backlog check."""
+    as one run's (``placed``: each request's engine and number there; None:
+    request r is number r // c of engine r % c); their time series summed
+    at the union of their sampling instants (each held from its last
+    sample, 0 before its first), thinned to at most
+    :data:`TIME_SERIES_ROWS` rows, and each engine's waiting requests (a
+    column each) for the backlog check."""
     stats_ = [_k.STATS.unpack((out.ints, out.floats)) for out, _, _ in runs]
     series = [{name: out.ts[:s["ts_rows"], col] for name, col in zip(_k.TS._fields, _k.TS)}
               for (out, _, _), s in zip(runs, stats_)]
@@ -249,7 +326,9 @@ def _merged(plan: Plan, runs) -> tuple:
         out, req, _ = runs[0]
         ts = {k: v.copy() for k, v in series[0].items()}
         return (stats_[0], out, req, ts, ts["waiting"][:, None])
-    st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_) for k in stats_[0]}
+    # (an engine given no request has no first arrival)
+    st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_ if not math.isnan(s[k]))
+          for k in stats_[0]}
     outs = [out for out, _, _ in runs]
     hists = {f: sum(getattr(o, f) for o in outs) for f in ("hist", "hist_ttft", "hist_tbt", "group_latency",
                                                            "group_count", "size_hist")}
@@ -257,9 +336,16 @@ def _merged(plan: Plan, runs) -> tuple:
     if plan.keep_requests:
         c, n = _busy_engines(plan), plan.n
         req = {}
-        for e, (_, r, _) in enumerate(runs):
-            for k, v in r.items():
-                req.setdefault(k, np.empty(n, v.dtype))[e::c] = v
+        if placed is None:
+            for e, (_, r, _) in enumerate(runs):
+                for k, v in r.items():
+                    req.setdefault(k, np.empty(n, v.dtype))[e::c] = v
+        else:
+            where, local = placed
+            for e, (_, r, _) in enumerate(runs):
+                mine = where == e
+                for k, v in r.items():
+                    req.setdefault(k, np.empty(n, v.dtype))[mine] = v[local[mine]]
     t = np.unique(np.concatenate([s["time"] for s in series]))
     held = []
     for s in series:
@@ -274,10 +360,14 @@ def _merged(plan: Plan, runs) -> tuple:
 
 
 def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
-    prompt, output, prediction = _requests(plan, ss)
     n = plan.n
-    runs, kernel_seconds = _engines(plan, ss, prompt, output, prediction, progress)
-    st, out, req, ts, queue = _merged(plan, runs)
+    placed = routed = None
+    if plan.cluster is None:
+        prompt, output, prediction = _requests(plan, ss)
+        runs, kernel_seconds = _engines(plan, ss, prompt, output, prediction, progress)
+    else:
+        (prompt, output, prediction), runs, placed, routed, kernel_seconds = _cluster(plan, ss, progress)
+    st, out, req, ts, queue = _merged(plan, runs, placed)
     completed, iters = st["completed"], st["iterations"]
     nan = math.nan
     span = st["last_completion"] - st["first_arrival"] if completed else nan
@@ -286,7 +376,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
     if plan.keep_requests:
         requests = Table({**req, "prompt": prompt, "output": output, "prediction": prediction,
                           "latency": req["completion"] - req["arrival"],
-                          "ttft": req["first_token"] - req["arrival"]})
+                          "ttft": req["first_token"] - req["arrival"],
+                          **({"engine": placed[0]} if placed is not None else {})})
     q = quantiles(out.hist, requests.latency if requests is not None and completed else None)
     q_ttft = quantiles(out.hist_ttft, requests.ttft if requests is not None and completed else None)
     q_tbt = quantiles(out.hist_tbt, None)
@@ -324,18 +415,29 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
                                               & (ctl[:, C.tau_avg] > sla.d_sla + sla.eps_d)
                                               & (ctl[:, C.b_low] <= min(sla.b_min, plan.policy.max_num_seqs))))
         extra["convergence_time"] = settled(ts["time"], ts["max_num_seqs"], st)
-    metrics = assemble(plan.policy.kind, RunTotals(
-        completed=completed, span=span, sum_latency=st["sum_latency"], busy=busy, servers=plan.servers,
+    kind = plan.policy.kind
+    arrays = {}
+    if plan.cluster is not None:
+        kind = plan.cluster.policy.kind
+        # (a cluster reports no controller verdict; its batches' metrics do not apply to iterations)
+        del extra["sla_infeasible"], extra["convergence_time"]
+        extra.update(plan.cluster.metrics(routed), **_NOT_BATCHES)
+        engine_busy = np.array([r[0].floats[_k.S.busy] for r in runs])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            arrays = {"engine_completed": np.array([r[0].ints[_k.S.completed] for r in runs]),
+                      "engine_utilization": engine_busy / span if positive else np.full(len(runs), nan)}
+    metrics = assemble(kind, RunTotals(
+        completed=completed, span=span, sum_latency=st["sum_latency"], busy=busy, servers=plan.engines,
         batches=iters, members=st["sum_batch"], latency_quantiles=q, group_latency=g_lat), extra)
     mean_running = extra["mean_running"]
     unstable, reason = steady_state(plan.arrivals, n, lambda start, end: stats.queue_verdict(
         ts["time"], queue, mean_running, start, end))
     res = SimulationResult(
-        kind=plan.policy.kind, config={**plan.description, "seed_entropy": entropy_str(ss)}, n=n,
+        kind=kind, config={**plan.description, "seed_entropy": entropy_str(ss)}, n=n,
         servers=plan.servers,
         edges=np.concatenate(([-np.inf], plan.edges, [np.inf])), metrics=metrics,
         arrays={"latency_histogram": out.hist, "ttft_histogram": out.hist_ttft, "tbt_histogram": out.hist_tbt,
-                "group_mean_latency": g_lat, "batch_size_hist": out.size_hist},
+                "group_mean_latency": g_lat, "batch_size_hist": out.size_hist, **arrays},
         requests=requests, time_series=ts, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else HISTOGRAM_QUANTILES,
         kernel_seconds=kernel_seconds)

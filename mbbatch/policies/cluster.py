@@ -147,7 +147,7 @@ class Cluster(Policy):
 
     Each engine runs ``policy`` (a policy that declares ``engine``:
     :class:`MultiBin`, :class:`StaticBatching`, :class:`DynamicBatching`,
-    :class:`MultiBinDynamic`, ...) on queues of its
+    :class:`MultiBinDynamic`, :class:`ContinuousBatching`, ...) on queues of its
     own with ``servers`` servers (``simulate(..., servers=)``, per engine).
     A MultiBin engine bins requests by their predicted output length in
     tokens (its ``edges`` in tokens, else equal mass on the workload's output
@@ -180,6 +180,18 @@ class Cluster(Policy):
     ``events`` (:class:`EngineEvent`) remove engines and add them back
     mid-run.  Engine multi-bin edges (Algorithm 6) are shared: the warm-up
     window counts the requests of every engine.
+
+    A :class:`ContinuousBatching` engine batches at every iteration
+    (:mod:`mbbatch._kernels.continuous_cluster`): each engine is one engine
+    (``servers`` 1), timed by an :class:`~mbbatch.IterationModel`; at each
+    arrival every engine is advanced to that instant, so the router counts
+    the requests completed by then; with ``kv_reuse`` a call on the engine
+    holding its program's context brings that context's KV cache (its
+    blocks taken, only its new tokens prefilled).  Engine ``events`` and
+    closed-loop programs are refused on such engines (not modelled yet).
+    The metrics of the other engine kind are NaN (0 for counts): a
+    run-to-completion cluster has no time between tokens, a
+    continuous-batching one no batch SLA shares.
     """
 
     policy: object = None
@@ -192,11 +204,13 @@ class Cluster(Policy):
 
     kind: ClassVar[str] = "cluster"
     planner: ClassVar[str] = "cluster"
-    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles", "router"})
+    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
+                                              "router", "continuous"})
     settings: ClassVar[tuple] = ("d_sla", "eps_d", "b_min", "b_max", "controller", "memory", "eta", "eps_m",
                                  "engines", "engine_policy", "engine_batch_size", "engine_bins", "router",
                                  "route_threshold", "kv_reuse", "programs", "calls", "think_time", "closed_loop",
-                                 "session_context", "servers")
+                                 "session_context", "servers", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
+                                 "kv_tokens", "block_size", "admission", "admission_bins", "sla_control")
 
     def __post_init__(self):
         if self.policy is None:

@@ -134,6 +134,7 @@ class ContinuousBatching(Policy):
                                  "admission", "admission_bins", "predictor_sigma", "sla_control", "d_sla", "eps_d",
                                  "b_min", "b_max", "controller", "memory", "eps_m", "servers")
     models: ClassVar[tuple] = ("iteration", "profile")
+    engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
 
     def __post_init__(self):

@@ -287,6 +287,10 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     *[_sp(f"objective_{m}", METRICS[m].kinds, required=False, capacity_only=True) for m in OBJECTIVE_METRICS],
 ]}
 
+#: a cluster's settings that only its continuous-batching engines read
+_ENGINE_ONLY = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size", "admission",
+                "admission_bins", "sla_control")
+
 #: the settings of LAPS's decode stage (its policy named by ``decode``)
 _DECODE_SETTINGS = ("decode_servers", "decode_batch_size", "decode_bins", "decode_d_sla", "decode_b_max",
                     "decode_eta", "decode_model_beta", "decode_model_gamma")
@@ -811,6 +815,16 @@ def _values(spec: SweepSpec, key: str) -> list:
     return out
 
 
+def _cluster_values(spec: SweepSpec, key: str) -> list:
+    """Every value ``key`` takes for a cluster: in its variants' tables, and
+    in the grid and params where every variant is a cluster."""
+    kinds = [s["kind"] for s in spec.policies.values()]
+    out = [s[key] for s in spec.policies.values() if s["kind"] == "cluster" and key in s]
+    if kinds and all(k == "cluster" for k in kinds):
+        out += list(spec.axes.get(key, [])) + ([spec.params[key]] if key in spec.params else [])
+    return out
+
+
 def _check_joint(spec: SweepSpec, source: str) -> None:
     """Constraints across parameters, checked over the whole grid (the
     objects of every grid point are built and checked as well, before a
@@ -843,9 +857,11 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
                 raise SpecError(f"{source}: {key} sets LAPS's decode stage; set decode = "
                                 f"{', '.join(stages[:-1])} or {stages[-1]} for one")
     engines = set(_values(spec, "engine_policy")) or {TABLE["engine_policy"].default}
-    for key, setting in (("engine_batch_size", "batch_size"), ("engine_bins", "bins")):
+    for key, setting in (("engine_batch_size", "batch_size"), ("engine_bins", "bins"),
+                         *((k, k) for k in _ENGINE_ONLY)):
         takes = [k for k in TABLE["engine_policy"].choices if setting in POLICIES[k].settings]
-        if _values(spec, key) and not engines & set(takes):
+        given = _cluster_values(spec, key) if key in _ENGINE_ONLY else _values(spec, key)
+        if given and not engines & set(takes):
             raise SpecError(f"{source}: {key} sets the {setting} of the engines of {', '.join(takes)}; "
                             f"engine_policy = {sorted(engines)} has none")
     if _values(spec, "session_context") and "sessions" not in programs:

@@ -1,0 +1,175 @@
+"""A cluster of continuous-batching engines behind a router, against a
+plain-Python cluster: the routers' rules written again from Autellix's
+Algorithm 2 (Luo et al., 2025, arXiv:2502.13965) and the independent
+plain-Python engine (tests/reference_continuous.py) run on each engine's
+requests, request by request."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mbbatch._kernels import continuous as ck
+from mbbatch._kernels import continuous_cluster as cc
+from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
+from mbbatch._kernels.routing import ROUTERS, Router
+
+from . import reference_continuous as ref
+from .test_kernels_continuous import COEF, _config, _kernel
+
+
+def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, **kw):
+    n = len(arr)
+    blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
+    cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=kw["max_num_seqs"],
+                         max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
+                         block_size=kw["block_size"], admission=ck.ADMISSIONS[kw["admission"]],
+                         bins=len(kw["edges"]) + 1, keep=1, controlled=0, memory_on=0, rate=0.0, until=np.inf,
+                         **COEF)
+    rt = Router(ROUTERS[router], threshold, programs is not None, bool(kv and programs is not None))
+    progs = None if programs is None else (programs, int(programs[0].max()) + 1)
+    return cc.run(cfg, np.asarray(arr, float), p.astype(float), o.astype(float), pred.astype(float),
+                  np.asarray(kw["edges"], float), rt, engines, ck.ContinuousStreams(np.random.default_rng(0)),
+                  np.zeros(STOP_SIZE, np.int64), programs=progs, groups=4, ts_rows=8)
+
+
+def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, **kw):
+    """The plain-Python cluster: at each arrival, an engine's active requests
+    are those routed to it and not completed by then in the reference
+    engine's run of its requests so far (a completion at or before the
+    arrival cannot depend on it: it joins at the next iteration boundary);
+    the router's rule; with programs, the program table (a large call to
+    its program's engine, assigned least used on first sight, forgotten at
+    the program's last call) and the engine holding each program's context
+    (a call there brings the KV cache of its prompt but its new tokens)."""
+    mine = [[] for _ in range(engines)]
+    cached = np.zeros(len(arr))
+    where = np.empty(len(arr), np.int64)
+    table, holder, rr = {}, {}, 0
+    runs = {}
+
+    def run(e):
+        key = (e, len(mine[e]))
+        if key not in runs:         # (an engine's run changes only with its requests)
+            idx = mine[e]
+            runs[key] = ref.simulate(arr[idx], p[idx], o[idx], pred[idx], cached=cached[idx], **kw)
+        return runs[key]
+
+    for j, t in enumerate(arr):
+        active = []
+        for e in range(engines):
+            done = run(e)["completion"] <= t if mine[e] else np.zeros(0, bool)
+            active.append(len(mine[e]) - int(done.sum()))
+        least = int(np.argmin(active))          # (the first of the fewest)
+        if router == "round_robin":
+            e, rr = rr, (rr + 1) % engines
+        elif router == "autellix" and programs is not None and p[j] > threshold:
+            pid = programs[0][j]
+            e = table.setdefault(pid, least)
+        else:
+            e = least
+        if programs is not None:
+            pid, new, last = programs[0][j], programs[1][j], programs[2][j]
+            if kv and new < p[j] and holder.get(pid) == e:
+                cached[j] = p[j] - new
+            holder[pid] = e
+            if last:
+                table.pop(pid, None)
+        mine[e].append(j)
+        where[j] = e
+    return where, [run(e) if mine[e] else None for e in range(engines)], mine, cached
+
+
+def _programs(rng, p):
+    """Random programs of the requests: each request a call of one of a few
+    programs, its new tokens at most its prompt (a first call: all of it),
+    the last call of each program flagged."""
+    n = len(p)
+    pid = rng.integers(0, max(1, n // 3), n)
+    first = np.ones(n, bool)
+    seen = set()
+    for j in range(n):
+        first[j] = pid[j] not in seen
+        seen.add(pid[j])
+    new = np.where(first, p, rng.integers(1, p + 1)).astype(float)
+    last = np.zeros(n, np.int8)
+    for q in set(pid.tolist()):
+        last[np.flatnonzero(pid == q)[-1]] = 1
+    return pid.astype(np.int64), new, last
+
+
+def test_one_engine_is_the_engine_request_by_request():
+    """A cluster of one engine is the engine alone, bit for bit: every
+    record, statistic, histogram, batch-means group and time-series row,
+    over 40 random configurations (every admission order, chunked and not,
+    memory that binds and not, equal arrival times)."""
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        (arr, p, o, pred), kw = _config(rng)
+        out, req, code = _kernel(arr, p, o, pred, **kw)
+        runs, where, local, routed, code2 = _cluster(arr, p, o, pred, 1, "least_used", **kw)
+        (out2, req2, _), = runs
+        assert code == code2 == ck.DONE and routed["routes"] == len(arr)
+        np.testing.assert_array_equal(where, 0)
+        np.testing.assert_array_equal(local, np.arange(len(arr)))
+        for f in ("ints", "floats", "hist", "hist_ttft", "hist_tbt", "group_latency", "group_count", "ts",
+                  "size_hist"):
+            np.testing.assert_array_equal(getattr(out, f), getattr(out2, f), err_msg=f)
+        for k in req:
+            np.testing.assert_array_equal(req[k], req2[k], err_msg=k)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])
+def test_the_cluster_is_the_plain_python_cluster_request_by_request(router):
+    """Over 12 random configurations per router (2 to 4 engines; Autellix
+    with programs and KV reuse half the time): each request's engine, and on
+    each engine each request's admission, first token, completion and
+    preemptions, equal the plain-Python cluster's."""
+    rng = np.random.default_rng(["round_robin", "least_used", "autellix"].index(router))
+    moved = 0
+    for _ in range(12):
+        (arr, p, o, pred), kw = _config(rng)
+        engines = int(rng.integers(2, 5))
+        programs = _programs(rng, p) if router == "autellix" and rng.random() < 0.5 else None
+        if router == "autellix" and programs is None and rng.random() < 0.5:
+            programs = _programs(rng, p)
+        where_ref, want, mine, cached = _reference_cluster(arr, p, o, pred, engines, router, programs=programs, **kw)
+        runs, where, local, routed, code = _cluster(arr, p, o, pred, engines, router, programs=programs, **kw)
+        assert code == ck.DONE
+        np.testing.assert_array_equal(where, where_ref, err_msg=f"{router} {kw}")
+        for e, ((out, req, _), w) in enumerate(zip(runs, want)):
+            assert out.ints[ck.S.completed] == len(mine[e])
+            if w is None:
+                continue
+            np.testing.assert_array_equal(local[mine[e]], np.arange(len(mine[e])))
+            for col in ("admitted", "first_token", "completion"):
+                np.testing.assert_array_equal(req[col], w[col], err_msg=f"{col} engine {e} {kw}")
+            np.testing.assert_array_equal(req["preemptions"], w["preempted"])
+            st = ck.STATS.unpack((out.ints, out.floats))
+            assert st["prefill_tokens"] == int((p[mine[e]] - cached[mine[e]]).sum()) + st["recomputed"]
+        if programs is not None:
+            assert routed["kv_hits"] == int((cached > 0).sum())
+            assert routed["kv_recomputed"] == pytest.approx(float((p - programs[1] - cached).sum()))
+        moved += len(set(where.tolist())) > 1
+    assert moved >= 10          # (the router spread the requests)
+
+
+def test_progress_and_stop():
+    """The driver reports the requests routed and stops when asked."""
+    rng = np.random.default_rng(5)
+    (arr, p, o, pred), kw = _config(rng)
+    blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
+    cfg = ck.CONFIG.pack(n=len(arr), arrival_kind=ARR_REPLAY, max_num_seqs=kw["max_num_seqs"],
+                         max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
+                         block_size=kw["block_size"], admission=0, bins=1, keep=0, controlled=0, memory_on=0,
+                         rate=0.0, until=np.inf, **COEF)
+    rt = Router(ROUTERS["least_used"], 20, False, False)
+    streams = ck.ContinuousStreams(np.random.default_rng(0))
+    stop = np.zeros(STOP_SIZE, np.int64)
+    *_, code = cc.run(cfg, arr, p.astype(float), o.astype(float), pred.astype(float), np.empty(0), rt, 2, streams,
+                      stop)
+    assert code == ck.DONE and stop[1] == len(arr)
+    stop = np.array([1, 0], np.int64)
+    *_, code = cc.run(cfg, arr, p.astype(float), o.astype(float), pred.astype(float), np.empty(0), rt, 2, streams,
+                      stop)
+    assert code == ck.STOPPED
