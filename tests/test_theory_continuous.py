@@ -80,3 +80,17 @@ def test_without_chunked_prefill_the_engine_falls_below_the_bound():
             got[seqs] = mb.simulate(pol, mb.Saturated(), workload=WL, service_model=M, n=100_000,
                                     seed=1).throughput / bound
     assert 0.85 < got[256] < 0.89 and 0.97 < got[1024] < 0.99, got
+
+
+def test_a_least_used_cluster_lands_on_its_engines_bounds_summed():
+    """Two chunked engines behind least-used routing (throughput-optimal:
+    it keeps both busy whenever requests wait): find_capacity's interval,
+    widened below by its throughput tolerance, holds twice one engine's
+    bound."""
+    budget = 256
+    pol = mb.Cluster(mb.ContinuousBatching(max_num_seqs=budget, max_batched_tokens=budget), engines=2,
+                     router="least_used")
+    bound = 2 * theory.continuous_capacity(M, budget, P.mean(), O.mean())
+    tol = 0.002
+    cap = mb.find_capacity(pol, workload=WL, service_model=M, n=200_000, seed=0, throughput_tol=tol, rel_tol=0.005)
+    assert cap.resolved and cap.rate_low * (1 - tol) <= bound <= cap.rate_high, (cap, bound)
