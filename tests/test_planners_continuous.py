@@ -272,3 +272,49 @@ def test_what_a_continuous_cluster_does_not_model_is_refused(kw, exc, match):
     with pytest.raises(TypeError, match="service_model: ContinuousBatching's iterations are timed"):
         mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=2), mb.Poisson(5.0), workload=WL, n=100,
                     service_model=mb.DecodeModel())
+
+
+def test_a_continuous_cluster_takes_a_traces_sessions_as_its_programs():
+    """A trace's sessions (context included in each prompt): later calls of
+    a session routed to the engine holding its context prefill only their
+    new tokens (hits, and each call's new tokens in the records); every
+    session id -1 (each call a program of its own) is the run without
+    programs, bit for bit."""
+    from mbbatch.traces import Trace
+
+    rng = np.random.default_rng(4)
+    m = 3000
+    t = np.sort(rng.uniform(0.0, 300.0, m))
+    sid = rng.integers(-1, 200, m)
+    output = rng.integers(1, 200, m)
+    prompt = np.empty(m, np.int64)
+    ctx = {}
+    for i in range(m):
+        s_ = int(sid[i])
+        prompt[i] = int(rng.integers(1, 1500)) + (ctx.get(s_, 0) if s_ >= 0 else 0)
+        if s_ >= 0:
+            ctx[s_] = prompt[i] + output[i]
+    tr = Trace(arrival=t, prompt_tokens=prompt, output_tokens=output, session=sid)
+    alone = Trace(arrival=t, prompt_tokens=prompt, output_tokens=output, session=np.full(m, -1))
+    pol = mb.ContinuousBatching(max_num_seqs=64)
+    kw = dict(arrivals=mb.Replay(tr), workload=mb.Workload.from_trace(tr), keep_requests=True, seed=0)
+    runs = {name: mb.simulate(mb.Cluster(pol, engines=3, router="autellix", threshold=512, **extra), **kw)
+            for name, extra in (("sessions", dict(programs=mb.Sessions(tr))),
+                                ("alone", dict(programs=mb.Sessions(alone))), ("none", {}))}
+    s, a, none = runs["sessions"], runs["alone"], runs["none"]
+    assert s.locality_hit_rate > 0.5 and s.kv_recomputed_tokens < np.mean(prompt)
+    r = s.requests
+    assert np.all(r.new_tokens <= r.prompt) and np.any(r.new_tokens < r.prompt)
+    assert math.isnan(a.locality_hit_rate) and a.kv_recomputed_tokens == 0
+    for col in ("engine", "admitted", "first_token", "completion"):
+        np.testing.assert_array_equal(getattr(a.requests, col), getattr(none.requests, col), err_msg=col)
+
+
+def test_engines_given_no_request_idle():
+    """Three requests on seven engines: the others idle, the run's
+    statistics and time series those of the engines that served."""
+    res = mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=7, router="least_used"), mb.Poisson(1.0),
+                      workload=WL, n=3, seed=0, keep_requests=True)
+    assert res.completed == 3 and res.engine_completed.sum() == 3 and np.count_nonzero(res.engine_completed) <= 3
+    assert np.all(np.isfinite(res.requests.completion)) and math.isfinite(res.throughput)
+    assert np.all(res.engine_utilization[res.engine_completed == 0] == 0)

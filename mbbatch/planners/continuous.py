@@ -274,7 +274,8 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     programs' calls, or requests of its own).  Returns the requests'
     ``(prompt, output, prediction)``, each engine's ``(outputs, records,
     code)``, each request's engine and number there, the routing
-    statistics and the kernel seconds."""
+    statistics, the requests' columns of the cluster (their engine; with
+    programs their program and new tokens) and the kernel seconds."""
     arrivals = stream(ss, STREAM_ARRIVALS)
     times, prompt, output, programs = plan.cluster.calls(plan, SimpleNamespace(
         arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
@@ -290,7 +291,11 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
                         groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS), stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)
-    return (prompt, output, prediction), runs, (where, local), routed, kernel_seconds
+    columns = {"engine": where}
+    if programs is not None:
+        (program, new_tokens, _), _ = programs
+        columns.update(program=program, new_tokens=new_tokens)
+    return (prompt, output, prediction), runs, (where, local), routed, columns, kernel_seconds
 
 
 def _busy_engines(plan: Plan) -> int:
@@ -350,7 +355,9 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     held = []
     for s in series:
         k = np.searchsorted(s["time"], t, side="right") - 1
-        held.append({name: np.where(k >= 0, col[np.maximum(k, 0)], 0.0) for name, col in s.items()})
+        # (an engine given no request has no sample: 0 throughout)
+        held.append({name: np.where(k >= 0, col[np.maximum(k, 0)], 0.0) if col.size else np.zeros(t.size)
+                     for name, col in s.items()})
     step = max(1, -(-t.size // TIME_SERIES_ROWS))
     ts = {name: sum(h[name] for h in held)[::step] for name in series[0]}
     ts["time"] = t[::step]
@@ -362,11 +369,12 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
 def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
     n = plan.n
     placed = routed = None
+    columns = {}
     if plan.cluster is None:
         prompt, output, prediction = _requests(plan, ss)
         runs, kernel_seconds = _engines(plan, ss, prompt, output, prediction, progress)
     else:
-        (prompt, output, prediction), runs, placed, routed, kernel_seconds = _cluster(plan, ss, progress)
+        (prompt, output, prediction), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss, progress)
     st, out, req, ts, queue = _merged(plan, runs, placed)
     completed, iters = st["completed"], st["iterations"]
     nan = math.nan
@@ -376,8 +384,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
     if plan.keep_requests:
         requests = Table({**req, "prompt": prompt, "output": output, "prediction": prediction,
                           "latency": req["completion"] - req["arrival"],
-                          "ttft": req["first_token"] - req["arrival"],
-                          **({"engine": placed[0]} if placed is not None else {})})
+                          "ttft": req["first_token"] - req["arrival"], **columns})
     q = quantiles(out.hist, requests.latency if requests is not None and completed else None)
     q_ttft = quantiles(out.hist_ttft, requests.ttft if requests is not None and completed else None)
     q_tbt = quantiles(out.hist_tbt, None)
