@@ -145,6 +145,11 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64)
 ContinuousWorkspace = WORKSPACE.type
+#: the workspace's per-request arrays that start unset (``np.empty``: the
+#: kernel writes an entry before it reads it), so that the pages of those
+#: a run does not reach are never touched (a cluster's engines each hold
+#: every request they might be routed)
+UNSET = ("arrival", "gen", "last_pre", "qnext", "hk", "hid", "sk", "sid", "stack", "group")
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call

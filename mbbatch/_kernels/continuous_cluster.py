@@ -21,8 +21,12 @@ program's context between its calls outside its block pool (a prefix cache
 that is never evicted); preempted, a call loses its cache and prefills its
 whole prompt and generated tokens again.
 
-An engine's arrays hold every request it may be routed (the run's ``n``);
-its requests are numbered in the order they reach it.  Each request's
+An engine's arrays have room for every request it may be routed (the
+run's ``n``), but those the kernel reads only after writing them start
+unset (:data:`.continuous.UNSET`), so the memory a run touches is about
+its requests' once, not once per engine (the per-request records, with
+``keep``, excepted); an engine numbers its requests in the order they
+reach it.  Each request's
 batch-means group is its group among the cluster's arrivals.
 
 Pure numba on arrays and scalars; the Python side is
@@ -197,18 +201,19 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
     return DONE
 
 
-def _stacked(parts: list):
-    """The tuples (or namedtuples) of arrays ``parts``, one per engine,
-    as one of arrays with a leading axis of engines (read-only where
-    theirs are)."""
-    first = parts[0]
+def _stacked(one, engines: int, unset=()):
+    """The tuple (or namedtuple) of arrays ``one`` for ``engines`` engines:
+    each array with a leading axis of engines, every row a copy of it but
+    for the fields ``unset`` (left as ``np.empty`` leaves them: their pages
+    are touched only as the kernel writes them)."""
+    fields = getattr(one, "_fields", ())
     out = []
-    for j in range(len(first)):
-        a = np.stack([p[j] for p in parts])
-        if not first[j].flags.writeable:
-            a.flags.writeable = False
-        out.append(a)
-    return _like(first, out)
+    for j, a in enumerate(one):
+        s = np.empty((engines, *a.shape), a.dtype)
+        if not (fields and fields[j] in unset):
+            s[...] = a
+        out.append(s)
+    return _like(one, out)
 
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
@@ -237,10 +242,10 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
                                           edges=edges),
                    control=control, groups=groups, ts_rows=ts_rows, grouped=True)
     # (every engine starts as this one; its inputs are read-only views of the feeds)
-    inputs = _k.INPUTS.type(*(_readonly(getattr(feeds, f) if f in Feed._fields else np.stack([a] * engines))
+    inputs = _k.INPUTS.type(*(_readonly(getattr(feeds, f) if f in Feed._fields else _stacked((a,), engines)[0])
                               for f, a in zip(one.inputs._fields, one.inputs)))
-    stacked = [_stacked([part] * engines) for part in (one.config, one.out, one.requests, one.ws)]
-    config_s, out_s, requests_s, ws_s = stacked
+    config_s, out_s, requests_s = (_stacked(part, engines) for part in (one.config, one.out, one.requests))
+    ws_s = _stacked(one.ws, engines, _k.UNSET)
     eng = np.zeros((ENGINES.size, engines), np.int64)
     eng[ENGINES.index.registered] = 1
     if programs is None:

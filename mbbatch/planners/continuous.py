@@ -150,12 +150,12 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     specs = [("workload.prompt", workload._prompt), ("workload.output", workload._output)]
     n = resolve_n(n, arrivals, specs, predictor)
     M = policy.max_num_seqs
-    # (a cluster's engines each hold every request it may route them, and their groups)
+    # (a cluster's engines each have room for every request, but the pages of a request's entries are touched
+    # only on the engine it is routed to: its memory is the requests' once, and each engine's records)
     E = 1 if cluster is None else cluster.policy.engines
     per = 8 * 17 * n if cluster is None else 8 * 22 * n
     parts = {
-        "n": (E * per, "the requests' arrival times, lengths, predictions, states, links and heaps"
-              + (", on each engine" if E > 1 else "")),
+        "n": (per, "the requests' arrival times, lengths, predictions, states, links and heaps"),
         "max_num_seqs": (E * 8 * 4 * (M + 1), "the prefill queue and the decodes' groups"),
         "batch_size": (E * 3 * 8 * _common.HIST_SIZE, "the latency, first-token and between-token histograms"),
     }
