@@ -911,3 +911,18 @@ def test_a_cluster_sweep_runs_continuous_batching_engines(tmp_path):
                                         r"engine_policy = \['dynamic'\] has none"):
         load_spec(write(tmp_path, CLUSTER_SPEC.format(name="bad", seed=9, extra="max_num_seqs = 8",
                                                       grid='router = ["least_used"]'), "bad.toml"))
+
+
+def test_a_cluster_needs_only_what_its_engines_read(tmp_path):
+    """d_sla, b_max and eta are required of a cluster of dynamic engines,
+    not of one of continuous-batching engines (which reads neither)."""
+    text = CLUSTER_SPEC.format(name="need", seed=1, extra="", grid='router = ["least_used"]')
+    for key in ("d_sla = 0.0075\n", "b_max = 64\n", "eta = 180000.0\n", "prefill_per_token = 0.0001\n"):
+        text = text.replace(key, "")
+    text = text.replace('service_model = "decode"', 'service_model = "iteration"')
+    with pytest.raises(SpecError, match="missing field params.d_sla"):
+        load_spec(write(tmp_path, text, "dyn.toml"))
+    spec = load_spec(write(tmp_path, text.replace("engines = 2", 'engines = 2\nengine_policy = "continuous"'),
+                           "cont.toml"))
+    (_, params), = spec.points()
+    assert params["eta"] is None and params["engine_policy"] == "continuous"

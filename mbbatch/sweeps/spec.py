@@ -467,7 +467,8 @@ class SweepSpec:
                     p[nm] = source[nm]
                     break
             else:
-                p[nm] = sp.check(sp.default, "defaults")
+                # (required but not given: a cluster whose engines do not read it, as checked when parsed)
+                p[nm] = None if sp.default is REQUIRED else sp.check(sp.default, "defaults")
         if not self.single:
             p["policy"] = name
         p["kind"] = kind
@@ -724,10 +725,18 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             raise SpecError(f"{source}: the variants {unused} are in no grid.policy axis; remove them or "
                             "add them to the axis")
 
-    # --- every variant has every parameter it needs
+    # --- every variant has every parameter it needs (a cluster: those its engines need)
     for vname, settings in policies.items():
+        engines = None
+        if settings["kind"] == "cluster":
+            given = settings.get("engine_policy", params.get("engine_policy", axes.get("engine_policy")))
+            engines = ({TABLE["engine_policy"].default} if given is None
+                       else set(given) if isinstance(given, list) else {given})
         for nm, sp in SPEC_PARAMS.items():
             if (sp.required_for(settings["kind"])
+                    and (engines is None or any(sp.required_for(k) and sp.applies(k, arrivals, workload, model,
+                                                                                  capacity is not None)
+                                                for k in engines))
                     and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
                     and nm not in settings and nm not in params and nm not in axes
                     and not (capacity is not None and nm in SEARCHED)):
