@@ -233,7 +233,8 @@ def with_rate(arrivals, rate: float):
 
 def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n=None):
     """Raise what :func:`find_capacity` refuses in its own arguments (the
-    simulation's are checked by :func:`mbbatch.simulation.plan`)."""
+    simulation's are checked by :func:`mbbatch.simulation.plan`); returns
+    ``rel_tol``, ``confidence`` and ``throughput_tol`` as floats."""
     if isinstance(arrivals, Arrivals) and arrivals.unassessed:
         raise TypeError(f"arrivals must have one mean rate to search (Poisson, Gamma, OnOff or Replay); got "
                         f"{type(arrivals).__name__}")
@@ -249,14 +250,16 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
             if kind not in METRICS[m].kinds:
                 raise ValueError(f"objective: {m} is not a metric of {type(policy).__name__} (it applies to "
                                  f"{', '.join(sorted(METRICS[m].kinds))})")
-    for name, value in (("rel_tol", rel_tol), ("confidence", confidence), ("throughput_tol", throughput_tol)):
-        check_scalar_real(name, value, SEARCH_DOMAINS[name])
+    reals = tuple(check_scalar_real(name, value, SEARCH_DOMAINS[name])
+                  for name, value in (("rel_tol", rel_tol), ("confidence", confidence),
+                                      ("throughput_tol", throughput_tol)))
     if isinstance(max_reps, bool) or not isinstance(max_reps, (int, np.integer)) or max_reps < FIRST_REPS:
         raise ValueError(f"max_reps must be an integer in [{FIRST_REPS}, inf); got {max_reps!r}")
     if (isinstance(policy, MultiBin) and isinstance(n, (int, np.integer)) and not isinstance(n, bool)
             and n < policy.batch_size):
         raise ValueError(f"n must be at least batch_size = {policy.batch_size} for a capacity search of MultiBin: "
                          f"fewer requests fill no batch, so none completes at any rate; got n = {n}")
+    return reals
 
 
 class _Search:
@@ -459,7 +462,9 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     """
     t0 = time.perf_counter()
     arrivals = Poisson(rate=1.0) if arrivals is None else arrivals
-    check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n)
+    # (the reals as floats from here on: a Fraction or a numpy scalar reads as any float)
+    rel_tol, confidence, throughput_tol = check_search(policy, arrivals, servers, objective, rel_tol, confidence,
+                                                       max_reps, throughput_tol, n)
     progress = check_flag("progress", progress)
     sim_kw = {"service": service, "workload": workload, "service_model": service_model, "n": n}
     # (every argument checked now, before any work: the plan refuses what simulate would)

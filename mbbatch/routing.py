@@ -91,6 +91,26 @@ def _check_threshold(threshold, default_name: str) -> int:
     return t
 
 
+def _check_id(name: str, value):
+    """An engine or program id: hashable, not None, not NaN (a NaN is not
+    equal to itself, so no table could find it again)."""
+    if value is None:
+        raise TypeError(f"{name} must be a hashable id, not None (None marks a missing entry)")
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a hashable id (an int or a str, say); got {value!r} "
+                        f"({type(value).__name__})") from None
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and math.isnan(value):
+        raise ValueError(f"{name} must not be NaN (it is not equal to itself: no table finds it again)")
+    return value
+
+
+def _check_now(now) -> float:
+    """A routing instant: a finite real number of seconds."""
+    return check_scalar_real("now", now, Domain(-math.inf, math.inf))
+
+
 def _least(candidates, load):
     """The candidate with the smallest ``load``, ties to the lowest id."""
     return min(candidates, key=lambda e: (load(e), e))
@@ -125,6 +145,7 @@ class LoadBalancer:
 
     def register_engine(self, engine_id) -> None:
         """Add an engine to the pool (no active requests, no programs)."""
+        _check_id("engine_id", engine_id)
         with self._lock:
             if engine_id in self._engines:
                 raise ValueError(f"engine {engine_id!r} is already registered")
@@ -152,6 +173,7 @@ class LoadBalancer:
             return list(self._engines)
 
     def _engine(self, engine_id) -> EngineInfo:
+        _check_id("engine_id", engine_id)
         try:
             return self._engines[engine_id]
         except KeyError:
@@ -175,6 +197,7 @@ class LoadBalancer:
         """The engine that serves a request of program ``pid`` with
         ``num_tokens`` prefill tokens (Algorithm 2); the request counts as
         active on it until :meth:`complete_request`."""
+        _check_id("pid", pid)
         size = self.classify(num_tokens)
         with self._lock:
             if not self._engines:
@@ -185,8 +208,8 @@ class LoadBalancer:
                 engine = self.least_used()
             else:
                 self._counts["large_requests"] += 1
-                engine = self._program_table.get(pid)
-                if engine is not None:
+                if pid in self._program_table:
+                    engine = self._program_table[pid]
                     self._counts["locality_hits"] += 1
                 else:
                     engine = self.least_used()
@@ -199,6 +222,7 @@ class LoadBalancer:
     def complete_request(self, engine_id, pid) -> None:
         """A request of ``pid`` finished on ``engine_id``: one active request
         fewer there."""
+        _check_id("pid", pid)
         with self._lock:
             info = self._engine(engine_id)
             if info.active_requests == 0:
@@ -208,15 +232,17 @@ class LoadBalancer:
     def remove_program(self, pid) -> bool:
         """The session of ``pid`` ended: clear its program-table entry.
         Returns whether it had one."""
+        _check_id("pid", pid)
         with self._lock:
-            engine = self._program_table.pop(pid, None)
-            if engine is None:
+            if pid not in self._program_table:
                 return False
+            engine = self._program_table.pop(pid)
             self._engines[engine].programs_assigned.discard(pid)
             return True
 
     def assigned_engine(self, pid):
         """The engine the program table holds for ``pid``, or None."""
+        _check_id("pid", pid)
         with self._lock:
             return self._program_table.get(pid)
 
@@ -231,6 +257,10 @@ class LoadBalancer:
             return {**self._counts, "programs_in_table": len(self._program_table),
                     "engines": {e: {"active_requests": i.active_requests, "programs_assigned": len(i.programs_assigned),
                                     "workload": i.workload()} for e, i in self._engines.items()}}
+
+
+#: the most prefill instances a :class:`LapsRouter` takes (as many as a cluster's engines)
+MAX_INSTANCES = 1 << 20
 
 
 class LapsRouter:
@@ -254,8 +284,12 @@ class LapsRouter:
 
     def __init__(self, instances: int, *, threshold: int = LAPS_THRESHOLD, interval: float = LAPS_INTERVAL,
                  ratio: float = LAPS_RATIO, long_instances: int | None = None):
-        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
-            raise ValueError(f"instances must be an integer in [1, inf); got {instances!r}")
+        if isinstance(instances, bool) or not isinstance(instances, numbers.Integral):
+            raise TypeError(f"instances must be an integer in [1, {MAX_INSTANCES}]; got {instances!r} "
+                            f"({type(instances).__name__})")
+        if not 1 <= instances <= MAX_INSTANCES:
+            raise ValueError(f"instances must be an integer in [1, {MAX_INSTANCES}]; got {instances!r}")
+        instances = int(instances)
         self.threshold = _check_threshold(threshold, "LAPS: 256")
         self.interval = check_scalar_real("interval", interval, Domain(0.0, math.inf, lo_closed=True))
         self.ratio = check_scalar_real("ratio", ratio, Domain(0.0, math.inf))
@@ -263,11 +297,11 @@ class LapsRouter:
         self.enabled = instances >= 2
         if long_instances is None:
             long_instances = max(1, instances // 3)
-        if self.enabled and (isinstance(long_instances, bool) or not isinstance(long_instances, int)
+        if self.enabled and (isinstance(long_instances, bool) or not isinstance(long_instances, numbers.Integral)
                              or not 1 <= long_instances <= instances - 1):
             raise ValueError(f"long_instances must be an integer in [1, {instances - 1}] (each group keeps one "
                              f"instance); got {long_instances!r}")
-        n_short = instances - long_instances if self.enabled else instances
+        n_short = instances - int(long_instances) if self.enabled else instances
         self.short = list(range(n_short))
         self.long = list(range(n_short, instances)) if self.enabled else []
         self.pending = {"short": 0, "long": 0}
@@ -281,7 +315,9 @@ class LapsRouter:
 
     def maybe_rebalance(self, now: float):
         """Move at most one instance between the groups, at most once per
-        interval; returns ``(instance, from, to)`` or None."""
+        interval; returns ``(instance, from, to)`` or None.  ``now``: a
+        finite number of seconds."""
+        now = _check_now(now)
         if not self.enabled or now - self.last_check < self.interval:
             return None
         self.last_check = now
@@ -312,7 +348,7 @@ class LapsRouter:
         (ties to the lowest id) and count it pending.  Returns ``(category,
         instance)``."""
         cat = self.classify(prompt_tokens)
-        self.maybe_rebalance(now)
+        self.maybe_rebalance(_check_now(now))
         group = (self.short if cat == "short" else self.long) if self.enabled else self.short
         inst = _least(group, lambda i: self.outstanding[i])
         self.pending[cat] += 1
@@ -321,8 +357,13 @@ class LapsRouter:
 
     def request_done(self, category: str, instance: int) -> None:
         """A request of ``category`` finished its prefill on ``instance``."""
-        if category not in self.pending:
+        if not isinstance(category, str) or category not in self.pending:
             raise ValueError(f"category must be 'short' or 'long'; got {category!r}")
+        if isinstance(instance, bool) or not isinstance(instance, numbers.Integral):
+            raise TypeError(f"instance must be an integer in [0, {self.instances - 1}]; got {instance!r} "
+                            f"({type(instance).__name__})")
+        if not 0 <= instance < self.instances:
+            raise ValueError(f"instance must be an integer in [0, {self.instances - 1}]; got {instance!r}")
         if self.pending[category] == 0 or self.outstanding[instance] == 0:
             raise ValueError(f"no pending {category} request on instance {instance}")
         self.pending[category] -= 1

@@ -313,3 +313,14 @@ def test_the_stable_limit_does_not_depend_on_the_arrivals_shape(arrivals):
     want = 32 / theory.service_time(32, 1.0, 20.0, 2)
     r = find_capacity(mb.MultiBin(bins=2, batch_size=32), arrivals=arrivals, service=U, n=30_000, seed=6)
     assert r.rate_low <= want <= r.rate_high and abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
+
+
+def test_a_fraction_confidence_reads_as_its_float():
+    """confidence=Fraction(9, 10) searches as 0.9 (the summary once raised a TypeError formatting it)."""
+    from fractions import Fraction
+
+    import scipy.stats as st
+
+    cap = mb.find_capacity(mb.MultiBin(bins=2, batch_size=8), service=st.uniform(1, 19), n=4000, seed=0,
+                           confidence=Fraction(9, 10), rel_tol=Fraction(1, 20))
+    assert cap.confidence == 0.9 and isinstance(cap.confidence, float) and "90%" in cap.summary()

@@ -281,7 +281,8 @@ def test_laps_with_one_instance_has_no_groups():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"instances": 0}, r"instances must be an integer in \[1, inf\)"),
+    ({"instances": 0}, r"instances must be an integer in \[1, 1048576\]"),
+    ({"instances": 2 ** 64}, r"instances must be an integer in \[1, 1048576\]; got 18446744073709551616"),
     ({"instances": 3, "long_instances": 3}, r"long_instances must be an integer in \[1, 2\]"),
     ({"instances": 3, "interval": -1.0}, r"interval must be in \[0, inf\)"),
     ({"instances": 3, "ratio": 0.0}, r"ratio must be in \(0, inf\)"),
@@ -309,3 +310,61 @@ def test_laps_groups_keep_an_instance_and_move_at_most_once_per_interval(n, even
         assert r.short and r.long and sorted(r.short + r.long) == list(range(n))
     times = [m[0] for m in r.moves]
     assert all(b - a >= 2.0 for a, b in zip(times, times[1:]))
+
+
+def test_laps_router_takes_numpy_integers_and_checks_what_it_is_told():
+    """An instance count of any integer type; a finished request names an
+    instance of the router (no other is decremented), a time is a finite
+    number of seconds; nothing changes on a refusal."""
+    r = LapsRouter(np.int64(4), long_instances=np.int64(1))
+    assert r.instances == 4 and r.long == [3]
+    with pytest.raises(TypeError, match=r"instances must be an integer in \[1, 1048576\]; got 1.5"):
+        LapsRouter(1.5)
+    cat, inst = r.select(10, 0.0)
+    before = r.status()
+    for bad, exc, match in ((-3, ValueError, r"instance must be an integer in \[0, 3\]; got -3"),
+                            (99, ValueError, r"instance must be an integer in \[0, 3\]; got 99"),
+                            (1.0, TypeError, r"instance must be an integer in \[0, 3\]; got 1.0"),
+                            (True, TypeError, "instance must be an integer")):
+        with pytest.raises(exc, match=match):
+            r.request_done(cat, bad)
+        assert r.status() == before
+    for now, exc in (("x", TypeError), (float("nan"), ValueError), (float("inf"), ValueError)):
+        with pytest.raises(exc, match=r"now must be (a real number )?in \(-inf, inf\)"):
+            r.select(10, now)
+        with pytest.raises(exc, match=r"now must be (a real number )?in \(-inf, inf\)"):
+            r.maybe_rebalance(now)
+        assert r.status() == before
+    r.request_done(cat, np.int64(inst))
+    assert r.outstanding == [0, 0, 0, 0]
+
+
+def test_balancer_ids_are_checked_at_the_boundary():
+    """Engine and program ids: hashable, not None, not NaN, each refusal
+    naming its argument and changing nothing (a None engine once lost its
+    locality hits; a NaN one could not be found again)."""
+    lb = LoadBalancer(threshold=100)
+    lb.register_engine(0)
+    lb.register_engine(1)
+    for bad, exc, match in ((None, TypeError, "engine_id must be a hashable id, not None"),
+                            (float("nan"), ValueError, "engine_id must not be NaN"),
+                            ([1], TypeError, "engine_id must be a hashable id")):
+        with pytest.raises(exc, match=match):
+            lb.register_engine(bad)
+        with pytest.raises(exc, match=match):
+            lb.unregister_engine(bad)
+    assert lb.engines == [0, 1]
+    stats = lb.get_stats()
+    for bad, exc, match in (([1], TypeError, r"pid must be a hashable id \(an int or a str, say\); got \[1\]"),
+                            (None, TypeError, "pid must be a hashable id, not None"),
+                            (float("nan"), ValueError, "pid must not be NaN")):
+        with pytest.raises(exc, match=match):
+            lb.route_request(bad, 5000)
+        with pytest.raises(exc, match=match):
+            lb.remove_program(bad)
+    assert lb.get_stats() == stats
+    # an engine id that is falsy still gives its locality hits
+    lb2 = LoadBalancer(threshold=100)
+    lb2.register_engine(0)
+    assert lb2.route_request("p", 5000) == 0 and lb2.route_request("p", 5000) == 0
+    assert lb2.get_stats()["locality_hits"] == 1 and lb2.remove_program("p") and not lb2.remove_program("p")
