@@ -647,6 +647,9 @@ class _HashingReader(io.RawIOBase):
 
 def _load(path, layout, categories, stages, window, filters):
     """Read, filter and sort a trace file: the loaders' common body."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+        raise TypeError(f"path must be a str or a path-like object naming a text file; got {path!r} "
+                        f"({type(path).__name__})")
     name = os.fsdecode(path)
     path = Path(path)
     if not path.is_file():
@@ -959,7 +962,10 @@ def _lengths(cells):
         m = _LENGTH.fullmatch(s)
         if m is None:
             raise _CellError(i, s, "a non-negative integer")
-        v = int(m[1])
+        # (more than 19 digits cannot fit, whatever they are: refused before Python's int(), which refuses
+        # over 4,300 digits with a message of its own)
+        digits = m[1].lstrip("0")
+        v = int(digits) if 0 < len(digits) <= 19 else (0 if not digits else _INT64_MAX + 1)
         if v > _INT64_MAX:
             raise _CellError(i, s, f"a non-negative integer that fits int64 (at most {_INT64_MAX})")
         out[i] = v

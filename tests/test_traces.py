@@ -1031,3 +1031,25 @@ def test_azure_trace_filters_agree_with_pandas(azure_pandas, drop_failed, window
     _assert_bit_identical(tr, arrival[keep] - start, prompt[keep], output[keep])
     window = None if window is None else [float(w) for w in window]
     assert tr.describe()["filters"] == {"drop_failed": drop_failed, "window": window}
+
+
+def test_a_length_of_thousands_of_digits_is_refused_naming_its_cell(tmp_path):
+    """Over 4,300 digits, where Python's int() raises its own ValueError: the
+    file, line and column, as for any length that does not fit int64; a
+    length padded with zeros still reads as its value."""
+    huge = "9" * 5000
+    p = _write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n"
+                         f"2023-11-16 18:15:47,{huge},5\n")
+    with pytest.raises(TraceError, match=r"t\.csv:3.*fits int64") as e:
+        load_azure_trace(p)
+    assert e.value.line == 3 and e.value.column is not None
+    zeros = _write(tmp_path, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,"
+                             f"{'0' * 30}12 ,5\n", "z.csv")
+    assert load_azure_trace(zeros).prompt_tokens.tolist() == [12]
+
+
+@pytest.mark.parametrize("path", [None, 3, b"t.csv"])
+def test_a_path_of_the_wrong_type_is_refused_naming_path(path):
+    for load in (load_azure_trace, mb.traces.load_burstgpt):
+        with pytest.raises(TypeError, match="path must be a str or a path-like object"):
+            load(path)
