@@ -574,3 +574,20 @@ def test_bad_event_and_programs_are_refused():
         mb.Programs(calls=0)
     with pytest.raises(TypeError, match="Poisson"):
         mb.simulate(mb.Cluster(programs=mb.Programs()), mb.Gamma(1.0, 2.0), workload=WL, n=10)
+
+
+def test_a_program_of_more_calls_than_the_run_draws_the_runs_only():
+    """Programs(calls=10**8) at n = 10 draws 10 calls (it tried 10**8 of
+    each stream, 4 GB); the calls drawn are those the longer draw gives: n =
+    10 of a 12-call program are the first 10 of n = 12's, bit for bit,
+    open loop and closed."""
+    wl = mb.Workload(prompt=stats.lognorm(0.6, scale=256), output=stats.lognorm(1.0, scale=64))
+    kw = dict(workload=wl, seed=0, service_model=mb.DecodeModel(prefill_per_token=1e-4), keep_requests=True)
+    for closed in (False, True):
+        huge = _run(mb.Cluster(engines=2, programs=mb.Programs(calls=10 ** 8, closed=closed)), 5.0, 10, 0,
+                    workload=wl, service_model=kw["service_model"])
+        assert huge.completed == 10 and np.all(huge.requests.program == 0)
+        r10, r12 = (mb.simulate(mb.Cluster(engines=2, programs=mb.Programs(calls=12, closed=closed)),
+                                mb.Poisson(5.0), n=m, **kw).requests for m in (10, 12))
+        for col in ("arrival", "prompt", "output", "new_tokens"):
+            np.testing.assert_array_equal(getattr(r10, col), getattr(r12, col)[:10], err_msg=col)

@@ -202,7 +202,7 @@ def _pack(cluster, n: int) -> tuple:
     config = _d.CLUSTER.pack(engines=cluster.engines, router=ROUTERS[cluster.router], threshold=cluster.threshold,
                              programs=programs.table_size(n) if programs is not None else 0,
                              kv_reuse=bool(cluster.kv_reuse and programs is not None),
-                             calls=programs.calls if closed else 0)
+                             calls=programs.drawn(n) if closed else 0)
     ev = cluster.events
     events = dict(event_time=np.array([e.time for e in ev], float),
                   event_engine=np.array([e.engine for e in ev], np.int64),
@@ -217,13 +217,14 @@ def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
     (call c of program p: p calls + c), the calls' gaps (think times,
     exponential, next on the arrival stream; 0 when saturated; a first
     call's is not used), new tokens (prompt stream) and outputs (output
-    stream)."""
-    C, think = cluster.programs.calls, cluster.programs.think_time
-    P = -(-n // C)
+    stream).  A program of more calls than the run draws its first ``n``
+    (:meth:`~mbbatch.Programs.drawn`: calls is then C in the ids)."""
+    programs, think = cluster.programs, cluster.programs.think_time
+    P, C = programs.table_size(n), programs.drawn(n)
     if arrivals.clock(n) is None:           # (saturated: every program at 0)
         start, gap = np.zeros(P), np.zeros(P * C)
     else:
-        start = exponentials(streams.arrival, C / arrivals.rate, P)
+        start = exponentials(streams.arrival, programs.calls / arrivals.rate, P)
         np.cumsum(start, out=start)
         gap = exponentials(streams.arrival, think, P * C) if think > 0 else np.zeros(P * C)
     integer = bool(workload.integer_lengths)
@@ -273,7 +274,7 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     once when programs are far longer than the spacing of their starts);
     saturated, all at time 0, every program's first call first, then their
     second calls, and so on."""
-    C = cluster.programs.calls
+    C = cluster.programs.drawn(n)
     start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
     N = new.size
     # (in place: the times overwrite the gaps, the calls' arrays their draws,

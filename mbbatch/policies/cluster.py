@@ -69,6 +69,12 @@ class Programs:
         """The programs of the first ``n`` calls (the program table's size)."""
         return -(-n // self.calls)
 
+    def drawn(self, n: int) -> int:
+        """The calls a run of ``n`` draws for each program: all ``calls``, or
+        ``n`` when a program has more (a run takes its first ``n`` calls: a
+        single program's first ``n``, the rest never drawn)."""
+        return min(self.calls, n)
+
 
 @dataclass(frozen=True, eq=False)
 class Sessions:
