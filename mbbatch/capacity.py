@@ -259,7 +259,17 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
             and n < policy.batch_size):
         raise ValueError(f"n must be at least batch_size = {policy.batch_size} for a capacity search of MultiBin: "
                          f"fewer requests fill no batch, so none completes at any rate; got n = {n}")
+    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 0 < n < MIN_PROBE_REQUESTS:
+        raise ValueError(f"n must be at least {MIN_PROBE_REQUESTS} requests per probe for a capacity search: "
+                         f"fewer leave a 99th percentile no more than the largest value and the backlog check "
+                         f"quarters of under 25 arrivals, too few to judge a rate by; got n = {n}")
     return reals
+
+
+#: the fewest requests a capacity probe may simulate: a 99th percentile of
+#: fewer is no more than the largest value, and the backlog check's quarters
+#: would hold under 25 arrivals
+MIN_PROBE_REQUESTS = 100
 
 
 class _Search:
