@@ -366,10 +366,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        if args.command == "sweep":
-            # every finished grid point is stored with its done flag last
+        if args.command in ("sweep", "capacity"):
+            # every finished grid point (a capacity search's too) is stored with its done flag last
             where = args.out or args.out_dir
-            print(f"\nmbbatch sweep: interrupted; the grid points finished so far are kept in {where}: "
+            print(f"\nmbbatch {args.command}: interrupted; the grid points finished so far are kept in {where}: "
                   "run the same command again to resume", file=sys.stderr)
         else:
             print(f"\nmbbatch {args.command}: interrupted", file=sys.stderr)

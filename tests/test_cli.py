@@ -298,3 +298,20 @@ def test_profiles_lists_the_matching_fits():
     row = next(ln for ln in lines if ln.startswith(profiles.DEFAULT + " "))
     assert f"{fit.holdout_error:.1%}" in row and f"{1e3 * fit.params['step']:.3f}" in row
     one_line_error(run("profiles", "--match", "TPUv9"), "--match: no profile name contains 'TPUv9'")
+
+
+def test_an_interrupted_capacity_search_says_how_to_resume(tmp_path, monkeypatch, capsys):
+    """`mbbatch capacity` keeps its finished searches as `mbbatch sweep`
+    does: Ctrl-C gives the same resume hint (it printed "interrupted" alone)."""
+    import mbbatch.sweeps
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mbbatch.sweeps, "run_sweep", interrupted)
+    spec = write(tmp_path, 'name = "cap"\npolicy = "multibin"\narrivals = "poisson"\nservice = "uniform"\n'
+                           'seed = 1\n\n[params]\nbatch_size = 8\nl_min = 1.0\nl_max = 20.0\nn = 3000\n\n'
+                           '[grid]\nbins = [1, 2]\n\n[capacity]\nrel_tol = 0.05\n')
+    assert cli.main(["capacity", str(spec), "--out", str(tmp_path / "c.zarr")]) == 130
+    err = capsys.readouterr().err
+    assert "mbbatch capacity: interrupted" in err and "run the same command again to resume" in err, err
