@@ -368,3 +368,45 @@ def test_balancer_ids_are_checked_at_the_boundary():
     lb2.register_engine(0)
     assert lb2.route_request("p", 5000) == 0 and lb2.route_request("p", 5000) == 0
     assert lb2.get_stats()["locality_hits"] == 1 and lb2.remove_program("p") and not lb2.remove_program("p")
+
+
+_IDS = hs.one_of(hs.integers(-2, 4), hs.sampled_from(["a", "b"]), hs.just(None), hs.just(float("nan")),
+                 hs.just([1]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=hs.lists(hs.tuples(hs.sampled_from(["register", "unregister", "route", "complete", "remove"]), _IDS,
+                              _IDS, hs.integers(0, 5000)), max_size=60))
+def test_balancer_operation_sequences_keep_its_counts(ops):
+    """Property: any sequence of operations, bad ids among them: a refused
+    call raises TypeError, ValueError, KeyError or RuntimeError and changes
+    nothing; the counters always add up (large = hits + assigns, total =
+    small + large, active requests = routed - completed), and the program
+    table points at registered engines only."""
+    lb = LoadBalancer(threshold=2048)
+    routed = completed = 0
+    for op, a, b, tokens in ops:
+        before = lb.get_stats()
+        try:
+            if op == "register":
+                lb.register_engine(a)
+            elif op == "unregister":
+                lb.unregister_engine(a)
+            elif op == "route":
+                lb.route_request(a, tokens)
+                routed += 1
+            elif op == "complete":
+                lb.complete_request(a, b)
+                completed += 1
+            else:
+                lb.remove_program(a)
+        except (TypeError, ValueError, KeyError, RuntimeError):
+            assert lb.get_stats() == before
+            continue
+        st = lb.get_stats()
+        assert st["large_requests"] == st["locality_hits"] + st["locality_assigns"]
+        assert st["total_requests"] == st["small_requests"] + st["large_requests"] == routed
+        for pid in range(-2, 5):
+            e = lb.assigned_engine(pid)
+            assert e is None or e in lb.engines
+    assert sum(e["active_requests"] for e in lb.get_stats()["engines"].values()) <= routed - completed
