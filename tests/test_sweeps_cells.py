@@ -292,6 +292,11 @@ def test_a_cells_backlog_growing_is_its_runs_unstable_flag(arrivals, rate, growi
     flags = [run.run(cell_seed(3, params, rep, _words(params)), warn=False).unstable for rep in range(3)]
     assert out["backlog_growing"].tolist() == ([False] * 3 if arrivals == "step" else flags)
     assert out["backlog_growing"].tolist() == [growing] * 3
+    # Lemma 5.1 beside it: NaN past saturation (no expected latency), Poisson arrivals only
+    if arrivals == "poisson":
+        from mbbatch.sweeps.cells import point_theory
+
+        assert math.isnan(point_theory(arrivals, "uniform", params)["theory_latency"]) == growing
 
 
 _ITERATION_SPEC = """

@@ -246,3 +246,23 @@ def test_eq63_batch_wait():
             assert direct == pytest.approx((B - 1) * k / (2 * lam), rel=1e-14, abs=1e-15)
             assert latency(B, 1.0, 20.0, k, lam) - service_time(B, 1.0, 20.0, k) == \
                 pytest.approx(direct, rel=1e-12, abs=1e-12)
+
+
+def test_latency_is_nan_past_the_saturation_of_finitely_many_servers():
+    """Lemma 5.1 holds with infinitely many servers (the default: a finite
+    number past any load); with servers = c it is NaN at and past Theorem
+    4.2's c B / E[t_service,k] (6.45 requests/s at B = 128, k = 1 on U(1, 20):
+    it gave 27.79 s at 8), unchanged below."""
+    B, lo, hi = 128, 1.0, 20.0
+    cap = B / service_time(B, lo, hi, 1)
+    assert 6.44 < cap < 6.46
+    assert latency(B, lo, hi, 1, 8.0) == pytest.approx(27.790213, rel=1e-6)
+    assert math.isnan(latency(B, lo, hi, 1, 8.0, servers=1))
+    assert math.isnan(latency(B, lo, hi, 1, cap, servers=1))
+    below = np.nextafter(cap, 0.0)
+    assert latency(B, lo, hi, 1, below, servers=1) == latency(B, lo, hi, 1, below)
+    assert latency(B, lo, hi, 1, 8.0, servers=2) == latency(B, lo, hi, 1, 8.0)
+    got = latency(B, lo, hi, np.array([1, 2, 4]), 8.0, servers=1)
+    assert math.isnan(got[0]) and np.all(np.isfinite(got[1:]))
+    with pytest.raises(ValueError, match="servers"):
+        latency(B, lo, hi, 1, 8.0, servers=0)

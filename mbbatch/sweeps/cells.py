@@ -342,7 +342,8 @@ def _forms(arrivals: str, params: dict, es: float, mean_one: float, *, bound: fl
     if lam is not None:
         # a stable system serves what arrives, whatever the arrival process
         out["theory_throughput"] = min(lam, rate_s)
-    if latency and arrivals == "poisson" and lam is not None:
+    if latency and arrivals == "poisson" and lam is not None and lam < rate_s:
+        # (NaN when saturated: no steady state, no expected latency, though the formula gives a number)
         out["theory_latency"] = es + (B - 1) * k / (2.0 * lam)
     out["unstable"] = bool(lam is not None and lam >= rate_s)
     return {key: (float(v) if key != "unstable" else v) for key, v in out.items()}

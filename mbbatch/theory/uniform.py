@@ -21,9 +21,12 @@ arrays, and return Python scalars (``float``, or ``int`` for
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from .._validation import check_count, check_real
+from .._validation import check_count, check_real, check_scalar_real
+from ..params import Domain
 
 __all__ = [
     "service_time",
@@ -332,7 +335,7 @@ def min_bins(B, l_min, l_max, eps):
     return np.asarray(k, dtype=np.int64)
 
 
-def latency(B, l_min, l_max, k, lam):
+def latency(B, l_min, l_max, k, lam, *, servers=math.inf):
     r"""Expected request latency with ``k`` equal-mass bins, infinite servers.
 
     Lemma 5.1, eq. (7) of the multi-bin batching paper (Assumptions 3.2 and
@@ -355,12 +358,19 @@ def latency(B, l_min, l_max, k, lam):
         Number of bins, ``k >= 1``.
     lam : float or array_like
         Poisson arrival rate, requests per second, ``lam > 0``.
+    servers : float, optional
+        The servers the latency is wanted for (default: infinitely many, the
+        lemma's own setting).  With finitely many, NaN where ``lam`` is at or
+        above their saturated throughput ``servers B / E[t_service,k]``
+        (Theorem 4.2): no steady state, so no expected latency, where the
+        formula would still give a finite number.
 
     Returns
     -------
     float or numpy.ndarray
         Expected latency, seconds.  Exact under infinite servers in steady
-        state; a lower bound for a finite number of servers (Remark 5.1).
+        state; a lower bound for a finite number of servers (Remark 5.1);
+        NaN past saturation of finitely many ``servers``.
 
     Raises
     ------
@@ -371,7 +381,10 @@ def latency(B, l_min, l_max, k, lam):
     --------
     >>> round(latency(128, 1.0, 20.0, 2, 10.0), 6)
     27.876357
+    >>> latency(128, 1.0, 20.0, 1, 8.0, servers=1)   # one server carries 6.45 requests/s at k = 1
+    nan
     """
+    servers = check_scalar_real("servers", servers, Domain(0.0, math.inf, hi_closed=True))
     B = check_count("B", B, array=True)
     k = check_count("k", k, array=True)
     l_min, l_max = _check_interval(l_min, l_max)
@@ -379,7 +392,11 @@ def latency(B, l_min, l_max, k, lam):
     _broadcast_check(B=B, l_min=l_min, l_max=l_max, k=k, lam=lam)
     Bf, m, a = _m_a(B, l_min, l_max)
     kf = np.asarray(k, dtype=float)
-    out = _service(m, a, k) + (Bf - 1.0) * kf / (2.0 * np.asarray(lam, dtype=float))
+    es = _service(m, a, k)
+    lam_f = np.asarray(lam, dtype=float)
+    out = es + (Bf - 1.0) * kf / (2.0 * lam_f)
+    if servers != math.inf:
+        out = np.where(lam_f < servers * Bf / es, out, np.nan)
     return _scalar_or_array(out, B, l_min, l_max, k, lam)
 
 
