@@ -26,11 +26,11 @@ run's ``n``), but those the kernel reads only after writing them start
 unset (:data:`.continuous.UNSET`), so the memory a run touches is about
 its requests' once, not once per engine (the per-request records, with
 ``keep``, excepted); an engine numbers its requests in the order they
-reach it.  Each request's
-batch-means group is its group among the cluster's arrivals.
+reach it.  Each request's batch-means group is its group among the
+cluster's arrivals.
 
-Pure numba on arrays and scalars; the Python side is
-:mod:`mbbatch.planners.continuous`.
+The driver is pure numba on arrays and scalars; :func:`run` sets the
+engines up, and the Python side is :mod:`mbbatch.planners.continuous`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .common import ARRIVED, CACHE, STOP, kernel, step
+from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C, continuous_kernel
 from .layout import Layout
 from .routing import EN, route_call
