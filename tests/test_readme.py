@@ -117,14 +117,22 @@ def test_shell_examples_are_valid_commands():
                 assert (ROOT / spec).is_file(), line
 
 
-def test_profiles_example_runs_and_quotes_its_error():
+def _hardware_example(*markers) -> dict:
+    """The namespace of the README's hardware examples: its dynamic-batching
+    block, its profile block, then the blocks holding ``markers``, run in
+    order (each reads the names the ones before it set)."""
     import scipy.stats as st
 
     import mbbatch as mb
 
     ns = {"mb": mb, "np": np, "st": st}
-    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
-    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
+    for marker in ("dyn = ", "profiles.get(", *markers):
+        exec(compile(block_with(marker), "README.md", "exec"), ns)
+    return ns
+
+
+def test_profiles_example_runs_and_quotes_its_error():
+    ns = _hardware_example()
     m = ns["m"]
     assert m.profile == "H100/vLLM/Meta-Llama-3-8B/tp1"
     assert round(100 * ns["profiles"].fit(m.profile).holdout_error, 1) == 1.6
@@ -135,14 +143,7 @@ def test_profiles_example_runs_and_quotes_its_error():
 
 
 def test_continuous_batching_example_runs_and_quotes_its_throughputs():
-    import scipy.stats as st
-
-    import mbbatch as mb
-
-    ns = {"mb": mb, "np": np, "st": st}
-    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
-    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
-    exec(compile(block_with("ContinuousBatching(max_num_seqs=s)"), "README.md", "exec"), ns)
+    ns = _hardware_example("ContinuousBatching(max_num_seqs=s)")
     cb = [round(x, 2) for x in ns["cb"]]
     assert cb == [13.42, 33.97]
     readme = " ".join((ROOT / "README.md").read_text().split())
@@ -152,28 +153,14 @@ def test_continuous_batching_example_runs_and_quotes_its_throughputs():
 
 
 def test_the_controller_example_runs_and_quotes_its_times_between_tokens():
-    import scipy.stats as st
-
-    import mbbatch as mb
-
-    ns = {"mb": mb, "np": np, "st": st}
-    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
-    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
-    exec(compile(block_with("SLAController(d_sla=0.02"), "README.md", "exec"), ns)
+    ns = _hardware_example("SLAController(d_sla=0.02")
     assert [round(x, 2) for x in ns["tbt"]] == [22.03, 20.24]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`tbt` is 22.03 and 20.24 ms" in readme
 
 
 def test_the_continuous_cluster_example_runs_and_quotes_its_routing():
-    import scipy.stats as st
-
-    import mbbatch as mb
-
-    ns = {"mb": mb, "np": np, "st": st}
-    exec(compile(block_with("dyn = "), "README.md", "exec"), ns)
-    exec(compile(block_with("profiles.get("), "README.md", "exec"), ns)
-    exec(compile(block_with("for r in (\"autellix\", \"least_used\")"), "README.md", "exec"), ns)
+    ns = _hardware_example("for r in (\"autellix\", \"least_used\")")
     a, lu = ns["cl"]["autellix"], ns["cl"]["least_used"]
     assert not a.unstable and not lu.unstable
     assert [round(100 * r.locality_hit_rate) for r in (a, lu)] == [74, 25]
