@@ -23,7 +23,7 @@ SWEPT := $(RESULTS)/.swept
 
 help:
 	@echo "make test      create .venv, install mbbatch with its test extras, run the test suite"
-	@echo "make thorough  the hypothesis properties on 500 fresh random examples each"
+	@echo "make thorough  the heavy checks, and the hypothesis properties on 500 fresh random examples each"
 	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
 	@echo "make fuzz      random sweep specs run serially, on a pool, killed and resumed, on dask, by the CLI"
 	@echo "make bench     print the speed and memory table, and the event kernel's before/after pairs"
@@ -35,13 +35,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
-# one test worker per core; a test file's tests share a worker (and its session fixtures)
+# one test worker per core; a test file's tests share a worker (and its session fixtures);
+# the checks marked heavy (processes killed and raced, every figure drawn twice) run in thorough
 test: $(STAMP)
-	$(PY) -m pytest -n auto --dist loadfile
+	$(PY) -m pytest -n auto --dist loadfile -m "not heavy"
 
-# the hypothesis properties under tests/conftest.py's "thorough" profile: 500 random examples
-# each, fresh every run (make test's are few and fixed, so every run repeats one experiment)
+# the checks marked heavy, then the hypothesis properties under tests/conftest.py's "thorough"
+# profile: 500 random examples each, fresh every run (make test's are few and fixed, so every
+# run repeats one experiment)
 thorough: $(STAMP)
+	$(PY) -m pytest -n auto --dist loadfile -m heavy
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n auto --dist loadfile $(shell grep -l '@given' tests/test_*.py)
 
 # random sweep specs (tests/fuzz_sweeps.py): each refused before a store exists, or run

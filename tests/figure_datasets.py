@@ -12,7 +12,11 @@ from it, once.  A test module uses them with
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
+import shutil
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -678,8 +682,28 @@ def write_results(path):
 
 
 # Fixtures imported into several test modules are separate fixtures to pytest,
-# each set up once per module; this cache makes them one per session.
+# each set up once per module; this cache makes them one per process, and
+# _shared one per test run: the test workers (pytest-xdist) take turns under a
+# file lock, the first one writes, the others read what it wrote.
 _SESSION: dict = {}
+
+
+def _shared(tmp_path_factory, name: str, make) -> Path:
+    """The folder ``name`` made once per test run by ``make(folder)``, shared by every worker."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # (each worker's base is a folder of the run's)
+    folder, complete = root / name, root / f"{name}.complete"
+    with FileLock(str(root / f"{name}.lock")):
+        if not complete.exists():
+            if folder.exists():
+                shutil.rmtree(folder)  # (a worker stopped halfway: start again)
+            folder.mkdir()
+            make(folder)
+            complete.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -687,26 +711,31 @@ def results(tmp_path_factory):
     """The folder holding every synthetic dataset."""
     pytest.importorskip("zarr")
     if "results" not in _SESSION:
-        _SESSION["results"] = write_results(tmp_path_factory.mktemp("results"))
+        _SESSION["results"] = _shared(tmp_path_factory, "results", write_results)
     return _SESSION["results"]
 
 
 @pytest.fixture(scope="session")
 def drawn(results, tmp_path_factory):
-    """Every figure drawn from ``results`` in this process, with every way
-    to simulate refusing (figure code never simulates): the folder and the
-    files written."""
+    """Every figure drawn from ``results`` with every way to simulate
+    refusing (figure code never simulates): the folder and the files
+    written, in the order written."""
     if "drawn" not in _SESSION:
-        import mbbatch
-        import mbbatch.simulation
+        def draw(out):
+            import mbbatch
+            import mbbatch.simulation
 
-        def refuse(*args, **kwargs):
-            raise AssertionError("a figure script ran a simulation")
+            def refuse(*args, **kwargs):
+                raise AssertionError("a figure script ran a simulation")
 
-        out = tmp_path_factory.mktemp("figures")
-        with mock.patch.object(mbbatch, "simulate", refuse), \
-                mock.patch.object(mbbatch.simulation, "simulate", refuse):
-            _SESSION["drawn"] = out, figures.make_figures(results, out)
+            with mock.patch.object(mbbatch, "simulate", refuse), \
+                    mock.patch.object(mbbatch.simulation, "simulate", refuse):
+                files = figures.make_figures(results, out / "figures")
+            (out / "order.json").write_text(json.dumps([f.name for f in files]))
+
+        folder = _shared(tmp_path_factory, "drawn", draw)
+        out = folder / "figures"
+        _SESSION["drawn"] = out, [out / name for name in json.loads((folder / "order.json").read_text())]
     return _SESSION["drawn"]
 
 

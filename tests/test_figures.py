@@ -40,6 +40,7 @@ def test_every_figure_written(drawn):
     assert all(f.read_bytes().startswith(b"\x89PNG") for f in files if f.suffix == ".png")
 
 
+@pytest.mark.heavy
 def test_figures_do_not_simulate_and_two_processes_draw_the_same_bytes(results, drawn, tmp_path):
     """``drawn`` drew every figure in this process with simulation refused;
     drawn again by two worker processes (what ``mbbatch figures`` does on
