@@ -195,7 +195,7 @@ def main():
         rows.append((f"{name}, n=%.0e" % args.n, f"{t:.3f} s", f"{rate / 1e6:.1f} M requests/s",
                      "PASS" if rate >= 20e6 else "FAIL"))
         rows.append(("  its time / mb.simulate's", f"{ratio:.2f}",
-                     f"b = {res.batch_size_mean:.1f}, util {res.utilization:.2f}", ""))
+                     f"b = {res.mean_batch_size:.1f}, util {res.utilization:.2f}", ""))
 
     simpy_per_req, speedup = bench_simpy(args.n_simpy, sim_t / args.n, max(1, args.runs // 3))
     rows.append(("SimPy, n=%.0e, per request" % args.n_simpy, f"{simpy_per_req * 1e6:.2f} us", "", ""))

@@ -319,7 +319,7 @@ class _Search:
                 res = run.run(self.seed(r), warn=False)
                 self.kernel_seconds += res.kernel_seconds
                 # (the plan's servers: LAPS's instances; a cluster's engines' servers, all of them)
-                values[LOAD].append(rate * res.mean_batch_service / (res.servers * res.batch_size_mean))
+                values[LOAD].append(rate * res.mean_batch_service / (res.servers * res.mean_batch_size))
                 values["throughput"].append(res.throughput / rate)
                 growing.append(bool(res.unstable))
                 for m in self.bounds:

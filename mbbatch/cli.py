@@ -226,8 +226,8 @@ def _simulate_parser(sub) -> None:
 
     sim = sub.add_parser("simulate", help="simulate one configuration and print its metrics",
                          description="Simulate one configuration (a one-point sweep, not stored) and print "
-                                     f"its metrics, with {100 * stats.CONFIDENCE:g}% t-intervals over --reps "
-                                     "replications.  Flags are the parameters of a sweep spec.  (A trace's "
+                                     "its metrics, with t-intervals over --reps replications at "
+                                     "--confidence.  Flags are the parameters of a sweep spec.  (A trace's "
                                      "requests need a spec's [workload] table: mbbatch sweep.)")
     sim.add_argument("--policy", required=True, choices=KINDS, help="the batching policy")
     arrivals = [a for a in ARRIVALS if a != "trace"]
@@ -242,7 +242,10 @@ def _simulate_parser(sub) -> None:
     form.add_argument("--service-model", choices=PARAMS["service_model"].choices,
                       help="token-level requests (log-normal prompt and output lengths) and their batch "
                            "service model")
-    sim.add_argument("--reps", type=int, default=1, help="replications (default 1)")
+    sim.add_argument("--reps", type=int, default=1, help="replications (default 1; 2 or more give every "
+                                                          "metric a t-interval)")
+    sim.add_argument("--confidence", type=float, default=stats.CONFIDENCE,
+                     help=f"the level of the t-intervals, in (0, 1) (default {stats.CONFIDENCE:g})")
     sim.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     for name, sp in _simulate_params().items():
         p = sp.table
@@ -267,7 +270,7 @@ def _simulate(args) -> None:
     params = {name: getattr(args, f"p_{name}") for name in _simulate_params()
               if getattr(args, f"p_{name}") is not None}
     raw = {"name": "simulate", "policy": args.policy, "arrivals": args.arrivals, "reps": args.reps,
-           "seed": args.seed, "params": params}
+           "seed": args.seed, "params": params, "confidence": args.confidence}
     if args.service is not None:
         raw["service"] = args.service
     else:
@@ -286,11 +289,15 @@ def _simulate(args) -> None:
     except SpecError as exc:
         # name the flags, not the spec's tables
         text = re.sub(r"params\.(\w+) or grid\.\w+", flag, str(exc))
+        text = re.sub(r"\bconfidence must", "--confidence must", text)
         raise SpecError(re.sub(r"\bparams\.(\w+)", flag, text)) from None
     (_, cell), = spec.points()
     sim = run_point(spec.arrivals, spec.service, cell, spec.seed, spec.reps)
+    level = f"{100 * spec.confidence:g}%"
     print(f"{args.policy}, {args.arrivals} arrivals, {spec.reps} rep{'s' if spec.reps > 1 else ''}, "
-          f"seed {spec.seed}" + (f": mean [{100 * stats.CONFIDENCE:g}% t-interval]" if spec.reps > 1 else ""))
+          f"seed {spec.seed}" + (f": mean [{level} t-interval over the replications]" if spec.reps > 1
+                                 else ": one replication, no intervals (--reps 2 or more gives each metric "
+                                      "its t-interval)"))
     for m in METRICS.values():
         if m.var not in sim:
             continue
@@ -298,7 +305,7 @@ def _simulate(args) -> None:
         if m.dtype == "bool":
             shown = f"{int(x.sum())} of {x.size}"
         elif spec.reps > 1:
-            mean, lo, hi = stats.t_interval(x)
+            mean, lo, hi = stats.t_interval(x, spec.confidence)
             shown = f"{mean:.6g}  [{lo:.6g}, {hi:.6g}]" if math.isfinite(lo) else f"{mean:.6g}"
         else:
             shown = f"{x[0]:.6g}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "TAGS", "KINDS", "applicable", "kinds_of", "by_var", "label"]
+__all__ = ["Metric", "METRICS", "RENAMED", "TAGS", "KINDS", "applicable", "kinds_of", "by_var", "label"]
 
 #: The tags of the metric table: what kind of run a metric describes.
 TAGS = {
@@ -50,10 +50,11 @@ class Metric:
 
     ``tag`` is the kind of run it describes (:data:`TAGS`); ``var`` is its
     Dataset variable (default ``sim_<name>`` for real values, ``<name>`` for
-    counts and flags); ``per_rep`` whether sweeps store it per replication;
-    ``aggregate`` the per-point summary sweeps add: ``"ci"`` (mean and 95%
-    t-interval over replications: ``<var>_mean``, ``<var>_ci_low``,
-    ``<var>_ci_high``), ``"mean"`` (``<var>_mean``) or none.
+    counts and flags); ``per_rep`` whether sweeps store it per replication.
+    A sweep stores every real metric it keeps per replication (``sim_X``)
+    with its mean and t-interval over the replications at the spec's
+    confidence: ``sim_X_mean``, ``sim_X_ci_low``, ``sim_X_ci_high``
+    (:attr:`aggregated`).
     """
 
     name: str
@@ -62,7 +63,6 @@ class Metric:
     tag: str = "run"
     dtype: str = "f8"
     per_rep: bool = True
-    aggregate: str = ""
     var_name: str = ""
 
     @property
@@ -70,6 +70,16 @@ class Metric:
         if self.var_name:
             return self.var_name
         return f"sim_{self.name}" if self.dtype == "f8" else self.name
+
+    @property
+    def aggregated(self) -> bool:
+        """Sweeps store its mean and t-interval over replications (every real per-replication metric)."""
+        return self.per_rep and self.dtype == "f8"
+
+    @property
+    def aggregates(self) -> tuple:
+        """The Dataset variables of its mean and interval over replications, or ()."""
+        return (f"{self.var}_mean", f"{self.var}_ci_low", f"{self.var}_ci_high") if self.aggregated else ()
 
     @property
     def kinds(self) -> frozenset:
@@ -89,17 +99,17 @@ def _m(*args, **kw) -> Metric:
 
 #: The one table of metrics, by name.
 METRICS: dict[str, Metric] = {m.name: m for m in [
-    _m("throughput", "requests/s", "completed requests / (last completion - first arrival)", aggregate="ci"),
+    _m("throughput", "requests/s", "completed requests / (last completion - first arrival)"),
     _m("token_throughput", "tokens/s", "generated (output) tokens / (last completion - first arrival)",
        "decode"),
     _m("mean_latency", "s", "mean over completed requests of batch completion - request arrival (LAPS: of "
-       "its prefill, the time to first token; with a decode stage, of its last token)", aggregate="ci"),
+       "its prefill, the time to first token; with a decode stage, of its last token)"),
     _m("mean_latency_ci_low", "s", "lower end of the run's 95% batch-means confidence interval of "
        "mean_latency", "batch_means", per_rep=False),
     _m("mean_latency_ci_high", "s", "upper end of the run's 95% batch-means confidence interval of "
        "mean_latency", "batch_means", per_rep=False),
     _m("latency_p50", "s", "median latency of completed requests"),
-    _m("latency_p95", "s", "95th percentile latency of completed requests", aggregate="mean"),
+    _m("latency_p95", "s", "95th percentile latency of completed requests"),
     _m("latency_p99", "s", "99th percentile latency of completed requests"),
     _m("mean_ttft", "s", "mean time to first token: batch start + prefill + one decode step - arrival (LAPS: "
        "its prefill batch's end - arrival)", "ttft"),
@@ -115,7 +125,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("mean_tbt", "s/token", "mean decode time per output token (token-weighted; continuous batching: "
        "the mean gap between two tokens of a request)", "decode"),
     _m("sla_violation_tokens", "1", "share of output tokens decoded slower than D_SLA + eps_D per token",
-       "tokens", aggregate="mean"),
+       "tokens"),
     _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", "tokens"),
     _m("sla_violation_share", "1", "share of requests whose decode time per token exceeds D_SLA (seed 001, "
        "section 8.1's SLA violation rate; threshold D_SLA, without eps_D)", "tokens"),
@@ -123,7 +133,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "instances for servers)"),
     _m("mean_busy_servers", "servers", "busy server-time / span: mean number of servers busy",
        per_rep=False),
-    _m("mean_batch_service", "s", "mean batch service time", aggregate="mean"),
+    _m("mean_batch_service", "s", "mean batch service time"),
     _m("std_batch_service", "s", "sample standard deviation of the batch service time", "multibin",
        per_rep=False),
     _m("mean_fill_wait", "s", "mean time from a request's arrival until its batch is full",
@@ -131,9 +141,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("mean_queue_wait", "s", "mean time a request's full batch waits in the central FIFO",
        "multibin"),
     _m("memory_peak", "1", "largest batch's prompt + output tokens / token capacity eta", "tokens"),
-    _m("memory_mean", "1", "time-average tokens in service / (servers x eta)", "tokens"),
-    _m("batch_size_mean", "requests", "mean batch size", aggregate="mean"),
-    _m("batch_size_std", "requests", "standard deviation of the batch size", "tokens"),
+    _m("mean_memory", "1", "time-average tokens in service / (servers x eta)", "tokens"),
+    _m("mean_batch_size", "requests", "mean batch size"),
+    _m("std_batch_size", "requests", "standard deviation of the batch size", "tokens"),
     _m("span", "s", "last completion - first arrival", per_rep=False),
     _m("completed", "requests", "requests served", dtype="i8"),
     _m("excluded_partial", "requests", "requests left in partial batches when arrivals ended; excluded",
@@ -169,13 +179,19 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("mean_running", "sequences", "mean running sequences per unit of busy time", "continuous"),
     _m("mean_in_system", "requests", "time-average requests in the engine, waiting or running, from the first "
        "arrival to the last completion (Little's law: throughput x mean_latency)", "continuous"),
-    _m("kv_usage_mean", "1", "mean share of the KV blocks in use per unit of busy time (NaN: unlimited memory)",
+    _m("mean_kv_usage", "1", "mean share of the KV blocks in use per unit of busy time (NaN: unlimited memory)",
        "continuous"),
-    _m("max_num_seqs_mean", "sequences", "mean cap on the running sequences per unit of busy time: the "
+    _m("mean_max_num_seqs", "sequences", "mean cap on the running sequences per unit of busy time: the "
        "controller's (Algorithms 1, 2 and 7), else max_num_seqs", "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
        "no steady state", dtype="bool", var_name="backlog_growing"),
 ]}
+
+
+#: Metrics renamed so that a sweep's names read ``sim_X``, ``sim_X_mean`` (no ``_mean_mean``):
+#: old name -> new.  ``SimulationResult`` still answers to the old names, with a DeprecationWarning.
+RENAMED = {"batch_size_mean": "mean_batch_size", "batch_size_std": "std_batch_size", "memory_mean": "mean_memory",
+           "kv_usage_mean": "mean_kv_usage", "max_num_seqs_mean": "mean_max_num_seqs"}
 
 
 def kinds_of(tag: str) -> frozenset:
@@ -199,7 +215,7 @@ def by_var(var: str) -> Metric | None:
         if var == m.var:
             return m
     for m in METRICS.values():
-        if m.aggregate and var in (f"{m.var}_mean", f"{m.var}_ci_low", f"{m.var}_ci_high"):
+        if var in m.aggregates:
             return m
     return None
 

@@ -12,11 +12,13 @@ store does.
 from __future__ import annotations
 
 import math
+import numbers
+import warnings
 
 import numpy as np
 
 from . import stats
-from .metrics import METRICS, applicable
+from .metrics import METRICS, RENAMED, applicable
 
 __all__ = ["SimulationResult", "Table", "UnstableWarning"]
 
@@ -110,7 +112,8 @@ class SimulationResult:
         Reading one that does not apply raises ``AttributeError``.
     mean_latency_ci : tuple of float
         95% batch-means confidence interval of the mean latency (the run cut
-        into contiguous groups by arrival index).
+        into contiguous groups by arrival index); :meth:`interval` at any
+        level, and says which metrics have no within-run interval.
     config : dict
         The run's configuration: policy, arrivals, workload, n, servers and
         the seed's entropy (everything needed to repeat it).
@@ -189,6 +192,9 @@ class SimulationResult:
             return d["_metrics"][name]
         if name in d.get("_arrays", ()):
             return d["_arrays"][name]
+        if name in RENAMED:
+            warnings.warn(f"SimulationResult.{name} is now {RENAMED[name]}", DeprecationWarning, stacklevel=2)
+            return getattr(self, RENAMED[name])
         if name in METRICS:
             raise AttributeError(f"{name} does not apply to {d.get('kind')} policies "
                                  f"(see mbbatch.metrics.METRICS[{name!r}].kinds)")
@@ -205,6 +211,32 @@ class SimulationResult:
     @property
     def mean_latency_ci(self) -> tuple:
         return (self._metrics["mean_latency_ci_low"], self._metrics["mean_latency_ci_high"])
+
+    def interval(self, name: str, confidence: float = stats.CONFIDENCE) -> tuple:
+        """The run's own confidence interval of metric ``name``, ``(low, high)``.
+
+        One run gives an interval where a within-run method exists: the mean
+        latency's batch means (the run cut into contiguous groups of arrivals,
+        :attr:`group_mean_latency`; Law, *Simulation Modeling and Analysis*,
+        2015, section 9.5.3), at ``confidence`` in (0, 1).  Every other metric
+        (quantiles, shares, rates, counts) has none here, and asking raises a
+        ``ValueError`` saying so: replicate the run instead (a sweep's ``reps``,
+        ``mbbatch simulate --reps``), which gives every metric its t-interval.
+        """
+        if isinstance(confidence, bool) or not isinstance(confidence, numbers.Real) \
+                or not 0 < float(confidence) < 1:
+            raise ValueError(f"confidence must be a number in (0, 1); got {confidence!r}")
+        if name not in self._metrics and name not in METRICS:
+            raise ValueError(f"{name!r} is not a metric (see mbbatch.metrics.METRICS)")
+        if name not in self._metrics:
+            raise ValueError(f"{name} does not apply to {self.kind} policies")
+        groups = self._arrays.get("group_mean_latency")
+        if name == "mean_latency" and groups is not None:
+            return stats.batch_means_ci(groups, self._metrics["mean_latency"], float(confidence))
+        why = ("a LAPS run keeps no batch-means groups" if name == "mean_latency"
+               else f"mbbatch has no within-run interval for {name}")
+        raise ValueError(f"{why}: replicate the run (a sweep's reps, or mbbatch simulate --reps 2 or more) for "
+                         "a t-interval over independent replications")
 
     @property
     def time_series(self):

@@ -249,14 +249,14 @@ def _token_sweep(name, axes, cell, *, policies, attrs, reps=REPS, seed=0, arriva
             per_rep[f"sim_latency_{q}"][idx] = f * lat * noise
         per_rep["sim_sla_violation_tokens"][idx] = np.clip(sla * noise, 0, 1)
         per_rep["sim_sla_violation_requests"][idx] = np.clip(0.9 * sla * noise, 0, 1)
-        per_rep["sim_batch_size_mean"][idx] = 1 + 10 * min(rho, 1) * noise
-        per_rep["sim_batch_size_std"][idx] = 0.5 * per_rep["sim_batch_size_mean"][idx]
+        per_rep["sim_mean_batch_size"][idx] = 1 + 10 * min(rho, 1) * noise
+        per_rep["sim_std_batch_size"][idx] = 0.5 * per_rep["sim_mean_batch_size"][idx]
         per_rep["sim_utilization"][idx] = min(rho, 1.0) * noise / noise.max()
         per_rep["sim_token_throughput"][idx] = 211 * per_rep["sim_throughput"][idx]
         per_rep["sim_mean_ttft"][idx] = per_rep["sim_mean_latency"][idx] * 0.9
         per_rep["sim_mean_tbt"][idx] = 0.0072
         per_rep["sim_memory_peak"][idx] = 0.5 * noise
-        per_rep["sim_memory_mean"][idx] = 0.2 * noise
+        per_rep["sim_mean_memory"][idx] = 0.2 * noise
         per_rep["sim_mean_batch_service"][idx] = 2.0 * noise
         if time_series is not None:
             for r in range(reps):
@@ -457,7 +457,8 @@ def _continuous_memory(reps=REPS, n=20000):
     unstable[0] = True
     ds = xr.Dataset({"preemptions": (dims + ("rep",), pre.astype(np.int64)),
                      "completed": (dims + ("rep",), np.full(shape + (reps,), n, np.int64)),
-                     "sim_latency_p95_mean": (dims, p95), "sim_throughput": (dims + ("rep",), thr),
+                     "sim_latency_p95_mean": (dims, p95), "sim_latency_p95_ci_low": (dims, 0.9 * p95),
+                     "sim_latency_p95_ci_high": (dims, 1.1 * p95), "sim_throughput": (dims + ("rep",), thr),
                      "sim_throughput_mean": (dims, mean), "sim_throughput_ci_low": (dims, mean * 0.999),
                      "sim_throughput_ci_high": (dims, mean * 1.001), "unstable": (dims, unstable),
                      "done": (dims, np.ones(shape, bool))},
@@ -758,7 +759,7 @@ def _continuous_controller(reps=REPS):
     ds = xr.Dataset({"sim_throughput_mean": (dims, thr), "sim_throughput_ci_low": (dims, thr * 0.99),
                      "sim_throughput_ci_high": (dims, thr * 1.01),
                      "sim_tbt_p99": (dims + ("rep",), tbt[..., None] * noise),
-                     "sim_max_num_seqs_mean": (dims + ("rep",), cap[..., None] * np.ones(reps)),
+                     "sim_mean_max_num_seqs": (dims + ("rep",), cap[..., None] * np.ones(reps)),
                      "sim_latency_p95_mean": (dims, np.where(unstable, 500.0, 8.0)),
                      "unstable": (dims, unstable), "done": (dims, np.ones(thr.shape, bool))},
                     coords={"policy": list(names), "rate": rate, "rep": np.arange(reps)})

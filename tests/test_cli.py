@@ -181,7 +181,7 @@ def test_simulate_prints_the_metrics_of_one_configuration():
             "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "20000", "--reps", "3", "--seed", "5")
     assert r.returncode == 0, r.stderr
     head, *rows = r.stdout.splitlines()
-    assert head == "multibin, poisson arrivals, 3 reps, seed 5: mean [95% t-interval]"
+    assert head == "multibin, poisson arrivals, 3 reps, seed 5: mean [95% t-interval over the replications]"
     lines = {ln.split()[0]: ln for ln in rows}
     assert "throughput" in lines and "requests/s" in lines["throughput"] and "[" in lines["throughput"]
     assert "mean_ttft" not in lines                          # a token-policy metric: absent, not NaN
@@ -195,6 +195,28 @@ def test_simulate_prints_the_metrics_of_one_configuration():
     thr = [mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(0.3), st.uniform(1, 19), n=20000,
                        seed=cell_seed(5, params, rep)).throughput for rep in range(3)]
     assert f"{sum(thr) / 3:.6g}" in lines["throughput"]
+    # every real metric with its interval, at the level asked for
+    from mbbatch import stats
+    from mbbatch.metrics import applicable
+
+    reals = [m for m in applicable("multibin").values() if m.aggregated]
+    assert all("[" in lines[m.name] for m in reals), [m.name for m in reals if "[" not in lines[m.name]]
+    _, lo95, hi95 = stats.t_interval(thr)
+    assert f"[{lo95:.6g}, {hi95:.6g}]" in lines["throughput"]
+    r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
+            "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "20000", "--reps", "3", "--seed", "5",
+            "--confidence", "0.5")
+    head, *rows = r.stdout.splitlines()
+    assert "mean [50% t-interval over the replications]" in head
+    _, lo50, hi50 = stats.t_interval(thr, 0.5)
+    assert f"[{lo50:.6g}, {hi50:.6g}]" in {ln.split()[0]: ln for ln in rows}["throughput"]
+    assert lo95 < lo50 < hi50 < hi95
+    r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
+            "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "2000", "--confidence", "1.5")
+    assert r.returncode == 2 and "--confidence must be a number in (0, 1); got 1.5" in r.stderr, r.stderr
+    r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
+            "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "2000")
+    assert "one replication, no intervals (--reps 2 or more" in r.stdout.splitlines()[0]
 
 
 def test_simulate_warns_when_the_backlog_grows():

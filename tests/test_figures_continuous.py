@@ -89,7 +89,7 @@ def test_the_controller_figure_draws_and_its_spec_holds_the_sla_where_a_fixed_ca
     assert float(high.sel(policy="cap256")) > 0.025
     assert abs(float(high.sel(policy="sla20")) / 0.02 - 1) < 0.05
     assert abs(float(high.sel(policy="sla25")) / 0.025 - 1) < 0.05
-    assert float(ds["sim_max_num_seqs_mean"].sel(policy="sla20", rate=30.0).mean()) < 200
+    assert float(ds["sim_mean_max_num_seqs"].sel(policy="sla20", rate=30.0).mean()) < 200
     assert bool(ds["unstable"].sel(policy="sla20", rate=30.0)) and not bool(ds["unstable"].sel(policy="cap256",
                                                                                                  rate=30.0))
 

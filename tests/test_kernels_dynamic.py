@@ -802,13 +802,13 @@ def check_metrics(cfg, res, pol):
     assert m["utilization"] == pytest.approx(b["service"].sum() / (c_ * span), rel=1e-9)
     assert 0 < m["utilization"] <= 1 + 1e-12
     assert m["memory_peak"] == b["tokens"].max() / eta
-    assert m["memory_mean"] == pytest.approx((b["tokens"] * b["service"]).sum() / (c_ * span * eta),
+    assert m["mean_memory"] == pytest.approx((b["tokens"] * b["service"]).sum() / (c_ * span * eta),
                                              rel=1e-9)
     if memory_on(pol):
         assert m["memory_peak"] <= 1
     # batch sizes
-    assert m["batch_size_mean"] == pytest.approx(b["size"].mean(), rel=1e-12)
-    assert m["batch_size_std"] == pytest.approx(b["size"].std(), rel=1e-6, abs=1e-6)
+    assert m["mean_batch_size"] == pytest.approx(b["size"].mean(), rel=1e-12)
+    assert m["std_batch_size"] == pytest.approx(b["size"].std(), rel=1e-6, abs=1e-6)
     hist = res.batch_size_hist
     assert hist.sum() == nb
     np.testing.assert_array_equal(hist, np.bincount(b["size"], minlength=hist.size))

@@ -69,7 +69,7 @@ def test_every_request_is_served_once_in_batches_that_do_not_overlap(policy):
         assert np.all(batch_end[:-1] <= starts[order][1:] + 1e-12), "batches overlap on one instance"
         sizes = np.unique(r.start[mine], return_counts=True)[1]
         assert sizes.max() <= policy.max_batch
-    assert res.batch_size_mean == pytest.approx(4000 / res.n_batches)
+    assert res.mean_batch_size == pytest.approx(4000 / res.n_batches)
 
 
 def test_the_dual_queue_and_the_window_on_a_hand_checked_schedule():

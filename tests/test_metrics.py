@@ -14,8 +14,13 @@ from .helpers import SMALL, TOKEN
 def test_every_metric_is_declared_whole(name):
     m = METRICS[name]
     assert m.name == name and m.description and m.tag in TAGS and m.kinds and m.kinds <= set(KINDS)
-    assert m.dtype in ("f8", "i8", "bool") and m.aggregate in ("", "mean", "ci")
-    assert not m.aggregate or m.per_rep          # an aggregate is over the stored reps
+    assert m.dtype in ("f8", "i8", "bool")
+    # every real metric kept per replication has its mean and interval over them; nothing else has
+    assert m.aggregated == (m.per_rep and m.dtype == "f8")
+    assert m.aggregates == ((f"{m.var}_mean", f"{m.var}_ci_low", f"{m.var}_ci_high") if m.aggregated else ())
+    # (a run's own batch-means interval of the mean latency is named as a sweep's over replications)
+    assert all(by_var(v) is m or (v == by_var(v).var and not by_var(v).per_rep) for v in m.aggregates)
+    assert not any(v.endswith("_mean_mean") for v in (m.var, *m.aggregates))   # one naming scheme
     assert by_var(m.var) is m
     assert label(m.var).startswith(name.replace("_", " "))
 
@@ -44,14 +49,13 @@ def _spec(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_schema_stores_the_tables_metrics_of_a_policy(kind):
     """A sweep of one policy stores exactly the metrics the table applies to
-    it and marks per replication, with the table's aggregates."""
+    it and marks per replication, each real one with its mean and t-interval."""
     spec = _spec(kind)
     want = {m.var for m in applicable(kind).values() if m.per_rep}
     assert set(rep_vars(spec)) == want
+    assert set(aggregates(spec)) == {v for v in want if v.startswith("sim_")}
     for var, (mean, lo, hi) in aggregates(spec).items():
-        m = by_var(var)
-        assert m.aggregate == ("ci" if lo else "mean")
-        assert {mean, lo, hi} - {None} <= set(variables(spec))
+        assert by_var(var).aggregated and {mean, lo, hi} <= set(variables(spec))
     for var, (_, dtype, units, desc) in variables(spec).items():
         m = by_var(var)
         if m is not None:

@@ -31,7 +31,7 @@ def test_a_runs_metrics_follow_from_its_totals_by_one_formula_each():
     m = assemble("multibin", _totals(group_latency=g), MULTIBIN_EXTRA)
     assert list(m) == [k for k in mb.metrics.applicable("multibin") if k != "unstable"]
     assert (m["throughput"], m["mean_latency"], m["utilization"], m["mean_busy_servers"]) == (2.0, 2.0, 0.6, 1.2)
-    assert (m["mean_batch_service"], m["batch_size_mean"], m["span"], m["n_batches"]) == (1.5, 2.5, 5.0, 4)
+    assert (m["mean_batch_service"], m["mean_batch_size"], m["span"], m["n_batches"]) == (1.5, 2.5, 5.0, 4)
     assert (m["latency_p50"], m["latency_p99"]) == (1.0, 3.0)
     assert m["mean_latency_ci_low"] < m["mean_latency"] < m["mean_latency_ci_high"]
     assert math.isnan(assemble("multibin", _totals(servers=math.inf, group_latency=g),
@@ -47,7 +47,7 @@ def test_a_run_of_no_time_or_no_request():
     m = assemble("multibin", _totals(completed=0, span=-math.inf, batches=0, members=0, group_latency=g),
                  MULTIBIN_EXTRA)
     assert all(math.isnan(m[k]) for k in ("throughput", "mean_latency", "utilization", "mean_batch_service",
-                                          "batch_size_mean", "span"))
+                                          "mean_batch_size", "span"))
 
 
 def test_a_missing_or_unexpected_metric_is_the_planners_bug():

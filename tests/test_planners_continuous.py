@@ -59,7 +59,7 @@ def test_its_metrics_hold_together():
     assert res.completed == 20_000 and not res.unstable
     assert res.preemptions == r.preemptions.sum() > 0
     assert 0 < res.mean_ttft < res.mean_latency and res.tbt_p50 <= res.tbt_p95 <= res.tbt_p99
-    assert res.mean_running <= 64 and 0 < res.kv_usage_mean <= 1
+    assert res.mean_running <= 64 and 0 < res.mean_kv_usage <= 1
     # the first token after the admission, the completion after it; latency quantiles exact from the records
     assert np.all(r.admitted >= r.arrival) and np.all(r.first_token > r.admitted)
     assert np.all(r.completion >= r.first_token)
@@ -133,7 +133,7 @@ def test_the_controller_holds_the_time_between_tokens_at_its_sla():
     assert free.tbt_p99 > 1.5 * sla.d_sla and not free.unstable
     assert sla.d_sla - 2 * sla.eps_d < held.mean_tbt < sla.d_sla + sla.eps_d
     assert held.tbt_p99 < 1.05 * sla.d_sla and not held.sla_infeasible
-    assert 60 < held.max_num_seqs_mean < 200 and held.max_num_seqs_mean >= held.mean_running
+    assert 60 < held.mean_max_num_seqs < 200 and held.mean_max_num_seqs >= held.mean_running
     assert held.throughput < 0.95 * free.throughput and held.unstable
     assert set(held.time_series.data_vars) == {"running", "waiting", "max_num_seqs"}
     ts = held.time_series
@@ -141,7 +141,7 @@ def test_the_controller_holds_the_time_between_tokens_at_its_sla():
     light = [mb.simulate(mb.ContinuousBatching(controller=c), mb.Poisson(10.0), keep_requests=True, **kw)
              for c in (None, sla)]
     np.testing.assert_array_equal(light[0].requests.completion, light[1].requests.completion)
-    assert light[1].max_num_seqs_mean < 256 and math.isnan(light[0].convergence_time)
+    assert light[1].mean_max_num_seqs < 256 and math.isnan(light[0].convergence_time)
 
 
 def test_algorithm1_on_the_engines_memory_trades_preemptions_for_throughput():
@@ -166,9 +166,9 @@ def test_algorithm1_on_the_engines_memory_trades_preemptions_for_throughput():
     assert runs["none"].preemptions > 0.3 * 20_000
     assert runs["l0"].preemptions < 0.5 * runs["none"].preemptions
     assert runs["clt"].preemptions < 0.5 * runs["l0"].preemptions
-    assert 15 < runs["clt"].max_num_seqs_mean <= runs["l0"].max_num_seqs_mean < 30
+    assert 15 < runs["clt"].mean_max_num_seqs <= runs["l0"].mean_max_num_seqs < 30
     # (memory binds near 25 sequences, far below the SLA controller's cap: as uncapped)
-    assert runs["off"].preemptions == runs["none"].preemptions and runs["off"].max_num_seqs_mean > 100
+    assert runs["off"].preemptions == runs["none"].preemptions and runs["off"].mean_max_num_seqs > 100
     assert runs["l0"].to_dataset().attrs["eta"] == 12_000.0
 
 

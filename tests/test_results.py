@@ -116,6 +116,36 @@ def test_time_series_is_a_dataset(kind):
     np.testing.assert_array_equal(ds["ts_tau_avg"].values, ts["tau_avg"].values)
 
 
-def test_batch_size_mean_of_multibin_is_b_without_max_wait():
+def test_mean_batch_size_of_multibin_is_b_without_max_wait():
     res = _run("multibin")
-    assert res.batch_size_mean == 4.0 and res.completed == 4 * res.n_batches
+    assert res.mean_batch_size == 4.0 and res.completed == 4 * res.n_batches
+
+
+def test_a_run_gives_its_own_interval_where_a_method_exists_and_says_where_none_does():
+    """Batch means for the mean latency, at any level; every other metric asks for replications."""
+    from mbbatch import stats
+
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(0.3), st.uniform(1, 19), n=20_000, seed=3)
+    assert res.interval("mean_latency") == res.mean_latency_ci
+    lo, hi = res.interval("mean_latency", 0.5)
+    assert res.mean_latency_ci[0] < lo < res.mean_latency < hi < res.mean_latency_ci[1]
+    assert (lo, hi) == stats.batch_means_ci(res.group_mean_latency, res.mean_latency, 0.5)
+    for name in ("throughput", "latency_p99"):
+        with pytest.raises(ValueError, match=f"no within-run interval for {name}: replicate the run"):
+            res.interval(name)
+    with pytest.raises(ValueError, match="mean_ttft does not apply to multibin"):
+        res.interval("mean_ttft")
+    with pytest.raises(ValueError, match="'speed' is not a metric"):
+        res.interval("speed")
+    for bad in (0, 1, 1.5, True, "0.9"):
+        with pytest.raises(ValueError, match=r"confidence must be a number in \(0, 1\)"):
+            res.interval("mean_latency", bad)
+
+
+def test_renamed_metrics_answer_to_their_old_names_with_a_warning():
+    from mbbatch.metrics import RENAMED
+
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(0.3), st.uniform(1, 19), n=2_000, seed=3)
+    with pytest.warns(DeprecationWarning, match="batch_size_mean is now mean_batch_size"):
+        assert res.batch_size_mean == res.mean_batch_size
+    assert all(new in mb.metrics.METRICS and old not in mb.metrics.METRICS for old, new in RENAMED.items())

@@ -17,6 +17,8 @@ import xarray as xr
 
 from mbbatch.results import UnstableWarning
 import mbbatch as mb
+from mbbatch import stats
+from mbbatch.metrics import applicable
 from mbbatch.sweeps import StoreNote, SweepError, run_sweep, run_sweeps
 from mbbatch.sweeps.spec import SpecError, load_spec
 
@@ -238,14 +240,39 @@ def test_sweeps_on_one_pool_overlap_and_equal_each_run_alone(tmp_path, capsys):
 def test_token_sweeps(tmp_path, policy, extra, grid):
     text = TOKEN.format(policy=policy, arrivals="poisson", extra=extra, grid=grid)
     ds = run_sweep(write(tmp_path, text), tmp_path / "t.zarr", workers=1, progress=False)
-    for v in ("sim_throughput", "sim_sla_violation_tokens", "sim_batch_size_mean", "sim_memory_peak",
+    for v in ("sim_throughput", "sim_sla_violation_tokens", "sim_mean_batch_size", "sim_memory_peak",
               "sim_latency_p95_mean", "unstable", "done"):
         assert ds[v].attrs["units"] is not None and ds[v].attrs["description"], v
     assert bool(ds["done"].all())
     assert int(ds["completed"].sum()) == 1500 * ds["completed"].size - int(ds["rejected"].sum())
     assert "theory_throughput" not in ds            # no closed forms for these policies
+    # every real metric stored per replication has its mean and 95% t-interval over them (issue: two did)
+    reals = [v for v in ds.data_vars if v.startswith("sim_") and "rep" in ds[v].dims]
+    assert set(reals) == {m.var for m in applicable(policy).values() if m.aggregated} and len(reals) > 15
+    for v in reals:
+        assert {f"{v}_mean", f"{v}_ci_low", f"{v}_ci_high"} <= set(ds.data_vars), v
+        x = ds[v].values
+        mean, lo, hi = (ds[f"{v}_{s}"].values for s in ("mean", "ci_low", "ci_high"))
+        for idx in np.ndindex(mean.shape):
+            want = stats.t_interval(x[idx])
+            np.testing.assert_array_equal([mean[idx], lo[idx], hi[idx]], want, err_msg=v)
+    assert not any(v.endswith("_mean_mean") for v in ds.data_vars)
     if policy == "dynamic":
         assert int(ds["mem_exceed_batches"].sel(memory=["l0", "clt"]).sum()) == 0
+
+
+@pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
+def test_a_specs_confidence_sets_every_interval(tmp_path):
+    """``confidence = 0.8``: every stored t-interval is the 80% one, and the store says so."""
+    text = SMALL.replace("reps = ", "confidence = 0.8\nreps = ")
+    ds = run_sweep(write(tmp_path, text), tmp_path / "c.zarr", workers=1, progress=False)
+    assert ds.attrs["confidence_level"] == 0.8
+    assert ds["sim_latency_p99_ci_low"].attrs["description"].startswith("80% t-interval")
+    for v in ("sim_throughput", "sim_latency_p99", "sim_utilization"):
+        x = ds[v].values
+        for idx in np.ndindex(x.shape[:-1]):
+            _, lo, hi = stats.t_interval(x[idx], 0.8)
+            assert (float(ds[f"{v}_ci_low"].values[idx]), float(ds[f"{v}_ci_high"].values[idx])) == (lo, hi)
 
 
 def test_load_step_sweep_stores_time_series(tmp_path):

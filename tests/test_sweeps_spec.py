@@ -234,6 +234,21 @@ def test_spec_hash_ignores_layout_and_comments():
     assert parse_spec(SMALL.replace("reps = 3", "reps = 4")).hash != a.hash
 
 
+def test_confidence_is_checked_and_changes_the_hash_only_when_given():
+    """The t-intervals' level: 0.95 unless the spec says; a spec without it keeps its hash (and so
+    its stores)."""
+    base = parse_spec(SMALL)
+    assert base.confidence == 0.95 and "confidence" not in base.to_dict()
+    given = parse_spec(SMALL.replace("reps = 3", "reps = 3\nconfidence = 0.95"))
+    assert given.hash == base.hash
+    other = parse_spec(SMALL.replace("reps = 3", "reps = 3\nconfidence = 0.8"))
+    assert other.confidence == 0.8 and other.hash != base.hash
+    for bad in ("0.0", "1.0", "-0.5", "true", '"high"', "nan"):
+        with pytest.raises(SpecError, match=r"confidence must be a number in \(0, 1\); got"):
+            parse_spec(SMALL.replace("reps = 3", f"reps = 3\nconfidence = {bad}"))
+    assert parse_spec(CAP.replace("[capacity]", "[capacity]\nconfidence = 0.9")).confidence == 0.9
+
+
 def test_token_spec_errors(tmp_path):
     bad = TOKEN.format(policy="dynamic", arrivals="poisson", extra="", grid="rate = [1.0]")
     with pytest.raises(SpecError, match="b_max"):                     # missing field
@@ -404,6 +419,7 @@ def test_a_capacity_spec_has_its_defaults_and_no_rate():
     (("[params]", "[params]\nrate = 2.0"), r"params\.rate: a capacity search sets the arrival rate"),
     (("bins = [1, 2]", "bins = [1, 2]\nrate = [1.0, 2.0]"), r"grid\.rate: a capacity search sets the arrival rate"),
     (("seed = 1", "seed = 1\nreps = 3"), "reps does not apply to a capacity search"),
+    (("seed = 1", "seed = 1\nconfidence = 0.9"), r"a capacity search's confidence is \[capacity\] confidence"),
     (('arrivals = "poisson"', 'arrivals = "saturated"'), "a capacity search sets the rate of arrivals"),
     (("[capacity]", "[capacity]\nrel_tol = 0.0"), r"capacity: rel_tol must be in \[1e-09, 1\); got 0\.0"),
     (("[capacity]", "[capacity]\nrel_tol = 1e-300"), r"capacity: rel_tol must be in \[1e-09, 1\); got 1e-300"),

@@ -139,7 +139,7 @@ def _router_metrics(st: dict) -> dict:
 #: measured, no preemption (0), no running sequences or KV blocks of theirs
 _NOT_ITERATIONS = {"tbt_p50": math.nan, "tbt_p95": math.nan, "tbt_p99": math.nan, "preemptions": 0,
                    "recomputed_tokens": math.nan, "mean_running": math.nan, "mean_in_system": math.nan,
-                   "kv_usage_mean": math.nan, "max_num_seqs_mean": math.nan}
+                   "mean_kv_usage": math.nan, "mean_max_num_seqs": math.nan}
 
 
 def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):

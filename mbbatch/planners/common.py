@@ -187,7 +187,7 @@ def assemble(kind: str, totals: RunTotals, extra: dict) -> dict:
         "utilization": busy / (totals.servers * span) if positive and totals.servers != math.inf else nan,
         "mean_busy_servers": busy / span if positive else nan,
         "mean_batch_service": busy / nb if nb else nan,
-        "batch_size_mean": totals.members / nb if nb else nan,
+        "mean_batch_size": totals.members / nb if nb else nan,
         "span": span if c else nan,
         "completed": c,
         "n_batches": nb,

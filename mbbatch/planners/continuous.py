@@ -306,11 +306,11 @@ def _busy_engines(plan: Plan) -> int:
 #: a cluster's metrics of run-to-completion batches (the tag ``tokens``), on
 #: continuous-batching engines: no SLA of the batches' (NaN), no batch
 #: memory of the token capacity's (NaN; the engines' KV use is
-#: ``kv_usage_mean``), no batch over it, no request dropped (each that could
+#: ``mean_kv_usage``), no batch over it, no request dropped (each that could
 #: never fit is refused before the run)
 _NOT_BATCHES = {"sla_violation_tokens": math.nan, "sla_violation_requests": math.nan,
-                "sla_violation_share": math.nan, "memory_peak": math.nan, "memory_mean": math.nan,
-                "batch_size_std": math.nan, "mem_exceed_batches": 0, "rejected": 0}
+                "sla_violation_share": math.nan, "memory_peak": math.nan, "mean_memory": math.nan,
+                "std_batch_size": math.nan, "mem_exceed_batches": 0, "rejected": 0}
 
 #: the statistics of several engines: summed but for these
 _FIRST, _LAST = ("first_arrival",), ("last_completion", "max_running")
@@ -402,8 +402,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         "recomputed_tokens": st["recomputed"] / completed if completed else nan,
         "mean_running": st["running_time"] / busy if busy > 0 else nan,
         "mean_in_system": st["system_time"] / span if positive else nan,
-        "kv_usage_mean": st["blocks_time"] / (busy * blocks) if busy > 0 and blocks else nan,
-        "max_num_seqs_mean": (st["cap_time"] / busy if plan.policy.controller is not None
+        "mean_kv_usage": st["blocks_time"] / (busy * blocks) if busy > 0 and blocks else nan,
+        "mean_max_num_seqs": (st["cap_time"] / busy if plan.policy.controller is not None
                               else float(plan.policy.max_num_seqs)) if busy > 0 else nan,
     }
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -313,8 +313,8 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
         "sla_violation_requests": st["sla_requests"] / completed if completed else nan,
         "sla_violation_share": st["sla_requests_dsla"] / completed if completed else nan,
         "memory_peak": st["peak_tokens"] / mem.eta,
-        "memory_mean": st["token_seconds"] / (total_servers * span * mem.eta) if positive_span else nan,
-        "batch_size_std": math.sqrt(max(var_b, 0.0)) if nb else nan,
+        "mean_memory": st["token_seconds"] / (total_servers * span * mem.eta) if positive_span else nan,
+        "std_batch_size": math.sqrt(max(var_b, 0.0)) if nb else nan,
         "mem_exceed_batches": st["mem_exceed"],
         "rejected": st["rejected"],
     }

@@ -66,7 +66,7 @@ class ContinuousBatching(Policy):
     independent engines, request ``r`` going to engine ``r mod c`` (round
     robin at arrival, a load balancer in front of data-parallel replicas);
     the metrics are the engines' together (``mean_running``,
-    ``kv_usage_mean`` and ``max_num_seqs_mean`` per engine).
+    ``mean_kv_usage`` and ``mean_max_num_seqs`` per engine).
 
     With ``controller`` (an :class:`~mbbatch.SLAController`), the dynamic
     batching controller sets the running sequences' cap during the run, as

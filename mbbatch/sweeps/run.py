@@ -64,7 +64,7 @@ def _attrs(spec: SweepSpec) -> dict:
         "axes": list(spec.axes),
         "git_commit": git_commit(),
         "code_hash": code_hash(),
-        "confidence_level": stats.CONFIDENCE,
+        "confidence_level": spec.confidence,
         **spec_attrs(spec),
         **_trace_attrs(spec),
         **_profile_attrs(spec),
@@ -227,10 +227,8 @@ def _point_data(spec: SweepSpec, sim: dict, theory: dict) -> dict:
         if var in sim:
             data[var] = sim[var]
     for src, (mean_v, lo_v, hi_v) in aggregates(spec).items():
-        m, lo, hi = stats.t_interval(np.asarray(data[src], dtype=float))
-        data[mean_v] = m
-        if lo_v:
-            data[lo_v], data[hi_v] = lo, hi
+        data[mean_v], data[lo_v], data[hi_v] = stats.t_interval(np.asarray(data[src], dtype=float),
+                                                                spec.confidence)
     for var, value in theory.items():
         if var != "unstable":
             data[var] = value

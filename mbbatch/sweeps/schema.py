@@ -3,8 +3,8 @@
 One dimension per grid axis (named like the parameter; ``policy`` holds
 variant names) plus ``rep``; every dimension has a coordinate.  The simulated
 variables come from the metric table (:mod:`mbbatch.metrics`): each metric
-that applies to a policy of the spec, per replication, with its per-point
-mean and 95% t-interval where the table asks for them.  ``theory_*`` and
+that applies to a policy of the spec, per replication, and for every real
+one its per-point mean and t-interval at the spec's confidence.  ``theory_*`` and
 ``capacity`` are the multi-bin paper's closed forms on the same coordinates.
 A cell whose policy a metric does not apply to holds the fill value (NaN, -1
 or False).
@@ -91,13 +91,14 @@ def variables(spec: SweepSpec) -> dict:
         return out
     for m in _metrics(spec):
         out[m.var] = (True, m.dtype, m.units, m.description)
+    level = f"{100 * spec.confidence:g}%"
     for m in _metrics(spec):
-        if m.aggregate:
-            out[f"{m.var}_mean"] = (False, "f8", m.units, f"mean of {m.var} over reps")
-        if m.aggregate == "ci":
-            for end, word in (("low", "lower"), ("high", "upper")):
-                out[f"{m.var}_ci_{end}"] = (False, "f8", m.units,
-                                            f"95% t-interval of {m.var}_mean over reps, {word} end")
+        if m.aggregated:
+            mean_v, lo_v, hi_v = m.aggregates
+            out[mean_v] = (False, "f8", m.units, f"mean of {m.var} over reps")
+            for v, word in ((lo_v, "lower"), (hi_v, "upper")):
+                out[v] = (False, "f8", m.units, f"{level} t-interval of {mean_v} over reps, {word} end (NaN "
+                                                 "with fewer than two finite reps)")
     if "multibin" in spec.kinds:
         for name, (units, desc) in THEORY.items():
             out[name] = (False, "f8", units, desc)
@@ -112,14 +113,8 @@ def rep_vars(spec: SweepSpec) -> list:
 
 
 def aggregates(spec: SweepSpec) -> dict:
-    """Per-rep variable -> (mean variable, CI low variable or None, CI high or None)."""
-    out = {}
-    for m in _metrics(spec):
-        if m.aggregate == "ci":
-            out[m.var] = (f"{m.var}_mean", f"{m.var}_ci_low", f"{m.var}_ci_high")
-        elif m.aggregate == "mean":
-            out[m.var] = (f"{m.var}_mean", None, None)
-    return out
+    """Per-rep variable -> (its mean variable, CI low variable, CI high variable)."""
+    return {m.var: m.aggregates for m in _metrics(spec) if m.aggregated}
 
 
 def time_series(kinds) -> dict:

@@ -70,6 +70,7 @@ else:  # pragma: no cover
 from .._validation import check
 from ..capacity import OBJECTIVE_METRICS, SEARCH_DOMAINS
 from ..metrics import METRICS
+from ..stats import CONFIDENCE
 from ..arrivals import Arrivals
 from ..params import PARAMS as TABLE
 from ..params import REQUIRED
@@ -314,6 +315,8 @@ _TOP = {
                      "iteration (IterationModel's coefficients) or profile (a measured accelerator, the "
                      "parameter profile); multibin takes max (its default), iteration or profile",
     "reps": "replications per grid point, an integer >= 1",
+    "confidence": "the level of the t-intervals over replications, in (0, 1) (default 0.95; a capacity "
+                  "search's is [capacity] confidence)",
     "seed": "root seed, a non-negative integer",
     "params": "table of fixed parameter values",
     "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\", "
@@ -386,6 +389,7 @@ class SweepSpec:
     single: bool = True
     trace: dict | None = None
     capacity: dict | None = None
+    confidence: float = CONFIDENCE
 
     @property
     def kinds(self) -> list:
@@ -424,6 +428,8 @@ class SweepSpec:
             d["trace"] = {k: v for k, v in self.trace.items() if k != "path"}   # (not this machine's path)
         if self.capacity is not None:
             d["capacity"] = self.capacity
+        elif self.confidence != CONFIDENCE:
+            d["confidence"] = self.confidence  # (only when given: the hash of a spec without it is unchanged)
         return d
 
     @property
@@ -565,6 +571,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
         raise SpecError(f"{source}: reps must be an integer in [1, inf); got {reps!r}")
     seed = _seed(raw["seed"], source)
+    confidence = _confidence(raw, capacity, source)
     fixed, grid, tables = (_table(raw, t, source) for t in ("params", "grid", "policies"))
 
     # --- the policy variants
@@ -746,9 +753,24 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
 
     spec = SweepSpec(name=name, description=description, arrivals=arrivals, workload=workload,
                      service_model=model, reps=reps, seed=seed, params=params, axes=axes, policies=policies,
-                     source=source, text=text, single=single, trace=trace, capacity=capacity)
+                     source=source, text=text, single=single, trace=trace, capacity=capacity,
+                     confidence=confidence)
     _check_joint(spec, source)
     return spec
+
+
+def _confidence(raw: dict, capacity: dict | None, source: str) -> float:
+    """The spec's confidence level: ``confidence``, or a capacity search's ``[capacity] confidence``."""
+    if capacity is not None:
+        if "confidence" in raw:
+            raise SpecError(f"{source}: a capacity search's confidence is [capacity] confidence, not a "
+                            "top-level key")
+        return float(capacity["confidence"])
+    value = raw.get("confidence", CONFIDENCE)
+    domain = SEARCH_DOMAINS["confidence"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not domain.contains(value):
+        raise SpecError(f"{source}: confidence must be a number in {domain}; got {value!r}")
+    return float(value)
 
 
 #: the parameters a capacity search sets: the rate (and a replay's scale)
