@@ -24,6 +24,10 @@ searches its rate:
    there all the same (the limit lies within the probes' resolution of the
    undecided rate), and ``resolved`` is False.  The search ends when the
    bracket is within ``rel_tol`` of its midpoint.
+3. **Answer.**  Where the binding criterion's means over the probes cross
+   its threshold, joined by lines, kept between the highest rate that
+   passed and the lowest that failed (:func:`_crossing`); the bracket's
+   midpoint where they do not cross.
 
 Every probe uses the same seeds, replication by replication (common random
 numbers): neighbouring probes are paired comparisons.
@@ -66,10 +70,18 @@ The criteria:
   criterion passes when the t-interval of its mean over the replications
   lies at or below it.
 
-Each criterion's interval is at ``confidence``; the reported interval
-``(rate_low, rate_high)`` is the final bracket: the highest rate that passed
-and the lowest that failed, which holds the capacity when every verdict is
-right.
+Each criterion's interval is at ``confidence``.  A search's final bracket
+(``bracket``: the highest rate that passed and the lowest that failed) holds
+that search's answer, not the uncertainty of the capacity: the answer moves
+with the seeds (three seed sets of one multi-bin dynamic batching search gave
+brackets 6x narrower than their spread, two of them disjoint).  So the search
+is repeated on ``searches`` independent seed sets and the capacity is the
+mean of their answers, ``rate_ci`` its Student-t interval at ``confidence``
+(the answers are independent and identically distributed: each search is the
+same deterministic procedure on its own seeds).  The interval covers the
+expected answer of a search at ``n`` requests a probe; where the finite-``n``
+answer is biased (a start-up transient, a backlog check's verdicts), make
+``n`` larger.
 """
 
 from __future__ import annotations
@@ -77,6 +89,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -89,8 +102,8 @@ from .policies.multibin import MultiBin
 from .simulation import plan
 from .params import Domain
 
-__all__ = ["Objective", "Probe", "CapacityResult", "find_capacity", "check_search", "with_rate",
-           "OBJECTIVE_METRICS", "SEARCH_DOMAINS"]
+__all__ = ["Objective", "Probe", "Search", "CapacityResult", "find_capacity", "check_search", "with_rate",
+           "OBJECTIVE_METRICS", "SEARCH_DOMAINS", "SEARCHES"]
 
 #: the metrics an objective may bound from above
 OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft", "ttft_p99",
@@ -109,6 +122,9 @@ BRACKET_STEPS = 10
 SCAN_STEP = 0.1
 #: replications of a probe at first (two at least: an interval needs two)
 FIRST_REPS = 3
+#: independent searches by default: the capacity's interval is their answers' t-interval (4 degrees
+#: of freedom: a 95% half-width of 1.24 standard deviations of one search's answer)
+SEARCHES = 5
 #: the finest rel_tol.  A bisection ends only when its bracket is within rel_tol of its midpoint;
 #: near float64's resolution (2.2e-16) a midpoint is one of the bracket's ends, the bracket stops
 #: narrowing and the search never ended (rel_tol = 1e-300 did so).  1e-9 keeps millions of float64
@@ -174,50 +190,92 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Search:
+    """One search on one seed set: its answer ``rate`` (where the binding
+    criterion crosses its threshold, step 3 of the module docstring; 0 where
+    no probed rate passes), its final ``bracket``
+    (widened by the load's interval where stability decides it; from 0 to
+    the lowest rate probed where none passes), the saturated throughput of
+    its seeds, its ``probes`` in order, the requests it simulated, and
+    whether every end of its bracket is a verdict (``resolved``)."""
+
+    rate: float
+    bracket: tuple
+    saturated_throughput: float
+    probes: tuple = field(repr=False)
+    requests: int = 0
+    resolved: bool = True
+
+
+@dataclass(frozen=True)
 class CapacityResult:
     """What :func:`find_capacity` found.
 
-    ``rate`` is the midpoint of the final bracket ``(rate_low, rate_high)``
-    (its confidence interval, see the module docstring), or 0 where no
-    probed rate passes (the bracket then runs from 0 to the lowest rate
-    probed, a thousandth of the light load or less); ``criterion``
-    says what was required; ``probes`` lists every probe in order;
-    ``requests`` counts the simulated requests, the saturated runs
-    included; ``resolved`` is False when an end of the bracket moved to a
-    probe that stayed undecided at the replication cap (the interval then
-    says where the criterion cannot be told from its threshold, rather than
-    where every verdict lies).
+    ``rate`` is the mean of the answers of ``searches`` independent searches
+    (each one's in :attr:`searches`); ``rate_ci`` its t-interval at
+    ``confidence``, an interval for the capacity itself (NaN ends with one
+    search: there is nothing to tell its spread from); ``bracket`` is the
+    first search's final bracket (which holds that search's answer, not the
+    capacity: see the module docstring).  ``criterion`` says what was
+    required; ``requests`` counts the simulated requests of every search,
+    the saturated runs included; ``resolved`` is False when an end of some
+    search's bracket moved to a probe that stayed undecided at the
+    replication cap.
     """
 
     rate: float
-    rate_low: float
-    rate_high: float
+    rate_ci: tuple
+    bracket: tuple
     criterion: str
     confidence: float
     rel_tol: float
     saturated_throughput: float
-    probes: tuple = field(repr=False)
+    searches: tuple = field(repr=False)
     requests: int = 0
     resolved: bool = True
     seconds: float = 0.0
     kernel_seconds: float = 0.0
 
     @property
+    def probes(self) -> tuple:
+        """Every search's probes, search by search."""
+        return tuple(p for s in self.searches for p in s.probes)
+
+    @property
     def n_probes(self) -> int:
         return len(self.probes)
 
+    @property
+    def rate_low(self) -> float:
+        warnings.warn("CapacityResult.rate_low is bracket[0], the first search's bracket; the capacity's "
+                      "interval is rate_ci", DeprecationWarning, stacklevel=2)
+        return self.bracket[0]
+
+    @property
+    def rate_high(self) -> float:
+        warnings.warn("CapacityResult.rate_high is bracket[1], the first search's bracket; the capacity's "
+                      "interval is rate_ci", DeprecationWarning, stacklevel=2)
+        return self.bracket[1]
+
     def summary(self) -> str:
         ok = "" if self.resolved else " (unresolved: narrowed by probes undecided at the replication cap)"
-        return (f"capacity {self.rate:.6g} requests/s, in [{self.rate_low:.6g}, {self.rate_high:.6g}] "
-                f"({self.criterion}; each verdict at {self.confidence:.0%}){ok}; {self.n_probes} probes, "
-                f"{self.requests:.3g} requests simulated in {self.seconds:.2f} s")
+        k = len(self.searches)
+        if k > 1:
+            ci = (f"{self.confidence:.0%} interval [{self.rate_ci[0]:.6g}, {self.rate_ci[1]:.6g}] over {k} "
+                  "independent searches")
+        else:
+            ci = "one search, no interval (searches >= 2 give one)"
+        return (f"capacity {self.rate:.6g} requests/s, {ci} ({self.criterion}; each verdict at "
+                f"{self.confidence:.0%}; bracket of the first search [{self.bracket[0]:.6g}, "
+                f"{self.bracket[1]:.6g}]){ok}; {self.n_probes} probes, {self.requests:.3g} requests simulated "
+                f"in {self.seconds:.2f} s")
 
     def table(self):
-        """The probes as an xarray-free table: a list of dicts, one per probe
-        and criterion."""
-        return [{"rate": p.rate, "reps": p.reps, "metric": c[0], "mean": c[1], "low": c[2], "high": c[3],
-                 "threshold": c[4], "verdict": c[5], "probe_verdict": p.verdict}
-                for p in self.probes for c in p.criteria]
+        """The probes as an xarray-free table: a list of dicts, one per
+        search, probe and criterion."""
+        return [{"search": j, "rate": p.rate, "reps": p.reps, "metric": c[0], "mean": c[1], "low": c[2],
+                 "high": c[3], "threshold": c[4], "verdict": c[5], "probe_verdict": p.verdict}
+                for j, s in enumerate(self.searches) for p in s.probes for c in p.criteria]
 
 
 def with_rate(arrivals, rate: float):
@@ -231,7 +289,8 @@ def with_rate(arrivals, rate: float):
     return arrivals.at_rate(rate)
 
 
-def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n=None):
+def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n=None,
+                 searches=SEARCHES):
     """Raise what :func:`find_capacity` refuses in its own arguments (the
     simulation's are checked by :func:`mbbatch.simulation.plan`); returns
     ``rel_tol``, ``confidence`` and ``throughput_tol`` as floats."""
@@ -255,6 +314,8 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
                                       ("throughput_tol", throughput_tol)))
     if isinstance(max_reps, bool) or not isinstance(max_reps, (int, np.integer)) or max_reps < FIRST_REPS:
         raise ValueError(f"max_reps must be an integer in [{FIRST_REPS}, inf); got {max_reps!r}")
+    if isinstance(searches, bool) or not isinstance(searches, (int, np.integer)) or searches < 1:
+        raise ValueError(f"searches must be an integer in [1, inf); got {searches!r}")
     if (isinstance(policy, MultiBin) and isinstance(n, (int, np.integer)) and not isinstance(n, bool)
             and n < policy.batch_size):
         raise ValueError(f"n must be at least batch_size = {policy.batch_size} for a capacity search of MultiBin: "
@@ -277,8 +338,9 @@ class _Search:
     rate, replications added until decided."""
 
     def __init__(self, policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol,
-                 seed, progress=False):
+                 seed, progress=False, label=""):
         self.policy, self.arrivals, self.sim_kw, self.servers = policy, arrivals, sim_kw, servers
+        self.label = label      # (which search, in the progress lines)
         self.bounds = objective.bounds() if objective is not None else {}
         self.confidence, self.max_reps, self.throughput_tol = confidence, max_reps, throughput_tol
         root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
@@ -291,7 +353,8 @@ class _Search:
     def say(self, text: str) -> None:
         """A progress line on stderr (with ``progress``)."""
         if self.progress:
-            print(f"find_capacity: {text} [{time.perf_counter() - self.t0:.1f} s, {self.requests:.3g} requests]",
+            print(f"find_capacity: {self.label}{text} [{time.perf_counter() - self.t0:.1f} s, "
+                  f"{self.requests:.3g} requests]",
                   file=sys.stderr, flush=True)
 
     def seed(self, rep: int) -> np.random.SeedSequence:
@@ -429,12 +492,59 @@ def _interval(probes, lo: float, hi: float) -> tuple:
     return low, high
 
 
+def _crossing(probes, lo: float, hi: float) -> float:
+    """A search's answer: where the criterion that binds crosses its
+    threshold, read from the means of its probes.
+
+    The binding criteria are those that fail at the lowest failing probe at
+    or above ``lo``.  For each, its means over the probes in rate order
+    (common random numbers make them smooth in the rate) are joined by lines
+    and the crossing of the threshold nearest the final bracket ``[lo,
+    hi]`` is taken (a criterion can cross more than once: the paper's model's
+    latency first falls with the rate); the answer is the lowest of them,
+    kept between the highest rate that passed below it and the lowest that
+    failed above it.  Where no criterion's means cross, the bracket's
+    midpoint.
+
+    Not the midpoint itself: every search of one policy bisects nearly the
+    same grid of rates (its ends are set by the saturated throughput), so
+    the midpoints of different seeds share one rounding error of up to
+    ``rel_tol / 2``, which an interval over the searches cannot see (five
+    searches of MultiBin(4, 128) put Theorem 4.2's 9.970 below their 95%
+    interval [9.975, 9.999] that way); and where probes stay undecided at
+    the replication cap the bracket ends wherever the undecided region let
+    it (a static-batching search under a p95 bound ended in [1.367, 1.385]
+    while its probes' p95 crossed the bound between 1.229 and 1.303)."""
+    ordered = sorted(probes, key=lambda p: p.rate)
+    failing = [p for p in ordered if p.rate >= lo and p.verdict == "fail"]
+    if hi <= lo or not failing:
+        return 0.5 * (lo + hi)
+    binding = [c[0] for c in failing[0].criteria if c[5] == "fail" and c[0] not in GUARDS]
+    passed = [p.rate for p in ordered if p.verdict == "pass" and p.rate <= hi]
+    floor = max(passed) if passed else lo
+    ceiling = min(p.rate for p in failing)
+    mid = 0.5 * (lo + hi)
+    found = []
+    for metric in binding:
+        # (throughput / rate is a floor: below it fails; the others are ceilings)
+        sign = -1.0 if metric == "throughput / rate" else 1.0
+        pts = [(p.rate, sign * (p.row(metric)[1] - p.row(metric)[4])) for p in ordered]
+        pts = [(r, d) for r, d in pts if math.isfinite(d)]
+        crossings = [r0 + (r1 - r0) * (-d0) / (d1 - d0) for (r0, d0), (r1, d1) in zip(pts, pts[1:])
+                     if d0 <= 0 < d1]
+        if crossings:
+            found.append(min(crossings, key=lambda r: abs(r - mid)))
+    if not found:
+        return mid
+    return min(max(min(found), floor), ceiling)
+
+
 def find_capacity(policy, *, arrivals=None, service=None, workload=None, service_model=None, servers=1,
                   objective=None, rel_tol=0.01, confidence=0.95, n=100_000, seed=0, max_reps=24,
-                  throughput_tol=0.05, progress=False) -> CapacityResult:
+                  throughput_tol=0.05, searches=SEARCHES, progress=False) -> CapacityResult:
     """The largest arrival rate ``policy`` sustains: stable, and within
-    ``objective`` if given (see the module docstring for the criteria and
-    the method).
+    ``objective`` if given, with its confidence interval (see the module
+    docstring for the criteria and the method).
 
     Parameters
     ----------
@@ -449,18 +559,25 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     objective : Objective, optional
         Bounds on latency or SLA metrics; stability is required as well.
     rel_tol : float
-        The search ends when its bracket is within this share of its midpoint;
+        A search ends when its bracket is within this share of its midpoint;
         in [1e-9, 1) (:data:`REL_TOL_MIN`).
     confidence : float
-        Level of each criterion's t-interval over the replications.
+        Level of each criterion's t-interval over the replications, and of
+        the capacity's interval over the searches.
     seed : int or SeedSequence
-        Replication ``r`` of every probe uses the same seed (common random
-        numbers).
+        Replication ``r`` of every probe of a search uses the same seed
+        (common random numbers); the first search's seeds are the children
+        ``r`` of ``seed``, search ``j >= 1``'s the children ``r`` of its child
+        ``j`` (independent of every other).
     max_reps : int
         Replications of a probe at most.
     throughput_tol : float
         A probe whose throughput interval lies below ``(1 - throughput_tol)``
         times its rate fails.
+    searches : int
+        Independent searches (default :data:`SEARCHES`): the capacity is the
+        mean of their answers, ``rate_ci`` its t-interval; 1 gives no
+        interval (and costs a fifth).
     progress : bool
         Print a line on stderr for the saturated runs and for each probe
         (its rate, verdict and replications), with the time and requests so
@@ -474,27 +591,45 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     arrivals = Poisson(rate=1.0) if arrivals is None else arrivals
     # (the reals as floats from here on: a Fraction or a numpy scalar reads as any float)
     rel_tol, confidence, throughput_tol = check_search(policy, arrivals, servers, objective, rel_tol, confidence,
-                                                       max_reps, throughput_tol, n)
+                                                       max_reps, throughput_tol, n, searches)
     progress = check_flag("progress", progress)
     sim_kw = {"service": service, "workload": workload, "service_model": service_model, "n": n}
     # (every argument checked now, before any work: the plan refuses what simulate would)
     plan(policy, with_rate(arrivals, 1.0), servers=servers, **sim_kw)
-    s = _Search(policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol, seed, progress)
+    root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+    criterion = "stable" + (f" and {objective.describe()}" if objective is not None else "")
+    found, kernel_seconds = [], 0.0
+    for j in range(int(searches)):
+        seeds = root if j == 0 else np.random.SeedSequence(root.entropy, spawn_key=(*root.spawn_key, j))
+        s = _Search(policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol, seeds,
+                    progress, label=f"search {j + 1} of {searches}: " if searches > 1 else "")
+        found.append(_search(s, rel_tol))
+        kernel_seconds += s.kernel_seconds
+    answers = np.array([f.rate for f in found])
+    rate, low, high = stats.t_interval(answers, confidence)
+    out = CapacityResult(rate=rate, rate_ci=(low, high), bracket=found[0].bracket, criterion=criterion,
+                         confidence=confidence, rel_tol=rel_tol,
+                         saturated_throughput=float(np.mean([f.saturated_throughput for f in found])),
+                         searches=tuple(found), requests=sum(f.requests for f in found),
+                         resolved=all(f.resolved for f in found), seconds=time.perf_counter() - t0,
+                         kernel_seconds=kernel_seconds)
+    if progress:
+        print(f"find_capacity: {out.summary()}", file=sys.stderr, flush=True)
+    return out
+
+
+def _search(s: _Search, rel_tol: float) -> Search:
+    """One search on the seeds of ``s``: bracket, then bisect (the module docstring's steps 1 and 2)."""
     sat = s.saturated_throughput()
     if not (math.isfinite(sat) and sat > 0):
         # (batches that never fill: a MultiBin engine's, each seeing fewer than batch_size requests)
-        raise ValueError(f"n: the saturated runs of n = {n} requests completed none, so there is no rate to "
-                         f"search below their throughput ({sat}); make n larger")
-    criterion = "stable" + (f" and {objective.describe()}" if objective is not None else "")
+        raise ValueError(f"n: the saturated runs of n = {s.sim_kw['n']} requests completed none, so there is no "
+                         f"rate to search below their throughput ({sat}); make n larger")
 
     def result(lo, hi, resolved=True, rate=None):
-        low, high = _interval(s.probes, lo, hi)
-        out = CapacityResult(rate=0.5 * (lo + hi) if rate is None else rate, rate_low=low, rate_high=high,
-                             criterion=criterion, confidence=confidence, rel_tol=rel_tol, saturated_throughput=sat,
-                             probes=tuple(s.probes), requests=s.requests, resolved=resolved,
-                             seconds=time.perf_counter() - t0, kernel_seconds=s.kernel_seconds)
-        if progress:
-            print(f"find_capacity: {out.summary()}", file=sys.stderr, flush=True)
+        out = Search(rate=_crossing(s.probes, lo, hi) if rate is None else rate, bracket=_interval(s.probes, lo, hi),
+                     saturated_throughput=sat, probes=tuple(s.probes), requests=s.requests, resolved=resolved)
+        s.say(f"{out.rate:.6g} requests/s, bracket [{out.bracket[0]:.6g}, {out.bracket[1]:.6g}]")
         return out
 
     hi = UPPER_MARGIN * sat

@@ -338,9 +338,10 @@ def _print_capacities(ds) -> None:
         if not bool(ds["done"].values[idx]):
             print(f"  {point}: not done")
             continue
-        lo, hi = ds["sim_capacity_low"].values[idx], ds["sim_capacity_high"].values[idx]
+        lo, hi = ds["sim_capacity_ci_low"].values[idx], ds["sim_capacity_ci_high"].values[idx]
         note = "" if bool(ds["capacity_resolved"].values[idx]) else "  (unresolved: probes undecided at the cap)"
-        print(f"  {point}: {cap.values[idx]:.4g} {units} [{lo:.4g}, {hi:.4g}]{note}")
+        ci = f" [{lo:.4g}, {hi:.4g}]" if np.isfinite(lo) else " (one search: no interval)"
+        print(f"  {point}: {cap.values[idx]:.4g} {units}{ci}{note}")
     if len(cells) > CAPACITY_LINES:
         print(f"  ... and {len(cells) - CAPACITY_LINES} more grid points in the store")
 

@@ -528,8 +528,8 @@ def _capacity_store(name):
             bound = params.get("objective_latency_p95") or params["objective_ttft_p99"]
             cap = 0.06 * factor * bound * (1.5 if params.get("router") == "autellix" else 1.0)
         ds["sim_capacity"].values[idx] = 1.002 * cap
-        ds["sim_capacity_low"].values[idx] = 0.997 * cap
-        ds["sim_capacity_high"].values[idx] = 1.007 * cap
+        ds["sim_capacity_ci_low"].values[idx] = 0.997 * cap
+        ds["sim_capacity_ci_high"].values[idx] = 1.007 * cap
         ds["sim_saturated_throughput"].values[idx] = 1.5 * cap
         ds["capacity_probes"].values[idx] = 9
         ds["capacity_requests"].values[idx] = 9 * 3 * params["n"]

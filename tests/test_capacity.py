@@ -2,6 +2,7 @@
 and Lemma A.1, objectives against stability, monotone in the threshold, and
 the arrival process's shape kept as its rate is set."""
 
+import functools
 import math
 import warnings
 
@@ -15,6 +16,9 @@ import mbbatch as mb
 from mbbatch import theory
 from mbbatch.capacity import Objective, find_capacity, with_rate
 
+#: one search: these tests are about the search itself (its bracket, probes and verdicts)
+search = functools.partial(find_capacity, searches=1)
+
 U = st.uniform(1, 19)
 
 
@@ -23,17 +27,17 @@ def test_stability_capacity_of_the_paper_model_is_theorem_4_2(k):
     """1 server, U(1, 20), B = 128: the interval holds B / E[t_service]
     (Theorem 4.2) and the midpoint is within 1 % of it."""
     want = 128 / theory.service_time(128, 1.0, 20.0, k)
-    r = find_capacity(mb.MultiBin(bins=k, batch_size=128), service=U, n=60_000, seed=k)
-    assert r.rate_low <= want <= r.rate_high, (r.summary(), want)
+    r = search(mb.MultiBin(bins=k, batch_size=128), service=U, n=60_000, seed=k)
+    assert r.bracket[0] <= want <= r.bracket[1], (r.summary(), want)
     assert abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
-    assert r.resolved and r.rate_high - r.rate_low <= 0.01 * r.rate + 1e-12
+    assert r.resolved and r.bracket[1] - r.bracket[0] <= 0.01 * r.rate + 1e-12
 
 
 @pytest.mark.parametrize("servers", [2, 4])
 def test_c_servers_carry_c_times_theorem_4_2(servers):
     want = servers * 128 / theory.service_time(128, 1.0, 20.0, 3)
-    r = find_capacity(mb.MultiBin(bins=3, batch_size=128), service=U, servers=servers, n=60_000, seed=2)
-    assert r.rate_low <= want <= r.rate_high and abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
+    r = search(mb.MultiBin(bins=3, batch_size=128), service=U, servers=servers, n=60_000, seed=2)
+    assert r.bracket[0] <= want <= r.bracket[1] and abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
@@ -44,14 +48,14 @@ def test_exponential_service_at_lemma_a1_edges(k):
     edges = theory.exponential_boundaries(B, mu, k)
     dist = st.expon(scale=1 / mu)
     want = B / theory.batch_service_time(dist, edges, B)
-    r = find_capacity(mb.MultiBin(bins=k, batch_size=B, edges=edges), service=dist, n=200_000, seed=5)
-    assert abs(r.rate / want - 1) <= 0.01 and r.rate_low <= want <= r.rate_high, (r.summary(), want)
+    r = search(mb.MultiBin(bins=k, batch_size=B, edges=edges), service=dist, n=200_000, seed=5)
+    assert abs(r.rate / want - 1) <= 0.01 and r.bracket[0] <= want <= r.bracket[1], (r.summary(), want)
 
 
 def test_probes_share_their_seeds_and_report_every_criterion():
     """Common random numbers: the paper's model forms the same batches at
     every rate, so the load is exactly proportional to the rate."""
-    r = find_capacity(mb.MultiBin(bins=2, batch_size=32), service=U, n=20_000, seed=3)
+    r = search(mb.MultiBin(bins=2, batch_size=32), service=U, n=20_000, seed=3)
     three = [p for p in r.probes if p.reps == 3]
     ratio = [p.row("load")[1] / p.rate for p in three]
     np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)
@@ -69,24 +73,24 @@ SEARCH = dict(workload=WL, n=3_000, seed=4, rel_tol=0.05)
 
 
 def test_an_objective_met_below_capacity_gives_the_stability_capacity():
-    stable = find_capacity(DYN, **SEARCH)
-    loose = find_capacity(DYN, **SEARCH, objective=Objective(latency_p95=1e9))
-    assert (loose.rate_low, loose.rate_high) == (stable.rate_low, stable.rate_high)
+    stable = search(DYN, **SEARCH)
+    loose = search(DYN, **SEARCH, objective=Objective(latency_p95=1e9))
+    assert (loose.bracket[0], loose.bracket[1]) == (stable.bracket[0], stable.bracket[1])
     assert "latency_p95 <= 1e+09" in loose.criterion
 
 
 def test_a_tighter_objective_gives_a_smaller_rate():
-    stable = find_capacity(DYN, **SEARCH)
-    tight = find_capacity(DYN, **SEARCH, objective=Objective(mean_latency=2.0))
-    assert tight.rate_high < stable.rate_low, (tight.summary(), stable.summary())
+    stable = search(DYN, **SEARCH)
+    tight = search(DYN, **SEARCH, objective=Objective(mean_latency=2.0))
+    assert tight.bracket[1] < stable.bracket[0], (tight.summary(), stable.summary())
     # at the highest rate that passed the objective holds; at the lowest that failed it does not
     passed = max((p for p in tight.probes if p.verdict == "pass"), key=lambda p: p.rate)
     failed = min((p for p in tight.probes if p.verdict == "fail"), key=lambda p: p.rate)
     assert passed.row("mean_latency")[3] <= 2.0 < failed.row("mean_latency")[2]
     # the interval lies between the verdicts; it is theirs when no undecided probe narrowed it
-    assert passed.rate <= tight.rate_low <= tight.rate_high <= failed.rate
+    assert passed.rate <= tight.bracket[0] <= tight.bracket[1] <= failed.rate
     if tight.resolved:
-        assert (tight.rate_low, tight.rate_high) == (passed.rate, failed.rate)
+        assert (tight.bracket[0], tight.bracket[1]) == (passed.rate, failed.rate)
 
 
 @pytest.mark.parametrize("bins, B, target", [(3, 40, 100.0), (2, 32, 60.0)])
@@ -98,13 +102,13 @@ def test_a_latency_objective_met_only_at_higher_load_is_found(bins, B, target):
     search found nothing down to a thousandth of the light load and answered
     a rate of 0.0003; it must find the highest passing rate, and there the
     objective holds while the lowest failing rate above it breaks it."""
-    r = find_capacity(mb.MultiBin(bins=bins, batch_size=B), service=U, n=20_000, seed=3, max_reps=8,
+    r = search(mb.MultiBin(bins=bins, batch_size=B), service=U, n=20_000, seed=3, max_reps=8,
                       objective=Objective(latency_p95=target))
     light = 0.1 * r.saturated_throughput
-    assert r.rate_low > 5 * light, r.summary()
+    assert r.bracket[0] > 5 * light, r.summary()
     passed = max((p for p in r.probes if p.verdict == "pass"), key=lambda p: p.rate)
     failed = min((p for p in r.probes if p.verdict == "fail" and p.rate > passed.rate), key=lambda p: p.rate)
-    assert passed.rate <= r.rate_low <= r.rate_high <= failed.rate
+    assert passed.rate <= r.bracket[0] <= r.bracket[1] <= failed.rate
     # and the light load did fail on the objective (what sent the search upwards)
     at_light = next(p for p in r.probes if p.rate == light)
     assert at_light.verdict == "fail" and at_light.row("latency_p95")[2] > target
@@ -114,10 +118,10 @@ def test_an_objective_met_nowhere_gives_a_rate_of_0():
     """Where no probed rate passes, the capacity is 0 (it was the midpoint of
     [0, the lowest failing rate], a small positive rate nothing supports);
     the bracket says how far down that was checked."""
-    r = find_capacity(mb.MultiBin(bins=3, batch_size=40), service=U, n=20_000, seed=3, max_reps=8,
+    r = search(mb.MultiBin(bins=3, batch_size=40), service=U, n=20_000, seed=3, max_reps=8,
                       objective=Objective(latency_p95=20.0))
     assert r.rate == 0.0 and r.summary().startswith("capacity 0 requests/s"), r.summary()
-    assert r.rate_low == 0.0 and r.rate_high < 1e-3 * r.saturated_throughput and r.resolved, r.summary()
+    assert r.bracket[0] == 0.0 and r.bracket[1] < 1e-3 * r.saturated_throughput and r.resolved, r.summary()
     assert not any(p.verdict == "pass" for p in r.probes)
 
 
@@ -127,16 +131,16 @@ def test_capacity_is_monotone_in_the_objectives_threshold(a, b):
     """Property: a looser latency bound never gives a smaller capacity (same
     seeds; up to the search's tolerance)."""
     lo_x, hi_x = sorted((a, b))
-    r1 = find_capacity(DYN, **SEARCH, objective=Objective(latency_p95=lo_x))
-    r2 = find_capacity(DYN, **SEARCH, objective=Objective(latency_p95=hi_x))
+    r1 = search(DYN, **SEARCH, objective=Objective(latency_p95=lo_x))
+    r2 = search(DYN, **SEARCH, objective=Objective(latency_p95=hi_x))
     assert r1.rate <= r2.rate * (1 + r2.rel_tol), (r1.summary(), r2.summary())
 
 
 def test_token_policies_and_their_objectives():
     """Dynamic batching under a mean TTFT bound: a smaller capacity than
     stability alone, every probe's TTFT row present."""
-    stable = find_capacity(DYN, **SEARCH)
-    ttft = find_capacity(DYN, **SEARCH, objective=Objective(mean_ttft=0.5, sla_violation_share=0.5))
+    stable = search(DYN, **SEARCH)
+    ttft = search(DYN, **SEARCH, objective=Objective(mean_ttft=0.5, sla_violation_share=0.5))
     assert ttft.rate < stable.rate
     assert all(p.row("mean_ttft") and p.row("sla_violation_share") for p in ttft.probes)
 
@@ -175,7 +179,7 @@ def test_with_rate_scales_a_replay():
 ])
 def test_bad_arguments_are_refused_before_any_work(kw, exc, match):
     with pytest.raises(exc, match=match):
-        find_capacity(mb.MultiBin(bins=2, batch_size=8), **{"service": U, **kw})
+        search(mb.MultiBin(bins=2, batch_size=8), **{"service": U, **kw})
 
 
 def test_a_search_whose_saturated_runs_complete_nothing_is_refused_naming_n():
@@ -184,23 +188,25 @@ def test_a_search_whose_saturated_runs_complete_nothing_is_refused_naming_n():
     throughput) and failed inside a probe; found by make fuzz."""
     cluster = mb.Cluster(mb.MultiBin(bins=1, batch_size=30), engines=4, router="round_robin")
     with pytest.raises(ValueError, match=r"^n: the saturated runs of n = 100 requests completed none"):
-        find_capacity(cluster, workload=mb.Workload(st.uniform(1, 10), st.uniform(1, 10)),
+        search(cluster, workload=mb.Workload(st.uniform(1, 10), st.uniform(1, 10)),
                       service_model=mb.MaxModel(base=0.1, per_token=0.01), n=100)
 
 
 def test_progress_prints_the_saturated_runs_every_probe_and_the_result(capsys):
-    r = find_capacity(mb.MultiBin(bins=2, batch_size=8), service=U, n=5_000, rel_tol=0.05, progress=True)
+    r = search(mb.MultiBin(bins=2, batch_size=8), service=U, n=5_000, rel_tol=0.05, progress=True)
     out, err = capsys.readouterr()
     assert out == ""
     lines = err.splitlines()
-    assert len(lines) == r.n_probes + 2
+    assert len(lines) == r.n_probes + 3
     assert lines[0].startswith(f"find_capacity: saturated throughput {r.saturated_throughput:.6g} requests/s [")
     for i, (line, p) in enumerate(zip(lines[1:], r.probes), 1):
         assert line.startswith(f"find_capacity: probe {i}: {p.rate:.6g} requests/s {p.verdict} after {p.reps} "
                                "replications ["), line
+    assert lines[-2].startswith(f"find_capacity: {r.rate:.6g} requests/s, bracket [{r.bracket[0]:.6g}, "
+                                f"{r.bracket[1]:.6g}] [")
     assert lines[-1] == f"find_capacity: {r.summary()}"
     # the same search without the lines
-    quiet = find_capacity(mb.MultiBin(bins=2, batch_size=8), service=U, n=5_000, rel_tol=0.05)
+    quiet = search(mb.MultiBin(bins=2, batch_size=8), service=U, n=5_000, rel_tol=0.05)
     assert capsys.readouterr() == ("", "")
     assert (quiet.rate, quiet.probes) == (r.rate, r.probes)
 
@@ -216,9 +222,18 @@ def test_a_rel_tol_below_float_resolution_is_refused_and_the_finest_ends():
 
     with pytest.raises(ValueError, match=r"^rel_tol must be in \[1e-09, 1\); got 1e-300$"):
         check_search(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(1.0), 1, None, 1e-300, 0.95, 24, 0.05)
-    r = find_capacity(mb.MultiBin(bins=2, batch_size=4), service=U, n=300, max_reps=3, rel_tol=REL_TOL_MIN,
+    r = search(mb.MultiBin(bins=2, batch_size=4), service=U, n=300, max_reps=3, rel_tol=REL_TOL_MIN,
                       seed=0)
-    assert r.rate_low <= r.rate <= r.rate_high and r.n_probes < 100, r.summary()
+    assert r.bracket[1] - r.bracket[0] <= 2 * REL_TOL_MIN * r.bracket[1] and r.n_probes < 100, r.summary()
+    _between_its_verdicts(r)
+
+
+def _between_its_verdicts(r):
+    """The answer lies between the highest rate that passed and the lowest that failed above it (it is
+    where the binding criterion's means cross its threshold: see capacity._crossing)."""
+    passed = max(p.rate for p in r.probes if p.verdict == "pass")
+    failed = min(p.rate for p in r.probes if p.verdict == "fail" and p.rate >= passed)
+    assert passed <= r.rate <= failed, r.summary()
 
 
 def test_objective_needs_a_bound_in_its_domain():
@@ -235,12 +250,13 @@ def test_an_undecided_probe_narrows_the_bracket_from_both_sides_to_rel_tol():
     (p95 of a few thousand requests, a few replications): the search still
     ends within rel_tol, flags itself unresolved, and lists the undecided
     probes."""
-    r = find_capacity(DYN, workload=WL, n=3_000, seed=4, rel_tol=0.02, max_reps=4,
+    r = search(DYN, workload=WL, n=3_000, seed=4, rel_tol=0.02, max_reps=4,
                       objective=Objective(latency_p95=5.0))
     undecided = [p for p in r.probes if p.verdict == "undecided"]
     assert undecided and all(p.reps == 4 for p in undecided)
     assert not r.resolved and "unresolved" in r.summary()
-    assert r.rate_high - r.rate_low <= 0.02 * r.rate * (1 + 1e-12)
+    assert r.bracket[1] - r.bracket[0] <= 0.02 * 0.5 * (r.bracket[0] + r.bracket[1]) * (1 + 1e-12)
+    _between_its_verdicts(r)
 
 
 def _rows(load, growing, objective=None):
@@ -275,9 +291,9 @@ def test_no_probe_above_the_answer_passes_on_a_short_runs_backlog():
     flagged a growing backlog (the check misses an overload in so short a
     run); it passed, above the answer.  No probe at or above the saturated
     throughput passes on the backlog now."""
-    r = find_capacity(mb.MultiBin(bins=5, batch_size=12), service=st.expon(scale=3.0), n=1149, seed=12,
+    r = search(mb.MultiBin(bins=5, batch_size=12), service=st.expon(scale=3.0), n=1149, seed=12,
                       rel_tol=0.01, max_reps=5)
-    assert all(p.rate <= r.rate_high for p in r.probes if p.verdict == "pass"), r.summary()
+    assert all(p.rate <= r.bracket[1] for p in r.probes if p.verdict == "pass"), r.summary()
     assert r.rate < r.saturated_throughput
 
 
@@ -292,14 +308,14 @@ def test_a_policy_whose_batches_grow_with_the_load_is_searched_to_its_stable_lim
     cluster = mb.Cluster(engine, engines=8, router="autellix", threshold=1024,
                          programs=mb.Programs(calls=4, think_time=1.0))
     kw = dict(workload=wl, service_model=mb.DecodeModel(prefill_per_token=1e-4), n=200_000)
-    r = find_capacity(cluster, objective=Objective(ttft_p99=16.0), max_reps=8, rel_tol=0.05, seed=20251124, **kw)
+    r = search(cluster, objective=Objective(ttft_p99=16.0), max_reps=8, rel_tol=0.05, seed=20251124, **kw)
     plateau = [p for p in r.probes if p.row("load")[2] < 1.0 < p.row("load")[3]]
     assert plateau and r.rate > 30.0, r.summary()
-    below = mb.simulate(cluster, mb.Poisson(r.rate_low), seed=1, **kw)
-    assert not below.unstable and below.throughput / r.rate_low > 0.99 and below.ttft_p99 <= 16.0
+    below = mb.simulate(cluster, mb.Poisson(r.bracket[0]), seed=1, **kw)
+    assert not below.unstable and below.throughput / r.bracket[0] > 0.99 and below.ttft_p99 <= 16.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", mb.UnstableWarning)
-        above = mb.simulate(cluster, mb.Poisson(1.15 * r.rate_high), seed=1, **kw)
+        above = mb.simulate(cluster, mb.Poisson(1.15 * r.bracket[1]), seed=1, **kw)
     assert above.unstable or above.ttft_p99 > 16.0
 
 
@@ -311,15 +327,15 @@ def test_the_stable_limit_does_not_depend_on_the_arrivals_shape(arrivals):
     their rate: the paper's model still carries Theorem 4.2's B / E[t_service]
     (its batches do not depend on the arrivals)."""
     want = 32 / theory.service_time(32, 1.0, 20.0, 2)
-    r = find_capacity(mb.MultiBin(bins=2, batch_size=32), arrivals=arrivals, service=U, n=30_000, seed=6)
-    assert r.rate_low <= want <= r.rate_high and abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
+    r = search(mb.MultiBin(bins=2, batch_size=32), arrivals=arrivals, service=U, n=30_000, seed=6)
+    assert r.bracket[0] <= want <= r.bracket[1] and abs(r.rate / want - 1) <= 0.01, (r.summary(), want)
 
 
 def test_a_fraction_confidence_reads_as_its_float():
     """confidence=Fraction(9, 10) searches as 0.9 (the summary once raised a TypeError formatting it)."""
     from fractions import Fraction
 
-    cap = mb.find_capacity(mb.MultiBin(bins=2, batch_size=8), service=st.uniform(1, 19), n=4000, seed=0,
+    cap = search(mb.MultiBin(bins=2, batch_size=8), service=st.uniform(1, 19), n=4000, seed=0,
                            confidence=Fraction(9, 10), rel_tol=Fraction(1, 20))
     assert cap.confidence == 0.9 and isinstance(cap.confidence, float) and "90%" in cap.summary()
 
@@ -331,4 +347,58 @@ def test_a_search_too_short_to_judge_is_refused(n):
     refused, naming n, before any work."""
     wl = mb.Workload(prompt=st.lognorm(1.0, scale=300), output=st.lognorm(0.8, scale=64))
     with pytest.raises(ValueError, match=rf"n must be at least 100 requests per probe .*; got n = {n}$"):
-        mb.find_capacity(mb.Cluster(engines=4), workload=wl, n=n)
+        search(mb.Cluster(engines=4), workload=wl, n=n)
+
+
+# --- the capacity's interval over independent searches ------------------------------------
+
+def test_the_capacity_interval_covers_theorem_4_2_at_its_confidence():
+    """Twenty find_capacity calls on independent seeds (five searches each): the 95% interval
+    ``rate_ci`` holds Theorem 4.2's B / E[t_service] in at least 17 of them (a 95% interval covers
+    in fewer than 17 of 20 with probability 1.6%, binomial); the first search's bracket alone did not
+    claim to (it is one search's answer, not the capacity's uncertainty)."""
+    B, k = 8, 2
+    want = B / theory.service_time(B, 1.0, 20.0, k)
+    covered = 0
+    for s in range(20):
+        r = find_capacity(mb.MultiBin(bins=k, batch_size=B), service=U, n=2_000, rel_tol=0.02, seed=100 + s)
+        assert len(r.searches) == 5 and r.rate == pytest.approx(np.mean([x.rate for x in r.searches]), rel=1e-12)
+        lo, hi = r.rate_ci
+        assert lo < r.rate < hi and hi - lo < 0.05 * r.rate, r.summary()
+        covered += lo <= want <= hi
+    assert covered >= 17, covered
+
+
+def test_capacity_intervals_of_different_seeds_overlap_where_brackets_did_not():
+    """A noisy objective (static batching under a p95 latency bound): the 95% intervals of six
+    seeds overlap pairwise in at least 14 of the 15 pairs (two independent 95% t-intervals of one
+    mean from five answers each miss each other with probability 0.5%: 0.08 misses expected in 15
+    pairs); the brackets, one search each, overlap in few."""
+    import itertools
+
+    pol = mb.StaticBatching(batch_size=8)
+    found = [find_capacity(pol, workload=WL, n=2_000, seed=s, rel_tol=0.02, objective=Objective(latency_p95=3.0))
+             for s in range(6)]
+    pairs = list(itertools.combinations(found, 2))
+    overlap = sum(max(a.rate_ci[0], b.rate_ci[0]) <= min(a.rate_ci[1], b.rate_ci[1]) for a, b in pairs)
+    brackets = sum(max(a.bracket[0], b.bracket[0]) <= min(a.bracket[1], b.bracket[1]) for a, b in pairs)
+    assert overlap >= 14 and brackets <= 7, (overlap, brackets)
+
+
+def test_searches_are_independent_and_the_first_is_a_lone_search():
+    """Search 0 is the search ``searches=1`` runs, bit for bit; the others have seeds of their own;
+    one search has no interval, and says so."""
+    kw = dict(service=U, n=2_000, rel_tol=0.05, seed=7)
+    pol = mb.MultiBin(bins=2, batch_size=8)
+    one, three = search(pol, **kw), find_capacity(pol, **kw, searches=3)
+    assert three.searches[0] == one.searches[0] and one.rate == one.searches[0].rate
+    assert len({s.rate for s in three.searches}) == 3
+    assert all(math.isnan(x) for x in one.rate_ci) and "one search, no interval" in one.summary()
+    assert "95% interval [" in three.summary() and "over 3 independent searches" in three.summary()
+    assert {row["search"] for row in three.table()} == {0, 1, 2} and three.n_probes == sum(
+        len(s.probes) for s in three.searches)
+    with pytest.warns(DeprecationWarning, match="rate_ci"):
+        assert three.rate_low == three.bracket[0]
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match=r"searches must be an integer in \[1, inf\)"):
+            find_capacity(pol, **kw, searches=bad)

@@ -137,8 +137,8 @@ def test_latency_panel_clips_points_above_the_stable_range_to_the_top(results, a
 def test_capacity_search_marks_only_finite_unresolved_searches():
     x = [1.0, 2.0, 3.0, 4.0]
     ds = xr.Dataset({"sim_capacity": ("d", [1.0, np.nan, 3.0, 4.0]),
-                     "sim_capacity_low": ("d", [0.9, np.nan, 2.9, 3.9]),
-                     "sim_capacity_high": ("d", [1.1, np.nan, 3.1, 4.1]),
+                     "sim_capacity_ci_low": ("d", [0.9, np.nan, 2.9, 3.9]),
+                     "sim_capacity_ci_high": ("d", [1.1, np.nan, 3.1, 4.1]),
                      "capacity_resolved": ("d", [True, False, False, True])}, coords={"d": x})
     cap, lo, hi, unresolved = panels.capacity_search(ds, "d")
     np.testing.assert_array_equal(cap, [1.0, np.nan, 3.0, 4.0])

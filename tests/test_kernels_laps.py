@@ -292,7 +292,7 @@ def test_find_capacity_searches_laps():
     lowest that failed does not; a TTFT objective gives less."""
     wl = mb.Workload(prompt=st.lognorm(1.0, scale=200), output=st.lognorm(0.8, scale=64))
     pol = mb.LAPS(instances=2, window=0.0)
-    kw = dict(workload=wl, n=4000, seed=1, rel_tol=0.05, throughput_tol=0.01)
+    kw = dict(workload=wl, n=4000, seed=1, rel_tol=0.05, throughput_tol=0.01, searches=1)
     cap = mb.find_capacity(pol, **kw)
     passed = max((p for p in cap.probes if p.verdict == "pass"), key=lambda p: p.rate)
     failed = min((p for p in cap.probes if p.verdict == "fail"), key=lambda p: p.rate)

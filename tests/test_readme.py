@@ -169,3 +169,22 @@ def test_the_continuous_cluster_example_runs_and_quotes_its_routing():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert ("Autellix serves 74 % of the later calls where their context is (least used: 25 %), prefills 97.0 "
             "context tokens again per call (585.0) and has a p99 time to first token of 117.2 ms (210.8 ms)") in readme
+
+
+def test_capacity_example_quotes_its_interval_around_theorem_4_2():
+    import scipy.stats as st
+
+    import mbbatch as mb
+    from mbbatch import theory
+
+    block = block_with("cap = mb.find_capacity(mb.MultiBin(bins=4")
+    ns = {"mb": mb, "st": st}
+    exec(compile(block, "README.md", "exec"), ns)
+    for expr, numbers in quoted(block):
+        value = np.atleast_1d(np.asarray(eval(expr, ns), dtype=float))
+        assert value.size == len(numbers), (expr, numbers)
+        for v, number in zip(value, numbers):
+            digits = len(number.split(".")[1]) if "." in number else 0
+            assert round(float(v), digits) == pytest.approx(float(number)), (expr, v, number)
+    lo, hi = ns["cap"].rate_ci
+    assert lo <= 128 / theory.service_time(128, 1.0, 20.0, 4) <= hi

@@ -477,18 +477,21 @@ servers = [1, 2]
 
 [capacity]
 rel_tol = 0.01
+searches = 2
 """
 
 
 def test_a_capacity_sweep_stores_each_points_search_beside_theorem_4_2(tmp_path):
-    """`[capacity]`: a search per grid point; its interval holds servers x
-    B / E[t_service] (Theorem 4.2); the probes and requests are stored; the
-    Dataset has no rep dimension."""
+    """`[capacity]`: two searches per grid point, each near servers x B /
+    E[t_service] (Theorem 4.2), the first one's bracket holding it; the
+    capacity's interval over the searches around their mean; the probes and
+    requests are stored; the Dataset has no rep dimension."""
     ds = run_sweep(write(tmp_path, CAPACITY_SPEC), tmp_path / "c.zarr", workers=1, progress=False).load()
     assert "rep" not in ds.dims and set(ds.dims) == {"bins", "servers"}
     thm = ds["theory_service_rate"]
-    assert bool(((ds["sim_capacity_low"] <= thm) & (thm <= ds["sim_capacity_high"])).all())
+    assert bool(((ds["sim_capacity_bracket_low"] <= thm) & (thm <= ds["sim_capacity_bracket_high"])).all())
     assert float(abs(ds["sim_capacity"] / thm - 1).max()) <= 0.01
+    assert bool(((ds["sim_capacity_ci_low"] < ds["sim_capacity"]) & (ds["sim_capacity"] < ds["sim_capacity_ci_high"])).all())
     assert bool((ds["capacity_probes"] >= 3).all() and (ds["capacity_requests"] > 0).all())
     assert bool(ds["capacity_resolved"].all()) and bool(ds["done"].all())
 
@@ -548,7 +551,7 @@ def test_the_capacity_command_runs_capacity_specs_only(tmp_path):
     ds = xr.open_zarr(tmp_path / "c.zarr").load()
     lines = r.stdout.splitlines()[1:]
     want = [f"  bins={k}, servers={c}: {ds['sim_capacity'].values[i, j]:.4g} requests/s "
-            f"[{ds['sim_capacity_low'].values[i, j]:.4g}, {ds['sim_capacity_high'].values[i, j]:.4g}]"
+            f"[{ds['sim_capacity_ci_low'].values[i, j]:.4g}, {ds['sim_capacity_ci_high'].values[i, j]:.4g}]"
             + ("" if ds["capacity_resolved"].values[i, j] else "  (unresolved: probes undecided at the cap)")
             for i, k in enumerate(ds["bins"].values) for j, c in enumerate(ds["servers"].values)]
     assert lines == want, r.stdout

@@ -410,7 +410,8 @@ bins = [1, 2]
 
 def test_a_capacity_spec_has_its_defaults_and_no_rate():
     spec = parse_spec(CAP, source="c.toml")
-    assert spec.capacity == {"rel_tol": 0.01, "confidence": 0.95, "max_reps": 24, "throughput_tol": 0.05}
+    assert spec.capacity == {"rel_tol": 0.01, "confidence": 0.95, "max_reps": 24, "throughput_tol": 0.05,
+                             "searches": 5}
     assert all("rate" not in params for _, params in spec.points())
     assert "capacity" in spec.to_dict()
 

@@ -47,7 +47,7 @@ def capacity_vs_k(data) -> Figure:
     sim_points(ax, ks, cap, lo, hi, unresolved, COLORS[0], MARKERS[0])
     ax.set_xlabel("bins k")
     ax.set_ylabel("capacity: largest stable arrival rate (requests/s)")
-    styles = style_handles(("sim", "find_capacity: midpoint and interval"),
+    styles = style_handles(("sim", "find_capacity: mean and interval over its searches"),
                            ("hollow", "bracket narrowed by probes undecided at the cap"),
                            ("-", "Theorem 4.2: servers $\\times$ B / E[$t_{service}$]"),
                            ("--", "$c_{max}$ = servers $\\times$ B / E[service] (Remark 4.2)"))
@@ -95,7 +95,7 @@ def capacity_predictor(data) -> Figure:
     ax.set_xlabel("log-normal error $\\sigma$ of the length predictor: predicted = true $\\times e^{\\sigma Z}$")
     ax.set_ylabel("capacity: largest stable arrival rate (requests/s)")
     series = series_handles([f"k = {k}" for k in ks], COLORS[: len(ks)], MARKERS[: len(ks)])
-    styles = style_handles(("sim", "find_capacity: midpoint and interval"),
+    styles = style_handles(("sim", "find_capacity: mean and interval over its searches"),
                            ("hollow", "bracket narrowed by probes undecided at the cap"),
                            (":", "oracle: Theorem 4.2"))
     two_legends(ax, series, styles, loc1="upper right", loc2="center right")

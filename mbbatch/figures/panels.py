@@ -66,10 +66,11 @@ def latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}")
 
 def capacity_search(ds, x: str, **sel) -> tuple:
     """A capacity store's searches along axis ``x``: ``(capacity, low,
-    high, unresolved)`` (a search whose bracket was narrowed by probes
-    undecided at the replication cap is unresolved)."""
+    high, unresolved)``: the capacity and its interval over the searches (a
+    point whose searches' brackets were narrowed by probes undecided at the
+    replication cap is unresolved)."""
     cap = line(ds, "sim_capacity", x, **sel)
-    lo, hi = line(ds, "sim_capacity_low", x, **sel), line(ds, "sim_capacity_high", x, **sel)
+    lo, hi = line(ds, "sim_capacity_ci_low", x, **sel), line(ds, "sim_capacity_ci_high", x, **sel)
     resolved = line(ds, "capacity_resolved", x, **sel)
     return cap, lo, hi, ~resolved & np.isfinite(cap)
 
@@ -95,7 +96,7 @@ def capacity_against_bound(ds, bound: str, label, xlabel: str, ylabel: str) -> t
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     series = series_handles(labels, COLORS[: len(names)], MARKERS[: len(names)])
-    styles = style_handles(("sim", "find_capacity: midpoint and interval"),
+    styles = style_handles(("sim", "find_capacity: mean and interval over its searches"),
                            ("hollow", "bracket narrowed by probes undecided at the cap"))
     two_legends(ax, series, styles, loc1="upper left", loc2="lower right")
     return fig, ax

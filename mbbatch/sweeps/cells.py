@@ -246,10 +246,11 @@ def run_capacity_point(arrivals: str, service: str, params: dict, root_seed: int
         return find_capacity(pol, arrivals=arr, servers=params.get("servers", 1), objective=objective,
                              rel_tol=capacity["rel_tol"], confidence=capacity["confidence"], n=params["n"],
                              seed=cell_seed(root_seed, params, 0, _words(params)), max_reps=capacity["max_reps"],
-                             throughput_tol=capacity["throughput_tol"], **kw)
+                             throughput_tol=capacity["throughput_tol"], searches=capacity["searches"], **kw)
 
     res = interruptible(search, stop)
-    return {"sim_capacity": res.rate, "sim_capacity_low": res.rate_low, "sim_capacity_high": res.rate_high,
+    return {"sim_capacity": res.rate, "sim_capacity_ci_low": res.rate_ci[0], "sim_capacity_ci_high": res.rate_ci[1],
+            "sim_capacity_bracket_low": res.bracket[0], "sim_capacity_bracket_high": res.bracket[1],
             "sim_saturated_throughput": res.saturated_throughput, "capacity_probes": res.n_probes,
             "capacity_requests": res.requests, "capacity_resolved": res.resolved,
             "_kernel_seconds": res.kernel_seconds}

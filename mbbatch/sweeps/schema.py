@@ -64,14 +64,20 @@ def _metrics(spec: SweepSpec):
 #: a capacity sweep's variables (per grid point): name -> (dtype, units, description)
 CAPACITY = {
     "sim_capacity": ("f8", "requests/s", "the largest arrival rate meeting the criterion (mb.find_capacity): "
-                                         "the midpoint of its final bracket"),
-    "sim_capacity_low": ("f8", "requests/s", "lower end of the capacity's interval"),
-    "sim_capacity_high": ("f8", "requests/s", "upper end of the capacity's interval"),
+                                         "the mean of its independent searches' answers"),
+    "sim_capacity_ci_low": ("f8", "requests/s", "lower end of the capacity's t-interval over the searches "
+                                                "([capacity] confidence; NaN with one search)"),
+    "sim_capacity_ci_high": ("f8", "requests/s", "upper end of the capacity's t-interval over the searches"),
+    "sim_capacity_bracket_low": ("f8", "requests/s", "lower end of the first search's final bracket (the "
+                                                     "highest rate that passed; not an interval of the capacity)"),
+    "sim_capacity_bracket_high": ("f8", "requests/s", "upper end of the first search's final bracket (the "
+                                                      "lowest rate that failed)"),
     "sim_saturated_throughput": ("f8", "requests/s", "the policy's saturated throughput (the search's "
-                                                     "upper bound)"),
-    "capacity_probes": ("i8", "probes", "rates probed"),
-    "capacity_requests": ("i8", "requests", "requests simulated by the search, saturated runs included"),
-    "capacity_resolved": ("bool", "1", "every end of the final bracket is a verdict (else an end moved to a probe undecided at the cap)"),
+                                                     "upper bound), the searches' mean"),
+    "capacity_probes": ("i8", "probes", "rates probed, every search"),
+    "capacity_requests": ("i8", "requests", "requests simulated by the searches, saturated runs included"),
+    "capacity_resolved": ("bool", "1", "every end of every search's final bracket is a verdict (else an end "
+                                       "moved to a probe undecided at the cap)"),
 }
 #: the closed forms beside a capacity search (the multi-bin paper's model)
 CAPACITY_THEORY = ("theory_mean_batch_service", "theory_service_rate", "capacity")

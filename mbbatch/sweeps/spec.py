@@ -68,7 +68,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .._validation import check
-from ..capacity import OBJECTIVE_METRICS, SEARCH_DOMAINS
+from ..capacity import OBJECTIVE_METRICS, SEARCH_DOMAINS, SEARCHES
 from ..metrics import METRICS
 from ..stats import CONFIDENCE
 from ..arrivals import Arrivals
@@ -325,7 +325,7 @@ _TOP = {
                 "are parameters)",
     "grid": "table of axes: parameter = [values]",
     "capacity": "a capacity search at every grid point instead of fixed rates: [capacity] with rel_tol, "
-                "confidence, max_reps and throughput_tol; an objective's bounds are the parameters "
+                "confidence, max_reps, throughput_tol and searches; an objective's bounds are the parameters "
                 "objective_<metric>",
 }
 
@@ -341,6 +341,8 @@ CAPACITY_KEYS = {
     "rel_tol": _search_key("rel_tol", 0.01),
     "confidence": _search_key("confidence", 0.95),
     "max_reps": (24, "[3, inf), an integer", lambda v: isinstance(v, int) and v >= 3),
+    "searches": (SEARCHES, "[1, inf), an integer",
+                 lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
     "throughput_tol": _search_key("throughput_tol", 0.05),
 }
 #: the arrival processes a spec names
