@@ -17,7 +17,7 @@ from scipy import stats as _st
 from ._kernels import common as _kernel_common
 
 __all__ = ["CONFIDENCE", "QUANTILES", "batch_means_ci", "t_interval", "hist_quantiles", "hist_bucket_bounds",
-           "backlog_verdict", "queue_verdict"]
+           "backlog_verdict", "groups_verdict", "queue_verdict"]
 
 #: Confidence level of every interval mbbatch reports.
 CONFIDENCE = 0.95
@@ -122,6 +122,29 @@ def backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
     if _growth(second, last, mean_batch_service):
         return True, (f"the backlog grows: batches of the last quarter of arrivals waited {last:.4g} s "
                       f"in the central FIFO, against {second:.4g} s in the second quarter; the averages "
+                      "describe a transient, not a steady state")
+    return False, "no growing backlog"
+
+
+def groups_verdict(group_means, unit: float, what: str) -> tuple[bool, str]:
+    """LAPS runs: ``(growing, reason)`` of one category's requests from their
+    mean time to first token in each contiguous group of arrivals
+    (``group_means``, s; NaN for a group with none), against ``unit`` (s, the
+    mean prefill batch time).  A queue that grows makes each later arrival
+    wait longer, so an overloaded instance group's TTFT rises through the
+    run; ``what`` names the requests in the reason."""
+    g = np.asarray(group_means, dtype=float)
+    if g.size < 4 or not np.isfinite(unit):
+        return False, f"not assessed: too few {what} requests"
+    q = g.size // 4
+    a, b = g[q:2 * q], g[3 * q:]
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if a.size == 0 or b.size == 0:
+        return False, f"not assessed: too few {what} requests"
+    second, last = float(a.mean()), float(b.mean())
+    if _growth(second, last, unit):
+        return True, (f"the backlog grows: {what} requests of the last quarter of arrivals waited {last:.4g} s "
+                      f"for their first token, against {second:.4g} s in the second quarter; the averages "
                       "describe a transient, not a steady state")
     return False, "no growing backlog"
 

@@ -31,3 +31,34 @@ def test_a_laps_plan_counts_its_decode_stage():
 def test_laps_refuses_what_does_not_apply(kw, exc, match):
     with pytest.raises(exc, match=match):
         check_simulation(mb.LAPS(), mb.Poisson(1.0), n=100, **kw)
+
+
+# --- the backlog check -------------------------------------------------------------------
+
+#: sweeps/laps.toml's requests at 50 % short: log-normal prompts, median 256, sigma 1 (threshold 256)
+MIX = mb.Workload(prompt=st.lognorm(1.0, scale=256), output=st.lognorm(0.8, scale=64))
+
+
+@pytest.mark.parametrize("mode", [dict(dual_queue=False, dynamic=False), dict(dynamic=False), dict()])
+def test_laps_overload_at_100_requests_per_second_is_flagged(mode):
+    """The laps_modes headline load (4 instances, 100 requests/s, 50 % short) overloads every mode:
+    it was reported with unstable False, "not assessed".  Each category's TTFT by arrival group
+    grows there (the stats' backlog rule); at 20 requests/s none does."""
+    pol = mb.LAPS(instances=4, **mode)
+    with pytest.warns(mb.results.UnstableWarning, match="the backlog grows: (short|long) requests"):
+        hot = mb.simulate(pol, mb.Poisson(100.0), workload=MIX, n=20_000, seed=1)
+    assert hot.unstable and "for their first token" in hot.unstable_reason
+    cool = mb.simulate(pol, mb.Poisson(20.0), workload=MIX, n=20_000, seed=1)
+    assert not cool.unstable and cool.unstable_reason == "no growing backlog"
+
+
+def test_one_overloaded_group_is_an_overload():
+    """Without dynamic allocation, a quarter of the requests short: the one long instance of
+    LAPS(2) saturates at 30 requests/s (it carries 23.5) while the short one keeps up: the long
+    requests' backlog is named."""
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=512), output=st.lognorm(0.8, scale=64))
+    with pytest.warns(mb.results.UnstableWarning, match="long requests"):
+        res = mb.simulate(mb.LAPS(instances=2, dynamic=False), mb.Poisson(30.0), workload=wl, n=20_000, seed=2)
+    assert res.unstable and "long requests" in res.unstable_reason and "short requests" not in res.unstable_reason
+    saturated = mb.simulate(mb.LAPS(instances=2), mb.Saturated(), workload=wl, n=2_000, seed=2)
+    assert not saturated.unstable and saturated.unstable_reason.startswith("not assessed")

@@ -54,9 +54,12 @@ STATS = Layout("LAPS statistics", ints=("completed", "batches", "short", "moves"
                floats=("first_arrival", "last_completion", "busy", "sum_ttft", "sum_ttft_short",
                        "sum_ttft_long", "sum_batch", "short_instance_time"))
 #: the outputs: TTFT histograms of the short and the long requests, the
-#: moves (time, instance, new group: 0 short, 1 long) in order
+#: moves (time, instance, new group: 0 short, 1 long) in order, and the TTFT
+#: summed and counted per category (rows) and contiguous group of arrivals
+#: (columns: request r in group r * G // n), the backlog check's input
 OUTPUTS = Arrays("LapsOutputs", __name__, ints=np.int64, floats=np.float64, hist_short=np.int64, hist_long=np.int64,
-                 move_time=np.float64, move_instance=np.int64, move_group=np.int64)
+                 move_time=np.float64, move_instance=np.int64, move_group=np.int64,
+                 group_ttft=(np.float64, 2), group_count=(np.int64, 2))
 LapsOutputs = OUTPUTS.type
 #: per-request records (``keep``): instance, category (0 short, 1 long),
 #: arrival, prompt tokens, batch start and first token
@@ -184,6 +187,9 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     outstanding = ws.outstanding
     hist_s = out.hist_short
     hist_l = out.hist_long
+    g_ttft = out.group_ttft
+    g_count = out.group_count
+    G = g_ttft.shape[1]
     r_i = requests[0]
     r_f = requests[1]
 
@@ -258,6 +264,9 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
                 r = batch[e, k]
                 ttft = now - arrival[r]
                 sum_ttft += ttft
+                g = (r * G) // n
+                g_ttft[cat[r], g] += ttft
+                g_count[cat[r], g] += 1
                 h = hist_bucket(ttft)
                 if cat[r] == SHORT:
                     sum_s += ttft
@@ -355,8 +364,9 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     return code
 
 
-def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray):
-    """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``:
+def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, groups: int = 1):
+    """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``,
+    with ``groups`` contiguous groups of arrivals for the backlog check:
     returns ``(outputs, requests, code)``, the statistics as
     ``STATS.unpack((outputs.ints, outputs.floats))``, the per-request
     records as ``{field: row}`` (or None without ``keep``), and the
@@ -369,7 +379,8 @@ def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray):
     out = OUTPUTS.pack(ints=ints, floats=floats, hist_short=np.zeros(HIST_SIZE, np.int64),
                        hist_long=np.zeros(HIST_SIZE, np.int64),
                        move_time=np.full(MOVES_MAX, np.nan), move_instance=np.full(MOVES_MAX, -1, np.int64),
-                       move_group=np.full(MOVES_MAX, -1, np.int64))
+                       move_group=np.full(MOVES_MAX, -1, np.int64), group_ttft=np.zeros((2, groups)),
+                       group_count=np.zeros((2, groups), np.int64))
     requests = REQUESTS.records(n if cfg["keep"] else 0)
     ws = WORKSPACE.pack(arrival=np.empty(n), prompt=np.empty(n), nxt=np.empty(n, np.int64), cat=np.empty(n, np.int8),
                         qh=np.empty((E, 2), np.int64), qt=np.empty((E, 2), np.int64), qn=np.empty((E, 2), np.int64),

@@ -65,7 +65,8 @@ def laps_modes(data) -> Figure:
             if i == 0:
                 ax.set_title(f"prompt median {mix:g} tokens: {100 * share:.0f} % short")
     _variants_legend(fig, [_mode_label(settings) for _, settings in found],
-                     "throughput below 0.95 $\\times$ arrival rate (overloaded)")
+                     "no steady state: an instance group's backlog grows, or throughput below 0.95 $\\times$ "
+                     "arrival rate")
     a = ds.attrs
     fig.suptitle(f"LAPS on {int(a['instances'])} prefill instances: short and long requests' p99 time to first "
                  f"token\nprompts log-normal ($\\sigma$ {float(a['prompt_sigma']):g}), short at most "

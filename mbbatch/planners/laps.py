@@ -21,8 +21,10 @@ from ..results import SimulationResult, Table
 from ..service_models import DecodeModel, IterationModel, PrefillModel
 from ..workload import Workload
 from . import continuous, tokens
-from .common import (HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_times,
-                     drawn, lengths, model_config, quantiles, resolve_n, rvs_memory)
+from .. import stats
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals,
+                     check_times, drawn, finish, lengths, model_config, quantiles, resolve_n, rvs_memory,
+                     steady_state)
 
 __all__ = ["Plan", "check"]
 
@@ -48,9 +50,10 @@ class Plan:
         return self.policy.instances
 
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
-        """Simulate with the seed ``ss`` (``warn`` as the other plans: LAPS
-        runs are not assessed for a steady state; ``progress`` as theirs)."""
-        return _run(self, ss, progress)
+        """Simulate with the seed ``ss`` (``warn``: an UnstableWarning where an
+        instance group's backlog grows, as the other plans warn; ``progress``
+        as theirs)."""
+        return finish(_run(self, ss, progress), warn, stacklevel=4)
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
@@ -158,6 +161,23 @@ def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: n
     return {"time": np.concatenate(([start], move_time)), "short_instances": short, "long_instances": E - short}
 
 
+def _backlog(out, st: dict, batches: int) -> tuple:
+    """``(growing, reason)``: each category's time to first token by contiguous
+    group of arrivals (:func:`mbbatch.stats.groups_verdict`); one growing
+    category, whose instance group cannot keep up, is an overload of the run.
+    (The prefill stage: a decode stage's own backlog is not checked.)"""
+    unit = st["busy"] / batches if batches else math.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = out.group_ttft / out.group_count
+    verdicts = [stats.groups_verdict(means[c], unit, name) for c, name in ((_l.SHORT, "short"), (_l.LONG, "long"))]
+    growing = [reason for grows, reason in verdicts if grows]
+    if growing:
+        return True, "; ".join(growing)
+    if all(reason.startswith("not assessed") for _, reason in verdicts):
+        return False, verdicts[0][1]
+    return False, "no growing backlog"
+
+
 def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
     config, inputs = plan.kernel_args
     # the arrival and prompt streams of the token-level policies: the same seed, the same requests
@@ -165,7 +185,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
     inputs = drawn(inputs, _l.INPUTS, "prompt_values", plan.workload._prompt, streams.prompt, plan.n)
     stop = stop_flag()
     t0 = time.perf_counter()
-    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop), stop, plan.n if progress else None)
+    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop, groups=BATCH_MEANS_GROUPS), stop,
+                                plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     st = _l.STATS.unpack((out.ints, out.floats))
     pol, E = plan.policy, plan.policy.instances
@@ -211,6 +232,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         requests = Table({**cols, "completion": completion, "latency": completion - req["arrival"],
                           "ttft": req["first_token"] - req["arrival"]})
     config = {**plan.description, "seed_entropy": entropy_str(ss)}
+    unstable, reason = steady_state(plan.arrivals, plan.n, lambda start, end: _backlog(out, st, nb))
     ts = _laps_groups(pol, E, st["first_arrival"] if completed else 0.0, out.move_time[:k], out.move_group[:k]) \
         if pol.routed and k == st["moves"] else None
     return SimulationResult(
@@ -220,6 +242,5 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
                 "ttft_long_histogram": out.hist_long,
                 "group_moves_log": Table({"time": out.move_time[:k].copy(), "instance": out.move_instance[:k].copy(),
                                           "to_group": np.where(out.move_group[:k] == _l.SHORT, "short", "long")})},
-        requests=requests, time_series=ts,
-        unstable=False, unstable_reason="not assessed: LAPS runs have no backlog check yet",
+        requests=requests, time_series=ts, unstable=unstable, unstable_reason=reason,
         latency_quantiles=how, kernel_seconds=kernel_seconds)
