@@ -215,8 +215,8 @@ class CapacityResult:
     (each one's in :attr:`searches`); ``rate_ci`` its t-interval at
     ``confidence``, an interval for the capacity itself (NaN ends with one
     search: there is nothing to tell its spread from); ``bracket`` is the
-    first search's final bracket (which holds that search's answer, not the
-    capacity: see the module docstring).  ``criterion`` says what was
+    first search's final bracket (where that search stopped, not an
+    interval of the capacity: see the module docstring).  ``criterion`` says what was
     required; ``requests`` counts the simulated requests of every search,
     the saturated runs included; ``resolved`` is False when an end of some
     search's bracket moved to a probe that stayed undecided at the

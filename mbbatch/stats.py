@@ -106,19 +106,29 @@ def _growth(second: float, last: float, unit: float) -> bool:
     return bool(last - second > max(GROWTH_RELATIVE * second, GROWTH_UNITS * unit))
 
 
-def backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
-    """Multi-bin runs: ``(growing, reason)`` from the mean central-FIFO wait of
-    the batches closed in each contiguous group of arrivals (``group_wait``,
-    s) against the mean batch service time (s)."""
-    g = np.asarray(group_wait, dtype=float)
-    if g.size < 4 or not np.isfinite(mean_batch_service):
-        return False, "not assessed: too few batches"
+def _quarters(groups):
+    """The mean of the finite group values in the second and in the last
+    quarter of the groups, or None (fewer than 4 groups, or a quarter with
+    none)."""
+    g = np.asarray(groups, dtype=float)
+    if g.size < 4:
+        return None
     q = g.size // 4
     a, b = g[q:2 * q], g[3 * q:]
     a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     if a.size == 0 or b.size == 0:
+        return None
+    return float(a.mean()), float(b.mean())
+
+
+def backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
+    """Multi-bin runs: ``(growing, reason)`` from the mean central-FIFO wait of
+    the batches closed in each contiguous group of arrivals (``group_wait``,
+    s) against the mean batch service time (s)."""
+    quarters = _quarters(group_wait) if np.isfinite(mean_batch_service) else None
+    if quarters is None:
         return False, "not assessed: too few batches"
-    second, last = float(a.mean()), float(b.mean())
+    second, last = quarters
     if _growth(second, last, mean_batch_service):
         return True, (f"the backlog grows: batches of the last quarter of arrivals waited {last:.4g} s "
                       f"in the central FIFO, against {second:.4g} s in the second quarter; the averages "
@@ -133,15 +143,10 @@ def groups_verdict(group_means, unit: float, what: str) -> tuple[bool, str]:
     mean prefill batch time).  A queue that grows makes each later arrival
     wait longer, so an overloaded instance group's TTFT rises through the
     run; ``what`` names the requests in the reason."""
-    g = np.asarray(group_means, dtype=float)
-    if g.size < 4 or not np.isfinite(unit):
+    quarters = _quarters(group_means) if np.isfinite(unit) else None
+    if quarters is None:
         return False, f"not assessed: too few {what} requests"
-    q = g.size // 4
-    a, b = g[q:2 * q], g[3 * q:]
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    if a.size == 0 or b.size == 0:
-        return False, f"not assessed: too few {what} requests"
-    second, last = float(a.mean()), float(b.mean())
+    second, last = quarters
     if _growth(second, last, unit):
         return True, (f"the backlog grows: {what} requests of the last quarter of arrivals waited {last:.4g} s "
                       f"for their first token, against {second:.4g} s in the second quarter; the averages "
