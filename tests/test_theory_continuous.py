@@ -2,6 +2,7 @@
 engine whose iterations cost the tokens they process (Li, Dai and Peng,
 2025, arXiv:2504.07347), against the engine."""
 
+import math
 import warnings
 
 import numpy as np
@@ -31,11 +32,15 @@ def test_the_bound_is_the_budget_over_its_iteration_time_and_a_requests_work():
     (dict(per_context_token=1e-6), "per_context_token"),
     (dict(prefill_per_token=2e-4), "prefill_per_token"),
 ])
-def test_the_bound_refuses_a_model_outside_its_assumptions(kw, match):
+def test_the_bound_is_nan_for_a_model_outside_its_assumptions(kw, match):
+    """A context-token cost, or prefill and decode priced apart: the bound does not hold, so NaN with
+    an OutsideAssumptions warning naming the coefficient (not a number that looks valid)."""
     m = mb.IterationModel(**{**dict(step=0.01, prefill_per_token=1e-4, per_sequence=1e-4, per_context_token=0.0),
                              **kw})
-    with pytest.raises(ValueError, match=match):
-        theory.continuous_capacity(m, 256, 100.0, 50.0)
+    with pytest.warns(theory.OutsideAssumptions, match=match):
+        assert math.isnan(theory.continuous_capacity(m, 256, 100.0, 50.0))
+    with pytest.warns(theory.OutsideAssumptions):
+        assert np.isnan(theory.continuous_capacity(m, np.array([256, 512]), 100.0, 50.0)).all()
     with pytest.raises(ValueError, match="output_mean"):
         theory.continuous_capacity(M, 256, 100.0, 0.5)
 

@@ -24,6 +24,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from scipy import stats
 
+from mbbatch import theory
 from mbbatch.theory import (
     batch_service_time,
     capacity,
@@ -257,12 +258,15 @@ def test_latency_is_nan_past_the_saturation_of_finitely_many_servers():
     cap = B / service_time(B, lo, hi, 1)
     assert 6.44 < cap < 6.46
     assert latency(B, lo, hi, 1, 8.0) == pytest.approx(27.790213, rel=1e-6)
-    assert math.isnan(latency(B, lo, hi, 1, 8.0, servers=1))
-    assert math.isnan(latency(B, lo, hi, 1, cap, servers=1))
+    with pytest.warns(theory.OutsideAssumptions, match="no steady state"):
+        assert math.isnan(latency(B, lo, hi, 1, 8.0, servers=1))
+    with pytest.warns(theory.OutsideAssumptions):
+        assert math.isnan(latency(B, lo, hi, 1, cap, servers=1))
     below = np.nextafter(cap, 0.0)
     assert latency(B, lo, hi, 1, below, servers=1) == latency(B, lo, hi, 1, below)
     assert latency(B, lo, hi, 1, 8.0, servers=2) == latency(B, lo, hi, 1, 8.0)
-    got = latency(B, lo, hi, np.array([1, 2, 4]), 8.0, servers=1)
+    with pytest.warns(theory.OutsideAssumptions, match=r"\(1 of 3 values\)"):
+        got = latency(B, lo, hi, np.array([1, 2, 4]), 8.0, servers=1)
     assert math.isnan(got[0]) and np.all(np.isfinite(got[1:]))
     with pytest.raises(ValueError, match="servers"):
         latency(B, lo, hi, 1, 8.0, servers=0)

@@ -168,12 +168,23 @@ class Executor:
         try:
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()
-        except BaseException:
+        except BaseException as exc:
             # interrupted (or a failed point): drop the queued points, not wait for them
             # (shutdown cancels them; cancelling them here as well races the pool's
             # own thread, which then fails on a future already cancelled)
+            workers = list(getattr(self.pool, "_processes", {}).values())
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.pool = None
+            if isinstance(exc, KeyboardInterrupt):
+                # Ctrl-C sent to this process alone (not its process group, as a terminal
+                # sends it) reached no worker: each would finish its point first, 9 to 20 s
+                # for a capacity search, and the exit waits for them.  A worker ends on SIGINT
+                # at once (its finished points are stored already).  (The pool's processes are
+                # not public: Python 3.14 adds ProcessPoolExecutor.terminate_workers.)
+                for w in workers:
+                    if w.is_alive():
+                        with contextlib.suppress(OSError):
+                            os.kill(w.pid, signal.SIGINT)
             raise
 
 

@@ -23,8 +23,13 @@ arXiv:2504.07347: the stability limit of an engine whose iterations cost
 the tokens they process).
 
 Pure numpy/scipy; no randomness.  See ``theory/NOTES.md`` in the repository
-for the assumptions of each formula and the paper's errata.
+for the assumptions of each formula and the paper's errata.  Outside a
+formula's assumptions a function returns NaN and warns
+:class:`OutsideAssumptions` (:mod:`.assumptions`); outside its arguments'
+domains it raises, naming the argument.
 """
+
+from .assumptions import OutsideAssumptions
 
 from .continuous import continuous_capacity
 from .exponential import (
@@ -45,6 +50,7 @@ from .uniform import (
 )
 
 __all__ = [
+    "OutsideAssumptions",
     "empirical_batch_service_time",
     "service_time",
     "throughput",

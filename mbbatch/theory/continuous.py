@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .assumptions import outside
+
 __all__ = ["continuous_capacity"]
 
 
@@ -38,7 +40,10 @@ def continuous_capacity(model, max_batched_tokens, prompt_mean, output_mean):
     Returns
     -------
     float or ndarray
-        ``b / ((step + per_sequence b) (E[prompt] + E[output] - 1))``.
+        ``b / ((step + per_sequence b) (E[prompt] + E[output] - 1))``; NaN,
+        with an :class:`~mbbatch.theory.OutsideAssumptions` warning, for a
+        ``model`` outside the bound's assumptions (a context-token cost, or
+        prefill and decode tokens priced apart).
 
     Examples
     --------
@@ -52,9 +57,6 @@ def continuous_capacity(model, max_batched_tokens, prompt_mean, output_mean):
         bad.append(f"per_context_token = {model.per_context_token:g} (must be 0)")
     if model.prefill_per_token != model.per_sequence:
         bad.append(f"prefill_per_token = {model.prefill_per_token:g} != per_sequence = {model.per_sequence:g}")
-    if bad:
-        raise ValueError("model: the bound holds for an iteration time that depends only on the tokens processed "
-                         "(step + c x tokens): " + "; ".join(bad))
     b = np.asarray(max_batched_tokens, dtype=float)
     p = np.asarray(prompt_mean, dtype=float)
     o = np.asarray(output_mean, dtype=float)
@@ -65,5 +67,9 @@ def continuous_capacity(model, max_batched_tokens, prompt_mean, output_mean):
     if np.any(work <= 0):
         raise ValueError("prompt_mean + output_mean - 1 must be > 0: a request must take some work")
     out = b / ((model.step + model.per_sequence * b) * work)
+    if bad:
+        outside(True, "continuous_capacity: the bound holds for an iteration time that depends only on the tokens "
+                      "processed (step + c x tokens); model has " + "; ".join(bad))
+        out = np.full(out.shape, np.nan)
     return float(out) if out.ndim == 0 else out
 

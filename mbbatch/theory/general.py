@@ -28,6 +28,7 @@ import numpy as np
 from scipy import integrate, optimize, stats
 
 from .._validation import check_count
+from .assumptions import outside
 
 __all__ = ["batch_service_time", "empirical_batch_service_time", "optimal_boundaries"]
 
@@ -49,6 +50,17 @@ def _check_dist(dist):
     if not (a < b) or math.isnan(a) or math.isnan(b):
         raise ValueError(f"dist has an empty or invalid support [{a}, {b}]")
     return a, b
+
+
+def _name(dist) -> str:
+    return f"{dist.dist.name}{tuple(dist.args) if dist.args else ''}"
+
+
+def _mean(dist) -> float:
+    """The service time's mean: inf where it diverges, NaN where it is
+    undefined (a Cauchy's)."""
+    with np.errstate(all="ignore"):
+        return float(dist.mean())
 
 
 def _support_tol(a, b):
@@ -267,7 +279,10 @@ def batch_service_time(dist, edges, B):
     Returns
     -------
     float or numpy.ndarray
-        Expected batch service time, seconds, one per ``B``.
+        Expected batch service time, seconds, one per ``B``: ``inf`` where
+        ``dist`` has an infinite mean (a batch's longest member has one too),
+        NaN with an :class:`~mbbatch.theory.OutsideAssumptions` warning where
+        it has none (a Cauchy's).
 
     Raises
     ------
@@ -287,6 +302,11 @@ def batch_service_time(dist, edges, B):
     support = _check_dist(dist)
     e = _check_edges(edges, support)
     B = _check_B_array(B)
+    mean = _mean(dist)
+    if not mean < math.inf:
+        # E[max of B] >= E[one draw]: infinite with the mean; undefined without one
+        outside(math.isnan(mean), f"batch_service_time: {_name(dist)} has no mean (eq. 2 needs one)")
+        return mean if np.ndim(B) == 0 else np.full(np.shape(B), mean)
     if np.ndim(B) == 0:
         return float(_batch_service_time_scalar(dist, e, support, int(B)))
     out = np.empty(np.shape(B))
@@ -492,7 +512,9 @@ def optimal_boundaries(dist, B, k, *, start=None):
         Edges in seconds, increasing, first and last equal to the support
         ends of ``dist``.  For ``k = 1`` the support ends; for ``B = 1`` the
         objective does not depend on the edges (it is the mean service time)
-        and the starting edges are returned.
+        and the starting edges are returned.  NaN, with an
+        :class:`~mbbatch.theory.OutsideAssumptions` warning, for ``k > 1``
+        where ``dist`` has no finite mean (nothing to minimise).
 
     Raises
     ------
@@ -521,6 +543,12 @@ def optimal_boundaries(dist, B, k, *, start=None):
         p0 = p0 / p0.sum()
     if k == 1:
         return np.array(support, dtype=float)
+    mean = _mean(dist)
+    if not mean < math.inf:
+        outside(True, f"optimal_boundaries: {_name(dist)} has " + ("no mean" if math.isnan(mean) else
+                      "an infinite mean, so every boundary gives an infinite batch service time") +
+                ": no boundary minimises it")
+        return np.full(k + 1, math.nan)
     if B == 1:
         return _edges_from_masses(dist, support, p0)
 

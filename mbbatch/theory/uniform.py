@@ -27,6 +27,7 @@ import numpy as np
 
 from .._validation import check_count, check_real, check_scalar_real
 from ..params import Domain
+from .assumptions import outside
 
 __all__ = [
     "service_time",
@@ -370,7 +371,8 @@ def latency(B, l_min, l_max, k, lam, *, servers=math.inf):
     float or numpy.ndarray
         Expected latency, seconds.  Exact under infinite servers in steady
         state; a lower bound for a finite number of servers (Remark 5.1);
-        NaN past saturation of finitely many ``servers``.
+        NaN past saturation of finitely many ``servers``, with an
+        :class:`~mbbatch.theory.OutsideAssumptions` warning.
 
     Raises
     ------
@@ -396,7 +398,10 @@ def latency(B, l_min, l_max, k, lam, *, servers=math.inf):
     lam_f = np.asarray(lam, dtype=float)
     out = es + (Bf - 1.0) * kf / (2.0 * lam_f)
     if servers != math.inf:
-        out = np.where(lam_f < servers * Bf / es, out, np.nan)
+        saturated = ~(lam_f < servers * Bf / es)
+        outside(saturated, f"latency: lam at or above the saturated throughput servers B / E[t_service,k] of "
+                           f"servers = {servers:g} (Theorem 4.2): no steady state, so no expected latency")
+        out = np.where(saturated, np.nan, out)
     return _scalar_or_array(out, B, l_min, l_max, k, lam)
 
 
