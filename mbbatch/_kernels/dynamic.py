@@ -272,7 +272,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
     out = OUTPUTS.pack(ints=ints, floats=floats, hist=np.zeros(HIST_SIZE, np.int64),
                        # no batch holds more than n requests
                        size_hist=np.zeros(int(min(sla["b_max"], n)) + 1, np.int64),
-                       ts=np.zeros((ts_rows, TS_QUEUE + pol["bins"])), ctl=ctl,
+                       ts=np.zeros((ts_rows, TS_QUEUE + pol["bins"] + (E if cluster is not None else 0))), ctl=ctl,
                        st=np.zeros((K, BATCH_STATS.size)), edges_lo=np.zeros(pol["bins"]),
                        edges_hi=np.full(pol["bins"], EDGE_MAX), group_latency=np.zeros(groups),
                        group_count=np.zeros(groups, np.int64), bin_completed=np.zeros(pol["bins"], np.int64),
@@ -537,7 +537,8 @@ def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, his
 def _sample(ts, rows, stride, seen, now, target, ctl, b, lb, nb, size, K):
     """The downsampled time series, at batch number ``seen`` (a multiple of
     the stride) of queue b (its engine's bin ``lb``; the queues' sizes by
-    bin, summed over the engines): when the buffer is full, every other row
+    bin, summed over the engines, then a cluster's by engine): when the
+    buffer is full, every other row
     is kept and the stride doubles; the batch is then kept if ``seen`` is a
     multiple of the stride still.  Returns the rows in use and the stride."""
     if rows == ts.shape[0]:
@@ -558,6 +559,13 @@ def _sample(ts, rows, stride, seen, now, target, ctl, b, lb, nb, size, K):
             ts[rows, TS_QUEUE + kb] = size[kb]
         for kb in range(K, size.shape[0]):
             ts[rows, TS_QUEUE + kb % K] += size[kb]
+        # a cluster's engines: each one's queued requests, all its bins (its backlog check)
+        if ts.shape[1] > TS_QUEUE + K:
+            for e in range(size.shape[0] // K):
+                q = 0
+                for kb in range(e * K, (e + 1) * K):
+                    q += size[kb]
+                ts[rows, TS_QUEUE + K + e] = q
         rows += 1
     return rows, stride
 

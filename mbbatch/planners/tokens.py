@@ -238,6 +238,21 @@ def _given_edges(ev, workload) -> tuple:
     return lo, hi
 
 
+def _backlog(times, queue, engine_queue, mean_b: float, start: float, end: float) -> tuple:
+    """``(growing, reason)``: the requests waiting in every bin, then (a
+    cluster) on each engine alone: one engine whose queue grows is an
+    overload of the run, though the others' steady queues can hide it in
+    the sum."""
+    growing, reason = stats.queue_verdict(times, queue, mean_b, start, end)
+    if growing or engine_queue is None or engine_queue.shape[1] < 2:
+        return growing, reason
+    for e in range(engine_queue.shape[1]):
+        grows, why = stats.queue_verdict(times, engine_queue[:, e:e + 1], mean_b, start, end)
+        if grows:
+            return True, f"engine {e}: {why}"
+    return growing, reason
+
+
 def _optimal_edges(K: int, b_max: int, law) -> tuple:
     """theory.optimal_boundaries on the output-length distribution ``law``
     at B = b_max, floored and tiled like Algorithm 6's edges."""
@@ -320,7 +335,9 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
     }
     rows = st["ts_rows"]
     ts = {col: out.ts[:rows, getattr(_d.TS, col)].copy() for col in ("time", *TS_COLUMNS)}
-    ts["queue"] = out.ts[:rows, _d.TS_QUEUE:].copy()
+    ts["queue"] = out.ts[:rows, _d.TS_QUEUE:_d.TS_QUEUE + ev.bins].copy()
+    # (a cluster's queues by engine, for its backlog check: not a column of the time series)
+    engine_queue = out.ts[:rows, _d.TS_QUEUE + ev.bins:] if cluster is not None else None
     if cluster is not None:
         extra.update(cluster.metrics(out, st, requests.ttft if requests is not None and completed else None))
     else:
@@ -342,8 +359,8 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
               **workload.describe(), **model_config(plan.model), "n": n, "servers": int(plan.servers),
               "seed_entropy": entropy_str(ss)}
     batches = Table({k: v[:nb] for k, v in bat.items()}) if plan.keep_batches else None
-    unstable, reason = steady_state(arrivals, n, lambda start, end: stats.queue_verdict(
-        ts["time"], ts["queue"], mean_b, start, end))
+    unstable, reason = steady_state(arrivals, n, lambda start, end: _backlog(
+        ts["time"], ts["queue"], engine_queue, mean_b, start, end))
     # Algorithm 6's edges tile [lo[0], hi[K-1]): K + 1 of them, as MultiBin's
     edges = np.append(out.edges_lo, out.edges_hi[-1])
     arrays = {"batch_size_hist": out.size_hist, "group_mean_latency": g_lat, "latency_histogram": out.hist,
