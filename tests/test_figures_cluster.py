@@ -1,7 +1,9 @@
 """The multi-engine figures (mbbatch.figures.cluster)."""
 
 import numpy as np
+import pytest
 import xarray as xr
+from matplotlib.colors import to_hex
 
 from mbbatch.figures import cluster
 from mbbatch.figures.analysis import replication_ci
@@ -31,26 +33,55 @@ def test_laps_allocation_draws_each_variants_groups_over_time_per_mix(results): 
     ds = xr.open_zarr(results / "laps_step.zarr", chunks=None).load()
     fig = cluster.laps_allocation({"laps_step": ds})
     axes = fig.axes
-    assert len(axes) == ds.sizes["prompt_median"]
-    ax = axes[0]
-    means = [ln for ln in ax.lines if ln.get_drawstyle() == "steps-post"]
-    assert len(means) == ds.sizes["policy"]
+    assert len(axes) == ds.sizes["policy"] * ds.sizes["prompt_median"]
+    ax = axes[0]                                  # the first variant, the first mix
+    (mean,) = [ln for ln in ax.lines if ln.get_drawstyle() == "steps-post"]
     first = ds["ts_short_instances"].sel(policy=ds["policy"].values[0], prompt_median=ds["prompt_median"].values[0])
     want = first.transpose("rep", "time").values
     ok = np.isfinite(want).any(axis=0)
-    np.testing.assert_allclose(means[0].get_ydata()[ok], want[:, ok].mean(axis=0))
-    assert np.isnan(means[0].get_ydata()[~ok]).all()
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert labels[0].startswith("at most one move per 5 s") and "p99 TTFT short" in labels[0]
-    assert "per 1 s" in labels[1]
-    assert "short group" in ax.get_ylabel() and "% short" in ax.get_title()
+    np.testing.assert_allclose(mean.get_ydata()[ok], want[:, ok].mean(axis=0))
+    assert np.isnan(mean.get_ydata()[~ok]).all()
+    # one band a panel: the variants no longer overlap
+    assert all(len(a.collections) == 1 for a in axes)
+    assert "at most one move per 5 s" in axes[0].get_ylabel() and "short group" in axes[0].get_ylabel()
+    ncols = ds.sizes["prompt_median"]
+    assert "at most one move per 1 s" in axes[ncols].get_ylabel()
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.startswith("p99 TTFT: short") and "moves a run" in t for t in texts)
+    assert "% short" in ax.get_title()
+
+
+def test_laps_allocation_draws_and_numbers_each_phases_time_average(results):  # noqa: F811
+    """Regression (laps_allocation, issue 34): the time-average of the short
+    group's instances (the README quotes it before and during the step) could
+    not be read off the figure.  Each phase (before, during, after the high
+    load) now has a black segment at the time-average of the mean over
+    replications, numbered."""
+    ds = xr.open_zarr(results / "laps_step.zarr", chunks=None).load()
+    fig = cluster.laps_allocation({"laps_step": ds})
+    t = ds["time"].values
+    t_up, t_down = float(ds.attrs["t_up"]), float(ds.attrs["t_down"])
+    for i, policy in enumerate(ds["policy"].values):
+        for j, mix in enumerate(ds["prompt_median"].values):
+            ax = fig.axes[i * ds.sizes["prompt_median"] + j]
+            short = ds["ts_short_instances"].sel(policy=policy, prompt_median=mix).transpose("rep", "time").values
+            ok = np.isfinite(short).any(axis=0)   # (no rep has a value before the first arrival)
+            mean = np.full(t.size, np.nan)
+            mean[ok] = short[:, ok].mean(axis=0)
+            phases = [(t >= t[0]) & (t < t_up), (t >= t_up) & (t < t_down), t >= t_down]
+            want = [float(np.nanmean(mean[sel])) for sel in phases]
+            segments = [ln for ln in ax.lines if len(ln.get_xdata()) == 2 and to_hex(ln.get_color()) == "#000000"]
+            assert [tuple(ln.get_xdata()) for ln in segments] == [(t[0], t_up), (t_up, t_down), (t_down, t[-1])]
+            np.testing.assert_allclose([ln.get_ydata()[0] for ln in segments], want, rtol=1e-12)
+            numbers = [tx.get_text() for tx in ax.texts if not tx.get_text().startswith("p99")]
+            assert numbers == [f"{v:.2f}" for v in want]
 
 
 def test_autellix_routers_draws_each_router_per_calls_and_metric(results):  # noqa: F811
     ds = xr.open_zarr(results / "autellix.zarr", chunks=None).load()
     fig = cluster.autellix_routers({"autellix": ds})
     axes = fig.axes
-    assert len(axes) == 4 * ds.sizes["calls"]
+    assert len(axes) == 3 * ds.sizes["calls"]
     ax = axes[0]                                  # p99 TTFT, the first number of calls
     joined = [ln for ln in ax.lines if ln.get_linestyle() == "-"]
     assert len(joined) == ds.sizes["policy"]
@@ -63,6 +94,35 @@ def test_autellix_routers_draws_each_router_per_calls_and_metric(results):  # no
     labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert "Autellix (program-aware)" in labels and "round-robin" in labels
     assert "share of large calls" in ax.get_xlabel()
+
+
+def test_autellix_routers_states_the_throughput_instead_of_drawing_it(results):  # noqa: F811
+    """Regression (autellix_routers, issue 34): a throughput row whose
+    intervals (the replications' arrival counts) swamped every difference.
+    No panel draws it now; the title gives each replication's throughput
+    against least-used's on the same calls."""
+    ds = xr.open_zarr(results / "autellix.zarr", chunks=None).load()
+    fig = cluster.autellix_routers({"autellix": ds})
+    assert not any("throughput" in ax.get_ylabel() for ax in fig.axes)
+    thr = ds["sim_throughput"]
+    gap = float(np.abs(thr / thr.sel(policy="least_used") - 1).max())
+    assert f"within {100 * gap:.1f} % of least-used's in every replication" in fig.get_suptitle()
+
+
+def test_autellix_routers_log_axes_have_plain_tick_labels(results):  # noqa: F811
+    """Regression (autellix_routers, issue 34): a p99 TTFT axis spanning less
+    than a decade was labelled 4x10^0; its ticks are plain numbers now."""
+    ds = xr.open_zarr(results / "autellix.zarr", chunks=None).load()
+    fig = cluster.autellix_routers({"autellix": ds})
+    fig.draw_without_rendering()
+    logs = [ax for ax in fig.axes if ax.get_yscale() == "log"]
+    assert len(logs) == ds.sizes["calls"]
+    for ax in logs:
+        low, high = ax.get_ylim()
+        shown = [t for t in ax.get_yticklabels(which="both") if t.get_text() and low <= t.get_position()[1] <= high]
+        assert len(shown) >= 2
+        for t in shown:
+            assert float(t.get_text()) == pytest.approx(t.get_position()[1])
 
 
 def test_autellix_loops_draws_each_router_in_each_loop(results):  # noqa: F811

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import xarray as xr
+from matplotlib.colors import to_hex
 
 from mbbatch import figures
 from mbbatch.figures import experiments
@@ -84,3 +85,46 @@ def test_token_series_on_hand_made_data():
 def test_token_series_interval_follows_the_stored_confidence_level():
     _, lo, hi = experiments._token_series(_policy(confidence_level=0.90))["p95"]
     np.testing.assert_allclose((hi - lo)[:3] / 2, T_95_2 / math.sqrt(3), rtol=1e-3)
+
+
+def _max_wait(results):  # noqa: F811
+    ds = xr.open_zarr(results / "max_wait.zarr", chunks=None).load()
+    return ds, experiments.max_wait({"max_wait": ds})
+
+
+def test_max_wait_panel_a_is_scaled_to_the_stable_cells(results):  # noqa: F811
+    """Regression (max_wait, issue 34): panel (a)'s y-axis ran to the unstable
+    runs' 200,000 s, squashing the stable 50-300 s.  It now fits the stable
+    cells and Lemma 5.1; the cells above it are hollow on the top edge."""
+    ds, fig = _max_wait(results)
+    ax = fig.axes[0]
+    unstable = ds["unstable"].values | (ds["sim_throughput_mean"].values < 0.95 * ds["rate"].values[None, :])
+    lat = ds["sim_mean_latency_mean"].values
+    stable_hi = np.nanmax(ds["sim_mean_latency_ci_high"].values[~unstable])
+    lemma = max(ln.get_ydata().max() for ln in ax.lines if len(ln.get_xdata()) > 50)
+    bottom, top = ax.get_ylim()
+    assert top == pytest.approx(2.0 * max(stable_hi, lemma))
+    off = lat > top / 1.15
+    assert off.sum() >= ds.sizes["rate"]          # the synthetic short timeouts: every rate off scale
+    edge = [y for ln in ax.lines if not ln.get_clip_on() for y in ln.get_ydata()]
+    assert len(edge) == off.sum() and np.allclose(edge, top / 1.15)
+
+
+def test_max_wait_lemma_5_1_and_the_classic_policy_are_told_apart(results):  # noqa: F811
+    """Regression (max_wait, issue 34): the max_wait = inf series and Lemma
+    5.1's curve were both black.  They have different colours now, each
+    named in the legend with its own colour."""
+    ds, fig = _max_wait(results)
+    ax = fig.axes[0]
+    (lemma,) = [ln for ln in ax.lines if len(ln.get_xdata()) > 50]
+    inf_markers = [ln for ln in ax.lines if ln.get_marker() == experiments.MARKERS[ds.sizes["max_wait"] - 1]
+                   and len(ln.get_xdata()) > 0]
+    assert inf_markers
+    assert {to_hex(ln.get_color()) for ln in inf_markers} == {to_hex(experiments.MAX_WAIT_INF_COLOR)}
+    assert to_hex(lemma.get_color()) != to_hex(experiments.MAX_WAIT_INF_COLOR)
+    handles = {h.get_label(): h for h in ax.get_legend().legend_handles}
+    (lemma_entry,) = [h for label, h in handles.items() if label.startswith("Lemma 5.1")]
+    assert to_hex(lemma_entry.get_color()) == to_hex(lemma.get_color())
+    assert to_hex(handles["max_wait = $\\infty$ (classic multi-bin)"].get_color()) == to_hex(
+        experiments.MAX_WAIT_INF_COLOR)
+    assert any(t.get_text().startswith("Lemma 5.1") for t in ax.texts)

@@ -50,3 +50,18 @@ def test_sim_points_filled_hollow_and_clipped():
     (edge,) = [ln for ln in ax.lines if ln not in (filled, hollow) and ln.get_marker() == "s"]
     np.testing.assert_array_equal(edge.get_xydata(), [[3.0, 10.0]])
     assert edge.get_markerfacecolor() == "none" and not edge.get_clip_on()
+
+
+def test_sim_points_without_unstable_bars_and_with_a_size():
+    """unstable_bars=False: unstable cells hollow, without bars (the stable ones keep theirs);
+    markersize: every marker, on the top edge too, of that size."""
+    fig, (ax,) = style.new_figure()
+    x = [1.0, 2.0, 3.0]
+    mean = np.array([1.0, 2.0, 100.0])
+    style.sim_points(ax, x, mean, mean - 0.5, mean + 0.5, [False, True, True], "#123456", "o", clip_top=10.0,
+                     unstable_bars=False, markersize=8.0)
+    (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    np.testing.assert_array_equal(bars.lines[0].get_xdata(), [1.0])
+    hollow = [ln for ln in ax.lines if ln.get_markerfacecolor() == "none"]
+    assert sorted((float(ln.get_xdata()[0]), float(ln.get_ydata()[0])) for ln in hollow) == [(2.0, 2.0), (3.0, 10.0)]
+    assert all(ln.get_markersize() == 8.0 for ln in hollow + [bars.lines[0]])

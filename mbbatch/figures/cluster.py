@@ -22,7 +22,8 @@ from matplotlib.lines import Line2D
 from .analysis import over_reps, overloaded, phases, replication_ci
 from .data import line, per_rep, time_series, variants
 from .panels import capacity_against_bound
-from .style import COLORS, MARKERS, log_ylim, new_figure, series_handles, sim_points, style_handles
+from .style import (COLORS, MARKERS, log_ylim, new_figure, plain_log_ticks, series_handles, sim_points,
+                     style_handles)
 
 __all__ = ["laps_modes", "laps_allocation", "autellix_routers", "autellix_loops", "capacity_routers", "engine_event"]
 
@@ -76,11 +77,28 @@ def laps_modes(data) -> Figure:
     return fig
 
 
+def _laps_phase_means(ds, short, t) -> list:
+    """The time-average of ``short`` (instances of the short group, the mean
+    over replications on the time grid ``t``) in each phase of the load step:
+    ``[(start, end, mean), ...]`` before, during and after the high load.
+    The grid is uniform and the series a step function, so the samples'
+    mean is the time-average."""
+    _, steps = phases(ds)
+    (t_up, t_down), (_, end) = steps
+    out = []
+    for lo, hi in ((float(t[0]), t_up), (t_up, t_down), (t_down, end)):
+        sel = (t >= lo) & ((t < hi) if hi < end else (t <= hi))
+        vals = short[sel]
+        out.append((lo, hi, float(np.nanmean(vals)) if np.isfinite(vals).any() else np.nan))
+    return out
+
+
 def laps_allocation(data) -> Figure:
     """Instances in LAPS's short group over time through a load step (the
-    high-load phase shaded), one column per short:long mix, one series per
-    variant (mean over replications, their range shaded); each variant's
-    p99 TTFT of short and long requests in its legend entry."""
+    high-load phase shaded): one column per short:long mix, one row per
+    variant; the mean over replications (their range shaded), its
+    time-average in each phase of the step (black segments, numbered), and
+    the variant's p99 TTFT and instance moves."""
     ds = data["laps_step"]
     a = ds.attrs
     found = variants(ds)
@@ -88,33 +106,47 @@ def laps_allocation(data) -> Figure:
     t_up, t_down = steps[0]
     E = int(a["instances"])
     mixes = [float(v) for v in ds["prompt_median"].values]
-    fig = Figure(figsize=(12.0, 5.0), dpi=100, layout="constrained")
-    axes = fig.subplots(1, len(mixes), squeeze=False, sharey=True)[0]
-    for j, (ax, mix) in enumerate(zip(axes, mixes)):
-        ax.axvspan(t_up, t_down, color="0.5", alpha=0.12, lw=0, zorder=0)
-        handles = []
-        for (name, settings), c in zip(found, COLORS):
+    fig = Figure(figsize=(12.0, 6.4), dpi=100, layout="constrained")
+    axes = fig.subplots(len(found), len(mixes), squeeze=False, sharex=True, sharey=True)
+    for i, ((name, settings), c) in enumerate(zip(found, COLORS)):
+        interval = settings.get("interval", default("LAPS.interval"))
+        for j, mix in enumerate(mixes):
+            ax = axes[i, j]
+            ax.axvspan(t_up, t_down, color="0.5", alpha=0.12, lw=0, zorder=0)
             sel = dict(policy=name, prompt_median=mix)
             short = time_series(ds, "ts_short_instances", **sel)
             ax.fill_between(t, over_reps(np.min, short), over_reps(np.max, short), step="post", color=c,
-                            alpha=0.18, lw=0, zorder=1)
-            ax.plot(t, over_reps(np.mean, short), color=c, lw=1.4, drawstyle="steps-post", zorder=3)
+                            alpha=0.2, lw=0, zorder=1)
+            mean = over_reps(np.mean, short)
+            ax.plot(t, mean, color=c, lw=1.2, drawstyle="steps-post", zorder=3)
+            for lo, hi, v in _laps_phase_means(ds, mean, t):
+                if np.isfinite(v):
+                    ax.plot([lo, hi], [v, v], color="black", lw=2.2, solid_capstyle="butt", zorder=4)
+                    ax.text((lo + hi) / 2, v + 0.12, f"{v:.2f}", ha="center", va="bottom", fontsize=8,
+                            fontweight="bold", zorder=5,
+                            bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none", alpha=0.8))
             ttft = [float(np.nanmean(per_rep(ds, v, "prompt_median", policy=name)[j]))
                     for v in ("sim_ttft_short_p99", "sim_ttft_long_p99")]
-            interval = settings.get("interval", default("LAPS.interval"))
-            handles.append(Line2D([], [], color=c, lw=1.4,
-                                  label=f"at most one move per {interval:g} s: p99 TTFT short "
-                                        f"{ttft[0]:.3g} s, long {ttft[1]:.3g} s"))
-        share = float(np.nanmean(ds["sim_short_share"].sel(prompt_median=mix).values))
-        ax.set_title(f"prompt median {mix:g} tokens: {100 * share:.0f} % short", fontsize=9.5)
-        ax.set_ylim(0.0, E + 0.3)
-        ax.set_yticks(range(E + 1))
-        ax.set_xlabel("time (s)")
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=7.5, frameon=False)
-    axes[0].set_ylabel(f"instances in the short group (of {E})")
+            moves = float(np.nanmean(per_rep(ds, "group_moves", "prompt_median", policy=name)[j]))
+            ax.text(0.98, 0.97, f"p99 TTFT: short {ttft[0]:.3g} s, long {ttft[1]:.3g} s\n"
+                    f"{moves:.3g} moves a run", transform=ax.transAxes, ha="right", va="top", fontsize=7.5,
+                    bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="0.7", alpha=0.9), zorder=6)
+            ax.set_ylim(0.0, E + 0.3)
+            ax.set_yticks(range(E + 1))
+            if i == len(found) - 1:
+                ax.set_xlabel("time (s)")
+            if i == 0:
+                share = float(np.nanmean(ds["sim_short_share"].sel(prompt_median=mix).values))
+                ax.set_title(f"prompt median {mix:g} tokens: {100 * share:.0f} % short", fontsize=9.5)
+        axes[i, 0].set_ylabel(f"at most one move per {interval:g} s\ninstances in the short group (of {E})",
+                              color=c)
+    handles = [Line2D([], [], color="0.3", lw=1.2, label="mean over replications (range shaded)"),
+               Line2D([], [], color="black", lw=2.2, label="its time-average in each phase (before, during, "
+                                                            "after the high load)")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=2, frameon=False)
     fig.suptitle(f"LAPS's dynamic allocation through a load step {float(a['rate']):g} $\\to$ "
-                 f"{float(a['rate_high']):g} $\\to$ {float(a['rate']):g} requests/s (shaded: the high load) on "
-                 f"{E} prefill instances\nmean over {int(a['reps'])} replications (their range shaded); a group "
+                 f"{float(a['rate_high']):g} $\\to$ {float(a['rate']):g} requests/s (shaded: the high load, "
+                 f"{t_up:g} to {t_down:g} s) on {E} prefill instances, {int(a['reps'])} replications\na group "
                  f"gains an instance when its pending requests exceed {float(a['ratio']):g} $\\times$ the other's; "
                  f"short at most {int(a['laps_threshold'])} prompt tokens", fontsize=9.5)
     return fig
@@ -137,17 +169,20 @@ def _variants_legend(fig, labels, hollow: str) -> None:
 
 def autellix_routers(data) -> Figure:
     """Autellix's router against least-used and round-robin: p99 TTFT,
-    throughput, context tokens recomputed per call and load imbalance (rows)
-    against the share of large calls (the router's threshold swept), one
-    column per number of calls per program."""
+    context tokens recomputed per call and load imbalance (rows) against the
+    share of large calls (the router's threshold swept), one column per
+    number of calls per program.  Throughput is not a row: every router
+    carries the arrivals (a cell short of them is hollow), and the
+    replications' arrival counts, not the routers, make its spread."""
     ds = data["autellix"]
     found = variants(ds)
     calls = [int(v) for v in ds["calls"].values]
-    rows = (("sim_ttft_p99", "p99 TTFT (s)", True), ("sim_throughput", "throughput (calls/s)", False),
+    rows = (("sim_ttft_p99", "p99 TTFT (s)", True),
             ("sim_kv_recomputed_tokens", "context tokens recomputed per call", False),
             ("sim_load_imbalance", "load imbalance (max / mean active)", False))
-    fig = Figure(figsize=(12.0, 10.4), dpi=100, layout="constrained")
+    fig = Figure(figsize=(12.0, 8.6), dpi=100, layout="constrained")
     axes = fig.subplots(len(rows), len(calls), squeeze=False)
+    hollow = False
     for j, c in enumerate(calls):
         # (every variant sees the same calls: the large share depends on the threshold only)
         share = np.nanmean(per_rep(ds, "sim_large_share", "route_threshold", policy=found[0][0], calls=c), axis=1)
@@ -158,22 +193,32 @@ def autellix_routers(data) -> Figure:
                 sel = dict(policy=name, calls=c)
                 mean, half = replication_ci(per_rep(ds, var, "route_threshold", **sel))
                 unst = line(ds, "unstable", "route_threshold", **sel) | overloaded(ds, "route_threshold", **sel)
+                hollow |= bool(unst.any())
                 ax.plot(share[order], mean[order], color=col, lw=0.8, alpha=0.55, zorder=2)
                 sim_points(ax, share, mean, mean - half, mean + half, unst, col, m)
             if log:
                 ax.set_yscale("log")
+                plain_log_ticks(ax.yaxis)
             ax.set_xlabel("share of large calls (above the threshold)")
             ax.set_ylabel(label)
             if i == 0:
                 ax.set_title(f"{c} calls per program")
     _variants_legend(fig, [_router_label(settings) for _, settings in found],
-                     "unstable, or throughput below 0.95 $\\times$ arrival rate")
+                     "unstable, or throughput below 0.95 $\\times$ arrival rate" + ("" if hollow else " (none here)"))
     a = ds.attrs
+    carried = ""
+    names = [name for name, _ in found]
+    if "least_used" in names:
+        # each replication's throughput over least-used's on the same calls
+        thr = ds["sim_throughput"].where(ds["done"])
+        gap = float(np.nanmax(np.abs(thr / thr.sel(policy="least_used") - 1.0).values))
+        carried = (f"\nthroughput (not drawn) within {100 * gap:.1f} % of least-used's in every replication: "
+                   "every router carries the arrivals")
     fig.suptitle(f"Routing {int(a['n']):,} calls of multi-call programs over {int(a['engines'])} engines (dynamic "
                  f"batching each) at {float(a['rate']):g} calls/s\nnew tokens log-normal (median "
                  f"{float(a['prompt_median']):g}, $\\sigma$ {float(a['prompt_sigma']):g}), a call's prompt its "
                  f"program's context + new tokens; KV reuse on the engine holding the context; "
-                 f"{int(a['reps'])} reps", fontsize=9.5)
+                 f"{int(a['reps'])} reps" + carried, fontsize=9.5)
     return fig
 
 

@@ -301,25 +301,40 @@ def _max_wait_label(w) -> str:
     return "max_wait = $\\infty$ (classic multi-bin)" if np.isinf(w) else f"max_wait = {w:g} s"
 
 
+#: max_wait's colours for the classic policy (max_wait = inf) and for the
+#: closed forms drawn for it (Lemma 5.1, Theorem 4.2): apart from the
+#: viridis of the finite timeouts, and from each other
+MAX_WAIT_INF_COLOR = COLORS[3]
+MAX_WAIT_THEORY_COLOR = "black"
+
+
 def _max_wait_colors(waits):
     cmap = matplotlib.colormaps["viridis"]
     finite = [w for w in waits if np.isfinite(w)]
     pos = {w: (0.0 if len(finite) < 2 else 0.9 * i / (len(finite) - 1)) for i, w in enumerate(finite)}
-    return [cmap(pos[w]) if np.isfinite(w) else "black" for w in waits]
+    return [cmap(pos[w]) if np.isfinite(w) else MAX_WAIT_INF_COLOR for w in waits]
 
 
-def _sim_xy(ax, x, xlo, xhi, y, ylo, yhi, unstable, color, marker):
-    """Markers with 95% CIs in both x and y; unstable cells hollow."""
+def _sim_xy(ax, x, xlo, xhi, y, ylo, yhi, unstable, color, marker, clip_top):
+    """Markers with 95% CIs in both x and y, joined by a thin line; unstable
+    cells hollow; values above ``clip_top`` hollow on the top edge, without
+    bars or line."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     ok = np.isfinite(x) & np.isfinite(y)
+    clipped = ok & (y > clip_top)
+    ok &= ~clipped
     xerr = np.vstack([np.nan_to_num(np.clip(x - xlo, 0, None)), np.nan_to_num(np.clip(xhi - x, 0, None))])
     yerr = np.vstack([np.nan_to_num(np.clip(y - ylo, 0, None)), np.nan_to_num(np.clip(yhi - y, 0, None))])
-    ax.plot(x[ok], y[ok], color=color, lw=0.8, alpha=0.55, zorder=2)
+    if ok.sum() > 1:
+        ax.plot(x[ok], y[ok], color=color, lw=0.8, alpha=0.55, zorder=2)
     unstable = np.asarray(unstable, dtype=bool)
     for sel, face in ((ok & ~unstable, color), (ok & unstable, "none")):
         if sel.any():
             ax.errorbar(x[sel], y[sel], xerr=xerr[:, sel], yerr=yerr[:, sel], fmt=marker, ls="none",
                         color=color, mfc=face, mec=color, ecolor=color, elinewidth=0.9, zorder=3)
+    if clipped.any():
+        ax.plot(x[clipped], np.full(clipped.sum(), clip_top), ls="none", marker=marker, color=color, mfc="none",
+                mec=color, clip_on=False, zorder=3)
 
 
 def max_wait(data) -> Figure:
@@ -332,33 +347,50 @@ def max_wait(data) -> Figure:
     B, k = int(ds.attrs["batch_size"]), int(ds.attrs["bins"])
     fig, (ax_a, ax_b) = new_figure(13.0, 6.6, ncols=2)
 
-    lat_all = []
+    lat_all, cells = [], []
     for i, (w, c, m) in enumerate(zip(waits, colors, markers)):
         sel = dict(max_wait=ds["max_wait"].values[i])
         unst = line(ds, "unstable", "rate", **sel) | overloaded(ds, **sel)
         lat = [line(ds, f"sim_mean_latency_{s}", "rate", **sel) for s in ("mean", "ci_low", "ci_high")]
         thr = [line(ds, f"sim_throughput_{s}", "rate", **sel) for s in ("mean", "ci_low", "ci_high")]
-        _sim_xy(ax_a, *thr, *lat, unst, c, m)
+        cells.append((thr, lat, unst, c, m))
         lat_all.append(np.concatenate(lat))
     # Lemma 5.1 and Theorem 4.2 for the classic policy (max_wait = inf), where stored
     inf_idx = [i for i, w in enumerate(waits) if np.isinf(w)]
-    closed = []
+    closed, lemma, level = [], None, np.nan
     if inf_idx:
         sel = dict(max_wait=ds["max_wait"].values[inf_idx[0]])
         ets = constant(ds, "theory_mean_batch_service", **sel)
         if np.isfinite(ets):
-            x, y = closed_form_curve(ds, "theory_latency", lambda r: ets + (B - 1) * k / (2 * r), **sel)
-            ax_a.plot(x, y, color="black", lw=1.2, ls="-", zorder=1)
-            closed.append(y)
+            lemma = closed_form_curve(ds, "theory_latency", lambda r: ets + (B - 1) * k / (2 * r), **sel)
+            closed.append(lemma[1])
         level = constant(ds, "theory_service_rate", **sel)
-        if np.isfinite(level):
-            ax_a.axvline(level, color="black", ls="--", lw=1.0, zorder=1)
     ax_a.set_xscale("log")
     ax_a.xaxis.set_major_locator(FixedLocator([0.1, 0.2, 0.5, 1, 2, 5, 10]))
     ax_a.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax_a.xaxis.set_minor_formatter(NullFormatter())
     ax_a.set_yscale("log")
-    log_ylim(ax_a, lat_all, closed)
+    # the scale of the stable cells (unstable ones grow with n): those above it on the top edge
+    stable = [np.concatenate([v[~unst] for v in lat]) for _, lat, unst, _, _ in cells]
+    top_a = log_ylim(ax_a, stable, closed)
+    for thr, lat, unst, c, m in cells:
+        _sim_xy(ax_a, *thr, *lat, unst, c, m, clip_top=top_a / 1.15)
+    if lemma is not None:
+        ax_a.plot(*lemma, color=MAX_WAIT_THEORY_COLOR, lw=1.6, ls="-", zorder=1)
+        at = int(np.argmin(np.abs(lemma[0] - 8.5)))
+        ax_a.annotate("Lemma 5.1, max_wait = $\\infty$", (lemma[0][at], lemma[1][at]), xytext=(-2, -6),
+                      textcoords="offset points", ha="right", va="top", fontsize=7.5, color=MAX_WAIT_THEORY_COLOR)
+    if np.isfinite(level):
+        ax_a.axvline(level, color=MAX_WAIT_THEORY_COLOR, ls="--", lw=1.0, zorder=1)
+        ax_a.annotate(f"Theorem 4.2: {level:.2f}", (level, 0.66), xycoords=("data", "axes fraction"),
+                      xytext=(-3, 0), textcoords="offset points", rotation=90, ha="right", va="bottom",
+                      fontsize=7.5, color=MAX_WAIT_THEORY_COLOR)
+    off = [w for w, (_, lat, unst, _, _) in zip(waits, cells) if np.all(lat[0][np.isfinite(lat[0])] > top_a / 1.15)]
+    if off:
+        hidden = np.concatenate([cells[waits.index(w)][1][0] for w in off])
+        ax_a.text(0.02, 0.93, f"on the top edge, off scale: max_wait {', '.join(f'{w:g}' for w in off)} s, "
+                  f"unstable at every rate ({np.nanmin(hidden):,.0f} to {np.nanmax(hidden):,.0f} s; see (b))",
+                  transform=ax_a.transAxes, ha="left", va="top", fontsize=7, color="0.25")
     ax_a.set_xlabel(f"throughput ({unit(ds, 'sim_throughput_mean')}; "
                     f"one point per arrival rate {', '.join(f'{r:g}' for r in rates)})")
     ax_a.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
@@ -366,10 +398,12 @@ def max_wait(data) -> Figure:
     series = series_handles([_max_wait_label(w) for w in waits], colors, markers)
     ax_a.legend(handles=series + style_handles(
         ("sim", "simulation: mean $\\pm$ 95% CI (both axes)"),
-        ("hollow", _UNSTABLE_TOKEN_LABEL),
-        ("-", "Lemma 5.1, max_wait = $\\infty$ ($\\infty$ servers; lower bound)"),
-        ("--", f"Theorem 4.2 saturated throughput, k = {k}"),
-    ), loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7)
+        ("hollow", _UNSTABLE_TOKEN_LABEL + "; on the top edge if off scale"),
+    ) + [Line2D([], [], color=MAX_WAIT_THEORY_COLOR, lw=1.6,
+                label="Lemma 5.1 for max_wait = $\\infty$ ($\\infty$ servers; with one, a lower bound)"),
+         Line2D([], [], color=MAX_WAIT_THEORY_COLOR, ls="--", lw=1.0,
+                label=f"Theorem 4.2 saturated throughput, max_wait = $\\infty$, k = {k}")],
+        loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=7)
 
     # (b) latency vs max_wait, one series per rate; infinity at a place of its own
     finite = [w for w in waits if np.isfinite(w)]

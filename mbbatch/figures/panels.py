@@ -33,11 +33,14 @@ def throughput_panel(ax, ds, *, bound: bool):
     return series
 
 
-def latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}"):
+def latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}", sizes=None):
     """Mean latency vs rate, one series per value of ``series_dim``.
 
-    Returns the legend handles and, per series, the Lemma 5.1 curve ``(x, y)``
-    (drawn here only for ``series_dim == "bins"``).
+    ``sizes`` (points, one per series) sets the markers' sizes, each series
+    drawn over the ones before it: decreasing sizes keep series that
+    coincide visible, one inside the other.  Returns the legend handles
+    and, per series, the Lemma 5.1 curve ``(x, y)`` (drawn here only for
+    ``series_dim == "bins"``).
     """
     values = list(ds[series_dim].values)
     rates = np.asarray(ds["rate"].values, dtype=float)
@@ -57,11 +60,19 @@ def latency_panel(ax, ds, *, series_dim="bins", label=lambda v: f"k = {int(v)}")
     if series_dim == "bins":
         for (x, y), c in zip(curves, colors):
             ax.plot(x, y, color=c, lw=1.2, zorder=2)
-    for mean, lo, hi, unst, c, m in sims:
-        sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
+    if sizes is None:
+        for mean, lo, hi, unst, c, m in sims:
+            sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15)
+    else:
+        for i, ((mean, lo, hi, unst, c, m), size) in enumerate(zip(sims, sizes)):
+            sim_points(ax, rates, mean, lo, hi, unst, c, m, clip_top=top / 1.15, zorder=3 + i, markersize=size)
     ax.set_xlabel(f"arrival rate $\\lambda$ ({unit(ds, 'rate')})")
     ax.set_ylabel(f"mean latency ({unit(ds, 'sim_mean_latency_mean')})")
-    return series_handles([label(v) for v in values], colors, markers), curves
+    handles = series_handles([label(v) for v in values], colors, markers)
+    if sizes is not None:
+        for h, size in zip(handles, sizes):
+            h.set_markersize(size)
+    return handles, curves
 
 
 def capacity_search(ds, x: str, **sel) -> tuple:

@@ -28,6 +28,10 @@ __all__ = ["fig1b", "fig3", "fig4", "fig8", "throughput_vs_k", "min_bins_vs_eps"
 _UNSTABLE_LABEL = "hollow: unstable cell"
 _UNSTABLE_CLIPPED = "hollow: unstable cell (on the top edge if off scale)"
 
+#: servers' marker sizes (points), from the first server count to the last
+#: (interpolated for more or fewer counts)
+SERVERS_MARKER_SIZES = (10.0, 7.5, 6.0, 2.6)
+
 
 def fig1b(data) -> Figure:
     """Paper Figure 1b: Gantt chart of four requests, one bin vs two bins."""
@@ -263,13 +267,18 @@ def servers(data) -> Figure:
     ds = data["servers"]
     k = int(ds.attrs["bins"])
     fig, (ax,) = new_figure(8.4, 4.4)
-    series, curves = latency_panel(ax, ds, series_dim="servers",
-                                    label=lambda v: servers_label(v))
+    # 1, 2, 8 and infinitely many servers coincide at light load: each drawn
+    # smaller than the one before it, so that every one stays visible
+    n = ds.sizes["servers"]
+    sizes = np.interp(np.linspace(0, len(SERVERS_MARKER_SIZES) - 1, n), range(len(SERVERS_MARKER_SIZES)),
+                      SERVERS_MARKER_SIZES)
+    series, curves = latency_panel(ax, ds, series_dim="servers", label=lambda v: servers_label(v),
+                                   sizes=[float(v) for v in sizes])
     # Lemma 5.1 does not depend on the number of servers: one black curve.
     ax.plot(*curves[0], color="black", lw=1.2, zorder=2)
     _capacity_marks(ax, ds, "servers")
     styles = style_handles(
-        ("sim", "simulation: mean $\\pm$ 95% CI"),
+        ("sim", "simulation: mean $\\pm$ 95% CI (nested where they coincide)"),
         ("hollow", _UNSTABLE_CLIPPED),
         ("-", "Lemma 5.1 (exact for $\\infty$ servers)"),
         (":", "saturated throughput with c servers"),

@@ -22,7 +22,8 @@ from matplotlib.ticker import (FixedLocator, FormatStrFormatter, LogLocator, Nul
                                ScalarFormatter)
 
 __all__ = ["DPI", "RC", "PDF_METADATA", "PNG_METADATA", "COLORS", "MARKERS", "house_style", "new_figure",
-           "save", "sim_points", "series_handles", "style_handles", "two_legends", "log_ylim", "log2_k_axis"]
+           "save", "sim_points", "series_handles", "style_handles", "two_legends", "log_ylim", "plain_log_ticks",
+           "log2_k_axis"]
 
 #: Fixed resolution of the PNG files (dots per inch).
 DPI = 150
@@ -79,9 +80,15 @@ def save(fig, out_dir: Path, name: str) -> list[Path]:
 
 # ---------------------------------------------------------------- simulation markers
 
-def sim_points(ax, x, mean, lo, hi, unstable, color, marker, *, clip_top=None, zorder=3):
+def sim_points(ax, x, mean, lo, hi, unstable, color, marker, *, clip_top=None, zorder=3, unstable_bars=True,
+               markersize=None):
     """Markers with 95% CI bars; unstable cells hollow; values above ``clip_top``
-    drawn hollow on the top edge (without bars)."""
+    drawn hollow on the top edge (without bars).
+
+    ``unstable_bars=False`` leaves the unstable cells' bars out (the mean of a
+    transient has no steady state for an interval to describe);
+    ``markersize`` (points) overrides the style's size.
+    """
     x = np.asarray(x, dtype=float)
     mean = np.asarray(mean, dtype=float)
     lo = np.asarray(lo, dtype=float)
@@ -93,14 +100,19 @@ def sim_points(ax, x, mean, lo, hi, unstable, color, marker, *, clip_top=None, z
     clipped = np.zeros_like(ok)
     if clip_top is not None:
         clipped = ok & (mean > clip_top)
+    size = {} if markersize is None else {"ms": markersize}
     for sel, face in ((ok & ~unstable & ~clipped, color), (ok & unstable & ~clipped, "none")):
         if not sel.any():
             continue
+        if face == "none" and not unstable_bars:
+            ax.plot(x[sel], mean[sel], ls="none", marker=marker, color=color, mfc="none", mec=color, zorder=zorder,
+                    **size)
+            continue
         ax.errorbar(x[sel], mean[sel], yerr=err[:, sel], fmt=marker, ls="none", color=color,
-                    mfc=face, mec=color, ecolor=color, elinewidth=0.9, zorder=zorder)
+                    mfc=face, mec=color, ecolor=color, elinewidth=0.9, zorder=zorder, **size)
     if clipped.any():
         ax.plot(x[clipped], np.full(clipped.sum(), clip_top), ls="none", marker=marker,
-                mfc="none", mec=color, clip_on=False, zorder=zorder)
+                mfc="none", mec=color, clip_on=False, zorder=zorder, **size)
 
 
 # ---------------------------------------------------------------- legends and axes
@@ -153,6 +165,15 @@ def log_ylim(ax, stable_values, curve_values):
     ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     return top
+
+
+def plain_log_ticks(axis, subs=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)):
+    """Plain numbers (``4``, not ``4x10^0``) as the ticks of a log ``axis``
+    (``ax.yaxis``), at ``subs`` times the powers of ten, so that an axis
+    spanning less than a decade still has labelled ticks."""
+    axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FormatStrFormatter("%g"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def log2_k_axis(ax, kmax):
