@@ -270,6 +270,17 @@ class CapacityResult:
                 f"{self.bracket[1]:.6g}]){ok}; {self.n_probes} probes, {self.requests:.3g} requests simulated "
                 f"in {self.seconds:.2f} s")
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: the summary, then each search's answer and bracket."""
+        import html
+
+        rows = "".join(f"<tr><td>{j}</td><td style='text-align:right'>{s.rate:.6g}</td>"
+                       f"<td>[{s.bracket[0]:.6g}, {s.bracket[1]:.6g}]</td><td>{len(s.probes)}</td>"
+                       f"<td>{'yes' if s.resolved else 'no'}</td></tr>" for j, s in enumerate(self.searches))
+        return (f"<p><b>CapacityResult</b>: {html.escape(self.summary())}</p><table><tr><th>search</th>"
+                "<th>answer (requests/s)</th><th>bracket</th><th>probes</th><th>resolved</th></tr>"
+                + rows + "</table>")
+
     def table(self):
         """The probes as an xarray-free table: a list of dicts, one per
         search, probe and criterion."""

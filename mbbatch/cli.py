@@ -117,6 +117,24 @@ def _parser() -> argparse.ArgumentParser:
     fg.add_argument("--out", default="figures", help="folder for the PNG and PDF files")
     fg.add_argument("--workers", type=int, default=None, help="processes drawing at once (default: all cores)")
 
+    pl = sub.add_parser("plot", help="draw any sweep store: a metric against an axis",
+                        description="Draw a variable of a sweep store against one of its axes, in the figures' "
+                                    "style: simulated metrics at their mean with their stored interval (hollow "
+                                    "where the cell has no steady state), the closed form beside them where the "
+                                    "store keeps one.  Every axis other than --x, --hue and --col must have one "
+                                    "value or be fixed with --sel.")
+    pl.add_argument("store", help="the Zarr store a sweep wrote")
+    pl.add_argument("--x", required=True, help="the axis along the horizontal (rate, bins, policy, ...)")
+    pl.add_argument("--y", required=True, help="the variable: a simulated metric by its per-replication name "
+                                               "(sim_mean_latency), sim_capacity, a theory_* closed form, ...")
+    pl.add_argument("--hue", default=None, help="an axis drawn as series (one colour and marker each)")
+    pl.add_argument("--col", default=None, help="an axis drawn as panels side by side")
+    pl.add_argument("--sel", nargs="*", default=[], metavar="AXIS=VALUE", help="a value for each other axis")
+    pl.add_argument("--logx", action="store_true", help="a log-scaled horizontal axis")
+    pl.add_argument("--logy", action="store_true", help="a log-scaled vertical axis")
+    pl.add_argument("--out", default=None, help="the image to write (PNG, PDF or SVG by its suffix; default "
+                                                 "STORENAME_Y.png here)")
+
     ex = sub.add_parser("example", help="store worked examples as Datasets")
     ex.add_argument("name", nargs="+", choices=list(_EXAMPLES),
                     help="fig1b: the paper's Figure 1b example; engine_event: an engine of a cluster removed and "
@@ -346,6 +364,42 @@ def _print_capacities(ds) -> None:
         print(f"  ... and {len(cells) - CAPACITY_LINES} more grid points in the store")
 
 
+def _plot(args) -> None:
+    import xarray as xr
+
+    from .figures.plotting import plot
+    from .figures.style import DPI, PDF_METADATA, PNG_METADATA, house_style
+
+    store = Path(args.store)
+    if not store.exists():
+        raise FileNotFoundError(f"{store}: no such store")
+    ds = xr.open_zarr(store, chunks=None)
+    sel = {}
+    for item in args.sel:
+        axis, eq, text = item.partition("=")
+        if not eq or axis not in ds.dims:
+            raise ValueError(f"--sel: {item!r} must be AXIS=VALUE with AXIS one of {[d for d in ds.dims if d != 'rep']}")
+        values = ds[axis].values
+        match = [v for v in values if str(v) == text or (values.dtype.kind in "fiu" and _float(text) == v)]
+        if not match:
+            raise ValueError(f"--sel: {axis} has no value {text!r}; its values: {[str(v) for v in values]}")
+        sel[axis] = match[0]
+    fig = plot(ds, x=args.x, y=args.y, hue=args.hue, col=args.col, sel=sel, logx=args.logx, logy=args.logy)
+    out = Path(args.out) if args.out is not None else Path(f"{store.stem}_{args.y}.png")
+    with house_style():
+        fig.savefig(out, dpi=DPI, metadata=PDF_METADATA if out.suffix.lower() == ".pdf" else
+                    PNG_METADATA if out.suffix.lower() == ".png" else None)
+    print(out)
+
+
+def _float(text: str):
+    """``text`` as a float, or None."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _frozen(args):
     import scipy.stats as st
 
@@ -465,6 +519,8 @@ def _dispatch(args) -> int:
         report = check_store(args.store)
         print(report.text)
         return 0 if report.ok else 1
+    elif args.command == "plot":
+        _plot(args)
     elif args.command == "figures":
         from .figures import make_figures
 

@@ -208,6 +208,31 @@ class SimulationResult:
                           if k in self._metrics)
         return f"SimulationResult({self.config.get('policy', self.kind)}, n={self.n}, {shown})"
 
+    def summary(self) -> str:
+        """One line: the policy, requests, throughput, mean latency with its
+        batch-means interval, p99 latency, and whether the run has a steady
+        state."""
+        m = self._metrics
+        ci = m.get("mean_latency_ci_low", math.nan), m.get("mean_latency_ci_high", math.nan)
+        interval = (f" [{ci[0]:.4g}, {ci[1]:.4g}] ({100 * stats.CONFIDENCE:g}% batch means)"
+                    if all(math.isfinite(v) for v in ci) else "")
+        state = f"; no steady state: {self.unstable_reason}" if self.unstable else ""
+        return (f"{self.config.get('policy', self.kind)}: {self.n:,} requests, throughput {m['throughput']:.4g} "
+                f"requests/s, mean latency {m['mean_latency']:.4g} s{interval}, p99 {m['latency_p99']:.4g} s{state}")
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the summary, then every metric with its units."""
+        import html
+
+        rows = []
+        for name, value in self._metrics.items():
+            units = METRICS[name].units if name in METRICS else ""
+            shown = f"{value:.6g}" if isinstance(value, float) else str(value)
+            rows.append(f"<tr><td><code>{name}</code></td><td style='text-align:right'>{shown}</td>"
+                        f"<td>{html.escape(units)}</td></tr>")
+        return (f"<p><b>SimulationResult</b>: {html.escape(self.summary())}</p>"
+                "<table><tr><th>metric</th><th>value</th><th>units</th></tr>" + "".join(rows) + "</table>")
+
     @property
     def mean_latency_ci(self) -> tuple:
         return (self._metrics["mean_latency_ci_low"], self._metrics["mean_latency_ci_high"])

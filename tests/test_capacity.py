@@ -402,3 +402,10 @@ def test_searches_are_independent_and_the_first_is_a_lone_search():
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(ValueError, match=r"searches must be an integer in \[1, inf\)"):
             find_capacity(pol, **kw, searches=bad)
+
+
+def test_a_capacity_result_shows_each_search_in_a_notebook():
+    r = find_capacity(mb.MultiBin(bins=2, batch_size=8), service=U, n=2_000, rel_tol=0.05, seed=1, searches=2)
+    html = r._repr_html_()
+    assert r.summary() in html and html.count("<tr>") == 3
+    assert f"{r.searches[1].rate:.6g}" in html

@@ -149,3 +149,15 @@ def test_renamed_metrics_answer_to_their_old_names_with_a_warning():
     with pytest.warns(DeprecationWarning, match="batch_size_mean is now mean_batch_size"):
         assert res.batch_size_mean == res.mean_batch_size
     assert all(new in mb.metrics.METRICS and old not in mb.metrics.METRICS for old, new in RENAMED.items())
+
+
+def test_summary_and_notebook_display():
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(0.3), st.uniform(1, 19), n=20_000, seed=1)
+    lo, hi = res.mean_latency_ci
+    line = res.summary()
+    assert line.startswith("multibin: 20,000 requests, throughput ") and f"[{lo:.4g}, {hi:.4g}]" in line
+    html = res._repr_html_()
+    assert html.count("<tr>") == len(res.metrics()) + 1 and "<code>latency_p99</code>" in html
+    with pytest.warns(mb.results.UnstableWarning):
+        hot = mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(2.0), st.uniform(1, 19), n=20_000, seed=1)
+    assert "no steady state: the backlog grows" in hot.summary()

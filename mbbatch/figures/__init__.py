@@ -43,6 +43,8 @@ A figure's name is the name of the function that draws it:
   shrinks (``continuous_memory``), and its cap set by the dynamic-batching
   controller (``continuous_controller``), and against batching run to
   completion on a real trace's lengths (``continuous_trace``);
+- :mod:`.plotting`: any store, a metric against an axis (:func:`plot`,
+  ``mbbatch plot``);
 - :mod:`.data`: where datasets live and reading values from them;
 - :mod:`.style`: the shared look and the deterministic savers;
 - :mod:`.analysis`: numbers that are not drawing (overload, confidence
@@ -75,9 +77,10 @@ import xarray as xr
 
 from . import capacity, cluster, continuous, experiments, hardware, paper, workloads
 from .data import dataset_command, dataset_path, open_dataset
+from .plotting import plot
 from .style import house_style, save
 
-__all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "IncompleteDataset", "make_figures", "dataset_path",
+__all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "IncompleteDataset", "make_figures", "plot", "dataset_path",
            "dataset_command"]
 
 

@@ -413,7 +413,7 @@ def _iteration_theory(arrivals: str, service: str, params: dict) -> dict:
     if params["max_wait"] < math.inf or (trace is not None and not params["trace"]["resample"]):
         return dict(_NO_THEORY)
     policy, arr, side = point_objects(arrivals, service, params)
-    wl, model = side["workload"], side["service_model"]
+    wl = side["workload"]
     if not wl.integer_lengths:
         return dict(_NO_THEORY)
     es, one = iteration_closed_form(plan(policy, arr, n=params["n"], servers=params["servers"], **side))
