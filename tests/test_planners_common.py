@@ -107,3 +107,25 @@ def test_python_lengths_are_the_kernels_draws(dist, integer):
         if integer:
             want = np.maximum(np.ceil(want), 1.0)
     assert got.tobytes() == want.tobytes()
+
+
+def test_one_engine_whose_queue_grows_is_an_overload_the_sum_can_hide():
+    """Three engines holding 100 requests each, steadily, and a fourth whose queue grows from 0 to
+    40: the sum grows by 10 % (under the rule's half), the fourth engine's by far more than two
+    batches: the run is flagged, naming the engine; with steady engines, or one engine, it is not."""
+    import numpy as np
+
+    from mbbatch import stats
+    from mbbatch.planners.common import engines_backlog
+
+    t = np.linspace(0.0, 100.0, 401)
+    engines = np.column_stack([np.full(t.size, 100.0)] * 3 + [0.4 * t])
+    total = engines.sum(axis=1, keepdims=True)
+    assert not stats.queue_verdict(t, total, 1.0, 0.0, 100.0)[0]      # the sum alone misses it
+    for queue in (total, engines):      # (bins summed, as the event kernel keeps them; or one column an engine)
+        grows, why = engines_backlog(t, queue, engines, 1.0, 0.0, 100.0)
+        assert grows and why.startswith("engine 3: the backlog grows"), why
+    steady = engines.copy()
+    steady[:, 3] = 5.0
+    assert engines_backlog(t, steady, steady, 1.0, 0.0, 100.0) == (False, "no growing backlog")
+    assert engines_backlog(t, total, None, 1.0, 0.0, 100.0) == (False, "no growing backlog")

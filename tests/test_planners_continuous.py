@@ -318,21 +318,3 @@ def test_engines_given_no_request_idle():
     assert res.completed == 3 and res.engine_completed.sum() == 3 and np.count_nonzero(res.engine_completed) <= 3
     assert np.all(np.isfinite(res.requests.completion)) and math.isfinite(res.throughput)
     assert np.all(res.engine_utilization[res.engine_completed == 0] == 0)
-
-
-def test_one_engine_whose_queue_grows_is_an_overload_the_sum_can_hide():
-    """Three engines holding 100 requests each, steadily, and a fourth whose queue grows from 0 to
-    40: the sum grows by 10 % (under the rule's half), the fourth engine's by far more than two
-    batches: the run is flagged, naming the engine."""
-    from mbbatch.planners.continuous import _backlog
-
-    t = np.linspace(0.0, 100.0, 401)
-    queue = np.column_stack([np.full(t.size, 100.0)] * 3 + [0.4 * t])
-    grows, why = _backlog(t, queue, 1.0, 0.0, 100.0)
-    assert grows and why.startswith("engine 3: the backlog grows"), why
-    steady = queue.copy()
-    steady[:, 3] = 5.0
-    assert _backlog(t, steady, 1.0, 0.0, 100.0) == (False, "no growing backlog")
-    from mbbatch import stats
-
-    assert not stats.queue_verdict(t, queue, 1.0, 0.0, 100.0)[0]      # the sum alone missed it

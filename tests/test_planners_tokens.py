@@ -83,22 +83,3 @@ def test_the_memory_guard_asks_at_each_doubling(monkeypatch):
     with pytest.raises(MemoryError, match=r"^n: this run's backlog outgrew .* more than the 4.0 MiB available"):
         mb.simulate(mb.StaticBatching(batch_size=2), arrivals=mb.Poisson(50.0), workload=wl, n=200_000, seed=3)
     assert len(asked) > 3                     # stopped at a doubling after the memory was taken
-
-
-
-
-def test_one_engine_of_a_cluster_whose_queue_grows_is_an_overload():
-    """The bins' queues summed over a cluster's engines can hide one engine's growing queue behind
-    the others' steady ones: each engine is checked alone as well, and named."""
-    import numpy as np
-
-    from mbbatch import stats
-    from mbbatch.planners.tokens import _backlog
-
-    t = np.linspace(0.0, 100.0, 401)
-    engines = np.column_stack([np.full(t.size, 100.0)] * 3 + [0.4 * t])
-    bins = engines.sum(axis=1, keepdims=True)
-    assert not stats.queue_verdict(t, bins, 1.0, 0.0, 100.0)[0]
-    grows, why = _backlog(t, bins, engines, 1.0, 0.0, 100.0)
-    assert grows and why.startswith("engine 3: the backlog grows"), why
-    assert _backlog(t, bins, None, 1.0, 0.0, 100.0) == (False, "no growing backlog")

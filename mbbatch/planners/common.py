@@ -20,7 +20,7 @@ from ..metrics import applicable
 from ..predictors import Predictions
 from ..results import SimulationResult, UnstableWarning
 
-__all__ = ["BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE", "RunTotals", "assemble", "check_arrivals",
+__all__ = ["BATCH_MEANS_GROUPS", "engines_backlog", "TIME_SERIES_ROWS", "SCALE_RANGE", "RunTotals", "assemble", "check_arrivals",
            "check_batch_model",
            "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
            "exponentials", "drawn_lengths", "readonly", "per_bin", "steady_state", "settled", "HISTOGRAM_QUANTILES",
@@ -139,6 +139,23 @@ def steady_state(arrivals, n: int, verdict) -> tuple:
     if arrivals.unassessed:
         return False, f"not assessed: {arrivals.unassessed}"
     return verdict(*arrivals.span(n))
+
+
+def engines_backlog(times, queue, engine_queue, unit: float, start: float, end: float) -> tuple:
+    """``(growing, reason)`` of a run of several engines: the requests
+    waiting on all of them (``queue``: columns summed), then on each engine
+    alone (``engine_queue``: one column each; None for one engine).  One
+    engine whose queue grows is an overload of the run, though the others'
+    steady queues can hide it in the sum (a router that sends one engine more
+    than it carries)."""
+    growing, reason = stats.queue_verdict(times, queue, unit, start, end)
+    if growing or engine_queue is None or engine_queue.shape[1] < 2:
+        return growing, reason
+    for e in range(engine_queue.shape[1]):
+        grows, why = stats.queue_verdict(times, engine_queue[:, e:e + 1], unit, start, end)
+        if grows:
+            return True, f"engine {e}: {why}"
+    return growing, reason
 
 
 def finish(res: SimulationResult, warn: bool, stacklevel: int) -> SimulationResult:

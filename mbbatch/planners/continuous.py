@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import numpy as np
 import scipy.stats as _st
 
-from .. import stats
 from .._kernels import common as _common
 from .._kernels import continuous as _k
 from .._kernels import continuous_cluster as _cc
@@ -27,8 +26,8 @@ from ..predictors import LogNormalError, Oracle, Predictions
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
-                     check_times, finish, lengths, model_config, quantiles, resolve_n, rvs_memory, settled,
-                     steady_state)
+                     check_times, engines_backlog, finish, lengths, model_config, quantiles, resolve_n, rvs_memory,
+                     settled, steady_state)
 
 __all__ = ["Plan", "check"]
 
@@ -366,21 +365,6 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     return st, merged, req, ts, queue
 
 
-def _backlog(times, queue, mean_running: float, start: float, end: float) -> tuple:
-    """``(growing, reason)``: the requests waiting on all engines (one column
-    each), then on each engine alone: one engine whose queue grows is an
-    overload of the run, though the others' steady queues can hide it in
-    the sum (a router that sends one engine more than it carries)."""
-    growing, reason = stats.queue_verdict(times, queue, mean_running, start, end)
-    if growing or queue.shape[1] == 1:
-        return growing, reason
-    for e in range(queue.shape[1]):
-        grows, why = stats.queue_verdict(times, queue[:, e:e + 1], mean_running, start, end)
-        if grows:
-            return True, f"engine {e}: {why}"
-    return growing, reason
-
-
 def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
     n = plan.n
     placed = routed = None
@@ -452,8 +436,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         completed=completed, span=span, sum_latency=st["sum_latency"], busy=busy, servers=plan.engines,
         batches=iters, members=st["sum_batch"], latency_quantiles=q, group_latency=g_lat), extra)
     mean_running = extra["mean_running"]
-    unstable, reason = steady_state(plan.arrivals, n, lambda start, end: _backlog(ts["time"], queue, mean_running,
-                                                                                  start, end))
+    unstable, reason = steady_state(plan.arrivals, n, lambda start, end: engines_backlog(
+        ts["time"], queue, queue, mean_running, start, end))
     res = SimulationResult(
         kind=kind, config={**plan.description, "seed_entropy": entropy_str(ss)}, n=n,
         servers=plan.servers,

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _st
 
-from .. import stats
 from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
@@ -27,8 +26,8 @@ from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import DecodeModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
-                     check_batch_model, check_times, drawn_lengths, finish, lengths, model_config, per_bin, quantiles,
-                     resolve_n, rvs_memory, settled, steady_state)
+                     check_batch_model, check_times, drawn_lengths, engines_backlog, finish, lengths, model_config,
+                     per_bin, quantiles, resolve_n, rvs_memory, settled, steady_state)
 
 __all__ = ["Plan", "check", "TS_COLUMNS"]
 
@@ -238,21 +237,6 @@ def _given_edges(ev, workload) -> tuple:
     return lo, hi
 
 
-def _backlog(times, queue, engine_queue, mean_b: float, start: float, end: float) -> tuple:
-    """``(growing, reason)``: the requests waiting in every bin, then (a
-    cluster) on each engine alone: one engine whose queue grows is an
-    overload of the run, though the others' steady queues can hide it in
-    the sum."""
-    growing, reason = stats.queue_verdict(times, queue, mean_b, start, end)
-    if growing or engine_queue is None or engine_queue.shape[1] < 2:
-        return growing, reason
-    for e in range(engine_queue.shape[1]):
-        grows, why = stats.queue_verdict(times, engine_queue[:, e:e + 1], mean_b, start, end)
-        if grows:
-            return True, f"engine {e}: {why}"
-    return growing, reason
-
-
 def _optimal_edges(K: int, b_max: int, law) -> tuple:
     """theory.optimal_boundaries on the output-length distribution ``law``
     at B = b_max, floored and tiled like Algorithm 6's edges."""
@@ -359,7 +343,7 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
               **workload.describe(), **model_config(plan.model), "n": n, "servers": int(plan.servers),
               "seed_entropy": entropy_str(ss)}
     batches = Table({k: v[:nb] for k, v in bat.items()}) if plan.keep_batches else None
-    unstable, reason = steady_state(arrivals, n, lambda start, end: _backlog(
+    unstable, reason = steady_state(arrivals, n, lambda start, end: engines_backlog(
         ts["time"], ts["queue"], engine_queue, mean_b, start, end))
     # Algorithm 6's edges tile [lo[0], hi[K-1]): K + 1 of them, as MultiBin's
     edges = np.append(out.edges_lo, out.edges_hi[-1])
