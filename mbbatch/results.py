@@ -293,6 +293,20 @@ class SimulationResult:
         """The metrics that apply to this run's policy, by name (table order)."""
         return dict(self._metrics)
 
+    def to_dataframe(self):
+        """The metrics as a pandas DataFrame, one row each: ``value``,
+        ``units`` and ``description``, indexed by name (table order).  (The
+        Dataset of :meth:`to_dataset` holds arrays along several dimensions
+        as well, whose own ``to_dataframe()`` is their product; the per-request
+        and per-batch records are :attr:`requests` and :attr:`batches`.)"""
+        import pandas as pd
+
+        rows = {name: {"value": value, "units": METRICS[name].units, "description": METRICS[name].description}
+                for name, value in self._metrics.items()}
+        rows["unstable"] = {"value": self.unstable, "units": METRICS["unstable"].units,
+                            "description": METRICS["unstable"].description}
+        return pd.DataFrame.from_dict(rows, orient="index")
+
     def to_dataset(self):
         """The run as an ``xarray.Dataset``: every metric that applies, named
         as a sweep store names it (``sim_throughput``, ``completed``,

@@ -161,3 +161,13 @@ def test_summary_and_notebook_display():
     with pytest.warns(mb.results.UnstableWarning):
         hot = mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(2.0), st.uniform(1, 19), n=20_000, seed=1)
     assert "no steady state: the backlog grows" in hot.summary()
+
+
+def test_to_dataframe_is_one_row_a_metric():
+    """res.to_dataset().to_dataframe() is the product of the run's arrays' dimensions (hundreds of
+    rows); res.to_dataframe() is the metrics, one row each, with their units."""
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(0.3), st.uniform(1, 19), n=4_000, seed=1)
+    df = res.to_dataframe()
+    assert list(df.index) == [*res.metrics(), "unstable"]
+    assert df.loc["throughput", "value"] == res.throughput and df.loc["throughput", "units"] == "requests/s"
+    assert len(res.to_dataset().to_dataframe()) > len(df)
