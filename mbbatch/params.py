@@ -351,7 +351,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # eps_M ~ 0.05, a 5% OOM probability: the dynamic-batching specification, Algorithm 1, step 3
     _p("eps_m", "real", "1", "risk eps_M of the CLT memory buffer", Domain(0, 1), default=0.05),
     _p("enabled", "flag", "", "whether the memory constraint is enforced", default=True),
-    _p("eta", "real", "tokens", "KV-cache token capacity eta", _POS),
+    # Memory()'s: (80 - 8) GB / 0.4 MB a token
+    _p("eta", "real", "tokens", "KV-cache token capacity eta", _POS, default=180_000.0),
     _p("memory", "choice", "", "b_mem rule: L0 = 0.1 eta, a CLT buffer, or no memory constraint",
        default="l0", choices=("l0", "clt", "off")),
     # --- the SLA controller (Algorithms 2 and 7) ----------------------------------------

@@ -27,8 +27,8 @@ def test_the_decode_stage_is_a_decode_stage_policy():
 
 def test_a_cells_laps_and_its_decode_stage():
     assert _build("laps", CELL).decode is None
-    with pytest.raises(ValueError, match='decode = "dynamic" needs decode_eta'):
-        _build("laps", {**CELL, "decode": "dynamic"})
+    # (a memory-aware stage without decode_eta: the parameter table's eta, as the API's Memory())
+    assert _build("laps", {**CELL, "decode": "dynamic"}).decode.memory.eta == mb.Memory().eta
     with pytest.raises(ValueError, match='decode = "static" needs decode_batch_size'):
         _build("laps", {**CELL, "decode": "static"})
     laps = _build("laps", {**CELL, "decode": "multibin_dynamic", "decode_eta": 1000.0, "decode_bins": 3})

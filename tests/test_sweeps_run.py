@@ -20,6 +20,7 @@ import mbbatch as mb
 from mbbatch import stats
 from mbbatch.metrics import applicable
 from mbbatch.sweeps import StoreNote, SweepError, run_sweep, run_sweeps
+from mbbatch.sweeps.cells import point_objects
 from mbbatch.sweeps.spec import SpecError, load_spec
 
 from .helpers import SLOW, SMALL, TOKEN, assert_identical, start_sweep, write
@@ -828,10 +829,11 @@ def test_a_laps_sweep_runs_a_decode_stage_of_each_token_policy(tmp_path):
 def test_a_laps_decode_stage_is_checked_before_the_sweep(tmp_path):
     with pytest.raises(SpecError, match=r'decode_eta sets LAPS.s decode stage; set decode = "static"'):
         load_spec(write(tmp_path, LAPS_SPEC.replace("n = 3000", "n = 3000\ndecode_eta = 1000.0")))
-    with pytest.raises(SpecError, match=r'decode = "dynamic" needs decode_eta'):
-        run_sweep(write(tmp_path, LAPS_SPEC.replace("n = 3000", 'n = 3000\ndecode = "dynamic"'), "b.toml"),
-                  tmp_path / "b.zarr", workers=1, progress=False)
-    assert not (tmp_path / "b.zarr").exists()
+    # a memory-aware decode stage without decode_eta: the parameter table's eta (the API's Memory())
+    spec = load_spec(write(tmp_path, LAPS_SPEC.replace("n = 3000", 'n = 3000\ndecode = "dynamic"'), "b.toml"))
+    (_, params), = list(spec.points())[:1]
+    pol, _, _ = point_objects(spec.arrivals, spec.service, params)
+    assert pol.decode.memory.eta == mb.Memory().eta == 180_000.0
     with pytest.raises(SpecError, match=r"decode must be one of"):
         load_spec(write(tmp_path, LAPS_SPEC.replace("n = 3000", 'n = 3000\ndecode = "fifo"'), "c.toml"))
 
@@ -962,16 +964,18 @@ def test_a_cluster_sweep_runs_continuous_batching_engines(tmp_path):
                                                       grid='router = ["least_used"]'), "bad.toml"))
 
 
-def test_a_cluster_needs_only_what_its_engines_read(tmp_path):
-    """d_sla, b_max and eta are required of a cluster of dynamic engines,
-    not of one of continuous-batching engines (which reads neither)."""
+def test_a_cluster_takes_the_tables_defaults_for_what_its_engines_read(tmp_path):
+    """Without d_sla, b_max and eta a cluster of dynamic engines takes the parameter table's (they were
+    required); one of continuous-batching engines needs none of them."""
     text = CLUSTER_SPEC.format(name="need", seed=1, extra="", grid='router = ["least_used"]')
     for key in ("d_sla = 0.0075\n", "b_max = 64\n", "eta = 180000.0\n", "prefill_per_token = 0.0001\n"):
         text = text.replace(key, "")
     text = text.replace('service_model = "decode"', 'service_model = "iteration"')
-    with pytest.raises(SpecError, match="missing field params.d_sla"):
-        load_spec(write(tmp_path, text, "dyn.toml"))
+    (_, params), = load_spec(write(tmp_path, text, "dyn.toml")).points()
+    assert (params["d_sla"], params["b_max"], params["eta"]) == (0.0075, 256, 180_000.0)
     spec = load_spec(write(tmp_path, text.replace("engines = 2", 'engines = 2\nengine_policy = "continuous"'),
                            "cont.toml"))
     (_, params), = spec.points()
-    assert params["eta"] is None and params["engine_policy"] == "continuous"
+    assert params["engine_policy"] == "continuous"
+    pol, _, _ = point_objects(spec.arrivals, spec.service, params)
+    assert isinstance(pol.policy, mb.ContinuousBatching)

@@ -5,6 +5,8 @@ is a SpecError naming the file (a fuzz over keys and values)."""
 import json
 
 import pytest
+
+import mbbatch as mb
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -250,9 +252,12 @@ def test_confidence_is_checked_and_changes_the_hash_only_when_given():
 
 
 def test_token_spec_errors(tmp_path):
-    bad = TOKEN.format(policy="dynamic", arrivals="poisson", extra="", grid="rate = [1.0]")
-    with pytest.raises(SpecError, match="b_max"):                     # missing field
-        load_spec(write(tmp_path, bad, "a.toml"))
+    # (no b_max, d_sla or eta: the parameter table's defaults, as the API's)
+    plain = TOKEN.format(policy="dynamic", arrivals="poisson", extra="", grid="rate = [1.0]")
+    plain = plain.replace("d_sla = 0.0074\n", "").replace("eta = 20000.0\n", "")
+    (_, params), = load_spec(write(tmp_path, plain, "a.toml")).points()
+    assert (params["d_sla"], params["b_max"], params["eta"]) == (0.0075, 256, 180_000.0)
+    assert mb.SLAController().d_sla == 0.0075 and mb.SLAController().b_max == 256 and mb.Memory().eta == 180_000.0
     bad = TOKEN.format(policy="static", arrivals="poisson", extra="b_max = 4", grid="batch_size = [4]\nrate = [1.0]")
     with pytest.raises(SpecError, match="params.b_max"):              # not a static parameter
         load_spec(write(tmp_path, bad, "b.toml"))

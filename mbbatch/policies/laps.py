@@ -126,8 +126,9 @@ class LAPS(Policy):
     def from_spec(cls, params: dict, ctx) -> "LAPS":
         """A cell's LAPS: its instances and router, and its decode stage
         (``decode``, a kind whose ``decode_*`` settings are its own: eta
-        tokens of KV capacity, one GB a token as for the token policies'
-        cells, the other settings at their defaults) under a
+        tokens of KV capacity (the parameter table's by default), one GB a
+        token as for the token policies' cells, the other settings at their
+        defaults) under a
         :class:`~mbbatch.DecodeModel` without prefill (the KV cache comes with
         the request); a ``"continuous"`` stage runs ``decode_b_max`` sequences
         at most on ``decode_eta`` KV tokens (inf without), timed by the
@@ -135,15 +136,16 @@ class LAPS(Policy):
         stage = {}
         kind = params["decode"]
         if kind != "none":
-            if params["decode_eta"] is None and kind not in ("static", "continuous"):
-                raise ValueError(f"decode = \"{kind}\" needs decode_eta (the decode servers' KV-cache tokens)")
             if kind == "static" and params["decode_batch_size"] is None:
                 raise ValueError("decode = \"static\" needs decode_batch_size (requests per decode batch)")
             from ..service_models import DecodeModel, IterationModel
 
             own = {key: default(key) for key in _DECODE_DEFAULTS}
+            # (a memory-aware stage without decode_eta: the parameter table's eta, as the API's Memory())
+            eta = params["decode_eta"]
             own.update(batch_size=params["decode_batch_size"], bins=params["decode_bins"],
-                       d_sla=params["decode_d_sla"], b_max=params["decode_b_max"], eta=params["decode_eta"])
+                       d_sla=params["decode_d_sla"], b_max=params["decode_b_max"],
+                       eta=default("eta") if eta is None and kind not in ("static", "continuous") else eta)
             if kind == "continuous":
                 # the engines' running sequences at most and KV cache (inf without decode_eta), timed by the
                 # default IterationModel

@@ -126,6 +126,7 @@ class SpecParam:
     key: str = ""
     models: frozenset = frozenset()
     capacity_only: bool = False
+    unset: bool = False
 
     @property
     def table(self):
@@ -133,10 +134,10 @@ class SpecParam:
 
     @property
     def default(self):
-        # an optional key whose table entry has no default (decode_eta, say):
-        # unset, None, unless given
+        # an optional key whose table entry has no default, or one whose absence means something
+        # (decode_eta: the decode stage's own default, see LAPS.from_spec): unset, None, unless given
         d = self.table.default
-        return None if d is REQUIRED and not self.required else d
+        return None if (d is REQUIRED or self.unset) and not self.required else d
 
     def required_for(self, kind: str) -> bool:
         """Whether a cell of policy ``kind`` must give it."""
@@ -160,11 +161,11 @@ class SpecParam:
             raise SpecError(f"{where}: {exc}{hint}") from None
 
 
-def _sp(name, kinds=None, *, workload=(), required=True, key="", models=(), capacity_only=False):
+def _sp(name, kinds=None, *, workload=(), required=True, key="", models=(), capacity_only=False, unset=False):
     """A spec key; its kinds (unless given) and arrival processes are those
     that declare it (:data:`mbbatch.registry.POLICIES`, :data:`mbbatch.registry.ARRIVALS`)."""
     return SpecParam(name, frozenset(kinds) if kinds is not None else _kinds_of(name), _arrivals_of(name),
-                     frozenset(workload), required, key, frozenset(models), capacity_only)
+                     frozenset(workload), required, key, frozenset(models), capacity_only, unset)
 
 
 # token-level requests (log-normal lengths or a trace's) under a batch service model
@@ -224,14 +225,14 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     # the predictor: not a workload parameter (cells that differ only in it see the same requests)
     _sp("predictor_sigma", required=False),
     _sp("predictor_p", required=False),
-    # (continuous batching's controller, off by default, takes the table's defaults)
-    _sp("d_sla", required=_ALL - {"continuous"}),
+    # the controller's and the memory's settings: the parameter table's defaults where not given
+    _sp("d_sla", required=False),
     _sp("eps_d", required=False),
     _sp("b_min", required=False),
-    _sp("b_max", required=_ALL - {"continuous"}),
+    _sp("b_max", required=False),
     _sp("controller", required=False),
     _sp("memory", required=False),
-    _sp("eta"),
+    _sp("eta", required=False),
     _sp("eps_m", required=False),
     _sp("selection", required=False),
     _sp("bin_edges", required=False),
@@ -264,7 +265,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("decode_bins", required=False, key="MultiBinDynamic.bins"),
     _sp("decode_d_sla", required=False, key="d_sla"),
     _sp("decode_b_max", required=False, key="b_max"),
-    _sp("decode_eta", required=False, key="eta"),
+    _sp("decode_eta", required=False, key="eta", unset=True),
     _sp("decode_model_beta", required=False, key="DecodeModel.beta"),
     _sp("decode_model_gamma", required=False, key="gamma"),
     _sp("prefill_a", workload=_REQ, models=("prefill",), required=False, key="PrefillModel.a"),
