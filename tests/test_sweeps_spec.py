@@ -453,3 +453,18 @@ def test_objective_bounds_are_capacity_parameters_and_axes():
     cells = [params for _, params in spec.points()]
     assert [c["objective_latency_p95"] for c in cells] == [100.0, 200.0, 100.0, 200.0]
     check_points(spec)
+
+
+def test_a_spec_with_several_problems_names_them_all_at_once(tmp_path):
+    """An unknown key, two bad values and a missing field: one error, one line each (it stopped at
+    the first, one round trip per problem)."""
+    text = TOKEN.format(policy="dynamic", arrivals="poisson", extra="speed = 3\nb_max = 0",
+                        grid="rate = [1.0, -2.0]").replace("output_sigma = 0.8\n", "")
+    with pytest.raises(SpecError) as info:
+        load_spec(write(tmp_path, text, "bad.toml"))
+    lines = str(info.value).splitlines()
+    assert lines[0].endswith("bad.toml: 4 problems:"), lines
+    assert any("unknown key speed" in ln for ln in lines[1:])
+    assert any("b_max must be an integer in [1, inf); got 0" in ln for ln in lines[1:])
+    assert any(ln.strip().startswith("grid.rate: rate must be in (0, inf); got -2.0") for ln in lines[1:])
+    assert any("missing field params.output_sigma" in ln for ln in lines[1:])

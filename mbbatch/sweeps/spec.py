@@ -53,6 +53,7 @@ domains, units and defaults come from the parameter table
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -660,17 +661,21 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                f"it does not apply to {', '.join(sorted(kinds))} with arrivals={arrivals!r} and {side}")
         return SpecError(f"{where}: unknown key {shown or key} ({why}); allowed: {sorted(allowed)}")
 
+    # (every unknown key, bad value and missing field is collected, and all are reported at once)
+    problems = _Problems(source)
     allowed_any = sorted(nm for nm in SPEC_PARAMS if applies_to(nm))
+    known = {}
     for key in fixed:
         if key == "policy" and not single:
             continue
         if key not in SPEC_PARAMS or not applies_to(key):
-            raise unknown(f"{source}: params", key, allowed_any, f"params.{key}" if key in SPEC_PARAMS else key)
+            problems.add(unknown(f"{source}: params", key, allowed_any, f"params.{key}" if key in SPEC_PARAMS else key))
     for key in grid:
         if key == "policy":
             continue
         if key not in SPEC_PARAMS or not applies_to(key):
-            raise unknown(f"{source}: grid", key, allowed_any, f"grid.{key}")
+            problems.add(unknown(f"{source}: grid", key, allowed_any, f"grid.{key}"))
+            continue
         if len(applies_to(key)) != len(policies):
             missing = sorted(set(policies) - set(applies_to(key)))
             raise SpecError(f"{source}: grid.{key} does not apply to the variants {missing}; an axis must "
@@ -686,25 +691,31 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             if sp is None or not sp.applies(settings["kind"], arrivals, workload, model, capacity is not None):
                 allowed = sorted(nm for nm, p in SPEC_PARAMS.items()
                                  if p.applies(settings["kind"], arrivals, workload, model, capacity is not None))
-                raise unknown(f"{source}: policies.{vname}", key, allowed)
+                problems.add(unknown(f"{source}: policies.{vname}", key, allowed))
+                continue
             if key in grid:
                 raise SpecError(f"{source}: {key} is both in policies.{vname} and in [grid]; give it once")
 
     # --- values
     params = {}
     for key, value in fixed.items():
-        if key == "policy":
+        if key == "policy" or key not in SPEC_PARAMS or not applies_to(key):
             continue
-        params[key] = SPEC_PARAMS[key].check(value, f"{source}: params")
+        with problems.collect():
+            params[key] = SPEC_PARAMS[key].check(value, f"{source}: params")
     for vname, settings in policies.items():
         for key, value in list(settings.items()):
-            if key not in _VARIANT_KEYS:
-                settings[key] = SPEC_PARAMS[key].check(value, f"{source}: policies.{vname}")
+            if key not in _VARIANT_KEYS and key in SPEC_PARAMS:
+                with problems.collect():
+                    settings[key] = SPEC_PARAMS[key].check(value, f"{source}: policies.{vname}")
     axes = {}
     for nm, values in grid.items():
         where = f"{source}: grid.{nm}"
+        if nm != "policy" and (nm not in SPEC_PARAMS or not applies_to(nm)):
+            continue
         if not isinstance(values, list) or not values:
-            raise SpecError(f"{where}: an axis must be a non-empty list of values; got {values!r}")
+            problems.add(SpecError(f"{where}: an axis must be a non-empty list of values; got {values!r}"))
+            continue
         if nm == "policy":
             if single:
                 raise SpecError(f"{where}: a policy axis needs [policies.NAME] tables")
@@ -713,7 +724,10 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                 raise SpecError(f"{where}: no variant named {bad[0]!r}; the variants: {sorted(policies)}")
             checked = list(values)
         else:
-            checked = [SPEC_PARAMS[nm].check(v, where) for v in values]
+            with problems.collect():
+                checked = [SPEC_PARAMS[nm].check(v, where) for v in values]
+            if problems.failed(where):
+                continue
         if len(set(checked)) != len(checked):
             dup = next(v for v in checked if checked.count(v) > 1)
             raise SpecError(f"{where}: duplicated value {dup!r}")
@@ -748,11 +762,12 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                                                                                   capacity is not None)
                                                 for k in engines))
                     and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
-                    and nm not in settings and nm not in params and nm not in axes
+                    and nm not in settings and nm not in fixed and nm not in grid
                     and not (capacity is not None and nm in SEARCHED)):
                 where = f"policies.{vname}, " if not single else ""
-                raise SpecError(f"{source}: missing field {where}params.{nm} or grid.{nm} "
-                                f"({sp.table.description})")
+                problems.add(SpecError(f"{source}: missing field {where}params.{nm} or grid.{nm} "
+                                       f"({sp.table.description})"))
+    problems.raise_any()
 
     spec = SweepSpec(name=name, description=description, arrivals=arrivals, workload=workload,
                      service_model=model, reps=reps, seed=seed, params=params, axes=axes, policies=policies,
@@ -760,6 +775,36 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                      confidence=confidence)
     _check_joint(spec, source)
     return spec
+
+
+class _Problems:
+    """A spec's problems, collected to be reported together (a spec with
+    three bad fields names all three)."""
+
+    def __init__(self, source: str):
+        self.source, self.found = source, []
+
+    def add(self, exc: SpecError) -> None:
+        self.found.append(str(exc))
+
+    @contextlib.contextmanager
+    def collect(self):
+        try:
+            yield
+        except SpecError as exc:
+            self.add(exc)
+
+    def failed(self, where: str) -> bool:
+        """Whether a problem was found at ``where`` (a message's prefix)."""
+        return any(m.startswith(where) for m in self.found)
+
+    def raise_any(self) -> None:
+        if len(self.found) == 1:
+            raise SpecError(self.found[0])
+        if self.found:
+            lead = f"{self.source}: "
+            raise SpecError(f"{self.source}: {len(self.found)} problems:\n"
+                            + "\n".join(f"  {m.removeprefix(lead)}" for m in self.found))
 
 
 def _confidence(raw: dict, capacity: dict | None, source: str) -> float:
