@@ -1,5 +1,5 @@
 # mbbatch, as a file DAG: results depend on their specs and the sources,
-# figures on the results.  Phony targets: help, test, thorough, fuzz, figures, bench, clean.
+# figures on the results.  Phony targets: help, install, test, thorough, fuzz, figures, bench, clean.
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,9 +19,10 @@ SPECS := $(wildcard sweeps/*.toml)
 SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
 SWEPT := $(RESULTS)/.swept
 
-.PHONY: help test thorough fuzz figures bench clean
+.PHONY: help install test thorough fuzz figures bench clean
 
 help:
+	@echo "make install   create .venv and install mbbatch with its test extras (source .venv/bin/activate)"
 	@echo "make test      create .venv, install mbbatch with its test extras, run the test suite"
 	@echo "make thorough  the heavy checks, and the hypothesis properties on 500 fresh random examples each"
 	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
@@ -34,6 +35,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
+
+# the environment alone: .venv with mbbatch (editable) and its test and bench extras
+install: $(STAMP)
 
 # one test worker per core; a test file's tests share a worker (and its session fixtures);
 # the checks marked heavy (processes killed and raced, every figure drawn twice) run in thorough
