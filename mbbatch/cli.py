@@ -239,7 +239,7 @@ def _simulate_parser(sub) -> None:
     of the table, checked as a spec's would be."""
     from . import stats
     from .registry import KINDS
-    from .params import PARAMS
+    from .params import PARAMS, REQUIRED
     from .sweeps.spec import ARRIVALS, SPEC_PARAMS
 
     sim = sub.add_parser("simulate", help="simulate one configuration and print its metrics",
@@ -271,8 +271,13 @@ def _simulate_parser(sub) -> None:
             ": true or false" if p.kind == "flag" else f": {', '.join(p.choices)}" if len(p.choices) <= 12 else \
             f": one of {len(p.choices)} (mbbatch {name}s lists them; default {p.default})"
         units = f", {p.units}" if p.units else ""
+        # (the default a cell takes when the flag is not given: the parameter table's, or required)
+        d = sp.default
+        shown = ("; required where it applies" if sp.required and d is REQUIRED
+                 else "" if d is None or d is REQUIRED else f"; default {d:g}" if isinstance(d, float)
+                 else f"; default {d}")
         sim.add_argument("--" + name.replace("_", "-"), dest=f"p_{name}", type=_spec_value(p), default=None,
-                         metavar=name.upper(), help=f"{p.description}{units}{where}")
+                         metavar=name.upper(), help=f"{p.description}{units}{where}{shown}")
 
 
 def _simulate(args) -> None:

@@ -343,3 +343,23 @@ def test_an_interrupted_capacity_search_says_how_to_resume(tmp_path, monkeypatch
     assert cli.main(["capacity", str(spec), "--out", str(tmp_path / "c.zarr")]) == 130
     err = capsys.readouterr().err
     assert "mbbatch capacity: interrupted" in err and "run the same command again to resume" in err, err
+
+
+def test_simulate_help_shows_every_default():
+    """Each flag's help says its default (the parameter table's) or that it is required where it applies."""
+    from mbbatch.cli import _simulate_params
+
+    text = " ".join(run("simulate", "--help").stdout.split())
+    assert "SLA target D_SLA on the decode time per token, s/token in (0, inf); default 0.0075" in text
+    assert "KV-cache token capacity eta, tokens in (0, inf); default 180000" in text
+    assert "number of bins, bins in [1, inf); required where it applies" in text
+    import argparse
+
+    from mbbatch.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["simulate"]
+    helps = {a.dest[2:]: a.help for a in sub._actions if a.dest.startswith("p_")}
+    assert set(helps) == set(_simulate_params())
+    for name, sp in _simulate_params().items():
+        # (an optional setting without a table default, such as decode_eta, is unset unless given)
+        assert "; default " in helps[name] or "required where it applies" in helps[name] or sp.default is None, name
