@@ -664,7 +664,6 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     # (every unknown key, bad value and missing field is collected, and all are reported at once)
     problems = _Problems(source)
     allowed_any = sorted(nm for nm in SPEC_PARAMS if applies_to(nm))
-    known = {}
     for key in fixed:
         if key == "policy" and not single:
             continue
