@@ -121,19 +121,27 @@ def _quarters(groups):
     return float(a.mean()), float(b.mean())
 
 
+def _quarters_verdict(groups, unit: float, too_few: str, waited: str) -> tuple[bool, str]:
+    """``(growing, reason)`` from per-group values: the last quarter's mean
+    against the second's (:func:`_growth`, in units of ``unit``);
+    ``waited`` says it, with ``{last}`` and ``{second}`` in it."""
+    quarters = _quarters(groups) if np.isfinite(unit) else None
+    if quarters is None:
+        return False, f"not assessed: {too_few}"
+    second, last = quarters
+    if _growth(second, last, unit):
+        return True, (f"the backlog grows: {waited.format(last=last, second=second)}; the averages describe a "
+                      "transient, not a steady state")
+    return False, "no growing backlog"
+
+
 def backlog_verdict(group_wait, mean_batch_service) -> tuple[bool, str]:
     """Multi-bin runs: ``(growing, reason)`` from the mean central-FIFO wait of
     the batches closed in each contiguous group of arrivals (``group_wait``,
     s) against the mean batch service time (s)."""
-    quarters = _quarters(group_wait) if np.isfinite(mean_batch_service) else None
-    if quarters is None:
-        return False, "not assessed: too few batches"
-    second, last = quarters
-    if _growth(second, last, mean_batch_service):
-        return True, (f"the backlog grows: batches of the last quarter of arrivals waited {last:.4g} s "
-                      f"in the central FIFO, against {second:.4g} s in the second quarter; the averages "
-                      "describe a transient, not a steady state")
-    return False, "no growing backlog"
+    return _quarters_verdict(group_wait, mean_batch_service, "too few batches",
+                             "batches of the last quarter of arrivals waited {last:.4g} s in the central FIFO, "
+                             "against {second:.4g} s in the second quarter")
 
 
 def groups_verdict(group_means, unit: float, what: str) -> tuple[bool, str]:
@@ -143,15 +151,9 @@ def groups_verdict(group_means, unit: float, what: str) -> tuple[bool, str]:
     mean prefill batch time).  A queue that grows makes each later arrival
     wait longer, so an overloaded instance group's TTFT rises through the
     run; ``what`` names the requests in the reason."""
-    quarters = _quarters(group_means) if np.isfinite(unit) else None
-    if quarters is None:
-        return False, f"not assessed: too few {what} requests"
-    second, last = quarters
-    if _growth(second, last, unit):
-        return True, (f"the backlog grows: {what} requests of the last quarter of arrivals waited {last:.4g} s "
-                      f"for their first token, against {second:.4g} s in the second quarter; the averages "
-                      "describe a transient, not a steady state")
-    return False, "no growing backlog"
+    return _quarters_verdict(group_means, unit, f"too few {what} requests",
+                             f"{what} requests of the last quarter of arrivals waited {{last:.4g}} s for their "
+                             "first token, against {second:.4g} s in the second quarter")
 
 
 def queue_verdict(times, queue, mean_batch: float, start: float, end: float) -> tuple[bool, str]:
