@@ -468,3 +468,26 @@ def test_a_spec_with_several_problems_names_them_all_at_once(tmp_path):
     assert any("b_max must be an integer in [1, inf); got 0" in ln for ln in lines[1:])
     assert any(ln.strip().startswith("grid.rate: rate must be in (0, inf); got -2.0") for ln in lines[1:])
     assert any("missing field params.output_sigma" in ln for ln in lines[1:])
+
+
+def test_a_trace_spec_defaults_its_arrivals_and_n_to_the_traces(tmp_path):
+    """No arrivals: the trace's (replayed); no n: the requests its filters keep; n given, or a window
+    as an axis (the length differs by cell), asks for n."""
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [f"{t}.0,{10 + t},{1 + t % 7}" for t in range(50)]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    base = ('name = "t"\npolicy = "dynamic"\nservice_model = "decode"\nreps = 1\nseed = 1\n'
+            '[workload]\ntrace = "t.csv"\n')
+    p = tmp_path / "a.toml"
+    p.write_text(base)
+    spec = load_spec(p)
+    (_, params), = spec.points()
+    assert spec.arrivals == "trace" and params["n"] == 50
+    p.write_text(base + "[params]\nwindow_end = 20.0\n")
+    (_, params), = load_spec(p).points()
+    assert params["n"] == 20
+    p.write_text(base + "[params]\nn = 7\n")
+    (_, params), = load_spec(p).points()
+    assert params["n"] == 7
+    p.write_text(base + "[grid]\nwindow_end = [10.0, 20.0]\n")
+    with pytest.raises(SpecError, match=r"the trace's length differs along the axes \['window_end'\]: give n"):
+        load_spec(p)

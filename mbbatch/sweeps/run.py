@@ -581,7 +581,8 @@ def _warn_unstable(spec: SweepSpec, unstable: np.ndarray) -> None:
         more = f" and {len(idx) - 8} more" if len(idx) > 8 else ""
         warnings.warn(
             f"{spec.name}: {len(idx)} of {unstable.size} grid points have no steady state "
-            f"(rate at or above the service rate, or a growing backlog): {'; '.join(shown)}{more}. "
+            f"(rate at or above the service rate, or a growing backlog)"
+            + (f": {'; '.join(shown)}{more}. " if coords else ". ") +
             "Their averages describe a transient; figures draw them hollow.",
             UnstableWarning, stacklevel=4)
 

@@ -556,6 +556,8 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     if capacity is not None and "reps" in raw:
         raise SpecError(f"{source}: reps does not apply to a capacity search: each probe replicates until "
                         "decided, up to [capacity] max_reps")
+    if "arrivals" not in raw and "workload" in raw and capacity is None:
+        raw["arrivals"] = "trace"       # (a trace spec replays the trace's arrival times unless it says otherwise)
     for key in ("name", "arrivals", "seed") + (("reps",) if capacity is None else ()):
         if key not in raw:
             raise SpecError(f"{source}: missing field {key!r} ({_TOP[key]})")
@@ -748,6 +750,12 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             raise SpecError(f"{source}: the variants {unused} are in no grid.policy axis; remove them or "
                             "add them to the axis")
 
+    # --- a replayed trace's n: its length, unless given
+    if (trace is not None and arrivals == "trace" and "n" not in fixed and "n" not in grid
+            and not any("n" in st for st in policies.values()) and not problems.found):
+        with problems.collect():
+            params["n"] = _trace_length(trace, params, grid, source)
+
     # --- every variant has every parameter it needs (a cluster: those its engines need)
     for vname, settings in policies.items():
         engines = None
@@ -761,7 +769,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                                                                                   capacity is not None)
                                                 for k in engines))
                     and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
-                    and nm not in settings and nm not in fixed and nm not in grid
+                    and nm not in settings and nm not in fixed and nm not in grid and nm not in params
                     and not (capacity is not None and nm in SEARCHED)):
                 where = f"policies.{vname}, " if not single else ""
                 problems.add(SpecError(f"{source}: missing field {where}params.{nm} or grid.{nm} "
@@ -845,6 +853,26 @@ def _capacity_table(raw: dict, source: str) -> dict | None:
     for key, (default, _, _) in CAPACITY_KEYS.items():
         out.setdefault(key, default)
     return out
+
+
+def _trace_length(trace: dict, params: dict, grid: dict, source: str) -> int:
+    """The requests of a replayed trace after its filters: a trace spec's
+    default ``n`` (one trace for every cell: the window and drop_failed not
+    axes)."""
+    from .. import traces
+
+    axes = [k for k in ("window_start", "window_end", "drop_failed") if k in grid]
+    if axes:
+        raise SpecError(f"{source}: missing field params.n (the trace's length differs along the axes {axes}: "
+                        "give n)")
+    filters = dict(trace["filters"])
+    if params.get("drop_failed") is not None:
+        filters["drop_failed"] = params["drop_failed"]
+    window = (params.get("window_start", 0.0), params.get("window_end", math.inf))
+    if window != (0.0, math.inf):
+        filters["window"] = window
+    load = traces.load_azure_trace if trace["format"] == "azure" else traces.load_burstgpt
+    return int(load(trace["path"], **filters).arrival.size)
 
 
 def _trace_table(raw: dict, source: str) -> dict | None:
