@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 from matplotlib.figure import Figure
 
-from .. import metrics, params
+from .. import metrics
 from .data import line, unit
 from .style import COLORS, MARKERS, house_style, plain_log_ticks, series_handles, sim_points, style_handles
 
@@ -50,17 +50,12 @@ def plottable(ds: xr.Dataset) -> list:
 
 
 def _label(ds, var: str) -> str:
+    """A variable's or an axis's label: the metric table's, else its words and units."""
     m = metrics.by_var(var)
     if m is not None:
         return m.label
     units = unit(ds, var, "")
     words = var.replace("_", " ")
-    return f"{words} ({units})" if units not in ("", "1") else words
-
-
-def _axis_label(ds, axis: str) -> str:
-    units = ds[axis].attrs.get("units") or (params.PARAMS[axis].units if axis in params.PARAMS else "")
-    words = axis.replace("_", " ")
     return f"{words} ({units})" if units not in ("", "1", None) else words
 
 
@@ -170,7 +165,7 @@ def _draw(ds, x, y, hue, col, logx, logy) -> Figure:
         if logy:
             ax.set_yscale("log")
             _plain(ax.yaxis, ax.get_ylim())
-        ax.set_xlabel(_axis_label(ds, x))
+        ax.set_xlabel(_label(ds, x))
         ax.set_ylabel(_label(ds, y))
         if panel is not None:
             ax.set_title(f"{col} = {panel}")

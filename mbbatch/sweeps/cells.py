@@ -14,7 +14,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 
 import numpy as np
 import scipy.stats as st
@@ -28,7 +27,7 @@ from ..simulation import check_simulation, plan
 from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
 from ..workload import Workload
 from .schema import TIME_POINTS, rep_vars, time_series, variables
-from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError
+from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError, trace_filters, trace_of
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
            "service_model", "trace_filters", "run_capacity_point", "check_capacity_point", "iteration_closed_form"]
@@ -46,41 +45,6 @@ SEED_SCHEME = (
 #: the arrival processes with a steady state (a load step has none; saturated
 #: runs are not assessed)
 STEADY = tuple(a for a, cls in ARRIVALS.items() if not cls.unassessed)
-
-
-@functools.lru_cache(maxsize=4)
-def _load_trace(path: str, fmt: str, filters_json: str, stamp: tuple):
-    """A spec's trace, read once per process (the loaders check every row)
-    and again when the file changes (``stamp``: its size and mtime)."""
-    from .. import traces
-
-    filters = json.loads(filters_json)
-    if "window" in filters:
-        filters["window"] = tuple(filters["window"])
-    load = traces.load_azure_trace if fmt == "azure" else traces.load_burstgpt
-    return load(path, **filters)
-
-
-def trace_filters(params: dict) -> dict:
-    """The loader's filters of a cell's trace: the [workload] table's (model,
-    log_type) and the cell's window and drop_failed parameters (a window of
-    [0, inf) is none; drop_failed unset is the loader's default)."""
-    filters = dict(params["trace"]["filters"])
-    if params["drop_failed"] is not None:
-        filters["drop_failed"] = params["drop_failed"]
-    if (params["window_start"], params["window_end"]) != (0.0, math.inf):
-        filters["window"] = [params["window_start"], params["window_end"]]
-    return filters
-
-
-def trace_of(params: dict):
-    """The Trace of a cell whose spec has a [workload] table, else None."""
-    t = params.get("trace")
-    if t is None:
-        return None
-    st = os.stat(t["path"])
-    return _load_trace(t["path"], t["format"], json.dumps(trace_filters(params), sort_keys=True),
-                       (st.st_size, st.st_mtime_ns))
 
 
 def _canonical(params: dict) -> str:

@@ -54,6 +54,7 @@ domains, units and defaults come from the parameter table
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
@@ -79,7 +80,7 @@ from ..registry import ARRIVALS as _ARRIVAL_CLASSES
 from ..registry import KINDS, POLICIES
 
 __all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "ARRIVALS",
-           "load_spec", "parse_spec", "spec_from_dict"]
+           "load_spec", "parse_spec", "spec_from_dict", "trace_filters", "trace_of"]
 
 
 class SpecError(ValueError):
@@ -725,9 +726,10 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                 raise SpecError(f"{where}: no variant named {bad[0]!r}; the variants: {sorted(policies)}")
             checked = list(values)
         else:
+            checked = None
             with problems.collect():
                 checked = [SPEC_PARAMS[nm].check(v, where) for v in values]
-            if problems.failed(where):
+            if checked is None:
                 continue
         if len(set(checked)) != len(checked):
             dup = next(v for v in checked if checked.count(v) > 1)
@@ -801,10 +803,6 @@ class _Problems:
         except SpecError as exc:
             self.add(exc)
 
-    def failed(self, where: str) -> bool:
-        """Whether a problem was found at ``where`` (a message's prefix)."""
-        return any(m.startswith(where) for m in self.found)
-
     def raise_any(self) -> None:
         if len(self.found) == 1:
             raise SpecError(self.found[0])
@@ -858,21 +856,49 @@ def _capacity_table(raw: dict, source: str) -> dict | None:
 def _trace_length(trace: dict, params: dict, grid: dict, source: str) -> int:
     """The requests of a replayed trace after its filters: a trace spec's
     default ``n`` (one trace for every cell: the window and drop_failed not
-    axes)."""
-    from .. import traces
-
+    axes).  Read as the cells read it (:func:`trace_of`, cached)."""
     axes = [k for k in ("window_start", "window_end", "drop_failed") if k in grid]
     if axes:
         raise SpecError(f"{source}: missing field params.n (the trace's length differs along the axes {axes}: "
                         "give n)")
-    filters = dict(trace["filters"])
-    if params.get("drop_failed") is not None:
+    cell = {"trace": trace, **{k: params.get(k, SPEC_PARAMS[k].default)
+                               for k in ("window_start", "window_end", "drop_failed")}}
+    return int(trace_of(cell).arrival.size)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_trace(path: str, fmt: str, filters_json: str, stamp: tuple):
+    """A spec's trace, read once per process (the loaders check every row)
+    and again when the file changes (``stamp``: its size and mtime)."""
+    from .. import traces
+
+    filters = json.loads(filters_json)
+    if "window" in filters:
+        filters["window"] = tuple(filters["window"])
+    load = traces.load_azure_trace if fmt == "azure" else traces.load_burstgpt
+    return load(path, **filters)
+
+
+def trace_filters(params: dict) -> dict:
+    """The loader's filters of a cell's trace: the [workload] table's (model,
+    log_type) and the cell's window and drop_failed parameters (a window of
+    [0, inf) is none; drop_failed unset is the loader's default)."""
+    filters = dict(params["trace"]["filters"])
+    if params["drop_failed"] is not None:
         filters["drop_failed"] = params["drop_failed"]
-    window = (params.get("window_start", 0.0), params.get("window_end", math.inf))
-    if window != (0.0, math.inf):
-        filters["window"] = window
-    load = traces.load_azure_trace if trace["format"] == "azure" else traces.load_burstgpt
-    return int(load(trace["path"], **filters).arrival.size)
+    if (params["window_start"], params["window_end"]) != (0.0, math.inf):
+        filters["window"] = [params["window_start"], params["window_end"]]
+    return filters
+
+
+def trace_of(params: dict):
+    """The Trace of a cell whose spec has a [workload] table, else None."""
+    t = params.get("trace")
+    if t is None:
+        return None
+    st = os.stat(t["path"])
+    return _load_trace(t["path"], t["format"], json.dumps(trace_filters(params), sort_keys=True),
+                       (st.st_size, st.st_mtime_ns))
 
 
 def _trace_table(raw: dict, source: str) -> dict | None:
