@@ -363,7 +363,8 @@ def check_servers(value) -> float:
 
 
 def resolve_n(n, replayed: list, *, tile: bool = False) -> int:
-    """``n`` checked, defaulting to the length of the replayed arrays.
+    """``n`` checked, defaulting to the length of the replayed arrays (the
+    parameter table's default when nothing is replayed).
 
     ``replayed`` lists ``(name, length)`` of the arrays a run replays
     (arrival times, service times, token lengths).  They must have the same
@@ -375,9 +376,8 @@ def resolve_n(n, replayed: list, *, tile: bool = False) -> int:
             raise ValueError(f"{what_a} has {size_a} values but {what_b} has {size_b}; replayed arrays "
                              "must have the same length (one value per request)")
     if n is None:
-        if not replayed:
-            raise ValueError(f"n must be given (number of requests, an integer in {DOMAINS['n']})")
-        n = min(size for _, size in replayed)
+        # (nothing replayed: the parameter table's default)
+        n = min(size for _, size in replayed) if replayed else PARAMS["n"].default
     n = check_count("n", n)
     for what, size in replayed:
         if n > size and not tile:

@@ -240,7 +240,7 @@ def _simulate_parser(sub) -> None:
     from . import stats
     from .registry import KINDS
     from .params import PARAMS, REQUIRED
-    from .sweeps.spec import ARRIVALS, SPEC_PARAMS
+    from .sweeps.spec import ARRIVALS, SPEC_PARAMS, TOP_DEFAULTS
 
     sim = sub.add_parser("simulate", help="simulate one configuration and print its metrics",
                          description="Simulate one configuration (a one-point sweep, not stored) and print "
@@ -251,20 +251,23 @@ def _simulate_parser(sub) -> None:
     arrivals = [a for a in ARRIVALS if a != "trace"]
     flags = {a: ", ".join("--" + nm.replace("_", "-") for nm, sp in SPEC_PARAMS.items() if a in sp.arrivals)
              for a in arrivals}
-    sim.add_argument("--arrivals", default="poisson", choices=arrivals,
-                     help="the arrival process (default poisson), with its flags: "
+    sim.add_argument("--arrivals", default=TOP_DEFAULTS["arrivals"], choices=arrivals,
+                     help=f"the arrival process (default {TOP_DEFAULTS['arrivals']}), with its flags: "
                           + "; ".join(f"{a}: {f}" for a, f in flags.items() if f))
-    form = sim.add_mutually_exclusive_group(required=True)
+    form = sim.add_mutually_exclusive_group()
     form.add_argument("--service", choices=("uniform", "expon"),
-                      help="the paper's workload: the service-time distribution (policy multibin)")
+                      help="the paper's workload: the service-time distribution (policy multibin; default "
+                           "uniform, --l-min and --l-max; expon: --mu)")
     form.add_argument("--service-model", choices=PARAMS["service_model"].choices,
                       help="token-level requests (log-normal prompt and output lengths) and their batch "
-                           "service model")
-    sim.add_argument("--reps", type=int, default=1, help="replications (default 1; 2 or more give every "
-                                                          "metric a t-interval)")
+                           "service model (default: the policy's own, decode for most)")
+    sim.add_argument("--reps", type=int, default=TOP_DEFAULTS["reps"],
+                     help=f"replications (default {TOP_DEFAULTS['reps']}; 2 or more give every metric a "
+                          "t-interval)")
     sim.add_argument("--confidence", type=float, default=stats.CONFIDENCE,
                      help=f"the level of the t-intervals, in (0, 1) (default {stats.CONFIDENCE:g})")
-    sim.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
+    sim.add_argument("--seed", type=int, default=TOP_DEFAULTS["seed"],
+                     help=f"root seed (default {TOP_DEFAULTS['seed']})")
     for name, sp in _simulate_params().items():
         p = sp.table
         where = f" in {p.domain}" if p.domain is not None else \
@@ -296,7 +299,7 @@ def _simulate(args) -> None:
            "seed": args.seed, "params": params, "confidence": args.confidence}
     if args.service is not None:
         raw["service"] = args.service
-    else:
+    elif args.service_model is not None:
         raw["service_model"] = args.service_model
     import re
 
@@ -313,6 +316,7 @@ def _simulate(args) -> None:
         # name the flags, not the spec's tables
         text = re.sub(r"params\.(\w+) or grid\.\w+", flag, str(exc))
         text = re.sub(r"\bconfidence must", "--confidence must", text)
+        text = re.sub(r"\bparams: (\w+)(?= must)", flag, text)
         raise SpecError(re.sub(r"\bparams\.(\w+)", flag, text)) from None
     (_, cell), = spec.points()
     sim = run_point(spec.arrivals, spec.service, cell, spec.seed, spec.reps)

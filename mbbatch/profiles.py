@@ -303,8 +303,9 @@ def _offer_choices() -> None:
 _offer_choices()
 
 
-#: the dynamic-batching paper's SLA headroom: its D_SLA (7.4 ms) over its one-sequence decode time
-#: (5.74 ms), Pang et al., 2025, arXiv:2503.05248
+#: the SLA headroom of the default controller on the default DecodeModel: D_SLA (7.4 ms, the
+#: parameter table's default) over the one-sequence decode time (5.74 ms) calibrated for the
+#: dynamic-batching paper's GPU (Pang et al., 2025, arXiv:2503.05248)
 SLA_HEADROOM = 7.4 / 5.74
 
 
@@ -312,11 +313,11 @@ def sla_target(model: IterationModel, context: float, headroom: float = SLA_HEAD
     """A decode-time SLA target D_SLA (s/token) for an engine of ``model``:
     ``headroom`` times its one-sequence decode step at ``context`` tokens.
 
-    The dynamic-batching paper's D_SLA of 7.4 ms is a constant of its GPU
-    (whose one-sequence decode step it calibrates at 5.74 ms): on an engine
+    The default D_SLA of 7.4 ms is a constant of the dynamic-batching
+    paper's GPU (whose one-sequence decode step is calibrated at 5.74 ms): on an engine
     whose single sequence already steps in 7.8 ms (an H100 with an 8B
     model, :data:`DEFAULT`) it cannot be met at any batch size, and the
-    controller shrinks every batch to ``b_min``.  Keeping the paper's ratio
+    controller shrinks every batch to ``b_min``.  Keeping that ratio
     (``headroom`` = 7.4 / 5.74 = 1.29) carries its SLA over to measured
     hardware; ``context`` is the workload's typical context (e.g. the median
     prompt plus half the median output).

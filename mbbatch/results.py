@@ -297,8 +297,9 @@ class SimulationResult:
         """The metrics as a pandas DataFrame, one row each: ``value``,
         ``units`` and ``description``, indexed by name (table order).  (The
         Dataset of :meth:`to_dataset` holds arrays along several dimensions
-        as well, whose own ``to_dataframe()`` is their product; the per-request
-        and per-batch records are :attr:`requests` and :attr:`batches`.)"""
+        with ``arrays=True`` as well, whose own ``to_dataframe()`` is their
+        product; the per-request and per-batch records are :attr:`requests`
+        and :attr:`batches`.)"""
         import pandas as pd
 
         rows = {name: {"value": value, "units": METRICS[name].units, "description": METRICS[name].description}
@@ -307,25 +308,34 @@ class SimulationResult:
                             "description": METRICS["unstable"].description}
         return pd.DataFrame.from_dict(rows, orient="index")
 
-    def to_dataset(self):
+    def to_dataset(self, arrays: bool = False):
         """The run as an ``xarray.Dataset``: every metric that applies, named
         as a sweep store names it (``sim_throughput``, ``completed``,
-        ``backlog_growing``, ...), the bin edges and per-bin arrays, the
-        batch-means groups, and for the token-level policies the time series
-        (``ts_*`` along ``time``); for LAPS its TTFT histograms and its
-        router's moves instead of groups; units, descriptions and provenance
-        attrs."""
+        ``backlog_growing``, ...) along ``rep`` (one replication, as a sweep
+        store's cell holds several), with units, descriptions and provenance
+        attrs; its ``to_dataframe()`` is one row.
+
+        With ``arrays``, also the run's arrays along their own dimensions:
+        the bin edges and per-bin arrays, the batch-means groups, and for the
+        token-level policies the time series (``ts_*`` along ``time``); for
+        LAPS its TTFT histograms and its router's moves instead of groups.
+        (A Dataset's ``to_dataframe()`` is the product of its dimensions:
+        hundreds of rows with them.  The per-request and per-batch records
+        are :attr:`requests` and :attr:`batches`.)"""
         import xarray as xr
 
         data = {}
         for name, m in applicable(self.kind).items():
             value = self.unstable if name == "unstable" else self._metrics[name]
-            data[m.var] = xr.Variable((), value, {"units": m.units, "long_name": name.replace("_", " "),
-                                                  "description": m.description})
+            data[m.var] = xr.Variable(("rep",), [value], {"units": m.units, "long_name": name.replace("_", " "),
+                                                          "description": m.description})
+        coords = {"rep": [0]}
+        if not arrays:
+            return self._dataset(data, coords)
         unit = "s" if self.kind == "multibin" else "tokens"
         data["bin_edges"] = xr.Variable(("bin_edge",), self.edges, {
             "units": unit, "long_name": "bin edges", "description": "bin i holds edges[i] <= x < edges[i+1]"})
-        coords = {"bin_edge": np.arange(self.edges.size)}
+        coords["bin_edge"] = np.arange(self.edges.size)
         if self.kind == "laps":
             # (no batch-means groups yet: the TTFT histograms and the router's moves)
             for name in ("ttft_short_histogram", "ttft_long_histogram"):

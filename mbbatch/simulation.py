@@ -92,7 +92,7 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
     n : int, optional
         Number of requests, in [1, 2**53].  Defaults to the length of the
         replayed arrays when one is given (replayed arrays must then have the
-        same length); required otherwise.
+        same length), else to the parameter table's 10,000.
     servers : int or math.inf
         Number of identical servers, >= 1; ``math.inf`` (MultiBin only)
         serves every batch the moment it is ready (Assumption 5.1).

@@ -215,7 +215,7 @@ def test_simulate_prints_the_metrics_of_one_configuration():
             "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "2000", "--confidence", "1.5")
     assert r.returncode == 2 and "--confidence must be a number in (0, 1); got 1.5" in r.stderr, r.stderr
     r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
-            "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "2000")
+            "--l-min", "1", "--l-max", "20", "--rate", "0.3", "--n", "2000", "--reps", "1")
     assert "one replication, no intervals (--reps 2 or more" in r.stdout.splitlines()[0]
 
 
@@ -247,7 +247,8 @@ def test_simulate_takes_every_arrival_process_a_spec_takes(arrivals, flags, proc
     from mbbatch.sweeps.spec import SPEC_PARAMS
 
     r = run("simulate", "--policy", "multibin", "--service", "uniform", "--bins", "2", "--batch-size", "8",
-            "--l-min", "1", "--l-max", "20", "--n", "5000", "--seed", "3", "--arrivals", arrivals, *flags)
+            "--l-min", "1", "--l-max", "20", "--n", "5000", "--seed", "3", "--reps", "1", "--arrivals", arrivals,
+            *flags)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"multibin, {arrivals} arrivals, 1 rep, seed 3")
     values = dict(zip((f[2:].replace("-", "_") for f in flags[::2]), map(float, flags[1::2])))
@@ -274,7 +275,7 @@ def test_simulate_takes_boolean_settings_as_a_spec_does():
     params = {"rate": 2.0, "prompt_median": 100.0, "prompt_sigma": 0.5, "output_median": 50.0, "output_sigma": 0.5,
               "n": 800, "dual_queue": False, "dynamic": False}
     flags = [x for k, v in params.items() for x in ("--" + k.replace("_", "-"), str(v).lower())]
-    r = run("simulate", "--policy", "laps", "--service-model", "prefill", "--seed", "4", *flags)
+    r = run("simulate", "--policy", "laps", "--service-model", "prefill", "--seed", "4", "--reps", "1", *flags)
     assert r.returncode == 0, r.stderr
     spec = spec_from_dict({"name": "s", "policy": "laps", "arrivals": "poisson", "service_model": "prefill",
                            "reps": 1, "seed": 4, "params": params})
@@ -288,13 +289,16 @@ def test_simulate_takes_boolean_settings_as_a_spec_does():
 
 
 def test_simulate_names_the_flag_of_a_bad_value():
-    # several missing: all named at once, one line each, by their flags
-    r = run("simulate", "--policy", "static", "--service-model", "decode", "--rate", "2", "--n", "100")
+    # several missing or bad: all named at once, one line each, by their flags
+    r = run("simulate", "--policy", "static", "--arrivals", "onoff", "--n", "100", "--batch-size", "0")
     lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and lines[0].endswith("command line: 5 problems:") and "Traceback" not in r.stderr
-    assert [ln.split("(")[0].strip() for ln in lines[1:]] == [
-        f"missing field --{flag}" for flag in ("batch-size", "prompt-median", "prompt-sigma", "output-median",
-                                               "output-sigma")]
+    assert r.returncode == 2 and lines[0].endswith("command line: 4 problems:") and "Traceback" not in r.stderr
+    assert sorted(ln.split("(")[0].strip() for ln in lines[1:]) == sorted(
+        ["--batch-size must be an integer in [1, inf); got 0"]
+        + [f"missing field --{flag}" for flag in ("rate-on", "mean-on", "mean-off")]), lines
+    # policy and rate alone: every other flag takes the parameter table's default
+    r = run("simulate", "--policy", "static", "--rate", "0.5", "--n", "400")
+    assert r.returncode == 0 and r.stdout.startswith("static, poisson arrivals, 5 reps, seed 0"), r.stderr
     one_line_error(run("simulate", "--policy", "static", "--service-model", "decode", "--rate", "-2",
                        "--batch-size", "4", "--n", "100", "--d-sla", "0.01", "--eta", "1000",
                        "--prompt-median", "10", "--prompt-sigma", "0.5", "--output-median", "10",
@@ -350,9 +354,11 @@ def test_simulate_help_shows_every_default():
     from mbbatch.cli import _simulate_params
 
     text = " ".join(run("simulate", "--help").stdout.split())
-    assert "SLA target D_SLA on the decode time per token, s/token in (0, inf); default 0.0075" in text
+    assert "SLA target D_SLA on the decode time per token, s/token in (0, inf); default 0.0074" in text
     assert "KV-cache token capacity eta, tokens in (0, inf); default 180000" in text
-    assert "number of bins, bins in [1, inf); required where it applies" in text
+    assert "number of bins, bins in [1, inf); default 4" in text
+    assert "arrival rate, requests/s in (0, inf); required where it applies" in text
+    assert "replications (default 5;" in text and "root seed (default 0)" in text
     import argparse
 
     from mbbatch.cli import _parser

@@ -1025,8 +1025,6 @@ WL = mb.Workload(prompt=st.uniform(1, 10), output=st.uniform(1, 10))
                          servers=math.inf), ValueError, "servers"),
     (lambda: mb.simulate(mb.StaticBatching(4), arrivals=mb.Poisson(1.0), workload=WL, n=10,
                          servers=0), ValueError, "servers"),
-    (lambda: mb.simulate(mb.DynamicBatching(), arrivals=mb.Poisson(1.0), workload=WL), ValueError,
-     "n must be given"),
     (lambda: mb.simulate(mb.DynamicBatching(), arrivals=mb.Replay([0.0, 1.0]), workload=mb.Workload(
         prompt=[1.0, 2.0, 3.0], output=[1.0, 2.0, 3.0]), n=3), ValueError, "has 2 values but"),
     (lambda: mb.simulate(mb.DynamicBatching(), arrivals=mb.Poisson(1.0), service=st.uniform(1, 2),

@@ -14,7 +14,7 @@ def test_every_registered_policy_is_in_a_module_of_its_own_and_exported():
 
 def test_descriptions_name_the_policy_kind():
     assert mb.MultiBin(bins=2, batch_size=4).describe()["policy"] == "multibin"
-    assert mb.StaticBatching(8).describe() == {"policy": "static", "batch_size": 8, "d_sla": 7.5e-3,
+    assert mb.StaticBatching(8).describe() == {"policy": "static", "batch_size": 8, "d_sla": 7.4e-3,
                                                "eps_d": 5e-5, "eta": 180000.0}
     assert mb.DynamicBatching().describe()["policy"] == "dynamic"
     d = mb.MultiBinDynamic(bins=3, warmup=50).describe()

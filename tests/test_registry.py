@@ -90,7 +90,8 @@ def test_build_makes_each_kind_from_a_cells_parameters():
                                     "kv_reuse": True, "programs": "none", "calls": 4, "think_time": 1.0,
                                     "closed_loop": False, "session_context": "included"})
     assert isinstance(cl.policy, mb.StaticBatching) and cl.policy.batch_size == 6 and cl.engines == 3
-    with pytest.raises(ValueError, match='engine_policy = "multibin" needs engine_batch_size'):
+    # (a cell's engine_batch_size is never None: the table's default; given None, the engine's check names it)
+    with pytest.raises(TypeError, match="batch_size must be an integer"):
         registry.build("cluster", {**base, "engine_policy": "multibin", "engine_batch_size": None,
                                    "engine_bins": 4, "engines": 3, "router": "least_used", "route_threshold": 100,
                                    "kv_reuse": True, "programs": "none", "calls": 4, "think_time": 1.0,

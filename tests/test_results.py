@@ -58,7 +58,7 @@ def test_every_policy_gives_the_one_result_type_with_its_metrics(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_to_dataset_names_metrics_as_the_store(kind):
     res = _run(kind)
-    ds = res.to_dataset()
+    ds = res.to_dataset(arrays=True)
     for name, m in applicable(kind).items():
         assert m.var in ds, name
         assert ds[m.var].attrs["units"] == m.units
@@ -112,7 +112,7 @@ def test_time_series_is_a_dataset(kind):
     assert ts["queue"].dims == ("time", "bin") and ts.sizes["bin"] == res.edges.size - 1
     assert np.all(np.diff(ts["time"].values) >= 0)
     assert ts["tau_avg"].attrs["units"] == "s/token"
-    ds = res.to_dataset()
+    ds = res.to_dataset(arrays=True)
     np.testing.assert_array_equal(ds["ts_tau_avg"].values, ts["tau_avg"].values)
 
 
@@ -164,10 +164,14 @@ def test_summary_and_notebook_display():
 
 
 def test_to_dataframe_is_one_row_a_metric():
-    """res.to_dataset().to_dataframe() is the product of the run's arrays' dimensions (hundreds of
-    rows); res.to_dataframe() is the metrics, one row each, with their units."""
+    """res.to_dataset(arrays=True).to_dataframe() is the product of the run's arrays' dimensions
+    (hundreds of rows); res.to_dataset().to_dataframe() is one row, a column a metric; and
+    res.to_dataframe() is the metrics, one row each, with their units."""
     res = mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(0.3), st.uniform(1, 19), n=4_000, seed=1)
     df = res.to_dataframe()
     assert list(df.index) == [*res.metrics(), "unstable"]
     assert df.loc["throughput", "value"] == res.throughput and df.loc["throughput", "units"] == "requests/s"
-    assert len(res.to_dataset().to_dataframe()) > len(df)
+    assert len(res.to_dataset(arrays=True).to_dataframe()) > len(df)
+    wide = res.to_dataset().to_dataframe()
+    assert len(wide) == 1 and wide["sim_throughput"].iloc[0] == res.throughput
+    assert set(wide.columns) == {m.var for m in applicable(res.kind).values()}

@@ -926,10 +926,11 @@ def test_engine_settings_need_their_engine_policy(tmp_path):
     with pytest.raises(SpecError, match=r"engine_bins sets the bins of the engines of multibin, multibin_dynamic"):
         load_spec(write(tmp_path, CLUSTER_SPEC.format(name="engines", seed=9, extra="engine_bins = 2",
                                                       grid='engine_policy = ["dynamic", "static"]')))
-    with pytest.raises(SpecError, match=r'engine_policy = "multibin" needs engine_batch_size'):
-        run_sweep(write(tmp_path, CLUSTER_SPEC.format(name="engines", seed=9, extra="",
-                                                      grid='engine_policy = ["multibin"]'), "b.toml"),
-                  tmp_path / "b.zarr", workers=1, progress=False)
+    # (an engine's batch size not given: the parameter table's, as for a policy of its own)
+    spec = load_spec(write(tmp_path, CLUSTER_SPEC.format(name="engines", seed=9, extra="",
+                                                         grid='engine_policy = ["multibin"]'), "b.toml"))
+    (_, cell), = spec.points()
+    assert cell["engine_batch_size"] == mb.MultiBin().batch_size == 128
 
 
 def test_a_cluster_sweep_runs_continuous_batching_engines(tmp_path):
@@ -972,7 +973,7 @@ def test_a_cluster_takes_the_tables_defaults_for_what_its_engines_read(tmp_path)
         text = text.replace(key, "")
     text = text.replace('service_model = "decode"', 'service_model = "iteration"')
     (_, params), = load_spec(write(tmp_path, text, "dyn.toml")).points()
-    assert (params["d_sla"], params["b_max"], params["eta"]) == (0.0075, 256, 180_000.0)
+    assert (params["d_sla"], params["b_max"], params["eta"]) == (0.0074, 256, 180_000.0)
     spec = load_spec(write(tmp_path, text.replace("engines = 2", 'engines = 2\nengine_policy = "continuous"'),
                            "cont.toml"))
     (_, params), = spec.points()

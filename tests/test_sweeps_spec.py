@@ -184,8 +184,8 @@ def test_too_many_bins_is_refused_saying_the_memory(tmp_path):
     (lambda s: s.replace('n = 4000', 'n = 4000\nmu = 0.1'), "params.mu"),
     (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = []'), "grid.rate"),
     (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, 0.5, 0.2]'), "grid.rate"),
-    (lambda s: s.replace('batch_size = 8\n', ''), "batch_size"),
-    (lambda s: s.replace('seed = 7\n', ''), "seed"),
+    (lambda s: s.replace('rate = [0.2, 0.5, 2.0]\n', ''), "grid.rate"),
+    (lambda s: s.replace('seed = 7\n', 'seed = -7\n'), "seed"),
     (lambda s: s.replace('bins = [1, 3]', 'bins = [1, 0]'), "grid.bins"),
     (lambda s: s.replace('bins = [1, 3]', 'bins = [1, 2.5]'), "grid.bins"),
     (lambda s: s.replace('rate = [0.2, 0.5, 2.0]', 'rate = [0.2, -1.0]'), "grid.rate"),
@@ -256,8 +256,8 @@ def test_token_spec_errors(tmp_path):
     plain = TOKEN.format(policy="dynamic", arrivals="poisson", extra="", grid="rate = [1.0]")
     plain = plain.replace("d_sla = 0.0074\n", "").replace("eta = 20000.0\n", "")
     (_, params), = load_spec(write(tmp_path, plain, "a.toml")).points()
-    assert (params["d_sla"], params["b_max"], params["eta"]) == (0.0075, 256, 180_000.0)
-    assert mb.SLAController().d_sla == 0.0075 and mb.SLAController().b_max == 256 and mb.Memory().eta == 180_000.0
+    assert (params["d_sla"], params["b_max"], params["eta"]) == (0.0074, 256, 180_000.0)
+    assert mb.SLAController().d_sla == 0.0074 and mb.SLAController().b_max == 256 and mb.Memory().eta == 180_000.0
     bad = TOKEN.format(policy="static", arrivals="poisson", extra="b_max = 4", grid="batch_size = [4]\nrate = [1.0]")
     with pytest.raises(SpecError, match="params.b_max"):              # not a static parameter
         load_spec(write(tmp_path, bad, "b.toml"))
@@ -336,7 +336,7 @@ def test_cells_that_differ_only_in_policy_share_their_seed():
     (lambda s: s.replace('policy = ["static8"', 'policy = ["nosuch", "static8"'), "no variant named 'nosuch'"),
     (lambda s: s.replace("rate = [0.5, 2.0]", "rate = [0.5, 2.0]\nbatch_size = [8, 16]"),
      "grid.batch_size does not apply to the variants"),
-    (lambda s: s.replace("batch_size = 8\n", ""), "missing field policies.static8, params.batch_size"),
+    (lambda s: s.replace("rate = [0.5, 2.0]\n", ""), "missing field policies.static8, params.rate"),
     (lambda s: s.replace("[grid]", 'policy = "dyn"\n[grid]'), "policies.dyn_small: unknown key policy"),
     (lambda s: 'policy = "static"\n' + s, "give either policy = KIND"),
 ])
@@ -458,8 +458,8 @@ def test_objective_bounds_are_capacity_parameters_and_axes():
 def test_a_spec_with_several_problems_names_them_all_at_once(tmp_path):
     """An unknown key, two bad values and a missing field: one error, one line each (it stopped at
     the first, one round trip per problem)."""
-    text = TOKEN.format(policy="dynamic", arrivals="poisson", extra="speed = 3\nb_max = 0",
-                        grid="rate = [1.0, -2.0]").replace("output_sigma = 0.8\n", "")
+    text = TOKEN.format(policy="dynamic", arrivals="gamma", extra="speed = 3\nb_max = 0",
+                        grid="rate = [1.0, -2.0]")
     with pytest.raises(SpecError) as info:
         load_spec(write(tmp_path, text, "bad.toml"))
     lines = str(info.value).splitlines()
@@ -467,7 +467,7 @@ def test_a_spec_with_several_problems_names_them_all_at_once(tmp_path):
     assert any("unknown key speed" in ln for ln in lines[1:])
     assert any("b_max must be an integer in [1, inf); got 0" in ln for ln in lines[1:])
     assert any(ln.strip().startswith("grid.rate: rate must be in (0, inf); got -2.0") for ln in lines[1:])
-    assert any("missing field params.output_sigma" in ln for ln in lines[1:])
+    assert any("missing field params.cv or grid.cv" in ln for ln in lines[1:])
 
 
 def test_a_trace_spec_defaults_its_arrivals_and_n_to_the_traces(tmp_path):
@@ -491,3 +491,68 @@ def test_a_trace_spec_defaults_its_arrivals_and_n_to_the_traces(tmp_path):
     p.write_text(base + "[grid]\nwindow_end = [10.0, 20.0]\n")
     with pytest.raises(SpecError, match=r"the trace's length differs along the axes \['window_end'\]: give n"):
         load_spec(p)
+
+
+# --- one set of defaults: a spec of a policy, a workload and a rate runs --------------------
+
+def _explicit_workload(kind):
+    from mbbatch.registry import POLICIES
+
+    return 'service = "uniform"' if POLICIES[kind].paper else f'service_model = "{POLICIES[kind].models[0]}"'
+
+
+@pytest.mark.parametrize("kind", mb.registry.KINDS)
+@pytest.mark.parametrize("named", [False, True], ids=["default_workload", "named_workload"])
+def test_a_spec_of_a_policy_a_workload_and_a_rate_runs(tmp_path, kind, named):
+    """Every other field is the parameter table's default (the API's): name (the file's), arrivals
+    (poisson), seed (0), reps (5), n and the policy's and workload's parameters."""
+    from mbbatch.params import PARAMS, REQUIRED
+
+    text = f'policy = "{kind}"\n' + (_explicit_workload(kind) + "\n" if named else "") + "[params]\nrate = 2.0\n"
+    p = write(tmp_path, text, "first_look.toml")
+    spec = load_spec(p)
+    assert (spec.name, spec.arrivals, spec.seed, spec.reps) == ("first_look", "poisson", 0, 5)
+    (_, cell), = spec.points()
+    for nm, value in cell.items():
+        sp = SPEC_PARAMS.get(nm)
+        if sp is None or nm == "rate" or sp.unset:
+            continue
+        d = sp.table.default
+        assert d is not REQUIRED, nm
+        assert value == sp.check(d, "defaults") or (value is None and d is None), (nm, value, d)
+    assert cell["n"] == PARAMS["n"].default == 10_000
+    ds = run_sweep(p, tmp_path / "first_look.zarr", workers=1, progress=False)
+    assert ds.sizes["rep"] == 5 and bool(ds["done"].all())
+    assert float(ds["sim_throughput_mean"].squeeze()) == pytest.approx(2.0, rel=0.1)
+
+
+def test_the_parameter_table_alone_decides_what_a_spec_must_give():
+    """A spec key is required exactly when its table entry has no default, except where its spec entry
+    says otherwise (a key whose absence means something: unset)."""
+    from mbbatch.params import REQUIRED
+
+    for name, sp in SPEC_PARAMS.items():
+        if sp.table.default is REQUIRED and not sp.capacity_only:
+            assert sp.required, name
+        if sp.required is True:
+            assert sp.table.default is REQUIRED, f"{name} has a table default but a spec must give it"
+
+
+def test_the_api_takes_the_same_defaults():
+    from mbbatch.params import PARAMS
+
+    assert (mb.MultiBin().bins, mb.MultiBin().batch_size) == (4, 128)
+    assert mb.StaticBatching().batch_size == mb.ShortestPredictedFirst().batch_size == PARAMS["batch_size"].default
+    res = mb.simulate(mb.MultiBin(bins=2, batch_size=8), mb.Poisson(0.5), service=st_uniform(1, 19), seed=1)
+    assert res.n == PARAMS["n"].default
+
+
+def st_uniform(loc, scale):
+    import scipy.stats
+
+    return scipy.stats.uniform(loc, scale)
+
+
+def test_a_spec_without_a_name_outside_a_file_says_so():
+    with pytest.raises(SpecError, match="missing field 'name'"):
+        parse_spec('policy = "static"\n[params]\nrate = 1.0\n')

@@ -277,8 +277,6 @@ class Cluster(Policy):
         kind = params["engine_policy"]
         engine = {key: default(key) for key in _ENGINE_DEFAULTS}
         engine.update(params, batch_size=params["engine_batch_size"], bins=params["engine_bins"])
-        if engine["batch_size"] is None and "batch_size" in ctx.kinds[kind].settings:
-            raise ValueError(f"engine_policy = \"{kind}\" needs engine_batch_size (requests per batch)")
         if params["programs"] == "sessions":
             programs = Sessions(ctx.trace, context=params["session_context"])
         elif params["programs"] == "synthetic":

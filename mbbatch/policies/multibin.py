@@ -41,9 +41,10 @@ class MultiBin(Policy):
     Parameters
     ----------
     bins : int
-        Number of bins k, >= 1. ``bins=1`` is standard batching.
+        Number of bins k, >= 1. ``bins=1`` is standard batching.  Default 4.
     batch_size : int
-        Batch size B in requests, >= 1.
+        Batch size B in requests, >= 1.  Default 128 (the paper's Figures 3,
+        4 and 6).
     edges : array_like of float, optional
         The k+1 bin edges in s, strictly increasing (with one bin the two
         may be equal: all service times equal), covering the support of
@@ -62,8 +63,8 @@ class MultiBin(Policy):
         the oracle.
     """
 
-    bins: int
-    batch_size: int
+    bins: int = default("bins")
+    batch_size: int = default("batch_size")
     edges: Optional[np.ndarray] = None
     max_wait: float = default("max_wait")
     predictor: object = None

@@ -41,7 +41,7 @@ class ShortestPredictedFirst(Policy):
     Parameters
     ----------
     batch_size : int
-        B, requests, >= 1.
+        B, requests, >= 1.  Default 128.
     max_wait : float
         A request that has waited this long, s, goes first; default inf
         (never: pure shortest-predicted-first).
@@ -56,7 +56,7 @@ class ShortestPredictedFirst(Policy):
         enforced).
     """
 
-    batch_size: int
+    batch_size: int = default("batch_size")
     max_wait: float = default("max_wait")
     predictor: object = None
     sla: object = None

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from .._kernels.formation import FORM_STATIC, SEL_ROUND_ROBIN
 from .._validation import check_fields, check_instance
+from ..params import default
 from ..predictors import Oracle
 from .base import EventPolicy, Policy, memory_kw
 
@@ -22,7 +23,7 @@ class StaticBatching(Policy):
     Parameters
     ----------
     batch_size : int
-        B, requests, >= 1.
+        B, requests, >= 1.  Default 128.
     sla : SLAController, optional
         Only its ``d_sla`` and ``eps_d`` are used, to measure SLA violations;
         default ``SLAController()``.
@@ -31,7 +32,7 @@ class StaticBatching(Policy):
         batching never enforces it); default ``Memory()``.
     """
 
-    batch_size: int
+    batch_size: int = default("batch_size")
     sla: object = None
     memory: object = None
 

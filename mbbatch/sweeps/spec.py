@@ -163,9 +163,13 @@ class SpecParam:
             raise SpecError(f"{where}: {exc}{hint}") from None
 
 
-def _sp(name, kinds=None, *, workload=(), required=True, key="", models=(), capacity_only=False, unset=False):
+def _sp(name, kinds=None, *, workload=(), required=None, key="", models=(), capacity_only=False, unset=False):
     """A spec key; its kinds (unless given) and arrival processes are those
-    that declare it (:data:`mbbatch.registry.POLICIES`, :data:`mbbatch.registry.ARRIVALS`)."""
+    that declare it (:data:`mbbatch.registry.POLICIES`, :data:`mbbatch.registry.ARRIVALS`).
+    It is required where it applies when its table entry has no default
+    (unless ``required`` says otherwise)."""
+    if required is None:
+        required = TABLE[key or name].default is REQUIRED
     return SpecParam(name, frozenset(kinds) if kinds is not None else _kinds_of(name), _arrivals_of(name),
                      frozenset(workload), required, key, frozenset(models), capacity_only, unset)
 
@@ -306,21 +310,28 @@ WORKLOAD_PARAMS = ("rate", "rate_high", "t_up", "t_down", "l_min", "l_max", "mu"
                    "prompt_sigma", "output_median", "output_sigma", "n", "cv", "rate_on", "rate_off", "mean_on",
                    "mean_off", "scale", "calls", "think_time")
 
+#: A spec's top-level fields when it does not give them (``mbbatch simulate``'s
+#: flags default to them too); ``name`` defaults to the spec file's name, and
+#: ``arrivals`` of a spec with a [workload] trace to the trace's own.
+TOP_DEFAULTS = {"arrivals": "poisson", "seed": 0, "reps": 5}
+
 _TOP = {
-    "name": "a short identifier, also the Dataset's name",
+    "name": "a short identifier, also the Dataset's name (default: the spec file's name)",
     "description": "one line saying what the sweep shows",
     "policy": f"the batching policy, one of {list(KINDS)} (or [policies.NAME] tables and a policy axis)",
     "policies": "tables of policy variants: [policies.NAME] with kind = ... and its settings",
-    "arrivals": "the arrival process: poisson, gamma (rate, cv), onoff (rate_on, rate_off, mean_on, "
-                "mean_off), saturated or step (a load step)",
-    "service": "the paper's workload: the service-time distribution, uniform or expon",
+    "arrivals": "the arrival process: poisson (default), gamma (rate, cv), onoff (rate_on, rate_off, mean_on, "
+                "mean_off), saturated or step (a load step); a [workload] trace's spec replays its arrivals "
+                "unless it says otherwise",
+    "service": "the paper's workload: the service-time distribution, uniform (the default of a multibin-only "
+               "spec without service_model) or expon",
     "service_model": "token-level requests: the batch service model, decode (default), linear, max, calibrated, "
                      "iteration (IterationModel's coefficients) or profile (a measured accelerator, the "
                      "parameter profile); multibin takes max (its default), iteration or profile",
-    "reps": "replications per grid point, an integer >= 1",
+    "reps": "replications per grid point, an integer >= 1 (default 5)",
     "confidence": "the level of the t-intervals over replications, in (0, 1) (default 0.95; a capacity "
                   "search's is [capacity] confidence)",
-    "seed": "root seed, a non-negative integer",
+    "seed": "root seed, a non-negative integer (default 0)",
     "params": "table of fixed parameter values",
     "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\", "
                 "resample = true (lengths drawn from the trace's) or false (replayed in order) and the "
@@ -559,9 +570,12 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                         "decided, up to [capacity] max_reps")
     if "arrivals" not in raw and "workload" in raw and capacity is None:
         raw["arrivals"] = "trace"       # (a trace spec replays the trace's arrival times unless it says otherwise)
-    for key in ("name", "arrivals", "seed") + (("reps",) if capacity is None else ()):
-        if key not in raw:
-            raise SpecError(f"{source}: missing field {key!r} ({_TOP[key]})")
+    for key, value in TOP_DEFAULTS.items():
+        raw.setdefault(key, value)
+    if "name" not in raw and source.endswith(".toml"):
+        raw["name"] = Path(source).stem
+    if "name" not in raw:
+        raise SpecError(f"{source}: missing field 'name' ({_TOP['name']})")
     if capacity is not None:
         raw["reps"] = 1
     name = raw["name"]
@@ -628,6 +642,8 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             raise SpecError(f"{source}: service = {workload!r} is for the paper's model (policy "
                             f"{' or '.join(paper)}); policies {', '.join(tokens)} take service_model and "
                             "prompt_/output_ parameters")
+    elif "service_model" not in raw and all(POLICIES[k].paper for k in kinds):
+        workload, model = "uniform", "max"     # (the paper's policies alone: the paper's workload)
     else:
         workload = "tokens"
         # the kinds' default model (a paper's policy has none for token-level requests)
