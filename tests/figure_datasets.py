@@ -376,7 +376,7 @@ HARDWARE_CAPS = {"static8": (1.5, 0.8), "static32": (3.3, 1.7), "dynamic": (5.1,
 
 def _hardware_sweeps(rates):
     """The stores of hardware_policies and hardware_trace (the policies on two profiles) and of
-    hardware_trace_default (on the seeds' DecodeModel)."""
+    hardware_trace_default (on the default DecodeModel)."""
     kinds = {"static8": {"kind": "static", "batch_size": 8}, "static32": {"kind": "static", "batch_size": 32},
              "dynamic": {"kind": "dynamic"}, "mb4": {"kind": "multibin_dynamic", "bins": 4, "warmup": 1000}}
     gpus = {"_h100": ("H100/vLLM/Meta-Llama-3-8B/tp1", 0.0101), "_a100": ("A100/vLLM/Meta-Llama-3-8B/tp1", 0.0178)}

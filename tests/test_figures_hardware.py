@@ -1,5 +1,5 @@
 """mbbatch.figures.hardware: the fits to measured hardware, and the batching
-policies on two measured GPUs beside the seeds' model."""
+policies on two measured GPUs beside the default DecodeModel."""
 
 from __future__ import annotations
 

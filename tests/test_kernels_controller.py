@@ -227,7 +227,7 @@ def test_b_mem_within_bounds(eta, prompt, output, B_min, extra, variant, limit, 
     assert B_min <= b <= B_max
 
 
-# --- Algorithm 2: b_SLA, specification variant --------------------------------
+# --- Algorithm 2: b_SLA, Pang et al.'s variant ---------------------------------
 # ccfg(): D_SLA = 0.5, eps_D = 0.125 (band [0.375, 0.625]), B = [1, 64], alpha 4, delta 2
 
 def test_alg2_warmup_when_tau_is_zero():

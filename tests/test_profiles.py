@@ -210,7 +210,7 @@ def test_sla_target_keeps_the_papers_headroom():
     assert profiles.SLA_HEADROOM == pytest.approx(7.4 / 5.74)
     m = profiles.get(profiles.DEFAULT)
     assert profiles.sla_target(m, 320.0) == pytest.approx(7.4 / 5.74 * float(m.decode_step(1, 320.0)))
-    assert profiles.sla_target(m, 320.0) > float(m.decode_step(1, 320.0)) > 0.0074   # the seeds' D_SLA: unmet
+    assert profiles.sla_target(m, 320.0) > float(m.decode_step(1, 320.0)) > 0.0074   # the default D_SLA: unmet
     with pytest.raises(TypeError, match="model must be an IterationModel"):
         profiles.sla_target(mb.DecodeModel(), 320.0)
     with pytest.raises(ValueError, match=r"headroom must be in \(0, inf\)"):

@@ -1,5 +1,5 @@
-"""Routers (mbbatch.routing): the Autellix load balancer with its
-specification's nine groups of tests, thread safety, and the LAPS router's
+"""Routers (mbbatch.routing): the Autellix load balancer (Luo et al.,
+2025, arXiv:2502.13965) in nine groups of tests, thread safety, and the LAPS router's
 classification, selection and rebalancing."""
 
 import threading

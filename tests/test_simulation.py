@@ -710,7 +710,7 @@ def test_per_bin_throughput_and_latency_add_up(policy, kw):
 
 
 def test_sla_violation_share_uses_d_sla_alone():
-    """Seed 001's SLA violation rate counts requests slower than D_SLA; the
+    """Pang et al.'s SLA violation rate counts requests slower than D_SLA; the
     per-batch measure counts those slower than D_SLA + eps_D, never more."""
     def run(d_sla, eps_d=5e-5):
         pol = mb.DynamicBatching(controller=mb.SLAController(d_sla=d_sla, eps_d=eps_d))

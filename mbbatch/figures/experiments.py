@@ -220,7 +220,7 @@ def controller_step(data) -> Figure:
     r_lo, r_hi = float(a["rate"]), float(a["rate_high"])
     ctls = [str(c) for c in ds["controller"].values]
     settle = settling_times(ds)
-    nice = {"spec": "specification (additive)", "multiplicative": "multiplicative"}
+    nice = {"spec": "Pang et al. (additive)", "multiplicative": "multiplicative"}
 
     fig = Figure(figsize=(9.6, 7.4), dpi=100, layout="constrained")
     ax_b, ax_t = fig.subplots(2, 1, sharex=True)

@@ -130,7 +130,7 @@ def _columns(default, profiled, default_note: str) -> list:
     """(title, [(label, style key, series)]) of the default model's store and each profile's."""
     from .experiments import _token_series
 
-    cols = [(f"the seeds' DecodeModel ({default_note})",
+    cols = [(f"the default DecodeModel, Pang et al.'s calibration ({default_note})",
              [(label, key, _token_series(default, policy=prefix)) for label, key, prefix in _POLICIES])]
     for suffix, name in _GPUS:
         d_sla = dict(variants(profiled))[f"dynamic{suffix}"]["d_sla"]
