@@ -1,5 +1,5 @@
 # mbbatch, as a file DAG: results depend on their specs and the sources,
-# figures on the results.  Phony targets: help, install, test, thorough, fuzz, figures, bench, clean.
+# figures on the results.  Phony targets: help, install, test, thorough, fuzz, figures, docs, bench, clean.
 
 PYTHON ?= python3
 VENV := .venv
@@ -19,24 +19,25 @@ SPECS := $(wildcard sweeps/*.toml)
 SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
 SWEPT := $(RESULTS)/.swept
 
-.PHONY: help install test thorough fuzz figures bench clean
+.PHONY: help install test thorough fuzz figures docs bench clean
 
 help:
-	@echo "make install   create .venv and install mbbatch with its test extras (source .venv/bin/activate)"
-	@echo "make test      create .venv, install mbbatch with its test extras, run the test suite"
+	@echo "make install   create .venv and install mbbatch with its test, bench and docs extras"
+	@echo "make test      create .venv, install mbbatch with its extras, run the test suite"
 	@echo "make thorough  the heavy checks, and the hypothesis properties on 500 fresh random examples each"
 	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
 	@echo "make fuzz      random sweep specs run serially, on a pool, killed and resumed, on dask, by the CLI"
+	@echo "make docs      run the documentation's examples (doctest), then build the HTML site into docs/_build/html"
 	@echo "make bench     print the speed and memory table, and the event kernel's before/after pairs"
-	@echo "make clean     remove .venv, results/ and caches"
+	@echo "make clean     remove .venv, results/, the built documentation and caches"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,bench,docs]'
 	touch $(STAMP)
 
-# the environment alone: .venv with mbbatch (editable) and its test and bench extras
+# the environment alone: .venv with mbbatch (editable) and its test, bench and docs extras
 install: $(STAMP)
 
 # one test worker per core; a test file's tests share a worker (and its session fixtures);
@@ -82,6 +83,15 @@ $(RESULTS)/fig1b.nc $(RESULTS)/engine_event.nc &: $(SRC) | $(STAMP)
 figures: $(SWEPT) $(RESULTS)/fig1b.nc $(RESULTS)/engine_event.nc
 	$(MBBATCH) figures --results $(RESULTS) --out figures
 
+# the documentation: its examples first (doctest: a number the pages quote is one the code
+# returns), then the HTML site; a warning is an error.  The autosummary stubs and the
+# parameter and metric tables are written into docs/api/generated/ (not committed).
+DOCS_BUILD := docs/_build
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -j 1 -b doctest docs $(DOCS_BUILD)/doctest
+	$(PY) -m sphinx -W --keep-going -j 1 -b html docs $(DOCS_BUILD)/html
+	@echo "open $(DOCS_BUILD)/html/index.html"
+
 clean:
-	rm -rf $(VENV) $(RESULTS) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(RESULTS) .pytest_cache .hypothesis $(DOCS_BUILD) docs/api/generated
 	find mbbatch -name __pycache__ -type d -exec rm -rf {} +

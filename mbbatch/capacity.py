@@ -36,7 +36,7 @@ The search finds one boundary: where a criterion passes again above a rate
 where it failed (besides the light-load case of step 1), the answer is the
 boundary the bisection meets, the lowest in practice.  DynamicBatching under
 its SLA controller is such a case: the controller sets the batch size from
-the time between tokens alone (seed 001), which the decode model keeps
+the time between tokens alone (Pang et al., 2025, arXiv:2503.05248), which the decode model keeps
 nearly flat above about 20 requests a batch, so the batch size stays
 wherever it entered the dead band; on U(10, 500) prompts and Exp(60)
 outputs it is stable at 80 requests/s but not at 20 (n = 200,000), and the
@@ -64,8 +64,9 @@ The criteria:
   for 8 Autellix engines).
 - **Objectives**, :class:`Objective`: any of ``latency_p50``,
   ``latency_p95``, ``latency_p99``, ``mean_latency``, ``mean_ttft``,
-  ``sla_violation_share`` (share of requests above D_SLA, seed 001 section
-  8.1), ``sla_violation_tokens`` (share of output tokens decoded slower than
+  ``sla_violation_share`` (share of requests above D_SLA: the SLA
+  violation rate of Pang et al., 2025, arXiv:2503.05248),
+  ``sla_violation_tokens`` (share of output tokens decoded slower than
   D_SLA + eps_D) and ``sla_violation_requests``, each at most its value: a
   criterion passes when the t-interval of its mean over the replications
   lies at or below it.
@@ -141,8 +142,10 @@ class Objective:
     """Upper bounds on metrics of the run: each one set must hold (its
     t-interval at or below it).  Latencies in s; SLA shares in [0, 1].
 
-    >>> Objective(latency_p95=30.0)                 # p95 latency at most 30 s
-    >>> Objective(mean_ttft=0.5, sla_violation_share=0.05)
+    >>> Objective(latency_p95=30.0).latency_p95     # p95 latency at most 30 s
+    30.0
+    >>> Objective(mean_ttft=0.5, sla_violation_share=0.05).sla_violation_share
+    0.05
     """
 
     latency_p50: float | None = None

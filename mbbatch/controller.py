@@ -22,7 +22,8 @@ class Memory:
     """GPU memory for the KV cache (Algorithm 1).
 
     Token capacity ``eta = (m_max_gb - m_model_gb) / kv_mem_per_token_gb``.
-    ``variant="l0"`` keeps the specification's buffer ``L0 = 0.1 eta``;
+    ``variant="l0"`` keeps Algorithm 1's buffer ``L0 = 0.1 eta`` (Pang et al., 2025,
+    arXiv:2503.05248);
     ``variant="clt"`` the largest b with ``b mu + z_{1-eps_m} sigma sqrt(b) <= eta``
     from the running mean and deviation of tokens per request.  ``enabled=False``
     turns the constraint off (batches above eta are then counted, not prevented).
@@ -67,10 +68,10 @@ class SLAController:
     b_min, b_max : int
         Batch size bounds B_min <= B_max, requests.
     alpha, delta : int
-        Expansion and correction steps (specification: 4 and 2).
+        Expansion and correction steps (Pang et al.'s: 4 and 2).
     variant : {"spec", "multiplicative"}
-        "spec": the specification's pseudocode (default); "multiplicative":
-        the design notes' compute_b_SLA (0.8 / 0.2 / 0.1 factors).
+        "spec": Algorithm 2 as Pang et al. write it (default); "multiplicative":
+        a multiplicative ``compute_b_SLA`` (0.8 / 0.2 / 0.1 factors).
     """
 
     d_sla: float = default("d_sla")

@@ -127,8 +127,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("sla_violation_tokens", "1", "share of output tokens decoded slower than D_SLA + eps_D per token",
        "tokens"),
     _m("sla_violation_requests", "1", "share of requests decoded slower than D_SLA + eps_D per token", "tokens"),
-    _m("sla_violation_share", "1", "share of requests whose decode time per token exceeds D_SLA (seed 001, "
-       "section 8.1's SLA violation rate; threshold D_SLA, without eps_D)", "tokens"),
+    _m("sla_violation_share", "1", "share of requests whose decode time per token exceeds D_SLA (Pang et al., "
+       "2025, arXiv:2503.05248: the SLA violation rate; threshold D_SLA, without eps_D)", "tokens"),
     _m("utilization", "1", "busy server-time / (servers x span); NaN for infinitely many servers (LAPS: "
        "instances for servers)"),
     _m("mean_busy_servers", "servers", "busy server-time / span: mean number of servers busy",

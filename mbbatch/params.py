@@ -142,7 +142,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("ends", "reals", "s", "times the piecewise Poisson rate changes", _POS, default=()),
     _p("times", "reals", "s", "replayed arrival times", _REAL),
     _p("cv", "real", "1", "coefficient of variation of the gamma inter-arrival times (1: Poisson)", _POS),
-    # a two-state Markov-modulated Poisson process (BurstGPT-style bursts, seed 001)
+    # a two-state Markov-modulated Poisson process (BurstGPT-style bursts, as in Pang et al., 2025, arXiv:2503.05248)
     _p("rate_on", "real", "requests/s", "arrival rate in the ON state", _POS),
     _p("rate_off", "real", "requests/s", "arrival rate in the OFF state (0: silent)", _NONNEG, default=0.0),
     _p("mean_on", "real", "s", "mean ON sojourn (exponential)", _POS),
@@ -188,7 +188,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        Domain(0, 1, lo_closed=True, hi_closed=True), default=1.0),
     # --- policies -----------------------------------------------------------------------
     _p("bins", "count", "bins", "number of bins", _COUNT, default=4),
-    # K = 4: the dynamic-batching specification's example (Algorithm 6, "Example Output (K=4)")
+    # K = 4: the example of Pang et al., 2025, arXiv:2503.05248, Algorithm 6
     _p("MultiBinDynamic.bins", "count", "bins", "number of bins K of multi-bin dynamic batching", _COUNT,
        default=4),
     # B = 128: the multi-bin paper's batch size (its Figures 3, 4 and 6)
@@ -206,13 +206,13 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        _COUNT, default=None),
     _p("pin", "count", "requests", "fixed b_target of the dynamic policies (the controller still learns)",
        _COUNT, default=None),
-    # the specification leaves the warm-up's length open: with 1000 predictions an edge's
+    # Pang et al. leave the warm-up's length open: with 1000 predictions an edge's
     # probability mass is off by sqrt(p (1 - p) / 1000), at most 1.6 percentage points (1 sd)
     _p("warmup", "count", "requests", "requests whose predictions set Algorithm 6's edges", _COUNT,
        default=1000),
     _p("bin_b_max", "counts", "requests", "per-bin batch size limits (Algorithm 1, step 5)", _COUNT,
        default=None),
-    # seed 001, section 7: "pre-sample predicted lengths from workload"; optimal: theory.optimal_boundaries
+    # presample: Pang et al.'s pre-sample of predicted lengths from the workload; optimal: theory.optimal_boundaries
     _p("bin_edges", "choice", "",
        "multi-bin dynamic batching's bin edges: equal mass of the warm-up window's predictions (Algorithm 6), "
        "of a pre-sample of the workload drawn before the run, or the edges minimising eq. (2) at B = b_max",
@@ -250,27 +250,27 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # batching are placeholders of the right order for a small model (pass measured values)
     _p("LinearModel.alpha", "real", "s/token", "time per token of the longest sequence", _POS, default=1e-3),
     _p("LinearModel.beta", "real", "1", "relative cost of batching, times (b-1)/b", _NONNEG, default=0.1),
-    # calibrated on an NVIDIA GPU (dynamic-batching specification, Section 5.1)
+    # calibrated on an NVIDIA GPU (Pang, Li and Wang, 2025, arXiv:2503.05248)
     _p("DecodeModel.beta", "real", "s/token", "decode time per token at b = 1", _POS, default=5.74e-3),
     _p("gamma", "real", "1", "decode-time growth with batch size", _NONNEG, default=0.316),
     _p("prefill_per_token", "real", "s/token", "prefill time per prompt token", _NONNEG, default=0.0),
     # CalibratedModel: alpha + beta * max_seq_len * h(b) on Algorithm 3's service_time_fn(|batch|,
-    # max_seq_len) (dynamic-batching specification, lines 212, 240-242), h(b) and beta, gamma of
-    # ComputeDecodeTBT (lines 501-510; gamma is the row above).  The specification gives no fixed
+    # max_seq_len) (Pang et al., 2025, arXiv:2503.05248), h(b) and beta, gamma of
+    # ComputeDecodeTBT (gamma is the row above).  The paper gives no fixed
     # time per batch: 0 leaves its formula as written (pass a measured value)
     _p("CalibratedModel.alpha", "real", "s", "fixed time per batch (calibrated model)", _NONNEG, default=0.0),
-    # latency_model.beta = 5.74 ms (specification, Algorithm 7's v2 model, line 503); per token of
+    # latency_model.beta = 5.74 ms (Pang et al., Algorithm 7's calibrated model); per token of
     # the longest prompt + output, so not DecodeModel.beta's per output token
     _p("CalibratedModel.beta", "real", "s/token",
        "time per token of the batch's longest prompt + output at b = 1: the calibrated decode time between tokens",
        _POS, default=5.74e-3),
-    # Algorithm 7, step 2 (lines 480-488) with ComputeDecodeTBT's branches (lines 502-508): beta h(b)
+    # Algorithm 7, step 2, with ComputeDecodeTBT's branches (Pang et al.): beta h(b)
     # when calibrated, the default 5.74 ms when not, service / max output_len when none is provided
     _p("CalibratedModel.feedback", "choice", "",
        "decode time Algorithm 7 feeds the SLA controller: beta h(b), the uncalibrated 5.74 ms, or the legacy "
        "service / max output_len", default="calibrated", choices=("calibrated", "uncalibrated", "legacy")),
     # the prefill instances of LAPS: a batch of prefills takes a + b x its prompt tokens.  The
-    # LAPS specification gives the form, not values: 5 ms a batch and 0.1 ms a token (10,000
+    # LAPS paper (arXiv:2601.11589) gives the form, not values: 5 ms a batch and 0.1 ms a token (10,000
     # prompt tokens/s, the order of a 7B model's prefill on one GPU) are our placeholders
     _p("PrefillModel.a", "real", "s", "fixed time per prefill batch", _NONNEG, default=5e-3),
     _p("PrefillModel.b", "real", "s/token", "prefill time per prompt token of the batch", _POS, default=1e-4),
@@ -289,7 +289,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("IterationModel.finished", "choice", "",
        "whether a batch's finished members leave its decode iterations (leave) or step on padded (stay)",
        default="leave", choices=("leave", "stay")),
-    # --- LAPS (seed 004): the router's and the prefill servers' settings --------------------
+    # --- LAPS (arXiv:2601.11589): the router's and the prefill servers' settings -----------
     _p("LAPS.instances", "count", "instances", "prefill instances behind the router", _COUNT, default=4),
     _p("LAPS.threshold", "count", "tokens", "prompt tokens of the longest short request (--laps-length-threshold)",
        _COUNT0, default=256),
@@ -315,7 +315,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        "(none: latency is the time to first token)", default="none"),
     _p("LAPS.decode_servers", "count", "servers", "decode servers behind the prefill instances (with a decode "
        "policy): each serves the decode policy's batches", _COUNT, default=1),
-    # --- a cluster of engines behind a router (Autellix, seed 002) -------------------------
+    # --- a cluster of engines behind a router (Autellix, Luo et al., 2025, arXiv:2502.13965) --
     # (2**20: the router's scan packs an engine's id in 20 bits)
     _p("Cluster.engines", "count", "engines", "engines of the cluster, each with its own queues and servers",
        Domain(1, 2 ** 20, lo_closed=True, hi_closed=True), default=4),
@@ -352,9 +352,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("m_max_gb", "real", "GB", "GPU memory", _POS, default=80.0),
     _p("m_model_gb", "real", "GB", "memory of the model weights", _NONNEG, default=8.0),
     _p("kv_mem_per_token_gb", "real", "GB/token", "KV-cache memory per token", _POS, default=4e-4),
-    _p("Memory.variant", "choice", "", "b_mem rule: the specification's L0 = 0.1 eta, or a CLT buffer",
+    _p("Memory.variant", "choice", "", "b_mem rule: Algorithm 1's L0 = 0.1 eta, or a CLT buffer",
        default="l0", choices=("l0", "clt")),
-    # eps_M ~ 0.05, a 5% OOM probability: the dynamic-batching specification, Algorithm 1, step 3
+    # eps_M ~ 0.05, a 5% OOM probability: Pang, Li and Wang, 2025, arXiv:2503.05248, Algorithm 1
     _p("eps_m", "real", "1", "risk eps_M of the CLT memory buffer", Domain(0, 1), default=0.05),
     _p("enabled", "flag", "", "whether the memory constraint is enforced", default=True),
     # Memory()'s: (80 - 8) GB / 0.4 MB a token
@@ -371,12 +371,12 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("b_min", "count", "requests", "smallest batch size B_min", _COUNT, default=1),
     # 256: vLLM's long-standing default max_num_seqs, a serving engine's usual cap on a batch
     _p("b_max", "count", "requests", "largest batch size B_max", _COUNT, default=256),
-    # the specification's steps: alpha = 4, delta = 2
+    # the paper's steps (Pang et al., Algorithm 2): alpha = 4, delta = 2
     _p("SLAController.alpha", "count", "requests", "expansion step alpha of the SLA controller", _COUNT0,
        default=4),
     _p("delta", "count", "requests", "correction step delta of the SLA controller", _COUNT0, default=2),
     _p("controller", "choice", "",
-       "SLA controller: the specification's pseudocode, or the design notes' multiplicative variant",
+       "SLA controller: Algorithm 2 as Pang et al. write it, or a multiplicative variant",
        default="spec", choices=("spec", "multiplicative")),
     # --- a capacity search's objective (mb.Objective): upper bounds, none by default ----
     *[_p(f"objective_{m}", "real", u, f"capacity search: upper bound on {m}", d, default=None)

@@ -15,7 +15,7 @@ x framework x model), named ``HARDWARE/FRAMEWORK/MODEL/tpN``, for example
 Each profile is fitted on relative error (its times span three orders of
 magnitude, :meth:`~mbbatch.IterationModel.fit`) when first asked for; its
 held-out error (leave-one-out) is reported (:func:`list`, :func:`fit`).
-Over the 227 profiles the median of their held-out errors is 5.7 % (the seeds'
+Over the 227 profiles the median of their held-out errors is 5.7 % (Pang et al.'s
 :class:`~mbbatch.DecodeModel` form, refitted to the same rows: 20 %); the largest, 20 %,
 are llama.cpp on MI300X and Mixtral (a mixture of experts, whose decode step
 grows with batch size and saturates, which the model's linear terms do not

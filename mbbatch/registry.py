@@ -16,7 +16,7 @@ spec name, its spec keys and its kernel fields
 (:class:`mbbatch.arrivals.Arrivals`).
 
 >>> sorted(POLICIES)[:3]
-['cluster', 'dynamic', 'laps']
+['cluster', 'continuous', 'dynamic']
 >>> kind_of(MultiBin(bins=2, batch_size=4)).planner
 'multibin'
 """

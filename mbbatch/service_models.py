@@ -8,11 +8,11 @@ A batch's service time comes from one of four models, chosen by class:
   in s, which is how the paper's model (``service=dist``) is one case of the
   request model;
 - :class:`LinearModel`: ``base + alpha * max_seq_len * (1 + beta (b-1)/b)``
-  with ``max_seq_len = max(prompt + output)`` (design notes, Section 5.1);
+  with ``max_seq_len = max(prompt + output)``;
 - :class:`DecodeModel`: ``prefill + TBT(b) * max output_len`` with
   ``TBT(b) = beta (1 + gamma (b-1)/max(1, b))`` (calibrated beta = 5.74 ms,
   gamma = 0.316) and ``prefill = prefill_per_token * sum(prompt_len)``;
-- :class:`CalibratedModel`: the dynamic-batching specification's calibrated
+- :class:`CalibratedModel`: Pang et al.'s calibrated
   latency model on its ``service_time_fn(|batch|, max_seq_len)``:
   ``alpha + beta * max_seq_len * h(b)``, ``h(b) = 1 + gamma (b-1)/max(1, b)``,
   with Algorithm 7's feedback ``beta h(b)`` (``feedback="calibrated"``), its
@@ -46,9 +46,10 @@ times by least squares, and states its error in and out of sample
 Parameters, their domains and defaults are those of the parameter table
 (:mod:`mbbatch.params`).
 
-The specification cited is the dynamic-batching specification
-(``seeds/000_fae4e6e765565183.txt``, by line: Algorithm 3 lines 212 and
-240-242, Algorithm 7 lines 480-488, ComputeDecodeTBT lines 501-510).
+The dynamic-batching paper cited is Pang, Li and Wang, "Optimizing LLM
+Inference Throughput via Memory-aware and SLA-constrained Dynamic
+Batching", 2025, arXiv:2503.05248 (Algorithms 3 and 7, and its
+ComputeDecodeTBT).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ __all__ = ["MaxModel", "LinearModel", "DecodeModel", "CalibratedModel", "Prefill
 _FEEDBACK_CODES = {"calibrated": _d.MODEL_CALIBRATED, "uncalibrated": _d.MODEL_CALIBRATED_UNCALIBRATED,
                    "legacy": _d.MODEL_CALIBRATED_LEGACY}
 #: ComputeDecodeTBT's value when the latency model is not calibrated, s/token
-#: (specification, lines 507-508: ``RETURN 0.00574  // Default 5.74ms``), as the kernel feeds it.
+#: (Pang et al.'s ComputeDecodeTBT: a default of 5.74 ms), as the kernel feeds it.
 UNCALIBRATED_TBT = _d.UNCALIBRATED_TBT
 
 # the per-batch aggregates the models read, with their units
@@ -117,7 +118,7 @@ class BatchAggregates(NamedTuple):
     size : ndarray of int64
         Members, requests.
     max_seq_len : ndarray of float64
-        Largest ``prompt + output`` of a member, tokens (Algorithm 3, line 241).
+        Largest ``prompt + output`` of a member, tokens (Algorithm 3).
     max_output : ndarray of float64
         Largest output length of a member, tokens.
     sum_prompt : ndarray of float64
@@ -506,7 +507,7 @@ class _Fitted:
 
     def service_time(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
                      context_steps=None, *, prompt=None, output=None):
-        """Service time of batches, s (Algorithm 3, step 4: lines 240-242).
+        """Service time of batches, s (Algorithm 3, step 4).
 
         Parameters
         ----------
@@ -550,7 +551,7 @@ class _Fitted:
 
     def feedback_tbt(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
                      context_steps=None):
-        """What Algorithm 7, step 2 (lines 480-488) feeds the SLA controller
+        """What Algorithm 7, step 2 feeds the SLA controller
         after each batch, s/token: the model's decode TBT where it provides
         one, else the legacy ``service / max(max_output, 1)`` (1 token for a
         batch of empty outputs, as the kernel).  Arguments as :meth:`times`."""
@@ -974,33 +975,33 @@ class DecodeModel(_Fitted):
 
 @dataclass(frozen=True)
 class CalibratedModel(_Fitted):
-    """The specification's calibrated latency model as a batch service model.
+    """Pang et al.'s calibrated latency model as a batch service model.
 
     Service time (Algorithm 3's ``service_time_fn(|batch|, max_seq_len)``,
-    lines 212 and 240-242, with ComputeDecodeTBT's ``h(b)``, line 505)::
+    with ComputeDecodeTBT's ``h(b)``)::
 
         service = alpha + beta * h(b) * max_seq_len,   h(b) = 1 + gamma (b-1)/max(1, b)
 
     with ``max_seq_len`` the longest prompt + output of the batch (s).  What
-    Algorithm 7 feeds the SLA controller (``recent_tbt``, lines 480-488)
+    Algorithm 7 feeds the SLA controller (``recent_tbt``)
     depends on ``feedback``:
 
     ``"calibrated"``
-        ``beta h(b)``: ComputeDecodeTBT's calibrated branch (lines 502-506)
-        provides the decode TBT (lines 481-483);
+        ``beta h(b)``: ComputeDecodeTBT's calibrated branch
+        provides the decode TBT;
     ``"uncalibrated"``
         ``UNCALIBRATED_TBT`` = 5.74 ms whatever the batch: the fallback.
-        ComputeDecodeTBT's ELSE branch (lines 507-508) still *returns* a
+        ComputeDecodeTBT's ELSE branch still *returns* a
         decode TBT, so Algorithm 7 takes its "decode_tbt is PROVIDED"
         branch with the constant, not the legacy one.  Only the controller's
         feedback falls back: the batch's time is still the GPU's
-        ``service_time_fn``, an input of Algorithms 3 and 5 (lines 212,
-        309) that the specification never derives from the latency model.
+        ``service_time_fn``, an input of Algorithms 3 and 5
+        that the paper never derives from the latency model.
         With ``D_SLA - eps_D`` above 5.74 ms the controller so never sees
         the latency grow and widens its interval towards ``B_max``;
     ``"legacy"``
-        no decode TBT provided: ``service / max output_len`` (lines 484-487;
-        1 token for a batch of empty outputs), as for :class:`LinearModel`.
+        no decode TBT provided: ``service / max output_len``
+        (1 token for a batch of empty outputs), as for :class:`LinearModel`.
 
     The fallback is a field, not a class: the three differ only in the
     controller's feedback on one service time, so one sweep axis
@@ -1012,7 +1013,7 @@ class CalibratedModel(_Fitted):
     the batch has ``max_output - 1`` token steps left:
     ``min(alpha + beta h(b) (max_seq_len - max_output + 1), service)`` after
     its start (the analogue of :class:`DecodeModel`'s ``prefill + TBT``; the
-    specification has no TTFT).
+    paper has no TTFT).
 
     Parameters
     ----------
@@ -1020,9 +1021,9 @@ class CalibratedModel(_Fitted):
         Fixed time per batch, s, >= 0.
     beta : float
         Time per token of the longest prompt + output at b = 1, s/token, > 0:
-        the calibrated decode TBT at b = 1 (``latency_model.beta`` = 5.74 ms, line 503).
+        the calibrated decode TBT at b = 1 (``latency_model.beta`` = 5.74 ms).
     gamma : float
-        Growth of the time per token with batch size, >= 0 (0.316, line 504).
+        Growth of the time per token with batch size, >= 0 (0.316).
     feedback : {"calibrated", "uncalibrated", "legacy"}
         What Algorithm 7 feeds the SLA controller (above).
 
@@ -1064,7 +1065,7 @@ class CalibratedModel(_Fitted):
         return self.alpha + self.beta * (prompt + output)
 
     def decode_tbt(self, size):
-        """ComputeDecodeTBT (lines 501-510) as this model provides it to
+        """ComputeDecodeTBT as this model provides it to
         Algorithm 7, s/token: ``beta h(b)``, 5.74 ms, or 0 (none: legacy)."""
         b = _check_values("size", size)
         if self.feedback == "calibrated":
@@ -1073,7 +1074,7 @@ class CalibratedModel(_Fitted):
 
     def feedback_tbt(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
                      context_steps=None):
-        """What Algorithm 7, step 2 (lines 480-488) feeds the SLA controller,
+        """What Algorithm 7, step 2 feeds the SLA controller,
         s/token: ``beta h(b)`` (calibrated: only ``size`` is needed), 5.74 ms
         (uncalibrated: ``size`` gives the shape), or the legacy
         ``service / max(max_output, 1)`` (``size``, ``max_seq_len`` and
@@ -1129,8 +1130,8 @@ class CalibratedModel(_Fitted):
 
 @dataclass(frozen=True)
 class PrefillModel(_Fitted):
-    """A prefill batch's time = ``a + b * sum(prompt)`` (s): the LAPS
-    specification's prefill instances (:class:`~mbbatch.LAPS`).  Its time to
+    """A prefill batch's time = ``a + b * sum(prompt)`` (s): LAPS's
+    prefill instances (arXiv:2601.11589; :class:`~mbbatch.LAPS`).  Its time to
     first token is the batch's time; it decodes nothing.
 
     Parameters

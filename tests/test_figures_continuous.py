@@ -46,7 +46,7 @@ def test_its_spec_runs_small_and_the_engine_is_multi_bins_limit(tmp_path):
     on hardware_multibin's workload: the engine at 32 running sequences
     carries more than multi-bin batching at 64 bins (11.61 and 5.63
     requests/s on the H100 and A100 profiles, finished members leaving:
-    figures/README.md) and about what its limit of every batch one length
+    docs/gallery/hardware.md) and about what its limit of every batch one length
     does (13.49 and 6.40: at every iteration both step 32 sequences; within
     3 %, this small run's start and drain), and 256 sequences more than 32."""
     ds = _small("continuous_vs_binned", tmp_path, ("n = 1000000", "n = 20000"), ("reps = 3", "reps = 2"))

@@ -1,5 +1,6 @@
-"""Dynamic-batching controller kernels: Algorithms 1, 2, 4, 6 and 7 of the
-algorithm specification, and the Section 2.2-2.3 variants of the design notes.
+"""Dynamic-batching controller kernels: Algorithms 1, 2, 4, 6 and 7 of
+Pang, Li and Wang, 2025, arXiv:2503.05248, and two variants: a CLT memory
+buffer and a multiplicative SLA step.
 
 The event kernel calls the scalar forms (``b_mem_core``, ``b_sla_core``,
 ``feedback_core``, ``partition_tiled``, ...).  The array forms (``b_mem``,
@@ -64,10 +65,10 @@ C = CONTROLLER.index
 T = BATCH_STATS.index
 
 # variants
-CTL_VARIANT_SPEC = 0            # Algorithm 2 of the algorithm specification
-CTL_VARIANT_MULTIPLICATIVE = 1  # compute_b_SLA of the design notes, Section 2.3
+CTL_VARIANT_SPEC = 0            # Algorithm 2 of Pang et al., 2025, arXiv:2503.05248
+CTL_VARIANT_MULTIPLICATIVE = 1  # a multiplicative compute_b_SLA
 MEM_VARIANT_L0 = 0              # Algorithm 1: safety buffer L0 = 0.1 eta
-MEM_VARIANT_CLT = 1             # Section 2.2: Gaussian buffer z sigma sqrt(b)
+MEM_VARIANT_CLT = 1             # a Gaussian buffer z sigma sqrt(b)
 
 # constants of the algorithms (configuration values, not user defaults)
 DEFAULT_EMA = 0.2        # Algorithm 7, steps 1 and 3: the EMA weight a
@@ -75,7 +76,7 @@ DEFAULT_TOKENS = 500.0   # Algorithm 1, step 2: E[l_in + l_out] before any stati
 L0_FRACTION = 0.1        # Algorithm 1, step 3: rho = 10% of capacity
 SLA_WARMUP_UPDATES = 3   # Algorithm 2: the midpoint until this many feedback updates
 EDGE_MAX = 10000.0       # Algorithm 6, step 4: upper edge of the last bin
-# design notes, Section 2.3 (compute_b_SLA): the multiplicative variant's factors
+# the multiplicative variant's factors (compute_b_SLA)
 MULT_LOW = 0.8           # case 1: b_low = max(b_low, int(0.8 b_avg))
 MULT_GROW = 0.2          # case 2: b_high = min(b_high + int(0.2 b_avg), B_max)
 MULT_MARGIN = 0.1        # case 3: half-width int(0.1 (b_high - b_low))
@@ -157,7 +158,7 @@ def b_mem_core(eta, variant, z, default_tokens, B_min, B_max, avg_prompt, avg_ou
         # the cap B_max + 1: the clamp below decides from there
         b = _clt_count(mu, sigma, z, eta, max(B_max, 0.0) + 1.0)
     else:
-        # step 2, with the specification's default when there are no stats yet
+        # step 2, with Algorithm 1's default when there are no stats yet
         e_total = avg_prompt + avg_output
         if e_total <= 0.0:
             e_total = default_tokens
@@ -176,11 +177,11 @@ def b_mem_core(eta, variant, z, default_tokens, B_min, B_max, avg_prompt, avg_ou
 def b_mem(st, memory, bin_idx, bin_b_max):
     """Algorithm 1: the memory-constrained batch size.
 
-    Variant ``MEM_VARIANT_L0`` (the specification) reserves a fixed buffer
+    Variant ``MEM_VARIANT_L0`` (Pang et al.'s Algorithm 1) reserves a fixed buffer
     ``L0 = 0.1 eta`` and returns ``floor((eta - L0) / E[l_in + l_out])`` with the
     expectation from the EMAs of ``st`` (500 tokens while both are still 0).
 
-    Variant ``MEM_VARIANT_CLT`` (design notes, Section 2.2) reads the constraint
+    Variant ``MEM_VARIANT_CLT`` (a CLT buffer) reads the constraint
     ``Pr(S > eta) <= eps_M`` with S ~ Normal(b mu, b sigma^2) (central limit
     theorem over the b requests of a batch): the largest integer b with
     ``b mu + z sqrt(b) sigma <= eta``, where mu and sigma are the running mean
@@ -262,7 +263,7 @@ def b_sla_core(b_low, b_high, tau, b_avg, n_decode, updates, d_sla, eps, B_min, 
         b_low = b_high
 
     b = np.floor((b_low + b_high) / 2.0)
-    if n_decode > 0.0 and not multiplicative:  # the design notes' variant has no such rule
+    if n_decode > 0.0 and not multiplicative:  # the multiplicative variant has no such rule
         b = max(b, n_decode)
     return np.int64(min(max(b, B_min), B_max)), b_low, b_high
 
@@ -271,7 +272,7 @@ def b_sla_core(b_low, b_high, tau, b_avg, n_decode, updates, d_sla, eps, B_min, 
 def b_sla(ctl, sla):
     """Algorithm 2: the SLA-constrained batch size; updates ``[b_low, b_high]`` in place.
 
-    Variant ``CTL_VARIANT_SPEC`` follows the specification line by line:
+    Variant ``CTL_VARIANT_SPEC`` follows Pang et al.'s Algorithm 2 line by line:
     during warm-up (``tau_avg == 0`` or fewer than 3 updates) it returns the
     midpoint and changes nothing; afterwards
 
@@ -292,8 +293,8 @@ def b_sla(ctl, sla):
     ``B_max - ceil(alpha/2)`` (the interval ends at ``[B_max - alpha, B_max]``),
     not at the bounds themselves.
 
-    Variant ``CTL_VARIANT_MULTIPLICATIVE`` is ``compute_b_SLA`` of the design
-    notes (Section 2.3), as written: no warm-up and no ``N_decode`` rule;
+    Variant ``CTL_VARIANT_MULTIPLICATIVE`` is a multiplicative
+    ``compute_b_SLA``: no warm-up and no ``N_decode`` rule;
     ``int()`` truncates.  Case 1: ``b_high = min(b_high, int(b_avg))``,
     ``b_low = max(b_low, int(0.8 b_avg))``; case 2: ``b_low = max(b_low, int(b_avg))``,
     ``b_high = min(b_high + int(0.2 b_avg), B_max)``; case 3: with
@@ -302,7 +303,7 @@ def b_sla(ctl, sla):
     interval fix and midpoint.  The source's midpoint can fall below ``B_min``
     (case 1 with ``int(b_avg) < B_min`` collapses the interval there), which
     would give an empty batch; the returned value is therefore clamped to
-    ``[B_min, B_max]`` as in the specification's last step.  The state is
+    ``[B_min, B_max]`` as in Algorithm 2's last step.  The state is
     left as the source leaves it.
 
     Parameters

@@ -1,5 +1,5 @@
 """Event kernel of the batch-forming policies: static batching, dynamic
-batching (Algorithms 1-3 and 7 of the dynamic-batching specification) and
+batching (Algorithms 1-3 and 7 of Pang, Li and Wang, 2025, arXiv:2503.05248) and
 multi-bin dynamic batching (Algorithms 4-6 on top), without a GPU.
 
 Requests carry prompt, output and predicted output lengths (tokens).  A batch
@@ -49,7 +49,7 @@ from .routing import (EN, ENGINES, ROUTE_NONE, TABLE, Router, engine_done, engin
 MODEL_MAX = 0       # base + per_token * max output_len (the multi-bin paper's max)
 MODEL_LINEAR = 1    # base + alpha * max_seq_len * (1 + beta (b-1)/b)
 MODEL_DECODE = 2    # prefill_per_token * sum prompt + TBT(b) * max output_len
-# the dynamic-batching specification's calibrated model: base + TBT(b) * max_seq_len, fed back to the
+# Pang et al.'s calibrated model: base + TBT(b) * max_seq_len, fed back to the
 # controller as TBT(b), as the uncalibrated 5.74 ms, or by the legacy rule (service / max output_len)
 MODEL_CALIBRATED = 3
 MODEL_CALIBRATED_UNCALIBRATED = 4
@@ -57,7 +57,7 @@ MODEL_CALIBRATED_LEGACY = 5
 # an engine iteration's time, linear in its prefill tokens, decoded sequences and their context
 # (service_models.IterationModel): a batch's prefill iteration, then one per decode step
 MODEL_ITERATION = 6
-#: ComputeDecodeTBT's ELSE branch (specification, Algorithm 7's v2 model): the decode time fed back
+#: ComputeDecodeTBT's ELSE branch (Pang et al., Algorithm 7): the decode time fed back
 #: when the latency model is not calibrated, s/token
 UNCALIBRATED_TBT = 0.00574
 
@@ -110,7 +110,7 @@ STATS = Layout("token statistics",
                      "rejected",       # requests alone above the token capacity (never servable)
                      "mem_exceed",     # batches above the token capacity (memory constraint off)
                      "sla_requests",   # requests decoded slower than D_SLA + eps_D
-                     "sla_requests_dsla",  # requests decoded slower than D_SLA (seed 001, section 8.1)
+                     "sla_requests_dsla",  # requests decoded slower than D_SLA (Pang et al.'s SLA violation rate)
                      "ts_rows",        # rows of the time series in use
                      # a cluster's router: large requests (above the threshold), those the program
                      # table routed, calls with a context before them and those served on the engine
@@ -610,7 +610,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     multiplicative = config.sla[0][A.variant] == CTL_VARIANT_MULTIPLICATIVE
     sla = config.sla[1]
     ema = sla[A.ema]
-    # the SLA constraint tau <= D_SLA + eps_D (specification, Algorithm 2)
+    # the SLA constraint tau <= D_SLA + eps_D (Pang et al., Algorithm 2)
     sla_limit = sla[A.d_sla] + sla[A.eps_d]
     d_sla = sla[A.d_sla]
     memory_variant = config.memory[0][M.variant]

@@ -1,4 +1,5 @@
-"""The LAPS kernel: prefill instances behind the LAPS router (seed 004).
+"""The LAPS kernel: prefill instances behind the LAPS router ("LAPS: Length-Aware
+Prefill Scheduling", 2026, arXiv:2601.11589).
 
 Requests arrive (:func:`~.common.draw_arrivals`), each with a prompt length
 (:func:`~.common.draw_block`).  The router classifies a request as short (at

@@ -2,7 +2,8 @@
 
 ``mb_only`` (i), ``dynamic_vs_static`` (ii), ``controller_step`` (iii),
 ``mb_dynamic`` (iv) and ``max_wait`` (v), named as in
-:data:`mbbatch.figures.FIGURES` and in figures/README.md's second table.
+:data:`mbbatch.figures.FIGURES` and in the documentation's gallery
+(``docs/gallery/experiments.md``).
 Each takes ``{dataset name: Dataset}`` and returns a
 :class:`matplotlib.figure.Figure`.  The token-level policies (static,
 dynamic, multi-bin dynamic) have no closed forms: thin lines join their
@@ -449,7 +450,7 @@ def max_wait(data) -> Figure:
 
 
 def mb_only_load(data) -> Figure:
-    """Experiment (i) as the specification words it: Poisson arrivals,
+    """Experiment (i) as Pang et al. (2025, arXiv:2503.05248) word it: Poisson arrivals,
     K = 1, 2, 4, 8, fixed B; throughput (with min(lambda, Theorem 4.2)) and
     mean latency (with Lemma 5.1, a lower bound for one server) vs rate."""
     ds = data["mb_only_load"]

@@ -174,7 +174,7 @@ def _policy_grid(cols: list, title: str) -> Figure:
 
 
 def hardware_policies(data) -> Figure:
-    """Static, dynamic and multi-bin dynamic batching vs load under the seeds'
+    """Static, dynamic and multi-bin dynamic batching vs load under Pang et al.'s
     DecodeModel and under two measured GPUs (log-normal lengths)."""
     return _policy_grid(_columns(data["token_policies"], data["hardware_policies"], "token_policies"),
                         "The dynamic-batching experiments (ii) and (iv) on measured hardware: log-normal prompts "

@@ -1,7 +1,7 @@
 """The multi-bin batching paper's figures, and the studies of its theorems.
 
 One function per figure, named as in :data:`mbbatch.figures.FIGURES` and in
-figures/README.md's first table: the paper's Figures 1b, 3, 4 and 8;
+the documentation's gallery (``docs/gallery/paper.md``): the paper's Figures 1b, 3, 4 and 8;
 Theorem 4.2's throughput and Theorem 4.3's bins against the number of bins;
 and latency with more than one server.  Each takes ``{dataset name:
 Dataset}`` and returns a :class:`matplotlib.figure.Figure`.  Closed forms

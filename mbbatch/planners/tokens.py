@@ -198,7 +198,7 @@ def _scratch(ev, n: int) -> int:
 
 def _presample(plan: Plan, gen: np.random.Generator) -> np.ndarray:
     """``warmup`` predicted output lengths drawn from the workload before the
-    run (the dynamic-batching specification's pre-sample): lengths from the
+    run (Pang et al.'s pre-sample, arXiv:2503.05248): lengths from the
     output distribution (or resampled from its values), then the predictor's
     error, whole tokens."""
     m = plan.policy.warmup

@@ -123,7 +123,7 @@ class MultiBinDynamic(DynamicBatching):
         Where the edges come from: Algorithm 6 on the first ``warmup``
         requests' predictions, every request waiting in bin 0 until then
         (default); Algorithm 6 on ``warmup`` predicted lengths pre-sampled
-        from the workload before the run (seed 001, section 7), binning from
+        from the workload before the run (Pang et al., 2025, arXiv:2503.05248), binning from
         the first request; or :func:`mbbatch.theory.optimal_boundaries` on
         the output-length distribution at ``B = b_max`` (a distribution, not
         an array), floored as Algorithm 6 floors its quantiles.

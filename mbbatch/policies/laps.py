@@ -16,7 +16,8 @@ __all__ = ["LAPS"]
 
 @dataclass(frozen=True, eq=False)
 class LAPS(Policy):
-    """LAPS, length-aware prefill scheduling (seed 004), on ``instances``
+    """LAPS, length-aware prefill scheduling ("LAPS: Length-Aware Prefill
+    Scheduling", 2026, arXiv:2601.11589), on ``instances``
     prefill instances behind its router.
 
     A request of at most ``threshold`` prompt tokens is short, a longer one
@@ -58,7 +59,7 @@ class LAPS(Policy):
 
     ``dual_queue=False, dynamic=False`` is one FIFO queue per instance;
     ``window=0`` the dual queue alone.  The parameter table gives the
-    defaults: the specification's (256 tokens, 5 ms, 8 requests, 5 s, 2.0).
+    defaults: the LAPS paper's (256 tokens, 5 ms, 8 requests, 5 s, 2.0).
     """
 
     instances: int = default("LAPS.instances")
