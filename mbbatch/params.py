@@ -363,7 +363,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default="l0", choices=("l0", "clt", "off")),
     # --- the SLA controller (Algorithms 2 and 7) ----------------------------------------
     # the dynamic-batching paper (Pang et al., 2025, arXiv:2503.05248) gives no values.  D_SLA =
-    # 7.4 ms (the README's and the committed specs' value) sits below the calibrated decode time's
+    # 7.4 ms (the guide's and the committed specs' value) sits below the calibrated decode time's
     # limit beta (1 + gamma) = 7.55 ms, so the SLA binds: it allows b <= 11 under the default
     # DecodeModel (beta = 5.74 ms, gamma = 0.316).  eps_D = 50 us is 0.7% of D_SLA.
     _p("d_sla", "real", "s/token", "SLA target D_SLA on the decode time per token", _POS, default=7.4e-3),

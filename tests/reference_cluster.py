@@ -17,7 +17,7 @@ definition: a prefill iteration over its prefill tokens, then one decode
 iteration per step, each member attending over its whole prompt and the
 tokens it generated.
 
-The rules, from the README ("Routers of a cluster"), ``mb.Cluster``,
+The rules, from the user guide (docs/guide/clusters.md), ``mb.Cluster``,
 ``mb.EngineEvent``, ``mb.Programs`` and ``mbbatch.routing.LoadBalancer``:
 
 - An engine's load is its active requests: routed to it and not completed.

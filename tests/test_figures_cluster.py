@@ -53,7 +53,7 @@ def test_laps_allocation_draws_each_variants_groups_over_time_per_mix(results): 
 
 def test_laps_allocation_draws_and_numbers_each_phases_time_average(results):  # noqa: F811
     """Regression (laps_allocation, issue 34): the time-average of the short
-    group's instances (the README quotes it before and during the step) could
+    group's instances (the user guide quotes it before and during the step) could
     not be read off the figure.  Each phase (before, during, after the high
     load) now has a black segment at the time-average of the mean over
     replications, numbered."""

@@ -102,7 +102,7 @@ def test_the_trace_figure_draws(results, tmp_path):
 
 @pytest.mark.skipif(not (SHARED_DATA / "AzureLLMInferenceTrace_conv.csv").is_file(),
                     reason="needs the Azure LLM inference trace (shared/data/AzureLLMInferenceTrace_conv.csv); "
-                           "see README, Real traces")
+                           "see docs/guide/traces.md")
 def test_the_trace_capacity_spec_runs_small_multi_bin_beside_eq_2_and_its_limit_the_engine_at_32(tmp_path,
                                                                                                  monkeypatch):
     """continuous_trace_capacity, run small (n = 20,000, 2 replications):

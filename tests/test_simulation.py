@@ -622,7 +622,7 @@ def test_one_bin_b4_on_a_replayed_trace_warns():
 
 @pytest.mark.skipif(not (SHARED_DATA / "AzureLLMInferenceTrace_conv.csv").is_file(),
                     reason="the Azure LLM inference trace is not beside the checkout "
-                    "(shared/data/AzureLLMInferenceTrace_conv.csv); see README, Real traces")
+                    "(shared/data/AzureLLMInferenceTrace_conv.csv); see docs/guide/traces.md")
 def test_one_bin_b4_on_the_azure_trace_warns():
     tr = mb.traces.load_azure_trace(SHARED_DATA / "AzureLLMInferenceTrace_conv.csv")
     with pytest.warns(UnstableWarning):

@@ -29,7 +29,7 @@ AZURE = SHARED_DATA / "AzureLLMInferenceTrace_conv.csv"
 needs_azure = pytest.mark.skipif(
     not AZURE.is_file(), reason="the Azure LLM inference trace is not beside the checkout "
     "(shared/data/AzureLLMInferenceTrace_conv.csv); download it from "
-    "github.com/Azure/AzurePublicDataset (data/); see README, Real traces")
+    "github.com/Azure/AzurePublicDataset (data/); see docs/guide/traces.md")
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 TIME, PROMPT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"

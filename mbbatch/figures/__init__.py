@@ -190,7 +190,7 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
                   and not all(dataset_path(results_dir, d).exists() for d in FIGURES[n][1])]
         for n in absent:
             warnings.warn(f"figure {n} skipped: its dataset needs the trace {TRACE_FIGURES[n]}, which was not "
-                          f"found (see the README's Real traces for where to download it)", TraceFigureSkipped,
+                          f"found (see the user guide's traces page, docs/guide/traces.md, for where to download it)", TraceFigureSkipped,
                           stacklevel=2)
         names = [n for n in names if n not in absent]
     needed = list(OrderedDict.fromkeys(d for n in names for d in FIGURES[n][1]))

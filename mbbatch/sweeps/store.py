@@ -1,6 +1,6 @@
 """The sweep store: one Zarr (format 3) directory per sweep, safe to resume.
 
-What it guarantees (the README's "What mbbatch guarantees" says it for users):
+What it guarantees (the user guide's docs/guide/guarantees.md says it for users):
 
 - **Created whole.**  A store is written under a name unique to the creating
   process (``.NAME.creating-PID-XXXX`` beside it), then renamed into place, so
