@@ -88,3 +88,25 @@ def test_the_command_writes_the_image_and_names_a_bad_flag(results, tmp_path, ca
     assert cli.main(["plot", str(store), "--x", "rate", "--y", "sim_ttft_short_p99", "--hue", "policy",
                      "--sel", "prompt_median=7"]) == 2
     assert "--sel: prompt_median has no value '7'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", __import__("mbbatch").registry.KINDS)
+def test_a_real_store_of_every_policy_kind_is_drawn_from_its_data(tmp_path, kind):
+    """A small sweep of each kind, every setting but the rate at the parameter table's defaults, run
+    into a store and drawn: the markers are the store's means, the bars its intervals."""
+    from mbbatch.sweeps import run_sweep
+
+    spec = tmp_path / f"{kind}.toml"
+    spec.write_text(f'policy = "{kind}"\nreps = 2\n[params]\nn = 2000\n[grid]\nrate = [0.5, 1.0]\n')
+    ds = run_sweep(spec, tmp_path / f"{kind}.zarr", workers=1, progress=False).load()
+    fig = plot(ds, x="rate", y="sim_throughput")
+    (ax,) = fig.axes
+    marks = _markers(ax)
+    want = {(float(r), float(ds.sim_throughput_mean.sel(rate=r))): (float(ds.sim_throughput_ci_low.sel(rate=r)),
+                                                                    float(ds.sim_throughput_ci_high.sel(rate=r)))
+            for r in ds.rate.values}
+    assert len(marks) == len(want)
+    for (x, y), (lo, hi, _) in marks.items():
+        w = min(want, key=lambda k: abs(k[0] - x))
+        assert (x, y, lo, hi) == pytest.approx((*w, *want[w]))
+    assert "requests/s" in ax.get_ylabel()
