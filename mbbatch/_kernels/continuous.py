@@ -60,10 +60,14 @@ the iteration completed update the length statistics Algorithm 1 reads.
 
 The loop never visits every running sequence at an iteration: a decode
 round is a counter, and a sequence joining the decodes records the round it
-joined at, so that its length, its completion round (a heap), the decodes'
-context (a sum) and the new blocks a round takes (a count per block phase)
-follow in O(1) or O(log n) per event; the gaps between tokens are counted
-per group of sequences whose last token came at the same instant.
+joined at, so that its length, its completion round, the decodes' context
+(a sum) and the new blocks a round takes (a count per block phase) follow in
+O(1) per event; the gaps between tokens are counted per group of sequences
+whose last token came at the same instant.  The completion rounds are a
+bucket queue (a calendar): a ring of lists, one per round, longer than any
+output, so that a round's list holds exactly the sequences that complete in
+it, in the order ``request x (max_num_seqs + 1) + slot`` (a preempted
+sequence leaves its list at once).
 
 Pure numba on arrays and scalars; the Python side is
 :mod:`mbbatch.planners.continuous`.
@@ -141,7 +145,8 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
                    occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
-                   hk=np.int64, hid=np.int64, sk=np.float64, sid=np.int64, stack=np.int64, pq=np.int64,
+                   due=np.int64, due_next=np.int64, due_prev=np.int64, sk=np.float64, sid=np.int64,
+                   stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64)
 ContinuousWorkspace = WORKSPACE.type
@@ -149,12 +154,12 @@ ContinuousWorkspace = WORKSPACE.type
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
-UNSET = ("arrival", "gen", "last_pre", "qnext", "hk", "hid", "sk", "sid", "stack", "group")
+UNSET = ("arrival", "gen", "last_pre", "qnext", "sk", "sid", "stack", "group")
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
 STATE = Layout("continuous engine state",
-               ints=("head", "tail", "running", "n_dec", "s0", "hsize", "ssize", "nstack", "pq_h", "pq_n", "qh",
+               ints=("head", "tail", "running", "n_dec", "s0", "ssize", "nstack", "pq_h", "pq_n", "qh",
                      "waiting", "rr", "rounds", "ph", "n_main", "ng", "completed", "iterations", "preemptions",
                      "recomputed", "prefill_tokens", "tokens", "tbt_count", "max_running", "sum_batch", "i",
                      "nfree", "free", "blocks_total", "ts_rows", "ts_stride", "ts_due", "started", "completed_before"),
@@ -202,6 +207,38 @@ def _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K):
         if bh[b] >= 0:
             return bh[b], b
     return -1, -1
+
+
+@step
+def _due_push(due, due_next, due_prev, occ, M1, sl, key):
+    """Slot ``sl``, whose decodes complete at round ``key``, into that round's
+    list (``due[key mod len(due)]``), in the order of ``request x M1 + slot``."""
+    b = key & (due.shape[0] - 1)
+    me = occ[sl] * M1 + sl
+    before = -1
+    at = due[b]
+    while at >= 0 and occ[at] * M1 + at < me:
+        before = at
+        at = due_next[at]
+    due_next[sl] = at
+    due_prev[sl] = before
+    if at >= 0:
+        due_prev[at] = sl
+    if before >= 0:
+        due_next[before] = sl
+    else:
+        due[b] = sl
+
+
+@step
+def _due_remove(due, due_next, due_prev, sl, key):
+    """Slot ``sl`` out of the list of round ``key`` (preempted)."""
+    if due_prev[sl] >= 0:
+        due_next[due_prev[sl]] = due_next[sl]
+    else:
+        due[key & (due.shape[0] - 1)] = due_next[sl]
+    if due_next[sl] >= 0:
+        due_prev[due_next[sl]] = due_prev[sl]
 
 
 @step
@@ -353,8 +390,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     nxt = ws.nxt
     qnext = ws.qnext
     last = ws.last
-    hk = ws.hk
-    hid = ws.hid
+    due = ws.due
+    due_next = ws.due_next
+    due_prev = ws.due_prev
     sk = ws.sk
     sid = ws.sid
     stack = ws.stack
@@ -402,7 +440,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     running = 0
     n_dec = 0
     s0 = 0          # sum over the decodes of prompt + generated - joined round
-    hsize = 0       # completion heap
     ssize = 0       # spf heap
     nstack = 0
     pq_h = 0
@@ -450,7 +487,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         running = si_[ES.running]
         n_dec = si_[ES.n_dec]
         s0 = si_[ES.s0]
-        hsize = si_[ES.hsize]
         ssize = si_[ES.ssize]
         nstack = si_[ES.nstack]
         pq_h = si_[ES.pq_h]
@@ -556,7 +592,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 running -= 1
                 p = np.int64(prompt[r])
                 if fin[sl] >= 0:
-                    # a decode: its length now, then out of the decodes
+                    # a decode: its length now, then out of the decodes and its round's list
+                    _due_remove(due, due_next, due_prev, sl, fin[sl])
                     gj = gs[sl]
                     g = gj + rounds - d0[sl]
                     n_dec -= 1
@@ -720,14 +757,13 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             n_main = n_d
             t_round = now
             tokens += n_d
-            # the decodes done with this round leave
-            while hsize > 0 and hk[0] <= rounds:
-                key = hk[0]
-                r = hid[0] // M1
-                sl = hid[0] - r * M1
-                _, _, hsize = _heap_pop(hk, hid, hsize)
-                if occ[sl] != r or fin[sl] != key:
-                    continue        # (preempted since it joined: a stale entry)
+            # the decodes done with this round leave (its list: no later round shares its bucket)
+            bk = rounds & (due.shape[0] - 1)
+            sl = due[bk]
+            due[bk] = -1
+            while sl >= 0:
+                following = due_next[sl]
+                r = occ[sl]
                 p = np.int64(prompt[r])
                 g0 = gs[sl]
                 s0 -= p + g0 - d0[sl]
@@ -742,6 +778,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 sum_lat += now - arrival[r]
                 completed += 1
                 last_done = now
+                sl = following
         # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
         joined = 0
         for k in range(nc):
@@ -783,7 +820,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             last[sl] = now
             key = rounds + np.int64(output[r]) - g
             fin[sl] = key
-            hsize = _heap_push(hk, hid, hsize, key, r * M1 + sl)
+            _due_push(due, due_next, due_prev, occ, M1, sl, key)
             s0 += p + g - rounds
             phase[(p + g - rounds) % bs] += 1
             n_dec += 1
@@ -801,7 +838,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     si_[ES.running] = running
     si_[ES.n_dec] = n_dec
     si_[ES.s0] = s0
-    si_[ES.hsize] = hsize
     si_[ES.ssize] = ssize
     si_[ES.nstack] = nstack
     si_[ES.pq_h] = pq_h
@@ -919,11 +955,13 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
 
 
 def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts_rows: int = 2,
-          grouped: bool = False) -> Engine:
+          grouped: bool = False, longest: int | None = None) -> Engine:
     """An :class:`Engine` ready for :func:`advance` (the arguments as
     :func:`run`'s); ``grouped``: each request's batch-means group is given
     in ``ws.group`` (a cluster's engine: its group among the cluster's
-    arrivals), not its place among the engine's ``n``."""
+    arrivals), not its place among the engine's ``n``; ``longest``: the
+    longest output it will be given (default: of ``inputs``; a cluster's
+    engine is fed its requests as they are routed)."""
     config = (config[0].copy(), config[1].copy())
     cfg = CONFIG.unpack(config)
     control = controls() if control is None else control
@@ -941,9 +979,11 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     requests = REQUESTS.records(n if cfg["keep"] else 0, fill=0)
     if cfg["keep"]:
         requests[1][:] = np.nan
-    # (a request is on the completion heap once per time it joins the decodes: n + its preemptions; the
-    # heap drops stale entries as it reaches them, so n + M bounds it where the decodes ever number M)
-    heap = n + M + 1
+    # (the completion rounds' ring: longer than any output, so that the rounds pending, at most the
+    # longest output ahead, each have a list of their own)
+    if longest is None:
+        longest = int(inputs.output.max()) if inputs.output.shape[0] else 1
+    ring = 1 << max(1, longest.bit_length())
     # (the per-request arrays but the arrivals are written only for preempted requests and, with multi-bin
     # admission, queued ones: np.empty leaves the rest of their pages untouched)
     M1 = M + 1
@@ -953,7 +993,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         prv=np.empty(M1, np.int64), nxt=np.empty(M1, np.int64), last=np.zeros(M1),
                         free_slots=np.empty(M1, np.int64),
                         qnext=np.empty(n if cfg["admission"] == ADMIT_MULTIBIN else 1, np.int64),
-                        hk=np.empty(heap, np.int64), hid=np.empty(heap, np.int64),
+                        due=np.full(ring, -1, np.int64), due_next=np.empty(M1, np.int64),
+                        due_prev=np.empty(M1, np.int64),
                         sk=np.empty(n if cfg["admission"] == ADMIT_SPF else 1),
                         sid=np.empty(n if cfg["admission"] == ADMIT_SPF else 1, np.int64),
                         stack=np.empty(n, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),

@@ -240,7 +240,8 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     one = _k.start(config, _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
                                           arrival_ends=np.full(1, np.inf), **{f: np.zeros(n) for f in Feed._fields},
                                           edges=edges),
-                   control=control, groups=groups, ts_rows=ts_rows, grouped=True)
+                   control=control, groups=groups, ts_rows=ts_rows, grouped=True,
+                   longest=int(np.max(output)) if n else 1)
     # (every engine starts as this one; its inputs are read-only views of the feeds)
     inputs = _k.INPUTS.type(*(_readonly(getattr(feeds, f) if f in Feed._fields else _stacked((a,), engines)[0])
                               for f, a in zip(one.inputs._fields, one.inputs)))
