@@ -180,9 +180,17 @@ RQ = REQUESTS.index
 
 
 @step
-def _blocks(tokens, bs):
-    """Blocks of ``bs`` tokens that hold ``tokens``."""
-    return (tokens + bs - 1) // bs
+def _blocks(tokens, bs, sh):
+    """Blocks of ``bs`` tokens that hold ``tokens`` (``sh``: log2 of ``bs``
+    when a power of two, a shift for the division; else -1)."""
+    return (tokens + bs - 1) >> sh if sh >= 0 else (tokens + bs - 1) // bs
+
+
+@step
+def _phase(x, bs, sh):
+    """``x`` mod ``bs``, in [0, bs) (a mask where ``bs`` is a power of two:
+    two's complement keeps a negative x's residue)."""
+    return x & (bs - 1) if sh >= 0 else x % bs
 
 
 @step
@@ -293,13 +301,13 @@ def _cap(ctl, bst, sla, memory, memory_on, M):
 
 
 @step
-def _freed(p, o, bs, tally, memory_on):
+def _freed(p, o, bs, sh, tally, memory_on):
     """The KV blocks a request of prompt ``p`` and output ``o`` tokens frees
     as it completes (with ``memory_on``, counted into the iteration's tally
     first)."""
     if memory_on:
         _tally(tally, p, o)
-    return _blocks(p + o, bs)
+    return _blocks(p + o, bs, sh)
 
 
 @step
@@ -357,6 +365,12 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     B = ci[C.max_batched_tokens]
     chunked = ci[C.chunked] != 0
     bs = ci[C.block_size]
+    # (a power-of-two block size divides by shifts and masks)
+    sh = -1
+    if bs & (bs - 1) == 0:
+        sh = 0
+        while (1 << sh) < bs:
+            sh += 1
     free = ci[C.blocks] if ci[C.blocks] >= 0 else UNLIMITED
     adm = ci[C.admission]
     K = ci[C.bins]
@@ -574,7 +588,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         nxt_r, _ = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
         prefill_phase = False
         if not chunked and nxt_r >= 0 and running < cap:
-            if _blocks(np.int64(prompt[nxt_r]) + (gen[nxt_r] if nstack > 0 else 0) + 1, bs) <= free:
+            if _blocks(np.int64(prompt[nxt_r]) + (gen[nxt_r] if nstack > 0 else 0) + 1, bs, sh) <= free:
                 prefill_phase = True
         n_d = 0
         ctx = 0
@@ -598,7 +612,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     g = gj + rounds - d0[sl]
                     n_dec -= 1
                     s0 -= p + gj - d0[sl]
-                    phase[(p + gj - d0[sl]) % bs] -= 1
+                    phase[_phase(p + gj - d0[sl], bs, sh)] -= 1
                     fin[sl] = -1
                     lt = last[sl]
                     if d0[sl] < rounds:
@@ -609,13 +623,13 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                             if gt[k] == lt:
                                 gc[k] -= 1
                                 break
-                    free += _blocks(p + g, bs)
+                    free += _blocks(p + g, bs, sh)
                 else:
                     # prefilling: the last of the prefill queue
                     g = gs[sl]
                     lt = last[sl]
                     pq_n -= 1
-                    free += _blocks(need[sl] + 1, bs)
+                    free += _blocks(need[sl] + 1, bs, sh)
                 gen[r] = g
                 last_pre[r] = lt
                 nfree = _release(sl, occ, free_slots, nfree)
@@ -654,7 +668,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 L0 = np.int64(prompt[r]) + g0
                 # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone)
                 todo = L0 if from_stack or not has_cached else L0 - np.int64(cached[r])
-                nb = _blocks(L0 + 1, bs)
+                nb = _blocks(L0 + 1, bs, sh)
                 if nb > free or (not chunked and todo > budget):
                     break
                 # admitted
@@ -767,11 +781,11 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 p = np.int64(prompt[r])
                 g0 = gs[sl]
                 s0 -= p + g0 - d0[sl]
-                phase[(p + g0 - d0[sl]) % bs] -= 1
+                phase[_phase(p + g0 - d0[sl], bs, sh)] -= 1
                 n_dec -= 1
                 n_main -= 1
                 fin[sl] = -1
-                free += _freed(p, np.int64(output[r]), bs, tally, memory_on)
+                free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
                 head, tail, nfree = _leave(sl, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1
@@ -807,7 +821,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             p = np.int64(prompt[r])
             if g >= np.int64(output[r]):
                 # (g is its output now)
-                free += _freed(p, g, bs, tally, memory_on)
+                free += _freed(p, g, bs, sh, tally, memory_on)
                 head, tail, nfree = _leave(sl, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ,
                                            free_slots, nfree)
                 running -= 1
@@ -822,7 +836,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             fin[sl] = key
             _due_push(due, due_next, due_prev, occ, M1, sl, key)
             s0 += p + g - rounds
-            phase[(p + g - rounds) % bs] += 1
+            phase[_phase(p + g - rounds, bs, sh)] += 1
             n_dec += 1
             joined += 1
         if joined > 0:
