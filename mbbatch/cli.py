@@ -163,7 +163,14 @@ def _parser() -> argparse.ArgumentParser:
         flags, kw = _param_flag(p, "B")
         p.add_argument(*flags, **kw)
         if name == "batch-service-time":
-            p.add_argument("--edges", type=float, nargs="+", required=True, help="k+1 edges (inf allowed)")
+            from .params import PARAMS
+
+            rules = PARAMS["edges"].choices
+            p.add_argument("--edges", nargs="+", required=True, metavar="EDGES",
+                           help=f"k+1 edges (inf allowed), or a rule as a spec and mbbatch simulate name it: "
+                                f"{', '.join(rules)} (lemma_a1: exponential service), with --bins")
+            flags, kw = _param_flag(p, "k", required=False)
+            p.add_argument(*flags, **kw)
         else:
             flags, kw = _param_flag(p, "k")
             p.add_argument(*flags, **kw)
@@ -418,6 +425,35 @@ def _frozen(args):
     return law(*args.shape, loc=args.loc, scale=args.scale)
 
 
+def _theory_edges(args, dist):
+    """``mbbatch theory batch-service-time``'s edges: the k+1 numbers given,
+    or the edges of the rule named (as a spec's ``edges``): equal mass of
+    ``dist`` (as a simulation bins it), Lemma A.1's (exponential ``dist``
+    only) or those minimising eq. (2), for ``--bins`` bins."""
+    from . import theory
+    from .lengths import as_service
+    from .params import PARAMS
+
+    rules = PARAMS["edges"].choices
+    if len(args.edges) == 1 and args.edges[0] in rules:
+        rule, k = args.edges[0], args.k
+        if k is None:
+            raise ValueError(f"--edges {rule} needs --bins (k), the number of bins")
+        if rule == "equal_mass":
+            return as_service(dist, "dist").equal_mass_edges(int(k))
+        if rule == "optimal":
+            return theory.optimal_boundaries(dist, args.B, k)
+        if dist.dist.name != "expon" or dist.kwds.get("loc", 0.0) != 0.0:
+            raise ValueError("--edges lemma_a1 is Lemma A.1's edges of exponential service: --dist expon "
+                             "(--loc 0)")
+        return theory.exponential_boundaries(args.B, 1.0 / dist.std(), k)
+    try:
+        return [float(x) for x in args.edges]
+    except ValueError:
+        raise ValueError(f"--edges takes k+1 numbers or one of {', '.join(rules)}; got "
+                         f"{' '.join(args.edges)}") from None
+
+
 def _one_line(exc: BaseException) -> str:
     """An error as one line, naming the path or key it is about."""
     if isinstance(exc, MemoryError):
@@ -556,7 +592,8 @@ def _dispatch(args) -> int:
 
         try:
             if args.function == "batch-service-time":
-                value = theory.batch_service_time(_frozen(args), args.edges, args.B)
+                dist = _frozen(args)
+                value = theory.batch_service_time(dist, _theory_edges(args, dist), args.B)
             elif args.function == "optimal-boundaries":
                 value = theory.optimal_boundaries(_frozen(args), args.B, args.k)
             elif args.function == "iteration-batch-service-time":

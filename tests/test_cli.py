@@ -131,6 +131,35 @@ def test_cli_help_and_theory():
     assert r.returncode == 2 and "dist" in r.stderr
 
 
+def test_theory_edges_take_a_rule_as_a_spec_names_it():
+    """`--edges` of batch-service-time takes numbers or the rule a spec and `mbbatch simulate` take
+    (equal_mass, lemma_a1, optimal) with --bins: the same edges the simulation and theory use."""
+    import scipy.stats as st
+
+    from mbbatch import theory
+    from mbbatch.lengths import as_service
+
+    def value(*args):
+        r = run_cli("theory", "batch-service-time", *args)
+        assert r.returncode == 0, r.stderr
+        return float(r.stdout)
+
+    uni = ("--dist", "uniform", "--loc", "1", "--scale", "19", "--batch-size", "128")
+    assert value(*uni, "--edges", "equal_mass", "--bins", "4") == value(*uni, "--edges", "1", "5.75", "10.5",
+                                                                        "15.25", "20")
+    exp = ("--dist", "expon", "--scale", "10", "--batch-size", "200")
+    law = st.expon(scale=10)
+    assert value(*exp, "--edges", "lemma_a1", "--bins", "4") == pytest.approx(
+        theory.batch_service_time(law, theory.exponential_boundaries(200, 0.1, 4), 200), rel=1e-12)
+    assert value(*exp, "--edges", "equal_mass", "--bins", "3") == pytest.approx(
+        theory.batch_service_time(law, as_service(law, "dist").equal_mass_edges(3), 200), rel=1e-12)
+    assert value(*exp, "--edges", "optimal", "--bins", "4") <= value(*exp, "--edges", "lemma_a1", "--bins", "4")
+    for args, needle in (((*exp, "--edges", "optimal"), "--edges optimal needs --bins (k)"),
+                         ((*uni, "--edges", "lemma_a1", "--bins", "2"), "--edges lemma_a1 is Lemma A.1's edges"),
+                         ((*exp, "--edges", "wide"), "--edges takes k+1 numbers or one of equal_mass")):
+        assert needle in one_line_error(run_cli("theory", "batch-service-time", *args))
+
+
 
 def test_cli_theory_on_a_measured_engine():
     """iteration-batch-service-time: eq. (2) under a profile's model at the simulation's equal-mass edges,
