@@ -115,16 +115,15 @@ class SpecParam:
     It applies to a cell whose policy kind is in ``kinds``, whose arrival
     process is in ``arrivals`` (if given), whose workload form is in
     ``workload`` (if given) and whose batch service model is in ``models``
-    (if given), and only to a capacity spec if ``capacity_only``.
-    ``required``: no default, it must be given (a set of kinds: by those
-    kinds only).
+    (if given), and only to a capacity spec if ``capacity_only``.  It is
+    :attr:`required` (must be given where it applies) exactly when its table
+    entry has no default.
     """
 
     name: str
     kinds: frozenset
     arrivals: frozenset = frozenset()
     workload: frozenset = frozenset()
-    required: bool | frozenset = True
     key: str = ""
     models: frozenset = frozenset()
     capacity_only: bool = False
@@ -135,15 +134,15 @@ class SpecParam:
         return TABLE[self.key or self.name]
 
     @property
-    def default(self):
-        # an optional key whose table entry has no default, or one whose absence means something
-        # (decode_eta: the decode stage's own default, see LAPS.from_spec): unset, None, unless given
-        d = self.table.default
-        return None if (d is REQUIRED or self.unset) and not self.required else d
+    def required(self) -> bool:
+        """No default in the parameter table: a cell it applies to must give it."""
+        return self.table.default is REQUIRED
 
-    def required_for(self, kind: str) -> bool:
-        """Whether a cell of policy ``kind`` must give it."""
-        return kind in self.required if isinstance(self.required, frozenset) else self.required
+    @property
+    def default(self):
+        # a key whose absence means something (decode_eta: the decode stage's own default, see
+        # LAPS.from_spec): unset, None, unless given
+        return None if self.unset and not self.required else self.table.default
 
     def applies(self, kind: str, arrivals: str, workload: str, model: str, capacity: bool) -> bool:
         return (kind in self.kinds and (not self.arrivals or arrivals in self.arrivals)
@@ -163,15 +162,11 @@ class SpecParam:
             raise SpecError(f"{where}: {exc}{hint}") from None
 
 
-def _sp(name, kinds=None, *, workload=(), required=None, key="", models=(), capacity_only=False, unset=False):
+def _sp(name, kinds=None, *, workload=(), key="", models=(), capacity_only=False, unset=False):
     """A spec key; its kinds (unless given) and arrival processes are those
-    that declare it (:data:`mbbatch.registry.POLICIES`, :data:`mbbatch.registry.ARRIVALS`).
-    It is required where it applies when its table entry has no default
-    (unless ``required`` says otherwise)."""
-    if required is None:
-        required = TABLE[key or name].default is REQUIRED
+    that declare it (:data:`mbbatch.registry.POLICIES`, :data:`mbbatch.registry.ARRIVALS`)."""
     return SpecParam(name, frozenset(kinds) if kinds is not None else _kinds_of(name), _arrivals_of(name),
-                     frozenset(workload), required, key, frozenset(models), capacity_only, unset)
+                     frozenset(workload), key, frozenset(models), capacity_only, unset)
 
 
 # token-level requests (log-normal lengths or a trace's) under a batch service model
@@ -183,13 +178,13 @@ _REQ = ("tokens", "trace")
 SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("bins"),
     _sp("batch_size"),
-    _sp("edges", required=False),
-    _sp("max_wait", required=False),
+    _sp("edges"),
+    _sp("max_wait"),
     _sp("rate"),
-    _sp("scale", required=False, key="Replay.scale"),
+    _sp("scale", key="Replay.scale"),
     _sp("cv"),
     _sp("rate_on"),
-    _sp("rate_off", required=False),
+    _sp("rate_off"),
     _sp("mean_on"),
     _sp("mean_off"),
     _sp("rate_high"),
@@ -199,100 +194,100 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("l_max", workload=("uniform",)),
     _sp("mu", workload=("expon",)),
     # the batch service model's parameters (its own defaults when not given)
-    _sp("base", workload=_REQ, models=("max", "linear"), required=False),
-    _sp("per_token", workload=_REQ, models=("max",), required=False),
-    _sp("linear_alpha", workload=_REQ, models=("linear",), required=False, key="LinearModel.alpha"),
-    _sp("linear_beta", workload=_REQ, models=("linear",), required=False, key="LinearModel.beta"),
-    _sp("decode_beta", workload=_REQ, models=("decode",), required=False, key="DecodeModel.beta"),
-    _sp("prefill_per_token", workload=_REQ, models=("decode",), required=False),
-    _sp("gamma", workload=_REQ, models=("decode", "calibrated"), required=False),
-    _sp("calibrated_alpha", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.alpha"),
-    _sp("calibrated_beta", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.beta"),
-    _sp("feedback", workload=_REQ, models=("calibrated",), required=False, key="CalibratedModel.feedback"),
-    _sp("iteration_setup", workload=_REQ, models=("iteration",), required=False, key="IterationModel.setup"),
-    _sp("iteration_step", workload=_REQ, models=("iteration",), required=False, key="IterationModel.step"),
-    _sp("iteration_prefill", workload=_REQ, models=("iteration",), required=False,
+    _sp("base", workload=_REQ, models=("max", "linear")),
+    _sp("per_token", workload=_REQ, models=("max",)),
+    _sp("linear_alpha", workload=_REQ, models=("linear",), key="LinearModel.alpha"),
+    _sp("linear_beta", workload=_REQ, models=("linear",), key="LinearModel.beta"),
+    _sp("decode_beta", workload=_REQ, models=("decode",), key="DecodeModel.beta"),
+    _sp("prefill_per_token", workload=_REQ, models=("decode",)),
+    _sp("gamma", workload=_REQ, models=("decode", "calibrated")),
+    _sp("calibrated_alpha", workload=_REQ, models=("calibrated",), key="CalibratedModel.alpha"),
+    _sp("calibrated_beta", workload=_REQ, models=("calibrated",), key="CalibratedModel.beta"),
+    _sp("feedback", workload=_REQ, models=("calibrated",), key="CalibratedModel.feedback"),
+    _sp("iteration_setup", workload=_REQ, models=("iteration",), key="IterationModel.setup"),
+    _sp("iteration_step", workload=_REQ, models=("iteration",), key="IterationModel.step"),
+    _sp("iteration_prefill", workload=_REQ, models=("iteration",),
         key="IterationModel.prefill_per_token"),
-    _sp("iteration_per_sequence", workload=_REQ, models=("iteration",), required=False,
+    _sp("iteration_per_sequence", workload=_REQ, models=("iteration",),
         key="IterationModel.per_sequence"),
-    _sp("iteration_per_context", workload=_REQ, models=("iteration",), required=False,
+    _sp("iteration_per_context", workload=_REQ, models=("iteration",),
         key="IterationModel.per_context_token"),
-    _sp("finished", workload=_REQ, models=("iteration", "profile"), required=False, key="IterationModel.finished"),
+    _sp("finished", workload=_REQ, models=("iteration", "profile"), key="IterationModel.finished"),
     # a measured accelerator: a grid axis of profile names compares hardware
-    _sp("profile", workload=_REQ, models=("profile",), required=False),
+    _sp("profile", workload=_REQ, models=("profile",)),
     # a trace's filters (the loaders' window and drop_failed): grid axes allowed
-    _sp("window_start", workload=("trace",), required=False),
-    _sp("window_end", workload=("trace",), required=False),
-    _sp("drop_failed", workload=("trace",), required=False),
+    _sp("window_start", workload=("trace",)),
+    _sp("window_end", workload=("trace",)),
+    _sp("drop_failed", workload=("trace",)),
     _sp("prompt_median", workload=("tokens",)),
     _sp("prompt_sigma", workload=("tokens",)),
     _sp("output_median", workload=("tokens",)),
     _sp("output_sigma", workload=("tokens",)),
     # the predictor: not a workload parameter (cells that differ only in it see the same requests)
-    _sp("predictor_sigma", required=False),
-    _sp("predictor_p", required=False),
+    _sp("predictor_sigma"),
+    _sp("predictor_p"),
     # the controller's and the memory's settings: the parameter table's defaults where not given
-    _sp("d_sla", required=False),
-    _sp("eps_d", required=False),
-    _sp("b_min", required=False),
-    _sp("b_max", required=False),
-    _sp("controller", required=False),
-    _sp("memory", required=False),
-    _sp("eta", required=False),
-    _sp("eps_m", required=False),
-    _sp("selection", required=False),
-    _sp("bin_edges", required=False),
-    _sp("warmup", required=False),
+    _sp("d_sla"),
+    _sp("eps_d"),
+    _sp("b_min"),
+    _sp("b_max"),
+    _sp("controller"),
+    _sp("memory"),
+    _sp("eta"),
+    _sp("eps_m"),
+    _sp("selection"),
+    _sp("bin_edges"),
+    _sp("warmup"),
     # continuous batching: the engine's limits, memory and admission order
-    _sp("max_num_seqs", required=False),
-    _sp("sla_control", required=False),
-    _sp("max_batched_tokens", required=False),
-    _sp("chunked_prefill", required=False),
-    _sp("kv_tokens", required=False),
-    _sp("block_size", required=False),
-    _sp("admission", required=False),
-    _sp("admission_bins", required=False, key="ContinuousBatching.bins"),
+    _sp("max_num_seqs"),
+    _sp("sla_control"),
+    _sp("max_batched_tokens"),
+    _sp("chunked_prefill"),
+    _sp("kv_tokens"),
+    _sp("block_size"),
+    _sp("admission"),
+    _sp("admission_bins", key="ContinuousBatching.bins"),
     # LAPS: its instances and router, and its prefill model
-    _sp("instances", required=False, key="LAPS.instances"),
-    _sp("laps_threshold", required=False, key="LAPS.threshold"),
-    _sp("window", required=False, key="LAPS.window"),
-    _sp("max_batch", required=False, key="LAPS.max_batch"),
-    _sp("max_batch_tokens", required=False, key="LAPS.max_batch_tokens"),
-    _sp("dual_queue", required=False, key="LAPS.dual_queue"),
-    _sp("dynamic", required=False, key="LAPS.dynamic"),
-    _sp("interval", required=False, key="LAPS.interval"),
-    _sp("ratio", required=False, key="LAPS.ratio"),
-    _sp("long_instances", required=False, key="LAPS.long_instances"),
+    _sp("instances", key="LAPS.instances"),
+    _sp("laps_threshold", key="LAPS.threshold"),
+    _sp("window", key="LAPS.window"),
+    _sp("max_batch", key="LAPS.max_batch"),
+    _sp("max_batch_tokens", key="LAPS.max_batch_tokens"),
+    _sp("dual_queue", key="LAPS.dual_queue"),
+    _sp("dynamic", key="LAPS.dynamic"),
+    _sp("interval", key="LAPS.interval"),
+    _sp("ratio", key="LAPS.ratio"),
+    _sp("long_instances", key="LAPS.long_instances"),
     # LAPS's decode stage: its policy and servers, the policy's settings (the
     # token policies' table entries) and its DecodeModel's
-    _sp("decode", required=False),
-    _sp("decode_servers", required=False, key="LAPS.decode_servers"),
-    _sp("decode_batch_size", required=False, key="batch_size"),
-    _sp("decode_bins", required=False, key="MultiBinDynamic.bins"),
-    _sp("decode_d_sla", required=False, key="d_sla"),
-    _sp("decode_b_max", required=False, key="b_max"),
-    _sp("decode_eta", required=False, key="eta", unset=True),
-    _sp("decode_model_beta", required=False, key="DecodeModel.beta"),
-    _sp("decode_model_gamma", required=False, key="gamma"),
-    _sp("prefill_a", workload=_REQ, models=("prefill",), required=False, key="PrefillModel.a"),
-    _sp("prefill_b", workload=_REQ, models=("prefill",), required=False, key="PrefillModel.b"),
+    _sp("decode"),
+    _sp("decode_servers", key="LAPS.decode_servers"),
+    _sp("decode_batch_size", key="batch_size"),
+    _sp("decode_bins", key="MultiBinDynamic.bins"),
+    _sp("decode_d_sla", key="d_sla"),
+    _sp("decode_b_max", key="b_max"),
+    _sp("decode_eta", key="eta", unset=True),
+    _sp("decode_model_beta", key="DecodeModel.beta"),
+    _sp("decode_model_gamma", key="gamma"),
+    _sp("prefill_a", workload=_REQ, models=("prefill",), key="PrefillModel.a"),
+    _sp("prefill_b", workload=_REQ, models=("prefill",), key="PrefillModel.b"),
     # a cluster of engines behind a router, and its programs (multi-call sessions)
-    _sp("engines", required=False, key="Cluster.engines"),
-    _sp("engine_policy", required=False),
-    _sp("engine_batch_size", required=False, key="batch_size"),
-    _sp("engine_bins", required=False, key="MultiBinDynamic.bins"),
-    _sp("router", required=False, key="Cluster.router"),
-    _sp("route_threshold", required=False, key="Cluster.threshold"),
-    _sp("kv_reuse", required=False, key="Cluster.kv_reuse"),
-    _sp("programs", required=False),
-    _sp("calls", required=False, key="Programs.calls"),
-    _sp("think_time", required=False, key="Programs.think_time"),
-    _sp("closed_loop", required=False, key="Programs.closed"),
-    _sp("session_context", required=False, key="Sessions.context"),
+    _sp("engines", key="Cluster.engines"),
+    _sp("engine_policy"),
+    _sp("engine_batch_size", key="batch_size"),
+    _sp("engine_bins", key="MultiBinDynamic.bins"),
+    _sp("router", key="Cluster.router"),
+    _sp("route_threshold", key="Cluster.threshold"),
+    _sp("kv_reuse", key="Cluster.kv_reuse"),
+    _sp("programs"),
+    _sp("calls", key="Programs.calls"),
+    _sp("think_time", key="Programs.think_time"),
+    _sp("closed_loop", key="Programs.closed"),
+    _sp("session_context", key="Sessions.context"),
     _sp("n"),
-    _sp("servers", required=False),
+    _sp("servers"),
     # a capacity search's objective: upper bounds on metrics of the policies they apply to
-    *[_sp(f"objective_{m}", METRICS[m].kinds, required=False, capacity_only=True) for m in OBJECTIVE_METRICS],
+    *[_sp(f"objective_{m}", METRICS[m].kinds, capacity_only=True) for m in OBJECTIVE_METRICS],
 ]}
 
 #: a cluster's settings that only its continuous-batching engines read
@@ -782,9 +777,8 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
             engines = ({TABLE["engine_policy"].default} if given is None
                        else set(given) if isinstance(given, list) else {given})
         for nm, sp in SPEC_PARAMS.items():
-            if (sp.required_for(settings["kind"])
-                    and (engines is None or any(sp.required_for(k) and sp.applies(k, arrivals, workload, model,
-                                                                                  capacity is not None)
+            if (sp.required
+                    and (engines is None or any(sp.applies(k, arrivals, workload, model, capacity is not None)
                                                 for k in engines))
                     and sp.applies(settings["kind"], arrivals, workload, model, capacity is not None)
                     and nm not in settings and nm not in fixed and nm not in grid and nm not in params
