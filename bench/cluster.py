@@ -38,7 +38,10 @@ def bench_cluster(n: int = 10_000_000, runs: int = 5) -> tuple:
     page costs); five runs keep it out of the median."""
     mb.warmup()
     wl = mb.Workload(prompt=st.lognorm(1.0, scale=300), output=st.lognorm(0.8, scale=64))
-    cluster = mb.Cluster(engines=ENGINES, router="autellix", programs=mb.Programs(calls=4, think_time=1.0))
+    from constants import D_SLA
+
+    cluster = mb.Cluster(mb.DynamicBatching(controller=mb.SLAController(d_sla=D_SLA)), engines=ENGINES,
+                         router="autellix", programs=mb.Programs(calls=4, think_time=1.0))
     wall, kernel = [], []
     for r in range(runs):
         t0 = time.perf_counter()

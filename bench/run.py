@@ -68,10 +68,13 @@ TOKEN_RATE = 4.0
 
 
 def token_policies():
+    from constants import D_SLA
+
+    ctl = mb.SLAController(d_sla=D_SLA)
     return {
-        "StaticBatching(B=32)": mb.StaticBatching(32),
-        "DynamicBatching": mb.DynamicBatching(),
-        "MultiBinDynamic(K=4)": mb.MultiBinDynamic(bins=4),
+        "StaticBatching(B=32)": mb.StaticBatching(32, sla=ctl),
+        "DynamicBatching": mb.DynamicBatching(controller=ctl),
+        "MultiBinDynamic(K=4)": mb.MultiBinDynamic(controller=ctl, bins=4),
     }
 
 
