@@ -286,6 +286,16 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default=7.38e-5),
     _p("IterationModel.per_context_token", "real", "s/token",
        "time per context (KV) token a decoded sequence attends over, per iteration", _NONNEG, default=5.81e-8),
+    # a mixture of experts (e.g. Mixtral: 8 experts, each token routed to 2): an iteration of T
+    # tokens reads (E - k)(1 - (1 - k/E)^(T - 1)) experts beyond its first token's k; 0 experts: a
+    # dense model, the term is absent (every profile but Mixtral's)
+    _p("IterationModel.per_expert", "real", "s/expert",
+       "time per expert's weights read in an iteration beyond the first token's (mixture of experts)", _NONNEG,
+       default=0.0),
+    _p("IterationModel.experts", "count", "experts", "experts per layer of a mixture-of-experts model; 0: dense",
+       _COUNT0, default=0),
+    _p("IterationModel.experts_per_token", "count", "experts", "experts each token is routed to (top-k)",
+       _COUNT, default=2),
     _p("IterationModel.finished", "choice", "",
        "whether a batch's finished members leave its decode iterations (leave) or step on padded (stay)",
        default="leave", choices=("leave", "stay")),

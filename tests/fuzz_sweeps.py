@@ -135,9 +135,14 @@ def _ranges(R: random.Random) -> dict:
         "iteration_prefill": lambda: u(0, 2e-4),
         "iteration_per_sequence": lambda: u(0, 2e-4),
         "iteration_per_context": lambda: u(0, 2e-7),
+        # (a mixture of experts: per_expert > 0 needs experts, experts_per_token at most experts)
+        "iteration_per_expert": lambda: u(0, 3e-3),
+        "experts": pick(8, 16),
+        "experts_per_token": pick(1, 2),
         "finished": pick("leave", "stay"),
         "profile": pick("H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1",
-                        "MI250/llama.cpp/Mixtral-8x7B-v0.1/tp4", "SN40L/sambaflow/Meta-Llama-3-8B/tp8"),
+                        "MI250/llama.cpp/Mixtral-8x7B-v0.1/tp4", "SN40L/sambaflow/Meta-Llama-3-8B/tp8",
+                        "A100/vLLM/Mixtral-8x7B-v0.1/tp4"),
         "window_start": lambda: u(0, 100),
         "window_end": lambda: R.choice([math.inf, u(300, 3000)]),
         "drop_failed": pick(True, False),
@@ -321,7 +326,8 @@ def make_spec(R: random.Random, folder: Path, trace: str = "trace.csv") -> dict:
     if capacity:
         spec["capacity"] = {"max_reps": 3, "rel_tol": R.choice([0.05, 0.2])}
     spec["params"] = params
-    spec["grid"] = grid or {"n": [params.pop("n")]}
+    # (n has a default: a spec without a grid sweeps its n, drawn if not set)
+    spec["grid"] = grid or {"n": [params.pop("n") if "n" in params else sample["n"]()]}
     if policies:
         spec["policies"] = policies
     return spec

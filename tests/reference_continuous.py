@@ -14,7 +14,7 @@ from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
-             per_context=0.0, controller=None, cached=None):
+             per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -35,7 +35,12 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     returned as ``caps``.
 
     ``cached``: per request, the prompt tokens whose KV cache it brings; a
-    first admission prefills only the rest (a resumed one everything)."""
+    first admission prefills only the rest (a resumed one everything).
+
+    ``per_expert``: a mixture of experts' time per expert read beyond an
+    iteration's first token's, ``expert_span (1 - expert_miss^(T - 1))``
+    experts for its T tokens (the sequences it decodes and the tokens it
+    prefills)."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -210,6 +215,9 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         ctx = sum(prompt[r] + g[r] for r in decoding)
         t = (step + prefill_per_token * ptok + per_sequence * len(decoding)
              + per_context * ctx)
+        if per_expert > 0.0:
+            tokens = len(decoding) + ptok
+            t += per_expert * (expert_span * (1.0 - expert_miss ** (tokens - 1.0)) if tokens >= 1 else 0.0)
         now = now + t
         busy += t
         iterations += 1

@@ -141,3 +141,20 @@ def test_every_drawer_kind_has_a_cache_index_of_its_own():
     paths = [cache._cache_file._index_path for cache in drawer_caches()]
     assert len(paths) == len(ARRIVAL_KINDS) + len(LENGTH_KINDS) + len(PREDICT_KINDS)
     assert len(set(paths)) == len(paths)
+
+
+@pytest.mark.skipif(not CACHE, reason="the numba disk cache is off (MBBATCH_NUMBA_CACHE=0)")
+def test_the_caches_of_every_function_compiled_apart_are_flushed_with_the_kernels():
+    """A function compiled apart (a drawer, the iteration model's batch time,
+    shortest-predicted-first's order) inlines steps of other modules, whose
+    change numba's own check of its source file does not see: the package
+    flushes its cache with the kernels' when any source changes.  (The
+    iteration model's and the order's caches were once left out: after an
+    edit of a step they inline, a run read the stale code.)"""
+    from mbbatch._kernels import _drop_stale_caches  # noqa: F401  (the caller)
+    from mbbatch._kernels.common import APART, apart_caches
+
+    names = {cache._cache_file._index_name for cache in apart_caches()}
+    assert {"timing", "order"} <= {key[0] for key in APART}
+    assert any("iteration_batch_apart" in n for n in names) and any("order_spf" in n for n in names)
+    assert len(names) == len(drawer_caches()) + len(APART)

@@ -15,7 +15,10 @@ from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
 
 from . import reference_continuous as ref
 
-COEF = dict(step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-5)
+COEF = dict(step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-5, per_expert=0.0,
+            expert_span=0.0, expert_miss=1.0)
+#: a mixture of experts' term (8 experts, 2 a token: IterationModel.expert_fields)
+MOE = dict(per_expert=2e-3, expert_span=6.0, expert_miss=0.75)
 
 
 def _control(controller):
@@ -53,10 +56,11 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
     return out, req, code
 
 
-def _config(rng):
+def _config(rng, moe=False):
     """A random small run: arrival times (ties sometimes), lengths, predictions
     off by a few tokens half the time, memory from unlimited to one that
-    forces preemptions, budgets and orders."""
+    forces preemptions, budgets and orders; ``moe``: a mixture of experts'
+    iteration cost."""
     n = int(rng.integers(1, 60))
     arr = np.sort(rng.exponential(rng.choice([0.01, 0.1, 1.0]), n).cumsum())
     if rng.random() < 0.2:
@@ -74,7 +78,7 @@ def _config(rng):
     budget = int(rng.choice([max(M, 8), 64, 256])) if chunked else int(max(longest, rng.choice([64, 256])))
     return (arr, p, o, pred), dict(max_num_seqs=M, max_batched_tokens=budget, chunked=chunked, kv_tokens=kv,
                                    block_size=bs, admission=str(rng.choice(["fcfs", "spf", "multibin"])),
-                                   edges=np.array([10.0, 20.0]), **COEF)
+                                   edges=np.array([10.0, 20.0]), **{**COEF, **(MOE if moe else {})})
 
 
 def _same_run(out, req, code, want, kw) -> dict:
@@ -98,11 +102,12 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
     equal arrival times): each request's admission, first token and
     completion times and preemptions, the iterations, preemptions and
     recomputed tokens, equal; the gaps between tokens equal in number, in
-    their histogram and (summed in another order) their sum."""
+    their histogram and (summed in another order) their sum.  A third of
+    the configurations time a mixture of experts' iterations."""
     rng = np.random.default_rng(seed)
     seen_preemptions = 0
-    for _ in range(40):
-        (arr, p, o, pred), kw = _config(rng)
+    for k in range(40):
+        (arr, p, o, pred), kw = _config(rng, moe=k % 3 == 0)
         want = ref.simulate(arr, p, o, pred, **kw)
         out, req, code = _kernel(arr, p, o, pred, **kw)
         st = _same_run(out, req, code, want, kw)
@@ -169,20 +174,26 @@ def test_the_controlled_kernel_is_the_reference_engine_request_by_request(seed):
     assert len(caps_seen) > 5             # (the cap moved)
 
 
-def test_one_sequence_at_a_time_is_a_fifo_server_of_the_iteration_models_batches():
+@pytest.mark.parametrize("moe", [False, True])
+def test_one_sequence_at_a_time_is_a_fifo_server_of_the_iteration_models_batches(moe):
     """max_num_seqs = 1 without chunking: each request runs alone, from its
     admission to its completion the IterationModel's time of a batch of one
-    (its prefill iteration, then one per further token), in arrival order."""
+    (its prefill iteration, then one per further token), in arrival order;
+    for a mixture of experts too (its prefill reads experts, its decode
+    steps of one token none beyond the first's)."""
     import mbbatch as mb
 
     rng = np.random.default_rng(3)
     n = 300
     arr = np.sort(rng.exponential(0.5, n).cumsum())
     p, o = rng.integers(1, 500, n), rng.integers(1, 200, n)
+    coef = {**COEF, **(MOE if moe else {})}
     out, req, code = _kernel(arr, p, o, o.copy(), max_num_seqs=1, max_batched_tokens=int(p.max()), chunked=False,
-                             kv_tokens=np.inf, block_size=16, admission="fcfs", edges=[], **COEF)
+                             kv_tokens=np.inf, block_size=16, admission="fcfs", edges=[], **coef)
     model = mb.IterationModel(setup=0.0, step=COEF["step"], prefill_per_token=COEF["prefill_per_token"],
-                              per_sequence=COEF["per_sequence"], per_context_token=COEF["per_context"])
+                              per_sequence=COEF["per_sequence"], per_context_token=COEF["per_context"],
+                              per_expert=coef["per_expert"], experts=8 if moe else 0)
+    assert model.expert_fields() == {k: coef[k] for k in ("per_expert", "expert_span", "expert_miss")}
     service = model.service_time(size=np.ones(n, np.int64), prompt=p, output=o)
     np.testing.assert_allclose(req["completion"] - req["admitted"], service, rtol=1e-9)
     start = np.maximum.accumulate(np.maximum(arr, np.concatenate(([0.0], req["completion"][:-1]))))

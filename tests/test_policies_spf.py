@@ -48,9 +48,11 @@ CASES = [
 ]
 
 
-#: an engine timed iteration by iteration (finished members leaving, and padded)
+#: an engine timed iteration by iteration (finished members leaving, and padded; and a mixture of
+#: experts, whose batch's expert reads depend on how many members each decode iteration has left)
 ITERATION = [mb.IterationModel(setup=0.01, step=5e-3, prefill_per_token=1e-4, per_sequence=2e-4,
-                               per_context_token=1e-7, finished=f) for f in ("leave", "stay")]
+                               per_context_token=1e-7, finished=f, per_expert=pe, experts=e)
+             for f in ("leave", "stay") for pe, e in ((0.0, 0), (1e-3, 8))]
 
 
 @pytest.mark.parametrize("servers, B, max_wait, predictor, arrivals, rate, model",

@@ -68,20 +68,53 @@ def test_held_out_errors_of_four_profiles(name):
 
 def test_across_profiles_the_median_held_out_error():
     """The issue's target: the median over the profiles of their held-out errors at most 7 % (measured
-    5.7 %); and against today's DecodeModel fitted to the same rows (median 20 %), IterationModel is worse
-    in 6 of 227 (Mixtral on MI250 and A100, SambaNova, Gaudi2 with DeepSpeed: see the profiles' docs)."""
+    5.2 %); and against today's DecodeModel fitted to the same rows (median 20 %): IterationModel is
+    significantly better on 217 of the 227 (one-sided Wilcoxon signed-rank test of the rows' held-out
+    errors, 95 % confidence each), significantly worse on none, and its median held-out error is above
+    DecodeModel's on 3 (Gaudi2 with DeepSpeed, 4.95 against 4.60 % and 4.64 against 3.79 %; SambaNova,
+    9.9 against 5.4 %; p = 0.59, 0.40 and 0.35 that it is not worse: 11 to 16 rows each, whose
+    measurements are not monotone in size and length)."""
+    from scipy.stats import wilcoxon
+
     t = profiles.list()
     assert len(t) == 227 and set(t.columns) >= {"name", "hardware", "rows", "excluded", "r2", "holdout_error",
-                                                "step", "per_context_token"}
+                                                "step", "per_context_token", "per_expert", "experts"}
     assert np.median(t.holdout_error.astype(float)) <= 0.07
-    worse = []
+    worse, better, significantly_worse = [], 0, []
     for name in t.name:
         rows = profiles.measurements(name)
         keep = ~rows.excluded
         dec = mb.DecodeModel.fit({k: rows[k][keep] for k in ("size", "prompt", "output", "service")})
-        if profiles.fit(name).holdout_error > dec.holdout_error:
+        it = profiles.fit(name)
+        if it.holdout_error > dec.holdout_error:
             worse.append(name)
-    assert len(worse) <= 6, worse
+        a, b = it.holdout_errors, dec.holdout_errors
+        ok = np.isfinite(a) & np.isfinite(b)
+        better += wilcoxon(a[ok], b[ok], alternative="less").pvalue < 0.05
+        if wilcoxon(a[ok], b[ok], alternative="greater").pvalue < 0.05:
+            significantly_worse.append(name)
+    assert significantly_worse == [] and better >= 215
+    assert sorted(worse) == ["Gaudi2/Deepspeed/Meta-Llama-3-8B/tp8", "Gaudi2/Deepspeed/Mistral-7B-v0.1/tp8",
+                             "SN40L/sambaflow/Meta-Llama-3-8B/tp8"]
+
+
+def test_the_mixtures_of_experts_fit_their_expert_reads():
+    """Mixtral's profiles fit per_expert, the time to read one expert's weights: on vLLM, which reads
+    the experts a batch routes to, it is the order of an expert's 11 GB over the devices' memory
+    bandwidth (1.6 ms on four A100s: 11 GB over 4 x 2 TB/s is 1.4 ms; 2.4 ms on one MI300X, 2.1 ms),
+    and the held-out errors drop from 11-20 % (without the term) to 0.5-6 %; engines that read every
+    expert at every iteration fit it at about 0."""
+    p = profiles.fit("A100/vLLM/Mixtral-8x7B-v0.1/tp4")
+    assert p.model.experts == 8 and p.model.experts_per_token == 2
+    assert 1.2e-3 < p.params["per_expert"] < 2.0e-3 and p.holdout_error < 0.02
+    assert 1.8e-3 < profiles.fit("MI300X/vLLM/Mixtral-8x7B-v0.1/tp1").params["per_expert"] < 3.0e-3
+    assert profiles.fit("MI250/vLLM/Mixtral-8x7B-v0.1/tp2").holdout_error < 0.01
+    assert profiles.fit("MI300X/llama.cpp/Mixtral-8x7B-v0.1/tp1").params["per_expert"] == 0.0
+    rows = profiles.measurements("A100/vLLM/Mixtral-8x7B-v0.1/tp4")
+    dense = mb.IterationModel.fit({k: rows[k][~rows.excluded] for k in ("size", "prompt", "output", "service")},
+                                  weights="relative")
+    assert dense.holdout_error > 0.1
+    assert profiles.get(profiles.DEFAULT).experts == 0 and profiles.provenance(profiles.DEFAULT)["per_expert"] == 0
 
 
 def test_the_default_iteration_model_is_the_default_profile():

@@ -7,6 +7,7 @@ dynamic-batching paper's pseudocode (Pang et al., 2025, arXiv:2503.05248); the l
 
 import doctest
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -334,11 +335,14 @@ def test_existing_models_keep_their_codes_fields_and_names():
     def floats(model):
         return d.MODEL.zeros(**model.kernel_fields())[1].tolist()
 
-    assert floats(MaxModel(0.5, 0.01)) == [0.5, 0.01, 0, 0, 0, 0, 0, 0, 0, 0]
-    assert floats(LinearModel(0.2, 1e-3, 0.5)) == [0.2, 0, 1e-3, 0.5, 0, 0, 0, 0, 0, 0]
-    assert floats(DecodeModel(5e-3, 0.3, 1e-4)) == [0, 0, 0, 0, 1e-4, 5e-3, 0.3, 0, 0, 0]
-    assert floats(CalibratedModel(0.02, 4e-3, 0.2)) == [0.02, 0, 0, 0, 0, 4e-3, 0.2, 0, 0, 0]
-    assert floats(IterationModel(0.02, 5e-3, 1e-4, 2e-4, 1e-7)) == [0.02, 0, 0, 0, 1e-4, 0, 0, 5e-3, 2e-4, 1e-7]
+    assert floats(MaxModel(0.5, 0.01)) == [0.5, 0.01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert floats(LinearModel(0.2, 1e-3, 0.5)) == [0.2, 0, 1e-3, 0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert floats(DecodeModel(5e-3, 0.3, 1e-4)) == [0, 0, 0, 0, 1e-4, 5e-3, 0.3, 0, 0, 0, 0, 0, 0]
+    assert floats(CalibratedModel(0.02, 4e-3, 0.2)) == [0.02, 0, 0, 0, 0, 4e-3, 0.2, 0, 0, 0, 0, 0, 0]
+    assert floats(IterationModel(0.02, 5e-3, 1e-4, 2e-4, 1e-7)) == [0.02, 0, 0, 0, 1e-4, 0, 0, 5e-3, 2e-4, 1e-7,
+                                                                     0, 0, 1]
+    assert floats(IterationModel(0.02, 5e-3, 1e-4, 2e-4, 1e-7, 3e-3, experts=8)) == [
+        0.02, 0, 0, 0, 1e-4, 0, 0, 5e-3, 2e-4, 1e-7, 3e-3, 6, 0.75]
     assert [d.MODEL.zeros(**IterationModel(finished=f).kernel_fields())[0].tolist()
             for f in ("leave", "stay")] == [[d.MODEL_ITERATION, 0], [d.MODEL_ITERATION, 1]]
     assert [d.MODEL.zeros(**CalibratedModel(feedback=f).kernel_fields())[0][0]
@@ -351,7 +355,7 @@ def test_existing_models_keep_their_codes_fields_and_names():
 
 
 @given(data=st.data(), which=st.sampled_from(["max", "linear", "decode", "calibrated", "uncalibrated", "legacy",
-                                             "leave", "stay"]))
+                                             "leave", "stay", "moe leave", "moe stay"]))
 def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
     """The formula of each model has one truth: its numpy ``times`` equals,
     bit for bit, what the event kernel's ``_batch_service`` computes
@@ -365,10 +369,13 @@ def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
         model = LinearModel(base=data.draw(st.floats(0, 1.0)), alpha=data.draw(real), beta=data.draw(real))
     elif which == "decode":
         model = DecodeModel(beta=data.draw(real), gamma=data.draw(real), prefill_per_token=data.draw(real))
-    elif which in ("leave", "stay"):
+    elif which.endswith(("leave", "stay")):
+        experts = data.draw(st.integers(2, 64)) if which.startswith("moe") else 0
         model = IterationModel(setup=data.draw(st.floats(0, 1.0)), step=data.draw(real),
                                prefill_per_token=data.draw(st.floats(0, 1e-3)), per_sequence=data.draw(real),
-                               per_context_token=data.draw(st.floats(0, 1e-6)), finished=which)
+                               per_context_token=data.draw(st.floats(0, 1e-6)), finished=which.split()[-1],
+                               per_expert=data.draw(st.floats(0, 1e-2)) if experts else 0.0, experts=experts,
+                               experts_per_token=data.draw(st.integers(1, experts)) if experts else 2)
     else:
         model = CalibratedModel(alpha=data.draw(st.floats(0, 1.0)), beta=data.draw(real), gamma=data.draw(real),
                                 feedback="calibrated" if which == "calibrated" else which)
@@ -380,16 +387,19 @@ def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
     # the decode work of some members (the iteration model's, finished members leaving)
     seq = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=m, max_size=m)), dtype=float)
     ctx = np.array(data.draw(st.lists(st.integers(0, 10**9), min_size=m, max_size=m)), dtype=float)
+    # (and the experts a mixture of experts' decode iterations read)
+    reads = np.array(data.draw(st.lists(st.floats(0, 1e6), min_size=m, max_size=m)), dtype=float)
     out = np.empty((4, m))
     kf = model.kernel_fields()
-    if which == "stay":
+    if which.endswith("stay"):
         # the padded decode work, as the kernel's decode_work makes it from the batch's size, prompts and
         # longest output (end to end: tests/test_policies_spf.py's iteration-model cases)
         dmax = np.maximum(max_out - 1.0, 0.0)
         seq, ctx = size * dmax, sum_prompt * dmax + size * dmax * (dmax + 1.0) / 2.0
-    d.batch_times(d.MODEL.zeros(**kf), size, sum_prompt, max_out, max_seq, seq, ctx, out)
+        reads = dmax * sm.extra_experts(model.experts, model.experts_per_token, size)
+    d.batch_times(d.MODEL.zeros(**kf), size, sum_prompt, max_out, max_seq, seq, ctx, reads, out)
     t = model.times(size=size.astype(np.int64), max_seq_len=max_seq, max_output=max_out, sum_prompt=sum_prompt,
-                    sequence_steps=seq, context_steps=ctx)
+                    sequence_steps=seq, context_steps=ctx, expert_reads=reads if "moe" in which else None)
     for k, name in enumerate(BatchTimes._fields):
         assert np.asarray(getattr(t, name), dtype=float).tobytes() == out[k].tobytes(), name
 
@@ -549,26 +559,38 @@ def _iterations(model, prompt, output):
     leave, or with ``finished="stay"`` step on until the longest is done),
     each ``step + per_sequence * sequences + per_context_token * their
     context`` (a member's context at its j-th decode step: prompt + j).
-    Returns (service, time to first token, mean decode iteration)."""
-    t = model.setup + model.step + model.prefill_per_token * sum(prompt)
+    Returns (service, time to first token, mean decode iteration).  A
+    mixture of experts' iteration of T tokens (prompt tokens, or sequences
+    decoded) reads, beyond its first token's k experts, each of the other
+    E - k with probability 1 - (1 - k/E)^(T - 1)."""
+    def experts(tokens):
+        e, k = model.experts, model.experts_per_token
+        return 0.0 if not e or tokens < 1 else sum(1 - (1 - k / e) ** (tokens - 1) for _ in range(e - k))
+
+    t = model.setup + model.step + model.prefill_per_token * sum(prompt) + model.per_expert * experts(sum(prompt))
     ttft = t
     togo = [max(o - 1, 0) for o in output]
     steps = max(togo)
     for j in range(1, steps + 1):
         active = [i for i in range(len(prompt)) if model.finished == "stay" or togo[i] >= j]
         t += model.step + model.per_sequence * len(active) + model.per_context_token * sum(
-            prompt[i] + j for i in active)
+            prompt[i] + j for i in active) + model.per_expert * experts(len(active))
     return t, ttft, (t - ttft) / steps if steps else None
 
 
 ITER = IterationModel(setup=0.02, step=6e-3, prefill_per_token=8e-5, per_sequence=1e-4, per_context_token=6e-8)
+#: a mixture of experts (Mixtral's 8 experts, 2 a token)
+MOE = IterationModel(setup=0.02, step=6e-3, prefill_per_token=8e-5, per_sequence=1e-4, per_context_token=6e-8,
+                     per_expert=1.5e-3, experts=8, experts_per_token=2)
 
 
+@pytest.mark.parametrize("experts", [0, 8])
 @pytest.mark.parametrize("finished", ["leave", "stay"])
-def test_iteration_model_is_its_iterations(finished):
+def test_iteration_model_is_its_iterations(finished, experts):
     """The closed form equals the batch run iteration by iteration (random
-    mixed batches, whole-token lengths, outputs of 0 and 1 token included)."""
-    model = IterationModel(**{k: getattr(ITER, k) for k in ITER._params}, finished=finished)
+    mixed batches, whole-token lengths, outputs of 0 and 1 token included;
+    dense and a mixture of experts)."""
+    model = replace(MOE if experts else ITER, finished=finished)
     rng = np.random.default_rng(3)
     for _ in range(40):
         b = int(rng.integers(1, 12))
@@ -592,6 +614,40 @@ def test_iteration_model_leave_and_stay_differ_only_in_mixed_batches():
     assert stay.batch_times([100, 100], [10, 50]).service[0] > mixed
 
 
+def test_a_mixture_of_experts_reads_more_experts_as_its_batch_grows():
+    """The expert term (Fedus et al.'s balanced routing): a batch of one
+    decodes reading its token's k experts only, a larger batch pays for the
+    others, up to all E - k of them; a dense model pays nothing; a fit of
+    noise-free measurements recovers per_expert with the other terms."""
+    x = sm.extra_experts(8, 2, np.array([0, 1, 2, 3, 64, 10**6]))
+    np.testing.assert_allclose(x, [0, 0, 1.5, 6 * (1 - 0.75 ** 2), 6 * (1 - 0.75 ** 63), 6], rtol=1e-15)
+    assert (sm.extra_experts(0, 2, [1, 10, 100]) == 0).all()
+    one = MOE.service_time(size=1, prompt=100, output=50)
+    assert one == pytest.approx(ITER.service_time(size=1, prompt=100, output=50)
+                                + MOE.per_expert * sm.extra_experts(8, 2, 100.0), rel=1e-14)
+    d = 49.0
+    assert MOE.service_time(size=16, prompt=100, output=50) - ITER.service_time(size=16, prompt=100, output=50) == \
+        pytest.approx(MOE.per_expert * (sm.extra_experts(8, 2, 1600.0) + d * sm.extra_experts(8, 2, 16.0)), rel=1e-12)
+    assert MOE.decode_step(size=4) == pytest.approx(ITER.decode_step(size=4) + 1.5e-3 * 6 * (1 - 0.75 ** 3))
+    # uniform and mixed batches agree on a uniform batch, and a batch_aggregates without experts reads none
+    assert MOE.batch_times([100] * 8, [50] * 8).service[0] == pytest.approx(
+        MOE.service_time(size=8, prompt=100, output=50), rel=1e-12)
+    assert sm.batch_aggregates([100, 20], [50, 3]).expert_reads.tolist() == [0.0]
+    # fitted: the coefficients back from noise-free batches, experts given; a dense fit has no expert term
+    rows = _uniform_rows(MOE, np.random.default_rng(5))
+    rows = {k: rows[k] for k in ("size", "prompt", "output", "service")}
+    res = IterationModel.fit(rows, weights="relative", experts=8, experts_per_token=2)
+    for k in MOE._params:
+        assert res.params[k] == pytest.approx(getattr(MOE, k), rel=1e-7), k
+    assert res.model.experts == 8 and res.holdout_error < 1e-9
+    dense = IterationModel.fit(rows, weights="relative")
+    assert dense.params["per_expert"] == 0.0 and np.isnan(dense.stderr["per_expert"])
+    assert dense.dof == res.dof + 1 and dense.holdout_error > 1e-3
+    # its prefill batches as LAPS's PrefillModel: the experts at their saturation
+    assert MOE.prefill_model().service_time(sum_prompt=300.0) == pytest.approx(
+        MOE.times(size=3, prompt=100, output=1).ttft, rel=1e-12)
+
+
 def test_iteration_model_checks_its_fields_and_arguments():
     with pytest.raises(ValueError, match=r"^per_sequence must be in \[0, inf\); got -1.0$"):
         IterationModel(per_sequence=-1.0)
@@ -600,6 +656,16 @@ def test_iteration_model_checks_its_fields_and_arguments():
         IterationModel(step=0.0, per_sequence=0.0, per_context_token=0.0)
     with pytest.raises(ValueError, match="finished"):
         IterationModel(finished="drop")
+    with pytest.raises(ValueError, match=r"per_expert = 0.001 times a mixture of experts; give its experts"):
+        IterationModel(per_expert=1e-3)
+    with pytest.raises(ValueError, match=r"experts_per_token must be in \[1, experts = 8\]; got 9"):
+        IterationModel(experts=8, experts_per_token=9)
+    with pytest.raises(ValueError, match=r"^experts must be"):
+        IterationModel(experts=-1)
+    with pytest.raises(ValueError, match=r"batch_aggregates: experts must be \(E, k\)"):
+        sm.batch_aggregates([1.0], [2.0], experts=(8, 0))
+    with pytest.raises(TypeError, match="expert_reads .* not given"):
+        MOE.times(size=2, max_output=4.0, sum_prompt=10.0, sequence_steps=6.0, context_steps=40.0)
     with pytest.raises(TypeError, match="uniform batches are given by size, prompt and output .* together"):
         ITER.service_time(size=4, prompt=100)
     with pytest.raises(TypeError, match="got also max_output"):

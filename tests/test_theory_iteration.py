@@ -21,24 +21,30 @@ from mbbatch import theory
 Z_9999 = st.norm.ppf(1 - 0.0001 / 2)
 
 MODEL = mb.IterationModel(setup=0.02, step=7e-3, prefill_per_token=3e-5, per_sequence=8e-5, per_context_token=6e-8)
+#: a mixture of experts (Mixtral's 8 experts, 2 a token)
+MOE = dataclasses.replace(MODEL, per_expert=1.5e-3, experts=8, experts_per_token=2)
 
 
+@pytest.mark.parametrize("model", [MODEL, MOE], ids=["dense", "moe"])
 @pytest.mark.parametrize("finished", ["leave", "stay"])
-def test_one_length_is_the_models_batch(finished):
+def test_one_length_is_the_models_batch(finished, model):
     """Every member of one length: the batch's time, IterationModel.service_time."""
-    m = dataclasses.replace(MODEL, finished=finished)
+    m = dataclasses.replace(model, finished=finished)
     got = theory.iteration_batch_service_time(m, [200.0], 8, prompt_mean=300.0)
     assert got == pytest.approx(float(m.service_time(size=8, prompt=300.0, output=200.0)), rel=1e-13)
 
 
+@pytest.mark.parametrize("model", [MODEL, MOE], ids=["dense", "moe"])
 @pytest.mark.parametrize("finished", ["leave", "stay"])
-def test_two_lengths_by_enumeration(finished):
+def test_two_lengths_by_enumeration(finished, model):
     """Lengths 1, 4 and 10 with probabilities 0.5, 0.3, 0.2, batches of 3 in
     two bins ([0, 5) and [5, 10]): the mean over every batch of each bin,
-    weighted by its probability, timed by the model."""
+    weighted by its probability, timed by the model (a mixture of experts'
+    too, whose decode iterations read more experts the more members they
+    have left)."""
     import itertools
 
-    m = dataclasses.replace(MODEL, finished=finished)
+    m = dataclasses.replace(model, finished=finished)
     v, w = np.array([1.0, 4.0, 10.0]), np.array([0.5, 0.3, 0.2])
     want = 0.0
     for members, mass in (((0, 1), 0.8), ((2,), 0.2)):
@@ -71,14 +77,16 @@ def test_bad_input_is_refused():
         theory.iteration_batch_service_time(MODEL, [1.0, 2.0], 2, prompt_mean=1.0, weights=[1.0])
 
 
+@pytest.mark.parametrize("model", [MODEL, MOE], ids=["dense", "moe"])
 @pytest.mark.parametrize("finished", ["leave", "stay"])
 @pytest.mark.parametrize("bins", [1, 4])
-def test_simulation_agrees_within_monte_carlo_error(finished, bins):
+def test_simulation_agrees_within_monte_carlo_error(finished, bins, model):
     """Saturated multi-bin batching (B = 16) on a log-normal workload under
-    the model: the simulated mean batch service time within 3.29 standard
-    errors of the closed form (99.9 % confidence; batches of a saturated run
-    are independent), at the edges the simulation used."""
-    m = dataclasses.replace(MODEL, finished=finished)
+    the model (dense, and a mixture of experts): the simulated mean batch
+    service time within 3.29 standard errors of the closed form (99.9 %
+    confidence; batches of a saturated run are independent), at the edges
+    the simulation used."""
+    m = dataclasses.replace(model, finished=finished)
     po, oo = st.lognorm(0.6, scale=200), st.lognorm(1.0, scale=80)
     res = mb.simulate(mb.MultiBin(bins=bins, batch_size=16), arrivals=mb.Saturated(),
                       workload=mb.Workload(prompt=po, output=oo), service_model=m, n=100_000, seed=5)

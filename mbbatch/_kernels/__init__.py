@@ -84,8 +84,8 @@ def _drop_stale_caches(modules) -> None:
         stamp_file = Path(caches[0].cache_path) / "mbbatch_kernels.sources"
         if stamp_file.is_file() and stamp_file.read_text() == stamp:
             return
-        # (the drawers' caches are named only here: most imports find the stamp current)
-        for cache in caches + common.drawer_caches():
+        # (the caches of the functions compiled apart are named only here: most imports find the stamp current)
+        for cache in caches + common.apart_caches():
             cache.flush()
         stamp_file.write_text(stamp)
     except (IndexError, AttributeError, OSError):

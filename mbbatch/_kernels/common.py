@@ -571,6 +571,11 @@ _COMPILED: dict = {}
 _COMPILING = threading.Lock()
 
 
+#: the makers of the functions compiled apart other than the drawers, by their key: each module
+#: registers its own where it defines them (:func:`apart_caches` flushes their caches with the rest)
+APART: dict = {}
+
+
 def compiled_apart(key: tuple, make, sig):
     """``make()``, a Python function, compiled as a C function of ``sig``
     (a kernel calls it by address: :func:`by_address`), once per process
@@ -803,25 +808,52 @@ def padded_work(nb, sum_prompt, max_out):
 
 
 @step
+def extra_experts(span, miss, tokens):
+    """The experts of a mixture-of-experts layer an iteration of ``tokens``
+    tokens reads beyond its first token's: ``span (1 - miss^(tokens - 1))``,
+    ``span = E - k``, ``miss = 1 - k/E`` (0 for no token;
+    ``service_models.extra_experts``)."""
+    if tokens < 1.0:
+        return 0.0
+    return span * (1.0 - miss ** (tokens - 1.0))
+
+
+@step
+def expert_share(span, miss, nb, rank, d):
+    """A member's share of its batch's decode expert reads, finished members
+    leaving: ``d`` decode steps, ``rank`` (1, 2, ...) its place among the
+    ``nb`` members by decode steps.  With the steps sorted, ``d_(i) -
+    d_(i-1)`` iterations decode the ``nb - i + 1`` members left, so the batch
+    reads ``sum_i d_(i) (x(nb - i + 1) - x(nb - i))`` experts
+    (:func:`extra_experts` x), whatever the order of equal steps."""
+    left = float(nb - rank + 1)
+    return d * (extra_experts(span, miss, left) - extra_experts(span, miss, left - 1.0))
+
+
+@step
 def iteration_times(setup, step_time, prefill_per_token, per_sequence, per_context, nb, sum_prefill, max_out,
-                    seq_steps, ctx_steps, sum_context):
+                    seq_steps, ctx_steps, sum_context, per_expert, span, miss, reads):
     """A batch's times under the iteration model: its prefill iteration
     (every member's first token; ``sum_prefill`` tokens prefilled) then one
     iteration per decode step, ``seq_steps`` and ``ctx_steps`` its decode
     work (:func:`member_work` summed, or :func:`padded_work`),
-    ``sum_context`` its members' whole prompts.  Returns ``(service, tbt,
-    prefill)``: the batch's time (s), its decode time per step (s; with no
-    decode step, one step's over its members' contexts) and its prefill
-    iteration's (s, the time to first token after its start)."""
+    ``sum_context`` its members' whole prompts; a mixture of experts'
+    ``per_expert`` times the experts its iterations read (``span``,
+    ``miss``: :func:`extra_experts`; ``reads``: its decode iterations').
+    Returns ``(service, tbt, prefill)``: the batch's time (s), its decode
+    time per step (s; with no decode step, one step's over its members'
+    contexts) and its prefill iteration's (s, the time to first token after
+    its start)."""
     bf = float(nb)
     d = max(max_out - 1.0, 0.0)
-    prefill = setup + step_time + prefill_per_token * sum_prefill
-    decode = step_time * d + per_sequence * seq_steps + per_context * ctx_steps
+    prefill = setup + step_time + prefill_per_token * sum_prefill + per_expert * extra_experts(span, miss, sum_prefill)
+    decode = step_time * d + per_sequence * seq_steps + per_context * ctx_steps + per_expert * reads
     service = prefill + decode
     if d > 0.0:
         tbt = decode / d
     else:
-        tbt = step_time + per_sequence * bf + per_context * (sum_context + bf)
+        tbt = (step_time + per_sequence * bf + per_context * (sum_context + bf)
+               + per_expert * extra_experts(span, miss, bf))
     return service, tbt, prefill
 
 
@@ -839,7 +871,17 @@ def warmup() -> None:
 
 def drawer_caches() -> list:
     """numba's disk caches of the drawers (one per drawer and kind), without
-    compiling any, for :func:`mbbatch._kernels._drop_stale_caches`."""
+    compiling any."""
     from numba.core.caching import FunctionCache
     return [FunctionCache(_named(what, kind)) for what, (_, _, kinds) in DRAWERS.items() for kind in kinds] \
         if CACHE else []
+
+
+def apart_caches() -> list:
+    """numba's disk caches of every function compiled apart (the drawers and
+    :data:`APART`'s), without compiling any, for
+    :func:`mbbatch._kernels._drop_stale_caches`: a function compiled apart
+    inlines the steps of other modules, which numba's own check of its
+    source file does not see change."""
+    from numba.core.caching import FunctionCache
+    return drawer_caches() + [FunctionCache(make()) for make in APART.values()] if CACHE else []

@@ -29,9 +29,11 @@ iteration boundary the engine schedules one iteration:
   Admission stops at the first request that does not fit.
 
 An iteration takes ``step + prefill_per_token x (tokens prefilled) +
-per_sequence x (sequences decoded) + per_context x (their context tokens)``
-(:class:`mbbatch.IterationModel`; a sequence of prompt ``p`` with ``g``
-tokens generated attends over ``p + g``).  The model's ``setup``, a batch's
+per_sequence x (sequences decoded) + per_context x (their context tokens)``,
+and for a mixture of experts ``+ per_expert x`` the experts its tokens (the
+sequences decoded and the tokens prefilled) read beyond the first token's
+(:func:`~.common.extra_experts`) (:class:`mbbatch.IterationModel`; a
+sequence of prompt ``p`` with ``g`` tokens generated attends over ``p + g``).  The model's ``setup``, a batch's
 once when it starts, has no counterpart: the engine never starts a batch.  At its
 end each decoded sequence has its next token, each prompt whose prefill
 completes its first token (a resumed one its next), and the sequences with
@@ -80,7 +82,7 @@ from collections import namedtuple
 import numpy as np
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, check_stop, draw_arrivals, drawers,
-                     helper, hist_bucket, kernel, step, subroutine)
+                     extra_experts, helper, hist_bucket, kernel, step, subroutine)
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
@@ -100,7 +102,8 @@ UNLIMITED = 1 << 62
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
                                         "memory_on"),
-                floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context", "until"))
+                floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context", "per_expert",
+                        "expert_span", "expert_miss", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
@@ -387,6 +390,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     ppt = cf[C.prefill_per_token]
     per_seq = cf[C.per_sequence]
     per_ctx = cf[C.per_context]
+    per_exp = cf[C.per_expert]
+    exp_span = cf[C.expert_span]
+    exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
 
     arrival = ws.arrival
@@ -725,6 +731,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if running > max_running:
             max_running = running
         t = step_t + ppt * ptok + per_seq * n_d + per_ctx * ctx
+        if per_exp > 0.0:
+            t += per_exp * extra_experts(exp_span, exp_miss, float(n_d + ptok))
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
@@ -1027,7 +1035,7 @@ def warmup() -> None:
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
                          rate=1.0, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6,
-                         until=np.inf)
+                         per_expert=0.0, expert_span=0.0, expert_miss=1.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))

@@ -28,10 +28,10 @@ import numpy as np
 from numba import types
 
 from .common import (
-    ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
-    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket, iteration_times,
-    by_address, compiled_apart, kernel, member_work, padded_work, predict, replay_time, round_lengths, step,
-    subroutine,
+    APART, ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
+    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, expert_share, extra_experts, helper,
+    hist_bucket, iteration_times, by_address, compiled_apart, kernel, member_work, padded_work, predict, replay_time,
+    round_lengths, step, subroutine,
 )
 from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
@@ -83,7 +83,7 @@ POLICY = Layout("token policy", ints=("policy", "bins",
 MODEL = Layout("service model", ints=("model",
                                       "padded"),    # IterationModel: finished members stay
                floats=("base", "per_token", "alpha", "beta", "prefill_per_token", "tbt_beta", "tbt_gamma",
-                       "iteration", "per_sequence", "per_context"))
+                       "iteration", "per_sequence", "per_context", "per_expert", "expert_span", "expert_miss"))
 #: a cluster of ``engines`` engines, each running the policy on its own
 #: queues and ``servers / engines`` servers, behind the router (``ROUTE_*``;
 #: ``ROUTE_NONE``: one engine); ``threshold``: Autellix's largest small
@@ -306,7 +306,9 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                         steps=np.array([ordering(pol["policy"]), timing_address(md["model"])]),
                         timing=TIMING.zeros(setup=md["base"], step=md["iteration"],
                                             prefill_per_token=md["prefill_per_token"],
-                                            per_sequence=md["per_sequence"], per_context=md["per_context"])[1])
+                                            per_sequence=md["per_sequence"], per_context=md["per_context"],
+                                            per_expert=md["per_expert"], expert_span=md["expert_span"],
+                                            expert_miss=md["expert_miss"])[1])
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
         if code == QUEUE_FULL:
@@ -429,10 +431,31 @@ def decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded):
     return seq, ctx
 
 
+@step
+def decode_expert_reads(q, b, h0, nb, mask, max_out, padded, span, miss):
+    """The experts a batch's decode iterations read (the first nb of queue
+    b, head at slot h0; ``BatchAggregates.expert_reads``): each member's
+    :func:`~.common.expert_share` by its rank among them (O(nb^2), run for a
+    mixture of experts only); ``padded``: every iteration decodes all nb."""
+    if padded:
+        return max(max_out - 1.0, 0.0) * extra_experts(span, miss, float(nb))
+    ub = np.uint64(b)
+    reads = 0.0
+    for i in range(nb):
+        di = max(q[Q.output, ub, np.uint64((h0 + i) & mask)] - 1.0, 0.0)
+        rank = 1
+        for j in range(nb):
+            dj = max(q[Q.output, ub, np.uint64((h0 + j) & mask)] - 1.0, 0.0)
+            if dj < di or (dj == di and j < i):
+                rank += 1
+        reads += expert_share(span, miss, nb, rank, di)
+    return reads
+
+
 #: the coefficients of the iteration model in :func:`iteration_batch`'s
 #: ``timing`` (then its two outputs)
 TIMING = Layout("iteration timing", floats=("setup", "step", "prefill_per_token", "per_sequence", "per_context",
-                                            "tbt", "prefill"))
+                                            "per_expert", "expert_span", "expert_miss", "tbt", "prefill"))
 TI = TIMING.index
 #: :func:`iteration_batch`: (q, b, h0, nb, mask, max_out, sum_prefill,
 #: sum_prompt, padded, timing) -> the batch's service time
@@ -453,9 +476,11 @@ def iteration_batch(q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt, padded
     start).  The event kernel calls it by address (:func:`timing_address`):
     a run of another model compiles none of it."""
     seq, ctx = decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded)
+    per_expert, span, miss = timing[TI.per_expert], timing[TI.expert_span], timing[TI.expert_miss]
+    reads = decode_expert_reads(q, b, h0, nb, mask, max_out, padded, span, miss) if per_expert > 0.0 else 0.0
     service, timing[TI.tbt], timing[TI.prefill] = iteration_times(
         timing[TI.setup], timing[TI.step], timing[TI.prefill_per_token], timing[TI.per_sequence],
-        timing[TI.per_context], nb, sum_prefill, max_out, seq, ctx, sum_prompt)
+        timing[TI.per_context], nb, sum_prefill, max_out, seq, ctx, sum_prompt, per_expert, span, miss, reads)
     return service
 
 
@@ -465,21 +490,25 @@ def _iteration_batch():
     return iteration_batch_apart
 
 
+APART[("timing", MODEL_ITERATION)] = _iteration_batch
+
+
 def timing_address(model: int) -> int:
     """The address of the step that times a batch of service model ``model``
     (:func:`iteration_batch`, compiled apart the first time a process asks),
     0: :func:`_batch_service` times it in the kernel."""
     if model != MODEL_ITERATION:
         return 0
-    return compiled_apart(("timing", MODEL_ITERATION), _iteration_batch, TIMING_SIG).address
+    return compiled_apart(("timing", MODEL_ITERATION), APART[("timing", MODEL_ITERATION)], TIMING_SIG).address
 
 
 @helper
-def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps, out):
+def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps, reads, out):
     """:func:`_batch_service` of batches, from Python: ``model`` a
     :data:`MODEL` pair, one batch per entry of ``sizes`` (requests),
     ``sum_prompt`` (tokens prefilled), ``max_out`` and ``max_seq`` (tokens),
-    ``seq_steps`` and ``ctx_steps`` (the iteration model's decode work);
+    ``seq_steps``, ``ctx_steps`` and ``reads`` (the iteration model's
+    decode work and experts read);
     ``out`` (4, batches) receives each batch's service time, fed-back decode
     time, time per output token and time to first token (the numbers
     :meth:`mbbatch.service_models.MaxModel.times` and its siblings state in
@@ -490,7 +519,8 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps
         if code == MODEL_ITERATION:
             out[0, j], out[1, j], out[3, j] = iteration_times(
                 mf[O.base], mf[O.iteration], mf[O.prefill_per_token], mf[O.per_sequence], mf[O.per_context],
-                sizes[j], sum_prompt[j], max_out[j], seq_steps[j], ctx_steps[j], sum_prompt[j])
+                sizes[j], sum_prompt[j], max_out[j], seq_steps[j], ctx_steps[j], sum_prompt[j], mf[O.per_expert],
+                mf[O.expert_span], mf[O.expert_miss], reads[j])
             out[2, j] = out[1, j]
         else:
             out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(

@@ -32,8 +32,8 @@ from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a 
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
     PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, STOP, STOP_SIZE, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM,
     SVC_WEIBULL_MIN,
-    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, iteration_times, kernel, member_work,
-    padded_work, predict, round_lengths, step, token_service,
+    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, expert_share, extra_experts, hist_bucket,
+    iteration_times, kernel, member_work, padded_work, predict, round_lengths, step, token_service,
 )
 from .layout import Arrays, Layout
 
@@ -46,11 +46,13 @@ from .layout import Arrays, Layout
 #: ``iteration`` 1: the values are output lengths (``base = 0, per_token =
 #: 1``), prompts are drawn (``prompt_kind``), and a batch takes the iteration
 #: model's time (``setup``, ``step``, ``prefill_per_token``,
-#: ``per_sequence``, ``per_context``; ``padded`` 1: finished members stay).
+#: ``per_sequence``, ``per_context``, and a mixture of experts' ``per_expert``,
+#: ``expert_span``, ``expert_miss``; ``padded`` 1: finished members stay).
 CONFIG = Layout("multi-bin run", ints=("n", "arrival_kind", "service_kind", "batch_size", "servers", "keep",
                                        "integer", "predictor", "iteration", "padded", "prompt_kind"),
                 floats=("rate", "max_wait", "base", "per_token", "predictor_param", "setup", "step",
-                        "prefill_per_token", "per_sequence", "per_context"))
+                        "prefill_per_token", "per_sequence", "per_context", "per_expert", "expert_span",
+                        "expert_miss"))
 
 #: read-only inputs: replayed arrival times (s), the arrival process's
 #: parameters and change times (:func:`~.common.draw_arrivals`), the service
@@ -94,12 +96,13 @@ REQUESTS = Layout("multi-bin requests", ints=("bin", "batch"),
 #: and prediction drawers (:func:`~.common.drawers`); with ``iteration``,
 #: block_prompt holds the block's prompts and sum_prompt, seq_steps and
 #: ctx_steps each bin's partial batch's summed prompts and decode work
-#: (:func:`~.common.member_work`).
+#: (:func:`~.common.member_work`), and for a mixture of experts buf_output
+#: its members' output lengths (beside buf_arrival).
 WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_index=np.int64,
                    count=np.uint64, first=np.int64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
                    block_time=np.float64, block_bin=np.uint32, block_service=np.float64, block_pred=np.float64,
                    heap=np.float64, draws=np.int64, block_prompt=np.float64, sum_prompt=np.float64,
-                   seq_steps=np.float64, ctx_steps=np.float64)
+                   seq_steps=np.float64, ctx_steps=np.float64, buf_output=np.float64)
 MultiBinWorkspace = WORKSPACE.type
 
 C = CONFIG.index
@@ -152,10 +155,11 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                         draws=drawers(cfg["arrival_kind"], cfg["service_kind"], cfg["prompt_kind"],
                                       predictor=cfg["predictor"]),
                         block_prompt=np.empty(BLOCK if cfg["iteration"] else 1),
-                        sum_prompt=np.zeros(k), seq_steps=np.zeros(k), ctx_steps=np.zeros(k))
+                        sum_prompt=np.zeros(k), seq_steps=np.zeros(k), ctx_steps=np.zeros(k),
+                        buf_output=np.empty(k * stride if cfg["iteration"] and cfg["per_expert"] > 0.0 else 1))
     # (the iteration model's coefficients, or None: the kernel compiled without its code)
-    it = ((cfg["setup"], cfg["step"], cfg["prefill_per_token"], cfg["per_sequence"], cfg["per_context"])
-          if cfg["iteration"] else None)
+    it = ((cfg["setup"], cfg["step"], cfg["prefill_per_token"], cfg["per_sequence"], cfg["per_context"],
+           cfg["per_expert"], cfg["expert_span"], cfg["expert_miss"]) if cfg["iteration"] else None)
     multibin_kernel(config, inputs, streams, out, requests, ws, stop, it)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None)
 
@@ -166,7 +170,8 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
     (arrival time kept, service time folded into the bin's running maximum;
     ``it``, the iteration model's coefficients ``(setup, step,
-    prefill_per_token, per_sequence, per_context)`` or None: the output
+    prefill_per_token, per_sequence, per_context, per_expert, expert_span,
+    expert_miss)`` or None: the output
     length is, and the prompt and decode work summed in ``ws``; a request's
     record gets its time alone, a batch of one).
 
@@ -201,8 +206,11 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
             ws.sum_prompt[b] += p
             ws.seq_steps[b] += dw
             ws.ctx_steps[b] += cw
+            if it[5] > 0.0:
+                ws.buf_output[o] = s
             if keep:
-                alone = iteration_times(it[0], it[1], it[2], it[3], it[4], 1, p, s, dw, cw, p)[0]
+                alone = iteration_times(it[0], it[1], it[2], it[3], it[4], 1, p, s, dw, cw, p, it[5], it[6], it[7],
+                                        0.0)[0]
         if keep:
             i = i0 + np.int64(jj)
             buf_index[o] = i
@@ -218,12 +226,32 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
     return m, deadline
 
 
+@step
+def _expert_reads(outputs, o, members, max_out, padded, span, miss):
+    """The experts a batch's decode iterations read (its members' output
+    lengths at ``outputs[o:o + members]``): each member's
+    :func:`~.common.expert_share` by its rank among them; ``padded``: every
+    iteration decodes all its members."""
+    if padded:
+        return max(max_out - 1.0, 0.0) * extra_experts(span, miss, float(members))
+    reads = 0.0
+    for i in range(members):
+        di = max(outputs[o + i] - 1.0, 0.0)
+        rank = 1
+        for j in range(members):
+            dj = max(outputs[o + j] - 1.0, 0.0)
+            if dj < di or (dj == di and j < i):
+                rank += 1
+        reads += expert_share(span, miss, members, rank, di)
+    return reads
+
+
 @kernel
 def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
     """Simulate ``n`` requests through multi-bin batching; outputs are
     written in place (``out.floats[S.last_completion]`` must start at -inf).
     ``it``: the iteration model's ``(setup, step, prefill_per_token,
-    per_sequence, per_context)``, or None, the max-of-members model (numba
+    per_sequence, per_context, per_expert, expert_span, expert_miss)``, or None, the max-of-members model (numba
     prunes the iteration model's branches, each under ``if it is not
     None``, before typing: the paper's model compiles as if they were not
     there, and the iteration model's kernel on its first run).
@@ -428,7 +456,9 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
         if it is not None:
             sp = ws.sum_prompt[b]
             seq, ctx = (padded_work(members, sp, S_b) if padded else (ws.seq_steps[b], ws.ctx_steps[b]))
-            S_b = iteration_times(it[0], it[1], it[2], it[3], it[4], members, sp, S_b, seq, ctx, sp)[0]
+            reads = _expert_reads(ws.buf_output, o, members, S_b, padded, it[6], it[7]) if it[5] > 0.0 else 0.0
+            S_b = iteration_times(it[0], it[1], it[2], it[3], it[4], members, sp, S_b, seq, ctx, sp, it[5], it[6],
+                                  it[7], reads)[0]
             ws.sum_prompt[b] = 0.0
             ws.seq_steps[b] = 0.0
             ws.ctx_steps[b] = 0.0

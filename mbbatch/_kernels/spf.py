@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import types
 
-from .common import by_address, compiled_apart, step
+from .common import APART, by_address, compiled_apart, step
 from .queues import N_FIELDS, Q
 
 __all__ = ["FORM_SPF", "ORDER_SIG", "call_order", "order_address", "scratch_size", "spf_batch"]
@@ -199,7 +199,10 @@ def _order_spf():
     return order_spf
 
 
+APART[("order", FORM_SPF)] = _order_spf
+
+
 def order_address() -> int:
     """The address of :func:`spf_batch`, compiled apart (the first time a
     process asks)."""
-    return compiled_apart(("order", FORM_SPF), _order_spf, ORDER_SIG).address
+    return compiled_apart(("order", FORM_SPF), APART[("order", FORM_SPF)], ORDER_SIG).address

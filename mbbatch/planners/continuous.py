@@ -83,7 +83,7 @@ class Plan:
             admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate, step=m.step,
             prefill_per_token=m.prefill_per_token, per_sequence=m.per_sequence, per_context=m.per_context_token,
-            until=math.inf)
+            **m.expert_fields(), until=math.inf)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
     @functools.cached_property

@@ -152,13 +152,13 @@ def _pack(plan: Plan) -> tuple:
         timing = dict(iteration=1, padded=int(model.finished == "stay"), prompt_kind=prompt.kernel_kind,
                       base=0.0, per_token=1.0, setup=model.setup, step=model.step,
                       prefill_per_token=model.prefill_per_token, per_sequence=model.per_sequence,
-                      per_context=model.per_context_token)
+                      per_context=model.per_context_token, **model.expert_fields())
         prompt_params, prompt_values = prompt.params, prompt.values
     else:
         # (no prompts: the service kind's drawer stands in for theirs, never called)
         timing = dict(iteration=0, padded=0, prompt_kind=plan.spec.kernel_kind, base=model.base,
                       per_token=model.per_token, setup=0.0, step=0.0, prefill_per_token=0.0, per_sequence=0.0,
-                      per_context=0.0)
+                      per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0)
         prompt_params = prompt_values = np.empty(0)
     config = _k.CONFIG.pack(
         n=plan.n, arrival_kind=akind, rate=rate, service_kind=plan.spec.kernel_kind,

@@ -93,7 +93,9 @@ def service_model(name: str, params: dict):
         return IterationModel(setup=params["iteration_setup"], step=params["iteration_step"],
                               prefill_per_token=params["iteration_prefill"],
                               per_sequence=params["iteration_per_sequence"],
-                              per_context_token=params["iteration_per_context"], finished=params["finished"])
+                              per_context_token=params["iteration_per_context"], finished=params["finished"],
+                              per_expert=params["iteration_per_expert"], experts=params["experts"],
+                              experts_per_token=params["experts_per_token"])
     if name == "profile":
         from .. import profiles
 

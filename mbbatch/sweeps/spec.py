@@ -212,6 +212,10 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
         key="IterationModel.per_sequence"),
     _sp("iteration_per_context", workload=_REQ, models=("iteration",),
         key="IterationModel.per_context_token"),
+    # a mixture of experts' iterations (a profile's come with it)
+    _sp("iteration_per_expert", workload=_REQ, models=("iteration",), key="IterationModel.per_expert"),
+    _sp("experts", workload=_REQ, models=("iteration",), key="IterationModel.experts"),
+    _sp("experts_per_token", workload=_REQ, models=("iteration",), key="IterationModel.experts_per_token"),
     _sp("finished", workload=_REQ, models=("iteration", "profile"), key="IterationModel.finished"),
     # a measured accelerator: a grid axis of profile names compares hardware
     _sp("profile", workload=_REQ, models=("profile",)),
