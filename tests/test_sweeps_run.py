@@ -461,6 +461,19 @@ def test_trace_filters_are_grid_axes_and_each_point_replays_its_filtered_trace(t
     assert len(sizes) == 4, sizes
 
 
+def test_filters_that_leave_no_request_are_a_spec_error(tmp_path):
+    """A window past the trace's last request, without n: the spec's default n (the filtered trace's
+    length) cannot be read, and the spec is refused naming its file (it once escaped as the loader's
+    bare ValueError)."""
+    _trace_file(tmp_path)
+    text = TRACE_SPEC.format(trace="trace.csv", n=100, reps=1, scales="[1.0]").replace("n = 100\n", "").replace(
+        "base = 0.5", "base = 0.5\nwindow_start = 1e9")
+    p = tmp_path / "empty.toml"
+    p.write_text(text)
+    with pytest.raises(SpecError, match=r"empty.toml: .*trace.csv: the filters leave no requests"):
+        load_spec(p)
+
+
 def test_trace_filters_are_refused_in_the_workload_table(tmp_path):
     _trace_file(tmp_path)
     text = TRACE_SPEC.format(trace="trace.csv", n=100, reps=1, scales="[1.0]").replace(
@@ -980,3 +993,68 @@ def test_a_cluster_takes_the_tables_defaults_for_what_its_engines_read(tmp_path)
     assert params["engine_policy"] == "continuous"
     pol, _, _ = point_objects(spec.arrivals, spec.service, params)
     assert isinstance(pol.policy, mb.ContinuousBatching)
+
+
+KV_SPEC = """
+policy = "continuous"
+arrivals = "poisson"
+service_model = "profile"
+reps = 2
+
+[params]
+profile = "H100/vLLM/Meta-Llama-3-8B/tp1"
+n = 3000
+output_sigma = 1.2
+kv_tokens = {kv}
+
+[grid]
+rate = [1.0, 2.0]
+"""
+
+
+def test_a_continuous_request_that_could_never_run_is_refused_before_the_store_exists(tmp_path):
+    """The continuous engine refuses a drawn request whose prompt and output exceed its KV blocks: a
+    sweep draws every cell's requests rep by rep before it writes anything, and names the point and
+    the rep (it once wrote the store, then stopped at the first such cell)."""
+    spec = write(tmp_path, KV_SPEC.format(kv="2007.0"), "kv.toml")
+    with pytest.raises(SpecError, match=r"at grid point rate=1.0: rep 0: kv_tokens = 2007: request \d+ \(prompt "
+                                        r"\d+ \+ output \d+ tokens\) can never fit the 2000 tokens"):
+        run_sweep(spec, tmp_path / "kv.zarr", workers=1, progress=False)
+    assert not (tmp_path / "kv.zarr").exists()
+    ds = run_sweep(write(tmp_path, KV_SPEC.format(kv="inf"), "ok.toml"), tmp_path / "ok.zarr", workers=1,
+                   progress=False)
+    assert (ds.completed.values == 3000).all()
+
+
+STEP_SPEC = """
+policy = "continuous"
+arrivals = "step"
+service_model = "profile"
+reps = 1
+
+[params]
+profile = "H100/vLLM/Meta-Llama-3-8B/tp1"
+n = 2000
+t_up = 20.0
+t_down = 60.0
+rate = 1.0
+rate_high = 6.0
+d_sla = 0.02
+max_num_seqs = 4
+
+[grid]
+sla_control = [false, true]
+"""
+
+
+def test_a_continuous_engines_load_step_stores_its_time_series(tmp_path):
+    """A load step on the continuous engine (it once stopped at its first cell: its series are the
+    running and waiting sequences and the controller's cap, not the event kernel's): its waiting
+    requests are the queue series, the controller's cap is b_target (NaN without a controller), and
+    the series the engine does not keep are NaN."""
+    ds = run_sweep(write(tmp_path, STEP_SPEC, "step.toml"), tmp_path / "s.zarr", workers=1, progress=False)
+    queue = ds.ts_queue.sel(sla_control=False).values
+    assert np.nanmax(queue) > 0 and np.isnan(ds.ts_b_low.values).all()
+    assert np.isnan(ds.ts_b_target.sel(sla_control=False).values).all()
+    cap = ds.ts_b_target.sel(sla_control=True).values
+    assert np.isfinite(cap).any() and np.nanmin(cap) >= 1

@@ -61,6 +61,21 @@ class Plan:
         """Simulate with the seed ``ss`` (``warn`` and ``progress`` as the other plans')."""
         return _run(self, ss, warn, progress)
 
+    def check_requests(self, ss: np.random.SeedSequence) -> None:
+        """Raise the error :meth:`run` with the seed ``ss`` would raise before
+        simulating: a request it draws that could never run on the engine
+        (its prompt and output beyond the KV blocks, or its prompt beyond
+        ``max_batched_tokens`` without chunked prefill), named.  Draws the
+        requests, runs nothing (a sweep asks it of every cell before its
+        store exists)."""
+        if self.cluster is None:
+            _requests(self, ss)
+            return
+        _, prompt, output, _ = self.cluster.calls(self, SimpleNamespace(
+            arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT),
+            output=stream(ss, STREAM_SERVICE)))
+        _requests(self, ss, prompt, output)
+
     @functools.cached_property
     def edges(self) -> np.ndarray:
         """The multi-bin admission's inner edges (tokens of predicted output)."""

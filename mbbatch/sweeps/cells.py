@@ -130,9 +130,11 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
 def check_points(spec) -> None:
     """Everything a sweep would refuse at any of its grid points, refused now,
     before the store exists: every point's objects are built and its
-    simulation checked (without simulating), its closed forms evaluated, and
-    the store's template bounded in memory.  Raises :class:`SpecError` naming
-    the spec file, the grid point and the parameter."""
+    simulation checked (without simulating; a continuous engine's requests
+    drawn, rep by rep, for one it could never run), its closed forms
+    evaluated, and the store's template bounded in memory.  Raises
+    :class:`SpecError` naming the spec file, the grid point and the
+    parameter."""
     from .._running import check_memory
 
     per_rep = len(rep_vars(spec)) + (len(time_series(spec.kinds)) * TIME_POINTS if spec.arrivals == "step" else 0)
@@ -151,7 +153,15 @@ def check_points(spec) -> None:
                 point_theory(spec.arrivals, spec.service, params)
                 continue
             pol, arr, kw = point_objects(spec.arrivals, spec.service, params)
-            check_simulation(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)
+            run = plan(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)
+            if hasattr(run, "check_requests"):
+                # (a continuous engine refuses a request it could never run: each rep's, drawn now)
+                words = _words(params)
+                for rep in range(spec.reps):
+                    try:
+                        run.check_requests(cell_seed(spec.seed_of(params), params, rep, words))
+                    except ValueError as exc:
+                        raise ValueError(f"rep {rep}: {exc}") from None
             point_theory(spec.arrivals, spec.service, params)
         except (ValueError, TypeError, OverflowError, ZeroDivisionError) as exc:
             raise SpecError(f"{spec.source}: {where}: {exc}") from None
@@ -245,7 +255,8 @@ def _sample_time_series(ts, time_grid, out: dict, rep: int) -> None:
     """The value in force at each grid time: that of the last sampled batch
     start (or, for LAPS, the last change of its groups) at or before it
     (``ts``: a result's time-series columns); NaN before the first, and
-    throughout where the run has no series (LAPS without its groups)."""
+    throughout where the run has no series (LAPS without its groups, a
+    continuous engine's controller series but its cap)."""
     if ts is None or not ts["time"].size:
         return
     at = np.searchsorted(ts["time"], time_grid, side="right") - 1
@@ -254,10 +265,14 @@ def _sample_time_series(ts, time_grid, out: dict, rep: int) -> None:
         for var, col in (("ts_short_instances", "short_instances"), ("ts_long_instances", "long_instances")):
             out[var][rep, ok] = ts[col][at[ok]]
         return
-    for var, col in (("ts_b_target", "b_target"), ("ts_b_low", "b_low"), ("ts_b_high", "b_high"),
-                     ("ts_tau_avg", "tau_avg")):
-        out[var][rep, ok] = ts[col][at[ok]]
-    out["ts_queue"][rep, ok] = ts["queue"].sum(axis=1)[at[ok]]
+    # (a continuous engine's: its cap on the running sequences, the controller's b_target, where a
+    # controller sets it, and its waiting requests; the controller's other series have no counterpart)
+    for var, col in (("ts_b_target", "b_target" if "b_target" in ts else "max_num_seqs"), ("ts_b_low", "b_low"),
+                     ("ts_b_high", "b_high"), ("ts_tau_avg", "tau_avg")):
+        if col in ts:
+            out[var][rep, ok] = ts[col][at[ok]]
+    queue = ts["queue"].sum(axis=1) if "queue" in ts else ts["waiting"]
+    out["ts_queue"][rep, ok] = queue[at[ok]]
 
 
 @functools.lru_cache(maxsize=4096)

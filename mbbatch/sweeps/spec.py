@@ -877,7 +877,10 @@ def _trace_length(trace: dict, params: dict, grid: dict, source: str) -> int:
                         "give n)")
     cell = {"trace": trace, **{k: params.get(k, SPEC_PARAMS[k].default)
                                for k in ("window_start", "window_end", "drop_failed")}}
-    return int(trace_of(cell).arrival.size)
+    try:
+        return int(trace_of(cell).arrival.size)
+    except ValueError as exc:       # (e.g. filters that leave no request)
+        raise SpecError(f"{source}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=4)
