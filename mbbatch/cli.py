@@ -553,11 +553,14 @@ def _dispatch(args) -> int:
         if not keep:
             raise ValueError(f"--match: no profile name contains {args.match!r} (mbbatch profiles lists them)")
         print(f"{'profile':<44} {'rows':>4}  {'R^2':>6}  {'median':>7}  {'held out':>8}  step (ms)  "
-              f"per context token (ns)")
+              f"per context token (ns)  per expert (ms)")
         for name in keep:
             p = profiles.provenance(name)
+            # (per expert: a mixture of experts' only, '-' for a dense model)
+            expert = f"{1e3 * p['per_expert']:15.3f}" if p["experts"] else f"{'-':>15}"
             print(f"{name:<44} {p['rows']:>4}  {p['r2']:>6.3f}  {p['median_error']:>7.1%}  "
-                  f"{p['holdout_error']:>8.1%}  {1e3 * p['step']:>9.3f}  {1e9 * p['per_context_token']:.3f}")
+                  f"{p['holdout_error']:>8.1%}  {1e3 * p['step']:>9.3f}  {1e9 * p['per_context_token']:22.3f}  "
+                  f"{expert}")
     elif args.command == "check":
         from .sweeps import check_store
 
