@@ -62,3 +62,27 @@ def test_one_overloaded_group_is_an_overload():
     assert res.unstable and "long requests" in res.unstable_reason and "short requests" not in res.unstable_reason
     saturated = mb.simulate(mb.LAPS(instances=2), mb.Saturated(), workload=wl, n=2_000, seed=2)
     assert not saturated.unstable and saturated.unstable_reason.startswith("not assessed")
+
+
+def test_a_request_the_continuous_decode_stage_could_never_run_is_refused_before_the_prefill(monkeypatch):
+    """A continuous decode stage refuses a request beyond its KV blocks: LAPS draws the requests (as
+    its run will: the prompt stream's lengths) and refuses it before its prefill instances run (it once
+    ran the whole prefill stage first), naming the request by its place in arrival order."""
+    import numpy as np
+
+    from mbbatch._seeding import STREAM_PROMPT, STREAM_SERVICE, stream
+    from mbbatch.planners.common import lengths
+
+    pol = mb.LAPS(instances=2, decode=mb.ContinuousBatching(max_num_seqs=8, kv_tokens=600.0))
+    ss = np.random.SeedSequence(3)
+    p = lengths(WL._prompt, stream(ss, STREAM_PROMPT), 2000, True)
+    o = lengths(WL._output, stream(ss, STREAM_SERVICE), 2000, True)
+    first = int(np.flatnonzero(p + o > 592)[0])
+
+    def no_prefill(*args, **kwargs):
+        raise AssertionError("the prefill stage ran")
+
+    monkeypatch.setattr(laps, "_run", no_prefill)
+    with pytest.raises(ValueError, match=rf"kv_tokens = 600: request {first} \(prompt {p[first]:g} \+ output "
+                                         rf"{o[first]:g} tokens\) can never fit the 592 tokens"):
+        mb.simulate(pol, mb.Poisson(10.0), workload=WL, n=2000, seed=ss)

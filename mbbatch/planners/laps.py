@@ -53,7 +53,27 @@ class Plan:
         """Simulate with the seed ``ss`` (``warn``: an UnstableWarning where an
         instance group's backlog grows, as the other plans warn; ``progress``
         as theirs)."""
+        dec = self.policy.decode
+        if dec is not None and dec.planner == "continuous" and (math.isfinite(dec.kv_tokens)
+                                                                 or not dec.chunked_prefill):
+            self.check_requests(ss)     # (a request the decode stage would refuse: before the prefill runs)
         return finish(_run(self, ss, progress), warn, stacklevel=4)
+
+    def check_requests(self, ss: np.random.SeedSequence) -> None:
+        """Raise the error a continuous decode stage would raise in :meth:`run`
+        with the seed ``ss``, before any stage runs: a request it could never
+        run (its prompt and output beyond the KV blocks), named by its place
+        in arrival order.  The prompts and outputs are those the run draws
+        (the prefill instances' prompts are the prompt stream's lengths, as
+        every token-level policy's); no other stage refuses a drawn request."""
+        pol, wl, n = self.policy, self.workload, self.n
+        if pol.decode is None or pol.decode.planner != "continuous":
+            return
+        integer = bool(wl.integer_lengths)
+        stage = Workload(prompt=lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, integer),
+                         output=lengths(wl._output, stream(ss, STREAM_SERVICE), n, integer),
+                         integer_lengths=wl.integer_lengths, predictor_sigma=wl.predictor_sigma)
+        _decode_plan(pol, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
