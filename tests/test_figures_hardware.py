@@ -70,3 +70,14 @@ def test_the_multibin_figure_draws_from_its_sweep(tmp_path):
     assert float(np.abs(rel).max()) < 0.1
     files = figures.make_figures(tmp_path, tmp_path / "out", only="hardware_multibin")
     assert [f.name for f in files] == ["hardware_multibin.png", "hardware_multibin.pdf"]
+
+
+def test_the_mixture_of_experts_figure_draws_from_the_shipped_data(tmp_path):
+    """hardware_moe reads no sweep: its Mixtral profiles are mixtures of experts, and the dense fit it
+    draws beside each is worse held out."""
+    assert figures.FIGURES["hardware_moe"][1] == []
+    for name in hardware.MOE_PROFILES:
+        assert profiles.get(name).experts == 8
+        assert hardware._dense_fit(name).holdout_error > 3 * profiles.fit(name).holdout_error
+    files = figures.make_figures(tmp_path / "empty", tmp_path / "out", only="hardware_moe")
+    assert [f.name for f in files] == ["hardware_moe.png", "hardware_moe.pdf"]

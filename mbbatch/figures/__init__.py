@@ -10,7 +10,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'mb_only', 'mb_only_load', 'dynamic_vs_static', 'controller_step', 'mb_dynamic', 'max_wait',
  'predictor_gain', 'bursty', 'trace_replay', 'capacity_vs_k', 'capacity_latency',
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
- 'engine_event', 'hardware_fit', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
+ 'engine_event', 'hardware_fit', 'hardware_moe', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
  'continuous_vs_binned', 'continuous_memory', 'continuous_controller',
  'continuous_trace']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
@@ -34,8 +34,8 @@ A figure's name is the name of the function that draws it:
   ``engine_event``) and open against closed-loop programs
   (``autellix_loops``);
 - :mod:`.hardware`: the service models fitted to measured accelerators
-  (``hardware_fit``: it reads the measurements shipped with mbbatch, no
-  sweep), the dynamic-batching experiments on two of them
+  (``hardware_fit``, and ``hardware_moe`` for a mixture of experts: they
+  read the measurements shipped with mbbatch, no sweep), the dynamic-batching experiments on two of them
   (``hardware_policies``, ``hardware_trace``) and multi-bin batching on
   them beside its closed form (``hardware_multibin``);
 - :mod:`.continuous`: continuous batching against multi-bin batching run
@@ -123,6 +123,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("capacity_routers", (cluster.capacity_routers, ["capacity_routers"])),
     ("engine_event", (cluster.engine_event, ["engine_event"])),
     ("hardware_fit", (hardware.hardware_fit, [])),
+    ("hardware_moe", (hardware.hardware_moe, [])),
     ("hardware_policies", (hardware.hardware_policies, ["token_policies", "hardware_policies"])),
     ("hardware_trace", (hardware.hardware_trace, ["hardware_trace_default", "hardware_trace"])),
     ("hardware_multibin", (hardware.hardware_multibin, ["hardware_multibin"])),

@@ -5,6 +5,8 @@
   every shipped profile.  It reads no sweep: its data are the measurements
   shipped with mbbatch (:mod:`mbbatch.profiles`); it fits models, it does not
   simulate.
+- ``hardware_moe``: Mixtral-8x7B (a mixture of experts) fitted with and
+  without the expert term; from the same measurements.
 - ``hardware_policies``, ``hardware_trace``: the dynamic-batching
   experiments on two measured GPUs.
 - ``hardware_multibin``: multi-bin batching's throughput against its bins on
@@ -24,7 +26,7 @@ from ..service_models import CalibratedModel, DecodeModel, IterationModel, Linea
 from .data import line, sim_series, variants
 from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
-__all__ = ["hardware_fit", "hardware_policies", "hardware_trace", "hardware_multibin"]
+__all__ = ["hardware_fit", "hardware_moe", "hardware_policies", "hardware_trace", "hardware_multibin"]
 
 #: the four profiles drawn: two GPUs (H100, A100), two model sizes (8B, 70B)
 FIT_PROFILES = ("H100/vLLM/Meta-Llama-3-8B/tp1", "A100/vLLM/Meta-Llama-3-8B/tp1",
@@ -103,6 +105,65 @@ def hardware_fit(data) -> Figure:
                   "(boxes: quartiles; whiskers: 5th-95th percentile over the profiles)")
     ax.set_title(f"Each model family fitted to each of the {len(profiles.names())} profiles", fontsize=10)
     return fig
+
+
+#: the mixture-of-experts profiles drawn: Mixtral-8x7B on vLLM, two GPUs
+MOE_PROFILES = ("A100/vLLM/Mixtral-8x7B-v0.1/tp4", "MI300X/vLLM/Mixtral-8x7B-v0.1/tp1")
+
+
+def _dense_fit(name: str):
+    """Profile ``name``'s rows fitted as a dense model (no expert term)."""
+    return IterationModel.fit(_rows(name), weights="relative")
+
+
+def hardware_moe(data) -> Figure:
+    """A mixture of experts on measured hardware: Mixtral-8x7B's batch times
+    fitted with and without the expert term (two profiles), and every
+    Mixtral profile's held-out error both ways."""
+    fig = Figure(figsize=(14.5, 4.8), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 3, width_ratios=[1.0, 1.0, 1.25])
+    for ax, name in zip(axes, MOE_PROFILES):
+        t = profiles.measurements(name)
+        res, dense = profiles.fit(name), _dense_fit(name)
+        for i, b in enumerate(sorted(set(t.size.tolist()))):
+            at = (t.size == b) & ~t.excluded
+            kw = dict(size=t.size[at], prompt=t.prompt[at], output=t.output[at])
+            ax.scatter(t.service[at], res.model.service_time(**kw), s=22, color=COLORS[i % len(COLORS)],
+                       marker=MARKERS[0], label=f"b = {b}", zorder=3)
+            ax.scatter(t.service[at], dense.model.service_time(**kw), s=14, facecolors="none",
+                       edgecolors=COLORS[i % len(COLORS)], marker=MARKERS[1], lw=0.8, zorder=2)
+        lo, hi = float(t.service[~t.excluded].min()) / 1.5, float(t.service[~t.excluded].max()) * 1.5
+        ax.plot([lo, hi], [lo, hi], color="0.4", lw=0.8, ls="--", zorder=1)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured batch time (s)")
+        ax.set_title(f"{name}\nwith the expert term: held out {res.holdout_error:.1%} (per expert "
+                     f"{1e3 * res.params['per_expert']:.2f} ms)\ndense (hollow): held out {dense.holdout_error:.1%}",
+                     fontsize=8.5)
+    axes[0].set_ylabel("fitted batch time (s)")
+    for ax in axes[:2]:
+        ax.legend(fontsize=7.5, loc="upper left", title="filled: with the expert term", title_fontsize=7.5)
+
+    ax = axes[2]
+    names = [n for n in profiles.names() if profiles.MIXTURES.get(_model_of(n))]
+    y = np.arange(len(names))
+    dense = np.array([100 * _dense_fit(n).holdout_error for n in names])
+    moe = np.array([100 * profiles.fit(n).holdout_error for n in names])
+    ax.hlines(y, np.minimum(dense, moe), np.maximum(dense, moe), color="0.75", lw=1.5, zorder=1)
+    ax.scatter(dense, y, s=22, facecolors="none", edgecolors=COLORS[0], label="dense", zorder=2)
+    ax.scatter(moe, y, s=22, color=COLORS[1], label="with the expert term", zorder=3)
+    ax.set_yticks(y, [n.replace("/Mixtral-8x7B-v0.1", "") for n in names], fontsize=7.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("held-out relative error (median over the rows, leave-one-out), %")
+    ax.set_title(f"Every Mixtral-8x7B profile ({len(names)}): engines that read the experts\na batch routes "
+                 "to (vLLM) gain; those that read them all (llama.cpp)\nfit the term at 0", fontsize=8.5)
+    ax.legend(fontsize=7.5, loc="lower right")
+    fig.suptitle("A mixture of experts (Mixtral-8x7B: 8 experts, 2 a token): a decode iteration reads more "
+                 "experts the more sequences it steps (IterationModel's per_expert)", fontsize=10)
+    return fig
+
+
+def _model_of(name: str) -> str:
+    """The data's model of profile ``name`` (with its organisation)."""
+    return str(profiles.provenance(name)["model"])
 
 
 # --- the dynamic-batching experiments on measured hardware ---------------------------------
