@@ -64,7 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from .results import Table
-from .service_models import FitResult, IterationModel
+from .service_models import DENSE, FitResult, IterationModel
 
 __all__ = ["list", "names", "get", "fit", "measurements", "provenance", "from_csv", "sla_target", "SOURCE",
            "DEFAULT", "SLA_HEADROOM"]
@@ -199,7 +199,7 @@ def fit(name: str) -> FitResult:
     coefficients, standard errors, R^2, in-sample and leave-one-out relative
     errors."""
     g = _group(name)
-    experts, per_token = MIXTURES.get(str(g["model"][0]), (0, 2))
+    experts, per_token = MIXTURES.get(str(g["model"][0]), DENSE)
     res = IterationModel.fit(_rows_of(g), weights="relative", experts=experts, experts_per_token=per_token)
     return replace(res, model=replace(res.model, profile=name))
 

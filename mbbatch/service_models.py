@@ -76,6 +76,9 @@ _FEEDBACK_CODES = {"calibrated": _d.MODEL_CALIBRATED, "uncalibrated": _d.MODEL_C
 #: (Pang et al.'s ComputeDecodeTBT: a default of 5.74 ms), as the kernel feeds it.
 UNCALIBRATED_TBT = _d.UNCALIBRATED_TBT
 
+#: ``(experts, experts_per_token)`` of a dense model: the parameter table's defaults (no experts)
+DENSE = (default("IterationModel.experts"), default("IterationModel.experts_per_token"))
+
 # the per-batch aggregates the models read, with their units
 _UNITS = {"size": "requests", "max_seq_len": "tokens", "max_output": "tokens", "sum_prompt": "tokens",
           "sequence_steps": "sequence-steps", "context_steps": "token-steps", "expert_reads": "experts",
@@ -237,7 +240,7 @@ def extra_experts(experts: int, experts_per_token: int, tokens):
     """
     t = np.asarray(tokens, dtype=np.float64)
     if experts == 0:
-        return np.zeros_like(t) + 0.0
+        return np.zeros_like(t)
     m = float(experts - experts_per_token)
     q = 1.0 - experts_per_token / experts
     return np.where(t >= 1.0, m * (1.0 - q ** np.maximum(t - 1.0, 0.0)), 0.0)
@@ -262,7 +265,7 @@ def _decode_expert_reads(experts, experts_per_token, o, starts, sizes):
     return np.array([np.cumsum(share[a:a + b])[-1] for a, b in zip(starts, sizes)], dtype=np.float64)
 
 
-def batch_aggregates(prompt, output, sizes=None, experts=(0, 2)) -> BatchAggregates:
+def batch_aggregates(prompt, output, sizes=None, experts=DENSE) -> BatchAggregates:
     """The aggregates of consecutive batches, from their members' lengths.
 
     Parameters
@@ -334,7 +337,7 @@ def _check_experts(owner: str, experts) -> tuple:
     return e, k
 
 
-def uniform_aggregates(size, prompt, output, experts=(0, 2)) -> dict:
+def uniform_aggregates(size, prompt, output, experts=DENSE) -> dict:
     """The aggregates of uniform batches: ``size`` requests, each of
     ``prompt`` prompt tokens generating ``output`` tokens (what accelerator
     benchmarks measure), broadcast together; as :func:`batch_aggregates`
@@ -566,12 +569,12 @@ class _Fitted:
 
     def _experts(self) -> tuple:
         """``(E, k)`` of the mixture of experts the model times, ``E = 0``: dense."""
-        return (0, 2)
+        return DENSE
 
     @classmethod
     def _fixed_experts(cls, owner: str, fixed: dict) -> tuple:
         """``(E, k)`` of a fit's fixed fields (dense for a model without them)."""
-        return (0, 2)
+        return DENSE
 
     @classmethod
     def _fitted_params(cls, fixed: dict) -> tuple:
@@ -1506,8 +1509,8 @@ class IterationModel(_Fitted):
                    "length, which cannot tell prefill from decode apart)" if self.profile else "")
             raise ValueError(f"prefill_per_token must be > 0 for a prefill batch's time; got 0{why}; give LAPS "
                              "a PrefillModel, or an IterationModel with a measured prefill_per_token")
-        return PrefillModel(a=self.setup + self.step + self.expert_fields()["per_expert"]
-                            * self.expert_fields()["expert_span"], b=self.prefill_per_token)
+        ef = self.expert_fields()
+        return PrefillModel(a=self.setup + self.step + ef["per_expert"] * ef["expert_span"], b=self.prefill_per_token)
 
     def _times(self, size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads, **_):
         # the kernel's order of operations (_kernels.common.iteration_times)

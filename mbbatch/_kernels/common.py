@@ -831,6 +831,27 @@ def expert_share(span, miss, nb, rank, d):
 
 
 @step
+def ranked_expert_reads(outputs, start, mask, nb, max_out, padded, span, miss):
+    """The experts a batch's decode iterations read (``BatchAggregates.expert_reads``):
+    its ``nb`` members' output lengths at ``outputs[(start + i) & mask]`` (a
+    ring's slots, or ``mask = -1``: a run of the array), each member's
+    :func:`expert_share` by its rank among them (O(nb^2), run for a mixture
+    of experts only); ``padded``: every iteration decodes all nb."""
+    if padded:
+        return max(max_out - 1.0, 0.0) * extra_experts(span, miss, float(nb))
+    reads = 0.0
+    for i in range(nb):
+        di = max(outputs[(start + i) & mask] - 1.0, 0.0)
+        rank = 1
+        for j in range(nb):
+            dj = max(outputs[(start + j) & mask] - 1.0, 0.0)
+            if dj < di or (dj == di and j < i):
+                rank += 1
+        reads += expert_share(span, miss, nb, rank, di)
+    return reads
+
+
+@step
 def iteration_times(setup, step_time, prefill_per_token, per_sequence, per_context, nb, sum_prefill, max_out,
                     seq_steps, ctx_steps, sum_context, per_expert, span, miss, reads):
     """A batch's times under the iteration model: its prefill iteration

@@ -29,8 +29,8 @@ from numba import types
 
 from .common import (
     APART, ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
-    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, expert_share, extra_experts, helper,
-    hist_bucket, iteration_times, by_address, compiled_apart, kernel, member_work, padded_work, predict, replay_time,
+    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket, iteration_times,
+    by_address, compiled_apart, kernel, member_work, padded_work, predict, ranked_expert_reads, replay_time,
     round_lengths, step, subroutine,
 )
 from .controller import (
@@ -431,27 +431,6 @@ def decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded):
     return seq, ctx
 
 
-@step
-def decode_expert_reads(q, b, h0, nb, mask, max_out, padded, span, miss):
-    """The experts a batch's decode iterations read (the first nb of queue
-    b, head at slot h0; ``BatchAggregates.expert_reads``): each member's
-    :func:`~.common.expert_share` by its rank among them (O(nb^2), run for a
-    mixture of experts only); ``padded``: every iteration decodes all nb."""
-    if padded:
-        return max(max_out - 1.0, 0.0) * extra_experts(span, miss, float(nb))
-    ub = np.uint64(b)
-    reads = 0.0
-    for i in range(nb):
-        di = max(q[Q.output, ub, np.uint64((h0 + i) & mask)] - 1.0, 0.0)
-        rank = 1
-        for j in range(nb):
-            dj = max(q[Q.output, ub, np.uint64((h0 + j) & mask)] - 1.0, 0.0)
-            if dj < di or (dj == di and j < i):
-                rank += 1
-        reads += expert_share(span, miss, nb, rank, di)
-    return reads
-
-
 #: the coefficients of the iteration model in :func:`iteration_batch`'s
 #: ``timing`` (then its two outputs)
 TIMING = Layout("iteration timing", floats=("setup", "step", "prefill_per_token", "per_sequence", "per_context",
@@ -477,7 +456,9 @@ def iteration_batch(q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt, padded
     a run of another model compiles none of it."""
     seq, ctx = decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded)
     per_expert, span, miss = timing[TI.per_expert], timing[TI.expert_span], timing[TI.expert_miss]
-    reads = decode_expert_reads(q, b, h0, nb, mask, max_out, padded, span, miss) if per_expert > 0.0 else 0.0
+    # (a mixture of experts' decode reads: the members' outputs in queue b's ring)
+    reads = (ranked_expert_reads(q[Q.output, np.uint64(b)], h0, mask, nb, max_out, padded, span, miss)
+             if per_expert > 0.0 else 0.0)
     service, timing[TI.tbt], timing[TI.prefill] = iteration_times(
         timing[TI.setup], timing[TI.step], timing[TI.prefill_per_token], timing[TI.per_sequence],
         timing[TI.per_context], nb, sum_prefill, max_out, seq, ctx, sum_prompt, per_expert, span, miss, reads)

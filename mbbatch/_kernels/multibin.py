@@ -32,8 +32,8 @@ from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a 
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
     PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, STOP, STOP_SIZE, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM,
     SVC_WEIBULL_MIN,
-    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, expert_share, extra_experts, hist_bucket,
-    iteration_times, kernel, member_work, padded_work, predict, round_lengths, step, token_service,
+    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, iteration_times, kernel, member_work,
+    padded_work, predict, ranked_expert_reads, round_lengths, step, token_service,
 )
 from .layout import Arrays, Layout
 
@@ -224,26 +224,6 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
             return np.int64(jj), deadline
         count[b] = c
     return m, deadline
-
-
-@step
-def _expert_reads(outputs, o, members, max_out, padded, span, miss):
-    """The experts a batch's decode iterations read (its members' output
-    lengths at ``outputs[o:o + members]``): each member's
-    :func:`~.common.expert_share` by its rank among them; ``padded``: every
-    iteration decodes all its members."""
-    if padded:
-        return max(max_out - 1.0, 0.0) * extra_experts(span, miss, float(members))
-    reads = 0.0
-    for i in range(members):
-        di = max(outputs[o + i] - 1.0, 0.0)
-        rank = 1
-        for j in range(members):
-            dj = max(outputs[o + j] - 1.0, 0.0)
-            if dj < di or (dj == di and j < i):
-                rank += 1
-        reads += expert_share(span, miss, members, rank, di)
-    return reads
 
 
 @kernel
@@ -456,7 +436,8 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
         if it is not None:
             sp = ws.sum_prompt[b]
             seq, ctx = (padded_work(members, sp, S_b) if padded else (ws.seq_steps[b], ws.ctx_steps[b]))
-            reads = _expert_reads(ws.buf_output, o, members, S_b, padded, it[6], it[7]) if it[5] > 0.0 else 0.0
+            reads = (ranked_expert_reads(ws.buf_output, np.int64(o), np.int64(-1), np.int64(members), S_b, padded,
+                                         it[6], it[7]) if it[5] > 0.0 else 0.0)
             S_b = iteration_times(it[0], it[1], it[2], it[3], it[4], members, sp, S_b, seq, ctx, sp, it[5], it[6],
                                   it[7], reads)[0]
             ws.sum_prompt[b] = 0.0

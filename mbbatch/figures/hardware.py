@@ -111,6 +111,7 @@ def hardware_fit(data) -> Figure:
 MOE_PROFILES = ("A100/vLLM/Mixtral-8x7B-v0.1/tp4", "MI300X/vLLM/Mixtral-8x7B-v0.1/tp1")
 
 
+@functools.cache
 def _dense_fit(name: str):
     """Profile ``name``'s rows fitted as a dense model (no expert term)."""
     return IterationModel.fit(_rows(name), weights="relative")
@@ -143,7 +144,9 @@ def hardware_moe(data) -> Figure:
         ax.legend(fontsize=7.5, loc="upper left", title="filled: with the expert term", title_fontsize=7.5)
 
     ax = axes[2]
-    names = [n for n in profiles.names() if profiles.MIXTURES.get(_model_of(n))]
+    # (a profile's name holds its model without the organisation: no fit needed to pick them)
+    mixtures = {m.split("/")[-1] for m in profiles.MIXTURES}
+    names = [n for n in profiles.names() if n.split("/")[2] in mixtures]
     y = np.arange(len(names))
     dense = np.array([100 * _dense_fit(n).holdout_error for n in names])
     moe = np.array([100 * profiles.fit(n).holdout_error for n in names])
@@ -160,10 +163,6 @@ def hardware_moe(data) -> Figure:
                  "experts the more sequences it steps (IterationModel's per_expert)", fontsize=10)
     return fig
 
-
-def _model_of(name: str) -> str:
-    """The data's model of profile ``name`` (with its organisation)."""
-    return str(profiles.provenance(name)["model"])
 
 
 # --- the dynamic-batching experiments on measured hardware ---------------------------------
