@@ -51,7 +51,7 @@ def _rate(policy, wl) -> float:
     return LOAD * sat
 
 
-def bench_continuous(n: int = 10_000_000, runs: int = 3) -> list:
+def bench_continuous(n: int = 10_000_000, runs: int = 5) -> list:
     """``[(max_num_seqs, median seconds, result of the last run), ...]`` at
     64, 256 and 1,024 running sequences."""
     mb.warmup()

@@ -13,8 +13,8 @@ from numba import njit
 from numba.core.errors import TypingError
 
 from mbbatch._kernels.common import (
-    ARR_POISSON, ARRIVAL_KINDS, CACHE, LENGTH_KINDS, PRED_ORACLE, PREDICT_KINDS, draw_block, drawer_caches, drawers,
-    gamma_constants, numpy_gamma, standard_exponential, standard_normal,
+    ARR_POISSON, ARRIVAL_KINDS, CACHE, LENGTH_KINDS, PRED_ORACLE, PREDICT_KINDS, arrival_group, draw_block,
+    drawer_caches, drawers, gamma_constants, numpy_gamma, standard_exponential, standard_normal,
 )
 from mbbatch.lengths import as_service
 
@@ -158,3 +158,28 @@ def test_the_caches_of_every_function_compiled_apart_are_flushed_with_the_kernel
     assert {"timing", "order"} <= {key[0] for key in APART}
     assert any("iteration_batch_apart" in n for n in names) and any("order_spf" in n for n in names)
     assert len(names) == len(drawer_caches()) + len(APART)
+
+
+@njit
+def _groups(r, groups, n):
+    out = np.empty(r.shape[0], np.int64)
+    scale = groups / n
+    for j in range(r.shape[0]):
+        out[j] = arrival_group(r[j], groups, n, scale)
+    return out
+
+
+@pytest.mark.parametrize("groups", [1, 3, 32, 1000])
+def test_arrival_group_is_the_integer_division(groups):
+    """``arrival_group`` (no division) is ``r * groups // n`` for every
+    request of small runs and for the requests about each group boundary of
+    runs up to 10^12 requests, where the float quotient's rounding could
+    land a request in a neighbouring group."""
+    for n in range(1, 300):
+        r = np.arange(n)
+        np.testing.assert_array_equal(_groups(r, groups, n), r * groups // n)
+    rng = np.random.default_rng(0)
+    for n in rng.integers(10 ** 6, 10 ** 12, 200):
+        edges = -(-np.arange(groups + 1) * n // groups)          # the first request of each group
+        r = np.unique(np.clip(np.concatenate([edges - 1, edges, edges + 1, rng.integers(0, n, 50)]), 0, n - 1))
+        np.testing.assert_array_equal(_groups(r, groups, int(n)), r * groups // n)

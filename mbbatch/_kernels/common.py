@@ -130,6 +130,21 @@ def hist_bucket(x):
     return np.uint64(0 if h < 0 else (h if h < HIST_SIZE else HIST_SIZE - 1))
 
 
+@step
+def arrival_group(r, groups, n, scale):
+    """The batch-means group of request ``r`` (in arrival order) among ``n``
+    in ``groups`` groups, ``r * groups // n``, without an integer division:
+    ``scale = groups / n`` (float) gives it to within one, and an integer
+    comparison on each side makes it exact."""
+    g = np.int64(r * scale)
+    x = r * groups
+    if (g + 1) * n <= x:
+        g += 1
+    elif g * n > x:
+        g -= 1
+    return g
+
+
 #: a helper called from Python on a run's outputs: it holds the GIL (a
 #: release and a retake cost more than its work while another thread of
 #: the process holds the interpreter)

@@ -81,8 +81,8 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, check_stop, draw_arrivals, drawers,
-                     extra_experts, helper, hist_bucket, kernel, step, subroutine)
+from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, arrival_group, check_stop, draw_arrivals,
+                     drawers, extra_experts, helper, hist_bucket, kernel, step, subroutine)
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
@@ -133,7 +133,8 @@ ContinuousOutputs = OUTPUTS.type
 #: first token and completion
 REQUESTS = Layout("continuous requests", ints=("preemptions",),
                   floats=("arrival", "admitted", "first_token", "completion"))
-#: the kernel's arrays: per request its arrival and, once preempted, its
+#: the kernel's arrays: per request its arrival; per preempted request, on
+#: the resumption stack (at most ``max_num_seqs`` deep), the request, its
 #: tokens generated and the time of its last token; per running sequence (a
 #: slot of ``max_num_seqs + 1``: the memory a run touches grows with the
 #: engine, not with n) its request, tokens generated (before its admission,
@@ -141,10 +142,10 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 #: round it joined the decodes at, its completion round (-1: not decoding),
 #: its links in the running list (admission order), the time of its last
 #: token, and the free slots; the links of the bins' queues; the heaps
-#: (completion rounds, by request and slot; predictions), the resumption
-#: stack, the prefill queue (slots), the bins' heads and tails, the decodes
-#: per block phase, the groups of decodes by their last token's time, the
-#: scratch of an iteration's prefill chunks, and the arrival drawer's address
+#: (completion rounds, by request and slot; predictions), the prefill
+#: queue (slots), the bins' heads and tails, the decodes per block phase,
+#: the groups of decodes by their last token's time, the scratch of an
+#: iteration's prefill chunks, and the arrival drawer's address
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
                    occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
@@ -157,7 +158,7 @@ ContinuousWorkspace = WORKSPACE.type
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
-UNSET = ("arrival", "gen", "last_pre", "qnext", "sk", "sid", "stack", "group")
+UNSET = ("arrival", "qnext", "sk", "sid", "group")
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
@@ -261,11 +262,12 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _leave(s, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree):
+def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree):
     """Request r (in slot s) completes at ``now``: out of the running list
     (``head``, ``tail``) and its slot freed (``nfree`` free slots), its
     latency into the histogram and its batch-means group (``group[r]``;
-    none given: the group of r among the ``n``), its record kept.
+    none given: the group of r among the ``n``, ``gscale`` the groups over
+    n), its record kept.
     Returns ``(head, tail, nfree)`` after."""
     if prv[s] >= 0:
         nxt[prv[s]] = nxt[s]
@@ -277,7 +279,7 @@ def _leave(s, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, o
         tail = prv[s]
     lat = now - arrival[r]
     out.hist[hist_bucket(lat)] += 1
-    g = group[r] if group.shape[0] > 0 else (r * out.group_latency.shape[0]) // n
+    g = group[r] if group.shape[0] > 0 else arrival_group(r, out.group_latency.shape[0], n, gscale)
     out.group_latency[g] += lat
     out.group_count[g] += 1
     if keep:
@@ -394,6 +396,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
+    gscale = out.group_latency.shape[0] / n if n > 0 else 0.0
 
     arrival = ws.arrival
     group = ws.group
@@ -594,7 +597,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         nxt_r, _ = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
         prefill_phase = False
         if not chunked and nxt_r >= 0 and running < cap:
-            if _blocks(np.int64(prompt[nxt_r]) + (gen[nxt_r] if nstack > 0 else 0) + 1, bs, sh) <= free:
+            if _blocks(np.int64(prompt[nxt_r]) + (gen[nstack - 1] if nstack > 0 else 0) + 1, bs, sh) <= free:
                 prefill_phase = True
         n_d = 0
         ctx = 0
@@ -636,13 +639,13 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     lt = last[sl]
                     pq_n -= 1
                     free += _blocks(need[sl] + 1, bs, sh)
-                gen[r] = g
-                last_pre[r] = lt
                 nfree = _release(sl, occ, free_slots, nfree)
                 preemptions += 1
                 if keep:
                     r_i[RQ.preemptions, r] += 1
                 stack[nstack] = r
+                gen[nstack] = g
+                last_pre[nstack] = lt
                 nstack += 1
                 want = phase[ph] if n_dec > 0 else 0
             free -= want
@@ -656,7 +659,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             for k in range(pq_n):
                 if budget <= 0:
                     break
-                sl = pq[(pq_h + k) % PQ]
+                at = pq_h + k
+                sl = pq[at if at < PQ else at - PQ]
                 c = need[sl] - pre[sl]
                 if c > budget:
                     c = budget
@@ -670,7 +674,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 from_stack = nstack > 0
                 if r < 0:
                     break
-                g0 = gen[r] if from_stack else 0
+                g0 = gen[nstack - 1] if from_stack else 0
                 L0 = np.int64(prompt[r]) + g0
                 # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone)
                 todo = L0 if from_stack or not has_cached else L0 - np.int64(cached[r])
@@ -700,7 +704,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 sl = free_slots[nfree]
                 occ[sl] = r
                 gs[sl] = g0
-                last[sl] = last_pre[r] if from_stack else 0.0
+                last[sl] = last_pre[nstack] if from_stack else 0.0
                 need[sl] = todo
                 pre[sl] = 0
                 fin[sl] = -1
@@ -712,7 +716,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     head = sl
                 tail = sl
                 running += 1
-                pq[(pq_h + pq_n) % PQ] = sl
+                at = pq_h + pq_n
+                pq[at if at < PQ else at - PQ] = sl
                 pq_n += 1
                 c = todo if todo < budget else budget
                 chunk[nc] = c
@@ -794,8 +799,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 n_main -= 1
                 fin[sl] = -1
                 free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
-                head, tail, nfree = _leave(sl, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ,
-                                           free_slots, nfree)
+                head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep,
+                                           r_f, occ, free_slots, nfree)
                 running -= 1
                 sum_lat += now - arrival[r]
                 completed += 1
@@ -830,8 +835,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             if g >= np.int64(output[r]):
                 # (g is its output now)
                 free += _freed(p, g, bs, sh, tally, memory_on)
-                head, tail, nfree = _leave(sl, r, now, n, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ,
-                                           free_slots, nfree)
+                head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep,
+                                           r_f, occ, free_slots, nfree)
                 running -= 1
                 sum_lat += now - arrival[r]
                 completed += 1
@@ -1009,7 +1014,9 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     # (the per-request arrays but the arrivals are written only for preempted requests and, with multi-bin
     # admission, queued ones: np.empty leaves the rest of their pages untouched)
     M1 = M + 1
-    ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.empty(n, np.int64), last_pre=np.empty(n),
+    # (the resumption stack holds at most max_num_seqs: a request is admitted from the queue only while it is
+    # empty and the running count is below the cap, so the running and the preempted are never more)
+    ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.empty(M1, np.int64), last_pre=np.empty(M1),
                         occ=np.full(M1, -1, np.int64), gs=np.zeros(M1, np.int64), pre=np.zeros(M1, np.int64),
                         need=np.zeros(M1, np.int64), d0=np.zeros(M1, np.int64), fin=np.full(M1, -1, np.int64),
                         prv=np.empty(M1, np.int64), nxt=np.empty(M1, np.int64), last=np.zeros(M1),
@@ -1019,7 +1026,7 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         due_prev=np.empty(M1, np.int64),
                         sk=np.empty(n if cfg["admission"] == ADMIT_SPF else 1),
                         sid=np.empty(n if cfg["admission"] == ADMIT_SPF else 1, np.int64),
-                        stack=np.empty(n, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),
+                        stack=np.empty(M1, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),
                         bt=np.empty(K, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
                         tally=np.zeros(len(TALLY), np.int64), state_i=np.zeros(len(STATE.ints), np.int64),

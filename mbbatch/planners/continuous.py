@@ -167,7 +167,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     # (a cluster's engines each have room for every request, but the pages of a request's entries are touched
     # only on the engine it is routed to: its memory is the requests' once, and each engine's records)
     E = 1 if cluster is None else cluster.policy.engines
-    per = 8 * 17 * n if cluster is None else 8 * 22 * n
+    per = 8 * 14 * n if cluster is None else 8 * 19 * n
     parts = {
         "n": (per, "the requests' arrival times, lengths, predictions, states, links and heaps"),
         "max_num_seqs": (E * 8 * 4 * (M + 1), "the prefill queue and the decodes' groups"),
