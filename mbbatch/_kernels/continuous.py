@@ -446,7 +446,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     M1 = M + 1
     nfree = 0
     if ws.state_i[ES.started] == 0:
-        draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
+        draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, np.int64(0), n, streams.arrival, arrival,
                       inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
         for b in range(K):
             bh[b] = -1
@@ -938,7 +938,7 @@ def arrival_times(fn, inv_rate, times, gen, out, params, ends):
     """The arrival times a run of ``out.size`` requests draws (by the
     arrival drawer at ``fn``, from ``gen``), into ``out``: those the
     engines of a run of several share out."""
-    draw_arrivals(fn, 0.0, inv_rate, times, 0, out.shape[0], gen, out, params, ends, np.int64(0), -1.0)
+    draw_arrivals(fn, 0.0, inv_rate, times, np.int64(0), out.shape[0], gen, out, params, ends, np.int64(0), -1.0)
 
 
 def controls(sla=None, memory=None) -> tuple:

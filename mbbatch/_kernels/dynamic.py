@@ -716,7 +716,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     now = lf[L.now]
     t_switch = lf[L.t_switch]
     routed_prefill = lf[L.routed_prefill]
-    queued = 0
+    queued = np.int64(0)   # (int64 from the start: a literal 0 would compile form_batch twice)
     for b in range(size.shape[0]):
         queued += size[b]
     # Algorithm 6's warm-up: bins are used once `warmup` predictions are seen

@@ -195,9 +195,9 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     r_f = requests[1]
 
     # the requests: arrival times and prompt lengths, one stream each
-    draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, 0, n, streams.arrival, arrival,
+    draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, np.int64(0), n, streams.arrival, arrival,
                   inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
-    draw_block(ws.draws[1], inputs.prompt_params, inputs.prompt_values, 0, n, streams.prompt, prompt)
+    draw_block(ws.draws[1], inputs.prompt_params, inputs.prompt_values, np.int64(0), n, streams.prompt, prompt)
     round_lengths(prompt, n, ci[C.integer] != 0)
 
     # the router: groups (highest ids long), pending per category

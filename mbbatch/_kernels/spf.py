@@ -135,7 +135,7 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
             p = pred[sl]
             if p < tp or (p == tp and idx[sl] < ti):
                 heap[0] = sl
-                _sift(heap, need, 0, pred, idx)
+                _sift(heap, need, np.int64(0), pred, idx)
                 t = int(heap[0])
                 tp = pred[t]
                 ti = idx[t]
@@ -144,14 +144,14 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
     ki = ti
     # the first and the last member
     first = o
-    while not _member(pred, idx, (h + first) & mask, kp, ki):
+    while not _member(pred, idx, np.uint64((h + first) & mask), kp, ki):
         first += 1
     last = m - 1
-    while not _member(pred, idx, (h + last) & mask, kp, ki):
+    while not _member(pred, idx, np.uint64((h + last) & mask), kp, ki):
         last -= 1
     if m - first + o < last - o + 1 and m + need <= mask + 1:
         # the others after the first member move forward, the members (arrival order) into the scratch
-        kept = 0
+        kept = np.int64(0)
         for r in range(first, m):
             sr = np.uint64((h + r) & mask)
             if _member(pred, idx, sr, kp, ki):
@@ -167,7 +167,7 @@ def spf_batch(q, qidx, b, h, m, nb, now, max_wait, sc):
         return (h - need) & mask
     # the others before the last member move back in their order, the members are kept (last first)
     w = last
-    kept = 0
+    kept = np.int64(0)
     for r in range(last, o - 1, -1):
         sr = np.uint64((h + r) & mask)
         if _member(pred, idx, sr, kp, ki):
