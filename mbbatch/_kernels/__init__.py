@@ -4,6 +4,8 @@ Modules
 -------
 - :mod:`.layout`: how a kernel's arguments are declared (``Layout`` for
   scalars, ``Arrays`` for arrays), once for the kernel and its callers;
+- :mod:`.bits`: the raw draws of a numpy bit generator (PCG64DXSM's step
+  inlined, any other's called);
 - :mod:`.common`: the parts both kernels use (arrival and length codes,
   blocks of random draws (compiled per kind, called by address),
   whole-token rounding, the latency histogram and

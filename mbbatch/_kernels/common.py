@@ -37,14 +37,16 @@ from numba import cfunc, njit, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 # numpy's ziggurat tables (as numba holds them) and the bit generator's raw
-# draws: the distributions are drawn below, by numpy's algorithms (so numpy's
-# numbers), written once each.  numba's own ``random_standard_*`` compile once
-# per caller's flags and take a mispredicted branch per normal draw.
+# draws (inlined for PCG64DXSM: .bits): the distributions are drawn below, by
+# numpy's algorithms (so numpy's numbers), written once each.  numba's own
+# ``random_standard_*`` compile once per caller's flags and take a
+# mispredicted branch per normal draw.
 from numba.np.random._constants import (
     fe_double, fi_double, ke_double, ki_double, we_double, wi_double, ziggurat_exp_r, ziggurat_nor_inv_r,
     ziggurat_nor_r,
 )
-from numba.np.random.generator_core import next_double, next_uint64
+
+from .bits import next_double, next_uint64
 
 #: numba's disk cache: on unless the environment says MBBATCH_NUMBA_CACHE=0
 #: (see the package's docstring)
