@@ -86,3 +86,39 @@ def test_code_loaded_from_the_disk_cache_finds_the_inlined_step(tmp_path):
     want_pcg64 = int(np.random.PCG64(7).random_raw())
     for r in runs:
         assert r["dxsm"] == [True, want_dxsm] and r["pcg64"] == [False, want_pcg64]
+
+
+_NEVER = textwrap.dedent("""
+    import json
+    import numpy as np
+    from llvmlite import binding
+    from numba import njit
+    import mbbatch._kernels.bits as bits
+
+    binding.add_symbol(bits.SYMBOL, bits._never())      # as on a numpy whose state the step cannot read
+
+    @njit
+    def probe(gen, n):
+        out = np.empty(n, np.uint64)
+        for i in range(n):
+            out[i] = bits.next_uint64(gen.bit_generator)
+        return bits.inlined(gen.bit_generator), out
+
+    fast, got = probe(np.random.Generator(np.random.PCG64DXSM(7)), 100)
+    print(json.dumps({"inlined": bool(fast), "equal": bool((got == np.random.PCG64DXSM(7).random_raw(100)).all())}))
+""")
+
+
+def test_a_numpy_whose_generator_state_the_step_cannot_read_is_called_instead(tmp_path):
+    """On this numpy the step reads PCG64DXSM's state (its address is numpy's
+    next_uint64); where it could not (a build storing the 128-bit state as
+    two halves), the symbol resolves to a function no generator draws with:
+    every draw is the generator's own call, numpy's numbers still."""
+    import ctypes
+
+    from mbbatch._kernels import bits
+
+    assert bits.ADDRESS == ctypes.cast(np.random.PCG64DXSM().ctypes.next_uint64, ctypes.c_void_p).value
+    (tmp_path / "never.py").write_text(_NEVER)
+    out = subprocess.run([sys.executable, str(tmp_path / "never.py")], check=True, capture_output=True, text=True)
+    assert json.loads(out.stdout) == {"inlined": False, "equal": True}

@@ -16,6 +16,10 @@ The check compares the generator's function address with numpy's
 PCG64DXSM ``next_uint64``, which this module gives the JIT linker under
 :data:`SYMBOL` when it is imported, so that code compiled in one process and
 loaded from the disk cache in another reads the address of its own process.
+Before it does, it checks that this numpy holds the generator's state as
+the step reads it (a native 128-bit state and increment); where not, the
+symbol names a function no generator draws with, and every draw is the
+generator's own call.
 """
 
 from __future__ import annotations
@@ -38,11 +42,34 @@ CHEAP_MULTIPLIER = 0xDA942042E4DD58B5
 TWO_M53 = 1.0 / 9007199254740992.0
 
 
+def _never() -> int:
+    """The address of a function no bit generator draws with (the linker
+    needs a symbol it can resolve; a null one it cannot)."""
+    return ctypes.cast(ctypes.pythonapi.Py_IsInitialized, ctypes.c_void_p).value
+
+
 def _dxsm_address() -> int:
-    return ctypes.cast(np.random.PCG64DXSM(0).ctypes.next_uint64, ctypes.c_void_p).value
+    """The address of numpy's PCG64DXSM ``next_uint64``, or of
+    :func:`_never` (the inlined step never taken) unless this numpy holds
+    the generator's state as the step reads it: its ``pcg64_state``
+    pointing first at the 128-bit state and increment, each a native
+    little-endian 128-bit integer (a build with emulated 128-bit arithmetic
+    stores each as two 64-bit halves, high first)."""
+    bg = np.random.PCG64DXSM(20250101)
+    want = bg.state["state"]
+    pcg = ctypes.c_void_p.from_address(bg.ctypes.state_address).value
+    words = (ctypes.c_uint64 * 4).from_address(pcg) if pcg else None
+    if words is None or not np.little_endian:
+        return _never()
+    as_int = int.from_bytes(bytes(words), "little")
+    if (as_int & ((1 << 128) - 1), as_int >> 128) != (want["state"], want["inc"]):
+        return _never()
+    return ctypes.cast(bg.ctypes.next_uint64, ctypes.c_void_p).value
 
 
-binding.add_symbol(SYMBOL, _dxsm_address())
+#: the address of the bit generators' next_uint64 the inlined step is taken for
+ADDRESS = _dxsm_address()
+binding.add_symbol(SYMBOL, ADDRESS)
 
 
 def _dxsm_step(builder, state_addr):
