@@ -31,6 +31,9 @@ from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic, register_jitable
+# (any other bit generator: called through its function pointers, as numba calls it)
+from numba.np.random.generator_core import next_double as _called_double
+from numba.np.random.generator_core import next_uint64 as _called_uint64
 
 __all__ = ["SYMBOL", "inlined", "next_double", "next_uint64"]
 
@@ -111,54 +114,30 @@ def inlined(tyctx, bits_t):
     return types.boolean(bits_t), codegen
 
 
-def _call(builder, addr, state, ret, name):
-    """The generator's own function at ``addr`` on its ``state``."""
-    fnty = ir.FunctionType(ret, (state.type,))
-    fn = cgutils.get_or_insert_function(builder.module, fnty, name)
-    return builder.call(builder.bitcast(builder.inttoptr(addr, ir.IntType(8).as_pointer()), fn.type), (state,))
-
-
 @intrinsic
-def _raw(tyctx, bits_t, as_double_t):
-    """64 raw bits of ``bits`` (a bit generator) as an integer, or, with
-    ``as_double`` (a literal), the generator's double: PCG64DXSM's inlined
-    (the double from the top 53 bits, as numpy's), another's called."""
-    if not isinstance(bits_t, types.NumPyRandomBitGeneratorType) or not isinstance(as_double_t, types.BooleanLiteral):
+def _dxsm(tyctx, bits_t):
+    """64 bits of ``bits`` (a PCG64DXSM: see :func:`inlined`) by its step, inlined."""
+    if not isinstance(bits_t, types.NumPyRandomBitGeneratorType):
         return None
-    as_double = as_double_t.literal_value
-    ret_t = types.float64 if as_double else types.uint64
 
     def codegen(ctx, builder, sig, args):
-        proxy = cgutils.create_struct_proxy(bits_t)(ctx, builder, value=args[0])
-        i64 = ir.IntType(64)
-        ll_ret = ctx.get_value_type(ret_t)
-        with builder.if_else(_is_dxsm(builder, proxy), likely=True) as (then, otherwise):
-            with then:
-                x = _dxsm_step(builder, proxy.state)
-                if as_double:
-                    x = builder.fmul(builder.uitofp(builder.lshr(x, ir.Constant(i64, 11)), ll_ret),
-                                     ir.Constant(ll_ret, TWO_M53))
-                bb_fast = builder.basic_block
-            with otherwise:
-                y = _call(builder, proxy.fnptr_next_double if as_double else proxy.fnptr_next_uint64, proxy.state,
-                          ll_ret, "next_double" if as_double else "next_uint64")
-                bb_slow = builder.basic_block
-        out = builder.phi(ll_ret)
-        out.add_incoming(x, bb_fast)
-        out.add_incoming(y, bb_slow)
-        return out
+        return _dxsm_step(builder, cgutils.create_struct_proxy(bits_t)(ctx, builder, value=args[0]).state)
 
-    return ret_t(bits_t, as_double_t), codegen
+    return types.uint64(bits_t), codegen
 
 
 @register_jitable
 def next_uint64(bits):
     """64 random bits of bit generator ``bits`` (numpy's ``next_uint64``)."""
-    return _raw(bits, False)
+    if inlined(bits):
+        return _dxsm(bits)
+    return _called_uint64(bits)
 
 
 @register_jitable
 def next_double(bits):
     """A uniform double in [0, 1) of bit generator ``bits`` (numpy's
-    ``next_double``)."""
-    return _raw(bits, True)
+    ``next_double``: for PCG64DXSM the top 53 of its 64 bits)."""
+    if inlined(bits):
+        return np.float64(_dxsm(bits) >> np.uint64(11)) * TWO_M53
+    return _called_double(bits)
