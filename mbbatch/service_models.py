@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -78,6 +79,8 @@ UNCALIBRATED_TBT = _d.UNCALIBRATED_TBT
 
 #: ``(experts, experts_per_token)`` of a dense model: the parameter table's defaults (no experts)
 DENSE = (default("IterationModel.experts"), default("IterationModel.experts_per_token"))
+#: the kernels' mixture-of-experts fields of a model without the term (per expert 0, so no experts read)
+DENSE_FIELDS = MappingProxyType(dict(per_expert=0.0, expert_span=0.0, expert_miss=1.0))
 
 # the per-batch aggregates the models read, with their units
 _UNITS = {"size": "requests", "max_seq_len": "tokens", "max_output": "tokens", "sum_prompt": "tokens",
@@ -1465,7 +1468,7 @@ class IterationModel(_Fitted):
         and :func:`extra_experts`' ``E - k`` and ``1 - k/E`` (``expert_span``,
         ``expert_miss``; 0 and 1 for a dense model, whose term is 0)."""
         if not self.experts or self.per_expert == 0.0:
-            return dict(per_expert=0.0, expert_span=0.0, expert_miss=1.0)
+            return dict(DENSE_FIELDS)
         return dict(per_expert=self.per_expert, expert_span=float(self.experts - self.experts_per_token),
                     expert_miss=1.0 - self.experts_per_token / self.experts)
 

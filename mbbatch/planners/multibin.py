@@ -20,7 +20,7 @@ from .._validation import check_servers
 from ..lengths import as_service
 from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
-from ..service_models import IterationModel, MaxModel
+from ..service_models import DENSE_FIELDS, IterationModel, MaxModel
 from ..workload import Workload
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_batch_model,
                      check_times, drawn, finish, model_config, per_bin, quantiles, resolve_n, rvs_memory, steady_state)
@@ -158,7 +158,7 @@ def _pack(plan: Plan) -> tuple:
         # (no prompts: the service kind's drawer stands in for theirs, never called)
         timing = dict(iteration=0, padded=0, prompt_kind=plan.spec.kernel_kind, base=model.base,
                       per_token=model.per_token, setup=0.0, step=0.0, prefill_per_token=0.0, per_sequence=0.0,
-                      per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0)
+                      per_context=0.0, **DENSE_FIELDS)
         prompt_params = prompt_values = np.empty(0)
     config = _k.CONFIG.pack(
         n=plan.n, arrival_kind=akind, rate=rate, service_kind=plan.spec.kernel_kind,
