@@ -306,3 +306,31 @@ def test_find_capacity_refuses_an_objective_laps_does_not_measure():
     with pytest.raises(ValueError, match="sla_violation_share is not a metric of LAPS"):
         mb.find_capacity(mb.LAPS(instances=2), workload=WL, n=100,
                          objective=mb.Objective(sla_violation_share=0.1))
+
+
+@pytest.mark.parametrize("n,groups", [(5, 32), (100, 7), (1000, 32), (1000, 64), (777, 1)])
+def test_the_backlog_checks_group_sums_are_each_arrival_groups(n, groups):
+    """The kernel's TTFT sums and counts per category and contiguous group of
+    arrivals (request r in group r * G // n, the backlog check's input; the
+    kernel keeps each request's group beside its category) equal those
+    recomputed from its per-request records, with fewer requests than
+    groups too; more groups than a request's record holds are refused."""
+    from mbbatch._kernels import laps as k
+
+    config = k.CONFIG.pack(n=n, arrival_kind=k.ARR_POISSON, prompt_kind=k.SVC_UNIFORM, integer=1, instances=3,
+                           threshold=256, max_batch=4, dual=1, dynamic=1, long0=1, keep=1, rate=40.0, window=0.005,
+                           max_batch_tokens=4000.0, interval=0.5, ratio=2.0, a=0.01, b=1e-4)
+    inputs = k.INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
+                           prompt_params=np.array([1.0, 600.0]), prompt_values=np.empty(0))
+    gen = np.random.default_rng(n)
+    out, req, code = k.run(config, inputs, k.LapsStreams(gen, gen), np.zeros(k.STOP_SIZE, np.int64), groups=groups)
+    assert code == 0
+    g = np.arange(n) * groups // n
+    count = np.zeros((2, groups), np.int64)
+    total = np.zeros((2, groups))
+    np.add.at(count, (req["category"], g), 1)
+    np.add.at(total, (req["category"], g), req["first_token"] - req["arrival"])
+    assert np.array_equal(out.group_count, count) and count.sum() == n
+    np.testing.assert_allclose(out.group_ttft, total, rtol=1e-12, atol=0.0)
+    with pytest.raises(ValueError, match=r"groups must be an integer in \[1, 64\]; got 65"):
+        k.run(config, inputs, k.LapsStreams(gen, gen), np.zeros(k.STOP_SIZE, np.int64), groups=65)

@@ -68,7 +68,8 @@ REQUESTS = Layout("LAPS requests", ints=("instance", "category"),
                   floats=("arrival", "prompt", "start", "first_token"))
 
 #: the kernel's scratch arrays: the requests (arrival, prompt, queue link,
-#: category), each instance's two queues (head, tail, length), its batch,
+#: category c and group of arrivals g as ``c + 2 g``, so at most
+#: :data:`MAX_GROUPS` groups), each instance's two queues (head, tail, length), its batch,
 #: its end time and its short window's deadline (the oldest short request's
 #: arrival + window), the router's groups and outstanding counts, and the
 #: addresses of the arrival and prompt drawers (:func:`~.common.drawers`)
@@ -219,6 +220,9 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     pending_l = 0
     last_check = -np.inf
     moves = 0
+    # the group of arrivals of the next request and the first request of the next group
+    g_arr = np.int64(0)
+    g_next = (n + G - 1) // G
     # (the time-average of the short group's size)
     short_time = 0.0
     t_prev = arrival[0] if n > 0 else 0.0
@@ -265,11 +269,13 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
                 r = batch[e, k]
                 ttft = now - arrival[r]
                 sum_ttft += ttft
-                g = (r * G) // n
-                g_ttft[cat[r], g] += ttft
-                g_count[cat[r], g] += 1
+                cg = cat[r]
+                cr = cg & 1
+                g = cg >> 1
+                g_ttft[cr, g] += ttft
+                g_count[cr, g] += 1
                 h = hist_bucket(ttft)
-                if cat[r] == SHORT:
+                if cr == SHORT:
                     sum_s += ttft
                     hist_s[h] += 1
                     pending_s -= 1
@@ -288,7 +294,11 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
             r = i
             i += 1
             c = SHORT if prompt[r] <= threshold else LONG
-            cat[r] = c
+            # its group of arrivals, r * G // n, by the groups' first requests (one division a group)
+            while r >= g_next:
+                g_arr += 1
+                g_next = ((g_arr + 1) * n + G - 1) // G
+            cat[r] = c | (g_arr << 1)
             if c == SHORT:
                 n_short += 1
             # the router: rebalance if due, then the least-outstanding instance of the group
@@ -365,6 +375,10 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     return code
 
 
+#: the most groups of arrivals the backlog check can ask for (a request's category and group share an int8)
+MAX_GROUPS = 64
+
+
 def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, groups: int = 1):
     """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``,
     with ``groups`` contiguous groups of arrivals for the backlog check:
@@ -374,6 +388,8 @@ def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, grou
     kernel's code (1: stopped by ``stop[STOP]``; ``stop[ARRIVED]`` gets the
     requests arrived so far every 65,536 events)."""
     check_stop(stop)
+    if not 1 <= groups <= MAX_GROUPS:
+        raise ValueError(f"groups must be an integer in [1, {MAX_GROUPS}]; got {groups!r}")
     cfg = CONFIG.unpack(config)
     n, E, B = cfg["n"], cfg["instances"], cfg["max_batch"]
     ints, floats = STATS.zeros(last_completion=-np.inf)
