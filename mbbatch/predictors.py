@@ -51,6 +51,14 @@ class Predictor:
         """The predictions given per request (empty: none)."""
         return _EMPTY
 
+    def predict(self, true: np.ndarray, draws) -> np.ndarray:
+        """The predictions of the true values ``true`` (one per request, in
+        request order), made in numpy before a run (the continuous-batching
+        engine's); ``draws()`` gives the generator of the prediction stream,
+        asked for only by a predictor that draws.  The oracle's are the true
+        values themselves."""
+        return true
+
     def event_fields(self) -> dict:
         """The event kernel's predictor fields: its code, its log-normal
         error (0: none) and its bin confusion's probability (1: none)."""
@@ -87,6 +95,9 @@ class LogNormalError(Predictor):
     def param(self) -> float:
         return self.sigma
 
+    def predict(self, true: np.ndarray, draws) -> np.ndarray:
+        return true * np.exp(self.sigma * draws().standard_normal(true.size))
+
     def describe(self) -> dict:
         return {"predictor": "lognormal_error", "predictor_sigma": self.sigma}
 
@@ -110,6 +121,10 @@ class BinConfusion(Predictor):
     def param(self) -> float:
         return self.p
 
+    def predict(self, true: np.ndarray, draws) -> np.ndarray:
+        raise TypeError("BinConfusion predicts a request's bin, not its length: a policy without bins takes "
+                        "Oracle(), LogNormalError(sigma) or Predictions(values)")
+
     def describe(self) -> dict:
         return {"predictor": "bin_confusion", "predictor_p": self.p}
 
@@ -131,6 +146,10 @@ class Predictions(Predictor):
     @property
     def given(self) -> np.ndarray:
         return self.values
+
+    def predict(self, true: np.ndarray, draws) -> np.ndarray:
+        """The values given, repeated end to end to one per request."""
+        return np.resize(np.asarray(self.values, dtype=float), true.size)
 
     def describe(self) -> dict:
         return {"predictor": "predictions", "n_predictions": int(self.values.size)}

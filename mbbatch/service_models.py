@@ -1283,6 +1283,11 @@ class PrefillModel(_Fitted):
         """Time of a prefill batch of one request of ``prompt`` tokens, s."""
         return self.a + self.b * prompt
 
+    def prefill_model(self) -> "PrefillModel":
+        """Its prefill batches' model: itself (as
+        :meth:`IterationModel.prefill_model` gives an engine's)."""
+        return self
+
     def _service(self, sum_prompt, **_):
         return self.a + self.b * sum_prompt
 

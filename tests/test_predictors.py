@@ -171,3 +171,23 @@ def test_multibin_dynamic_takes_the_users_predictions():
     with pytest.raises(ValueError, match="not both"):
         mb.simulate(mb.MultiBinDynamic(bins=4, predictor=mb.BinConfusion(0.5)), arrivals=mb.Poisson(rate=3.0),
                     workload=mb.Workload(prompt=WL.prompt, output=WL.output, predictor_sigma=0.5), n=2000)
+
+
+def test_each_predictor_predicts_lengths_before_a_run():
+    """Predictor.predict (the continuous engine's predictions, made in numpy):
+    the oracle gives the true values and draws nothing, the log-normal error
+    multiplies them by exp(sigma Z) from the prediction stream, the given
+    predictions repeat end to end, and a bin confusion, which has no length
+    to give, is refused by name."""
+    true = np.array([3.0, 10.0, 50.0, 7.0, 1.0])
+
+    def no_draws():
+        raise AssertionError("the predictor drew")
+
+    assert mb.Oracle().predict(true, no_draws) is true
+    z = np.random.default_rng(5).standard_normal(true.size)
+    got = mb.LogNormalError(0.4).predict(true, lambda: np.random.default_rng(5))
+    assert np.array_equal(got, true * np.exp(0.4 * z))
+    assert mb.Predictions(np.array([2.0, 4.0])).predict(true, no_draws).tolist() == [2.0, 4.0, 2.0, 4.0, 2.0]
+    with pytest.raises(TypeError, match="BinConfusion predicts a request's bin, not its length"):
+        mb.BinConfusion(0.9).predict(true, no_draws)

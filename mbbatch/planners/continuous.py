@@ -22,7 +22,7 @@ from .._kernels import continuous_cluster as _cc
 from .._kernels import controller as _c
 from .._running import check_memory, interruptible, stop_flag
 from .._seeding import STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
-from ..predictors import LogNormalError, Oracle, Predictions
+from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
@@ -195,15 +195,7 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) 
     if prompt is None:
         prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True)
         output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
-    pr = plan.predictor
-    if isinstance(pr, Oracle):
-        prediction = output
-    elif isinstance(pr, LogNormalError):
-        prediction = output * np.exp(pr.sigma * stream(ss, STREAM_PREDICTION).standard_normal(n))
-    elif isinstance(pr, Predictions):
-        prediction = np.resize(np.asarray(pr.values, dtype=float), n)
-    else:       # pragma: no cover (the policy refuses the others)
-        raise TypeError(f"predictor {pr!r}")
+    prediction = plan.predictor.predict(output, lambda: stream(ss, STREAM_PREDICTION))
     # (the longest prompt and output first: the requests' sums only where they might not fit)
     longest_p, longest_o = float(prompt.max(initial=0.0)), float(output.max(initial=0.0))
     if math.isfinite(pol.kv_tokens) and longest_p + longest_o > pol.kv_tokens // pol.block_size * pol.block_size:

@@ -112,12 +112,11 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         raise ValueError(f"servers does not apply to LAPS: its instances are LAPS(instances=...); got servers = "
                          f"{servers!r}")
     model = PrefillModel() if service_model is None else service_model
-    if isinstance(model, IterationModel):
-        # an engine's prefill batch is one prefill iteration: exactly a PrefillModel
-        model = model.prefill_model()
-    if not isinstance(model, PrefillModel):
+    if not isinstance(model, (PrefillModel, IterationModel)):
         raise TypeError(f"LAPS takes service_model=PrefillModel(a, b) (a prefill batch takes a + b x its prompt "
                         f"tokens) or an IterationModel (its prefill iteration); got {type(model).__name__}")
+    # (an engine's prefill batch is one prefill iteration: exactly a PrefillModel)
+    model = model.prefill_model()
     check_arrivals(arrivals)
     n = resolve_n(n, arrivals, [("workload.prompt", workload._prompt)])
     E = policy.instances
