@@ -35,6 +35,33 @@ bins = [1, 3]
 rate = [0.2, 0.5, 2.0]
 """
 
+def cli_run(*args, cwd=None) -> subprocess.CompletedProcess:
+    """``mbbatch ARGS`` run in this process (``mbbatch.cli.main``, as the
+    ``mbbatch`` script calls it), its output captured: its exit status (an
+    argparse exit's too), stdout and stderr, as ``subprocess.run`` gives a
+    process's.  A test of what only a process shows (a signal, the script
+    itself) runs one; the rest save its start-up (seconds each)."""
+    import contextlib
+    import io
+
+    from mbbatch import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = [str(a) for a in args]
+    with contextlib.ExitStack() as stack:
+        if cwd is not None:
+            here = os.getcwd()
+            os.chdir(cwd)
+            stack.callback(os.chdir, here)
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:           # argparse: --help, a bad flag
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(["mbbatch", *argv], code, out.getvalue(), err.getvalue())
+
+
 #: deterministic attrs: everything but the volatile git state of a work tree
 VOLATILE_ATTRS = {"git_commit"}
 

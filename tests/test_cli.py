@@ -12,12 +12,12 @@ import pytest
 
 from mbbatch import cli
 
-from .helpers import ROOT, SMALL, take_ctrl_c, write
+from .helpers import ROOT, SMALL, cli_run, take_ctrl_c, write
 
 
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "mbbatch.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+#: ``mbbatch ARGS`` in this process (tests/helpers.cli_run); the tests of a signal and of the script itself
+#: run a process
+run = cli_run
 
 
 def one_line_error(r, *needles):
@@ -104,14 +104,15 @@ def test_ctrl_c_stops_a_one_worker_sweep_within_seconds(tmp_path):
     assert took < 10, took
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "mbbatch.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+run_cli = cli_run
 
 
 def test_cli_help_and_theory():
-    r = run_cli("--help")
+    # (the script itself, once, as a process)
+    r = subprocess.run([sys.executable, "-m", "mbbatch.cli", "--help"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and "sweep" in r.stdout and "figures" in r.stdout and "theory" in r.stdout
+    assert run_cli("--help").stdout == r.stdout
     r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "4")
     assert r.returncode == 0 and float(r.stdout) == pytest.approx(9.970261906558987, rel=1e-12)
     r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "0")

@@ -23,7 +23,7 @@ from mbbatch.sweeps import StoreNote, SweepError, run_sweep, run_sweeps
 from mbbatch.sweeps.cells import point_objects
 from mbbatch.sweeps.spec import SpecError, load_spec
 
-from .helpers import SLOW, SMALL, TOKEN, assert_identical, start_sweep, write
+from .helpers import SLOW, SMALL, TOKEN, assert_identical, cli_run, start_sweep, write
 
 @pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
 def test_adding_grid_values_never_changes_a_cell(tmp_path):
@@ -570,15 +570,10 @@ def test_a_capacity_sweep_replays_a_trace_at_the_rates_it_searches(tmp_path):
 
 
 def test_the_capacity_command_runs_capacity_specs_only(tmp_path):
-    import subprocess
-
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    r = subprocess.run([sys.executable, "-m", "mbbatch.cli", "capacity", str(write(tmp_path, SMALL)),
-                        "--out", str(tmp_path / "s.zarr")], capture_output=True, text=True, env=env)
+    r = cli_run("capacity", write(tmp_path, SMALL), "--out", tmp_path / "s.zarr")
     assert r.returncode != 0 and "no [capacity] table" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "mbbatch.cli", "capacity", str(write(tmp_path, CAPACITY_SPEC, "c.toml")),
-                        "--out", str(tmp_path / "c.zarr"), "--workers", "1", "--quiet"], capture_output=True,
-                       text=True, env=env)
+    r = cli_run("capacity", write(tmp_path, CAPACITY_SPEC, "c.toml"), "--out", tmp_path / "c.zarr", "--workers", "1",
+                "--quiet")
     assert r.returncode == 0 and "capk: 4 grid points done" in r.stdout, r.stderr
     # then each search, one line a grid point, as stored
     ds = xr.open_zarr(tmp_path / "c.zarr").load()

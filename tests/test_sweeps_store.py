@@ -20,16 +20,15 @@ from mbbatch.sweeps import check_store, run_sweep
 from mbbatch.sweeps import store
 from mbbatch.sweeps.store import StoreNote, SweepError
 
-from .helpers import ROOT, SLOW, SMALL, assert_identical, start_sweep, write
+from .helpers import ROOT, SLOW, SMALL, assert_identical, cli_run, start_sweep, write
 
 pytestmark = pytest.mark.filterwarnings("ignore::mbbatch.results.UnstableWarning")
 
 TINY = SMALL.replace("n = 4000", "n = 600").replace("reps = 3", "reps = 2")
 
 
-def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "mbbatch.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+#: ``mbbatch ARGS`` in this process (the concurrent sweeps below run processes)
+cli = cli_run
 
 
 def tree(path: Path) -> dict:
