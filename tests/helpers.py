@@ -35,6 +35,7 @@ bins = [1, 3]
 rate = [0.2, 0.5, 2.0]
 """
 
+
 def cli_run(*args, cwd=None) -> subprocess.CompletedProcess:
     """``mbbatch ARGS`` run in this process (``mbbatch.cli.main``, as the
     ``mbbatch`` script calls it), its output captured: its exit status (an

@@ -104,18 +104,15 @@ def test_ctrl_c_stops_a_one_worker_sweep_within_seconds(tmp_path):
     assert took < 10, took
 
 
-run_cli = cli_run
-
-
 def test_cli_help_and_theory():
     # (the script itself, once, as a process)
     r = subprocess.run([sys.executable, "-m", "mbbatch.cli", "--help"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0 and "sweep" in r.stdout and "figures" in r.stdout and "theory" in r.stdout
-    assert run_cli("--help").stdout == r.stdout
-    r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "4")
+    assert run("--help").stdout == r.stdout
+    r = run("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "4")
     assert r.returncode == 0 and float(r.stdout) == pytest.approx(9.970261906558987, rel=1e-12)
-    r = run_cli("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "0")
+    r = run("theory", "throughput", "--B", "128", "--l-min", "1", "--l-max", "20", "--k", "0")
     assert r.returncode == 2 and "--bins (k) must be" in r.stderr
     # an error names the flag (the paper's symbol beside it), its numbers plain
     for args, needle in ((["throughput", "--batch-size", "0", "--l-min", "1", "--l-max", "20", "--bins", "2"],
@@ -124,11 +121,11 @@ def test_cli_help_and_theory():
                            "--rate", "-1"], "error: --rate (lam) must be in (0, inf); got -1.0"),
                          (["service-time", "--batch-size", "8", "--l-min", "5", "--l-max", "2", "--bins", "2"],
                           "error: --l-max must be greater than l_min; got l_max=2.0, l_min=5.0")):
-        assert needle in one_line_error(run_cli("theory", *args))
-    r = run_cli("theory", "batch-service-time", "--dist", "expon", "--scale", "10", "--B", "200",
+        assert needle in one_line_error(run("theory", *args))
+    r = run("theory", "batch-service-time", "--dist", "expon", "--scale", "10", "--B", "200",
                 "--edges", "0", "inf")
     assert r.returncode == 0 and float(r.stdout) == pytest.approx(58.780309481214, rel=1e-12)  # H_200 / 0.1
-    r = run_cli("theory", "optimal-boundaries", "--dist", "nosuch", "--B", "4", "--k", "2")
+    r = run("theory", "optimal-boundaries", "--dist", "nosuch", "--B", "4", "--k", "2")
     assert r.returncode == 2 and "dist" in r.stderr
 
 
@@ -141,7 +138,7 @@ def test_theory_edges_take_a_rule_as_a_spec_names_it():
     from mbbatch.lengths import as_service
 
     def value(*args):
-        r = run_cli("theory", "batch-service-time", *args)
+        r = run("theory", "batch-service-time", *args)
         assert r.returncode == 0, r.stderr
         return float(r.stdout)
 
@@ -158,7 +155,7 @@ def test_theory_edges_take_a_rule_as_a_spec_names_it():
     for args, needle in (((*exp, "--edges", "optimal"), "--edges optimal needs --bins (k)"),
                          ((*uni, "--edges", "lemma_a1", "--bins", "2"), "--edges lemma_a1 is Lemma A.1's edges"),
                          ((*exp, "--edges", "wide"), "--edges takes k+1 numbers or one of equal_mass")):
-        assert needle in one_line_error(run_cli("theory", "batch-service-time", *args))
+        assert needle in one_line_error(run("theory", "batch-service-time", *args))
 
 
 
@@ -171,7 +168,7 @@ def test_cli_theory_on_a_measured_engine():
     from mbbatch import theory
 
     lengths = ["--prompt-median", "256", "--prompt-sigma", "0.6", "--output-median", "128", "--output-sigma", "1"]
-    r = run_cli("theory", "iteration-batch-service-time", "--batch-size", "32", "--bins", "4", "--finished", "stay",
+    r = run("theory", "iteration-batch-service-time", "--batch-size", "32", "--bins", "4", "--finished", "stay",
                 *lengths)
     wl = mb.Workload(prompt=st.lognorm(0.6, scale=256), output=st.lognorm(1.0, scale=128))
     model = mb.IterationModel(**{**vars(mb.profiles.get(mb.profiles.DEFAULT)), "finished": "stay"})
@@ -181,16 +178,16 @@ def test_cli_theory_on_a_measured_engine():
     pv, pw = theory.integer_lengths(wl._prompt.dist)
     want = theory.iteration_batch_service_time(model, ov, 32, edges, prompt_mean=float(pv @ pw), weights=ow)
     assert r.returncode == 0 and float(r.stdout) == pytest.approx(want, rel=1e-12)
-    r = run_cli("theory", "iteration-batch-service-time", "--batch-size", "32", "--bins", "4", "--profile", "x",
+    r = run("theory", "iteration-batch-service-time", "--batch-size", "32", "--bins", "4", "--profile", "x",
                 *lengths)
     assert r.returncode == 2 and "--profile must be one of the 227 shipped profiles" in one_line_error(r)
-    r = run_cli("theory", "iteration-batch-service-time", "--batch-size", "0", "--bins", "4", *lengths)
+    r = run("theory", "iteration-batch-service-time", "--batch-size", "0", "--bins", "4", *lengths)
     assert r.returncode == 2 and "--batch-size must be an integer in [1, inf); got 0" in one_line_error(r)
 
 
 def test_cli_sweep_reports_bad_spec(tmp_path):
     p = write(tmp_path, SMALL.replace("reps = 3", "reps = -1"), "bad.toml")
-    r = run_cli("sweep", str(p), "--out", str(tmp_path / "x.zarr"))
+    r = run("sweep", str(p), "--out", str(tmp_path / "x.zarr"))
     assert r.returncode == 2 and "reps" in r.stderr and "bad.toml" in r.stderr
     assert not (tmp_path / "x.zarr").exists()
 
@@ -198,7 +195,7 @@ def test_cli_sweep_reports_bad_spec(tmp_path):
 def test_cli_sweep_progress_lines_when_not_a_tty(tmp_path):
     p = write(tmp_path, SMALL)
     out = tmp_path / "s.zarr"
-    r = run_cli("sweep", str(p), "--out", str(out), "--workers", "1")
+    r = run("sweep", str(p), "--out", str(out), "--workers", "1")
     assert r.returncode == 0, r.stderr
     assert "ETA" in r.stderr and "requests/s" in r.stderr and "cells" in r.stderr
     assert "\r" not in r.stderr                       # plain lines, no bar redraws
@@ -342,9 +339,9 @@ def test_sweep_skips_a_spec_whose_trace_is_absent_only_when_asked(tmp_path):
     spec = tmp_path / "t.toml"
     spec.write_text('name = "t"\npolicy = "multibin"\narrivals = "trace"\nreps = 1\nseed = 1\n'
                     '[workload]\ntrace = "absent.csv"\n[params]\nn = 10\nbins = 2\nbatch_size = 2\n')
-    r = run_cli("sweep", str(spec), "--out-dir", str(tmp_path / "res"))
+    r = run("sweep", str(spec), "--out-dir", str(tmp_path / "res"))
     assert r.returncode == 2 and "no trace file 'absent.csv'" in r.stderr and "AzurePublicDataset" in r.stderr
-    r = run_cli("sweep", str(spec), "--out-dir", str(tmp_path / "res"), "--skip-missing-traces")
+    r = run("sweep", str(spec), "--out-dir", str(tmp_path / "res"), "--skip-missing-traces")
     assert r.returncode == 0 and "note: skipped" in r.stderr, r.stderr
     assert not (tmp_path / "res" / "t.zarr").exists()
 
