@@ -73,7 +73,8 @@ def test_across_profiles_the_median_held_out_error():
     errors, 95 % confidence each), significantly worse on none, and its median held-out error is above
     DecodeModel's on 3 (Gaudi2 with DeepSpeed, 4.95 against 4.60 % and 4.64 against 3.79 %; SambaNova,
     9.9 against 5.4 %; p = 0.59, 0.40 and 0.35 that it is not worse: 11 to 16 rows each, whose
-    measurements are not monotone in size and length)."""
+    measurements are not monotone in size and length), where the two medians do not tell the models
+    apart (the next test)."""
     from scipy.stats import wilcoxon
 
     t = profiles.list()
@@ -97,6 +98,50 @@ def test_across_profiles_the_median_held_out_error():
     assert sorted(worse) == ["Gaudi2/Deepspeed/Meta-Llama-3-8B/tp8", "Gaudi2/Deepspeed/Mistral-7B-v0.1/tp8",
                              "SN40L/sambaflow/Meta-Llama-3-8B/tp8"]
 
+
+#: the profiles whose IterationModel median held-out error is above DecodeModel's (above), and one
+#: of as few rows whose is well below (2.9 against 4.2 %)
+TIED = ("Gaudi2/Deepspeed/Meta-Llama-3-8B/tp8", "Gaudi2/Deepspeed/Mistral-7B-v0.1/tp8",
+        "SN40L/sambaflow/Meta-Llama-3-8B/tp8")
+APART = "Gaudi2/Deepspeed/Qwen2-7B/tp8"
+
+
+def _medians_above(name: str, draws: int, rng) -> int:
+    """Of ``draws`` sets of times drawn from the profile's own fitted IterationModel, on its rows,
+    with log-normal noise of its residuals' spread (robust: their median absolute relative
+    residual / 0.6745, by the fit's degrees of freedom), how many refits give IterationModel the
+    larger median held-out error than DecodeModel's, each fitted as the test above fits them."""
+    rows = profiles.measurements(name)
+    keep = ~rows.excluded
+    batches = {k: rows[k][keep] for k in ("size", "prompt", "output")}
+    fit = profiles.fit(name)
+    mean = np.asarray(fit.model.service_time(**batches), dtype=float)
+    rel = (rows.service[keep] - mean) / mean
+    sigma = float(np.median(np.abs(rel)) / 0.6745 * np.sqrt(rel.size / fit.dof))
+    above = 0
+    for _ in range(draws):
+        service = mean * np.exp(sigma * rng.standard_normal(mean.size) - sigma * sigma / 2.0)
+        it = mb.IterationModel.fit({**batches, "service": service}, weights="relative")
+        dec = mb.DecodeModel.fit({**batches, "service": service})
+        above += it.holdout_error > dec.holdout_error
+    return above
+
+
+def test_on_three_profiles_the_two_medians_do_not_tell_the_models_apart():
+    """Why no refit puts IterationModel's median below DecodeModel's on every profile: on the three
+    where it is above, even times drawn from their own fitted IterationModel (the true model by
+    construction) with their noise give it the larger median in more than a third of the draws
+    (measured 36, 38 and 38 % of 400), so a correct model passes on all three with a chance of
+    about 0.25; on a profile of as few rows whose models differ (APART), in 1 %.  The bounds are
+    exact binomial (Clopper-Pearson) 95 % confidence bounds on that probability from 150 draws."""
+    from scipy.stats import binomtest
+
+    rng = np.random.default_rng(20261127)
+    draws = 150
+    for name in TIED:
+        lo = binomtest(_medians_above(name, draws, rng), draws).proportion_ci(0.95, method="exact").low
+        assert lo > 0.2, name
+    assert binomtest(_medians_above(APART, draws, rng), draws).proportion_ci(0.95, method="exact").high < 0.1
 
 def test_the_mixtures_of_experts_fit_their_expert_reads():
     """Mixtral's profiles fit per_expert, the time to read one expert's weights: on vLLM, which reads
