@@ -8,7 +8,7 @@ import numpy as np
 from mbbatch import figures, profiles
 from mbbatch.figures import hardware
 
-from .figure_datasets import MARKS, results  # noqa: F401  (fixtures)
+from .figure_datasets import MARKS
 
 pytestmark = MARKS
 
@@ -44,12 +44,6 @@ def test_carried_is_the_last_stable_rate_before_the_first_unstable():
     s = {"rate": np.array([0.5, 1.0, 2.0, 3.0]), "unstable": np.array([False, False, True, False])}
     assert hardware._carried(s) == 1.0
     assert hardware._carried({**s, "unstable": np.ones(4, bool)}) == 0.0
-
-
-def test_the_policy_figures_draw(results, tmp_path):
-    files = figures.make_figures(results, tmp_path, only=["hardware_policies", "hardware_trace"])
-    assert [f.name for f in files] == ["hardware_policies.png", "hardware_policies.pdf", "hardware_trace.png",
-                                       "hardware_trace.pdf"]
 
 
 def test_the_multibin_figure_draws_from_its_sweep(tmp_path):
