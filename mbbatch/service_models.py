@@ -412,7 +412,8 @@ class FitResult:
         without it (leave-one-out; 10-fold, rows ``i % 10`` held out in
         turn, above 200 rows); NaN where the held-out fits are undetermined.
     holdout : str
-        ``"leave-one-out"`` or ``"10-fold"``.
+        ``"leave-one-out"``, ``"10-fold"``, or ``"none"`` (``fit(...,
+        holdout=False)``: not estimated).
     holdout_errors : ndarray
         Each positive measured time's relative error held out (NaN where its held-out
         fit is undetermined): ``holdout_error`` is their median; two models'
@@ -450,7 +451,8 @@ class FitResult:
         name = type(self.model).__name__ if self.model is not None else "no model (a parameter at its bound)"
         lines = [f"{name} fitted to {self.n} measured times ({self.weights} least squares): rmse = "
                  f"{self.rmse:.6g} s, R^2 = {self.r2:.6f}, relative error median {self.median_error:.2%}, "
-                 f"max {self.max_error:.2%}, {self.holdout} {self.holdout_error:.2%}"]
+                 f"max {self.max_error:.2%}" + (f", {self.holdout} {self.holdout_error:.2%}"
+                                               if self.holdout != "none" else "")]
         for k, v in self.params.items():
             mark = " (at bound)" if k in self.at_bound else ""
             lines.append(f"  {k} = {v:.6g} +/- {self.stderr[k]:.3g}{mark}")
@@ -722,7 +724,7 @@ class _Fitted:
         return np.vstack(designs), np.concatenate(ys), kinds
 
     @classmethod
-    def fit(cls, measurements, weights: str = "absolute", **fixed) -> FitResult:
+    def fit(cls, measurements, weights: str = "absolute", holdout: bool = True, **fixed) -> FitResult:
         """Fit the model's parameters to measured batch times.
 
         The times are linear in coefficients ``c >= 0`` (products such as
@@ -758,6 +760,12 @@ class _Fitted:
             of the residuals relative to the measured times (for times that
             span orders of magnitude, as batches of 1 to 256 requests of 128
             to 2,048 tokens do); every measured time must then be positive.
+        holdout : bool
+            Whether to estimate the held-out error (``holdout_error``), which
+            refits without each row (leave-one-out, 10-fold above 200 rows):
+            most of a fit's time.  ``False`` skips it (``holdout`` is
+            ``"none"``, the held-out errors NaN), for fits repeated many
+            times (a bootstrap, a Monte Carlo of the fit).
         **fixed
             Fields that are not fitted, passed to the model (``feedback``
             of :class:`CalibratedModel`, ``finished`` of :class:`IterationModel`).
@@ -786,6 +794,8 @@ class _Fitted:
                             f"the fields it takes fixed are: {', '.join(cls._fixed_fields()) or 'none'}")
         if weights not in ("absolute", "relative"):
             raise ValueError(f"{owner}: weights must be 'absolute' or 'relative'; got {weights!r}")
+        if not isinstance(holdout, (bool, np.bool_)):
+            raise TypeError(f"{owner}: holdout must be True or False; got {holdout!r}")
         design, y, kinds = cls._fit_rows(owner, measurements, fixed)
         active = cls._fitted_params(fixed)
         # the columns of the parameters fitted (a dense IterationModel fits no per_expert), C-ordered
@@ -832,8 +842,11 @@ class _Fitted:
         rss = float(resid @ resid)
         pos = y > 0.0
         rel = np.abs(resid[pos]) / y[pos]
-        pred, scheme = _holdout_errors(design_fit * w[:, None], y * w)
-        held_rel = np.abs(pred / w - y)[pos] / y[pos]
+        if holdout:
+            pred, scheme = _holdout_errors(design_fit * w[:, None], y * w)
+            held_rel = np.abs(pred / w - y)[pos] / y[pos]
+        else:
+            scheme, held_rel = "none", np.full(int(pos.sum()), math.nan)
         return FitResult(model=model, params=params,
                          stderr={k: float(math.sqrt(max(cov[i, i], 0.0))) for i, k in enumerate(cls._params)},
                          covariance=cov, rmse=math.sqrt(rss / n), r2=1.0 - rss / tss if tss > 0 else math.nan,

@@ -475,7 +475,7 @@ def test_fit_standard_errors_match_the_noise(true):
     covered = dict.fromkeys(true._params, 0)
     s2 = []
     for _ in range(REPS):
-        res = type(true).fit(_rows(true, n, rng, sigma))
+        res = type(true).fit(_rows(true, n, rng, sigma), holdout=False)
         for k in true._params:
             covered[k] += abs(res.params[k] - getattr(true, k)) <= tq * res.stderr[k]
         s2.append(res.rmse ** 2 * n / res.dof)
@@ -724,6 +724,17 @@ def test_fit_holdout_error_is_leave_one_out():
         errs.append(abs(pred - rows["service"][i]) / rows["service"][i])
     assert res.holdout_error == pytest.approx(np.median(errs), rel=1e-9)
     assert res.median_error < res.holdout_error < 0.1 and res.max_error >= res.median_error
+    # without the held-out refits: the same fit, no held-out error
+    quick = IterationModel.fit(rows, weights="relative", holdout=False)
+    assert quick.holdout == "none" and np.isnan(quick.holdout_error) and np.isnan(quick.holdout_errors).all()
+    assert quick.holdout_errors.size == res.holdout_errors.size and "none" not in str(quick)
+    for k in ("params", "rmse", "r2", "n", "dof", "at_bound", "median_error", "max_error"):
+        assert getattr(quick, k) == getattr(res, k), k
+    assert quick.stderr.keys() == res.stderr.keys()     # (NaN where a parameter is not fitted)
+    assert np.array_equal(list(quick.stderr.values()), list(res.stderr.values()), equal_nan=True)
+    assert quick.model == res.model and np.array_equal(quick.covariance, res.covariance, equal_nan=True)
+    with pytest.raises(TypeError, match="IterationModel.fit: holdout must be True or False; got 'no'"):
+        IterationModel.fit(rows, holdout="no")
 
 
 def test_fit_takes_the_phases_only_where_the_model_times_them():
