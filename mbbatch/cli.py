@@ -524,9 +524,10 @@ def _dispatch(args) -> int:
                                  "(a spec without a rate axis and with [capacity]); run it with `mbbatch sweep`")
         if not specs:
             return 0
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
+        caught = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 if args.out is not None:
                     ds = run_sweep(specs[0], args.out, scheduler=args.scheduler, workers=args.workers,
                                    overwrite=args.overwrite, netcdf=args.netcdf, progress=not args.quiet)
@@ -536,9 +537,10 @@ def _dispatch(args) -> int:
                                       overwrite=args.overwrite, rebuild_stale=args.rebuild_stale,
                                       progress=not args.quiet)
                     done = [(ds, Path(args.out_dir) / f"{ds.attrs['name']}.zarr") for ds, _ in runs]
-            finally:
-                _print_warnings(caught)
-                caught.clear()
+        finally:
+            # (outside the recording: there warnings.showwarning would record each warning shown again,
+            # onto the list being shown, without end)
+            _print_warnings(caught)
         for ds, out in done:
             print(f"{ds.attrs['name']}: {int(ds['done'].sum())} grid points done in {out}")
             if "sim_capacity" in ds:

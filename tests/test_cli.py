@@ -104,6 +104,32 @@ def test_ctrl_c_stops_a_one_worker_sweep_within_seconds(tmp_path):
     assert took < 10, took
 
 
+WARNS_THEN_STOPS = """
+import sys, warnings
+import mbbatch.sweeps
+from mbbatch import cli
+
+def run_sweep(*args, **kwargs):
+    warnings.warn("a warning neither unstable nor a store note", RuntimeWarning)
+    raise KeyboardInterrupt
+
+mbbatch.sweeps.run_sweep = run_sweep
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_sweeps_other_warnings_are_shown_once_and_the_command_ends(tmp_path):
+    """A warning other than the sweep's own (here as an interrupted store write leaves one: a coroutine
+    never awaited) is shown once after the run, and the command ends: shown while still recording, each
+    was recorded again onto the list being shown, without end (a process, so that a regression fails
+    on the timeout instead of hanging the suite)."""
+    spec = write(tmp_path, SMALL)
+    r = subprocess.run([sys.executable, "-c", WARNS_THEN_STOPS, "sweep", str(spec), "--out", str(tmp_path / "s.zarr")],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 130, r.stderr
+    assert r.stderr.count("RuntimeWarning: a warning neither unstable nor a store note") == 1, r.stderr
+    assert "interrupted" in r.stderr
+
 def test_cli_help_and_theory():
     # (the script itself, once, as a process)
     r = subprocess.run([sys.executable, "-m", "mbbatch.cli", "--help"], capture_output=True, text=True,

@@ -511,11 +511,14 @@ class _Run:
         bar = _Progress(len(self.tasks) * spec.reps, int(next(iter(self.n_cell.values()), 0)), spec.name,
                         self.progress)
         try:
-            if self.fresh:
-                store.create(self.ds, _encoding(spec, self.ds), out, replace=self.exists)
-                self.values = {var: self.ds[var].values.copy() for var in self.ds.data_vars if var != "done"}
-            values = self.values
-            writer = store.BlockWriter(out, spec.shape, list(values))
+            # made and opened whole: a Ctrl-C meanwhile waits for it (a zarr operation cut short
+            # leaves its event loop's tasks pending, and their warnings)
+            with whole():
+                if self.fresh:
+                    store.create(self.ds, _encoding(spec, self.ds), out, replace=self.exists)
+                    self.values = {var: self.ds[var].values.copy() for var in self.ds.data_vars if var != "done"}
+                values = self.values
+                writer = store.BlockWriter(out, spec.shape, list(values))
         except BaseException:
             self.close()
             bar.close()
