@@ -109,8 +109,8 @@ APART = "Gaudi2/Deepspeed/Qwen2-7B/tp8"
 def _medians_above(name: str, draws: int, rng) -> int:
     """Of ``draws`` sets of times drawn from the profile's own fitted IterationModel, on its rows,
     with log-normal noise of its residuals' spread (robust: their median absolute relative
-    residual / 0.6745, by the fit's degrees of freedom), how many refits give IterationModel the
-    larger median held-out error than DecodeModel's, each fitted as the test above fits them."""
+    residual / 0.6745, times sqrt(rows / degrees of freedom)), how many refits give IterationModel
+    the larger median held-out error than DecodeModel's, each fitted as the test above fits them."""
     rows = profiles.measurements(name)
     keep = ~rows.excluded
     batches = {k: rows[k][keep] for k in ("size", "prompt", "output")}
