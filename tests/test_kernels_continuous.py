@@ -301,3 +301,127 @@ def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
         for a, b in zip(one.requests, many.requests):
             np.testing.assert_array_equal(a, b)
     assert paused > 50
+
+
+# --- the engine's choices (docs/guide/continuous.md, "The engine's choices"): a test each ------------------------
+
+#: iterations of a quarter of a second whatever they do: every time below is exact
+QUARTER = dict(step=0.25, prefill_per_token=0.0, per_sequence=0.0, per_context=0.0, per_expert=0.0,
+               expert_span=0.0, expert_miss=1.0)
+
+
+def _blocks_held(p, o):
+    """The KV blocks (of 4 tokens) one request of prompt ``p`` and output ``o`` holds at each of its iterations."""
+    out, _, _ = _kernel(np.zeros(1), np.array([p]), np.array([o]), np.array([o]), max_num_seqs=4,
+                        max_batched_tokens=64, chunked=True, kv_tokens=400.0, block_size=4, admission="fcfs",
+                        edges=[], ts_rows=64, **QUARTER)
+    st = ck.STATS.unpack((out.ints, out.floats))
+    return out.ts[:st["ts_rows"], ck.TS.kv_blocks].tolist()
+
+
+def test_an_admission_takes_the_blocks_of_its_prompt_and_its_first_token():
+    """A prompt of 4 tokens fills one block of 4, yet its admission takes 2:
+    the first token's block too (vLLM would take it at the next step)."""
+    assert _blocks_held(4, 4) == [2.0, 2.0, 2.0, 2.0]
+
+
+def test_a_decode_takes_its_next_block_one_token_early():
+    """Prompt 3, output 6, blocks of 4: at its k-th iteration the sequence
+    holds the blocks of 3 + k tokens, the token that iteration generates
+    counted (vLLM's blocks of the tokens with KV, 3 + k - 1, would be
+    [1, 1, 2, 2, 2, 2])."""
+    assert _blocks_held(3, 6) == [1.0, 2.0, 2.0, 2.0, 2.0, 3.0]
+
+
+def test_arrivals_at_an_iterations_end_join_the_next():
+    """Iterations of 0.25 s from 0: requests arriving during the first
+    (0.1) or exactly at its end (0.25) are admitted at 0.25; one arriving
+    just after that end waits for the next, 0.5."""
+    ones = np.ones(4, np.int64)
+    _, req, _ = _kernel(np.array([0.0, 0.1, 0.25, 0.2500001]), ones, 2 * ones, 2 * ones, max_num_seqs=8,
+                        max_batched_tokens=64, chunked=True, kv_tokens=np.inf, block_size=4, admission="fcfs",
+                        edges=[], **QUARTER)
+    assert req["admitted"].tolist() == [0.0, 0.25, 0.25, 0.5]
+
+
+def _one_at_a_time(pred, edges):
+    """The admission times of requests of one token each way, all arriving at
+    0, predicted ``pred``, admitted one at a time by multi-bin ``edges``."""
+    n = len(pred)
+    ones = np.ones(n, np.int64)
+    _, req, _ = _kernel(np.zeros(n), ones, ones, np.array(pred), max_num_seqs=1, max_batched_tokens=64,
+                        chunked=True, kv_tokens=np.inf, block_size=4, admission="multibin", edges=edges, **QUARTER)
+    return req["admitted"].tolist()
+
+
+def test_a_prediction_equal_to_a_bin_edge_goes_to_the_upper_bin():
+    """Edge 10: request 0, predicted 10, is in bin 1, so request 1
+    (predicted 5, bin 0, where the round robin starts) is admitted first."""
+    assert _one_at_a_time([10, 5], [10.0]) == [0.25, 0.0]
+
+
+def test_the_round_robin_pointer_moves_past_the_bin_admitted_from():
+    """Bins 1, 1 and 2 (edges 10, 20), bin 0 empty: request 0 from bin 1,
+    then past it request 2 from bin 2, then request 1.  (A pointer moved one
+    bin on from where it stood, bin 0, would serve bin 1 twice: 0, 0.25, 0.5.)"""
+    assert _one_at_a_time([15, 15, 25], [10.0, 20.0]) == [0.0, 0.5, 0.25]
+
+
+def test_a_resumed_request_does_not_move_the_round_robin_pointer():
+    """Four blocks of one token, two sequences at most, bins by edges 10
+    and 20.  Requests 0 and 1 (bin 0, prompt 1, output 3) are admitted at
+    0, the pointer past bin 0 at bin 1; at the next iteration their decodes
+    need two blocks, none is free, and request 1 is preempted; it resumes at
+    0.75 (three blocks, admitted before any bin) and ends at 1.25.
+    Requests 2, 3 and 4 (bins 0, 1 and 2, one token each way, arrived at
+    0.1) are then admitted from the pointer, still at bin 1: 3 and 4 at
+    1.25, 2 at 1.5.  (Had the resumption moved it, to bin 0 or one on to
+    bin 2, request 2 would be admitted at 1.25.)"""
+    _, req, _ = _kernel(np.array([0.0, 0.0, 0.1, 0.1, 0.1]), np.ones(5, np.int64), np.array([3, 3, 1, 1, 1]),
+                        np.array([5, 5, 5, 15, 25]), max_num_seqs=2, max_batched_tokens=64, chunked=True,
+                        kv_tokens=4.0, block_size=1, admission="multibin", edges=[10.0, 20.0], **QUARTER)
+    assert req["preemptions"].tolist() == [0, 1, 0, 0, 0]
+    assert req["completion"][1] == 1.25
+    assert req["admitted"].tolist() == [0.0, 0.0, 1.5, 1.25, 1.25]
+
+
+def test_the_controllers_batch_is_the_decodes_and_prefill_chunks_and_n_decode_the_running_after_completions():
+    """Six requests at 0 (prompt 2; output 1, then 5), a controller of
+    B_min 1, B_max 8 (EMA weight 0.2): the first iteration prefills 4
+    prompts (the cap: the warm-up midpoint 4) and request 0 completes in it,
+    so Algorithm 7 sees a batch of 4 and N_decode 3; the second decodes 3
+    and admits one more: a batch of 4 (3 decodes, 1 chunk), N_decode 4."""
+    n = 6
+    cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=8, max_batched_tokens=64, chunked=1, blocks=-1,
+                         block_size=4, admission=ck.ADMIT_FCFS, bins=1, keep=1, controlled=1, memory_on=0, rate=0.0,
+                         until=np.inf, **QUARTER)
+    inputs = ck.INPUTS.pack(arrival_times=np.zeros(n), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
+                            prompt=np.full(n, 2.0), output=np.array([1.0, 5, 5, 5, 5, 5]),
+                            prediction=np.ones(n), edges=np.empty(0), cached=np.empty(0))
+    eng = ck.start(cfg, inputs, control=_control(dict(sla=(0.02, 0.0, 1, 8, 4, 2, False), ema=kc.DEFAULT_EMA)))
+    streams, stop = ck.ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64)
+    CT = kc.C
+    assert ck.advance(eng, streams, stop, 0.1) == ck.PAUSED        # after the first iteration
+    ctl = eng.out.ctl
+    assert (ctl[CT.updates], ctl[CT.b_avg], ctl[CT.n_decode]) == (1.0, pytest.approx(0.2 * 4), 3.0)
+    assert np.count_nonzero(eng.requests[1][ck.RQ.admitted] == 0.0) == 4
+    assert ck.advance(eng, streams, stop, 0.3) == ck.PAUSED        # after the second
+    assert (ctl[CT.updates], ctl[CT.b_avg], ctl[CT.n_decode]) == (2.0, pytest.approx(0.2 * 4 + 0.8 * 0.2 * 4), 4.0)
+
+
+def test_a_request_with_a_cached_prompt_preempted_while_prefilling_frees_the_blocks_it_took():
+    """Request 1 brings the KV cache of 30 of its 40 prompt tokens (a
+    cluster's call on the engine holding its program's context) and
+    prefills the other 10, two an iteration beside request 0's decode; with
+    45 blocks of one token, request 0's next block preempts it while it
+    prefills: it must give back the 41 blocks it took, as the reference
+    engine does.  The kernel gave back 11 (the blocks of the tokens it had
+    to prefill, not of the prompt it holds), leaked the rest and never
+    served it, ending DONE with it waiting: a cluster's continuous engines
+    with KV reuse lost 8,834 of 20,000 requests that way."""
+    arr, p, o = np.array([0.0, 0.3]), np.array([1, 40]), np.array([12, 3])
+    kw = dict(max_num_seqs=4, max_batched_tokens=3, chunked=True, kv_tokens=45.0, block_size=1, admission="fcfs",
+              edges=[], **QUARTER)
+    want = ref.simulate(arr, p, o, o, cached=np.array([0, 30]), **kw)
+    assert want["preempted"].tolist() == [0, 1]
+    _same_run(*_kernel(arr, p, o, o, cached=np.array([0, 30]), **kw), want, kw)

@@ -363,7 +363,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     ``ws.state_i`` and ``ws.state_f``), :data:`STOPPED` once
     ``stop[STOP]`` was set (checked every 65,536 iterations, when
     ``stop[ARRIVED]`` gets the requests arrived so far), or
-    :data:`STALLED`."""
+    :data:`STALLED` (nothing runs and nothing can be admitted while
+    requests run or wait: a bug, which the planner reports)."""
     ci, cf = config
     n = ci[C.n]
     M = ci[C.max_num_seqs]
@@ -638,7 +639,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     g = gs[sl]
                     lt = last[sl]
                     pq_n -= 1
-                    free += _blocks(need[sl] + 1, bs, sh)
+                    free += _blocks(p + g + 1, bs, sh)
                 nfree = _release(sl, occ, free_slots, nfree)
                 preemptions += 1
                 if keep:
@@ -725,7 +726,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 budget -= c
                 ptok += c
         if n_d == 0 and nc == 0:
-            if running > 0:
+            # (nothing runs and nothing is admitted: with requests waiting, a stall, not the end)
+            if running > 0 or (i >= n and (waiting > 0 or nstack > 0)):
                 code = STALLED
                 break
             if i >= n:
