@@ -44,27 +44,54 @@ search answers about 11 (n = 200,000) against a saturated throughput of 81.
 
 The criteria:
 
-- **Stability** (always): the run's load, ``rate x mean batch service time /
-  (servers x mean batch size)``, is below 1: the arrival rate is below the
-  service rate at the batching the run shows.  In a stable run the load is
-  the servers' busy fraction; in an overloaded one it is the arrival rate
-  over the throughput, above 1.  Its per-replication values are decided with
-  a t-interval.  And the throughput keeps up: a probe whose throughput
-  interval lies below ``(1 - throughput_tol) x rate`` fails (the load is an
-  average over the servers: with LAPS's groups one group can be overloaded
-  while it is below 1).  The results' and sweeps' backlog check
-  (:attr:`SimulationResult.unstable`) decides only a probe still undecided
-  at the replication cap: it fails if every replication shows a growing
-  backlog, and passes if none does and only the load is undecided (a policy
-  whose batches grow with the load keeps its servers busy, its load 1
-  within the interval, over a wide range of rates below its limit; see
-  :func:`_verdict`).  Give runs long enough for the policy's start-up to be
-  a small part of them (``n``): the controllers of dynamic batching start
-  with small batches, which raise a short run's load (3 % at 8,000 calls
-  for 8 Autellix engines).
+- **Stability** (always), from what the policy's engine carries (its
+  :meth:`~mbbatch.policies.base.Policy.carries`):
+
+  * *the load*, where batches hold their servers to completion at a
+    batching the load does not change (the multi-bin paper's full batches,
+    LAPS's prefill batches): ``rate x mean batch service time / (servers x
+    mean batch size)`` below 1, the arrival rate below the service rate at
+    the run's batching (in a stable run the servers' busy fraction; in an
+    overloaded one the arrival rate over the throughput, above 1), decided
+    with a t-interval.  There the backlog check of results and sweeps
+    (:attr:`SimulationResult.unstable`) decides only a probe still undecided
+    at the replication cap (:func:`_verdict`).
+  * *the backlog*, at every probe, where there is no such load: a
+    continuous engine's batch is one iteration (that ratio is about one over
+    the output tokens, 0.002-0.01, at any rate: continuous engines were
+    searched above their saturated throughput by it), and static,
+    shortest-first and dynamic batches take whatever waits (near the limit
+    the server is always busy and the batches grow with the backlog, the
+    load 1 within any interval over a range of rates below it); and with
+    LAPS's decode stage, which the prefill instances' load does not see.
+    A probe fails where the share of its replications whose backlog grew
+    lies above one half (Clopper-Pearson interval), passes where it lies
+    below, and replicates further between (it passes with
+    :func:`backlog_reps` replications at least, 6 at 95 %).
+  * *the throughput keeps up*, every probe: the throughput over the rate
+    against ``1 - throughput_tol``, decided with a t-interval; an interval
+    holding the floor replicates further.  (The load is an average over the
+    servers: with LAPS's groups one group can be overloaded while it is
+    below 1.)
+  * *not above the saturated throughput*, every probe: the rate over each
+    replication's saturated throughput (its requests all waiting at time 0;
+    completed x servers / busy server-time, so the idle servers of a finite
+    run's drain do not lower it), paired replication by replication, below
+    1 (a t-interval).  The capacity's interval ends at most at the upper end
+    of the saturated throughput's (``saturated_ci``).
+
+  Give runs long enough for the policy's start-up and drain to be a small
+  part of them: :func:`min_requests` refuses fewer than 10 times the
+  requests its servers hold at once (a batch, every bin's batch), 100 times
+  a continuous engine's running sequences (they turn over once per output),
+  and 100 in any case.  The controllers of dynamic batching start with small
+  batches, which weigh on a short run (3 % at 8,000 calls for 8 Autellix
+  engines).
 - **Objectives**, :class:`Objective`: any of ``latency_p50``,
-  ``latency_p95``, ``latency_p99``, ``mean_latency``, ``mean_ttft``,
-  ``sla_violation_share`` (share of requests above D_SLA: the SLA
+  ``latency_p95``, ``latency_p99``, ``mean_latency``, the time to first
+  token's ``mean_ttft``, ``ttft_p50``, ``ttft_p95``, ``ttft_p99`` and between
+  tokens' ``mean_tbt``, ``tbt_p50``, ``tbt_p95``, ``tbt_p99`` (every
+  token-level policy), ``sla_violation_share`` (share of requests above D_SLA: the SLA
   violation rate of Pang et al., 2025, arXiv:2503.05248),
   ``sla_violation_tokens`` (share of output tokens decoded slower than
   D_SLA + eps_D) and ``sla_violation_requests``, each at most its value: a
@@ -99,18 +126,25 @@ from . import stats
 from ._validation import check_flag, check_scalar_real
 from .arrivals import Arrivals, Poisson, Saturated
 from .metrics import METRICS
-from .policies.multibin import MultiBin
 from .simulation import plan
 from .params import Domain
+from scipy import stats as _st
 
 __all__ = ["Objective", "Probe", "Search", "CapacityResult", "find_capacity", "check_search", "with_rate",
+           "min_requests", "backlog_reps",
            "OBJECTIVE_METRICS", "SEARCH_DOMAINS", "SEARCHES"]
 
 #: the metrics an objective may bound from above
-OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft", "ttft_p99",
-                     "sla_violation_share", "sla_violation_tokens", "sla_violation_requests")
+OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft", "ttft_p50",
+                     "ttft_p95", "ttft_p99", "mean_tbt", "tbt_p50", "tbt_p95", "tbt_p99", "sla_violation_share",
+                     "sla_violation_tokens", "sla_violation_requests")
 #: the stability criterion's statistic and threshold (see the module docstring)
 LOAD, LOAD_LIMIT = "load", 1.0
+#: the other stability criteria's names: the throughput over the rate, the share of replications whose
+#: backlog grew, the rate over the saturated throughput
+THROUGHPUT, BACKLOG, SATURATION = "throughput / rate", "backlog growing", "rate / saturated throughput"
+#: a probe's backlog check fails where more than this share of its replications grew (Clopper-Pearson)
+BACKLOG_SHARE = 0.5
 #: the saturated throughput times this must fail: the bracket's first upper end
 UPPER_MARGIN = 1.05
 #: the bracket's first lower end, as a share of the saturated throughput
@@ -140,12 +174,19 @@ SEARCH_DOMAINS = {"rel_tol": Domain(REL_TOL_MIN, 1.0, lo_closed=True), "confiden
 @dataclass(frozen=True)
 class Objective:
     """Upper bounds on metrics of the run: each one set must hold (its
-    t-interval at or below it).  Latencies in s; SLA shares in [0, 1].
+    t-interval at or below it).  Latencies and times to first token in s;
+    times between tokens (``mean_tbt``, ``tbt_p50`` .. ``tbt_p99``) in
+    s/token, e.g. 0.02 for 20 ms; SLA shares in [0, 1].  Each applies to the
+    policies that report its metric (:data:`mbbatch.metrics.METRICS`): the
+    time to first token's and between tokens' quantiles to every token-level
+    policy, a cluster and continuous batching.
 
     >>> Objective(latency_p95=30.0).latency_p95     # p95 latency at most 30 s
     30.0
     >>> Objective(mean_ttft=0.5, sla_violation_share=0.05).sla_violation_share
     0.05
+    >>> Objective(ttft_p95=2.0, tbt_p99=0.02).describe()   # 2 s to the first token, 20 ms between tokens
+    'ttft_p95 <= 2 and tbt_p99 <= 0.02'
     """
 
     latency_p50: float | None = None
@@ -153,7 +194,13 @@ class Objective:
     latency_p99: float | None = None
     mean_latency: float | None = None
     mean_ttft: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
     ttft_p99: float | None = None
+    mean_tbt: float | None = None
+    tbt_p50: float | None = None
+    tbt_p95: float | None = None
+    tbt_p99: float | None = None
     sla_violation_share: float | None = None
     sla_violation_tokens: float | None = None
     sla_violation_requests: float | None = None
@@ -191,6 +238,11 @@ class Probe:
     def row(self, metric: str) -> tuple:
         return next(c for c in self.criteria if c[0] == metric)
 
+    def has(self, metric: str) -> bool:
+        """Whether ``metric`` is one of its criteria (the load is not, for
+        continuous batching: :class:`~mbbatch.policies.base.Carries`)."""
+        return any(c[0] == metric for c in self.criteria)
+
 
 @dataclass(frozen=True)
 class Search:
@@ -200,7 +252,8 @@ class Search:
     (widened by the load's interval where stability decides it; from 0 to
     the lowest rate probed where none passes), the saturated throughput of
     its seeds, its ``probes`` in order, the requests it simulated, and
-    whether every end of its bracket is a verdict (``resolved``)."""
+    whether every end of its bracket is a verdict (``resolved``), and each
+    replication's saturated throughput (``saturated``)."""
 
     rate: float
     bracket: tuple
@@ -208,6 +261,8 @@ class Search:
     probes: tuple = field(repr=False)
     requests: int = 0
     resolved: bool = True
+    #: each replication's saturated throughput (the first ones, and any more its probes needed)
+    saturated: tuple = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -219,7 +274,10 @@ class CapacityResult:
     ``confidence``, an interval for the capacity itself (NaN ends with one
     search: there is nothing to tell its spread from); ``bracket`` is the
     first search's final bracket (where that search stopped, not an
-    interval of the capacity: see the module docstring).  ``criterion`` says what was
+    interval of the capacity: see the module docstring), its upper end at
+    most that of ``saturated_ci``, the t-interval of the saturated
+    throughput over every saturated run of the searches (no rate above the
+    saturated throughput is stable).  ``criterion`` says what was
     required; ``requests`` counts the simulated requests of every search,
     the saturated runs included; ``resolved`` is False when an end of some
     search's bracket moved to a probe that stayed undecided at the
@@ -238,6 +296,7 @@ class CapacityResult:
     resolved: bool = True
     seconds: float = 0.0
     kernel_seconds: float = 0.0
+    saturated_ci: tuple = (math.nan, math.nan)
 
     @property
     def probes(self) -> tuple:
@@ -328,23 +387,76 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
                                       ("throughput_tol", throughput_tol)))
     if isinstance(max_reps, bool) or not isinstance(max_reps, (int, np.integer)) or max_reps < FIRST_REPS:
         raise ValueError(f"max_reps must be an integer in [{FIRST_REPS}, inf); got {max_reps!r}")
+    carries = policy.carries() if hasattr(policy, "carries") else None
+    if carries is not None and carries.backlog and max_reps < backlog_reps(reals[1]):
+        raise ValueError(f"max_reps must be at least {backlog_reps(reals[1])} for a capacity search of "
+                         f"{type(policy).__name__} at confidence {reals[1]:g}: its backlog check decides each "
+                         f"probe by the share of replications whose backlog grew, which fewer cannot show below "
+                         f"one half; got {max_reps!r}")
     if isinstance(searches, bool) or not isinstance(searches, (int, np.integer)) or searches < 1:
         raise ValueError(f"searches must be an integer in [1, inf); got {searches!r}")
-    if (isinstance(policy, MultiBin) and isinstance(n, (int, np.integer)) and not isinstance(n, bool)
-            and n < policy.batch_size):
-        raise ValueError(f"n must be at least batch_size = {policy.batch_size} for a capacity search of MultiBin: "
-                         f"fewer requests fill no batch, so none completes at any rate; got n = {n}")
-    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 0 < n < MIN_PROBE_REQUESTS:
-        raise ValueError(f"n must be at least {MIN_PROBE_REQUESTS} requests per probe for a capacity search: "
-                         f"fewer leave a 99th percentile no more than the largest value and the backlog check "
-                         f"quarters of under 25 arrivals, too few to judge a rate by; got n = {n}")
+    least = min_requests(policy, servers)
+    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 0 < n < least:
+        carries = policy.carries()
+        times = MIN_TURNOVERS if carries.iterations else MIN_FILLS
+        raise ValueError(f"n must be at least {least} requests per probe for a capacity search of "
+                         f"{type(policy).__name__} on {servers} server(s) ({MIN_PROBE_REQUESTS} at least, and "
+                         f"{times} times the {carries.held} requests a server holds at once): fewer leave a 99th "
+                         f"percentile no more than the largest value, and a start-up and a drain that are much of "
+                         f"the run and bias the capacity low; got n = {n}")
     return reals
 
 
-#: the fewest requests a capacity probe may simulate: a 99th percentile of
-#: fewer is no more than the largest value, and the backlog check's quarters
-#: would hold under 25 arrivals
+def backlog_reps(confidence: float) -> int:
+    """The fewest replications whose backlogs, none of them growing, put the
+    share that grows below one half at ``confidence`` (Clopper-Pearson: 6 at
+    95 %): where the backlog decides, a probe passes with these at least
+    (:data:`FIRST_REPS` decide one that fails on another criterion)."""
+    alpha = (1.0 - float(confidence)) / 2.0
+    return max(FIRST_REPS, math.floor(math.log(alpha) / math.log(BACKLOG_SHARE)) + 1)
+
+
+def min_requests(policy, servers=1) -> int:
+    """The fewest requests a capacity probe of ``policy`` on ``servers``
+    servers may simulate: :data:`MIN_PROBE_REQUESTS`, and :data:`MIN_FILLS`
+    times the requests its servers hold at once
+    (:meth:`~mbbatch.policies.base.Policy.carries`)."""
+    if not hasattr(policy, "carries"):
+        return MIN_PROBE_REQUESTS        # (refused by the plan)
+    carries = policy.carries()
+    servers = servers if isinstance(servers, (int, np.integer)) and not isinstance(servers, bool) else 1
+    times = MIN_TURNOVERS if carries.iterations else MIN_FILLS
+    return max(MIN_PROBE_REQUESTS, times * int(servers) * int(carries.held))
+
+
+#: the fewest requests a capacity probe may simulate, whatever the policy: a
+#: 99th percentile of fewer is no more than the largest value, and the
+#: backlog check's quarters would hold under 25 arrivals (see also
+#: :func:`min_requests`)
 MIN_PROBE_REQUESTS = 100
+#: a capacity probe simulates at least this many times the requests its
+#: policy's servers hold at once (:func:`min_requests`): batches that hold
+#: their servers to completion fill this many times over
+MIN_FILLS = 10
+#: ... and a continuous engine's slots (:attr:`Carries.iterations`) turn over
+#: this many times: a request holds its slot for its whole output, and the
+#: run's drain (the longest outputs finishing alone) stays a few percent of
+#: it (ContinuousBatching(max_num_seqs=32) on the H100 profile, log-normal
+#: lengths: a capacity of 1.7 requests/s at n = 100, 7.0 at 1,280, 12.8 at
+#: 4,000 and 13.3 at 20,000)
+MIN_TURNOVERS = 100
+
+
+def _busy_throughput(res) -> float:
+    """What a saturated run's servers complete while busy: its throughput over
+    its utilization (completed x servers / busy server-time).  Not the
+    throughput alone: a run of finitely many requests ends with servers idle
+    while the last batches finish, which puts its throughput below what they
+    carry (0.7 % below Theorem 4.2's for MultiBin(3, 128) on 4 servers at n =
+    60,000).  A continuous engine is busy while any sequence runs: its drain
+    stays in."""
+    u = res.utilization
+    return res.throughput / u if math.isfinite(u) and u > 0 else res.throughput
 
 
 class _Search:
@@ -354,6 +466,9 @@ class _Search:
     def __init__(self, policy, arrivals, sim_kw, servers, objective, confidence, max_reps, throughput_tol,
                  seed, progress=False, label=""):
         self.policy, self.arrivals, self.sim_kw, self.servers = policy, arrivals, sim_kw, servers
+        self.carries = policy.carries()
+        # (the backlog check: a guard of the load, or decisive at every probe)
+        self.guards = () if self.carries.backlog else GUARDS
         self.label = label      # (which search, in the progress lines)
         self.bounds = objective.bounds() if objective is not None else {}
         self.confidence, self.max_reps, self.throughput_tol = confidence, max_reps, throughput_tol
@@ -363,6 +478,7 @@ class _Search:
         self.seen = {}          # rate -> Probe: a rate probed again (an undecided neighbour) is not rerun
         self.progress, self.t0 = progress, time.perf_counter()
         self.sat = math.inf     # the saturated throughput, once measured
+        self.saturated = {}     # replication -> its saturated run's throughput (busy)
 
     def say(self, text: str) -> None:
         """A progress line on stderr (with ``progress``)."""
@@ -375,19 +491,27 @@ class _Search:
         return np.random.SeedSequence(self.root.entropy, spawn_key=(*self.root.spawn_key, rep))
 
     def saturated_throughput(self) -> float:
-        run = plan(self.policy, Saturated(), servers=self.servers, **self.sim_kw)
-        runs = [run.run(self.seed(r), warn=False) for r in range(FIRST_REPS)]
-        self.requests += FIRST_REPS * run.n
-        self.kernel_seconds += sum(res.kernel_seconds for res in runs)
-        sat = self.sat = float(np.mean([res.throughput for res in runs]))
+        """The mean of the first replications' saturated throughputs (:func:`_busy_throughput`)."""
+        sat = self.sat = float(np.mean([self.saturated_of(r) for r in range(FIRST_REPS)]))
         self.say(f"saturated throughput {sat:.6g} requests/s")
         return sat
+
+    def saturated_of(self, rep: int) -> float:
+        """Replication ``rep``'s saturated throughput: its seed's requests all
+        waiting at time 0 (run once, the first time a probe needs it)."""
+        if rep not in self.saturated:
+            run = plan(self.policy, Saturated(), servers=self.servers, **self.sim_kw)
+            res = run.run(self.seed(rep), warn=False)
+            self.requests += run.n
+            self.kernel_seconds += res.kernel_seconds
+            self.saturated[rep] = _busy_throughput(res)
+        return self.saturated[rep]
 
     def probe(self, rate: float) -> Probe:
         if rate in self.seen:
             return self.seen[rate]
         run = plan(self.policy, with_rate(self.arrivals, rate), servers=self.servers, **self.sim_kw)
-        values = {LOAD: [], "throughput": [], **{m: [] for m in self.bounds}}
+        values = {LOAD: [], THROUGHPUT: [], SATURATION: [], **{m: [] for m in self.bounds}}
         growing = []
         reps = 0
         target = FIRST_REPS
@@ -397,14 +521,15 @@ class _Search:
                 self.kernel_seconds += res.kernel_seconds
                 # (the plan's servers: LAPS's instances; a cluster's engines' servers, all of them)
                 values[LOAD].append(rate * res.mean_batch_service / (res.servers * res.mean_batch_size))
-                values["throughput"].append(res.throughput / rate)
+                values[THROUGHPUT].append(res.throughput / rate)
+                values[SATURATION].append(rate / self.saturated_of(r))
                 growing.append(bool(res.unstable))
                 for m in self.bounds:
                     values[m].append(getattr(res, m))
             self.requests += (target - reps) * run.n
             reps = target
-            rows = self._criteria(values, growing)
-            verdict = _verdict(rows, at_cap=reps >= self.max_reps, below_saturation=rate < self.sat)
+            rows = self._criteria(rate, values, growing)
+            verdict = _verdict(rows, at_cap=reps >= self.max_reps, guards=self.guards)
             if verdict != "undecided" or reps >= self.max_reps:
                 break
             target = min(2 * reps, self.max_reps)
@@ -414,7 +539,7 @@ class _Search:
         self.say(f"probe {len(self.probes)}: {rate:.6g} requests/s {verdict} after {reps} replications")
         return p
 
-    def _criteria(self, values, growing) -> list:
+    def _criteria(self, rate: float, values, growing) -> list:
         rows = []
 
         def row(metric, x, threshold):
@@ -425,36 +550,49 @@ class _Search:
                 v = "fail"   # (nothing completed)
             rows.append((metric, m, lo, hi, threshold, v))
 
-        # the load: the arrival rate against the service rate at the run's batching
-        load = np.asarray(values[LOAD], float)
-        row(LOAD, load, LOAD_LIMIT)
-        # the steady-state checks of results and sweeps: throughput keeps up, no growing backlog
-        thr = values["throughput"]
-        m, lo, hi = stats.t_interval(np.asarray(thr, float), self.confidence)
+        # the load: the arrival rate against the service rate at the run's batching (where a batch holds
+        # its servers to completion: Carries.load)
+        if self.carries.load:
+            row(LOAD, values[LOAD], LOAD_LIMIT)
+        # the throughput keeps up: decided as the others, undecided (more replications) where its interval
+        # holds the floor
+        m, lo, hi = stats.t_interval(np.asarray(values[THROUGHPUT], float), self.confidence)
         floor = 1.0 - self.throughput_tol
-        # (decided as a criterion: only a clear shortfall fails, an interval that reaches the floor passes)
-        rows.append(("throughput / rate", m, lo, hi, floor, "fail" if hi < floor else "pass"))
-        rows.append(("backlog growing", float(np.mean(growing)), math.nan, math.nan, 1.0,
-                     "fail" if all(growing) else "pass"))
+        v = "pass" if lo >= floor else "fail" if hi < floor or math.isnan(m) else "undecided"
+        rows.append((THROUGHPUT, m, lo, hi, floor, v))
+        # the backlog check of results and sweeps: the share of the replications whose backlog grew,
+        # against one half (Clopper-Pearson); a guard of the load, or decisive (Carries.backlog)
+        k, reps = int(sum(growing)), len(growing)
+        low, high = _st.binomtest(k, reps).proportion_ci(self.confidence, method="exact")
+        v = "fail" if low > BACKLOG_SHARE else "pass" if high < BACKLOG_SHARE else "undecided"
+        rows.append((BACKLOG, k / reps, float(low), float(high), BACKLOG_SHARE, v))
+        # no rate above the saturated throughput of the same policy and seeds is stable: the rate over
+        # each replication's saturated throughput, paired (the same requests), decided as the load
+        row(SATURATION, values[SATURATION], 1.0)
         for metric, bound in self.bounds.items():
             row(metric, values[metric], bound)
         return rows
 
 
-#: the backlog check of results and sweeps, which decides a probe only where the load cannot
-GUARDS = ("backlog growing",)
+#: the backlog check of results and sweeps, which decides a probe of a policy with a load
+#: (:attr:`Carries.backlog` False) only where the load cannot, at the replication cap
+GUARDS = (BACKLOG,)
 
 
-def _verdict(rows, at_cap: bool, below_saturation: bool = True) -> str:
-    """A probe's verdict from its criteria: it fails if the load, the
-    throughput or an objective fails, passes if they all pass.  The backlog
-    check decides only a probe still undecided at the replication cap
-    (``at_cap``): it fails where every replication's backlog grew, and
-    passes where none did and only the load is undecided, at a rate below
-    the saturated throughput (``below_saturation``: no rate above it is
-    stable, and a short run's backlog check misses an overload there: a
-    probe at 1.05 times it passed with none of its 1,149 requests' runs
-    flagged).
+def _verdict(rows, at_cap: bool, guards: tuple = GUARDS) -> str:
+    """A probe's verdict from its criteria: it fails if any criterion but
+    the ``guards`` fails, passes if they all pass.
+
+    The guards are the backlog check where the policy has a load
+    (:attr:`Carries.backlog` False; the search passes ``()`` where the
+    backlog decides every probe).  A guard decides only a probe still
+    undecided at the replication cap (``at_cap``): it fails where more than
+    half of the replications' backlogs grew (at the confidence level), or
+    every one did; it passes where fewer than half grew (at that level), or
+    none did, and only the load or the throughput is undecided.  No probe
+    above the saturated throughput passes (its criterion fails there; a
+    short run's backlog check misses such an overload: a probe at 1.05 times
+    it passed with none of its 1,149 requests' runs flagged).
 
     Not before the cap: near the limit a stable queue run for finitely many
     requests still shows the transient growth those checks look for (every
@@ -468,17 +606,17 @@ def _verdict(rows, at_cap: bool, below_saturation: bool = True) -> str:
     left the answer anywhere in that range (21 to 36 calls/s as ``max_reps``
     went from 32 to 8).  Whether such a probe is stable is whether its
     backlog grows."""
-    decisive = [c[5] for c in rows if c[0] not in GUARDS]
+    decisive = [c[5] for c in rows if c[0] not in guards]
     if "fail" in decisive:
         return "fail"
     if all(v == "pass" for v in decisive):
         return "pass"
     if at_cap:
-        guards = [c for c in rows if c[0] in GUARDS]
-        if any(c[5] == "fail" for c in guards):
+        guard = [c for c in rows if c[0] in guards]
+        if any(c[5] == "fail" or c[1] == 1.0 for c in guard):
             return "fail"
-        undecided = [c[0] for c in rows if c[0] not in GUARDS and c[5] == "undecided"]
-        if undecided == [LOAD] and all(c[1] == 0.0 for c in guards) and below_saturation:
+        undecided = {c[0] for c in rows if c[0] not in guards and c[5] == "undecided"}
+        if guard and undecided <= {LOAD, THROUGHPUT} and all(c[5] == "pass" or c[1] == 0.0 for c in guard):
             return "pass"
     return "undecided"
 
@@ -494,7 +632,7 @@ def _interval(probes, lo: float, hi: float) -> tuple:
     at both its ends.  A bracket an objective decided is its own interval."""
     at = {p.rate: p for p in probes}
     top = at.get(hi)
-    if top is None or top.verdict != "fail" or top.row(LOAD)[5] != "fail":
+    if top is None or top.verdict != "fail" or not top.has(LOAD) or top.row(LOAD)[5] != "fail":
         return lo, hi
     low, high = lo, hi
     for p in (at.get(lo), top):
@@ -506,12 +644,13 @@ def _interval(probes, lo: float, hi: float) -> tuple:
     return low, high
 
 
-def _crossing(probes, lo: float, hi: float) -> float:
+def _crossing(probes, lo: float, hi: float, guards: tuple = GUARDS) -> float:
     """A search's answer: where the criterion that binds crosses its
     threshold, read from the means of its probes.
 
     The binding criteria are those that fail at the lowest failing probe at
-    or above ``lo``.  For each, its means over the probes in rate order
+    or above ``lo``, and those undecided at the replication cap at the probes
+    between ``lo`` and it (``guards`` aside).  For each, its means over the probes in rate order
     (common random numbers make them smooth in the rate) are joined by lines
     and the crossing of the threshold nearest the final bracket ``[lo,
     hi]`` is taken (a criterion can cross more than once: the paper's model's
@@ -533,15 +672,19 @@ def _crossing(probes, lo: float, hi: float) -> float:
     failing = [p for p in ordered if p.rate >= lo and p.verdict == "fail"]
     if hi <= lo or not failing:
         return 0.5 * (lo + hi)
-    binding = [c[0] for c in failing[0].criteria if c[5] == "fail" and c[0] not in GUARDS]
+    ceiling = min(p.rate for p in failing)
+    binding = [c[0] for c in failing[0].criteria if c[5] == "fail" and c[0] not in guards]
+    # (and those undecided at the replication cap below it: the limit lies within their resolution there)
+    for p in ordered:
+        if lo <= p.rate < ceiling and p.verdict == "undecided":
+            binding += [c[0] for c in p.criteria if c[5] == "undecided" and c[0] not in guards + tuple(binding)]
     passed = [p.rate for p in ordered if p.verdict == "pass" and p.rate <= hi]
     floor = max(passed) if passed else lo
-    ceiling = min(p.rate for p in failing)
     mid = 0.5 * (lo + hi)
     found = []
     for metric in binding:
         # (throughput / rate is a floor: below it fails; the others are ceilings)
-        sign = -1.0 if metric == "throughput / rate" else 1.0
+        sign = -1.0 if metric == THROUGHPUT else 1.0
         pts = [(p.rate, sign * (p.row(metric)[1] - p.row(metric)[4])) for p in ordered]
         pts = [(r, d) for r, d in pts if math.isfinite(d)]
         crossings = [r0 + (r1 - r0) * (-d0) / (d1 - d0) for (r0, d0), (r1, d1) in zip(pts, pts[1:])
@@ -621,9 +764,14 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
         kernel_seconds += s.kernel_seconds
     answers = np.array([f.rate for f in found])
     rate, low, high = stats.t_interval(answers, confidence)
+    # no rate above the saturated throughput is stable: nor is the interval's upper end above the
+    # saturated throughput's (every saturated run of every search)
+    sat, sat_low, sat_high = stats.t_interval(np.concatenate([f.saturated for f in found]), confidence)
+    if math.isfinite(high) and math.isfinite(sat_high):
+        high = min(high, sat_high)
     out = CapacityResult(rate=rate, rate_ci=(low, high), bracket=found[0].bracket, criterion=criterion,
                          confidence=confidence, rel_tol=rel_tol,
-                         saturated_throughput=float(np.mean([f.saturated_throughput for f in found])),
+                         saturated_throughput=sat, saturated_ci=(sat_low, sat_high),
                          searches=tuple(found), requests=sum(f.requests for f in found),
                          resolved=all(f.resolved for f in found), seconds=time.perf_counter() - t0,
                          kernel_seconds=kernel_seconds)
@@ -641,8 +789,10 @@ def _search(s: _Search, rel_tol: float) -> Search:
                          f"rate to search below their throughput ({sat}); make n larger")
 
     def result(lo, hi, resolved=True, rate=None):
-        out = Search(rate=_crossing(s.probes, lo, hi) if rate is None else rate, bracket=_interval(s.probes, lo, hi),
-                     saturated_throughput=sat, probes=tuple(s.probes), requests=s.requests, resolved=resolved)
+        out = Search(rate=_crossing(s.probes, lo, hi, s.guards) if rate is None else rate,
+                     bracket=_interval(s.probes, lo, hi),
+                     saturated_throughput=sat, probes=tuple(s.probes), requests=s.requests, resolved=resolved,
+                     saturated=tuple(s.saturated[r] for r in sorted(s.saturated)))
         s.say(f"{out.rate:.6g} requests/s, bracket [{out.bracket[0]:.6g}, {out.bracket[1]:.6g}]")
         return out
 

@@ -60,10 +60,11 @@ def test_probes_share_their_seeds_and_report_every_criterion():
     ratio = [p.row("load")[1] / p.rate for p in three]
     np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)
     for p in r.probes:
-        assert [c[0] for c in p.criteria] == ["load", "throughput / rate", "backlog growing"]
+        assert [c[0] for c in p.criteria] == ["load", "throughput / rate", "backlog growing",
+                                              "rate / saturated throughput"]
         assert p.verdict in ("pass", "fail", "undecided")
     assert r.requests == 3 * 20_000 + sum(p.reps for p in r.probes) * 20_000
-    assert r.probes[0].rate == pytest.approx(1.05 * r.saturated_throughput)
+    assert r.probes[0].rate == pytest.approx(1.05 * r.searches[0].saturated_throughput)
 
 
 WL = mb.Workload(prompt=st.lognorm(0.5, scale=128), output=st.lognorm(0.8, scale=64))
@@ -104,7 +105,7 @@ def test_a_latency_objective_met_only_at_higher_load_is_found(bins, B, target):
     objective holds while the lowest failing rate above it breaks it."""
     r = search(mb.MultiBin(bins=bins, batch_size=B), service=U, n=20_000, seed=3, max_reps=8,
                       objective=Objective(latency_p95=target))
-    light = 0.1 * r.saturated_throughput
+    light = 0.1 * r.searches[0].saturated_throughput
     assert r.bracket[0] > 5 * light, r.summary()
     passed = max((p for p in r.probes if p.verdict == "pass"), key=lambda p: p.rate)
     failed = min((p for p in r.probes if p.verdict == "fail" and p.rate > passed.rate), key=lambda p: p.rate)
@@ -175,7 +176,8 @@ def test_with_rate_scales_a_replay():
     ({"objective": Objective(mean_ttft=1.0)}, ValueError, "mean_ttft is not a metric of MultiBin"),
     ({"n": 0}, ValueError, "n must be"),
     ({"progress": 1}, TypeError, r"progress must be a bool \(True or False\); got 1"),
-    ({"n": 5}, ValueError, r"n must be at least batch_size = 8 for a capacity search of MultiBin: .*got n = 5$"),
+    ({"n": 5}, ValueError, r"n must be at least 160 requests per probe for a capacity search of MultiBin on 1 "
+                           r"server\(s\) \(100 at least, and 10 times the 16 requests .*got n = 5$"),
 ])
 def test_bad_arguments_are_refused_before_any_work(kw, exc, match):
     with pytest.raises(exc, match=match):
@@ -185,9 +187,11 @@ def test_bad_arguments_are_refused_before_any_work(kw, exc, match):
 def test_a_search_whose_saturated_runs_complete_nothing_is_refused_naming_n():
     """4 MultiBin engines of batches of 30, 100 requests: no engine's batch
     fills.  The search went on at a rate of NaN (1.05 x the saturated
-    throughput) and failed inside a probe; found by make fuzz."""
+    throughput) and failed inside a probe; found by make fuzz.  Refused now
+    before any run: a probe needs 10 times the 120 requests the engines
+    hold."""
     cluster = mb.Cluster(mb.MultiBin(bins=1, batch_size=30), engines=4, router="round_robin")
-    with pytest.raises(ValueError, match=r"^n: the saturated runs of n = 100 requests completed none"):
+    with pytest.raises(ValueError, match=r"^n must be at least 1200 requests per probe .*got n = 100$"):
         search(cluster, workload=mb.Workload(st.uniform(1, 10), st.uniform(1, 10)),
                       service_model=mb.MaxModel(base=0.1, per_token=0.01), n=100)
 
@@ -198,7 +202,8 @@ def test_progress_prints_the_saturated_runs_every_probe_and_the_result(capsys):
     assert out == ""
     lines = err.splitlines()
     assert len(lines) == r.n_probes + 3
-    assert lines[0].startswith(f"find_capacity: saturated throughput {r.saturated_throughput:.6g} requests/s [")
+    sat = r.searches[0].saturated_throughput
+    assert lines[0].startswith(f"find_capacity: saturated throughput {sat:.6g} requests/s [")
     for i, (line, p) in enumerate(zip(lines[1:], r.probes), 1):
         assert line.startswith(f"find_capacity: probe {i}: {p.rate:.6g} requests/s {p.verdict} after {p.reps} "
                                "replications ["), line
@@ -250,19 +255,22 @@ def test_an_undecided_probe_narrows_the_bracket_from_both_sides_to_rel_tol():
     (p95 of a few thousand requests, a few replications): the search still
     ends within rel_tol, flags itself unresolved, and lists the undecided
     probes."""
-    r = search(DYN, workload=WL, n=3_000, seed=4, rel_tol=0.02, max_reps=4,
+    r = search(DYN, workload=WL, n=3_000, seed=4, rel_tol=0.02, max_reps=6,
                       objective=Objective(latency_p95=5.0))
     undecided = [p for p in r.probes if p.verdict == "undecided"]
-    assert undecided and all(p.reps == 4 for p in undecided)
+    assert undecided and all(p.reps == 6 for p in undecided)
     assert not r.resolved and "unresolved" in r.summary()
     assert r.bracket[1] - r.bracket[0] <= 0.02 * 0.5 * (r.bracket[0] + r.bracket[1]) * (1 + 1e-12)
     _between_its_verdicts(r)
 
 
-def _rows(load, growing, objective=None):
-    """A probe's criteria rows: (metric, mean, low, high, threshold, verdict)."""
+def _rows(load, growing, objective=None, saturation="pass"):
+    """A probe's criteria rows: (metric, mean, low, high, threshold, verdict); the backlog's share of
+    replications grown as 3 replications' Clopper-Pearson interval would decide it (undecided unless
+    at the cap's rule: every one or none)."""
     rows = [("load", 1.0, 0.99, 1.01, 1.0, load), ("throughput / rate", 1.0, 0.99, 1.01, 0.95, "pass"),
-            ("backlog growing", growing, math.nan, math.nan, 1.0, "fail" if growing == 1.0 else "pass")]
+            ("backlog growing", growing, 0.0, 1.0, 0.5, "undecided"),
+            ("rate / saturated throughput", 0.9, 0.8, 1.0, 1.0, saturation)]
     return rows + ([("latency_p95", 1.0, 0.9, 1.1, 1.0, objective)] if objective else [])
 
 
@@ -280,9 +288,11 @@ def test_the_backlog_check_decides_only_a_load_undecided_at_the_cap(load, growin
     from mbbatch.capacity import _verdict
 
     assert _verdict(_rows(load, growing, objective), at_cap) == want
-    # at or above the saturated throughput nothing passes on the backlog
-    above = _verdict(_rows(load, growing, objective), at_cap, below_saturation=False)
-    assert above == ("undecided" if want == "pass" and load == "undecided" else want)
+    # above the saturated throughput nothing passes
+    assert _verdict(_rows(load, growing, objective, saturation="fail"), at_cap) == "fail"
+    # where the backlog decides every probe (a continuous engine: no guards), it is a criterion as any
+    decided = _verdict(_rows(load, growing, objective), at_cap, guards=())
+    assert decided == ("fail" if load == "fail" else "undecided")
 
 
 def test_no_probe_above_the_answer_passes_on_a_short_runs_backlog():
@@ -299,18 +309,19 @@ def test_no_probe_above_the_answer_passes_on_a_short_runs_backlog():
 
 def test_a_policy_whose_batches_grow_with_the_load_is_searched_to_its_stable_limit():
     """8 Autellix engines of dynamic batching keep their servers busy from
-    about 20 calls/s up to their limit near 40: the load is 1 within its
-    interval all along.  The search answered 24.7 there (probes undecided on
-    the load narrowed the bracket wherever they fell); the runs themselves
-    are stable up to the answer and not 15 % above it."""
+    about 20 calls/s up to their limit near 40: their load was 1 within its
+    interval all along, and the search answered 24.7 there (probes undecided
+    on the load narrowed the bracket wherever they fell).  Such a policy's
+    batches take whatever waits: the backlog decides each of its probes, and
+    it has no load row.  The runs are stable up to the answer and not 15 %
+    above it."""
     wl = mb.Workload(prompt=st.lognorm(1.0, scale=300.0), output=st.lognorm(0.8, scale=64.0))
     engine = mb.DynamicBatching(controller=mb.SLAController(d_sla=0.0075, b_max=64))
     cluster = mb.Cluster(engine, engines=8, router="autellix", threshold=1024,
                          programs=mb.Programs(calls=4, think_time=1.0))
     kw = dict(workload=wl, service_model=mb.DecodeModel(prefill_per_token=1e-4), n=200_000)
     r = search(cluster, objective=Objective(ttft_p99=16.0), max_reps=8, rel_tol=0.05, seed=20251124, **kw)
-    plateau = [p for p in r.probes if p.row("load")[2] < 1.0 < p.row("load")[3]]
-    assert plateau and r.rate > 30.0, r.summary()
+    assert r.rate > 30.0 and not any(p.has("load") for p in r.probes), r.summary()
     below = mb.simulate(cluster, mb.Poisson(r.bracket[0]), seed=1, **kw)
     assert not below.unstable and below.throughput / r.bracket[0] > 0.99 and below.ttft_p99 <= 16.0
     with warnings.catch_warnings():
@@ -346,7 +357,7 @@ def test_a_search_too_short_to_judge_is_refused(n):
     "resolved" (20.2 at n = 4,000): fewer than 100 requests a probe are
     refused, naming n, before any work."""
     wl = mb.Workload(prompt=st.lognorm(1.0, scale=300), output=st.lognorm(0.8, scale=64))
-    with pytest.raises(ValueError, match=rf"n must be at least 100 requests per probe .*; got n = {n}$"):
+    with pytest.raises(ValueError, match=rf"n must be at least 10240 requests per probe .*; got n = {n}$"):
         search(mb.Cluster(engines=4), workload=wl, n=n)
 
 
@@ -409,3 +420,124 @@ def test_a_capacity_result_shows_each_search_in_a_notebook():
     html = r._repr_html_()
     assert r.summary() in html and html.count("<tr>") == 3
     assert f"{r.searches[1].rate:.6g}" in html
+
+
+# --- every kind's capacity: at most its saturated throughput, stable below ---------------
+
+#: a small configuration of every registered kind (and the two whose stability needs the backlog
+#: check at every probe besides a continuous engine: a cluster of them, LAPS with a decode stage)
+PROFILE = "H100/vLLM/Meta-Llama-3-8B/tp1"
+_CTL = mb.SLAController(d_sla=0.0074, b_max=32)
+KIND_CALLS = {
+    "multibin": (mb.MultiBin(bins=2, batch_size=8), {"service": U}),
+    "static": (mb.StaticBatching(8), {"workload": WL}),
+    "dynamic": (mb.DynamicBatching(controller=_CTL), {"workload": WL}),
+    "multibin_dynamic": (mb.MultiBinDynamic(bins=2, warmup=100, controller=_CTL), {"workload": WL}),
+    "laps": (mb.LAPS(instances=2), {"workload": WL}),
+    "cluster": (mb.Cluster(mb.DynamicBatching(controller=_CTL), engines=2), {"workload": WL}),
+    "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
+    "continuous": (mb.ContinuousBatching(max_num_seqs=16), {"workload": WL, "profile": PROFILE}),
+}
+EXTRA_CALLS = {
+    "cluster of continuous engines": (mb.Cluster(mb.ContinuousBatching(max_num_seqs=16), engines=2),
+                                      {"workload": WL, "profile": PROFILE}),
+    "laps with a continuous decode stage": (mb.LAPS(instances=2, decode=mb.ContinuousBatching(max_num_seqs=16)),
+                                            {"workload": WL}),
+}
+
+
+def _side(side: dict) -> dict:
+    side = dict(side)
+    if "profile" in side:
+        side["service_model"] = mb.profiles.get(side.pop("profile"))
+    return side
+
+
+def test_every_registered_kind_has_a_capacity_case():
+    """The registry is the list (a kind added without a case here fails)."""
+    assert set(KIND_CALLS) == set(mb.registry.KINDS)
+
+
+def _at_most_saturated_and_stable_below(pol, side, seed):
+    """find_capacity on 3 searches at twice the kind's fewest requests (2,000 at least): its interval
+    lies at or below the saturated throughput's, each search's saturated runs are simulate's own
+    (Saturated arrivals, the search's seeds: their throughput over their utilization), and a probe
+    at 98 % of the capacity on 6 seeds of its own is not unstable by the kind's criteria
+    (:class:`~mbbatch.policies.base.Carries`; each at 95 %)."""
+    from mbbatch.capacity import _Search, min_requests
+
+    n = max(2_000, 2 * min_requests(pol))
+    r = find_capacity(pol, n=n, seed=seed, searches=3, rel_tol=0.05, **side)
+    assert r.rate_ci[0] <= r.rate <= r.rate_ci[1] <= r.saturated_ci[1], r.summary()
+    assert r.saturated_ci[0] <= r.saturated_throughput <= r.saturated_ci[1]
+    first = r.searches[0]
+    for rep in (0, 2):
+        sat = mb.simulate(pol, mb.Saturated(), n=n, seed=np.random.SeedSequence(seed, spawn_key=(rep,)), **side)
+        assert first.saturated[rep] == sat.throughput / sat.utilization
+    for s in r.searches:
+        assert all(p.verdict == "fail" for p in s.probes if p.row("rate / saturated throughput")[2] > 1.0)
+    below = _Search(pol, mb.Poisson(1.0), {**side, "n": n}, 1, None, 0.95, 24, 0.05, seed + 1000)
+    below.saturated_throughput()
+    probe = below.probe(0.98 * r.rate)
+    assert probe.verdict != "fail", (r.summary(), probe)
+    return r
+
+
+@pytest.mark.parametrize("kind", mb.registry.KINDS)
+def test_every_kinds_capacity_is_at_most_its_saturated_throughput_and_stable_below_it(kind):
+    pol, side = KIND_CALLS[kind]
+    _at_most_saturated_and_stable_below(pol, _side(side), seed=mb.registry.KINDS.index(kind))
+
+
+@pytest.mark.parametrize("case", EXTRA_CALLS)
+def test_engines_whose_backlog_decides_are_at_most_saturated_and_stable_below(case):
+    pol, side = EXTRA_CALLS[case]
+    _at_most_saturated_and_stable_below(pol, _side(side), seed=11)
+
+
+#: the issue's continuous engine: 32 sequences on the H100 profile, log-normal prompts and outputs
+ISSUE_WL = mb.Workload(prompt=st.lognorm(0.6, scale=256), output=st.lognorm(1.0, scale=128))
+
+
+def test_a_continuous_engines_capacity_is_not_above_its_saturated_throughput():
+    """ContinuousBatching(max_num_seqs=32) on the H100 profile answered 14.28 [14.18, 14.39]
+    requests/s against a saturated throughput of 13.43, every run there unstable: the load divided by
+    an iteration's batch (0.002-0.01 at any rate) always passed, and the throughput check passed once
+    its interval touched 0.95.  Now the throughput, the backlog (at every probe) and the saturated
+    throughput decide; a probe whose throughput interval holds its floor replicates further."""
+    pol, prof = mb.ContinuousBatching(max_num_seqs=32), mb.profiles.get(PROFILE)
+    r = find_capacity(pol, workload=ISSUE_WL, service_model=prof, n=4_000, seed=0, rel_tol=0.02)
+    assert r.rate_ci[1] <= r.saturated_ci[1] and r.rate < r.saturated_throughput, r.summary()
+    assert all(not p.has("load") for p in r.probes)
+    borderline = [p for p in r.probes if p.row("throughput / rate")[5] == "undecided" and p.verdict != "fail"]
+    assert borderline and all(p.reps == 24 for p in borderline)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mb.UnstableWarning)
+        runs = [mb.simulate(pol, mb.Poisson(0.98 * r.rate), workload=ISSUE_WL, service_model=prof, n=4_000,
+                            seed=s) for s in range(4)]
+    assert sum(x.unstable for x in runs) <= 1 and np.mean([x.throughput for x in runs]) > 0.95 * 0.98 * r.rate
+
+
+def test_a_continuous_engine_searched_on_too_few_requests_is_refused():
+    """At n = 100 a continuous engine's capacity came out at 10.1 [5.2, 15.0] requests/s, "resolved",
+    against 27.2 at n = 4,000: its slots turn over once per output, so a probe needs 100 times its
+    max_num_seqs (3,200 here), named before any work."""
+    with pytest.raises(ValueError, match=r"^n must be at least 3200 requests per probe for a capacity search of "
+                                         r"ContinuousBatching on 1 server\(s\) \(100 at least, and 100 times the 32 "
+                                         r"requests .*; got n = 100$"):
+        find_capacity(mb.ContinuousBatching(max_num_seqs=32), workload=ISSUE_WL, n=100)
+    with pytest.raises(ValueError, match=r"^n must be at least 6400 .* on 2 server\(s\)"):
+        find_capacity(mb.ContinuousBatching(max_num_seqs=32), workload=ISSUE_WL, servers=2, n=3_200)
+
+
+def test_a_backlog_decided_search_needs_the_replications_to_decide_it():
+    """Where the backlog decides every probe, 0 of k growing puts the growing share below one half
+    (Clopper-Pearson, 95 %) only from k = 6: fewer replications at the cap could never pass a probe
+    (a dynamic-batching search with max_reps = 4 answered 0)."""
+    from mbbatch.capacity import backlog_reps
+
+    assert [backlog_reps(c) for c in (0.5, 0.8, 0.9, 0.95, 0.99)] == [3, 4, 5, 6, 8]
+    with pytest.raises(ValueError, match=r"^max_reps must be at least 6 for a capacity search of DynamicBatching "
+                                         r"at confidence 0.95: .*; got 4$"):
+        find_capacity(DYN, workload=WL, n=3_000, max_reps=4)
+    find_capacity(mb.MultiBin(bins=2, batch_size=8), service=U, n=2_000, max_reps=4, searches=1, rel_tol=0.1)

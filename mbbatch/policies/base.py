@@ -21,9 +21,13 @@ that declares, once, as class attributes:
 ``engine``, ``decode_stage``
     whether it can run as a :class:`~mbbatch.Cluster`'s engines or as
     :class:`~mbbatch.LAPS`'s decode stage;
+``spec_names``
+    the spec keys of the arguments its refusals name, where they differ
+    (LAPS's ``decode.kv_tokens`` is a spec's ``decode_eta``);
 
-and the classmethod ``from_spec(params, ctx)``: the policy of a sweep
-cell's parameters (:class:`SpecContext`).  A token-level policy (``planner
+the classmethod ``from_spec(params, ctx)``: the policy of a sweep
+cell's parameters (:class:`SpecContext`); and ``carries()``, how a
+capacity search judges its runs (:class:`Carries`).  A token-level policy (``planner
 = "tokens"``) also says how the event kernel runs it: ``event_config()``
 (:class:`EventPolicy`); an engine policy that is not token-level gives the
 token-level form its engines run (``engine_form()``).
@@ -35,11 +39,54 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-__all__ = ["Policy", "EventPolicy", "SpecContext", "declaring", "TOKEN_MODELS", "predictor_from_spec",
+__all__ = ["Policy", "Carries", "EventPolicy", "SpecContext", "declaring", "TOKEN_MODELS", "predictor_from_spec",
            "memory_from_spec", "controller_from_spec", "memory_kw"]
 
 #: the batch service models of the token-level policies (spec names), the default first
 TOKEN_MODELS = ("decode", "linear", "max", "calibrated", "iteration", "profile")
+
+
+class Carries(NamedTuple):
+    """How a capacity search (:func:`mbbatch.find_capacity`) judges whether a
+    policy's run carries its arrival rate.
+
+    ``load``
+        ``rate x mean batch service / (servers x mean batch size)`` is the
+        arrival rate over its service rate at the run's batching (the
+        servers' busy fraction in a stable run, above 1 in an overloaded
+        one), and tells the two apart: its batches hold their servers from
+        start to completion, at a batching the load does not change (the
+        multi-bin paper's full batches; LAPS's prefill batches).  False where
+        a batch is one iteration of a continuous-batching engine (a request
+        holds its slot over many of them: that ratio is about 1 / (output
+        tokens), below 1 at any rate), and where batches take whatever waits
+        (static, shortest-first, dynamic batching): near the limit the
+        server is always busy and the batches grow with the backlog, so the
+        ratio is 1 within any interval over a range of rates below it (from
+        4.4 to 6.3 requests/s, as the seeds went, for
+        ShortestPredictedFirst(8)), and a finite run's throughput, a percent
+        under the rate, puts it just above 1 there.
+    ``backlog``
+        the backlog check decides at every probe, not only at the
+        replication cap: where there is no load (``load`` False), or where it
+        covers part of the system only (LAPS's prefill instances, before its
+        decode stage).
+    ``held``
+        the most requests one of its servers holds at once (a batch, every
+        bin's batch, the running sequences; a cluster's engines together): a
+        capacity probe simulates many times this
+        (:func:`mbbatch.capacity.min_requests`), or its start-up and drain
+        are most of the run.
+    ``iterations``
+        its batches are the iterations of a continuous-batching engine: the
+        requests it holds turn over once per output, not once per batch, so
+        a probe needs more of them (:data:`mbbatch.capacity.MIN_TURNOVERS`).
+    """
+
+    load: bool
+    backlog: bool
+    held: int
+    iterations: bool = False
 
 
 class Policy:
@@ -68,6 +115,12 @@ class Policy:
         """The token-level policy a :class:`~mbbatch.Cluster`'s engines run for
         this one (itself, for a token-level policy)."""
         return self
+
+    def carries(self) -> Carries:
+        """How a capacity search judges this policy's runs (:class:`Carries`):
+        by default batches that hold their servers to completion, one
+        request each."""
+        return Carries(load=True, backlog=False, held=1)
 
 
 class EventPolicy(NamedTuple):

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._validation import check_fields, check_instance
 from ..params import PARAMS, default
-from .base import Policy, declaring
+from .base import Carries, Policy, declaring
 from .dynamic import DynamicBatching
 
 __all__ = ["Cluster", "EngineEvent", "Programs", "Sessions"]
@@ -257,6 +257,13 @@ class Cluster(Policy):
     def engine_kind(self) -> str:
         """The engines' policy kind."""
         return self.policy.kind
+
+    def carries(self) -> Carries:
+        """Its engines' (their load averaged over the engines, with the
+        throughput check for a router that overloads one of them), the
+        requests every engine holds together."""
+        e = self.policy.carries()
+        return e._replace(held=self.engines * e.held)
 
     def describe(self) -> dict:
         d = {k: v for k, v in self.policy.describe().items() if k != "policy"}

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._validation import check_fields, check_instance
+from .._validation import DOMAINS, check_fields, check_instance, check_real_array
 from ..params import default
 from ..predictors import BinConfusion, Oracle, as_predictor
-from .base import Policy, controller_from_spec
+from .base import Carries, Policy, controller_from_spec
 
 __all__ = ["ContinuousBatching"]
 
@@ -185,6 +185,12 @@ class ContinuousBatching(Policy):
         if self.memory is not None:
             return self.memory if self.memory.enabled else None
         return None if math.isinf(self.kv_tokens) else Memory(**memory_kw(self.kv_tokens))
+
+    def carries(self) -> Carries:
+        """Iterations, not batches: a request holds one of ``max_num_seqs``
+        slots over many of them, so there is no batch load; the throughput
+        and the backlog decide every probe."""
+        return Carries(load=False, backlog=True, held=self.max_num_seqs, iterations=True)
 
     def describe(self) -> dict:
         d = {"policy": self.kind, "max_num_seqs": self.max_num_seqs, "max_batched_tokens": self.max_batched_tokens,

@@ -16,7 +16,7 @@ from .._kernels.formation import FORM_DYNAMIC, FORM_MULTIBIN_DYNAMIC, SEL_ROUND_
 from .._validation import check, check_fields, check_instance
 from ..params import default
 from ..predictors import Oracle, as_predictor
-from .base import EventPolicy, Policy, controller_from_spec, memory_from_spec, predictor_from_spec
+from .base import Carries, EventPolicy, Policy, controller_from_spec, memory_from_spec, predictor_from_spec
 
 __all__ = ["DynamicBatching", "MultiBinDynamic"]
 
@@ -68,6 +68,13 @@ class DynamicBatching(Policy):
             raise ValueError(f"pin must be at most controller.b_max = {c.b_max}; got {self.pin}")
 
     bins = 1
+
+    def carries(self) -> Carries:
+        """Batches of up to the controller's ``b_max`` of whatever waits: near
+        its limit the server is always busy and its batches grow with the
+        backlog, so the load is 1 over a range of rates below it and the
+        backlog decides (see :class:`~mbbatch.policies.base.Carries`)."""
+        return Carries(load=False, backlog=True, held=self.controller.b_max)
 
     def describe(self) -> dict:
         c, m = self.controller, self.memory

@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from .._validation import check_fields, check_flag, check_instance
+from .._validation import check, check_fields, check_flag, check_instance
 from ..params import default
-from .base import Policy, declaring
+from .base import Carries, Policy, declaring
 
 __all__ = ["LAPS"]
 
@@ -114,6 +114,12 @@ class LAPS(Policy):
     def routed(self) -> bool:
         """Whether the router keeps groups (dynamic, and two instances at least)."""
         return self.dynamic and self.instances >= 2
+
+    def carries(self) -> Carries:
+        """The prefill instances' batches, each holding its instance to
+        completion; with a decode stage the load covers the prefill only, so
+        the throughput and the backlog decide every probe too."""
+        return Carries(load=True, backlog=self.decode is not None, held=self.instances * self.max_batch)
 
     def describe(self) -> dict:
         return {"policy": self.kind, "instances": self.instances, "threshold": self.threshold, "window": self.window,

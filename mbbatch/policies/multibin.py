@@ -16,7 +16,7 @@ from .._validation import check, check_fields
 from ..params import default
 from .._kernels.formation import FORM_MULTIBIN, SEL_ROUND_ROBIN
 from ..predictors import Oracle, as_predictor
-from .base import EventPolicy, Policy, predictor_from_spec
+from .base import Carries, EventPolicy, Policy, predictor_from_spec
 from .static import StaticBatching
 
 __all__ = ["MultiBin", "MultiBinEngine"]
@@ -95,6 +95,11 @@ class MultiBin(Policy):
                 raise ValueError(f"edges must be finite except edges[0]=-inf or edges[-1]=inf; got {e.tolist()}")
             e.flags.writeable = False
             object.__setattr__(self, "edges", e)
+
+    def carries(self) -> Carries:
+        """Full batches of ``batch_size``, each holding its server to
+        completion; a probe fills every bin's batch many times."""
+        return Carries(load=True, backlog=False, held=self.bins * self.batch_size)
 
     def describe(self) -> dict:
         d = {"policy": self.kind, "bins": self.bins, "batch_size": self.batch_size,

@@ -13,7 +13,7 @@ from .._kernels.spf import FORM_SPF, scratch_size
 from .._validation import check_fields, check_instance
 from ..params import default
 from ..predictors import BinConfusion, Oracle, as_predictor
-from .base import EventPolicy, Policy, memory_kw
+from .base import Carries, EventPolicy, Policy, memory_kw
 
 __all__ = ["ShortestPredictedFirst"]
 
@@ -80,6 +80,13 @@ class ShortestPredictedFirst(Policy):
         object.__setattr__(self, "predictor", predictor)
         object.__setattr__(self, "sla", check_instance("sla", self.sla, SLAController, SLAController))
         object.__setattr__(self, "memory", check_instance("memory", self.memory, Memory, Memory))
+
+    def carries(self) -> Carries:
+        """Batches of up to ``batch_size`` of whatever waits: near its limit
+        the server is always busy and its batches grow with the backlog, so
+        the load is 1 over a range of rates below it and the backlog decides
+        (see :class:`~mbbatch.policies.base.Carries`)."""
+        return Carries(load=False, backlog=True, held=self.batch_size)
 
     def describe(self) -> dict:
         d = {"policy": self.kind, "batch_size": self.batch_size,
