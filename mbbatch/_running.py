@@ -32,7 +32,7 @@ CLOCK_RESOLUTION = 1e-4
 PROGRESS_DELAY = 1.0
 
 __all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "PROGRESS_DELAY", "new_stop_flag", "stop_flag", "watch_stop_flag",
-           "interruptible", "available_memory", "check_memory", "check_clock", "format_bytes"]
+           "interruptible", "available_memory", "memory_limits", "check_memory", "check_clock", "format_bytes"]
 
 
 _enclosing = threading.local()
@@ -107,8 +107,17 @@ def interruptible(call, stop: np.ndarray, total: int | None = None):
 
 
 def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux ``MemAvailable``,
-    else the physical memory), or None if unknown."""
+    """Bytes of memory available to a new allocation: the machine's (Linux
+    ``MemAvailable``, else the physical memory), or less where the process's
+    limits leave less (:func:`memory_limits`); None if unknown."""
+    free = _free_memory()
+    rooms = [room for room, _ in memory_limits()] + ([] if free is None else [free])
+    return min(rooms) if rooms else None
+
+
+def _free_memory() -> int | None:
+    """The machine's memory available (Linux ``MemAvailable``, else the
+    physical memory), or None if unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -120,6 +129,47 @@ def available_memory() -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+#: the process's limits on its memory: ``(resource's name, /proc/self/status
+#: field of the memory it counts, what it limits)``.  An allocation counts
+#: in full against them (its address space), touched or not.
+_LIMITS = (("RLIMIT_AS", "VmSize", "address-space limit"), ("RLIMIT_DATA", "VmData", "data-segment limit"))
+
+
+def _status_bytes(field: str) -> int:
+    """A ``kB`` field of Linux's ``/proc/self/status`` in bytes (0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def memory_limits() -> list:
+    """``(bytes left, why)`` under each limit set on the process's memory
+    (``ulimit -v``'s ``RLIMIT_AS``, ``ulimit -d``'s ``RLIMIT_DATA``): the
+    limit less what the process uses of it now; none where unlimited (or
+    where the platform has no such limits)."""
+    try:
+        import resource
+    except ImportError:                 # pragma: no cover (not POSIX)
+        return []
+    out = []
+    for name, field, what in _LIMITS:
+        limit = getattr(resource, name, None)
+        if limit is None:               # pragma: no cover (a platform without it)
+            continue
+        soft, _ = resource.getrlimit(limit)
+        if soft == resource.RLIM_INFINITY:
+            continue
+        used = _status_bytes(field)
+        out.append((max(0, soft - used), f"under the process's {what} ({name} = {format_bytes(soft)}, "
+                                         f"{format_bytes(used)} of it in use)"))
+    return out
 
 
 def format_bytes(n: float) -> str:
@@ -135,14 +185,21 @@ def check_memory(parts: dict) -> int:
 
     ``parts`` maps the parameter that sizes an allocation to ``(bytes,
     what)``.  Raises ``ValueError`` naming the largest part's parameter, the
-    total needed and the memory available; returns the total in bytes.
+    total needed and the memory available (:func:`available_memory`: the
+    machine's, or what the process's ``RLIMIT_AS`` or ``RLIMIT_DATA`` leaves,
+    named where it is the less); returns the total in bytes.
     """
     total = int(sum(b for b, _ in parts.values()))
     avail = available_memory()
     if avail is not None and total > avail:
         name, (big, what) = max(parts.items(), key=lambda kv: kv[1][0])
+        # (where a limit of the process's leaves less than the machine has free, say so: raising it is a fix)
+        free = _free_memory()
+        room, why = min(memory_limits(), default=(None, ""), key=lambda rw: rw[0])
+        limited = room is not None and (free is None or room < free)
         raise ValueError(f"{name}: this run needs {format_bytes(total)} of memory ({format_bytes(big)} "
-                         f"for {what}), more than the {format_bytes(avail)} available; make it smaller")
+                         f"for {what}), more than the {format_bytes(avail)} available"
+                         + (f" {why}; make it smaller or raise the limit" if limited else "; make it smaller"))
     return total
 
 

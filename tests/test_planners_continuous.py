@@ -318,3 +318,109 @@ def test_engines_given_no_request_idle():
     assert res.completed == 3 and res.engine_completed.sum() == 3 and np.count_nonzero(res.engine_completed) <= 3
     assert np.all(np.isfinite(res.requests.completion)) and math.isfinite(res.throughput)
     assert np.all(res.engine_utilization[res.engine_completed == 0] == 0)
+
+
+def _traced(call) -> tuple:
+    """``(result, peak)``: ``call()``'s result and the most memory (bytes) the
+    allocations traced by tracemalloc (numpy's arrays among them) held during
+    it, above what they held before."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        res = call()
+        return res, tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_many_servers_no_longer_take_memory_in_their_square():
+    """Issue 49: 256 engines at n = 2,000 held 1.6 GB (1,000 ran out of
+    memory), of which the memory check counted 2 MiB.  Each engine samples
+    its time series at its own instants, so their union has about 256 times
+    an engine's rows; every engine's held values at every instant of it
+    were 256 x 256 x rows floats, kept before the sum was thinned to 512
+    rows; and all 256 engines' histograms (1.9 MB each) were held to the
+    end.  Now the series are read at the thinned instants, each engine is
+    folded in as it ends: the peak grows by tens of kB an engine, and the
+    check counts it (each engine's series) within a factor 2."""
+    pol = mb.ContinuousBatching()
+    kw = dict(arrivals=mb.Poisson(300.0), workload=WL, n=2000)
+    mb.simulate(pol, servers=2, **kw)                  # (compiled, and numpy's caches filled, before tracing)
+    peak, memory = {}, {}
+    for c in (64, 256):
+        res, peak[c] = _traced(lambda: mb.simulate(pol, servers=c, seed=0, **kw))
+        memory[c] = mb.simulation.plan(pol, servers=c, **kw).memory
+        assert res.completed == 2000 and res.time_series.sizes["time"] <= 512
+        assert memory[c] / 2 < peak[c] < 2 * memory[c], (c, peak[c], memory[c])
+    assert peak[256] < 40 << 20                        # (1.6 GB before)
+    assert (peak[256] - peak[64]) / (256 - 64) < 64 << 10, peak
+    assert (memory[256] - memory[64]) / (256 - 64) < 64 << 10, memory
+
+
+def test_the_memory_check_names_servers_when_the_engines_are_too_many(monkeypatch):
+    """Each engine's time series and controller state are counted once an
+    engine: 100,000 engines need 3 GiB, more than 1 GiB, and the error
+    names servers (not n, whose requests take 20 MiB)."""
+    import mbbatch._running
+
+    monkeypatch.setattr(mbbatch._running, "available_memory", lambda: 1 << 30)
+    kw = dict(arrivals=mb.Poisson(1.0), workload=WL, n=200_000)
+    mb.simulation.check_simulation(mb.ContinuousBatching(), servers=1000, **kw)
+    with pytest.raises(ValueError, match=r"^servers: this run needs 3\.\d GiB .* for the 100000 engines' time "
+                                         r"series and controller states"):
+        mb.simulation.check_simulation(mb.ContinuousBatching(), servers=100_000, **kw)
+
+
+# --- the engine's choices the planner makes (docs/guide/continuous.md, "The engine's choices") -------------------
+
+def test_the_default_edges_are_the_continuous_output_laws_quantiles_so_whole_tokens_fill_the_bins_unevenly():
+    """Four bins on outputs exponential of mean 4: the edges are the law's
+    quartiles (1.15, 2.77 and 5.55 tokens), not whole tokens; the engine's
+    outputs are the draws rounded up, so a bin holds the requests of
+    ceil(e_b) - 1 < X <= ceil(e_(b+1)) - 1: 22, 17, 32 and 29 %, not 25 %."""
+    law = st.expon(scale=4)
+    res = mb.simulate(mb.ContinuousBatching(admission="multibin", bins=4), mb.Saturated(),
+                      workload=mb.Workload(prompt=st.lognorm(0.6, scale=256), output=law), n=20_000, seed=0,
+                      keep_requests=True)
+    edges = res.edges[1:-1]
+    np.testing.assert_allclose(edges, law.ppf([0.25, 0.5, 0.75]), rtol=1e-12)
+    shares = np.bincount(np.searchsorted(edges, res.requests.prediction, side="right"), minlength=4) / res.n
+    want = np.diff(law.cdf(np.concatenate(([0.0], np.ceil(edges) - 1, [np.inf]))))
+    assert want.round(3).tolist() == [0.221, 0.172, 0.32, 0.287]
+    # (20,000 requests: a share's standard deviation is at most 0.0035)
+    np.testing.assert_allclose(shares, want, atol=0.015)
+
+
+def test_without_chunking_a_request_is_refused_when_its_recompute_could_exceed_the_budget():
+    """max_batched_tokens 2,048 without chunked prefill: a prompt of 2,000
+    tokens fits, but with finite KV memory a request preempted before its
+    last token prefills its prompt and its O - 1 generated tokens again in
+    one iteration, so the whole run is refused before it starts when
+    P + O - 1 > 2,048, naming the first such request; with unlimited memory
+    nothing is preempted and the prompt alone counts."""
+    def run(output, kv_tokens):
+        wl = mb.Workload(prompt=[100.0, 2000.0, 300.0], output=[10.0, output, 20.0])
+        return mb.simulate(mb.ContinuousBatching(chunked_prefill=False, kv_tokens=kv_tokens), mb.Poisson(1.0),
+                           workload=wl)
+
+    with pytest.raises(ValueError, match=r"max_batched_tokens = 2048: .* request 1 needs 2099 tokens"):
+        run(100.0, 100_000.0)
+    assert run(49.0, 100_000.0).completed == 3         # (P + O - 1 = 2,048)
+    assert run(100.0, math.inf).completed == 3
+
+
+def test_the_controllers_first_cap_is_the_warmup_midpoint_and_algorithm1_takes_500_tokens_a_request():
+    """A controller of B_min 1 and B_max 64 on an engine of 16 slots: B_max
+    is cut to 16, and its first three caps (Algorithm 2's warm-up) are the
+    midpoint 8.  On 4,000 tokens of KV cache, Algorithm 1 takes a request
+    for 500 tokens until one completes: floor(0.9 x 4,000 / 500) = 7 (the
+    requests' own 56 tokens would allow 64)."""
+    wl = mb.Workload(prompt=[16.0] * 32, output=[40.0] * 32)
+    sla = mb.SLAController(d_sla=0.02, b_min=1, b_max=64)
+    caps = [mb.simulate(mb.ContinuousBatching(max_num_seqs=16, kv_tokens=kv, controller=sla), mb.Saturated(),
+                        workload=wl, n=32, seed=0).time_series["max_num_seqs"].values[:4].tolist()
+            for kv in (math.inf, 4000.0)]
+    assert caps[0][:3] == [8.0] * 3 and caps[0][3] != 8.0
+    assert caps[1] == [7.0] * 4

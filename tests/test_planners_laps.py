@@ -86,3 +86,38 @@ def test_a_request_the_continuous_decode_stage_could_never_run_is_refused_before
     with pytest.raises(ValueError, match=rf"kv_tokens = 600: request {first} \(prompt {p[first]:g} \+ output "
                                          rf"{o[first]:g} tokens\) can never fit the 592 tokens"):
         mb.simulate(pol, mb.Poisson(10.0), workload=WL, n=2000, seed=ss)
+
+
+def test_many_decode_servers_no_longer_take_memory_in_their_square():
+    """Issue 49: LAPS's continuous decode stage on decode_servers = 256 held
+    1.6 GB at n = 2,000 (its engines' time series merged at every instant of
+    their union: 256 x 256 x rows floats; every engine's histograms held to
+    the end), of which the memory check counted 4 MiB.  Now the peak is a
+    few tens of MB, within a factor 2 of the check's count."""
+    import tracemalloc
+
+    kw = dict(arrivals=mb.Poisson(300.0), workload=WL, n=2000)
+    mb.simulate(mb.LAPS(instances=2, decode=mb.ContinuousBatching(), decode_servers=2), **kw)   # (compiled)
+    pol = mb.LAPS(instances=2, decode=mb.ContinuousBatching(), decode_servers=256)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        res = mb.simulate(pol, seed=0, **kw)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    memory = plan(pol, **kw).memory
+    assert res.completed == 2000 and res.decode.servers == 256
+    assert peak < 40 << 20 and memory / 2 < peak < 2 * memory, (peak, memory)
+
+
+def test_the_memory_check_names_decode_servers_when_the_decode_engines_are_too_many(monkeypatch):
+    """The decode stage's engines are counted one each, under the parameter
+    that sets them: 100,000 of them need 3 GiB, more than 1 GiB."""
+    import mbbatch._running
+
+    monkeypatch.setattr(mbbatch._running, "available_memory", lambda: 1 << 30)
+    kw = dict(arrivals=mb.Poisson(1.0), workload=WL, n=200_000)
+    check_simulation(mb.LAPS(instances=2, decode=mb.ContinuousBatching(), decode_servers=1000), **kw)
+    with pytest.raises(ValueError, match=r"^decode_servers: this run needs 3\.\d GiB .* for the 100000 engines'"):
+        check_simulation(mb.LAPS(instances=2, decode=mb.ContinuousBatching(), decode_servers=100_000), **kw)

@@ -132,3 +132,43 @@ def test_check_clock():
     with pytest.raises(ValueError, match="times reach"):
         check_clock(np.inf, 1.0, "times")
     check_clock(1e308, 0.0, "times")                  # no yardstick: not assessed
+
+
+LIMITED = textwrap.dedent("""
+    import resource
+    from mbbatch import _running
+
+    def used(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+    for name, field in (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData")):
+        limit = getattr(resource, name)
+        soft, hard = resource.getrlimit(limit)
+        resource.setrlimit(limit, (used(field) + (256 << 20), hard))
+        assert _running.available_memory() <= 256 << 20
+        _running.check_memory({"n": (100 << 20, "the requests")})
+        try:
+            _running.check_memory({"n": (1 << 30, "the requests"), "servers": (1 << 20, "the engines")})
+        except ValueError as e:
+            print(e)
+        resource.setrlimit(limit, (soft, hard))
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
+def test_the_memory_check_no_longer_ignores_the_process_memory_limits():
+    """Issue 49: the check read only the machine's free memory, so under
+    ``ulimit -v`` (RLIMIT_AS) or ``ulimit -d`` (RLIMIT_DATA) a run it let
+    through ended in a MemoryError.  It now takes the limit less what the
+    process uses of it, and names the limit (a process of its own, each limit
+    256 MiB above its use: 100 MiB pass, 1 GiB is refused)."""
+    out = subprocess.run([sys.executable, "-c", LIMITED], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2, out.stdout
+    for line, name, what in zip(lines, ("RLIMIT_AS", "RLIMIT_DATA"), ("address-space", "data-segment")):
+        assert line.startswith("n: this run needs 1.0 GiB of memory (1.0 GiB for the requests), more than the "), line
+        assert f"available under the process's {what} limit ({name} = " in line, line
+        assert line.endswith("; make it smaller or raise the limit"), line

@@ -27,7 +27,7 @@ from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
                      check_times, engines_backlog, finish, lengths, model_config, quantiles, resolve_n, rvs_memory,
-                     settled, steady_state)
+                     settled, steady_state, times_name)
 
 __all__ = ["Plan", "check"]
 
@@ -49,6 +49,8 @@ class Plan:
     #: a cluster's part of the plan (:class:`.cluster.ContinuousPart`): its
     #: engines behind its router; None: ``servers`` engines in turn
     cluster: object = None
+    #: the parameter that sets the engines' ``kv_tokens``, as the refusal of a request names it
+    kv_name: str = "kv_tokens"
 
     keep_batches = False
 
@@ -84,7 +86,8 @@ class Plan:
             return np.empty(0)
         if pol.edges is not None:
             return np.asarray(pol.edges, dtype=float)
-        return np.asarray(self.workload._output.equal_mass_edges(pol.bins)[1:-1], dtype=float)
+        return np.asarray(self.workload._output.equal_mass_edges(pol.bins, "ContinuousBatching(edges=...)")[1:-1],
+                          dtype=float)
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
@@ -128,12 +131,15 @@ class Plan:
 
 
 def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches, *,
-          prefilled: bool = False, cluster=None) -> Plan:
+          prefilled: bool = False, cluster=None, servers_name: str = "servers", kv_name: str = "kv_tokens") -> Plan:
     """The checked :class:`Plan` of a ``simulate`` call of
     :class:`~mbbatch.ContinuousBatching`; ``prefilled``: each request brings
     its whole prompt's KV cache (a decode stage's, as LAPS's); ``cluster``:
     a cluster's part (:class:`.cluster.ContinuousPart`), the policy its
-    engines'."""
+    engines'; ``servers_name``: the parameter that sets ``servers``, as the
+    memory check names it (LAPS's ``decode_servers``), and ``kv_name`` the
+    one that sets ``kv_tokens``, as a request's refusal names it (LAPS's
+    ``decode.kv_tokens``)."""
     if service is not None:
         raise TypeError("ContinuousBatching takes workload=Workload(prompt=..., output=...) (and an "
                         "IterationModel), not service=: its iterations are timed by their tokens")
@@ -166,23 +172,38 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     M = policy.max_num_seqs
     # (a cluster's engines each have room for every request, but the pages of a request's entries are touched
     # only on the engine it is routed to: its memory is the requests' once, and each engine's records)
-    E = 1 if cluster is None else cluster.policy.engines
     per = 8 * 14 * n if cluster is None else 8 * 19 * n
+    # servers engines run one after another, each folded into the run's as it ends (_merged): one engine's
+    # workspace and histograms at a time (beside their sums and a temporary), each engine's time series and
+    # controller state kept to the end; a cluster's engines run side by side, all theirs at once
+    c = min(servers, n) if cluster is None else cluster.policy.engines
+    live = 1 if cluster is None else c
+    hists = 3 * live + (0 if c == 1 else 4)
+    # (an engine's series: up to TIME_SERIES_ROWS rows of TS_WIDTH; in the merge, its rows' instants in the
+    # union (concatenated, sorted, unique: 3) and its waiting requests at the merged instants (1))
+    each = 8 * ((_k.TS_WIDTH + 4) * TIME_SERIES_ROWS + _c.CONTROLLER.size)
     parts = {
         "n": (per, "the requests' arrival times, lengths, predictions, states, links and heaps"),
-        "max_num_seqs": (E * 8 * 4 * (M + 1), "the prefill queue and the decodes' groups"),
-        "batch_size": (E * 3 * 8 * _common.HIST_SIZE, "the latency, first-token and between-token histograms"),
+        "max_num_seqs": (live * 8 * 20 * (M + 1), "the running sequences, the prefill queue and the decodes' "
+                                                  "groups"),
+        "batch_size": (hists * 8 * _common.HIST_SIZE, "the latency, first-token and between-token histograms"),
+        "block_size": (live * 8 * policy.block_size, "the decodes' count by block phase"),
     }
     if keep_requests:
-        parts["keep_requests"] = (E * 8 * 5 * n, "the per-request records")
-    if cluster is not None:
-        parts.update(cluster.memory(n))
+        parts["keep_requests"] = (live * 8 * 5 * n, "the per-request records")
+    engines = (c * each, f"the {c} engines' time series and controller states, and the series' merge")
+    if cluster is None:
+        parts[servers_name] = engines
+    else:
+        for key, (size, what) in cluster.memory(n).items():
+            parts[key] = (size + engines[0], f"{what}; {engines[1]}") if key == "engines" else (size, what)
+        parts.setdefault("engines", engines)
     parts.update(rvs_memory(specs, n))
     memory = check_memory(parts)
-    check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "service_model")
+    check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), times_name(model))
     return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, predictor=predictor, n=n,
                 keep_requests=bool(keep_requests), memory=memory, servers=int(servers), prefilled=bool(prefilled),
-                cluster=cluster)
+                cluster=cluster, kv_name=kv_name)
 
 
 def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) -> tuple:
@@ -203,9 +224,9 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) 
         too_big = np.flatnonzero(prompt + output > capacity)
         if too_big.size:
             r = int(too_big[0])
-            raise ValueError(f"kv_tokens = {pol.kv_tokens:g}: request {r} (prompt {prompt[r]:g} + output "
+            raise ValueError(f"{plan.kv_name} = {pol.kv_tokens:g}: request {r} (prompt {prompt[r]:g} + output "
                              f"{output[r]:g} tokens) can never fit the {capacity} tokens of KV blocks alone "
-                             f"({too_big.size} requests cannot); raise kv_tokens or bound the lengths")
+                             f"({too_big.size} requests cannot); raise {plan.kv_name} or bound the lengths")
     # (a decode stage's prompts come prefilled: only a preempted request prefills)
     fresh = 0.0 if plan.prefilled else longest_p
     bound = longest_p + longest_o - 1 if math.isfinite(pol.kv_tokens) else fresh
@@ -233,40 +254,44 @@ def _arrival_times(plan: Plan, gen) -> np.ndarray:
     return times
 
 
-def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, progress: bool):
+def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, progress: bool, seconds: list):
     """Run the engines: one kernel run per engine, request r going to engine
     ``r % servers`` (round robin, at arrival; more engines than requests:
-    the others idle).  Returns each engine's ``(outputs, records, code)``
-    and the kernel seconds.  (With several, a progress bar counts each
-    engine's requests in turn.)"""
+    the others idle).  Yields each engine's ``(outputs, records, code)`` as
+    its run ends, in engine order (the caller folds each into the run's and
+    lets its histograms go: never all the engines' at once), and appends
+    each run's kernel seconds to ``seconds``.  (With several, a progress bar
+    counts each engine's requests in turn.)"""
     config, arr = plan.kernel_args
     c, n = _busy_engines(plan), plan.n
     streams = _k.ContinuousStreams(stream(ss, STREAM_ARRIVALS))
     stop = stop_flag()
     kw = dict(control=plan.control, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS)
-    t0 = time.perf_counter()
+
+    def timed(call, m: int):
+        t0 = time.perf_counter()
+        run = interruptible(call, stop, m if progress else None)
+        seconds.append(time.perf_counter() - t0)
+        _check_codes([run])
+        return run
+
     if c == 1:
         inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
                                 cached=prompt if plan.prefilled else np.empty(0))
-        runs = [interruptible(lambda: _k.run(config, inputs, streams, stop, **kw), stop, n if progress else None)]
-    else:
-        # the arrival times one engine would draw for all n, dealt out; each engine replays its share
-        cfg = _k.CONFIG.unpack(config)
-        times = _arrival_times(plan, streams.arrival)
-        runs = []
-        for e in range(c):
-            part = slice(e, n, c)
-            m = len(range(e, n, c))
-            cfg_e = _k.CONFIG.pack(**{**cfg, "n": m, "arrival_kind": _common.ARR_REPLAY, "rate": 0.0})
-            inputs = _k.INPUTS.pack(arrival_times=times[part].copy(), arrival_params=np.zeros(1),
-                                    arrival_ends=arr["arrival_ends"], prompt=prompt[part].copy(),
-                                    output=output[part].copy(), prediction=prediction[part].copy(),
-                                    edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0))
-            runs.append(interruptible(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), stop,
-                                      m if progress else None))
-    kernel_seconds = time.perf_counter() - t0
-    _check_codes(runs)
-    return runs, kernel_seconds
+        yield timed(lambda: _k.run(config, inputs, streams, stop, **kw), n)
+        return
+    # the arrival times one engine would draw for all n, dealt out; each engine replays its share
+    cfg = _k.CONFIG.unpack(config)
+    times = _arrival_times(plan, streams.arrival)
+    for e in range(c):
+        part = slice(e, n, c)
+        m = len(range(e, n, c))
+        cfg_e = _k.CONFIG.pack(**{**cfg, "n": m, "arrival_kind": _common.ARR_REPLAY, "rate": 0.0})
+        inputs = _k.INPUTS.pack(arrival_times=times[part].copy(), arrival_params=np.zeros(1),
+                                arrival_ends=arr["arrival_ends"], prompt=prompt[part].copy(),
+                                output=output[part].copy(), prediction=prediction[part].copy(),
+                                edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0))
+        yield timed(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), m)
 
 
 def _check_codes(runs) -> None:
@@ -322,53 +347,69 @@ _NOT_BATCHES = {"sla_violation_tokens": math.nan, "sla_violation_requests": math
 _FIRST, _LAST = ("first_arrival",), ("last_completion", "max_running")
 
 
+#: the engines' outputs summed
+_SUMMED = ("hist", "hist_ttft", "hist_tbt", "group_latency", "group_count", "size_hist")
+
+
 def _merged(plan: Plan, runs, placed=None) -> tuple:
     """The engines' statistics, histograms, batch-means groups and records
-    as one run's (``placed``: each request's engine and number there; None:
-    request r is number r // c of engine r % c); their time series summed
-    at the union of their sampling instants (each held from its last
-    sample, 0 before its first), thinned to at most
-    :data:`TIME_SERIES_ROWS` rows, and each engine's waiting requests (a
-    column each) for the backlog check."""
-    stats_ = [_k.STATS.unpack((out.ints, out.floats)) for out, _, _ in runs]
-    series = [{name: out.ts[:s["ts_rows"], col] for name, col in zip(_k.TS._fields, _k.TS)}
-              for (out, _, _), s in zip(runs, stats_)]
-    if len(runs) == 1:
-        out, req, _ = runs[0]
-        ts = {k: v.copy() for k, v in series[0].items()}
-        return (stats_[0], out, req, ts, ts["waiting"][:, None])
-    # (an engine given no request has no first arrival)
-    st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_ if not math.isnan(s[k]))
-          for k in stats_[0]}
-    outs = [out for out, _, _ in runs]
-    hists = {f: sum(getattr(o, f) for o in outs) for f in ("hist", "hist_ttft", "hist_tbt", "group_latency",
-                                                           "group_count", "size_hist")}
-    req = None
-    if plan.keep_requests:
-        c, n = _busy_engines(plan), plan.n
-        req = {}
-        if placed is None:
-            for e, (_, r, _) in enumerate(runs):
+    as one run's (``runs``: each engine's ``(outputs, records, code)`` in
+    engine order, folded in one at a time, so that an iterator of them holds
+    one engine's histograms at a time; ``placed``: each request's engine and
+    number there; None: request r is number r // c of engine r % c); their
+    time series summed at the union of their sampling instants, thinned to
+    at most :data:`TIME_SERIES_ROWS` rows (each held from its last sample, 0
+    before its first), and each engine's waiting requests (a column each)
+    for the backlog check.  The engines' series are read at the thinned
+    instants only: memory linear in the engines (at every instant of the
+    union it was their square)."""
+    c = plan.engines if plan.cluster is not None else _busy_engines(plan)
+    if c == 1:
+        (out, req, _), = runs
+        st = _k.STATS.unpack((out.ints, out.floats))
+        ts = {name: out.ts[:st["ts_rows"], col].copy() for name, col in zip(_k.TS._fields, _k.TS)}
+        return st, out, req, ts, ts["waiting"][:, None]
+    stats_, series, ctl, sums = [], [], [], {}
+    req = {} if plan.keep_requests else None
+    n = plan.n
+    for e, (out, r, _) in enumerate(runs):
+        s = _k.STATS.unpack((out.ints, out.floats))
+        stats_.append(s)
+        series.append({name: out.ts[:s["ts_rows"], col] for name, col in zip(_k.TS._fields, _k.TS)})
+        ctl.append(out.ctl)
+        for f in _SUMMED:
+            # (0 + the first, then each in engine order: as sum() adds them)
+            sums[f] = sums.get(f, 0) + getattr(out, f)
+        if req is not None:
+            if placed is None:
                 for k, v in r.items():
                     req.setdefault(k, np.empty(n, v.dtype))[e::c] = v
-        else:
-            where, local = placed
-            for e, (_, r, _) in enumerate(runs):
+            else:
+                where, local = placed
                 mine = where == e
                 for k, v in r.items():
                     req.setdefault(k, np.empty(n, v.dtype))[mine] = v[local[mine]]
+        del out, r          # (not held while the next engine runs)
+    # (an engine given no request has no first arrival)
+    st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_ if not math.isnan(s[k]))
+          for k in stats_[0]}
     t = np.unique(np.concatenate([s["time"] for s in series]))
-    held = []
-    for s in series:
-        k = np.searchsorted(s["time"], t, side="right") - 1
-        # (an engine given no request has no sample: 0 throughout)
-        held.append({name: np.where(k >= 0, col[np.maximum(k, 0)], 0.0) if col.size else np.zeros(t.size)
-                     for name, col in s.items()})
     step = max(1, -(-t.size // TIME_SERIES_ROWS))
-    ts = {name: sum(h[name] for h in held)[::step] for name in series[0]}
-    ts["time"] = t[::step]
-    queue = np.stack([h["waiting"] for h in held], axis=1)[::step]
-    merged = SimpleNamespace(ctl=np.stack([o.ctl for o in outs]), **hists)
+    at = t[::step].copy()
+    del t
+    ts = dict.fromkeys(series[0], 0)
+    queue = np.empty((at.size, c))
+    for e, s in enumerate(series):
+        k = np.searchsorted(s["time"], at, side="right") - 1
+        for name, col in s.items():
+            if name != "time":
+                # (an engine given no request has no sample: 0 throughout)
+                held = np.where(k >= 0, col[np.maximum(k, 0)], 0.0) if col.size else np.zeros(at.size)
+                ts[name] = ts[name] + held
+                if name == "waiting":
+                    queue[:, e] = held
+    ts["time"] = at
+    merged = SimpleNamespace(ctl=np.stack(ctl), **sums)
     return st, merged, req, ts, queue
 
 
@@ -378,10 +419,12 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
     columns = {}
     if plan.cluster is None:
         prompt, output, prediction = _requests(plan, ss)
-        runs, kernel_seconds = _engines(plan, ss, prompt, output, prediction, progress)
+        seconds = []
+        st, out, req, ts, queue = _merged(plan, _engines(plan, ss, prompt, output, prediction, progress, seconds))
+        kernel_seconds = sum(seconds)
     else:
         (prompt, output, prediction), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss, progress)
-    st, out, req, ts, queue = _merged(plan, runs, placed)
+        st, out, req, ts, queue = _merged(plan, runs, placed)
     completed, iters = st["completed"], st["iterations"]
     nan = math.nan
     span = st["last_completion"] - st["first_arrival"] if completed else nan

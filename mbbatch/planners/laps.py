@@ -146,7 +146,7 @@ def _decode_plan(pol, arrivals, workload, model, n: int, output_law=None):
     prompts prefilled (their KV cache comes with the requests)."""
     if pol.decode.planner == "continuous":
         return continuous.check(pol.decode, arrivals, None, n, pol.decode_servers, True, workload, model, False,
-                                prefilled=True)
+                                prefilled=True, servers_name="decode_servers", kv_name="decode.kv_tokens")
     return tokens.check(pol.decode, arrivals, None, n, pol.decode_servers, True, workload, model, False,
                         output_law=output_law)
 
