@@ -9,12 +9,19 @@ Parameters, their domains and defaults are those of the parameter table
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 from ._validation import check_fields
 from .params import default
 
-__all__ = ["Memory", "SLAController"]
+__all__ = ["Memory", "SLAController", "D_SLA_LIKELY_MAX"]
+
+#: The largest D_SLA (s/token) taken as meant: a decode time per token above
+#: it, a second or more, is almost surely milliseconds given for seconds
+#: (``--d-sla 20`` for 20 ms, 0.02 s/token), warned about.  Measured decode
+#: times per token are a few to a few hundred milliseconds.
+D_SLA_LIKELY_MAX = 1.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,9 @@ class SLAController:
     Parameters
     ----------
     d_sla : float
-        Target decode time per token D_SLA, s/token.
+        Target decode time per token D_SLA, s/token (7.4e-3 for 7.4 ms;
+        above :data:`D_SLA_LIKELY_MAX`, 1 s/token, a ``UserWarning`` says
+        it is probably milliseconds).
     eps_d : float
         Tolerance band around D_SLA, s/token.
     b_min, b_max : int
@@ -84,6 +93,10 @@ class SLAController:
 
     def __post_init__(self):
         check_fields(self, {"d_sla": "d_sla", "eps_d": "eps_d", "b_min": "b_min", "b_max": "b_max"})
+        if self.d_sla > D_SLA_LIKELY_MAX:
+            warnings.warn(f"d_sla is in s/token; got {self.d_sla:g} s/token, above {D_SLA_LIKELY_MAX:g} s per "
+                          f"token: almost surely milliseconds (for {self.d_sla:g} ms, d_sla = "
+                          f"{self.d_sla / 1000:g})", UserWarning, stacklevel=3)
         if self.b_min > self.b_max:
             raise ValueError(f"b_min must be at most b_max; got b_min={self.b_min}, b_max={self.b_max}")
         check_fields(self, {"alpha": "SLAController.alpha", "delta": "delta", "variant": "controller"})

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "RENAMED", "TAGS", "KINDS", "applicable", "kinds_of", "by_var", "label"]
+# (KINDS: the registry's, read lazily by the module's __getattr__)
+__all__ = ["Metric", "METRICS", "RENAMED", "TAGS", "KINDS", "applicable", "kinds_of", "by_var", "label"]  # noqa: F822
 
 #: The tags of the metric table: what kind of run a metric describes.
 TAGS = {
@@ -26,12 +27,13 @@ TAGS = {
     "decode": "generated tokens: their throughput and the time between them",
     "ttft": "the time to first token",
     "ttft_quantiles": "quantiles of the time to first token",
+    "tbt_quantiles": "quantiles of the time between tokens",
     "multibin": "the multi-bin paper's model: bins filling, a central FIFO of full batches",
     "controller": "SLA controllers (Algorithms 2 and 7)",
     "warmup": "Algorithm 6's warm-up",
-    "router": "a cluster's router: its routing, programs and TTFT quantiles",
+    "router": "a cluster's router: its routing and programs",
     "laps": "LAPS's prefill instances: short and long requests, its groups",
-    "continuous": "a continuous-batching engine: time between tokens, preemptions, running sequences, KV memory",
+    "continuous": "a continuous-batching engine: preemptions, running sequences, KV memory",
 }
 
 
@@ -171,7 +173,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "averaged over the routing decisions (Poisson arrivals see time averages)", "router"),
     _m("rerouted", "requests", "queued requests routed again when their engine was removed", "router", dtype="i8"),
     *[_m(f"tbt_{q}", "s", f"{'median' if q == 'p50' else q[1:] + 'th percentile'} time between tokens: of "
-         "every gap between two tokens of a request", "continuous") for q in ("p50", "p95", "p99")],
+         "every gap between two tokens of a request (run-to-completion batches: the batch's decode time per "
+         "token, once for each of a member's output - 1 gaps, fractional for lengths not in whole tokens)",
+         "tbt_quantiles") for q in ("p50", "p95", "p99")],
     _m("preemptions", "preemptions", "running sequences preempted (recompute) when the KV blocks ran out",
        "continuous", dtype="i8"),
     _m("recomputed_tokens", "tokens/request", "prompt and generated tokens prefilled again on resuming after a "

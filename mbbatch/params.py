@@ -391,12 +391,19 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # --- a capacity search's objective (mb.Objective): upper bounds, none by default ----
     *[_p(f"objective_{m}", "real", u, f"capacity search: upper bound on {m}", d, default=None)
       for m, u, d in (("latency_p50", "s", _POS), ("latency_p95", "s", _POS), ("latency_p99", "s", _POS),
-                      ("mean_latency", "s", _POS), ("mean_ttft", "s", _POS), ("ttft_p99", "s", _POS),
+                      ("mean_latency", "s", _POS), ("mean_ttft", "s", _POS), ("ttft_p50", "s", _POS),
+                      ("ttft_p95", "s", _POS), ("ttft_p99", "s", _POS), ("mean_tbt", "s/token", _POS),
+                      ("tbt_p50", "s", _POS), ("tbt_p95", "s", _POS), ("tbt_p99", "s", _POS),
                       ("sla_violation_share", "1", Domain(0, 1, lo_closed=True, hi_closed=True)),
                       ("sla_violation_tokens", "1", Domain(0, 1, lo_closed=True, hi_closed=True)),
                       ("sla_violation_requests", "1", Domain(0, 1, lo_closed=True, hi_closed=True)))],
     # --- closed forms only --------------------------------------------------------------
     _p("eps", "real", "requests/s", "throughput gap to capacity allowed", _POS),
+    # --- a decode-time SLA target for measured hardware (mbbatch.profiles.sla_target) ------
+    _p("context", "real", "tokens", "typical context of a decoded sequence: its prompt plus the tokens generated",
+       _NONNEG),
+    # D_SLA 7.4 ms over the dynamic-batching paper's calibrated one-sequence decode step, 5.74 ms
+    _p("headroom", "real", "1", "D_SLA over the engine's one-sequence decode step", _POS, default=7.4 / 5.74),
 ]}
 
 #: The multi-bin paper's symbols, used as argument names in mbbatch.theory only.

@@ -3,6 +3,8 @@
 Written independently of the kernel, as an event loop over a heap of
 arrival and completion events, to check the kernel request by request.
 It takes the arrival and service times as given (the kernel's draws).
+Below it, plain-Python weighted quantiles, against which the event kernel's
+time-between-tokens histogram is checked.
 """
 
 from __future__ import annotations
@@ -79,3 +81,32 @@ def reference_makespan(service, edges, batch_size):
     lat = reference_latencies(np.zeros(len(service)), np.asarray(service, float), edges,
                               batch_size, servers=1)
     return float(np.nanmax(lat)) if np.any(~np.isnan(lat)) else math.nan
+
+
+def weighted_quantiles(values, weights, qs):
+    """The inverted-CDF quantiles ``qs`` of ``values`` weighted by
+    ``weights`` (>= 0, fractional allowed): for each q the smallest value
+    with a share q of the total weight at or below it; NaN for no weight.
+    A loop over the values in order, as a hand computation would go (the
+    kernels' time between tokens: each batch's decode time per token,
+    weighted by its members' gaps)."""
+    pairs = sorted((float(v), float(w)) for v, w in zip(values, weights) if w > 0)
+    total = sum(w for _, w in pairs)
+    out = []
+    for q in qs:
+        if not pairs:
+            out.append(math.nan)
+            continue
+        c = 0.0
+        for v, w in pairs:
+            c += w
+            if c >= q * total:
+                break
+        out.append(v)
+    return np.array(out)
+
+
+def token_gaps(output):
+    """The gaps between two tokens of requests of ``output`` tokens each
+    (fractional where lengths are not whole tokens): ``max(output - 1, 0)``."""
+    return np.maximum(np.asarray(output, dtype=float) - 1.0, 0.0)

@@ -43,6 +43,8 @@ import mbbatch as mb
 from mbbatch import theory
 from mbbatch._kernels import controller as c
 
+from .reference import token_gaps, weighted_quantiles
+
 
 #: two-sided normal quantile for 99.99% confidence
 Z_9999 = st.norm.ppf(1 - 0.0001 / 2)
@@ -445,8 +447,10 @@ def test_same_seed_is_bit_identical(cfg):
     res3, _ = run(cfg, keep_requests=False, keep_batches=False)
     m3 = res3.metrics()
     for k in m1:
-        if k.startswith("latency_p"):
-            continue  # exact quantiles with records, histogram ones without
+        if k.startswith(("latency_p", "ttft_p")):
+            # exact quantiles with records, histogram ones (within half a bucket) without
+            assert m3[k] == pytest.approx(m1[k], rel=HIST_RELATIVE, abs=0), k
+            continue
         assert m1[k] == m3[k] or (math.isnan(m1[k]) and math.isnan(m3[k])), k
 
 
@@ -794,6 +798,7 @@ def check_metrics(cfg, res, pol):
     assert m["sla_violation_tokens"] == pytest.approx(out_b[late].sum() / out, rel=1e-9, abs=1e-15)
     assert 0 <= m["sla_violation_tokens"] <= 1 and 0 <= m["sla_violation_requests"] <= 1
     assert m["mean_tbt"] == pytest.approx((ptok * out_b).sum() / out, rel=1e-9)
+    check_token_times(m, r, served, mem, ptok)
     # servers and memory
     assert m["utilization"] == pytest.approx(b["service"].sum() / (c_ * span), rel=1e-9)
     assert 0 < m["utilization"] <= 1 + 1e-12
@@ -828,6 +833,30 @@ def check_metrics(cfg, res, pol):
             wait = (r["arrival"] <= b["start"][jb]) & (r["batch"] > jb)
             np.testing.assert_array_equal(ts["queue"][i],
                                           np.bincount(qb[wait], minlength=bins_of(pol)))
+
+
+#: the largest relative error of a quantile read off the kernels' histograms:
+#: half a bucket, buckets 2**-10 of an octave wide
+HIST_RELATIVE = 2.0 ** -11
+
+
+def check_token_times(m, r, served, mem, ptok):
+    """The time to first token's quantiles (exact: the records are kept) and
+    the time between tokens' (from the histogram): each batch's decode time
+    per token ``ptok``, recomputed from its model, once for each gap between
+    two tokens of each member (a member of output o has max(o - 1, 0) of
+    them), against plain-Python weighted quantiles."""
+    qs = (0.5, 0.95, 0.99)
+    np.testing.assert_array_equal([m["ttft_p50"], m["ttft_p95"], m["ttft_p99"]],
+                                  np.quantile(r["ttft"][served], qs, method="inverted_cdf"))
+    gaps = np.array([token_gaps(r["output"][mm]).sum() for mm in mem])
+    expect = weighted_quantiles(ptok, gaps, qs)
+    got = np.array([m["tbt_p50"], m["tbt_p95"], m["tbt_p99"]])
+    if gaps.sum() == 0:
+        assert np.isnan(got).all()     # (every output one token or less: no gap)
+    else:
+        np.testing.assert_allclose(got, expect, rtol=HIST_RELATIVE * (1 + 1e-9), atol=0)
+        assert ptok.min() * (1 - HIST_RELATIVE) <= got.min() and got.max() <= ptok.max() * (1 + HIST_RELATIVE)
 
 
 @given(cfg=configs())

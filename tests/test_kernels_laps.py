@@ -246,8 +246,25 @@ def test_metrics_by_category():
         exact = np.quantile(r.ttft[sel], [0.5, 0.95, 0.99], method="inverted_cdf")
         got = [getattr(res, f"ttft_{c}_{q}") for q in ("p50", "p95", "p99")]
         np.testing.assert_allclose(got, exact, rtol=2.0 ** -10)
+    # the time to first token over both categories; no tokens after it without a decode stage
+    exact = np.quantile(r.ttft, [0.5, 0.95, 0.99], method="inverted_cdf")
+    np.testing.assert_allclose([res.ttft_p50, res.ttft_p95, res.ttft_p99], exact, rtol=2.0 ** -10)
+    assert np.isnan(res.mean_tbt) and np.isnan(res.tbt_p99) and np.isnan(res.token_throughput)
     with pytest.raises(AttributeError, match="does not apply to laps"):
-        res.mean_tbt
+        res.preemptions
+
+
+def test_laps_with_a_decode_stage_reports_its_time_between_tokens():
+    """LAPS reported no time between tokens (nor its time to first token's quantiles) though its
+    decode stage generates the tokens: they are the decode stage's now (its result, ``res.decode``),
+    and the tokens generated over the whole run's span."""
+    for stage in (mb.ContinuousBatching(max_num_seqs=16), mb.StaticBatching(8)):
+        res = _run(mb.LAPS(instances=2, decode=stage), n=3000)
+        dec = res.decode
+        assert (res.mean_tbt, res.tbt_p50, res.tbt_p95, res.tbt_p99) == (dec.mean_tbt, dec.tbt_p50, dec.tbt_p95,
+                                                                          dec.tbt_p99)
+        assert 0 < res.tbt_p50 <= res.tbt_p99 and res.ttft_p50 <= res.ttft_p99 < res.latency_p99
+        assert res.token_throughput == pytest.approx(res.requests.output.sum() / res.span, rel=1e-12)
 
 
 @pytest.mark.parametrize("kw, exc, match", [
@@ -281,7 +298,7 @@ def test_the_prefill_model_and_its_fit():
     x = rng.uniform(100, 5000, 200)
     fit = mb.PrefillModel.fit({"sum_prompt": x, "service": 0.01 + 2e-4 * x + rng.normal(0, 1e-4, x.size)})
     assert fit.params["a"] == pytest.approx(0.01, abs=1e-4) and fit.params["b"] == pytest.approx(2e-4, rel=1e-3)
-    with pytest.raises(ValueError, match=r"b must be in \(0, inf\)"):
+    with pytest.raises(ValueError, match=r"b must be in \(0, 1e\+290\)"):
         mb.PrefillModel(b=0.0)
 
 

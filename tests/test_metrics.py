@@ -90,3 +90,63 @@ policy = ["s", "d"]
 def test_a_mixed_spec_stores_the_union():
     spec = parse_spec(MIXED)
     assert set(rep_vars(spec)) == {m.var for m in METRICS.values() if m.per_rep and m.kinds & {"static", "dynamic"}}
+
+
+def test_every_token_level_policy_reports_the_time_to_first_token_and_between_tokens():
+    """Regression: the quantiles of the time between tokens were tagged
+    continuous batching's, so StaticBatching, ShortestPredictedFirst,
+    DynamicBatching, MultiBinDynamic and a cluster of them had none (NaN, or
+    absent) though their batches decode one token per step; their tag is
+    every token-level policy's now, as the time to first token's."""
+    from mbbatch.metrics import kinds_of
+
+    token = {"static", "spf", "dynamic", "multibin_dynamic", "cluster", "continuous", "laps"}
+    assert kinds_of("tbt_quantiles") == token == kinds_of("ttft_quantiles")
+    for q in ("p50", "p95", "p99"):
+        assert METRICS[f"tbt_{q}"].tag == "tbt_quantiles" and METRICS[f"tbt_{q}"].var == f"sim_tbt_{q}"
+        assert METRICS[f"ttft_{q}"].kinds == token
+    assert {"mean_tbt", "mean_ttft"} <= set(applicable("static"))
+
+
+CAPACITY = """
+name = "cap"
+policy = "static"
+arrivals = "poisson"
+service_model = "decode"
+seed = 3
+[params]
+prompt_median = 128.0
+prompt_sigma = 0.5
+output_median = 64.0
+output_sigma = 0.8
+d_sla = 0.0074
+n = 1500
+batch_size = 8
+objective_ttft_p95 = 2.0
+[grid]
+objective_tbt_p99 = [0.007, 0.0075]
+[capacity]
+"""
+
+
+def test_every_objective_metric_is_an_objective_field_and_a_spec_parameter():
+    """Objective(tbt_p99=..., tbt_p95=..., ttft_p95=...): each metric an
+    objective may bound is a field of Objective and a capacity spec's
+    parameter objective_<metric> in the metric's units, for the policies
+    that report it; a spec's bounds become its cells' Objective."""
+    from dataclasses import fields
+
+    from mbbatch.capacity import OBJECTIVE_METRICS, Objective
+    from mbbatch.sweeps.cells import _objective, check_points
+    from mbbatch.sweeps.spec import SPEC_PARAMS
+
+    assert [f.name for f in fields(Objective)] == list(OBJECTIVE_METRICS)
+    assert {"ttft_p50", "ttft_p95", "ttft_p99", "mean_tbt", "tbt_p50", "tbt_p95", "tbt_p99"} <= set(OBJECTIVE_METRICS)
+    for m in OBJECTIVE_METRICS:
+        sp = SPEC_PARAMS[f"objective_{m}"]
+        assert sp.capacity_only and sp.kinds == METRICS[m].kinds and sp.table.units == METRICS[m].units, m
+    spec = parse_spec(CAPACITY)
+    cells = [params for _, params in spec.points()]
+    assert [_objective(c) for c in cells] == [Objective(ttft_p95=2.0, tbt_p99=0.007),
+                                              Objective(ttft_p95=2.0, tbt_p99=0.0075)]
+    check_points(spec)

@@ -133,12 +133,17 @@ TIME_SERIES = Layout("time series", floats=("time", "b_target", "b_low", "b_high
 TS_QUEUE = TIME_SERIES.size   # the first queue column
 #: ``ctl`` and ``st`` hold a controller.CONTROLLER and a controller.BATCH_STATS
 #: row per bin; group g of the batch-means statistics holds the batches whose
-#: first member has arrival index i with g = i * G // n
+#: first member has arrival index i with g = i * G // n.  ``hist``,
+#: ``hist_ttft`` and ``hist_tbt`` are log-linear histograms (:func:`~.common.hist_bucket`)
+#: of the latencies and the times to first token (a count per request) and of
+#: the times between tokens: a batch's decode time per token, weighted by its
+#: members' gaps between two tokens, ``max(output - 1, 0)`` each (fractional
+#: for lengths that are not whole tokens: hence floats)
 OUTPUTS = Arrays("TokenOutputs", __name__, ints=np.int64, floats=np.float64, hist=np.int64,
                  size_hist=np.int64, ts=(np.float64, 2), ctl=(np.float64, 2), st=(np.float64, 2),
                  edges_lo=np.float64, edges_hi=np.float64, group_latency=np.float64, group_count=np.int64,
-                 bin_completed=np.int64, bin_latency=np.float64, hist_ttft=np.int64, engine_completed=np.int64,
-                 engine_busy=np.float64)
+                 bin_completed=np.int64, bin_latency=np.float64, hist_ttft=np.int64, hist_tbt=np.float64,
+                 engine_completed=np.int64, engine_busy=np.float64)
 TokenOutputs = OUTPUTS.type
 #: per-request records (keep_requests; n of them, else 0): ``REQUESTS.records(n)``
 REQUESTS = Layout("token requests", ints=("bin", "batch", "engine"),
@@ -198,7 +203,7 @@ TokenWorkspace = WORKSPACE.type
 
 R = RUN.index
 P = POLICY.index
-O = MODEL.index
+O = MODEL.index  # noqa: E741  (the layouts' one-letter indices)
 S = STATS.index
 TS = TIME_SERIES.index
 RQ = REQUESTS.index
@@ -277,7 +282,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                        edges_hi=np.full(pol["bins"], EDGE_MAX), group_latency=np.zeros(groups),
                        group_count=np.zeros(groups, np.int64), bin_completed=np.zeros(pol["bins"], np.int64),
                        bin_latency=np.zeros(pol["bins"]),
-                       hist_ttft=np.zeros(HIST_SIZE if cluster is not None else 1, np.int64),
+                       hist_ttft=np.zeros(HIST_SIZE, np.int64), hist_tbt=np.zeros(HIST_SIZE),
                        engine_completed=np.zeros(E, np.int64), engine_busy=np.zeros(E))
     if edges is not None:
         out.edges_lo[:], out.edges_hi[:] = edges
@@ -510,18 +515,19 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps
 
 
 @step
-def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, hist_ttft, cluster, keep, r_i, r_f,
-           batch):
+def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, hist_ttft, keep, r_i, r_f, batch):
     """The members of a batch (the first nb of queue b, head at slot h0:
     engine e's bin lb), started at ``now`` and done at ``done``: their
-    latencies into the histogram (in a ``cluster``, their times to first
-    token too) and, with ``keep``, their records.  Returns their summed
-    latency and arrival times, and the sum of squared deviations of their
-    tokens from ``mean_tok`` (for the feedback)."""
+    latencies and times to first token into the histograms and, with
+    ``keep``, their records.  Returns their summed latency and arrival
+    times, the sum of squared deviations of their tokens from ``mean_tok``
+    (for the feedback), and their gaps between two tokens, ``max(output -
+    1, 0)`` each (one decode step apart: the batch's time between tokens)."""
     ub = np.uint64(b)
     m2 = 0.0
     sum_lat = 0.0
     sum_arr = 0.0
+    gaps = 0.0
     for j in range(nb):
         sl = np.uint64((h0 + j) & mask)
         a = q[Q.arrival, ub, sl]
@@ -529,10 +535,12 @@ def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, his
         sum_lat += lat
         sum_arr += a
         hist[hist_bucket(lat)] += 1
-        d = q[Q.prompt, ub, sl] + q[Q.output, ub, sl] - mean_tok
+        o = q[Q.output, ub, sl]
+        d = q[Q.prompt, ub, sl] + o - mean_tok
         m2 += d * d
-        if cluster:
-            hist_ttft[hist_bucket(now - a + ttft)] += 1
+        if o > 1.0:
+            gaps += o - 1.0
+        hist_ttft[hist_bucket(now - a + ttft)] += 1
         if keep:
             idx = qidx[ub, sl]
             r_i[RQ.bin, idx] = lb
@@ -541,7 +549,7 @@ def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, his
             r_f[RQ.start, idx] = now
             r_f[RQ.completion, idx] = done
             r_f[RQ.ttft, idx] = now - a + ttft
-    return sum_lat, sum_arr, m2
+    return sum_lat, sum_arr, m2, gaps
 
 
 @subroutine
@@ -677,6 +685,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     bin_completed = out.bin_completed
     bin_latency = out.bin_latency
     hist_ttft = out.hist_ttft
+    hist_tbt = out.hist_tbt
     engine_completed = out.engine_completed
     engine_busy = out.engine_busy
     r_i = requests[0]
@@ -803,9 +812,13 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 if done > last_completion:
                     last_completion = done
                 bf = float(nb)
-                sum_lat, sum_arr, m2 = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft,
-                                              (sum_prompt + sum_out) / bf, hist, hist_ttft, cl is not None, keep,
-                                              r_i, r_f, n_batches)
+                sum_lat, sum_arr, m2, gaps = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft,
+                                                    (sum_prompt + sum_out) / bf, hist, hist_ttft, keep, r_i, r_f,
+                                                    n_batches)
+                # (the model times the batch, not each step: every gap of its members is its decode
+                # time per token, one bucket per batch)
+                if gaps > 0.0:
+                    hist_tbt[hist_bucket(tpot)] += gaps
                 if cl is not None:
                     if closed:
                         hsize = _follow_ups(q, qidx, b, h0, nb, mask, done, C, cl.call, cl.gap, cl.heap_t,

@@ -20,7 +20,7 @@ from .._kernels.routing import ROUTERS, Router
 from .._running import check_memory
 from ..policies.cluster import Programs, Sessions
 from . import continuous, tokens
-from .common import drawn_lengths, exponentials, lengths, quantiles, readonly
+from .common import drawn_lengths, exponentials, lengths, readonly
 
 __all__ = ["Plan", "Part", "ContinuousPart", "check", "ORDER_CHUNK", "ORDER_CAP"]
 
@@ -60,11 +60,10 @@ class Part:
         config, events = _pack(cluster, n)
         return inputs, (config, arrays, events), (arrays if programs is not None else None)
 
-    def metrics(self, out, st: dict, ttft_latency) -> dict:
-        """The cluster's routing metrics (those of the tag ``router``)."""
-        q = quantiles(out.hist_ttft, ttft_latency)
-        return {"ttft_p50": float(q[0]), "ttft_p95": float(q[1]), "ttft_p99": float(q[2]), **_router_metrics(st),
-                **_NOT_ITERATIONS}
+    def metrics(self, st: dict) -> dict:
+        """The cluster's routing metrics (those of the tag ``router``), and
+        those of continuous-batching engines its engines do not have."""
+        return {**_router_metrics(st), **_NOT_ITERATIONS}
 
     def arrays(self, out, servers: int, span: float, positive_span: bool) -> dict:
         """The engines' completed requests and utilization."""
@@ -135,11 +134,11 @@ def _router_metrics(st: dict) -> dict:
 
 
 #: a cluster's metrics of continuous-batching engines (the tag
-#: ``continuous``), on run-to-completion engines: no time between tokens
-#: measured, no preemption (0), no running sequences or KV blocks of theirs
-_NOT_ITERATIONS = {"tbt_p50": math.nan, "tbt_p95": math.nan, "tbt_p99": math.nan, "preemptions": 0,
-                   "recomputed_tokens": math.nan, "mean_running": math.nan, "mean_in_system": math.nan,
-                   "mean_kv_usage": math.nan, "mean_max_num_seqs": math.nan}
+#: ``continuous``), on run-to-completion engines: no preemption (0), no
+#: running sequences or KV blocks of theirs (their time between tokens is
+#: measured: the tag ``tbt_quantiles``, as every token-level policy's)
+_NOT_ITERATIONS = {"preemptions": 0, "recomputed_tokens": math.nan, "mean_running": math.nan,
+                   "mean_in_system": math.nan, "mean_kv_usage": math.nan, "mean_max_num_seqs": math.nan}
 
 
 def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):

@@ -24,7 +24,7 @@ from . import continuous, tokens
 from .. import stats
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals,
                      check_times, drawn, finish, lengths, model_config, quantiles, resolve_n, rvs_memory,
-                     steady_state)
+                     steady_state, times_name)
 
 __all__ = ["Plan", "check"]
 
@@ -136,7 +136,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                            "the decode stage")
     parts.update(rvs_memory([("workload.prompt", workload._prompt)], n))
     memory = check_memory(parts)
-    check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), "workload.prompt")
+    check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), times_name(model))
     return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, n=n,
                      keep_requests=bool(keep_requests), memory=memory, decode_model=decode_model)
 
@@ -220,6 +220,10 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
                        batches=nb, members=st["sum_batch"], latency_quantiles=q_all)
     extra = {
         "mean_ttft": st["sum_ttft"] / completed if completed else nan,
+        # (a prefill instance's latency is the time to first token)
+        **{f"ttft_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_all)},
+        # the generated tokens: the decode stage's, NaN without one
+        "token_throughput": nan, "mean_tbt": nan, **{f"tbt_{q}": nan for q in ("p50", "p95", "p99")},
         **{f"ttft_short_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_s)},
         **{f"ttft_long_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_l)},
         "mean_ttft_short": st["sum_ttft_short"] / short if short else nan,
@@ -242,7 +246,9 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         span = float(completion.max()) - st["first_arrival"]
         q = quantiles(None, e2e)
         extra.update(throughput=completed / span if span > 0 else nan, mean_latency=float(e2e.mean()),
-                     latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]), span=span)
+                     latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]), span=span,
+                     token_throughput=float(output.sum()) / span if span > 0 else nan, mean_tbt=decode.mean_tbt,
+                     **{f"tbt_{k}": getattr(decode, f"tbt_{k}") for k in ("p50", "p95", "p99")})
         arrays["decode"] = decode
         how = f"latency exact (end to end); time to first token from histograms, {HISTOGRAM_ERROR}"
     requests = None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _st
 
+from .. import stats
 from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
@@ -27,7 +28,7 @@ from ..results import SimulationResult, Table
 from ..service_models import DecodeModel
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
                      check_batch_model, check_times, drawn_lengths, engines_backlog, finish, lengths, model_config,
-                     per_bin, quantiles, resolve_n, rvs_memory, settled, steady_state)
+                     per_bin, quantiles, resolve_n, rvs_memory, settled, steady_state, times_name)
 
 __all__ = ["Plan", "check", "TS_COLUMNS"]
 
@@ -126,7 +127,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         "servers": (80 * c, "the servers' batches"),
         "warmup": (8 * min(max(ev.warmup, 1), n), "the warm-up window"),
         ("b_max" if ev.controlled else "batch_size"): (8 * (min(b_max, n) + 1), "the batch-size histogram"),
-        "n": (8 * _common.HIST_SIZE, "the latency histogram"),
+        "n": (3 * 8 * _common.HIST_SIZE, "the latency, time-to-first-token and time-between-tokens histograms"),
     }
     if arrivals.clock(n) is None:
         # every request is queued at time 0: the ring buffers grow to hold n (a power of two, at
@@ -134,8 +135,8 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         # that growth (the part to make smaller), so it is counted under n
         grown = _q.grow_bytes((1 << max(int(n - 1).bit_length(), _q.QUEUE_START.bit_length() - 1)) // 2)
         parts["n"] = (parts["n"][0] + K * (grown - queue),
-                      "the queues of the n requests waiting at time 0 (saturated arrivals) and the latency "
-                      "histogram")
+                      "the queues of the n requests waiting at time 0 (saturated arrivals) and the latency, "
+                      "time-to-first-token and time-between-tokens histograms")
     if ev.scratch:
         key = "b_max" if ev.controlled else "batch_size"
         parts[key] = (parts[key][0] + 8 * _scratch(ev, n), "the batch-size histogram and the scratch its rule "
@@ -146,7 +147,8 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         parts["keep_batches"] = (64 * n, "the per-batch arrays (keep_batches)")
     parts.update(rvs_memory([("workload.prompt", workload._prompt), ("workload.output", workload._output)], n))
     memory = check_memory(parts)
-    check_times(arrivals, n, service_model.one_request(workload._prompt.mean, workload._output.mean), "workload")
+    check_times(arrivals, n, service_model.one_request(workload._prompt.mean, workload._output.mean),
+                times_name(service_model))
     return Plan(policy, ev, arrivals, workload, service_model, n, int(servers), bool(keep_requests),
                 bool(keep_batches), memory, predictor, output_law=output_law)
 
@@ -188,6 +190,25 @@ def _pack(plan: Plan) -> tuple:
         bin_b_max=ev.bin_b_max if ev.bin_b_max is not None else np.zeros(ev.bins),
         predictions=plan.predictor.given)
     return config, inputs
+
+
+def _gap_quantiles(hist: np.ndarray) -> np.ndarray:
+    """The time between tokens at :data:`mbbatch.stats.QUANTILES` (s) from
+    the kernel's histogram of gaps (``hist_tbt``: a batch's decode time per
+    token, weighted by its members' gaps, fractional where lengths are not
+    whole tokens): the inverted CDF of the weights, the smallest time with a
+    share q of the gaps' weight at or below it, read at its bucket's
+    midpoint as :func:`mbbatch.stats.hist_quantiles` reads a count's (and
+    equal to it for whole weights: a whole cumulative count reaches q x total
+    exactly where it reaches its ceiling); NaN without gaps (outputs of one
+    token)."""
+    cum = np.cumsum(hist)
+    total = cum[-1]
+    if not total > 0:
+        return np.full(len(stats.QUANTILES), math.nan)
+    h = np.minimum(np.searchsorted(cum, np.asarray(stats.QUANTILES) * total, side="left"), len(hist) - 1)
+    lo, hi = stats.hist_bucket_bounds(h, _common.HIST_BASE, _common.HIST_SHIFT)
+    return np.where(h == 0, 0.0, np.where(h == len(hist) - 1, math.inf, 0.5 * (lo + hi)))
 
 
 def _scratch(ev, n: int) -> int:
@@ -298,6 +319,8 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
             cols.update(program=programs["program"], new_tokens=programs["new_tokens"])
         requests = Table({**cols, "latency": req["completion"] - req["arrival"]})
     q = quantiles(out.hist, requests.latency if requests is not None and completed else None)
+    q_ttft = quantiles(out.hist_ttft, requests.ttft if requests is not None and completed else None)
+    q_tbt = _gap_quantiles(out.hist_tbt)
     mean_b = st["sum_b"] / nb if nb else nan
     var_b = st["sum_b2"] / nb - mean_b ** 2 if nb else nan
     positive_span = bool(completed) and span > 0
@@ -308,6 +331,8 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
         "token_throughput": tokens_out / span if positive_span else nan,
         "mean_tbt": st["sum_tbt_tokens"] / tokens_out if tokens_out > 0 else nan,
         "mean_ttft": st["sum_ttft"] / completed if completed else nan,
+        **{f"ttft_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_ttft)},
+        **{f"tbt_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_tbt)},
         "sla_violation_tokens": st["sla_tokens"] / tokens_out if tokens_out > 0 else nan,
         "sla_violation_requests": st["sla_requests"] / completed if completed else nan,
         "sla_violation_share": st["sla_requests_dsla"] / completed if completed else nan,
@@ -323,7 +348,7 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
     # (a cluster's queues by engine, for its backlog check: not a column of the time series)
     engine_queue = out.ts[:rows, _d.TS_QUEUE + ev.bins:] if cluster is not None else None
     if cluster is not None:
-        extra.update(cluster.metrics(out, st, requests.ttft if requests is not None and completed else None))
+        extra.update(cluster.metrics(st))
     else:
         if "warmup" in plan.policy.reports:
             extra["warmup_time"] = st["warmup_time"]

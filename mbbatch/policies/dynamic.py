@@ -51,7 +51,8 @@ class DynamicBatching(Policy):
 
     kind: ClassVar[str] = "dynamic"
     planner: ClassVar[str] = "tokens"
-    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "controller"})
+    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
+                                              "tbt_quantiles", "controller"})
     settings: ClassVar[tuple] = ("d_sla", "eps_d", "b_min", "b_max", "controller", "memory", "eta", "eps_m",
                                  "servers")
     engine: ClassVar[bool] = True

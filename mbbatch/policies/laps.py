@@ -78,12 +78,13 @@ class LAPS(Policy):
 
     kind: ClassVar[str] = "laps"
     planner: ClassVar[str] = "laps"
-    reports: ClassVar[frozenset] = frozenset({"run", "ttft", "laps"})
+    reports: ClassVar[frozenset] = frozenset({"run", "ttft", "ttft_quantiles", "decode", "tbt_quantiles", "laps"})
     settings: ClassVar[tuple] = ("instances", "laps_threshold", "window", "max_batch", "max_batch_tokens",
                                  "dual_queue", "dynamic", "interval", "ratio", "long_instances", "decode",
                                  "decode_servers", "decode_batch_size", "decode_bins", "decode_d_sla", "decode_b_max",
                                  "decode_eta", "decode_model_beta", "decode_model_gamma")
     models: ClassVar[tuple] = ("prefill",)
+    spec_names: ClassVar[dict] = {"decode.kv_tokens": "decode_eta"}
 
     def __post_init__(self):
         check_fields(self, {"instances": "LAPS.instances", "threshold": "LAPS.threshold", "window": "LAPS.window",

@@ -64,7 +64,8 @@ class ShortestPredictedFirst(Policy):
 
     kind: ClassVar[str] = "spf"
     planner: ClassVar[str] = "tokens"
-    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft"})
+    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
+                                              "tbt_quantiles"})
     settings: ClassVar[tuple] = ("batch_size", "max_wait", "predictor_sigma", "d_sla", "eps_d", "eta", "servers")
     engine: ClassVar[bool] = True
 

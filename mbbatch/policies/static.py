@@ -38,7 +38,8 @@ class StaticBatching(Policy):
 
     kind: ClassVar[str] = "static"
     planner: ClassVar[str] = "tokens"
-    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft"})
+    reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
+                                              "tbt_quantiles"})
     settings: ClassVar[tuple] = ("batch_size", "d_sla", "eps_d", "eta", "servers")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
