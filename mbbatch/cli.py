@@ -121,15 +121,20 @@ def _parser() -> argparse.ArgumentParser:
                         description="Draw a variable of a sweep store against one of its axes, in the figures' "
                                     "style: simulated metrics at their mean with their stored interval (hollow "
                                     "where the cell has no steady state), the closed form beside them where the "
-                                    "store keeps one.  Every axis other than --x, --hue and --col must have one "
-                                    "value or be fixed with --sel.")
+                                    "store keeps one; a count or flag kept per replication (completed, "
+                                    "preemptions, backlog_growing) at its mean over them with its t-interval.  "
+                                    "Every axis other than --x, --hue and --col must have one value or be fixed "
+                                    "with --sel.  The store is verified first, as `mbbatch check` does: a "
+                                    "damaged store is not drawn.")
     pl.add_argument("store", help="the Zarr store a sweep wrote")
     pl.add_argument("--x", required=True, help="the axis along the horizontal (rate, bins, policy, ...)")
     pl.add_argument("--y", required=True, help="the variable: a simulated metric by its per-replication name "
-                                               "(sim_mean_latency), sim_capacity, a theory_* closed form, ...")
+                                               "(sim_mean_latency), a count or flag (completed), sim_capacity, "
+                                               "a theory_* closed form, ...; an unknown one lists them")
     pl.add_argument("--hue", default=None, help="an axis drawn as series (one colour and marker each)")
     pl.add_argument("--col", default=None, help="an axis drawn as panels side by side")
-    pl.add_argument("--sel", nargs="*", default=[], metavar="AXIS=VALUE", help="a value for each other axis")
+    pl.add_argument("--sel", nargs="*", default=[], metavar="AXIS=VALUE",
+                    help="a value for each other axis (policy=dynamic rate=0.5)")
     pl.add_argument("--logx", action="store_true", help="a log-scaled horizontal axis")
     pl.add_argument("--logy", action="store_true", help="a log-scaled vertical axis")
     pl.add_argument("--out", default=None, help="the image to write (PNG, PDF or SVG by its suffix; default "
@@ -381,39 +386,33 @@ def _print_capacities(ds) -> None:
 
 
 def _plot(args) -> None:
-    import xarray as xr
-
     from .figures.plotting import plot
     from .figures.style import DPI, PDF_METADATA, PNG_METADATA, house_style
+    from .sweeps import open_store
 
+    # a folder that is not a sweep store, or a damaged store, named before anything is read
+    ds = open_store(args.store)
     store = Path(args.store)
-    if not store.exists():
-        raise FileNotFoundError(f"{store}: no such store")
-    ds = xr.open_zarr(store, chunks=None)
+    axes = [d for d in ds.dims if d not in ("rep", "time")]
     sel = {}
     for item in args.sel:
         axis, eq, text = item.partition("=")
-        if not eq or axis not in ds.dims:
-            raise ValueError(f"--sel: {item!r} must be AXIS=VALUE with AXIS one of {[d for d in ds.dims if d != 'rep']}")
-        values = ds[axis].values
-        match = [v for v in values if str(v) == text or (values.dtype.kind in "fiu" and _float(text) == v)]
-        if not match:
-            raise ValueError(f"--sel: {axis} has no value {text!r}; its values: {[str(v) for v in values]}")
-        sel[axis] = match[0]
-    fig = plot(ds, x=args.x, y=args.y, hue=args.hue, col=args.col, sel=sel, logx=args.logx, logy=args.logy)
+        if not eq or axis not in axes:
+            raise ValueError(f"--sel: {item!r} must be AXIS=VALUE with AXIS one of {axes}")
+        sel[axis] = text
+    try:
+        # (the store was verified above; the values of --sel are matched by their text)
+        fig = plot(ds, x=args.x, y=args.y, hue=args.hue, col=args.col, sel=sel, logx=args.logx, logy=args.logy)
+    except ValueError as exc:
+        # the flags by their names: `x must be ...` -> `--x must be ...`
+        message = str(exc)
+        flagged = any(message.startswith((f"{name} must", f"{name}:")) for name in ("x", "y", "hue", "col", "sel"))
+        raise ValueError(f"--{message}" if flagged else message) from None
     out = Path(args.out) if args.out is not None else Path(f"{store.stem}_{args.y}.png")
     with house_style():
         fig.savefig(out, dpi=DPI, metadata=PDF_METADATA if out.suffix.lower() == ".pdf" else
                     PNG_METADATA if out.suffix.lower() == ".png" else None)
     print(out)
-
-
-def _float(text: str):
-    """``text`` as a float, or None."""
-    try:
-        return float(text)
-    except ValueError:
-        return None
 
 
 def _frozen(args):

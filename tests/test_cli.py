@@ -425,3 +425,21 @@ def test_simulate_help_shows_every_default():
     for name, sp in _simulate_params().items():
         # (an optional setting without a table default, such as decode_eta, is unset unless given)
         assert "; default " in helps[name] or "required where it applies" in helps[name] or sp.default is None, name
+
+
+def test_plot_names_a_folder_that_is_not_a_sweep_store(tmp_path):
+    """Bug: `mbbatch plot` on a folder that is not a store gave zarr's "No group found in store ...
+    at path ''", and a Zarr store that no sweep wrote was opened and failed later, on whatever
+    it lacked.  Each is named as not a sweep store, and why, on one line, before anything is read."""
+    import xarray as xr
+
+    (tmp_path / "thesis").mkdir()
+    (tmp_path / "thesis" / "notes.txt").write_text("not a store")
+    (tmp_path / "notes.txt").write_text("not a store")
+    xr.Dataset({"a": ("x", [1.0, 2.0])}).to_zarr(tmp_path / "other.zarr", zarr_format=3, consolidated=False)
+    for path, why in [("thesis", "it has no zarr.json"), ("notes.txt", "it is a file, not a folder"),
+                      ("nosuch.zarr", "no such file or folder"),
+                      ("other.zarr", "its zarr.json has no sweep metadata")]:
+        r = run("plot", tmp_path / path, "--x", "rate", "--y", "sim_throughput", "--out", tmp_path / "p.png")
+        one_line_error(r, f"{tmp_path / path} is not an mbbatch sweep store: {why}")
+    assert not (tmp_path / "p.png").exists()

@@ -464,3 +464,15 @@ rate = [0.5, 2.0]
         assert back.attrs["dynamic"] == 0 and back["dual_queue"].dtype == bool and back["done"].dtype == bool
         for v in ds.variables:
             np.testing.assert_array_equal(ds[v].values, back[v].values, err_msg=v)
+
+
+def test_a_store_of_a_spec_without_a_name_checks_intact(tmp_path):
+    """A spec file may leave out ``name`` (it is then the file's stem), and its store resumes; but
+    `mbbatch check` parsed the stored spec text alone and called the intact store damaged ("missing
+    field 'name'").  The stored name completes it."""
+    text = "\n".join(line for line in TINY.splitlines() if not line.startswith("name ="))
+    assert "name =" not in text
+    out = tmp_path / "s.zarr"
+    run_sweep(write(tmp_path, text, name="nameless.toml"), out, workers=1, progress=False)
+    report = check_store(out)
+    assert report.ok and "sweep 'nameless'" in report.text and "intact" in report.text, report.text

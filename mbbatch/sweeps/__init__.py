@@ -8,9 +8,9 @@
 - :mod:`~mbbatch.sweeps.run`: running and resuming a sweep, and checking a store.
 """
 
-from .run import StoreReport, Summary, check_store, run_sweep, run_sweeps
+from .run import StoreReport, Summary, check_store, open_store, run_sweep, run_sweeps, verify_store
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 from .store import StoreNote, SweepError
 
-__all__ = ["run_sweep", "run_sweeps", "check_store", "load_spec", "parse_spec", "SweepSpec", "SpecError",
-           "SweepError", "StoreNote", "StoreReport", "Summary"]
+__all__ = ["run_sweep", "run_sweeps", "check_store", "verify_store", "open_store", "load_spec", "parse_spec",
+           "SweepSpec", "SpecError", "SweepError", "StoreNote", "StoreReport", "Summary"]

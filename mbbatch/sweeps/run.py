@@ -33,14 +33,14 @@ from ..arrivals import Gamma
 from ..results import UnstableWarning
 from . import store
 from .cells import SEED_SCHEME, check_points, point_theory, run_capacity_point, run_point, trace_of
-from .executors import Executor, warm_worker, whole
+from .executors import Executor, check_spawn_safe, warm_worker, whole
 from .schema import (CAPACITY, CAPACITY_THEORY, FILL, aggregates, coord_values, rep_vars, spec_attrs, template,
                      time_grid, time_series, variables)
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 from .store import StoreNote, SweepError
 
-__all__ = ["run_sweep", "run_sweeps", "check_store", "StoreReport", "Summary", "SweepError", "UnstableWarning",
-           "StoreNote"]
+__all__ = ["run_sweep", "run_sweeps", "check_store", "verify_store", "open_store", "StoreReport", "Summary",
+           "SweepError", "UnstableWarning", "StoreNote"]
 
 #: a batch of finished grid points is written at most this often, s
 FLUSH_SECONDS = 2.0
@@ -164,7 +164,7 @@ def _open_existing(spec: SweepSpec, out: Path) -> store.StoreState:
                          "pass --overwrite to rebuild it (its results are then lost)")
     if stored["spec_hash"] != spec.hash:
         try:
-            old = parse_spec(stored["spec"], source="stored spec")
+            old = parse_spec(stored["spec"], source="stored spec", name=stored.get("name"))
             what = "; ".join(spec.differences(old)) or "formatting of the spec"
         except (SpecError, KeyError, TypeError):
             what = "the stored spec is unreadable"
@@ -598,6 +598,53 @@ class StoreReport:
     ok: bool
 
 
+def verify_store(path) -> Path:
+    """``path`` if it is an intact sweep store, else a
+    :class:`SweepError` naming it: not a sweep store (and
+    why), or failing its verification.
+
+    The verification is ``mbbatch check``'s (:func:`.store.verify`:
+    every chunk present and passing its checksum), on the layout the store's
+    own metadata records (:func:`.store.stored_layout`), so
+    a store made from any spec, by any mbbatch that wrote checksums, can be
+    drawn.  Points not yet computed are not damage: a plot leaves them out."""
+    path = Path(path)
+    if not path.is_dir() or not store.is_sweep_store(path.resolve()):
+        why = ("no such file or folder" if not path.exists() and not path.is_symlink() else
+               "it is a file, not a folder" if not path.is_dir() else
+               "it has no zarr.json (no Zarr store's metadata)" if not (path / "zarr.json").exists() else
+               "its zarr.json has no sweep metadata (a sweep's spec_hash and seed_scheme)")
+        raise store.SweepError(f"{path} is not an mbbatch sweep store: {why}; `mbbatch sweep SPEC --out STORE` "
+                               "writes one")
+    check = f"`mbbatch check {path}` says what is wrong"
+    if store.stored_attrs(path) is None:
+        raise store.SweepError(f"{path} is damaged: its metadata {path / 'zarr.json'} cannot be read; it is not "
+                               f"drawn ({check})")
+    try:
+        state = store.verify(path, *store.stored_layout(path))
+    except store.SweepError as exc:     # metadata that cannot be read; a store made before checksums
+        raise store.SweepError(f"{str(exc).removeprefix('out: ')}; it is not drawn ({check})") from None
+    if state.damaged or state.coords:
+        variables = sorted({v for vs in state.damaged.values() for v in vs})
+        what = "; ".join(
+            ([f"{len(state.damaged)} grid point{'s' if len(state.damaged) != 1 else ''} failed verification "
+              f"(missing or corrupt chunks of {', '.join(variables)})"] if state.damaged else []) +
+            ([f"damaged coordinates ({', '.join(state.coords)})"] if state.coords else []))
+        raise store.SweepError(f"{path} is damaged, so it is not drawn: {what}; `mbbatch check {path}` names what "
+                               "is damaged, and the sweep's command, run again, recomputes it")
+    return path
+
+
+def open_store(path):
+    """The sweep store at ``path`` as an :class:`xarray.Dataset`, after
+    :func:`verify_store` (a folder that is not a store, or a damaged one, is
+    named and not opened): what ``mbbatch plot`` draws, and what
+    :func:`mbbatch.figures.plot` takes."""
+    import xarray as xr
+
+    return xr.open_zarr(verify_store(path), chunks=None)
+
+
 def check_store(path) -> StoreReport:
     """Verify a sweep store without changing it: its done, missing (not yet
     computed) and damaged grid points.  ``ok`` is False when anything is
@@ -613,7 +660,8 @@ def check_store(path) -> StoreReport:
         return StoreReport(f"{out}: damaged: its metadata {out / 'zarr.json'} cannot be read; rebuild it "
                            "with `mbbatch sweep SPEC --out STORE --overwrite`", ok=False)
     try:
-        spec = parse_spec(attrs["spec"], source=f"{out} (its stored spec)")
+        # (its name as stored: a spec file without one is named after the file)
+        spec = parse_spec(attrs["spec"], source=f"{out} (its stored spec)", name=attrs.get("name"))
     except (SpecError, KeyError, TypeError) as exc:
         return StoreReport(f"{out}: damaged: its stored spec cannot be read ({exc})", ok=False)
     lines = [f"{out}: sweep {spec.name!r} ({spec.policy}), {spec.n_points} grid points x {spec.reps} reps"]

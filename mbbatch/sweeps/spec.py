@@ -547,12 +547,16 @@ def _seed(value, where) -> int:
     return value
 
 
-def parse_spec(text: str, source: str = "<spec>") -> SweepSpec:
-    """Validate a spec given as TOML text; ``source`` names it in errors."""
+def parse_spec(text: str, source: str = "<spec>", name: str | None = None) -> SweepSpec:
+    """Validate a spec given as TOML text; ``source`` names it in errors;
+    ``name``, the name of a spec whose text has none (a store's: its file
+    named it)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{source}: not valid TOML: {exc}") from None
+    if name is not None and isinstance(raw, dict):
+        raw.setdefault("name", name)
     return spec_from_dict(raw, source, text)
 
 

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["SweepError", "StoreNote", "StoreLock", "STORE_FORMAT", "StoreState", "codecs", "create",
-           "discardable", "verify", "repair_coords", "stored_attrs", "is_sweep_store", "lock_holder",
+           "discardable", "verify", "stored_layout", "repair_coords", "stored_attrs", "is_sweep_store", "lock_holder",
            "BlockWriter", "grid_chunks", "stored_grid_chunks", "block_of", "points_of", "consolidate",
            "open_dataset", "POINTS_PER_CHUNK", "check_export", "write_netcdf"]
 
@@ -516,6 +516,32 @@ def verify(out, shape: tuple, names: list, coords: dict) -> StoreState:
     for idx in state.damaged:
         done[idx] = False
     return state
+
+
+def stored_layout(out) -> tuple[tuple, list, dict]:
+    """A store's layout as its own metadata records it: the arguments of
+    :func:`verify` without the spec that made the store (``mbbatch plot``
+    verifies a store whatever spec, of whatever mbbatch version, made it).
+
+    Returns the grid's shape (``done``'s), the data variables, and each
+    coordinate (an array named as its one dimension) with its values as
+    stored, fill values where a chunk fails (:func:`verify` then finds a
+    damaged coordinate by its chunks).  An array whose metadata cannot be
+    read is listed, for :func:`verify` to name its file."""
+    out = Path(out)
+    shape = tuple(_open_array(out, "done").shape)
+    names, coords = [], {}
+    for entry in sorted(out.iterdir()):
+        if entry.name == "done" or not entry.is_dir() or not (entry / "zarr.json").exists():
+            continue
+        meta = _json(entry / "zarr.json")
+        if isinstance(meta, dict) and meta.get("node_type") != "array":
+            continue
+        if isinstance(meta, dict) and list(meta.get("dimension_names") or []) == [entry.name]:
+            coords[entry.name] = _read_blocks(out, entry.name, _open_array(out, entry.name))[1]
+        else:
+            names.append(entry.name)
+    return shape, names, coords
 
 
 def repair_coords(out, coords: dict, names: list) -> None:
