@@ -19,11 +19,11 @@ SPECS := $(wildcard sweeps/*.toml)
 SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
 SWEPT := $(RESULTS)/.swept
 
-.PHONY: help install test thorough fuzz figures docs bench clean
+.PHONY: help install test thorough fuzz figures docs bench clean FORCE
 
 help:
 	@echo "make install   create .venv and install mbbatch with its test, bench and docs extras"
-	@echo "make test      create .venv, install mbbatch with its extras, run the test suite"
+	@echo "make test      create .venv, install mbbatch with its extras, run the linter and the test suite"
 	@echo "make thorough  the heavy checks, and the hypothesis properties on 500 fresh random examples each"
 	@echo "make figures   run the sweeps in sweeps/ into results/ and draw figures/*.png, *.pdf"
 	@echo "make fuzz      random sweep specs run serially, on a pool, killed and resumed, on dask, by the CLI"
@@ -31,18 +31,30 @@ help:
 	@echo "make bench     print the speed and memory table, and the event kernel's before/after pairs"
 	@echo "make clean     remove .venv, results/, the built documentation and caches"
 
-$(STAMP): pyproject.toml
+# mbbatch is installed editable in strict mode: build/ holds links to the package's files, and only
+# they are on the path (in the default mode a folder named mbbatch beside a script, as a clone is,
+# shadows the package as an empty namespace package).  A file added to or removed from the package
+# needs the install again: the install depends on their list, rewritten only when it changes.
+MODULES := $(VENV)/.modules
+$(MODULES): FORCE
+	@mkdir -p $(VENV)
+	@find mbbatch -type f ! -path '*/__pycache__/*' | LC_ALL=C sort > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; fi
+
+$(STAMP): pyproject.toml $(MODULES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench,docs]'
+	$(PY) -m pip install --quiet -e '.[test,bench,docs]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 # the environment alone: .venv with mbbatch (editable) and its test, bench and docs extras
 install: $(STAMP)
 
-# one test worker per core; a test file's tests share a worker (and its session fixtures);
-# the checks marked heavy (processes killed and raced, every figure drawn twice) run in thorough
+# the linter first (ruff, configured in pyproject.toml), then one test worker per core; a test
+# file's tests share a worker (and its session fixtures); the checks marked heavy (processes
+# killed and raced, every figure drawn twice) run in thorough
 test: $(STAMP)
+	$(PY) -m ruff check .
 	$(PY) -m pytest -n auto --dist loadfile -m "not heavy"
 
 # the checks marked heavy, then the hypothesis properties under tests/conftest.py's "thorough"
@@ -93,5 +105,5 @@ docs: $(STAMP)
 	@echo "open $(DOCS_BUILD)/html/index.html"
 
 clean:
-	rm -rf $(VENV) $(RESULTS) .pytest_cache .hypothesis $(DOCS_BUILD) docs/api/generated
+	rm -rf $(VENV) build $(RESULTS) .pytest_cache .hypothesis $(DOCS_BUILD) docs/api/generated
 	find mbbatch -name __pycache__ -type d -exec rm -rf {} +

@@ -271,7 +271,7 @@ def _one_dim(name: str, arr: np.ndarray, allow_scalar: bool, allow_empty: bool) 
         arr = arr.reshape(1)
     if arr.ndim != 1 or (arr.size == 0 and not allow_empty):
         need = "a 1-D sequence" if allow_empty else "a non-empty 1-D sequence"
-        got = "a scalar" if arr.ndim == 0 else f"shape {arr.shape}"
+        got = f"a scalar, {_show(arr.item())}" if arr.ndim == 0 else f"shape {arr.shape}"
         raise ValueError(f"{name} must be {need}; got {got}")
     return arr
 

@@ -78,11 +78,15 @@ class ServiceSpec:
             return float(self.dist.mean())
         return float(np.mean(self.values))
 
-    def equal_mass_edges(self, k: int) -> np.ndarray:
+    def equal_mass_edges(self, k: int, explicit: str = "MultiBin(edges=...)") -> np.ndarray:
         """k+1 edges splitting the service distribution into equal-mass bins.
 
         With one bin the two edges may coincide (service times all equal): the
-        kernel puts every request in bin 0 when there is one bin.
+        kernel puts every request in bin 0 when there is one bin.  Where
+        values with a mass of their own (atoms: a discrete law, replayed or
+        resampled values) make two edges coincide, the ``ValueError`` tells
+        the user to pass edges explicitly, as ``explicit`` (the caller's
+        own argument, e.g. ``"ContinuousBatching(edges=...)"``).
         """
         q = np.linspace(0.0, 1.0, k + 1)
         if self.dist is not None:
@@ -93,7 +97,7 @@ class ServiceSpec:
         if np.any(np.diff(e) < 0) or (k > 1 and np.any(np.diff(e) == 0)):
             raise ValueError(
                 f"equal-mass edges for bins={k} are not strictly increasing ({e.tolist()}): "
-                "the service times have atoms; pass MultiBin(edges=...) explicitly")
+                f"the values have atoms (values of positive probability); pass {explicit} explicitly")
         return e
 
 

@@ -36,13 +36,34 @@ from dataclasses import dataclass
 
 from ._kernels.routing import ROUTERS as _ROUTERS
 
-__all__ = ["Domain", "Param", "PARAMS", "REQUIRED", "SYMBOLS", "MAX_DURATION", "default"]
+__all__ = ["Domain", "Param", "PARAMS", "REQUIRED", "SYMBOLS", "MAX_DURATION", "MAX_KV_TOKENS", "MAX_BLOCK_SIZE",
+           "MAX_MEASURED_TIME", "default"]
 
 INF = math.inf
 
 #: Largest service time (or token length) accepted: the kernels sum service
 #: times over up to ~1e18 requests, which stays below the float maximum 1.8e308.
 MAX_DURATION = 1e290
+
+#: Bound (excluded) of a finite KV cache, tokens: the continuous engine counts a
+#: sequence's tokens and the cache's blocks in int64, where 2**62 blocks stand for
+#: no limit (``_kernels.continuous.UNLIMITED``), and rounds a sequence of at most
+#: ``kv_tokens`` tokens up to blocks as ``tokens + block_size - 1``: below 2**62
+#: tokens, with ``block_size`` at most :data:`MAX_BLOCK_SIZE`, that stays below 2**63.
+MAX_KV_TOKENS = 2.0 ** 62
+
+#: Largest KV block, tokens: the engine keeps a count of its sequences per block
+#: phase, an int64 array of ``block_size`` entries per engine (8 MiB at 2**20;
+#: engines use blocks of 16 to a few thousand tokens).
+MAX_BLOCK_SIZE = 2 ** 20
+
+#: Largest measured batch time a fit takes (s; about 34 years): the top of the
+#: typical service times whose latencies a run resolves
+#: (``planners.common.SCALE_RANGE``), far beyond any accelerator's batch, and
+#: small enough that the least squares' sums of squared times stay finite
+#: (a time of 1e300 s gave an RMSE of inf).  A fit's token counts and their
+#: aggregates stay below :data:`MAX_KV_TOKENS`.
+MAX_MEASURED_TIME = 2.0 ** 30
 
 
 def _fmt(v: float) -> str:
@@ -52,6 +73,9 @@ def _fmt(v: float) -> str:
         return "-inf"
     if float(v).is_integer() and abs(v) < 1e17:
         return str(int(v))          # 2**53 in full, not 9.0072e+15
+    m, e = math.frexp(abs(v))
+    if m == 0.5 and float(v).is_integer():
+        return f"{'-' if v < 0 else ''}2**{e - 1}"      # 2**62, not 4.61169e+18
     return f"{v:g}"
 
 
@@ -59,19 +83,21 @@ def _fmt(v: float) -> str:
 class Domain:
     """An interval ``lo < x < hi``, each end open or closed.
 
-    ``math.inf`` is a member only where the interval is closed at inf; NaN
-    never is.
+    ``math.inf`` is a member only where the interval is closed at inf, or
+    ``or_inf`` (a bounded interval and inf for "no limit": ``(0, 2**62) or
+    inf``); NaN never is.
     """
 
     lo: float
     hi: float
     lo_closed: bool = False
     hi_closed: bool = False
+    or_inf: bool = False
 
     def __str__(self) -> str:
         left = "[" if self.lo_closed else "("
         right = "]" if self.hi_closed else ")"
-        return f"{left}{_fmt(self.lo)}, {_fmt(self.hi)}{right}"
+        return f"{left}{_fmt(self.lo)}, {_fmt(self.hi)}{right}" + (" or inf" if self.or_inf else "")
 
     def contains(self, x):
         """Elementwise membership; NaN is never a member."""
@@ -80,7 +106,10 @@ class Domain:
         x = np.asarray(x, dtype=float)
         above = x >= self.lo if self.lo_closed else x > self.lo
         below = x <= self.hi if self.hi_closed else x < self.hi
-        return above & below & ~np.isnan(x)
+        inside = above & below
+        if self.or_inf:
+            inside = inside | (x == INF)
+        return inside & ~np.isnan(x)
 
 
 class _Required:
@@ -120,6 +149,9 @@ _NONNEG_INF = Domain(0, INF, lo_closed=True, hi_closed=True)
 _COUNT = Domain(1, INF, lo_closed=True)
 _COUNT0 = Domain(0, INF, lo_closed=True)
 _REAL = Domain(-INF, INF)
+# a service model's times (s, s/token, s/expert): below MAX_DURATION, as a service time
+_NONNEG_TIME = Domain(0, MAX_DURATION, lo_closed=True)
+_POS_TIME = Domain(0, MAX_DURATION)
 
 
 def _p(name, kind, units, description, domain=None, default=REQUIRED, choices=()):
@@ -227,13 +259,16 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("chunked_prefill", "flag", "", "prefill chunks mixed with the decodes in one iteration (else whole prompts "
        "in iterations of their own, the decodes paused)", default=True),
     _p("kv_tokens", "real", "tokens", "KV cache capacity (continuous batching; inf: memory never binds)",
-       Domain(0, INF, hi_closed=True), default=INF),
-    _p("block_size", "count", "tokens", "tokens per KV block (paged memory)", _COUNT, default=16),
+       Domain(0, MAX_KV_TOKENS, or_inf=True), default=INF),
+    _p("block_size", "count", "tokens", "tokens per KV block (paged memory)",
+       Domain(1, MAX_BLOCK_SIZE, lo_closed=True, hi_closed=True), default=16),
     _p("admission", "choice", "", "the order waiting requests are admitted in: first come first served, shortest "
        "predicted output first, or multi-bin (bins by predicted output, served round robin)", default="fcfs",
        choices=("fcfs", "spf", "multibin")),
     _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
        default=4),
+    _p("ContinuousBatching.edges", "reals", "tokens", "the bins - 1 inner edges of multi-bin admission, predicted "
+       "output tokens, strictly ascending (default: the output's equal-mass quantiles)", _REAL, default=None),
     _p("sla_control", "flag", "", "the dynamic-batching controller (Algorithms 1, 2 and 7, its memory eta the "
        "engine's kv_tokens) sets the running sequences' cap at every iteration (continuous batching)",
        default=False),
@@ -244,26 +279,26 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # a measured accelerator (mbbatch.profiles): its choices are the shipped profiles' names
     _p("profile", "choice", "", "a measured hardware profile: IterationModel fitted to an accelerator's batch "
        "times (mbbatch.profiles.names())", default="H100/vLLM/Meta-Llama-3-8B/tp1", choices=()),
-    _p("base", "real", "s", "fixed time per batch", _NONNEG, default=0.0),
-    _p("per_token", "real", "s/token", "time per output token (MaxModel)", _POS, default=1.0),
+    _p("base", "real", "s", "fixed time per batch", _NONNEG_TIME, default=0.0),
+    _p("per_token", "real", "s/token", "time per output token (MaxModel)", _POS_TIME, default=1.0),
     # no calibration in the sources: 1 ms per token of the longest sequence and a 10% cost of
     # batching are placeholders of the right order for a small model (pass measured values)
-    _p("LinearModel.alpha", "real", "s/token", "time per token of the longest sequence", _POS, default=1e-3),
+    _p("LinearModel.alpha", "real", "s/token", "time per token of the longest sequence", _POS_TIME, default=1e-3),
     _p("LinearModel.beta", "real", "1", "relative cost of batching, times (b-1)/b", _NONNEG, default=0.1),
     # calibrated on an NVIDIA GPU (Pang, Li and Wang, 2025, arXiv:2503.05248)
-    _p("DecodeModel.beta", "real", "s/token", "decode time per token at b = 1", _POS, default=5.74e-3),
+    _p("DecodeModel.beta", "real", "s/token", "decode time per token at b = 1", _POS_TIME, default=5.74e-3),
     _p("gamma", "real", "1", "decode-time growth with batch size", _NONNEG, default=0.316),
-    _p("prefill_per_token", "real", "s/token", "prefill time per prompt token", _NONNEG, default=0.0),
+    _p("prefill_per_token", "real", "s/token", "prefill time per prompt token", _NONNEG_TIME, default=0.0),
     # CalibratedModel: alpha + beta * max_seq_len * h(b) on Algorithm 3's service_time_fn(|batch|,
     # max_seq_len) (Pang et al., 2025, arXiv:2503.05248), h(b) and beta, gamma of
     # ComputeDecodeTBT (gamma is the row above).  The paper gives no fixed
     # time per batch: 0 leaves its formula as written (pass a measured value)
-    _p("CalibratedModel.alpha", "real", "s", "fixed time per batch (calibrated model)", _NONNEG, default=0.0),
+    _p("CalibratedModel.alpha", "real", "s", "fixed time per batch (calibrated model)", _NONNEG_TIME, default=0.0),
     # latency_model.beta = 5.74 ms (Pang et al., Algorithm 7's calibrated model); per token of
     # the longest prompt + output, so not DecodeModel.beta's per output token
     _p("CalibratedModel.beta", "real", "s/token",
        "time per token of the batch's longest prompt + output at b = 1: the calibrated decode time between tokens",
-       _POS, default=5.74e-3),
+       _POS_TIME, default=5.74e-3),
     # Algorithm 7, step 2, with ComputeDecodeTBT's branches (Pang et al.): beta h(b)
     # when calibrated, the default 5.74 ms when not, service / max output_len when none is provided
     _p("CalibratedModel.feedback", "choice", "",
@@ -272,25 +307,25 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # the prefill instances of LAPS: a batch of prefills takes a + b x its prompt tokens.  The
     # LAPS paper (arXiv:2601.11589) gives the form, not values: 5 ms a batch and 0.1 ms a token (10,000
     # prompt tokens/s, the order of a 7B model's prefill on one GPU) are our placeholders
-    _p("PrefillModel.a", "real", "s", "fixed time per prefill batch", _NONNEG, default=5e-3),
-    _p("PrefillModel.b", "real", "s/token", "prefill time per prompt token of the batch", _POS, default=1e-4),
+    _p("PrefillModel.a", "real", "s", "fixed time per prefill batch", _NONNEG_TIME, default=5e-3),
+    _p("PrefillModel.b", "real", "s/token", "prefill time per prompt token of the batch", _POS_TIME, default=1e-4),
     # IterationModel: an engine iteration's time, linear in what it does; defaults: the fit of the
     # profile H100/vLLM/Meta-Llama-3-8B/tp1 (mbbatch.profiles.DEFAULT), to 3 significant digits (a
     # test holds them to it).  Its set-up and prefill per token fit at 0: that benchmark's prompts
     # and outputs have one length, so b L is split between prefill and decode only through b
-    _p("IterationModel.setup", "real", "s", "fixed time per batch (iteration model)", _NONNEG, default=0.0),
-    _p("IterationModel.step", "real", "s", "fixed time per engine iteration", _NONNEG, default=7.76e-3),
+    _p("IterationModel.setup", "real", "s", "fixed time per batch (iteration model)", _NONNEG_TIME, default=0.0),
+    _p("IterationModel.step", "real", "s", "fixed time per engine iteration", _NONNEG_TIME, default=7.76e-3),
     _p("IterationModel.prefill_per_token", "real", "s/token", "time per prompt token prefilled (iteration model)",
-       _NONNEG, default=0.0),
-    _p("IterationModel.per_sequence", "real", "s", "time per sequence decoded in an iteration", _NONNEG,
+       _NONNEG_TIME, default=0.0),
+    _p("IterationModel.per_sequence", "real", "s", "time per sequence decoded in an iteration", _NONNEG_TIME,
        default=7.38e-5),
     _p("IterationModel.per_context_token", "real", "s/token",
-       "time per context (KV) token a decoded sequence attends over, per iteration", _NONNEG, default=5.81e-8),
+       "time per context (KV) token a decoded sequence attends over, per iteration", _NONNEG_TIME, default=5.81e-8),
     # a mixture of experts (e.g. Mixtral: 8 experts, each token routed to 2): an iteration of T
     # tokens reads (E - k)(1 - (1 - k/E)^(T - 1)) experts beyond its first token's k; 0 experts: a
     # dense model, the term is absent (every profile but Mixtral's)
     _p("IterationModel.per_expert", "real", "s/expert",
-       "time per expert's weights read in an iteration beyond the first token's (mixture of experts)", _NONNEG,
+       "time per expert's weights read in an iteration beyond the first token's (mixture of experts)", _NONNEG_TIME,
        default=0.0),
     _p("IterationModel.experts", "count", "experts", "experts per layer of a mixture-of-experts model; 0: dense",
        _COUNT0, default=0),

@@ -63,6 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .params import PARAMS
 from .results import Table
 from .service_models import DENSE, FitResult, IterationModel
 
@@ -191,13 +192,18 @@ def _rows_of(g: dict) -> dict:
                 service=g["service"][keep])
 
 
-@functools.cache
 def fit(name: str) -> FitResult:
     """The fit of profile ``name`` (:meth:`~mbbatch.IterationModel.fit` on
     relative error, its rows after screening; a mixture of experts'
     (:data:`MIXTURES`) with its experts, fitting ``per_expert``):
     coefficients, standard errors, R^2, in-sample and leave-one-out relative
     errors."""
+    _group(name)    # (checked before the cache: a list is unhashable, and would say only that)
+    return _fit(name)
+
+
+@functools.cache
+def _fit(name: str) -> FitResult:
     g = _group(name)
     experts, per_token = MIXTURES.get(str(g["model"][0]), DENSE)
     res = IterationModel.fit(_rows_of(g), weights="relative", experts=experts, experts_per_token=per_token)
@@ -227,7 +233,8 @@ def provenance(name: str) -> dict:
     _, digest = _shipped()
     return {"profile": name, "source": SOURCE, "data_sha256": digest, "hardware": str(g["hardware"][0]),
             "devices": int(g["devices"][0]), "framework": str(g["framework"][0]), "model": str(g["model"][0]),
-            "experts": res.model.experts, "rows": int((~g["excluded"]).sum()), "excluded": int(g["excluded"].sum()), **res.params,
+            "experts": res.model.experts, "rows": int((~g["excluded"]).sum()),
+            "excluded": int(g["excluded"].sum()), **res.params,
             "r2": res.r2, "median_error": res.median_error, "max_error": res.max_error,
             "holdout_error": res.holdout_error}
 
@@ -269,32 +276,85 @@ def from_csv(path, *, size: str = "size", prompt: str = "prompt", output: str = 
     Returns
     -------
     FitResult
+
+    Raises
+    ------
+    TypeError
+        ``path`` is not a path, or a column's name not a string.
+    FileNotFoundError
+        No file at ``path``.
+    ValueError
+        The file is not UTF-8 text, has no rows, lacks a column or names it
+        twice; a row has more or fewer fields than the header (a comment
+        line, a row cut short); a value is not a number, a size not a whole
+        number in [1, 2**63); or :meth:`~mbbatch.IterationModel.fit`'s.
     """
     import csv
+    import os
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a path (str or os.PathLike) of a CSV file; got {path!r} "
+                        f"({type(path).__name__})")
+    wanted = {"size": size, "prompt": prompt, "output": output, "service": service, "prefill": prefill,
+              "per_token": per_token}
+    for ours, theirs in wanted.items():
+        if not isinstance(theirs, str) and not (theirs is None and ours in ("service", "prefill", "per_token")):
+            kind = "a column's name (str)" if ours in ("size", "prompt", "output") else "a column's name (str) or None"
+            raise TypeError(f"{ours} must be {kind}; got {theirs!r} ({type(theirs).__name__})")
+    wanted = {k: v for k, v in wanted.items() if v is not None}
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"path: no measurements file at {str(p)!r}")
-    with p.open(newline="") as f:
-        rows = builtins.list(csv.DictReader(f))
-    if not rows:
-        raise ValueError(f"path: {str(p)!r} has no rows")
-    wanted = {"size": size, "prompt": prompt, "output": output, "service": service, "prefill": prefill,
-              "per_token": per_token}
-    wanted = {k: v for k, v in wanted.items() if v is not None}
-    missing = [v for v in wanted.values() if v not in rows[0]]
+    where = repr(str(p))
+    try:
+        # (utf-8-sig: a byte-order mark, as spreadsheets write, is no part of the header)
+        with p.open(newline="", encoding="utf-8-sig") as f:
+            lines = builtins.list(csv.reader(f))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"path: {where} is not UTF-8 text (byte {exc.object[exc.start:exc.start + 1]!r} at "
+                         f"offset {exc.start}); save it as UTF-8") from None
+    # (csv.reader's rows; a blank line is no row, as DictReader skips it)
+    numbered = [(i + 1, r) for i, r in enumerate(lines) if r]
+    if not numbered:
+        raise ValueError(f"path: {where} is empty (no header)")
+    for line, r in numbered:
+        if r[0].lstrip().startswith("#"):
+            raise ValueError(f"path: line {line} of {where} is a comment ({','.join(r)[:60]!r}), which CSV "
+                             "does not have: remove it (or keep notes in a column)")
+    (_, header), body = numbered[0], numbered[1:]
+    if not body:
+        raise ValueError(f"path: {where} has no rows")
+    for ours, theirs in wanted.items():
+        at = [j + 1 for j, h in enumerate(header) if h == theirs]
+        if len(at) > 1:
+            raise ValueError(f"{ours}: {where} has {len(at)} columns named {theirs!r} (fields "
+                             f"{', '.join(map(str, at))} of its header): which one is meant is ambiguous; "
+                             "rename the others")
+    missing = [v for v in wanted.values() if v not in header]
     if missing:
-        raise ValueError(f"path: {str(p)!r} lacks the columns {', '.join(missing)} (it has {', '.join(rows[0])})")
+        raise ValueError(f"path: {where} lacks the columns {', '.join(missing)} (it has {', '.join(header)})")
+    for line, r in body:
+        if len(r) != len(header):
+            raise ValueError(f"path: line {line} of {where} has {len(r)} fields where its header has "
+                             f"{len(header)} ({','.join(r)[:60]!r}): every row needs a value in every column")
     cols = {}
     for ours, theirs in wanted.items():
-        try:
-            vals = [float(r[theirs]) for r in rows]
-        except ValueError:
-            raise ValueError(f"{ours}: column {theirs!r} of {str(p)!r} must hold numbers") from None
-        cols[ours] = np.array(vals)
-    if np.any(cols["size"] != np.round(cols["size"])) or np.any(~np.isfinite(cols["size"])):
-        raise ValueError(f"size: column {size!r} of {str(p)!r} must hold whole numbers of requests")
-    cols["size"] = cols["size"].astype(np.int64)
+        j = header.index(theirs)
+        vals = np.empty(len(body))
+        for k, (line, r) in enumerate(body):
+            try:
+                vals[k] = float(r[j])
+            except ValueError:
+                raise ValueError(f"{ours}: column {theirs!r} of {where} must hold numbers; line {line} has "
+                                 f"{r[j][:40]!r}") from None
+        cols[ours] = vals
+    s_ = cols["size"]
+    bad = ~(np.isfinite(s_) & (s_ == np.round(s_)) & (s_ >= 1) & (s_ < 2.0 ** 63))
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"size: column {size!r} of {where} must hold whole numbers of requests in [1, 2**63); "
+                         f"line {body[k][0]} has {body[k][1][header.index(size)][:40]!r}")
+    cols["size"] = s_.astype(np.int64)
     return IterationModel.fit(cols, weights=weights, **fixed)
 
 
@@ -315,7 +375,7 @@ _offer_choices()
 #: the SLA headroom of the default controller on the default DecodeModel: D_SLA (7.4 ms, the
 #: parameter table's default) over the one-sequence decode time (5.74 ms) calibrated for the
 #: dynamic-batching paper's GPU (Pang et al., 2025, arXiv:2503.05248)
-SLA_HEADROOM = 7.4 / 5.74
+SLA_HEADROOM = PARAMS["headroom"].default
 
 
 def sla_target(model: IterationModel, context: float, headroom: float = SLA_HEADROOM) -> float:
@@ -337,9 +397,11 @@ def sla_target(model: IterationModel, context: float, headroom: float = SLA_HEAD
     >>> round(sla_target(m, context=320.0), 6)      # 1.2892 x (0.01 + 1e-4 + 3.2e-5)
     0.013062
     """
+    from ._validation import check
+
     if not isinstance(model, IterationModel):
         raise TypeError(f"model must be an IterationModel; got {type(model).__name__}")
-    if not (isinstance(headroom, (int, float)) and math.isfinite(headroom) and headroom > 0):
-        raise ValueError(f"headroom must be in (0, inf); got {headroom!r}")
+    context = check("context", context)
+    headroom = check("headroom", headroom)
     return float(headroom * model.decode_step(1, context))
 

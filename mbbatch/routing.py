@@ -74,12 +74,15 @@ class EngineInfo:
         return self.active_requests
 
 
-def _check_tokens(num_tokens) -> int:
+def _check_tokens(num_tokens, name: str = "num_tokens") -> int:
+    """A count of tokens, an integer in [0, inf); ``name`` is the caller's
+    parameter (``num_tokens``, ``prompt_tokens``)."""
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, numbers.Integral):
-        raise TypeError(f"num_tokens must be a non-negative integer; got {num_tokens!r}")
+        raise TypeError(f"{name} must be a non-negative integer, in [0, inf); got {num_tokens!r} "
+                        f"({type(num_tokens).__name__})")
     n = int(num_tokens)
     if n < 0:
-        raise ValueError(f"num_tokens must be a non-negative integer; got {n}")
+        raise ValueError(f"{name} must be a non-negative integer, in [0, inf); got {n}")
     return n
 
 
@@ -311,7 +314,7 @@ class LapsRouter:
 
     def classify(self, prompt_tokens) -> str:
         """``"short"`` for at most ``threshold`` prompt tokens, else ``"long"``."""
-        return "short" if _check_tokens(prompt_tokens) <= self.threshold else "long"
+        return "short" if _check_tokens(prompt_tokens, "prompt_tokens") <= self.threshold else "long"
 
     def maybe_rebalance(self, now: float):
         """Move at most one instance between the groups, at most once per
@@ -321,11 +324,11 @@ class LapsRouter:
         if not self.enabled or now - self.last_check < self.interval:
             return None
         self.last_check = now
-        s, l = self.pending["short"], self.pending["long"]
-        if s > self.ratio * l and len(self.long) > 1:
+        short, long_ = self.pending["short"], self.pending["long"]
+        if short > self.ratio * long_ and len(self.long) > 1:
             move = (self._take(self.long), "long", "short")
             self.short.append(move[0])
-        elif l > self.ratio * s and len(self.short) > 1:
+        elif long_ > self.ratio * short and len(self.short) > 1:
             move = (self._take(self.short), "short", "long")
             self.long.append(move[0])
         else:

@@ -64,7 +64,7 @@ import numpy as np
 
 from ._kernels import dynamic as _d
 from ._validation import check_fields
-from .params import PARAMS, default
+from .params import MAX_KV_TOKENS, MAX_MEASURED_TIME, PARAMS, Domain, default
 
 __all__ = ["MaxModel", "LinearModel", "DecodeModel", "CalibratedModel", "PrefillModel", "IterationModel",
            "SERVICE_MODELS", "UNCALIBRATED_TBT", "BatchTimes", "BatchAggregates", "batch_aggregates", "FitResult",
@@ -478,6 +478,11 @@ def _available_columns(owner: str, measurements) -> list:
                     f"got {type(measurements).__name__}")
 
 
+#: a fit's measured times (s) and token counts, sizes and aggregates
+_MEASURED_TIMES = Domain(0.0, MAX_MEASURED_TIME, lo_closed=True, hi_closed=True)
+_MEASURED_COUNTS = Domain(0.0, MAX_KV_TOKENS, lo_closed=True)
+
+
 def _measurement_columns(owner: str, measurements, names: tuple, optional: tuple = ()) -> dict:
     """The columns ``names`` (and those of ``optional`` present) of
     ``measurements``, each validated and as float64, of one length."""
@@ -492,6 +497,13 @@ def _measurement_columns(owner: str, measurements, names: tuple, optional: tuple
         arr = _check_values(k, np.asarray(measurements[k]), f"column {k}")
         if arr.ndim != 1:
             raise ValueError(f"{owner}: column {k} must be 1-D; got shape {arr.shape}")
+        # (measured times, lengths and aggregates in a sane range: their squares must stay finite)
+        dom = (_MEASURED_TIMES if _UNITS[k] in ("s", "s/token") else _MEASURED_COUNTS)
+        bad = ~dom.contains(arr) if k != "size" else np.zeros(arr.shape, bool)     # (sizes: int64 counts)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"{owner}: column {k} must hold values in {dom} ({_UNITS[k]}); got "
+                             f"{_where(f'column {k}', arr, i)} = {_show(float(arr[i]))}")
         cols[k] = arr
     lengths = {k: v.size for k, v in cols.items()}
     if len(set(lengths.values())) > 1:
@@ -608,9 +620,9 @@ class _Fitted:
             bad = (out["max_seq_len"] < out["max_output"]).reshape(-1)
             if bad.any():
                 i = int(np.argmax(bad))
+                seq, top = float(out["max_seq_len"].reshape(-1)[i]), float(out["max_output"].reshape(-1)[i])
                 raise ValueError("max_seq_len (the largest prompt + output) must be at least max_output; got "
-                                 f"{float(out['max_seq_len'].reshape(-1)[i])!r} < {float(out['max_output'].reshape(-1)[i])!r} "
-                                 f"(element {i})")
+                                 f"{seq!r} < {top!r} (element {i})")
         return out
 
     def service_time(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
@@ -688,9 +700,10 @@ class _Fitted:
                              f"measurements have {', '.join(map(str, available)) or 'no columns'}")
         for t in targets:
             if t != "service" and t not in cls._phase_columns:
+                phases = " and ".join(cls._phase_columns) if cls._phase_columns else "no phase"
                 raise ValueError(f"{owner}: measurements have a {t} column, which {cls.__name__} cannot fit "
-                                 f"(it times {'no phase' if not cls._phase_columns else ' and '.join(cls._phase_columns)} "
-                                 "of a batch apart); fit IterationModel or DecodeModel, or drop the column")
+                                 f"(it times {phases} of a batch apart); fit IterationModel or DecodeModel, or drop "
+                                 "the column")
         needs = set(cls._service_columns) if "service" in targets else set()
         for t in targets:
             if t != "service":
@@ -752,7 +765,9 @@ class _Fitted:
             :class:`IterationModel`, :class:`DecodeModel` and
             :class:`CalibratedModel` both; :class:`PrefillModel` ``prefill``;
             :class:`MaxModel`, :class:`LinearModel` ``per_token``).  Sizes
-            are integers >= 1, lengths and times finite and >= 0.  At least
+            are integers >= 1, times in [0, 2**30] s
+            (:data:`~mbbatch.params.MAX_MEASURED_TIME`), lengths and the
+            other aggregates in [0, 2**62).  At least
             one measured time more than the model has parameters.  Other
             columns are ignored.
         weights : {"absolute", "relative"}

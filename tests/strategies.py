@@ -28,7 +28,7 @@ def valid(key: str, lo=None, hi=None) -> st.SearchStrategy:
         a, b = _real_bounds(d, lo, hi)
         one = st.floats(a, b, exclude_min=not d.lo_closed and lo is None, exclude_max=not d.hi_closed and hi is None,
                         allow_nan=False, allow_infinity=False)
-        if d.hi == math.inf and d.hi_closed and hi is None:
+        if (d.hi == math.inf and d.hi_closed or getattr(d, "or_inf", False)) and hi is None:
             one = one | st.just(math.inf)
         return one if p.kind == "real" else st.lists(one, min_size=1, max_size=5)
     if p.kind in ("count", "counts", "servers"):

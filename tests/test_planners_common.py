@@ -129,3 +129,17 @@ def test_one_engine_whose_queue_grows_is_an_overload_the_sum_can_hide():
     steady[:, 3] = 5.0
     assert engines_backlog(t, steady, steady, 1.0, 0.0, 100.0) == (False, "no growing backlog")
     assert engines_backlog(t, total, None, 1.0, 0.0, 100.0) == (False, "no growing backlog")
+
+
+def test_service_times_out_of_range_blame_the_model_when_one_token_is_already_out():
+    """IterationModel(setup=1e200) under static batching said "workload: service times of about
+    1e+200 s lie outside ...", blaming the lengths for the model's own time: a request of one prompt
+    and one output token is already out of range, so it names service_model; lengths that make an
+    in-range model's requests too long still name the workload."""
+    wl = mb.Workload(prompt=st.lognorm(0.5, scale=128), output=st.lognorm(0.8, scale=64))
+    for pol in (mb.StaticBatching(8), mb.ContinuousBatching(max_num_seqs=8)):
+        with pytest.raises(ValueError, match=r"^service_model: service times of about 1e\+200 s lie outside"):
+            mb.simulate(pol, mb.Poisson(1.0), workload=wl, service_model=mb.IterationModel(setup=1e200), n=100)
+    long = mb.Workload(prompt=st.lognorm(0.5, scale=128), output=st.lognorm(0.8, scale=1e12))
+    with pytest.raises(ValueError, match=r"^workload: service times of about .* lie outside"):
+        mb.simulate(mb.StaticBatching(8), mb.Poisson(1.0), workload=long, n=100)

@@ -299,3 +299,63 @@ def test_docstring_examples():
     import doctest
 
     assert doctest.testmod(profiles, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_a_users_malformed_csv_is_refused_naming_what_is_wrong(tmp_path):
+    """csv.DictReader kept the last of two columns of one name (the fit silently read it), gave a
+    short row's missing fields as None (float(None): a TypeError naming nothing), read a comment
+    line as a row and a Latin-1 byte as a UnicodeDecodeError; path=None, size=None and size=3
+    failed inside pathlib, a dict and str.join; a size of 2**63 wrapped to -2**63 in int64.  Each
+    is now refused before the fit, naming the parameter (or the file's line) and the value."""
+    good = ["size,prompt,output,service"] + [f"{b},{p},{o},{s}" for b, p, o, s in (
+        (1, 128, 128, 1.0), (2, 256, 128, 1.5), (4, 512, 256, 3.0), (8, 128, 512, 5.0), (16, 1024, 64, 4.0),
+        (32, 64, 1024, 12.0), (1, 2048, 16, 0.8), (64, 256, 256, 9.0))]
+
+    def csv(name, lines, encoding="utf-8"):
+        path = tmp_path / name
+        path.write_bytes(("\n".join(lines) + "\n").encode(encoding))
+        return path
+
+    assert profiles.from_csv(csv("good.csv", good)).n == 8
+    cases = [
+        (csv("dup.csv", [good[0] + ",service"] + [r + ",99" for r in good[1:]]), {},
+         r"^service: '.*dup\.csv' has 2 columns named 'service' \(fields 4, 5 of its header\)"),
+        (csv("short.csv", good[:3] + ["4,512"] + good[4:]), {},
+         r"^path: line 4 of '.*short\.csv' has 2 fields where its header has 4 \('4,512'\)"),
+        (csv("comment.csv", good[:3] + ["# measured on an H100"] + good[3:]), {},
+         r"^path: line 4 of '.*comment\.csv' is a comment \('# measured on an H100'\)"),
+        (csv("latin1.csv", good + ["8,128,512,5.0,café"], "latin-1"), {},
+         r"^path: '.*latin1\.csv' is not UTF-8 text \(byte b'\\xe9' at offset \d+\); save it as UTF-8$"),
+        (csv("big.csv", good[:2] + ["9223372036854775808,256,128,1.5"] + good[3:]), {},
+         r"^size: column 'size' of '.*big\.csv' must hold whole numbers of requests in \[1, 2\*\*63\); line 3 has "
+         r"'9223372036854775808'$"),
+    ]
+    for path, kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            profiles.from_csv(path, **kw)
+    for kw, match in ((dict(path=None), r"^path must be a path \(str or os\.PathLike\) of a CSV file; got None "
+                                        r"\(NoneType\)$"),
+                      (dict(size=None), r"^size must be a column's name \(str\); got None \(NoneType\)$"),
+                      (dict(size=3), r"^size must be a column's name \(str\); got 3 \(int\)$"),
+                      (dict(prefill=1.5), r"^prefill must be a column's name \(str\) or None; got 1\.5 \(float\)$")):
+        with pytest.raises(TypeError, match=match):
+            profiles.from_csv(**{"path": tmp_path / "good.csv", **kw})
+
+
+def test_profile_lookups_refuse_the_wrong_kind_naming_the_parameter():
+    """profiles.get([name]) said "unhashable type: 'list'" (the fit's cache was asked first),
+    sla_target(model, context=[320.0]) "only 0-dimensional arrays can be converted", and
+    headroom=True was taken for 1.0: the name, the context and the headroom are checked first
+    (the latter two as the parameter table's context and headroom)."""
+    m = profiles.get(profiles.DEFAULT)
+    with pytest.raises(TypeError, match=r"^profile must be a profile's name \(str; .*\); got list$"):
+        profiles.get([profiles.DEFAULT])
+    with pytest.raises(TypeError, match=r"^profile must be a profile's name .*; got list$"):
+        profiles.fit([profiles.DEFAULT])
+    with pytest.raises(TypeError, match=r"^context must be a real number in \[0, inf\); got \[320\.0\] \(list\)$"):
+        profiles.sla_target(m, context=[320.0])
+    with pytest.raises(ValueError, match=r"^context must be in \[0, inf\); got nan$"):
+        profiles.sla_target(m, context=float("nan"))
+    with pytest.raises(TypeError, match=r"^headroom must be a real number in \(0, inf\); got True \(bool\)$"):
+        profiles.sla_target(m, context=320.0, headroom=True)
+    assert profiles.sla_target(m, 320) == profiles.sla_target(m, 320.0)

@@ -410,3 +410,17 @@ def test_balancer_operation_sequences_keep_its_counts(ops):
             e = lb.assigned_engine(pid)
             assert e is None or e in lb.engines
     assert sum(e["active_requests"] for e in lb.get_stats()["engines"].values()) <= routed - completed
+
+
+def test_laps_classify_names_its_prompt_tokens():
+    """LapsRouter.classify(-1) said "num_tokens must be a non-negative integer" (Autellix's
+    balancer's parameter, whose check it shares): its parameter is prompt_tokens."""
+    r = LapsRouter(instances=3)
+    with pytest.raises(ValueError, match=r"^prompt_tokens must be a non-negative integer, in \[0, inf\); got -1$"):
+        r.classify(-1)
+    with pytest.raises(TypeError, match=r"^prompt_tokens must be a non-negative integer, in \[0, inf\); got 2\.0 "
+                                        r"\(float\)$"):
+        r.classify(2.0)
+    with pytest.raises(ValueError, match=r"^num_tokens must be a non-negative integer, in \[0, inf\); got -1$"):
+        _lb(1).classify(-1)
+    assert r.classify(0) == "short"

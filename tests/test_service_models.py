@@ -313,9 +313,9 @@ def test_reference_errors_name_the_argument():
 
 
 def test_calibrated_model_errors_name_the_parameter_and_its_domain():
-    with pytest.raises(ValueError, match=r"^beta must be in \(0, inf\); got 0.0$"):
+    with pytest.raises(ValueError, match=r"^beta must be in \(0, 1e\+290\); got 0.0$"):
         CalibratedModel(beta=0.0)
-    with pytest.raises(ValueError, match=r"^alpha must be in \[0, inf\); got -1.0$"):
+    with pytest.raises(ValueError, match=r"^alpha must be in \[0, 1e\+290\); got -1.0$"):
         CalibratedModel(alpha=-1.0)
     with pytest.raises(ValueError, match=r"^gamma must be in \[0, inf\); got nan$"):
         CalibratedModel(gamma=math.nan)
@@ -649,7 +649,7 @@ def test_a_mixture_of_experts_reads_more_experts_as_its_batch_grows():
 
 
 def test_iteration_model_checks_its_fields_and_arguments():
-    with pytest.raises(ValueError, match=r"^per_sequence must be in \[0, inf\); got -1.0$"):
+    with pytest.raises(ValueError, match=r"^per_sequence must be in \[0, 1e\+290\); got -1.0$"):
         IterationModel(per_sequence=-1.0)
     with pytest.raises(ValueError, match="a decode iteration must take time: one of step, per_sequence and "
                                          "per_context_token must be > 0"):
@@ -764,3 +764,43 @@ def test_a_fit_on_a_bound_is_returned_with_the_bound_named():
     res = IterationModel.fit(dict(size=size, prompt=L, output=L, service=service))
     assert set(res.at_bound) >= {"per_context_token"} and all(res.params[k] == 0.0 for k in res.at_bound)
     assert res.model is not None and "at 0, the bound of the domain" in res.note
+
+
+def test_a_fit_refuses_measured_times_beyond_a_sane_domain_naming_the_row():
+    """DecodeModel.fit with a measured time of 1e300 s returned rmse = inf (the residuals' squares
+    overflow; a length of 1e300 tokens overflowed the design): measured times stay within
+    MAX_MEASURED_TIME (2**30 s, about 34 years: the top of the typical service times a run resolves),
+    lengths and aggregates below 2**62 tokens, refused naming the column and the row."""
+    from mbbatch.params import MAX_MEASURED_TIME
+    from mbbatch.simulation import SCALE_RANGE
+
+    assert MAX_MEASURED_TIME == SCALE_RANGE[1]
+    size = np.array([1, 2, 4, 8, 16, 32] * 2)
+    rows = dict(size=size, prompt=np.array([128.0, 256.0, 512.0] * 4), output=np.array([64.0] * 6 + [256.0] * 6))
+    rows["service"] = 0.01 + 1e-4 * size * rows["output"]
+    for model in (mb.DecodeModel, mb.IterationModel):
+        assert math.isfinite(model.fit(rows, holdout=False).rmse)
+        for col, value, match in (
+                ("service", 1e300, r"column service must hold values in \[0, 1073741824\] \(s\); got "
+                                   r"column service\[3\] = 1e\+300$"),
+                ("service", 2.0 ** 31, r"column service must hold values in \[0, 1073741824\] \(s\); got "
+                                       r"column service\[3\] = 2147483648\.0$"),
+                ("prompt", 1e300, r"column prompt must hold values in \[0, 2\*\*62\) \(tokens\); got "
+                                  r"column prompt\[3\] = 1e\+300$")):
+            bad = {**rows, col: rows[col].astype(float).copy()}
+            bad[col][3] = value
+            with pytest.raises(ValueError, match=rf"^{model.__name__}\.fit: {match}"):
+                model.fit(bad, holdout=False)
+
+
+def test_a_service_models_times_beyond_max_duration_are_refused_naming_them():
+    """IterationModel(setup=1e300) was accepted, and a static-batching run then blamed
+    workload.output ("service times of about 1e+300 s lie outside ..."): IterationModel's and
+    CalibratedModel's times (s, s/token) lie in the parameter table's [0, MAX_DURATION), as a
+    service time does."""
+    for model, kw, name in ((mb.IterationModel, dict(setup=1e300), "setup"),
+                            (mb.IterationModel, dict(per_context_token=1e291), "per_context_token"),
+                            (mb.CalibratedModel, dict(alpha=1e300), "alpha")):
+        with pytest.raises(ValueError, match=rf"^{name} must be in [\[(]0, 1e\+290\); got "):
+            model(**kw)
+    assert mb.IterationModel(setup=1e289).setup == 1e289

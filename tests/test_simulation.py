@@ -167,7 +167,8 @@ def test_max_wait_releases_partial_batches():
     res = mb.simulate(mb.MultiBin(bins=2, batch_size=8, max_wait=0.0), arrivals=mb.Saturated(), n=20, **kw)
     assert res.excluded_partial == 0 and res.completed == 20
     full = mb.simulate(mb.MultiBin(bins=2, batch_size=8), arrivals=mb.Saturated(), n=20, **kw)
-    assert res.n_batches == full.n_batches + int(np.sum(full.batches_per_bin * 8 < np.bincount(full.requests.bin, minlength=2)))
+    extra = int(np.sum(full.batches_per_bin * 8 < np.bincount(full.requests.bin, minlength=2)))
+    assert res.n_batches == full.n_batches + extra
     res = mb.simulate(mb.MultiBin(bins=3, batch_size=64, max_wait=5.0), arrivals=mb.Poisson(rate=2.0),
                       n=5000, **kw)
     assert res.excluded_partial == 0
@@ -500,15 +501,18 @@ def test_saturated_queues_too_big_for_memory_name_n(monkeypatch, policy):
     (lambda scale: mb.simulate(mb.MultiBin(bins=2, batch_size=4), mb.Poisson(0.1 / scale), st.uniform(scale, scale),
                                n=1000), "service"),
     (lambda scale: mb.simulate(mb.StaticBatching(4), mb.Poisson(0.1 / scale), workload=WL, n=1000,
-                               service_model=mb.MaxModel(base=0.0, per_token=scale / 30)), "workload"),
+                               service_model=mb.MaxModel(base=0.0, per_token=scale / 30)), "(service_model|workload)"),
     (lambda scale: mb.simulate(mb.LAPS(), mb.Poisson(0.1 / scale), workload=WL, n=1000,
-                               service_model=mb.PrefillModel(a=scale / 2, b=scale / 110)), "workload.prompt"),
+                               service_model=mb.PrefillModel(a=scale / 2, b=scale / 110)), "(service_model|workload)"),
 ], ids=["multibin", "static", "laps"])
 def test_service_times_beyond_the_latency_histogram_are_refused(call, name):
     """A typical service time outside about 1 us .. 34 years (10 octaves
     inside the histogram's 2**-30 .. 2**50 s at the bottom, 20 at the top)
     is refused, naming the parameter: its latency quantiles would be read off
-    the end buckets (at 1e-12 s the median came out as 9.3e-10 s)."""
+    the end buckets (at 1e-12 s the median came out as 9.3e-10 s).  The
+    token-level models' times scale here: where a request of one token is
+    out of range too the model is named (service_model), else the
+    workload's lengths."""
     lo, hi = mbbatch.simulation.SCALE_RANGE
     for bad in (1e-12, lo / 2, hi * 2, 1e16):
         with pytest.raises(ValueError, match=rf"^{name}: service times of about .* lie outside "):

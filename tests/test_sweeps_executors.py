@@ -107,3 +107,21 @@ def test_in_process_runs_at_most_a_few_points_ahead_of_the_caller():
         ahead = len(done)
         assert ahead <= results.AHEAD + 1, ahead
         assert len(list(results)) == 50
+
+
+def test_a_sweep_started_while_a_worker_starts_is_refused(monkeypatch):
+    """A spawned worker imports the script that started the sweep again (as __mp_main__): a call at
+    its top level that the first process could not tell unguarded (under `if True:`, say) ran the
+    sweep again in every worker, which died on the store's lock ("being written by another sweep").
+    While a worker starts, multiprocessing marks it (_inheriting, its own test for a process started
+    while the main module is imported): refused there, naming the guard."""
+    import multiprocessing as mp
+
+    from mbbatch.sweeps.executors import check_spawn_safe
+
+    check_spawn_safe("run_sweep", None, 1)
+    monkeypatch.setattr(mp.current_process(), "_inheriting", True, raising=False)
+    for workers in (1, 2):
+        with pytest.raises(RuntimeError, match=r"run_sweep was called while a worker process of a sweep was "
+                                               r'starting: .* `if __name__ == "__main__":`'):
+            check_spawn_safe("run_sweep", None, workers)

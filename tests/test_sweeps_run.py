@@ -390,7 +390,8 @@ def test_a_trace_is_found_beside_the_spec_or_in_the_data_folder(tmp_path, monkey
     specs = tmp_path / "specs"
     specs.mkdir()
     p = _trace_spec(specs)
-    with pytest.raises(SpecError, match=r"no trace file 'trace.csv'.*github.com/Azure/AzurePublicDataset.*MBBATCH_DATA"):
+    with pytest.raises(SpecError,
+                       match=r"no trace file 'trace.csv'.*github.com/Azure/AzurePublicDataset.*MBBATCH_DATA"):
         load_spec(p)
     monkeypatch.setenv("MBBATCH_DATA", str(data))
     assert load_spec(p).trace["path"] == str((data / "trace.csv").resolve())
@@ -524,7 +525,8 @@ def test_a_capacity_sweep_stores_each_points_search_beside_theorem_4_2(tmp_path)
     thm = ds["theory_service_rate"]
     assert bool(((ds["sim_capacity_bracket_low"] <= thm) & (thm <= ds["sim_capacity_bracket_high"])).all())
     assert float(abs(ds["sim_capacity"] / thm - 1).max()) <= 0.01
-    assert bool(((ds["sim_capacity_ci_low"] < ds["sim_capacity"]) & (ds["sim_capacity"] < ds["sim_capacity_ci_high"])).all())
+    inside = (ds["sim_capacity_ci_low"] < ds["sim_capacity"]) & (ds["sim_capacity"] < ds["sim_capacity_ci_high"])
+    assert bool(inside.all())
     assert bool((ds["capacity_probes"] >= 3).all() and (ds["capacity_requests"] > 0).all())
     assert bool(ds["capacity_resolved"].all()) and bool(ds["done"].all())
 
@@ -1054,3 +1056,41 @@ def test_a_continuous_engines_load_step_stores_its_time_series(tmp_path):
     assert np.isnan(ds.ts_b_target.sel(sla_control=False).values).all()
     cap = ds.ts_b_target.sel(sla_control=True).values
     assert np.isfinite(cap).any() and np.nanmin(cap) >= 1
+
+
+UNGUARDED = """
+from mbbatch.sweeps import run_sweep
+ds = run_sweep("small.toml", "s.zarr", workers=2, progress=False)
+"""
+
+
+def test_a_script_without_the_main_guard_is_refused_before_the_store_exists(tmp_path):
+    """A script that calls run_sweep(workers=2) at its top level, without `if __name__ ==
+    "__main__":`: each spawned worker imports the script again and starts the sweep once more, found
+    the store locked by the first ("being written by another sweep") and died, and the first failed
+    with BrokenProcessPool.  Now refused in the first process, naming the guard and the line, before
+    any worker starts or the store exists (a process, with a timeout: the old code takes minutes)."""
+    import subprocess
+
+    from .helpers import ROOT
+
+    write(tmp_path, SMALL, "small.toml")
+    (tmp_path / "script.py").write_text(UNGUARDED)
+    r = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: workers=2: run_sweep runs the sweep on 2 spawned worker processes"), last
+    assert 'line 3 of ' in last and 'if __name__ == "__main__":' in last and "Safe importing of main module" in last
+    assert "BrokenProcessPool" not in r.stderr and "another sweep" not in r.stderr
+    assert not (tmp_path / "s.zarr").exists()
+    # the check alone: a call under the guard (from a function or not) passes; one in a with block does not
+    (tmp_path / "check.py").write_text(
+        "from mbbatch.sweeps.executors import check_spawn_safe\n"
+        "def main():\n    check_spawn_safe('run_sweep', None, 2)\n"
+        "if __name__ == '__main__':\n    main()\n    check_spawn_safe('run_sweep', None, 2)\n"
+        "    print('guarded')\n"
+        "with open(__file__):\n    main()\n")
+    r = subprocess.run([sys.executable, "check.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.stdout == "guarded\n" and "the call at line 9 of " in r.stderr.splitlines()[-1], r.stderr

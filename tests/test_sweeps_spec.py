@@ -446,7 +446,8 @@ def test_objective_bounds_are_capacity_parameters_and_axes():
 
     with pytest.raises(SpecError, match="objective_latency_p95.*does not apply"):
         parse_spec(CAP.replace("[capacity]", "").replace("seed = 1", "seed = 1\nreps = 1")
-                   .replace("[params]", "[params]\nobjective_latency_p95 = 3.0").replace("[grid]", "[grid]\nrate = [1.0]"),
+                   .replace("[params]", "[params]\nobjective_latency_p95 = 3.0")
+                   .replace("[grid]", "[grid]\nrate = [1.0]"),
                    source="c.toml")
     spec = parse_spec(CAP.replace("bins = [1, 2]", "bins = [1, 2]\nobjective_latency_p95 = [100.0, 200.0]"),
                       source="c.toml")
@@ -556,3 +557,93 @@ def st_uniform(loc, scale):
 def test_a_spec_without_a_name_outside_a_file_says_so():
     with pytest.raises(SpecError, match="missing field 'name'"):
         parse_spec('policy = "static"\n[params]\nrate = 1.0\n')
+
+
+LENGTHS = """name = "len"
+policy = "{kind}"
+service_model = "{model}"
+reps = 1
+seed = 1
+[params]
+n = 200
+rate = 0.5
+prompt_median = {prompt_median}
+prompt_sigma = {prompt_sigma}
+output_median = {output_median}
+output_sigma = {output_sigma}
+{extra}
+"""
+_LENGTHS = {"prompt_median": 128.0, "prompt_sigma": 0.5, "output_median": 64.0, "output_sigma": 0.8}
+
+
+@pytest.mark.parametrize("kind, model", [("static", "decode"), ("continuous", "iteration"), ("laps", "prefill")])
+@pytest.mark.parametrize("key, value", [("prompt_median", 1e30), ("prompt_sigma", 20.0), ("prompt_sigma", 40.0),
+                                        ("output_median", 1e30), ("output_sigma", 20.0), ("output_sigma", 40.0),
+                                        ("prompt_median", 1e300), ("output_median", 1e300)])
+def test_lognormal_lengths_out_of_range_are_refused_naming_their_key(tmp_path, kind, model, key, value):
+    """prompt_median = 1e30 (or an output_* or *_sigma key's absurd value) was refused by the
+    planners' checks, which name their API's arguments: "service_model: service times of about
+    5.74e+24 s lie outside ...", "workload: ...", "prompt must have a finite mean".  The spec names
+    the key whose law or whose requests' time is out of range, when it is loaded (before a store
+    exists).  (A prompt the model does not time, static's under DecodeModel, is no refusal.)"""
+    import re
+
+    text = LENGTHS.format(kind=kind, model=model, extra="", **{**_LENGTHS, key: value})
+    path = write(tmp_path, text, "len.toml")
+    # (a law beyond the float range, or drawing beyond MAX_DURATION, is refused whatever times it; else the
+    # lengths a model does not time are no refusal: DecodeModel(prefill_per_token=0)'s prompt, LAPS's output)
+    untimed = (kind, key.split("_")[0]) in (("static", "prompt"), ("laps", "output"))
+    if value not in (40.0, 1e300) and untimed:
+        load_spec(path)
+        return
+    with pytest.raises(SpecError, match=rf"^{re.escape(str(path))}: .*\b{key} = {re.escape(repr(value))}\b"):
+        load_spec(path)
+
+
+def test_a_service_models_time_out_of_range_names_its_keys(tmp_path):
+    """IterationModel(setup=1e300) under static batching blamed workload.output (in a spec:
+    "workload: service times of about 1e+300 s lie outside ..."); a setup beyond MAX_DURATION is out
+    of the table's domain, and one that a request of one token already takes outside the latency
+    histogram's range names the service model and its keys."""
+    text = LENGTHS.format(kind="static", model="iteration", extra="batch_size = 4\niteration_setup = {setup}",
+                          **_LENGTHS)
+    with pytest.raises(SpecError, match=r"params: iteration_setup must be in \[0, 1e\+290\); got 1e\+300$"):
+        load_spec(write(tmp_path, text.format(setup=1e300)))
+    with pytest.raises(SpecError, match=r"service_model = 'iteration' \(iteration_setup = 1e\+200\): a request of one "
+                                        r"prompt and one output token takes about 1e\+200 s, outside "):
+        load_spec(write(tmp_path, text.format(setup=1e200)))
+    with pytest.raises(ValueError, match=r"^setup must be in \[0, 1e\+290\); got 1e\+300$"):
+        mb.IterationModel(setup=1e300)
+
+
+LAPS_DECODE = """name = "l"
+policy = "laps"
+service_model = "prefill"
+reps = 1
+seed = 1
+[params]
+prompt_median = 128.0
+prompt_sigma = 0.5
+output_median = 64.0
+output_sigma = 0.8
+n = 500
+rate = 5.0
+decode = "continuous"
+decode_eta = {eta}
+"""
+
+
+def test_a_laps_specs_continuous_decode_names_decode_eta():
+    """A LAPS spec's continuous decode stage takes decode_eta as its engines' kv_tokens: a value
+    beyond kv_tokens' domain (1e30: the engine's int64 block counts) is refused naming decode_eta,
+    the spec's key, not kv_tokens."""
+    with pytest.raises(SpecError, match=r"<spec>: at its one grid point: decode_eta must be in \(0, 2\*\*62\) or "
+                                        r"inf; got 1e\+30$"):
+        check_points(parse_spec(LAPS_DECODE.format(eta=1e30)))
+
+
+def test_a_laps_specs_decode_refusal_of_a_request_names_decode_eta():
+    """A request the decode stage's KV cache could never hold said "raise kv_tokens or bound the
+    lengths", where the LAPS spec's key is decode_eta."""
+    with pytest.raises(SpecError, match=r"decode_eta = 300: request \d+ .* can never fit .*; raise decode_eta"):
+        check_points(parse_spec(LAPS_DECODE.format(eta=300.0)))

@@ -42,7 +42,7 @@ MAYBE = "ok or ValueError" # numerically fine; other constraints (order, length)
 
 def interval(text: str) -> Domain:
     """``"(0, inf)"`` -> Domain(0, inf), ends open or closed as written."""
-    m = re.fullmatch(r"([\[(])(-?[\w.]+), (-?[\w.]+)([\])])", text)
+    m = re.fullmatch(r"([\[(])(-?[\w.+]+), (-?[\w.+]+)([\])])", text)
     lo, hi = float(m.group(2)), float(m.group(3))
     return Domain(lo, hi, lo_closed=m.group(1) == "[", hi_closed=m.group(4) == "]")
 
@@ -256,11 +256,11 @@ CONSTRUCTORS = {
         "integer_lengths": Flag(),
         "predictor_sigma": Real("[0, inf)")}),
     mb.MaxModel: (dict(base=0.0, per_token=1.0), {
-        "base": Real("[0, inf)"), "per_token": Real("(0, inf)")}),
+        "base": Real("[0, 1e+290)"), "per_token": Real("(0, 1e+290)")}),
     mb.LinearModel: (dict(base=0.0, alpha=1e-3, beta=0.1), {
-        "base": Real("[0, inf)"), "alpha": Real("(0, inf)"), "beta": Real("[0, inf)")}),
+        "base": Real("[0, 1e+290)"), "alpha": Real("(0, 1e+290)"), "beta": Real("[0, inf)")}),
     mb.DecodeModel: (dict(beta=5.74e-3, gamma=0.316, prefill_per_token=0.0), {
-        "beta": Real("(0, inf)"), "gamma": Real("[0, inf)"), "prefill_per_token": Real("[0, inf)")}),
+        "beta": Real("(0, 1e+290)"), "gamma": Real("[0, inf)"), "prefill_per_token": Real("[0, 1e+290)")}),
     mb.Memory: (dict(m_max_gb=80.0, m_model_gb=8.0, kv_mem_per_token_gb=4e-4, variant="l0", eps_m=0.05,
                      enabled=True), {
         # m_model_gb < m_max_gb, and the token capacity eta must be finite

@@ -20,7 +20,8 @@ from ..metrics import applicable
 from ..predictors import Predictions
 from ..results import SimulationResult, UnstableWarning
 
-__all__ = ["BATCH_MEANS_GROUPS", "engines_backlog", "TIME_SERIES_ROWS", "SCALE_RANGE", "RunTotals", "assemble", "check_arrivals",
+__all__ = ["BATCH_MEANS_GROUPS", "engines_backlog", "TIME_SERIES_ROWS", "SCALE_RANGE",
+           "RunTotals", "assemble", "check_arrivals",
            "check_batch_model",
            "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
            "exponentials", "drawn_lengths", "readonly", "per_bin", "steady_state", "settled", "HISTOGRAM_QUANTILES",
@@ -115,6 +116,15 @@ def check_times(arrivals, n, scale: float, name: str) -> None:
     clock = arrivals.clock(n)
     if clock is not None:
         check_clock(clock[0], scale, clock[1])
+
+
+def times_name(model) -> str:
+    """What :func:`check_times` blames for a run's service times out of range:
+    ``service_model`` where a request of one prompt and one output token
+    already takes a time out of range, ``workload`` (its lengths) where not."""
+    lo, hi = SCALE_RANGE
+    one = float(model.one_request(1.0, 1.0))
+    return "service_model" if math.isfinite(one) and one > 0 and not lo <= one <= hi else "workload"
 
 
 def model_config(model) -> dict:

@@ -100,6 +100,8 @@ class Policy:
     paper: ClassVar[bool] = False
     engine: ClassVar[bool] = False
     decode_stage: ClassVar[bool] = False
+    #: the spec keys of the arguments its refusals name, where they differ (a sweep's errors say the key)
+    spec_names: ClassVar[dict] = {}
 
     @classmethod
     def from_spec(cls, params: dict, ctx: "SpecContext"):

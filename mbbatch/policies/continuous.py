@@ -150,10 +150,11 @@ class ContinuousBatching(Policy):
             raise ValueError(f"kv_tokens = {self.kv_tokens:g} must hold at least one block of block_size = "
                              f"{self.block_size} tokens")
         if self.edges is not None:
-            e = tuple(float(x) for x in self.edges)
+            e = tuple(check_real_array("edges", self.edges, DOMAINS["ContinuousBatching.edges"],
+                                       allow_empty=True).tolist())
             if self.admission != "multibin":
                 raise ValueError(f"edges are the bins of admission='multibin'; admission is {self.admission!r}")
-            if len(e) != self.bins - 1 or any(not math.isfinite(x) for x in e) or list(e) != sorted(set(e)):
+            if len(e) != self.bins - 1 or list(e) != sorted(set(e)):
                 raise ValueError(f"edges must be bins - 1 = {self.bins - 1} finite, strictly ascending inner edges "
                                  f"(tokens); got {self.edges!r}")
             object.__setattr__(self, "edges", e)

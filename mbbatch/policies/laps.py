@@ -157,8 +157,9 @@ class LAPS(Policy):
             if kind == "continuous":
                 # the engines' running sequences at most and KV cache (inf without decode_eta), timed by the
                 # default IterationModel
+                # (decode_eta is their kv_tokens: refused in its domain under the spec's name)
                 own.update(max_num_seqs=params["decode_b_max"],
-                           kv_tokens=math.inf if params["decode_eta"] is None else params["decode_eta"])
+                           kv_tokens=math.inf if eta is None else check("kv_tokens", eta, "decode_eta"))
                 model = IterationModel()
             else:
                 model = DecodeModel(beta=params["decode_model_beta"], gamma=params["decode_model_gamma"],

@@ -9,7 +9,6 @@ its variant's name ``policy``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -24,10 +23,9 @@ from ..metrics import METRICS
 from ..policies.multibin import spec_edges
 from ..registry import ARRIVALS, POLICIES, build
 from ..simulation import check_simulation, plan
-from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
 from ..workload import Workload
 from .schema import TIME_POINTS, rep_vars, time_series, variables
-from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError, trace_filters, trace_of
+from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError, service_model, trace_filters, trace_of
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
            "service_model", "trace_filters", "run_capacity_point", "check_capacity_point", "iteration_closed_form"]
@@ -75,33 +73,6 @@ def _frozen(name: str, loc: float, scale: float, *shapes):
     parameters (making one costs about a millisecond; every rep of every
     cell with these parameters shares it)."""
     return getattr(st, name)(*shapes, loc=loc, scale=scale)
-
-
-def service_model(name: str, params: dict):
-    """The batch service model ``name`` of a cell with token-level requests,
-    from its parameters (each the model's default unless the spec sets it)."""
-    if name == "prefill":
-        return PrefillModel(a=params["prefill_a"], b=params["prefill_b"])
-    if name == "max":
-        return MaxModel(base=params["base"], per_token=params["per_token"])
-    if name == "linear":
-        return LinearModel(base=params["base"], alpha=params["linear_alpha"], beta=params["linear_beta"])
-    if name == "decode":
-        return DecodeModel(beta=params["decode_beta"], gamma=params["gamma"],
-                           prefill_per_token=params["prefill_per_token"])
-    if name == "iteration":
-        return IterationModel(setup=params["iteration_setup"], step=params["iteration_step"],
-                              prefill_per_token=params["iteration_prefill"],
-                              per_sequence=params["iteration_per_sequence"],
-                              per_context_token=params["iteration_per_context"], finished=params["finished"],
-                              per_expert=params["iteration_per_expert"], experts=params["experts"],
-                              experts_per_token=params["experts_per_token"])
-    if name == "profile":
-        from .. import profiles
-
-        return dataclasses.replace(profiles.get(params["profile"]), finished=params["finished"])
-    return CalibratedModel(alpha=params["calibrated_alpha"], beta=params["calibrated_beta"], gamma=params["gamma"],
-                           feedback=params["feedback"])
 
 
 def point_objects(arrivals: str, service: str, params: dict) -> tuple:
@@ -161,7 +132,11 @@ def check_points(spec) -> None:
                     try:
                         run.check_requests(cell_seed(spec.seed_of(params), params, rep, words))
                     except ValueError as exc:
-                        raise ValueError(f"rep {rep}: {exc}") from None
+                        # (named by the spec's keys, not the API's arguments)
+                        text = str(exc)
+                        for api, key in type(pol).spec_names.items():
+                            text = text.replace(api, key)
+                        raise ValueError(f"rep {rep}: {text}") from None
             point_theory(spec.arrivals, spec.service, params)
         except (ValueError, TypeError, OverflowError, ZeroDivisionError) as exc:
             raise SpecError(f"{spec.source}: {where}: {exc}") from None

@@ -14,13 +14,84 @@ import contextlib
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from .._running import POLL_SECONDS, STOP, new_stop_flag, watch_stop_flag
 
-__all__ = ["Executor", "sigint_handler", "whole"]
+__all__ = ["Executor", "check_spawn_safe", "sigint_handler", "whole"]
+
+
+#: where Python's documentation explains the guard a script that starts processes needs
+_GUARD_DOCS = ('the multiprocessing documentation\'s "Safe importing of main module": '
+               "https://docs.python.org/3/library/multiprocessing.html#multiprocessing-safe-main-import")
+
+
+def check_spawn_safe(caller: str, scheduler, workers) -> None:
+    """Refuse a sweep that its worker processes would start again, before
+    anything runs (its spec is read, its store touched).
+
+    A pool's workers are spawned (as a LocalCluster's are): each imports
+    the script that started the sweep again, as ``__mp_main__``, and runs
+    its top level.  A script that calls ``caller`` there, outside ``if
+    __name__ == "__main__":``, so starts the sweep once more in every
+    worker, which found the store locked by the first ("being written by
+    another sweep") and died, and the first then failed with
+    ``BrokenProcessPool``.  Refused here, with a ``RuntimeError``: in a
+    worker while it starts (``multiprocessing``'s own test for a process
+    started while importing the main module), and in the first process
+    where the call stands at the script's top level outside any ``if``
+    (read from the script's source)."""
+    import multiprocessing as mp
+
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(f"{caller} was called while a worker process of a sweep was starting: a worker imports "
+                           "the script that started the sweep again, and this script calls it at its top level. "
+                           f'Put the call under `if __name__ == "__main__":` ({_GUARD_DOCS})')
+    spawns = scheduler == "local" or (scheduler is None and (workers or os.cpu_count() or 1) > 1)
+    line = _unguarded_main_line() if spawns else None
+    if line is not None:
+        n = workers or os.cpu_count() or 1
+        raise RuntimeError(f"workers={workers!r}: {caller} runs the sweep on {n} spawned worker processes, and each "
+                           f"imports the script that called it again; the call at line {line} of "
+                           f"{sys.modules['__main__'].__file__} stands outside an `if __name__ == \"__main__\":` "
+                           "block, so every worker would start the sweep once more. Put it under that block "
+                           f"({_GUARD_DOCS}), or pass workers=1")
+
+
+def _unguarded_main_line():
+    """The line of the script being run (``__main__``, a file a spawned
+    process imports again) whose top-level statement is executing now,
+    when no ``if`` encloses it; else None (a guarded call, a call from an
+    interactive session or ``python -c``, or source that cannot be read)."""
+    import ast
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return None
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        with open(path, encoding="utf-8") as f:
+            body = ast.parse(f.read()).body
+    except (OSError, SyntaxError, ValueError):
+        return None
+    while body:
+        node = next((s for s in body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        if node is None:
+            return None
+        if isinstance(node, (ast.If, ast.Match)):
+            return None          # (guarded, as far as can be told)
+        body = [s for field in ("body", "orelse", "finalbody", "handlers") for s in getattr(node, field, [])
+                if isinstance(s, ast.stmt) or isinstance(s, ast.excepthandler)]
+    return line
 
 
 def warm_worker():

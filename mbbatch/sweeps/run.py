@@ -386,6 +386,7 @@ def run_sweep(spec, out, *, scheduler=None, workers=None, overwrite=False, netcd
         with a one-line summary.
     """
     _check_workers(workers)
+    check_spawn_safe("run_sweep", scheduler, workers)
     spec, out = _prepare(spec, out, overwrite)
     if netcdf is not None:
         store.check_export(netcdf, "netcdf")
@@ -404,6 +405,7 @@ def run_sweeps(specs, out_dir, *, scheduler=None, workers=None, overwrite=False,
     another spec or by other code.  Returns the ``(Dataset, Summary)`` of
     each sweep."""
     _check_workers(workers)
+    check_spawn_safe("run_sweeps", scheduler, workers)
     out_dir = Path(out_dir)
     specs = [s if isinstance(s, SweepSpec) else load_spec(s) for s in specs]
     names = [s.name for s in specs]

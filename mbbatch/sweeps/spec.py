@@ -61,6 +61,7 @@ import json
 import math
 import os
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +79,7 @@ from ..params import PARAMS as TABLE
 from ..params import REQUIRED
 from ..registry import ARRIVALS as _ARRIVAL_CLASSES
 from ..registry import KINDS, POLICIES
+from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
 
 __all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "ARRIVALS",
            "load_spec", "parse_spec", "spec_from_dict", "trace_filters", "trace_of"]
@@ -674,7 +676,8 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     # --- which keys apply, and to which variants
     def applies_to(nm):
         sp = SPEC_PARAMS.get(nm)
-        return [v for v, s in policies.items() if sp and sp.applies(s["kind"], arrivals, workload, model, capacity is not None)]
+        return [v for v, s in policies.items()
+                if sp and sp.applies(s["kind"], arrivals, workload, model, capacity is not None)]
 
     def unknown(where, key, allowed, shown=None):
         side = {"tokens": f"token-level requests under service_model={model!r}",
@@ -801,6 +804,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
                      source=source, text=text, single=single, trace=trace, capacity=capacity,
                      confidence=confidence)
     _check_joint(spec, source)
+    _check_lengths(spec, source)
     return spec
 
 
@@ -958,6 +962,117 @@ def _trace_table(raw: dict, source: str) -> dict | None:
                             f"from {TRACE_SOURCES[fmt]} and put it there, or set ${DATA_DIR_ENV} to its folder")
     return {"trace": table["trace"], "format": fmt, "resample": resample, "filters": filters,
             "path": str(found.resolve())}
+
+
+#: a log-normal length law's keys, by side
+_LENGTH_KEYS = {"prompt": ("prompt_median", "prompt_sigma"), "output": ("output_median", "output_sigma")}
+
+
+def _check_lengths(spec: SweepSpec, source: str) -> None:
+    """A spec of log-normal token lengths (``prompt_median``,
+    ``prompt_sigma``, ``output_median``, ``output_sigma``): at every grid
+    point, laws a run can draw from, and requests whose time under the
+    point's service model the latency histogram resolves, refused naming
+    these keys (or the service model's, when a request of one token is
+    already out of range).  The planners refuse the same grid points later
+    (:func:`mbbatch.sweeps.cells.check_points`), but they name their API's
+    arguments (``workload``, ``service_model``), not the spec's keys."""
+    if spec.workload != "tokens":
+        return
+    from scipy.stats import norm
+
+    from ..lengths import TAIL_PROBABILITY
+    from ..params import MAX_DURATION
+    from ..simulation import SCALE_RANGE
+
+    z = float(norm.isf(TAIL_PROBABILITY))
+    log_max = math.log(sys.float_info.max)
+    lo, hi = SCALE_RANGE
+    model_keys = [nm for nm, sp in SPEC_PARAMS.items() if spec.service_model in sp.models]
+    seen = set()
+    for _, params in spec.points():
+        law = {nm: params[nm] for keys in _LENGTH_KEYS.values() for nm in keys}
+        key = (params["kind"], *law.values(), *(repr(params.get(nm)) for nm in model_keys))
+        if key in seen:
+            continue
+        seen.add(key)
+        where = ", ".join(f"{nm}={params[nm]!r}" for nm in spec.axes)
+        where = f"{source}: at grid point {where}: " if where else f"{source}: "
+        means = {}
+        for side, (m_key, s_key) in _LENGTH_KEYS.items():
+            m, s = law[m_key], law[s_key]
+            named = f"{m_key} = {m!r} and {s_key} = {s!r}"
+            if math.log(m) + s * s / 2 >= log_max:
+                raise SpecError(f"{where}{named}: the log-normal {side} lengths' mean, {m_key} x exp({s_key}**2 / "
+                                f"2), is beyond the float range; lower {s_key} (below "
+                                f"{math.sqrt(2 * (log_max - math.log(m))):.3g} at this median)")
+            top = math.log(m) + z * s
+            if top > math.log(MAX_DURATION):
+                shown = f"{math.exp(top):.3g}" if top < log_max else f"10**{top / math.log(10):.0f}"
+                raise SpecError(f"{where}{named}: the log-normal {side} lengths reach "
+                                f"{shown} tokens ({m_key} x exp({z:.3g} {s_key}), their "
+                                f"1 - 2**-64 quantile), beyond the {MAX_DURATION:g} that keeps a run's sums finite; "
+                                f"lower {m_key} or {s_key}")
+            means[side] = m * math.exp(s * s / 2)
+        # (a side is to blame where its lengths at the table's defaults would bring the time in range)
+        usual = {side: TABLE[m_key].default * math.exp(TABLE[s_key].default ** 2 / 2)
+                 for side, (m_key, s_key) in _LENGTH_KEYS.items()}
+        try:
+            model = service_model(spec.service, params)
+            t = {(p, o): float(model.one_request(p, o))
+                 for p, o in ((means["prompt"], means["output"]), (usual["prompt"], means["output"]),
+                              (means["prompt"], usual["output"]), (1.0, 1.0))}
+        except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+            continue        # (check_points names what the service model's own check refuses)
+        out = {k: math.isfinite(v) and v > 0 and not lo <= v <= hi for k, v in t.items()}
+        if not out[means["prompt"], means["output"]]:
+            continue
+        scale = t[means["prompt"], means["output"]]
+        rng = (f"outside [{lo:.3g}, {hi:.3g}] s, the range whose latencies the latency histogram resolves (its "
+               f"buckets cover 2**-30 to 2**50 s)")
+        if out[1.0, 1.0]:
+            given = [f"{nm} = {params[nm]!r}" for nm in model_keys
+                     if nm in params and params[nm] != SPEC_PARAMS[nm].default]
+            raise SpecError(f"{where}service_model = {spec.service_model!r}"
+                            f"{' (' + ', '.join(given) + ')' if given else ''}: a request of one prompt and one "
+                            f"output token takes about {t[1.0, 1.0]:.3g} s, {rng}; express its times in other "
+                            "units")
+        sides = [side for side, k in (("prompt", (usual["prompt"], means["output"])),
+                                      ("output", (means["prompt"], usual["output"]))) if not out[k]]
+        sides = sides or ["prompt", "output"]
+        keys = [nm for side in sides for nm in _LENGTH_KEYS[side]]
+        raise SpecError(f"{where}{', '.join(f'{nm} = {law[nm]!r}' for nm in keys)}: requests of the mean lengths "
+                        f"(prompt {means['prompt']:.3g} and output {means['output']:.3g} tokens) take about "
+                        f"{scale:.3g} s under service_model = {spec.service_model!r}, {rng}; lower "
+                        f"{' or '.join(k for k in keys if k.endswith('_median'))} or "
+                        f"{' or '.join(k for k in keys if k.endswith('_sigma'))}")
+
+
+def service_model(name: str, params: dict):
+    """The batch service model ``name`` of a cell with token-level requests,
+    from its parameters (each the model's default unless the spec sets it)."""
+    if name == "prefill":
+        return PrefillModel(a=params["prefill_a"], b=params["prefill_b"])
+    if name == "max":
+        return MaxModel(base=params["base"], per_token=params["per_token"])
+    if name == "linear":
+        return LinearModel(base=params["base"], alpha=params["linear_alpha"], beta=params["linear_beta"])
+    if name == "decode":
+        return DecodeModel(beta=params["decode_beta"], gamma=params["gamma"],
+                           prefill_per_token=params["prefill_per_token"])
+    if name == "iteration":
+        return IterationModel(setup=params["iteration_setup"], step=params["iteration_step"],
+                              prefill_per_token=params["iteration_prefill"],
+                              per_sequence=params["iteration_per_sequence"],
+                              per_context_token=params["iteration_per_context"], finished=params["finished"],
+                              per_expert=params["iteration_per_expert"], experts=params["experts"],
+                              experts_per_token=params["experts_per_token"])
+    if name == "profile":
+        from .. import profiles
+
+        return dataclasses.replace(profiles.get(params["profile"]), finished=params["finished"])
+    return CalibratedModel(alpha=params["calibrated_alpha"], beta=params["calibrated_beta"], gamma=params["gamma"],
+                           feedback=params["feedback"])
 
 
 def _values(spec: SweepSpec, key: str) -> list:
