@@ -25,7 +25,8 @@ class ContinuousBatching(Policy):
 
     Each iteration, every running sequence whose prompt is prefilled decodes
     one token, and waiting requests are admitted while fewer than
-    ``max_num_seqs`` run and the KV memory holds their prompt:
+    ``max_num_seqs`` run and the KV memory holds their prompt and first
+    token:
 
     - ``chunked_prefill=True`` (Agrawal et al., 2024, Sarathi-Serve,
       arXiv:2403.02310; vLLM's V1 scheduler): the decodes count one token
@@ -42,9 +43,13 @@ class ContinuousBatching(Policy):
     decodes need a block and none is free, the most recently admitted
     running sequence is preempted (recompute: its blocks freed, it returns to
     the head of the queue, the last preempted first, and its prompt and
-    generated tokens are prefilled again when it resumes).  A request whose
-    prompt and output could never fit the memory alone (or, without chunked
-    prefill, the iteration's token budget) is refused before the run.
+    generated tokens are prefilled again when it resumes).  A run with a
+    request the engine could never finish is refused before it starts (a
+    ValueError naming the first such request): its prompt and output exceed
+    ``kv_tokens`` in whole blocks, or, without chunked prefill, one
+    iteration's ``max_batched_tokens`` cannot prefill it (prompt + output - 1
+    tokens with finite ``kv_tokens``, since a preempted request prefills its
+    generated tokens again; the prompt alone with infinite).
 
     Admission order (``admission``): ``"fcfs"``; ``"spf"``, the smallest
     predicted output first (ties in arrival order); ``"multibin"``, ``bins``
