@@ -167,7 +167,7 @@ def main():
         rows = []
         for name in got[0]:
             (tb1, ta1, r1), (tb2, ta2, r2) = got[0][name], got[1][name]
-            label = (f"control: StaticBatching(B=32) against a copy of itself" if name == "control"
+            label = ("control: StaticBatching(B=32) against a copy of itself" if name == "control"
                      else f"{name}, n={args.n:.0e}")
             rows.append((label, f"{median((tb1, tb2)):.3f} s", f"{median((ta1, ta2)):.3f} s",
                          f"{r1:.3f} / {r2:.3f}", f"{math.sqrt(r1 * r2):.3f}"))

@@ -24,6 +24,7 @@ from .lengths import Empirical
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
 from .workload import Workload
 from .results import SimulationResult, Table, UnstableWarning
+from ._kernels.bits import UntestedDrawsWarning
 from .simulation import simulate
 from .capacity import CapacityResult, Objective, find_capacity
 from . import profiles
@@ -68,6 +69,7 @@ __all__ = [
     "SimulationResult",
     "Table",
     "UnstableWarning",
+    "UntestedDrawsWarning",
     "theory",
     "traces",
     "profiles",

@@ -25,7 +25,7 @@ import numpy as np
 
 from .params import MAX_DURATION, PARAMS, SYMBOLS, Domain
 
-__all__ = ["Domain", "DOMAINS", "check", "check_optional", "check_fields", "check_real", "check_count", "check_servers",
+__all__ = ["Domain", "DOMAINS", "check", "check_fields", "check_real", "check_count", "check_servers",
            "check_scalar_real", "check_real_array", "check_count_array", "check_flag", "check_choice",
            "check_instance", "MAX_DURATION"]
 
@@ -62,11 +62,6 @@ def check(key: str, value, name: str | None = None):
     if p.kind == "counts":
         return check_count_array(name, value, p.domain)
     raise AssertionError(f"unknown kind {p.kind!r} of parameter {key}")  # pragma: no cover
-
-
-def check_optional(key: str, value, name: str | None = None):
-    """As :func:`check`, with ``None`` (no value) passed through."""
-    return None if value is None else check(key, value, name)
 
 
 def check_fields(obj, fields: dict) -> None:

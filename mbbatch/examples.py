@@ -39,7 +39,8 @@ def figure_1b():
         attrs[f"makespan_{case}"] = float(res.span)
         attrs[f"edges_{case}"] = list(edges)
     units = {"bin": "1", "batch": "1", "start": "s", "completion": "s"}
-    data = {f: (("case", "request"), np.array(v), {"units": units[f], "long_name": f"batch {f}" if f in ("start",) else f})
+    data = {f: (("case", "request"), np.array(v),
+                {"units": units[f], "long_name": f"batch {f}" if f in ("start",) else f})
             for f, v in fields.items()}
     data["service"] = (("request",), service, {"units": "s", "long_name": "service time"})
     return xr.Dataset(data, coords={"case": cases, "request": np.arange(service.size)}, attrs=attrs)

@@ -1,6 +1,6 @@
 """Batch service models: how long a batch takes, from its members' lengths.
 
-A batch's service time comes from one of four models, chosen by class:
+A batch's service time comes from one of six models, chosen by class:
 
 - :class:`MaxModel`: the multi-bin paper's max of member service times, each
   ``base + per_token * output_len`` (Section 6.1's linear fit); with
@@ -18,13 +18,15 @@ A batch's service time comes from one of four models, chosen by class:
   with Algorithm 7's feedback ``beta h(b)`` (``feedback="calibrated"``), its
   uncalibrated fallback 5.74 ms (``"uncalibrated"``) or the legacy
   ``service / max output_len`` (``"legacy"``);
+- :class:`PrefillModel`: ``a + b * sum(prompt_len)``, a prefill batch that
+  decodes nothing (LAPS's prefill instances);
 - :class:`IterationModel`: the time of one engine iteration, linear in what
   it does (its prefill tokens, the sequences it decodes and the context
   tokens they attend over), and a batch's time as its prefill iteration then
   one decode iteration per token step: the cost model fitted to measured
   accelerators (:mod:`mbbatch.profiles`).
 
-Every model times the token-level policies; :class:`~mbbatch.MultiBin` on a
+Every model but :class:`PrefillModel` times the token-level policies; :class:`~mbbatch.MultiBin` on a
 workload takes :class:`MaxModel` (the paper's) or :class:`IterationModel`,
 whose expected batch time under multi-bin batching is
 :func:`mbbatch.theory.iteration_batch_service_time`.

@@ -485,11 +485,13 @@ def _trace_replay(reps=2):
     p95 = np.where(unstable, 600.0, 4.0 + scales[None, :])[..., None] * (1 + 0.01 * np.arange(reps))
     ds = xr.Dataset({"sim_throughput_mean": (("policy", "scale"), thr),
                      "sim_latency_p95": (("policy", "scale", "rep"), p95),
-                     "unstable": (("policy", "scale"), unstable), "done": (("policy", "scale"), np.ones(thr.shape, bool))},
+                     "unstable": (("policy", "scale"), unstable),
+                     "done": (("policy", "scale"), np.ones(thr.shape, bool))},
                     coords={"policy": names, "scale": scales, "rep": np.arange(reps)})
     for var in ds.data_vars:
         ds[var].attrs.update(_attrs(var))
-    ds.attrs.update(name="trace_replay", reps=reps, servers=4, per_token=0.00574, trace_file="AzureLLMInferenceTrace_conv.csv",
+    ds.attrs.update(name="trace_replay", reps=reps, servers=4, per_token=0.00574,
+                    trace_file="AzureLLMInferenceTrace_conv.csv",
                     trace_requests=19366, trace_span_s=3501.7, arrivals="trace",
                     **{f"policy_{n}": json.dumps(s) for n, s in zip(names, settings)})
     return ds
@@ -644,7 +646,8 @@ def write_results(path):
                        attrs=_uniform_attrs(servers=1.0)),
         "fig4": _sweep("fig4", {"bins": [1, 2, 3], "rate": rates}, _uniform_cell(),
                        attrs=_uniform_attrs(servers=1.0)),
-        "fig8": _sweep("fig8", {"bins": [1, 2, 3, 4, 5], "rate": np.array([1.0, 3.0, 5.0, 7.0, 9.0, 10.5, 12.0, 13.5, 15.0])},
+        "fig8": _sweep("fig8",
+                        {"bins": [1, 2, 3, 4, 5], "rate": np.array([1.0, 3.0, 5.0, 7.0, 9.0, 10.5, 12.0, 13.5, 15.0])},
                        _expon_cell(), attrs=dict(batch_size=200, mu=0.1, n=200000,
                                                  service="expon", edges="lemma_a1", servers=1.0)),
         "thm43": _sweep("thm43", {"bins": [1, 2, 4, 8, 16, 32, 64]}, _uniform_cell(),

@@ -92,7 +92,8 @@ def test_max_wait_zero_is_static_batching_bit_for_bit():
     a = mb.simulate(mb.StaticBatching(8), **kw)
     b = mb.simulate(mb.ShortestPredictedFirst(8, max_wait=0.0), **kw)
     np.testing.assert_array_equal(a.requests.completion, b.requests.completion)
-    assert a.metrics() == b.metrics() or a.to_dataset(arrays=True).drop_attrs().equals(b.to_dataset(arrays=True).drop_attrs())
+    assert (a.metrics() == b.metrics()
+            or a.to_dataset(arrays=True).drop_attrs().equals(b.to_dataset(arrays=True).drop_attrs()))
 
 
 def test_it_is_stable_where_static_batching_is_not():

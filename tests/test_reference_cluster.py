@@ -334,7 +334,8 @@ def test_the_hit_flag_after_a_reroute_is_the_serving_engines():
 
 def test_a_batch_completed_by_a_reroute_waits_for_the_batches_formed_before_it():
     """A fourth departure this reference found: the kernel ordered full bins
-    by their last member's arrival, not by when they filled.  Multi-bin engines, batches of two, bins of outputs below and above 100
+    by their last member's arrival, not by when they filled.
+    Multi-bin engines, batches of two, bins of outputs below and above 100
     tokens, round robin over two engines busy until about 10 s.  Engine 1
     holds a short request (2 s) in bin 0, and its bin 1 fills at 5.5 s.
     Engine 0 leaves at 6 s: its short request of 1 s is rerouted to engine

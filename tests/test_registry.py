@@ -28,14 +28,23 @@ def test_every_policy_declares_itself_whole(kind):
         assert callable(getattr(cls, "event_config", None))
 
 
+def test_adding_a_kind_is_a_conscious_act():
+    """The one test that lists the kinds literally, and which of them run as
+    a cluster's engines and as LAPS's decode stage: a tripwire, so that
+    adding a kind (or an engine or decode-stage role) is a deliberate
+    change here too.  Every other test reads the kinds from the registry."""
+    assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf",
+                              "continuous")
+    assert registry.engine_kinds() == ("multibin", "static", "dynamic", "multibin_dynamic", "spf", "continuous")
+    assert registry.decode_kinds() == ("static", "dynamic", "multibin_dynamic", "continuous")
+
+
 def test_the_kinds_are_the_registrys_everywhere():
     """The metric table's kinds, the command line's --policy choices and the
     spec's kinds are the registry's."""
     from mbbatch.cli import _parser
     from mbbatch.sweeps.spec import KINDS
 
-    assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf",
-                              "continuous")
     assert KINDS == registry.KINDS and mb.metrics.KINDS == registry.KINDS
     sim = next(a for a in _parser()._subparsers._group_actions[0].choices["simulate"]._actions
                if a.dest == "policy")
@@ -62,9 +71,9 @@ def test_a_spec_key_applies_to_the_kinds_that_declare_it():
 
 def test_the_parameter_tables_kind_choices_are_the_registrys():
     assert set(PARAMS["engine_policy"].choices) == set(registry.engine_kinds()) == {
-        "multibin", "static", "dynamic", "multibin_dynamic", "spf", "continuous"}
+        k for k, cls in registry.POLICIES.items() if cls.engine}
     assert PARAMS["engine_policy"].choices[0] == PARAMS["engine_policy"].default
-    assert PARAMS["decode"].choices == ("none", "static", "dynamic", "multibin_dynamic", "continuous")
+    assert PARAMS["decode"].choices == ("none", *(k for k, cls in registry.POLICIES.items() if cls.decode_stage))
     assert PARAMS["Cluster.router"].choices == tuple(registry.ROUTERS)
 
 

@@ -46,7 +46,7 @@ import hashlib
 import importlib
 from pathlib import Path
 
-from . import common, continuous, controller, dynamic, laps, multibin
+from . import common, continuous, controller, dynamic, laps, multibin  # noqa: F401  (the kernels, as attributes)
 from .common import CACHE
 
 __all__ = ["CACHE", "warmup"]

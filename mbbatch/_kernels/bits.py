@@ -20,12 +20,32 @@ Before it does, it checks that this numpy holds the generator's state as
 the step reads it (a native 128-bit state and increment); where not, the
 symbol names a function no generator draws with, and every draw is the
 generator's own call.
+
+The same symbol turns the step off, so that code compiled with it and
+loaded from the disk cache obeys the process that loads it:
+
+- ``MBBATCH_INLINE_DRAWS=0`` in the environment (read at import; ``false``,
+  ``no`` and ``off`` too) makes every draw the generator's own call;
+- a numpy or numba newer than :data:`TESTED` (the newest the step is tested
+  on: numpy 2.4 and numba 0.68, tests/test_kernels_bits.py) does too, with
+  an :class:`UntestedDrawsWarning` at import, because the step reads
+  numpy's private state through numba's model of a bit generator, and
+  either may change.  ``MBBATCH_INLINE_DRAWS=0`` silences the warning;
+  ``MBBATCH_INLINE_DRAWS=1`` (``true``, ``yes``, ``on``) takes the step
+  anyway, to run the tests there before raising :data:`TESTED`.
+
+The numbers are the same either way (numpy's); only their speed differs
+(the inlined step is 5 to 8 % of a token-level run's time).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import re
+import warnings
 
+import numba
 import numpy as np
 from llvmlite import binding, ir
 from numba import types
@@ -35,10 +55,18 @@ from numba.core.extending import intrinsic, register_jitable
 from numba.np.random.generator_core import next_double as _called_double
 from numba.np.random.generator_core import next_uint64 as _called_uint64
 
-__all__ = ["SYMBOL", "inlined", "next_double", "next_uint64"]
+__all__ = ["SYMBOL", "TESTED", "ENABLED", "FORCED", "UntestedDrawsWarning", "inlined", "next_double", "next_uint64"]
 
 #: the name under which the JIT linker knows numpy's PCG64DXSM next_uint64
 SYMBOL = "mbbatch_pcg64dxsm_next_uint64"
+#: the newest numpy and numba, (major, minor), the inlined step is tested on: a newer one's draws are the
+#: generator's own calls (older ones, down to pyproject's minimum, take the step where the state check passes)
+TESTED = {"numpy": (2, 4), "numba": (0, 68)}
+#: the environment's switch, read once, at import: unset, the step where :data:`TESTED`; 0 (or false, no, off)
+#: never; 1 (or true, yes, on) even on an untested numpy or numba (to test it there)
+_SWITCH = os.environ.get("MBBATCH_INLINE_DRAWS", "").strip().lower()
+ENABLED: bool = _SWITCH not in ("0", "false", "no", "off")
+FORCED: bool = _SWITCH in ("1", "true", "yes", "on")
 #: PCG's 64-bit "cheap multiplier" of its DXSM output and of the step
 CHEAP_MULTIPLIER = 0xDA942042E4DD58B5
 #: 2**-53: numpy's 53-bit double from the top of 64 bits
@@ -70,8 +98,37 @@ def _dxsm_address() -> int:
     return ctypes.cast(bg.ctypes.next_uint64, ctypes.c_void_p).value
 
 
-#: the address of the bit generators' next_uint64 the inlined step is taken for
-ADDRESS = _dxsm_address()
+class UntestedDrawsWarning(UserWarning):
+    """numpy or numba is newer than the inlined step is tested on
+    (:data:`TESTED`): every draw is the generator's own call."""
+
+
+def untested(versions: dict) -> list:
+    """The packages of ``versions`` (name: version string) newer than
+    :data:`TESTED`, as ``"name version"``."""
+    return [f"{name} {v}" for name, v in versions.items()
+            if tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", v).groups()) > TESTED[name]]
+
+
+def _address() -> int:
+    """:func:`_dxsm_address`, unless the step is switched off
+    (:data:`ENABLED`) or this numpy or numba is untested and the step not
+    :data:`FORCED` (warned): then :func:`_never`'s."""
+    if not ENABLED:
+        return _never()
+    newer = untested({"numpy": np.__version__, "numba": numba.__version__})
+    if newer and not FORCED:
+        tested = " and ".join(f"{name} {'.'.join(map(str, v))}" for name, v in TESTED.items())
+        warnings.warn(f"mbbatch draws its random numbers through the bit generator's own calls with "
+                      f"{', '.join(newer)}: its inlined PCG64DXSM step is tested up to {tested} (the numbers are "
+                      "the same, a few per cent slower; MBBATCH_INLINE_DRAWS=0 chooses this and silences the "
+                      "warning, MBBATCH_INLINE_DRAWS=1 takes the step anyway)", UntestedDrawsWarning, stacklevel=2)
+        return _never()
+    return _dxsm_address()
+
+
+#: the address of the bit generators' next_uint64 the inlined step is taken for (:func:`_never`'s: none)
+ADDRESS = _address()
 binding.add_symbol(SYMBOL, ADDRESS)
 
 

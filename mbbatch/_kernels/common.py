@@ -1,7 +1,8 @@
-"""Kernel parts shared by the multi-bin and the event kernels: the codes of
-the arrival processes and length distributions, the blocks of random draws,
-whole-token rounding, the log-linear latency histogram, and the decorators
-of kernels and their helpers.
+"""Kernel parts shared by the five kernels (multi-bin, event, LAPS,
+continuous-batching and its cluster driver) and their helper modules: the
+codes of the arrival processes and length distributions, the blocks of
+random draws, whole-token rounding, the log-linear latency histogram, and
+the decorators of kernels and their helpers.
 
 Kernels allocate nothing (Python hands them every array), so they run without
 numba's reference counting (``_nrt=False``): with it, every array passed to a

@@ -455,7 +455,7 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
             v = start + S_b
             p = 0
             while True:
-                l = 2 * p + 1
+                l = 2 * p + 1  # noqa: E741  (the heap's left child)
                 if l >= n_heap:
                     break
                 r = l + 1

@@ -80,7 +80,8 @@ from .data import dataset_command, dataset_path, open_dataset
 from .plotting import plot
 from .style import house_style, save
 
-__all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "IncompleteDataset", "make_figures", "plot", "dataset_path",
+__all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "IncompleteDataset",
+           "make_figures", "plot", "dataset_path",
            "dataset_command"]
 
 
@@ -191,8 +192,8 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
                   and not all(dataset_path(results_dir, d).exists() for d in FIGURES[n][1])]
         for n in absent:
             warnings.warn(f"figure {n} skipped: its dataset needs the trace {TRACE_FIGURES[n]}, which was not "
-                          f"found (see the user guide's traces page, docs/guide/traces.md, for where to download it)", TraceFigureSkipped,
-                          stacklevel=2)
+                          "found (see the user guide's traces page, docs/guide/traces.md, for where to download it)",
+                          TraceFigureSkipped, stacklevel=2)
         names = [n for n in names if n not in absent]
     needed = list(OrderedDict.fromkeys(d for n in names for d in FIGURES[n][1]))
     missing = [d for d in needed if not dataset_path(results_dir, d).exists()]

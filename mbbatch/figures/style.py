@@ -119,8 +119,8 @@ def sim_points(ax, x, mean, lo, hi, unstable, color, marker, *, clip_top=None, z
 
 def series_handles(labels, colors, markers):
     """Legend entries for the series, one colour and marker each."""
-    return [Line2D([], [], color=c, marker=m, ls="-", label=l)
-            for l, c, m in zip(labels, colors, markers)]
+    return [Line2D([], [], color=c, marker=m, ls="-", label=text)
+            for text, c, m in zip(labels, colors, markers)]
 
 
 def style_handles(*entries):

@@ -8,7 +8,8 @@ that declares, once, as class attributes:
     result's ``kind``;
 ``planner``
     the planner that checks and runs it (a module of :mod:`mbbatch.planners`:
-    ``"multibin"``, ``"tokens"``, ``"cluster"`` or ``"laps"``);
+    ``"multibin"``, ``"tokens"``, ``"cluster"``, ``"laps"`` or
+    ``"continuous"``);
 ``reports``
     the metric tags it reports (:data:`mbbatch.metrics.TAGS`): the metrics of
     the table with one of these tags are its results' attributes;

@@ -99,7 +99,8 @@ def _trace_attrs(spec: SweepSpec) -> dict:
            "trace_sha256": d["sha256"]}
     axes = [k for k in ("window_start", "window_end", "drop_failed") if k in spec.axes]
     if axes:
-        fixed = {k: v for k, v in d["filters"].items() if not (k == "window" and {"window_start", "window_end"} & set(axes))
+        fixed = {k: v for k, v in d["filters"].items()
+                  if not (k == "window" and {"window_start", "window_end"} & set(axes))
                  and not (k == "drop_failed" and "drop_failed" in axes)}
         return {**out, "trace_filters": json.dumps({**fixed, "grid axes": axes}, sort_keys=True)}
     return {**out, "trace_filters": json.dumps(d["filters"], sort_keys=True),

@@ -20,7 +20,8 @@ import numpy as np
 from ..metrics import METRICS
 from .spec import SPEC_PARAMS, SweepSpec, _values
 
-__all__ = ["CAPACITY", "CAPACITY_THEORY", "variables", "rep_vars", "aggregates", "time_grid", "template", "coord_values", "THEORY",
+__all__ = ["CAPACITY", "CAPACITY_THEORY", "variables", "rep_vars", "aggregates", "time_grid", "template",
+           "coord_values", "THEORY",
            "TIME_SERIES", "LAPS_TIME_SERIES", "time_series", "TIME_POINTS", "FILL", "spec_attrs"]
 
 #: the closed forms of the multi-bin paper: name -> (units, description)
