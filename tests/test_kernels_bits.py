@@ -194,8 +194,9 @@ def test_a_numpy_or_numba_newer_than_tested_draws_through_the_generator_with_a_w
     versions these tests ran on when it was set); a newer one, here numba
     0.99 as it reports itself, warns at import and every draw is the
     generator's own call, numpy's numbers still; MBBATCH_INLINE_DRAWS=0
-    silences it, and MBBATCH_INLINE_DRAWS=1 takes the step anyway (to test
-    it on a new version before raising TESTED)."""
+    silences it (test_a_run_with_the_switch_off_is_the_same_run runs it
+    off), and MBBATCH_INLINE_DRAWS=1 takes the step anyway (to test it on a
+    new version before raising TESTED)."""
     from mbbatch._kernels import bits
 
     assert bits.untested({"numpy": np.__version__, "numba": __import__("numba").__version__}) == [], (
@@ -227,10 +228,35 @@ def test_a_numpy_or_numba_newer_than_tested_draws_through_the_generator_with_a_w
     env = {k: v for k, v in os.environ.items() if k != "MBBATCH_INLINE_DRAWS"}
     out = [json.loads(subprocess.run([sys.executable, str(tmp_path / "newer.py")], check=True, capture_output=True,
                                      text=True, env={**env, **switch}).stdout)
-           for switch in ({}, {"MBBATCH_INLINE_DRAWS": "0"}, {"MBBATCH_INLINE_DRAWS": "1"})]
+           for switch in ({}, {"MBBATCH_INLINE_DRAWS": "1"})]
     (warned,) = out[0]["warned"]
     assert "with numba 0.99.0" in warned and "tested up to numpy 2.4 and numba 0.68" in warned
     assert out[0]["inlined"] is False and out[0]["equal"] is True
-    assert out[1] == {"warned": [], "inlined": False, "equal": True}
     # (forced: the step taken, untested as the version says it is)
-    assert out[2] == {"warned": [], "inlined": True, "equal": True}
+    assert out[1] == {"warned": [], "inlined": True, "equal": True}
+
+
+def test_the_switch_and_the_version_check_decide_the_address(monkeypatch):
+    """bits._address, in this process: switched off (MBBATCH_INLINE_DRAWS=0) the step is never
+    taken and nothing warns, even on an untested numba; on an untested numba it warns and is not
+    taken, unless forced (MBBATCH_INLINE_DRAWS=1); else numpy's PCG64DXSM next_uint64 is it."""
+    import warnings
+
+    import numba
+
+    from mbbatch._kernels import bits
+
+    never, dxsm = bits._never(), bits._dxsm_address()
+    monkeypatch.setattr(numba, "__version__", "0.99.0")
+    monkeypatch.setattr(bits, "ENABLED", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bits._address() == never
+    monkeypatch.setattr(bits, "ENABLED", True)
+    with pytest.warns(bits.UntestedDrawsWarning, match="with numba 0.99.0"):
+        assert bits._address() == never
+    monkeypatch.setattr(bits, "FORCED", True)
+    assert bits._address() == dxsm
+    monkeypatch.setattr(numba, "__version__", "0.68.1")
+    monkeypatch.setattr(bits, "FORCED", False)
+    assert bits._address() == dxsm
