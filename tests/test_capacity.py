@@ -126,6 +126,7 @@ def test_an_objective_met_nowhere_gives_a_rate_of_0():
     assert not any(p.verdict == "pass" for p in r.probes)
 
 
+@pytest.mark.heavy      # (10 searches of dynamic batching: make thorough runs it, on 500 examples)
 @settings(max_examples=5, deadline=None)
 @given(a=hs.floats(1.5, 8.0), b=hs.floats(1.5, 8.0))
 def test_capacity_is_monotone_in_the_objectives_threshold(a, b):
@@ -372,7 +373,7 @@ def test_the_capacity_interval_covers_theorem_4_2_at_its_confidence():
     want = B / theory.service_time(B, 1.0, 20.0, k)
     covered = 0
     for s in range(20):
-        r = find_capacity(mb.MultiBin(bins=k, batch_size=B), service=U, n=2_000, rel_tol=0.02, seed=100 + s)
+        r = find_capacity(mb.MultiBin(bins=k, batch_size=B), service=U, n=2_000, rel_tol=0.05, seed=100 + s)
         assert len(r.searches) == 5 and r.rate == pytest.approx(np.mean([x.rate for x in r.searches]), rel=1e-12)
         lo, hi = r.rate_ci
         assert lo < r.rate < hi and hi - lo < 0.05 * r.rate, r.summary()

@@ -58,7 +58,7 @@ def test_saturated_chunked_engine_carries_the_bound(budget):
     assert res.throughput == pytest.approx(bound, rel=2e-3)
 
 
-@pytest.mark.parametrize("budget", [256, 1024])
+@pytest.mark.parametrize("budget", [256, pytest.param(1024, marks=pytest.mark.heavy)])
 def test_find_capacity_lands_on_the_bound(budget):
     """find_capacity's stable rate, at a throughput tolerance of 0.2 %, at
     most the bound and within 1 % of it.  Not at it: the backlog decides a
@@ -90,6 +90,7 @@ def test_without_chunked_prefill_the_engine_falls_below_the_bound():
     assert 0.85 < got[256] < 0.89 and 0.97 < got[1024] < 0.99, got
 
 
+@pytest.mark.heavy      # (a search on 2 engines at n = 200,000: 20-25 s of CPU)
 def test_a_least_used_cluster_lands_on_its_engines_bounds_summed():
     """Two chunked engines behind least-used routing (throughput-optimal:
     it keeps both busy whenever requests wait): find_capacity's interval,
