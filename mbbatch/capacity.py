@@ -40,7 +40,7 @@ the time between tokens alone (Pang et al., 2025, arXiv:2503.05248), which the d
 nearly flat above about 20 requests a batch, so the batch size stays
 wherever it entered the dead band; on U(10, 500) prompts and Exp(60)
 outputs it is stable at 80 requests/s but not at 20 (n = 200,000), and the
-search answers about 11 (n = 200,000) against a saturated throughput of 81.
+search answers about 11 (n = 100,000) against a saturated throughput of 82.
 
 The criteria:
 
@@ -528,7 +528,7 @@ class _Search:
                     values[m].append(getattr(res, m))
             self.requests += (target - reps) * run.n
             reps = target
-            rows = self._criteria(rate, values, growing)
+            rows = self._criteria(values, growing)
             verdict = _verdict(rows, at_cap=reps >= self.max_reps, guards=self.guards)
             if verdict != "undecided" or reps >= self.max_reps:
                 break
@@ -539,7 +539,7 @@ class _Search:
         self.say(f"probe {len(self.probes)}: {rate:.6g} requests/s {verdict} after {reps} replications")
         return p
 
-    def _criteria(self, rate: float, values, growing) -> list:
+    def _criteria(self, values, growing) -> list:
         rows = []
 
         def row(metric, x, threshold):
