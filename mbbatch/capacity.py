@@ -398,7 +398,7 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
     least = min_requests(policy, servers)
     if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 0 < n < least:
         carries = policy.carries()
-        times = MIN_TURNOVERS if carries.iterations else MIN_FILLS
+        times = _fills(carries)
         raise ValueError(f"n must be at least {least} requests per probe for a capacity search of "
                          f"{type(policy).__name__} on {servers} server(s) ({MIN_PROBE_REQUESTS} at least, and "
                          f"{times} times the {carries.held} requests a server holds at once): fewer leave a 99th "
@@ -425,8 +425,14 @@ def min_requests(policy, servers=1) -> int:
         return MIN_PROBE_REQUESTS        # (refused by the plan)
     carries = policy.carries()
     servers = servers if isinstance(servers, (int, np.integer)) and not isinstance(servers, bool) else 1
-    times = MIN_TURNOVERS if carries.iterations else MIN_FILLS
-    return max(MIN_PROBE_REQUESTS, times * int(servers) * int(carries.held))
+    return max(MIN_PROBE_REQUESTS, _fills(carries) * int(servers) * int(carries.held))
+
+
+def _fills(carries) -> int:
+    """How many times over a probe simulates the requests a policy's servers
+    hold at once: :data:`MIN_TURNOVERS` for a continuous engine's slots,
+    else :data:`MIN_FILLS`."""
+    return MIN_TURNOVERS if carries.iterations else MIN_FILLS
 
 
 #: the fewest requests a capacity probe may simulate, whatever the policy: a
@@ -477,7 +483,6 @@ class _Search:
         self.probes, self.requests, self.kernel_seconds = [], 0, 0.0
         self.seen = {}          # rate -> Probe: a rate probed again (an undecided neighbour) is not rerun
         self.progress, self.t0 = progress, time.perf_counter()
-        self.sat = math.inf     # the saturated throughput, once measured
         self.saturated = {}     # replication -> its saturated run's throughput (busy)
 
     def say(self, text: str) -> None:
@@ -492,7 +497,7 @@ class _Search:
 
     def saturated_throughput(self) -> float:
         """The mean of the first replications' saturated throughputs (:func:`_busy_throughput`)."""
-        sat = self.sat = float(np.mean([self.saturated_of(r) for r in range(FIRST_REPS)]))
+        sat = float(np.mean([self.saturated_of(r) for r in range(FIRST_REPS)]))
         self.say(f"saturated throughput {sat:.6g} requests/s")
         return sat
 

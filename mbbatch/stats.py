@@ -78,10 +78,22 @@ def hist_quantiles(hist: np.ndarray, qs, base: int, shift: int) -> np.ndarray:
     the first bucket whose cumulative count reaches it (relative error at
     most half a bucket's width).  The end buckets also hold every value
     beyond the histogram's range: a quantile in the first (values under
-    about 1 ns, zero included) is 0, in the last (2**50 s or more) inf."""
-    h = np.empty(len(qs), np.int64)
-    if _kernel_common.hist_ranks(hist, np.asarray(qs, dtype=np.float64), h) == 0:
-        return np.full(len(qs), math.nan)
+    about 1 ns, zero included) is 0, in the last (2**50 s or more) inf.
+
+    A histogram of real weights (the time between tokens', weighted by
+    fractional gaps) is read the same way: the first bucket whose cumulative
+    weight reaches ``q x total``, which for whole counts is the rank's.
+    NaN where nothing is counted."""
+    qs = np.asarray(qs, dtype=np.float64)
+    if hist.dtype.kind == "f":
+        cum = np.cumsum(hist)
+        if not cum[-1] > 0:
+            return np.full(len(qs), math.nan)
+        h = np.minimum(np.searchsorted(cum, qs * cum[-1], side="left"), len(hist) - 1)
+    else:
+        h = np.empty(len(qs), np.int64)
+        if _kernel_common.hist_ranks(hist, qs, h) == 0:
+            return np.full(len(qs), math.nan)
     lo, hi = hist_bucket_bounds(h, base, shift)
     return np.where(h == 0, 0.0, np.where(h == len(hist) - 1, math.inf, 0.5 * (lo + hi)))
 

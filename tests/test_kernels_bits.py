@@ -88,14 +88,11 @@ def test_code_loaded_from_the_disk_cache_finds_the_inlined_step(tmp_path):
         assert r["dxsm"] == [True, want_dxsm] and r["pcg64"] == [False, want_pcg64]
 
 
-_NEVER = textwrap.dedent("""
-    import json
+#: a child's probe, after it imports ``bits``: 100 raw draws through the kernels' step, whether it was
+#: inlined (``fast``), and whether they are numpy's (``equal``)
+_PROBE = textwrap.dedent("""
     import numpy as np
-    from llvmlite import binding
     from numba import njit
-    import mbbatch._kernels.bits as bits
-
-    binding.add_symbol(bits.SYMBOL, bits._never())      # as on a numpy whose state the step cannot read
 
     @njit
     def probe(gen, n):
@@ -105,8 +102,17 @@ _NEVER = textwrap.dedent("""
         return bits.inlined(gen.bit_generator), out
 
     fast, got = probe(np.random.Generator(np.random.PCG64DXSM(7)), 100)
-    print(json.dumps({"inlined": bool(fast), "equal": bool((got == np.random.PCG64DXSM(7).random_raw(100)).all())}))
+    equal = bool((got == np.random.PCG64DXSM(7).random_raw(100)).all())
 """)
+
+_NEVER = textwrap.dedent("""
+    import json
+    from llvmlite import binding
+    import mbbatch._kernels.bits as bits
+
+    binding.add_symbol(bits.SYMBOL, bits._never())      # as on a numpy whose state the step cannot read
+""") + _PROBE + """print(json.dumps({"inlined": bool(fast), "equal": equal}))
+"""
 
 
 def test_a_numpy_whose_generator_state_the_step_cannot_read_is_called_instead(tmp_path):
@@ -206,23 +212,13 @@ def test_a_numpy_or_numba_newer_than_tested_draws_through_the_generator_with_a_w
     code = textwrap.dedent("""
         import json, warnings
         import numba
-        import numpy as np
         numba.__version__ = "0.99.0"
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             from mbbatch._kernels import bits
-        from numba import njit
-
-        @njit
-        def probe(gen, n):
-            out = np.empty(n, np.uint64)
-            for i in range(n):
-                out[i] = bits.next_uint64(gen.bit_generator)
-            return bits.inlined(gen.bit_generator), out
-
-        fast, got = probe(np.random.Generator(np.random.PCG64DXSM(7)), 100)
+    """) + _PROBE + textwrap.dedent("""
         print(json.dumps({"warned": [str(w.message) for w in seen if w.category is bits.UntestedDrawsWarning],
-                          "inlined": bool(fast), "equal": bool((got == np.random.PCG64DXSM(7).random_raw(100)).all())}))
+                          "inlined": bool(fast), "equal": equal}))
     """)
     (tmp_path / "newer.py").write_text(code)
     env = {k: v for k, v in os.environ.items() if k != "MBBATCH_INLINE_DRAWS"}

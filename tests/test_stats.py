@@ -94,3 +94,21 @@ def test_hist_quantiles_read_the_first_bucket_reaching_each_rank():
     assert (empty == -1).all()
     assert np.isnan(stats.hist_quantiles(np.zeros(HIST_SIZE, np.int64), stats.QUANTILES, HIST_BASE,
                                          HIST_SHIFT)).all()
+
+
+def test_a_histogram_of_real_weights_reads_as_its_counts_do():
+    """hist_quantiles on a float histogram (the time between tokens', weighted by each batch's
+    gaps): whole weights give the count histogram's quantiles bucket for bucket; fractional ones
+    the first bucket whose cumulative weight reaches q x total; nothing counted, NaN."""
+    from mbbatch.stats import QUANTILES, hist_bucket_bounds, hist_quantiles
+
+    rng = np.random.default_rng(4)
+    counts = np.zeros(HIST_SIZE, np.int64)
+    np.add.at(counts, rng.integers(1000, 1400, 500), rng.integers(1, 9, 500))
+    args = (QUANTILES, HIST_BASE, HIST_SHIFT)
+    np.testing.assert_array_equal(hist_quantiles(counts.astype(float), *args), hist_quantiles(counts, *args))
+    w = np.zeros(HIST_SIZE)
+    w[[1000, 1100, 1200]] = [0.4, 0.15, 0.45]       # cumulative 0.4, 0.55, 1.0: p50 in 1100, p95 and p99 in 1200
+    lo, hi = hist_bucket_bounds(np.array([1100, 1200, 1200]), HIST_BASE, HIST_SHIFT)
+    np.testing.assert_array_equal(hist_quantiles(w, (0.5, 0.95, 0.99), HIST_BASE, HIST_SHIFT), 0.5 * (lo + hi))
+    assert np.isnan(hist_quantiles(np.zeros(HIST_SIZE), *args)).all()

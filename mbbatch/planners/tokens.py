@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _st
 
-from .. import stats
 from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
@@ -192,25 +191,6 @@ def _pack(plan: Plan) -> tuple:
     return config, inputs
 
 
-def _gap_quantiles(hist: np.ndarray) -> np.ndarray:
-    """The time between tokens at :data:`mbbatch.stats.QUANTILES` (s) from
-    the kernel's histogram of gaps (``hist_tbt``: a batch's decode time per
-    token, weighted by its members' gaps, fractional where lengths are not
-    whole tokens): the inverted CDF of the weights, the smallest time with a
-    share q of the gaps' weight at or below it, read at its bucket's
-    midpoint as :func:`mbbatch.stats.hist_quantiles` reads a count's (and
-    equal to it for whole weights: a whole cumulative count reaches q x total
-    exactly where it reaches its ceiling); NaN without gaps (outputs of one
-    token)."""
-    cum = np.cumsum(hist)
-    total = cum[-1]
-    if not total > 0:
-        return np.full(len(stats.QUANTILES), math.nan)
-    h = np.minimum(np.searchsorted(cum, np.asarray(stats.QUANTILES) * total, side="left"), len(hist) - 1)
-    lo, hi = stats.hist_bucket_bounds(h, _common.HIST_BASE, _common.HIST_SHIFT)
-    return np.where(h == 0, 0.0, np.where(h == len(hist) - 1, math.inf, 0.5 * (lo + hi)))
-
-
 def _scratch(ev, n: int) -> int:
     """The floats of scratch the rule asks for (for a batch of ``b_max``), for
     a batch of at most n requests."""
@@ -320,7 +300,7 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
         requests = Table({**cols, "latency": req["completion"] - req["arrival"]})
     q = quantiles(out.hist, requests.latency if requests is not None and completed else None)
     q_ttft = quantiles(out.hist_ttft, requests.ttft if requests is not None and completed else None)
-    q_tbt = _gap_quantiles(out.hist_tbt)
+    q_tbt = quantiles(out.hist_tbt, None)
     mean_b = st["sum_b"] / nb if nb else nan
     var_b = st["sum_b2"] / nb - mean_b ** 2 if nb else nan
     positive_span = bool(completed) and span > 0
