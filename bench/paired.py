@@ -18,7 +18,9 @@ in two processes, each version imported first in one of them, and the ratio
 printed is the geometric mean of the two processes' ratios (each shown):
 the order's bias cancels.  The cases: the token policies (static, dynamic
 and multi-bin dynamic batching on one engine), a 16-engine Autellix cluster
-of dynamic batching with programs, and LAPS's 4 instances; then the cold
+of dynamic batching with programs, and LAPS's 4 instances; the iteration
+cost's paths (a measured engine's profile timing the continuous engine,
+dynamic batching and multi-bin batching); then the cold
 compile of each version's warm-up (fresh processes, the numba cache off,
 their CPU time).  A control row runs the earlier version against a second
 copy of itself in the same way: what the pairs read when nothing changed.
@@ -91,6 +93,14 @@ def cases(mb) -> dict:
     def token(policy):
         return lambda n, seed: mb.simulate(policy, arrivals=mb.Poisson(4.0), workload=token_wl, n=n, seed=seed)
 
+    # (the iteration cost's paths: an engine measured on real hardware times the continuous engine's
+    # iterations, the event kernel's and the multi-bin kernel's batches)
+    measured = mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1")
+
+    def timed(policy, rate):
+        return lambda n, seed: mb.simulate(policy, arrivals=mb.Poisson(rate), workload=token_wl, n=n, seed=seed,
+                                           service_model=measured)
+
     return {
         "StaticBatching(B=32)": token(mb.StaticBatching(32, sla=ctl)),
         "DynamicBatching": token(mb.DynamicBatching(controller=ctl)),
@@ -99,6 +109,9 @@ def cases(mb) -> dict:
                                                             n=n, seed=seed),
         "LAPS, 4 instances, heavy load": lambda n, seed: mb.simulate(mb.LAPS(instances=4), arrivals=mb.Poisson(100.0),
                                                                      workload=laps_wl, n=n, seed=seed),
+        "ContinuousBatching, measured": timed(mb.ContinuousBatching(), 20.0),
+        "DynamicBatching, measured": timed(mb.DynamicBatching(controller=ctl), 4.0),
+        "MultiBin(K=4, B=32), measured": timed(mb.MultiBin(bins=4, batch_size=32), 4.0),
     }
 
 

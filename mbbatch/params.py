@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ._kernels.cost import TERMS as _COST_TERMS
 from ._kernels.routing import ROUTERS as _ROUTERS
 
 __all__ = ["Domain", "Param", "PARAMS", "REQUIRED", "SYMBOLS", "MAX_DURATION", "MAX_KV_TOKENS", "MAX_BLOCK_SIZE",
@@ -309,24 +310,15 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # prompt tokens/s, the order of a 7B model's prefill on one GPU) are our placeholders
     _p("PrefillModel.a", "real", "s", "fixed time per prefill batch", _NONNEG_TIME, default=5e-3),
     _p("PrefillModel.b", "real", "s/token", "prefill time per prompt token of the batch", _POS_TIME, default=1e-4),
-    # IterationModel: an engine iteration's time, linear in what it does; defaults: the fit of the
-    # profile H100/vLLM/Meta-Llama-3-8B/tp1 (mbbatch.profiles.DEFAULT), to 3 significant digits (a
-    # test holds them to it).  Its set-up and prefill per token fit at 0: that benchmark's prompts
-    # and outputs have one length, so b L is split between prefill and decode only through b
-    _p("IterationModel.setup", "real", "s", "fixed time per batch (iteration model)", _NONNEG_TIME, default=0.0),
-    _p("IterationModel.step", "real", "s", "fixed time per engine iteration", _NONNEG_TIME, default=7.76e-3),
-    _p("IterationModel.prefill_per_token", "real", "s/token", "time per prompt token prefilled (iteration model)",
-       _NONNEG_TIME, default=0.0),
-    _p("IterationModel.per_sequence", "real", "s", "time per sequence decoded in an iteration", _NONNEG_TIME,
-       default=7.38e-5),
-    _p("IterationModel.per_context_token", "real", "s/token",
-       "time per context (KV) token a decoded sequence attends over, per iteration", _NONNEG_TIME, default=5.81e-8),
-    # a mixture of experts (e.g. Mixtral: 8 experts, each token routed to 2): an iteration of T
-    # tokens reads (E - k)(1 - (1 - k/E)^(T - 1)) experts beyond its first token's k; 0 experts: a
-    # dense model, the term is absent (every profile but Mixtral's)
-    _p("IterationModel.per_expert", "real", "s/expert",
-       "time per expert's weights read in an iteration beyond the first token's (mixture of experts)", _NONNEG_TIME,
-       default=0.0),
+    # IterationModel: an engine iteration's time, linear in what it does: one entry per term of the
+    # cost, declared in mbbatch._kernels.cost.TERMS (name, unit, meaning, default).  Defaults: the fit
+    # of the profile H100/vLLM/Meta-Llama-3-8B/tp1 (mbbatch.profiles.DEFAULT), to 3 significant digits
+    # (a test holds them to it).  Its set-up and prefill per token fit at 0: that benchmark's prompts
+    # and outputs have one length, so b L is split between prefill and decode only through b.  A
+    # mixture of experts (e.g. Mixtral: 8 experts, each token routed to 2): an iteration of T tokens
+    # reads (E - k)(1 - (1 - k/E)^(T - 1)) experts beyond its first token's k; 0 experts: a dense
+    # model, the term is absent (every profile but Mixtral's)
+    *(_p(f"IterationModel.{t.name}", "real", t.unit, t.doc, _NONNEG_TIME, default=t.default) for t in _COST_TERMS),
     _p("IterationModel.experts", "count", "experts", "experts per layer of a mixture-of-experts model; 0: dense",
        _COUNT0, default=0),
     _p("IterationModel.experts_per_token", "count", "experts", "experts each token is routed to (top-k)",

@@ -19,6 +19,15 @@ COEF = dict(step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e
             expert_span=0.0, expert_miss=1.0)
 #: a mixture of experts' term (8 experts, 2 a token: IterationModel.expert_fields)
 MOE = dict(per_expert=2e-3, expert_span=6.0, expert_miss=0.75)
+#: the kernel's cost fields (mbbatch._kernels.cost.FIELDS) of the reference's coefficients
+_COST_NAMES = dict(step="cost_step", prefill_per_token="cost_prefill_per_token", per_sequence="cost_per_sequence",
+                   per_context="cost_per_context_token", per_expert="cost_per_expert")
+
+
+def _fields(coef):
+    """The kernel's configuration fields of the reference engine's ``coef`` (its ``step``,
+    ``prefill_per_token``, ... and the experts' span and miss); every other cost term 0."""
+    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
 
 
 def _control(controller):
@@ -45,7 +54,7 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
                          block_size=block_size, admission=ck.ADMISSIONS[admission], bins=len(edges) + 1, keep=1,
                          controlled=int(controller is not None),
                          memory_on=int(controller is not None and controller.get("memory") is not None),
-                         rate=0.0, until=np.inf, **coef)
+                         rate=0.0, until=np.inf, **_fields(coef))
     inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                             prediction=pred.astype(float), edges=np.asarray(edges, float),
@@ -193,7 +202,8 @@ def test_one_sequence_at_a_time_is_a_fifo_server_of_the_iteration_models_batches
     model = mb.IterationModel(setup=0.0, step=COEF["step"], prefill_per_token=COEF["prefill_per_token"],
                               per_sequence=COEF["per_sequence"], per_context_token=COEF["per_context"],
                               per_expert=coef["per_expert"], experts=8 if moe else 0)
-    assert model.expert_fields() == {k: coef[k] for k in ("per_expert", "expert_span", "expert_miss")}
+    assert model.expert_fields() == {k: coef[k] for k in ("expert_span", "expert_miss")}
+    assert model.cost_fields()["cost_per_expert"] == coef["per_expert"]
     service = model.service_time(size=np.ones(n, np.int64), prompt=p, output=o)
     np.testing.assert_allclose(req["completion"] - req["admitted"], service, rtol=1e-9)
     start = np.maximum.accumulate(np.maximum(arr, np.concatenate(([0.0], req["completion"][:-1]))))
@@ -276,7 +286,7 @@ def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
                              block_size=kw["block_size"], admission=ck.ADMISSIONS[kw["admission"]], bins=3, keep=1,
                              controlled=int(controller is not None),
                              memory_on=int(controller is not None and controller.get("memory") is not None),
-                             rate=0.0, until=np.inf, **COEF)
+                             rate=0.0, until=np.inf, **_fields(COEF))
         inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                                 arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                                 prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
@@ -394,7 +404,7 @@ def test_the_controllers_batch_is_the_decodes_and_prefill_chunks_and_n_decode_th
     n = 6
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=8, max_batched_tokens=64, chunked=1, blocks=-1,
                          block_size=4, admission=ck.ADMIT_FCFS, bins=1, keep=1, controlled=1, memory_on=0, rate=0.0,
-                         until=np.inf, **QUARTER)
+                         until=np.inf, **_fields(QUARTER))
     inputs = ck.INPUTS.pack(arrival_times=np.zeros(n), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                             prompt=np.full(n, 2.0), output=np.array([1.0, 5, 5, 5, 5, 5]),
                             prediction=np.ones(n), edges=np.empty(0), cached=np.empty(0))

@@ -15,7 +15,7 @@ from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
 from mbbatch._kernels.routing import ROUTERS, Router
 
 from . import reference_continuous as ref
-from .test_kernels_continuous import COEF, _config, _kernel
+from .test_kernels_continuous import COEF, _config, _fields, _kernel
 
 
 def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, **kw):
@@ -25,7 +25,7 @@ def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, k
                          max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
                          block_size=kw["block_size"], admission=ck.ADMISSIONS[kw["admission"]],
                          bins=len(kw["edges"]) + 1, keep=1, controlled=0, memory_on=0, rate=0.0, until=np.inf,
-                         **COEF)
+                         **_fields(COEF))
     rt = Router(ROUTERS[router], threshold, programs is not None, bool(kv and programs is not None))
     progs = None if programs is None else (programs, int(programs[0].max()) + 1)
     return cc.run(cfg, np.asarray(arr, float), p.astype(float), o.astype(float), pred.astype(float),
@@ -162,7 +162,7 @@ def test_progress_and_stop():
     cfg = ck.CONFIG.pack(n=len(arr), arrival_kind=ARR_REPLAY, max_num_seqs=kw["max_num_seqs"],
                          max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
                          block_size=kw["block_size"], admission=0, bins=1, keep=0, controlled=0, memory_on=0,
-                         rate=0.0, until=np.inf, **COEF)
+                         rate=0.0, until=np.inf, **_fields(COEF))
     rt = Router(ROUTERS["least_used"], 20, False, False)
     streams = ck.ContinuousStreams(np.random.default_rng(0))
     stop = np.zeros(STOP_SIZE, np.int64)

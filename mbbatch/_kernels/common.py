@@ -869,33 +869,6 @@ def ranked_expert_reads(outputs, start, mask, nb, max_out, padded, span, miss):
     return reads
 
 
-@step
-def iteration_times(setup, step_time, prefill_per_token, per_sequence, per_context, nb, sum_prefill, max_out,
-                    seq_steps, ctx_steps, sum_context, per_expert, span, miss, reads):
-    """A batch's times under the iteration model: its prefill iteration
-    (every member's first token; ``sum_prefill`` tokens prefilled) then one
-    iteration per decode step, ``seq_steps`` and ``ctx_steps`` its decode
-    work (:func:`member_work` summed, or :func:`padded_work`),
-    ``sum_context`` its members' whole prompts; a mixture of experts'
-    ``per_expert`` times the experts its iterations read (``span``,
-    ``miss``: :func:`extra_experts`; ``reads``: its decode iterations').
-    Returns ``(service, tbt, prefill)``: the batch's time (s), its decode
-    time per step (s; with no decode step, one step's over its members'
-    contexts) and its prefill iteration's (s, the time to first token after
-    its start)."""
-    bf = float(nb)
-    d = max(max_out - 1.0, 0.0)
-    prefill = setup + step_time + prefill_per_token * sum_prefill + per_expert * extra_experts(span, miss, sum_prefill)
-    decode = step_time * d + per_sequence * seq_steps + per_context * ctx_steps + per_expert * reads
-    service = prefill + decode
-    if d > 0.0:
-        tbt = decode / d
-    else:
-        tbt = (step_time + per_sequence * bf + per_context * (sum_context + bf)
-               + per_expert * extra_experts(span, miss, bf))
-    return service, tbt, prefill
-
-
 def warmup() -> None:
     """Compile (or load from the cache) the helpers called from Python and
     the drawer of every kind."""

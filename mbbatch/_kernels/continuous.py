@@ -28,12 +28,13 @@ iteration boundary the engine schedules one iteration:
   between ``edges``, each first come first served, served round robin).
   Admission stops at the first request that does not fit.
 
-An iteration takes ``step + prefill_per_token x (tokens prefilled) +
-per_sequence x (sequences decoded) + per_context x (their context tokens)``,
-and for a mixture of experts ``+ per_expert x`` the experts its tokens (the
-sequences decoded and the tokens prefilled) read beyond the first token's
-(:func:`~.common.extra_experts`) (:class:`mbbatch.IterationModel`; a
-sequence of prompt ``p`` with ``g`` tokens generated attends over ``p + g``).  The model's ``setup``, a batch's
+An iteration takes :func:`.cost.cost`: ``step + prefill_per_token x (tokens
+prefilled) + per_sequence x (sequences decoded) + per_context_token x (their
+context tokens)``, and for a mixture of experts ``+ per_expert x`` the
+experts its tokens (the sequences decoded and the tokens prefilled) read
+beyond the first token's (:func:`~.common.extra_experts`)
+(:class:`mbbatch.IterationModel`; a sequence of prompt ``p`` with ``g``
+tokens generated attends over ``p + g``).  The model's ``setup``, a batch's
 once when it starts, has no counterpart: the engine never starts a batch.  At its
 end each decoded sequence has its next token, each prompt whose prefill
 completes its first token (a resumed one its next), and the sequences with
@@ -80,12 +81,14 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
+from numba.np.unsafe.ndarray import to_fixed_tuple
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, arrival_group, check_stop, draw_arrivals,
                      drawers, extra_experts, helper, hist_bucket, kernel, step, subroutine)
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
+from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, cost
 from .layout import Arrays, Layout
 from .programs import _heap_pop, _heap_push
 
@@ -102,8 +105,7 @@ UNLIMITED = 1 << 62
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
                                         "memory_on"),
-                floats=("rate", "step", "prefill_per_token", "per_sequence", "per_context", "per_expert",
-                        "expert_span", "expert_miss", "until"))
+                floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
@@ -178,6 +180,8 @@ TS_WIDTH = len(TS)
 TALLY = namedtuple("TALLY", ("n", "prompt", "output", "square", "longest"))(0, 1, 2, 3, 4)
 
 C = CONFIG.index
+#: the iteration cost's coefficients in the floats (:mod:`.cost`)
+C_COST = getattr(C, COST_FIELDS[0])
 S = STATS.index
 ES = STATE.index
 RQ = REQUESTS.index
@@ -389,11 +393,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     bst = out.bstats
     tally = ws.tally
     rate = cf[C.rate]
-    step_t = cf[C.step]
-    ppt = cf[C.prefill_per_token]
-    per_seq = cf[C.per_sequence]
-    per_ctx = cf[C.per_context]
-    per_exp = cf[C.per_expert]
+    # (the cost's coefficients as a tuple: values in registers through the loop, not loads from memory)
+    coef = to_fixed_tuple(cf[C_COST:C_COST + N_COST], N_COST)
+    per_exp = coef[PER_EXPERT]
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
@@ -737,9 +739,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             continue
         if running > max_running:
             max_running = running
-        t = step_t + ppt * ptok + per_seq * n_d + per_ctx * ctx
-        if per_exp > 0.0:
-            t += per_exp * extra_experts(exp_span, exp_miss, float(n_d + ptok))
+        reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
+        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads)
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
@@ -1043,8 +1044,8 @@ def warmup() -> None:
     first continuous-batching run compiles it, and the disk cache keeps it."""
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
-                         rate=1.0, step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e-6,
-                         per_expert=0.0, expert_span=0.0, expert_miss=1.0, until=np.inf)
+                         rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
+                         expert_miss=1.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))

@@ -29,7 +29,7 @@ from numba import types
 
 from .common import (
     APART, ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_SIZE, PRED_CONFUSION, PRED_ORACLE, STOP,
-    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket, iteration_times,
+    STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals, draw_block, drawers, helper, hist_bucket,
     by_address, compiled_apart, kernel, member_work, padded_work, predict, ranked_expert_reads, replay_time,
     round_lengths, step, subroutine,
 )
@@ -37,6 +37,7 @@ from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
     M, T, controller_init, decode_tbt, equal_mass_edges, feedback_core,
 )
+from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, iteration_times
 from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN, Rule,
                         form_batch, ordering)
 from .layout import Arrays, Layout
@@ -83,7 +84,7 @@ POLICY = Layout("token policy", ints=("policy", "bins",
 MODEL = Layout("service model", ints=("model",
                                       "padded"),    # IterationModel: finished members stay
                floats=("base", "per_token", "alpha", "beta", "prefill_per_token", "tbt_beta", "tbt_gamma",
-                       "iteration", "per_sequence", "per_context", "per_expert", "expert_span", "expert_miss"))
+                       *COST_FIELDS, "expert_span", "expert_miss"))
 #: a cluster of ``engines`` engines, each running the policy on its own
 #: queues and ``servers / engines`` servers, behind the router (``ROUTE_*``;
 #: ``ROUTE_NONE``: one engine); ``threshold``: Autellix's largest small
@@ -309,10 +310,7 @@ def run(config: TokenConfig, inputs: TokenInputs, streams: TokenStreams, stop: n
                                       predictor=rn["predictor"]),
                         scratch=np.empty(max(pol["scratch"], 1)),
                         steps=np.array([ordering(pol["policy"]), timing_address(md["model"])]),
-                        timing=TIMING.zeros(setup=md["base"], step=md["iteration"],
-                                            prefill_per_token=md["prefill_per_token"],
-                                            per_sequence=md["per_sequence"], per_context=md["per_context"],
-                                            per_expert=md["per_expert"], expert_span=md["expert_span"],
+                        timing=TIMING.zeros(**{f: md[f] for f in COST_FIELDS}, expert_span=md["expert_span"],
                                             expert_miss=md["expert_miss"])[1])
     while True:
         code = dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, arrays)
@@ -438,9 +436,11 @@ def decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded):
 
 #: the coefficients of the iteration model in :func:`iteration_batch`'s
 #: ``timing`` (then its two outputs)
-TIMING = Layout("iteration timing", floats=("setup", "step", "prefill_per_token", "per_sequence", "per_context",
-                                            "per_expert", "expert_span", "expert_miss", "tbt", "prefill"))
+TIMING = Layout("iteration timing", floats=(*COST_FIELDS, "expert_span", "expert_miss", "tbt", "prefill"))
 TI = TIMING.index
+#: the coefficients' place in ``timing`` and in a :data:`MODEL`'s floats
+TI_COST = getattr(TI, COST_FIELDS[0])
+O_COST = getattr(MODEL.index, COST_FIELDS[0])
 #: :func:`iteration_batch`: (q, b, h0, nb, mask, max_out, sum_prefill,
 #: sum_prompt, padded, timing) -> the batch's service time
 TIMING_SIG = types.float64(types.Array(types.float64, 3, "C"), types.int64, types.int64, types.int64, types.int64,
@@ -460,13 +460,13 @@ def iteration_batch(q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt, padded
     start).  The event kernel calls it by address (:func:`timing_address`):
     a run of another model compiles none of it."""
     seq, ctx = decode_work(q, b, h0, nb, mask, max_out, sum_prompt, padded)
-    per_expert, span, miss = timing[TI.per_expert], timing[TI.expert_span], timing[TI.expert_miss]
+    c = timing[TI_COST:TI_COST + N_COST]
+    span, miss = timing[TI.expert_span], timing[TI.expert_miss]
     # (a mixture of experts' decode reads: the members' outputs in queue b's ring)
     reads = (ranked_expert_reads(q[Q.output, np.uint64(b)], h0, mask, nb, max_out, padded, span, miss)
-             if per_expert > 0.0 else 0.0)
-    service, timing[TI.tbt], timing[TI.prefill] = iteration_times(
-        timing[TI.setup], timing[TI.step], timing[TI.prefill_per_token], timing[TI.per_sequence],
-        timing[TI.per_context], nb, sum_prefill, max_out, seq, ctx, sum_prompt, per_expert, span, miss, reads)
+             if c[PER_EXPERT] > 0.0 else 0.0)
+    service, timing[TI.tbt], timing[TI.prefill] = iteration_times(c, span, miss, nb, sum_prefill, max_out, seq, ctx,
+                                                                  sum_prompt, reads)
     return service
 
 
@@ -504,9 +504,8 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps
     for j in range(sizes.shape[0]):
         if code == MODEL_ITERATION:
             out[0, j], out[1, j], out[3, j] = iteration_times(
-                mf[O.base], mf[O.iteration], mf[O.prefill_per_token], mf[O.per_sequence], mf[O.per_context],
-                sizes[j], sum_prompt[j], max_out[j], seq_steps[j], ctx_steps[j], sum_prompt[j], mf[O.per_expert],
-                mf[O.expert_span], mf[O.expert_miss], reads[j])
+                mf[O_COST:O_COST + N_COST], mf[O.expert_span], mf[O.expert_miss], sizes[j], sum_prompt[j], max_out[j],
+                seq_steps[j], ctx_steps[j], sum_prompt[j], reads[j])
             out[2, j] = out[1, j]
         else:
             out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(

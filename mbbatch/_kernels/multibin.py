@@ -32,9 +32,10 @@ from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a 
     ARR_POISSON, ARR_REPLAY, ARR_SATURATED, ARRIVED, BLOCK, HIST_BASE, HIST_SHIFT, HIST_SIZE, SVC_EXPON,
     PRED_CONFUSION, PRED_ORACLE, PRED_REPLAY, STOP, STOP_SIZE, SVC_GAMMA, SVC_LOGNORM, SVC_REPLAY, SVC_UNIFORM,
     SVC_WEIBULL_MIN,
-    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, iteration_times, kernel, member_work,
+    check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, member_work,
     padded_work, predict, ranked_expert_reads, round_lengths, step, token_service,
 )
+from .cost import FIELDS as COST_FIELDS, PER_EXPERT, iteration_times
 from .layout import Arrays, Layout
 
 #: the run's scalars.  ``servers`` 0 means infinitely many (Assumption 5.1);
@@ -45,13 +46,11 @@ from .layout import Arrays, Layout
 #: per_token = 1, integer = 0`` leaves the values as they are.
 #: ``iteration`` 1: the values are output lengths (``base = 0, per_token =
 #: 1``), prompts are drawn (``prompt_kind``), and a batch takes the iteration
-#: model's time (``setup``, ``step``, ``prefill_per_token``,
-#: ``per_sequence``, ``per_context``, and a mixture of experts' ``per_expert``,
-#: ``expert_span``, ``expert_miss``; ``padded`` 1: finished members stay).
+#: model's time (its coefficients, :data:`.cost.FIELDS`, and a mixture of
+#: experts' ``expert_span``, ``expert_miss``; ``padded`` 1: finished members stay).
 CONFIG = Layout("multi-bin run", ints=("n", "arrival_kind", "service_kind", "batch_size", "servers", "keep",
                                        "integer", "predictor", "iteration", "padded", "prompt_kind"),
-                floats=("rate", "max_wait", "base", "per_token", "predictor_param", "setup", "step",
-                        "prefill_per_token", "per_sequence", "per_context", "per_expert", "expert_span",
+                floats=("rate", "max_wait", "base", "per_token", "predictor_param", *COST_FIELDS, "expert_span",
                         "expert_miss"))
 
 #: read-only inputs: replayed arrival times (s), the arrival process's
@@ -156,10 +155,10 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                                       predictor=cfg["predictor"]),
                         block_prompt=np.empty(BLOCK if cfg["iteration"] else 1),
                         sum_prompt=np.zeros(k), seq_steps=np.zeros(k), ctx_steps=np.zeros(k),
-                        buf_output=np.empty(k * stride if cfg["iteration"] and cfg["per_expert"] > 0.0 else 1))
+                        buf_output=np.empty(k * stride if cfg["iteration"] and cfg["cost_per_expert"] > 0.0 else 1))
     # (the iteration model's coefficients, or None: the kernel compiled without its code)
-    it = ((cfg["setup"], cfg["step"], cfg["prefill_per_token"], cfg["per_sequence"], cfg["per_context"],
-           cfg["per_expert"], cfg["expert_span"], cfg["expert_miss"]) if cfg["iteration"] else None)
+    it = ((np.array([cfg[f] for f in COST_FIELDS]), cfg["expert_span"], cfg["expert_miss"]) if cfg["iteration"]
+          else None)
     multibin_kernel(config, inputs, streams, out, requests, ws, stop, it)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None)
 
@@ -169,9 +168,8 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
           buf_arrival, keep, buf_index, r_i, r_f, deadline, max_wait, it, ws):
     """Add requests j0, j0+1, ... of the block to their bins' partial batches
     (arrival time kept, service time folded into the bin's running maximum;
-    ``it``, the iteration model's coefficients ``(setup, step,
-    prefill_per_token, per_sequence, per_context, per_expert, expert_span,
-    expert_miss)`` or None: the output
+    ``it``, the iteration model's ``(coefficients, expert_span,
+    expert_miss)`` (:mod:`.cost`) or None: the output
     length is, and the prompt and decode work summed in ``ws``; a request's
     record gets its time alone, a batch of one).
 
@@ -206,11 +204,10 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
             ws.sum_prompt[b] += p
             ws.seq_steps[b] += dw
             ws.ctx_steps[b] += cw
-            if it[5] > 0.0:
+            if it[0][PER_EXPERT] > 0.0:
                 ws.buf_output[o] = s
             if keep:
-                alone = iteration_times(it[0], it[1], it[2], it[3], it[4], 1, p, s, dw, cw, p, it[5], it[6], it[7],
-                                        0.0)[0]
+                alone = iteration_times(it[0], it[1], it[2], 1, p, s, dw, cw, p, 0.0)[0]
         if keep:
             i = i0 + np.int64(jj)
             buf_index[o] = i
@@ -230,8 +227,8 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
 def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
     """Simulate ``n`` requests through multi-bin batching; outputs are
     written in place (``out.floats[S.last_completion]`` must start at -inf).
-    ``it``: the iteration model's ``(setup, step, prefill_per_token,
-    per_sequence, per_context, per_expert, expert_span, expert_miss)``, or None, the max-of-members model (numba
+    ``it``: the iteration model's ``(coefficients, expert_span,
+    expert_miss)`` (:mod:`.cost`), or None, the max-of-members model (numba
     prunes the iteration model's branches, each under ``if it is not
     None``, before typing: the paper's model compiles as if they were not
     there, and the iteration model's kernel on its first run).
@@ -437,9 +434,8 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
             sp = ws.sum_prompt[b]
             seq, ctx = (padded_work(members, sp, S_b) if padded else (ws.seq_steps[b], ws.ctx_steps[b]))
             reads = (ranked_expert_reads(ws.buf_output, np.int64(o), np.int64(-1), np.int64(members), S_b, padded,
-                                         it[6], it[7]) if it[5] > 0.0 else 0.0)
-            S_b = iteration_times(it[0], it[1], it[2], it[3], it[4], members, sp, S_b, seq, ctx, sp, it[5], it[6],
-                                  it[7], reads)[0]
+                                         it[1], it[2]) if it[0][PER_EXPERT] > 0.0 else 0.0)
+            S_b = iteration_times(it[0], it[1], it[2], members, sp, S_b, seq, ctx, sp, reads)[0]
             ws.sum_prompt[b] = 0.0
             ws.seq_steps[b] = 0.0
             ws.ctx_steps[b] = 0.0

@@ -99,9 +99,8 @@ class Plan:
             n=self.n, arrival_kind=akind, max_num_seqs=pol.max_num_seqs, max_batched_tokens=pol.max_batched_tokens,
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
             admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
-            controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate, step=m.step,
-            prefill_per_token=m.prefill_per_token, per_sequence=m.per_sequence, per_context=m.per_context_token,
-            **m.expert_fields(), until=math.inf)
+            controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate,
+            **m.cost_fields(), **m.expert_fields(), until=math.inf)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
     @functools.cached_property

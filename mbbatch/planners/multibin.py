@@ -20,7 +20,7 @@ from .._validation import check_servers
 from ..lengths import as_service
 from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
-from ..service_models import DENSE_FIELDS, IterationModel, MaxModel
+from ..service_models import DENSE_FIELDS, NO_COST, IterationModel, MaxModel
 from ..workload import Workload
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals, check_batch_model,
                      check_times, drawn, finish, model_config, per_bin, quantiles, resolve_n, rvs_memory, steady_state)
@@ -150,15 +150,12 @@ def _pack(plan: Plan) -> tuple:
     if isinstance(model, IterationModel):
         prompt = plan.workload._prompt
         timing = dict(iteration=1, padded=int(model.finished == "stay"), prompt_kind=prompt.kernel_kind,
-                      base=0.0, per_token=1.0, setup=model.setup, step=model.step,
-                      prefill_per_token=model.prefill_per_token, per_sequence=model.per_sequence,
-                      per_context=model.per_context_token, **model.expert_fields())
+                      base=0.0, per_token=1.0, **model.cost_fields(), **model.expert_fields())
         prompt_params, prompt_values = prompt.params, prompt.values
     else:
         # (no prompts: the service kind's drawer stands in for theirs, never called)
         timing = dict(iteration=0, padded=0, prompt_kind=plan.spec.kernel_kind, base=model.base,
-                      per_token=model.per_token, setup=0.0, step=0.0, prefill_per_token=0.0, per_sequence=0.0,
-                      per_context=0.0, **DENSE_FIELDS)
+                      per_token=model.per_token, **NO_COST, **DENSE_FIELDS)
         prompt_params = prompt_values = np.empty(0)
     config = _k.CONFIG.pack(
         n=plan.n, arrival_kind=akind, rate=rate, service_kind=plan.spec.kernel_kind,

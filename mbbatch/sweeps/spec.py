@@ -79,7 +79,8 @@ from ..params import PARAMS as TABLE
 from ..params import REQUIRED
 from ..registry import ARRIVALS as _ARRIVAL_CLASSES
 from ..registry import KINDS, POLICIES
-from ..service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
+from ..service_models import COST_TERMS as _COST_TERMS
+from ..service_models import SERVICE_MODELS
 
 __all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "ARRIVALS",
            "load_spec", "parse_spec", "spec_from_dict", "trace_filters", "trace_of"]
@@ -206,16 +207,9 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("calibrated_alpha", workload=_REQ, models=("calibrated",), key="CalibratedModel.alpha"),
     _sp("calibrated_beta", workload=_REQ, models=("calibrated",), key="CalibratedModel.beta"),
     _sp("feedback", workload=_REQ, models=("calibrated",), key="CalibratedModel.feedback"),
-    _sp("iteration_setup", workload=_REQ, models=("iteration",), key="IterationModel.setup"),
-    _sp("iteration_step", workload=_REQ, models=("iteration",), key="IterationModel.step"),
-    _sp("iteration_prefill", workload=_REQ, models=("iteration",),
-        key="IterationModel.prefill_per_token"),
-    _sp("iteration_per_sequence", workload=_REQ, models=("iteration",),
-        key="IterationModel.per_sequence"),
-    _sp("iteration_per_context", workload=_REQ, models=("iteration",),
-        key="IterationModel.per_context_token"),
-    # a mixture of experts' iterations (a profile's come with it)
-    _sp("iteration_per_expert", workload=_REQ, models=("iteration",), key="IterationModel.per_expert"),
+    # the iteration cost's coefficients, one key per term (mbbatch._kernels.cost.TERMS); a mixture of
+    # experts' per_expert among them (a profile's come with it)
+    *(_sp(t.spec, workload=_REQ, models=("iteration",), key=f"IterationModel.{t.name}") for t in _COST_TERMS),
     _sp("experts", workload=_REQ, models=("iteration",), key="IterationModel.experts"),
     _sp("experts_per_token", workload=_REQ, models=("iteration",), key="IterationModel.experts_per_token"),
     _sp("finished", workload=_REQ, models=("iteration", "profile"), key="IterationModel.finished"),
@@ -1050,29 +1044,15 @@ def _check_lengths(spec: SweepSpec, source: str) -> None:
 
 def service_model(name: str, params: dict):
     """The batch service model ``name`` of a cell with token-level requests,
-    from its parameters (each the model's default unless the spec sets it)."""
-    if name == "prefill":
-        return PrefillModel(a=params["prefill_a"], b=params["prefill_b"])
-    if name == "max":
-        return MaxModel(base=params["base"], per_token=params["per_token"])
-    if name == "linear":
-        return LinearModel(base=params["base"], alpha=params["linear_alpha"], beta=params["linear_beta"])
-    if name == "decode":
-        return DecodeModel(beta=params["decode_beta"], gamma=params["gamma"],
-                           prefill_per_token=params["prefill_per_token"])
-    if name == "iteration":
-        return IterationModel(setup=params["iteration_setup"], step=params["iteration_step"],
-                              prefill_per_token=params["iteration_prefill"],
-                              per_sequence=params["iteration_per_sequence"],
-                              per_context_token=params["iteration_per_context"], finished=params["finished"],
-                              per_expert=params["iteration_per_expert"], experts=params["experts"],
-                              experts_per_token=params["experts_per_token"])
+    from its parameters (each the model's default unless the spec sets it):
+    the model's class reads the keys it declares (``spec_keys``); a
+    ``profile`` is a measured engine's model by name."""
     if name == "profile":
         from .. import profiles
 
         return dataclasses.replace(profiles.get(params["profile"]), finished=params["finished"])
-    return CalibratedModel(alpha=params["calibrated_alpha"], beta=params["calibrated_beta"], gamma=params["gamma"],
-                           feedback=params["feedback"])
+    cls = SERVICE_MODELS[name]
+    return cls(**{f: params[k] for k, f in cls.spec_keys.items()})
 
 
 def _values(spec: SweepSpec, key: str) -> list:

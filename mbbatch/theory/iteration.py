@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._kernels.cost import cost_py
 from .._validation import check_count
 
 __all__ = ["iteration_batch_service_time", "integer_lengths"]
@@ -118,10 +119,10 @@ def iteration_batch_service_time(model, outputs, B, edges=None, *, prompt_mean, 
         else:
             seq = B * float(q @ d)
             ctx = B * (prompt_mean * float(q @ d) + float(q @ (d * (d + 1.0) / 2.0)))
-        t = (model.setup + model.step * (1.0 + e_dmax) + model.prefill_per_token * B * prompt_mean
-             + model.per_sequence * seq + model.per_context_token * ctx)
-        if model.per_expert > 0.0 and model.experts:
-            t += model.per_expert * _expert_reads(model, B, prompt_mean, d, q, e_dmax, stay)
+        # (the batch's features: one batch, its prefill iteration and E[max d] decode iterations)
+        reads = (_expert_reads(model, B, prompt_mean, d, q, e_dmax, stay) if model.per_expert > 0.0 and model.experts
+                 else 0.0)
+        t = float(cost_py(model.coefficients(), 1.0, 1.0 + e_dmax, B * prompt_mean, seq, ctx, reads))
         total += p_i * t
     return total
 
