@@ -16,7 +16,7 @@ export MPLCONFIGDIR := $(CURDIR)/$(VENV)/mplconfig
 MBBATCH_DATA ?= $(firstword $(wildcard $(CURDIR)/data $(abspath $(CURDIR)/../shared/data)))
 SPECS := $(wildcard sweeps/*.toml)
 # what sweep results depend on: the simulation, sweep and theory code, not the figure code
-SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
+SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/service_models/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
 SWEPT := $(RESULTS)/.swept
 
 .PHONY: help install test thorough fuzz figures docs bench clean FORCE

@@ -14,7 +14,8 @@ from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
-             per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None):
+             per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
+             prefill_attention=0.0):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -218,6 +219,14 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         if per_expert > 0.0:
             tokens = len(decoding) + ptok
             t += per_expert * (expert_span * (1.0 - expert_miss ** (tokens - 1.0)) if tokens >= 1 else 0.0)
+        if prefill_attention > 0.0:
+            # causal attention over the prompt: a chunk of c tokens after the first `a` of its sequence's
+            # tokens in the cache adds (a + c)^2 - a^2 (its part of the whole prompt's P^2)
+            squares = 0.0
+            for r, c in prefill.items():
+                a = prompt[r] + g[r] - need[r] + pre[r]
+                squares += (a + c) ** 2 - a ** 2
+            t += prefill_attention * squares
         now = now + t
         busy += t
         iterations += 1

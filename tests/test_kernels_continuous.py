@@ -21,7 +21,8 @@ COEF = dict(step=0.01, prefill_per_token=1e-4, per_sequence=1e-3, per_context=1e
 MOE = dict(per_expert=2e-3, expert_span=6.0, expert_miss=0.75)
 #: the kernel's cost fields (mbbatch._kernels.cost.FIELDS) of the reference's coefficients
 _COST_NAMES = dict(step="cost_step", prefill_per_token="cost_prefill_per_token", per_sequence="cost_per_sequence",
-                   per_context="cost_per_context_token", per_expert="cost_per_expert")
+                   per_context="cost_per_context_token", per_expert="cost_per_expert",
+                   prefill_attention="cost_prefill_attention")
 
 
 def _fields(coef):
@@ -160,6 +161,30 @@ def test_requests_bringing_their_prompts_kv_cache_are_the_reference_engines(seed
         want = ref.simulate(arr, p, o, pred, cached=cached, **kw)
         st = _same_run(*_kernel(arr, p, o, pred, cached=cached, **kw), want, kw)
         assert st["prefill_tokens"] == int((p - cached).sum()) + st["recomputed"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_prefill_attention_is_the_reference_engines(seed):
+    """The prefill's attention term (``prefill_attention`` times each
+    chunk's part of its prompt's P^2), over 30 random configurations per
+    seed, chunked and not, preempted and resumed, some requests bringing part
+    of their prompt's KV cache: equal to the reference request by request;
+    a prompt prefilled in chunks pays its whole P^2."""
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(30):
+        (arr, p, o, pred), kw = _config(rng)
+        kw["prefill_attention"] = float(rng.choice([1e-6, 3e-4]))
+        cached = rng.integers(0, p + 1) if rng.random() < 0.3 else None
+        want = ref.simulate(arr, p, o, pred, cached=cached, **kw)
+        _same_run(*_kernel(arr, p, o, pred, cached=cached, **kw), want, kw)
+    # one request alone, its prompt in chunks of 64: its first token after step + P (prefill_per_token
+    # + P prefill_attention) + 2 step (three chunks), the chunks' squares adding to P^2
+    P = 150
+    coef = {**COEF, "prefill_attention": 1e-6}
+    _, req, _ = _kernel([0.0], np.array([P]), np.array([1]), np.array([1]), max_num_seqs=1, max_batched_tokens=64,
+                        chunked=True, kv_tokens=np.inf, block_size=16, admission="fcfs", edges=[], **coef)
+    want = 3 * coef["step"] + P * coef["prefill_per_token"] + P * P * coef["prefill_attention"]
+    assert req["first_token"][0] == pytest.approx(want, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -52,19 +52,19 @@ def test_its_engine_form_serves_full_batches_only():
 WL = mb.Workload(prompt=st.lognorm(0.8, scale=300), output=st.expon(scale=100))
 
 
-@pytest.mark.parametrize("experts", [0, 8])
+@pytest.mark.parametrize("experts, attention", [(0, 0.0), (8, 0.0), (0, 3e-8)])
 @pytest.mark.parametrize("finished", ["leave", "stay"])
 @pytest.mark.parametrize("max_wait", [math.inf, 20.0])
-def test_under_an_iteration_model_a_batch_takes_the_models_time(finished, max_wait, experts):
+def test_under_an_iteration_model_a_batch_takes_the_models_time(finished, max_wait, experts, attention):
     """With infinitely many servers a batch starts when it is ready (its
     last member's arrival, or its bin's deadline) and completes after the
     model's time for its members: IterationModel.batch_times on their prompt
     and output lengths (the event kernel's requests of the same seed: one
     seed, the same requests), to rounding; each request's record is its time
-    alone (dense, and a mixture of experts)."""
+    alone (dense, a mixture of experts, and the prefill's attention)."""
     model = mb.IterationModel(setup=0.01, step=8e-3, prefill_per_token=2e-5, per_sequence=1e-4,
                               per_context_token=6e-8, finished=finished, per_expert=1e-3 if experts else 0.0,
-                              experts=experts)
+                              experts=experts, prefill_attention=attention)
     kw = dict(arrivals=mb.Poisson(3.0), workload=WL, n=3000, seed=4, keep_requests=True)
     same = mb.simulate(mb.StaticBatching(1), service_model=model, **kw).requests
     r = mb.simulate(mb.MultiBin(bins=3, batch_size=6, max_wait=max_wait), service_model=model, servers=math.inf,

@@ -88,6 +88,14 @@ def test_reference_equals_the_kernel_batch_by_batch(model):
     _check_against_kernel(model, _kernel_run(model))
 
 
+@pytest.mark.parametrize("attention", [0.0, 2e-8])
+def test_iteration_reference_equals_the_kernel_batch_by_batch(attention):
+    """The iteration model in the event kernel (its prefill's attention on and off)."""
+    model = IterationModel(setup=2e-3, step=4e-3, prefill_per_token=2e-5, per_sequence=1e-4, per_context_token=6e-8,
+                           prefill_attention=attention)
+    _check_against_kernel(model, _kernel_run(model))
+
+
 @pytest.mark.parametrize("feedback", ["calibrated", "uncalibrated", "legacy"])
 def test_calibrated_reference_equals_the_kernel_batch_by_batch(feedback):
     model = CalibratedModel(alpha=0.02, beta=5.74e-3, gamma=0.316, feedback=feedback)
@@ -205,7 +213,8 @@ def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
                                prefill_per_token=data.draw(st.floats(0, 1e-3)), per_sequence=data.draw(real),
                                per_context_token=data.draw(st.floats(0, 1e-6)), finished=which.split()[-1],
                                per_expert=data.draw(st.floats(0, 1e-2)) if experts else 0.0, experts=experts,
-                               experts_per_token=data.draw(st.integers(1, experts)) if experts else 2)
+                               experts_per_token=data.draw(st.integers(1, experts)) if experts else 2,
+                               prefill_attention=data.draw(st.sampled_from([0.0, 1e-9, 3e-8])))
     else:
         model = CalibratedModel(alpha=data.draw(st.floats(0, 1.0)), beta=data.draw(real), gamma=data.draw(real),
                                 feedback="calibrated" if which == "calibrated" else which)
@@ -219,6 +228,8 @@ def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
     ctx = np.array(data.draw(st.lists(st.integers(0, 10**9), min_size=m, max_size=m)), dtype=float)
     # (and the experts a mixture of experts' decode iterations read)
     reads = np.array(data.draw(st.lists(st.floats(0, 1e6), min_size=m, max_size=m)), dtype=float)
+    # (and the prompts' squares, the prefill attention's feature)
+    squares = np.array(data.draw(st.lists(st.integers(0, 10**12), min_size=m, max_size=m)), dtype=float)
     out = np.empty((4, m))
     kf = model.kernel_fields()
     if which.endswith("stay"):
@@ -227,9 +238,16 @@ def test_the_numpy_formulas_are_the_kernels_over_random_batches(data, which):
         dmax = np.maximum(max_out - 1.0, 0.0)
         seq, ctx = size * dmax, sum_prompt * dmax + size * dmax * (dmax + 1.0) / 2.0
         reads = dmax * sm.extra_experts(model.experts, model.experts_per_token, size)
-    d.batch_times(d.MODEL.zeros(**kf), size, sum_prompt, max_out, max_seq, seq, ctx, reads, out)
+    d.batch_times(d.MODEL.zeros(**kf), size, sum_prompt, max_out, max_seq, seq, ctx, reads, squares, out)
+    attention = isinstance(model, IterationModel) and model.prefill_attention > 0
     t = model.times(size=size.astype(np.int64), max_seq_len=max_seq, max_output=max_out, sum_prompt=sum_prompt,
-                    sequence_steps=seq, context_steps=ctx, expert_reads=reads if "moe" in which else None)
+                    sequence_steps=seq, context_steps=ctx, expert_reads=reads if "moe" in which else None,
+                    prefill_squares=squares if attention else None)
+    if isinstance(model, IterationModel) and not attention:
+        # (a model without the term reads no squares: the kernel's are multiplied by 0)
+        again = model.times(size=size.astype(np.int64), max_output=max_out, sum_prompt=sum_prompt, sequence_steps=seq,
+                            context_steps=ctx, expert_reads=reads if "moe" in which else None, prefill_squares=squares)
+        assert all(np.array_equal(x, y) for x, y in zip(again, t))
     for k, name in enumerate(BatchTimes._fields):
         assert np.asarray(getattr(t, name), dtype=float).tobytes() == out[k].tobytes(), name
 

@@ -155,3 +155,38 @@ def _uniform_rows(model, rng, noise=0.0, relative=False):
     scale = (lambda x: x * (1 + e)) if relative else (lambda x: x + e)
     return dict(size=size, prompt=prompt, output=output, service=scale(t.service), prefill=t.ttft,
                 per_token=t.decode_tbt)
+
+
+def test_the_prefill_attention_is_fitted_only_where_prefills_vary_the_prompt():
+    """LLM-Inference-Bench-like rows (prompt = output, whole batches) cannot
+    tell P^2 at prefill from the decode context: the term is held at 0 and
+    named, with its reason; prefill times of several prompt lengths fit it
+    (noise-free: exactly)."""
+    true = IterationModel(setup=0.0, step=6e-3, prefill_per_token=8e-5, per_sequence=1e-4, per_context_token=6e-8,
+                          prefill_attention=4e-9)
+    size, length = np.meshgrid([1, 4, 16, 64], [128, 512, 1024, 2048])
+    size, length = size.ravel(), length.ravel()
+    rows = dict(size=size, prompt=length, output=length,
+                service=true.service_time(size=size, prompt=length, output=length))
+    fit = IterationModel.fit(rows)
+    assert fit.params["prefill_attention"] == 0.0 and fit.identification["prefill_attention"] == "not fitted"
+    assert "prefill_attention" in fit.unfitted and "not fitted" in str(fit)
+    prefill = true.times(size=size, prompt=length, output=length).ttft
+    fit = IterationModel.fit({**rows, "prefill": prefill})
+    assert fit.unfitted == {}
+    assert fit.params["prefill_attention"] == pytest.approx(4e-9, rel=1e-6)
+    assert fit.identification["prefill_attention"] == "identified"
+
+
+def test_theory_reads_the_prompts_second_moment_for_the_prefill_attention():
+    from mbbatch.theory import iteration_batch_service_time
+
+    m = IterationModel(setup=0.0, step=1.0, prefill_per_token=0.0, per_sequence=0.0, per_context_token=0.0,
+                       prefill_attention=1e-3)
+    # 1 + E[max d] + 1e-3 * B E[P^2] = 1 + 1.5 + 1e-3 * 2 * 400
+    assert iteration_batch_service_time(m, [1.0, 3.0], 2, prompt_mean=20.0, prompt_square_mean=400.0) == \
+        pytest.approx(3.3, rel=1e-12)
+    with pytest.raises(ValueError, match="prompt_square_mean"):
+        iteration_batch_service_time(m, [1.0, 3.0], 2, prompt_mean=20.0)
+    with pytest.raises(ValueError, match="prefill_attention"):
+        m.prefill_model()

@@ -88,7 +88,7 @@ from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, arrival_g
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
-from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, cost
+from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, cost
 from .layout import Arrays, Layout
 from .programs import _heap_pop, _heap_push
 
@@ -291,6 +291,14 @@ def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep
     return head, tail, _release(s, occ, free_slots, nfree)
 
 
+@step
+def _square_chunk(a, c):
+    """A prefill chunk's part of the prompts' squares: tokens ``a`` to
+    ``a + c`` of a prompt add ``(a + c)^2 - a^2`` (a whole prompt of P
+    tokens, in any chunks, P^2)."""
+    return float(c) * float(2 * a + c)
+
+
 @subroutine
 def _cap(ctl, bst, sla, memory, memory_on, M):
     """The running sequences allowed at this iteration under the controller
@@ -396,6 +404,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     # (the cost's coefficients as a tuple: values in registers through the loop, not loads from memory)
     coef = to_fixed_tuple(cf[C_COST:C_COST + N_COST], N_COST)
     per_exp = coef[PER_EXPERT]
+    attention = coef[PREFILL_ATTENTION] > 0.0
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
@@ -657,6 +666,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         budget = B - n_d
         nc = 0
         ptok = 0
+        # (the prefill's attention: a chunk from token a to a + c adds (a + c)^2 - a^2)
+        psq = 0.0
         if chunked:
             # the prompts being prefilled, in admission order
             for k in range(pq_n):
@@ -671,6 +682,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 nc += 1
                 budget -= c
                 ptok += c
+                if attention:
+                    psq += _square_chunk(np.int64(prompt[occ[sl]]) + gs[sl] - need[sl] + pre[sl], c)
         if chunked or prefill_phase:
             while budget > 0 and running < cap:
                 r, b = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
@@ -727,6 +740,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 nc += 1
                 budget -= c
                 ptok += c
+                if attention:
+                    psq += _square_chunk(L0 - todo, c)
         if n_d == 0 and nc == 0:
             # (nothing runs and nothing is admitted: with requests waiting, a stall, not the end)
             if running > 0 or (i >= n and (waiting > 0 or nstack > 0)):
@@ -740,7 +755,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if running > max_running:
             max_running = running
         reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
-        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads)
+        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq)
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1

@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 from .common import extra_experts, step
 
-__all__ = ["Term", "TERMS", "NAMES", "FIELDS", "FEATURES", "N", "PER_EXPERT", "cost", "cost_py", "design",
-           "iteration_times"]
+__all__ = ["Term", "TERMS", "NAMES", "FIELDS", "FEATURES", "N", "PER_EXPERT", "PREFILL_ATTENTION", "cost", "cost_py",
+           "design", "iteration_times"]
 
 
 class Term(NamedTuple):
@@ -65,6 +65,9 @@ TERMS = (
          "time per context (KV) token a decoded sequence attends over, per iteration"),
     Term("per_expert", "iteration_per_expert", "experts_read", "s/expert", 0.0,
          "time per expert's weights read in an iteration beyond the first token's (mixture of experts)"),
+    Term("prefill_attention", "iteration_prefill_attention", "prefill_squares", "s/token^2", 0.0,
+         "time per unit of the prefill's attention, the sum over the prompts prefilled of P^2 (a chunk from "
+         "token a to a + c adds (a + c)^2 - a^2)"),
 )
 #: the coefficients' names
 NAMES = tuple(t.name for t in TERMS)
@@ -76,15 +79,17 @@ FEATURES = tuple(t.feature for t in TERMS)
 N = len(TERMS)
 #: the expert coefficient's place in the vector (a kernel skips the experts' reads where it is 0)
 PER_EXPERT = NAMES.index("per_expert")
+#: the prefill attention's (a kernel skips the squares where it is 0)
+PREFILL_ATTENTION = NAMES.index("prefill_attention")
 
 
 @step
-def cost(c, batches, iterations, prefill_tokens, sequences, context_tokens, experts_read):
+def cost(c, batches, iterations, prefill_tokens, sequences, context_tokens, experts_read, prefill_squares):
     """The time of what the features count (s): ``c`` the coefficients in
     :data:`TERMS`' order, the rest the features (floats; arrays in numpy
     through :func:`cost_py`).  Summed left to right, term by term."""
     return (c[0] * batches + c[1] * iterations + c[2] * prefill_tokens + c[3] * sequences
-            + c[4] * context_tokens + c[5] * experts_read)
+            + c[4] * context_tokens + c[5] * experts_read + c[6] * prefill_squares)
 
 
 #: :func:`cost` as plain Python, for numpy arrays (the same expression, so the same numbers)
@@ -92,10 +97,11 @@ cost_py = cost.py_func
 
 
 @step
-def iteration_times(c, span, miss, nb, sum_prefill, max_out, seq_steps, ctx_steps, sum_context, reads):
+def iteration_times(c, span, miss, nb, sum_prefill, sq_prefill, max_out, seq_steps, ctx_steps, sum_context, reads):
     """A batch's times under the iteration model, ``c`` its coefficients
     (:data:`TERMS`' order): its prefill iteration (every member's first
-    token; ``sum_prefill`` tokens prefilled) then one iteration per decode
+    token; ``sum_prefill`` tokens prefilled, ``sq_prefill`` the sum of
+    their prompts' :data:`TERMS` ``prefill_squares``) then one iteration per decode
     step, ``seq_steps`` and ``ctx_steps`` its decode work
     (:func:`~.common.member_work` summed, or :func:`~.common.padded_work`),
     ``sum_context`` its members' whole prompts; a mixture of experts'
@@ -106,13 +112,13 @@ def iteration_times(c, span, miss, nb, sum_prefill, max_out, seq_steps, ctx_step
     time to first token after its start)."""
     bf = float(nb)
     d = max(max_out - 1.0, 0.0)
-    prefill = cost(c, 1.0, 1.0, sum_prefill, 0.0, 0.0, extra_experts(span, miss, sum_prefill))
-    decode = cost(c, 0.0, d, 0.0, seq_steps, ctx_steps, reads)
+    prefill = cost(c, 1.0, 1.0, sum_prefill, 0.0, 0.0, extra_experts(span, miss, sum_prefill), sq_prefill)
+    decode = cost(c, 0.0, d, 0.0, seq_steps, ctx_steps, reads, 0.0)
     service = prefill + decode
     if d > 0.0:
         tbt = decode / d
     else:
-        tbt = cost(c, 0.0, 1.0, 0.0, bf, sum_context + bf, extra_experts(span, miss, bf))
+        tbt = cost(c, 0.0, 1.0, 0.0, bf, sum_context + bf, extra_experts(span, miss, bf), 0.0)
     return service, tbt, prefill
 
 

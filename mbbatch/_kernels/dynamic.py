@@ -37,7 +37,7 @@ from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
     M, T, controller_init, decode_tbt, equal_mass_edges, feedback_core,
 )
-from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, iteration_times
+from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, iteration_times
 from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN, Rule,
                         form_batch, ordering)
 from .layout import Arrays, Layout
@@ -465,9 +465,26 @@ def iteration_batch(q, b, h0, nb, mask, max_out, sum_prefill, sum_prompt, padded
     # (a mixture of experts' decode reads: the members' outputs in queue b's ring)
     reads = (ranked_expert_reads(q[Q.output, np.uint64(b)], h0, mask, nb, max_out, padded, span, miss)
              if c[PER_EXPERT] > 0.0 else 0.0)
-    service, timing[TI.tbt], timing[TI.prefill] = iteration_times(c, span, miss, nb, sum_prefill, max_out, seq, ctx,
-                                                                  sum_prompt, reads)
+    sq = prefill_squares(q, b, h0, nb, mask) if c[PREFILL_ATTENTION] > 0.0 else 0.0
+    service, timing[TI.tbt], timing[TI.prefill] = iteration_times(c, span, miss, nb, sum_prefill, sq, max_out, seq,
+                                                                  ctx, sum_prompt, reads)
     return service
+
+
+@step
+def prefill_squares(q, b, h0, nb, mask):
+    """The prefill attention's feature of a batch (the first nb of queue b,
+    head at slot h0; :mod:`.cost`): each member prefills its last ``f`` of
+    ``p`` prompt tokens (``f < p``: the rest's KV cache was reused), adding
+    ``p^2 - (p - f)^2``."""
+    ub = np.uint64(b)
+    sq = 0.0
+    for j in range(nb):
+        sl = np.uint64((h0 + j) & mask)
+        p = q[Q.prompt, ub, sl]
+        kept = p - q[Q.prefill, ub, sl]
+        sq += p * p - kept * kept
+    return sq
 
 
 def _iteration_batch():
@@ -489,12 +506,12 @@ def timing_address(model: int) -> int:
 
 
 @helper
-def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps, reads, out):
+def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps, reads, squares, out):
     """:func:`_batch_service` of batches, from Python: ``model`` a
     :data:`MODEL` pair, one batch per entry of ``sizes`` (requests),
     ``sum_prompt`` (tokens prefilled), ``max_out`` and ``max_seq`` (tokens),
-    ``seq_steps``, ``ctx_steps`` and ``reads`` (the iteration model's
-    decode work and experts read);
+    ``seq_steps``, ``ctx_steps``, ``reads`` and ``squares`` (the iteration
+    model's decode work, experts read and prefill squares);
     ``out`` (4, batches) receives each batch's service time, fed-back decode
     time, time per output token and time to first token (the numbers
     :meth:`mbbatch.service_models.MaxModel.times` and its siblings state in
@@ -504,8 +521,8 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps
     for j in range(sizes.shape[0]):
         if code == MODEL_ITERATION:
             out[0, j], out[1, j], out[3, j] = iteration_times(
-                mf[O_COST:O_COST + N_COST], mf[O.expert_span], mf[O.expert_miss], sizes[j], sum_prompt[j], max_out[j],
-                seq_steps[j], ctx_steps[j], sum_prompt[j], reads[j])
+                mf[O_COST:O_COST + N_COST], mf[O.expert_span], mf[O.expert_miss], sizes[j], sum_prompt[j], squares[j],
+                max_out[j], seq_steps[j], ctx_steps[j], sum_prompt[j], reads[j])
             out[2, j] = out[1, j]
         else:
             out[0, j], out[1, j], out[2, j], out[3, j] = _batch_service(

@@ -101,7 +101,7 @@ WORKSPACE = Arrays("MultiBinWorkspace", __name__, buf_arrival=np.float64, buf_in
                    count=np.uint64, first=np.int64, max_service=np.float64, lat=np.float64, hidx=np.uint64,
                    block_time=np.float64, block_bin=np.uint32, block_service=np.float64, block_pred=np.float64,
                    heap=np.float64, draws=np.int64, block_prompt=np.float64, sum_prompt=np.float64,
-                   seq_steps=np.float64, ctx_steps=np.float64, buf_output=np.float64)
+                   sq_prompt=np.float64, seq_steps=np.float64, ctx_steps=np.float64, buf_output=np.float64)
 MultiBinWorkspace = WORKSPACE.type
 
 C = CONFIG.index
@@ -154,7 +154,7 @@ def run(config, inputs: MultiBinInputs, streams: MultiBinStreams, stop: np.ndarr
                         draws=drawers(cfg["arrival_kind"], cfg["service_kind"], cfg["prompt_kind"],
                                       predictor=cfg["predictor"]),
                         block_prompt=np.empty(BLOCK if cfg["iteration"] else 1),
-                        sum_prompt=np.zeros(k), seq_steps=np.zeros(k), ctx_steps=np.zeros(k),
+                        sum_prompt=np.zeros(k), sq_prompt=np.zeros(k), seq_steps=np.zeros(k), ctx_steps=np.zeros(k),
                         buf_output=np.empty(k * stride if cfg["iteration"] and cfg["cost_per_expert"] > 0.0 else 1))
     # (the iteration model's coefficients, or None: the kernel compiled without its code)
     it = ((np.array([cfg[f] for f in COST_FIELDS]), cfg["expert_span"], cfg["expert_miss"]) if cfg["iteration"]
@@ -202,12 +202,13 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
             p = ws.block_prompt[jj]
             dw, cw = member_work(p, s)
             ws.sum_prompt[b] += p
+            ws.sq_prompt[b] += p * p
             ws.seq_steps[b] += dw
             ws.ctx_steps[b] += cw
             if it[0][PER_EXPERT] > 0.0:
                 ws.buf_output[o] = s
             if keep:
-                alone = iteration_times(it[0], it[1], it[2], 1, p, s, dw, cw, p, 0.0)[0]
+                alone = iteration_times(it[0], it[1], it[2], 1, p, p * p, s, dw, cw, p, 0.0)[0]
         if keep:
             i = i0 + np.int64(jj)
             buf_index[o] = i
@@ -435,8 +436,9 @@ def multibin_kernel(config, inputs, streams, out, requests, ws, stop, it):
             seq, ctx = (padded_work(members, sp, S_b) if padded else (ws.seq_steps[b], ws.ctx_steps[b]))
             reads = (ranked_expert_reads(ws.buf_output, np.int64(o), np.int64(-1), np.int64(members), S_b, padded,
                                          it[1], it[2]) if it[0][PER_EXPERT] > 0.0 else 0.0)
-            S_b = iteration_times(it[0], it[1], it[2], members, sp, S_b, seq, ctx, sp, reads)[0]
+            S_b = iteration_times(it[0], it[1], it[2], members, sp, ws.sq_prompt[b], S_b, seq, ctx, sp, reads)[0]
             ws.sum_prompt[b] = 0.0
+            ws.sq_prompt[b] = 0.0
             ws.seq_steps[b] = 0.0
             ws.ctx_steps[b] = 0.0
 

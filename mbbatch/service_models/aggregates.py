@@ -17,10 +17,12 @@ DENSE = (default("IterationModel.experts"), default("IterationModel.experts_per_
 # the per-batch aggregates the models read, with their units
 _UNITS = {"size": "requests", "max_seq_len": "tokens", "max_output": "tokens", "sum_prompt": "tokens",
           "sequence_steps": "sequence-steps", "context_steps": "token-steps", "expert_reads": "experts",
+          "prefill_squares": "tokens^2",
           "prompt": "tokens",
           "output": "tokens", "service": "s", "prefill": "s", "per_token": "s/token"}
 #: the aggregates a model's formulas read, in the order of the methods' arguments
-_AGGREGATES = ("size", "max_seq_len", "max_output", "sum_prompt", "sequence_steps", "context_steps", "expert_reads")
+_AGGREGATES = ("size", "max_seq_len", "max_output", "sum_prompt", "sequence_steps", "context_steps", "expert_reads",
+               "prefill_squares")
 #: what a measured row may time: the whole batch, its prefill (to its first
 #: token), or its mean decode step
 _TARGETS = ("service", "prefill", "per_token")
@@ -76,6 +78,9 @@ class BatchAggregates(NamedTuple):
         iteration's first token's, summed over the batch's decode iterations
         (finished members leaving), experts: 0 for a dense model
         (:func:`extra_experts`; :func:`batch_aggregates`' ``experts``).
+    prefill_squares : ndarray of float64
+        Summed squares of the prompts, tokens^2: the prefill attention's
+        feature (:class:`IterationModel`'s ``prefill_attention``).
     """
 
     size: np.ndarray
@@ -85,6 +90,7 @@ class BatchAggregates(NamedTuple):
     sequence_steps: np.ndarray
     context_steps: np.ndarray
     expert_reads: np.ndarray
+    prefill_squares: np.ndarray
 
 
 def _show(v) -> str:
@@ -256,7 +262,7 @@ def batch_aggregates(prompt, output, sizes=None, experts=DENSE) -> BatchAggregat
                            max_output=np.maximum.reduceat(o, starts), sum_prompt=sum_prompt,
                            sequence_steps=np.add.reduceat(d, starts),
                            context_steps=np.add.reduceat(p * d + d * (d + 1.0) / 2.0, starts),
-                           expert_reads=reads)
+                           expert_reads=reads, prefill_squares=np.add.reduceat(p * p, starts))
 
 
 def _check_experts(owner: str, experts) -> tuple:
@@ -286,7 +292,8 @@ def uniform_aggregates(size, prompt, output, experts=DENSE) -> dict:
     e, k = experts
     reads = d * extra_experts(e, k, b) if e else np.zeros(b.shape)
     return dict(size=b.astype(np.int64), max_seq_len=p + o, max_output=o.astype(np.float64), sum_prompt=b * p,
-                sequence_steps=b * d, context_steps=b * (p * d + d * (d + 1.0) / 2.0), expert_reads=reads)
+                sequence_steps=b * d, context_steps=b * (p * d + d * (d + 1.0) / 2.0), expert_reads=reads,
+                prefill_squares=b * (p * p))
 
 
 def _h(gamma: float, size: np.ndarray) -> np.ndarray:

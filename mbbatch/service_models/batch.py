@@ -361,7 +361,7 @@ class CalibratedModel(_Fitted):
         return _scalar_or_array(np.full_like(b, UNCALIBRATED_TBT if self.feedback == "uncalibrated" else 0.0))
 
     def feedback_tbt(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
-                     context_steps=None, expert_reads=None):
+                     context_steps=None, expert_reads=None, prefill_squares=None):
         """What Algorithm 7, step 2 feeds the SLA controller,
         s/token: ``beta h(b)`` (calibrated: only ``size`` is needed), 5.74 ms
         (uncalibrated: ``size`` gives the shape), or the legacy

@@ -79,6 +79,10 @@ class FitResult:
         fit is undetermined): ``holdout_error`` is their median; two models'
         on the same rows compare row by row (e.g. a Wilcoxon signed-rank
         test, ``scipy.stats.wilcoxon``).
+    unfitted : dict
+        The parameters the measurements cannot identify, held at 0 and not
+        fitted, each with the reason (e.g. the prefill's attention where
+        no measured prefill varies the prompt's length).
     """
 
     model: object
@@ -96,6 +100,34 @@ class FitResult:
     holdout_error: float = math.nan
     holdout: str = "leave-one-out"
     holdout_errors: np.ndarray = field(default=None, repr=False)
+    unfitted: dict = field(default_factory=dict)
+
+    #: a coefficient whose standard error exceeds this share of its value is not identified
+    IDENTIFIED_SE = 0.5
+
+    @property
+    def identification(self) -> dict:
+        """Whether the measurements identify each parameter: ``"identified"``
+        (its standard error at most :attr:`IDENTIFIED_SE` of its value),
+        ``"weak"`` (a larger standard error: the data barely tell it from the
+        others), ``"at bound"`` (the fit holds it at 0, the unconstrained
+        optimum being negative) or ``"not fitted"`` (:attr:`unfitted`: held
+        at 0, the measurements cannot move it).  Dense models' expert term is
+        left out."""
+        out = {}
+        for k, v in self.params.items():
+            se = self.stderr.get(k, math.nan)
+            if k in self.unfitted:
+                out[k] = "not fitted"
+            elif k in self.at_bound:
+                out[k] = "at bound"
+            elif k == "per_expert" and v == 0.0 and not math.isfinite(se):
+                continue
+            elif math.isfinite(se) and v > 0.0 and se <= self.IDENTIFIED_SE * v:
+                out[k] = "identified"
+            else:
+                out[k] = "weak"
+        return out
 
     @property
     def note(self) -> str:
@@ -113,8 +145,13 @@ class FitResult:
                  f"{self.rmse:.6g} s, R^2 = {self.r2:.6f}, relative error median {self.median_error:.2%}, "
                  f"max {self.max_error:.2%}" + (f", {self.holdout} {self.holdout_error:.2%}"
                                                if self.holdout != "none" else "")]
+        ident = self.identification
         for k, v in self.params.items():
-            mark = " (at bound)" if k in self.at_bound else ""
+            if k not in ident:
+                continue
+            mark = {"identified": "", "weak": " (weakly identified: standard error above half its value)",
+                    "at bound": " (at bound: held at 0)",
+                    "not fitted": f" (not fitted, held at 0: {self.unfitted.get(k, '')})"}[ident[k]]
             lines.append(f"  {k} = {v:.6g} +/- {self.stderr[k]:.3g}{mark}")
         return "\n".join(lines)
 
@@ -248,6 +285,10 @@ class _Fitted:
         """``(E, k)`` of the mixture of experts the model times, ``E = 0``: dense."""
         return DENSE
 
+    def _attention(self) -> bool:
+        """Whether the model times the prefill's attention (reads ``prefill_squares``)."""
+        return False
+
     @classmethod
     def _fixed_experts(cls, owner: str, fixed: dict) -> tuple:
         """``(E, k)`` of a fit's fixed fields (dense for a model without them)."""
@@ -268,6 +309,8 @@ class _Fitted:
             given = uniform_aggregates(given["size"], prompt, output, self._experts())
         if "expert_reads" in needs and given.get("expert_reads") is None and not self._experts()[0]:
             given = {**given, "expert_reads": 0.0}      # a dense model reads no experts
+        if "prefill_squares" in needs and given.get("prefill_squares") is None and not self._attention():
+            given = {**given, "prefill_squares": 0.0}   # no prefill attention term: its feature is not read
         missing = [k for k in needs if given.get(k) is None]
         if missing:
             need = ", ".join(f"{k} ({_UNITS[k]})" for k in needs)
@@ -286,7 +329,7 @@ class _Fitted:
         return out
 
     def service_time(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
-                     context_steps=None, expert_reads=None, *, prompt=None, output=None):
+                     context_steps=None, expert_reads=None, prefill_squares=None, *, prompt=None, output=None):
         """Service time of batches, s (Algorithm 3, step 4).
 
         Parameters
@@ -299,11 +342,12 @@ class _Fitted:
             Largest output length of a member, tokens (>= 0).
         sum_prompt : float or array_like, optional
             Summed prompt lengths of the members, tokens (>= 0).
-        sequence_steps, context_steps, expert_reads : float or array_like, optional
-            The members' decode steps, the context they attend over and the
-            experts the batch's iterations read (:class:`BatchAggregates`;
+        sequence_steps, context_steps, expert_reads, prefill_squares : float or array_like, optional
+            The members' decode steps, the context they attend over, the
+            experts the batch's iterations read and the sum of the squares of
+            the members' prompts (:class:`BatchAggregates`;
             :class:`IterationModel` only, ``expert_reads`` that of a mixture
-            of experts).
+            of experts, ``prefill_squares`` where ``prefill_attention > 0``).
         prompt, output : float or array_like, keyword-only, optional
             Uniform batches instead of the aggregates: ``size`` requests of
             ``prompt`` prompt tokens each generating ``output`` tokens.
@@ -317,27 +361,31 @@ class _Fitted:
             Service times, s.
         """
         given = dict(size=size, max_seq_len=max_seq_len, max_output=max_output, sum_prompt=sum_prompt,
-                     sequence_steps=sequence_steps, context_steps=context_steps, expert_reads=expert_reads)
+                     sequence_steps=sequence_steps, context_steps=context_steps, expert_reads=expert_reads,
+                     prefill_squares=prefill_squares)
         a = self._args("service_time", self._service_columns, given, prompt, output)
         return _scalar_or_array(self._service(**a))
 
     def times(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
-              context_steps=None, expert_reads=None, *, prompt=None, output=None) -> BatchTimes:
+              context_steps=None, expert_reads=None, prefill_squares=None, *, prompt=None,
+              output=None) -> BatchTimes:
         """The four per-batch numbers the event kernel computes for a batch
         (service, decode TBT, time per output token, time to first token),
         arguments as :meth:`service_time`; the model's ``_reads`` are needed."""
         given = dict(size=size, max_seq_len=max_seq_len, max_output=max_output, sum_prompt=sum_prompt,
-                     sequence_steps=sequence_steps, context_steps=context_steps, expert_reads=expert_reads)
+                     sequence_steps=sequence_steps, context_steps=context_steps, expert_reads=expert_reads,
+                     prefill_squares=prefill_squares)
         a = self._args("times", self._reads, given, prompt, output)
         return BatchTimes(*(_scalar_or_array(x) for x in self._times(**a)))
 
     def feedback_tbt(self, size=None, max_seq_len=None, max_output=None, sum_prompt=None, sequence_steps=None,
-                     context_steps=None, expert_reads=None):
+                     context_steps=None, expert_reads=None, prefill_squares=None):
         """What Algorithm 7, step 2 feeds the SLA controller
         after each batch, s/token: the model's decode TBT where it provides
         one, else the legacy ``service / max(max_output, 1)`` (1 token for a
         batch of empty outputs, as the kernel).  Arguments as :meth:`times`."""
-        t = self.times(size, max_seq_len, max_output, sum_prompt, sequence_steps, context_steps, expert_reads)
+        t = self.times(size, max_seq_len, max_output, sum_prompt, sequence_steps, context_steps, expert_reads,
+                       prefill_squares)
         legacy = t.service / np.maximum(_check_values("max_output", max_output), 1.0)
         return _scalar_or_array(np.where(np.asarray(t.decode_tbt) > 0.0, t.decode_tbt, legacy))
 
@@ -378,10 +426,14 @@ class _Fitted:
             cols.update({k: agg[k] for k in needs})
         else:
             dense = "expert_reads" in needs and not cls._fixed_experts(owner, fixed)[0]
+            # (without the prompts' squares the prefill attention is not fitted: see _unfitted)
+            squares = "prefill_squares" in needs and "prefill_squares" not in available
             cols = _measurement_columns(owner, measurements, tuple(k for k in needs if not (
-                dense and k == "expert_reads")), targets)
+                (dense and k == "expert_reads") or (squares and k == "prefill_squares"))), targets)
             if dense:       # a dense model reads no experts
                 cols["expert_reads"] = np.zeros_like(cols["sum_prompt"])
+            if squares:
+                cols["prefill_squares"] = np.zeros_like(cols["sum_prompt"])
         agg = {k: cols[k] for k in needs}
         designs, ys, kinds = [], [], []
         for t in targets:
@@ -472,7 +524,9 @@ class _Fitted:
         if not isinstance(holdout, (bool, np.bool_)):
             raise TypeError(f"{owner}: holdout must be True or False; got {holdout!r}")
         design, y, kinds = cls._fit_rows(owner, measurements, fixed)
-        active = cls._fitted_params(fixed)
+        # (the terms the rows cannot tell apart are held at 0, each with the reason)
+        unfitted = cls._unfitted(kinds)
+        active = tuple(k for k in cls._fitted_params(fixed) if k not in unfitted)
         # the columns of the parameters fitted (a dense IterationModel fits no per_expert), C-ordered
         # as the whole design is (the sums of least squares run in the same order)
         cols = slice(None) if active == cls._params else [cls._params.index(k) for k in active]
@@ -529,7 +583,13 @@ class _Fitted:
                          median_error=float(np.median(rel)) if rel.size else math.nan,
                          max_error=float(np.max(rel)) if rel.size else math.nan,
                          holdout_error=float(np.nanmedian(held_rel)) if np.isfinite(held_rel).any() else math.nan,
-                         holdout=scheme, holdout_errors=held_rel)
+                         holdout=scheme, holdout_errors=held_rel, unfitted=unfitted)
+
+    @classmethod
+    def _unfitted(cls, kinds) -> dict:
+        """The parameters the rows (``kinds``: each measured phase and its
+        aggregates) cannot identify, held at 0 by the fit: ``{name: why}``."""
+        return {}
 
     @classmethod
     def _fixed_fields(cls) -> tuple:

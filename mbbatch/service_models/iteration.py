@@ -141,8 +141,10 @@ class IterationModel(_Fitted):
     experts: int = default("IterationModel.experts")
     experts_per_token: int = default("IterationModel.experts_per_token")
     profile: str | None = None
+    prefill_attention: float = default("IterationModel.prefill_attention")
     code = 6
-    _service_columns = ("size", "max_output", "sum_prompt", "sequence_steps", "context_steps", "expert_reads")
+    _service_columns = ("size", "max_output", "sum_prompt", "sequence_steps", "context_steps", "expert_reads",
+                        "prefill_squares")
     _reads = _service_columns
     _params = _cost.NAMES
     _param_keys: ClassVar[dict] = {k: f"IterationModel.{k}" for k in _params}
@@ -153,7 +155,7 @@ class IterationModel(_Fitted):
     _fit_hint = ("the batches must differ in size, prompt and output so that each term's scaling is seen: at "
                  "least three sizes and three lengths")
     #: its first token at the end of its prefill iteration; its decode steps as the batch's mean
-    _phase_columns: ClassVar[dict] = {"prefill": ("sum_prompt",),
+    _phase_columns: ClassVar[dict] = {"prefill": ("sum_prompt", "prefill_squares"),
                                       "per_token": ("size", "max_output", "sum_prompt", "sequence_steps",
                                                     "context_steps", "expert_reads")}
 
@@ -200,10 +202,25 @@ class IterationModel(_Fitted):
     def _experts(self) -> tuple:
         return (self.experts, self.experts_per_token)
 
+    def _attention(self) -> bool:
+        return self.prefill_attention > 0.0
+
     @classmethod
     def _fixed_experts(cls, owner: str, fixed: dict) -> tuple:
         return _check_experts(owner, (fixed.get("experts", default("IterationModel.experts")),
                                       fixed.get("experts_per_token", default("IterationModel.experts_per_token"))))
+
+    @classmethod
+    def _unfitted(cls, kinds) -> dict:
+        # the prefill's attention (P^2) is told from its linear part (P) and from the decode context's
+        # attention only by prefills of varied prompt lengths timed alone
+        lengths = np.unique(np.concatenate([np.round(sub["prefill_squares"] / np.maximum(sub["sum_prompt"], 1.0), 6)
+                                            for t, sub in kinds if t == "prefill"] or [np.empty(0)]))
+        if lengths.size >= 3:
+            return {}
+        return {"prefill_attention": "no measured prefill (a prefill column) varies the prompt's length over at "
+                                     "least 3 values, so the prefill's attention, growing as P^2, is not told from "
+                                     "its P and from the decode context's attention"}
 
     @classmethod
     def _fitted_params(cls, fixed: dict) -> tuple:
@@ -223,7 +240,7 @@ class IterationModel(_Fitted):
         b = _check_values("size", size)
         c = _check_values("prompt", context, "context")
         return _scalar_or_array(_cost.cost_py(self.coefficients(), 0.0, 1.0, 0.0, b, b * c,
-                                              extra_experts(*self._experts(), b)))
+                                              extra_experts(*self._experts(), b), 0.0))
 
     def prefill_model(self) -> "PrefillModel":
         """The prefill batches of this engine as a :class:`PrefillModel`:
@@ -233,6 +250,10 @@ class IterationModel(_Fitted):
         prefill batch's tokens read every expert, within ``(1 - k/E)^(T -
         1)`` of them for ``T`` tokens (under 1 % from 17 tokens at Mixtral's
         2 of 8)."""
+        if self.prefill_attention > 0.0:
+            raise ValueError(f"prefill_attention = {self.prefill_attention:g}: a PrefillModel's batch time is linear "
+                             "in its prompt tokens; give LAPS a PrefillModel, or an IterationModel with "
+                             "prefill_attention = 0")
         if self.prefill_per_token == 0.0:
             why = (f" (profile {self.profile}'s fit holds it at 0: its batches' prompts and outputs have one "
                    "length, which cannot tell prefill from decode apart)" if self.profile else "")
@@ -241,21 +262,24 @@ class IterationModel(_Fitted):
         return PrefillModel(a=self.setup + self.step + self.per_expert * self.expert_fields()["expert_span"],
                             b=self.prefill_per_token)
 
-    def _times(self, size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads, **_):
+    def _times(self, size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads, prefill_squares,
+               **_):
         # the kernel's order of operations (_kernels.common.iteration_times)
         e = self._experts()
         d, s, k, r = self._columns(self.finished, e, size, max_output, sum_prompt, sequence_steps, context_steps,
                                    expert_reads)
         c = self.coefficients()
-        prefill = _cost.cost_py(c, 1.0, 1.0, sum_prompt, 0.0, 0.0, extra_experts(*e, sum_prompt))
-        decode = _cost.cost_py(c, 0.0, d, 0.0, s, k, r)
+        prefill = _cost.cost_py(c, 1.0, 1.0, sum_prompt, 0.0, 0.0, extra_experts(*e, sum_prompt), prefill_squares)
+        decode = _cost.cost_py(c, 0.0, d, 0.0, s, k, r, 0.0)
         service = prefill + decode
-        one = _cost.cost_py(c, 0.0, 1.0, 0.0, size, sum_prompt + size, extra_experts(*e, size))
+        one = _cost.cost_py(c, 0.0, 1.0, 0.0, size, sum_prompt + size, extra_experts(*e, size), 0.0)
         tbt = np.where(d > 0.0, decode / np.where(d > 0.0, d, 1.0), one)
         return service, tbt, tbt, prefill
 
-    def _service(self, size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads, **_):
-        return self._times(size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads)[0]
+    def _service(self, size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads, prefill_squares,
+                 **_):
+        return self._times(size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads,
+                           prefill_squares)[0]
 
     @staticmethod
     def _columns(finished, experts, size, max_output, sum_prompt, sequence_steps, context_steps, expert_reads):
@@ -278,11 +302,13 @@ class IterationModel(_Fitted):
         one = np.ones_like(sp)
         zero = np.zeros_like(one)
         prefill = dict(batches=one, iterations=one, prefill_tokens=sp, sequences=zero, context_tokens=zero,
-                       experts_read=extra_experts(*experts, sp))
+                       experts_read=extra_experts(*experts, sp), prefill_squares=cols.get("prefill_squares", zero))
         if phase == "prefill":
             return _cost.design(prefill)
-        d, s, k, r = cls._columns(finished, experts, **{c: cols[c] for c in cls._service_columns})
-        decode = dict(batches=zero, iterations=d, prefill_tokens=zero, sequences=s, context_tokens=k, experts_read=r)
+        d, s, k, r = cls._columns(finished, experts, **{c: cols[c] for c in cls._service_columns
+                                                        if c != "prefill_squares"})
+        decode = dict(batches=zero, iterations=d, prefill_tokens=zero, sequences=s, context_tokens=k, experts_read=r,
+                      prefill_squares=zero)
         if phase == "per_token":
             return _cost.design({f: v / d for f, v in decode.items()})
         return _cost.design({f: prefill[f] + decode[f] for f in prefill})

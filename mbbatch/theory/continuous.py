@@ -55,6 +55,8 @@ def continuous_capacity(model, max_batched_tokens, prompt_mean, output_mean):
     bad = []
     if model.per_context_token != 0.0:
         bad.append(f"per_context_token = {model.per_context_token:g} (must be 0)")
+    if model.prefill_attention != 0.0:
+        bad.append(f"prefill_attention = {model.prefill_attention:g} (must be 0)")
     if model.prefill_per_token != model.per_sequence:
         bad.append(f"prefill_per_token = {model.prefill_per_token:g} != per_sequence = {model.per_sequence:g}")
     b = np.asarray(max_batched_tokens, dtype=float)

@@ -11,7 +11,7 @@ bin ``i``, output lengths ``o_j`` (``d_j = max(o_j - 1, 0)`` decode steps,
 ``D = max_j d_j``) and prompts ``p_j`` drawn independently of them, takes::
 
     setup + step (1 + D) + prefill_per_token sum(p_j)
-          + per_sequence S + per_context_token K
+          + per_sequence S + per_context_token K + prefill_attention sum(p_j^2)
 
 with ``S = sum(d_j)`` and ``K = sum(p_j d_j + d_j (d_j + 1) / 2)`` when
 finished members leave, ``S = B D`` and ``K = D sum(p_j) + B D (D + 1) / 2``
@@ -49,7 +49,8 @@ def integer_lengths(dist, tail: float = 1e-12) -> tuple:
     return values, weights / weights.sum()
 
 
-def iteration_batch_service_time(model, outputs, B, edges=None, *, prompt_mean, weights=None):
+def iteration_batch_service_time(model, outputs, B, edges=None, *, prompt_mean, weights=None,
+                                 prompt_square_mean=None):
     r"""Expected batch service time of multi-bin batching under an iteration
     model: eq. (2) with a batch timed by ``model`` (see the module).
 
@@ -73,6 +74,9 @@ def iteration_batch_service_time(model, outputs, B, edges=None, *, prompt_mean, 
         The prompts' mean length (tokens), drawn independently of the outputs.
     weights : array_like of float, optional
         Probabilities of ``outputs`` (default: equal).
+    prompt_square_mean : float, optional
+        ``E[P^2]``, tokens^2, needed where ``model.prefill_attention > 0``
+        (a batch's prefill adds ``prefill_attention sum(p_j^2)``).
 
     Examples
     --------
@@ -91,6 +95,15 @@ def iteration_batch_service_time(model, outputs, B, edges=None, *, prompt_mean, 
     B = int(check_count("B", B))
     if not np.isfinite(prompt_mean) or prompt_mean < 0:
         raise ValueError(f"prompt_mean must be a finite length >= 0; got {prompt_mean!r}")
+    squares = 0.0
+    if model.prefill_attention > 0.0:
+        if prompt_square_mean is None:
+            raise ValueError("prompt_square_mean (E[P^2], tokens^2) is needed: the model's prefill_attention = "
+                             f"{model.prefill_attention:g} times the prompts' squares")
+        if not np.isfinite(prompt_square_mean) or prompt_square_mean < prompt_mean ** 2:
+            raise ValueError(f"prompt_square_mean must be finite and at least prompt_mean^2 = {prompt_mean ** 2:g}; "
+                             f"got {prompt_square_mean!r}")
+        squares = B * float(prompt_square_mean)
     e = np.array([v.min(), v.max()]) if edges is None else np.asarray(edges, dtype=float)
     if e.ndim != 1 or e.size < 2 or np.any(np.isnan(e)) or np.any(np.diff(e) < 0):
         raise ValueError(f"edges must be a non-decreasing 1-D array of at least 2 values; got {edges!r}")
@@ -122,7 +135,7 @@ def iteration_batch_service_time(model, outputs, B, edges=None, *, prompt_mean, 
         # (the batch's features: one batch, its prefill iteration and E[max d] decode iterations)
         reads = (_expert_reads(model, B, prompt_mean, d, q, e_dmax, stay) if model.per_expert > 0.0 and model.experts
                  else 0.0)
-        t = float(cost_py(model.coefficients(), 1.0, 1.0 + e_dmax, B * prompt_mean, seq, ctx, reads))
+        t = float(cost_py(model.coefficients(), 1.0, 1.0 + e_dmax, B * prompt_mean, seq, ctx, reads, squares))
         total += p_i * t
     return total
 
