@@ -98,6 +98,7 @@ $(RESULTS)/fig1b.nc $(RESULTS)/engine_event.nc &: $(SRC) | $(STAMP)
 
 figures: $(SWEPT) $(RESULTS)/fig1b.nc $(RESULTS)/engine_event.nc
 	$(MBBATCH) figures --results $(RESULTS) --out figures
+	$(MBBATCH) validate --data "$(MBBATCH_DATA)" --figure figures/validation.png
 
 # the documentation: its examples first (doctest: a number the pages quote is one the code
 # returns), then the HTML site; a warning is an error.  The autosummary stubs and the

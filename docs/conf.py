@@ -84,6 +84,13 @@ import warnings
 # examples that show a NaN outside a formula's assumptions also warn; the build log need not
 warnings.simplefilter("ignore", mb.theory.OutsideAssumptions)
 """
+# the measured serving runs (guide/accuracy.md): where MBBATCH_DATA says, else beside the checkout;
+# the page's examples are skipped without them
+_SERVING = os.environ.get("MBBATCH_DATA") or str(HERE.parent.parent / "shared" / "data")
+doctest_global_setup += f"""
+SERVING_DATA = {_SERVING!r}
+HAVE_SERVING = {(Path(_SERVING) / "serving" / "apex_plus_vllm_runs.csv").is_file()!r}
+"""
 # the docstrings' examples are doctest blocks too (``>>>`` without a directive)
 doctest_test_doctest_blocks = "default"
 

@@ -27,7 +27,7 @@ from .results import SimulationResult, Table, UnstableWarning
 from ._kernels.bits import UntestedDrawsWarning
 from .simulation import simulate
 from .capacity import CapacityResult, Objective, find_capacity
-from . import profiles
+from . import engines, profiles, validation
 
 __all__ = [
     "simulate",
@@ -73,6 +73,8 @@ __all__ = [
     "theory",
     "traces",
     "profiles",
+    "engines",
+    "validation",
     "registry",
     "warmup",
     "__version__",

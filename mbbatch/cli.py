@@ -108,6 +108,17 @@ def _parser() -> argparse.ArgumentParser:
                                     "sample.  Use one with --service-model profile --profile NAME.")
     pr.add_argument("--match", default="", help="only the names containing this text (e.g. H100/vLLM)")
 
+    va = sub.add_parser("validate", help="predict measured serving runs of real engines, held out, and print the "
+                        "errors", description="Replay every measured serving run with a shipped profile on the "
+                        "continuous engine, calibrated on the other deployments' runs (leave one deployment out), "
+                        "and print measured against predicted with the median error per metric "
+                        "(mbbatch.validation).  The runs are read from DATA/serving; without them it says so and "
+                        "exits 0.")
+    va.add_argument("--data", default=None,
+                    help="the data directory (its serving/ folder holds the runs); default $MBBATCH_DATA")
+    va.add_argument("--match", default="", help="only the runs whose name contains this (default: every run)")
+    va.add_argument("--figure", default=None, metavar="PATH",
+                    help="also draw measured against predicted into PATH (.png, and a .pdf beside it)")
     ck = sub.add_parser("check", help="verify a sweep store: done, missing and damaged grid points")
     ck.add_argument("store", help="the Zarr store a sweep wrote")
 
@@ -554,14 +565,35 @@ def _dispatch(args) -> int:
         if not keep:
             raise ValueError(f"--match: no profile name contains {args.match!r} (mbbatch profiles lists them)")
         print(f"{'profile':<44} {'rows':>4}  {'R^2':>6}  {'median':>7}  {'held out':>8}  step (ms)  "
-              f"per context token (ns)  per expert (ms)")
+              f"per context token (ns)  per expert (ms)  not identified by the data")
         for name in keep:
             p = profiles.provenance(name)
             # (per expert: a mixture of experts' only, '-' for a dense model)
             expert = f"{1e3 * p['per_expert']:15.3f}" if p["experts"] else f"{'-':>15}"
             print(f"{name:<44} {p['rows']:>4}  {p['r2']:>6.3f}  {p['median_error']:>7.1%}  "
                   f"{p['holdout_error']:>8.1%}  {1e3 * p['step']:>9.3f}  {1e9 * p['per_context_token']:22.3f}  "
-                  f"{expert}")
+                  f"{expert}  {p['unidentified'] or '-'}")
+    elif args.command == "validate":
+        from . import validation
+
+        try:
+            runs = [r for r in validation.serving_runs(args.data) if args.match in r.name]
+        except validation.ServingDataNotFound as exc:
+            print(f"mbbatch validate: skipped: {exc}")
+            return 0
+        if not runs:
+            raise ValueError(f"--match: no measured run's name contains {args.match!r}")
+        report = validation.run(runs=runs, progress=lambda d: print(f"calibrating without {d} ...",
+                                                                     file=sys.stderr, flush=True))
+        print(report)
+        if args.figure is not None:
+            from .figures.style import house_style, save
+            from .figures.validation import validation as draw
+
+            path = Path(args.figure)
+            with house_style():
+                written = save(draw(report.to_dataset()), path.parent, path.with_suffix("").name)
+            print("wrote " + ", ".join(map(str, written)))
     elif args.command == "check":
         from .sweeps import check_store
 

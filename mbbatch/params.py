@@ -268,6 +268,12 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        choices=("fcfs", "spf", "multibin")),
     _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
        default=4),
+    # what a real server pays beyond the forward pass: 0 (the engine's forward time alone) unless set, as
+    # by an engine preset (mbbatch.engines) or a calibration to measured serving runs (mbbatch.validation)
+    _p("iteration_overhead", "real", "s", "time every engine iteration pays beyond the forward pass (scheduling, "
+       "sampling, the CPU side; continuous batching)", _NONNEG_TIME, default=0.0),
+    _p("request_overhead", "real", "s", "time added to every request's time to first token and latency outside "
+       "the engine (API server, tokenization, detokenization; continuous batching)", _NONNEG_TIME, default=0.0),
     _p("ContinuousBatching.edges", "reals", "tokens", "the bins - 1 inner edges of multi-bin admission, predicted "
        "output tokens, strictly ascending (default: the output's equal-mass quantiles)", _REAL, default=None),
     _p("sla_control", "flag", "", "the dynamic-batching controller (Algorithms 1, 2 and 7, its memory eta the "

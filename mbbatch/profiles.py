@@ -75,6 +75,10 @@ _DATA = ("data", "llm_inference_bench", "All_results.csv")
 #: where they come from
 SOURCE = ("LLM-Inference-Bench (Chitty-Venkata et al., 2024, arXiv:2411.00136), Plots/All_results.csv at "
           "commit 4211f5d4e9bc0145ed541b6d372d5d8223b44235, BSD 3-Clause")
+#: the engine release a profile's measurements ran on: the benchmark records no version (its paper's
+#: runs are of 2024), so a profile times that year's releases, not today's (mb.validation calibrates
+#: a release's overheads on its measured serving runs)
+ENGINE_RELEASE = "{framework}, a 2024 release (LLM-Inference-Bench records no version)"
 #: the profile whose fit gives IterationModel's defaults
 DEFAULT = "H100/vLLM/Meta-Llama-3-8B/tp1"
 #: the shipped profiles' names, one a line: what the parameter table offers without reading the
@@ -233,16 +237,27 @@ def provenance(name: str) -> dict:
     _, digest = _shipped()
     return {"profile": name, "source": SOURCE, "data_sha256": digest, "hardware": str(g["hardware"][0]),
             "devices": int(g["devices"][0]), "framework": str(g["framework"][0]), "model": str(g["model"][0]),
+            "engine_release": ENGINE_RELEASE.format(framework=str(g["framework"][0])),
             "experts": res.model.experts, "rows": int((~g["excluded"]).sum()),
             "excluded": int(g["excluded"].sum()), **res.params,
+            "unidentified": unidentified(res),
             "r2": res.r2, "median_error": res.median_error, "max_error": res.max_error,
             "holdout_error": res.holdout_error}
 
 
+def unidentified(res: FitResult) -> str:
+    """The coefficients of a fit its data do not identify, each with how
+    (:attr:`FitResult.identification`: ``weak``, ``at bound``, ``not
+    fitted``), comma-separated; empty when every one is identified."""
+    return ", ".join(f"{k} ({how})" for k, how in res.identification.items() if how != "identified")
+
+
 def list() -> Table:  # noqa: A001  (the module's API: mbbatch.profiles.list())
     """Every shipped profile, a row each: ``name``, ``hardware``, ``devices``,
-    ``framework``, ``model``, ``rows`` fitted, ``excluded``, the
-    coefficients, ``r2``, ``median_error``, ``max_error`` and
+    ``framework``, ``model``, ``engine_release`` (what the measurements ran
+    on), ``experts``, ``rows`` fitted, ``excluded``, the coefficients,
+    ``unidentified`` (the coefficients the data do not identify, and how:
+    :func:`unidentified`), ``r2``, ``median_error``, ``max_error`` and
     ``holdout_error`` (relative).  Fits every profile the first time (a few
     seconds)."""
     rows = [provenance(n) for n in names()]

@@ -138,6 +138,8 @@ def _ranges(R: random.Random) -> dict:
         # (a mixture of experts: per_expert > 0 needs experts, experts_per_token at most experts)
         "iteration_per_expert": lambda: u(0, 3e-3),
         "iteration_prefill_attention": lambda: u(0, 1e-8),
+        "iteration_overhead": lambda: u(0, 5e-3),
+        "request_overhead": lambda: u(0, 0.05),
         "experts": pick(8, 16),
         "experts_per_token": pick(1, 2),
         "finished": pick("leave", "stay"),

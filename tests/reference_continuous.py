@@ -15,7 +15,7 @@ from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
-             prefill_attention=0.0):
+             prefill_attention=0.0, iteration_overhead=0.0):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -227,6 +227,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 a = prompt[r] + g[r] - need[r] + pre[r]
                 squares += (a + c) ** 2 - a ** 2
             t += prefill_attention * squares
+        t += iteration_overhead
         now = now + t
         busy += t
         iterations += 1

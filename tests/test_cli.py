@@ -382,9 +382,12 @@ def test_profiles_lists_the_matching_fits():
     fit = profiles.fit(profiles.DEFAULT)
     row = next(ln for ln in lines if ln.startswith(profiles.DEFAULT + " "))
     assert f"{fit.holdout_error:.1%}" in row and f"{1e3 * fit.params['step']:.3f}" in row
-    assert row.split()[-1] == "-"           # a dense model: no expert term
+    # a dense model: no expert term; then the coefficients its data do not identify
+    assert row.endswith(f" -  {profiles.provenance(profiles.DEFAULT)['unidentified']}")
     moe = run("profiles", "--match", "A100/vLLM/Mixtral").stdout.splitlines()[1]
-    assert moe.split()[-1] == f"{1e3 * profiles.fit('A100/vLLM/Mixtral-8x7B-v0.1/tp4').params['per_expert']:.3f}"
+    name = "A100/vLLM/Mixtral-8x7B-v0.1/tp4"
+    assert moe.endswith(f" {1e3 * profiles.fit(name).params['per_expert']:.3f}  "
+                        f"{profiles.provenance(name)['unidentified']}")
     one_line_error(run("profiles", "--match", "TPUv9"), "--match: no profile name contains 'TPUv9'")
 
 

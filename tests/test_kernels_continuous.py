@@ -28,7 +28,8 @@ _COST_NAMES = dict(step="cost_step", prefill_per_token="cost_prefill_per_token",
 def _fields(coef):
     """The kernel's configuration fields of the reference engine's ``coef`` (its ``step``,
     ``prefill_per_token``, ... and the experts' span and miss); every other cost term 0."""
-    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
+    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "iteration_overhead": 0.0, "request_overhead": 0.0,
+            **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
 
 
 def _control(controller):
@@ -168,8 +169,9 @@ def test_the_prefill_attention_is_the_reference_engines(seed):
     """The prefill's attention term (``prefill_attention`` times each
     chunk's part of its prompt's P^2), over 30 random configurations per
     seed, chunked and not, preempted and resumed, some requests bringing part
-    of their prompt's KV cache: equal to the reference request by request;
-    a prompt prefilled in chunks pays its whole P^2."""
+    of their prompt's KV cache, and an engine's overhead per iteration (10
+    more): equal to the reference request by request; a prompt prefilled in
+    chunks pays its whole P^2."""
     rng = np.random.default_rng(300 + seed)
     for _ in range(30):
         (arr, p, o, pred), kw = _config(rng)
@@ -177,6 +179,12 @@ def test_the_prefill_attention_is_the_reference_engines(seed):
         cached = rng.integers(0, p + 1) if rng.random() < 0.3 else None
         want = ref.simulate(arr, p, o, pred, cached=cached, **kw)
         _same_run(*_kernel(arr, p, o, pred, cached=cached, **kw), want, kw)
+    # with an overhead per iteration too
+    for _ in range(10):
+        (arr, p, o, pred), kw = _config(rng)
+        kw["iteration_overhead"] = float(rng.choice([1e-4, 5e-3]))
+        want = ref.simulate(arr, p, o, pred, **kw)
+        _same_run(*_kernel(arr, p, o, pred, **kw), want, kw)
     # one request alone, its prompt in chunks of 64: its first token after step + P (prefill_per_token
     # + P prefill_attention) + 2 step (three chunks), the chunks' squares adding to P^2
     P = 150

@@ -424,3 +424,23 @@ def test_the_controllers_first_cap_is_the_warmup_midpoint_and_algorithm1_takes_5
             for kv in (math.inf, 4000.0)]
     assert caps[0][:3] == [8.0] * 3 and caps[0][3] != 8.0
     assert caps[1] == [7.0] * 4
+
+
+def test_a_request_overhead_shifts_every_latency_and_first_token_and_nothing_else():
+    """``request_overhead`` is a constant delay outside the engine: every
+    request's latency and time to first token, their means and quantiles,
+    move by it exactly (to rounding), the engine's own timeline not at all;
+    ``iteration_overhead`` lengthens every iteration."""
+    kw = dict(arrivals=mb.Poisson(12.0), workload=WL, n=3000, seed=3, keep_requests=True)
+    base = mb.simulate(mb.ContinuousBatching(), **kw)
+    late = mb.simulate(mb.ContinuousBatching(request_overhead=0.05), **kw)
+    np.testing.assert_array_equal(late.requests.completion, base.requests.completion)
+    np.testing.assert_allclose(late.requests.latency, base.requests.latency + 0.05, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(late.requests.ttft, base.requests.ttft + 0.05, rtol=0, atol=1e-12)
+    for m in ("mean_latency", "mean_ttft", "latency_p95", "ttft_p99"):
+        assert getattr(late, m) == pytest.approx(getattr(base, m) + 0.05, rel=1e-9, abs=1e-9), m
+    assert late.throughput == base.throughput and late.mean_tbt == base.mean_tbt
+    slow = mb.simulate(mb.ContinuousBatching(iteration_overhead=0.004), **kw)
+    assert slow.mean_tbt > base.mean_tbt + 0.0039
+    with pytest.raises(ValueError, match="iteration_overhead"):
+        mb.ContinuousBatching(iteration_overhead=-1.0)

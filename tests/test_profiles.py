@@ -359,3 +359,18 @@ def test_profile_lookups_refuse_the_wrong_kind_naming_the_parameter():
     with pytest.raises(TypeError, match=r"^headroom must be a real number in \(0, inf\); got True \(bool\)$"):
         profiles.sla_target(m, context=320.0, headroom=True)
     assert profiles.sla_target(m, 320) == profiles.sla_target(m, 320.0)
+
+
+def test_every_profile_states_what_its_data_identify_and_its_release():
+    """``list()`` names, for every profile, the coefficients its data do not
+    identify (none is silently 0): LLM-Inference-Bench's batches (prompt =
+    output) never identify the prefill rate, nor its attention (not fitted),
+    and the release the measurements ran on is stated."""
+    t = profiles.list()
+    assert all("prefill_attention (not fitted)" in u for u in t.unidentified)
+    assert all("prefill_per_token" in u for u in t.unidentified)
+    assert all(r.startswith(f) and "2024" in r for r, f in zip(t.engine_release, t.framework))
+    res = profiles.fit("H100/vLLM/Meta-Llama-3-70B/tp4")
+    assert res.identification["step"] == "identified"
+    assert profiles.unidentified(res) == ", ".join(f"{k} ({v})" for k, v in res.identification.items()
+                                                   if v != "identified")

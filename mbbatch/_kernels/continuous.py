@@ -105,7 +105,8 @@ UNLIMITED = 1 << 62
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
                                         "memory_on"),
-                floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "until"))
+                floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "iteration_overhead", "request_overhead",
+                        "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
@@ -266,10 +267,12 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree):
+def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree,
+           delay):
     """Request r (in slot s) completes at ``now``: out of the running list
     (``head``, ``tail``) and its slot freed (``nfree`` free slots), its
-    latency into the histogram and its batch-means group (``group[r]``;
+    latency (plus the request's ``delay`` outside the engine) into the
+    histogram and its batch-means group (``group[r]``;
     none given: the group of r among the ``n``, ``gscale`` the groups over
     n), its record kept.
     Returns ``(head, tail, nfree)`` after."""
@@ -281,7 +284,7 @@ def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep
         prv[nxt[s]] = prv[s]
     else:
         tail = prv[s]
-    lat = now - arrival[r]
+    lat = now - arrival[r] + delay
     out.hist[hist_bucket(lat)] += 1
     g = group[r] if group.shape[0] > 0 else arrival_group(r, out.group_latency.shape[0], n, gscale)
     out.group_latency[g] += lat
@@ -405,6 +408,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     coef = to_fixed_tuple(cf[C_COST:C_COST + N_COST], N_COST)
     per_exp = coef[PER_EXPERT]
     attention = coef[PREFILL_ATTENTION] > 0.0
+    # (a real server's overheads: every iteration's beyond its forward time; every request's outside the engine)
+    it_overhead = cf[C.iteration_overhead]
+    delay = cf[C.request_overhead]
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
@@ -755,7 +761,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if running > max_running:
             max_running = running
         reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
-        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq)
+        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq) + it_overhead
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
@@ -818,9 +824,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 fin[sl] = -1
                 free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
                 head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep,
-                                           r_f, occ, free_slots, nfree)
+                                           r_f, occ, free_slots, nfree, delay)
                 running -= 1
-                sum_lat += now - arrival[r]
+                sum_lat += now - arrival[r] + delay
                 completed += 1
                 last_done = now
                 sl = following
@@ -836,7 +842,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             r = occ[sl]
             g = gs[sl]
             if g == 0:
-                ttft = now - arrival[r]
+                ttft = now - arrival[r] + delay
                 sum_ttft += ttft
                 hist_ttft[hist_bucket(ttft)] += 1
                 if keep:
@@ -854,9 +860,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 # (g is its output now)
                 free += _freed(p, g, bs, sh, tally, memory_on)
                 head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep,
-                                           r_f, occ, free_slots, nfree)
+                                           r_f, occ, free_slots, nfree, delay)
                 running -= 1
-                sum_lat += now - arrival[r]
+                sum_lat += now - arrival[r] + delay
                 completed += 1
                 last_done = now
                 continue
@@ -1060,7 +1066,7 @@ def warmup() -> None:
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
                          rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
-                         expert_miss=1.0, until=np.inf)
+                         expert_miss=1.0, iteration_overhead=0.0, request_overhead=0.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))

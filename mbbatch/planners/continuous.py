@@ -100,7 +100,8 @@ class Plan:
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
             admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate,
-            **m.cost_fields(), **m.expert_fields(), until=math.inf)
+            **m.cost_fields(), **m.expert_fields(), iteration_overhead=pol.iteration_overhead,
+            request_overhead=pol.request_overhead, until=math.inf)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
     @functools.cached_property
@@ -429,10 +430,12 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
     span = st["last_completion"] - st["first_arrival"] if completed else nan
     positive = bool(completed) and span > 0
     requests = None
+    # (the requests' time outside the engine: in the kernel's latencies, and in the records' columns)
+    delay = plan.policy.request_overhead
     if plan.keep_requests:
         requests = Table({**req, "prompt": prompt, "output": output, "prediction": prediction,
-                          "latency": req["completion"] - req["arrival"],
-                          "ttft": req["first_token"] - req["arrival"], **columns})
+                          "latency": req["completion"] - req["arrival"] + delay,
+                          "ttft": req["first_token"] - req["arrival"] + delay, **columns})
     q = quantiles(out.hist, requests.latency if requests is not None and completed else None)
     q_ttft = quantiles(out.hist_ttft, requests.ttft if requests is not None and completed else None)
     q_tbt = quantiles(out.hist_tbt, None)

@@ -117,6 +117,19 @@ class ContinuousBatching(Policy):
     memory : Memory, optional
         Algorithm 1's memory under a controller; default the L0 rule on
         ``kv_tokens`` (none when it is inf); ``Memory(enabled=False)``: none.
+    iteration_overhead : float
+        Time every iteration pays beyond the model's forward time, s, >= 0
+        (the scheduler, sampling, the CPU side: vLLM's per-step overhead);
+        default 0.
+    request_overhead : float
+        Time added to every request's time to first token and latency
+        outside the engine, s, >= 0 (the API server, tokenization,
+        detokenization: a constant delay, so it shifts those metrics and
+        changes nothing inside the engine); default 0.
+
+    :mod:`mbbatch.engines` gives the settings of released engines, and
+    :func:`mbbatch.validation.calibrate` fits the two overheads to measured
+    serving runs.
     """
 
     max_num_seqs: int = default("max_num_seqs")
@@ -130,6 +143,8 @@ class ContinuousBatching(Policy):
     predictor: object = None
     controller: object = None
     memory: object = None
+    iteration_overhead: float = default("iteration_overhead")
+    request_overhead: float = default("request_overhead")
 
     kind: ClassVar[str] = "continuous"
     planner: ClassVar[str] = "continuous"
@@ -137,7 +152,8 @@ class ContinuousBatching(Policy):
                                               "tbt_quantiles", "continuous", "controller"})
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
                                  "admission", "admission_bins", "predictor_sigma", "sla_control", "d_sla", "eps_d",
-                                 "b_min", "b_max", "controller", "memory", "eps_m", "servers")
+                                 "b_min", "b_max", "controller", "memory", "eps_m", "servers", "iteration_overhead",
+                                 "request_overhead")
     models: ClassVar[tuple] = ("iteration", "profile")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
@@ -146,7 +162,8 @@ class ContinuousBatching(Policy):
         check_fields(self, {"max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens",
                             "chunked_prefill": "chunked_prefill", "kv_tokens": "kv_tokens",
                             "block_size": "block_size", "admission": "admission",
-                            "bins": "ContinuousBatching.bins"})
+                            "bins": "ContinuousBatching.bins", "iteration_overhead": "iteration_overhead",
+                            "request_overhead": "request_overhead"})
         if self.chunked_prefill and self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens = {self.max_batched_tokens} must be >= max_num_seqs = "
                              f"{self.max_num_seqs} with chunked prefill: every running sequence's decode takes one "
@@ -203,6 +220,8 @@ class ContinuousBatching(Policy):
              "chunked_prefill": self.chunked_prefill,
              "kv_tokens": "inf" if math.isinf(self.kv_tokens) else self.kv_tokens, "block_size": self.block_size,
              "admission": self.admission}
+        if self.iteration_overhead or self.request_overhead:
+            d.update(iteration_overhead=self.iteration_overhead, request_overhead=self.request_overhead)
         if self.admission == "multibin":
             d["bins"] = self.bins
             if self.edges is not None:
@@ -242,4 +261,5 @@ class ContinuousBatching(Policy):
                    chunked_prefill=get("chunked_prefill"), kv_tokens=get("kv_tokens"),
                    block_size=get("block_size"), admission=get("admission"),
                    bins=get("admission_bins", "ContinuousBatching.bins"),
-                   predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory)
+                   predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory,
+                   iteration_overhead=get("iteration_overhead"), request_overhead=get("request_overhead"))
