@@ -67,8 +67,8 @@ from .params import PARAMS
 from .results import Table
 from .service_models import DENSE, FitResult, IterationModel
 
-__all__ = ["list", "names", "get", "fit", "measurements", "provenance", "from_csv", "sla_target", "SOURCE",
-           "DEFAULT", "SLA_HEADROOM"]
+__all__ = ["list", "names", "get", "fit", "prefill_names", "measurements", "provenance", "from_csv", "sla_target",
+           "SOURCE", "PREFILL", "DEFAULT", "SLA_HEADROOM"]
 
 #: the shipped measurements' file, in the package's data
 _DATA = ("data", "llm_inference_bench", "All_results.csv")
@@ -79,6 +79,16 @@ SOURCE = ("LLM-Inference-Bench (Chitty-Venkata et al., 2024, arXiv:2411.00136), 
 #: runs are of 2024), so a profile times that year's releases, not today's (mb.validation calibrates
 #: a release's overheads on its measured serving runs)
 ENGINE_RELEASE = "{framework}, a 2024 release (LLM-Inference-Bench records no version)"
+#: LLM-Inference-Bench's prefill measurements (its Fig. 21: a batch of 16 prompts of 1,024 tokens
+#: generating one token, timed whole): one prefill row for 26 of the profiles, which identifies their
+#: prefill rate (the batches alone, prompt = output, cannot).  The engine may split those 16,384
+#: tokens into several iterations (its max_num_batched_tokens, not recorded): the fit takes one
+#: prefill iteration, so a split's extra steps (about 8 ms each on an H100) land in the prefill rate
+PREFILL = ("LLM-Inference-Bench (Chitty-Venkata et al., 2024, arXiv:2411.00136), Plots/Fig_21/all_results_TTFT.csv "
+           "at commit 4211f5d4e9bc0145ed541b6d372d5d8223b44235, BSD 3-Clause")
+_PREFILL = ("data", "llm_inference_bench", "Fig_21_all_results_TTFT.csv")
+#: what a profile's ``profile`` field adds when it is fitted with its prefill
+PREFILL_SUFFIX = " (with its prefill)"
 #: the profile whose fit gives IterationModel's defaults
 DEFAULT = "H100/vLLM/Meta-Llama-3-8B/tp1"
 #: the shipped profiles' names, one a line: what the parameter table offers without reading the
@@ -190,34 +200,84 @@ def _group(name: str) -> dict:
     return groups[name]
 
 
-def _rows_of(g: dict) -> dict:
+def _rows_of(g: dict, name: str, prefill: bool = False) -> dict:
+    """The rows a profile is fitted to: its screened batches (whole-batch
+    times) and, with ``prefill`` where LLM-Inference-Bench measured its
+    prefill (:data:`PREFILL`), that row (a prefill time; NaN where a row did
+    not measure a time)."""
     keep = ~g["excluded"]
-    return dict(size=g["size"][keep], prompt=g["length"][keep], output=g["length"][keep],
+    rows = dict(size=g["size"][keep], prompt=g["length"][keep], output=g["length"][keep],
                 service=g["service"][keep])
+    pre = _prefills().get(name) if prefill else None
+    if pre is None:
+        return rows
+    size, prompt, seconds = pre
+    nan = np.full(rows["size"].size, np.nan)
+    return dict(size=np.append(rows["size"], size), prompt=np.append(rows["prompt"], prompt),
+                output=np.append(rows["output"], 1.0), service=np.append(rows["service"], np.nan),
+                prefill=np.append(nan, seconds))
 
 
-def fit(name: str) -> FitResult:
+@functools.cache
+def _prefills() -> dict:
+    """LLM-Inference-Bench's prefill measurements by profile name: ``(size,
+    prompt, seconds)`` (one batch of 16 prompts of 1,024 tokens generating
+    one token: its prefill, :data:`PREFILL`)."""
+    import io
+
+    import pandas as pd
+
+    raw = resources.files(__package__).joinpath(*_PREFILL).read_bytes()
+    df = pd.read_csv(io.BytesIO(raw)).dropna(how="all")
+    out = {}
+    for _, r in df.iterrows():
+        name = _name(r["Hardware"], int(r["Num of Hardware"]), r["Framework"], r["Model"])
+        out[name] = (int(r["Batch Size"]), float(r["Input Length"]), float(r["Latency"]))
+    return out
+
+
+def fit(name: str, prefill: bool = False) -> FitResult:
     """The fit of profile ``name`` (:meth:`~mbbatch.IterationModel.fit` on
     relative error, its rows after screening; a mixture of experts'
     (:data:`MIXTURES`) with its experts, fitting ``per_expert``):
     coefficients, standard errors, R^2, in-sample and leave-one-out relative
-    errors."""
+    errors.
+
+    ``prefill=True``: jointly with LLM-Inference-Bench's measured prefill of
+    the profile (:data:`PREFILL`, 26 profiles; :func:`prefill_names`),
+    which identifies its ``prefill_per_token`` (held at 0 or weakly fitted
+    without it); the fitted model's ``profile`` says so.  Not the default:
+    a prefill rate moves every engine's time to first token, and the
+    continuous engine's decodes share an iteration with prefill chunks."""
     _group(name)    # (checked before the cache: a list is unhashable, and would say only that)
-    return _fit(name)
+    if not isinstance(prefill, bool):
+        raise TypeError(f"prefill must be True or False; got {prefill!r}")
+    if prefill and name not in _prefills():
+        raise ValueError(f"prefill=True: LLM-Inference-Bench measured no prefill of {name}; the profiles with one "
+                         "are mbbatch.profiles.prefill_names()")
+    return _fit(name, prefill)
 
 
 @functools.cache
-def _fit(name: str) -> FitResult:
+def _fit(name: str, prefill: bool = False) -> FitResult:
     g = _group(name)
     experts, per_token = MIXTURES.get(str(g["model"][0]), DENSE)
-    res = IterationModel.fit(_rows_of(g), weights="relative", experts=experts, experts_per_token=per_token)
-    return replace(res, model=replace(res.model, profile=name))
+    res = IterationModel.fit(_rows_of(g, name, prefill), weights="relative", experts=experts,
+                             experts_per_token=per_token)
+    return replace(res, model=replace(res.model, profile=name + (PREFILL_SUFFIX if prefill else "")))
 
 
-def get(name: str) -> IterationModel:
+def prefill_names() -> builtins.list:
+    """The profiles whose prefill LLM-Inference-Bench measured (``fit(name,
+    prefill=True)`` fits it), sorted."""
+    return sorted(n for n in _prefills() if n in set(names()))
+
+
+def get(name: str, prefill: bool = False) -> IterationModel:
     """The :class:`~mbbatch.IterationModel` of profile ``name`` (its ``profile``
-    field names it; :func:`provenance` and :func:`fit` tell the rest)."""
-    return fit(name).model
+    field names it; :func:`provenance` and :func:`fit` tell the rest);
+    ``prefill``: fitted with its measured prefill (:func:`fit`)."""
+    return fit(name, prefill).model
 
 
 def measurements(name: str) -> Table:
@@ -239,6 +299,7 @@ def provenance(name: str) -> dict:
             "devices": int(g["devices"][0]), "framework": str(g["framework"][0]), "model": str(g["model"][0]),
             "engine_release": ENGINE_RELEASE.format(framework=str(g["framework"][0])),
             "experts": res.model.experts, "rows": int((~g["excluded"]).sum()),
+            "prefill_measured": name in _prefills(),
             "excluded": int(g["excluded"].sum()), **res.params,
             "unidentified": unidentified(res),
             "r2": res.r2, "median_error": res.median_error, "max_error": res.max_error,

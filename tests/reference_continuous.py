@@ -214,7 +214,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             continue
         ptok = sum(prefill.values())
         ctx = sum(prompt[r] + g[r] for r in decoding)
-        t = (step + prefill_per_token * ptok + per_sequence * len(decoding)
+        # (an engine's overhead per iteration is part of its fixed time)
+        t = ((step + iteration_overhead) + prefill_per_token * ptok + per_sequence * len(decoding)
              + per_context * ctx)
         if per_expert > 0.0:
             tokens = len(decoding) + ptok
@@ -227,7 +228,6 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 a = prompt[r] + g[r] - need[r] + pre[r]
                 squares += (a + c) ** 2 - a ** 2
             t += prefill_attention * squares
-        t += iteration_overhead
         now = now + t
         busy += t
         iterations += 1

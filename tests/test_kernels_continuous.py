@@ -28,7 +28,10 @@ _COST_NAMES = dict(step="cost_step", prefill_per_token="cost_prefill_per_token",
 def _fields(coef):
     """The kernel's configuration fields of the reference engine's ``coef`` (its ``step``,
     ``prefill_per_token``, ... and the experts' span and miss); every other cost term 0."""
-    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "iteration_overhead": 0.0, "request_overhead": 0.0,
+    coef = dict(coef)
+    # (the engine's overhead per iteration is in the kernel's step: as the planner packs it)
+    coef["step"] = coef.get("step", 0.0) + coef.pop("iteration_overhead", 0.0)
+    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "request_overhead": 0.0,
             **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
 
 

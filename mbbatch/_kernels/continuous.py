@@ -105,8 +105,7 @@ UNLIMITED = 1 << 62
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
                                         "memory_on"),
-                floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "iteration_overhead", "request_overhead",
-                        "until"))
+                floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "request_overhead", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
@@ -408,8 +407,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     coef = to_fixed_tuple(cf[C_COST:C_COST + N_COST], N_COST)
     per_exp = coef[PER_EXPERT]
     attention = coef[PREFILL_ATTENTION] > 0.0
-    # (a real server's overheads: every iteration's beyond its forward time; every request's outside the engine)
-    it_overhead = cf[C.iteration_overhead]
+    # (a real server's time outside the engine, every request's; its overhead per iteration is in the cost's
+    # step, cost_step: mbbatch.planners.continuous)
     delay = cf[C.request_overhead]
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
@@ -761,7 +760,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if running > max_running:
             max_running = running
         reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
-        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq) + it_overhead
+        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq)
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
@@ -1066,7 +1065,7 @@ def warmup() -> None:
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
                          rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
-                         expert_miss=1.0, iteration_overhead=0.0, request_overhead=0.0, until=np.inf)
+                         expert_miss=1.0, request_overhead=0.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))

@@ -100,8 +100,7 @@ class Plan:
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
             admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None, rate=rate,
-            **m.cost_fields(), **m.expert_fields(), iteration_overhead=pol.iteration_overhead,
-            request_overhead=pol.request_overhead, until=math.inf)
+            **_cost_fields(m, pol), **m.expert_fields(), request_overhead=pol.request_overhead, until=math.inf)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
     @functools.cached_property
@@ -412,6 +411,14 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     merged = SimpleNamespace(ctl=np.stack(ctl), **sums)
     return st, merged, req, ts, queue
 
+
+def _cost_fields(model, policy) -> dict:
+    """The kernel's iteration-cost fields: the model's, the engine's
+    ``iteration_overhead`` paid in every iteration's fixed time (``step +
+    iteration_overhead``; with none, the model's ``step`` exactly)."""
+    fields = model.cost_fields()
+    fields["cost_step"] = fields["cost_step"] + policy.iteration_overhead
+    return fields
 
 def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
     n = plan.n

@@ -119,7 +119,8 @@ class ContinuousBatching(Policy):
         ``kv_tokens`` (none when it is inf); ``Memory(enabled=False)``: none.
     iteration_overhead : float
         Time every iteration pays beyond the model's forward time, s, >= 0
-        (the scheduler, sampling, the CPU side: vLLM's per-step overhead);
+        (the scheduler, sampling, the CPU side: vLLM's per-step overhead),
+        paid as part of its fixed time (the model's ``step`` plus it);
         default 0.
     request_overhead : float
         Time added to every request's time to first token and latency

@@ -180,9 +180,11 @@ _MEASURED_TIMES = Domain(0.0, MAX_MEASURED_TIME, lo_closed=True, hi_closed=True)
 _MEASURED_COUNTS = Domain(0.0, MAX_KV_TOKENS, lo_closed=True)
 
 
-def _measurement_columns(owner: str, measurements, names: tuple, optional: tuple = ()) -> dict:
+def _measurement_columns(owner: str, measurements, names: tuple, optional: tuple = (), gaps: bool = False) -> dict:
     """The columns ``names`` (and those of ``optional`` present) of
-    ``measurements``, each validated and as float64, of one length."""
+    ``measurements``, each validated and as float64, of one length;
+    ``gaps``: the ``optional`` ones (measured times) may hold NaN, a time
+    that row did not measure."""
     available = _available_columns(owner, measurements)
     missing = [k for k in names if k not in available]
     if missing:
@@ -191,12 +193,18 @@ def _measurement_columns(owner: str, measurements, names: tuple, optional: tuple
                          f"(its columns: {', '.join(map(str, available)) or 'none'})")
     cols = {}
     for k in (*names, *(k for k in optional if k in available and k not in names)):
-        arr = _check_values(k, np.asarray(measurements[k]), f"column {k}")
+        raw = np.asarray(measurements[k])
+        if gaps and k in optional and raw.dtype.kind == "f" and np.isnan(raw).any():
+            # (a row that did not measure this time: NaN, checked as absent)
+            arr = raw.astype(np.float64).copy()
+            _check_values(k, np.where(np.isnan(arr), 0.0, arr), f"column {k}")
+        else:
+            arr = _check_values(k, raw, f"column {k}")
         if arr.ndim != 1:
             raise ValueError(f"{owner}: column {k} must be 1-D; got shape {arr.shape}")
         # (measured times, lengths and aggregates in a sane range: their squares must stay finite)
         dom = (_MEASURED_TIMES if _UNITS[k] in ("s", "s/token") else _MEASURED_COUNTS)
-        bad = ~dom.contains(arr) if k != "size" else np.zeros(arr.shape, bool)     # (sizes: int64 counts)
+        bad = (~dom.contains(arr) & ~np.isnan(arr)) if k != "size" else np.zeros(arr.shape, bool)  # (sizes: counts)
         if bad.any():
             i = int(np.argmax(bad))
             raise ValueError(f"{owner}: column {k} must hold values in {dom} ({_UNITS[k]}); got "
@@ -419,8 +427,9 @@ class _Fitted:
         needs = tuple(k for k in _AGGREGATES if k in needs)
         uniform = all(k in available for k in ("size", "prompt", "output")) and not all(
             k in available for k in needs)
+        gaps = len(targets) > 1
         if uniform:
-            cols = _measurement_columns(owner, measurements, ("size", "prompt", "output"), targets)
+            cols = _measurement_columns(owner, measurements, ("size", "prompt", "output"), targets, gaps)
             agg = uniform_aggregates(cols.pop("size").astype(np.int64), cols.pop("prompt"), cols.pop("output"),
                                      cls._fixed_experts(owner, fixed))
             cols.update({k: agg[k] for k in needs})
@@ -429,19 +438,24 @@ class _Fitted:
             # (without the prompts' squares the prefill attention is not fitted: see _unfitted)
             squares = "prefill_squares" in needs and "prefill_squares" not in available
             cols = _measurement_columns(owner, measurements, tuple(k for k in needs if not (
-                (dense and k == "expert_reads") or (squares and k == "prefill_squares"))), targets)
+                (dense and k == "expert_reads") or (squares and k == "prefill_squares"))), targets, gaps)
             if dense:       # a dense model reads no experts
                 cols["expert_reads"] = np.zeros_like(cols["sum_prompt"])
             if squares:
                 cols["prefill_squares"] = np.zeros_like(cols["sum_prompt"])
         agg = {k: cols[k] for k in needs}
         designs, ys, kinds = [], [], []
+        if gaps:
+            unmeasured = np.all([np.isnan(cols[t]) for t in targets], axis=0)
+            if unmeasured.any():
+                raise ValueError(f"{owner}: row {int(np.argmax(unmeasured))} measures no time: each row needs one of "
+                                 f"{', '.join(targets)} (NaN: a time the row did not measure)")
         for t in targets:
             y = cols[t]
-            rows = np.ones(y.size, bool)
+            rows = ~np.isnan(y)
             if t == "per_token":
                 # the mean decode step of a batch that decodes (its longest output 2 tokens or more)
-                rows = agg["max_output"] >= 2.0 if "max_output" in agg else rows
+                rows &= agg["max_output"] >= 2.0 if "max_output" in agg else rows
             sub = {k: v[rows] for k, v in agg.items()}
             designs.append(cls._design_for(fixed, t, sub))
             ys.append(y[rows])
