@@ -293,12 +293,24 @@ def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep
     return head, tail, _release(s, occ, free_slots, nfree)
 
 
-@step
-def _square_chunk(a, c):
-    """A prefill chunk's part of the prompts' squares: tokens ``a`` to
-    ``a + c`` of a prompt add ``(a + c)^2 - a^2`` (a whole prompt of P
-    tokens, in any chunks, P^2)."""
-    return float(c) * float(2 * a + c)
+@subroutine
+def _prefill_squares(nc, chunk, pq, pq_h, PQ, occ, prompt, gs, need, pre):
+    """The iteration's part of its prompts' squares (the prefill attention's
+    feature, :mod:`.cost`): its ``nc`` chunks are those of the prefill
+    queue's first ``nc`` sequences, in order (the prompts being prefilled,
+    then those admitted, appended), each ``chunk[k]`` tokens from the
+    ``a`` its sequence holds already (a cached prompt's part, or those
+    prefilled before), adding ``(a + c)^2 - a^2`` (a whole prompt of P
+    tokens, in any chunks, P^2).  Called, not inlined: a model without the
+    term keeps the engine's loop as it was."""
+    sq = 0.0
+    for k in range(nc):
+        at = pq_h + k
+        sl = pq[at if at < PQ else at - PQ]
+        a = np.int64(prompt[occ[sl]]) + gs[sl] - need[sl] + pre[sl]
+        c = chunk[k]
+        sq += float(c) * float(2 * a + c)
+    return sq
 
 
 @subroutine
@@ -671,8 +683,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         budget = B - n_d
         nc = 0
         ptok = 0
-        # (the prefill's attention: a chunk from token a to a + c adds (a + c)^2 - a^2)
-        psq = 0.0
         if chunked:
             # the prompts being prefilled, in admission order
             for k in range(pq_n):
@@ -687,8 +697,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 nc += 1
                 budget -= c
                 ptok += c
-                if attention:
-                    psq += _square_chunk(np.int64(prompt[occ[sl]]) + gs[sl] - need[sl] + pre[sl], c)
         if chunked or prefill_phase:
             while budget > 0 and running < cap:
                 r, b = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
@@ -745,8 +753,6 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 nc += 1
                 budget -= c
                 ptok += c
-                if attention:
-                    psq += _square_chunk(L0 - todo, c)
         if n_d == 0 and nc == 0:
             # (nothing runs and nothing is admitted: with requests waiting, a stall, not the end)
             if running > 0 or (i >= n and (waiting > 0 or nstack > 0)):
@@ -760,6 +766,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if running > max_running:
             max_running = running
         reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
+        # (the prefill's attention, where the model has it: its chunks' part of their prompts' squares)
+        psq = _prefill_squares(nc, chunk, pq, pq_h, PQ, occ, prompt, gs, need, pre) if attention else 0.0
         t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq)
         used = blocks_total - free
         sum_batch += n_d + nc
