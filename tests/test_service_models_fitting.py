@@ -264,3 +264,29 @@ def test_a_fit_refuses_measured_times_beyond_a_sane_domain_naming_the_row():
             bad[col][3] = value
             with pytest.raises(ValueError, match=rf"^{model.__name__}\.fit: {match}"):
                 model.fit(bad, holdout=False)
+
+
+def test_a_robust_fit_flags_the_rows_that_contradict_the_rest():
+    """A batch whose generation stopped early (its measured time a third of
+    what its lengths take) pulls an ordinary fit off; ``robust=True`` flags
+    it (and only it), lists it, and fits the rest as if it were not there."""
+    true = IterationModel(setup=0.0, step=6e-3, prefill_per_token=8e-5, per_sequence=1e-4, per_context_token=6e-8)
+    rng = np.random.default_rng(7)
+    size, length = (a.ravel() for a in np.meshgrid([1, 2, 4, 8, 16, 32, 64], [128, 256, 512, 1024, 2048]))
+    service = true.service_time(size=size, prompt=length, output=length) * np.exp(rng.normal(0, 0.01, size.size))
+    bad = service.copy()
+    bad[17] /= 3.0
+    rows = dict(size=size, prompt=length, output=length)
+    clean = IterationModel.fit({**rows, "service": service}, weights="relative")
+    plain = IterationModel.fit({**rows, "service": bad}, weights="relative")
+    robust = IterationModel.fit({**rows, "service": bad}, weights="relative", robust=True)
+    assert plain.flagged == () and robust.flagged == (17,)
+    assert "flagged" in str(robust) and robust.n == size.size - 1
+    keep = np.arange(size.size) != 17
+    trimmed = IterationModel.fit({k: v[keep] for k, v in {**rows, "service": bad}.items()}, weights="relative")
+    assert robust.params == pytest.approx(trimmed.params, rel=1e-9, abs=1e-15)
+    assert abs(robust.params["step"] / clean.params["step"] - 1) < abs(plain.params["step"] / clean.params["step"] - 1)
+    # clean rows: nothing flagged
+    assert IterationModel.fit({**rows, "service": service}, weights="relative", robust=True).flagged == ()
+    with pytest.raises(TypeError, match="robust must be True or False"):
+        IterationModel.fit({**rows, "service": service}, robust="yes")

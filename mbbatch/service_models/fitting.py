@@ -83,6 +83,11 @@ class FitResult:
         The parameters the measurements cannot identify, held at 0 and not
         fitted, each with the reason (e.g. the prefill's attention where
         no measured prefill varies the prompt's length).
+    flagged : tuple of int
+        ``fit(..., robust=True)``: the measured times that contradict the
+        rest, left out of the fit and of its errors (their positions among
+        the measured times: the ``service`` column's rows, then
+        ``prefill``'s, then ``per_token``'s, each where measured).
     """
 
     model: object
@@ -101,6 +106,7 @@ class FitResult:
     holdout: str = "leave-one-out"
     holdout_errors: np.ndarray = field(default=None, repr=False)
     unfitted: dict = field(default_factory=dict)
+    flagged: tuple = ()
 
     #: a coefficient whose standard error exceeds this share of its value is not identified
     IDENTIFIED_SE = 0.5
@@ -145,6 +151,9 @@ class FitResult:
                  f"{self.rmse:.6g} s, R^2 = {self.r2:.6f}, relative error median {self.median_error:.2%}, "
                  f"max {self.max_error:.2%}" + (f", {self.holdout} {self.holdout_error:.2%}"
                                                if self.holdout != "none" else "")]
+        if self.flagged:
+            lines.append(f"  {len(self.flagged)} measured time(s) flagged as contradicting the rest and left out: "
+                         f"{', '.join(map(str, self.flagged))}")
         ident = self.identification
         for k, v in self.params.items():
             if k not in ident:
@@ -215,6 +224,34 @@ def _measurement_columns(owner: str, measurements, names: tuple, optional: tuple
         raise ValueError(f"{owner}: the columns must have one length; got "
                          + ", ".join(f"{k}: {m}" for k, m in lengths.items()))
     return cols
+
+
+#: robust=True: Huber's threshold, in robust standard deviations of the residuals (95 % efficiency
+#: at the normal), and the residual beyond which a measured time is flagged
+HUBER_K, FLAG_AT = 1.345, 3.0
+
+
+def _robust_keep(owner: str, design: np.ndarray, y: np.ndarray, names: tuple, hint: str) -> np.ndarray:
+    """The measured times a robust fit keeps: a Huber fit (Huber, 1964;
+    ``scipy.optimize.least_squares(loss="huber")``, the coefficients >= 0,
+    started from the least-squares fit) whose residuals' robust scale
+    (1.4826 x their median absolute deviation) flags those beyond
+    :data:`FLAG_AT` of it: a generation that stopped early, a failed run.
+    The fit is then refitted on the rest (a trimmed fit)."""
+    from scipy.optimize import least_squares
+
+    c0, _ = _least_squares(owner, design, y, names, hint)
+    r0 = design @ c0 - y
+    scale = 1.4826 * float(np.median(np.abs(r0 - np.median(r0))))
+    if not scale > 0.0:
+        return np.ones(y.size, bool)
+    norms = np.linalg.norm(design, axis=0)
+    norms = np.where(norms > 0, norms, 1.0)
+    res = least_squares(lambda c: (design / norms) @ c - y, c0 * norms, bounds=(0.0, np.inf), loss="huber",
+                        f_scale=HUBER_K * scale)
+    r = (design / norms) @ res.x - y
+    scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    return np.abs(r) <= FLAG_AT * scale if scale > 0.0 else np.ones(y.size, bool)
 
 
 def _least_squares(owner: str, design: np.ndarray, y: np.ndarray, names: tuple, hint: str):
@@ -463,7 +500,8 @@ class _Fitted:
         return np.vstack(designs), np.concatenate(ys), kinds
 
     @classmethod
-    def fit(cls, measurements, weights: str = "absolute", holdout: bool = True, **fixed) -> FitResult:
+    def fit(cls, measurements, weights: str = "absolute", holdout: bool = True, robust: bool = False,
+            **fixed) -> FitResult:
         """Fit the model's parameters to measured batch times.
 
         The times are linear in coefficients ``c >= 0`` (products such as
@@ -507,6 +545,14 @@ class _Fitted:
             most of a fit's time.  ``False`` skips it (``holdout`` is
             ``"none"``, the held-out errors NaN), for fits repeated many
             times (a bootstrap, a Monte Carlo of the fit).
+        robust : bool
+            Flag the measured times that contradict the rest (a generation
+            that stopped early, so its time is far below its batch's; a
+            failed run) and fit without them: a Huber fit of the (weighted)
+            residuals, the times beyond 3 robust standard deviations of its
+            residuals flagged (``FitResult.flagged``), then the least squares
+            on the others (a trimmed fit; its errors are theirs).  Default
+            False: every time fitted.
         **fixed
             Fields that are not fitted, passed to the model (``feedback``
             of :class:`CalibratedModel`, ``finished`` of :class:`IterationModel`).
@@ -558,6 +604,24 @@ class _Fitted:
             w = 1.0 / y
         else:
             w = np.ones_like(y)
+        flagged = ()
+        if not isinstance(robust, (bool, np.bool_)):
+            raise TypeError(f"{owner}: robust must be True or False; got {robust!r}")
+        if robust:
+            keep = _robust_keep(owner, design_fit * w[:, None], y * w, active, cls._fit_hint)
+            if not keep.all():
+                flagged = tuple(int(i) for i in np.flatnonzero(~keep))
+                at, kept = 0, []
+                for t, sub in kinds:
+                    m = next(iter(sub.values())).size
+                    part = keep[at:at + m]
+                    kept.append((t, {k: v[part] for k, v in sub.items()}))
+                    at += m
+                kinds = kept
+                design, y, w, design_fit = design[keep], y[keep], w[keep], design_fit[keep]
+                n = y.size
+                if n < p + 1:
+                    raise ValueError(f"{owner}: robust=True leaves {n} measured times for {p} parameters")
         fit_coef, held = _least_squares(owner, design_fit * w[:, None], y * w, active, cls._fit_hint)
         coef = np.zeros(len(cls._params))
         coef[cols] = fit_coef
@@ -597,7 +661,7 @@ class _Fitted:
                          median_error=float(np.median(rel)) if rel.size else math.nan,
                          max_error=float(np.max(rel)) if rel.size else math.nan,
                          holdout_error=float(np.nanmedian(held_rel)) if np.isfinite(held_rel).any() else math.nan,
-                         holdout=scheme, holdout_errors=held_rel, unfitted=unfitted)
+                         holdout=scheme, holdout_errors=held_rel, unfitted=unfitted, flagged=flagged)
 
     @classmethod
     def _unfitted(cls, kinds) -> dict:
