@@ -72,3 +72,14 @@ def test_a_term_at_zero_adds_exactly_nothing():
 def test_design_names_the_features_it_needs():
     with pytest.raises(ValueError, match="the features are"):
         cost.design({"iterations": np.ones(2)})
+
+
+@given(cuts=st.lists(st.integers(1, 4096), min_size=1, max_size=8))
+def test_a_prompts_chunks_add_up_to_its_square(cuts):
+    """``prefill_square(a, c)``, tokens a to a + c of a prompt: a prompt cut
+    into any chunks adds up to P^2 exactly (whole tokens)."""
+    a, total = 0.0, 0.0
+    for c in cuts:
+        total += cost.prefill_square.py_func(a, float(c))
+        a += c
+    assert total == a * a

@@ -88,7 +88,7 @@ from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, arrival_g
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
-from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, cost
+from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, cost, prefill_square
 from .layout import Arrays, Layout
 from .programs import _heap_pop, _heap_push
 
@@ -308,8 +308,7 @@ def _prefill_squares(nc, chunk, pq, pq_h, PQ, occ, prompt, gs, need, pre):
         at = pq_h + k
         sl = pq[at if at < PQ else at - PQ]
         a = np.int64(prompt[occ[sl]]) + gs[sl] - need[sl] + pre[sl]
-        c = chunk[k]
-        sq += float(c) * float(2 * a + c)
+        sq += prefill_square(float(a), float(chunk[k]))
     return sq
 
 

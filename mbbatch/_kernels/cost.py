@@ -5,7 +5,7 @@ An iteration's time is a dot product: the coefficients of
 iteration does, its features.  :func:`cost` is that product, compiled as a
 kernel step and called by every kernel that times an iteration (the
 continuous engine per iteration, the event and multi-bin kernels per batch
-through :func:`~.common.iteration_times`); the numpy path
+through :func:`iteration_times`); the numpy path
 (``service_models.IterationModel``) calls the same function on arrays
 (:func:`cost_py`), the fit's design matrix has one column per term in this
 order, and the parameter table, the sweep specs and the CLI read the
@@ -28,10 +28,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from .common import extra_experts, step
 
 __all__ = ["Term", "TERMS", "NAMES", "FIELDS", "FEATURES", "N", "PER_EXPERT", "PREFILL_ATTENTION", "cost", "cost_py",
-           "design", "iteration_times"]
+           "prefill_square", "design", "iteration_times"]
 
 
 class Term(NamedTuple):
@@ -97,6 +99,16 @@ cost_py = cost.py_func
 
 
 @step
+def prefill_square(a, c):
+    """The prefill attention's feature (``prefill_squares``) of prefilling
+    tokens ``a`` to ``a + c`` of a prompt: ``(a + c)^2 - a^2``, as ``c (2a +
+    c)`` (a whole prompt of P tokens, ``a = 0``: ``P^2``; in chunks, the
+    chunks' parts add up to it).  Every kernel and the numpy aggregates
+    compute the feature with it (numpy through ``prefill_square.py_func``)."""
+    return c * (2.0 * a + c)
+
+
+@step
 def iteration_times(c, span, miss, nb, sum_prefill, sq_prefill, max_out, seq_steps, ctx_steps, sum_context, reads):
     """A batch's times under the iteration model, ``c`` its coefficients
     (:data:`TERMS`' order): its prefill iteration (every member's first
@@ -127,8 +139,6 @@ def design(features: dict):
     ``features`` (each feature's values by name, numpy arrays of one length):
     the fit's view of :func:`cost`, whose coefficient vector times it gives
     the times."""
-    import numpy as np
-
     missing = [f for f in FEATURES if f not in features]
     if missing or len(features) != len(FEATURES):
         raise ValueError(f"design: the features are {FEATURES}; got {tuple(features)}")

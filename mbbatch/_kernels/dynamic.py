@@ -37,7 +37,7 @@ from .controller import (
     BATCH_STATS, CONTROLLER, CTL_VARIANT_MULTIPLICATIVE, DEFAULT_EMA, DEFAULT_TOKENS, EDGE_MAX, MEMORY, SLA, A, C,
     M, T, controller_init, decode_tbt, equal_mass_edges, feedback_core,
 )
-from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, iteration_times
+from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, iteration_times, prefill_square
 from .formation import (FORM_DYNAMIC, FORM_MULTIBIN, FORM_MULTIBIN_DYNAMIC, FORM_STATIC, SEL_ROUND_ROBIN, Rule,
                         form_batch, ordering)
 from .layout import Arrays, Layout
@@ -476,14 +476,13 @@ def prefill_squares(q, b, h0, nb, mask):
     """The prefill attention's feature of a batch (the first nb of queue b,
     head at slot h0; :mod:`.cost`): each member prefills its last ``f`` of
     ``p`` prompt tokens (``f < p``: the rest's KV cache was reused), adding
-    ``p^2 - (p - f)^2``."""
+    ``p^2 - (p - f)^2`` (:func:`.cost.prefill_square`)."""
     ub = np.uint64(b)
     sq = 0.0
     for j in range(nb):
         sl = np.uint64((h0 + j) & mask)
-        p = q[Q.prompt, ub, sl]
-        kept = p - q[Q.prefill, ub, sl]
-        sq += p * p - kept * kept
+        f = q[Q.prefill, ub, sl]
+        sq += prefill_square(q[Q.prompt, ub, sl] - f, f)
     return sq
 
 

@@ -35,7 +35,7 @@ from .common import (  # noqa: F401  (re-exported: lengths.py, results.py and a 
     check_stop, confuse_bins, draw_arrivals, draw_block, drawers, hist_bucket, kernel, member_work,
     padded_work, predict, ranked_expert_reads, round_lengths, step, token_service,
 )
-from .cost import FIELDS as COST_FIELDS, PER_EXPERT, iteration_times
+from .cost import FIELDS as COST_FIELDS, PER_EXPERT, iteration_times, prefill_square
 from .layout import Arrays, Layout
 
 #: the run's scalars.  ``servers`` 0 means infinitely many (Assumption 5.1);
@@ -202,13 +202,13 @@ def _fill(j0, m, i0, block_time, block_service, block_pred, block_bin, count, fi
             p = ws.block_prompt[jj]
             dw, cw = member_work(p, s)
             ws.sum_prompt[b] += p
-            ws.sq_prompt[b] += p * p
+            ws.sq_prompt[b] += prefill_square(0.0, p)
             ws.seq_steps[b] += dw
             ws.ctx_steps[b] += cw
             if it[0][PER_EXPERT] > 0.0:
                 ws.buf_output[o] = s
             if keep:
-                alone = iteration_times(it[0], it[1], it[2], 1, p, p * p, s, dw, cw, p, 0.0)[0]
+                alone = iteration_times(it[0], it[1], it[2], 1, p, prefill_square(0.0, p), s, dw, cw, p, 0.0)[0]
         if keep:
             i = i0 + np.int64(jj)
             buf_index[o] = i

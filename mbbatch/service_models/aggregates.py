@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._kernels import cost as _cost
 from ..params import default
 
 #: ``(experts, experts_per_token)`` of a dense model: the parameter table's defaults (no experts)
@@ -262,7 +263,8 @@ def batch_aggregates(prompt, output, sizes=None, experts=DENSE) -> BatchAggregat
                            max_output=np.maximum.reduceat(o, starts), sum_prompt=sum_prompt,
                            sequence_steps=np.add.reduceat(d, starts),
                            context_steps=np.add.reduceat(p * d + d * (d + 1.0) / 2.0, starts),
-                           expert_reads=reads, prefill_squares=np.add.reduceat(p * p, starts))
+                           expert_reads=reads, prefill_squares=np.add.reduceat(_cost.prefill_square.py_func(0.0, p),
+                                                                               starts))
 
 
 def _check_experts(owner: str, experts) -> tuple:
@@ -293,7 +295,7 @@ def uniform_aggregates(size, prompt, output, experts=DENSE) -> dict:
     reads = d * extra_experts(e, k, b) if e else np.zeros(b.shape)
     return dict(size=b.astype(np.int64), max_seq_len=p + o, max_output=o.astype(np.float64), sum_prompt=b * p,
                 sequence_steps=b * d, context_steps=b * (p * d + d * (d + 1.0) / 2.0), expert_reads=reads,
-                prefill_squares=b * (p * p))
+                prefill_squares=b * _cost.prefill_square.py_func(0.0, p))
 
 
 def _h(gamma: float, size: np.ndarray) -> np.ndarray:

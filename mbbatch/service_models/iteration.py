@@ -37,6 +37,13 @@ class IterationModel(_Fitted):
              + per_sequence * (sequences it decodes)
              + per_context_token * (context tokens those sequences attend over)
              + per_expert * extra_experts(E, k, tokens it processes)
+             + prefill_attention * (its prompts' part of their squares, P^2)
+
+    (the cost's terms, declared once in :mod:`mbbatch._kernels.cost`; a
+    prompt chunk from token a to a + c adds (a + c)^2 - a^2, a whole prompt
+    of P tokens P^2, the quadratic prefill term of DistServe's and Vidur's
+    models: Zhong et al., 2024, arXiv:2401.09670; Agrawal et al., 2024,
+    arXiv:2405.05465)
 
     ``step`` is what every iteration pays (reading the weights, launching the
     kernels), the prefill term the prompts' compute, ``per_sequence`` the
@@ -119,6 +126,10 @@ class IterationModel(_Fitted):
     profile : str or None
         The hardware profile it was fitted to (:mod:`mbbatch.profiles`), or
         None; recorded with the runs it times.
+    prefill_attention : float
+        Time per unit of the prompts' squares prefilled, s/token^2, >= 0;
+        default 0 (a fit holds it at 0 unless measured prefills vary the
+        prompt's length: :attr:`FitResult.unfitted`).
 
     A decode iteration must take time: one of ``step``, ``per_sequence`` and
     ``per_context_token`` is positive.
