@@ -90,6 +90,7 @@ _SERVING = os.environ.get("MBBATCH_DATA") or str(HERE.parent.parent / "shared" /
 doctest_global_setup += f"""
 SERVING_DATA = {_SERVING!r}
 HAVE_SERVING = {(Path(_SERVING) / "serving" / "apex_plus_vllm_runs.csv").is_file()!r}
+FULL_VALIDATION = HAVE_SERVING and {os.environ.get("MBBATCH_DOCS_FULL") == "1"!r}
 """
 # the docstrings' examples are doctest blocks too (``>>>`` without a directive)
 doctest_test_doctest_blocks = "default"

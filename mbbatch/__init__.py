@@ -27,7 +27,7 @@ from .results import SimulationResult, Table, UnstableWarning
 from ._kernels.bits import UntestedDrawsWarning
 from .simulation import simulate
 from .capacity import CapacityResult, Objective, find_capacity
-from . import engines, profiles, validation
+from . import engines, profiles, serving, validation
 
 __all__ = [
     "simulate",
@@ -74,6 +74,7 @@ __all__ = [
     "traces",
     "profiles",
     "engines",
+    "serving",
     "validation",
     "registry",
     "warmup",

@@ -67,7 +67,8 @@ from .params import PARAMS
 from .results import Table
 from .service_models import DENSE, FitResult, IterationModel
 
-__all__ = ["list", "names", "get", "fit", "prefill_names", "measurements", "provenance", "from_csv", "sla_target",
+__all__ = ["list", "names", "get", "fit", "prefill_names", "measurements", "provenance", "from_csv", "from_serving",
+           "sla_target",
            "SOURCE", "PREFILL", "DEFAULT", "SLA_HEADROOM"]
 
 #: the shipped measurements' file, in the package's data
@@ -326,6 +327,28 @@ def list() -> Table:  # noqa: A001  (the module's API: mbbatch.profiles.list())
     return Table({"name": np.array([r["profile"] for r in rows], dtype=object),
                   **{k: np.array([r[k] for r in rows], dtype=object if isinstance(rows[0][k], str) else None)
                      for k in keys}})
+
+
+def from_serving(runs, *, base=None, terms=None, holdout: bool = True, progress=None):
+    """A profile of your own engine, fitted to its serving runs: an
+    :class:`~mbbatch.IterationModel` and the server's per-request overhead,
+    with the fit's held-out error (:func:`mbbatch.serving.fit`, which this
+    calls; its docstring gives the method).
+
+    ``runs``: :class:`~mbbatch.serving.ServingRun` objects of one engine,
+    hardware, model and parallelism, e.g. ``vllm bench serve
+    --save-result --save-detailed`` files read by
+    :func:`mbbatch.serving.read_vllm_bench`, several loads if you can.
+    ``base``: where the fit starts and what it does not fit (a profile's
+    name, an :class:`~mbbatch.IterationModel`, or None: the defaults);
+    ``terms``: what it fits (default :data:`mbbatch.serving.FIT_TERMS`).
+    Returns a :class:`~mbbatch.serving.ServingFit`: ``.model`` times
+    :class:`~mbbatch.ContinuousBatching`, ``.engine(**settings)`` carries
+    the overheads, ``.median_heldout()`` is the error to quote."""
+    from . import serving
+
+    return serving.fit(runs, base=get(base) if isinstance(base, str) else base,
+                       terms=serving.FIT_TERMS if terms is None else terms, holdout=holdout, progress=progress)
 
 
 def from_csv(path, *, size: str = "size", prompt: str = "prompt", output: str = "output",

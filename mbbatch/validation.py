@@ -23,8 +23,11 @@ the engine's ``iteration_overhead`` and ``request_overhead``
 calibration that did not see it: the runs of one deployment (the replicas
 of a data-parallel layout replay one trace together) are left out together,
 the others calibrate, and the left-out runs are predicted (leave one
-deployment out).  The errors it reports are those held-out errors; ``mbbatch
-validate`` prints them and the median per metric.
+deployment out).  Runs without a shipped profile are fitted from their own
+group's runs (:func:`mbbatch.serving.fit`, as a user fits their own
+engine: :func:`mbbatch.profiles.from_serving`) and predicted as that fit
+holds them out.  The errors it reports are those held-out errors;
+``mbbatch validate`` prints them and the median per metric.
 
 The measured runs are not shipped with mbbatch: they are read from the
 ``serving`` folder of the data directory (``$MBBATCH_DATA``, the argument
@@ -34,21 +37,29 @@ column's meaning and the sources' traps).  Used here:
 - APEX's vLLM 0.6.0 runs (Lin, Kwon, Pineda and Nina Paravecino, 2024,
   "APEX: an extensible and dynamism-aware simulator for automated parallel
   execution in LLM serving", arXiv:2411.17651; MIT): Llama-3.1-70B in bf16
-  on H100-SXM GPUs, Poisson arrivals at 0.125 to 0.5 requests/s of chat
-  (lmsys), creation and summarization traces, one server or several
-  data-parallel replicas.  Those at tensor parallelism 4 have a shipped
-  profile (``H100/vLLM/Meta-Llama-3-70B/tp4``: Llama-3 and Llama-3.1 70B
-  share their architecture); the others (tp 2 and 8, Mistral-Large in fp8)
-  have none and are listed as not predicted.
+  and Mistral-Large-2407 in fp8 on H100-SXM GPUs, Poisson arrivals at 0.125
+  to 0.5 requests/s of chat (lmsys), creation and summarization traces, one
+  server or several data-parallel replicas; means only, per run.  Those of
+  Llama at tensor parallelism 4 have a shipped profile
+  (``H100/vLLM/Meta-Llama-3-70B/tp4``: Llama-3 and Llama-3.1 70B share
+  their architecture); the others (tp 2 and 8, Mistral-Large) are fitted
+  from their own group's runs, leaving one deployment out.
 - LLMServingSim's vLLM 0.19 runs (Cho et al., 2026, "LLMServingSim 2.0",
-  ISPASS; MIT): RTX 4090 and RTX PRO 6000 GPUs, no shipped profile: listed
-  as not predicted.
+  ISPASS; MIT): RTX 4090 and RTX PRO 6000 GPUs, 300 ShareGPT requests at
+  10 requests/s (overloaded by design), every request's times recorded;
+  no shipped profile: each fitted from the earlier half of its requests and
+  judged on the later half.  The mixture-of-experts run's two
+  data-parallel engines are replayed as two replicas taking the requests in
+  turn (the engine of each request is not recorded).
 
-Not modelled (each a reason a prediction may miss): the server's measured
-KV capacity (the runs here never fill it: memory is taken as unbounded),
+Not modelled (each a reason a prediction may miss): the server's KV
+capacity where the source does not record it (APEX's runs never fill it;
+LLMServingSim's RTX 4090 run records it and is replayed with it),
 the CUDA-graph batch sizes' steps in a decode iteration's time, sampling
 with a temperature, preemption's swap, prefix caching (off in APEX's runs),
-network time (the metrics are the server's own).
+network time (the metrics are the server's own), vLLM 0.19's prefix cache
+(on in LLMServingSim's runs: at most 7.9 % of their prompt tokens could
+have hit it) and its data-parallel load balancer (round robin here).
 """
 
 from __future__ import annotations
@@ -56,24 +67,23 @@ from __future__ import annotations
 import csv
 import math
 import os
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from .serving import METRICS, ServingRun, replay, summarize
+
 __all__ = ["ServingRun", "ServingDataNotFound", "serving_runs", "predict", "calibrate", "Calibration", "run",
-           "Report", "METRICS", "TERMS", "DATA_ENV"]
+           "Report", "METRICS", "METHODS", "TERMS", "DATA_ENV"]
 
 #: the environment variable naming the data directory (its ``serving`` folder holds the runs)
 DATA_ENV = "MBBATCH_DATA"
-#: the metrics compared: name -> what it is
-METRICS = {"ttft_mean": "mean time to first token, s (the server's: from its arrival)",
-           "tpot_mean": "mean time per output token after the first, s (token-weighted: the sum of the requests' "
-                        "times between tokens over their tokens after the first)",
-           "e2e_mean": "mean end-to-end latency, s"}
 #: what :func:`calibrate` may fit: the engine's overheads and the profile's prefill rate
 TERMS = ("iteration_overhead", "request_overhead", "prefill_per_token", "prefill_attention")
+#: how a run is predicted: a shipped profile calibrated, or a fit from its group's own serving runs
+METHODS = {"profile": "a shipped profile, calibrated (leave one deployment out)",
+           "from_serving": "fitted from the group's own serving runs (mbbatch.serving.fit)"}
 #: the profiles of the measured runs' hardware, framework, model and tensor parallelism
 _PROFILES = {("H100-SXM-80GB", "meta-llama/Llama-3.1-70B-Instruct", 4): "H100/vLLM/Meta-Llama-3-70B/tp4",
              ("H100-SXM-80GB", "meta-llama/Meta-Llama-3.1-70B", 4): "H100/vLLM/Meta-Llama-3-70B/tp4"}
@@ -81,50 +91,6 @@ _PROFILES = {("H100-SXM-80GB", "meta-llama/Llama-3.1-70B-Instruct", 4): "H100/vL
 
 class ServingDataNotFound(FileNotFoundError):
     """The measured serving runs are not where they were looked for."""
-
-
-@dataclass(frozen=True, eq=False)
-class ServingRun:
-    """One measured serving run: its requests, its engine and what was measured.
-
-    Attributes
-    ----------
-    name : str
-        The source's run id.
-    deployment : str
-        The runs replaying one trace together (a data-parallel layout's
-        replicas) share it; a calibration leaves them out together.
-    source, engine, hardware, model : str
-        Where it comes from, the engine's release, the GPUs, the model.
-    tp : int
-        Tensor parallelism.
-    profile : str or None
-        The shipped profile that times it, or None (not predicted).
-    settings : dict
-        The engine's settings as :class:`~mbbatch.ContinuousBatching` keywords.
-    arrival, prompt, output : ndarray
-        Each request's arrival (s, from the first), prompt and output tokens.
-    measured : dict
-        The measured metrics (:data:`METRICS`), s.
-    """
-
-    name: str
-    deployment: str
-    source: str
-    engine: str
-    hardware: str
-    model: str
-    tp: int
-    profile: str | None
-    settings: dict
-    arrival: np.ndarray = field(repr=False)
-    prompt: np.ndarray = field(repr=False)
-    output: np.ndarray = field(repr=False)
-    measured: dict = field(default_factory=dict)
-
-    @property
-    def n(self) -> int:
-        return int(self.arrival.size)
 
 
 def _folder(data) -> Path:
@@ -171,33 +137,29 @@ def serving_runs(data=None) -> list:
                           chunked_prefill=r["chunked_prefill"] == "true", block_size=16),
             arrival=a[:, 0] - a[0, 0], prompt=a[:, 1], output=a[:, 2],
             measured={"ttft_mean": float(r["ttft_mean_s"]), "tpot_mean": float(r["itl_mean_s"]),
-                      "e2e_mean": float(r["e2e_mean_s"])}))
+                      "e2e_mean": float(r["e2e_mean_s"])},
+            # (the Llama-3.1-70B base and Instruct checkpoints time alike; fp8 weights and caches do not)
+            group=f"vLLM {r['vllm_version']}|{r['gpu']}|{r['model'].split('/')[0]}-"
+                  f"{r['weight_dtype']}-{r['quantization'] or 'none'}-kv-{r['kv_cache_dtype']}|tp{tp}"))
     rows = {}
     for r in _read(folder / "llmservingsim_vllm_requests.csv"):
         rows.setdefault(r["run_id"], []).append(r)
     for r in _read(folder / "llmservingsim_vllm_runs.csv"):
         req = rows[r["run_id"]]
-        arr = np.array([float(x["arrival_s"]) for x in req])
-        out = np.array([float(x["output_tokens"]) for x in req])
-        first = np.array([float(x["first_token_s"]) for x in req])
-        done = np.array([float(x["completion_s"]) for x in req])
-        tpot = float(np.sum(done - first) / np.sum(out - 1.0))
-        runs.append(ServingRun(
-            name=r["run_id"], deployment=r["run_id"], source="LLMServingSim (ISPASS 2026)",
+        col = {k: np.array([float(x[k]) for x in req]) for k in ("arrival_s", "prompt_tokens", "output_tokens",
+                                                                  "ttft_s", "latency_s")}
+        settings = dict(max_num_seqs=int(r["max_num_seqs"]), max_batched_tokens=int(r["max_num_batched_tokens"]),
+                        chunked_prefill=True, block_size=int(r["block_size_tokens"] or 16))
+        if r["kv_cache_tokens"]:
+            # (the KV capacity vLLM reported; the runs without it were far from filling 96 GB)
+            settings["kv_tokens"] = float(r["kv_cache_tokens"])
+        dp = int(r["dp"] or 1)
+        runs.append(ServingRun.from_requests(
+            r["run_id"], col["arrival_s"], col["prompt_tokens"], col["output_tokens"], col["ttft_s"],
+            col["latency_s"], settings=settings, source="LLMServingSim (ISPASS 2026)",
             engine=f"vLLM {r['vllm_version']}", hardware=r["hardware"], model=r["model"], tp=int(r["tp"] or 1),
-            profile=None,
-            settings=dict(max_num_seqs=int(r["max_num_seqs"]), max_batched_tokens=int(r["max_num_batched_tokens"]),
-                          chunked_prefill=True, block_size=16),
-            arrival=arr - arr.min(), prompt=np.array([float(x["prompt_tokens"]) for x in req]), output=out,
-            measured={"ttft_mean": float(r["ttft_mean_s"]), "tpot_mean": tpot, "e2e_mean": float(r["latency_mean_s"])}))
+            dp=dp))
     return runs
-
-
-def _engine(run: ServingRun, params: dict):
-    from .policies.continuous import ContinuousBatching
-
-    return ContinuousBatching(**run.settings, iteration_overhead=params.get("iteration_overhead", 0.0),
-                              request_overhead=params.get("request_overhead", 0.0))
 
 
 def _model(run: ServingRun, params: dict):
@@ -212,10 +174,6 @@ def predict(run: ServingRun, params: dict | None = None) -> dict:
     settings, with ``params`` (any of :data:`TERMS`; default 0 overheads,
     the profile's own prefill rate): each request at its measured arrival
     with its measured lengths."""
-    from .arrivals import Replay
-    from .simulation import simulate
-    from .workload import Workload
-
     if run.profile is None:
         raise ValueError(f"run {run.name} has no shipped profile ({run.hardware}, {run.model}, tp {run.tp}): it "
                          "cannot be predicted")
@@ -226,16 +184,9 @@ def predict(run: ServingRun, params: dict | None = None) -> dict:
     for k, v in params.items():
         if not (math.isfinite(v) and v >= 0.0):
             raise ValueError(f"params: {k} must be finite and >= 0; got {v!r}")
-    with warnings.catch_warnings():
-        # (a replayed run ends where its requests do: its drain is part of what was measured)
-        warnings.simplefilter("ignore")
-        res = simulate(_engine(run, params), Replay(run.arrival),
-                       workload=Workload(prompt=run.prompt, output=run.output), service_model=_model(run, params),
-                       n=run.n, keep_requests=True, seed=0)
-    rq = res.requests
-    return {"ttft_mean": float(np.mean(rq.ttft)),
-            "tpot_mean": float(np.sum(rq.latency - rq.ttft) / np.sum(np.maximum(run.output - 1.0, 0.0))),
-            "e2e_mean": float(np.mean(rq.latency))}
+    ttft, lat = replay(run, _model(run, params), request_overhead=params.get("request_overhead", 0.0),
+                       iteration_overhead=params.get("iteration_overhead", 0.0))
+    return summarize(run.arrival, run.output, ttft, lat)
 
 
 #: the metrics a calibration fits (the end-to-end latency follows from them)
@@ -314,101 +265,180 @@ class Report:
     Attributes
     ----------
     rows : list of dict
-        ``run``, ``deployment``, ``profile``, ``metric``, ``measured``,
+        ``run``, ``deployment``, ``profile``, ``method`` (``"profile"``: the
+        shipped profile, calibrated; ``"from_serving"``: fitted from the
+        group's own runs), ``metric``, ``measured``,
         ``predicted`` (held out), ``error`` (relative, predicted / measured -
         1), ``profile_alone`` (the profile alone's prediction: no overheads,
         its own prefill rate) and ``uncalibrated`` (its relative error: what
         the calibration buys).
     calibrations : dict
         Each deployment's held-out calibration (fitted without it).
-    calibration : Calibration
-        The calibration on every run (what a user takes for a new run).
+    calibration : Calibration or None
+        The calibration on every run with a profile (what a user takes for
+        a new run); None without such runs.
     skipped : list of str
         The runs not predicted, each with the reason.
+    fits : dict
+        The fits from serving runs (:class:`~mbbatch.serving.ServingFit`)
+        of the runs without a profile, by group.
     """
 
     rows: list
     calibrations: dict
-    calibration: Calibration
+    calibration: Calibration | None
     skipped: list
+    fits: dict = field(default_factory=dict)
 
-    def median_error(self, metric: str | None = None, *, uncalibrated: bool = False) -> float:
+    @property
+    def metrics(self) -> list:
+        """The metrics the rows compare (of :data:`METRICS`, those measured)."""
+        return [m for m in METRICS if any(r["metric"] == m for r in self.rows)]
+
+    def median_error(self, metric: str | None = None, *, method: str | None = None,
+                     uncalibrated: bool = False) -> float:
         """Median |relative error| over the runs, of ``metric`` (None: every
-        metric together); ``uncalibrated``: the profile alone's."""
+        metric together), of the rows of ``method`` (``"profile"``,
+        ``"from_serving"``; None: every row); ``uncalibrated``: the profile
+        alone's (the ``"profile"`` rows')."""
+        if method not in (None, *METHODS):
+            raise ValueError(f"method must be None or one of {', '.join(map(repr, METHODS))}; got {method!r}")
         key = "uncalibrated" if uncalibrated else "error"
-        e = [abs(r[key]) for r in self.rows if metric is None or r["metric"] == metric]
+        e = [abs(r[key]) for r in self.rows if (metric is None or r["metric"] == metric)
+             and (method is None or r["method"] == method) and math.isfinite(r[key])]
         return float(np.median(e)) if e else math.nan
 
     def to_dataset(self):
         """The rows as an xarray Dataset (dims ``run``, ``metric``):
-        ``measured``, ``predicted`` (held out), ``profile_alone``, in s; the
-        median errors and the calibration on every run in its attributes."""
+        ``measured``, ``predicted`` (held out), ``profile_alone``, in s
+        (NaN where a run did not measure a metric, or has no profile), and
+        ``method`` by run; the median errors and the calibration on every
+        run in its attributes."""
         import xarray as xr
 
         names = list(dict.fromkeys(r["run"] for r in self.rows))
-        metrics = list(METRICS)
+        metrics = self.metrics
         at = {(r["run"], r["metric"]): r for r in self.rows}
-        data = {v: (("run", "metric"), np.array([[at[n, m][v] for m in metrics] for n in names]), {"units": "s"})
+        data = {v: (("run", "metric"), np.array([[at[n, m][v] if (n, m) in at else np.nan for m in metrics]
+                                                  for n in names]),
+                    {"units": "tokens/s, the throughput; s, the rest"})
                 for v in ("measured", "predicted", "profile_alone")}
-        profiles = sorted({r["profile"] for r in self.rows})
-        attrs = {"runs": len(names), "profiles": ", ".join(profiles), "holdout": "leave one deployment out",
+        method = {r["run"]: r["method"] for r in self.rows}
+        data["method"] = (("run",), np.array([method[n] for n in names]))
+        profiles = sorted({r["profile"] for r in self.rows if r["method"] == "profile"})
+        attrs = {"runs": len(names), "profiles": ", ".join(profiles),
+                 "holdout": "leave one deployment out (one run measured request by request: its later half)",
                  **{f"median_error_{m}": self.median_error(m) for m in metrics},
-                 "median_error": self.median_error(), "median_error_uncalibrated": self.median_error(
-                     uncalibrated=True),
-                 **{f"calibrated_{k}": v for k, v in self.calibration.params.items()}}
+                 "median_error": self.median_error(),
+                 **{f"median_error_{k}": self.median_error(method=k) for k in METHODS},
+                 "median_error_uncalibrated": self.median_error(uncalibrated=True)}
+        if self.calibration is not None:
+            attrs.update({f"calibrated_{k}": v for k, v in self.calibration.params.items()})
         return xr.Dataset(data, coords={"run": names, "metric": metrics}, attrs=attrs)
 
     def table(self):
         """The rows as a :class:`~mbbatch.Table` (columns as :attr:`rows`' keys)."""
         from .results import Table
 
-        keys = ("run", "deployment", "profile", "metric", "measured", "predicted", "error", "profile_alone",
-                "uncalibrated")
+        keys = ("run", "deployment", "profile", "method", "metric", "measured", "predicted", "error",
+                "profile_alone", "uncalibrated")
         return Table({k: np.array([r[k] for r in self.rows]) for k in keys})
 
     def __str__(self) -> str:
-        lines = [f"{'run':36} {'metric':10} {'measured':>10} {'predicted':>10} {'error':>8} {'profile alone':>14}"]
+        lines = [f"{'run':40} {'method':12} {'metric':10} {'measured':>10} {'predicted':>10} {'error':>8} "
+                 f"{'profile alone':>14}"]
         for r in self.rows:
-            lines.append(f"{r['run']:36} {r['metric']:10} {r['measured']:10.4f} {r['predicted']:10.4f} "
-                         f"{r['error']:+8.1%} {r['uncalibrated']:+14.1%}")
+            alone = f"{r['uncalibrated']:+14.1%}" if math.isfinite(r["uncalibrated"]) else f"{'-':>14}"
+            lines.append(f"{r['run']:40} {r['method']:12} {r['metric']:10} {r['measured']:10.4g} "
+                         f"{r['predicted']:10.4g} {r['error']:+8.1%} {alone}")
         lines.append("")
-        lines.append("median |error| held out (leave one deployment out): " + ", ".join(
-            f"{m} {self.median_error(m):.1%}" for m in METRICS) + f"; all {self.median_error():.1%}"
-            + f" (the profile alone: all {self.median_error(uncalibrated=True):.1%})")
-        lines.append("calibrated on every run: " + ", ".join(f"{k} = {v:.4g}"
-                                                             for k, v in self.calibration.params.items()))
+        for k in METHODS:
+            if any(r["method"] == k for r in self.rows):
+                got = [m for m in self.metrics if any(r["metric"] == m and r["method"] == k for r in self.rows)]
+                lines.append(f"median |error| held out, {METHODS[k]}: " + ", ".join(
+                    f"{m} {self.median_error(m, method=k):.1%}" for m in got)
+                    + f"; all {self.median_error(method=k):.1%}")
+        if self.calibration is not None:
+            lines.append(f"the profile alone: all {self.median_error(uncalibrated=True):.1%}")
+            lines.append("calibrated on every run with a profile: " + ", ".join(
+                f"{k} = {v:.4g}" for k, v in self.calibration.params.items()))
+        for g, fit in self.fits.items():
+            lines.append(f"fitted from {len(fit.runs)} run(s) of {g} ({fit.holdout}): " + ", ".join(
+                f"{k} = {v:.4g} ({fit.identification[k]})" for k, v in fit.params.items()))
+        lines.append(f"median |error| held out, every row: {self.median_error():.1%}")
         lines.extend(f"not predicted: {s}" for s in self.skipped)
         return "\n".join(lines)
 
 
-def run(data=None, *, runs=None, terms=TERMS, progress=None) -> Report:
-    """Every measured run with a profile, predicted by a calibration of
+#: where a fit of runs without a profile starts (a start, not a prior): APEX's H100 runs from the 70B
+#: profile, the others from the defaults
+_FIT_START = {"H100-SXM-80GB": "H100/vLLM/Meta-Llama-3-70B/tp4"}
+
+
+def run(data=None, *, runs=None, terms=TERMS, fitted: bool = True, progress=None) -> Report:
+    """Every measured run predicted held out, beside its measurement.
+
+    Runs with a shipped profile: predicted on it by a calibration of
     ``terms`` fitted on the other deployments' runs (leave one deployment
-    out), beside its measurement and the profile alone's prediction.
+    out), beside the profile alone's prediction (method ``"profile"``).
+    Runs without (``fitted``): each group of them (one engine, hardware,
+    model, parallelism and weights) fitted from its own serving runs,
+    :func:`mbbatch.serving.fit` (:func:`mbbatch.profiles.from_serving`),
+    each run predicted held out as that fit gives (method
+    ``"from_serving"``); a group it cannot fit is skipped, saying why.
 
     ``runs``: the runs (default :func:`serving_runs` of ``data``);
-    ``progress``: a callable given each deployment's name as it is
-    calibrated (the command line prints it)."""
+    ``progress``: a callable given a line as each fit starts (the command
+    line prints them)."""
+    from . import profiles, serving
+
+    say = progress or (lambda line: None)
     runs = serving_runs(data) if runs is None else list(runs)
     usable = [r for r in runs if r.profile is not None]
-    skipped = [f"{r.name} ({r.engine}, {r.hardware}, {r.model}, tp {r.tp}): no shipped profile"
-               for r in runs if r.profile is None]
+    skipped = []
     deployments = list(dict.fromkeys(r.deployment for r in usable))
-    if len(deployments) < 2:
-        raise ValueError("validation leaves one deployment out: it needs runs of at least 2 deployments with a "
-                         f"profile; got {len(deployments)}")
-    rows, held = [], {}
-    everything = calibrate(usable, terms)
-    for d in deployments:
-        if progress is not None:
-            progress(d)
-        # (started from the calibration on every run: a start, not what it converges to)
-        cal = calibrate([r for r in usable if r.deployment != d], terms, start=everything.params)
-        held[d] = cal
-        for r in (r for r in usable if r.deployment == d):
-            pred, alone = predict(r, cal.params), predict(r)
-            for m in METRICS:
-                rows.append(dict(run=r.name, deployment=d, profile=r.profile, metric=m, measured=r.measured[m],
-                                 predicted=pred[m], error=pred[m] / r.measured[m] - 1.0, profile_alone=alone[m],
-                                 uncalibrated=alone[m] / r.measured[m] - 1.0))
-    return Report(rows=rows, calibrations=held, calibration=everything, skipped=skipped)
+    rows, held, everything, fits = [], {}, None, {}
+    if len(deployments) >= 2:
+        everything = calibrate(usable, terms)
+        for d in deployments:
+            say(f"calibrating without {d} ...")
+            # (started from the calibration on every run: a start, not what it converges to)
+            cal = calibrate([r for r in usable if r.deployment != d], terms, start=everything.params)
+            held[d] = cal
+            for r in (r for r in usable if r.deployment == d):
+                pred, alone = predict(r, cal.params), predict(r)
+                for m in (m for m in METRICS if m in r.measured):
+                    rows.append(dict(run=r.name, deployment=d, profile=r.profile, method="profile", metric=m,
+                                     measured=r.measured[m], predicted=pred[m], error=pred[m] / r.measured[m] - 1.0,
+                                     profile_alone=alone[m], uncalibrated=alone[m] / r.measured[m] - 1.0))
+    else:
+        skipped.extend(f"{r.name}: a calibration leaves one deployment out, and the runs with a profile form "
+                       f"{len(deployments)}" for r in usable)
+    groups = {}
+    for r in runs:
+        if r.profile is None:
+            groups.setdefault(r.group, []).append(r)
+    for g, members in groups.items():
+        why = None if fitted else "no shipped profile (fitted=False)"
+        if why is None:
+            say(f"fitting {g} from its {len(members)} run(s) ...")
+            try:
+                start = _FIT_START.get(members[0].hardware)
+                fit = serving.fit(members, base=None if start is None else profiles.get(start), progress=say)
+            except ValueError as exc:
+                why = f"no shipped profile, and a fit from its own runs is not possible: {exc}"
+            else:
+                if not fit.heldout:
+                    why = f"no shipped profile, and its fit from its own runs has no held-out test ({fit.holdout})"
+        if why is not None:
+            skipped.extend(f"{r.name} ({r.engine}, {r.hardware}, {r.model}, tp {r.tp}): {why}" for r in members)
+            continue
+        fits[g] = fit
+        for r in members:
+            for m, (x, p) in fit.heldout_values[r.name].items():
+                rows.append(dict(run=r.name, deployment=r.deployment, profile=fit.model.profile,
+                                 method="from_serving", metric=m, measured=x, predicted=p, error=p / x - 1.0,
+                                 profile_alone=math.nan, uncalibrated=math.nan))
+    if not rows:
+        raise ValueError("no measured run could be predicted held out: " + "; ".join(skipped[:3]))
+    return Report(rows=rows, calibrations=held, calibration=everything, skipped=skipped, fits=fits)

@@ -80,12 +80,36 @@ def test_the_chat_runs_held_out_are_within_the_targets(runs):
     calibration on the other two, the median |error| over its metrics within
     10 % and its time to first token's within 15 % (the issue's targets; the
     full set, ``mbbatch validate``, is the heavy test's and the docs')."""
-    rep = validation.run(runs=[r for r in runs if "lmsys" in r.name])
-    assert len(rep.rows) == 5 * 3 and len(rep.calibrations) == 3
+    rep = validation.run(runs=[r for r in runs if "lmsys" in r.name], fitted=False)
+    assert len(rep.rows) == 5 * 3 and len(rep.calibrations) == 3 and not rep.fits
+    assert {r["method"] for r in rep.rows} == {"profile"}
     assert rep.median_error() <= 0.10 and rep.median_error("ttft_mean") <= 0.15
     # what the calibration buys: the profile alone misses the time to first token by 38-46 %
     assert rep.median_error("ttft_mean", uncalibrated=True) > 0.3
     assert "median |error| held out" in str(rep)
+
+
+@needs_runs
+def test_the_runs_without_a_profile_are_fitted_from_their_own_and_held_out(runs):
+    """LLMServingSim's four vLLM 0.19 runs (no shipped profile; every
+    request's times measured): each group fitted from its run's earlier half
+    predicts the later half's metrics within a median 10 %, time to first
+    token within 15 % (the issue's targets); the report says how each was
+    held out."""
+    sim = [r for r in runs if r.source.startswith("LLMServingSim")]
+    assert len(sim) == 4 and all(r.per_request for r in sim)
+    assert next(r for r in sim if "Qwen3-30B" in r.name).dp == 2
+    assert next(r for r in sim if "RTX4090" in r.name).settings["kv_tokens"] == 41408
+    rep = validation.run(runs=sim)
+    assert rep.calibration is None and len(rep.fits) == 4 and not rep.skipped
+    assert {r["method"] for r in rep.rows} == {"from_serving"}
+    assert rep.median_error() <= 0.10 and rep.median_error("ttft_mean") <= 0.15
+    assert all(f.holdout.startswith("one run") for f in rep.fits.values())
+    ds = rep.to_dataset()
+    assert set(ds.metric.values) == set(mb.serving.METRICS) - {"throughput"}
+    assert "fitted from 1 run(s)" in str(rep)
+    with pytest.raises(ValueError, match="method must be"):
+        rep.median_error(method="magic")
 
 
 @needs_runs
@@ -99,12 +123,16 @@ def test_a_calibration_needs_more_measured_means_than_terms(runs):
 @pytest.mark.heavy
 @needs_runs
 def test_every_run_held_out_is_within_the_targets_and_the_docs_quote_it(runs):
-    """``mbbatch validate``: the 15 runs held out, median |error| within 10 %
-    (time to first token within 15 %), and the number the accuracy page
-    quotes is this run's (to its one decimal)."""
+    """``mbbatch validate``: every run held out, the 15 with a profile and
+    those fitted from their own group's runs, median |error| within 10 %
+    (time to first token within 15 %), and the numbers the accuracy page
+    quotes are this run's (to their one decimal)."""
     from pathlib import Path
 
     rep = validation.run(runs=runs)
     assert rep.median_error() <= 0.10 and rep.median_error("ttft_mean") <= 0.15
+    for method in validation.METHODS:
+        assert rep.median_error(method=method) <= 0.10
     page = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "accuracy.md").read_text()
-    assert f"{rep.median_error():.1%}" in page
+    for quoted in (rep.median_error(), rep.median_error(method="profile"), rep.median_error(method="from_serving")):
+        assert f"{quoted:.1%}" in page
