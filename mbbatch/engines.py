@@ -29,6 +29,10 @@ SGLang):
   its running requests' cap from the KV pool rather than a fixed default:
   the preset sets ``max_num_seqs`` to the chunk size (the most a chunked
   iteration can decode), so the memory, ``kv_tokens``, binds first.
+- Multi-step scheduling (``num_scheduler_steps``): off (1) in every preset,
+  as vLLM 0.6 ships it (``--num-scheduler-steps`` defaults to 1; V1 has no
+  multi-step scheduling); ``vllm("0.6", num_scheduler_steps=8)`` turns it
+  on as a server started with ``--num-scheduler-steps 8`` runs.
 
 For example:
 

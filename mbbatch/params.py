@@ -274,6 +274,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        "sampling, the CPU side; continuous batching)", _NONNEG_TIME, default=0.0),
     _p("request_overhead", "real", "s", "time added to every request's time to first token and latency outside "
        "the engine (API server, tokenization, detokenization; continuous batching)", _NONNEG_TIME, default=0.0),
+    _p("num_scheduler_steps", "count", "iterations", "iterations one scheduling decision runs (vLLM's multi-step "
+       "scheduling, --num-scheduler-steps): requests are admitted and prompts prefilled only at the first of a "
+       "block, tokens are returned at its end (continuous batching)", Domain(1, 1024, lo_closed=True, hi_closed=True),
+       default=1),
     _p("ContinuousBatching.edges", "reals", "tokens", "the bins - 1 inner edges of multi-bin admission, predicted "
        "output tokens, strictly ascending (default: the output's equal-mass quantiles)", _REAL, default=None),
     _p("sla_control", "flag", "", "the dynamic-batching controller (Algorithms 1, 2 and 7, its memory eta the "

@@ -140,6 +140,7 @@ def _ranges(R: random.Random) -> dict:
         "iteration_prefill_attention": lambda: u(0, 1e-8),
         "iteration_overhead": lambda: u(0, 5e-3),
         "request_overhead": lambda: u(0, 0.05),
+        "num_scheduler_steps": pick(1, 2, 8),
         "experts": pick(8, 16),
         "experts_per_token": pick(1, 2),
         "finished": pick("leave", "stay"),

@@ -15,7 +15,7 @@ from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
-             prefill_attention=0.0, iteration_overhead=0.0):
+             prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -41,7 +41,13 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     ``per_expert``: a mixture of experts' time per expert read beyond an
     iteration's first token's, ``expert_span (1 - expert_miss^(T - 1))``
     experts for its T tokens (the sequences it decodes and the tokens it
-    prefills)."""
+    prefills).
+
+    ``num_scheduler_steps`` k (multi-step scheduling): iterations come in
+    blocks of k; the first schedules, the others only decode what runs
+    (no admission, no prefill); a block ends after k iterations, or before
+    one that would have nothing to decode; its first tokens and last tokens
+    are returned (stamped) at its end."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -72,6 +78,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     preemptions = 0
     recomputed = 0
     caps = []
+    block_left = 0           # iterations of the block after the current one
+    held_first, held_done = [], []
     if controller is not None:
         d_sla, eps_d, b_min, b_max, alpha, delta, mult = controller["sla"]
         ema = controller["ema"]
@@ -137,6 +145,14 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
 
     while True:
         arrive_until(now)
+        if block_left > 0 and not any(pre[r] == need[r] for r in running):
+            block_left = 0
+        if block_left == 0:
+            for r in held_first:
+                first[r] = now
+            for r in held_done:
+                done[r] = now
+            held_first, held_done = [], []
         if not running and peek() < 0:
             if i >= n:
                 break
@@ -152,10 +168,13 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 b = min(b, b_mem_core(eta, variant, z, default_tokens, float(mb_min), float(mb_max), *st, 0.0))
             cap = min(int(b), max_num_seqs)
         caps.append(cap)
+        scheduling = block_left == 0
+        if not scheduling:
+            block_left -= 1
         decoding = [r for r in running if pre[r] == need[r]]
         prefill = {}
         prefill_phase = False
-        if not chunked:
+        if not chunked and scheduling:
             r = peek()
             if r >= 0 and len(running) < cap and blocks(prompt[r] + g[r] + 1) <= free:
                 prefill_phase = True
@@ -174,13 +193,13 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         else:
             decoding = []
         budget = max_batched_tokens - len(decoding)
-        if chunked:
+        if chunked and scheduling:
             for r in running:
                 if pre[r] < need[r] and budget > 0:
                     c = min(need[r] - pre[r], budget)
                     prefill[r] = c
                     budget -= c
-        if chunked or prefill_phase:
+        if (chunked and scheduling) or prefill_phase:
             while budget > 0 and len(running) < cap:
                 r = peek()
                 if r < 0:
@@ -204,6 +223,9 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 c = min(todo, budget)
                 prefill[r] = c
                 budget -= c
+        if not decoding and not prefill and not scheduling:
+            block_left = 0           # (the block's decodes were all preempted: it ends)
+            continue
         if not decoding and not prefill:
             # nothing fits (a lone request's blocks exceed the free ones: cannot happen when every request fits
             # the memory alone and nothing runs) or nothing to do
@@ -212,6 +234,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 break
             now = max(now, arrival[i])
             continue
+        if scheduling:
+            block_left = num_scheduler_steps - 1
         ptok = sum(prefill.values())
         ctx = sum(prompt[r] + g[r] for r in decoding)
         # (an engine's overhead per iteration is part of its fixed time)
@@ -239,7 +263,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             pre[r] += c
             if pre[r] == need[r]:
                 if g[r] == 0:
-                    first[r] = now
+                    if block_left > 0:
+                        held_first.append(r)
+                    else:
+                        first[r] = now
                 else:
                     tbt.append(now - last_tok[r])
                 g[r] += 1
@@ -249,7 +276,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             running.remove(r)
             free += held[r]
             held[r] = 0
-            done[r] = now
+            if block_left > 0:
+                held_done.append(r)
+            else:
+                done[r] = now
         if controller is not None:
             if mem is not None and finished:
                 k = len(finished)

@@ -29,9 +29,10 @@ def _fields(coef):
     """The kernel's configuration fields of the reference engine's ``coef`` (its ``step``,
     ``prefill_per_token``, ... and the experts' span and miss); every other cost term 0."""
     coef = dict(coef)
+    steps = coef.pop("num_scheduler_steps", 1)
     # (the engine's overhead per iteration is in the kernel's step: as the planner packs it)
     coef["step"] = coef.get("step", 0.0) + coef.pop("iteration_overhead", 0.0)
-    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "request_overhead": 0.0,
+    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "request_overhead": 0.0, "scheduler_steps": steps,
             **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
 
 
@@ -134,6 +135,52 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
         assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
         seen_preemptions += st["preemptions"]
     assert seen_preemptions > 0          # (the memory bound some runs)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_multi_step_scheduling_is_the_reference_engines(seed):
+    """Blocks of 2 to 6 iterations (vLLM's ``--num-scheduler-steps``) over
+    30 random configurations per seed, a controller in a third: each
+    request's admission, first token and completion (the ends of the blocks
+    that made them), the iterations and preemptions equal the reference's;
+    the engine's gaps between tokens too."""
+    rng = np.random.default_rng(700 + seed)
+    held = 0
+    for k in range(30):
+        (arr, p, o, pred), kw = _config(rng)
+        kw["num_scheduler_steps"] = int(rng.integers(2, 7))
+        controller = _controller(rng) if k % 3 == 0 else None
+        want = ref.simulate(arr, p, o, pred, controller=controller, **kw)
+        out, req, code = _kernel(arr, p, o, pred, controller=controller, **kw)
+        st = _same_run(out, req, code, want, kw)
+        assert st["tbt_count"] == want["tbt"].size
+        assert st["sum_tbt"] == pytest.approx(want["tbt"].sum(), rel=1e-12, abs=1e-15)
+        assert st["completed"] == len(arr)
+        assert st["sum_ttft"] == pytest.approx(float(np.sum(want["first_token"] - arr)), rel=1e-12, abs=1e-12)
+        held += int(np.sum(want["first_token"] > arr))
+    assert held > 0
+
+
+def test_a_block_holds_back_its_tokens_and_admits_nothing():
+    """Two requests, blocks of 4 quarter-second iterations: the first,
+    alone, prefills at [0, 0.25) and decodes 3 more iterations; its first
+    token is returned at the block's end, 1.0 s.  The second arrives at 0.1,
+    within the block: admitted only at the next block, at 1.0; that block
+    makes the first's last two tokens and the second's two, and ends early,
+    at 1.5, with nothing left to decode: every token it made is returned
+    then."""
+    arr = np.array([0.0, 0.1])
+    p = np.array([8, 8])
+    o = np.array([6, 2])
+    out, req, code = _kernel(arr, p, o, o, max_num_seqs=4, max_batched_tokens=64, chunked=True, kv_tokens=np.inf,
+                             block_size=4, admission="fcfs", edges=[], num_scheduler_steps=4, **QUARTER)
+    assert code == ck.DONE
+    np.testing.assert_array_equal(req["admitted"], [0.0, 1.0])
+    np.testing.assert_array_equal(req["first_token"], [1.0, 1.5])
+    np.testing.assert_array_equal(req["completion"], [1.5, 1.5])
+    one = _kernel(arr, p, o, o, max_num_seqs=4, max_batched_tokens=64, chunked=True, kv_tokens=np.inf,
+                  block_size=4, admission="fcfs", edges=[], **QUARTER)[1]
+    np.testing.assert_array_equal(one["first_token"], [0.25, 0.5])
 
 
 def _controller(rng):
@@ -307,7 +354,8 @@ def test_warmup_leaves_it_to_its_first_run():
 def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
     """advance(engine, ..., until) pauses before an iteration would start at
     or after until and resumes where it stopped: over 30 random
-    configurations (a controller half the time), advanced to random times
+    configurations (a controller half the time, blocks of 3 iterations half
+    the time: multi-step scheduling), advanced to random times
     (arrival instants among them), every record, statistic, histogram and
     time-series row equal the run's in one call."""
     rng = np.random.default_rng(300 + seed)
@@ -322,7 +370,8 @@ def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
                              block_size=kw["block_size"], admission=ck.ADMISSIONS[kw["admission"]], bins=3, keep=1,
                              controlled=int(controller is not None),
                              memory_on=int(controller is not None and controller.get("memory") is not None),
-                             rate=0.0, until=np.inf, **_fields(COEF))
+                             rate=0.0, until=np.inf,
+                             **_fields({**COEF, "num_scheduler_steps": int(rng.choice([1, 3]))}))
         inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                                 arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                                 prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),

@@ -104,7 +104,7 @@ UNLIMITED = 1 << 62
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
-                                        "memory_on"),
+                                        "memory_on", "scheduler_steps"),
                 floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "request_overhead", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
@@ -147,14 +147,17 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 #: (completion rounds, by request and slot; predictions), the prefill
 #: queue (slots), the bins' heads and tails, the decodes per block phase,
 #: the groups of decodes by their last token's time, the scratch of an
-#: iteration's prefill chunks, and the arrival drawer's address
+#: iteration's prefill chunks, the arrival drawer's address, and (multi-step
+#: scheduling) the requests whose first token or last token an unfinished
+#: block holds back
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
                    occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
                    due=np.int64, due_next=np.int64, due_prev=np.int64, sk=np.float64, sid=np.int64,
                    stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
-                   tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64)
+                   tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
+                   pend_first=np.int64, pend_done=np.int64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
@@ -168,7 +171,8 @@ STATE = Layout("continuous engine state",
                ints=("head", "tail", "running", "n_dec", "s0", "ssize", "nstack", "pq_h", "pq_n", "qh",
                      "waiting", "rr", "rounds", "ph", "n_main", "ng", "completed", "iterations", "preemptions",
                      "recomputed", "prefill_tokens", "tokens", "tbt_count", "max_running", "sum_batch", "i",
-                     "nfree", "free", "blocks_total", "ts_rows", "ts_stride", "ts_due", "started", "completed_before"),
+                     "nfree", "free", "blocks_total", "ts_rows", "ts_stride", "ts_due", "started", "completed_before",
+                     "block_left", "npf", "npd"),
                floats=("t_round", "busy", "sum_lat", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
                        "waiting_time", "system_time", "cap_time", "last_done", "now"))
 
@@ -275,6 +279,30 @@ def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep
     none given: the group of r among the ``n``, ``gscale`` the groups over
     n), its record kept.
     Returns ``(head, tail, nfree)`` after."""
+    head, tail, nfree = _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree)
+    _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
+    return head, tail, nfree
+
+
+@step
+def _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay):
+    """Request r's last token returned at ``now``: its latency (plus its
+    ``delay`` outside the engine) into the histogram and its batch-means
+    group, its record kept."""
+    lat = now - arrival[r] + delay
+    out.hist[hist_bucket(lat)] += 1
+    g = group[r] if group.shape[0] > 0 else arrival_group(r, out.group_latency.shape[0], n, gscale)
+    out.group_latency[g] += lat
+    out.group_count[g] += 1
+    if keep:
+        r_f[RQ.completion, r] = now
+
+
+@step
+def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
+    """Slot s out of the running list and freed, its request's record left
+    for later (multi-step: its last token is returned at its block's end).
+    Returns ``(head, tail, nfree)`` after."""
     if prv[s] >= 0:
         nxt[prv[s]] = nxt[s]
     else:
@@ -283,14 +311,29 @@ def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep
         prv[nxt[s]] = prv[s]
     else:
         tail = prv[s]
-    lat = now - arrival[r] + delay
-    out.hist[hist_bucket(lat)] += 1
-    g = group[r] if group.shape[0] > 0 else arrival_group(r, out.group_latency.shape[0], n, gscale)
-    out.group_latency[g] += lat
-    out.group_count[g] += 1
-    if keep:
-        r_f[RQ.completion, r] = now
     return head, tail, _release(s, occ, free_slots, nfree)
+
+
+@step
+def _return_block(npf, npd, pend_first, pend_done, now, n, gscale, arrival, group, out, keep, r_f, delay):
+    """Multi-step scheduling: the block that ends at ``now`` returns the
+    tokens it held back, the first tokens of its ``npf`` requests
+    ``pend_first`` and the last of its ``npd`` requests ``pend_done``.
+    Returns the sums of their times to first token and of their latencies."""
+    s_ttft = 0.0
+    for k in range(npf):
+        r = pend_first[k]
+        ttft = now - arrival[r] + delay
+        s_ttft += ttft
+        out.hist_ttft[hist_bucket(ttft)] += 1
+        if keep:
+            r_f[RQ.first_token, r] = now
+    s_lat = 0.0
+    for k in range(npd):
+        r = pend_done[k]
+        _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
+        s_lat += now - arrival[r] + delay
+    return s_ttft, s_lat
 
 
 @subroutine
@@ -394,6 +437,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     n = ci[C.n]
     M = ci[C.max_num_seqs]
     B = ci[C.max_batched_tokens]
+    # (multi-step scheduling: the iterations a scheduling decision runs)
+    ksteps = ci[C.scheduler_steps]
     chunked = ci[C.chunked] != 0
     bs = ci[C.block_size]
     # (a power-of-two block size divides by shifts and masks)
@@ -454,6 +499,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     gt = ws.gt
     gc = ws.gc
     chunk = ws.chunk
+    pend_first = ws.pend_first
+    pend_done = ws.pend_done
     prompt = inputs.prompt
     output = inputs.output
     prediction = inputs.prediction
@@ -503,6 +550,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     n_main = 0      # decodes whose last token came at the last round's end, t_round
     t_round = 0.0
     ng = 0          # groups of decodes that joined since the last round: (gt, gc)
+    block_left = 0  # multi-step: the iterations left in the block after this one (0: the next schedules)
+    npf = 0         # multi-step: the first tokens and last tokens the block holds back
+    npd = 0
 
     completed = 0
     iterations = 0
@@ -578,6 +628,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         last_done = sf_[ES.last_done]
         now = sf_[ES.now]
         completed_before = si_[ES.completed_before]
+        block_left = si_[ES.block_left]
+        npf = si_[ES.npf]
+        npd = si_[ES.npd]
     while True:
         if (iterations & 65535) == 0:
             if stop[STOP] != 0:
@@ -604,6 +657,20 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 r_f[RQ.arrival, i] = arrival[i]
             waiting += 1
             i += 1
+        if block_left > 0 and n_dec == 0:
+            # (multi-step: a block with nothing left to decode ends)
+            block_left = 0
+        if block_left == 0 and npf + npd > 0:
+            # (multi-step: the block that ended returns the tokens it held back)
+            d_ttft, d_lat = _return_block(npf, npd, pend_first, pend_done, now, n, gscale, arrival, group, out,
+                                          keep, r_f, delay)
+            sum_ttft += d_ttft
+            sum_lat += d_lat
+            completed += npd
+            if npd > 0:
+                last_done = now
+            npf = 0
+            npd = 0
         if running == 0 and waiting == 0 and nstack == 0:
             if i >= n:
                 break
@@ -621,10 +688,14 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if controlled:
             cap = _cap(ctl, bst, sla, memory, memory_on, M)
 
+        # (multi-step: only the first iteration of a block schedules; the others decode)
+        scheduling = block_left == 0
+        if not scheduling:
+            block_left -= 1
         # the waiting head: the last preempted, else the admission order's next (-1: none)
         nxt_r, _ = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
         prefill_phase = False
-        if not chunked and nxt_r >= 0 and running < cap:
+        if scheduling and not chunked and nxt_r >= 0 and running < cap:
             if _blocks(np.int64(prompt[nxt_r]) + (gen[nstack - 1] if nstack > 0 else 0) + 1, bs, sh) <= free:
                 prefill_phase = True
         n_d = 0
@@ -682,7 +753,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         budget = B - n_d
         nc = 0
         ptok = 0
-        if chunked:
+        if chunked and scheduling:
             # the prompts being prefilled, in admission order
             for k in range(pq_n):
                 if budget <= 0:
@@ -696,7 +767,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 nc += 1
                 budget -= c
                 ptok += c
-        if chunked or prefill_phase:
+        if (chunked and scheduling) or prefill_phase:
             while budget > 0 and running < cap:
                 r, b = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
                 from_stack = nstack > 0
@@ -753,6 +824,11 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 budget -= c
                 ptok += c
         if n_d == 0 and nc == 0:
+            if not scheduling:
+                # (multi-step: the block's decodes were preempted; the block ends, the next iteration schedules)
+                block_left = 0
+                iterations -= 1
+                continue
             # (nothing runs and nothing is admitted: with requests waiting, a stall, not the end)
             if running > 0 or (i >= n and (waiting > 0 or nstack > 0)):
                 code = STALLED
@@ -762,6 +838,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             now = arrival[i] if arrival[i] > now else now
             iterations -= 1
             continue
+        if scheduling:
+            block_left = ksteps - 1
         if running > max_running:
             max_running = running
         reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
@@ -829,12 +907,18 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 n_main -= 1
                 fin[sl] = -1
                 free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
-                head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep,
-                                           r_f, occ, free_slots, nfree, delay)
+                if block_left > 0:
+                    # (multi-step: its last token is returned at the block's end)
+                    head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
+                    pend_done[npd] = r
+                    npd += 1
+                else:
+                    head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out,
+                                               keep, r_f, occ, free_slots, nfree, delay)
+                    sum_lat += now - arrival[r] + delay
+                    completed += 1
+                    last_done = now
                 running -= 1
-                sum_lat += now - arrival[r] + delay
-                completed += 1
-                last_done = now
                 sl = following
         # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
         joined = 0
@@ -848,11 +932,16 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             r = occ[sl]
             g = gs[sl]
             if g == 0:
-                ttft = now - arrival[r] + delay
-                sum_ttft += ttft
-                hist_ttft[hist_bucket(ttft)] += 1
-                if keep:
-                    r_f[RQ.first_token, r] = now
+                if block_left > 0:
+                    # (multi-step: its first token is returned at the block's end)
+                    pend_first[npf] = r
+                    npf += 1
+                else:
+                    ttft = now - arrival[r] + delay
+                    sum_ttft += ttft
+                    hist_ttft[hist_bucket(ttft)] += 1
+                    if keep:
+                        r_f[RQ.first_token, r] = now
             else:
                 gap = now - last[sl]
                 hist_tbt[hist_bucket(gap)] += 1
@@ -865,9 +954,14 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             if g >= np.int64(output[r]):
                 # (g is its output now)
                 free += _freed(p, g, bs, sh, tally, memory_on)
+                running -= 1
+                if block_left > 0:
+                    head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
+                    pend_done[npd] = r
+                    npd += 1
+                    continue
                 head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep,
                                            r_f, occ, free_slots, nfree, delay)
-                running -= 1
                 sum_lat += now - arrival[r] + delay
                 completed += 1
                 last_done = now
@@ -936,6 +1030,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     sf_[ES.now] = now
     si_[ES.started] = 1
     si_[ES.completed_before] = completed_before
+    si_[ES.block_left] = block_left
+    si_[ES.npf] = npf
+    si_[ES.npd] = npd
     st_i, st_f = out.ints, out.floats
     st_i[S.completed] = completed
     st_i[S.iterations] = iterations
@@ -1061,7 +1158,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
                         tally=np.zeros(len(TALLY), np.int64), state_i=np.zeros(len(STATE.ints), np.int64),
                         state_f=np.zeros(len(STATE.floats)), group=np.empty(n if grouped else 0, np.int64),
-                        draws=drawers(cfg["arrival_kind"]))
+                        draws=drawers(cfg["arrival_kind"]), pend_first=np.empty(M1, np.int64),
+                        pend_done=np.empty(M1, np.int64))
     return Engine(config, control, inputs, out, requests, ws)
 
 
@@ -1071,7 +1169,7 @@ def warmup() -> None:
     first continuous-batching run compiles it, and the disk cache keeps it."""
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
-                         rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
+                         scheduler_steps=2, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
                          expert_miss=1.0, request_overhead=0.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),

@@ -127,6 +127,16 @@ class ContinuousBatching(Policy):
         outside the engine, s, >= 0 (the API server, tokenization,
         detokenization: a constant delay, so it shifts those metrics and
         changes nothing inside the engine); default 0.
+    num_scheduler_steps : int
+        Iterations one scheduling decision runs, 1 to 1024 (vLLM's multi-step
+        scheduling, ``--num-scheduler-steps``); default 1.  With k > 1 the
+        iterations come in blocks of k: the first schedules as above, the
+        other k - 1 only decode the running sequences (no request is
+        admitted, no prompt chunk runs), and a block returns the tokens it
+        made at its end, so a request's first token and its last wait for
+        the end of the block that made them; a block whose sequences are
+        all done or preempted ends early.  The time between tokens is the
+        engine's, iteration to iteration.
 
     :mod:`mbbatch.engines` gives the settings of released engines, and
     :func:`mbbatch.validation.calibrate` fits the two overheads to measured
@@ -146,6 +156,7 @@ class ContinuousBatching(Policy):
     memory: object = None
     iteration_overhead: float = default("iteration_overhead")
     request_overhead: float = default("request_overhead")
+    num_scheduler_steps: int = default("num_scheduler_steps")
 
     kind: ClassVar[str] = "continuous"
     planner: ClassVar[str] = "continuous"
@@ -154,7 +165,7 @@ class ContinuousBatching(Policy):
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
                                  "admission", "admission_bins", "predictor_sigma", "sla_control", "d_sla", "eps_d",
                                  "b_min", "b_max", "controller", "memory", "eps_m", "servers", "iteration_overhead",
-                                 "request_overhead")
+                                 "request_overhead", "num_scheduler_steps")
     models: ClassVar[tuple] = ("iteration", "profile")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
@@ -164,7 +175,8 @@ class ContinuousBatching(Policy):
                             "chunked_prefill": "chunked_prefill", "kv_tokens": "kv_tokens",
                             "block_size": "block_size", "admission": "admission",
                             "bins": "ContinuousBatching.bins", "iteration_overhead": "iteration_overhead",
-                            "request_overhead": "request_overhead"})
+                            "request_overhead": "request_overhead",
+                            "num_scheduler_steps": "num_scheduler_steps"})
         if self.chunked_prefill and self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens = {self.max_batched_tokens} must be >= max_num_seqs = "
                              f"{self.max_num_seqs} with chunked prefill: every running sequence's decode takes one "
@@ -223,6 +235,8 @@ class ContinuousBatching(Policy):
              "admission": self.admission}
         if self.iteration_overhead or self.request_overhead:
             d.update(iteration_overhead=self.iteration_overhead, request_overhead=self.request_overhead)
+        if self.num_scheduler_steps > 1:
+            d["num_scheduler_steps"] = self.num_scheduler_steps
         if self.admission == "multibin":
             d["bins"] = self.bins
             if self.edges is not None:
@@ -263,4 +277,5 @@ class ContinuousBatching(Policy):
                    block_size=get("block_size"), admission=get("admission"),
                    bins=get("admission_bins", "ContinuousBatching.bins"),
                    predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory,
-                   iteration_overhead=get("iteration_overhead"), request_overhead=get("request_overhead"))
+                   iteration_overhead=get("iteration_overhead"), request_overhead=get("request_overhead"),
+                   num_scheduler_steps=get("num_scheduler_steps"))

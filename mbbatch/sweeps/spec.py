@@ -249,6 +249,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("admission_bins", key="ContinuousBatching.bins"),
     _sp("iteration_overhead"),
     _sp("request_overhead"),
+    _sp("num_scheduler_steps"),
     # LAPS: its instances and router, and its prefill model
     _sp("instances", key="LAPS.instances"),
     _sp("laps_threshold", key="LAPS.threshold"),
@@ -294,7 +295,8 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
 
 #: a cluster's settings that only its continuous-batching engines read
 _ENGINE_ONLY = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size", "admission",
-                "admission_bins", "sla_control", "iteration_overhead", "request_overhead")
+                "admission_bins", "sla_control", "iteration_overhead", "request_overhead",
+                "num_scheduler_steps")
 
 #: the settings of LAPS's decode stage (its policy named by ``decode``)
 _DECODE_SETTINGS = ("decode_servers", "decode_batch_size", "decode_bins", "decode_d_sla", "decode_b_max",
