@@ -26,7 +26,8 @@ their CPU time).  A control row runs the earlier version against a second
 copy of itself in the same way: what the pairs read when nothing changed.
 
 Run ``python bench/paired.py --before REF`` (``make bench`` runs it against
-``BENCH_BEFORE``).
+``BENCH_BEFORE``); ``--only TEXT`` times the cases whose name contains it
+(and the control), ``--cold-runs 0`` skips the cold compiles.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def cold(package: str, path: Path) -> float:
     return r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
 
 
-def worker(order: tuple, folder: Path, n: int, runs: int) -> dict:
+def worker(order: tuple, folder: Path, n: int, runs: int, only: str = "") -> dict:
     """In this process: import the versions in ``order``, and time the pairs
     of every case.  Returns ``{case: (before s, after s, ratio)}``."""
     sys.path.insert(0, str(folder))
@@ -142,6 +143,8 @@ def worker(order: tuple, folder: Path, n: int, runs: int) -> dict:
     before, after, control = mods["mbbatch_before"], mods["mbbatch"], mods["mbbatch_control"]
     out = {}
     for name, run_before in cases(before).items():
+        if only not in name:
+            continue
         run_after = cases(after)[name]
         run_before(10_000, 0), run_after(10_000, 0)          # (a cluster compiles on its first run)
         out[name] = pairs(run_before, run_after, n, runs)
@@ -157,12 +160,13 @@ def main():
     ap.add_argument("--before", required=True, help="the earlier commit (any git revision)")
     ap.add_argument("--n", type=int, default=2_000_000, help="requests per run")
     ap.add_argument("--runs", type=int, default=30, help="pairs per case and process (median)")
-    ap.add_argument("--cold-runs", type=int, default=5, help="cold compiles per version (median)")
+    ap.add_argument("--cold-runs", type=int, default=5, help="cold compiles per version (median; 0: none)")
+    ap.add_argument("--only", default="", help="only the cases whose name contains this (the control runs too)")
     ap.add_argument("--worker", type=int, choices=range(len(ORDERS)), help=argparse.SUPPRESS)
     ap.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
-        print(json.dumps(worker(ORDERS[args.worker], args.folder, args.n, args.runs)))
+        print(json.dumps(worker(ORDERS[args.worker], args.folder, args.n, args.runs, args.only)))
         return
     rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], check=True,
                          capture_output=True, text=True).stdout.strip()
@@ -175,7 +179,7 @@ def main():
             print(f"pairs, imported in the order {', '.join(order)} ...", file=sys.stderr, flush=True)
             got.append(json.loads(subprocess.run(
                 [sys.executable, __file__, "--before", args.before, "--n", str(args.n), "--runs", str(args.runs),
-                 "--worker", str(w), "--folder", str(folder)], check=True, capture_output=True,
+                 "--only", args.only, "--worker", str(w), "--folder", str(folder)], check=True, capture_output=True,
                 text=True).stdout))
         rows = []
         for name in got[0]:
@@ -188,8 +192,9 @@ def main():
         for r in range(args.cold_runs):
             for mine in ((cb, "mbbatch_before", folder), (ca, "mbbatch", ROOT))[::1 if r % 2 == 0 else -1]:
                 mine[0].append(cold(mine[1], mine[2]))
-        rows.append(("cold compile, warmup() (cache off)", f"{median(cb):.2f} s", f"{median(ca):.2f} s", "",
-                     f"{median(a / b for a, b in zip(ca, cb)):.3f}"))
+        if args.cold_runs > 0:
+            rows.append(("cold compile, warmup() (cache off)", f"{median(cb):.2f} s", f"{median(ca):.2f} s", "",
+                         f"{median(a / b for a, b in zip(ca, cb)):.3f}"))
     head = ("case", f"before ({rev})", "after (this checkout)", "ratio: after first / before first",
             "after / before")
     w = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

@@ -270,21 +270,6 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _leave(s, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep, r_f, occ, free_slots, nfree,
-           delay):
-    """Request r (in slot s) completes at ``now``: out of the running list
-    (``head``, ``tail``) and its slot freed (``nfree`` free slots), its
-    latency (plus the request's ``delay`` outside the engine) into the
-    histogram and its batch-means group (``group[r]``;
-    none given: the group of r among the ``n``, ``gscale`` the groups over
-    n), its record kept.
-    Returns ``(head, tail, nfree)`` after."""
-    head, tail, nfree = _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree)
-    _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
-    return head, tail, nfree
-
-
-@step
 def _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay):
     """Request r's last token returned at ``now``: its latency (plus its
     ``delay`` outside the engine) into the histogram and its batch-means
@@ -314,12 +299,21 @@ def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
     return head, tail, _release(s, occ, free_slots, nfree)
 
 
-@step
-def _return_block(npf, npd, pend_first, pend_done, now, n, gscale, arrival, group, out, keep, r_f, delay):
+@subroutine
+def _return_block(npf, npd, ws, now, out, requests, config):
     """Multi-step scheduling: the block that ends at ``now`` returns the
     tokens it held back, the first tokens of its ``npf`` requests
-    ``pend_first`` and the last of its ``npd`` requests ``pend_done``.
-    Returns the sums of their times to first token and of their latencies."""
+    ``ws.pend_first`` and the last of its ``npd`` requests ``ws.pend_done``.
+    Returns the sums of their times to first token and of their latencies.
+    (Given the kernel's structures, not their arrays: the call sits in the
+    loop, and each argument it passes is a value the loop keeps.)"""
+    pend_first, pend_done, arrival, group = ws.pend_first, ws.pend_done, ws.arrival, ws.group
+    ci, cf = config
+    n = ci[C.n]
+    keep = ci[C.keep] != 0
+    gscale = out.group_latency.shape[0] / n if n > 0 else 0.0
+    r_f = requests[1]
+    delay = cf[C.request_overhead]
     s_ttft = 0.0
     for k in range(npf):
         r = pend_first[k]
@@ -337,15 +331,19 @@ def _return_block(npf, npd, pend_first, pend_done, now, n, gscale, arrival, grou
 
 
 @subroutine
-def _prefill_squares(nc, chunk, pq, pq_h, PQ, occ, prompt, gs, need, pre):
+def _prefill_squares(nc, pq_h, ws, inputs):
     """The iteration's part of its prompts' squares (the prefill attention's
     feature, :mod:`.cost`): its ``nc`` chunks are those of the prefill
     queue's first ``nc`` sequences, in order (the prompts being prefilled,
     then those admitted, appended), each ``chunk[k]`` tokens from the
     ``a`` its sequence holds already (a cached prompt's part, or those
     prefilled before), adding ``(a + c)^2 - a^2`` (a whole prompt of P
-    tokens, in any chunks, P^2).  Called, not inlined: a model without the
-    term keeps the engine's loop as it was."""
+    tokens, in any chunks, P^2).  Called, not inlined, and given the
+    kernel's structures rather than their arrays: a model without the term
+    keeps the engine's loop as it was."""
+    chunk, pq, occ, gs, need, pre = ws.chunk, ws.pq, ws.occ, ws.gs, ws.need, ws.pre
+    prompt = inputs.prompt
+    PQ = pq.shape[0]
     sq = 0.0
     for k in range(nc):
         at = pq_h + k
@@ -662,8 +660,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             block_left = 0
         if block_left == 0 and npf + npd > 0:
             # (multi-step: the block that ended returns the tokens it held back)
-            d_ttft, d_lat = _return_block(npf, npd, pend_first, pend_done, now, n, gscale, arrival, group, out,
-                                          keep, r_f, delay)
+            d_ttft, d_lat = _return_block(npf, npd, ws, now, out, requests, config)
             sum_ttft += d_ttft
             sum_lat += d_lat
             completed += npd
@@ -844,7 +841,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             max_running = running
         reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
         # (the prefill's attention, where the model has it: its chunks' part of their prompts' squares)
-        psq = _prefill_squares(nc, chunk, pq, pq_h, PQ, occ, prompt, gs, need, pre) if attention else 0.0
+        psq = _prefill_squares(nc, pq_h, ws, inputs) if attention else 0.0
         t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq)
         used = blocks_total - free
         sum_batch += n_d + nc
@@ -907,18 +904,17 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 n_main -= 1
                 fin[sl] = -1
                 free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
+                head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
+                running -= 1
                 if block_left > 0:
                     # (multi-step: its last token is returned at the block's end)
-                    head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
                     pend_done[npd] = r
                     npd += 1
                 else:
-                    head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out,
-                                               keep, r_f, occ, free_slots, nfree, delay)
+                    _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
                     sum_lat += now - arrival[r] + delay
                     completed += 1
                     last_done = now
-                running -= 1
                 sl = following
         # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
         joined = 0
@@ -955,16 +951,15 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 # (g is its output now)
                 free += _freed(p, g, bs, sh, tally, memory_on)
                 running -= 1
+                head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
                 if block_left > 0:
-                    head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
                     pend_done[npd] = r
                     npd += 1
-                    continue
-                head, tail, nfree = _leave(sl, r, now, n, gscale, arrival, group, prv, nxt, head, tail, out, keep,
-                                           r_f, occ, free_slots, nfree, delay)
-                sum_lat += now - arrival[r] + delay
-                completed += 1
-                last_done = now
+                else:
+                    _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
+                    sum_lat += now - arrival[r] + delay
+                    completed += 1
+                    last_done = now
                 continue
             # it joins the decodes at this round
             d0[sl] = rounds
