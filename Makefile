@@ -104,8 +104,8 @@ figures: $(SWEPT) $(RESULTS)/fig1b.nc $(RESULTS)/engine_event.nc
 # returns), then the HTML site; a warning is an error.  The autosummary stubs and the
 # parameter and metric tables are written into docs/api/generated/ (not committed).
 DOCS_BUILD := docs/_build
-# (MBBATCH_DOCS_FULL: the accuracy page's example that validates every measured run, 4 minutes, runs here;
-# make test's build of the examples skips it, and its heavy test checks the numbers the page quotes)
+# (MBBATCH_DOCS_FULL: the accuracy page's examples that validate the measured APEX runs, 5 minutes, run
+# here; make test's build of the examples skips them, and its heavy tests check the numbers the page quotes)
 docs: $(STAMP)
 	MBBATCH_DOCS_FULL=1 $(PY) -m sphinx -W --keep-going -j 1 -b doctest docs $(DOCS_BUILD)/doctest
 	$(PY) -m sphinx -W --keep-going -j 1 -b html docs $(DOCS_BUILD)/html
