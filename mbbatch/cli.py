@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import sys
 import warnings
@@ -122,6 +123,25 @@ def _parser() -> argparse.ArgumentParser:
                     help="also draw measured against predicted into PATH (.png, and a .pdf beside it)")
     va.add_argument("--no-fit", action="store_true",
                     help="only the runs with a shipped profile (skip fitting the others from their own runs)")
+    fs = sub.add_parser("from-serving", help="fit a profile of your own engine to its serving benchmark runs",
+                        description="Read the files `vllm bench serve --save-result --save-detailed` writes (one "
+                        "per run, several request rates if you can), fit an iteration model and the server's "
+                        "per-request overhead to them by replaying each run on the continuous engine with the "
+                        "server's settings (mbbatch.profiles.from_serving), and print the fit, its held-out "
+                        "error and the sweep-spec keys that use it.")
+    fs.add_argument("runs", nargs="+", metavar="RUN.json", help="the benchmark's result files, one per run")
+    fs.add_argument("--engine", default="vllm-v1", choices=("vllm-v1", "vllm-0.6", "sglang"),
+                    help="the server's engine, whose default settings the runs used (default vllm-v1)")
+    fs.add_argument("--gpu-memory-gib", type=float, default=80.0,
+                    help="one GPU's memory, GiB (the engine's defaults depend on it; default 80)")
+    fs.add_argument("--max-num-seqs", type=int, default=None, help="the server's --max-num-seqs, if set")
+    fs.add_argument("--max-batched-tokens", type=int, default=None,
+                    help="the server's --max-num-batched-tokens, if set")
+    fs.add_argument("--kv-tokens", type=float, default=None,
+                    help="the server's KV cache capacity in tokens (its log's 'GPU KV cache size'); default "
+                         "unbounded")
+    fs.add_argument("--base", default=None, metavar="PROFILE",
+                    help="the shipped profile the fit starts from (default: the iteration model's defaults)")
     ck = sub.add_parser("check", help="verify a sweep store: done, missing and damaged grid points")
     ck.add_argument("store", help="the Zarr store a sweep wrote")
 
@@ -479,6 +499,32 @@ def _one_line(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _from_serving(args) -> None:
+    """``mbbatch from-serving``: the fit, then the spec keys that use it."""
+    from . import engines, profiles, serving
+    from ._kernels.cost import TERMS
+
+    name, _, version = args.engine.partition("-")
+    given = {k: v for k, v in (("max_num_seqs", args.max_num_seqs), ("max_batched_tokens", args.max_batched_tokens),
+                               ("kv_tokens", args.kv_tokens)) if v is not None}
+    engine = (engines.vllm(version, gpu_memory_gib=args.gpu_memory_gib, **given) if name == "vllm"
+              else engines.sglang(gpu_memory_gib=args.gpu_memory_gib, **given))
+    settings = {k: getattr(engine, k) for k in ("max_num_seqs", "max_batched_tokens", "chunked_prefill",
+                                                "kv_tokens", "block_size")}
+    runs = [serving.read_vllm_bench(path, settings=settings, name=Path(path).stem) for path in args.runs]
+    fit = profiles.from_serving(runs, base=args.base,
+                                progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(fit)
+    spec = {t.name: t.spec for t in TERMS}
+    print("\n# in a sweep spec (policy = \"continuous\"): the fitted model and the engine's settings")
+    print('service_model = "iteration"\n\n[params]')
+    for t in TERMS:
+        print(f"{spec[t.name]} = {getattr(fit.model, t.name):.6g}")
+    print(f"request_overhead = {fit.overheads['request_overhead']:.6g}")
+    for k, v in settings.items():
+        print(f"{k} = {str(v).lower() if isinstance(v, bool) else ('inf' if v == math.inf else v)}")
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -597,6 +643,8 @@ def _dispatch(args) -> int:
             with house_style():
                 written = save(draw(report.to_dataset()), path.parent, path.with_suffix("").name)
             print("wrote " + ", ".join(map(str, written)))
+    elif args.command == "from-serving":
+        _from_serving(args)
     elif args.command == "check":
         from .sweeps import check_store
 

@@ -58,8 +58,6 @@ METRICS = {
     "e2e_p90": "90th percentile of the end-to-end latency, s",
     "throughput": "output tokens per second, from the first arrival to the last completion, tokens/s",
 }
-#: the metrics of one request each (a subset of a run's requests has them; the throughput is the run's)
-_PER_REQUEST = tuple(m for m in METRICS if m != "throughput")
 #: the terms :func:`fit` may fit: the iteration model's (``IterationModel`` fields) and the server's
 #: per-request overhead (``ContinuousBatching.request_overhead``)
 FIT_TERMS = ("step", "per_sequence", "per_context_token", "prefill_per_token", "prefill_attention",
@@ -186,17 +184,17 @@ class ServingRun:
 def summarize(arrival, output, ttft, latency, mask=None) -> dict:
     """:data:`METRICS` of requests (arrays in one order: arrival s, output
     tokens, time to first token and latency s), or of those where ``mask``
-    (a boolean array) holds; then without the throughput, a run's alone.
-    Quantiles interpolate linearly (numpy's default)."""
+    (a boolean array) holds: then the throughput is theirs, their output
+    tokens over the time from the first of them to arrive to the last to
+    complete.  Quantiles interpolate linearly (numpy's default)."""
+    arrival = np.asarray(arrival, dtype=float)
     out = np.asarray(output, dtype=float)
     ttft = np.asarray(ttft, dtype=float)
     lat = np.asarray(latency, dtype=float)
-    res = {}
-    if mask is None:
-        span = float(np.max(arrival + lat) - np.min(arrival))
-        res["throughput"] = float(np.sum(out) / span) if span > 0 else math.nan
-        mask = np.ones(out.size, dtype=bool)
-    out, ttft, lat = out[mask], ttft[mask], lat[mask]
+    if mask is not None:
+        arrival, out, ttft, lat = arrival[mask], out[mask], ttft[mask], lat[mask]
+    span = float(np.max(arrival + lat) - np.min(arrival))
+    res = {"throughput": float(np.sum(out) / span) if span > 0 else math.nan}
     decode = lat - ttft
     steps = np.maximum(out - 1.0, 0.0)
     several = steps > 0

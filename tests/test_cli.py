@@ -446,3 +446,20 @@ def test_plot_names_a_folder_that_is_not_a_sweep_store(tmp_path):
         r = run("plot", tmp_path / path, "--x", "rate", "--y", "sim_throughput", "--out", tmp_path / "p.png")
         one_line_error(r, f"{tmp_path / path} is not an mbbatch sweep store: {why}")
     assert not (tmp_path / "p.png").exists()
+
+
+def test_from_serving_fits_bench_files_and_prints_the_spec_keys_that_use_the_fit(tmp_path):
+    """``mbbatch from-serving``: two runs' bench files (written by the
+    engine itself, tests/test_serving.py) fitted, the held-out error
+    printed, and the spec's keys: the iteration model's and the engine's."""
+    from .test_serving import SETTINGS, _bench_file, _measured
+
+    files = [str(_bench_file(tmp_path / f"rate{r}.json", *_measured(r, n=80, seed=r))) for r in (2, 5)]
+    r = run("from-serving", *files, "--engine", "vllm-v1", "--max-num-seqs", str(SETTINGS["max_num_seqs"]),
+            "--max-batched-tokens", str(SETTINGS["max_batched_tokens"]))
+    assert r.returncode == 0, r.stderr
+    assert "held out (leave one deployment out)" in r.stdout
+    keys = dict(line.split(" = ") for line in r.stdout.splitlines() if " = " in line)
+    assert keys["service_model"] == '"iteration"' and keys["max_num_seqs"] == "32"
+    assert float(keys["iteration_step"]) > 0 and float(keys["request_overhead"]) > 0
+    one_line_error(run("from-serving", str(tmp_path / "none.json")), "read_vllm_bench: cannot read")

@@ -106,7 +106,7 @@ def test_the_runs_without_a_profile_are_fitted_from_their_own_and_held_out(runs)
     assert rep.median_error() <= 0.10 and rep.median_error("ttft_mean") <= 0.15
     assert all(f.holdout.startswith("one run") for f in rep.fits.values())
     ds = rep.to_dataset()
-    assert set(ds.metric.values) == set(mb.serving.METRICS) - {"throughput"}
+    assert set(ds.metric.values) == set(mb.serving.METRICS)
     assert "fitted from 1 run(s)" in str(rep)
     with pytest.raises(ValueError, match="method must be"):
         rep.median_error(method="magic")
