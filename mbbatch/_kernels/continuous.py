@@ -299,6 +299,26 @@ def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
     return head, tail, _release(s, occ, free_slots, nfree)
 
 
+@step
+def _complete(s, r, now, block_left, npd, pend_done, prv, nxt, head, tail, occ, free_slots, nfree, n, gscale,
+              arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done):
+    """Request r (in slot s) has its last token at ``now``: out of the
+    running list and its slot freed; its latency recorded (:func:`_done`)
+    and counted, or, inside a multi-step block (``block_left`` > 0), held
+    back for the block's end (``pend_done``).  Returns ``(head, tail, nfree,
+    npd, sum_lat, completed, last_done)`` after."""
+    head, tail, nfree = _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree)
+    if block_left > 0:
+        pend_done[npd] = r
+        npd += 1
+    else:
+        _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
+        sum_lat += now - arrival[r] + delay
+        completed += 1
+        last_done = now
+    return head, tail, nfree, npd, sum_lat, completed, last_done
+
+
 @subroutine
 def _return_block(npf, npd, ws, now, out, requests, config):
     """Multi-step scheduling: the block that ends at ``now`` returns the
@@ -904,17 +924,10 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 n_main -= 1
                 fin[sl] = -1
                 free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
-                head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
                 running -= 1
-                if block_left > 0:
-                    # (multi-step: its last token is returned at the block's end)
-                    pend_done[npd] = r
-                    npd += 1
-                else:
-                    _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
-                    sum_lat += now - arrival[r] + delay
-                    completed += 1
-                    last_done = now
+                head, tail, nfree, npd, sum_lat, completed, last_done = _complete(
+                    sl, r, now, block_left, npd, pend_done, prv, nxt, head, tail, occ, free_slots, nfree, n, gscale,
+                    arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
                 sl = following
         # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
         joined = 0
@@ -951,15 +964,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 # (g is its output now)
                 free += _freed(p, g, bs, sh, tally, memory_on)
                 running -= 1
-                head, tail, nfree = _unlink(sl, prv, nxt, head, tail, occ, free_slots, nfree)
-                if block_left > 0:
-                    pend_done[npd] = r
-                    npd += 1
-                else:
-                    _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
-                    sum_lat += now - arrival[r] + delay
-                    completed += 1
-                    last_done = now
+                head, tail, nfree, npd, sum_lat, completed, last_done = _complete(
+                    sl, r, now, block_left, npd, pend_done, prv, nxt, head, tail, occ, free_slots, nfree, n, gscale,
+                    arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
                 continue
             # it joins the decodes at this round
             d0[sl] = rounds
