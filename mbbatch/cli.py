@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                         "continuous engine, calibrated on the other deployments' runs (leave one deployment out); "
                         "fit the runs without a profile from their own group's runs (mbbatch.serving.fit), held "
                         "out; and print measured against predicted with the median error per metric "
-                        "(mbbatch.validation).  Every run takes about 4 minutes on 2 cores.  The runs are read from "
+                        "(mbbatch.validation); every run, about 3 minutes on 2 cores.  The runs are read from "
                         "DATA/serving; without them it says so and exits 0.")
     va.add_argument("--data", default=None,
                     help="the data directory (its serving/ folder holds the runs); default $MBBATCH_DATA")

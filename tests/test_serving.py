@@ -2,8 +2,7 @@
 ``vllm bench serve``'s file, its metrics on one definition for measured and
 replayed requests, the replay equal to the simulation it stands for, and a
 fit that recovers the iteration model which wrote a run, with its held-out
-error.  On the measured runs beside the checkout (skipped without them):
-each LLMServingSim run fitted from its earlier half predicts its later half."""
+error.  (The measured runs' fits: tests/test_validation_serving.py.)"""
 
 import json
 import math
@@ -13,8 +12,6 @@ import pytest
 
 import mbbatch as mb
 from mbbatch import serving
-
-from .conftest import SHARED_DATA
 
 #: the engine that "measures" the synthetic runs: an iteration model unlike the defaults
 TRUTH = mb.IterationModel(step=0.02, per_sequence=2e-4, per_context_token=1.5e-7, prefill_per_token=6e-5,
@@ -147,20 +144,3 @@ def test_a_fit_refuses_what_it_cannot_do():
         serving.fit(means)
     assert math.isnan(serving.fit(means, terms=("step",), holdout=True).median_heldout())
 
-
-SERVING = SHARED_DATA / "serving"
-
-
-@pytest.mark.skipif(not (SERVING / "llmservingsim_vllm_runs.csv").is_file(),
-                    reason=f"the measured serving runs are not beside the checkout ({SERVING})")
-def test_each_vllm_019_run_fitted_on_its_earlier_half_predicts_its_later_half():
-    """LLMServingSim's four vLLM 0.19 runs (no shipped profile): each fitted
-    from its own earlier half; the later half's metrics within a median 10 %
-    (the issue's target)."""
-    from mbbatch import validation
-
-    runs = [r for r in validation.serving_runs(SHARED_DATA) if r.source.startswith("LLMServing")]
-    assert len(runs) == 4 and all(r.per_request for r in runs)
-    for r in runs:
-        fit = serving.fit(r)
-        assert fit.median_heldout() <= 0.10, str(fit)
