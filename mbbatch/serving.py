@@ -447,8 +447,8 @@ def fit(runs, *, base=None, terms=FIT_TERMS, holdout: bool = True, progress=None
     or None: the defaults), which is also where the solver starts.
 
     ``holdout``: also the held-out errors (leave one deployment out with
-    two or more; else, with one run measured request by request, one half
-    of its requests predicted by a fit on the other's metrics).
+    two or more; else, with one run measured request by request, the later
+    half of its requests predicted by a fit on the earlier half's metrics).
     ``progress``: a callable given a line at each fit.  A fit replays every
     run at each of its solver's steps: seconds for a few runs of hundreds
     of requests."""
