@@ -301,11 +301,9 @@ class ServingFit:
         The runs fitted.
     errors : dict
         Each run's relative errors in sample (predicted / measured - 1), by metric.
-    heldout : dict
-        Each run's relative errors held out, by metric.
     heldout_values : dict
         Each run's held-out ``(measured, predicted)`` by metric (with one
-        run, its later half's).
+        run, its later half's); :attr:`heldout` their relative errors.
     holdout : str
         How the held-out errors were obtained.
     """
@@ -317,9 +315,13 @@ class ServingFit:
     stderr: dict
     runs: tuple
     errors: dict = field(repr=False)
-    heldout: dict = field(repr=False)
     heldout_values: dict = field(repr=False)
     holdout: str = ""
+
+    @property
+    def heldout(self) -> dict:
+        """Each run's relative errors held out (predicted / measured - 1), by metric."""
+        return {r: {m: p / x - 1.0 for m, (x, p) in e.items()} for r, e in self.heldout_values.items()}
 
     def median_heldout(self, metric: str | None = None) -> float:
         """Median |relative error| held out, of ``metric`` (None: every metric of every run)."""
@@ -505,6 +507,4 @@ def fit(runs, *, base=None, terms=FIT_TERMS, holdout: bool = True, progress=None
                       params={t: float(v) for t, v in zip(terms, values)},
                       identification={t: _label(v, s, scale[t]) for t, v, s in zip(terms, values, se)},
                       stderr={t: float(s) for t, s in zip(terms, se)}, runs=tuple(r.name for r in runs),
-                      errors=errors,
-                      heldout={r: {m: p / x - 1.0 for m, (x, p) in e.items()} for r, e in heldout.items()},
-                      heldout_values=heldout, holdout=how)
+                      errors=errors, heldout_values=heldout, holdout=how)

@@ -300,6 +300,18 @@ def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
 
 
 @step
+def _first_token(r, now, arrival, delay, hist_ttft, keep, r_f):
+    """Request r's first token returned at ``now``: its time to first token
+    (plus its ``delay`` outside the engine) into the histogram, its record
+    kept.  Returns the time to first token."""
+    ttft = now - arrival[r] + delay
+    hist_ttft[hist_bucket(ttft)] += 1
+    if keep:
+        r_f[RQ.first_token, r] = now
+    return ttft
+
+
+@step
 def _complete(s, r, now, block_left, npd, pend_done, prv, nxt, head, tail, occ, free_slots, nfree, n, gscale,
               arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done):
     """Request r (in slot s) has its last token at ``now``: out of the
@@ -336,12 +348,7 @@ def _return_block(npf, npd, ws, now, out, requests, config):
     delay = cf[C.request_overhead]
     s_ttft = 0.0
     for k in range(npf):
-        r = pend_first[k]
-        ttft = now - arrival[r] + delay
-        s_ttft += ttft
-        out.hist_ttft[hist_bucket(ttft)] += 1
-        if keep:
-            r_f[RQ.first_token, r] = now
+        s_ttft += _first_token(pend_first[k], now, arrival, delay, out.hist_ttft, keep, r_f)
     s_lat = 0.0
     for k in range(npd):
         r = pend_done[k]
@@ -946,11 +953,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                     pend_first[npf] = r
                     npf += 1
                 else:
-                    ttft = now - arrival[r] + delay
-                    sum_ttft += ttft
-                    hist_ttft[hist_bucket(ttft)] += 1
-                    if keep:
-                        r_f[RQ.first_token, r] = now
+                    sum_ttft += _first_token(r, now, arrival, delay, hist_ttft, keep, r_f)
             else:
                 gap = now - last[sl]
                 hist_tbt[hist_bucket(gap)] += 1
