@@ -323,8 +323,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     # IterationModel: an engine iteration's time, linear in what it does: one entry per term of the
     # cost, declared in mbbatch._kernels.cost.TERMS (name, unit, meaning, default).  Defaults: the fit
     # of the profile H100/vLLM/Meta-Llama-3-8B/tp1 (mbbatch.profiles.DEFAULT), to 3 significant digits
-    # (a test holds them to it).  Its set-up and prefill per token fit at 0: that benchmark's prompts
-    # and outputs have one length, so b L is split between prefill and decode only through b.  A
+    # (a test holds them to it), fitted with its measured prefill (16 prompts of 1,024 tokens), which
+    # identifies the prefill rate; its set-up fits at 0, and the prefill's attention is not fitted.  A
     # mixture of experts (e.g. Mixtral: 8 experts, each token routed to 2): an iteration of T tokens
     # reads (E - k)(1 - (1 - k/E)^(T - 1)) experts beyond its first token's k; 0 experts: a dense
     # model, the term is absent (every profile but Mixtral's)

@@ -15,7 +15,8 @@ x framework x model), named ``HARDWARE/FRAMEWORK/MODEL/tpN``, for example
 Each profile is fitted on relative error (its times span three orders of
 magnitude, :meth:`~mbbatch.IterationModel.fit`) when first asked for; its
 held-out error (leave-one-out) is reported (:func:`list`, :func:`fit`).
-Over the 227 profiles the median of their held-out errors is 5.2 % (Pang et al.'s
+Over the 227 profiles the median of their held-out errors is 5.4 % (5.2 % fitted on the
+batches alone, below; Pang et al.'s
 :class:`~mbbatch.DecodeModel` form, refitted to the same rows: 20 %); the largest, 20 %,
 are llama.cpp's on MI300X.  Mixtral-8x7B's profiles (:data:`MIXTURES`: a mixture of
 experts) fit the time to read an expert's weights, ``per_expert``: a decode
@@ -31,15 +32,22 @@ every row, with a column ``excluded``.  Groups left with fewer than 8 rows,
 or fewer than 3 batch sizes or 3 lengths, are not profiles (their terms are
 not told apart).
 
-Because the benchmark's prompts and outputs have one length ``L``, a batch's
-prefill and its decode steps grow together: the fit tells the per-batch and
-per-iteration times apart, and the attention over the context, but splits
-``b L`` between ``prefill_per_token`` and ``per_sequence`` only by the
-difference of ``b`` between ``b L`` and ``b (L - 1)``; their standard errors
-say how little the data fix each (their sum is well determined).  Workloads
-whose prompts are much longer or shorter than their outputs lean on that
-split; measurements of the phases (``prefill``, ``per_token`` columns of
-:func:`from_csv`) fix it.
+Because the benchmark's batches have prompts and outputs of one length ``L``,
+a batch's prefill and its decode steps grow together: the batches tell the
+per-batch and per-iteration times apart, and the attention over the context,
+but split ``b L`` between ``prefill_per_token`` and ``per_sequence`` only by
+the difference of ``b`` between ``b L`` and ``b (L - 1)`` (alone, the prefill
+rate of 14 of the 26 profiles below lands at its bound, 0).  So each profile
+whose prefill the benchmark measured (:data:`PREFILL`: 16 prompts of 1,024
+tokens generating one token; 26 profiles, :func:`prefill_names`) is fitted
+jointly on its batches and that prefill, which identifies its prefill rate;
+``fit(name, prefill=False)`` gives the batches-only fit.  The other profiles'
+prefill rates rest on the batches alone, and :func:`list` says which
+coefficients the data do not identify.  Prompt lengths vary in neither
+source's prefill rows, so ``prefill_attention`` is not fitted (0; say so:
+:attr:`~mbbatch.service_models.FitResult.identification`).  Your own
+measurements of the phases (``prefill``, ``per_token`` columns of
+:func:`from_csv`) or serving runs (:func:`from_serving`) fix the split.
 
 Examples
 --------
@@ -69,7 +77,7 @@ from .service_models import DENSE, FitResult, IterationModel
 
 __all__ = ["list", "names", "get", "fit", "prefill_names", "measurements", "provenance", "from_csv", "from_serving",
            "sla_target",
-           "SOURCE", "PREFILL", "DEFAULT", "SLA_HEADROOM"]
+           "SOURCE", "PREFILL", "BATCHES_ONLY_SUFFIX", "DEFAULT", "SLA_HEADROOM"]
 
 #: the shipped measurements' file, in the package's data
 _DATA = ("data", "llm_inference_bench", "All_results.csv")
@@ -88,8 +96,9 @@ ENGINE_RELEASE = "{framework}, a 2024 release (LLM-Inference-Bench records no ve
 PREFILL = ("LLM-Inference-Bench (Chitty-Venkata et al., 2024, arXiv:2411.00136), Plots/Fig_21/all_results_TTFT.csv "
            "at commit 4211f5d4e9bc0145ed541b6d372d5d8223b44235, BSD 3-Clause")
 _PREFILL = ("data", "llm_inference_bench", "Fig_21_all_results_TTFT.csv")
-#: what a profile's ``profile`` field adds when it is fitted with its prefill
-PREFILL_SUFFIX = " (with its prefill)"
+#: what a profile's ``profile`` field adds when it is fitted without its measured prefill
+#: (``fit(name, prefill=False)``)
+BATCHES_ONLY_SUFFIX = " (batches only)"
 #: the profile whose fit gives IterationModel's defaults
 DEFAULT = "H100/vLLM/Meta-Llama-3-8B/tp1"
 #: the shipped profiles' names, one a line: what the parameter table offers without reading the
@@ -237,47 +246,51 @@ def _prefills() -> dict:
     return out
 
 
-def fit(name: str, prefill: bool = False) -> FitResult:
+def fit(name: str, prefill: bool | None = None) -> FitResult:
     """The fit of profile ``name`` (:meth:`~mbbatch.IterationModel.fit` on
     relative error, its rows after screening; a mixture of experts'
     (:data:`MIXTURES`) with its experts, fitting ``per_expert``):
     coefficients, standard errors, R^2, in-sample and leave-one-out relative
     errors.
 
-    ``prefill=True``: jointly with LLM-Inference-Bench's measured prefill of
-    the profile (:data:`PREFILL`, 26 profiles; :func:`prefill_names`),
-    which identifies its ``prefill_per_token`` (held at 0 or weakly fitted
-    without it); the fitted model's ``profile`` says so.  Not the default:
-    a prefill rate moves every engine's time to first token, and the
-    continuous engine's decodes share an iteration with prefill chunks."""
+    ``prefill``: whether LLM-Inference-Bench's measured prefill of the
+    profile (:data:`PREFILL`, 26 profiles; :func:`prefill_names`) is fitted
+    jointly with its batches.  ``None`` (the default): where it was
+    measured, which identifies the profile's ``prefill_per_token`` (the
+    batches alone, prompt = output, leave it at 0 or weakly fitted);
+    ``False``: the batches alone (the fitted model's ``profile`` then ends
+    in :data:`BATCHES_ONLY_SUFFIX`); ``True``: jointly, and an error where
+    no prefill was measured."""
     _group(name)    # (checked before the cache: a list is unhashable, and would say only that)
-    if not isinstance(prefill, bool):
-        raise TypeError(f"prefill must be True or False; got {prefill!r}")
+    if prefill is not None and not isinstance(prefill, bool):
+        raise TypeError(f"prefill must be None, True or False; got {prefill!r}")
     if prefill and name not in _prefills():
         raise ValueError(f"prefill=True: LLM-Inference-Bench measured no prefill of {name}; the profiles with one "
                          "are mbbatch.profiles.prefill_names()")
-    return _fit(name, prefill)
+    return _fit(name, name in _prefills() if prefill is None else prefill)
 
 
 @functools.cache
-def _fit(name: str, prefill: bool = False) -> FitResult:
+def _fit(name: str, prefill: bool) -> FitResult:
     g = _group(name)
     experts, per_token = MIXTURES.get(str(g["model"][0]), DENSE)
     res = IterationModel.fit(_rows_of(g, name, prefill), weights="relative", experts=experts,
                              experts_per_token=per_token)
-    return replace(res, model=replace(res.model, profile=name + (PREFILL_SUFFIX if prefill else "")))
+    plain = prefill or name not in _prefills()
+    return replace(res, model=replace(res.model, profile=name + ("" if plain else BATCHES_ONLY_SUFFIX)))
 
 
 def prefill_names() -> builtins.list:
-    """The profiles whose prefill LLM-Inference-Bench measured (``fit(name,
-    prefill=True)`` fits it), sorted."""
+    """The profiles whose prefill LLM-Inference-Bench measured (:func:`fit`
+    fits it with their batches unless told ``prefill=False``), sorted."""
     return sorted(n for n in _prefills() if n in set(names()))
 
 
-def get(name: str, prefill: bool = False) -> IterationModel:
+def get(name: str, prefill: bool | None = None) -> IterationModel:
     """The :class:`~mbbatch.IterationModel` of profile ``name`` (its ``profile``
     field names it; :func:`provenance` and :func:`fit` tell the rest);
-    ``prefill``: fitted with its measured prefill (:func:`fit`)."""
+    ``prefill``: whether its measured prefill is fitted (:func:`fit`; by
+    default where measured)."""
     return fit(name, prefill).model
 
 

@@ -44,15 +44,15 @@ def test_it_draws_from_the_two_stores(results, tmp_path):
 def test_its_spec_runs_small_and_the_engine_is_multi_bins_limit(tmp_path):
     """continuous_vs_binned's spec, run small (n = 20,000, 2 replications),
     on hardware_multibin's workload: the engine at 32 running sequences
-    carries more than multi-bin batching at 64 bins (11.61 and 5.63
+    carries more than multi-bin batching at 64 bins (11.29 and 5.90
     requests/s on the H100 and A100 profiles, finished members leaving:
     docs/gallery/hardware.md) and about what its limit of every batch one length
-    does (13.49 and 6.40: at every iteration both step 32 sequences; within
+    does (13.06 and 6.75: at every iteration both step 32 sequences; within
     3 %, this small run's start and drain), and 256 sequences more than 32."""
     ds = _small("continuous_vs_binned", tmp_path, ("n = 1000000", "n = 20000"), ("reps = 3", "reps = 2"))
     thr = ds["sim_throughput_mean"]
     assert np.all(thr.sel(max_num_seqs=256) > thr.sel(max_num_seqs=32))
-    binned = {"H100/vLLM/Meta-Llama-3-8B/tp1": (11.61, 13.49), "A100/vLLM/Meta-Llama-3-8B/tp1": (5.63, 6.40)}
+    binned = {"H100/vLLM/Meta-Llama-3-8B/tp1": (11.29, 13.06), "A100/vLLM/Meta-Llama-3-8B/tp1": (5.90, 6.75)}
     for name, (k64, limit) in binned.items():
         got = float(thr.sel(max_num_seqs=32, profile=name))
         assert got > k64 and abs(got / limit - 1) < 0.03, (name, got)
@@ -71,24 +71,28 @@ def test_the_memory_figure_draws_and_its_spec_shows_preemptions_rising_as_the_ca
     assert np.all(pre.sel(kv_tokens=16000.0) > 0.05)
 
 
-def test_the_controller_figure_draws_and_its_spec_holds_the_sla_where_a_fixed_cap_does_not(results, tmp_path):
+def test_the_controller_figure_draws_and_its_spec_holds_the_mean_sla_where_a_fixed_cap_does_not(results, tmp_path):
     """continuous_controller draws; its spec, run small (n = 20,000, 2
     replications, loads 10 and 30 requests/s): at 10 every variant but the
-    cap of 32 carries the load at the same p99 time between tokens; at 30
-    the cap of 256 carries it at a p99 above 25 ms, the controller with
-    D_SLA = 20 ms holds its p99 within 5 % of it (carrying less, its
-    backlog growing) at a cap below 256, the one with 25 ms within 5 % of
-    25 ms."""
+    cap of 32 carries the load at the same mean time between tokens; at 30
+    the cap of 256 carries it at a mean above 25 ms, the controller with
+    D_SLA = 20 ms holds its mean within 3 % of it (carrying less, its
+    backlog growing) at a cap below 256, the one with 25 ms within 3 % of
+    25 ms; the p99s are the iterations carrying a prefill chunk (the
+    profile's measured prefill: 52 ms for 2,048 tokens), above 2 x D_SLA
+    under either controller."""
     _draws(results, tmp_path, "continuous_controller")
     ds = _small("continuous_controller", tmp_path, ("n = 50000", "n = 20000"), ("reps = 3", "reps = 2"),
                 ("rate = [5.0, 10.0, 15.0, 20.0, 22.5, 25.0, 27.5, 30.0, 32.5]", "rate = [10.0, 30.0]"))
-    p99 = ds["sim_tbt_p99"].mean("rep")
-    low = p99.sel(rate=10.0)
+    mean = ds["sim_mean_tbt"].mean("rep")
+    low = mean.sel(rate=10.0)
     assert float(abs(low.sel(policy="sla20") / low.sel(policy="cap256") - 1)) < 0.02
-    high = p99.sel(rate=30.0)
+    high = mean.sel(rate=30.0)
     assert float(high.sel(policy="cap256")) > 0.025
-    assert abs(float(high.sel(policy="sla20")) / 0.02 - 1) < 0.05
-    assert abs(float(high.sel(policy="sla25")) / 0.025 - 1) < 0.05
+    assert abs(float(high.sel(policy="sla20")) / 0.02 - 1) < 0.03
+    assert abs(float(high.sel(policy="sla25")) / 0.025 - 1) < 0.03
+    p99 = ds["sim_tbt_p99"].mean("rep").sel(rate=30.0)
+    assert float(p99.sel(policy="sla20")) > 0.04 and float(p99.sel(policy="sla25")) > 0.05
     assert float(ds["sim_mean_max_num_seqs"].sel(policy="sla20", rate=30.0).mean()) < 200
     assert bool(ds["unstable"].sel(policy="sla20", rate=30.0)) and not bool(ds["unstable"].sel(policy="cap256",
                                                                                                  rate=30.0))
