@@ -21,7 +21,7 @@ batches alone, below; Pang et al.'s
 are llama.cpp's on MI300X.  Mixtral-8x7B's profiles (:data:`MIXTURES`: a mixture of
 experts) fit the time to read an expert's weights, ``per_expert``: a decode
 iteration's tokens route to more of the experts as its batch grows, until all
-are read, which brings vLLM's Mixtral profiles from 11-20 % to 0.5-6 %.
+are read, which brings vLLM's Mixtral profiles from 6-20 % to 0.5-6 %.
 
 Rows screened out: a batch that took less than half the time of the same
 batch size at a shorter length in its group (twice the tokens cannot take

@@ -153,7 +153,7 @@ def test_the_mixtures_of_experts_fit_their_expert_reads():
     """Mixtral's profiles fit per_expert, the time to read one expert's weights: on vLLM, which reads
     the experts a batch routes to, it is the order of an expert's 11 GB over the devices' memory
     bandwidth (1.6 ms on four A100s: 11 GB over 4 x 2 TB/s is 1.4 ms; 2.4 ms on one MI300X, 2.1 ms),
-    and the held-out errors drop from 11-20 % (without the term) to 0.5-6 %; engines that read every
+    and the held-out errors drop from 6-20 % (without the term) to 0.5-6 %; engines that read every
     expert at every iteration fit it at about 0."""
     p = profiles.fit("A100/vLLM/Mixtral-8x7B-v0.1/tp4")
     assert p.model.experts == 8 and p.model.experts_per_token == 2
