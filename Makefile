@@ -76,9 +76,11 @@ FUZZ_SEED ?= 0
 fuzz: $(STAMP)
 	$(PY) -m tests.fuzz_sweeps --specs $(FUZZ_SPECS) --seed $(FUZZ_SEED)
 
-# the paired before/after table runs against this commit (any git revision): the event kernel
-# before its formation and routing steps were named (BENCH_BEFORE=... to compare another)
-BENCH_BEFORE ?= 3171bff
+# the paired before/after table runs against this commit (any git revision): the last before the
+# iteration cost was declared once and the continuous engine paid a real server's overheads
+# (BENCH_BEFORE=3171bff: before the event kernel's formation and routing steps were named, a version
+# without profiles, so without the measured cases)
+BENCH_BEFORE ?= 98cfe0b
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/paired.py --before $(BENCH_BEFORE)

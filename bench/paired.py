@@ -95,19 +95,24 @@ def cases(mb) -> dict:
         return lambda n, seed: mb.simulate(policy, arrivals=mb.Poisson(4.0), workload=token_wl, n=n, seed=seed)
 
     # (the iteration cost's paths: an engine measured on real hardware times the continuous engine's
-    # iterations, the event kernel's and the multi-bin kernel's batches)
-    # (its batches-only fit in both versions: the earlier ones' profiles had no measured prefill, and a case
-    # does the same work in both)
+    # iterations, the event kernel's and the multi-bin kernel's batches; its batches-only fit in both
+    # versions, as earlier ones' profiles had no measured prefill and a case does the same work in both;
+    # a version without profiles, e.g. 3171bff, has none of these cases)
     try:
-        measured = mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1", prefill=False)
-    except TypeError:
-        measured = mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1")
+        profiles = importlib.import_module(mb.__name__ + ".profiles")
+    except ModuleNotFoundError:
+        profiles = None
+    if profiles is not None:
+        try:
+            measured = profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1", prefill=False)
+        except TypeError:
+            measured = profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1")
 
     def timed(policy, rate):
         return lambda n, seed: mb.simulate(policy, arrivals=mb.Poisson(rate), workload=token_wl, n=n, seed=seed,
                                            service_model=measured)
 
-    return {
+    found = {
         "StaticBatching(B=32)": token(mb.StaticBatching(32, sla=ctl)),
         "DynamicBatching": token(mb.DynamicBatching(controller=ctl)),
         "MultiBinDynamic(K=4)": token(mb.MultiBinDynamic(controller=ctl, bins=4)),
@@ -115,10 +120,14 @@ def cases(mb) -> dict:
                                                             n=n, seed=seed),
         "LAPS, 4 instances, heavy load": lambda n, seed: mb.simulate(mb.LAPS(instances=4), arrivals=mb.Poisson(100.0),
                                                                      workload=laps_wl, n=n, seed=seed),
-        "ContinuousBatching, measured": timed(mb.ContinuousBatching(), 20.0),
-        "DynamicBatching, measured": timed(mb.DynamicBatching(controller=ctl), 4.0),
-        "MultiBin(K=4, B=32), measured": timed(mb.MultiBin(bins=4, batch_size=32), 4.0),
     }
+    if profiles is not None:
+        found.update({
+            "ContinuousBatching, measured": timed(mb.ContinuousBatching(), 20.0),
+            "DynamicBatching, measured": timed(mb.DynamicBatching(controller=ctl), 4.0),
+            "MultiBin(K=4, B=32), measured": timed(mb.MultiBin(bins=4, batch_size=32), 4.0),
+        })
+    return found
 
 
 _COLD = """
