@@ -19,6 +19,8 @@ def test_every_spec_parameter_has_a_sampler():
     assert set(_ranges(random.Random(0))) == set(SPEC_PARAMS)
 
 
+# (30 s of make test's budget, heavy: make thorough runs it, and make fuzz runs 100 such specs)
+@pytest.mark.heavy
 @pytest.mark.filterwarnings("ignore::mbbatch.arrivals.TraceTiledWarning")
 def test_a_few_random_specs_run_and_agree_on_a_pool(tmp_path):
     """Six specs of seed 3: each is refused before a store exists, or runs,
