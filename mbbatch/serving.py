@@ -418,13 +418,12 @@ def _scaled_start(base, terms, runs) -> dict:
     fit recovers the engine that wrote the runs (``tests/test_serving.py``);
     :func:`fit` runs from both and keeps the better."""
     engine = [t for t in terms if t != "request_overhead"]
+    replayed = _Residuals(base, engine, runs, [None] * len(runs), None)
     factor = 1.0
     for _ in range(_START_ROUNDS if engine else 0):
-        model = replace(base, **{t: getattr(base, t) * factor for t in engine})
         ratios = []
-        for r in runs:
-            ttft, lat = replay(r, model)
-            pred = summarize(r.arrival, r.output, ttft, lat)["tpot_mean"]
+        for r, got in zip(runs, replayed.predictions([getattr(base, t) * factor for t in engine])):
+            pred = got["tpot_mean"]
             if r.measured.get("tpot_mean", math.nan) > 0 and pred > 0:
                 ratios.append(math.log(r.measured["tpot_mean"] / pred))
         if not ratios:
