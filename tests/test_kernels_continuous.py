@@ -338,16 +338,59 @@ def test_the_time_series_keeps_a_row_every_stride_iterations():
 
 def test_warmup_leaves_it_to_its_first_run():
     """mb.warmup() does not compile the kernel (4.7 s of CPU cold); a
-    process's first continuous-batching run does (or loads it from the
-    cache)."""
+    process's first continuous-batching run compiles the variant it uses
+    (or loads it from the cache): the lean one by default, the full one
+    with multi-step scheduling."""
+    count = "print(len(ck.lean_kernel.signatures), len(ck.continuous_kernel.signatures))\n"
+    run = "mb.simulate(mb.ContinuousBatching({}), mb.Poisson(1.0), workload=mb.Workload([10.0], [5.0]), n=20)\n"
     code = ("import mbbatch as mb\n"
             "from mbbatch._kernels import continuous as ck\n"
-            "mb.warmup()\n"
-            "print(len(ck.continuous_kernel.signatures))\n"
-            "mb.simulate(mb.ContinuousBatching(), mb.Poisson(1.0), workload=mb.Workload([10.0], [5.0]), n=20)\n"
-            "print(len(ck.continuous_kernel.signatures))\n")
+            "mb.warmup()\n" + count + run.format("") + count + run.format("num_scheduler_steps=4") + count)
     got = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
-    assert got.stdout.split() == ["0", "1"]
+    assert got.stdout.split() == ["0", "0", "1", "0", "1", "1"]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
+    """Without multi-step scheduling or the prefill's attention, the kernel
+    compiled without them (the lean variant, which such runs use) gives
+    every record, statistic, histogram and time-series row of the full
+    kernel, bit for bit, over 30 random configurations (a controller in a
+    third); a run with either feature selects the full kernel."""
+    rng = np.random.default_rng(900 + seed)
+    for k in range(30):
+        (arr, p, o, pred), kw = _config(rng, moe=k % 4 == 0)
+        controller = _controller(rng) if k % 3 == 0 else None
+        blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
+        coef = {c: kw[c] for c in COEF}
+        cfg = ck.CONFIG.pack(n=len(arr), arrival_kind=ARR_REPLAY, max_num_seqs=kw["max_num_seqs"],
+                             max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
+                             block_size=kw["block_size"], admission=ck.ADMISSIONS[kw["admission"]], bins=3, keep=1,
+                             controlled=int(controller is not None),
+                             memory_on=int(controller is not None and controller.get("memory") is not None),
+                             rate=0.0, until=np.inf, **_fields(coef))
+        assert not ck.uses_full(cfg)
+        inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
+                                arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
+                                prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
+                                cached=np.empty(0))
+        runs = []
+        for fn in (ck.lean_kernel, ck.continuous_kernel):
+            eng = ck.start(cfg, inputs, control=_control(controller), groups=4, ts_rows=64)
+            code = fn(eng.config, eng.control, eng.inputs, ck.ContinuousStreams(np.random.default_rng(0)), eng.out,
+                      eng.requests, eng.ws, np.zeros(STOP_SIZE, np.int64))
+            assert code == ck.DONE
+            runs.append(eng)
+        lean, full = runs
+        for f in lean.out._fields:
+            np.testing.assert_array_equal(getattr(lean.out, f), getattr(full.out, f), err_msg=f)
+        for a, b in zip(lean.requests, full.requests):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(lean.ws.state_i, full.ws.state_i)
+        np.testing.assert_array_equal(lean.ws.state_f, full.ws.state_f)
+    steps = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "scheduler_steps": 2})
+    attention = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "cost_prefill_attention": 1e-9})
+    assert ck.uses_full(steps) and ck.uses_full(attention)
 
 
 @pytest.mark.parametrize("seed", range(2))

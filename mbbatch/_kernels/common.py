@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import types as pytypes
 
 import numpy as np
 from llvmlite import ir
@@ -113,6 +114,28 @@ step = njit(cache=CACHE, forceinline=True, no_cpython_wrapper=True, no_cfunc_wra
 #: flags are then those numba compiles the random draws with, so it compiles
 #: each of them once, not once per set of flags.)
 subroutine = njit(cache=CACHE, no_cpython_wrapper=True, _nrt=False)
+
+
+def variant(decorator, fn, name: str, **constants):
+    """Kernel ``fn`` (a numba dispatcher) compiled again by ``decorator``,
+    as ``name``, with the module globals ``constants`` set to other values.
+    numba reads a global as a constant when it compiles, and LLVM drops the
+    code a constant condition never runs, so a variant with a feature off
+    pays nothing for it: neither its branches nor the registers its values
+    held in the loop.  Named apart because numba names a function's disk
+    cache after its qualified name (two variants under one name would load
+    each other's code)."""
+    py = fn.py_func
+    glob = dict(py.__globals__)
+    unknown = sorted(set(constants) - set(glob))
+    if unknown:
+        raise ValueError(f"variant: {py.__qualname__} has no global {unknown}")
+    glob.update(constants)
+    copy = pytypes.FunctionType(py.__code__, glob, name, py.__defaults__, py.__closure__)
+    copy.__qualname__ = name
+    copy.__module__ = py.__module__
+    copy.__doc__ = py.__doc__
+    return decorator(copy)
 
 
 @intrinsic

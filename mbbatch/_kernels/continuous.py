@@ -72,6 +72,14 @@ output, so that a round's list holds exactly the sequences that complete in
 it, in the order ``request x (max_num_seqs + 1) + slot`` (a preempted
 sequence leaves its list at once).
 
+The kernel is compiled twice from this one code (:func:`~.common.variant`):
+:func:`continuous_kernel` has every feature, and :data:`lean_kernel`, with
+:data:`FULL` off, has neither multi-step scheduling nor the prefill's
+attention term, whose branches cost the loop about 10 % where they are
+never taken (``make bench``).  :func:`advance` runs the lean one where a
+run uses neither (one scheduler step, no attention coefficient): the two
+give the same numbers, bit for bit, where both apply.
+
 Pure numba on arrays and scalars; the Python side is
 :mod:`mbbatch.planners.continuous`.
 """
@@ -84,7 +92,7 @@ import numpy as np
 from numba.np.unsafe.ndarray import to_fixed_tuple
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, arrival_group, check_stop, draw_arrivals,
-                     drawers, extra_experts, helper, hist_bucket, kernel, step, subroutine)
+                     drawers, extra_experts, helper, hist_bucket, kernel, step, subroutine, variant)
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
@@ -100,6 +108,9 @@ ADMISSIONS = {"fcfs": ADMIT_FCFS, "spf": ADMIT_SPF, "multibin": ADMIT_MULTIBIN}
 DONE, STOPPED, PAUSED, STALLED = 0, 1, 2, 3
 #: no limit on the KV blocks
 UNLIMITED = 1 << 62
+#: compile-time: multi-step scheduling and the prefill's attention term in the kernel (False in
+#: :data:`lean_kernel`, the same code compiled without them)
+FULL = True
 
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
@@ -462,7 +473,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     n = ci[C.n]
     M = ci[C.max_num_seqs]
     B = ci[C.max_batched_tokens]
-    # (multi-step scheduling: the iterations a scheduling decision runs)
+    # (multi-step scheduling: the iterations a scheduling decision runs; the lean kernel's blocks, one iteration,
+    # are written out below as ``FULL and``: without the feature, no branch on them)
     ksteps = ci[C.scheduler_steps]
     chunked = ci[C.chunked] != 0
     bs = ci[C.block_size]
@@ -487,7 +499,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     # (the cost's coefficients as a tuple: values in registers through the loop, not loads from memory)
     coef = to_fixed_tuple(cf[C_COST:C_COST + N_COST], N_COST)
     per_exp = coef[PER_EXPERT]
-    attention = coef[PREFILL_ATTENTION] > 0.0
+    attention = FULL and coef[PREFILL_ATTENTION] > 0.0
     # (a real server's time outside the engine, every request's; its overhead per iteration is in the cost's
     # step, cost_step: mbbatch.planners.continuous)
     delay = cf[C.request_overhead]
@@ -653,9 +665,10 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         last_done = sf_[ES.last_done]
         now = sf_[ES.now]
         completed_before = si_[ES.completed_before]
-        block_left = si_[ES.block_left]
-        npf = si_[ES.npf]
-        npd = si_[ES.npd]
+        if FULL:
+            block_left = si_[ES.block_left]
+            npf = si_[ES.npf]
+            npd = si_[ES.npd]
     while True:
         if (iterations & 65535) == 0:
             if stop[STOP] != 0:
@@ -682,10 +695,10 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 r_f[RQ.arrival, i] = arrival[i]
             waiting += 1
             i += 1
-        if block_left > 0 and n_dec == 0:
+        if FULL and block_left > 0 and n_dec == 0:
             # (multi-step: a block with nothing left to decode ends)
             block_left = 0
-        if block_left == 0 and npf + npd > 0:
+        if FULL and block_left == 0 and npf + npd > 0:
             # (multi-step: the block that ended returns the tokens it held back)
             d_ttft, d_lat = _return_block(npf, npd, ws, now, out, requests, config)
             sum_ttft += d_ttft
@@ -713,7 +726,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             cap = _cap(ctl, bst, sla, memory, memory_on, M)
 
         # (multi-step: only the first iteration of a block schedules; the others decode)
-        scheduling = block_left == 0
+        scheduling = not FULL or block_left == 0
         if not scheduling:
             block_left -= 1
         # the waiting head: the last preempted, else the admission order's next (-1: none)
@@ -862,7 +875,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             now = arrival[i] if arrival[i] > now else now
             iterations -= 1
             continue
-        if scheduling:
+        if FULL and scheduling:
             block_left = ksteps - 1
         if running > max_running:
             max_running = running
@@ -933,8 +946,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
                 running -= 1
                 head, tail, nfree, npd, sum_lat, completed, last_done = _complete(
-                    sl, r, now, block_left, npd, pend_done, prv, nxt, head, tail, occ, free_slots, nfree, n, gscale,
-                    arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
+                    sl, r, now, block_left if FULL else 0, npd, pend_done, prv, nxt, head, tail, occ, free_slots,
+                    nfree, n, gscale, arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
                 sl = following
         # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
         joined = 0
@@ -948,7 +961,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             r = occ[sl]
             g = gs[sl]
             if g == 0:
-                if block_left > 0:
+                if FULL and block_left > 0:
                     # (multi-step: its first token is returned at the block's end)
                     pend_first[npf] = r
                     npf += 1
@@ -968,8 +981,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 free += _freed(p, g, bs, sh, tally, memory_on)
                 running -= 1
                 head, tail, nfree, npd, sum_lat, completed, last_done = _complete(
-                    sl, r, now, block_left, npd, pend_done, prv, nxt, head, tail, occ, free_slots, nfree, n, gscale,
-                    arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
+                    sl, r, now, block_left if FULL else 0, npd, pend_done, prv, nxt, head, tail, occ, free_slots,
+                    nfree, n, gscale, arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
                 continue
             # it joins the decodes at this round
             d0[sl] = rounds
@@ -1065,6 +1078,18 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     return code
 
 
+#: :func:`continuous_kernel` without multi-step scheduling or the prefill's attention term (:data:`FULL` off)
+lean_kernel = variant(kernel, continuous_kernel, "continuous_kernel_lean", FULL=False)
+
+
+def uses_full(config) -> bool:
+    """Whether a run's ``config`` needs :func:`continuous_kernel`'s
+    features, multi-step scheduling or the prefill's attention (else
+    :data:`lean_kernel` runs it)."""
+    ci, cf = config
+    return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0)
+
+
 @helper
 def arrival_times(fn, inv_rate, times, gen, out, params, ends):
     """The arrival times a run of ``out.size`` requests draws (by the
@@ -1109,8 +1134,8 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
     advanced at once, bit for bit."""
     check_stop(stop)
     engine.config[1][C.until] = until
-    return continuous_kernel(engine.config, engine.control, engine.inputs, streams, engine.out, engine.requests,
-                             engine.ws, stop)
+    fn = continuous_kernel if uses_full(engine.config) else lean_kernel
+    return fn(engine.config, engine.control, engine.inputs, streams, engine.out, engine.requests, engine.ws, stop)
 
 
 def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts_rows: int = 2,
@@ -1169,10 +1194,11 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
 
 
 def warmup() -> None:
-    """Compile the kernel (or load it from the cache) on a tiny input.
-    ``mb.warmup()`` leaves it out (about 4.7 s of CPU cold): a process's
-    first continuous-batching run compiles it, and the disk cache keeps it."""
-    config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
+    """Compile the kernel, both variants (or load them from the cache), on a
+    tiny input.  ``mb.warmup()`` leaves it out (about 4.7 s of CPU cold each):
+    a process's first continuous-batching run compiles the one it uses, and
+    the disk cache keeps it."""
+    full = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
                          scheduler_steps=2, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
                          expert_miss=1.0, request_overhead=0.0, until=np.inf)
@@ -1182,4 +1208,8 @@ def warmup() -> None:
     x = np.full(4, 3.0)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0))
-    run(config, inputs, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)
+    lean = (full[0].copy(), full[1].copy())
+    lean[0][C.scheduler_steps] = 1
+    lean[1][C_COST + PREFILL_ATTENTION] = 0.0
+    for config in (full, lean):
+        run(config, inputs, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)
