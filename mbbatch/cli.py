@@ -150,6 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     fg.add_argument("--results", default="results", help="folder of the stored Datasets")
     fg.add_argument("--out", default="figures", help="folder for the PNG and PDF files")
     fg.add_argument("--workers", type=int, default=None, help="processes drawing at once (default: all cores)")
+    fg.add_argument("--format", action="append", choices=("png", "pdf"), dest="formats", default=None,
+                    help="write only this kind of file (repeatable; default: PNG and PDF)")
 
     pl = sub.add_parser("plot", help="draw any sweep store: a metric against an axis",
                         description="Draw a variable of a sweep store against one of its axes, in the figures' "
@@ -659,7 +661,8 @@ def _dispatch(args) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             paths = make_figures(Path(args.results), Path(args.out), only=args.only,
-                                 workers=args.workers if args.workers is not None else os.cpu_count() or 1)
+                                 workers=args.workers if args.workers is not None else os.cpu_count() or 1,
+                                 formats=args.formats or ("png", "pdf"))
         for w in caught:
             print(f"note: {w.message}", file=sys.stderr)
         for path in paths:

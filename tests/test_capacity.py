@@ -441,7 +441,7 @@ KIND_CALLS = {
     "continuous": (mb.ContinuousBatching(max_num_seqs=16), {"workload": WL, "profile": PROFILE}),
 }
 EXTRA_CALLS = {
-    "cluster of continuous engines": (mb.Cluster(mb.ContinuousBatching(max_num_seqs=16), engines=2),
+    "cluster of continuous engines": (mb.Cluster(mb.ContinuousBatching(max_num_seqs=8), engines=2),
                                       {"workload": WL, "profile": PROFILE}),
     "laps with a continuous decode stage": (mb.LAPS(instances=2, decode=mb.ContinuousBatching(max_num_seqs=16)),
                                             {"workload": WL}),

@@ -31,25 +31,27 @@ PACKAGE = ROOT / "mbbatch" / "figures"
 
 def test_every_figure_written(drawn):
     out, files = drawn
-    expected = [out / f"{n}.{ext}" for n in figures.FIGURES for ext in ("png", "pdf")]
+    expected = [out / f"{n}.png" for n in figures.FIGURES]
     assert files == expected
     for f in files:
         assert f.is_file() and f.stat().st_size > 1000, f
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in expected)
-    assert all(f.read_bytes().startswith(b"%PDF") for f in files if f.suffix == ".pdf")
-    assert all(f.read_bytes().startswith(b"\x89PNG") for f in files if f.suffix == ".png")
+    assert all(f.read_bytes().startswith(b"\x89PNG") for f in files)
 
 
 @pytest.mark.heavy
 def test_figures_do_not_simulate_and_two_processes_draw_the_same_bytes(results, drawn, tmp_path):
     """``drawn`` drew every figure in this process with simulation refused;
     drawn again by two worker processes (what ``mbbatch figures`` does on
-    two cores), every file is the same, in the same order, byte for byte."""
+    two cores), PNG and PDF, every PNG is the same, in the same order, byte
+    for byte, and every PDF is one."""
     out, files = drawn
     again = figures.make_figures(results, tmp_path, workers=2)
-    assert [f.name for f in again] == [f.name for f in files]
-    for a, b in zip(files, again):
+    assert [f.name for f in again] == [f"{n}.{ext}" for n in figures.FIGURES for ext in ("png", "pdf")]
+    assert [f.name for f in again if f.suffix == ".png"] == [f.name for f in files]
+    for a, b in zip(files, [f for f in again if f.suffix == ".png"]):
         assert a.read_bytes() == b.read_bytes(), a.name
+    assert all(f.read_bytes().startswith(b"%PDF") and f.stat().st_size > 1000 for f in again if f.suffix == ".pdf")
     with pytest.raises(ValueError, match="workers"):
         figures.make_figures(results, tmp_path, only="fig3", workers=0)
 
@@ -58,6 +60,22 @@ def test_only_one_figure(results, tmp_path):
     files = figures.make_figures(results, tmp_path, only="fig3")
     assert files == [tmp_path / "fig3.png", tmp_path / "fig3.pdf"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig3.pdf", "fig3.png"]
+    assert files[1].read_bytes().startswith(b"%PDF") and files[0].read_bytes().startswith(b"\x89PNG")
+
+
+def test_formats_choose_the_files_written_and_a_bad_one_is_refused(results, tmp_path):
+    """formats="pdf" writes the PDF alone, the same bytes as beside the PNG;
+    an unknown format, or none, is refused naming the parameter before
+    anything is drawn."""
+    both = figures.make_figures(results, tmp_path / "both", only="fig3")
+    pdf = figures.make_figures(results, tmp_path / "pdf", only="fig3", formats=["pdf"])
+    assert pdf == [tmp_path / "pdf" / "fig3.pdf"] and sorted(p.name for p in (tmp_path / "pdf").iterdir()) == [
+        "fig3.pdf"]
+    assert pdf[0].read_bytes() == both[1].read_bytes()
+    for bad in ("svg", (), ["png", "jpg"]):
+        with pytest.raises(ValueError, match="formats must be one or more of png, pdf"):
+            figures.make_figures(results, tmp_path / "bad", only="fig3", formats=bad)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_unknown_figure_raises(results, tmp_path):
@@ -168,3 +186,13 @@ def test_a_figure_of_an_interrupted_sweep_says_what_it_leaves_out(results, tmp_p
     assert f"has 2 of {flags.size} grid points not done" in message
     assert f"mbbatch sweep sweeps/fig3.toml --out {tmp_path / 'res' / 'fig3.zarr'}" in message
 
+
+
+def test_the_figures_command_writes_the_formats_asked_for(results, tmp_path, capsys):
+    """`mbbatch figures --only fig3 --format png` writes the PNG alone and prints its path."""
+    from mbbatch.cli import main
+
+    assert main(["figures", "--results", str(results), "--out", str(tmp_path), "--only", "fig3", "--format", "png",
+                 "--workers", "1"]) in (0, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig3.png"]
+    assert capsys.readouterr().out.split() == [str(tmp_path / "fig3.png")]

@@ -78,7 +78,7 @@ import xarray as xr
 from . import capacity, cluster, continuous, experiments, hardware, paper, workloads
 from .data import dataset_command, dataset_path, open_dataset
 from .plotting import plot
-from .style import house_style, save
+from .style import FORMATS, house_style, save
 
 __all__ = ["FIGURES", "TRACE_FIGURES", "TraceFigureSkipped", "IncompleteDataset",
            "make_figures", "plot", "dataset_path",
@@ -141,7 +141,7 @@ TRACE_FIGURES = {"fig6": "AzureLLMInferenceTrace_conv.csv", "fig7": "AzureLLMInf
                  "continuous_trace": "AzureLLMInferenceTrace_conv.csv"}
 
 
-def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path]:
+def make_figures(results_dir, out_dir, only=None, workers: int = 1, formats=FORMATS) -> list[Path]:
     """Draw figures from the datasets in ``results_dir`` into ``out_dir``.
 
     Each figure ``name`` is saved as ``out_dir/<name>.png`` (:data:`.style.DPI` dots
@@ -160,11 +160,15 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
         Processes drawing at once (figures are independent; the files are
         the same bytes however many draw them).  ``mbbatch figures`` uses
         every core.
+    formats : str or iterable of str, default ("png", "pdf")
+        The files to write of each figure (:data:`.style.FORMATS`): ``"png"``
+        alone skips the PDFs, whose drawing takes about as long again.
 
     Returns
     -------
     list of Path
-        The files written, PNG then PDF for each figure, in :data:`FIGURES` order.
+        The files written, PNG then PDF for each figure (those asked for), in
+        :data:`FIGURES` order.
 
     Raises
     ------
@@ -176,6 +180,9 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
+    if not formats or any(f not in FORMATS for f in formats):
+        raise ValueError(f"formats must be one or more of {', '.join(FORMATS)}; got {formats!r}")
     if only is None:
         names = list(FIGURES)
     else:
@@ -208,7 +215,7 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
     if workers <= 1:
         cache: dict[str, xr.Dataset] = {}
         with house_style():
-            return [path for name in names for path in _draw(results_dir, out_dir, name, cache)]
+            return [path for name in names for path in _draw(results_dir, out_dir, name, cache, formats)]
     # each figure in a worker process, its warnings brought back; the slowest
     # figures (the multi-engine ones) come last in FIGURES, so start from the end
     import multiprocessing
@@ -220,7 +227,7 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
     start = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() \
         else "spawn"
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(start)) as pool:
-        futures = {name: pool.submit(_draw_recording, results_dir, out_dir, name) for name in reversed(names)}
+        futures = {name: pool.submit(_draw_recording, results_dir, out_dir, name, formats) for name in reversed(names)}
         drawn = {name: future.result() for name, future in futures.items()}
     written: list[Path] = []
     for name in names:
@@ -231,8 +238,8 @@ def make_figures(results_dir, out_dir, only=None, workers: int = 1) -> list[Path
     return written
 
 
-def _draw(results_dir, out_dir: Path, name: str, cache: dict) -> list[Path]:
-    """Draw figure ``name``, its datasets opened once into ``cache``."""
+def _draw(results_dir, out_dir: Path, name: str, cache: dict, formats=FORMATS) -> list[Path]:
+    """Draw figure ``name`` into its ``formats``, its datasets opened once into ``cache``."""
     func, datasets = FIGURES[name]
     data = {}
     for d in datasets:
@@ -245,12 +252,12 @@ def _draw(results_dir, out_dir: Path, name: str, cache: dict) -> list[Path]:
                 warnings.warn(f"figure {name}: {dataset_path(results_dir, d)} has {done.size - done.sum()} of "
                               f"{done.size} grid points not done (an interrupted sweep), left out of it; resume "
                               f"with `{dataset_command(d, results_dir)}`", IncompleteDataset, stacklevel=2)
-    return save(func(data), out_dir, name)
+    return save(func(data), out_dir, name, formats)
 
 
-def _draw_recording(results_dir, out_dir: Path, name: str) -> tuple[list[Path], list]:
+def _draw_recording(results_dir, out_dir: Path, name: str, formats=FORMATS) -> tuple[list[Path], list]:
     """:func:`_draw` in a worker process: the files, and the warnings issued."""
     with warnings.catch_warnings(record=True) as caught, house_style():
         warnings.simplefilter("always")
-        paths = _draw(results_dir, out_dir, name, {})
+        paths = _draw(results_dir, out_dir, name, {}, formats)
     return paths, [(str(w.message), w.category) for w in caught]

@@ -21,12 +21,14 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import (FixedLocator, FormatStrFormatter, LogLocator, NullFormatter, NullLocator,
                                ScalarFormatter)
 
-__all__ = ["DPI", "RC", "PDF_METADATA", "PNG_METADATA", "COLORS", "MARKERS", "house_style", "new_figure",
+__all__ = ["DPI", "FORMATS", "RC", "PDF_METADATA", "PNG_METADATA", "COLORS", "MARKERS", "house_style", "new_figure",
            "save", "sim_points", "series_handles", "style_handles", "two_legends", "log_ylim", "plain_log_ticks",
            "log2_k_axis"]
 
 #: Fixed resolution of the PNG files (dots per inch).
 DPI = 150
+#: The files a figure is saved as, by default every one of them (PNG at :data:`DPI`, PDF)
+FORMATS = ("png", "pdf")
 
 RC = {
     "font.size": 9,
@@ -70,12 +72,16 @@ def new_figure(width=6.4, height=4.4, ncols=1):
     return fig, list(axes)
 
 
-def save(fig, out_dir: Path, name: str) -> list[Path]:
-    """Write ``out_dir/<name>.png`` (:data:`DPI`) and ``.pdf`` without dates or versions."""
-    png, pdf = out_dir / f"{name}.png", out_dir / f"{name}.pdf"
-    fig.savefig(png, dpi=DPI, metadata=PNG_METADATA)
-    fig.savefig(pdf, metadata=PDF_METADATA)
-    return [png, pdf]
+def save(fig, out_dir: Path, name: str, formats=FORMATS) -> list[Path]:
+    """Write ``out_dir/<name>.png`` (:data:`DPI`) and ``.pdf`` (``formats``: those
+    of :data:`FORMATS` to write, in that order) without dates or versions."""
+    options = {"png": {"dpi": DPI, "metadata": PNG_METADATA}, "pdf": {"metadata": PDF_METADATA}}
+    paths = []
+    for fmt in FORMATS:
+        if fmt in formats:
+            paths.append(out_dir / f"{name}.{fmt}")
+            fig.savefig(paths[-1], **options[fmt])
+    return paths
 
 
 # ---------------------------------------------------------------- simulation markers
