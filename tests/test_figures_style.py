@@ -14,21 +14,25 @@ from .figure_datasets import MARKS, drawn, results  # noqa: F401  (fixtures)
 pytestmark = MARKS
 
 
-def test_no_dates_or_versions_in_files(drawn):
+def test_no_dates_or_versions_in_files(drawn, results, tmp_path):
+    """Neither every figure's PNG nor a PDF (two figures') holds a date or matplotlib's version."""
     _, files = drawn
-    for f in files:
+    pdfs = figures.make_figures(results, tmp_path, only=["fig3", "hardware_fit"], formats="pdf")
+    assert [f.name for f in pdfs] == ["fig3.pdf", "hardware_fit.pdf"]
+    for f in [*files, *pdfs]:
         data = f.read_bytes()
         assert b"CreationDate" not in data and b"Matplotlib" not in data, f.name
 
 
-def test_the_users_rc_settings_do_not_change_the_files(drawn, results, tmp_path):
-    out, _ = drawn
+def test_the_users_rc_settings_do_not_change_the_files(results, tmp_path):
+    plain = figures.make_figures(results, tmp_path / "plain", only="fig3")
     user = {"font.size": 20, "axes.grid": False, "lines.linewidth": 4, "savefig.dpi": 300,
             "savefig.facecolor": "yellow", "axes.prop_cycle": matplotlib.cycler(color=["k"])}
     with matplotlib.rc_context(user):
-        files = figures.make_figures(results, tmp_path, only="fig3")
-    for f in files:
-        assert f.read_bytes() == (out / f.name).read_bytes(), f.name
+        files = figures.make_figures(results, tmp_path / "user", only="fig3")
+    assert [f.name for f in files] == [f.name for f in plain] == ["fig3.png", "fig3.pdf"]
+    for f, g in zip(files, plain):
+        assert f.read_bytes() == g.read_bytes(), f.name
 
 
 def test_sim_points_filled_hollow_and_clipped():
