@@ -27,6 +27,7 @@ from .results import SimulationResult, Table, UnstableWarning
 from ._kernels.bits import UntestedDrawsWarning
 from .simulation import simulate
 from .capacity import CapacityResult, Objective, find_capacity
+from .comparison import Comparison, compare
 from . import engines, profiles, serving, validation
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "find_capacity",
     "Objective",
     "CapacityResult",
+    "compare",
+    "Comparison",
     "MultiBin",
     "StaticBatching",
     "DynamicBatching",

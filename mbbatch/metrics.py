@@ -14,7 +14,7 @@ so), not NaN.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # (KINDS: the registry's, read lazily by the module's __getattr__)
 __all__ = ["Metric", "METRICS", "RENAMED", "TAGS", "KINDS", "applicable", "kinds_of", "by_var", "label"]  # noqa: F822
@@ -56,7 +56,9 @@ class Metric:
     A sweep stores every real metric it keeps per replication (``sim_X``)
     with its mean and t-interval over the replications at the spec's
     confidence: ``sim_X_mean``, ``sim_X_ci_low``, ``sim_X_ci_high``
-    (:attr:`aggregated`).
+    (:attr:`aggregated`).  ``better`` is its direction, ``"higher"`` or
+    ``"lower"`` is better (``""``: neither, a description of the run), which
+    :func:`mbbatch.compare` reads to call a difference better or worse.
     """
 
     name: str
@@ -66,6 +68,7 @@ class Metric:
     dtype: str = "f8"
     per_rep: bool = True
     var_name: str = ""
+    better: str = ""
 
     @property
     def var(self) -> str:
@@ -190,6 +193,20 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
        "no steady state", dtype="bool", var_name="backlog_growing"),
 ]}
+
+
+#: Each metric's direction (:attr:`Metric.better`): higher is better for what is served, lower for every
+#: wait, delay, violation and piece of work done again; the rest describe a run without a direction.
+_BETTER = {
+    "higher": ("throughput", "token_throughput", "locality_hit_rate"),
+    "lower": ("mean_latency", "latency_p50", "latency_p95", "latency_p99", "mean_ttft",
+              *[f"ttft_{c}_{q}" for c in ("short", "long") for q in ("p50", "p95", "p99")], "mean_ttft_short",
+              "mean_ttft_long", "mean_tbt", "sla_violation_tokens", "sla_violation_requests", "sla_violation_share",
+              "mean_fill_wait", "mean_queue_wait", "ttft_p50", "ttft_p95", "ttft_p99", "kv_recomputed_tokens",
+              "load_imbalance", "tbt_p50", "tbt_p95", "tbt_p99", "preemptions", "recomputed_tokens",
+              "rejected", "mean_in_system"),
+}
+METRICS.update({name: replace(METRICS[name], better=way) for way, names in _BETTER.items() for name in names})
 
 
 #: Metrics renamed so that a sweep's names read ``sim_X``, ``sim_X_mean`` (no ``_mean_mean``):
