@@ -142,6 +142,18 @@ def _parser() -> argparse.ArgumentParser:
                          "unbounded")
     fs.add_argument("--base", default=None, metavar="PROFILE",
                     help="the shipped profile the fit starts from (default: the iteration model's defaults)")
+    cp = sub.add_parser("compare", help="a sweep's policies against a baseline: differences and ratios with "
+                                        "paired intervals",
+                        description="Compare the policies of a sweep along its policy axis: at every point of its "
+                                    "other axes, each policy's difference and ratio to the baseline over the "
+                                    "paired replications (the cells that differ only in their policy see the "
+                                    "same requests), with their t-intervals, and whether it is better.")
+    cp.add_argument("source", help="a sweep store (.zarr), or a spec (.toml), run or resumed into --out first")
+    cp.add_argument("--baseline", default=None, help="the policy compared with (default: the first)")
+    cp.add_argument("--metric", action="append", dest="metrics", default=None,
+                    help="a metric to compare (repeatable; default: mean_latency, latency_p99, throughput)")
+    cp.add_argument("--level", type=float, default=0.95, help="the intervals' confidence level (default 0.95)")
+    cp.add_argument("--out", default=None, help="a spec's store (default: results/NAME.zarr)")
     ck = sub.add_parser("check", help="verify a sweep store: done, missing and damaged grid points")
     ck.add_argument("store", help="the Zarr store a sweep wrote")
 
@@ -421,6 +433,39 @@ def _print_capacities(ds) -> None:
         print(f"  ... and {len(cells) - CAPACITY_LINES} more grid points in the store")
 
 
+def _compare(args) -> None:
+    from .comparison import differences_table, paired_differences
+    from .sweeps import open_store, run_sweep
+
+    source = Path(args.source)
+    if source.suffix == ".toml":
+        from .sweeps.spec import load_spec
+
+        out = Path(args.out) if args.out is not None else Path("results") / f"{load_spec(source).name}.zarr"
+        run_sweep(source, out, progress=True)
+        source = out
+    ds = open_store(source)
+    if "policy" not in ds.dims:
+        raise ValueError(f"{source}: the sweep has no policy axis (a [grid] policy = [...] of two or more "
+                         "variants) to compare along")
+    policies = [str(p) for p in ds["policy"].values]
+    baseline = policies[0] if args.baseline is None else args.baseline
+    if baseline not in policies:
+        raise ValueError(f"--baseline must be one of the sweep's policies ({', '.join(policies)}); got {baseline!r}")
+    kept = [m for m in ("mean_latency", "latency_p99", "throughput") if f"sim_{m}" in ds]
+    metrics = args.metrics or kept
+    for m in metrics:
+        if f"sim_{m}" not in ds or "rep" not in ds[f"sim_{m}"].dims:
+            raise ValueError(f"--metric: the store keeps no replications of {m!r}")
+    if not 0.0 < args.level < 1.0:
+        raise ValueError(f"--level must be in (0, 1); got {args.level}")
+    ds = ds[[f"sim_{m}" for m in metrics]].load()
+    diffs = paired_differences(ds, baseline, args.level, metrics)
+    head = (f"{source}: {len(policies)} policies against {baseline!r}, {ds.sizes['rep']} paired replications, "
+            f"intervals at {100 * args.level:g} %")
+    print(differences_table(ds, diffs, baseline, metrics, head))
+
+
 def _plot(args) -> None:
     from .figures.plotting import plot
     from .figures.style import DPI, PDF_METADATA, PNG_METADATA, house_style
@@ -647,6 +692,8 @@ def _dispatch(args) -> int:
             print("wrote " + ", ".join(map(str, written)))
     elif args.command == "from-serving":
         _from_serving(args)
+    elif args.command == "compare":
+        _compare(args)
     elif args.command == "check":
         from .sweeps import check_store
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
+from scipy import stats as _st
 
 from . import stats
 from ._seeding import as_seed_sequence, entropy_str
@@ -51,7 +52,7 @@ from .registry import kind_of
 from .results import UnstableWarning
 from .simulation import check_simulation, simulate
 
-__all__ = ["compare", "Comparison", "VERDICTS"]
+__all__ = ["compare", "Comparison", "paired_differences", "differences_table", "VERDICTS"]
 
 #: a verdict's codes in :attr:`Comparison.dataset` (``verdict_<metric>``)
 VERDICTS = {-1: "worse", 0: "undecided", 1: "better"}
@@ -113,37 +114,124 @@ def _metrics(named: dict, metrics) -> list:
 
 
 def _paired(xp: np.ndarray, xb: np.ndarray, level: float, centre=None) -> tuple:
-    """``(diff, low, high, ratio, low, high)`` of paired samples ``xp``, ``xb``:
-    the paired t-interval of the mean difference, and the delta method's of
-    the ratio of the means (NaN where fewer than two pairs are finite, or
-    the baseline's mean is 0); ``centre``: the ``(diff, ratio)`` the
-    intervals are centred on, where the samples are a run's batch means."""
+    """``(diff, low, high, ratio, low, high)`` of paired samples ``xp``, ``xb``
+    (arrays, the samples along the last axis; the pairs where both are
+    finite): the paired t-interval of the mean difference, and the delta
+    method's of the ratio of the means (NaN where fewer than two pairs are
+    finite, or the baseline's mean is 0); ``centre``: the ``(diff, ratio)``
+    the intervals are centred on, where the samples are a run's batch
+    means."""
+    xp, xb = np.asarray(xp, float), np.asarray(xb, float)
     ok = np.isfinite(xp) & np.isfinite(xb)
-    xp, xb = xp[ok], xb[ok]
-    if xp.size == 0:
-        return (math.nan,) * 6
-    mb = float(xb.mean())
-    if centre is None:
-        centre = (float((xp - xb).mean()), float(xp.mean()) / mb if mb != 0 else math.nan)
-    diff, ratio = centre
-    if xp.size < 2:
-        return diff, math.nan, math.nan, ratio, math.nan, math.nan
-    t = stats.t_quantile(level, xp.size - 1)
-    half = t * float((xp - xb).std(ddof=1)) / math.sqrt(xp.size)
-    rhalf = t * float((xp - ratio * xb).std(ddof=1)) / (math.sqrt(xp.size) * abs(mb)) if math.isfinite(ratio) \
-        else math.nan
-    return diff, diff - half, diff + half, ratio, ratio - rhalf, ratio + rhalf
+    k = ok.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mp = np.where(ok, xp, 0.0).sum(axis=-1) / k
+        mb = np.where(ok, xb, 0.0).sum(axis=-1) / k
+        if centre is None:
+            diff, ratio = mp - mb, np.where(mb != 0, mp / mb, np.nan)
+        else:
+            diff, ratio = (np.asarray(c, float) for c in centre)
+        t = _st.t.ppf(0.5 + level / 2, np.where(k >= 2, k - 1, np.nan))
+
+        def half(e):
+            em = np.where(ok, e, 0.0).sum(axis=-1, keepdims=True) / k[..., None]
+            return t * np.sqrt(np.where(ok, (e - em) ** 2, 0.0).sum(axis=-1) / (k - 1)) / np.sqrt(k)
+
+        dh = half(xp - xb)
+        rh = half(xp - ratio[..., None] * xb) / np.abs(mb)
+    return diff, diff - dh, diff + dh, ratio, ratio - rh, ratio + rh
 
 
-def _verdict(metric: str, low: float, high: float) -> int:
-    """+1 better, -1 worse, 0 undecided (or no direction, or no interval)."""
+def _verdicts(metric: str, low, high) -> np.ndarray:
+    """+1 better, -1 worse, 0 undecided (or no direction, or no interval),
+    elementwise, by the metric's direction."""
     better = METRICS[metric].better
-    if not better or not (math.isfinite(low) and math.isfinite(high)):
-        return 0
-    if low > 0 or high < 0:
-        higher = low > 0
-        return 1 if higher == (better == "higher") else -1
-    return 0
+    low, high = np.asarray(low, float), np.asarray(high, float)
+    out = np.zeros(np.shape(low), np.int8)
+    if better:
+        sign = 1 if better == "higher" else -1
+        out[low > 0] = sign
+        out[high < 0] = -sign
+    return out
+
+
+def _difference_vars(m: str, rows: tuple, dims: tuple) -> dict:
+    """The Dataset variables of metric ``m``'s differences ``rows`` (as
+    :func:`_paired` returns them, on ``dims``)."""
+    units = METRICS[m].units
+    out = {}
+    for j, what in enumerate(("diff", "ratio")):
+        for k, suffix in enumerate(("", "_ci_low", "_ci_high")):
+            out[f"{what}_{m}{suffix}"] = (dims, np.asarray(rows[3 * j + k], float),
+                                          {"units": units if what == "diff" else "1"})
+    out[f"verdict_{m}"] = (dims, _verdicts(m, rows[1], rows[2]),
+                           {"units": "1", "description": "1 better, -1 worse, 0 undecided against the baseline"})
+    return out
+
+
+def paired_differences(ds: xr.Dataset, baseline: str, level: float = stats.CONFIDENCE, metrics=None) -> xr.Dataset:
+    """Each policy's difference and ratio to ``baseline`` in ``ds``, a
+    Dataset with a ``policy`` axis whose metrics ``sim_<metric>`` were run
+    on paired replications along ``rep`` (:func:`compare`'s, or a sweep's:
+    a sweep's cells that differ only in their policy see the same requests):
+    ``diff_<metric>``, ``ratio_<metric>``, their ``_ci_low`` and ``_ci_high``
+    at ``level``, and ``verdict_<metric>``, on every axis but ``rep``.
+    ``metrics``: those to compare (default: every real one ``ds`` keeps per
+    replication)."""
+    if "policy" not in ds.dims or "rep" not in ds.dims:
+        raise ValueError(f"paired_differences needs a Dataset with policy and rep axes; got axes {tuple(ds.dims)}")
+    names = [str(p) for p in ds["policy"].values]
+    if baseline not in names:
+        raise ValueError(f"baseline must be one of the policies ({', '.join(map(repr, names))}); got {baseline!r}")
+    level = check_scalar_real("level", level, _LEVEL)
+    if metrics is None:
+        metrics = [m for m, spec in METRICS.items() if spec.var == f"sim_{m}" and spec.var in ds
+                   and "rep" in ds[spec.var].dims and spec.dtype == "f8"]
+    out = {}
+    for m in metrics:
+        x = ds[f"sim_{m}"]
+        dims = tuple(d for d in x.dims if d != "rep")
+        xp = x.transpose(*dims, "rep").values
+        xb = x.sel(policy=baseline).broadcast_like(x).transpose(*dims, "rep").values
+        out.update(_difference_vars(m, _paired(xp, xb, level), dims))
+    coords = {d: ds[d] for d in ds.dims if d != "rep" and d in ds.coords}
+    return xr.Dataset(out, coords=coords, attrs={"baseline": baseline, "level": level})
+
+
+def differences_table(ds: xr.Dataset, diffs: xr.Dataset, baseline: str, metrics, head: str) -> str:
+    """A text table of :func:`paired_differences`' ``diffs`` of the runs in
+    ``ds``: for each metric, each point of the axes besides ``policy`` and
+    ``rep``, and each policy, its mean over the replications, its difference
+    and ratio to ``baseline`` with their intervals, and the verdict; ``head``
+    its first line."""
+    policies = [str(p) for p in ds["policy"].values]
+    width = max(len(p) for p in policies)
+    lines = [head]
+    for m in metrics:
+        spec = METRICS[m]
+        lines.append(f"\n{m} ({spec.units}){', ' + spec.better + ' is better' if spec.better else ''}")
+        sim = ds[f"sim_{m}"].mean("rep")
+        others = [d for d in sim.dims if d != "policy"]
+        points = [{}] if not others else [dict(zip(others, vals)) for vals in
+                                          np.stack(np.meshgrid(*[sim[d].values for d in others],
+                                                               indexing="ij"), -1).reshape(-1, len(others))]
+        for point in points:
+            indent = "  "
+            if point:
+                lines.append("  " + ", ".join(f"{d}={v}" for d, v in point.items()))
+                indent = "    "
+            here, dhere = sim.sel(point), diffs.sel(point)
+            for p in policies:
+                mean = float(here.sel(policy=p))
+                if p == baseline:
+                    lines.append(f"{indent}{p:<{width}}  {mean:12.6g}  (baseline)")
+                    continue
+                row = dhere.sel(policy=p)
+                d, dl, dh = (float(row[f"diff_{m}{x}"]) for x in ("", "_ci_low", "_ci_high"))
+                r, rl, rh = (float(row[f"ratio_{m}{x}"]) for x in ("", "_ci_low", "_ci_high"))
+                lines.append(f"{indent}{p:<{width}}  {mean:12.6g}  diff {d:+.4g} [{dl:+.4g}, {dh:+.4g}]  "
+                             f"ratio {r:.4g} [{rl:.4g}, {rh:.4g}]  {VERDICTS[int(row[f'verdict_{m}'])]}")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -210,26 +298,13 @@ class Comparison:
     def summary(self, metrics=None) -> str:
         """A text table: for each metric and policy, its mean, its difference
         and ratio to the baseline with their intervals, and the verdict."""
-        ds = self.dataset
         names = self.metrics if metrics is None else ([metrics] if isinstance(metrics, str) else list(metrics))
-        pct = f"{100 * self.level:g} %"
-        lines = [f"{len(self.policies)} policies against {self.baseline!r}, {ds.attrs['reps']} paired "
-                 f"replication(s) ({ds.attrs['method']}), intervals at {pct}"]
-        width = max(len(p) for p in self.policies)
         for m in names:
             self._check(self.baseline, m)
-            spec = METRICS[m]
-            lines.append(f"\n{m} ({spec.units}){', ' + spec.better + ' is better' if spec.better else ''}")
-            for p in self.policies:
-                mean = float(ds[f"sim_{m}"].sel(policy=p).mean())
-                if p == self.baseline:
-                    lines.append(f"  {p:<{width}}  {mean:12.6g}  (baseline)")
-                    continue
-                d, dl, dh = self.diff(p, m)
-                r, rl, rh = self.ratio(p, m)
-                lines.append(f"  {p:<{width}}  {mean:12.6g}  diff {d:+.4g} [{dl:+.4g}, {dh:+.4g}]  "
-                             f"ratio {r:.4g} [{rl:.4g}, {rh:.4g}]  {self.verdict(p, m)}")
-        return "\n".join(lines)
+        ds = self.dataset
+        head = (f"{len(self.policies)} policies against {self.baseline!r}, {ds.attrs['reps']} paired "
+                f"replication(s) ({ds.attrs['method']}), intervals at {100 * self.level:g} %")
+        return differences_table(ds, ds, self.baseline, names, head)
 
     def __repr__(self) -> str:
         return self.summary()
@@ -327,29 +402,19 @@ def compare(policies, arrivals, service=None, n=None, servers=1, seed=0, *, work
     data = {}
     for i, m in enumerate(names):
         spec = METRICS[m]
-        x = np.stack([values[name][i] for name in order])
-        data[f"sim_{m}"] = (("policy", "rep"), x, {"units": spec.units, "description": spec.description})
-        rows = []
-        for name in order:
-            xp, xb = values[name][i], values[baseline][i]
-            if reps == 1 and m == "mean_latency" and groups[name].size == groups[baseline].size > 1:
-                # (one run each: the groups' means paired, the intervals centred on the runs' means)
-                centre = (float(xp[0] - xb[0]), float(xp[0] / xb[0]) if xb[0] != 0 else math.nan)
-                row = _paired(groups[name], groups[baseline], level, centre)
-            else:
-                row = _paired(xp, xb, level)
-            if name == baseline:
-                row = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
-            rows.append(row)
-        rows = np.array(rows)
-        for j, what in enumerate(("diff", "ratio")):
-            units = spec.units if what == "diff" else "1"
-            for k, suffix in enumerate(("", "_ci_low", "_ci_high")):
-                data[f"{what}_{m}{suffix}"] = ("policy", rows[:, 3 * j + k], {"units": units})
-        data[f"verdict_{m}"] = ("policy", np.array([0 if name == baseline else _verdict(m, row[1], row[2])
-                                                    for name, row in zip(order, rows)], np.int8))
+        data[f"sim_{m}"] = (("policy", "rep"), np.stack([values[name][i] for name in order]),
+                            {"units": spec.units, "description": spec.description})
+    ds = xr.Dataset(data, coords={"policy": order, "rep": np.arange(reps)})
+    diffs = paired_differences(ds, baseline, level, names)
+    if reps == 1 and "mean_latency" in names and len({groups[name].size for name in order}) == 1:
+        # (one run each: the groups' means paired, the intervals centred on the runs' means)
+        x = ds["sim_mean_latency"].values[:, 0]
+        xb = x[order.index(baseline)]
+        centre = (x - xb, x / xb if xb != 0 else np.full(x.shape, math.nan))
+        g = np.stack([groups[name] for name in order])
+        rows = _paired(g, np.broadcast_to(groups[baseline], g.shape), level, centre)
+        diffs = diffs.assign(_difference_vars("mean_latency", rows, ("policy",)))
     method = "paired t over replications" if reps > 1 else "batch means within one run (mean latency only)"
-    ds = xr.Dataset(data, coords={"policy": order, "rep": np.arange(reps)},
-                    attrs={"baseline": baseline, "level": level, "reps": reps, "seed": entropy_str(root),
-                           "method": method, "unstable_runs": [unstable[name] for name in order]})
+    ds = xr.merge([ds, diffs]).assign_attrs(baseline=baseline, level=level, reps=reps, seed=entropy_str(root),
+                                            method=method, unstable_runs=[unstable[name] for name in order])
     return Comparison(ds, baseline, level)

@@ -123,3 +123,79 @@ def test_the_paired_interval_covers_the_true_difference_at_its_level():
         ratio_covers += rlo <= true_ratio <= rhi
     for count in (covers, ratio_covers):
         assert st.binomtest(count, M, 0.95).pvalue > 0.001, (covers, ratio_covers, M)
+
+
+SWEEP = """
+name = "pairs"
+arrivals = "poisson"
+service = "uniform"
+reps = 4
+seed = 5
+
+[params]
+batch_size = 8
+l_min = 0.1
+l_max = 2.0
+n = 1500
+
+[policies.one]
+kind = "multibin"
+bins = 1
+[policies.four]
+kind = "multibin"
+bins = 4
+
+[grid]
+policy = ["one", "four"]
+rate = [1.0, 4.2]
+"""
+
+
+def test_a_sweeps_policies_are_compared_along_its_policy_axis(tmp_path):
+    """paired_differences on a sweep store: its cells that differ only in their policy see the same requests,
+    so each policy's difference to the baseline at every rate is the t-interval of the replications'
+    differences (stats.t_interval, written apart), its ratio that of the means; the baseline's is 0 and 1."""
+    from mbbatch import stats
+    from mbbatch.sweeps import run_sweep
+
+    spec = tmp_path / "pairs.toml"
+    spec.write_text(SWEEP)
+    ds = run_sweep(spec, tmp_path / "pairs.zarr", workers=1, progress=False).load()
+    d = cmp.paired_differences(ds, "one", 0.9)
+    assert d["diff_mean_latency"].dims == ("policy", "rate") and d.attrs == {"baseline": "one", "level": 0.9}
+    for rate in (1.0, 4.2):
+        x = ds["sim_mean_latency"].sel(rate=rate)
+        want = stats.t_interval((x.sel(policy="four") - x.sel(policy="one")).values, 0.9)
+        got = d.sel(policy="four", rate=rate)
+        np.testing.assert_allclose([float(got["diff_mean_latency"]), float(got["diff_mean_latency_ci_low"]),
+                                    float(got["diff_mean_latency_ci_high"])], want, rtol=1e-12)
+        assert float(got["ratio_mean_latency"]) == pytest.approx(
+            float(x.sel(policy="four").mean() / x.sel(policy="one").mean()), rel=1e-12)
+        base = d.sel(policy="one", rate=rate)
+        assert float(base["diff_mean_latency"]) == 0.0 and float(base["ratio_mean_latency_ci_high"]) == 1.0
+    assert int(d["verdict_mean_latency"].sel(policy="four", rate=1.0)) == -1
+    with pytest.raises(ValueError, match=r"baseline must be one of the policies \('one', 'four'\); got 'two'"):
+        cmp.paired_differences(ds, "two")
+
+
+def test_the_compare_command_runs_a_spec_and_prints_each_rates_differences(tmp_path, capsys):
+    """`mbbatch compare SPEC --out STORE` runs the sweep, then prints, per rate, each policy's mean, its
+    difference and ratio to the baseline with their intervals, and the verdict: those of
+    paired_differences on the store; a baseline the sweep does not hold is refused, naming the flag."""
+    from mbbatch.cli import main
+    from mbbatch.sweeps import open_store
+
+    spec = tmp_path / "pairs.toml"
+    spec.write_text(SWEEP)
+    store = tmp_path / "pairs.zarr"
+    assert main(["compare", str(spec), "--out", str(store), "--metric", "mean_latency", "--level", "0.9"]) in (0, None)
+    out = capsys.readouterr().out
+    d = cmp.paired_differences(open_store(store).load(), "one", 0.9, ["mean_latency"]).sel(policy="four")
+    for rate in (1.0, 4.2):
+        row = d.sel(rate=rate)
+        assert (f"diff {float(row['diff_mean_latency']):+.4g} [{float(row['diff_mean_latency_ci_low']):+.4g}, "
+                f"{float(row['diff_mean_latency_ci_high']):+.4g}]") in out
+        assert f"rate={rate}" in out
+    assert "against 'one', 4 paired replications, intervals at 90 %" in out and "worse" in out
+    assert main(["compare", str(store), "--baseline", "two"]) == 2
+    assert "--baseline must be one of the sweep's policies (one, four); got 'two'" in capsys.readouterr().err
