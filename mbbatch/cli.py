@@ -149,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "paired replications (the cells that differ only in their policy see the "
                                     "same requests), with their t-intervals, and whether it is better.")
     cp.add_argument("source", help="a sweep store (.zarr), or a spec (.toml), run or resumed into --out first")
-    cp.add_argument("--baseline", default=None, help="the policy compared with (default: the first)")
+    cp.add_argument("--baseline", default=None,
+                    help="the policy compared with (default: the spec's baseline, else the first)")
     cp.add_argument("--metric", action="append", dest="metrics", default=None,
                     help="a metric to compare (repeatable; default: mean_latency, latency_p99, throughput)")
     cp.add_argument("--level", type=float, default=0.95, help="the intervals' confidence level (default 0.95)")
@@ -449,7 +450,7 @@ def _compare(args) -> None:
         raise ValueError(f"{source}: the sweep has no policy axis (a [grid] policy = [...] of two or more "
                          "variants) to compare along")
     policies = [str(p) for p in ds["policy"].values]
-    baseline = policies[0] if args.baseline is None else args.baseline
+    baseline = args.baseline or ds.attrs.get("baseline") or policies[0]
     if baseline not in policies:
         raise ValueError(f"--baseline must be one of the sweep's policies ({', '.join(policies)}); got {baseline!r}")
     kept = [m for m in ("mean_latency", "latency_p99", "throughput") if f"sim_{m}" in ds]

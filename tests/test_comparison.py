@@ -199,3 +199,38 @@ def test_the_compare_command_runs_a_spec_and_prints_each_rates_differences(tmp_p
     assert "against 'one', 4 paired replications, intervals at 90 %" in out and "worse" in out
     assert main(["compare", str(store), "--baseline", "two"]) == 2
     assert "--baseline must be one of the sweep's policies (one, four); got 'two'" in capsys.readouterr().err
+
+
+def test_a_spec_with_a_baseline_stores_its_policies_differences(tmp_path):
+    """baseline = "one": the sweep's Dataset, as run_sweep returns it and as open_store reads it, holds
+    paired_differences at the spec's confidence; `mbbatch compare` takes it as its default baseline, and
+    `mbbatch plot` draws a difference with its intervals beside the line of none."""
+    from mbbatch.figures.plotting import plot, plottable
+    from mbbatch.sweeps import open_store, run_sweep
+
+    spec = tmp_path / "pairs.toml"
+    spec.write_text(SWEEP.replace('seed = 5\n', 'seed = 5\nbaseline = "one"\nconfidence = 0.9\n'))
+    ds = run_sweep(spec, tmp_path / "pairs.zarr", workers=1, progress=False)
+    want = cmp.paired_differences(ds, "one", 0.9)
+    xr.testing.assert_equal(ds[list(want.data_vars)].load(), want[list(want.data_vars)])
+    again = open_store(tmp_path / "pairs.zarr")
+    np.testing.assert_array_equal(again["diff_latency_p99_ci_low"].values, want["diff_latency_p99_ci_low"].values)
+    assert "diff_mean_latency" in plottable(again) and "diff_mean_latency_ci_low" not in plottable(again)
+    fig = plot(again, x="rate", y="diff_mean_latency", hue="policy")
+    (ax,) = fig.axes[:1]
+    assert any(list(ln.get_ydata()) == [0.0, 0.0] and ln.get_linestyle() == "--" for ln in ax.lines)
+
+
+@pytest.mark.parametrize("change, match", [
+    ('baseline = "two"', r"baseline must be one of the policy axis's variants \['one', 'four'\]; got 'two'"),
+    ("baseline = 1", r"baseline must be one of the policy axis's variants \['one', 'four'\]; got 1"),
+])
+def test_a_baseline_not_on_the_policy_axis_is_refused(tmp_path, change, match):
+    from mbbatch.sweeps.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match=match):
+        parse_spec(SWEEP.replace('seed = 5\n', f'seed = 5\n{change}\n'))
+    one = SWEEP.replace('policy = ["one", "four"]', 'policy = ["one"]').replace(
+        '[policies.four]\nkind = "multibin"\nbins = 4\n', "")
+    with pytest.raises(SpecError, match=r"baseline needs a policy axis of two or more variants"):
+        parse_spec(one.replace('seed = 5\n', 'seed = 5\nbaseline = "one"\n'))

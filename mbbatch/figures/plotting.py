@@ -217,7 +217,11 @@ def _draw(ds, x, y, hue, col, logx, logy) -> Figure:
     theory = THEORY_OF.get(y)
     theory = theory if theory in ds else None
     drawn_theory = False
+    # (a paired difference to a baseline, or a ratio: the line of no difference)
+    reference = 0.0 if y.startswith("diff_") else 1.0 if y.startswith("ratio_") else None
     for ax, panel in zip(axes, panels):
+        if reference is not None:
+            ax.axhline(reference, color="0.4", lw=0.8, ls="--", zorder=1)
         for i, value in enumerate(series):
             point = {k: v for k, v in ((col, panel), (hue, value)) if k is not None}
             c, m = COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)]

@@ -65,6 +65,7 @@ def _attrs(spec: SweepSpec) -> dict:
         "git_commit": git_commit(),
         "code_hash": code_hash(),
         "confidence_level": spec.confidence,
+        **({"baseline": spec.baseline} if spec.baseline is not None else {}),
         **spec_attrs(spec),
         **_trace_attrs(spec),
         **_profile_attrs(spec),
@@ -558,7 +559,7 @@ class _Run:
                 store.consolidate(out)
         if not done.all():
             raise SweepError(f"out: {out} still has points not done after the run")
-        ds = store.open_dataset(out)
+        ds = with_differences(store.open_dataset(out))
         if "unstable" in values:
             _warn_unstable(spec, np.asarray(values["unstable"], dtype=bool))
         if self.netcdf is not None:
@@ -645,7 +646,20 @@ def open_store(path):
     :func:`mbbatch.figures.plot` takes."""
     import xarray as xr
 
-    return xr.open_zarr(verify_store(path), chunks=None)
+    return with_differences(xr.open_zarr(verify_store(path), chunks=None))
+
+
+def with_differences(ds):
+    """A sweep's Dataset with, where its spec names a ``baseline``, each
+    policy's paired differences to it at the spec's confidence
+    (:func:`mbbatch.comparison.paired_differences`: ``diff_<metric>``,
+    ``ratio_<metric>``, their intervals and ``verdict_<metric>``)."""
+    baseline = ds.attrs.get("baseline")
+    if not baseline:
+        return ds
+    from ..comparison import paired_differences
+
+    return ds.merge(paired_differences(ds, baseline, float(ds.attrs.get("confidence_level", 0.95))))
 
 
 def check_store(path) -> StoreReport:

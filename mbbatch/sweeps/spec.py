@@ -330,6 +330,9 @@ _TOP = {
     "reps": "replications per grid point, an integer >= 1 (default 5)",
     "confidence": "the level of the t-intervals over replications, in (0, 1) (default 0.95; a capacity "
                   "search's is [capacity] confidence)",
+    "baseline": "a policy variant of the policy axis the others are compared with: the Dataset gains each "
+                "one's diff_<metric> and ratio_<metric> with their paired intervals at the spec's confidence, "
+                "and verdict_<metric> (mbbatch.comparison.paired_differences; `mbbatch compare`)",
     "seed": "root seed, a non-negative integer (default 0)",
     "params": "table of fixed parameter values",
     "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\", "
@@ -405,6 +408,7 @@ class SweepSpec:
     trace: dict | None = None
     capacity: dict | None = None
     confidence: float = CONFIDENCE
+    baseline: str | None = None
 
     @property
     def kinds(self) -> list:
@@ -445,6 +449,8 @@ class SweepSpec:
             d["capacity"] = self.capacity
         elif self.confidence != CONFIDENCE:
             d["confidence"] = self.confidence  # (only when given: the hash of a spec without it is unchanged)
+        if self.baseline is not None:
+            d["baseline"] = self.baseline
         return d
 
     @property
@@ -800,7 +806,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     spec = SweepSpec(name=name, description=description, arrivals=arrivals, workload=workload,
                      service_model=model, reps=reps, seed=seed, params=params, axes=axes, policies=policies,
                      source=source, text=text, single=single, trace=trace, capacity=capacity,
-                     confidence=confidence)
+                     confidence=confidence, baseline=_baseline(raw, axes, capacity, source))
     _check_joint(spec, source)
     _check_lengths(spec, source)
     return spec
@@ -830,6 +836,24 @@ class _Problems:
             lead = f"{self.source}: "
             raise SpecError(f"{self.source}: {len(self.found)} problems:\n"
                             + "\n".join(f"  {m.removeprefix(lead)}" for m in self.found))
+
+
+def _baseline(raw: dict, axes: dict, capacity: dict | None, source: str) -> str | None:
+    """The spec's ``baseline``: one of two or more policy variants on its
+    policy axis, in a sweep at fixed rates (None where not given)."""
+    if "baseline" not in raw:
+        return None
+    value = raw["baseline"]
+    variants = list(axes.get("policy", ()))
+    if capacity is not None:
+        raise SpecError(f"{source}: baseline compares the replications of a sweep at fixed rates; a capacity "
+                        "search has none")
+    if len(variants) < 2:
+        raise SpecError(f"{source}: baseline needs a policy axis of two or more variants to compare (grid "
+                        f"policy = [...]); got {variants or 'none'}")
+    if not isinstance(value, str) or value not in variants:
+        raise SpecError(f"{source}: baseline must be one of the policy axis's variants {variants}; got {value!r}")
+    return value
 
 
 def _confidence(raw: dict, capacity: dict | None, source: str) -> float:
