@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 from scipy import stats as _st
 
 from . import stats
@@ -51,6 +51,9 @@ from .params import Domain
 from .registry import kind_of
 from .results import UnstableWarning
 from .simulation import check_simulation, simulate
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = ["compare", "Comparison", "paired_differences", "differences_table", "VERDICTS"]
 
@@ -178,6 +181,8 @@ def paired_differences(ds: xr.Dataset, baseline: str, level: float = stats.CONFI
     at ``level``, and ``verdict_<metric>``, on every axis but ``rep``.
     ``metrics``: those to compare (default: every real one ``ds`` keeps per
     replication)."""
+    import xarray as xr
+
     if "policy" not in ds.dims or "rep" not in ds.dims:
         raise ValueError(f"paired_differences needs a Dataset with policy and rep axes; got axes {tuple(ds.dims)}")
     names = [str(p) for p in ds["policy"].values]
@@ -397,6 +402,8 @@ def compare(policies, arrivals, service=None, n=None, servers=1, seed=0, *, work
             warnings.warn(f"compare: {name} had no steady state in {k} of {reps} replication(s) (its backlog "
                           "grew): its means, and its differences, describe a transient", UnstableWarning,
                           stacklevel=2)
+
+    import xarray as xr
 
     order = list(named)
     data = {}

@@ -234,3 +234,13 @@ def test_a_baseline_not_on_the_policy_axis_is_refused(tmp_path, change, match):
         '[policies.four]\nkind = "multibin"\nbins = 4\n', "")
     with pytest.raises(SpecError, match=r"baseline needs a policy axis of two or more variants"):
         parse_spec(one.replace('seed = 5\n', 'seed = 5\nbaseline = "one"\n'))
+
+
+def test_importing_mbbatch_leaves_xarray_to_what_needs_it():
+    """`import mbbatch` stays light (its cold start is benched): mb.compare imports xarray when it runs."""
+    import subprocess
+    import sys
+
+    code = "import sys, mbbatch; print('xarray' in sys.modules)"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["False"]
