@@ -124,13 +124,17 @@ def iteration_times(c, span, miss, nb, sum_prefill, sq_prefill, max_out, seq_ste
     time to first token after its start)."""
     bf = float(nb)
     d = max(max_out - 1.0, 0.0)
-    prefill = cost(c, 1.0, 1.0, sum_prefill, 0.0, 0.0, extra_experts(span, miss, sum_prefill), sq_prefill)
+    # (the experts' reads only for a mixture of experts: a dense model's term is 0 x reads, exactly 0, and its
+    # reads a power per batch)
+    moe = c[PER_EXPERT] > 0.0
+    prefill = cost(c, 1.0, 1.0, sum_prefill, 0.0, 0.0, extra_experts(span, miss, sum_prefill) if moe else 0.0,
+                   sq_prefill)
     decode = cost(c, 0.0, d, 0.0, seq_steps, ctx_steps, reads, 0.0)
     service = prefill + decode
     if d > 0.0:
         tbt = decode / d
     else:
-        tbt = cost(c, 0.0, 1.0, 0.0, bf, sum_context + bf, extra_experts(span, miss, bf), 0.0)
+        tbt = cost(c, 0.0, 1.0, 0.0, bf, sum_context + bf, extra_experts(span, miss, bf) if moe else 0.0, 0.0)
     return service, tbt, prefill
 
 
