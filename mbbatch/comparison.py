@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import stats as _st
 
 from . import stats
+from .stats import VERDICTS, difference_vars, paired_differences, paired_interval
 from ._seeding import as_seed_sequence, entropy_str
 from ._validation import check_count, check_flag, check_scalar_real
 from .metrics import METRICS, applicable
@@ -55,10 +55,8 @@ from .simulation import check_simulation, simulate
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["compare", "Comparison", "paired_differences", "differences_table", "VERDICTS"]
+__all__ = ["compare", "Comparison", "differences_table"]
 
-#: a verdict's codes in :attr:`Comparison.dataset` (``verdict_<metric>``)
-VERDICTS = {-1: "worse", 0: "undecided", 1: "better"}
 _REPS = Domain(1, 100_000, lo_closed=True, hi_closed=True)
 _LEVEL = Domain(0.0, 1.0)
 
@@ -114,93 +112,6 @@ def _metrics(named: dict, metrics) -> list:
             raise ValueError(f"metrics: {m!r} is not a real metric every policy here reports per run; choose from "
                              f"{', '.join(x for x in METRICS if x in common)}")
     return list(dict.fromkeys(metrics))
-
-
-def _paired(xp: np.ndarray, xb: np.ndarray, level: float, centre=None) -> tuple:
-    """``(diff, low, high, ratio, low, high)`` of paired samples ``xp``, ``xb``
-    (arrays, the samples along the last axis; the pairs where both are
-    finite): the paired t-interval of the mean difference, and the delta
-    method's of the ratio of the means (NaN where fewer than two pairs are
-    finite, or the baseline's mean is 0); ``centre``: the ``(diff, ratio)``
-    the intervals are centred on, where the samples are a run's batch
-    means."""
-    xp, xb = np.asarray(xp, float), np.asarray(xb, float)
-    ok = np.isfinite(xp) & np.isfinite(xb)
-    k = ok.sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mp = np.where(ok, xp, 0.0).sum(axis=-1) / k
-        mb = np.where(ok, xb, 0.0).sum(axis=-1) / k
-        if centre is None:
-            diff, ratio = mp - mb, np.where(mb != 0, mp / mb, np.nan)
-        else:
-            diff, ratio = (np.asarray(c, float) for c in centre)
-        t = _st.t.ppf(0.5 + level / 2, np.where(k >= 2, k - 1, np.nan))
-
-        def half(e):
-            em = np.where(ok, e, 0.0).sum(axis=-1, keepdims=True) / k[..., None]
-            return t * np.sqrt(np.where(ok, (e - em) ** 2, 0.0).sum(axis=-1) / (k - 1)) / np.sqrt(k)
-
-        dh = half(xp - xb)
-        rh = half(xp - ratio[..., None] * xb) / np.abs(mb)
-    return diff, diff - dh, diff + dh, ratio, ratio - rh, ratio + rh
-
-
-def _verdicts(metric: str, low, high) -> np.ndarray:
-    """+1 better, -1 worse, 0 undecided (or no direction, or no interval),
-    elementwise, by the metric's direction."""
-    better = METRICS[metric].better
-    low, high = np.asarray(low, float), np.asarray(high, float)
-    out = np.zeros(np.shape(low), np.int8)
-    if better:
-        sign = 1 if better == "higher" else -1
-        out[low > 0] = sign
-        out[high < 0] = -sign
-    return out
-
-
-def _difference_vars(m: str, rows: tuple, dims: tuple) -> dict:
-    """The Dataset variables of metric ``m``'s differences ``rows`` (as
-    :func:`_paired` returns them, on ``dims``)."""
-    units = METRICS[m].units
-    out = {}
-    for j, what in enumerate(("diff", "ratio")):
-        for k, suffix in enumerate(("", "_ci_low", "_ci_high")):
-            out[f"{what}_{m}{suffix}"] = (dims, np.asarray(rows[3 * j + k], float),
-                                          {"units": units if what == "diff" else "1"})
-    out[f"verdict_{m}"] = (dims, _verdicts(m, rows[1], rows[2]),
-                           {"units": "1", "description": "1 better, -1 worse, 0 undecided against the baseline"})
-    return out
-
-
-def paired_differences(ds: xr.Dataset, baseline: str, level: float = stats.CONFIDENCE, metrics=None) -> xr.Dataset:
-    """Each policy's difference and ratio to ``baseline`` in ``ds``, a
-    Dataset with a ``policy`` axis whose metrics ``sim_<metric>`` were run
-    on paired replications along ``rep`` (:func:`compare`'s, or a sweep's:
-    a sweep's cells that differ only in their policy see the same requests):
-    ``diff_<metric>``, ``ratio_<metric>``, their ``_ci_low`` and ``_ci_high``
-    at ``level``, and ``verdict_<metric>``, on every axis but ``rep``.
-    ``metrics``: those to compare (default: every real one ``ds`` keeps per
-    replication)."""
-    import xarray as xr
-
-    if "policy" not in ds.dims or "rep" not in ds.dims:
-        raise ValueError(f"paired_differences needs a Dataset with policy and rep axes; got axes {tuple(ds.dims)}")
-    names = [str(p) for p in ds["policy"].values]
-    if baseline not in names:
-        raise ValueError(f"baseline must be one of the policies ({', '.join(map(repr, names))}); got {baseline!r}")
-    level = check_scalar_real("level", level, _LEVEL)
-    if metrics is None:
-        metrics = [m for m, spec in METRICS.items() if spec.var == f"sim_{m}" and spec.var in ds
-                   and "rep" in ds[spec.var].dims and spec.dtype == "f8"]
-    out = {}
-    for m in metrics:
-        x = ds[f"sim_{m}"]
-        dims = tuple(d for d in x.dims if d != "rep")
-        xp = x.transpose(*dims, "rep").values
-        xb = x.sel(policy=baseline).broadcast_like(x).transpose(*dims, "rep").values
-        out.update(_difference_vars(m, _paired(xp, xb, level), dims))
-    coords = {d: ds[d] for d in ds.dims if d != "rep" and d in ds.coords}
-    return xr.Dataset(out, coords=coords, attrs={"baseline": baseline, "level": level})
 
 
 def differences_table(ds: xr.Dataset, diffs: xr.Dataset, baseline: str, metrics, head: str) -> str:
@@ -419,8 +330,8 @@ def compare(policies, arrivals, service=None, n=None, servers=1, seed=0, *, work
         xb = x[order.index(baseline)]
         centre = (x - xb, x / xb if xb != 0 else np.full(x.shape, math.nan))
         g = np.stack([groups[name] for name in order])
-        rows = _paired(g, np.broadcast_to(groups[baseline], g.shape), level, centre)
-        diffs = diffs.assign(_difference_vars("mean_latency", rows, ("policy",)))
+        rows = paired_interval(g, np.broadcast_to(groups[baseline], g.shape), level, centre)
+        diffs = diffs.assign(difference_vars("mean_latency", rows, ("policy",)))
     method = "paired t over replications" if reps > 1 else "batch means within one run (mean latency only)"
     ds = xr.merge([ds, diffs]).assign_attrs(baseline=baseline, level=level, reps=reps, seed=entropy_str(root),
                                             method=method, unstable_runs=[unstable[name] for name in order])

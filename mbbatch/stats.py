@@ -1,6 +1,7 @@
 """Output statistics, in one place: confidence intervals (batch means within
 a run, t-intervals across replications), quantiles read from the kernels'
-latency histogram, and the steady-state check.
+latency histogram, the steady-state check, and the paired differences of
+policies run on the same replications (:func:`paired_differences`).
 
 Every interval here is two-sided at :data:`CONFIDENCE` (95%) unless a
 ``level`` is given, with Student-t quantiles on ``n - 1`` degrees of freedom.
@@ -17,7 +18,8 @@ from scipy import stats as _st
 from ._kernels import common as _kernel_common
 
 __all__ = ["CONFIDENCE", "QUANTILES", "batch_means_ci", "t_interval", "hist_quantiles", "hist_bucket_bounds",
-           "backlog_verdict", "groups_verdict", "queue_verdict"]
+           "backlog_verdict", "groups_verdict", "queue_verdict", "VERDICTS", "paired_interval", "verdicts",
+           "difference_vars", "paired_differences"]
 
 #: Confidence level of every interval mbbatch reports.
 CONFIDENCE = 0.95
@@ -61,6 +63,104 @@ def t_interval(x: np.ndarray, level: float = CONFIDENCE) -> tuple:
         return m, math.nan, math.nan
     half = _half_width(x, level)
     return m, float(m - half), float(m + half)
+
+
+#: a paired difference's verdict against its baseline (``verdict_<metric>``, :func:`paired_differences`)
+VERDICTS = {-1: "worse", 0: "undecided", 1: "better"}
+
+
+def paired_interval(xp: np.ndarray, xb: np.ndarray, level: float, centre=None) -> tuple:
+    """``(diff, low, high, ratio, low, high)`` of paired samples ``xp``, ``xb``
+    (arrays, the samples along the last axis; the pairs where both are
+    finite): the paired t-interval of the mean difference, and the delta
+    method's of the ratio of the means (NaN where fewer than two pairs are
+    finite, or the baseline's mean is 0); ``centre``: the ``(diff, ratio)``
+    the intervals are centred on, where the samples are a run's batch
+    means."""
+    xp, xb = np.asarray(xp, float), np.asarray(xb, float)
+    ok = np.isfinite(xp) & np.isfinite(xb)
+    k = ok.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mp = np.where(ok, xp, 0.0).sum(axis=-1) / k
+        mb = np.where(ok, xb, 0.0).sum(axis=-1) / k
+        if centre is None:
+            diff, ratio = mp - mb, np.where(mb != 0, mp / mb, np.nan)
+        else:
+            diff, ratio = (np.asarray(c, float) for c in centre)
+        t = _st.t.ppf(0.5 + level / 2, np.where(k >= 2, k - 1, np.nan))
+
+        def half(e):
+            em = np.where(ok, e, 0.0).sum(axis=-1, keepdims=True) / k[..., None]
+            return t * np.sqrt(np.where(ok, (e - em) ** 2, 0.0).sum(axis=-1) / (k - 1)) / np.sqrt(k)
+
+        dh = half(xp - xb)
+        rh = half(xp - ratio[..., None] * xb) / np.abs(mb)
+    return diff, diff - dh, diff + dh, ratio, ratio - rh, ratio + rh
+
+
+def verdicts(metric: str, low, high) -> np.ndarray:
+    """+1 better, -1 worse, 0 undecided (or no direction, or no interval),
+    elementwise, by the metric's direction."""
+    from .metrics import METRICS
+
+    better = METRICS[metric].better
+    low, high = np.asarray(low, float), np.asarray(high, float)
+    out = np.zeros(np.shape(low), np.int8)
+    if better:
+        sign = 1 if better == "higher" else -1
+        out[low > 0] = sign
+        out[high < 0] = -sign
+    return out
+
+
+def difference_vars(m: str, rows: tuple, dims: tuple) -> dict:
+    """The Dataset variables of metric ``m``'s differences ``rows`` (as
+    :func:`paired_interval` returns them, on ``dims``)."""
+    from .metrics import METRICS
+
+    units = METRICS[m].units
+    out = {}
+    for j, what in enumerate(("diff", "ratio")):
+        for k, suffix in enumerate(("", "_ci_low", "_ci_high")):
+            out[f"{what}_{m}{suffix}"] = (dims, np.asarray(rows[3 * j + k], float),
+                                          {"units": units if what == "diff" else "1"})
+    out[f"verdict_{m}"] = (dims, verdicts(m, rows[1], rows[2]),
+                           {"units": "1", "description": "1 better, -1 worse, 0 undecided against the baseline"})
+    return out
+
+
+def paired_differences(ds, baseline: str, level: float = CONFIDENCE, metrics=None):
+    """Each policy's difference and ratio to ``baseline`` in ``ds`` (an
+    :class:`xarray.Dataset`; returns another), a Dataset with a ``policy`` axis whose metrics ``sim_<metric>`` were run
+    on paired replications along ``rep`` (:func:`mbbatch.compare`'s, or a sweep's:
+    a sweep's cells that differ only in their policy see the same requests):
+    ``diff_<metric>``, ``ratio_<metric>``, their ``_ci_low`` and ``_ci_high``
+    at ``level``, and ``verdict_<metric>``, on every axis but ``rep``.
+    ``metrics``: those to compare (default: every real one ``ds`` keeps per
+    replication)."""
+    import xarray as xr
+
+    if "policy" not in ds.dims or "rep" not in ds.dims:
+        raise ValueError(f"paired_differences needs a Dataset with policy and rep axes; got axes {tuple(ds.dims)}")
+    names = [str(p) for p in ds["policy"].values]
+    if baseline not in names:
+        raise ValueError(f"baseline must be one of the policies ({', '.join(map(repr, names))}); got {baseline!r}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1); got {level!r}")
+    from .metrics import METRICS
+
+    if metrics is None:
+        metrics = [m for m, spec in METRICS.items() if spec.var == f"sim_{m}" and spec.var in ds
+                   and "rep" in ds[spec.var].dims and spec.dtype == "f8"]
+    out = {}
+    for m in metrics:
+        x = ds[f"sim_{m}"]
+        dims = tuple(d for d in x.dims if d != "rep")
+        xp = x.transpose(*dims, "rep").values
+        xb = x.sel(policy=baseline).broadcast_like(x).transpose(*dims, "rep").values
+        out.update(difference_vars(m, paired_interval(xp, xb, level), dims))
+    coords = {d: ds[d] for d in ds.dims if d != "rep" and d in ds.coords}
+    return xr.Dataset(out, coords=coords, attrs={"baseline": baseline, "level": level})
 
 
 def hist_bucket_bounds(h: np.ndarray, base: int, shift: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""mbbatch.comparison (mb.compare): policies on the same replications, each against a baseline with intervals."""
+"""mbbatch.comparison (mb.compare) and mbbatch.stats.paired_differences: policies on the same
+replications, each against a baseline with intervals."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import xarray as xr
 
 import mbbatch as mb
 from mbbatch import comparison as cmp
+from mbbatch import stats
 
 SVC = st.uniform(0.1, 1.9)
 ONE, FOUR = mb.MultiBin(bins=1, batch_size=8), mb.MultiBin(bins=4, batch_size=8)
@@ -155,13 +157,12 @@ def test_a_sweeps_policies_are_compared_along_its_policy_axis(tmp_path):
     """paired_differences on a sweep store: its cells that differ only in their policy see the same requests,
     so each policy's difference to the baseline at every rate is the t-interval of the replications'
     differences (stats.t_interval, written apart), its ratio that of the means; the baseline's is 0 and 1."""
-    from mbbatch import stats
     from mbbatch.sweeps import run_sweep
 
     spec = tmp_path / "pairs.toml"
     spec.write_text(SWEEP)
     ds = run_sweep(spec, tmp_path / "pairs.zarr", workers=1, progress=False).load()
-    d = cmp.paired_differences(ds, "one", 0.9)
+    d = stats.paired_differences(ds, "one", 0.9)
     assert d["diff_mean_latency"].dims == ("policy", "rate") and d.attrs == {"baseline": "one", "level": 0.9}
     for rate in (1.0, 4.2):
         x = ds["sim_mean_latency"].sel(rate=rate)
@@ -175,7 +176,7 @@ def test_a_sweeps_policies_are_compared_along_its_policy_axis(tmp_path):
         assert float(base["diff_mean_latency"]) == 0.0 and float(base["ratio_mean_latency_ci_high"]) == 1.0
     assert int(d["verdict_mean_latency"].sel(policy="four", rate=1.0)) == -1
     with pytest.raises(ValueError, match=r"baseline must be one of the policies \('one', 'four'\); got 'two'"):
-        cmp.paired_differences(ds, "two")
+        stats.paired_differences(ds, "two")
 
 
 def test_the_compare_command_runs_a_spec_and_prints_each_rates_differences(tmp_path, capsys):
@@ -190,7 +191,7 @@ def test_the_compare_command_runs_a_spec_and_prints_each_rates_differences(tmp_p
     store = tmp_path / "pairs.zarr"
     assert main(["compare", str(spec), "--out", str(store), "--metric", "mean_latency", "--level", "0.9"]) in (0, None)
     out = capsys.readouterr().out
-    d = cmp.paired_differences(open_store(store).load(), "one", 0.9, ["mean_latency"]).sel(policy="four")
+    d = stats.paired_differences(open_store(store).load(), "one", 0.9, ["mean_latency"]).sel(policy="four")
     for rate in (1.0, 4.2):
         row = d.sel(rate=rate)
         assert (f"diff {float(row['diff_mean_latency']):+.4g} [{float(row['diff_mean_latency_ci_low']):+.4g}, "
@@ -211,7 +212,7 @@ def test_a_spec_with_a_baseline_stores_its_policies_differences(tmp_path):
     spec = tmp_path / "pairs.toml"
     spec.write_text(SWEEP.replace('seed = 5\n', 'seed = 5\nbaseline = "one"\nconfidence = 0.9\n'))
     ds = run_sweep(spec, tmp_path / "pairs.zarr", workers=1, progress=False)
-    want = cmp.paired_differences(ds, "one", 0.9)
+    want = stats.paired_differences(ds, "one", 0.9)
     xr.testing.assert_equal(ds[list(want.data_vars)].load(), want[list(want.data_vars)])
     again = open_store(tmp_path / "pairs.zarr")
     np.testing.assert_array_equal(again["diff_latency_p99_ci_low"].values, want["diff_latency_p99_ci_low"].values)

@@ -657,7 +657,7 @@ def with_differences(ds):
     baseline = ds.attrs.get("baseline")
     if not baseline:
         return ds
-    from ..comparison import paired_differences
+    from ..stats import paired_differences
 
     return ds.merge(paired_differences(ds, baseline, float(ds.attrs.get("confidence_level", 0.95))))
 
