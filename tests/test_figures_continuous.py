@@ -125,3 +125,36 @@ def test_the_trace_capacity_spec_runs_small_multi_bin_beside_eq_2_and_its_limit_
     limit = float(ds["capacity"].sel(policy="multibin1"))
     assert abs(limit / float(thr.sel(policy="continuous32")) - 1) < 0.03
     assert float(thr.sel(policy="continuous256")) > float(thr.drop_sel(policy="continuous256").max())
+
+
+def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interval(results, tmp_path):
+    """policy_gains draws; on its synthetic store (the same noise in every order, replication by
+    replication) the paired ratio of the mean time to first token is exactly the store's gain, 0.6 for
+    shortest predicted output first and 0.9 for multi-bin, with an interval of no width: the markers of the
+    top row sit there, at every rate and predictor error, beside the dashed line of FCFS at 1."""
+    import xarray as xr
+
+    from mbbatch.figures import continuous
+
+    _draws(results, tmp_path, "policy_gains")
+    ds = xr.open_zarr(results / "policy_gains.zarr", chunks=None).load()
+    fig = continuous.policy_gains({"policy_gains": ds})
+    top = fig.axes[:3]
+    for ax in top:
+        ys = sorted({round(float(y), 9) for ln in ax.lines if ln.get_marker() not in (None, "None", "")
+                     for y in ln.get_ydata()})
+        assert ys == [0.6, 0.9], ys
+        assert any(list(ln.get_ydata()) == [1.0, 1.0] and ln.get_linestyle() == "--" for ln in ax.lines)
+
+
+def test_its_spec_runs_small_and_shortest_first_buys_the_mean_with_the_tail(tmp_path):
+    """policy_gains's spec, run small (n = 5,000, 4 replications, 95 % load, the oracle and sigma 1): its
+    baseline gives shortest predicted output first a decided gain in the mean time to first token at both
+    predictor errors, and a p99 latency above FCFS's; FCFS against itself is 0 and 1."""
+    ds = _small("policy_gains", tmp_path, ("n = 20000", "n = 5000"), ("reps = 10", "reps = 4"),
+                ("rate = [5.5, 6.6, 7.4]", "rate = [7.4]"),
+                ("predictor_sigma = [0.0, 0.5, 1.0]", "predictor_sigma = [0.0, 1.0]"))
+    spf, fcfs = ds.sel(policy="spf", rate=7.4), ds.sel(policy="fcfs", rate=7.4)
+    assert np.all(spf["verdict_mean_ttft"] == 1) and np.all(spf["ratio_mean_ttft_ci_high"] < 0.6)
+    assert np.all(spf["ratio_latency_p99"] > 1.0)
+    assert np.all(fcfs["diff_mean_ttft"] == 0.0) and np.all(fcfs["ratio_latency_p99"] == 1.0)

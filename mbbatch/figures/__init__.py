@@ -12,7 +12,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
  'engine_event', 'hardware_fit', 'hardware_moe', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
  'continuous_vs_binned', 'continuous_memory', 'continuous_controller',
- 'continuous_trace']
+ 'continuous_trace', 'policy_gains']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -41,8 +41,10 @@ A figure's name is the name of the function that draws it:
 - :mod:`.continuous`: continuous batching against multi-bin batching run
   to completion on them (``continuous_vs_binned``), as its KV cache
   shrinks (``continuous_memory``), and its cap set by the dynamic-batching
-  controller (``continuous_controller``), and against batching run to
-  completion on a real trace's lengths (``continuous_trace``);
+  controller (``continuous_controller``), against batching run to
+  completion on a real trace's lengths (``continuous_trace``), and its
+  admission orders' paired gains over first come first served
+  (``policy_gains``);
 - :mod:`.plotting`: any store, a metric against an axis (:func:`plot`,
   ``mbbatch plot``);
 - :mod:`.data`: where datasets live and reading values from them;
@@ -132,6 +134,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("continuous_memory", (continuous.continuous_memory, ["continuous_memory"])),
     ("continuous_controller", (continuous.continuous_controller, ["continuous_controller"])),
     ("continuous_trace", (continuous.continuous_trace, ["continuous_trace_capacity", "continuous_trace"])),
+    ("policy_gains", (continuous.policy_gains, ["policy_gains"])),
 ])
 
 
