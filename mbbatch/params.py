@@ -268,6 +268,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        choices=("fcfs", "spf", "multibin")),
     _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
        default=4),
+    _p("aging", "real", "tokens/s", "shortest predicted output first with aging: the tokens of predicted output a "
+       "waiting request's priority gains per second it waits (continuous batching, admission 'spf'; 0: none)",
+       _NONNEG, default=0.0),
     # what a real server pays beyond the forward pass: 0 (the engine's forward time alone) unless set, as
     # by an engine preset (mbbatch.engines) or a calibration to measured serving runs (mbbatch.validation)
     _p("iteration_overhead", "real", "s", "time every engine iteration pays beyond the forward pass (scheduling, "

@@ -471,16 +471,16 @@ def _continuous_memory(reps=REPS, n=20000):
 
 
 def _policy_gains(reps=REPS):
-    """policy_gains's store: per replication, the mean time to first token and the p99 latency of three
-    admission orders at three rates and three predictor errors, shortest-predicted-first's and multi-bin's
-    below FCFS's by known ratios, the same noise in every order (paired replications); the fastest rate's
-    FCFS without a steady state."""
-    pol = ["fcfs", "spf", "multibin"]
+    """policy_gains's store: per replication, the mean time to first token and the p99 latency of four
+    admission orders at three rates and three predictor errors, shortest-predicted-first's (plain and aged)
+    and multi-bin's below FCFS's by known ratios, the same noise in every order (paired replications); the
+    fastest rate's FCFS without a steady state."""
+    pol = ["fcfs", "spf", "spf_aging", "multibin"]
     rate = np.array([5.5, 6.6, 7.4])
     sigma = np.array([0.0, 0.5, 1.0])
     rng = np.random.default_rng(26)
     noise = 1.0 + 0.02 * rng.standard_normal((1, rate.size, sigma.size, reps))
-    gain = np.array([1.0, 0.6, 0.9])[:, None, None, None] * np.ones((1, rate.size, sigma.size, 1))
+    gain = np.array([1.0, 0.6, 0.75, 0.9])[:, None, None, None] * np.ones((1, rate.size, sigma.size, 1))
     base_ttft = np.array([0.05, 0.12, 0.36])[None, :, None, None]
     base_p99 = np.array([6.0, 7.0, 9.0])[None, :, None, None]
     dims = ("policy", "rate", "predictor_sigma")
@@ -490,7 +490,8 @@ def _policy_gains(reps=REPS):
                      "sim_latency_p99": (dims + ("rep",), base_p99 * gain ** 0.5 * noise),
                      "unstable": (dims, unstable), "done": (dims, np.ones(unstable.shape, bool))},
                     coords={"policy": pol, "rate": rate, "predictor_sigma": sigma, "rep": np.arange(reps)})
-    ds.attrs.update(name="policy_gains", reps=reps, arrivals="poisson", baseline="fcfs", confidence_level=0.95)
+    ds.attrs.update(name="policy_gains", reps=reps, arrivals="poisson", baseline="fcfs", confidence_level=0.95,
+                    policy_spf_aging='{"admission": "spf", "aging": 200.0, "kind": "continuous"}')
     return ds
 
 

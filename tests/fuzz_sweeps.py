@@ -181,6 +181,7 @@ def _ranges(R: random.Random) -> dict:
         "block_size": pick(1, 16, 32),
         "admission": pick("fcfs", "spf", "multibin"),
         "admission_bins": lambda: R.randint(1, 4),
+        "aging": lambda: R.choice([0.0, u(0, 500)]),
         "dynamic": pick(True, False),
         "interval": lambda: u(0, 10),
         "ratio": lambda: u(0.3, 4),

@@ -15,7 +15,7 @@ from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
-             prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1):
+             prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -47,7 +47,12 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     blocks of k; the first schedules, the others only decode what runs
     (no admission, no prefill); a block ends after k iterations, or before
     one that would have nothing to decode; its first tokens and last tokens
-    are returned (stamped) at its end."""
+    are returned (stamped) at its end.
+
+    ``aging`` (shortest predicted first with aging, tokens/s): at every
+    iteration the waiting request of least ``prediction - aging x (t -
+    arrival)``, the time t the iteration starts (ties in arrival order),
+    computed as that priority is defined, not as the kernel's key."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -107,6 +112,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         if admission == "spf":
             if not waiting:
                 return -1
+            if aging > 0.0:
+                return min(waiting, key=lambda r: (float(prediction[r]) - aging * (now - arrival[r]), r))
             return min(waiting, key=lambda r: (prediction[r], r))
         K = len(bins)
         for off in range(K):

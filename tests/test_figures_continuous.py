@@ -130,8 +130,9 @@ def test_the_trace_capacity_spec_runs_small_multi_bin_beside_eq_2_and_its_limit_
 def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interval(results, tmp_path):
     """policy_gains draws; on its synthetic store (the same noise in every order, replication by
     replication) the paired ratio of the mean time to first token is exactly the store's gain, 0.6 for
-    shortest predicted output first and 0.9 for multi-bin, with an interval of no width: the markers of the
-    top row sit there, at every rate and predictor error, beside the dashed line of FCFS at 1."""
+    shortest predicted output first, 0.75 with aging and 0.9 for multi-bin, with an interval of no width: the
+    markers of the top row sit there, at every rate and predictor error, beside the dashed line of FCFS at 1;
+    the legend names the aging rate of the variant's settings."""
     import xarray as xr
 
     from mbbatch.figures import continuous
@@ -143,8 +144,10 @@ def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interva
     for ax in top:
         ys = sorted({round(float(y), 9) for ln in ax.lines if ln.get_marker() not in (None, "None", "")
                      for y in ln.get_ydata()})
-        assert ys == [0.6, 0.9], ys
+        assert ys == [0.6, 0.75, 0.9], ys
         assert any(list(ln.get_ydata()) == [1.0, 1.0] and ln.get_linestyle() == "--" for ln in ax.lines)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "shortest predicted output first, aging 200 tokens/s" in labels
 
 
 def test_its_spec_runs_small_and_shortest_first_buys_the_mean_with_the_tail(tmp_path):

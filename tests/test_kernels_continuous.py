@@ -30,9 +30,10 @@ def _fields(coef):
     ``prefill_per_token``, ... and the experts' span and miss); every other cost term 0."""
     coef = dict(coef)
     steps = coef.pop("num_scheduler_steps", 1)
+    aging = coef.pop("aging", 0.0)
     # (the engine's overhead per iteration is in the kernel's step: as the planner packs it)
     coef["step"] = coef.get("step", 0.0) + coef.pop("iteration_overhead", 0.0)
-    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "request_overhead": 0.0, "scheduler_steps": steps,
+    return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "request_overhead": 0.0, "scheduler_steps": steps, "aging": aging,
             **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
 
 
@@ -96,6 +97,16 @@ def _config(rng, moe=False):
                                    edges=np.array([10.0, 20.0]), **{**COEF, **(MOE if moe else {})})
 
 
+def _aged(rng, arr, kw):
+    """Shortest predicted first with aging (tokens/s) on half the configurations admitting shortest first,
+    on arrival times not rounded (at a decimal tie the kernel's key, prediction + aging x arrival, and the
+    reference's priority, prediction - aging x waited, round apart)."""
+    if kw["admission"] != "spf" or rng.random() < 0.5:
+        return arr, kw
+    arr = np.sort(arr + rng.uniform(0.0, 1e-3, arr.size))
+    return arr, {**kw, "aging": float(rng.choice([0.5, 5.0, 50.0]))}
+
+
 def _same_run(out, req, code, want, kw) -> dict:
     """The kernel's run ``(out, req, code)`` is the reference's ``want``:
     each request's admission, first token, completion and preemptions, the
@@ -118,11 +129,13 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
     completion times and preemptions, the iterations, preemptions and
     recomputed tokens, equal; the gaps between tokens equal in number, in
     their histogram and (summed in another order) their sum.  A third of
-    the configurations time a mixture of experts' iterations."""
+    the configurations time a mixture of experts' iterations; half of those
+    admitting shortest predicted first age it (:func:`_aged`)."""
     rng = np.random.default_rng(seed)
     seen_preemptions = 0
     for k in range(40):
         (arr, p, o, pred), kw = _config(rng, moe=k % 3 == 0)
+        arr, kw = _aged(rng, arr, kw)
         want = ref.simulate(arr, p, o, pred, **kw)
         out, req, code = _kernel(arr, p, o, pred, **kw)
         st = _same_run(out, req, code, want, kw)
@@ -563,3 +576,27 @@ def test_a_request_with_a_cached_prompt_preempted_while_prefilling_frees_the_blo
     want = ref.simulate(arr, p, o, o, cached=np.array([0, 30]), **kw)
     assert want["preempted"].tolist() == [0, 1]
     _same_run(*_kernel(arr, p, o, o, cached=np.array([0, 30]), **kw), want, kw)
+
+
+def test_aging_bounds_how_long_a_request_is_overtaken():
+    """Shortest predicted first with aging alpha (Fu et al., 2024): a request is admitted no later than
+    every request arriving more than its prediction / alpha after it, here on an overloaded engine (4
+    sequences, arrivals twice its service rate) with alpha = 20 tokens/s; plain shortest first (alpha = 0)
+    breaks that bound on the same requests: long requests are overtaken by shorter ones arriving long after
+    them.  Aging also admits everything the plain order does, in another order."""
+    rng = np.random.default_rng(5)
+    n = 400
+    arr = np.cumsum(rng.exponential(0.05, n))
+    p, o = rng.integers(1, 40, n), rng.integers(1, 60, n)
+    pred = o.astype(float)
+    kw = dict(max_num_seqs=4, max_batched_tokens=64, chunked=True, kv_tokens=np.inf, block_size=16,
+              admission="spf", edges=np.array([10.0, 20.0]), **COEF)
+    alpha = 20.0
+    late = arr[None, :] > arr[:, None] + pred[:, None] / alpha      # [i, j]: j arrives over pred_i / alpha after i
+    overtaken = {}
+    for aging in (alpha, 0.0):
+        out, req, code = _kernel(arr, p, o, pred, aging=aging, **kw)
+        assert code == ck.DONE and ck.STATS.unpack((out.ints, out.floats))["completed"] == n
+        adm = req["admitted"]
+        overtaken[aging] = int((late & (adm[None, :] < adm[:, None])).sum())
+    assert overtaken[alpha] == 0 and overtaken[0.0] > 100, overtaken

@@ -35,6 +35,9 @@ def test_defaults_are_vllms_and_it_describes_itself():
     (dict(admission="multibin", bins=3, edges=(10.0,)), ValueError, "bins - 1 = 2"),
     (dict(admission="multibin", bins=3, edges=(20.0, 10.0)), ValueError, "ascending"),
     (dict(predictor=mb.BinConfusion(0.9)), TypeError, "bin confusion"),
+    (dict(aging=-1.0), ValueError, r"aging must be in \[0, inf\); got -1.0"),
+    (dict(aging=5.0), ValueError, "aging = 5 ages shortest predicted output first \\(admission='spf'\\); admission "
+                                  "is 'fcfs'"),
 ])
 def test_bad_settings_are_refused_naming_them(kw, exc, match):
     with pytest.raises(exc, match=match):
@@ -49,9 +52,9 @@ def test_without_chunked_prefill_the_budget_may_be_below_the_sequences():
 def test_a_sweep_cell_builds_it():
     p = registry.build("continuous", {"max_num_seqs": 8, "max_batched_tokens": 64, "chunked_prefill": False,
                                       "kv_tokens": 4096.0, "block_size": 8, "admission": "spf",
-                                      "admission_bins": 4, "predictor_sigma": 0.3})
-    assert (p.max_num_seqs, p.max_batched_tokens, p.chunked_prefill, p.kv_tokens, p.block_size, p.admission) == (
-        8, 64, False, 4096.0, 8, "spf")
+                                      "admission_bins": 4, "aging": 25.0, "predictor_sigma": 0.3})
+    assert (p.max_num_seqs, p.max_batched_tokens, p.chunked_prefill, p.kv_tokens, p.block_size, p.admission,
+            p.aging) == (8, 64, False, 4096.0, 8, "spf", 25.0)
     assert p.predictor == mb.LogNormalError(0.3)
 
 

@@ -24,7 +24,8 @@ iteration boundary the engine schedules one iteration:
   the blocks allow) and pauses the decodes, else it decodes.  The waiting
   head is a preempted request (the last preempted first), else the next by
   the admission order: first come first served, shortest predicted output
-  first (ties in arrival order), or multi-bin (bins by predicted output
+  first (ties in arrival order; with ``aging``, by prediction + aging x
+  arrival time: Fu et al., 2024, arXiv:2408.15792), or multi-bin (bins by predicted output
   between ``edges``, each first come first served, served round robin).
   Admission stops at the first request that does not fit.
 
@@ -116,7 +117,7 @@ FULL = True
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
                                         "memory_on", "scheduler_steps"),
-                floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "request_overhead", "until"))
+                floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "request_overhead", "aging", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
@@ -503,6 +504,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     # (a real server's time outside the engine, every request's; its overhead per iteration is in the cost's
     # step, cost_step: mbbatch.planners.continuous)
     delay = cf[C.request_overhead]
+    aging = cf[C.aging]
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
@@ -678,7 +680,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         # arrivals up to now join the waiting requests
         while i < n and arrival[i] <= now:
             if adm == ADMIT_SPF:
-                ssize = _heap_push(sk, sid, ssize, prediction[i], i)
+                # (with aging, its priority prediction - aging x (now - arrival) orders the waiting as
+                # prediction + aging x arrival does: every one's falls at the same rate)
+                ssize = _heap_push(sk, sid, ssize, prediction[i] + aging * arrival[i], i)
             elif adm == ADMIT_MULTIBIN:
                 b = 0
                 while b < K - 1 and prediction[i] >= edges[b]:
@@ -1201,7 +1205,7 @@ def warmup() -> None:
     full = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
                          scheduler_steps=2, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
-                         expert_miss=1.0, request_overhead=0.0, until=np.inf)
+                         expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))

@@ -22,6 +22,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -281,8 +283,9 @@ def _trace_label(name: str, s: dict) -> str:
 
 
 #: policy_gains's admission orders drawn against its baseline (first come first served), and their labels
-_GAINS = (("spf", "shortest predicted output first"), ("multibin", "multi-bin (4 bins by predicted output, "
-                                                                   "round robin)"))
+_GAINS = (("spf", "shortest predicted output first"),
+          ("spf_aging", "shortest predicted output first, aging {aging:g} tokens/s"),
+          ("multibin", "multi-bin (4 bins by predicted output, round robin)"))
 #: policy_gains's metrics, and their words
 _GAIN_METRICS = (("mean_ttft", "mean time to first token"), ("latency_p99", "p99 latency"))
 
@@ -319,8 +322,9 @@ def policy_gains(data) -> Figure:
                 ax.set_ylabel(f"{words} / FCFS's")
             if i == len(_GAIN_METRICS) - 1:
                 ax.set_xlabel("arrival rate (requests/s)")
-    handles = [Line2D([], [], color=COLORS[k + 1], marker=MARKERS[k + 1], label=label)
-               for k, (_, label) in enumerate(_GAINS)]
+    handles = [Line2D([], [], color=COLORS[k + 1], marker=MARKERS[k + 1],
+                      label=label.format(aging=json.loads(ds.attrs.get(f"policy_{name}", "{}")).get("aging", 0.0)))
+               for k, (name, label) in enumerate(_GAINS)]
     handles += style_handles(("sim", f"ratio of the means ({100 * level:g} % paired interval over "
                                      f"{ds.sizes['rep']} replications)"),
                              ("hollow", "no steady state (the backlog grows)"),

@@ -98,7 +98,8 @@ class Plan:
         config = _k.CONFIG.pack(
             n=self.n, arrival_kind=akind, max_num_seqs=pol.max_num_seqs, max_batched_tokens=pol.max_batched_tokens,
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
-            admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), keep=self.keep_requests,
+            admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), aging=pol.aging,
+            keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None,
             scheduler_steps=pol.num_scheduler_steps, rate=rate,
             **_cost_fields(m, pol), **m.expert_fields(), request_overhead=pol.request_overhead, until=math.inf)

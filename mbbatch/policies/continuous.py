@@ -106,6 +106,17 @@ class ContinuousBatching(Policy):
         The order waiting requests are admitted in.
     bins : int
         Bins of ``admission="multibin"``, >= 1; default 4.
+    aging : float
+        Shortest predicted output first with aging (``admission="spf"``):
+        a waiting request's priority is its predicted output minus
+        ``aging`` times the time it has waited (tokens/s, >= 0; default 0,
+        none), the rule of Fu et al. (2024, "Efficient LLM scheduling by
+        learning to rank", arXiv:2408.15792).  The waiting requests keep
+        their order between arrivals (each one's priority falls at the same
+        rate), so the order is that of ``prediction + aging x arrival``;
+        a request is admitted before every request that arrives more than
+        ``prediction / aging`` seconds after it (the starvation bound:
+        plain shortest-first has none).
     edges : sequence of float, optional
         Its ``bins - 1`` inner edges, tokens of predicted output, ascending.
     predictor : Oracle, LogNormalError or Predictions, optional
@@ -150,6 +161,7 @@ class ContinuousBatching(Policy):
     block_size: int = default("block_size")
     admission: str = default("admission")
     bins: int = default("ContinuousBatching.bins")
+    aging: float = default("aging")
     edges: tuple | None = None
     predictor: object = None
     controller: object = None
@@ -163,9 +175,9 @@ class ContinuousBatching(Policy):
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",
                                               "tbt_quantiles", "continuous", "controller"})
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
-                                 "admission", "admission_bins", "predictor_sigma", "sla_control", "d_sla", "eps_d",
-                                 "b_min", "b_max", "controller", "memory", "eps_m", "servers", "iteration_overhead",
-                                 "request_overhead", "num_scheduler_steps")
+                                 "admission", "admission_bins", "aging", "predictor_sigma", "sla_control", "d_sla",
+                                 "eps_d", "b_min", "b_max", "controller", "memory", "eps_m", "servers",
+                                 "iteration_overhead", "request_overhead", "num_scheduler_steps")
     models: ClassVar[tuple] = ("iteration", "profile")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
@@ -174,13 +186,17 @@ class ContinuousBatching(Policy):
         check_fields(self, {"max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens",
                             "chunked_prefill": "chunked_prefill", "kv_tokens": "kv_tokens",
                             "block_size": "block_size", "admission": "admission",
-                            "bins": "ContinuousBatching.bins", "iteration_overhead": "iteration_overhead",
+                            "bins": "ContinuousBatching.bins", "aging": "aging",
+                            "iteration_overhead": "iteration_overhead",
                             "request_overhead": "request_overhead",
                             "num_scheduler_steps": "num_scheduler_steps"})
         if self.chunked_prefill and self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens = {self.max_batched_tokens} must be >= max_num_seqs = "
                              f"{self.max_num_seqs} with chunked prefill: every running sequence's decode takes one "
                              "token of the iteration's budget")
+        if self.aging > 0 and self.admission != "spf":
+            raise ValueError(f"aging = {self.aging:g} ages shortest predicted output first (admission='spf'); "
+                             f"admission is {self.admission!r}")
         if math.isfinite(self.kv_tokens) and self.kv_tokens < self.block_size:
             raise ValueError(f"kv_tokens = {self.kv_tokens:g} must hold at least one block of block_size = "
                              f"{self.block_size} tokens")
@@ -275,7 +291,7 @@ class ContinuousBatching(Policy):
         return cls(max_num_seqs=get("max_num_seqs"), max_batched_tokens=get("max_batched_tokens"),
                    chunked_prefill=get("chunked_prefill"), kv_tokens=get("kv_tokens"),
                    block_size=get("block_size"), admission=get("admission"),
-                   bins=get("admission_bins", "ContinuousBatching.bins"),
+                   bins=get("admission_bins", "ContinuousBatching.bins"), aging=get("aging"),
                    predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory,
                    iteration_overhead=get("iteration_overhead"), request_overhead=get("request_overhead"),
                    num_scheduler_steps=get("num_scheduler_steps"))

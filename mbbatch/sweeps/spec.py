@@ -247,6 +247,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("block_size"),
     _sp("admission"),
     _sp("admission_bins", key="ContinuousBatching.bins"),
+    _sp("aging"),
     _sp("iteration_overhead"),
     _sp("request_overhead"),
     _sp("num_scheduler_steps"),
@@ -295,7 +296,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
 
 #: a cluster's settings that only its continuous-batching engines read
 _ENGINE_ONLY = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size", "admission",
-                "admission_bins", "sla_control", "iteration_overhead", "request_overhead",
+                "admission_bins", "aging", "sla_control", "iteration_overhead", "request_overhead",
                 "num_scheduler_steps")
 
 #: the settings of LAPS's decode stage (its policy named by ``decode``)
