@@ -34,19 +34,3 @@ def _compiled_kernels():
     import mbbatch
 
     mbbatch.warmup()
-
-
-#: The test files that take longest (seconds of one core on a fresh clone: sweeps run and killed,
-#: every figure drawn, the documentation built), collected first: `make test` hands each worker one
-#: file at a time (--dist loadfile) in collection order, and a long file handed out last would keep
-#: one worker busy while the other idles (longest first: Graham's LPT rule, 1969).
-LONGEST_FIRST = ("test_sweeps_run.py", "test_figures.py", "test_docs_build.py", "test_capacity.py",
-                 "test_comparison.py", "test_kernels_bits.py", "test_docs_site.py", "test_sweeps_store.py",
-                 "test_figures_plotting.py", "test_validation_serving.py", "test_kernels_cache.py",
-                 "test_running.py", "test_cli.py", "test_sweeps_spec.py", "test_sweeps_cells.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The files of :data:`LONGEST_FIRST` first, in its order; the rest as collected."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
