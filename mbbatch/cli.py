@@ -435,15 +435,31 @@ def _print_capacities(ds) -> None:
 
 
 def _compare(args) -> None:
-    from .comparison import differences_table, paired_differences
+    from .comparison import differences_table
+    from .metrics import METRICS
+    from .stats import paired_differences
     from .sweeps import open_store, run_sweep
 
+    # (every flag checked before a spec's sweep runs)
+    if not 0.0 < args.level < 1.0:
+        raise ValueError(f"--level must be in (0, 1); got {args.level}")
+    for m in args.metrics or ():
+        if m not in METRICS:
+            raise ValueError(f"--metric: unknown metric {m!r}; the metric table's: {', '.join(METRICS)}")
     source = Path(args.source)
     if source.suffix == ".toml":
         from .sweeps.spec import load_spec
 
-        out = Path(args.out) if args.out is not None else Path("results") / f"{load_spec(source).name}.zarr"
-        run_sweep(source, out, progress=True)
+        spec = load_spec(source)
+        variants = [str(v) for v in spec.axes.get("policy", ())]
+        if len(variants) < 2:
+            raise ValueError(f"{source}: the sweep has no policy axis (a [grid] policy = [...] of two or more "
+                             "variants) to compare along")
+        if args.baseline is not None and args.baseline not in variants:
+            raise ValueError(f"--baseline must be one of the sweep's policies ({', '.join(variants)}); got "
+                             f"{args.baseline!r}")
+        out = Path(args.out) if args.out is not None else Path("results") / f"{spec.name}.zarr"
+        run_sweep(spec, out, progress=True)
         source = out
     ds = open_store(source)
     if "policy" not in ds.dims:
@@ -458,8 +474,6 @@ def _compare(args) -> None:
     for m in metrics:
         if f"sim_{m}" not in ds or "rep" not in ds[f"sim_{m}"].dims:
             raise ValueError(f"--metric: the store keeps no replications of {m!r}")
-    if not 0.0 < args.level < 1.0:
-        raise ValueError(f"--level must be in (0, 1); got {args.level}")
     ds = ds[[f"sim_{m}" for m in metrics]].load()
     diffs = paired_differences(ds, baseline, args.level, metrics)
     head = (f"{source}: {len(policies)} policies against {baseline!r}, {ds.sizes['rep']} paired replications, "

@@ -101,7 +101,11 @@ def _metrics(named: dict, metrics) -> list:
         common = mine if common is None else common & mine
     if metrics is None:
         return [m for m in METRICS if m in common]
-    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    elif not isinstance(metrics, (list, tuple)) or not all(isinstance(m, str) for m in metrics):
+        raise TypeError(f"metrics must be a metric's name or a list of them; got {metrics!r}")
+    metrics = list(metrics)
     if not metrics:
         raise ValueError("metrics must name at least one metric")
     for m in metrics:

@@ -89,6 +89,7 @@ def test_one_run_each_gives_the_mean_latencys_interval_from_batch_means():
     (dict(baseline="two"), r"baseline must be one of the policies' names \('one', 'four'\); got 'two'"),
     (dict(metrics=["latency"]), r"metrics: unknown metric 'latency'"),
     (dict(metrics="mean_tbt"), r"metrics: 'mean_tbt' is not a real metric every policy here reports"),
+    (dict(metrics=3), r"metrics must be a metric's name or a list of them; got 3"),
     (dict(n=0), r"policies\['one'\]: n must be an integer in \[1, 9007199254740992\]; got 0"),
     (dict(progress=1), r"progress must be a bool"),
 ])
@@ -200,6 +201,13 @@ def test_the_compare_command_runs_a_spec_and_prints_each_rates_differences(tmp_p
     assert "against 'one', 4 paired replications, intervals at 90 %" in out and "worse" in out
     assert main(["compare", str(store), "--baseline", "two"]) == 2
     assert "--baseline must be one of the sweep's policies (one, four); got 'two'" in capsys.readouterr().err
+    # (a spec's flags are checked before its sweep runs: no store is made)
+    for flags, message in ((["--baseline", "two"], "--baseline must be one of the sweep's policies"),
+                           (["--level", "1.5"], "--level must be in (0, 1); got 1.5"),
+                           (["--metric", "latency"], "--metric: unknown metric 'latency'")):
+        assert main(["compare", str(spec), "--out", str(tmp_path / "new.zarr"), *flags]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "new.zarr").exists()
 
 
 def test_a_spec_with_a_baseline_stores_its_policies_differences(tmp_path):
