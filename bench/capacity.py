@@ -41,8 +41,8 @@ def main():
     t, res, want = bench_capacity()
     verdict = "PASS" if t <= TARGET_SECONDS else "FAIL"
     print(f"capacity search to 1 %, paper's model k=4: {t:.2f} s (target <= {TARGET_SECONDS:g} s) {verdict}; "
-          f"{res.n_probes} probes, {res.requests:.3g} requests; {res.rate:.4f} in [{res.rate_low:.4f}, "
-          f"{res.rate_high:.4f}] against Theorem 4.2's {want:.4f}")
+          f"{res.n_probes} probes, {res.requests:.3g} requests; {res.rate:.4f} [{res.rate_ci[0]:.4f}, "
+          f"{res.rate_ci[1]:.4f}] against Theorem 4.2's {want:.4f}")
 
 
 if __name__ == "__main__":
