@@ -434,6 +434,16 @@ def _print_capacities(ds) -> None:
         print(f"  ... and {len(cells) - CAPACITY_LINES} more grid points in the store")
 
 
+def _compared(source, variants: list, baseline) -> None:
+    """A sweep's policy ``variants`` as `mbbatch compare` needs them: two or
+    more, with ``--baseline`` (None: not given) among them."""
+    if len(variants) < 2:
+        raise ValueError(f"{source}: the sweep has no policy axis (a [grid] policy = [...] of two or more "
+                         "variants) to compare along")
+    if baseline is not None and baseline not in variants:
+        raise ValueError(f"--baseline must be one of the sweep's policies ({', '.join(variants)}); got {baseline!r}")
+
+
 def _compare(args) -> None:
     from .comparison import differences_table
     from .metrics import METRICS
@@ -451,24 +461,14 @@ def _compare(args) -> None:
         from .sweeps.spec import load_spec
 
         spec = load_spec(source)
-        variants = [str(v) for v in spec.axes.get("policy", ())]
-        if len(variants) < 2:
-            raise ValueError(f"{source}: the sweep has no policy axis (a [grid] policy = [...] of two or more "
-                             "variants) to compare along")
-        if args.baseline is not None and args.baseline not in variants:
-            raise ValueError(f"--baseline must be one of the sweep's policies ({', '.join(variants)}); got "
-                             f"{args.baseline!r}")
+        _compared(source, [str(v) for v in spec.axes.get("policy", ())], args.baseline)
         out = Path(args.out) if args.out is not None else Path("results") / f"{spec.name}.zarr"
         run_sweep(spec, out, progress=True)
         source = out
     ds = open_store(source)
-    if "policy" not in ds.dims:
-        raise ValueError(f"{source}: the sweep has no policy axis (a [grid] policy = [...] of two or more "
-                         "variants) to compare along")
-    policies = [str(p) for p in ds["policy"].values]
+    policies = [str(p) for p in ds["policy"].values] if "policy" in ds.dims else []
+    _compared(source, policies, args.baseline)
     baseline = args.baseline or ds.attrs.get("baseline") or policies[0]
-    if baseline not in policies:
-        raise ValueError(f"--baseline must be one of the sweep's policies ({', '.join(policies)}); got {baseline!r}")
     kept = [m for m in ("mean_latency", "latency_p99", "throughput") if f"sim_{m}" in ds]
     metrics = args.metrics or kept
     for m in metrics:
