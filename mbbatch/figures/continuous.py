@@ -15,7 +15,7 @@
   capacity of multi-bin batching (beside eq. (2)) and of dynamic batching
   against the continuous engine's, and p95 latency against load;
 - ``policy_gains``: admission orders (shortest predicted output first,
-  multi-bin) against first come first served on the same requests, each
+  plain and with aging, and multi-bin) against first come first served on the same requests, each
   gain in time to first token and p99 latency with its paired interval, at
   three loads and three predictor errors.
 """

@@ -652,7 +652,7 @@ def open_store(path):
 def with_differences(ds):
     """A sweep's Dataset with, where its spec names a ``baseline``, each
     policy's paired differences to it at the spec's confidence
-    (:func:`mbbatch.comparison.paired_differences`: ``diff_<metric>``,
+    (:func:`mbbatch.stats.paired_differences`: ``diff_<metric>``,
     ``ratio_<metric>``, their intervals and ``verdict_<metric>``)."""
     baseline = ds.attrs.get("baseline")
     if not baseline:

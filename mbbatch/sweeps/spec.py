@@ -333,7 +333,7 @@ _TOP = {
                   "search's is [capacity] confidence)",
     "baseline": "a policy variant of the policy axis the others are compared with: the Dataset gains each "
                 "one's diff_<metric> and ratio_<metric> with their paired intervals at the spec's confidence, "
-                "and verdict_<metric> (mbbatch.comparison.paired_differences; `mbbatch compare`)",
+                "and verdict_<metric> (mbbatch.stats.paired_differences; `mbbatch compare`)",
     "seed": "root seed, a non-negative integer (default 0)",
     "params": "table of fixed parameter values",
     "workload": "a real trace's requests: [workload] with trace = FILE, format = \"azure\" or \"burstgpt\", "
