@@ -124,6 +124,8 @@ def cases(mb) -> dict:
     if profiles is not None:
         found.update({
             "ContinuousBatching, measured": timed(mb.ContinuousBatching(), 20.0),
+            "ContinuousBatching spf, measured": timed(mb.ContinuousBatching(admission="spf"), 20.0),
+            "ContinuousBatching multibin, measured": timed(mb.ContinuousBatching(admission="multibin"), 20.0),
             "DynamicBatching, measured": timed(mb.DynamicBatching(controller=ctl), 4.0),
             "MultiBin(K=4, B=32), measured": timed(mb.MultiBin(bins=4, batch_size=32), 4.0),
         })

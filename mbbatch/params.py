@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ._kernels.admission import ORDERS as _ORDERS
 from ._kernels.cost import TERMS as _COST_TERMS
 from ._kernels.routing import ROUTERS as _ROUTERS
 
@@ -265,7 +266,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        Domain(1, MAX_BLOCK_SIZE, lo_closed=True, hi_closed=True), default=16),
     _p("admission", "choice", "", "the order waiting requests are admitted in: first come first served, shortest "
        "predicted output first, or multi-bin (bins by predicted output, served round robin)", default="fcfs",
-       choices=("fcfs", "spf", "multibin")),
+       choices=tuple(_ORDERS)),
     _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
        default=4),
     _p("aging", "real", "tokens/s", "shortest predicted output first with aging: the tokens of predicted output a "

@@ -495,47 +495,6 @@ def test_arrivals_at_an_iterations_end_join_the_next():
     assert req["admitted"].tolist() == [0.0, 0.25, 0.25, 0.5]
 
 
-def _one_at_a_time(pred, edges):
-    """The admission times of requests of one token each way, all arriving at
-    0, predicted ``pred``, admitted one at a time by multi-bin ``edges``."""
-    n = len(pred)
-    ones = np.ones(n, np.int64)
-    _, req, _ = _kernel(np.zeros(n), ones, ones, np.array(pred), max_num_seqs=1, max_batched_tokens=64,
-                        chunked=True, kv_tokens=np.inf, block_size=4, admission="multibin", edges=edges, **QUARTER)
-    return req["admitted"].tolist()
-
-
-def test_a_prediction_equal_to_a_bin_edge_goes_to_the_upper_bin():
-    """Edge 10: request 0, predicted 10, is in bin 1, so request 1
-    (predicted 5, bin 0, where the round robin starts) is admitted first."""
-    assert _one_at_a_time([10, 5], [10.0]) == [0.25, 0.0]
-
-
-def test_the_round_robin_pointer_moves_past_the_bin_admitted_from():
-    """Bins 1, 1 and 2 (edges 10, 20), bin 0 empty: request 0 from bin 1,
-    then past it request 2 from bin 2, then request 1.  (A pointer moved one
-    bin on from where it stood, bin 0, would serve bin 1 twice: 0, 0.25, 0.5.)"""
-    assert _one_at_a_time([15, 15, 25], [10.0, 20.0]) == [0.0, 0.5, 0.25]
-
-
-def test_a_resumed_request_does_not_move_the_round_robin_pointer():
-    """Four blocks of one token, two sequences at most, bins by edges 10
-    and 20.  Requests 0 and 1 (bin 0, prompt 1, output 3) are admitted at
-    0, the pointer past bin 0 at bin 1; at the next iteration their decodes
-    need two blocks, none is free, and request 1 is preempted; it resumes at
-    0.75 (three blocks, admitted before any bin) and ends at 1.25.
-    Requests 2, 3 and 4 (bins 0, 1 and 2, one token each way, arrived at
-    0.1) are then admitted from the pointer, still at bin 1: 3 and 4 at
-    1.25, 2 at 1.5.  (Had the resumption moved it, to bin 0 or one on to
-    bin 2, request 2 would be admitted at 1.25.)"""
-    _, req, _ = _kernel(np.array([0.0, 0.0, 0.1, 0.1, 0.1]), np.ones(5, np.int64), np.array([3, 3, 1, 1, 1]),
-                        np.array([5, 5, 5, 15, 25]), max_num_seqs=2, max_batched_tokens=64, chunked=True,
-                        kv_tokens=4.0, block_size=1, admission="multibin", edges=[10.0, 20.0], **QUARTER)
-    assert req["preemptions"].tolist() == [0, 1, 0, 0, 0]
-    assert req["completion"][1] == 1.25
-    assert req["admitted"].tolist() == [0.0, 0.0, 1.5, 1.25, 1.25]
-
-
 def test_the_controllers_batch_is_the_decodes_and_prefill_chunks_and_n_decode_the_running_after_completions():
     """Six requests at 0 (prompt 2; output 1, then 5), a controller of
     B_min 1, B_max 8 (EMA weight 0.2): the first iteration prefills 4
@@ -544,8 +503,8 @@ def test_the_controllers_batch_is_the_decodes_and_prefill_chunks_and_n_decode_th
     and admits one more: a batch of 4 (3 decodes, 1 chunk), N_decode 4."""
     n = 6
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=8, max_batched_tokens=64, chunked=1, blocks=-1,
-                         block_size=4, admission=ck.ADMIT_FCFS, bins=1, keep=1, controlled=1, memory_on=0, rate=0.0,
-                         until=np.inf, **_fields(QUARTER))
+                         block_size=4, admission=ck.ADMISSIONS["fcfs"], bins=1, keep=1, controlled=1, memory_on=0,
+                         rate=0.0, until=np.inf, **_fields(QUARTER))
     inputs = ck.INPUTS.pack(arrival_times=np.zeros(n), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                             prompt=np.full(n, 2.0), output=np.array([1.0, 5, 5, 5, 5, 5]),
                             prediction=np.ones(n), edges=np.empty(0), cached=np.empty(0))

@@ -98,14 +98,14 @@ from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAU
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
 from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, cost, prefill_square
+from . import admission
 from .layout import Arrays, Layout
-from .programs import _heap_pop, _heap_push
 
-#: admission orders
-ADMIT_FCFS, ADMIT_SPF, ADMIT_MULTIBIN = 0, 1, 2
-ADMISSIONS = {"fcfs": ADMIT_FCFS, "spf": ADMIT_SPF, "multibin": ADMIT_MULTIBIN}
-#: the kernel's codes: done, stopped (Ctrl-C), paused (at ``until``: :func:`advance`), stalled (a bug: work
-#: waits, nothing runs)
+#: the admission orders' codes, by name (:data:`.admission.ORDERS`)
+ADMISSIONS = admission.CODES
+#: the kernel's codes: done (every one of the run's ``n`` requests served: a cluster's engine may be given more
+#: and called again), stopped (Ctrl-C), paused (at ``until``: :func:`advance`), stalled (a bug, which the planner
+#: reports: requests run or wait, nothing runs and nothing can be admitted)
 DONE, STOPPED, PAUSED, STALLED = 0, 1, 2, 3
 #: no limit on the KV blocks
 UNLIMITED = 1 << 62
@@ -181,12 +181,18 @@ UNSET = ("arrival", "qnext", "sk", "sid", "group")
 #: time, then resumed: :func:`advance`); ``started``: not the first call
 STATE = Layout("continuous engine state",
                ints=("head", "tail", "running", "n_dec", "s0", "ssize", "nstack", "pq_h", "pq_n", "qh",
-                     "waiting", "rr", "rounds", "ph", "n_main", "ng", "completed", "iterations", "preemptions",
-                     "recomputed", "prefill_tokens", "tokens", "tbt_count", "max_running", "sum_batch", "i",
-                     "nfree", "free", "blocks_total", "ts_rows", "ts_stride", "ts_due", "started", "completed_before",
-                     "block_left", "npf", "npd"),
-               floats=("t_round", "busy", "sum_lat", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
-                       "waiting_time", "system_time", "cap_time", "last_done", "now"))
+                     "waiting", "rr", "rounds", "ph", "n_main", "ng", "completed", "iterations", "prefill_tokens",
+                     "tokens", "tbt_count", "sum_batch", "i", "nfree", "free", "blocks_total", "block_left", "npf",
+                     "npd",
+                     # (kept here, not in the loop's registers: counted as they change, read at each iteration)
+                     "started", "completed_before", "preemptions", "recomputed", "max_running", "ts_rows",
+                     "ts_stride", "ts_due"),
+               floats=("t_round", "busy", "sum_latency", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
+                       "waiting_time", "system_time", "last_completion", "now",
+                       "cap_time"))
+#: the scalars the loop keeps as locals (the first of the state's ints and floats; the others it counts in place)
+LOOP_INTS = STATE.ints.index("started")
+LOOP_FLOATS = STATE.floats.index("cap_time")
 
 #: the time series' columns
 TS = namedtuple("TS", ("time", "running", "waiting", "kv_blocks", "max_num_seqs"))(0, 1, 2, 3, 4)
@@ -201,6 +207,9 @@ C_COST = getattr(C, COST_FIELDS[0])
 S = STATS.index
 ES = STATE.index
 RQ = REQUESTS.index
+#: the statistics that are the engine's counters of the same name: (statistic, counter) indices, ints and floats
+STATS_FROM_STATE = tuple(tuple((getattr(S, f), getattr(ES, f)) for f in mine if f in theirs)
+                         for mine, theirs in ((STATS.ints, STATE.ints), (STATS.floats, STATE.floats)))
 
 
 @step
@@ -211,6 +220,18 @@ def _blocks(tokens, bs, sh):
 
 
 @step
+def _shift(bs):
+    """log2 of ``bs`` where a power of two (a block size that divides by
+    shifts and masks), else -1."""
+    sh = -1
+    if bs & (bs - 1) == 0:
+        sh = 0
+        while (1 << sh) < bs:
+            sh += 1
+    return sh
+
+
+@step
 def _phase(x, bs, sh):
     """``x`` mod ``bs``, in [0, bs) (a mask where ``bs`` is a power of two:
     two's complement keeps a negative x's residue)."""
@@ -218,27 +239,31 @@ def _phase(x, bs, sh):
 
 
 @step
-def _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K):
+def _waiting_head(adm, q, waiting, nstack, ws):
     """The request admitted next and its bin: ``(-1, -1)`` when none waits;
-    the last preempted (bin -1), else the admission order's next: the first
-    arrived (``qh``), the top of the predictions' heap (bin -1 both), or the
-    head of the first bin holding one from the round-robin pointer ``rr``
-    on."""
+    the last preempted (bin -1), else the admission order's head
+    (:func:`.admission.head`)."""
     if nstack > 0:
-        return stack[nstack - 1], -1
+        return ws.stack[nstack - 1], -1
     if waiting == 0:
         return -1, -1
-    if adm == ADMIT_FCFS:
-        return qh, -1
-    if adm == ADMIT_SPF:
-        return sid[0], -1
-    for off in range(K):
-        b = rr + off
-        if b >= K:
-            b -= K
-        if bh[b] >= 0:
-            return bh[b], b
-    return -1, -1
+    return admission.head(adm, q, ws)
+
+
+@step
+def _join_arrivals(i, n, now, adm, q, par, waiting, system_time, ws, inputs, keep, r_f):
+    """The arrivals up to ``now`` join the waiting requests (their order's
+    queue).  Returns ``(i, q, waiting, system_time)`` after."""
+    arrival = ws.arrival
+    while i < n and arrival[i] <= now:
+        q = admission.join(adm, q, i, par, ws, inputs)
+        # (it arrived during the iteration that just ended: in the engine since)
+        system_time += now - arrival[i]
+        if keep:
+            r_f[RQ.arrival, i] = arrival[i]
+        waiting += 1
+        i += 1
+    return i, q, waiting, system_time
 
 
 @step
@@ -321,26 +346,6 @@ def _first_token(r, now, arrival, delay, hist_ttft, keep, r_f):
     if keep:
         r_f[RQ.first_token, r] = now
     return ttft
-
-
-@step
-def _complete(s, r, now, block_left, npd, pend_done, prv, nxt, head, tail, occ, free_slots, nfree, n, gscale,
-              arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done):
-    """Request r (in slot s) has its last token at ``now``: out of the
-    running list and its slot freed; its latency recorded (:func:`_done`)
-    and counted, or, inside a multi-step block (``block_left`` > 0), held
-    back for the block's end (``pend_done``).  Returns ``(head, tail, nfree,
-    npd, sum_lat, completed, last_done)`` after."""
-    head, tail, nfree = _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree)
-    if block_left > 0:
-        pend_done[npd] = r
-        npd += 1
-    else:
-        _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
-        sum_lat += now - arrival[r] + delay
-        completed += 1
-        last_done = now
-    return head, tail, nfree, npd, sum_lat, completed, last_done
 
 
 @subroutine
@@ -456,20 +461,442 @@ def _feedback(ctl, bst, tally, ema, t, size, running):
     ctl[CT.updates] += 1.0
 
 
+@step
+def _end_block(full, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws, out, requests, config):
+    """Multi-step scheduling (``full``): a block with nothing left to decode
+    ends, and the block that ended returns the tokens it held back.  Returns
+    ``(block_left, npf, npd, sum_ttft, acc)`` after."""
+    if full and block_left > 0 and n_dec == 0:
+        block_left = 0
+    if full and block_left == 0 and npf + npd > 0:
+        d_ttft, d_lat = _return_block(npf, npd, ws, now, out, requests, config)
+        completed, sum_lat, last_done = acc
+        sum_ttft += d_ttft
+        acc = (completed + npd, sum_lat + d_lat, now if npd > 0 else last_done)
+        npf = 0
+        npd = 0
+    return block_left, npf, npd, sum_ttft, acc
+
+
+@step
+def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, prompt, keep,
+             r_i):
+    """The most recently admitted running sequence (the list's tail)
+    preempted: out of the decodes (its round's list, its length now) or the
+    prefill queue (its last), its blocks and slot freed, onto the
+    resumption stack with its tokens generated and its last token's time.
+    Returns ``(slots, running, n_dec, s0, n_main, pq_n, free, nstack)``
+    after."""
+    occ, prv, nxt, fin, gs, d0, last, gt, gc = ws.occ, ws.prv, ws.nxt, ws.fin, ws.gs, ws.d0, ws.last, ws.gt, ws.gc
+    head, tail, nfree = slots
+    sl = tail
+    r = occ[sl]
+    tail = prv[sl]
+    if tail >= 0:
+        nxt[tail] = -1
+    else:
+        head = -1
+    running -= 1
+    p = np.int64(prompt[r])
+    if fin[sl] >= 0:
+        # a decode: its length now, then out of the decodes and its round's list
+        _due_remove(ws.due, ws.due_next, ws.due_prev, sl, fin[sl])
+        gj = gs[sl]
+        g = gj + rounds - d0[sl]
+        n_dec -= 1
+        s0 -= p + gj - d0[sl]
+        ws.phase[_phase(p + gj - d0[sl], bs, sh)] -= 1
+        fin[sl] = -1
+        lt = last[sl]
+        if d0[sl] < rounds:
+            n_main -= 1
+            lt = t_round
+        else:
+            for k in range(ng):
+                if gt[k] == lt:
+                    gc[k] -= 1
+                    break
+        free += _blocks(p + g, bs, sh)
+    else:
+        # prefilling: the last of the prefill queue
+        g = gs[sl]
+        lt = last[sl]
+        pq_n -= 1
+        free += _blocks(p + g + 1, bs, sh)
+    nfree = _release(sl, occ, ws.free_slots, nfree)
+    ws.state_i[ES.preemptions] += 1
+    if keep:
+        r_i[RQ.preemptions, r] += 1
+    ws.stack[nstack] = r
+    ws.gen[nstack] = g
+    ws.last_pre[nstack] = lt
+    return (head, tail, nfree), running, n_dec, s0, n_main, pq_n, free, nstack + 1
+
+
+@step
+def _make_room(ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, prompt,
+               keep, r_i):
+    """The decodes' new blocks (those of block phase ``ph``) taken, the most
+    recently admitted preempted while they do not fit.  Returns ``(slots,
+    running, n_dec, s0, n_main, pq_n, free, nstack)`` after."""
+    want = ws.phase[ph] if n_dec > 0 else 0
+    while want > free:
+        slots, running, n_dec, s0, n_main, pq_n, free, nstack = _preempt(
+            slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, prompt, keep,
+            r_i)
+        want = ws.phase[ph] if n_dec > 0 else 0
+    return slots, running, n_dec, s0, n_main, pq_n, free - want, nstack
+
+
+@step
+def _continue_prefills(pq_h, pq_n, budget, ws):
+    """The prompts being prefilled take chunks of the iteration's token
+    budget, in admission order.  Returns ``(nc, budget, ptok)``: the chunks
+    (``ws.chunk``), the budget left and the tokens they prefill."""
+    pq, chunk, need, pre = ws.pq, ws.chunk, ws.need, ws.pre
+    PQ = pq.shape[0]
+    nc = 0
+    ptok = 0
+    for k in range(pq_n):
+        if budget <= 0:
+            break
+        at = pq_h + k
+        sl = pq[at if at < PQ else at - PQ]
+        c = need[sl] - pre[sl]
+        if c > budget:
+            c = budget
+        chunk[nc] = c
+        nc += 1
+        budget -= c
+        ptok += c
+    return nc, budget, ptok
+
+
+@step
+def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
+    """Request ``r`` (``g0`` tokens generated, its last at ``lt``, ``todo``
+    to prefill) into a free slot, at the tails of the running list and of the
+    prefill queue.  Returns ``(slots, pq_n)`` after."""
+    head, tail, nfree = slots
+    nfree -= 1
+    sl = ws.free_slots[nfree]
+    ws.occ[sl] = r
+    ws.gs[sl] = g0
+    ws.last[sl] = lt
+    ws.need[sl] = todo
+    ws.pre[sl] = 0
+    ws.fin[sl] = -1
+    ws.prv[sl] = tail
+    ws.nxt[sl] = -1
+    if tail >= 0:
+        ws.nxt[tail] = sl
+    else:
+        head = sl
+    pq = ws.pq
+    at = pq_h + pq_n
+    pq[at if at < pq.shape[0] else at - pq.shape[0]] = sl
+    return (head, sl, nfree), pq_n + 1
+
+
+@step
+def _admit(adm, q, waiting, nstack, budget, cap, chunked, running, free, slots, pq_h, pq_n, nc, ptok, now, bs, sh,
+           ws, inputs, keep, r_f):
+    """The waiting heads admitted, each with a chunk of the budget, while the
+    budget lasts, the running are fewer than ``cap`` and the free blocks
+    hold the head's prompt and first token (without ``chunked``, while the
+    budget holds its whole prompt); admission stops at the first that does
+    not fit.  Returns ``(q, waiting, nstack, budget, running, free, slots,
+    pq_n, nc, ptok)`` after."""
+    prompt, cached = inputs.prompt, inputs.cached
+    has_cached = cached.shape[0] > 0
+    chunk = ws.chunk
+    while budget > 0 and running < cap:
+        r, b = _waiting_head(adm, q, waiting, nstack, ws)
+        from_stack = nstack > 0
+        if r < 0:
+            break
+        g0 = ws.gen[nstack - 1] if from_stack else 0
+        L0 = np.int64(prompt[r]) + g0
+        # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone)
+        todo = L0 if from_stack or not has_cached else L0 - np.int64(cached[r])
+        nb = _blocks(L0 + 1, bs, sh)
+        if nb > free or (not chunked and todo > budget):
+            break
+        if from_stack:
+            nstack -= 1
+            ws.state_i[ES.recomputed] += L0
+        else:
+            waiting -= 1
+            q = admission.admit(adm, q, r, b, ws)
+            if keep:
+                r_f[RQ.admitted, r] = now
+        free -= nb
+        slots, pq_n = _place(r, g0, ws.last_pre[nstack] if from_stack else 0.0, todo, slots, pq_h, pq_n, ws)
+        running += 1
+        c = todo if todo < budget else budget
+        chunk[nc] = c
+        nc += 1
+        budget -= c
+        ptok += c
+    return q, waiting, nstack, budget, running, free, slots, pq_n, nc, ptok
+
+
+@step
+def _schedule(scheduling, chunked, cap, B, adm, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_h,
+              pq_n, ph, rounds, t_round, ng, now, bs, sh, ws, inputs, keep, r_i, r_f):
+    """An iteration's work (``scheduling``: the first of a multi-step
+    block; the others only decode): the decodes, their new blocks made room
+    for (:func:`_make_room`), the prefills continued, and the waiting
+    admitted.  Returns ``(n_d, ctx, nc, ptok, q, waiting, nstack, running,
+    free, slots, n_dec, s0, n_main, pq_n)``: the
+    decodes and their context, the prefill chunks and their tokens, and the
+    state after."""
+    # without chunked prefill, an iteration that can admit the waiting head prefills and pauses the decodes
+    prefill_phase = False
+    if scheduling and not chunked and running < cap:
+        r, _ = _waiting_head(adm, q, waiting, nstack, ws)
+        if r >= 0 and _blocks(np.int64(inputs.prompt[r]) + (ws.gen[nstack - 1] if nstack > 0 else 0) + 1, bs,
+                              sh) <= free:
+            prefill_phase = True
+    n_d = 0
+    ctx = 0
+    if chunked or not prefill_phase:
+        slots, running, n_dec, s0, n_main, pq_n, free, nstack = _make_room(
+            ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, inputs.prompt,
+            keep, r_i)
+        n_d = n_dec
+        ctx = s0 + n_dec * rounds
+    budget = B - n_d
+    nc = 0
+    ptok = 0
+    if chunked and scheduling:
+        nc, budget, ptok = _continue_prefills(pq_h, pq_n, budget, ws)
+    if (chunked and scheduling) or prefill_phase:
+        q, waiting, nstack, budget, running, free, slots, pq_n, nc, ptok = _admit(
+            adm, q, waiting, nstack, budget, cap, chunked, running, free, slots, pq_h, pq_n, nc, ptok, now, bs, sh,
+            ws, inputs, keep, r_f)
+    return n_d, ctx, nc, ptok, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_n
+
+
+@step
+def _record(iterations, si, ts, now, running, waiting, used, limited, cap):
+    """The time series' row of iteration ``iterations`` (every ``ts_stride``
+    iterations; full, every other row kept and the stride doubled; its
+    counters in the state ``si``)."""
+    if iterations == si[ES.ts_due]:
+        ts_rows, ts_stride = si[ES.ts_rows], si[ES.ts_stride]
+        ts_max = ts.shape[0]
+        if ts_rows == ts_max:
+            for k in range(ts_max // 2):
+                for col in range(TS_WIDTH):
+                    ts[k, col] = ts[2 * k + 1, col]
+            ts_rows = ts_max // 2
+            ts_stride *= 2
+        if iterations % ts_stride == 0:
+            ts[ts_rows, TS.time] = now
+            ts[ts_rows, TS.running] = running
+            ts[ts_rows, TS.waiting] = waiting
+            ts[ts_rows, TS.kv_blocks] = used if limited else -1.0
+            ts[ts_rows, TS.max_num_seqs] = cap
+            ts_rows += 1
+        # (the next multiple of the stride: no division at every iteration)
+        si[ES.ts_due] = (iterations // ts_stride + 1) * ts_stride
+        si[ES.ts_rows] = ts_rows
+        si[ES.ts_stride] = ts_stride
+
+
+@step
+def _iteration_time(coef, exp_span, exp_miss, attention, n_d, ctx, nc, ptok, pq_h, ws, inputs):
+    """An iteration's time (:func:`.cost.cost`) of ``n_d`` decodes over
+    ``ctx`` context tokens and ``nc`` prefill chunks of ``ptok`` tokens: a
+    mixture of experts' reads, and the prefill's attention where the model
+    has it (its chunks' part of their prompts' squares)."""
+    reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if coef[PER_EXPERT] > 0.0 else 0.0
+    psq = _prefill_squares(nc, pq_h, ws, inputs) if attention else 0.0
+    return cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq)
+
+
+@step
+def _integrals(t, running, waiting, used, running_time, system_time, blocks_time, waiting_time, busy):
+    """An iteration of ``t`` seconds into the integrals over time of the
+    running, the requests in the engine (Little's law's L x T), the blocks
+    used, the waiting, and into the busy time."""
+    return (running_time + running * t, system_time + (running + waiting) * t, blocks_time + used * t,
+            waiting_time + waiting * t, busy + t)
+
+
+@step
+def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale, bs, sh, memory_on, delay, keep,
+           ws, inputs, out, r_f):
+    """Request ``r`` (slot ``sl``, ``o`` tokens of output) has its last token
+    at ``now``: its blocks freed (counted into the iteration's tally with
+    ``memory_on``), out of the running list and its slot freed, its latency
+    recorded (:func:`_done`) and counted, or, inside a multi-step block
+    (``block_left`` > 0), held back for the block's end (``ws.pend_done``).
+    Returns ``(slots, free, running, npd, acc)`` after."""
+    free += _freed(np.int64(inputs.prompt[r]), o, bs, sh, ws.tally, memory_on)
+    head, tail, nfree = slots
+    slots = _unlink(sl, ws.prv, ws.nxt, head, tail, ws.occ, ws.free_slots, nfree)
+    if block_left > 0:
+        ws.pend_done[npd] = r
+        npd += 1
+    else:
+        completed, sum_lat, last_done = acc
+        _done(r, now, n, gscale, ws.arrival, ws.group, out, keep, r_f, delay)
+        acc = (completed + 1, sum_lat + (now - ws.arrival[r] + delay), now)
+    return slots, free, running - 1, npd, acc
+
+
+@step
+def _tbt_gaps(now, t_round, n_main, ng, gt, gc, hist_tbt, tbt):
+    """A decode round ended at ``now``: the gaps since each group's last
+    token (the ``n_main`` decodes' at ``t_round``, then each group that
+    joined since) into the histogram and ``tbt = (sum, count)``."""
+    sum_tbt, tbt_count = tbt
+    gap = now - t_round
+    if n_main > 0:
+        hist_tbt[hist_bucket(gap)] += n_main
+        sum_tbt += n_main * gap
+        tbt_count += n_main
+    for k in range(ng):
+        if gc[k] > 0:
+            gap = now - gt[k]
+            hist_tbt[hist_bucket(gap)] += gc[k]
+            sum_tbt += gc[k] * gap
+            tbt_count += gc[k]
+    return sum_tbt, tbt_count
+
+
+@step
+def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, block_left, npd, slots, free,
+                  running, acc, n, gscale, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f):
+    """The iteration's ``n_d`` decodes each gave a token: their gaps
+    (:func:`_tbt_gaps`), the round counted, and the decodes done with this
+    round leave (its list: no later round shares its bucket).  Returns
+    ``(rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, npd, slots,
+    free, running, acc)`` after."""
+    tbt = _tbt_gaps(now, t_round, n_main, ng, ws.gt, ws.gc, out.hist_tbt, tbt)
+    rounds += 1
+    ph = ph - 1 if ph > 0 else bs - 1
+    n_main = n_d
+    tokens += n_d
+    due, occ, gs, d0 = ws.due, ws.occ, ws.gs, ws.d0
+    bk = rounds & (due.shape[0] - 1)
+    sl = due[bk]
+    due[bk] = -1
+    while sl >= 0:
+        following = ws.due_next[sl]
+        r = occ[sl]
+        p = np.int64(inputs.prompt[r])
+        g0 = gs[sl]
+        s0 -= p + g0 - d0[sl]
+        ws.phase[_phase(p + g0 - d0[sl], bs, sh)] -= 1
+        n_dec -= 1
+        n_main -= 1
+        ws.fin[sl] = -1
+        slots, free, running, npd, acc = _leave(sl, r, np.int64(inputs.output[r]), now, block_left, npd, slots, free,
+                                                running, acc, n, gscale, bs, sh, memory_on, delay, keep, ws, inputs,
+                                                out, r_f)
+        sl = following
+    return rounds, ph, s0, n_dec, now, n_main, 0, tokens, tbt, npd, slots, free, running, acc
+
+
+@step
+def _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, ws, inputs):
+    """Slot ``sl`` (request ``r``, ``g`` tokens generated, its prompt
+    prefilled) joins the decodes at this round: its completion round's list,
+    the decodes' context sum and its block phase.  Returns ``(s0, n_dec)``."""
+    p = np.int64(inputs.prompt[r])
+    ws.d0[sl] = rounds
+    ws.last[sl] = now
+    key = rounds + np.int64(inputs.output[r]) - g
+    ws.fin[sl] = key
+    _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
+    ws.phase[_phase(p + g - rounds, bs, sh)] += 1
+    return s0 + (p + g - rounds), n_dec + 1
+
+
+@step
+def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttft, tbt, block_left, npf, npd, slots,
+                     free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f):
+    """The iteration's ``nc`` prefill chunks: those that complete their
+    prompt give a token (the first, held back inside a multi-step block,
+    or a resumed one's next), then the sequence leaves if that was its last,
+    else joins the decodes.  Returns ``(pq_h, pq_n, s0, n_dec, ng, tokens,
+    sum_ttft, tbt, npf, npd, slots, free, running, acc)`` after."""
+    pq, pre, need, occ, gs = ws.pq, ws.pre, ws.need, ws.occ, ws.gs
+    PQ = pq.shape[0]
+    joined = 0
+    for k in range(nc):
+        sl = pq[pq_h]
+        pre[sl] += ws.chunk[k]
+        if pre[sl] < need[sl]:
+            break
+        pq_h = pq_h + 1 if pq_h + 1 < PQ else 0
+        pq_n -= 1
+        r = occ[sl]
+        g = gs[sl]
+        if g == 0:
+            if block_left > 0:
+                ws.pend_first[npf] = r
+                npf += 1
+            else:
+                sum_ttft += _first_token(r, now, ws.arrival, delay, out.hist_ttft, keep, r_f)
+        else:
+            sum_tbt, tbt_count = tbt
+            gap = now - ws.last[sl]
+            out.hist_tbt[hist_bucket(gap)] += 1
+            tbt = (sum_tbt + gap, tbt_count + 1)
+        g += 1
+        gs[sl] = g
+        tokens += 1
+        if g >= np.int64(inputs.output[r]):
+            # (g is its output now)
+            slots, free, running, npd, acc = _leave(sl, r, g, now, block_left, npd, slots, free, running, acc, n,
+                                                    gscale, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f)
+            continue
+        s0, n_dec = _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, ws, inputs)
+        joined += 1
+    if joined > 0:
+        ws.gt[ng] = now
+        ws.gc[ng] = joined
+        ng += 1
+    return pq_h, pq_n, s0, n_dec, ng, tokens, sum_ttft, tbt, npf, npd, slots, free, running, acc
+
+
+@step
+def _store(vector, values):
+    """``values`` (a tuple in the layout's order) into ``vector``."""
+    for k in range(len(values)):
+        vector[k] = values[k]
+
+
+@step
+def _publish(si, sf, out, first_arrival, limited):
+    """The run's statistics (``out.ints``, ``out.floats``): the engine's
+    counters of the same names (:data:`STATE`), the first arrival, and the
+    blocks' integral where the memory is ``limited``."""
+    for k in range(len(STATS_FROM_STATE[0])):
+        out.ints[STATS_FROM_STATE[0][k][0]] = si[STATS_FROM_STATE[0][k][1]]
+    for k in range(len(STATS_FROM_STATE[1])):
+        out.floats[STATS_FROM_STATE[1][k][0]] = sf[STATS_FROM_STATE[1][k][1]]
+    out.floats[S.sum_batch] = si[ES.sum_batch]
+    out.floats[S.first_arrival] = first_arrival
+    if not limited:
+        out.floats[S.blocks_time] = 0.0
+
+
 @kernel
 def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop):
     """Simulate the run ``config`` (with ``controlled``, the controller of
     ``control``: :data:`~.controller.SLA` and :data:`~.controller.MEMORY`
-    packs, its state in ``out.ctl`` and ``out.bstats``); statistics and
-    records are written in place.  Returns :data:`DONE` (every one of the
-    ``n`` requests served: a cluster's engine may be given more and called
-    again), :data:`PAUSED` (an iteration would start at or after
-    ``until``: called again, it resumes from the scalars it kept in
-    ``ws.state_i`` and ``ws.state_f``), :data:`STOPPED` once
-    ``stop[STOP]`` was set (checked every 65,536 iterations, when
-    ``stop[ARRIVED]`` gets the requests arrived so far), or
-    :data:`STALLED` (nothing runs and nothing can be admitted while
-    requests run or wait: a bug, which the planner reports)."""
+    packs, its state in ``out.ctl`` and ``out.bstats``), its statistics and
+    records written in place, from the engine's scalars in ``ws.state_i``
+    and ``ws.state_f`` (a new engine's: :func:`start`), which it leaves
+    there to be resumed.  Returns :data:`DONE`, :data:`PAUSED` (an
+    iteration would start at or after ``until``), :data:`STOPPED`
+    (``stop[STOP]`` set: checked every 65,536 iterations, when
+    ``stop[ARRIVED]`` gets the requests arrived so far) or :data:`STALLED`."""
     ci, cf = config
     n = ci[C.n]
     M = ci[C.max_num_seqs]
@@ -479,391 +906,77 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     ksteps = ci[C.scheduler_steps]
     chunked = ci[C.chunked] != 0
     bs = ci[C.block_size]
-    # (a power-of-two block size divides by shifts and masks)
-    sh = -1
-    if bs & (bs - 1) == 0:
-        sh = 0
-        while (1 << sh) < bs:
-            sh += 1
-    free = ci[C.blocks] if ci[C.blocks] >= 0 else UNLIMITED
+    sh = _shift(bs)
     adm = ci[C.admission]
-    K = ci[C.bins]
     keep = ci[C.keep] != 0
     controlled = ci[C.controlled] != 0
     memory_on = ci[C.memory_on] != 0
     sla, memory = control
     ema = sla[1][A.ema]
-    ctl = out.ctl
-    bst = out.bstats
-    tally = ws.tally
-    rate = cf[C.rate]
     # (the cost's coefficients as a tuple: values in registers through the loop, not loads from memory)
     coef = to_fixed_tuple(cf[C_COST:C_COST + N_COST], N_COST)
-    per_exp = coef[PER_EXPERT]
     attention = FULL and coef[PREFILL_ATTENTION] > 0.0
     # (a real server's time outside the engine, every request's; its overhead per iteration is in the cost's
     # step, cost_step: mbbatch.planners.continuous)
     delay = cf[C.request_overhead]
-    aging = cf[C.aging]
+    # (the admission orders' parameters: .admission)
+    par = (cf[C.aging],)
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
-    inv_rate = 1.0 / rate if rate > 0.0 else 0.0
+    inv_rate = 1.0 / cf[C.rate] if cf[C.rate] > 0.0 else 0.0
     gscale = out.group_latency.shape[0] / n if n > 0 else 0.0
-
-    arrival = ws.arrival
-    group = ws.group
-    gen = ws.gen
-    last_pre = ws.last_pre
-    occ = ws.occ
-    gs = ws.gs
-    free_slots = ws.free_slots
-    pre = ws.pre
-    need = ws.need
-    d0 = ws.d0
-    fin = ws.fin
-    prv = ws.prv
-    nxt = ws.nxt
-    qnext = ws.qnext
-    last = ws.last
-    due = ws.due
-    due_next = ws.due_next
-    due_prev = ws.due_prev
-    sk = ws.sk
-    sid = ws.sid
-    stack = ws.stack
-    pq = ws.pq
-    bh = ws.bh
-    bt = ws.bt
-    phase = ws.phase
-    gt = ws.gt
-    gc = ws.gc
-    chunk = ws.chunk
-    pend_first = ws.pend_first
-    pend_done = ws.pend_done
-    prompt = inputs.prompt
-    output = inputs.output
-    prediction = inputs.prediction
-    edges = inputs.edges
-    cached = inputs.cached
-    has_cached = cached.shape[0] > 0
-    hist_ttft = out.hist_ttft
-    hist_tbt = out.hist_tbt
-    r_i = requests[0]
-    r_f = requests[1]
-    PQ = pq.shape[0]
-    ts = out.ts
-    ts_max = ts.shape[0]
-    ts_rows = 0
-    ts_stride = 1
-    ts_due = 1
-
+    r_i, r_f = requests
     M1 = M + 1
-    nfree = 0
-    if ws.state_i[ES.started] == 0:
-        draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, np.int64(0), n, streams.arrival, arrival,
-                      inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
-        for b in range(K):
-            bh[b] = -1
-            bt[b] = -1
-        for j in range(bs):
-            phase[j] = 0
-        for k in range(M1):
-            free_slots[nfree] = M - k
-            nfree += 1
-
-    # the running list (admission order), the decodes, the prefill queue (a ring), the waiting requests
-    head = -1
-    tail = -1
-    running = 0
-    n_dec = 0
-    s0 = 0          # sum over the decodes of prompt + generated - joined round
-    ssize = 0       # spf heap
-    nstack = 0
-    pq_h = 0
-    pq_n = 0
-    qh = 0          # fcfs: the first waiting request (arrived: qh .. i - 1)
-    waiting = 0
-    rr = 0
-    rounds = 0      # decode rounds done
-    ph = 0          # (-rounds) mod block_size: the block phase whose decodes take a new block next round
-    n_main = 0      # decodes whose last token came at the last round's end, t_round
-    t_round = 0.0
-    ng = 0          # groups of decodes that joined since the last round: (gt, gc)
-    block_left = 0  # multi-step: the iterations left in the block after this one (0: the next schedules)
-    npf = 0         # multi-step: the first tokens and last tokens the block holds back
-    npd = 0
-
-    completed = 0
-    iterations = 0
-    preemptions = 0
-    recomputed = 0
-    prefill_tokens = 0
-    tokens = 0
-    tbt_count = 0
-    max_running = 0
-    busy = 0.0
-    sum_lat = 0.0
-    sum_ttft = 0.0
-    sum_tbt = 0.0
-    running_time = 0.0
-    blocks_time = 0.0
-    waiting_time = 0.0
-    sum_batch = 0
-    # the integral over time of the requests in the engine (waiting or running): Little's law's L x T
-    system_time = 0.0
-    cap_time = 0.0
-    blocks_total = free
-    last_done = -np.inf
-    now = 0.0
-    i = 0
-    completed_before = 0        # (completed before the last iteration: those it completed end at now)
-    code = DONE
     until = cf[C.until]
-    if ws.state_i[ES.started] != 0:
-        # (resumed: the engine's scalars where the last call left them)
-        si_, sf_ = ws.state_i, ws.state_f
-        head = si_[ES.head]
-        tail = si_[ES.tail]
-        running = si_[ES.running]
-        n_dec = si_[ES.n_dec]
-        s0 = si_[ES.s0]
-        ssize = si_[ES.ssize]
-        nstack = si_[ES.nstack]
-        pq_h = si_[ES.pq_h]
-        pq_n = si_[ES.pq_n]
-        qh = si_[ES.qh]
-        waiting = si_[ES.waiting]
-        rr = si_[ES.rr]
-        rounds = si_[ES.rounds]
-        ph = si_[ES.ph]
-        n_main = si_[ES.n_main]
-        ng = si_[ES.ng]
-        completed = si_[ES.completed]
-        iterations = si_[ES.iterations]
-        preemptions = si_[ES.preemptions]
-        recomputed = si_[ES.recomputed]
-        prefill_tokens = si_[ES.prefill_tokens]
-        tokens = si_[ES.tokens]
-        tbt_count = si_[ES.tbt_count]
-        max_running = si_[ES.max_running]
-        sum_batch = si_[ES.sum_batch]
-        i = si_[ES.i]
-        nfree = si_[ES.nfree]
-        free = si_[ES.free]
-        blocks_total = si_[ES.blocks_total]
-        ts_rows = si_[ES.ts_rows]
-        ts_stride = si_[ES.ts_stride]
-        ts_due = si_[ES.ts_due]
-        t_round = sf_[ES.t_round]
-        busy = sf_[ES.busy]
-        sum_lat = sf_[ES.sum_lat]
-        sum_ttft = sf_[ES.sum_ttft]
-        sum_tbt = sf_[ES.sum_tbt]
-        running_time = sf_[ES.running_time]
-        blocks_time = sf_[ES.blocks_time]
-        waiting_time = sf_[ES.waiting_time]
-        system_time = sf_[ES.system_time]
-        cap_time = sf_[ES.cap_time]
-        last_done = sf_[ES.last_done]
-        now = sf_[ES.now]
-        completed_before = si_[ES.completed_before]
-        if FULL:
-            block_left = si_[ES.block_left]
-            npf = si_[ES.npf]
-            npd = si_[ES.npd]
+    if ws.state_i[ES.started] == 0:
+        draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, np.int64(0), n, streams.arrival,
+                      ws.arrival, inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
+    # the engine's scalars (a new engine's: start), the running list and free slots, the waiting queue, the
+    # completions' and the gaps' sums as tuples
+    (head, tail, running, n_dec, s0, ssize, nstack, pq_h, pq_n, qh, waiting, rr, rounds, ph, n_main, ng, completed,
+     iterations, prefill_tokens, tokens, tbt_count, sum_batch, i, nfree, free, blocks_total, block_left, npf,
+     npd) = to_fixed_tuple(ws.state_i, LOOP_INTS)
+    (t_round, busy, sum_lat, sum_ttft, sum_tbt, running_time, blocks_time, waiting_time, system_time, last_done,
+     now) = to_fixed_tuple(ws.state_f, LOOP_FLOATS)
+    si = ws.state_i
+    if not FULL:
+        block_left, npf, npd = 0, 0, 0
+    slots = (head, tail, nfree)
+    q = (qh, ssize, rr)
+    acc = (completed, sum_lat, last_done)
+    tbt = (sum_tbt, tbt_count)
+    code = DONE
     while True:
         if (iterations & 65535) == 0:
             if stop[STOP] != 0:
                 code = STOPPED
                 break
             stop[ARRIVED] = i
-        # arrivals up to now join the waiting requests
-        while i < n and arrival[i] <= now:
-            if adm == ADMIT_SPF:
-                # (with aging, its priority prediction - aging x (now - arrival) orders the waiting as
-                # prediction + aging x arrival does: every one's falls at the same rate)
-                ssize = _heap_push(sk, sid, ssize, prediction[i] + aging * arrival[i], i)
-            elif adm == ADMIT_MULTIBIN:
-                b = 0
-                while b < K - 1 and prediction[i] >= edges[b]:
-                    b += 1
-                qnext[i] = -1
-                if bt[b] >= 0:
-                    qnext[bt[b]] = i
-                else:
-                    bh[b] = i
-                bt[b] = i
-            # (it arrived during the iteration that just ended: in the engine since)
-            system_time += now - arrival[i]
-            if keep:
-                r_f[RQ.arrival, i] = arrival[i]
-            waiting += 1
-            i += 1
-        if FULL and block_left > 0 and n_dec == 0:
-            # (multi-step: a block with nothing left to decode ends)
-            block_left = 0
-        if FULL and block_left == 0 and npf + npd > 0:
-            # (multi-step: the block that ended returns the tokens it held back)
-            d_ttft, d_lat = _return_block(npf, npd, ws, now, out, requests, config)
-            sum_ttft += d_ttft
-            sum_lat += d_lat
-            completed += npd
-            if npd > 0:
-                last_done = now
-            npf = 0
-            npd = 0
+        i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, waiting, system_time, ws, inputs, keep,
+                                                    r_f)
+        block_left, npf, npd, sum_ttft, acc = _end_block(FULL, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws,
+                                                         out, requests, config)
         if running == 0 and waiting == 0 and nstack == 0:
             if i >= n:
                 break
-            now = arrival[i] if arrival[i] > now else now
+            now = ws.arrival[i] if ws.arrival[i] > now else now
             continue
         if now >= until:
             # (an iteration starting at or after until waits for what arrives up to then)
             code = PAUSED
             break
         iterations += 1
-        completed_before = completed
+        si[ES.completed_before] = acc[0]
         if (iterations & 65535) == 0:
             stop[ARRIVED] = i
-        cap = M
-        if controlled:
-            cap = _cap(ctl, bst, sla, memory, memory_on, M)
-
+        cap = _cap(out.ctl, out.bstats, sla, memory, memory_on, M) if controlled else M
         # (multi-step: only the first iteration of a block schedules; the others decode)
         scheduling = not FULL or block_left == 0
         if not scheduling:
             block_left -= 1
-        # the waiting head: the last preempted, else the admission order's next (-1: none)
-        nxt_r, _ = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
-        prefill_phase = False
-        if scheduling and not chunked and nxt_r >= 0 and running < cap:
-            if _blocks(np.int64(prompt[nxt_r]) + (gen[nstack - 1] if nstack > 0 else 0) + 1, bs, sh) <= free:
-                prefill_phase = True
-        n_d = 0
-        ctx = 0
-        if chunked or not prefill_phase:
-            # the decodes' new blocks: preempt the most recently admitted while they do not fit
-            want = phase[ph] if n_dec > 0 else 0
-            while want > free:
-                sl = tail
-                r = occ[sl]
-                tail = prv[sl]
-                if tail >= 0:
-                    nxt[tail] = -1
-                else:
-                    head = -1
-                running -= 1
-                p = np.int64(prompt[r])
-                if fin[sl] >= 0:
-                    # a decode: its length now, then out of the decodes and its round's list
-                    _due_remove(due, due_next, due_prev, sl, fin[sl])
-                    gj = gs[sl]
-                    g = gj + rounds - d0[sl]
-                    n_dec -= 1
-                    s0 -= p + gj - d0[sl]
-                    phase[_phase(p + gj - d0[sl], bs, sh)] -= 1
-                    fin[sl] = -1
-                    lt = last[sl]
-                    if d0[sl] < rounds:
-                        n_main -= 1
-                        lt = t_round
-                    else:
-                        for k in range(ng):
-                            if gt[k] == lt:
-                                gc[k] -= 1
-                                break
-                    free += _blocks(p + g, bs, sh)
-                else:
-                    # prefilling: the last of the prefill queue
-                    g = gs[sl]
-                    lt = last[sl]
-                    pq_n -= 1
-                    free += _blocks(p + g + 1, bs, sh)
-                nfree = _release(sl, occ, free_slots, nfree)
-                preemptions += 1
-                if keep:
-                    r_i[RQ.preemptions, r] += 1
-                stack[nstack] = r
-                gen[nstack] = g
-                last_pre[nstack] = lt
-                nstack += 1
-                want = phase[ph] if n_dec > 0 else 0
-            free -= want
-            n_d = n_dec
-            ctx = s0 + n_dec * rounds
-        budget = B - n_d
-        nc = 0
-        ptok = 0
-        if chunked and scheduling:
-            # the prompts being prefilled, in admission order
-            for k in range(pq_n):
-                if budget <= 0:
-                    break
-                at = pq_h + k
-                sl = pq[at if at < PQ else at - PQ]
-                c = need[sl] - pre[sl]
-                if c > budget:
-                    c = budget
-                chunk[nc] = c
-                nc += 1
-                budget -= c
-                ptok += c
-        if (chunked and scheduling) or prefill_phase:
-            while budget > 0 and running < cap:
-                r, b = _waiting_head(stack, nstack, waiting, adm, qh, sid, bh, rr, K)
-                from_stack = nstack > 0
-                if r < 0:
-                    break
-                g0 = gen[nstack - 1] if from_stack else 0
-                L0 = np.int64(prompt[r]) + g0
-                # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone)
-                todo = L0 if from_stack or not has_cached else L0 - np.int64(cached[r])
-                nb = _blocks(L0 + 1, bs, sh)
-                if nb > free or (not chunked and todo > budget):
-                    break
-                # admitted
-                if from_stack:
-                    nstack -= 1
-                    recomputed += L0
-                else:
-                    waiting -= 1
-                    if adm == ADMIT_FCFS:
-                        qh += 1
-                    elif adm == ADMIT_SPF:
-                        _, _, ssize = _heap_pop(sk, sid, ssize)
-                    else:
-                        # out of its bin (the head of bin b), the round robin past it
-                        bh[b] = qnext[r]
-                        if bh[b] < 0:
-                            bt[b] = -1
-                        rr = b + 1 if b + 1 < K else 0
-                    if keep:
-                        r_f[RQ.admitted, r] = now
-                free -= nb
-                nfree -= 1
-                sl = free_slots[nfree]
-                occ[sl] = r
-                gs[sl] = g0
-                last[sl] = last_pre[nstack] if from_stack else 0.0
-                need[sl] = todo
-                pre[sl] = 0
-                fin[sl] = -1
-                prv[sl] = tail
-                nxt[sl] = -1
-                if tail >= 0:
-                    nxt[tail] = sl
-                else:
-                    head = sl
-                tail = sl
-                running += 1
-                at = pq_h + pq_n
-                pq[at if at < PQ else at - PQ] = sl
-                pq_n += 1
-                c = todo if todo < budget else budget
-                chunk[nc] = c
-                nc += 1
-                budget -= c
-                ptok += c
+        n_d, ctx, nc, ptok, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_n = _schedule(
+            scheduling, chunked, cap, B, adm, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_h, pq_n,
+            ph, rounds, t_round, ng, now, bs, sh, ws, inputs, keep, r_i, r_f)
         if n_d == 0 and nc == 0:
             if not scheduling:
                 # (multi-step: the block's decodes were preempted; the block ends, the next iteration schedules)
@@ -876,209 +989,45 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 break
             if i >= n:
                 break
-            now = arrival[i] if arrival[i] > now else now
+            now = ws.arrival[i] if ws.arrival[i] > now else now
             iterations -= 1
             continue
         if FULL and scheduling:
             block_left = ksteps - 1
-        if running > max_running:
-            max_running = running
-        reads = extra_experts(exp_span, exp_miss, float(n_d + ptok)) if per_exp > 0.0 else 0.0
-        # (the prefill's attention, where the model has it: its chunks' part of their prompts' squares)
-        psq = _prefill_squares(nc, pq_h, ws, inputs) if attention else 0.0
-        t = cost(coef, 0.0, 1.0, float(ptok), float(n_d), float(ctx), reads, psq)
+        if running > si[ES.max_running]:
+            si[ES.max_running] = running
+        t = _iteration_time(coef, exp_span, exp_miss, attention, n_d, ctx, nc, ptok, pq_h, ws, inputs)
         used = blocks_total - free
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
-        if iterations == ts_due:
-            if ts_rows == ts_max:
-                # full: every other row kept, the stride doubled
-                for k in range(ts_max // 2):
-                    for col in range(TS_WIDTH):
-                        ts[k, col] = ts[2 * k + 1, col]
-                ts_rows = ts_max // 2
-                ts_stride *= 2
-            if iterations % ts_stride == 0:
-                ts[ts_rows, TS.time] = now
-                ts[ts_rows, TS.running] = running
-                ts[ts_rows, TS.waiting] = waiting + nstack
-                ts[ts_rows, TS.kv_blocks] = used if blocks_total < UNLIMITED else -1.0
-                ts[ts_rows, TS.max_num_seqs] = cap
-                ts_rows += 1
-            # (the next multiple of the stride: no division at every iteration)
-            ts_due = (iterations // ts_stride + 1) * ts_stride
-        running_time += running * t
-        system_time += (running + waiting + nstack) * t
-        blocks_time += used * t
-        waiting_time += (waiting + nstack) * t
+        _record(iterations, si, out.ts, now, running, waiting + nstack, used, blocks_total < UNLIMITED, cap)
+        running_time, system_time, blocks_time, waiting_time, busy = _integrals(
+            t, running, waiting + nstack, used, running_time, system_time, blocks_time, waiting_time, busy)
         now = now + t
-        busy += t
         prefill_tokens += ptok
+        held = block_left if FULL else 0
         if n_d > 0:
-            # a decode round: the gaps since each group's last token
-            gap = now - t_round
-            if n_main > 0:
-                hist_tbt[hist_bucket(gap)] += n_main
-                sum_tbt += n_main * gap
-                tbt_count += n_main
-            for k in range(ng):
-                if gc[k] > 0:
-                    gap = now - gt[k]
-                    hist_tbt[hist_bucket(gap)] += gc[k]
-                    sum_tbt += gc[k] * gap
-                    tbt_count += gc[k]
-            ng = 0
-            rounds += 1
-            ph = ph - 1 if ph > 0 else bs - 1
-            n_main = n_d
-            t_round = now
-            tokens += n_d
-            # the decodes done with this round leave (its list: no later round shares its bucket)
-            bk = rounds & (due.shape[0] - 1)
-            sl = due[bk]
-            due[bk] = -1
-            while sl >= 0:
-                following = due_next[sl]
-                r = occ[sl]
-                p = np.int64(prompt[r])
-                g0 = gs[sl]
-                s0 -= p + g0 - d0[sl]
-                phase[_phase(p + g0 - d0[sl], bs, sh)] -= 1
-                n_dec -= 1
-                n_main -= 1
-                fin[sl] = -1
-                free += _freed(p, np.int64(output[r]), bs, sh, tally, memory_on)
-                running -= 1
-                head, tail, nfree, npd, sum_lat, completed, last_done = _complete(
-                    sl, r, now, block_left if FULL else 0, npd, pend_done, prv, nxt, head, tail, occ, free_slots,
-                    nfree, n, gscale, arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
-                sl = following
-        # the prefill chunks: those that complete give a token (the first, or a resumed one's next)
-        joined = 0
-        for k in range(nc):
-            sl = pq[pq_h]
-            pre[sl] += chunk[k]
-            if pre[sl] < need[sl]:
-                break
-            pq_h = pq_h + 1 if pq_h + 1 < PQ else 0
-            pq_n -= 1
-            r = occ[sl]
-            g = gs[sl]
-            if g == 0:
-                if FULL and block_left > 0:
-                    # (multi-step: its first token is returned at the block's end)
-                    pend_first[npf] = r
-                    npf += 1
-                else:
-                    sum_ttft += _first_token(r, now, arrival, delay, hist_ttft, keep, r_f)
-            else:
-                gap = now - last[sl]
-                hist_tbt[hist_bucket(gap)] += 1
-                sum_tbt += gap
-                tbt_count += 1
-            g += 1
-            gs[sl] = g
-            tokens += 1
-            p = np.int64(prompt[r])
-            if g >= np.int64(output[r]):
-                # (g is its output now)
-                free += _freed(p, g, bs, sh, tally, memory_on)
-                running -= 1
-                head, tail, nfree, npd, sum_lat, completed, last_done = _complete(
-                    sl, r, now, block_left if FULL else 0, npd, pend_done, prv, nxt, head, tail, occ, free_slots,
-                    nfree, n, gscale, arrival, group, out, keep, r_f, delay, sum_lat, completed, last_done)
-                continue
-            # it joins the decodes at this round
-            d0[sl] = rounds
-            last[sl] = now
-            key = rounds + np.int64(output[r]) - g
-            fin[sl] = key
-            _due_push(due, due_next, due_prev, occ, M1, sl, key)
-            s0 += p + g - rounds
-            phase[_phase(p + g - rounds, bs, sh)] += 1
-            n_dec += 1
-            joined += 1
-        if joined > 0:
-            gt[ng] = now
-            gc[ng] = joined
-            ng += 1
+            rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, npd, slots, free, running, acc = _decode_round(
+                n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, held, npd, slots, free, running,
+                acc, n, gscale, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f)
+        (pq_h, pq_n, s0, n_dec, ng, tokens, sum_ttft, tbt, npf, npd, slots, free, running,
+         acc) = _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttft, tbt, held, npf, npd,
+                                 slots, free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, ws,
+                                 inputs, out, r_f)
         if controlled:
-            cap_time += cap * t
-            _feedback(ctl, bst, tally, ema, t, n_d + nc, running)
-    si_, sf_ = ws.state_i, ws.state_f
-    si_[ES.head] = head
-    si_[ES.tail] = tail
-    si_[ES.running] = running
-    si_[ES.n_dec] = n_dec
-    si_[ES.s0] = s0
-    si_[ES.ssize] = ssize
-    si_[ES.nstack] = nstack
-    si_[ES.pq_h] = pq_h
-    si_[ES.pq_n] = pq_n
-    si_[ES.qh] = qh
-    si_[ES.waiting] = waiting
-    si_[ES.rr] = rr
-    si_[ES.rounds] = rounds
-    si_[ES.ph] = ph
-    si_[ES.n_main] = n_main
-    si_[ES.ng] = ng
-    si_[ES.completed] = completed
-    si_[ES.iterations] = iterations
-    si_[ES.preemptions] = preemptions
-    si_[ES.recomputed] = recomputed
-    si_[ES.prefill_tokens] = prefill_tokens
-    si_[ES.tokens] = tokens
-    si_[ES.tbt_count] = tbt_count
-    si_[ES.max_running] = max_running
-    si_[ES.sum_batch] = sum_batch
-    si_[ES.i] = i
-    si_[ES.nfree] = nfree
-    si_[ES.free] = free
-    si_[ES.blocks_total] = blocks_total
-    si_[ES.ts_rows] = ts_rows
-    si_[ES.ts_stride] = ts_stride
-    si_[ES.ts_due] = ts_due
-    sf_[ES.t_round] = t_round
-    sf_[ES.busy] = busy
-    sf_[ES.sum_lat] = sum_lat
-    sf_[ES.sum_ttft] = sum_ttft
-    sf_[ES.sum_tbt] = sum_tbt
-    sf_[ES.running_time] = running_time
-    sf_[ES.blocks_time] = blocks_time
-    sf_[ES.waiting_time] = waiting_time
-    sf_[ES.system_time] = system_time
-    sf_[ES.cap_time] = cap_time
-    sf_[ES.last_done] = last_done
-    sf_[ES.now] = now
-    si_[ES.started] = 1
-    si_[ES.completed_before] = completed_before
-    si_[ES.block_left] = block_left
-    si_[ES.npf] = npf
-    si_[ES.npd] = npd
-    st_i, st_f = out.ints, out.floats
-    st_i[S.completed] = completed
-    st_i[S.iterations] = iterations
-    st_i[S.rounds] = rounds
-    st_i[S.preemptions] = preemptions
-    st_i[S.recomputed] = recomputed
-    st_i[S.prefill_tokens] = prefill_tokens
-    st_i[S.tokens] = tokens
-    st_i[S.tbt_count] = tbt_count
-    st_i[S.max_running] = max_running
-    st_i[S.ts_rows] = ts_rows
-    st_i[S.ts_stride] = ts_stride
-    st_f[S.sum_batch] = sum_batch
-    st_f[S.system_time] = system_time
-    st_f[S.cap_time] = cap_time
-    st_f[S.first_arrival] = arrival[0] if n > 0 else np.nan
-    st_f[S.last_completion] = last_done
-    st_f[S.busy] = busy
-    st_f[S.sum_latency] = sum_lat
-    st_f[S.sum_ttft] = sum_ttft
-    st_f[S.sum_tbt] = sum_tbt
-    st_f[S.running_time] = running_time
-    st_f[S.blocks_time] = blocks_time if blocks_total < UNLIMITED else 0.0
-    st_f[S.waiting_time] = waiting_time
+            ws.state_f[ES.cap_time] += cap * t
+            _feedback(out.ctl, out.bstats, ws.tally, ema, t, n_d + nc, running)
+    head, tail, nfree = slots
+    qh, ssize, rr = q
+    completed, sum_lat, last_done = acc
+    sum_tbt, tbt_count = tbt
+    _store(ws.state_i, (head, tail, running, n_dec, s0, ssize, nstack, pq_h, pq_n, qh, waiting, rr, rounds, ph,
+                        n_main, ng, completed, iterations, prefill_tokens, tokens, tbt_count, sum_batch, i, nfree,
+                        free, blocks_total, block_left, npf, npd))
+    _store(ws.state_f, (t_round, busy, sum_lat, sum_ttft, sum_tbt, running_time, blocks_time, waiting_time,
+                        system_time, last_done, now))
+    si[ES.started] = 1
+    _publish(ws.state_i, ws.state_f, out, ws.arrival[0] if n > 0 else np.nan, blocks_total < UNLIMITED)
     return code
 
 
@@ -1177,23 +1126,26 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     M1 = M + 1
     # (the resumption stack holds at most max_num_seqs: a request is admitted from the queue only while it is
     # empty and the running count is below the cap, so the running and the preempted are never more)
+    # (the admission order's per-request arrays: one element for the others)
+    kept = admission.arrays(cfg["admission"])
+    per = {name: n if name in kept else 1 for name in ("qnext", "sk", "sid")}
+    blocks = cfg["blocks"] if cfg["blocks"] >= 0 else UNLIMITED
+    # (a new engine's scalars: an empty running list, every slot free, the free slots taken from M down to 0)
+    state_i, state_f = STATE.zeros(head=-1, tail=-1, nfree=M1, free=blocks, blocks_total=blocks, ts_stride=1,
+                                   ts_due=1, last_completion=-np.inf)
     ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.empty(M1, np.int64), last_pre=np.empty(M1),
                         occ=np.full(M1, -1, np.int64), gs=np.zeros(M1, np.int64), pre=np.zeros(M1, np.int64),
                         need=np.zeros(M1, np.int64), d0=np.zeros(M1, np.int64), fin=np.full(M1, -1, np.int64),
                         prv=np.empty(M1, np.int64), nxt=np.empty(M1, np.int64), last=np.zeros(M1),
-                        free_slots=np.empty(M1, np.int64),
-                        qnext=np.empty(n if cfg["admission"] == ADMIT_MULTIBIN else 1, np.int64),
+                        free_slots=np.arange(M, -1, -1, dtype=np.int64), qnext=np.empty(per["qnext"], np.int64),
                         due=np.full(ring, -1, np.int64), due_next=np.empty(M1, np.int64),
-                        due_prev=np.empty(M1, np.int64),
-                        sk=np.empty(n if cfg["admission"] == ADMIT_SPF else 1),
-                        sid=np.empty(n if cfg["admission"] == ADMIT_SPF else 1, np.int64),
-                        stack=np.empty(M1, np.int64), pq=np.empty(M + 1, np.int64), bh=np.empty(K, np.int64),
-                        bt=np.empty(K, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
+                        due_prev=np.empty(M1, np.int64), sk=np.empty(per["sk"]), sid=np.empty(per["sid"], np.int64),
+                        stack=np.empty(M1, np.int64), pq=np.empty(M + 1, np.int64), bh=np.full(K, -1, np.int64),
+                        bt=np.full(K, -1, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
-                        tally=np.zeros(len(TALLY), np.int64), state_i=np.zeros(len(STATE.ints), np.int64),
-                        state_f=np.zeros(len(STATE.floats)), group=np.empty(n if grouped else 0, np.int64),
-                        draws=drawers(cfg["arrival_kind"]), pend_first=np.empty(M1, np.int64),
-                        pend_done=np.empty(M1, np.int64))
+                        tally=np.zeros(len(TALLY), np.int64), state_i=state_i, state_f=state_f,
+                        group=np.empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
+                        pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64))
     return Engine(config, control, inputs, out, requests, ws)
 
 
@@ -1203,7 +1155,7 @@ def warmup() -> None:
     a process's first continuous-batching run compiles the one it uses, and
     the disk cache keeps it."""
     full = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
-                         block_size=4, admission=ADMIT_MULTIBIN, bins=2, keep=1, controlled=1, memory_on=1,
+                         block_size=4, admission=ADMISSIONS["multibin"], bins=2, keep=1, controlled=1, memory_on=1,
                          scheduler_steps=2, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
                          expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
