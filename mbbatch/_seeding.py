@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["STREAM_ARRIVALS", "STREAM_SERVICE", "STREAM_PROMPT", "STREAM_PREDICTION", "STREAM_PRESAMPLE",
-           "as_seed_sequence",
-           "stream"]
+           "STREAM_CLASS", "as_seed_sequence", "stream", "substream"]
 
 #: the arrival gaps
 STREAM_ARRIVALS = 0
@@ -26,6 +25,10 @@ STREAM_PREDICTION = 3
 #: the pre-sample of predicted lengths that sets multi-bin dynamic batching's
 #: edges before a run (``bin_edges="presample"``)
 STREAM_PRESAMPLE = 4
+#: the requests' classes (:class:`~mbbatch.workload.Mixture`); a class's
+#: lengths come from its own stream of the prompt and output streams
+#: (:func:`substream`)
+STREAM_CLASS = 5
 
 #: The bit generator of every stream.  PCG64DXSM is numpy's recommended
 #: successor to PCG64 (stronger mixing for many parallel streams) and is also
@@ -51,6 +54,12 @@ def stream(ss: np.random.SeedSequence, index: int) -> np.random.Generator:
     spawn count): ``Generator(PCG64DXSM(SeedSequence(entropy, spawn_key + (index,))))``."""
     child = np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, index), pool_size=ss.pool_size)
     return np.random.Generator(BIT_GENERATOR(child))
+
+
+def substream(ss: np.random.SeedSequence, index: int, sub: int) -> np.random.Generator:
+    """Stream ``sub`` of stream ``index`` of ``ss`` (a request class's part
+    of the prompt or output stream): the spawn key extended by both."""
+    return stream(np.random.SeedSequence(ss.entropy, spawn_key=(*ss.spawn_key, index), pool_size=ss.pool_size), sub)
 
 
 def entropy_str(ss: np.random.SeedSequence) -> str:

@@ -213,6 +213,11 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("predictor_sigma", "real", "1",
        "log-normal error of the output-length predictor: predicted = output * exp(sigma Z); 0 is the oracle",
        _NONNEG, default=0.0),
+    _p("ttft_slo", "real", "s", "the requests' objective on their time to first token: earliest-deadline-first "
+       "admission's deadline after arrival (continuous batching; inf: none)", Domain(0, MAX_DURATION, or_inf=True),
+       default=INF),
+    _p("class_share", "real", "1", "a request class's weight in a Workload.mixture: the probability of the class "
+       "is its share over the shares' sum", Domain(0, MAX_DURATION)),
     # --- length predictors (what a binning policy bins by) ------------------------------
     _p("LogNormalError.sigma", "real", "1", "log-normal error of the prediction: true * exp(sigma Z)", _NONNEG),
     _p("BinConfusion.p", "real", "1", "probability that a request lands in its true bin (else a neighbour)",

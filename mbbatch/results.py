@@ -154,6 +154,12 @@ class SimulationResult:
     kernel_seconds : float
         Wall time the kernel ran, s (the rest of ``simulate`` is checking,
         packing and these statistics).
+    classes : dict or None
+        A :meth:`Workload.mixture <mbbatch.Workload.mixture>`'s run: per
+        class name, its ``share``, requests ``completed``, ``mean_latency``
+        and ``latency_p99`` (s), ``mean_ttft`` and ``ttft_p99`` (s, the time
+        to first token), its ``ttft_slo`` and ``ttft_attainment``, the share
+        of its requests whose first token came within it.  None otherwise.
     unstable : bool
         The backlog grew through the run: no steady state, the averages
         describe a transient.  ``unstable_reason`` says why, or why the run
@@ -163,7 +169,8 @@ class SimulationResult:
     def __init__(self, *, kind: str, config: dict, n: int, servers, edges: np.ndarray, metrics: dict,
                  arrays: dict, requests: Table | None = None, batches: Table | None = None,
                  time_series: dict | None = None, unstable: bool = False, unstable_reason: str = "",
-                 latency_quantiles: str = "histogram", kernel_seconds: float = math.nan):
+                 latency_quantiles: str = "histogram", kernel_seconds: float = math.nan,
+                 classes: dict | None = None):
         expected = set(applicable(kind)) - {"unstable"}
         if set(metrics) != expected:
             raise ValueError(f"metrics of a {kind} run: missing {sorted(expected - set(metrics))}, "
@@ -183,6 +190,7 @@ class SimulationResult:
         self.unstable_reason = unstable_reason
         self._latency_quantiles = latency_quantiles
         self.kernel_seconds = kernel_seconds
+        self.classes = classes
 
     def __getattr__(self, name):
         if name.startswith("_"):

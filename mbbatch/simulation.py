@@ -24,7 +24,7 @@ from .planners import PLANNERS
 from .planners.common import BATCH_MEANS_GROUPS, SCALE_RANGE, TIME_SERIES_ROWS
 from .registry import kind_of
 from .results import SimulationResult
-from .workload import Workload
+from .workload import Mixture, Workload
 
 __all__ = ["simulate", "check_simulation", "plan", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE"]
 
@@ -164,7 +164,12 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
     elif workload is None:
         raise TypeError("service or workload must be given: service=<scipy.stats frozen distribution or "
                         "array> (service times), or workload=Workload(prompt=..., output=...)")
+    elif isinstance(workload, Mixture):
+        engine = getattr(policy, "policy", None) if cls.planner == "cluster" else policy
+        if engine is None or kind_of(engine).planner != "continuous":
+            raise TypeError(f"workload: a Workload.mixture's requests run on ContinuousBatching engines (alone or "
+                            f"as a Cluster's); got {type(policy).__name__}")
     elif not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a Workload; got {type(workload).__name__}")
+        raise TypeError(f"workload must be a Workload (or a Workload.mixture); got {type(workload).__name__}")
     return PLANNERS[cls.planner].check(policy, arrivals, service, n, servers, keep_requests, workload,
                                        service_model, keep_batches)

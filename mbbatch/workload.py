@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-from ._validation import check_fields
+from ._validation import check, check_fields
 from .params import default
 from .lengths import as_service
 
-__all__ = ["Workload"]
+__all__ = ["Workload", "Mixture"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -37,19 +37,44 @@ class Workload:
     predictor_sigma : float
         Log-normal error of the output-length predictor:
         ``predicted = output * exp(sigma Z)``.  0 (default) is the oracle.
+    ttft_slo : float
+        The requests' objective on their time to first token, seconds
+        (default inf: none): the deadline, after its arrival, by which
+        earliest-deadline-first admission
+        (``ContinuousBatching(admission="edf")``) orders a request.
+
+    Several kinds of requests in one stream (clients, tenants, each with its
+    lengths and objective): :meth:`mixture`.
     """
 
     prompt: object
     output: object
     integer_lengths: bool = default("integer_lengths")
     predictor_sigma: float = default("predictor_sigma")
+    ttft_slo: float = default("ttft_slo")
     _prompt: object = field(init=False, repr=False)
     _output: object = field(init=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "_prompt", as_service(self.prompt, "prompt"))
         object.__setattr__(self, "_output", as_service(self.output, "output"))
-        check_fields(self, {"integer_lengths": "integer_lengths", "predictor_sigma": "predictor_sigma"})
+        check_fields(self, {"integer_lengths": "integer_lengths", "predictor_sigma": "predictor_sigma",
+                            "ttft_slo": "ttft_slo"})
+
+    @classmethod
+    def mixture(cls, classes: dict) -> "Mixture":
+        """Requests of several classes, ``{name: (share, workload)}``: each
+        request's class is drawn independently, with probability its share
+        over the shares' sum, and its lengths and objective are its class's
+        workload's.  See :class:`Mixture`.
+
+        >>> import scipy.stats as st
+        >>> chat = Workload(prompt=st.uniform(16, 240), output=st.expon(scale=64), ttft_slo=0.5)
+        >>> batch = Workload(prompt=st.uniform(512, 1536), output=st.expon(scale=512))
+        >>> Workload.mixture({"chat": (3, chat), "batch": (1, batch)}).shares
+        (0.75, 0.25)
+        """
+        return Mixture(classes)
 
     @classmethod
     def from_trace(cls, trace, *, resample: bool = False, **kw) -> "Workload":
@@ -69,11 +94,98 @@ class Workload:
             prompt, output = Empirical(prompt), Empirical(output)
         return cls(prompt=prompt, output=output, **kw)
 
+    def length_specs(self, name: str = "workload") -> list:
+        """``[(parameter, spec)]``: its prompt and output lengths' specs, named as the parameters that set them."""
+        return [(f"{name}.prompt", self._prompt), (f"{name}.output", self._output)]
+
+    def mean(self, which: str) -> float:
+        """The mean ``"prompt"`` or ``"output"`` length, tokens."""
+        return getattr(self, "_" + which).mean
+
     def describe(self) -> dict:
         d = {f"prompt_{k.removeprefix('service_')}" if k != "service" else "prompt": v
              for k, v in self._prompt.description.items()}
         d.update({f"output_{k.removeprefix('service_')}" if k != "service" else "output": v
                   for k, v in self._output.description.items()})
         d.update(integer_lengths=bool(self.integer_lengths), predictor_sigma=self.predictor_sigma)
+        if self.ttft_slo != float("inf"):
+            d.update(ttft_slo=self.ttft_slo)
+        return d
+
+
+@dataclass(frozen=True, eq=False)
+class Mixture:
+    """Requests of several classes (clients, tenants) in one stream.
+
+    Each request's class is drawn independently (its own random stream:
+    every policy sees the same classes), with probability the class's share
+    over the shares' sum; its prompt and output lengths are drawn from its
+    class's workload (each class's from a stream of its own), and its time
+    to first token objective is its class's ``ttft_slo``.  The classes
+    share one predictor (their ``predictor_sigma`` must agree) and whole
+    tokens.  Runs on :class:`~mbbatch.ContinuousBatching` engines: each
+    request's class is its client for fair sharing and its deadline for
+    earliest-deadline-first admission, and the run reports each class's
+    metrics (:attr:`~mbbatch.SimulationResult.classes`).
+
+    Parameters
+    ----------
+    classes : dict
+        ``{name: (share, workload)}``: a class's name (a string), its share
+        (> 0) and its :class:`Workload`; at least one class.
+    """
+
+    classes: dict
+    names: tuple = field(init=False)
+    shares: tuple = field(init=False)
+    parts: tuple = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if not isinstance(self.classes, dict) or not self.classes:
+            raise TypeError(f"classes must be a non-empty dict {{name: (share, Workload)}}; got {self.classes!r}")
+        names, shares, parts = [], [], []
+        for name, spec in self.classes.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"classes: a class's name must be a non-empty string; got {name!r}")
+            if not (isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], Workload)):
+                raise TypeError(f"classes[{name!r}] must be (share, Workload); got {spec!r}")
+            names.append(name)
+            shares.append(check("class_share", spec[0], f"classes[{name!r}] share"))
+            parts.append(spec[1])
+        for attr in ("predictor_sigma", "integer_lengths"):
+            values = {getattr(p, attr) for p in parts}
+            if len(values) > 1:
+                raise ValueError(f"classes: the classes share one predictor and rounding; their {attr} differ: "
+                                 f"{dict(zip(names, (getattr(p, attr) for p in parts)))}")
+        total = sum(shares)
+        object.__setattr__(self, "names", tuple(names))
+        object.__setattr__(self, "shares", tuple(s / total for s in shares))
+        object.__setattr__(self, "parts", tuple(parts))
+
+    @property
+    def predictor_sigma(self) -> float:
+        return self.parts[0].predictor_sigma
+
+    @property
+    def integer_lengths(self) -> bool:
+        return self.parts[0].integer_lengths
+
+    @property
+    def ttft_slo(self) -> tuple:
+        """Each class's time to first token objective, seconds."""
+        return tuple(p.ttft_slo for p in self.parts)
+
+    def mean(self, which: str) -> float:
+        """The mean ``"prompt"`` or ``"output"`` length over the classes, tokens."""
+        return sum(s * p.mean(which) for s, p in zip(self.shares, self.parts))
+
+    def length_specs(self, name: str = "workload") -> list:
+        """``[(parameter, spec)]``: each class's prompt and output lengths' specs."""
+        return [spec for c, p in zip(self.names, self.parts) for spec in p.length_specs(f"{name}.classes[{c!r}]")]
+
+    def describe(self) -> dict:
+        d = {"classes": ",".join(self.names), "class_shares": ",".join(f"{s:.6g}" for s in self.shares)}
+        for name, part in zip(self.names, self.parts):
+            d.update({f"{name}.{k}": v for k, v in part.describe().items()})
         return d
 

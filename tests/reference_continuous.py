@@ -15,7 +15,8 @@ from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
-             prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0):
+             prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
+             class_slo=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -52,7 +53,11 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     ``aging`` (shortest predicted first with aging, tokens/s): at every
     iteration the waiting request of least ``prediction - aging x (t -
     arrival)``, the time t the iteration starts (ties in arrival order),
-    computed as that priority is defined, not as the kernel's key."""
+    computed as that priority is defined, not as the kernel's key.
+
+    ``admission="edf"`` (earliest deadline first): the waiting request of
+    least deadline, its arrival plus ``class_slo`` of its class ``klass``
+    (ties in arrival order)."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -109,6 +114,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             return resume[-1]
         if admission == "fcfs":
             return waiting[0] if waiting else -1
+        if admission == "edf":
+            return min(waiting, key=lambda r: (arrival[r] + class_slo[klass[r]], r)) if waiting else -1
         if admission == "spf":
             if not waiting:
                 return -1

@@ -33,7 +33,8 @@ def test_each_orders_per_request_arrays_are_workspace_arrays_sized_to_its_runs()
                              expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
         x = np.ones(50)
         inputs = ck.INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.ones(1),
-                                prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0))
+                                prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0),
+                                klass=np.empty(0), class_slo=np.full(1, np.inf))
         ws = ck.start(cfg, inputs).ws
         for a in ("qnext", "sk", "sid"):
             assert getattr(ws, a).shape[0] == (50 if a in order.arrays else 1), (name, a)

@@ -53,7 +53,7 @@ def _control(controller):
 
 
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
-            edges, controller=None, ts_rows=8, cached=None, **coef):
+            edges, controller=None, ts_rows=8, cached=None, klass=None, class_slo=None, **coef):
     n = len(arr)
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
@@ -65,7 +65,9 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
     inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                             prediction=pred.astype(float), edges=np.asarray(edges, float),
-                            cached=np.empty(0) if cached is None else np.asarray(cached, float))
+                            cached=np.empty(0) if cached is None else np.asarray(cached, float),
+                            klass=np.empty(0) if klass is None else np.asarray(klass, float),
+                            class_slo=np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float))
     out, req, code = ck.run(cfg, inputs, ck.ContinuousStreams(np.random.default_rng(0)),
                             np.zeros(STOP_SIZE, np.int64), control=_control(controller), groups=4,
                             ts_rows=ts_rows)
@@ -107,6 +109,34 @@ def _aged(rng, arr, kw):
     return arr, {**kw, "aging": float(rng.choice([0.5, 5.0, 50.0]))}
 
 
+def _classed(rng, kw):
+    """Earliest deadline first on half the configurations admitting first
+    come first served: each request of one of three classes, two with an
+    objective on the time to first token (drawn), one without."""
+    if kw["admission"] != "fcfs" or rng.random() < 0.5:
+        return kw
+    slo = np.array([rng.choice([0.01, 0.1, 1.0]), rng.choice([0.05, 0.5, 5.0]), np.inf])
+    return {**kw, "admission": "edf", "class_slo": slo}
+
+
+def _same_classes(out, want, arr, klass, slo):
+    """The kernel's per-class statistics are the reference's requests'
+    counted by class: completed, first tokens within their class's
+    objective, the sums, and each class's latency histogram."""
+    ttft = want["first_token"] - np.asarray(arr)
+    lat = want["completion"] - np.asarray(arr)
+    for c in range(len(slo)):
+        mine = klass == c
+        st = out.class_stats[c]
+        assert st[ck.CLASS.completed] == mine.sum()
+        assert st[ck.CLASS.ttft_met] == (ttft[mine] <= slo[c]).sum()
+        assert st[ck.CLASS.sum_ttft] == pytest.approx(ttft[mine].sum(), rel=1e-12, abs=1e-12)
+        assert st[ck.CLASS.sum_latency] == pytest.approx(lat[mine].sum(), rel=1e-12, abs=1e-12)
+        hist = np.zeros_like(out.hist)
+        np.add.at(hist, [int(ck.hist_bucket(x)) for x in lat[mine]], 1)
+        np.testing.assert_array_equal(out.class_hist[c, 0], hist)
+
+
 def _same_run(out, req, code, want, kw) -> dict:
     """The kernel's run ``(out, req, code)`` is the reference's ``want``:
     each request's admission, first token, completion and preemptions, the
@@ -130,15 +160,23 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
     recomputed tokens, equal; the gaps between tokens equal in number, in
     their histogram and (summed in another order) their sum.  A third of
     the configurations time a mixture of experts' iterations; half of those
-    admitting shortest predicted first age it (:func:`_aged`)."""
+    admitting shortest predicted first age it (:func:`_aged`), and half of
+    those admitting first come first served admit earliest deadline first,
+    their requests in three classes (:func:`_classed`), whose statistics
+    are checked too."""
     rng = np.random.default_rng(seed)
     seen_preemptions = 0
     for k in range(40):
         (arr, p, o, pred), kw = _config(rng, moe=k % 3 == 0)
         arr, kw = _aged(rng, arr, kw)
+        kw = _classed(rng, kw)
+        if kw["admission"] == "edf":
+            kw["klass"] = rng.integers(0, 3, len(arr))
         want = ref.simulate(arr, p, o, pred, **kw)
         out, req, code = _kernel(arr, p, o, pred, **kw)
         st = _same_run(out, req, code, want, kw)
+        if kw["admission"] == "edf":
+            _same_classes(out, want, arr, kw["klass"], kw["class_slo"])
         assert st["tbt_count"] == want["tbt"].size == int((o - 1).sum())
         hist = np.zeros_like(out.hist_tbt)
         for gap in want["tbt"]:
@@ -386,7 +424,7 @@ def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
         inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                                 arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                                 prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
-                                cached=np.empty(0))
+                                cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf))
         runs = []
         for fn in (ck.lean_kernel, ck.continuous_kernel):
             eng = ck.start(cfg, inputs, control=_control(controller), groups=4, ts_rows=64)
@@ -431,7 +469,7 @@ def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
         inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                                 arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                                 prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
-                                cached=np.empty(0))
+                                cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf))
         runs = []
         for steps in (False, True):
             eng = ck.start(cfg, inputs, control=_control(controller), groups=4, ts_rows=64)
@@ -507,7 +545,8 @@ def test_the_controllers_batch_is_the_decodes_and_prefill_chunks_and_n_decode_th
                          rate=0.0, until=np.inf, **_fields(QUARTER))
     inputs = ck.INPUTS.pack(arrival_times=np.zeros(n), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                             prompt=np.full(n, 2.0), output=np.array([1.0, 5, 5, 5, 5, 5]),
-                            prediction=np.ones(n), edges=np.empty(0), cached=np.empty(0))
+                            prediction=np.ones(n), edges=np.empty(0), cached=np.empty(0), klass=np.empty(0),
+                            class_slo=np.full(1, np.inf))
     eng = ck.start(cfg, inputs, control=_control(dict(sla=(0.02, 0.0, 1, 8, 4, 2, False), ema=kc.DEFAULT_EMA)))
     streams, stop = ck.ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64)
     CT = kc.C

@@ -10,6 +10,8 @@ import pytest
 import scipy.stats as st
 
 import mbbatch as mb
+from mbbatch._kernels.common import HIST_SIZE, hist_bucket
+from mbbatch.planners.common import quantiles
 
 WL = mb.Workload(prompt=st.lognorm(0.8, scale=256), output=st.lognorm(0.8, scale=128))
 
@@ -484,3 +486,93 @@ def test_multi_step_scheduling_delays_first_tokens_and_is_a_spec_key():
         mb.ContinuousBatching(num_scheduler_steps=0)
     assert mb.ContinuousBatching.from_spec({"num_scheduler_steps": 4}, None).num_scheduler_steps == 4
     assert mb.engines.vllm("0.6").num_scheduler_steps == 1
+
+
+# --- request classes: a mixture's requests, earliest deadline first ----------------------------------------------
+
+CHAT = mb.Workload(prompt=st.uniform(16, 240), output=st.expon(scale=64), ttft_slo=0.3)
+BATCH = mb.Workload(prompt=st.uniform(512, 1536), output=st.expon(scale=512), ttft_slo=20.0)
+MIX = mb.Workload.mixture({"chat": (3, CHAT), "batch": (1, BATCH)})
+MEASURED = mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1")
+
+
+def _mixed(policy, n=4000, seed=1, **kw):
+    return mb.simulate(policy, arrivals=mb.Poisson(7.0), workload=MIX, service_model=MEASURED, n=n, seed=seed,
+                       keep_requests=True, **kw)
+
+
+def test_a_mixtures_classes_are_drawn_by_their_shares_and_are_every_policys():
+    """The classes of 4,000 requests: the chat class's count within a
+    two-sided binomial test's 99.9 % acceptance region around 3/4; the same
+    classes and lengths for every admission order (common random numbers)."""
+    runs = [_mixed(mb.ContinuousBatching(max_num_seqs=16, admission=a)) for a in ("fcfs", "edf")]
+    k = runs[0].requests.request_class
+    chat = int((k == 0).sum())
+    lo, hi = st.binom.ppf([0.0005, 0.9995], k.size, 0.75)
+    assert lo <= chat <= hi
+    for col in ("request_class", "prompt", "output"):
+        np.testing.assert_array_equal(getattr(runs[0].requests, col), getattr(runs[1].requests, col))
+    # (a class's lengths are its own: the batch class's prompts are all long)
+    assert runs[0].requests.prompt[k == 1].min() >= 512 and runs[0].requests.prompt[k == 0].max() <= 256
+
+
+def test_each_classs_metrics_are_its_requests():
+    """A class's completed requests, mean time to first token and latency,
+    and attainment of its objective, read from the kernel's per-class
+    sums, are those of its kept requests; its 99th percentile of the time to
+    first token is that of the histogram of its records'."""
+    r = _mixed(mb.ContinuousBatching(max_num_seqs=16, admission="edf"))
+    req = r.requests
+    for c, name in enumerate(("chat", "batch")):
+        mine = req.request_class == c
+        got = r.classes[name]
+        assert got["completed"] == mine.sum() and got["share"] == MIX.shares[c]
+        assert got["mean_ttft"] == pytest.approx(req.ttft[mine].mean(), rel=1e-9)
+        assert got["mean_latency"] == pytest.approx(req.latency[mine].mean(), rel=1e-9)
+        assert got["ttft_attainment"] == pytest.approx((req.ttft[mine] <= MIX.ttft_slo[c]).mean(), rel=1e-12)
+        hist = np.bincount([int(hist_bucket(x)) for x in req.ttft[mine]], minlength=HIST_SIZE)
+        assert got["ttft_p99"] == quantiles(hist, None)[2]
+    assert sum(v["completed"] for v in r.classes.values()) == r.n
+
+
+def test_earliest_deadline_first_meets_the_tight_class_more_often_than_first_come_first_served():
+    """Near the engine's capacity, ordering by deadline raises the chat
+    class's attainment of its 0.3 s objective (the batch class's 20 s is
+    met either way): a property of the order, on common random numbers."""
+    fcfs, edf = (_mixed(mb.ContinuousBatching(max_num_seqs=16, admission=a), n=6000).classes
+                 for a in ("fcfs", "edf"))
+    assert edf["chat"]["ttft_attainment"] > fcfs["chat"]["ttft_attainment"] + 0.05
+    assert edf["batch"]["ttft_attainment"] >= 0.99
+
+
+def test_one_deadline_for_every_request_is_first_come_first_served():
+    """Every request's deadline its arrival plus the same objective: the
+    order of arrival, bit for bit."""
+    wl = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128), ttft_slo=0.5)
+    runs = [mb.simulate(mb.ContinuousBatching(max_num_seqs=8, admission=a), arrivals=mb.Poisson(6.0), workload=wl,
+                        service_model=MEASURED, n=3000, seed=2, keep_requests=True) for a in ("fcfs", "edf")]
+    for col in ("admitted", "first_token", "completion"):
+        np.testing.assert_array_equal(getattr(runs[0].requests, col), getattr(runs[1].requests, col))
+
+
+def test_a_mixture_runs_on_several_engines_and_a_clusters():
+    """Its classes reach every engine: the classes' completed requests add
+    up to the run's, two engines dealt in turn and a cluster behind its
+    router alike."""
+    two = _mixed(mb.ContinuousBatching(max_num_seqs=8, admission="edf"), n=2000, servers=2)
+    cluster = _mixed(mb.Cluster(mb.ContinuousBatching(max_num_seqs=8, admission="edf"), engines=2,
+                                router="round_robin"), n=2000)
+    for r in (two, cluster):
+        assert sum(v["completed"] for v in r.classes.values()) == 2000
+        assert r.classes["chat"]["completed"] == int((r.requests.request_class == 0).sum())
+
+
+@pytest.mark.parametrize("policy, exc, match", [
+    (mb.StaticBatching(8), TypeError, "ContinuousBatching engines"),
+    (mb.ContinuousBatching(admission="multibin"), ValueError, "edges"),
+    (mb.Cluster(mb.ContinuousBatching(), engines=2, programs=mb.Programs(calls=2, think_time=1.0)), TypeError,
+     "programs"),
+])
+def test_a_mixture_is_refused_where_it_cannot_run(policy, exc, match):
+    with pytest.raises(exc, match=match):
+        mb.simulate(policy, arrivals=mb.Poisson(1.0), workload=MIX, service_model=MEASURED, n=100, seed=1)

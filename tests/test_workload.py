@@ -1,7 +1,11 @@
 """The request model's requests (mbbatch.workload): lengths drawn or
-replayed, rounded to whole tokens, and the predictor's error."""
+replayed, rounded to whole tokens, and the predictor's error; request
+classes (a mixture's: its runs are tests/test_planners_continuous.py's)."""
+
+import math
 
 import numpy as np
+import pytest
 import scipy.stats as st
 
 import mbbatch as mb
@@ -40,3 +44,44 @@ def test_the_oracle_predicts_exactly_and_sigma_adds_lognormal_error():
 def test_describe_names_both_lengths():
     d = mb.Workload(prompt=st.uniform(1, 9), output=st.expon(scale=2)).describe()
     assert d["prompt"] == "uniform" and d["output"] == "expon" and d["integer_lengths"] is True
+
+
+# --- request classes (Workload.mixture) ---------------------------------------------------------------------------
+
+def _two(**kw):
+    chat = mb.Workload(prompt=st.uniform(16, 240), output=st.expon(scale=64), ttft_slo=0.5, **kw)
+    batch = mb.Workload(prompt=st.uniform(512, 1536), output=st.expon(scale=512), **kw)
+    return chat, batch
+
+
+def test_a_mixtures_shares_are_normalised_and_its_classes_keep_their_objectives():
+    chat, batch = _two()
+    mix = mb.Workload.mixture({"chat": (3, chat), "batch": (1, batch)})
+    assert mix.names == ("chat", "batch") and mix.shares == (0.75, 0.25)
+    assert mix.ttft_slo == (0.5, math.inf)
+    assert mix.mean("prompt") == pytest.approx(0.75 * chat.mean("prompt") + 0.25 * batch.mean("prompt"))
+    assert mix.describe()["classes"] == "chat,batch"
+
+
+@pytest.mark.parametrize("classes, exc, match", [
+    ({}, TypeError, "non-empty dict"),
+    ({"a": (0, mb.Workload(prompt=st.uniform(1, 2), output=st.uniform(1, 2)))}, ValueError,
+     r"classes\['a'\] share must be in \(0, "),
+    ({"a": (1, "chat")}, TypeError, r"classes\['a'\] must be \(share, Workload\)"),
+    ({3: (1, mb.Workload(prompt=st.uniform(1, 2), output=st.uniform(1, 2)))}, TypeError, "name"),
+])
+def test_a_bad_mixture_is_refused_naming_the_class(classes, exc, match):
+    with pytest.raises(exc, match=match):
+        mb.Workload.mixture(classes)
+
+
+def test_a_mixtures_classes_share_one_predictor():
+    chat, _ = _two()
+    _, batch = _two(predictor_sigma=0.5)
+    with pytest.raises(ValueError, match="predictor_sigma differ"):
+        mb.Workload.mixture({"chat": (1, chat), "batch": (1, batch)})
+
+
+def test_a_bad_ttft_objective_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"ttft_slo must be in \(0, "):
+        mb.Workload(prompt=st.uniform(1, 2), output=st.uniform(1, 2), ttft_slo=0.0)

@@ -27,6 +27,12 @@ The orders:
   every waiting request's priority falls at the same rate, so the order is
   that of ``prediction + aging x arrival``, a key fixed at arrival (a heap
   of ``size``);
+- ``edf``, earliest deadline first: a request's deadline is its arrival
+  plus its class's objective on the time to first token (``class_slo``;
+  ties, and every request of a class without one, in arrival order), a key
+  fixed at arrival (a heap of ``size``).  The deadline is the first
+  token's, as in SLO-aware LLM schedulers that order prefills by their
+  TTFT deadlines; a request is not dropped when it misses it;
 - ``multibin``: multi-bin admission (Guldogan et al., 2024, "Multi-bin
   batching for increasing LLM inference throughput", arXiv:2412.04504):
   a first-come-first-served queue per bin of predicted output between
@@ -38,6 +44,8 @@ Pure numba steps, inlined into the engine's loop (:data:`~.common.step`).
 from __future__ import annotations
 
 from collections import namedtuple
+
+import numpy as np
 
 from .common import step
 from .programs import _heap_pop, _heap_push
@@ -75,13 +83,29 @@ def _spf_join(q, i, par, ws, inputs):
 
 
 @step
-def _spf_head(q, ws):
+def _heap_head(q, ws):
+    """(an order keeping its waiting in the heap: its top)"""
     return ws.sid[0], -1
 
 
 @step
-def _spf_admit(q, r, b, ws):
+def _heap_admit(q, r, b, ws):
     _, _, size = _heap_pop(ws.sk, ws.sid, q[1])
+    return q[0], size, q[2]
+
+
+# earliest deadline first ---------------------------------------------------------------------------------------
+
+@step
+def class_of(inputs, r):
+    """Request r's class (0 where the requests have none)."""
+    return np.int64(inputs.klass[r]) if inputs.klass.shape[0] > 0 else np.int64(0)
+
+
+@step
+def _edf_join(q, i, par, ws, inputs):
+    """(its deadline: its arrival plus its class's objective on the time to first token)"""
+    size = _heap_push(ws.sk, ws.sid, q[1], ws.arrival[i] + inputs.class_slo[class_of(inputs, i)], i)
     return q[0], size, q[2]
 
 
@@ -132,8 +156,9 @@ def _multibin_admit(q, r, b, ws):
 #: the orders, by name (the parameter table's ``admission`` choices); a run's code is an order's place here
 ORDERS: dict = {
     "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, ()),
-    "spf": Order(_spf_join, _spf_head, _spf_admit, ("sk", "sid")),
+    "spf": Order(_spf_join, _heap_head, _heap_admit, ("sk", "sid")),
     "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, ("qnext",)),
+    "edf": Order(_edf_join, _heap_head, _heap_admit, ("sk", "sid")),
 }
 #: an order's code, by name
 CODES: dict = {name: code for code, name in enumerate(ORDERS)}

@@ -99,6 +99,7 @@ from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAU
 from .controller import M as MM
 from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, cost, prefill_square
 from . import admission
+from .admission import class_of
 from .layout import Arrays, Layout
 
 #: the admission orders' codes, by name (:data:`.admission.ORDERS`)
@@ -120,11 +121,13 @@ CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "ma
                 floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "request_overhead", "aging", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
-#: predicted outputs, the bins' inner edges (tokens), and the prompt tokens
-#: whose KV cache each request brings (empty: none; a decode stage's)
+#: predicted outputs, the bins' inner edges (tokens), the prompt tokens
+#: whose KV cache each request brings (empty: none; a decode stage's), each
+#: request's class (empty: none, one class), and each class's objective on
+#: the time to first token (s; inf: none)
 INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, prompt=np.float64, output=np.float64, prediction=np.float64,
-                edges=np.float64, cached=np.float64)
+                edges=np.float64, cached=np.float64, klass=np.float64, class_slo=np.float64)
 ContinuousInputs = INPUTS.type
 #: the random streams: arrival gaps
 ContinuousStreams = namedtuple("ContinuousStreams", ("arrival",))
@@ -141,8 +144,13 @@ STATS = Layout("continuous statistics", ints=("completed", "iterations", "rounds
 #: doubling whenever the rows fill)
 OUTPUTS = Arrays("ContinuousOutputs", __name__, ints=np.int64, floats=np.float64, hist=np.int64,
                  hist_ttft=np.int64, hist_tbt=np.int64, group_latency=np.float64, group_count=np.int64,
-                 ts=(np.float64, 2), size_hist=np.int64, ctl=np.float64, bstats=np.float64)
+                 ts=(np.float64, 2), size_hist=np.int64, ctl=np.float64, bstats=np.float64,
+                 class_stats=(np.float64, 2), class_hist=(np.int64, 3))
 ContinuousOutputs = OUTPUTS.type
+#: per class (the requests having classes; else none): the requests completed, the sums of their latencies and
+#: times to first token, and those whose first token came within their class's objective (``class_stats``
+#: columns); ``class_hist[c]``: class c's histograms of the latency and of the time to first token
+CLASS = namedtuple("CLASS", ("completed", "sum_latency", "sum_ttft", "ttft_met"))(0, 1, 2, 3)
 #: per-request records (``keep``): preemptions; arrival, first admission,
 #: first token and completion
 REQUESTS = Layout("continuous requests", ints=("preemptions",),
@@ -307,12 +315,17 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay):
+def _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay):
     """Request r's last token returned at ``now``: its latency (plus its
-    ``delay`` outside the engine) into the histogram and its batch-means
-    group, its record kept."""
+    ``delay`` outside the engine) into the histogram (and its class's) and
+    its batch-means group, its record kept."""
     lat = now - arrival[r] + delay
     out.hist[hist_bucket(lat)] += 1
+    if inputs.klass.shape[0] > 0:
+        c = class_of(inputs, r)
+        out.class_stats[c, CLASS.completed] += 1.0
+        out.class_stats[c, CLASS.sum_latency] += lat
+        out.class_hist[c, 0, hist_bucket(lat)] += 1
     g = group[r] if group.shape[0] > 0 else arrival_group(r, out.group_latency.shape[0], n, gscale)
     out.group_latency[g] += lat
     out.group_count[g] += 1
@@ -337,19 +350,26 @@ def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
 
 
 @step
-def _first_token(r, now, arrival, delay, hist_ttft, keep, r_f):
+def _first_token(r, now, arrival, delay, out, inputs, keep, r_f):
     """Request r's first token returned at ``now``: its time to first token
-    (plus its ``delay`` outside the engine) into the histogram, its record
+    (plus its ``delay`` outside the engine) into the histogram (and its
+    class's, counted within its class's objective or not), its record
     kept.  Returns the time to first token."""
     ttft = now - arrival[r] + delay
-    hist_ttft[hist_bucket(ttft)] += 1
+    out.hist_ttft[hist_bucket(ttft)] += 1
+    if inputs.klass.shape[0] > 0:
+        c = class_of(inputs, r)
+        out.class_stats[c, CLASS.sum_ttft] += ttft
+        if ttft <= inputs.class_slo[c]:
+            out.class_stats[c, CLASS.ttft_met] += 1.0
+        out.class_hist[c, 1, hist_bucket(ttft)] += 1
     if keep:
         r_f[RQ.first_token, r] = now
     return ttft
 
 
 @subroutine
-def _return_block(npf, npd, ws, now, out, requests, config):
+def _return_block(npf, npd, ws, now, out, inputs, requests, config):
     """Multi-step scheduling: the block that ends at ``now`` returns the
     tokens it held back, the first tokens of its ``npf`` requests
     ``ws.pend_first`` and the last of its ``npd`` requests ``ws.pend_done``.
@@ -365,11 +385,11 @@ def _return_block(npf, npd, ws, now, out, requests, config):
     delay = cf[C.request_overhead]
     s_ttft = 0.0
     for k in range(npf):
-        s_ttft += _first_token(pend_first[k], now, arrival, delay, out.hist_ttft, keep, r_f)
+        s_ttft += _first_token(pend_first[k], now, arrival, delay, out, inputs, keep, r_f)
     s_lat = 0.0
     for k in range(npd):
         r = pend_done[k]
-        _done(r, now, n, gscale, arrival, group, out, keep, r_f, delay)
+        _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay)
         s_lat += now - arrival[r] + delay
     return s_ttft, s_lat
 
@@ -462,14 +482,14 @@ def _feedback(ctl, bst, tally, ema, t, size, running):
 
 
 @step
-def _end_block(full, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws, out, requests, config):
+def _end_block(full, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws, out, inputs, requests, config):
     """Multi-step scheduling (``full``): a block with nothing left to decode
     ends, and the block that ended returns the tokens it held back.  Returns
     ``(block_left, npf, npd, sum_ttft, acc)`` after."""
     if full and block_left > 0 and n_dec == 0:
         block_left = 0
     if full and block_left == 0 and npf + npd > 0:
-        d_ttft, d_lat = _return_block(npf, npd, ws, now, out, requests, config)
+        d_ttft, d_lat = _return_block(npf, npd, ws, now, out, inputs, requests, config)
         completed, sum_lat, last_done = acc
         sum_ttft += d_ttft
         acc = (completed + npd, sum_lat + d_lat, now if npd > 0 else last_done)
@@ -742,7 +762,7 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
         npd += 1
     else:
         completed, sum_lat, last_done = acc
-        _done(r, now, n, gscale, ws.arrival, ws.group, out, keep, r_f, delay)
+        _done(r, now, n, gscale, ws.arrival, ws.group, out, inputs, keep, r_f, delay)
         acc = (completed + 1, sum_lat + (now - ws.arrival[r] + delay), now)
     return slots, free, running - 1, npd, acc
 
@@ -841,7 +861,7 @@ def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttf
                 ws.pend_first[npf] = r
                 npf += 1
             else:
-                sum_ttft += _first_token(r, now, ws.arrival, delay, out.hist_ttft, keep, r_f)
+                sum_ttft += _first_token(r, now, ws.arrival, delay, out, inputs, keep, r_f)
         else:
             sum_tbt, tbt_count = tbt
             gap = now - ws.last[sl]
@@ -955,7 +975,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, waiting, system_time, ws, inputs, keep,
                                                     r_f)
         block_left, npf, npd, sum_ttft, acc = _end_block(FULL, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws,
-                                                         out, requests, config)
+                                                         out, inputs, requests, config)
         if running == 0 and waiting == 0 and nstack == 0:
             if i >= n:
                 break
@@ -1107,12 +1127,15 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
         sf = SLA.unpack(control[0])
         controller_init(ctl, sf["b_min"], sf["b_max"])
     n, M, bs, K = cfg["n"], cfg["max_num_seqs"], cfg["block_size"], cfg["bins"]
+    # (per-class statistics where the requests have classes)
+    classes = inputs.class_slo.shape[0] if inputs.klass.shape[0] > 0 else 0
     ints, floats = STATS.zeros(last_completion=-np.inf)
     out = OUTPUTS.pack(ints=ints, floats=floats, hist=np.zeros(HIST_SIZE, np.int64),
                        hist_ttft=np.zeros(HIST_SIZE, np.int64), hist_tbt=np.zeros(HIST_SIZE, np.int64),
                        group_latency=np.zeros(groups), group_count=np.zeros(groups, np.int64),
                        ts=np.zeros((2 * (ts_rows // 2), TS_WIDTH)), size_hist=np.zeros(M + 1, np.int64), ctl=ctl,
-                       bstats=np.zeros(BATCH_STATS.size))
+                       bstats=np.zeros(BATCH_STATS.size), class_stats=np.zeros((classes, len(CLASS))),
+                       class_hist=np.zeros((classes, 2, HIST_SIZE), np.int64))
     requests = REQUESTS.records(n if cfg["keep"] else 0, fill=0)
     if cfg["keep"]:
         requests[1][:] = np.nan
@@ -1163,7 +1186,8 @@ def warmup() -> None:
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))
     x = np.full(4, 3.0)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
-                         prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0))
+                         prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0),
+                         klass=np.array([0.0, 1.0, 0.0, 1.0]), class_slo=np.array([0.5, np.inf]))
     lean = (full[0].copy(), full[1].copy())
     lean[0][C.scheduler_steps] = 1
     lean[1][C_COST + PREFILL_ATTENTION] = 0.0

@@ -60,7 +60,7 @@ R = ROUTED.index
 #: an engine's inputs as the cluster writes them (the engine reads them
 #: through read-only views): each request's prompt, output, predicted output
 #: and the prompt tokens whose KV cache it brings
-Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached"), module=__name__)
+Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "klass"), module=__name__)
 
 #: arrivals between two checks of ``stop``
 _CHECK = 1024
@@ -123,9 +123,9 @@ def _advance(e, count, until, config, control, inputs, out, requests, ws, stream
 
 
 @kernel
-def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, program,
-                   new_tokens, session_end, groups, rt, eng, table, counts, where, local, routed, streams, stop,
-                   estop):
+def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
+                   program, new_tokens, session_end, groups, rt, eng, table, counts, where, local, routed, streams,
+                   stop, estop):
     """Route the ``times.size`` requests to the engines and simulate them.
     The engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``
     are the continuous kernel's, each array with a leading axis of engines
@@ -187,6 +187,8 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         feeds.output[e, k] = output[j]
         feeds.prediction[e, k] = prediction[j]
         feeds.cached[e, k] = p - prefill
+        if klass.shape[0] > 0:
+            feeds.klass[e, k] = klass[j]
         where[j] = e
         local[j] = k
         counts[e] = k + 1
@@ -217,14 +219,16 @@ def _stacked(one, engines: int, unset=()):
 
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
-        programs=None, groups: int = 1, ts_rows: int = 2) -> tuple:
+        programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None) -> tuple:
     """Simulate ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
     ``times``, lengths and predictions (``edges``: the multi-bin admission's
     inner edges), ``programs`` the calls' ``(program, new_tokens,
     session_end)`` and the program table's size (None: every request its
-    own program).  Returns each engine's ``(outputs, records, code)`` (as
+    own program); ``klass`` each request's class and ``class_slo`` each
+    class's objective on the time to first token (None: no classes).
+    Returns each engine's ``(outputs, records, code)`` (as
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
     (``ROUTED.unpack``) and the code."""
@@ -236,10 +240,13 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     cfg = _k.CONFIG.unpack(config)
     n = cfg["n"]
     config = _k.CONFIG.pack(**{**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0})
-    feeds = Feed(*(np.zeros((engines, n)) for _ in Feed._fields))
+    klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
+    class_slo = np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float)
+    feeds = Feed(*(np.zeros((engines, klass.size if f == "klass" else n)) for f in Feed._fields))
     one = _k.start(config, _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
-                                          arrival_ends=np.full(1, np.inf), **{f: np.zeros(n) for f in Feed._fields},
-                                          edges=edges),
+                                          arrival_ends=np.full(1, np.inf),
+                                          **{f: np.zeros(klass.size if f == "klass" else n) for f in Feed._fields},
+                                          edges=edges, class_slo=class_slo),
                    control=control, groups=groups, ts_rows=ts_rows, grouped=True,
                    longest=int(np.max(output)) if n else 1)
     # (every engine starts as this one; its inputs are read-only views of the feeds)
@@ -262,7 +269,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     routed = ROUTED.zeros()
     code = cluster_kernel(config_s, one.control, inputs, out_s, requests_s, ws_s, feeds,
                           np.ascontiguousarray(times, float), np.ascontiguousarray(prompt, float),
-                          np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float),
+                          np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float), klass,
                           np.ascontiguousarray(program, np.int64), np.ascontiguousarray(new_tokens, float),
                           np.ascontiguousarray(session_end, np.int8), groups, router, eng, table, counts, where,
                           local, routed, streams, stop, np.zeros_like(stop))

@@ -21,10 +21,12 @@ from .._kernels import continuous as _k
 from .._kernels import continuous_cluster as _cc
 from .._kernels import controller as _c
 from .._running import check_memory, interruptible, stop_flag
-from .._seeding import STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
+from .._seeding import (STREAM_ARRIVALS, STREAM_CLASS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str,
+                        stream, substream)
 from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
+from ..workload import Mixture
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
                      check_times, engines_backlog, finish, lengths, model_config, quantiles, resolve_n, rvs_memory,
                      settled, steady_state, times_name)
@@ -88,6 +90,12 @@ class Plan:
             return np.asarray(pol.edges, dtype=float)
         return np.asarray(self.workload._output.equal_mass_edges(pol.bins, "ContinuousBatching(edges=...)")[1:-1],
                           dtype=float)
+
+    @functools.cached_property
+    def class_slo(self) -> np.ndarray:
+        """Each request class's objective on the time to first token (s; one class without a mixture)."""
+        slo = self.workload.ttft_slo
+        return np.array(slo if isinstance(slo, tuple) else (slo,), dtype=float)
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
@@ -168,7 +176,15 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                          f"{workload.predictor_sigma:g} and {predictor}")
     if workload.predictor_sigma != 0:
         predictor = LogNormalError(workload.predictor_sigma)
-    specs = [("workload.prompt", workload._prompt), ("workload.output", workload._output)]
+    if isinstance(workload, Mixture):
+        if cluster is not None and cluster.policy.programs is not None:
+            raise TypeError("workload: a Workload.mixture's requests are independent; a Cluster's programs draw "
+                            "their calls from one Workload (give programs=None, or a Workload)")
+        if policy.admission == "multibin" and policy.bins > 1 and policy.edges is None:
+            raise ValueError("edges: multi-bin admission takes its bins' edges from the output lengths' "
+                             "distribution, which a Workload.mixture does not have in closed form; give "
+                             "ContinuousBatching(edges=...)")
+    specs = workload.length_specs()
     n = resolve_n(n, arrivals, specs, predictor)
     M = policy.max_num_seqs
     # (a cluster's engines each have room for every request, but the pages of a request's entries are touched
@@ -201,7 +217,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         parts.setdefault("engines", engines)
     parts.update(rvs_memory(specs, n))
     memory = check_memory(parts)
-    check_times(arrivals, n, model.one_request(workload._prompt.mean, workload._output.mean), times_name(model))
+    check_times(arrivals, n, model.one_request(workload.mean("prompt"), workload.mean("output")), times_name(model))
     return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, predictor=predictor, n=n,
                 keep_requests=bool(keep_requests), memory=memory, servers=int(servers), prefilled=bool(prefilled),
                 cluster=cluster, kv_name=kv_name)
@@ -210,11 +226,14 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
 def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) -> tuple:
     """The requests' prompts and outputs (whole tokens: the prompt and output
     streams, as the token-level policies' requests, unless given: a
-    cluster's programs' calls) and predicted outputs, checked against the
-    engine: a request that could never run is refused, named, before the
-    run."""
+    cluster's programs' calls), predicted outputs and classes (None without
+    a mixture), checked against the engine: a request that could never run
+    is refused, named, before the run."""
     wl, n, pol = plan.workload, plan.n, plan.policy
-    if prompt is None:
+    klass = None
+    if isinstance(wl, Mixture):
+        klass, prompt, output = _mixed(wl, ss, n)
+    elif prompt is None:
         prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True)
         output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
     prediction = plan.predictor.predict(output, lambda: stream(ss, STREAM_PREDICTION))
@@ -241,7 +260,27 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) 
                              f"(and, where preemption may recompute it, its generated tokens) is prefilled in one "
                              f"iteration; request {r} needs {longest[r]:g} tokens ({too_big.size} requests do); "
                              "raise max_batched_tokens or turn chunked_prefill on")
-    return prompt, output, prediction
+    return prompt, output, prediction, klass
+
+
+def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int) -> tuple:
+    """A mixture's requests: each one's class (the class stream: the same
+    for every policy), then each class's prompts and outputs, in request
+    order, from the class's own part of the prompt and output streams.
+    Returns ``(klass, prompt, output)``, the classes as floats (as the
+    kernel's inputs)."""
+    klass = stream(ss, STREAM_CLASS).choice(len(wl.parts), size=n, p=np.asarray(wl.shares))
+    prompt, output = np.empty(n), np.empty(n)
+    for c, part in enumerate(wl.parts):
+        mine = np.flatnonzero(klass == c)
+        prompt[mine] = lengths(part._prompt, substream(ss, STREAM_PROMPT, c), mine.size, True)
+        output[mine] = lengths(part._output, substream(ss, STREAM_SERVICE, c), mine.size, True)
+    return klass.astype(float), prompt, output
+
+
+def _classes(klass) -> np.ndarray:
+    """The kernel's per-request classes (empty: none)."""
+    return np.empty(0) if klass is None else klass
 
 
 def _arrival_times(plan: Plan, gen) -> np.ndarray:
@@ -255,7 +294,8 @@ def _arrival_times(plan: Plan, gen) -> np.ndarray:
     return times
 
 
-def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, progress: bool, seconds: list):
+def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, klass, progress: bool,
+             seconds: list):
     """Run the engines: one kernel run per engine, request r going to engine
     ``r % servers`` (round robin, at arrival; more engines than requests:
     the others idle).  Yields each engine's ``(outputs, records, code)`` as
@@ -278,7 +318,8 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
 
     if c == 1:
         inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
-                                cached=prompt if plan.prefilled else np.empty(0))
+                                cached=prompt if plan.prefilled else np.empty(0), klass=_classes(klass),
+                                class_slo=plan.class_slo)
         yield timed(lambda: _k.run(config, inputs, streams, stop, **kw), n)
         return
     # the arrival times one engine would draw for all n, dealt out; each engine replays its share
@@ -291,7 +332,9 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
         inputs = _k.INPUTS.pack(arrival_times=times[part].copy(), arrival_params=np.zeros(1),
                                 arrival_ends=arr["arrival_ends"], prompt=prompt[part].copy(),
                                 output=output[part].copy(), prediction=prediction[part].copy(),
-                                edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0))
+                                edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0),
+                                klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
+                                class_slo=plan.class_slo)
         yield timed(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), m)
 
 
@@ -311,7 +354,7 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     arrivals = stream(ss, STREAM_ARRIVALS)
     times, prompt, output, programs = plan.cluster.calls(plan, SimpleNamespace(
         arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
-    prompt, output, prediction = _requests(plan, ss, prompt, output)
+    prompt, output, prediction, klass = _requests(plan, ss, prompt, output)
     if times is None:
         times = _arrival_times(plan, arrivals)
     config, _ = plan.kernel_args
@@ -320,14 +363,15 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     runs, where, local, routed, _ = interruptible(
         lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
                         _k.ContinuousStreams(arrivals), stop, control=plan.control, programs=programs,
-                        groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS), stop, plan.n if progress else None)
+                        groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, klass=klass, class_slo=plan.class_slo),
+        stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)
     columns = {"engine": where}
     if programs is not None:
         (program, new_tokens, _), _ = programs
         columns.update(program=program, new_tokens=new_tokens)
-    return (prompt, output, prediction), runs, (where, local), routed, columns, kernel_seconds
+    return (prompt, output, prediction, klass), runs, (where, local), routed, columns, kernel_seconds
 
 
 def _busy_engines(plan: Plan) -> int:
@@ -349,7 +393,7 @@ _FIRST, _LAST = ("first_arrival",), ("last_completion", "max_running")
 
 
 #: the engines' outputs summed
-_SUMMED = ("hist", "hist_ttft", "hist_tbt", "group_latency", "group_count", "size_hist")
+_SUMMED = ("hist", "hist_ttft", "hist_tbt", "group_latency", "group_count", "size_hist", "class_stats", "class_hist")
 
 
 def _merged(plan: Plan, runs, placed=None) -> tuple:
@@ -414,6 +458,30 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     return st, merged, req, ts, queue
 
 
+def _class_metrics(workload, out) -> dict | None:
+    """Each class's metrics (a mixture's; None for one workload): its share,
+    requests completed, mean and 99th percentile of the latency and of the
+    time to first token (histogram quantiles), its objective on the time to
+    first token and the share of its requests whose first token came within
+    it (the attainment)."""
+    if not isinstance(workload, Mixture):
+        return None
+    S = _k.CLASS
+    table = {}
+    for c, name in enumerate(workload.names):
+        st = out.class_stats[c]
+        done = st[S.completed]
+        q_lat, q_ttft = quantiles(out.class_hist[c, 0], None), quantiles(out.class_hist[c, 1], None)
+        nan = math.nan
+        table[name] = {
+            "share": workload.shares[c], "completed": int(done),
+            "mean_latency": float(st[S.sum_latency] / done) if done else nan, "latency_p99": float(q_lat[2]),
+            "mean_ttft": float(st[S.sum_ttft] / done) if done else nan, "ttft_p99": float(q_ttft[2]),
+            "ttft_slo": workload.parts[c].ttft_slo,
+            "ttft_attainment": float(st[S.ttft_met] / done) if done else nan}
+    return table
+
+
 def _cost_fields(model, policy) -> dict:
     """The kernel's iteration-cost fields: the model's, the engine's
     ``iteration_overhead`` paid in every iteration's fixed time (``step +
@@ -427,13 +495,17 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
     placed = routed = None
     columns = {}
     if plan.cluster is None:
-        prompt, output, prediction = _requests(plan, ss)
+        prompt, output, prediction, klass = _requests(plan, ss)
         seconds = []
-        st, out, req, ts, queue = _merged(plan, _engines(plan, ss, prompt, output, prediction, progress, seconds))
+        st, out, req, ts, queue = _merged(plan, _engines(plan, ss, prompt, output, prediction, klass, progress,
+                                                         seconds))
         kernel_seconds = sum(seconds)
     else:
-        (prompt, output, prediction), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss, progress)
+        (prompt, output, prediction, klass), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss,
+                                                                                                     progress)
         st, out, req, ts, queue = _merged(plan, runs, placed)
+    if klass is not None:
+        columns = {**columns, "request_class": klass.astype(np.int64)}
     completed, iters = st["completed"], st["iterations"]
     nan = math.nan
     span = st["last_completion"] - st["first_arrival"] if completed else nan
@@ -507,5 +579,5 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
                 "group_mean_latency": g_lat, "batch_size_hist": out.size_hist, **arrays},
         requests=requests, time_series=ts, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else HISTOGRAM_QUANTILES,
-        kernel_seconds=kernel_seconds)
+        kernel_seconds=kernel_seconds, classes=_class_metrics(plan.workload, out))
     return finish(res, warn, stacklevel=5)
