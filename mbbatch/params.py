@@ -270,7 +270,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("block_size", "count", "tokens", "tokens per KV block (paged memory)",
        Domain(1, MAX_BLOCK_SIZE, lo_closed=True, hi_closed=True), default=16),
     _p("admission", "choice", "", "the order waiting requests are admitted in: first come first served, shortest "
-       "predicted output first, or multi-bin (bins by predicted output, served round robin)", default="fcfs",
+       "predicted output first, multi-bin (bins by predicted output, served round robin), earliest deadline first "
+       "(the class's objective on the time to first token after arrival) or fair sharing across classes by "
+       "virtual token counters", default="fcfs",
        choices=tuple(_ORDERS)),
     _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
        default=4),

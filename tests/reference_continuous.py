@@ -11,6 +11,9 @@ import numpy as np
 
 from mbbatch._kernels.controller import b_mem_core, b_sla_core, feedback_core
 
+#: fair sharing's weights of a prompt token and a generated token (Sheng et al., 2024's evaluation)
+INPUT_WEIGHT, OUTPUT_WEIGHT = 1.0, 2.0
+
 
 def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens,
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
@@ -57,7 +60,16 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
 
     ``admission="edf"`` (earliest deadline first): the waiting request of
     least deadline, its arrival plus ``class_slo`` of its class ``klass``
-    (ties in arrival order)."""
+    (ties in arrival order).
+
+    ``admission="vtc"`` (fair sharing by virtual token counters, Sheng et
+    al., 2024, Algorithm 2): a counter per client (class ``klass``),
+    charged ``INPUT_WEIGHT`` per prompt token at a first admission and
+    ``OUTPUT_WEIGHT`` per token as each is generated; the earliest waiting
+    request of the client of least counter (ties: the lower client); a
+    client arriving with none waiting lifted to the least counter of the
+    clients waiting (none: to the counter of the client admitted last).
+    The counters are kept token by token, not as the kernel keeps them."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -80,6 +92,9 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     if admission == "multibin":
         bins = [[] for _ in range(len(edges) + 1)]
     rr = [0]
+    counter = [0.0] * (len(class_slo) if class_slo is not None else 1)
+    clients = [[] for _ in counter]
+    last_client = [None]
     tbt = []
     i = 0
     now = 0.0
@@ -105,6 +120,15 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         while i < n and arrival[i] <= t:
             if admission == "multibin":
                 bins[bin_of(i)].append(i)
+            elif admission == "vtc":
+                u = klass[i]
+                if not clients[u]:
+                    backlogged = [counter[v] for v in range(len(clients)) if clients[v]]
+                    if backlogged:
+                        counter[u] = max(counter[u], min(backlogged))
+                    elif last_client[0] is not None:
+                        counter[u] = max(counter[u], counter[last_client[0]])
+                clients[u].append(i)
             else:
                 waiting.append(i)
             i += 1
@@ -116,6 +140,9 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             return waiting[0] if waiting else -1
         if admission == "edf":
             return min(waiting, key=lambda r: (arrival[r] + class_slo[klass[r]], r)) if waiting else -1
+        if admission == "vtc":
+            backlogged = [v for v in range(len(clients)) if clients[v]]
+            return clients[min(backlogged, key=lambda v: (counter[v], v))][0] if backlogged else -1
         if admission == "spf":
             if not waiting:
                 return -1
@@ -132,6 +159,13 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     def take(r):
         if resume and resume[-1] == r:
             resume.pop()
+            return
+        if admission == "vtc":
+            u = klass[r]
+            assert clients[u][0] == r
+            clients[u].pop(0)
+            counter[u] += INPUT_WEIGHT * prompt[r]
+            last_client[0] = u
             return
         if admission == "multibin":
             K = len(bins)
@@ -273,6 +307,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             g[r] += 1
             tbt.append(now - last_tok[r])
             last_tok[r] = now
+            if admission == "vtc":
+                counter[klass[r]] += OUTPUT_WEIGHT
         for r, c in prefill.items():
             pre[r] += c
             if pre[r] == need[r]:
@@ -285,6 +321,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                     tbt.append(now - last_tok[r])
                 g[r] += 1
                 last_tok[r] = now
+                if admission == "vtc":
+                    counter[klass[r]] += OUTPUT_WEIGHT
         finished = [r for r in running if pre[r] == need[r] and g[r] >= output[r]]
         for r in finished:
             running.remove(r)

@@ -58,7 +58,8 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
                          max_batched_tokens=max_batched_tokens, chunked=int(chunked), blocks=blocks,
-                         block_size=block_size, admission=ck.ADMISSIONS[admission], bins=len(edges) + 1, keep=1,
+                         block_size=block_size, admission=ck.ADMISSIONS[admission],
+                         bins=len(class_slo) if admission == "vtc" else len(edges) + 1, keep=1,
                          controlled=int(controller is not None),
                          memory_on=int(controller is not None and controller.get("memory") is not None),
                          rate=0.0, until=np.inf, **_fields(coef))
@@ -110,13 +111,14 @@ def _aged(rng, arr, kw):
 
 
 def _classed(rng, kw):
-    """Earliest deadline first on half the configurations admitting first
-    come first served: each request of one of three classes, two with an
-    objective on the time to first token (drawn), one without."""
+    """Earliest deadline first or fair sharing (alike) on half the
+    configurations admitting first come first served: each request of one
+    of three classes, two with an objective on the time to first token
+    (drawn), one without."""
     if kw["admission"] != "fcfs" or rng.random() < 0.5:
         return kw
     slo = np.array([rng.choice([0.01, 0.1, 1.0]), rng.choice([0.05, 0.5, 5.0]), np.inf])
-    return {**kw, "admission": "edf", "class_slo": slo}
+    return {**kw, "admission": str(rng.choice(["edf", "vtc"])), "class_slo": slo}
 
 
 def _same_classes(out, want, arr, klass, slo):
@@ -161,21 +163,21 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
     their histogram and (summed in another order) their sum.  A third of
     the configurations time a mixture of experts' iterations; half of those
     admitting shortest predicted first age it (:func:`_aged`), and half of
-    those admitting first come first served admit earliest deadline first,
-    their requests in three classes (:func:`_classed`), whose statistics
-    are checked too."""
+    those admitting first come first served admit earliest deadline first
+    or by fair sharing, their requests in three classes (:func:`_classed`),
+    whose statistics are checked too."""
     rng = np.random.default_rng(seed)
     seen_preemptions = 0
     for k in range(40):
         (arr, p, o, pred), kw = _config(rng, moe=k % 3 == 0)
         arr, kw = _aged(rng, arr, kw)
         kw = _classed(rng, kw)
-        if kw["admission"] == "edf":
+        if "class_slo" in kw:
             kw["klass"] = rng.integers(0, 3, len(arr))
         want = ref.simulate(arr, p, o, pred, **kw)
         out, req, code = _kernel(arr, p, o, pred, **kw)
         st = _same_run(out, req, code, want, kw)
-        if kw["admission"] == "edf":
+        if "class_slo" in kw:
             _same_classes(out, want, arr, kw["klass"], kw["class_slo"])
         assert st["tbt_count"] == want["tbt"].size == int((o - 1).sum())
         hist = np.zeros_like(out.hist_tbt)
@@ -403,11 +405,12 @@ def test_warmup_leaves_it_to_its_first_run():
 
 @pytest.mark.parametrize("seed", range(2))
 def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
-    """Without multi-step scheduling or the prefill's attention, the kernel
-    compiled without them (the lean variant, which such runs use) gives
-    every record, statistic, histogram and time-series row of the full
-    kernel, bit for bit, over 30 random configurations (a controller in a
-    third); a run with either feature selects the full kernel."""
+    """Without multi-step scheduling, the prefill's attention, request
+    classes or fair sharing, the kernel compiled without them (the lean
+    variant, which such runs use) gives every record, statistic, histogram
+    and time-series row of the full kernel, bit for bit, over 30 random
+    configurations (a controller in a third); a run with any of them
+    selects the full kernel."""
     rng = np.random.default_rng(900 + seed)
     for k in range(30):
         (arr, p, o, pred), kw = _config(rng, moe=k % 4 == 0)
@@ -420,11 +423,11 @@ def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
                              controlled=int(controller is not None),
                              memory_on=int(controller is not None and controller.get("memory") is not None),
                              rate=0.0, until=np.inf, **_fields(coef))
-        assert not ck.uses_full(cfg)
         inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                                 arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                                 prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
                                 cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf))
+        assert not ck.uses_full(cfg, inputs)
         runs = []
         for fn in (ck.lean_kernel, ck.continuous_kernel):
             eng = ck.start(cfg, inputs, control=_control(controller), groups=4, ts_rows=64)
@@ -441,7 +444,10 @@ def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
         np.testing.assert_array_equal(lean.ws.state_f, full.ws.state_f)
     steps = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "scheduler_steps": 2})
     attention = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "cost_prefill_attention": 1e-9})
-    assert ck.uses_full(steps) and ck.uses_full(attention)
+    vtc = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "admission": ck.ADMISSIONS["vtc"]})
+    classed = inputs._replace(klass=np.zeros(len(arr)))
+    assert ck.uses_full(steps, inputs) and ck.uses_full(attention, inputs) and ck.uses_full(vtc, inputs)
+    assert ck.uses_full(cfg, classed)
 
 
 @pytest.mark.parametrize("seed", range(2))

@@ -576,3 +576,21 @@ def test_a_mixture_runs_on_several_engines_and_a_clusters():
 def test_a_mixture_is_refused_where_it_cannot_run(policy, exc, match):
     with pytest.raises(exc, match=match):
         mb.simulate(policy, arrivals=mb.Poisson(1.0), workload=MIX, service_model=MEASURED, n=100, seed=1)
+
+
+def test_fair_sharing_serves_a_light_client_ahead_of_a_heavy_ones_backlog():
+    """Two clients of the same lengths, one sending three times the other's
+    requests, on an engine loaded past its capacity: first come first
+    served gives both the same wait; fair sharing (virtual token counters)
+    serves the light client as if alone, the heavy one's backlog waiting."""
+    wl = mb.Workload(prompt=st.uniform(64, 192), output=st.expon(scale=128))
+    mix = mb.Workload.mixture({"heavy": (3, wl), "light": (1, wl)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", mb.UnstableWarning)
+        runs = {a: mb.simulate(mb.ContinuousBatching(max_num_seqs=8, admission=a), arrivals=mb.Poisson(12.0),
+                               workload=mix, service_model=MEASURED, n=3000, seed=4).classes
+                for a in ("fcfs", "vtc")}
+    fcfs, vtc = runs["fcfs"], runs["vtc"]
+    assert 0.8 < fcfs["light"]["mean_ttft"] / fcfs["heavy"]["mean_ttft"] < 1.25
+    assert vtc["light"]["mean_ttft"] < 0.2 * vtc["heavy"]["mean_ttft"]
+    assert vtc["light"]["mean_ttft"] < 0.2 * fcfs["light"]["mean_ttft"]

@@ -3,19 +3,26 @@ are admitted in, each declared once in :data:`ORDERS`.
 
 An order keeps the waiting requests (not the preempted ones: the engine
 resumes those first, the last preempted first) in the workspace's arrays and
-three scalars, its queue ``q = (front, size, rr)``, and is three steps:
+three scalars, its queue ``q = (front, size, rr)``, and is four steps
+(``rounds``: the engine's decode rounds so far; ``par``: the orders'
+parameters, ``(aging,)`` in tokens/s):
 
-- ``join(q, i, par, ws, inputs) -> q``: request ``i`` arrived;
-- ``head(q, ws) -> (r, b)``: the request it admits next and its bin (-1:
-  none), called only while a request waits;
-- ``admit(q, r, b, ws) -> q``: that request admitted.
+- ``join(q, i, par, ws, inputs, rounds) -> q``: request ``i`` arrived;
+- ``head(q, par, ws, inputs, rounds) -> (r, b)``: the request it admits
+  next and its bin or client (-1: none), called only while a request waits;
+- ``admit(q, r, b, par, ws, inputs) -> q``: that request admitted;
+- ``served(kind, r, rounds, par, ws, inputs)``: request r's tokens as the
+  engine serves them (:data:`JOINED`: it joins the decodes, which give it a
+  token every round from the next; :data:`LEFT`: it leaves them, at
+  ``rounds``; :data:`TOKEN`: a token outside the rounds, as a prefill
+  completes); most orders ignore it.
 
-``par`` holds the orders' parameters (``(aging,)``, tokens/s).  The engine
-calls :func:`join`, :func:`head` and :func:`admit`, which pick the order of
-a run's code (its place in :data:`ORDERS`): a new order is its three steps
-and a line of :data:`ORDERS`, and, where it keeps a per-request array, that
-array's name in its ``arrays``, which :func:`mbbatch._kernels.continuous.start`
-sizes to the run's requests (the others get one element).
+The engine calls :func:`join`, :func:`head`, :func:`admit` and
+:func:`served` (each with the kernel variant's ``full``), which pick the
+order of a run's code (its place in :data:`ORDERS`): a new order is its steps and a line of :data:`ORDERS`, and,
+where it keeps a per-request array, that array's name in its ``arrays``,
+which :func:`mbbatch._kernels.continuous.start` sizes to the run's requests
+(the others get one element).
 
 The orders:
 
@@ -27,16 +34,31 @@ The orders:
   every waiting request's priority falls at the same rate, so the order is
   that of ``prediction + aging x arrival``, a key fixed at arrival (a heap
   of ``size``);
+- ``multibin``: multi-bin admission (Guldogan et al., 2024, "Multi-bin
+  batching for increasing LLM inference throughput", arXiv:2412.04504):
+  a first-come-first-served queue per bin of predicted output between
+  ``edges``, the bins served round robin from ``rr``;
 - ``edf``, earliest deadline first: a request's deadline is its arrival
   plus its class's objective on the time to first token (``class_slo``;
   ties, and every request of a class without one, in arrival order), a key
   fixed at arrival (a heap of ``size``).  The deadline is the first
   token's, as in SLO-aware LLM schedulers that order prefills by their
   TTFT deadlines; a request is not dropped when it misses it;
-- ``multibin``: multi-bin admission (Guldogan et al., 2024, "Multi-bin
-  batching for increasing LLM inference throughput", arXiv:2412.04504):
-  a first-come-first-served queue per bin of predicted output between
-  ``edges``, the bins served round robin from ``rr``.
+- ``vtc``, fair sharing by virtual token counters (Sheng et al., 2024,
+  "Fairness in serving large language models", OSDI, arXiv:2401.00588,
+  Algorithm 2): each request's class is its client; a client's counter
+  grows by :data:`INPUT_WEIGHT` per prompt token as its request is admitted
+  and by :data:`OUTPUT_WEIGHT` per token the engine generates for it; the
+  engine admits the earliest waiting request of the client with the least
+  counter (ties: the lower class); a client arriving with nothing waiting
+  has its counter lifted to the least counter of the clients with requests
+  waiting (none waiting: to that of the client admitted last), so that idle
+  time earns no credit.  Choices the paper leaves open: a preempted
+  request's recomputed prompt is not charged again (its client asked for it
+  once), and the counters count tokens as generated, not as returned.
+  Counters are O(1) per event: ``vtc[u] + OUTPUT_WEIGHT x decoding[u] x
+  rounds``, each of u's decoding sequences having subtracted its joining
+  round.
 
 Pure numba steps, inlined into the engine's loop (:data:`~.common.step`).
 """
@@ -51,31 +73,41 @@ from .common import step
 from .programs import _heap_pop, _heap_push
 
 #: an admission order: its steps and the workspace arrays it keeps per request
-Order = namedtuple("Order", ("join", "head", "admit", "arrays"))
+Order = namedtuple("Order", ("join", "head", "admit", "served", "arrays"))
+#: :func:`served`'s kinds
+JOINED, LEFT, TOKEN = 0, 1, 2
+#: fair sharing's weights of a prompt token and of a generated token (the paper's evaluation's 1 and 2)
+INPUT_WEIGHT, OUTPUT_WEIGHT = 1.0, 2.0
+
+
+@step
+def _ignored(kind, r, rounds, par, ws, inputs):
+    """(an order the tokens served do not move)"""
+    return 0
 
 
 # first come first served -----------------------------------------------------------------------------------------
 
 @step
-def _fcfs_join(q, i, par, ws, inputs):
+def _fcfs_join(q, i, par, ws, inputs, rounds):
     """(the arrived requests are the queue: ``front`` .. the last arrived)"""
     return q
 
 
 @step
-def _fcfs_head(q, ws):
+def _fcfs_head(q, par, ws, inputs, rounds):
     return q[0], -1
 
 
 @step
-def _fcfs_admit(q, r, b, ws):
+def _fcfs_admit(q, r, b, par, ws, inputs):
     return q[0] + 1, q[1], q[2]
 
 
 # shortest predicted output first, with aging ---------------------------------------------------------------------
 
 @step
-def _spf_join(q, i, par, ws, inputs):
+def _spf_join(q, i, par, ws, inputs, rounds):
     """(with aging, the priority prediction - aging x (now - arrival) orders the waiting as prediction + aging x
     arrival does: every one's falls at the same rate)"""
     size = _heap_push(ws.sk, ws.sid, q[1], inputs.prediction[i] + par[0] * ws.arrival[i], i)
@@ -83,53 +115,56 @@ def _spf_join(q, i, par, ws, inputs):
 
 
 @step
-def _heap_head(q, ws):
+def _heap_head(q, par, ws, inputs, rounds):
     """(an order keeping its waiting in the heap: its top)"""
     return ws.sid[0], -1
 
 
 @step
-def _heap_admit(q, r, b, ws):
+def _heap_admit(q, r, b, par, ws, inputs):
     _, _, size = _heap_pop(ws.sk, ws.sid, q[1])
     return q[0], size, q[2]
 
 
-# earliest deadline first ---------------------------------------------------------------------------------------
+# queues per bin or per client ------------------------------------------------------------------------------------
 
 @step
-def class_of(inputs, r):
-    """Request r's class (0 where the requests have none)."""
-    return np.int64(inputs.klass[r]) if inputs.klass.shape[0] > 0 else np.int64(0)
-
-
-@step
-def _edf_join(q, i, par, ws, inputs):
-    """(its deadline: its arrival plus its class's objective on the time to first token)"""
-    size = _heap_push(ws.sk, ws.sid, q[1], ws.arrival[i] + inputs.class_slo[class_of(inputs, i)], i)
-    return q[0], size, q[2]
-
-
-# multi-bin: a queue per bin of predicted output, round robin ---------------------------------------------------
-
-@step
-def _multibin_join(q, i, par, ws, inputs):
-    """Into the bin of its prediction (an edge's value goes to the upper bin), at that bin's tail."""
-    edges, bh, bt, qnext = inputs.edges, ws.bh, ws.bt, ws.qnext
-    K = bh.shape[0]
-    b = 0
-    while b < K - 1 and inputs.prediction[i] >= edges[b]:
-        b += 1
+def _enqueue(i, b, ws):
+    """Request i at the tail of queue b (``ws.bh``, ``ws.bt``, ``ws.qnext``)."""
+    qnext, bh, bt = ws.qnext, ws.bh, ws.bt
     qnext[i] = -1
     if bt[b] >= 0:
         qnext[bt[b]] = i
     else:
         bh[b] = i
     bt[b] = i
+
+
+@step
+def _dequeue(r, b, ws):
+    """The head r of queue b out of it."""
+    bh = ws.bh
+    bh[b] = ws.qnext[r]
+    if bh[b] < 0:
+        ws.bt[b] = -1
+
+
+# multi-bin: a queue per bin of predicted output, round robin ---------------------------------------------------
+
+@step
+def _multibin_join(q, i, par, ws, inputs, rounds):
+    """Into the bin of its prediction (an edge's value goes to the upper bin), at that bin's tail."""
+    edges = inputs.edges
+    K = ws.bh.shape[0]
+    b = 0
+    while b < K - 1 and inputs.prediction[i] >= edges[b]:
+        b += 1
+    _enqueue(i, b, ws)
     return q
 
 
 @step
-def _multibin_head(q, ws):
+def _multibin_head(q, par, ws, inputs, rounds):
     """The head of the first bin holding one from the round-robin pointer on."""
     bh = ws.bh
     K = bh.shape[0]
@@ -144,77 +179,152 @@ def _multibin_head(q, ws):
 
 
 @step
-def _multibin_admit(q, r, b, ws):
+def _multibin_admit(q, r, b, par, ws, inputs):
     """Out of its bin (the head of bin b), the round robin past it."""
-    bh, bt = ws.bh, ws.bt
-    bh[b] = ws.qnext[r]
-    if bh[b] < 0:
-        bt[b] = -1
-    return q[0], q[1], b + 1 if b + 1 < bh.shape[0] else 0
+    _dequeue(r, b, ws)
+    return q[0], q[1], b + 1 if b + 1 < ws.bh.shape[0] else 0
+
+
+# earliest deadline first ---------------------------------------------------------------------------------------
+
+@step
+def class_of(inputs, r):
+    """Request r's class (0 where the requests have none)."""
+    return np.int64(inputs.klass[r]) if inputs.klass.shape[0] > 0 else np.int64(0)
+
+
+@step
+def _edf_join(q, i, par, ws, inputs, rounds):
+    """(its deadline: its arrival plus its class's objective on the time to first token)"""
+    size = _heap_push(ws.sk, ws.sid, q[1], ws.arrival[i] + inputs.class_slo[class_of(inputs, i)], i)
+    return q[0], size, q[2]
+
+
+# fair sharing: virtual token counters ----------------------------------------------------------------------------
+
+@step
+def _counter(u, rounds, ws):
+    """Client u's virtual token counter after ``rounds`` decode rounds."""
+    return ws.vtc[u] + OUTPUT_WEIGHT * ws.vtc_decoding[u] * rounds
+
+
+@step
+def _vtc_join(q, i, par, ws, inputs, rounds):
+    """Into its client's queue; a client with nothing waiting first has its
+    counter lifted to the least of the waiting clients' (none waiting: to
+    that of the client admitted last, ``q[2]``)."""
+    u = class_of(inputs, i)
+    bh = ws.bh
+    if bh[u] < 0:
+        least = np.inf
+        for v in range(bh.shape[0]):
+            if bh[v] >= 0:
+                c = _counter(v, rounds, ws)
+                if c < least:
+                    least = c
+        if least == np.inf and q[2] >= 0:
+            least = _counter(q[2], rounds, ws)
+        if least != np.inf and least > _counter(u, rounds, ws):
+            ws.vtc[u] = least - OUTPUT_WEIGHT * ws.vtc_decoding[u] * rounds
+    _enqueue(i, u, ws)
+    return q
+
+
+@step
+def _vtc_head(q, par, ws, inputs, rounds):
+    """The earliest waiting request of the client of least counter (ties: the lower)."""
+    bh = ws.bh
+    best, least = -1, np.inf
+    for v in range(bh.shape[0]):
+        if bh[v] >= 0:
+            c = _counter(v, rounds, ws)
+            if c < least:
+                best, least = v, c
+    return (bh[best], best) if best >= 0 else (-1, -1)
+
+
+@step
+def _vtc_admit(q, r, b, par, ws, inputs):
+    """Out of its client's queue, its prompt charged to the client, the client the last admitted."""
+    _dequeue(r, b, ws)
+    ws.vtc[b] += INPUT_WEIGHT * inputs.prompt[r]
+    return q[0], q[1], b
+
+
+@step
+def _vtc_served(kind, r, rounds, par, ws, inputs):
+    """A decoding sequence's tokens accrue as ``OUTPUT_WEIGHT x (rounds -
+    joined)``: joining subtracts its round and counts it decoding, leaving
+    adds the round it leaves at; a token outside the rounds is charged at
+    once."""
+    u = class_of(inputs, r)
+    if kind == JOINED:
+        ws.vtc[u] -= OUTPUT_WEIGHT * rounds
+        ws.vtc_decoding[u] += 1
+    elif kind == LEFT:
+        ws.vtc[u] += OUTPUT_WEIGHT * rounds
+        ws.vtc_decoding[u] -= 1
+    else:
+        ws.vtc[u] += OUTPUT_WEIGHT
+    return 0
 
 
 #: the orders, by name (the parameter table's ``admission`` choices); a run's code is an order's place here
 ORDERS: dict = {
-    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, ()),
-    "spf": Order(_spf_join, _heap_head, _heap_admit, ("sk", "sid")),
-    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, ("qnext",)),
-    "edf": Order(_edf_join, _heap_head, _heap_admit, ("sk", "sid")),
+    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, ()),
+    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid")),
+    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _ignored, ("qnext",)),
+    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid")),
+    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, ("qnext",)),
 }
+#: per order (by code), whether it counts the tokens served (a ``served`` step: the full kernel runs it)
+TRACKS = tuple(o.served is not _ignored for o in ORDERS.values())
 #: an order's code, by name
 CODES: dict = {name: code for code, name in enumerate(ORDERS)}
 
 
-def _dispatch(steps, args: str):
-    """A step calling ``steps[adm]`` on ``args``: a chain of comparisons
-    on the code, inlined like the steps it calls (the loop pays a
-    well-predicted branch per call, as it did when the orders were written
-    into it)."""
+def _dispatch(name: str):
+    """A step calling order ``adm``'s step ``name`` for ``(adm, full,
+    *args)``: a chain of comparisons on the code, inlined like the steps it
+    calls (the loop pays a well-predicted branch per call, as it did when
+    the orders were written into it).  The orders that count the tokens
+    served (:data:`TRACKS`) are in the chain only where ``full`` (a
+    compile-time constant of the kernel's variant): the lean kernel, which
+    never runs them, carries none of their code."""
     # (numba compiles a closure's free variables as constants: each link is a step of its own, calling its order's
-    # step or the next link)
-    chain = None
+    # step or the next link; the chain's end, reached by no valid code, is the first order's)
+    steps = [getattr(o, name) for o in ORDERS.values()]
+    chain = _end(steps[0], name)
     for code in reversed(range(len(steps))):
-        chain = _link(code, steps[code], chain, args)
+        chain = _link(code, steps[code], chain, name, TRACKS[code])
     return chain
 
 
-def _link(code, fn, rest, args):
-    if args == "join":
-        if rest is None:
-            def link(adm, q, i, par, ws, inputs):
-                return fn(q, i, par, ws, inputs)
-        else:
-            def link(adm, q, i, par, ws, inputs):
-                if adm == code:
-                    return fn(q, i, par, ws, inputs)
-                return rest(adm, q, i, par, ws, inputs)
-    elif args == "head":
-        if rest is None:
-            def link(adm, q, ws):
-                return fn(q, ws)
-        else:
-            def link(adm, q, ws):
-                if adm == code:
-                    return fn(q, ws)
-                return rest(adm, q, ws)
-    else:
-        if rest is None:
-            def link(adm, q, r, b, ws):
-                return fn(q, r, b, ws)
-        else:
-            def link(adm, q, r, b, ws):
-                if adm == code:
-                    return fn(q, r, b, ws)
-                return rest(adm, q, r, b, ws)
-    link.__qualname__ = f"admission_{args}_{code}"
+def _end(fn, name):
+    def end(adm, full, *args):
+        return fn(*args)
+    end.__qualname__ = f"admission_{name}_end"
+    return step(end)
+
+
+def _link(code, fn, rest, name, tracks):
+    def link(adm, full, *args):
+        if (full or not tracks) and adm == code:
+            return fn(*args)
+        return rest(adm, full, *args)
+    link.__qualname__ = f"admission_{name}_{code}"
     return step(link)
 
 
-#: ``join(adm, q, i, par, ws, inputs)``: request i arrived, into order ``adm``'s queue
-join = _dispatch([o.join for o in ORDERS.values()], "join")
-#: ``head(adm, q, ws) -> (r, b)``: the request order ``adm`` admits next and its bin
-head = _dispatch([o.head for o in ORDERS.values()], "head")
-#: ``admit(adm, q, r, b, ws) -> q``: the head ``r`` (of bin ``b``) admitted
-admit = _dispatch([o.admit for o in ORDERS.values()], "admit")
+#: ``join(adm, full, q, i, par, ws, inputs, rounds) -> q``: request i arrived, into order ``adm``'s queue
+join = _dispatch("join")
+#: ``head(adm, full, q, par, ws, inputs, rounds) -> (r, b)``: the request order ``adm`` admits next and its bin
+head = _dispatch("head")
+#: ``admit(adm, full, q, r, b, par, ws, inputs) -> q``: the head ``r`` (of bin ``b``) admitted
+admit = _dispatch("admit")
+#: ``served(adm, full, kind, r, rounds, par, ws, inputs)``: request r's tokens served (:data:`JOINED`,
+#: :data:`LEFT`, :data:`TOKEN`)
+served = _dispatch("served")
 
 
 def arrays(code: int) -> tuple:

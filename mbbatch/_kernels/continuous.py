@@ -75,11 +75,13 @@ sequence leaves its list at once).
 
 The kernel is compiled twice from this one code (:func:`~.common.variant`):
 :func:`continuous_kernel` has every feature, and :data:`lean_kernel`, with
-:data:`FULL` off, has neither multi-step scheduling nor the prefill's
-attention term, whose branches cost the loop about 10 % where they are
-never taken (``make bench``).  :func:`advance` runs the lean one where a
-run uses neither (one scheduler step, no attention coefficient): the two
-give the same numbers, bit for bit, where both apply.
+:data:`FULL` off, has neither multi-step scheduling, the prefill's
+attention term, the request classes' statistics nor the admission orders'
+accounting of the tokens served (fair sharing's), whose branches cost the
+loop several % where they are never taken (``make bench``).
+:func:`advance` runs the lean one where a run uses none of them
+(:func:`uses_full`): the two give the same numbers, bit for bit, where both
+apply.
 
 Pure numba on arrays and scalars; the Python side is
 :mod:`mbbatch.planners.continuous`.
@@ -110,8 +112,9 @@ ADMISSIONS = admission.CODES
 DONE, STOPPED, PAUSED, STALLED = 0, 1, 2, 3
 #: no limit on the KV blocks
 UNLIMITED = 1 << 62
-#: compile-time: multi-step scheduling and the prefill's attention term in the kernel (False in
-#: :data:`lean_kernel`, the same code compiled without them)
+#: compile-time: multi-step scheduling, the prefill's attention term, the request classes' statistics and the
+#: admission orders' token accounting in the kernel (False in :data:`lean_kernel`, the same code compiled without
+#: them)
 FULL = True
 
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
@@ -177,7 +180,7 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
-                   pend_first=np.int64, pend_done=np.int64)
+                   pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
@@ -247,7 +250,7 @@ def _phase(x, bs, sh):
 
 
 @step
-def _waiting_head(adm, q, waiting, nstack, ws):
+def _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds):
     """The request admitted next and its bin: ``(-1, -1)`` when none waits;
     the last preempted (bin -1), else the admission order's head
     (:func:`.admission.head`)."""
@@ -255,16 +258,16 @@ def _waiting_head(adm, q, waiting, nstack, ws):
         return ws.stack[nstack - 1], -1
     if waiting == 0:
         return -1, -1
-    return admission.head(adm, q, ws)
+    return admission.head(adm, par[1], q, par, ws, inputs, rounds)
 
 
 @step
-def _join_arrivals(i, n, now, adm, q, par, waiting, system_time, ws, inputs, keep, r_f):
+def _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inputs, keep, r_f):
     """The arrivals up to ``now`` join the waiting requests (their order's
     queue).  Returns ``(i, q, waiting, system_time)`` after."""
     arrival = ws.arrival
     while i < n and arrival[i] <= now:
-        q = admission.join(adm, q, i, par, ws, inputs)
+        q = admission.join(adm, par[1], q, i, par, ws, inputs, rounds)
         # (it arrived during the iteration that just ended: in the engine since)
         system_time += now - arrival[i]
         if keep:
@@ -315,13 +318,13 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay):
+def _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay, full):
     """Request r's last token returned at ``now``: its latency (plus its
     ``delay`` outside the engine) into the histogram (and its class's) and
     its batch-means group, its record kept."""
     lat = now - arrival[r] + delay
     out.hist[hist_bucket(lat)] += 1
-    if inputs.klass.shape[0] > 0:
+    if full and inputs.klass.shape[0] > 0:
         c = class_of(inputs, r)
         out.class_stats[c, CLASS.completed] += 1.0
         out.class_stats[c, CLASS.sum_latency] += lat
@@ -350,14 +353,14 @@ def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
 
 
 @step
-def _first_token(r, now, arrival, delay, out, inputs, keep, r_f):
+def _first_token(r, now, arrival, delay, out, inputs, keep, r_f, full):
     """Request r's first token returned at ``now``: its time to first token
     (plus its ``delay`` outside the engine) into the histogram (and its
     class's, counted within its class's objective or not), its record
     kept.  Returns the time to first token."""
     ttft = now - arrival[r] + delay
     out.hist_ttft[hist_bucket(ttft)] += 1
-    if inputs.klass.shape[0] > 0:
+    if full and inputs.klass.shape[0] > 0:
         c = class_of(inputs, r)
         out.class_stats[c, CLASS.sum_ttft] += ttft
         if ttft <= inputs.class_slo[c]:
@@ -385,11 +388,11 @@ def _return_block(npf, npd, ws, now, out, inputs, requests, config):
     delay = cf[C.request_overhead]
     s_ttft = 0.0
     for k in range(npf):
-        s_ttft += _first_token(pend_first[k], now, arrival, delay, out, inputs, keep, r_f)
+        s_ttft += _first_token(pend_first[k], now, arrival, delay, out, inputs, keep, r_f, True)
     s_lat = 0.0
     for k in range(npd):
         r = pend_done[k]
-        _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay)
+        _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay, True)
         s_lat += now - arrival[r] + delay
     return s_ttft, s_lat
 
@@ -499,8 +502,8 @@ def _end_block(full, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws, out, i
 
 
 @step
-def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, prompt, keep,
-             r_i):
+def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws,
+             inputs, keep, r_i):
     """The most recently admitted running sequence (the list's tail)
     preempted: out of the decodes (its round's list, its length now) or the
     prefill queue (its last), its blocks and slot freed, onto the
@@ -517,10 +520,12 @@ def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_ro
     else:
         head = -1
     running -= 1
-    p = np.int64(prompt[r])
+    p = np.int64(inputs.prompt[r])
     if fin[sl] >= 0:
         # a decode: its length now, then out of the decodes and its round's list
         _due_remove(ws.due, ws.due_next, ws.due_prev, sl, fin[sl])
+        if par[1]:
+            admission.served(adm, par[1], admission.LEFT, r, rounds, par, ws, inputs)
         gj = gs[sl]
         g = gj + rounds - d0[sl]
         n_dec -= 1
@@ -554,16 +559,16 @@ def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_ro
 
 
 @step
-def _make_room(ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, prompt,
-               keep, r_i):
+def _make_room(ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws,
+               inputs, keep, r_i):
     """The decodes' new blocks (those of block phase ``ph``) taken, the most
     recently admitted preempted while they do not fit.  Returns ``(slots,
     running, n_dec, s0, n_main, pq_n, free, nstack)`` after."""
     want = ws.phase[ph] if n_dec > 0 else 0
     while want > free:
         slots, running, n_dec, s0, n_main, pq_n, free, nstack = _preempt(
-            slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, prompt, keep,
-            r_i)
+            slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws, inputs,
+            keep, r_i)
         want = ws.phase[ph] if n_dec > 0 else 0
     return slots, running, n_dec, s0, n_main, pq_n, free - want, nstack
 
@@ -619,8 +624,8 @@ def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
 
 
 @step
-def _admit(adm, q, waiting, nstack, budget, cap, chunked, running, free, slots, pq_h, pq_n, nc, ptok, now, bs, sh,
-           ws, inputs, keep, r_f):
+def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, free, slots, pq_h, pq_n, nc, ptok,
+           now, bs, sh, ws, inputs, keep, r_f):
     """The waiting heads admitted, each with a chunk of the budget, while the
     budget lasts, the running are fewer than ``cap`` and the free blocks
     hold the head's prompt and first token (without ``chunked``, while the
@@ -631,7 +636,7 @@ def _admit(adm, q, waiting, nstack, budget, cap, chunked, running, free, slots, 
     has_cached = cached.shape[0] > 0
     chunk = ws.chunk
     while budget > 0 and running < cap:
-        r, b = _waiting_head(adm, q, waiting, nstack, ws)
+        r, b = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
         from_stack = nstack > 0
         if r < 0:
             break
@@ -647,7 +652,7 @@ def _admit(adm, q, waiting, nstack, budget, cap, chunked, running, free, slots, 
             ws.state_i[ES.recomputed] += L0
         else:
             waiting -= 1
-            q = admission.admit(adm, q, r, b, ws)
+            q = admission.admit(adm, par[1], q, r, b, par, ws, inputs)
             if keep:
                 r_f[RQ.admitted, r] = now
         free -= nb
@@ -662,8 +667,8 @@ def _admit(adm, q, waiting, nstack, budget, cap, chunked, running, free, slots, 
 
 
 @step
-def _schedule(scheduling, chunked, cap, B, adm, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_h,
-              pq_n, ph, rounds, t_round, ng, now, bs, sh, ws, inputs, keep, r_i, r_f):
+def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running, free, slots, n_dec, s0, n_main,
+              pq_h, pq_n, ph, rounds, t_round, ng, now, bs, sh, ws, inputs, keep, r_i, r_f):
     """An iteration's work (``scheduling``: the first of a multi-step
     block; the others only decode): the decodes, their new blocks made room
     for (:func:`_make_room`), the prefills continued, and the waiting
@@ -674,7 +679,7 @@ def _schedule(scheduling, chunked, cap, B, adm, q, waiting, nstack, running, fre
     # without chunked prefill, an iteration that can admit the waiting head prefills and pauses the decodes
     prefill_phase = False
     if scheduling and not chunked and running < cap:
-        r, _ = _waiting_head(adm, q, waiting, nstack, ws)
+        r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
         if r >= 0 and _blocks(np.int64(inputs.prompt[r]) + (ws.gen[nstack - 1] if nstack > 0 else 0) + 1, bs,
                               sh) <= free:
             prefill_phase = True
@@ -682,8 +687,8 @@ def _schedule(scheduling, chunked, cap, B, adm, q, waiting, nstack, running, fre
     ctx = 0
     if chunked or not prefill_phase:
         slots, running, n_dec, s0, n_main, pq_n, free, nstack = _make_room(
-            ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, ws, inputs.prompt,
-            keep, r_i)
+            ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws,
+            inputs, keep, r_i)
         n_d = n_dec
         ctx = s0 + n_dec * rounds
     budget = B - n_d
@@ -693,8 +698,8 @@ def _schedule(scheduling, chunked, cap, B, adm, q, waiting, nstack, running, fre
         nc, budget, ptok = _continue_prefills(pq_h, pq_n, budget, ws)
     if (chunked and scheduling) or prefill_phase:
         q, waiting, nstack, budget, running, free, slots, pq_n, nc, ptok = _admit(
-            adm, q, waiting, nstack, budget, cap, chunked, running, free, slots, pq_h, pq_n, nc, ptok, now, bs, sh,
-            ws, inputs, keep, r_f)
+            adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, free, slots, pq_h, pq_n, nc, ptok,
+            now, bs, sh, ws, inputs, keep, r_f)
     return n_d, ctx, nc, ptok, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_n
 
 
@@ -747,7 +752,7 @@ def _integrals(t, running, waiting, used, running_time, system_time, blocks_time
 
 @step
 def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale, bs, sh, memory_on, delay, keep,
-           ws, inputs, out, r_f):
+           par, ws, inputs, out, r_f):
     """Request ``r`` (slot ``sl``, ``o`` tokens of output) has its last token
     at ``now``: its blocks freed (counted into the iteration's tally with
     ``memory_on``), out of the running list and its slot freed, its latency
@@ -762,7 +767,7 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
         npd += 1
     else:
         completed, sum_lat, last_done = acc
-        _done(r, now, n, gscale, ws.arrival, ws.group, out, inputs, keep, r_f, delay)
+        _done(r, now, n, gscale, ws.arrival, ws.group, out, inputs, keep, r_f, delay, par[1])
         acc = (completed + 1, sum_lat + (now - ws.arrival[r] + delay), now)
     return slots, free, running - 1, npd, acc
 
@@ -789,7 +794,7 @@ def _tbt_gaps(now, t_round, n_main, ng, gt, gc, hist_tbt, tbt):
 
 @step
 def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, block_left, npd, slots, free,
-                  running, acc, n, gscale, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f):
+                  running, acc, n, gscale, bs, sh, memory_on, delay, keep, adm, par, ws, inputs, out, r_f):
     """The iteration's ``n_d`` decodes each gave a token: their gaps
     (:func:`_tbt_gaps`), the round counted, and the decodes done with this
     round leave (its list: no later round shares its bucket).  Returns
@@ -814,15 +819,17 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
         n_dec -= 1
         n_main -= 1
         ws.fin[sl] = -1
+        if par[1]:
+            admission.served(adm, par[1], admission.LEFT, r, rounds, par, ws, inputs)
         slots, free, running, npd, acc = _leave(sl, r, np.int64(inputs.output[r]), now, block_left, npd, slots, free,
-                                                running, acc, n, gscale, bs, sh, memory_on, delay, keep, ws, inputs,
-                                                out, r_f)
+                                                running, acc, n, gscale, bs, sh, memory_on, delay, keep, par, ws,
+                                                inputs, out, r_f)
         sl = following
     return rounds, ph, s0, n_dec, now, n_main, 0, tokens, tbt, npd, slots, free, running, acc
 
 
 @step
-def _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, ws, inputs):
+def _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, adm, par, ws, inputs):
     """Slot ``sl`` (request ``r``, ``g`` tokens generated, its prompt
     prefilled) joins the decodes at this round: its completion round's list,
     the decodes' context sum and its block phase.  Returns ``(s0, n_dec)``."""
@@ -833,12 +840,15 @@ def _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, ws, inputs):
     ws.fin[sl] = key
     _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
     ws.phase[_phase(p + g - rounds, bs, sh)] += 1
+    if par[1]:
+        admission.served(adm, par[1], admission.JOINED, r, rounds, par, ws, inputs)
     return s0 + (p + g - rounds), n_dec + 1
 
 
 @step
 def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttft, tbt, block_left, npf, npd, slots,
-                     free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f):
+                     free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, adm, par, ws, inputs, out,
+                     r_f):
     """The iteration's ``nc`` prefill chunks: those that complete their
     prompt give a token (the first, held back inside a multi-step block,
     or a resumed one's next), then the sequence leaves if that was its last,
@@ -861,7 +871,7 @@ def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttf
                 ws.pend_first[npf] = r
                 npf += 1
             else:
-                sum_ttft += _first_token(r, now, ws.arrival, delay, out, inputs, keep, r_f)
+                sum_ttft += _first_token(r, now, ws.arrival, delay, out, inputs, keep, r_f, par[1])
         else:
             sum_tbt, tbt_count = tbt
             gap = now - ws.last[sl]
@@ -870,12 +880,15 @@ def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttf
         g += 1
         gs[sl] = g
         tokens += 1
+        if par[1]:
+            admission.served(adm, par[1], admission.TOKEN, r, rounds, par, ws, inputs)
         if g >= np.int64(inputs.output[r]):
             # (g is its output now)
             slots, free, running, npd, acc = _leave(sl, r, g, now, block_left, npd, slots, free, running, acc, n,
-                                                    gscale, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f)
+                                                    gscale, bs, sh, memory_on, delay, keep, par, ws, inputs, out,
+                                                    r_f)
             continue
-        s0, n_dec = _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, ws, inputs)
+        s0, n_dec = _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, adm, par, ws, inputs)
         joined += 1
     if joined > 0:
         ws.gt[ng] = now
@@ -939,8 +952,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     # (a real server's time outside the engine, every request's; its overhead per iteration is in the cost's
     # step, cost_step: mbbatch.planners.continuous)
     delay = cf[C.request_overhead]
-    # (the admission orders' parameters: .admission)
-    par = (cf[C.aging],)
+    # (the admission orders' parameters, .admission, and whether the kernel has the orders' token accounting and the
+    # classes' statistics: the full kernel's)
+    par = (cf[C.aging], FULL)
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / cf[C.rate] if cf[C.rate] > 0.0 else 0.0
@@ -972,8 +986,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 code = STOPPED
                 break
             stop[ARRIVED] = i
-        i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, waiting, system_time, ws, inputs, keep,
-                                                    r_f)
+        i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inputs,
+                                                    keep, r_f)
         block_left, npf, npd, sum_ttft, acc = _end_block(FULL, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws,
                                                          out, inputs, requests, config)
         if running == 0 and waiting == 0 and nstack == 0:
@@ -995,8 +1009,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if not scheduling:
             block_left -= 1
         n_d, ctx, nc, ptok, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_n = _schedule(
-            scheduling, chunked, cap, B, adm, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_h, pq_n,
-            ph, rounds, t_round, ng, now, bs, sh, ws, inputs, keep, r_i, r_f)
+            scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_h,
+            pq_n, ph, rounds, t_round, ng, now, bs, sh, ws, inputs, keep, r_i, r_f)
         if n_d == 0 and nc == 0:
             if not scheduling:
                 # (multi-step: the block's decodes were preempted; the block ends, the next iteration schedules)
@@ -1029,11 +1043,11 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if n_d > 0:
             rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, npd, slots, free, running, acc = _decode_round(
                 n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, held, npd, slots, free, running,
-                acc, n, gscale, bs, sh, memory_on, delay, keep, ws, inputs, out, r_f)
+                acc, n, gscale, bs, sh, memory_on, delay, keep, adm, par, ws, inputs, out, r_f)
         (pq_h, pq_n, s0, n_dec, ng, tokens, sum_ttft, tbt, npf, npd, slots, free, running,
          acc) = _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttft, tbt, held, npf, npd,
-                                 slots, free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, ws,
-                                 inputs, out, r_f)
+                                 slots, free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, adm,
+                                 par, ws, inputs, out, r_f)
         if controlled:
             ws.state_f[ES.cap_time] += cap * t
             _feedback(out.ctl, out.bstats, ws.tally, ema, t, n_d + nc, running)
@@ -1051,16 +1065,20 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     return code
 
 
-#: :func:`continuous_kernel` without multi-step scheduling or the prefill's attention term (:data:`FULL` off)
+#: :func:`continuous_kernel` without multi-step scheduling, the prefill's attention term, the classes' statistics
+#: or the orders' token accounting (:data:`FULL` off)
 lean_kernel = variant(kernel, continuous_kernel, "continuous_kernel_lean", FULL=False)
 
 
-def uses_full(config) -> bool:
-    """Whether a run's ``config`` needs :func:`continuous_kernel`'s
-    features, multi-step scheduling or the prefill's attention (else
-    :data:`lean_kernel` runs it)."""
+def uses_full(config, inputs) -> bool:
+    """Whether a run (its ``config`` and ``inputs``) needs
+    :func:`continuous_kernel`'s features: multi-step scheduling, the
+    prefill's attention, request classes (their statistics) or an admission
+    order that counts the tokens served (:data:`.admission.TRACKS`); else
+    :data:`lean_kernel` runs it."""
     ci, cf = config
-    return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0)
+    return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
+                or admission.TRACKS[ci[C.admission]])
 
 
 @helper
@@ -1107,7 +1125,7 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
     advanced at once, bit for bit."""
     check_stop(stop)
     engine.config[1][C.until] = until
-    fn = continuous_kernel if uses_full(engine.config) else lean_kernel
+    fn = continuous_kernel if uses_full(engine.config, engine.inputs) else lean_kernel
     return fn(engine.config, engine.control, engine.inputs, streams, engine.out, engine.requests, engine.ws, stop)
 
 
@@ -1168,7 +1186,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
                         tally=np.zeros(len(TALLY), np.int64), state_i=state_i, state_f=state_f,
                         group=np.empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
-                        pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64))
+                        pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64),
+                        vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64))
     return Engine(config, control, inputs, out, requests, ws)
 
 

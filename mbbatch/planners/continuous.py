@@ -106,7 +106,9 @@ class Plan:
         config = _k.CONFIG.pack(
             n=self.n, arrival_kind=akind, max_num_seqs=pol.max_num_seqs, max_batched_tokens=pol.max_batched_tokens,
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
-            admission=_k.ADMISSIONS[pol.admission], bins=max(1, self.edges.size + 1), aging=pol.aging,
+            admission=_k.ADMISSIONS[pol.admission],
+            # (the queues: multi-bin admission's bins, fair sharing's clients)
+            bins=self.class_slo.size if pol.admission == "vtc" else max(1, self.edges.size + 1), aging=pol.aging,
             keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None,
             scheduler_steps=pol.num_scheduler_steps, rate=rate,

@@ -55,8 +55,9 @@ class ContinuousBatching(Policy):
     predicted output first (ties in arrival order); ``"multibin"``, ``bins``
     first-come-first-served queues by predicted output (between the
     workload's output quantiles at equal mass, or ``edges`` in tokens)
-    served round robin.  Admission stops at the first waiting request that
-    does not fit (no request overtakes the head).
+    served round robin; ``"edf"``, earliest deadline first; ``"vtc"``, fair
+    sharing across request classes.  Admission stops at the first waiting
+    request that does not fit (no request overtakes the head).
 
     An iteration takes the :class:`~mbbatch.IterationModel`'s time of what
     it does: ``step``, plus ``prefill_per_token`` per prompt token
@@ -102,8 +103,18 @@ class ContinuousBatching(Policy):
         H100 of 80 GB serving Llama-3-8B in vLLM holds about 4e5).
     block_size : int
         Tokens per KV block, >= 1; default 16 (vLLM's).
-    admission : {"fcfs", "spf", "multibin"}
-        The order waiting requests are admitted in.
+    admission : {"fcfs", "spf", "multibin", "edf", "vtc"}
+        The order waiting requests are admitted in (each declared in
+        :mod:`mbbatch._kernels.admission`): first come first served,
+        shortest predicted output first, multi-bin, earliest deadline
+        first (a request's deadline its arrival plus its class's
+        ``ttft_slo``: :meth:`Workload.mixture`, or the workload's), or fair
+        sharing across the request classes (each class a client) by virtual
+        token counters (Sheng et al., 2024, "Fairness in serving large
+        language models", OSDI, arXiv:2401.00588: a prompt token counts 1,
+        a generated token 2; the earliest request of the client served
+        least is admitted next).  With one class, both are first come first
+        served.
     bins : int
         Bins of ``admission="multibin"``, >= 1; default 4.
     aging : float
