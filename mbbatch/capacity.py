@@ -134,10 +134,12 @@ __all__ = ["Objective", "Probe", "Search", "CapacityResult", "find_capacity", "c
            "min_requests", "backlog_reps",
            "OBJECTIVE_METRICS", "SEARCH_DOMAINS", "SEARCHES"]
 
-#: the metrics an objective may bound from above
+#: the metrics an objective may bound (from above, but :data:`LOWER_BOUNDS`)
 OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft", "ttft_p50",
                      "ttft_p95", "ttft_p99", "mean_tbt", "tbt_p50", "tbt_p95", "tbt_p99", "sla_violation_share",
-                     "sla_violation_tokens", "sla_violation_requests")
+                     "sla_violation_tokens", "sla_violation_requests", "goodput")
+#: the metrics an objective bounds from below: those where higher is better (:attr:`mbbatch.metrics.Metric.better`)
+LOWER_BOUNDS = tuple(m for m in OBJECTIVE_METRICS if METRICS[m].better == "higher")
 #: the stability criterion's statistic and threshold (see the module docstring)
 LOAD, LOAD_LIMIT = "load", 1.0
 #: the other stability criteria's names: the throughput over the rate, the share of replications whose
@@ -173,8 +175,13 @@ SEARCH_DOMAINS = {"rel_tol": Domain(REL_TOL_MIN, 1.0, lo_closed=True), "confiden
 
 @dataclass(frozen=True)
 class Objective:
-    """Upper bounds on metrics of the run: each one set must hold (its
-    t-interval at or below it).  Latencies and times to first token in s;
+    """Bounds on metrics of the run: each one set must hold, an upper bound
+    (its t-interval at or below it) on every metric but ``goodput``, a
+    lower bound (its t-interval at or above it) on the share of requests
+    that met both their objectives on the time to first token and per
+    output token (the workload's ``ttft_slo`` and ``tpot_slo``; Zhong et
+    al., 2024, DistServe, arXiv:2401.09670, whose goodput is the largest
+    rate with ``Objective(goodput=0.9)``).  Latencies and times to first token in s;
     times between tokens (``mean_tbt``, ``tbt_p50`` .. ``tbt_p99``) in
     s/token, e.g. 0.02 for 20 ms; SLA shares in [0, 1].  Each applies to the
     policies that report its metric (:data:`mbbatch.metrics.METRICS`): the
@@ -187,6 +194,8 @@ class Objective:
     0.05
     >>> Objective(ttft_p95=2.0, tbt_p99=0.02).describe()   # 2 s to the first token, 20 ms between tokens
     'ttft_p95 <= 2 and tbt_p99 <= 0.02'
+    >>> Objective(goodput=0.9).describe()                  # 90 % of the requests within their objectives
+    'goodput >= 0.9'
     """
 
     latency_p50: float | None = None
@@ -204,13 +213,14 @@ class Objective:
     sla_violation_share: float | None = None
     sla_violation_tokens: float | None = None
     sla_violation_requests: float | None = None
+    goodput: float | None = None
 
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
             if v is None:
                 continue
-            share = f.name.startswith("sla_")
+            share = f.name.startswith("sla_") or f.name in LOWER_BOUNDS
             dom = Domain(0.0, 1.0, lo_closed=True, hi_closed=True) if share else Domain(0.0, math.inf)
             object.__setattr__(self, f.name, check_scalar_real(f.name, v, dom))
         if not self.bounds():
@@ -221,7 +231,7 @@ class Objective:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def describe(self) -> str:
-        return " and ".join(f"{m} <= {x:g}" for m, x in self.bounds().items())
+        return " and ".join(f"{m} {'>=' if m in LOWER_BOUNDS else '<='} {x:g}" for m, x in self.bounds().items())
 
 
 @dataclass(frozen=True)
@@ -363,7 +373,7 @@ def with_rate(arrivals, rate: float):
 
 
 def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_reps, throughput_tol, n=None,
-                 searches=SEARCHES):
+                 searches=SEARCHES, workload=None):
     """Raise what :func:`find_capacity` refuses in its own arguments (the
     simulation's are checked by :func:`mbbatch.simulation.plan`); returns
     ``rel_tol``, ``confidence`` and ``throughput_tol`` as floats."""
@@ -382,6 +392,12 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
             if kind not in METRICS[m].kinds:
                 raise ValueError(f"objective: {m} is not a metric of {type(policy).__name__} (it applies to "
                                  f"{', '.join(sorted(METRICS[m].kinds))})")
+    if objective is not None and objective.goodput is not None:
+        slos = np.concatenate([np.atleast_1d(getattr(workload, k, math.inf)) for k in ("ttft_slo", "tpot_slo")])
+        if not np.isfinite(slos).any():
+            raise ValueError("objective: goodput is the share of requests within their objectives, the workload's "
+                             "ttft_slo and tpot_slo; the workload sets neither (Workload(..., ttft_slo=..., "
+                             "tpot_slo=...))")
     reals = tuple(check_scalar_real(name, value, SEARCH_DOMAINS[name])
                   for name, value in (("rel_tol", rel_tol), ("confidence", confidence),
                                       ("throughput_tol", throughput_tol)))
@@ -548,9 +564,13 @@ class _Search:
         rows = []
 
         def row(metric, x, threshold):
-            """An upper bound: passes when the interval lies at or below it."""
+            """An upper bound: passes when the interval lies at or below it (a
+            lower bound, :data:`LOWER_BOUNDS`: at or above it)."""
             m, lo, hi = stats.t_interval(np.asarray(x, float), self.confidence)
-            v = "pass" if hi <= threshold else "fail" if lo > threshold else "undecided"
+            if metric in LOWER_BOUNDS:
+                v = "pass" if lo >= threshold else "fail" if hi < threshold else "undecided"
+            else:
+                v = "pass" if hi <= threshold else "fail" if lo > threshold else "undecided"
             if math.isnan(m):
                 v = "fail"   # (nothing completed)
             rows.append((metric, m, lo, hi, threshold, v))
@@ -688,8 +708,8 @@ def _crossing(probes, lo: float, hi: float, guards: tuple = GUARDS) -> float:
     mid = 0.5 * (lo + hi)
     found = []
     for metric in binding:
-        # (throughput / rate is a floor: below it fails; the others are ceilings)
-        sign = -1.0 if metric == THROUGHPUT else 1.0
+        # (throughput / rate and the lower bounds are floors: below them fails; the others are ceilings)
+        sign = -1.0 if metric == THROUGHPUT or metric in LOWER_BOUNDS else 1.0
         pts = [(p.rate, sign * (p.row(metric)[1] - p.row(metric)[4])) for p in ordered]
         pts = [(r, d) for r, d in pts if math.isfinite(d)]
         crossings = [r0 + (r1 - r0) * (-d0) / (d1 - d0) for (r0, d0), (r1, d1) in zip(pts, pts[1:])
@@ -753,7 +773,7 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     arrivals = Poisson(rate=1.0) if arrivals is None else arrivals
     # (the reals as floats from here on: a Fraction or a numpy scalar reads as any float)
     rel_tol, confidence, throughput_tol = check_search(policy, arrivals, servers, objective, rel_tol, confidence,
-                                                       max_reps, throughput_tol, n, searches)
+                                                       max_reps, throughput_tol, n, searches, workload)
     progress = check_flag("progress", progress)
     sim_kw = {"service": service, "workload": workload, "service_model": service_model, "n": n}
     # (every argument checked now, before any work: the plan refuses what simulate would)

@@ -188,6 +188,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "arrival to the last completion (Little's law: throughput x mean_latency)", "continuous"),
     _m("mean_kv_usage", "1", "mean share of the KV blocks in use per unit of busy time (NaN: unlimited memory)",
        "continuous"),
+    _m("goodput", "1", "share of the completed requests that met both their objectives, on the time to first "
+       "token (ttft_slo) and per output token (tpot_slo; Zhong et al., 2024, DistServe, arXiv:2401.09670); NaN "
+       "where the workload sets neither", "continuous"),
     _m("mean_max_num_seqs", "sequences", "mean cap on the running sequences per unit of busy time: the "
        "controller's (Algorithms 1, 2 and 7), else max_num_seqs", "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
@@ -198,7 +201,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
 #: Each metric's direction (:attr:`Metric.better`): higher is better for what is served, lower for every
 #: wait, delay, violation and piece of work done again; the rest describe a run without a direction.
 _BETTER = {
-    "higher": ("throughput", "token_throughput", "locality_hit_rate"),
+    "higher": ("throughput", "token_throughput", "locality_hit_rate", "goodput"),
     "lower": ("mean_latency", "latency_p50", "latency_p95", "latency_p99", "mean_ttft",
               *[f"ttft_{c}_{q}" for c in ("short", "long") for q in ("p50", "p95", "p99")], "mean_ttft_short",
               "mean_ttft_long", "mean_tbt", "sla_violation_tokens", "sla_violation_requests", "sla_violation_share",

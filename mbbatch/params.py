@@ -216,6 +216,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("ttft_slo", "real", "s", "the requests' objective on their time to first token: earliest-deadline-first "
        "admission's deadline after arrival (continuous batching; inf: none)", Domain(0, MAX_DURATION, or_inf=True),
        default=INF),
+    _p("tpot_slo", "real", "s/token", "the requests' objective on their time per output token, (last token - first "
+       "token) / (output - 1), which goodput counts with ttft_slo (continuous batching; inf: none)",
+       Domain(0, MAX_DURATION, or_inf=True), default=INF),
     _p("class_share", "real", "1", "a request class's weight in a Workload.mixture: the probability of the class "
        "is its share over the shares' sum", Domain(0, MAX_DURATION)),
     # --- length predictors (what a binning policy bins by) ------------------------------
@@ -436,7 +439,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("controller", "choice", "",
        "SLA controller: Algorithm 2 as Pang et al. write it, or a multiplicative variant",
        default="spec", choices=("spec", "multiplicative")),
-    # --- a capacity search's objective (mb.Objective): upper bounds, none by default ----
+    # --- a capacity search's objective (mb.Objective): upper bounds but goodput's, none by default ----
+    _p("objective_goodput", "real", "1", "capacity search: lower bound on goodput, the share of requests within "
+       "their ttft_slo and tpot_slo", Domain(0, 1, lo_closed=True, hi_closed=True), default=None),
     *[_p(f"objective_{m}", "real", u, f"capacity search: upper bound on {m}", d, default=None)
       for m, u, d in (("latency_p50", "s", _POS), ("latency_p95", "s", _POS), ("latency_p99", "s", _POS),
                       ("mean_latency", "s", _POS), ("mean_ttft", "s", _POS), ("ttft_p50", "s", _POS),

@@ -42,6 +42,12 @@ class Workload:
         (default inf: none): the deadline, after its arrival, by which
         earliest-deadline-first admission
         (``ContinuousBatching(admission="edf")``) orders a request.
+    tpot_slo : float
+        The requests' objective on their time per output token, s/token
+        (default inf: none): ``(last token - first token) / (output - 1)``.
+        A run with either objective reports ``goodput``, the share of the
+        requests that met both (Zhong et al., 2024, "DistServe",
+        arXiv:2401.09670); ``Objective(goodput=...)`` bounds it from below.
 
     Several kinds of requests in one stream (clients, tenants, each with its
     lengths and objective): :meth:`mixture`.
@@ -52,6 +58,7 @@ class Workload:
     integer_lengths: bool = default("integer_lengths")
     predictor_sigma: float = default("predictor_sigma")
     ttft_slo: float = default("ttft_slo")
+    tpot_slo: float = default("tpot_slo")
     _prompt: object = field(init=False, repr=False)
     _output: object = field(init=False, repr=False)
 
@@ -59,7 +66,7 @@ class Workload:
         object.__setattr__(self, "_prompt", as_service(self.prompt, "prompt"))
         object.__setattr__(self, "_output", as_service(self.output, "output"))
         check_fields(self, {"integer_lengths": "integer_lengths", "predictor_sigma": "predictor_sigma",
-                            "ttft_slo": "ttft_slo"})
+                            "ttft_slo": "ttft_slo", "tpot_slo": "tpot_slo"})
 
     @classmethod
     def mixture(cls, classes: dict) -> "Mixture":
@@ -108,8 +115,9 @@ class Workload:
         d.update({f"output_{k.removeprefix('service_')}" if k != "service" else "output": v
                   for k, v in self._output.description.items()})
         d.update(integer_lengths=bool(self.integer_lengths), predictor_sigma=self.predictor_sigma)
-        if self.ttft_slo != float("inf"):
-            d.update(ttft_slo=self.ttft_slo)
+        for slo in ("ttft_slo", "tpot_slo"):
+            if getattr(self, slo) != float("inf"):
+                d[slo] = getattr(self, slo)
         return d
 
 
@@ -174,6 +182,11 @@ class Mixture:
     def ttft_slo(self) -> tuple:
         """Each class's time to first token objective, seconds."""
         return tuple(p.ttft_slo for p in self.parts)
+
+    @property
+    def tpot_slo(self) -> tuple:
+        """Each class's time per output token objective, s/token."""
+        return tuple(p.tpot_slo for p in self.parts)
 
     def mean(self, which: str) -> float:
         """The mean ``"prompt"`` or ``"output"`` length over the classes, tokens."""

@@ -156,6 +156,8 @@ def _ranges(R: random.Random) -> dict:
         "output_sigma": lambda: u(0.1, 1.2),
         "predictor_sigma": lambda: u(0, 1),
         "predictor_p": lambda: u(0, 1),
+        "ttft_slo": lambda: R.choice([float("inf"), u(0.05, 5)]),
+        "tpot_slo": lambda: R.choice([float("inf"), u(0.005, 0.1)]),
         "d_sla": lambda: u(0.003, 0.03),
         "eps_d": lambda: u(0, 1e-3),
         "b_min": lambda: R.randint(1, 4),
@@ -226,6 +228,7 @@ def _ranges(R: random.Random) -> dict:
         "objective_sla_violation_share": lambda: u(0, 1),
         "objective_sla_violation_tokens": lambda: u(0, 1),
         "objective_sla_violation_requests": lambda: u(0, 1),
+        "objective_goodput": lambda: u(0.5, 0.99),
     }
 
 

@@ -19,7 +19,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
              prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
-             class_slo=None):
+             class_slo=None, class_tpot=None, goodput=0):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -69,7 +69,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     request of the client of least counter (ties: the lower client); a
     client arriving with none waiting lifted to the least counter of the
     clients waiting (none: to the counter of the client admitted last).
-    The counters are kept token by token, not as the kernel keeps them."""
+    The counters are kept token by token, not as the kernel keeps them.
+
+    ``class_tpot`` and ``goodput`` (the objectives goodput counts) do not
+    change the run: the tests count goodput from its records."""
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]

@@ -23,10 +23,10 @@ def test_every_spec_parameter_has_a_sampler():
 @pytest.mark.heavy
 @pytest.mark.filterwarnings("ignore::mbbatch.arrivals.TraceTiledWarning")
 def test_a_few_random_specs_run_and_agree_on_a_pool(tmp_path):
-    """Six specs of seed 3: each is refused before a store exists, or runs,
+    """Six specs of seed 7: each is refused before a store exists, or runs,
     passes check_store and gives the same store on a 2-process pool; each
     that ran, mutated, is refused naming its file or runs."""
-    R = random.Random(3)
+    R = random.Random(7)
     outcomes = Counter()
     for i in range(6):
         folder = tmp_path / str(i)

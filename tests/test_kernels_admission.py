@@ -29,12 +29,12 @@ def test_each_orders_per_request_arrays_are_workspace_arrays_sized_to_its_runs()
         assert set(order.arrays) <= set(ck.WORKSPACE.fields), name
         cfg = ck.CONFIG.pack(n=50, arrival_kind=0, max_num_seqs=4, max_batched_tokens=64, chunked=1, blocks=-1,
                              block_size=4, admission=ck.ADMISSIONS[name], bins=2, keep=0, controlled=0, memory_on=0,
-                             scheduler_steps=1, rate=1.0, **dict.fromkeys(ck.COST_FIELDS, 0.0), expert_span=0.0,
-                             expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
+                             scheduler_steps=1, goodput=0, rate=1.0, **dict.fromkeys(ck.COST_FIELDS, 0.0),
+                             expert_span=0.0, expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
         x = np.ones(50)
         inputs = ck.INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.ones(1),
                                 prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0),
-                                klass=np.empty(0), class_slo=np.full(1, np.inf))
+                                klass=np.empty(0), class_slo=np.full(1, np.inf), class_tpot=np.full(1, np.inf))
         ws = ck.start(cfg, inputs).ws
         for a in ("qnext", "sk", "sid"):
             assert getattr(ws, a).shape[0] == (50 if a in order.arrays else 1), (name, a)

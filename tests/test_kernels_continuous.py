@@ -34,6 +34,7 @@ def _fields(coef):
     # (the engine's overhead per iteration is in the kernel's step: as the planner packs it)
     coef["step"] = coef.get("step", 0.0) + coef.pop("iteration_overhead", 0.0)
     return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "request_overhead": 0.0, "scheduler_steps": steps, "aging": aging,
+            "goodput": coef.pop("goodput", 0),
             **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
 
 
@@ -53,7 +54,8 @@ def _control(controller):
 
 
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
-            edges, controller=None, ts_rows=8, cached=None, klass=None, class_slo=None, **coef):
+            edges, controller=None, ts_rows=8, cached=None, klass=None, class_slo=None, class_tpot=None, goodput=0,
+            **coef):
     n = len(arr)
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
@@ -62,13 +64,14 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
                          bins=len(class_slo) if admission == "vtc" else len(edges) + 1, keep=1,
                          controlled=int(controller is not None),
                          memory_on=int(controller is not None and controller.get("memory") is not None),
-                         rate=0.0, until=np.inf, **_fields(coef))
+                         rate=0.0, until=np.inf, **_fields({**coef, "goodput": goodput}))
     inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                             prediction=pred.astype(float), edges=np.asarray(edges, float),
                             cached=np.empty(0) if cached is None else np.asarray(cached, float),
                             klass=np.empty(0) if klass is None else np.asarray(klass, float),
-                            class_slo=np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float))
+                            class_slo=np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float),
+                            class_tpot=np.full(1, np.inf) if class_tpot is None else np.asarray(class_tpot, float))
     out, req, code = ck.run(cfg, inputs, ck.ContinuousStreams(np.random.default_rng(0)),
                             np.zeros(STOP_SIZE, np.int64), control=_control(controller), groups=4,
                             ts_rows=ts_rows)
@@ -118,20 +121,27 @@ def _classed(rng, kw):
     if kw["admission"] != "fcfs" or rng.random() < 0.5:
         return kw
     slo = np.array([rng.choice([0.01, 0.1, 1.0]), rng.choice([0.05, 0.5, 5.0]), np.inf])
-    return {**kw, "admission": str(rng.choice(["edf", "vtc"])), "class_slo": slo}
+    tpot = np.array([rng.choice([0.005, 0.02, 0.1]), np.inf, rng.choice([0.01, 0.05])])
+    return {**kw, "admission": str(rng.choice(["edf", "vtc"])), "class_slo": slo, "class_tpot": tpot, "goodput": 1}
 
 
-def _same_classes(out, want, arr, klass, slo):
+def _same_classes(out, want, arr, o, klass, slo, tpot_slo):
     """The kernel's per-class statistics are the reference's requests'
     counted by class: completed, first tokens within their class's
-    objective, the sums, and each class's latency histogram."""
+    objective, requests within both its objectives (goodput: the time per
+    output token from the first token to the last), the sums, and each
+    class's latency histogram."""
     ttft = want["first_token"] - np.asarray(arr)
     lat = want["completion"] - np.asarray(arr)
+    tpot = np.where(o > 1, (want["completion"] - want["first_token"]) / np.maximum(o - 1.0, 1.0), 0.0)
+    good = (ttft <= slo[klass]) & (tpot <= tpot_slo[klass])
+    assert out.ints[ck.S.good] == good.sum()
     for c in range(len(slo)):
         mine = klass == c
         st = out.class_stats[c]
         assert st[ck.CLASS.completed] == mine.sum()
         assert st[ck.CLASS.ttft_met] == (ttft[mine] <= slo[c]).sum()
+        assert st[ck.CLASS.good] == good[mine].sum()
         assert st[ck.CLASS.sum_ttft] == pytest.approx(ttft[mine].sum(), rel=1e-12, abs=1e-12)
         assert st[ck.CLASS.sum_latency] == pytest.approx(lat[mine].sum(), rel=1e-12, abs=1e-12)
         hist = np.zeros_like(out.hist)
@@ -178,7 +188,7 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
         out, req, code = _kernel(arr, p, o, pred, **kw)
         st = _same_run(out, req, code, want, kw)
         if "class_slo" in kw:
-            _same_classes(out, want, arr, kw["klass"], kw["class_slo"])
+            _same_classes(out, want, arr, o, kw["klass"], kw["class_slo"], kw["class_tpot"])
         assert st["tbt_count"] == want["tbt"].size == int((o - 1).sum())
         hist = np.zeros_like(out.hist_tbt)
         for gap in want["tbt"]:
@@ -426,7 +436,8 @@ def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
         inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                                 arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                                 prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
-                                cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf))
+                                cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf),
+                                class_tpot=np.full(1, np.inf))
         assert not ck.uses_full(cfg, inputs)
         runs = []
         for fn in (ck.lean_kernel, ck.continuous_kernel):
@@ -475,7 +486,8 @@ def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
         inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                                 arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                                 prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
-                                cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf))
+                                cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf),
+                                class_tpot=np.full(1, np.inf))
         runs = []
         for steps in (False, True):
             eng = ck.start(cfg, inputs, control=_control(controller), groups=4, ts_rows=64)
@@ -552,7 +564,7 @@ def test_the_controllers_batch_is_the_decodes_and_prefill_chunks_and_n_decode_th
     inputs = ck.INPUTS.pack(arrival_times=np.zeros(n), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                             prompt=np.full(n, 2.0), output=np.array([1.0, 5, 5, 5, 5, 5]),
                             prediction=np.ones(n), edges=np.empty(0), cached=np.empty(0), klass=np.empty(0),
-                            class_slo=np.full(1, np.inf))
+                            class_slo=np.full(1, np.inf), class_tpot=np.full(1, np.inf))
     eng = ck.start(cfg, inputs, control=_control(dict(sla=(0.02, 0.0, 1, 8, 4, 2, False), ema=kc.DEFAULT_EMA)))
     streams, stop = ck.ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64)
     CT = kc.C

@@ -594,3 +594,42 @@ def test_fair_sharing_serves_a_light_client_ahead_of_a_heavy_ones_backlog():
     assert 0.8 < fcfs["light"]["mean_ttft"] / fcfs["heavy"]["mean_ttft"] < 1.25
     assert vtc["light"]["mean_ttft"] < 0.2 * vtc["heavy"]["mean_ttft"]
     assert vtc["light"]["mean_ttft"] < 0.2 * fcfs["light"]["mean_ttft"]
+
+
+# --- goodput: the requests within both their objectives ----------------------------------------------------------
+
+def test_goodput_is_the_share_of_requests_within_both_their_objectives():
+    """The kernel's count is the records': time to first token within
+    ttft_slo and (last token - first token) / (output - 1) within tpot_slo;
+    NaN where the workload sets neither objective."""
+    wl = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128), ttft_slo=0.08, tpot_slo=0.0095)
+    for pol in (mb.ContinuousBatching(max_num_seqs=16),
+                mb.Cluster(mb.ContinuousBatching(max_num_seqs=8), engines=2, router="round_robin")):
+        r = mb.simulate(pol, arrivals=mb.Poisson(6.0), workload=wl, service_model=MEASURED, n=3000, seed=1,
+                        keep_requests=True)
+        q = r.requests
+        tpot = np.where(q.output > 1, (q.latency - q.ttft) / np.maximum(q.output - 1, 1), 0.0)
+        want = ((q.ttft <= 0.08) & (tpot <= 0.0095)).mean()
+        assert r.goodput == pytest.approx(want, rel=1e-12) and 0.5 < want < 1.0
+    plain = mb.simulate(mb.ContinuousBatching(), arrivals=mb.Poisson(6.0), workload=WL, service_model=MEASURED,
+                        n=500, seed=1)
+    assert math.isnan(plain.goodput)
+
+
+def test_the_capacity_under_a_goodput_objective_is_where_goodput_crosses_it():
+    """Objective(goodput=0.9) (DistServe's goodput: the largest rate at which
+    90 % of the requests meet their objectives) stops below the stable
+    rate, and the goodput of runs at the found rate is near 0.9 (within the
+    search's tolerance of the rate); a workload without objectives is
+    refused, naming goodput, before any run."""
+    wl = mb.Workload(prompt=st.uniform(16, 496), output=st.expon(scale=128), ttft_slo=0.2, tpot_slo=0.0095)
+    pol = mb.ContinuousBatching(max_num_seqs=16)
+    kw = dict(workload=wl, service_model=MEASURED, n=3000, seed=3, rel_tol=0.05)
+    stable = mb.find_capacity(pol, **kw)
+    good = mb.find_capacity(pol, objective=mb.Objective(goodput=0.9), **kw)
+    assert good.rate < 0.9 * stable.rate
+    got = [mb.simulate(pol, arrivals=mb.Poisson(good.rate), workload=wl, service_model=MEASURED, n=3000,
+                       seed=s).goodput for s in range(8)]
+    assert 0.8 < np.mean(got) < 0.97
+    with pytest.raises(ValueError, match="goodput"):
+        mb.find_capacity(pol, objective=mb.Objective(goodput=0.9), workload=WL, service_model=MEASURED, n=500)

@@ -456,6 +456,41 @@ def test_objective_bounds_are_capacity_parameters_and_axes():
     check_points(spec)
 
 
+GOODPUT = """
+name = "g"
+policy = "continuous"
+arrivals = "poisson"
+service_model = "profile"
+seed = 1
+[params]
+profile = "H100/vLLM/Meta-Llama-3-8B/tp1"
+n = 2000
+max_num_seqs = 16
+ttft_slo = 0.2
+tpot_slo = 0.0095
+objective_goodput = 0.9
+[capacity]
+"""
+
+
+def test_a_goodput_objective_reads_the_requests_objectives_and_needs_one():
+    """objective_goodput bounds goodput from below (the cells' workloads
+    carry ttft_slo and tpot_slo, which leave the cells' seeds alone: the
+    requests are the same); without either objective, the spec is refused
+    before any run, naming goodput."""
+    from mbbatch.sweeps.cells import _words, check_points, point_objects
+
+    spec = parse_spec(GOODPUT, source="g.toml")
+    (_, params), = spec.points()
+    _, _, side = point_objects(spec.arrivals, spec.service, {**params, "rate": 1.0})
+    assert (side["workload"].ttft_slo, side["workload"].tpot_slo) == (0.2, 0.0095)
+    assert _words(params) == _words({**params, "ttft_slo": 5.0})
+    check_points(spec)
+    bare = parse_spec(GOODPUT.replace("ttft_slo = 0.2\n", "").replace("tpot_slo = 0.0095\n", ""), source="g.toml")
+    with pytest.raises(SpecError, match="goodput"):
+        check_points(bare)
+
+
 def test_a_spec_with_several_problems_names_them_all_at_once(tmp_path):
     """An unknown key, two bad values and a missing field: one error, one line each (it stopped at
     the first, one round trip per problem)."""

@@ -120,25 +120,27 @@ FULL = True
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
-                                        "memory_on", "scheduler_steps"),
+                                        "memory_on", "scheduler_steps", "goodput"),
                 floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "request_overhead", "aging", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), the prompt tokens
 #: whose KV cache each request brings (empty: none; a decode stage's), each
-#: request's class (empty: none, one class), and each class's objective on
-#: the time to first token (s; inf: none)
+#: request's class (empty: none, one class), and each class's objectives on
+#: the time to first token (s) and per output token (s/token; inf: none)
 INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, prompt=np.float64, output=np.float64, prediction=np.float64,
-                edges=np.float64, cached=np.float64, klass=np.float64, class_slo=np.float64)
+                edges=np.float64, cached=np.float64, klass=np.float64, class_slo=np.float64,
+                class_tpot=np.float64)
 ContinuousInputs = INPUTS.type
 #: the random streams: arrival gaps
 ContinuousStreams = namedtuple("ContinuousStreams", ("arrival",))
 STATS = Layout("continuous statistics", ints=("completed", "iterations", "rounds", "preemptions", "recomputed",
                                               "prefill_tokens", "tokens", "tbt_count", "max_running",
-                                              "ts_rows", "ts_stride"),
+                                              "ts_rows", "ts_stride", "good"),
                floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft", "sum_tbt",
                        "running_time", "blocks_time", "waiting_time", "sum_batch", "system_time", "cap_time"))
+
 #: the outputs: histograms of the latency, the time to first token and the
 #: time between tokens (every gap between two tokens of a request), the
 #: latencies summed per group of arrivals (batch means), the iterations by
@@ -151,9 +153,10 @@ OUTPUTS = Arrays("ContinuousOutputs", __name__, ints=np.int64, floats=np.float64
                  class_stats=(np.float64, 2), class_hist=(np.int64, 3))
 ContinuousOutputs = OUTPUTS.type
 #: per class (the requests having classes; else none): the requests completed, the sums of their latencies and
-#: times to first token, and those whose first token came within their class's objective (``class_stats``
+#: times to first token, those whose first token came within their class's objective, and (``goodput``) those
+#: that met both its objectives, on the first token and per output token (``class_stats``
 #: columns); ``class_hist[c]``: class c's histograms of the latency and of the time to first token
-CLASS = namedtuple("CLASS", ("completed", "sum_latency", "sum_ttft", "ttft_met"))(0, 1, 2, 3)
+CLASS = namedtuple("CLASS", ("completed", "sum_latency", "sum_ttft", "ttft_met", "good"))(0, 1, 2, 3, 4)
 #: per-request records (``keep``): preemptions; arrival, first admission,
 #: first token and completion
 REQUESTS = Layout("continuous requests", ints=("preemptions",),
@@ -180,13 +183,13 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
-                   pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64)
+                   pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
-UNSET = ("arrival", "qnext", "sk", "sid", "group")
+UNSET = ("arrival", "qnext", "sk", "sid", "group", "first")
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
@@ -318,12 +321,30 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay, full):
+def _met(r, now, first, arrival, delay, inputs, c):
+    """Whether request r, done at ``now`` (its first token at ``first``),
+    met both its class c's objectives: its time to first token (with its
+    ``delay`` outside the engine) and its time per output token, the time
+    from its first token to its last over its other tokens (none: 0), as
+    DistServe's goodput counts them (Zhong et al., 2024, arXiv:2401.09670)."""
+    o = inputs.output[r]
+    tpot = (now - first) / (o - 1.0) if o > 1.0 else 0.0
+    return first - arrival[r] + delay <= inputs.class_slo[c] and tpot <= inputs.class_tpot[c]
+
+
+@step
+def _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, full, good):
     """Request r's last token returned at ``now``: its latency (plus its
     ``delay`` outside the engine) into the histogram (and its class's) and
-    its batch-means group, its record kept."""
+    its batch-means group, its record kept; with ``good``, counted if it met
+    its objectives (:func:`_met`)."""
+    arrival, group = ws.arrival, ws.group
     lat = now - arrival[r] + delay
     out.hist[hist_bucket(lat)] += 1
+    if full and good and _met(r, now, ws.first[r], arrival, delay, inputs, class_of(inputs, r)):
+        out.ints[S.good] += 1
+        if inputs.klass.shape[0] > 0:
+            out.class_stats[class_of(inputs, r), CLASS.good] += 1.0
     if full and inputs.klass.shape[0] > 0:
         c = class_of(inputs, r)
         out.class_stats[c, CLASS.completed] += 1.0
@@ -353,13 +374,15 @@ def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
 
 
 @step
-def _first_token(r, now, arrival, delay, out, inputs, keep, r_f, full):
+def _first_token(r, now, arrival, delay, out, inputs, keep, r_f, full, good, first):
     """Request r's first token returned at ``now``: its time to first token
     (plus its ``delay`` outside the engine) into the histogram (and its
     class's, counted within its class's objective or not), its record
     kept.  Returns the time to first token."""
     ttft = now - arrival[r] + delay
     out.hist_ttft[hist_bucket(ttft)] += 1
+    if full and good:
+        first[r] = now
     if full and inputs.klass.shape[0] > 0:
         c = class_of(inputs, r)
         out.class_stats[c, CLASS.sum_ttft] += ttft
@@ -379,20 +402,21 @@ def _return_block(npf, npd, ws, now, out, inputs, requests, config):
     Returns the sums of their times to first token and of their latencies.
     (Given the kernel's structures, not their arrays: the call sits in the
     loop, and each argument it passes is a value the loop keeps.)"""
-    pend_first, pend_done, arrival, group = ws.pend_first, ws.pend_done, ws.arrival, ws.group
+    pend_first, pend_done, arrival = ws.pend_first, ws.pend_done, ws.arrival
     ci, cf = config
     n = ci[C.n]
     keep = ci[C.keep] != 0
+    good = ci[C.goodput] != 0
     gscale = out.group_latency.shape[0] / n if n > 0 else 0.0
     r_f = requests[1]
     delay = cf[C.request_overhead]
     s_ttft = 0.0
     for k in range(npf):
-        s_ttft += _first_token(pend_first[k], now, arrival, delay, out, inputs, keep, r_f, True)
+        s_ttft += _first_token(pend_first[k], now, arrival, delay, out, inputs, keep, r_f, True, good, ws.first)
     s_lat = 0.0
     for k in range(npd):
         r = pend_done[k]
-        _done(r, now, n, gscale, arrival, group, out, inputs, keep, r_f, delay, True)
+        _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, True, good)
         s_lat += now - arrival[r] + delay
     return s_ttft, s_lat
 
@@ -767,7 +791,7 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
         npd += 1
     else:
         completed, sum_lat, last_done = acc
-        _done(r, now, n, gscale, ws.arrival, ws.group, out, inputs, keep, r_f, delay, par[1])
+        _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, par[1], par[2])
         acc = (completed + 1, sum_lat + (now - ws.arrival[r] + delay), now)
     return slots, free, running - 1, npd, acc
 
@@ -871,7 +895,7 @@ def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttf
                 ws.pend_first[npf] = r
                 npf += 1
             else:
-                sum_ttft += _first_token(r, now, ws.arrival, delay, out, inputs, keep, r_f, par[1])
+                sum_ttft += _first_token(r, now, ws.arrival, delay, out, inputs, keep, r_f, par[1], par[2], ws.first)
         else:
             sum_tbt, tbt_count = tbt
             gap = now - ws.last[sl]
@@ -954,7 +978,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     delay = cf[C.request_overhead]
     # (the admission orders' parameters, .admission, and whether the kernel has the orders' token accounting and the
     # classes' statistics: the full kernel's)
-    par = (cf[C.aging], FULL)
+    par = (cf[C.aging], FULL, ci[C.goodput] != 0)
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
     inv_rate = 1.0 / cf[C.rate] if cf[C.rate] > 0.0 else 0.0
@@ -1073,12 +1097,13 @@ lean_kernel = variant(kernel, continuous_kernel, "continuous_kernel_lean", FULL=
 def uses_full(config, inputs) -> bool:
     """Whether a run (its ``config`` and ``inputs``) needs
     :func:`continuous_kernel`'s features: multi-step scheduling, the
-    prefill's attention, request classes (their statistics) or an admission
-    order that counts the tokens served (:data:`.admission.TRACKS`); else
+    prefill's attention, request classes (their statistics), an admission
+    order that counts the tokens served (:data:`.admission.TRACKS`) or
+    goodput (objectives whose attainment it counts); else
     :data:`lean_kernel` runs it."""
     ci, cf = config
     return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
-                or admission.TRACKS[ci[C.admission]])
+                or admission.TRACKS[ci[C.admission]] or ci[C.goodput] != 0)
 
 
 @helper
@@ -1187,7 +1212,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         tally=np.zeros(len(TALLY), np.int64), state_i=state_i, state_f=state_f,
                         group=np.empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
                         pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64),
-                        vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64))
+                        vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64),
+                        first=np.empty(n if cfg["goodput"] else 1))
     return Engine(config, control, inputs, out, requests, ws)
 
 
@@ -1198,7 +1224,7 @@ def warmup() -> None:
     the disk cache keeps it."""
     full = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMISSIONS["multibin"], bins=2, keep=1, controlled=1, memory_on=1,
-                         scheduler_steps=2, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
+                         scheduler_steps=2, goodput=1, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
                          expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
@@ -1206,9 +1232,12 @@ def warmup() -> None:
     x = np.full(4, 3.0)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0),
-                         klass=np.array([0.0, 1.0, 0.0, 1.0]), class_slo=np.array([0.5, np.inf]))
+                         klass=np.array([0.0, 1.0, 0.0, 1.0]), class_slo=np.array([0.5, np.inf]),
+                         class_tpot=np.array([0.1, np.inf]))
     lean = (full[0].copy(), full[1].copy())
     lean[0][C.scheduler_steps] = 1
+    lean[0][C.goodput] = 0
     lean[1][C_COST + PREFILL_ATTENTION] = 0.0
-    for config in (full, lean):
-        run(config, inputs, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)
+    one_class = INPUTS.pack(**{**inputs._asdict(), "klass": np.empty(0)})
+    for config, given in ((full, inputs), (lean, one_class)):
+        run(config, given, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)

@@ -219,15 +219,16 @@ def _stacked(one, engines: int, unset=()):
 
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
-        programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None) -> tuple:
+        programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None) -> tuple:
     """Simulate ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
     ``times``, lengths and predictions (``edges``: the multi-bin admission's
     inner edges), ``programs`` the calls' ``(program, new_tokens,
     session_end)`` and the program table's size (None: every request its
-    own program); ``klass`` each request's class and ``class_slo`` each
-    class's objective on the time to first token (None: no classes).
+    own program); ``klass`` each request's class and ``class_slo`` and
+    ``class_tpot`` each class's objectives on the time to first token and
+    per output token (None: no classes, no objectives).
     Returns each engine's ``(outputs, records, code)`` (as
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
@@ -242,11 +243,12 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     config = _k.CONFIG.pack(**{**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0})
     klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
     class_slo = np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float)
+    class_tpot = np.full(class_slo.size, np.inf) if class_tpot is None else np.asarray(class_tpot, float)
     feeds = Feed(*(np.zeros((engines, klass.size if f == "klass" else n)) for f in Feed._fields))
     one = _k.start(config, _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
                                           arrival_ends=np.full(1, np.inf),
                                           **{f: np.zeros(klass.size if f == "klass" else n) for f in Feed._fields},
-                                          edges=edges, class_slo=class_slo),
+                                          edges=edges, class_slo=class_slo, class_tpot=class_tpot),
                    control=control, groups=groups, ts_rows=ts_rows, grouped=True,
                    longest=int(np.max(output)) if n else 1)
     # (every engine starts as this one; its inputs are read-only views of the feeds)

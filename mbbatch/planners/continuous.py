@@ -98,6 +98,17 @@ class Plan:
         return np.array(slo if isinstance(slo, tuple) else (slo,), dtype=float)
 
     @functools.cached_property
+    def class_tpot(self) -> np.ndarray:
+        """Each request class's objective on the time per output token (s/token)."""
+        slo = self.workload.tpot_slo
+        return np.array(slo if isinstance(slo, tuple) else (slo,), dtype=float)
+
+    @property
+    def goodput(self) -> bool:
+        """Whether the run counts goodput: some class has an objective."""
+        return bool(np.isfinite(self.class_slo).any() or np.isfinite(self.class_tpot).any())
+
+    @functools.cached_property
     def kernel_args(self) -> tuple:
         """The kernel's run configuration and the arrival inputs."""
         pol, m = self.policy, self.model
@@ -111,7 +122,7 @@ class Plan:
             bins=self.class_slo.size if pol.admission == "vtc" else max(1, self.edges.size + 1), aging=pol.aging,
             keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None,
-            scheduler_steps=pol.num_scheduler_steps, rate=rate,
+            scheduler_steps=pol.num_scheduler_steps, goodput=self.goodput, rate=rate,
             **_cost_fields(m, pol), **m.expert_fields(), request_overhead=pol.request_overhead, until=math.inf)
         return config, dict(arrival_times=times, arrival_params=aparams, arrival_ends=aends)
 
@@ -321,7 +332,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
     if c == 1:
         inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
                                 cached=prompt if plan.prefilled else np.empty(0), klass=_classes(klass),
-                                class_slo=plan.class_slo)
+                                class_slo=plan.class_slo, class_tpot=plan.class_tpot)
         yield timed(lambda: _k.run(config, inputs, streams, stop, **kw), n)
         return
     # the arrival times one engine would draw for all n, dealt out; each engine replays its share
@@ -336,7 +347,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                                 output=output[part].copy(), prediction=prediction[part].copy(),
                                 edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0),
                                 klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
-                                class_slo=plan.class_slo)
+                                class_slo=plan.class_slo, class_tpot=plan.class_tpot)
         yield timed(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), m)
 
 
@@ -365,7 +376,8 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     runs, where, local, routed, _ = interruptible(
         lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
                         _k.ContinuousStreams(arrivals), stop, control=plan.control, programs=programs,
-                        groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, klass=klass, class_slo=plan.class_slo),
+                        groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, klass=klass, class_slo=plan.class_slo,
+                        class_tpot=plan.class_tpot),
         stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)
@@ -460,12 +472,12 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     return st, merged, req, ts, queue
 
 
-def _class_metrics(workload, out) -> dict | None:
+def _class_metrics(workload, out, goodput: bool) -> dict | None:
     """Each class's metrics (a mixture's; None for one workload): its share,
     requests completed, mean and 99th percentile of the latency and of the
     time to first token (histogram quantiles), its objective on the time to
     first token and the share of its requests whose first token came within
-    it (the attainment)."""
+    it (the attainment), and its goodput (with objectives)."""
     if not isinstance(workload, Mixture):
         return None
     S = _k.CLASS
@@ -479,8 +491,9 @@ def _class_metrics(workload, out) -> dict | None:
             "share": workload.shares[c], "completed": int(done),
             "mean_latency": float(st[S.sum_latency] / done) if done else nan, "latency_p99": float(q_lat[2]),
             "mean_ttft": float(st[S.sum_ttft] / done) if done else nan, "ttft_p99": float(q_ttft[2]),
-            "ttft_slo": workload.parts[c].ttft_slo,
-            "ttft_attainment": float(st[S.ttft_met] / done) if done else nan}
+            "ttft_slo": workload.parts[c].ttft_slo, "tpot_slo": workload.parts[c].tpot_slo,
+            "ttft_attainment": float(st[S.ttft_met] / done) if done else nan,
+            "goodput": float(st[S.good] / done) if done and goodput else nan}
     return table
 
 
@@ -533,6 +546,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         **{f"ttft_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_ttft)},
         **{f"tbt_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_tbt)},
         "preemptions": st["preemptions"],
+        "goodput": st["good"] / completed if plan.goodput and completed else nan,
         "recomputed_tokens": st["recomputed"] / completed if completed else nan,
         "mean_running": st["running_time"] / busy if busy > 0 else nan,
         "mean_in_system": st["system_time"] / span if positive else nan,
@@ -581,5 +595,5 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
                 "group_mean_latency": g_lat, "batch_size_hist": out.size_hist, **arrays},
         requests=requests, time_series=ts, unstable=unstable, unstable_reason=reason,
         latency_quantiles="exact" if requests is not None else HISTOGRAM_QUANTILES,
-        kernel_seconds=kernel_seconds, classes=_class_metrics(plan.workload, out))
+        kernel_seconds=kernel_seconds, classes=_class_metrics(plan.workload, out, plan.goodput))
     return finish(res, warn, stacklevel=5)

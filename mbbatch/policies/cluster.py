@@ -216,7 +216,8 @@ class Cluster(Policy):
                                  "engines", "engine_policy", "engine_batch_size", "engine_bins", "router",
                                  "route_threshold", "kv_reuse", "programs", "calls", "think_time", "closed_loop",
                                  "session_context", "servers", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
-                                 "kv_tokens", "block_size", "admission", "admission_bins", "sla_control")
+                                 "kv_tokens", "block_size", "admission", "admission_bins", "sla_control", "ttft_slo",
+                                 "tpot_slo")
 
     def __post_init__(self):
         if self.policy is None:

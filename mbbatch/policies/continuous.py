@@ -188,7 +188,8 @@ class ContinuousBatching(Policy):
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
                                  "admission", "admission_bins", "aging", "predictor_sigma", "sla_control", "d_sla",
                                  "eps_d", "b_min", "b_max", "controller", "memory", "eps_m", "servers",
-                                 "iteration_overhead", "request_overhead", "num_scheduler_steps")
+                                 "iteration_overhead", "request_overhead", "num_scheduler_steps", "ttft_slo",
+                                 "tpot_slo")
     models: ClassVar[tuple] = ("iteration", "profile")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True

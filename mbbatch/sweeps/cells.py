@@ -87,15 +87,21 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
     if service in ("uniform", "expon"):
         request_side = {"service": _service_dist(service, params)}
     elif trace is not None:
-        request_side = {"workload": Workload.from_trace(trace, resample=params["trace"]["resample"]),
+        request_side = {"workload": Workload.from_trace(trace, resample=params["trace"]["resample"],
+                                                        **_objectives(params)),
                         "service_model": service_model(service, params)}
     else:
         request_side = {"workload": Workload(prompt=_frozen("lognorm", 0.0, params["prompt_median"],
                                                             params["prompt_sigma"]),
                                              output=_frozen("lognorm", 0.0, params["output_median"],
-                                                            params["output_sigma"])),
+                                                            params["output_sigma"]), **_objectives(params)),
                         "service_model": service_model(service, params)}
     return build(params["kind"], params, trace), arr, request_side
+
+
+def _objectives(params: dict) -> dict:
+    """The requests' objectives a cell sets (``ttft_slo``, ``tpot_slo``; the others' defaults)."""
+    return {k: params[k] for k in ("ttft_slo", "tpot_slo") if k in params}
 
 
 def check_points(spec) -> None:
@@ -222,7 +228,7 @@ def check_capacity_point(arrivals: str, service: str, params: dict, capacity: di
     pol, arr, kw = _search_objects(arrivals, service, params)
     objective = _objective(params)
     check_search(pol, arr, params.get("servers", 1), objective, capacity["rel_tol"], capacity["confidence"],
-                 capacity["max_reps"], capacity["throughput_tol"], params["n"])
+                 capacity["max_reps"], capacity["throughput_tol"], params["n"], workload=kw.get("workload"))
     check_simulation(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)
 
 

@@ -223,6 +223,9 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("prompt_sigma", workload=("tokens",)),
     _sp("output_median", workload=("tokens",)),
     _sp("output_sigma", workload=("tokens",)),
+    # the requests' objectives (goodput's): not workload parameters either, the requests are the same
+    _sp("ttft_slo", workload=_REQ),
+    _sp("tpot_slo", workload=_REQ),
     # the predictor: not a workload parameter (cells that differ only in it see the same requests)
     _sp("predictor_sigma"),
     _sp("predictor_p"),
