@@ -524,7 +524,7 @@ def _trace_replay(reps=2):
 
 
 #: the capacity specs whose synthetic stores the capacity figures read
-CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers")
+CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers", "policy_gains_capacity")
 
 
 def _real_spec_template(name: str, *, reps: bool = True, capacity: bool = False):
@@ -543,7 +543,7 @@ def _real_spec_template(name: str, *, reps: bool = True, capacity: bool = False)
 
 def _capacity_store(name):
     """A capacity store on the real spec's template (sweeps/NAME.toml):
-    synthetic searches, Theorem 4.2 (or a made-up latency law) plus 0.2 %,
+    synthetic searches, Theorem 4.2 (or a made-up latency or goodput law) plus 0.2 %,
     intervals of +-0.5 %, every third search unresolved."""
     from mbbatch.sweeps.cells import point_theory
 
@@ -555,6 +555,11 @@ def _capacity_store(name):
                 ds[var].values[idx] = th[var]
         if "theory_service_rate" in th:
             cap = th["theory_service_rate"] / (1 + params.get("predictor_sigma", 0.0) * (1 - 1 / params["bins"]))
+        elif params.get("objective_goodput") is not None:
+            # (continuous admission orders under a goodput objective: shortest first carries the most, less with
+            # aging, and less as the predictor errs)
+            factor = {"fcfs": 1.0, "spf": 1.15, "multibin": 1.05}[params["admission"]]
+            cap = 6.0 * factor * (0.95 if params.get("aging") else 1.0) / (1 + 0.1 * params["predictor_sigma"])
         else:
             factor = {"static": 0.8, "dynamic": 1.0, "multibin_dynamic": 1.2, "cluster": 1.0}[params["kind"]]
             bound = params.get("objective_latency_p95") or params["objective_ttft_p99"]

@@ -19,10 +19,14 @@ parameters, ``(aging,)`` in tokens/s):
 
 The engine calls :func:`join`, :func:`head`, :func:`admit` and
 :func:`served` (each with the kernel variant's ``full``), which pick the
-order of a run's code (its place in :data:`ORDERS`): a new order is its steps and a line of :data:`ORDERS`, and,
-where it keeps a per-request array, that array's name in its ``arrays``,
-which :func:`mbbatch._kernels.continuous.start` sizes to the run's requests
-(the others get one element).
+order of a run's code (its place in :data:`ORDERS`): a new order is its
+steps and a line of :data:`ORDERS`, and, where it keeps a per-request
+array, that array's name in its ``arrays``, which
+:func:`mbbatch._kernels.continuous.start` sizes to the run's requests (the
+others get one element).  An order that reads the requests' classes or
+counts the tokens served declares ``full``: only the full kernel has its
+code (the lean kernel, which runs the others, would otherwise hold the
+arrays it reads through its loop, 3 % of its time in ``make bench``).
 
 The orders:
 
@@ -72,8 +76,10 @@ import numpy as np
 from .common import step
 from .programs import _heap_pop, _heap_push
 
-#: an admission order: its steps and the workspace arrays it keeps per request
-Order = namedtuple("Order", ("join", "head", "admit", "served", "arrays"))
+#: an admission order: its steps, the workspace arrays it keeps per request, and whether only the full kernel
+#: has it (an order reading the requests' classes or counting the tokens served: the lean kernel, which runs
+#: the others, carries none of its code or of the arrays it reads)
+Order = namedtuple("Order", ("join", "head", "admit", "served", "arrays", "full"))
 #: :func:`served`'s kinds
 JOINED, LEFT, TOKEN = 0, 1, 2
 #: fair sharing's weights of a prompt token and of a generated token (the paper's evaluation's 1 and 2)
@@ -271,14 +277,14 @@ def _vtc_served(kind, r, rounds, par, ws, inputs):
 
 #: the orders, by name (the parameter table's ``admission`` choices); a run's code is an order's place here
 ORDERS: dict = {
-    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, ()),
-    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid")),
-    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _ignored, ("qnext",)),
-    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid")),
-    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, ("qnext",)),
+    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, (), False),
+    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid"), False),
+    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _ignored, ("qnext",), False),
+    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid"), True),
+    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, ("qnext",), True),
 }
-#: per order (by code), whether it counts the tokens served (a ``served`` step: the full kernel runs it)
-TRACKS = tuple(o.served is not _ignored for o in ORDERS.values())
+#: per order (by code), whether only the full kernel has it (:attr:`Order.full`)
+FULL_ONLY = tuple(o.full for o in ORDERS.values())
 #: an order's code, by name
 CODES: dict = {name: code for code, name in enumerate(ORDERS)}
 
@@ -287,8 +293,8 @@ def _dispatch(name: str):
     """A step calling order ``adm``'s step ``name`` for ``(adm, full,
     *args)``: a chain of comparisons on the code, inlined like the steps it
     calls (the loop pays a well-predicted branch per call, as it did when
-    the orders were written into it).  The orders that count the tokens
-    served (:data:`TRACKS`) are in the chain only where ``full`` (a
+    the orders were written into it).  The orders of the full kernel only
+    (:data:`FULL_ONLY`) are in the chain only where ``full`` (a
     compile-time constant of the kernel's variant): the lean kernel, which
     never runs them, carries none of their code."""
     # (numba compiles a closure's free variables as constants: each link is a step of its own, calling its order's
@@ -296,7 +302,7 @@ def _dispatch(name: str):
     steps = [getattr(o, name) for o in ORDERS.values()]
     chain = _end(steps[0], name)
     for code in reversed(range(len(steps))):
-        chain = _link(code, steps[code], chain, name, TRACKS[code])
+        chain = _link(code, steps[code], chain, name, FULL_ONLY[code])
     return chain
 
 
@@ -307,9 +313,9 @@ def _end(fn, name):
     return step(end)
 
 
-def _link(code, fn, rest, name, tracks):
+def _link(code, fn, rest, name, full_only):
     def link(adm, full, *args):
-        if (full or not tracks) and adm == code:
+        if (full or not full_only) and adm == code:
             return fn(*args)
         return rest(adm, full, *args)
     link.__qualname__ = f"admission_{name}_{code}"

@@ -76,9 +76,11 @@ sequence leaves its list at once).
 The kernel is compiled twice from this one code (:func:`~.common.variant`):
 :func:`continuous_kernel` has every feature, and :data:`lean_kernel`, with
 :data:`FULL` off, has neither multi-step scheduling, the prefill's
-attention term, the request classes' statistics nor the admission orders'
-accounting of the tokens served (fair sharing's), whose branches cost the
-loop several % where they are never taken (``make bench``).
+attention term, the request classes' statistics, goodput's count nor the
+admission orders that read the classes or count the tokens served
+(earliest deadline first, fair sharing: :data:`.admission.FULL_ONLY`),
+whose branches and arrays cost the loop several % where they are never
+taken (``make bench``).
 :func:`advance` runs the lean one where a run uses none of them
 (:func:`uses_full`): the two give the same numbers, bit for bit, where both
 apply.
@@ -1098,12 +1100,13 @@ def uses_full(config, inputs) -> bool:
     """Whether a run (its ``config`` and ``inputs``) needs
     :func:`continuous_kernel`'s features: multi-step scheduling, the
     prefill's attention, request classes (their statistics), an admission
-    order that counts the tokens served (:data:`.admission.TRACKS`) or
+    order of the full kernel only (:data:`.admission.FULL_ONLY`: earliest
+    deadline first, fair sharing) or
     goodput (objectives whose attainment it counts); else
     :data:`lean_kernel` runs it."""
     ci, cf = config
     return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
-                or admission.TRACKS[ci[C.admission]] or ci[C.goodput] != 0)
+                or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0)
 
 
 @helper

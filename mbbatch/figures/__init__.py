@@ -43,8 +43,8 @@ A figure's name is the name of the function that draws it:
   shrinks (``continuous_memory``), and its cap set by the dynamic-batching
   controller (``continuous_controller``), against batching run to
   completion on a real trace's lengths (``continuous_trace``), and its
-  admission orders' paired gains over first come first served
-  (``policy_gains``);
+  admission orders' paired gains over first come first served and their
+  capacity under a goodput objective (``policy_gains``);
 - :mod:`.plotting`: any store, a metric against an axis (:func:`plot`,
   ``mbbatch plot``);
 - :mod:`.data`: where datasets live and reading values from them;
@@ -134,7 +134,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("continuous_memory", (continuous.continuous_memory, ["continuous_memory"])),
     ("continuous_controller", (continuous.continuous_controller, ["continuous_controller"])),
     ("continuous_trace", (continuous.continuous_trace, ["continuous_trace_capacity", "continuous_trace"])),
-    ("policy_gains", (continuous.policy_gains, ["policy_gains"])),
+    ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity"])),
 ])
 
 

@@ -17,7 +17,9 @@
 - ``policy_gains``: admission orders (shortest predicted output first,
   plain and with aging, and multi-bin) against first come first served on the same requests, each
   gain in time to first token and p99 latency with its paired interval, at
-  three loads and three predictor errors.
+  three loads and three predictor errors; and each order's capacity under
+  a goodput objective (90 % of the requests within 0.5 s to the first
+  token and 12 ms per output token) against the predictor's error.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from matplotlib.lines import Line2D
 from ..stats import paired_differences
 from .analysis import replication_ci
 from .data import line, per_rep, sim_series, variants
+from .panels import capacity_search
 from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
 __all__ = ["continuous_vs_binned", "continuous_memory", "continuous_controller", "continuous_trace", "policy_gains"]
@@ -295,15 +298,19 @@ def policy_gains(data) -> Figure:
     order's metric over first come first served's against the load (markers:
     the ratio of the means with its paired 95 % interval over the
     replications, :func:`mbbatch.stats.paired_differences`; hollow where
-    the backlog grows); the dashed line at 1 is FCFS."""
+    the backlog grows); the dashed line at 1 is FCFS.  Right: each order's
+    capacity under the goodput objective of ``policy_gains_capacity``
+    against the predictor's error (its interval over the searches)."""
     ds = data["policy_gains"]
     baseline = str(ds.attrs.get("baseline", "fcfs"))
     level = float(ds.attrs.get("confidence_level", 0.95))
     diffs = paired_differences(ds, baseline, level, [m for m, _ in _GAIN_METRICS])
     sigmas = np.asarray(ds["predictor_sigma"].values, dtype=float)
     rates = np.asarray(ds["rate"].values, dtype=float)
-    fig = Figure(figsize=(12.5, 7.2), dpi=100, layout="constrained")
-    axes = fig.subplots(len(_GAIN_METRICS), sigmas.size, sharex=True, sharey="row", squeeze=False)
+    fig = Figure(figsize=(16.0, 7.2), dpi=100, layout="constrained")
+    left, right = fig.subfigures(1, 2, width_ratios=(3.0, 1.15))
+    axes = left.subplots(len(_GAIN_METRICS), sigmas.size, sharex=True, sharey="row", squeeze=False)
+    _goodput_capacity(right.subplots(), data["policy_gains_capacity"])
     for i, (metric, words) in enumerate(_GAIN_METRICS):
         for j, sigma in enumerate(sigmas):
             ax = axes[i, j]
@@ -329,8 +336,33 @@ def policy_gains(data) -> Figure:
                                      f"{ds.sizes['rep']} replications)"),
                              ("hollow", "no steady state (the backlog grows)"),
                              ("--", "first come first served (the baseline)"))
-    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5)
+    left.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5)
     fig.suptitle("Admission orders of a continuous-batching engine against first come first served, on the same "
-                 "requests: the gain and its interval\nH100 profile (Llama-3-8B, vLLM), 16 sequences at most, "
-                 "log-normal prompts and outputs (medians 256 and 128 tokens), Poisson arrivals", fontsize=10)
+                 "requests: the gain and its interval, and the capacity under a goodput objective\nH100 profile "
+                 "(Llama-3-8B, vLLM), 16 sequences at most, log-normal prompts and outputs (medians 256 and 128 "
+                 "tokens), Poisson arrivals", fontsize=10)
     return fig
+
+
+def _goodput_capacity(ax, cap) -> None:
+    """policy_gains' right panel: each order's capacity under the goodput
+    objective (its searches' mean and interval) against the predictor's
+    error, FCFS's included."""
+    x = np.asarray(cap["predictor_sigma"].values, dtype=float)
+    orders = (("fcfs", "first come first served"), *_GAINS)
+    for k, (name, _) in enumerate(orders):
+        c, m = COLORS[k], MARKERS[k]
+        found, lo, hi, unresolved = capacity_search(cap, "predictor_sigma", policy=name)
+        sim_points(ax, x, found, lo, hi, unresolved, c, m)
+        ax.plot(x, found, color=c, lw=0.8, zorder=2)
+    a = cap.attrs
+    ax.set_xlabel("predictor error sigma")
+    ax.set_ylabel("capacity under the goodput objective (requests/s)")
+    ax.set_title(f"largest rate with goodput >= {float(a.get('objective_goodput', 0.9)):g}: time to first token "
+                 f"<= {float(a.get('ttft_slo', np.nan)):g} s\nand per output token <= "
+                 f"{1e3 * float(a.get('tpot_slo', np.nan)):g} ms (DistServe's goodput)", fontsize=9)
+    searches = int(a.get("capacity_searches", 3))
+    ax.legend(handles=[Line2D([], [], color=COLORS[0], marker=MARKERS[0], label="first come first served"),
+                       *style_handles(("sim", f"find_capacity: mean, interval over {searches} searches"),
+                                      ("hollow", "bracket narrowed by probes undecided at the cap"))],
+              loc="lower left", fontsize=8)
