@@ -10,7 +10,14 @@ Targets: at least 5 million requests/s at max_num_seqs = 256; 1,024's time
 per request within 1.5 times 64's.  Beside them, untargeted: a cluster of
 4 such engines (max_num_seqs 256) behind least-used routing at 80 % of
 four engines' throughput, its time per request against one engine's (the
-router advances every engine to every arrival).  Run alone (``python bench/continuous.py``)
+router advances every engine to every arrival).  And each admission order
+at max_num_seqs 256 (target: at least 5 million requests/s for the orders
+added by the policies issue: shortest first with aging, earliest deadline
+first and fair sharing), on a mixture of two classes of the same
+lengths, 3 : 1: for earliest deadline first the first class has
+objectives of 0.5 s to the first token (its deadline) and 12 ms per output
+token (so the run also counts goodput); fair sharing's classes are its
+clients, without objectives.  Both run the full kernel.  Run alone (``python bench/continuous.py``)
 or through ``bench/run.py``.
 """
 
@@ -92,6 +99,41 @@ def bench_cluster(n: int = 10_000_000, runs: int = 3) -> tuple:
     return times["cluster"], times["one"]
 
 
+#: the admission orders timed: (name, ContinuousBatching's settings, the workload (None: one class; else the
+#: two-class mixture, with objectives or not), targeted)
+ORDERS = (("fcfs", dict(admission="fcfs"), None, False), ("spf", dict(admission="spf"), None, False),
+          ("spf, aging 200", dict(admission="spf", aging=200.0), None, True),
+          ("multibin", dict(admission="multibin"), None, False),
+          ("edf, 2 classes", dict(admission="edf"), True, True), ("vtc, 2 clients", dict(admission="vtc"), False, True))
+
+
+def _mixture(objectives: bool):
+    first = mb.Workload(prompt=st.lognorm(0.8, scale=256), output=st.lognorm(0.8, scale=128),
+                        **(dict(ttft_slo=0.5, tpot_slo=0.012) if objectives else {}))
+    return mb.Workload.mixture({"interactive": (3, first), "batch": (1, _workload())})
+
+
+def bench_orders(n: int = 10_000_000, runs: int = 3) -> list:
+    """``[(order, median seconds, targeted), ...]``: each admission order at
+    max_num_seqs 256, 80 % of first come first served's saturated
+    throughput."""
+    wl = _workload()
+    rate = _rate(mb.ContinuousBatching(kv_tokens=KV_TOKENS), wl)
+    out = []
+    for name, settings, objectives, targeted in ORDERS:
+        workload = wl if objectives is None else _mixture(objectives)
+        policy = mb.ContinuousBatching(kv_tokens=KV_TOKENS, **settings)
+        times = []
+        for r in range(runs):
+            t0 = time.process_time()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", mb.UnstableWarning)
+                mb.simulate(policy, arrivals=mb.Poisson(rate), workload=workload, n=n, seed=r)
+            times.append(time.process_time() - t0)
+        out.append((name, median(times), targeted))
+    return out
+
+
 def main():
     n = 10_000_000
     got = bench_continuous(n)
@@ -107,6 +149,10 @@ def main():
     print(f"Cluster of {ENGINES} ContinuousBatching engines, least used, 80 % load, n={m:.0e}: {t_cluster:.3f} s, "
           f"{m / t_cluster / 1e6:.2f} M requests/s; time per request / one engine's: {t_cluster / t_one:.2f} "
           "(no target)")
+    for name, t, targeted in bench_orders(n):
+        print(f"ContinuousBatching(admission={name}), 256 sequences, n={n:.0e}: {t:.3f} s, {n / t / 1e6:.1f} M "
+              f"requests/s" + (f" (target >= {TARGET / 1e6:g} M) {'PASS' if n / t >= TARGET else 'FAIL'}"
+                               if targeted else ""))
 
 
 if __name__ == "__main__":
