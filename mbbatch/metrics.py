@@ -34,6 +34,7 @@ TAGS = {
     "router": "a cluster's router: its routing and programs",
     "laps": "LAPS's prefill instances: short and long requests, its groups",
     "continuous": "a continuous-batching engine: preemptions, running sequences, KV memory",
+    "goodput": "the requests within their objectives on the first token and per output token",
 }
 
 
@@ -189,8 +190,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("mean_kv_usage", "1", "mean share of the KV blocks in use per unit of busy time (NaN: unlimited memory)",
        "continuous"),
     _m("goodput", "1", "share of the completed requests that met both their objectives, on the time to first "
-       "token (ttft_slo) and per output token (tpot_slo; Zhong et al., 2024, DistServe, arXiv:2401.09670); NaN "
-       "where the workload sets neither", "continuous"),
+       "token (ttft_slo) and per output token (tpot_slo; Zhong et al., 2024, DistServe, arXiv:2401.09670; "
+       "run-to-completion batches: the batch's decode time per token); NaN where the workload sets neither",
+       "goodput"),
     _m("mean_max_num_seqs", "sequences", "mean cap on the running sequences per unit of busy time: the "
        "controller's (Algorithms 1, 2 and 7), else max_num_seqs", "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "

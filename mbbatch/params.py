@@ -213,11 +213,11 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("predictor_sigma", "real", "1",
        "log-normal error of the output-length predictor: predicted = output * exp(sigma Z); 0 is the oracle",
        _NONNEG, default=0.0),
-    _p("ttft_slo", "real", "s", "the requests' objective on their time to first token: earliest-deadline-first "
-       "admission's deadline after arrival (continuous batching; inf: none)", Domain(0, MAX_DURATION, or_inf=True),
+    _p("ttft_slo", "real", "s", "the requests' objective on their time to first token, which goodput counts; "
+       "earliest-deadline-first admission's deadline after arrival (inf: none)", Domain(0, MAX_DURATION, or_inf=True),
        default=INF),
     _p("tpot_slo", "real", "s/token", "the requests' objective on their time per output token, (last token - first "
-       "token) / (output - 1), which goodput counts with ttft_slo (continuous batching; inf: none)",
+       "token) / (output - 1), which goodput counts with ttft_slo (inf: none)",
        Domain(0, MAX_DURATION, or_inf=True), default=INF),
     _p("class_share", "real", "1", "a request class's weight in a Workload.mixture: the probability of the class "
        "is its share over the shares' sum", Domain(0, MAX_DURATION)),

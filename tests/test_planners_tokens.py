@@ -2,6 +2,8 @@
 policy's plan from the rule it declares (``event_config``), its memory, and
 its run's backlog guarded against the memory available at each doubling."""
 
+import math
+
 import numpy as np
 import pytest
 import scipy.stats as st
@@ -208,3 +210,23 @@ def test_a_capacity_search_bounds_the_time_between_tokens():
     with pytest.raises(ValueError, match="objective: tbt_p99 is not a metric of MultiBin"):
         find_capacity(mb.MultiBin(bins=2, batch_size=8), service=st.uniform(1, 19), n=2000,
                       objective=Objective(tbt_p99=7e-3))
+
+
+@pytest.mark.parametrize("policy", [mb.StaticBatching(16), mb.DynamicBatching(), mb.ShortestPredictedFirst(16),
+                                    mb.Cluster(mb.DynamicBatching(), engines=2)], ids=lambda p: type(p).__name__)
+def test_goodput_counts_each_member_within_its_objectives(policy):
+    """A member of a run-to-completion batch meets the objective per output
+    token when its batch's decode time per token does (one of a single token
+    has none): with only a time-to-first-token objective goodput is the
+    records' share within it; an unreachable per-token objective leaves the
+    single-token requests within it; no objective, NaN."""
+    prompt, output = st.uniform(16, 496), st.expon(scale=8)
+    runs = {}
+    for key, slo in (("ttft", dict(ttft_slo=0.05)), ("both", dict(ttft_slo=0.05, tpot_slo=1e-9)), ("none", {})):
+        wl = mb.Workload(prompt=prompt, output=output, **slo)
+        runs[key] = mb.simulate(policy, arrivals=mb.Poisson(40.0), workload=wl, n=3000, seed=2, keep_requests=True)
+    q = runs["ttft"].requests
+    within = q.ttft <= 0.05
+    assert runs["ttft"].goodput == pytest.approx(within.mean(), rel=1e-12) and 0.2 < within.mean() < 1.0
+    assert runs["both"].goodput == pytest.approx((within & (q.output <= 1)).mean(), rel=1e-12)
+    assert math.isnan(runs["none"].goodput)

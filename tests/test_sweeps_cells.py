@@ -39,6 +39,8 @@ REFERENCE = json.loads((Path(__file__).parent / "data" / "reference_cells.json")
 #: parameters added since the reference was recorded, at the defaults that
 #: leave a cell as it was (the oracle predictor)
 ADDED_SINCE = {"predictor_sigma": 0.0, "predictor_p": 1.0, "bin_edges": "warmup",
+               # the requests' objectives (goodput's), none
+               "ttft_slo": math.inf, "tpot_slo": math.inf,
                # the service models' parameters, at the models' defaults
                **{nm: SPEC_PARAMS[nm].default for nm in ("base", "per_token", "linear_alpha", "linear_beta",
                                                          "decode_beta", "prefill_per_token", "gamma",

@@ -71,7 +71,9 @@ RUN = Layout("token run", ints=("n", "arrival_kind", "prompt_kind", "output_kind
                                 "predictor"),       # common.PRED_*: what a request is binned by
              floats=("rate",                        # requests/s (Poisson; the first piecewise rate)
                      "predictor_sigma",             # log-normal predictor error; 0: oracle
-                     "predictor_p"))                # bin confusion: the true bin's probability
+                     "predictor_p",                 # bin confusion: the true bin's probability
+                     "ttft_slo",                    # the requests' objectives (goodput: inf, none), s
+                     "tpot_slo"))                   # and s/token
 POLICY = Layout("token policy", ints=("policy", "bins",
                                       "pin",        # static B, or the pinned b_target (0: not pinned)
                                       "max_candidates", "selection",
@@ -116,7 +118,8 @@ STATS = Layout("token statistics",
                      # a cluster's router: large requests (above the threshold), those the program
                      # table routed, calls with a context before them and those served on the engine
                      # holding it, requests re-routed from a removed engine, routing decisions
-                     "large", "table_hits", "followups", "kv_hits", "rerouted", "routes"),
+                     "large", "table_hits", "followups", "kv_hits", "rerouted", "routes",
+                     "good"),          # requests within both their objectives (goodput)
                floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft",
                        "sum_tbt_tokens",   # sum over output tokens of their decode time per token
                        "tokens_out",
@@ -530,19 +533,25 @@ def batch_times(model, sizes, sum_prompt, max_out, max_seq, seq_steps, ctx_steps
 
 
 @step
-def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, hist_ttft, keep, r_i, r_f, batch):
+def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, tpot, slo, mean_tok, hist, hist_ttft, keep, r_i, r_f,
+           batch):
     """The members of a batch (the first nb of queue b, head at slot h0:
     engine e's bin lb), started at ``now`` and done at ``done``: their
     latencies and times to first token into the histograms and, with
     ``keep``, their records.  Returns their summed latency and arrival
     times, the sum of squared deviations of their tokens from ``mean_tok``
-    (for the feedback), and their gaps between two tokens, ``max(output -
-    1, 0)`` each (one decode step apart: the batch's time between tokens)."""
+    (for the feedback), their gaps between two tokens, ``max(output - 1,
+    0)`` each (one decode step apart: the batch's time between tokens), and
+    those within both objectives ``slo = (ttft, tpot)``: their time to first
+    token, and the batch's ``tpot`` (every member's time per output token;
+    a member of one token has none)."""
     ub = np.uint64(b)
     m2 = 0.0
     sum_lat = 0.0
     sum_arr = 0.0
     gaps = 0.0
+    good = 0
+    paced = tpot <= slo[1]
     for j in range(nb):
         sl = np.uint64((h0 + j) & mask)
         a = q[Q.arrival, ub, sl]
@@ -556,6 +565,8 @@ def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, his
         if o > 1.0:
             gaps += o - 1.0
         hist_ttft[hist_bucket(now - a + ttft)] += 1
+        if now - a + ttft <= slo[0] and (paced or o <= 1.0):
+            good += 1
         if keep:
             idx = qidx[ub, sl]
             r_i[RQ.bin, idx] = lb
@@ -564,7 +575,7 @@ def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, mean_tok, hist, his
             r_f[RQ.start, idx] = now
             r_f[RQ.completion, idx] = done
             r_f[RQ.ttft, idx] = now - a + ttft
-    return sum_lat, sum_arr, m2, gaps
+    return sum_lat, sum_arr, m2, gaps, good
 
 
 @subroutine
@@ -631,6 +642,7 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     sigma = rf[R.predictor_sigma]
     predictor = ri[R.predictor]
     confusion_p = rf[R.predictor_p] if predictor == PRED_CONFUSION else 1.0
+    slo = (rf[R.ttft_slo], rf[R.tpot_slo])
     predictions = inputs.predictions
     pi = config.policy[0]
     policy = pi[P.policy]
@@ -827,9 +839,10 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 if done > last_completion:
                     last_completion = done
                 bf = float(nb)
-                sum_lat, sum_arr, m2, gaps = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft,
-                                                    (sum_prompt + sum_out) / bf, hist, hist_ttft, keep, r_i, r_f,
-                                                    n_batches)
+                sum_lat, sum_arr, m2, gaps, good_b = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, tpot,
+                                                            slo, (sum_prompt + sum_out) / bf, hist, hist_ttft, keep,
+                                                            r_i, r_f, n_batches)
+                ints[S.good] += good_b
                 # (the model times the batch, not each step: every gap of its members is its decode
                 # time per token, one bucket per batch)
                 if gaps > 0.0:
@@ -1158,7 +1171,7 @@ def warmup() -> None:
     config = TokenConfig(
         run=RUN.pack(n=n, arrival_kind=ARR_POISSON, prompt_kind=SVC_UNIFORM, output_kind=SVC_UNIFORM, integer=1,
                      keep_requests=1, keep_batches=1, rate=1.0, predictor_sigma=0.0, predictor=PRED_ORACLE,
-                     predictor_p=1.0),
+                     predictor_p=1.0, ttft_slo=np.inf, tpot_slo=np.inf),
         policy=POLICY.pack(policy=FORM_MULTIBIN_DYNAMIC, bins=2, pin=0, max_candidates=4, selection=SEL_ROUND_ROBIN,
                            warmup=4, memory_on=1, servers=2, scratch=0, max_wait=np.inf),
         sla=SLA.pack(variant=0, d_sla=7.5e-3, eps_d=5e-5, b_min=1.0, b_max=4.0, alpha=4.0, delta=2.0,

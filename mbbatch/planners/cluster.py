@@ -138,8 +138,7 @@ def _router_metrics(st: dict) -> dict:
 #: running sequences or KV blocks of theirs (their time between tokens is
 #: measured: the tag ``tbt_quantiles``, as every token-level policy's)
 _NOT_ITERATIONS = {"preemptions": 0, "recomputed_tokens": math.nan, "mean_running": math.nan,
-                   "mean_in_system": math.nan, "mean_kv_usage": math.nan, "mean_max_num_seqs": math.nan,
-                   "goodput": math.nan}
+                   "mean_in_system": math.nan, "mean_kv_usage": math.nan, "mean_max_num_seqs": math.nan}
 
 
 def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):

@@ -89,6 +89,11 @@ class Plan:
         return _pack(self)
 
 
+def _objectives(workload) -> bool:
+    """Whether the workload sets an objective (``ttft_slo`` or ``tpot_slo``: goodput counts the requests within)."""
+    return math.isfinite(workload.ttft_slo) or math.isfinite(workload.tpot_slo)
+
+
 def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches,
           output_law=None) -> Plan:
     """The checked :class:`Plan` of a ``simulate`` call of a token-level policy."""
@@ -169,7 +174,7 @@ def _pack(plan: Plan) -> tuple:
         run=_d.RUN.pack(n=n, arrival_kind=akind, rate=rate, prompt_kind=prompt_kind,
                         output_kind=output_kind, integer=workload.integer_lengths,
                         **plan.predictor.event_fields(), keep_requests=plan.keep_requests,
-                        keep_batches=plan.keep_batches),
+                        keep_batches=plan.keep_batches, ttft_slo=workload.ttft_slo, tpot_slo=workload.tpot_slo),
         policy=_d.POLICY.pack(
             policy=ev.formation, bins=ev.bins, pin=ev.pin, max_candidates=ev.max_candidates,
             selection=ev.selection, warmup=ev.warmup, memory_on=ev.memory_on,
@@ -311,6 +316,8 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
         "token_throughput": tokens_out / span if positive_span else nan,
         "mean_tbt": st["sum_tbt_tokens"] / tokens_out if tokens_out > 0 else nan,
         "mean_ttft": st["sum_ttft"] / completed if completed else nan,
+        # (the requests within both their objectives: NaN where the workload sets neither)
+        "goodput": st["good"] / completed if completed and _objectives(plan.workload) else nan,
         **{f"ttft_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_ttft)},
         **{f"tbt_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_tbt)},
         "sla_violation_tokens": st["sla_tokens"] / tokens_out if tokens_out > 0 else nan,

@@ -211,7 +211,7 @@ class Cluster(Policy):
     kind: ClassVar[str] = "cluster"
     planner: ClassVar[str] = "cluster"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
-                                              "tbt_quantiles", "router", "continuous"})
+                                              "tbt_quantiles", "router", "continuous", "goodput"})
     settings: ClassVar[tuple] = ("d_sla", "eps_d", "b_min", "b_max", "controller", "memory", "eta", "eps_m",
                                  "engines", "engine_policy", "engine_batch_size", "engine_bins", "router",
                                  "route_threshold", "kv_reuse", "programs", "calls", "think_time", "closed_loop",

@@ -184,7 +184,7 @@ class ContinuousBatching(Policy):
     kind: ClassVar[str] = "continuous"
     planner: ClassVar[str] = "continuous"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",
-                                              "tbt_quantiles", "continuous", "controller"})
+                                              "tbt_quantiles", "continuous", "controller", "goodput"})
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
                                  "admission", "admission_bins", "aging", "predictor_sigma", "sla_control", "d_sla",
                                  "eps_d", "b_min", "b_max", "controller", "memory", "eps_m", "servers",

@@ -52,9 +52,9 @@ class DynamicBatching(Policy):
     kind: ClassVar[str] = "dynamic"
     planner: ClassVar[str] = "tokens"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
-                                              "tbt_quantiles", "controller"})
+                                              "tbt_quantiles", "controller", "goodput"})
     settings: ClassVar[tuple] = ("d_sla", "eps_d", "b_min", "b_max", "controller", "memory", "eta", "eps_m",
-                                 "servers")
+                                 "ttft_slo", "tpot_slo", "servers")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
 

@@ -65,8 +65,9 @@ class ShortestPredictedFirst(Policy):
     kind: ClassVar[str] = "spf"
     planner: ClassVar[str] = "tokens"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
-                                              "tbt_quantiles"})
-    settings: ClassVar[tuple] = ("batch_size", "max_wait", "predictor_sigma", "d_sla", "eps_d", "eta", "servers")
+                                              "tbt_quantiles", "goodput"})
+    settings: ClassVar[tuple] = ("batch_size", "max_wait", "predictor_sigma", "d_sla", "eps_d", "eta", "ttft_slo",
+                                 "tpot_slo", "servers")
     engine: ClassVar[bool] = True
 
     def __post_init__(self):

@@ -39,8 +39,8 @@ class StaticBatching(Policy):
     kind: ClassVar[str] = "static"
     planner: ClassVar[str] = "tokens"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
-                                              "tbt_quantiles"})
-    settings: ClassVar[tuple] = ("batch_size", "d_sla", "eps_d", "eta", "servers")
+                                              "tbt_quantiles", "goodput"})
+    settings: ClassVar[tuple] = ("batch_size", "d_sla", "eps_d", "eta", "ttft_slo", "tpot_slo", "servers")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
 
