@@ -542,9 +542,9 @@ def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, tpot, slo, mean_tok
     times, the sum of squared deviations of their tokens from ``mean_tok``
     (for the feedback), their gaps between two tokens, ``max(output - 1,
     0)`` each (one decode step apart: the batch's time between tokens), and
-    those within both objectives ``slo = (ttft, tpot)``: their time to first
-    token, and the batch's ``tpot`` (every member's time per output token;
-    a member of one token has none)."""
+    those within both objectives ``slo = (ttft, tpot, counted)``: their time
+    to first token, and the batch's ``tpot`` (every member's time per output
+    token; a member of one token has none); none unless ``counted``."""
     ub = np.uint64(b)
     m2 = 0.0
     sum_lat = 0.0
@@ -565,7 +565,7 @@ def _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, tpot, slo, mean_tok
         if o > 1.0:
             gaps += o - 1.0
         hist_ttft[hist_bucket(now - a + ttft)] += 1
-        if now - a + ttft <= slo[0] and (paced or o <= 1.0):
+        if slo[2] and now - a + ttft <= slo[0] and (paced or o <= 1.0):
             good += 1
         if keep:
             idx = qidx[ub, sl]
@@ -642,7 +642,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
     sigma = rf[R.predictor_sigma]
     predictor = ri[R.predictor]
     confusion_p = rf[R.predictor_p] if predictor == PRED_CONFUSION else 1.0
-    slo = (rf[R.ttft_slo], rf[R.tpot_slo])
+    # (the objectives, and whether any is set: goodput's count costs nothing otherwise)
+    slo = (rf[R.ttft_slo], rf[R.tpot_slo], rf[R.ttft_slo] < np.inf or rf[R.tpot_slo] < np.inf)
     predictions = inputs.predictions
     pi = config.policy[0]
     policy = pi[P.policy]
@@ -842,7 +843,8 @@ def dynamic_kernel(config, inputs, streams, out, requests, batches, ws, stop, cl
                 sum_lat, sum_arr, m2, gaps, good_b = _serve(q, qidx, b, lb, e, h0, nb, mask, now, done, ttft, tpot,
                                                             slo, (sum_prompt + sum_out) / bf, hist, hist_ttft, keep,
                                                             r_i, r_f, n_batches)
-                ints[S.good] += good_b
+                if slo[2]:
+                    ints[S.good] += good_b
                 # (the model times the batch, not each step: every gap of its members is its decode
                 # time per token, one bucket per batch)
                 if gaps > 0.0:
