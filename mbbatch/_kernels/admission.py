@@ -4,8 +4,9 @@ are admitted in, each declared once in :data:`ORDERS`.
 An order keeps the waiting requests (not the preempted ones: the engine
 resumes those first, the last preempted first) in the workspace's arrays and
 three scalars, its queue ``q = (front, size, rr)``, and is four steps
-(``rounds``: the engine's decode rounds so far; ``par``: the orders'
-parameters, ``(aging,)`` in tokens/s):
+(``rounds``: the engine's decode rounds so far; ``par = (aging, full,
+goodput)``: the aging rate, tokens/s, the kernel variant's compile-time
+``FULL`` and whether the run counts goodput):
 
 - ``join(q, i, par, ws, inputs, rounds) -> q``: request ``i`` arrived;
 - ``head(q, par, ws, inputs, rounds) -> (r, b)``: the request it admits
@@ -218,7 +219,8 @@ def _counter(u, rounds, ws):
 def _vtc_join(q, i, par, ws, inputs, rounds):
     """Into its client's queue; a client with nothing waiting first has its
     counter lifted to the least of the waiting clients' (none waiting: to
-    that of the client admitted last, ``q[2]``)."""
+    that of the client admitted last, ``q[2]``; before any admission client
+    0's, whose counter is then 0 as every client's: no lift)."""
     u = class_of(inputs, i)
     bh = ws.bh
     if bh[u] < 0:
