@@ -203,6 +203,9 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     # (a cluster's engines each have room for every request, but the pages of a request's entries are touched
     # only on the engine it is routed to: its memory is the requests' once, and each engine's records)
     per = 8 * 14 * n if cluster is None else 8 * 19 * n
+    # (a mixture's classes, and their draw's uniforms; goodput's first-token times)
+    slos = np.concatenate([np.atleast_1d(workload.ttft_slo), np.atleast_1d(workload.tpot_slo)])
+    per += 8 * n * (2 * isinstance(workload, Mixture) + bool(np.isfinite(slos).any()))
     # servers engines run one after another, each folded into the run's as it ends (_merged): one engine's
     # workspace and histograms at a time (beside their sums and a temporary), each engine's time series and
     # controller state kept to the end; a cluster's engines run side by side, all theirs at once
