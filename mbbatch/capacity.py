@@ -393,8 +393,7 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
                 raise ValueError(f"objective: {m} is not a metric of {type(policy).__name__} (it applies to "
                                  f"{', '.join(sorted(METRICS[m].kinds))})")
     if objective is not None and objective.goodput is not None:
-        slos = np.concatenate([np.atleast_1d(getattr(workload, k, math.inf)) for k in ("ttft_slo", "tpot_slo")])
-        if not np.isfinite(slos).any():
+        if not getattr(workload, "has_objectives", False):
             raise ValueError("objective: goodput is the share of requests within their objectives, the workload's "
                              "ttft_slo and tpot_slo; the workload sets neither (Workload(..., ttft_slo=..., "
                              "tpot_slo=...))")

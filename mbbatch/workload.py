@@ -8,6 +8,8 @@ length.  The batch service models are in :mod:`mbbatch.service_models`.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 
@@ -101,6 +103,11 @@ class Workload:
             prompt, output = Empirical(prompt), Empirical(output)
         return cls(prompt=prompt, output=output, **kw)
 
+    @property
+    def has_objectives(self) -> bool:
+        """Whether it sets an objective (``ttft_slo`` or ``tpot_slo``): goodput counts the requests within them."""
+        return math.isfinite(self.ttft_slo) or math.isfinite(self.tpot_slo)
+
     def length_specs(self, name: str = "workload") -> list:
         """``[(parameter, spec)]``: its prompt and output lengths' specs, named as the parameters that set them."""
         return [(f"{name}.prompt", self._prompt), (f"{name}.output", self._output)]
@@ -187,6 +194,11 @@ class Mixture:
     def tpot_slo(self) -> tuple:
         """Each class's time per output token objective, s/token."""
         return tuple(p.tpot_slo for p in self.parts)
+
+    @property
+    def has_objectives(self) -> bool:
+        """Whether a class sets an objective."""
+        return any(p.has_objectives for p in self.parts)
 
     def mean(self, which: str) -> float:
         """The mean ``"prompt"`` or ``"output"`` length over the classes, tokens."""

@@ -216,20 +216,28 @@ def _counter(u, rounds, ws):
 
 
 @step
+def _least(rounds, ws):
+    """The client of least counter among those with requests waiting (ties:
+    the lower) and its counter; ``(-1, inf)`` where none waits."""
+    bh = ws.bh
+    best, least = -1, np.inf
+    for v in range(bh.shape[0]):
+        if bh[v] >= 0:
+            c = _counter(v, rounds, ws)
+            if c < least:
+                best, least = v, c
+    return best, least
+
+
+@step
 def _vtc_join(q, i, par, ws, inputs, rounds):
     """Into its client's queue; a client with nothing waiting first has its
     counter lifted to the least of the waiting clients' (none waiting: to
     that of the client admitted last, ``q[2]``; before any admission client
     0's, whose counter is then 0 as every client's: no lift)."""
     u = class_of(inputs, i)
-    bh = ws.bh
-    if bh[u] < 0:
-        least = np.inf
-        for v in range(bh.shape[0]):
-            if bh[v] >= 0:
-                c = _counter(v, rounds, ws)
-                if c < least:
-                    least = c
+    if ws.bh[u] < 0:
+        _, least = _least(rounds, ws)
         if least == np.inf and q[2] >= 0:
             least = _counter(q[2], rounds, ws)
         if least != np.inf and least > _counter(u, rounds, ws):
@@ -241,14 +249,8 @@ def _vtc_join(q, i, par, ws, inputs, rounds):
 @step
 def _vtc_head(q, par, ws, inputs, rounds):
     """The earliest waiting request of the client of least counter (ties: the lower)."""
-    bh = ws.bh
-    best, least = -1, np.inf
-    for v in range(bh.shape[0]):
-        if bh[v] >= 0:
-            c = _counter(v, rounds, ws)
-            if c < least:
-                best, least = v, c
-    return (bh[best], best) if best >= 0 else (-1, -1)
+    best, _ = _least(rounds, ws)
+    return (ws.bh[best], best) if best >= 0 else (-1, -1)
 
 
 @step

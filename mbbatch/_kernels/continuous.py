@@ -343,12 +343,13 @@ def _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, full, good):
     arrival, group = ws.arrival, ws.group
     lat = now - arrival[r] + delay
     out.hist[hist_bucket(lat)] += 1
-    if full and good and _met(r, now, ws.first[r], arrival, delay, inputs, class_of(inputs, r)):
+    classed = full and inputs.klass.shape[0] > 0
+    c = class_of(inputs, r)
+    if full and good and _met(r, now, ws.first[r], arrival, delay, inputs, c):
         out.ints[S.good] += 1
-        if inputs.klass.shape[0] > 0:
-            out.class_stats[class_of(inputs, r), CLASS.good] += 1.0
-    if full and inputs.klass.shape[0] > 0:
-        c = class_of(inputs, r)
+        if classed:
+            out.class_stats[c, CLASS.good] += 1.0
+    if classed:
         out.class_stats[c, CLASS.completed] += 1.0
         out.class_stats[c, CLASS.sum_latency] += lat
         out.class_hist[c, 0, hist_bucket(lat)] += 1

@@ -94,19 +94,17 @@ class Plan:
     @functools.cached_property
     def class_slo(self) -> np.ndarray:
         """Each request class's objective on the time to first token (s; one class without a mixture)."""
-        slo = self.workload.ttft_slo
-        return np.array(slo if isinstance(slo, tuple) else (slo,), dtype=float)
+        return np.atleast_1d(np.array(self.workload.ttft_slo, dtype=float))
 
     @functools.cached_property
     def class_tpot(self) -> np.ndarray:
         """Each request class's objective on the time per output token (s/token)."""
-        slo = self.workload.tpot_slo
-        return np.array(slo if isinstance(slo, tuple) else (slo,), dtype=float)
+        return np.atleast_1d(np.array(self.workload.tpot_slo, dtype=float))
 
     @property
     def goodput(self) -> bool:
         """Whether the run counts goodput: some class has an objective."""
-        return bool(np.isfinite(self.class_slo).any() or np.isfinite(self.class_tpot).any())
+        return self.workload.has_objectives
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
@@ -204,8 +202,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     # only on the engine it is routed to: its memory is the requests' once, and each engine's records)
     per = 8 * 14 * n if cluster is None else 8 * 19 * n
     # (a mixture's classes, and their draw's uniforms; goodput's first-token times)
-    slos = np.concatenate([np.atleast_1d(workload.ttft_slo), np.atleast_1d(workload.tpot_slo)])
-    per += 8 * n * (2 * isinstance(workload, Mixture) + bool(np.isfinite(slos).any()))
+    per += 8 * n * (2 * isinstance(workload, Mixture) + workload.has_objectives)
     # servers engines run one after another, each folded into the run's as it ends (_merged): one engine's
     # workspace and histograms at a time (beside their sums and a temporary), each engine's time series and
     # controller state kept to the end; a cluster's engines run side by side, all theirs at once

@@ -89,11 +89,6 @@ class Plan:
         return _pack(self)
 
 
-def _objectives(workload) -> bool:
-    """Whether the workload sets an objective (``ttft_slo`` or ``tpot_slo``: goodput counts the requests within)."""
-    return math.isfinite(workload.ttft_slo) or math.isfinite(workload.tpot_slo)
-
-
 def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches,
           output_law=None) -> Plan:
     """The checked :class:`Plan` of a ``simulate`` call of a token-level policy."""
@@ -317,7 +312,7 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
         "mean_tbt": st["sum_tbt_tokens"] / tokens_out if tokens_out > 0 else nan,
         "mean_ttft": st["sum_ttft"] / completed if completed else nan,
         # (the requests within both their objectives: NaN where the workload sets neither)
-        "goodput": st["good"] / completed if completed and _objectives(plan.workload) else nan,
+        "goodput": st["good"] / completed if completed and plan.workload.has_objectives else nan,
         **{f"ttft_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_ttft)},
         **{f"tbt_{k}": float(v) for k, v in zip(("p50", "p95", "p99"), q_tbt)},
         "sla_violation_tokens": st["sla_tokens"] / tokens_out if tokens_out > 0 else nan,
