@@ -1,7 +1,10 @@
 """The LAPS kernel (mbbatch._kernels.laps) through mb.simulate: its router
 decides as mbbatch.routing.LapsRouter at every step, every request is served
 once, the dual queue and the waiting window on a hand-checked schedule, the
-256/257 boundary, and the equivalence with one FIFO queue."""
+256/257 boundary, the equivalence with one FIFO queue, and goodput without a
+decode stage (the first tokens within ttft_slo)."""
+
+import math
 
 import numpy as np
 import pytest
@@ -325,6 +328,18 @@ def test_find_capacity_refuses_an_objective_laps_does_not_measure():
                          objective=mb.Objective(sla_violation_share=0.1))
 
 
+def _kernel_args(n, ttft_slo=np.inf):
+    """The kernel's configuration and inputs of a small run: 3 instances, uniform prompts in [1, 601]."""
+    from mbbatch._kernels import laps as k
+
+    config = k.CONFIG.pack(n=n, arrival_kind=k.ARR_POISSON, prompt_kind=k.SVC_UNIFORM, integer=1, instances=3,
+                           threshold=256, max_batch=4, dual=1, dynamic=1, long0=1, keep=1, rate=40.0, window=0.005,
+                           max_batch_tokens=4000.0, interval=0.5, ratio=2.0, a=0.01, b=1e-4, ttft_slo=ttft_slo)
+    inputs = k.INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
+                           prompt_params=np.array([1.0, 600.0]), prompt_values=np.empty(0))
+    return config, inputs
+
+
 @pytest.mark.parametrize("n,groups", [(5, 32), (100, 7), (1000, 32), (1000, 64), (777, 1)])
 def test_the_backlog_checks_group_sums_are_each_arrival_groups(n, groups):
     """The kernel's TTFT sums and counts per category and contiguous group of
@@ -334,11 +349,7 @@ def test_the_backlog_checks_group_sums_are_each_arrival_groups(n, groups):
     groups too; more groups than a request's record holds are refused."""
     from mbbatch._kernels import laps as k
 
-    config = k.CONFIG.pack(n=n, arrival_kind=k.ARR_POISSON, prompt_kind=k.SVC_UNIFORM, integer=1, instances=3,
-                           threshold=256, max_batch=4, dual=1, dynamic=1, long0=1, keep=1, rate=40.0, window=0.005,
-                           max_batch_tokens=4000.0, interval=0.5, ratio=2.0, a=0.01, b=1e-4)
-    inputs = k.INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
-                           prompt_params=np.array([1.0, 600.0]), prompt_values=np.empty(0))
+    config, inputs = _kernel_args(n)
     gen = np.random.default_rng(n)
     out, req, code = k.run(config, inputs, k.LapsStreams(gen, gen), np.zeros(k.STOP_SIZE, np.int64), groups=groups)
     assert code == 0
@@ -351,3 +362,79 @@ def test_the_backlog_checks_group_sums_are_each_arrival_groups(n, groups):
     np.testing.assert_allclose(out.group_ttft, total, rtol=1e-12, atol=0.0)
     with pytest.raises(ValueError, match=r"groups must be an integer in \[1, 64\]; got 65"):
         k.run(config, inputs, k.LapsStreams(gen, gen), np.zeros(k.STOP_SIZE, np.int64), groups=65)
+
+
+# --- goodput --------------------------------------------------------------------------------
+
+
+def test_the_kernel_counts_the_first_tokens_within_ttft_slo_only_where_it_is_set():
+    """The kernel's ``good`` is the records' count of first tokens within
+    ttft_slo; without an objective (inf) it counts nothing, and the run is
+    the same bit for bit either way."""
+    from mbbatch._kernels import laps as k
+
+    n, slo = 2000, 0.05
+    runs = {}
+    for key, value in (("slo", slo), ("none", np.inf)):
+        config, inputs = _kernel_args(n, ttft_slo=value)
+        gen = np.random.default_rng(11)
+        runs[key] = k.run(config, inputs, k.LapsStreams(gen, gen), np.zeros(k.STOP_SIZE, np.int64))
+    (out, req, _), (bare, bare_req, _) = runs["slo"], runs["none"]
+    good = np.count_nonzero(req["first_token"] - req["arrival"] <= slo)
+    assert k.STATS.unpack((out.ints, out.floats))["good"] == good and 0 < good < n
+    assert k.STATS.unpack((bare.ints, bare.floats))["good"] == 0
+    np.testing.assert_array_equal(np.delete(out.ints, k.STATS.index.good), np.delete(bare.ints, k.STATS.index.good))
+    np.testing.assert_array_equal(out.floats, bare.floats)
+    for col in req:
+        np.testing.assert_array_equal(req[col], bare_req[col])
+
+
+def test_goodput_without_a_decode_stage_is_the_share_of_first_tokens_within_ttft_slo():
+    """Without a decode stage a request ends at its first token: goodput is
+    the share of the records whose time to first token is within ttft_slo,
+    recomputed here exactly; the objective changes nothing else (every other
+    metric and record bit for bit); without objectives goodput is NaN."""
+    pol = mb.LAPS(instances=3)
+    bare = _run(pol, n=4000, rate=70.0, seed=5)
+    slo = float(np.median(bare.requests.first_token - bare.requests.arrival))
+    res = _run(pol, n=4000, rate=70.0, seed=5,
+               workload=mb.Workload(prompt=WL.prompt, output=WL.output, ttft_slo=slo))
+    r = res.requests
+    within = r.first_token - r.arrival <= slo
+    assert res.goodput == within.mean() and 0.4 < within.mean() < 0.6
+    assert math.isnan(bare.goodput)
+    others = {m: v for m, v in res.metrics().items() if m != "goodput"}
+    np.testing.assert_equal(others, {m: v for m, v in bare.metrics().items() if m != "goodput"})
+    for col in r.columns:
+        np.testing.assert_array_equal(getattr(r, col), getattr(bare.requests, col))
+
+
+def test_a_time_per_output_token_objective_without_a_decode_stage_is_refused():
+    """LAPS without a decode stage returns only each request's first token:
+    there is no time per output token to hold to tpot_slo, so a workload
+    with one is refused, naming it, rather than counted as met; with a
+    decode stage it is taken."""
+    wl = mb.Workload(prompt=WL.prompt, output=WL.output, ttft_slo=0.1, tpot_slo=0.02)
+    with pytest.raises(ValueError, match=r"tpot_slo: LAPS without a decode stage .* got tpot_slo = 0\.02"):
+        mb.simulate(mb.LAPS(instances=2), arrivals=mb.Poisson(10.0), workload=wl, n=100, seed=0)
+    res = mb.simulate(mb.LAPS(instances=2, decode=mb.DynamicBatching()), arrivals=mb.Poisson(10.0), workload=wl,
+                      n=200, seed=0)
+    assert 0.0 <= res.goodput <= 1.0
+
+
+@pytest.mark.parametrize("policy, slo", [
+    (mb.LAPS(instances=2), dict(ttft_slo=0.1)),
+    (mb.LAPS(instances=2, decode=mb.ContinuousBatching(max_num_seqs=16)), dict(ttft_slo=0.1, tpot_slo=0.02)),
+], ids=["prefill", "continuous decode stage"])
+def test_find_capacity_searches_laps_under_a_goodput_objective(policy, slo):
+    """Objective(goodput=0.9) applies to LAPS (it was refused: not a metric
+    of LAPS): the highest rate that passed has its goodput's interval at or
+    above 0.9, and some probe the instances carry (load and throughput
+    passing) fails on goodput alone."""
+    wl = mb.Workload(prompt=st.lognorm(1.0, scale=200), output=st.expon(scale=16), **slo)
+    cap = mb.find_capacity(policy, workload=wl, n=2000, seed=3, rel_tol=0.05, searches=1,
+                           objective=mb.Objective(goodput=0.9))
+    passed = max((p for p in cap.probes if p.verdict == "pass"), key=lambda p: p.rate)
+    assert cap.rate > 0 and passed.row("goodput")[2] >= 0.9
+    assert any(p.row("goodput")[5] == "fail" and p.row("load")[5] == p.row("throughput / rate")[5] == "pass"
+               for p in cap.probes)

@@ -1,6 +1,10 @@
 """The planner of LAPS (mbbatch.planners.laps): its prefill model, its
-refusals, and its decode stage planned on the event kernel."""
+refusals, its decode stage planned on the event kernel, and goodput across
+the two stages."""
 
+import math
+
+import numpy as np
 import pytest
 import scipy.stats as st
 
@@ -121,3 +125,42 @@ def test_the_memory_check_names_decode_servers_when_the_decode_engines_are_too_m
     check_simulation(mb.LAPS(instances=2, decode=mb.ContinuousBatching(), decode_servers=1000), **kw)
     with pytest.raises(ValueError, match=r"^decode_servers: this run needs 3\.\d GiB .* for the 100000 engines'"):
         check_simulation(mb.LAPS(instances=2, decode=mb.ContinuousBatching(), decode_servers=100_000), **kw)
+
+
+# --- goodput across the prefill and the decode stage ---------------------------------------
+
+
+@pytest.mark.parametrize("stage", [mb.StaticBatching(8), mb.DynamicBatching(), mb.ContinuousBatching(max_num_seqs=16)],
+                         ids=lambda p: type(p).__name__)
+def test_goodput_with_a_decode_stage_counts_both_objectives_end_to_end(stage):
+    """With a decode stage goodput is the share of the requests within both
+    objectives, recomputed here from the records exactly: the prefill's time
+    to first token within ttft_slo, and (completion - first token) /
+    (output - 1), the decode stage's wait included (0 for a single token),
+    within tpot_slo.  Each objective turns away requests the other lets
+    through; the objectives change nothing else (every other metric and
+    record bit for bit); with ttft_slo alone it is the share within it;
+    without objectives, NaN."""
+    pol = mb.LAPS(instances=2, decode=stage, decode_servers=2)
+    prompt, output = st.lognorm(1.0, scale=200), st.expon(scale=16)
+    kw = dict(arrivals=mb.Poisson(20.0), n=3000, seed=2, keep_requests=True)
+    bare = mb.simulate(pol, workload=mb.Workload(prompt=prompt, output=output), **kw)
+    q = bare.requests
+    ttft = q.first_token - q.arrival
+    many = q.output > 1
+    tpot = np.zeros(q.output.size)
+    tpot[many] = (q.completion[many] - q.first_token[many]) / (q.output[many] - 1)
+    ttft_slo, tpot_slo = float(np.quantile(ttft, 0.8)), float(np.quantile(tpot, 0.8))
+    res = mb.simulate(pol, workload=mb.Workload(prompt=prompt, output=output, ttft_slo=ttft_slo, tpot_slo=tpot_slo),
+                      **kw)
+    fast, paced = ttft <= ttft_slo, tpot <= tpot_slo
+    within = fast & paced
+    assert res.goodput == within.mean()
+    assert np.any(fast & ~paced) and np.any(paced & ~fast) and np.any(within & ~many)
+    assert math.isnan(bare.goodput)
+    others = {m: v for m, v in res.metrics().items() if m != "goodput"}
+    np.testing.assert_equal(others, {m: v for m, v in bare.metrics().items() if m != "goodput"})
+    for col in q.columns:
+        np.testing.assert_array_equal(getattr(res.requests, col), getattr(q, col))
+    first = mb.simulate(pol, workload=mb.Workload(prompt=prompt, output=output, ttft_slo=ttft_slo), **kw)
+    assert first.goodput == fast.mean()

@@ -22,6 +22,11 @@ requests have their first token and leave the router's pending counts.
 
 At equal times: batch ends first, then arrivals, then window expiries.
 
+With an objective on the time to first token (``ttft_slo`` finite), the
+requests whose first token came within it are counted (goodput without a
+decode stage, which has no time per output token; Zhong et al., 2024,
+DistServe, arXiv:2401.09670); without one the count is skipped.
+
 Pure numba on arrays and scalars; the Python side is
 :mod:`mbbatch.simulation` (``run`` allocates and calls).
 """
@@ -38,10 +43,11 @@ from .layout import Arrays, Layout
 
 #: the run's scalars: ``dual`` 1 for the dual queue (else one FIFO),
 #: ``dynamic`` 1 for the router's dynamic allocation, ``long0`` the
-#: instances of the long group at first (the highest ids)
+#: instances of the long group at first (the highest ids), ``ttft_slo`` the
+#: requests' objective on the time to first token (s; inf: none, nothing counted)
 CONFIG = Layout("LAPS run", ints=("n", "arrival_kind", "prompt_kind", "integer", "instances", "threshold",
                                   "max_batch", "dual", "dynamic", "long0", "keep"),
-                floats=("rate", "window", "max_batch_tokens", "interval", "ratio", "a", "b"))
+                floats=("rate", "window", "max_batch_tokens", "interval", "ratio", "a", "b", "ttft_slo"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the prompt distribution's parameters or
 #: replayed values
@@ -50,8 +56,8 @@ INPUTS = Arrays("LapsInputs", __name__, readonly=True, arrival_times=np.float64,
 LapsInputs = INPUTS.type
 #: the random streams: arrival gaps and prompt lengths
 LapsStreams = namedtuple("LapsStreams", ("arrival", "prompt"))
-#: the statistics
-STATS = Layout("LAPS statistics", ints=("completed", "batches", "short", "moves"),
+#: the statistics (``good``: the requests whose first token came within ``ttft_slo``; 0 without it)
+STATS = Layout("LAPS statistics", ints=("completed", "batches", "short", "moves", "good"),
                floats=("first_arrival", "last_completion", "busy", "sum_ttft", "sum_ttft_short",
                        "sum_ttft_long", "sum_batch", "short_instance_time"))
 #: the outputs: TTFT histograms of the short and the long requests, the
@@ -173,6 +179,9 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     b = cf[C.b]
     rate = cf[C.rate]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
+    ttft_slo = cf[C.ttft_slo]
+    # (goodput's count only where the objective is set: it costs nothing otherwise)
+    counted = ttft_slo < np.inf
 
     arrival = ws.arrival
     prompt = ws.prompt
@@ -228,6 +237,7 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     t_prev = arrival[0] if n > 0 else 0.0
 
     completed = 0
+    good = 0
     n_batches = 0
     n_short = 0
     busy = 0.0
@@ -284,6 +294,8 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
                     hist_l[h] += 1
                     pending_l -= 1
                 outstanding[e] -= 1
+                if counted and ttft <= ttft_slo:
+                    good += 1
                 if keep:
                     r_f[RQ.first_token, r] = now
             completed += batch_n[e]
@@ -364,6 +376,7 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     st_i[S.batches] = n_batches
     st_i[S.short] = n_short
     st_i[S.moves] = moves
+    st_i[S.good] = good
     st_f[S.first_arrival] = arrival[0] if n > 0 else np.nan
     st_f[S.last_completion] = last
     st_f[S.busy] = busy
@@ -413,7 +426,7 @@ def warmup() -> None:
     """Compile the kernel (or load it from the cache) on a tiny input."""
     config = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, prompt_kind=SVC_UNIFORM, integer=1, instances=2,
                          threshold=256, max_batch=2, dual=1, dynamic=1, long0=1, keep=1, rate=1.0, window=0.005,
-                         max_batch_tokens=1000.0, interval=1.0, ratio=2.0, a=0.01, b=1e-4)
+                         max_batch_tokens=1000.0, interval=1.0, ratio=2.0, a=0.01, b=1e-4, ttft_slo=0.1)
     inputs = INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.full(1, np.inf),
                          prompt_params=np.array([1.0, 500.0]), prompt_values=np.empty(0))
     gen = np.random.default_rng(0)

@@ -1,7 +1,16 @@
 """The planner of LAPS (arXiv:2601.11589) on its kernel
 (:mod:`mbbatch._kernels.laps`): prefill instances behind the LAPS router,
 and, with a decode stage, the token-level plan (:mod:`.tokens`) of the decode
-servers on the requests' first tokens."""
+servers on the requests' first tokens.
+
+Goodput (Zhong et al., 2024, DistServe, arXiv:2401.09670): without a decode
+stage a request ends at its first token, so only ``ttft_slo`` applies (the
+kernel counts the requests within it) and a ``tpot_slo`` is refused; with
+one, each request's time to first token (the prefill's) and time per output
+token, ``(last token - first token) / (output - 1)`` from its prefill's first
+token to the decode stage's last (the wait for the decode stage included),
+are read from the per-request arrays the decode stage needs anyway.  NaN
+where the workload sets neither objective."""
 
 from __future__ import annotations
 
@@ -87,7 +96,9 @@ class Plan:
             # (the decode stage starts each request at its first token)
             keep=self.keep_requests or pol.decode is not None, rate=rate,
             window=pol.window, max_batch_tokens=pol.max_batch_tokens, interval=pol.interval, ratio=pol.ratio,
-            a=self.model.a, b=self.model.b)
+            a=self.model.a, b=self.model.b,
+            # (goodput's count: the kernel's without a decode stage; with one, from the per-request arrays)
+            ttft_slo=workload.ttft_slo if pol.decode is None else math.inf)
         inputs = _l.INPUTS.pack(arrival_times=times, arrival_params=aparams, arrival_ends=aends,
                                 prompt_params=workload._prompt.params, prompt_values=workload._prompt.values)
         return config, inputs
@@ -117,6 +128,11 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                         f"tokens) or an IterationModel (its prefill iteration); got {type(model).__name__}")
     # (an engine's prefill batch is one prefill iteration: exactly a PrefillModel)
     model = model.prefill_model()
+    if policy.decode is None and math.isfinite(workload.tpot_slo):
+        raise ValueError(f"tpot_slo: LAPS without a decode stage returns each request's first token alone, so it "
+                         f"has no time per output token to hold to an objective; give LAPS a decode stage "
+                         f"(decode=..., its decode instances) or leave tpot_slo at inf (goodput then counts "
+                         f"ttft_slo alone); got tpot_slo = {workload.tpot_slo!r}")
     check_arrivals(arrivals)
     n = resolve_n(n, arrivals, [("workload.prompt", workload._prompt)])
     E = policy.instances
@@ -169,6 +185,21 @@ def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
     completion = np.empty(n)
     completion[order] = res.requests.completion
     return res, completion, out
+
+
+def _goodput(workload: Workload, req: dict, completion: np.ndarray, output: np.ndarray) -> float:
+    """The share of the requests (every one completed) that met both the
+    workload's objectives end to end: the time to first token (the
+    prefill's) within ``ttft_slo``, and the time per output token,
+    ``(completion - first token) / (output - 1)`` (none for one token, as
+    the continuous engine's), within ``tpot_slo`` (DistServe's goodput, Zhong
+    et al., 2024, arXiv:2401.09670: the wait for the decode stage counts)."""
+    first = req["first_token"]
+    ok = first - req["arrival"] <= workload.ttft_slo
+    if math.isfinite(workload.tpot_slo):
+        many = output > 1.0
+        ok[many] &= (completion[many] - first[many]) / (output[many] - 1.0) <= workload.tpot_slo
+    return np.count_nonzero(ok) / ok.size
 
 
 def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: np.ndarray) -> dict:
@@ -231,6 +262,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         "short_share": short / completed if completed else nan,
         "group_moves": st["moves"],
         "mean_short_instances": (st["short_instance_time"] / span if pol.routed else float(E)) if positive else nan,
+        # (the requests whose first token met ttft_slo, no tpot_slo without a decode stage: NaN without objectives)
+        "goodput": st["good"] / completed if completed and plan.workload.has_objectives else nan,
     }
     k = min(st["moves"], out.move_time.size)
     how = HISTOGRAM_QUANTILES
@@ -248,7 +281,9 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         extra.update(throughput=completed / span if span > 0 else nan, mean_latency=float(e2e.mean()),
                      latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]), span=span,
                      token_throughput=float(output.sum()) / span if span > 0 else nan, mean_tbt=decode.mean_tbt,
-                     **{f"tbt_{k}": getattr(decode, f"tbt_{k}") for k in ("p50", "p95", "p99")})
+                     **{f"tbt_{k}": getattr(decode, f"tbt_{k}") for k in ("p50", "p95", "p99")},
+                     goodput=_goodput(plan.workload, req, completion, output) if plan.workload.has_objectives
+                     else nan)
         arrays["decode"] = decode
         how = f"latency exact (end to end); time to first token from histograms, {HISTOGRAM_ERROR}"
     requests = None

@@ -57,6 +57,17 @@ class LAPS(Policy):
     ``res.decode`` is the decode stage's own result.  Without ``decode`` a
     request's latency is its time to first token.
 
+    ``goodput`` is the share of the requests within the workload's
+    objectives (Zhong et al., 2024, DistServe, arXiv:2401.09670; NaN where
+    it sets neither).  Without ``decode`` a request ends at its first token
+    and has no time per output token: goodput counts ``ttft_slo`` alone, and
+    a workload with ``tpot_slo`` is refused (a ValueError naming it) rather
+    than reported as if it were met.  With ``decode`` it counts both, per
+    request: the time to first token, the prefill's, within ``ttft_slo``, and
+    ``(last token - first token) / (output - 1)``, from the prefill's first
+    token to the decode stage's last (the wait for the decode stage
+    included; none for a single token), within ``tpot_slo``.
+
     ``dual_queue=False, dynamic=False`` is one FIFO queue per instance;
     ``window=0`` the dual queue alone.  The parameter table gives the
     defaults: the LAPS paper's (256 tokens, 5 ms, 8 requests, 5 s, 2.0).
@@ -78,11 +89,12 @@ class LAPS(Policy):
 
     kind: ClassVar[str] = "laps"
     planner: ClassVar[str] = "laps"
-    reports: ClassVar[frozenset] = frozenset({"run", "ttft", "ttft_quantiles", "decode", "tbt_quantiles", "laps"})
+    reports: ClassVar[frozenset] = frozenset({"run", "ttft", "ttft_quantiles", "decode", "tbt_quantiles", "laps",
+                                              "goodput"})
     settings: ClassVar[tuple] = ("instances", "laps_threshold", "window", "max_batch", "max_batch_tokens",
                                  "dual_queue", "dynamic", "interval", "ratio", "long_instances", "decode",
                                  "decode_servers", "decode_batch_size", "decode_bins", "decode_d_sla", "decode_b_max",
-                                 "decode_eta", "decode_model_beta", "decode_model_gamma")
+                                 "decode_eta", "decode_model_beta", "decode_model_gamma", "ttft_slo", "tpot_slo")
     models: ClassVar[tuple] = ("prefill",)
     spec_names: ClassVar[dict] = {"decode.kv_tokens": "decode_eta"}
 
