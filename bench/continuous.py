@@ -13,12 +13,14 @@ four engines' throughput, its time per request against one engine's (the
 router advances every engine to every arrival).  And each admission order
 at max_num_seqs 256 (target: at least 5 million requests/s for the orders
 added by the policies issue: shortest first with aging, earliest deadline
-first and fair sharing), on a mixture of two classes of the same
+first, fair sharing and the skip-join multi-level feedback queue, at its
+default quanta), on a mixture of two classes of the same
 lengths, 3 : 1: for earliest deadline first the first class has
 objectives of 0.5 s to the first token (its deadline) and 12 ms per output
 token (so the run also counts goodput); fair sharing's classes are its
-clients, without objectives.  Both run the full kernel.  Run alone (``python bench/continuous.py``)
-or through ``bench/run.py``.
+clients, without objectives.  They and the feedback queue run the full
+kernel.  Run alone (``python bench/continuous.py``) or through
+``bench/run.py``.
 """
 
 from __future__ import annotations
@@ -104,7 +106,8 @@ def bench_cluster(n: int = 10_000_000, runs: int = 3) -> tuple:
 ORDERS = (("fcfs", dict(admission="fcfs"), None, False), ("spf", dict(admission="spf"), None, False),
           ("spf, aging 200", dict(admission="spf", aging=200.0), None, True),
           ("multibin", dict(admission="multibin"), None, False),
-          ("edf, 2 classes", dict(admission="edf"), True, True), ("vtc, 2 clients", dict(admission="vtc"), False, True))
+          ("edf, 2 classes", dict(admission="edf"), True, True), ("vtc, 2 clients", dict(admission="vtc"), False, True),
+          ("mlfq", dict(admission="mlfq"), None, True))
 
 
 def _mixture(objectives: bool):

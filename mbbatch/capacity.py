@@ -97,6 +97,12 @@ The criteria:
   D_SLA + eps_D) and ``sla_violation_requests``, each at most its value: a
   criterion passes when the t-interval of its mean over the replications
   lies at or below it.
+- **Each class's objectives**, ``Objective(classes={name: Objective(...)})``
+  on a :meth:`Workload.mixture <mbbatch.Workload.mixture>`: bounds on the
+  metrics the run reports for each class (:data:`CLASS_METRICS`, from
+  :attr:`SimulationResult.classes <mbbatch.SimulationResult.classes>`),
+  each decided as the run's are, by the t-interval of the class's value over
+  the replications; a criterion named ``metric['name']`` (``ttft_p99['chat']``).
 
 Each criterion's interval is at ``confidence``.  A search's final bracket
 (``bracket``: the highest rate that passed and the lowest that failed) holds
@@ -118,7 +124,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field
 
 import numpy as np
 
@@ -132,7 +138,7 @@ from scipy import stats as _st
 
 __all__ = ["Objective", "Probe", "Search", "CapacityResult", "find_capacity", "check_search", "with_rate",
            "min_requests", "backlog_reps",
-           "OBJECTIVE_METRICS", "SEARCH_DOMAINS", "SEARCHES"]
+           "OBJECTIVE_METRICS", "CLASS_METRICS", "SEARCH_DOMAINS", "SEARCHES"]
 
 #: the metrics an objective may bound (from above, but :data:`LOWER_BOUNDS`)
 OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency", "mean_ttft", "ttft_p50",
@@ -140,6 +146,9 @@ OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency"
                      "sla_violation_tokens", "sla_violation_requests", "goodput")
 #: the metrics an objective bounds from below: those where higher is better (:attr:`mbbatch.metrics.Metric.better`)
 LOWER_BOUNDS = tuple(m for m in OBJECTIVE_METRICS if METRICS[m].better == "higher")
+#: the metrics a class's objective may bound: those of :data:`OBJECTIVE_METRICS` that a mixture's run
+#: reports for each class (:attr:`SimulationResult.classes`, the continuous planner's ``_class_metrics``)
+CLASS_METRICS = ("mean_latency", "latency_p99", "mean_ttft", "ttft_p99", "goodput")
 #: the stability criterion's statistic and threshold (see the module docstring)
 LOAD, LOAD_LIMIT = "load", 1.0
 #: the other stability criteria's names: the throughput over the rate, the share of replications whose
@@ -188,6 +197,13 @@ class Objective:
     time to first token's and between tokens' quantiles to every token-level
     policy, a cluster and continuous batching.
 
+    ``classes``, on a :meth:`Workload.mixture <mbbatch.Workload.mixture>`:
+    ``{name: Objective(...)}``, bounds on a class's own metrics, which its
+    requests alone must meet (:data:`CLASS_METRICS`: ``mean_latency``,
+    ``latency_p99``, ``mean_ttft``, ``ttft_p99`` and ``goodput``, the
+    metrics :attr:`SimulationResult.classes <mbbatch.SimulationResult.classes>`
+    reports); the bounds outside ``classes`` hold for the whole run.
+
     >>> Objective(latency_p95=30.0).latency_p95     # p95 latency at most 30 s
     30.0
     >>> Objective(mean_ttft=0.5, sla_violation_share=0.05).sla_violation_share
@@ -196,6 +212,8 @@ class Objective:
     'ttft_p95 <= 2 and tbt_p99 <= 0.02'
     >>> Objective(goodput=0.9).describe()                  # 90 % of the requests within their objectives
     'goodput >= 0.9'
+    >>> Objective(latency_p99=60.0, classes={"chat": Objective(ttft_p99=0.5)}).describe()
+    "latency_p99 <= 60 and ttft_p99['chat'] <= 0.5"
     """
 
     latency_p50: float | None = None
@@ -214,24 +232,81 @@ class Objective:
     sla_violation_tokens: float | None = None
     sla_violation_requests: float | None = None
     goodput: float | None = None
+    # each class's objective, by class name: an argument, not a field (the fields are the metrics'
+    # bounds, OBJECTIVE_METRICS), kept as the attribute ``classes`` (None: none)
+    classes: InitVar[dict | None] = None
 
-    def __post_init__(self):
-        for f in fields(self):
-            v = getattr(self, f.name)
+    def __post_init__(self, classes):
+        object.__setattr__(self, "classes", None if classes is None else _check_classes(classes))
+        for name in OBJECTIVE_METRICS:
+            v = getattr(self, name)
             if v is None:
                 continue
-            share = f.name.startswith("sla_") or f.name in LOWER_BOUNDS
+            share = name.startswith("sla_") or name in LOWER_BOUNDS
             dom = Domain(0.0, 1.0, lo_closed=True, hi_closed=True) if share else Domain(0.0, math.inf)
-            object.__setattr__(self, f.name, check_scalar_real(f.name, v, dom))
-        if not self.bounds():
-            raise ValueError(f"an Objective needs at least one bound: {', '.join(OBJECTIVE_METRICS)}")
+            object.__setattr__(self, name, check_scalar_real(name, v, dom))
+        if not self.bounds() and not self.classes:
+            raise ValueError(f"an Objective needs at least one bound: {', '.join(OBJECTIVE_METRICS)}, or "
+                             "classes={name: Objective(...)}")
+
+    def __eq__(self, other):
+        """Equal bounds and equal classes (the hash is the dataclass's, of the fields alone: equal
+        objectives have equal fields, and the classes' dict has no hash)."""
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.bounds() == other.bounds() and self.classes == other.classes
+
+    def __repr__(self) -> str:
+        given = f", classes={self.classes!r}" if self.classes is not None else ""
+        return f"Objective({', '.join(f'{m}={getattr(self, m)!r}' for m in OBJECTIVE_METRICS)}{given})"
 
     def bounds(self) -> dict:
-        """``{metric: upper bound}`` of the bounds set."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """``{metric: bound}`` of the run's bounds set (not the classes')."""
+        return {m: getattr(self, m) for m in OBJECTIVE_METRICS if getattr(self, m) is not None}
+
+    def class_bounds(self) -> dict:
+        """``{(class name, metric): bound}`` of the classes' bounds."""
+        return {(name, m): x for name, o in (self.classes or {}).items() for m, x in o.bounds().items()}
+
+    def criteria(self) -> dict:
+        """``{criterion: bound}`` of every bound: the run's by metric, a
+        class's as ``metric['name']`` (the names of a probe's criteria)."""
+        return {**self.bounds(), **{_class_label(c, m): x for (c, m), x in self.class_bounds().items()}}
 
     def describe(self) -> str:
-        return " and ".join(f"{m} {'>=' if m in LOWER_BOUNDS else '<='} {x:g}" for m, x in self.bounds().items())
+        return " and ".join(f"{c} {'>=' if _metric_of(c) in LOWER_BOUNDS else '<='} {x:g}"
+                            for c, x in self.criteria().items())
+
+
+def _class_label(name: str, metric: str) -> str:
+    """A class's criterion, as a probe names it: ``ttft_p99['chat']``."""
+    return f"{metric}[{name!r}]"
+
+
+def _metric_of(criterion: str) -> str:
+    """The metric a criterion bounds (a class's, :func:`_class_label`, or the run's)."""
+    return criterion.split("[", 1)[0]
+
+
+def _check_classes(classes) -> dict:
+    """An Objective's ``classes``, checked: a non-empty dict of class names
+    to objectives on the metrics a class reports (:data:`CLASS_METRICS`);
+    returned as a new dict (the caller's may change)."""
+    if not isinstance(classes, dict) or not classes:
+        raise TypeError(f"classes must be a non-empty dict {{class name: Objective(...)}}; got {classes!r}")
+    for name, objective in classes.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"classes: a class's name must be a non-empty string; got {name!r}")
+        if not isinstance(objective, Objective):
+            raise TypeError(f"classes[{name!r}] must be an Objective (bounds on the class's metrics); got "
+                            f"{objective!r}")
+        if objective.classes:
+            raise ValueError(f"classes[{name!r}]: a class's objective bounds its own metrics; it takes no classes")
+        other = [m for m in objective.bounds() if m not in CLASS_METRICS]
+        if other:
+            raise ValueError(f"classes[{name!r}]: {', '.join(other)} is not a metric of a class (the run reports "
+                             f"{', '.join(CLASS_METRICS)} for each class, SimulationResult.classes)")
+    return dict(classes)
 
 
 @dataclass(frozen=True)
@@ -397,6 +472,8 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
             raise ValueError("objective: goodput is the share of requests within their objectives, the workload's "
                              "ttft_slo and tpot_slo; the workload sets neither (Workload(..., ttft_slo=..., "
                              "tpot_slo=...))")
+    if objective is not None and objective.classes:
+        _check_class_objectives(objective, workload)
     reals = tuple(check_scalar_real(name, value, SEARCH_DOMAINS[name])
                   for name, value in (("rel_tol", rel_tol), ("confidence", confidence),
                                       ("throughput_tol", throughput_tol)))
@@ -420,6 +497,26 @@ def check_search(policy, arrivals, servers, objective, rel_tol, confidence, max_
                          f"percentile no more than the largest value, and a start-up and a drain that are much of "
                          f"the run and bias the capacity low; got n = {n}")
     return reals
+
+
+def _check_class_objectives(objective: Objective, workload) -> None:
+    """Raise what the classes' objectives refuse on ``workload``: classes
+    of a workload that is not a mixture, a class it does not have, a
+    class's goodput where the class sets no objective of its own."""
+    from .workload import Mixture
+
+    if not isinstance(workload, Mixture):
+        raise ValueError(f"objective: classes bound the metrics of a Workload.mixture's classes; the workload is "
+                         f"{'none' if workload is None else 'not a mixture'} (workload=Workload.mixture({{name: "
+                         "(share, Workload)}}))")
+    for name, o in objective.classes.items():
+        if name not in workload.names:
+            raise ValueError(f"objective: classes: no class {name!r} in the workload's mixture; its classes: "
+                             f"{', '.join(map(repr, workload.names))}")
+        part = workload.parts[workload.names.index(name)]
+        if o.goodput is not None and not part.has_objectives:
+            raise ValueError(f"objective: classes[{name!r}]: goodput is the share of the class's requests within "
+                             f"its objectives, its workload's ttft_slo and tpot_slo; class {name!r} sets neither")
 
 
 def backlog_reps(confidence: float) -> int:
@@ -492,6 +589,9 @@ class _Search:
         self.guards = () if self.carries.backlog else GUARDS
         self.label = label      # (which search, in the progress lines)
         self.bounds = objective.bounds() if objective is not None else {}
+        # (each class's bounds: criterion -> (class, metric, bound), read from each run's classes)
+        self.class_bounds = {_class_label(c, m): (c, m, x)
+                             for (c, m), x in (objective.class_bounds() if objective is not None else {}).items()}
         self.confidence, self.max_reps, self.throughput_tol = confidence, max_reps, throughput_tol
         root = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
         self.root = root
@@ -531,7 +631,8 @@ class _Search:
         if rate in self.seen:
             return self.seen[rate]
         run = plan(self.policy, with_rate(self.arrivals, rate), servers=self.servers, **self.sim_kw)
-        values = {LOAD: [], THROUGHPUT: [], SATURATION: [], **{m: [] for m in self.bounds}}
+        values = {LOAD: [], THROUGHPUT: [], SATURATION: [], **{m: [] for m in self.bounds},
+                  **{c: [] for c in self.class_bounds}}
         growing = []
         reps = 0
         target = FIRST_REPS
@@ -546,6 +647,8 @@ class _Search:
                 growing.append(bool(res.unstable))
                 for m in self.bounds:
                     values[m].append(getattr(res, m))
+                for c, (name, m, _) in self.class_bounds.items():
+                    values[c].append(res.classes[name][m])
             self.requests += (target - reps) * run.n
             reps = target
             rows = self._criteria(values, growing)
@@ -566,7 +669,7 @@ class _Search:
             """An upper bound: passes when the interval lies at or below it (a
             lower bound, :data:`LOWER_BOUNDS`: at or above it)."""
             m, lo, hi = stats.t_interval(np.asarray(x, float), self.confidence)
-            if metric in LOWER_BOUNDS:
+            if _metric_of(metric) in LOWER_BOUNDS:
                 v = "pass" if lo >= threshold else "fail" if hi < threshold else "undecided"
             else:
                 v = "pass" if hi <= threshold else "fail" if lo > threshold else "undecided"
@@ -595,6 +698,9 @@ class _Search:
         row(SATURATION, values[SATURATION], 1.0)
         for metric, bound in self.bounds.items():
             row(metric, values[metric], bound)
+        # each class's bounds, decided as the run's: the t-interval of the class's value over the replications
+        for c, (_, _, bound) in self.class_bounds.items():
+            row(c, values[c], bound)
         return rows
 
 
@@ -708,7 +814,7 @@ def _crossing(probes, lo: float, hi: float, guards: tuple = GUARDS) -> float:
     found = []
     for metric in binding:
         # (throughput / rate and the lower bounds are floors: below them fails; the others are ceilings)
-        sign = -1.0 if metric == THROUGHPUT or metric in LOWER_BOUNDS else 1.0
+        sign = -1.0 if metric == THROUGHPUT or _metric_of(metric) in LOWER_BOUNDS else 1.0
         pts = [(p.rate, sign * (p.row(metric)[1] - p.row(metric)[4])) for p in ordered]
         pts = [(r, d) for r, d in pts if math.isfinite(d)]
         crossings = [r0 + (r1 - r0) * (-d0) / (d1 - d0) for (r0, d0), (r1, d1) in zip(pts, pts[1:])
@@ -738,7 +844,9 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     service, workload, service_model, servers, n
         As :func:`mbbatch.simulate` (``servers`` finite).
     objective : Objective, optional
-        Bounds on latency or SLA metrics; stability is required as well.
+        Bounds on latency or SLA metrics, of the run and (``classes``, on a
+        :meth:`Workload.mixture <mbbatch.Workload.mixture>`) of each class;
+        stability is required as well.
     rel_tol : float
         A search ends when its bracket is within this share of its midpoint;
         in [1e-9, 1) (:data:`REL_TOL_MIN`).

@@ -274,14 +274,20 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        Domain(1, MAX_BLOCK_SIZE, lo_closed=True, hi_closed=True), default=16),
     _p("admission", "choice", "", "the order waiting requests are admitted in: first come first served, shortest "
        "predicted output first, multi-bin (bins by predicted output, served round robin), earliest deadline first "
-       "(the class's objective on the time to first token after arrival) or fair sharing across classes by "
-       "virtual token counters", default="fcfs",
+       "(the class's objective on the time to first token after arrival), fair sharing across classes by "
+       "virtual token counters or a skip-join multi-level feedback queue (preempting at its quanta)", default="fcfs",
        choices=tuple(_ORDERS)),
     _p("ContinuousBatching.bins", "count", "bins", "bins of multi-bin admission (continuous batching)", _COUNT,
        default=4),
     _p("aging", "real", "tokens/s", "shortest predicted output first with aging: the tokens of predicted output a "
        "waiting request's priority gains per second it waits (continuous batching, admission 'spf'; 0: none)",
        _NONNEG, default=0.0),
+    _p("mlfq_quantum", "count", "tokens", "skip-join multi-level feedback queue: the first level's quantum, decode "
+       "tokens a running sequence takes before it is demoted (level l's: quantum x 2^l; continuous batching, "
+       "admission 'mlfq')", Domain(1, 1 << 20, lo_closed=True, hi_closed=True), default=16),
+    _p("mlfq_levels", "count", "levels", "skip-join multi-level feedback queue: its levels, the last one's quantum "
+       "unbounded (continuous batching, admission 'mlfq'; 1: first come first served)",
+       Domain(1, 32, lo_closed=True, hi_closed=True), default=4),
     # what a real server pays beyond the forward pass: 0 (the engine's forward time alone) unless set, as
     # by an engine preset (mbbatch.engines) or a calibration to measured serving runs (mbbatch.validation)
     _p("iteration_overhead", "real", "s", "time every engine iteration pays beyond the forward pass (scheduling, "

@@ -19,7 +19,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
              prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
-             class_slo=None, class_tpot=None, goodput=0):
+             class_slo=None, class_tpot=None, goodput=0, quantum=16, levels=4):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -71,6 +71,18 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     clients waiting (none: to the counter of the client admitted last).
     The counters are kept token by token, not as the kernel keeps them.
 
+    ``admission="mlfq"`` (FastServe's skip-join multi-level feedback queue,
+    Wu et al., 2023): ``levels`` first-come-first-served queues, level l's
+    quantum ``quantum x 2^l`` decode tokens (the last level's unbounded); a
+    request joins the first level whose quantum is at least its prefill
+    iteration's time over one decode iteration's of its context (prompt + 1
+    tokens), both alone; the head of the first non-empty level is admitted;
+    a decoding sequence that has taken its level's quantum of decode tokens
+    there (counted token by token, across memory preemptions) goes down a
+    level and, if a request of a higher level waits, is preempted to its new
+    level's tail (those of an iteration in request order), keeping its tokens
+    generated for the recomputation of its resumption.
+
     ``class_tpot`` and ``goodput`` (the objectives goodput counts) do not
     change the run: the tests count goodput from its records."""
     n = len(arrival)
@@ -96,6 +108,23 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         bins = [[] for _ in range(len(edges) + 1)]
     rr = [0]
     counter = [0.0] * (len(class_slo) if class_slo is not None else 1)
+    queues = [[] for _ in range(levels)]
+    level = [0] * n
+    used = [0] * n           # decode tokens taken at its level
+
+    def level_quantum(lv):
+        return quantum * 2 ** lv if lv < levels - 1 else math.inf
+
+    def skip_level(p):
+        first = step + iteration_overhead + prefill_per_token * p + prefill_attention * p * p
+        if per_expert > 0.0:
+            first += per_expert * (expert_span * (1.0 - expert_miss ** (p - 1.0)) if p >= 1 else 0.0)
+        decode = step + iteration_overhead + per_sequence + per_context * (p + 1)
+        e = first / decode
+        lv = 0
+        while lv < levels - 1 and level_quantum(lv) < e:
+            lv += 1
+        return lv
     clients = [[] for _ in counter]
     last_client = [None]
     tbt = []
@@ -123,6 +152,9 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         while i < n and arrival[i] <= t:
             if admission == "multibin":
                 bins[bin_of(i)].append(i)
+            elif admission == "mlfq":
+                level[i] = skip_level(prompt[i])
+                queues[level[i]].append(i)
             elif admission == "vtc":
                 u = klass[i]
                 if not clients[u]:
@@ -141,6 +173,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             return resume[-1]
         if admission == "fcfs":
             return waiting[0] if waiting else -1
+        if admission == "mlfq":
+            return next((qu[0] for qu in queues if qu), -1)
         if admission == "edf":
             return min(waiting, key=lambda r: (arrival[r] + class_slo[klass[r]], r)) if waiting else -1
         if admission == "vtc":
@@ -162,6 +196,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     def take(r):
         if resume and resume[-1] == r:
             resume.pop()
+            return
+        if admission == "mlfq":
+            assert queues[level[r]][0] == r
+            queues[level[r]].pop(0)
             return
         if admission == "vtc":
             u = klass[r]
@@ -256,7 +294,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 if r < 0:
                     break
                 L0 = prompt[r] + g[r]
-                resumed = bool(resume) and resume[-1] == r
+                # (a resumption: from the stack, or a sequence the feedback queue preempted)
+                resumed = (bool(resume) and resume[-1] == r) or g[r] > 0
                 todo = L0 if resumed or cached is None else L0 - int(cached[r])
                 b = blocks(L0 + 1)
                 if b > free or (not chunked and todo > budget):
@@ -308,10 +347,23 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         iterations += 1
         for r in decoding:
             g[r] += 1
+            used[r] += 1
             tbt.append(now - last_tok[r])
             last_tok[r] = now
             if admission == "vtc":
                 counter[klass[r]] += OUTPUT_WEIGHT
+        if admission == "mlfq":
+            for r in sorted(decoding):
+                if g[r] < output[r] and used[r] >= level_quantum(level[r]):
+                    level[r] = min(level[r] + 1, levels - 1)
+                    used[r] = 0
+                    if any(queues[lv] for lv in range(level[r])):
+                        running.remove(r)
+                        free += held[r]
+                        held[r] = 0
+                        preempted[r] += 1
+                        preemptions += 1
+                        queues[level[r]].append(r)
         for r, c in prefill.items():
             pre[r] += c
             if pre[r] == need[r]:

@@ -545,3 +545,110 @@ def test_a_backlog_decided_search_needs_the_replications_to_decide_it():
                                          r"at confidence 0.95: .*; got 4$"):
         find_capacity(DYN, workload=WL, n=3_000, max_reps=4)
     find_capacity(mb.MultiBin(bins=2, batch_size=8), service=U, n=2_000, max_reps=4, searches=1, rel_tol=0.1)
+
+
+# --- each class's objectives, on a mixture ------------------------------------------------------------
+
+#: a chat class with an objective on its first token and a batch class of long requests, 3 : 1, on one
+#: continuous engine of 16 sequences (the guide's mixture, docs/guide/continuous.md)
+CHAT = mb.Workload(prompt=st.uniform(16, 240), output=st.expon(scale=64), ttft_slo=0.3)
+BATCH = mb.Workload(prompt=st.uniform(512, 1536), output=st.expon(scale=512))
+MIX = mb.Workload.mixture({"chat": (3, CHAT), "batch": (1, BATCH)})
+CB16 = mb.ContinuousBatching(max_num_seqs=16)
+MIXED = dict(workload=MIX, n=2_000, seed=3, rel_tol=0.05)
+
+
+@functools.cache
+def _mixed(objective=None):
+    """One search of the mixture (cached: several tests compare with the stable one)."""
+    return search(CB16, service_model=mb.profiles.get(PROFILE), objective=objective, **MIXED)
+
+
+def test_a_class_objective_that_binds_lowers_the_capacity_and_a_loose_one_does_not():
+    """The chat class's p99 time to first token at most 0.5 s binds below the
+    engine's stable limit; the batch class's mean latency at most 10^9 s
+    holds everywhere, so that search probes as the stable one does, rate
+    for rate.  The answer is where the class's means cross the bound: the
+    highest passing probe's interval lies at or below it, the lowest failing
+    one's above it."""
+    stable = _mixed()
+    chat = _mixed(Objective(classes={"chat": Objective(ttft_p99=0.5)}))
+    assert chat.rate < 0.9 * stable.rate, (chat.summary(), stable.summary())
+    assert chat.criterion == "stable and ttft_p99['chat'] <= 0.5"
+    passed = max((p for p in chat.probes if p.verdict == "pass"), key=lambda p: p.rate)
+    failed = min((p for p in chat.probes if p.verdict == "fail" and p.rate > passed.rate), key=lambda p: p.rate)
+    assert passed.row("ttft_p99['chat']")[3] <= 0.5 < failed.row("ttft_p99['chat']")[2]
+    assert failed.row("ttft_p99['chat']")[5] == "fail"
+    loose = _mixed(Objective(classes={"batch": Objective(mean_latency=1e9)}))
+    assert [p.rate for p in loose.probes] == [p.rate for p in stable.probes] and loose.rate == stable.rate
+    # a lower bound: the chat class's goodput (its requests within 0.3 s to their first token)
+    good = _mixed(Objective(classes={"chat": Objective(goodput=0.95)}))
+    assert good.rate < stable.rate and "goodput['chat'] >= 0.95" in good.criterion
+
+
+def test_a_class_criterion_is_the_t_interval_of_the_class_metric_over_the_replications():
+    """Two paths: a probe's row for ttft_p99['chat'] is the t-interval, at the
+    search's confidence, of ``result.classes['chat']['ttft_p99']`` over
+    runs of the probe's rate on the search's seeds (replication r: child r
+    of the seed), as the run's own metrics are."""
+    from mbbatch import stats
+    from mbbatch.simulation import plan
+
+    r = _mixed(Objective(classes={"chat": Objective(ttft_p99=0.5)}))
+    p = next(p for p in r.probes if p.verdict == "pass")
+    run = plan(CB16, mb.Poisson(p.rate), workload=MIX, service_model=mb.profiles.get(PROFILE), n=MIXED["n"])
+    runs = [run.run(np.random.SeedSequence(MIXED["seed"], spawn_key=(rep,)), warn=False) for rep in range(p.reps)]
+    want = stats.t_interval(np.array([x.classes["chat"]["ttft_p99"] for x in runs]), 0.95)
+    assert p.row("ttft_p99['chat']")[1:4] == want
+    assert p.row("ttft_p99['chat']")[4] == 0.5
+
+
+@pytest.mark.parametrize("objective, workload, exc, match", [
+    (Objective(classes={"chats": Objective(ttft_p99=0.5)}), MIX, ValueError,
+     r"^objective: classes: no class 'chats' in the workload's mixture; its classes: 'chat', 'batch'$"),
+    (Objective(classes={"chat": Objective(ttft_p99=0.5)}), CHAT, ValueError,
+     r"^objective: classes bound the metrics of a Workload.mixture's classes; the workload is not a mixture"),
+    (Objective(classes={"batch": Objective(goodput=0.9)}), MIX, ValueError,
+     r"^objective: classes\['batch'\]: goodput is the share of the class's requests within its objectives.*"
+     r"class 'batch' sets neither$"),
+])
+def test_class_objectives_are_refused_before_any_work(monkeypatch, objective, workload, exc, match):
+    """A class the mixture does not have (named with those it has), classes
+    on a workload of one kind, a class's goodput without its objectives:
+    refused by find_capacity's checks, before a search starts."""
+    import mbbatch.capacity as capacity
+
+    monkeypatch.setattr(capacity, "_search", lambda *a: pytest.fail("a search started"))
+    with pytest.raises(exc, match=match):
+        find_capacity(CB16, workload=workload, service_model=mb.profiles.get(PROFILE), n=2_000, objective=objective)
+
+
+@pytest.mark.parametrize("classes, exc, match", [
+    ({"chat": Objective(tbt_p99=0.02)}, ValueError,
+     r"^classes\['chat'\]: tbt_p99 is not a metric of a class \(the run reports mean_latency, latency_p99, "
+     r"mean_ttft, ttft_p99, goodput for each class"),
+    ({"chat": {"ttft_p99": 0.5}}, TypeError, r"^classes\['chat'\] must be an Objective"),
+    ({}, TypeError, "^classes must be a non-empty dict"),
+    ({"": Objective(ttft_p99=0.5)}, TypeError, "^classes: a class's name must be a non-empty string"),
+    ({"chat": Objective(classes={"x": Objective(ttft_p99=0.5)})}, ValueError,
+     r"^classes\['chat'\]: a class's objective bounds its own metrics; it takes no classes$"),
+])
+def test_a_class_objective_bounds_only_what_a_class_reports(classes, exc, match):
+    with pytest.raises(exc, match=match):
+        Objective(classes=classes)
+
+
+def test_the_class_metrics_an_objective_bounds_are_those_a_mixtures_run_reports():
+    """CLASS_METRICS (what a class's objective may bound) against a run's
+    ``result.classes``: each is reported for every class, and is a metric an
+    objective bounds for the whole run, in the same direction."""
+    from mbbatch.capacity import CLASS_METRICS, LOWER_BOUNDS, OBJECTIVE_METRICS
+
+    res = mb.simulate(CB16, mb.Poisson(2.0), workload=MIX, service_model=mb.profiles.get(PROFILE), n=300, seed=1)
+    assert all(set(CLASS_METRICS) <= set(c) for c in res.classes.values())
+    assert set(CLASS_METRICS) <= set(OBJECTIVE_METRICS) and set(LOWER_BOUNDS) <= set(CLASS_METRICS)
+    o = Objective(latency_p99=60.0, classes={"chat": Objective(ttft_p99=0.5), "batch": Objective(goodput=0.8)})
+    assert o.describe() == "latency_p99 <= 60 and ttft_p99['chat'] <= 0.5 and goodput['batch'] >= 0.8"
+    assert o == Objective(latency_p99=60.0, classes={"chat": Objective(ttft_p99=0.5),
+                                                     "batch": Objective(goodput=0.8)})
+    assert hash(o) == hash(Objective(latency_p99=60.0))   # (classes, a dict, stay out of the hash)

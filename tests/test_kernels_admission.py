@@ -9,6 +9,7 @@ import ast
 import inspect
 
 import numpy as np
+from numba import njit
 
 from mbbatch import params
 from mbbatch._kernels import admission
@@ -29,14 +30,15 @@ def test_each_orders_per_request_arrays_are_workspace_arrays_sized_to_its_runs()
         assert set(order.arrays) <= set(ck.WORKSPACE.fields), name
         cfg = ck.CONFIG.pack(n=50, arrival_kind=0, max_num_seqs=4, max_batched_tokens=64, chunked=1, blocks=-1,
                              block_size=4, admission=ck.ADMISSIONS[name], bins=2, keep=0, controlled=0, memory_on=0,
-                             scheduler_steps=1, goodput=0, rate=1.0, **dict.fromkeys(ck.COST_FIELDS, 0.0),
+                             scheduler_steps=1, goodput=0, quantum=1, rate=1.0,
+                             **dict.fromkeys(ck.COST_FIELDS, 0.0),
                              expert_span=0.0, expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
         x = np.ones(50)
         inputs = ck.INPUTS.pack(arrival_times=np.empty(0), arrival_params=np.ones(1), arrival_ends=np.ones(1),
                                 prompt=x, output=x, prediction=x, edges=np.array([2.0]), cached=np.empty(0),
                                 klass=np.empty(0), class_slo=np.full(1, np.inf), class_tpot=np.full(1, np.inf))
         ws = ck.start(cfg, inputs).ws
-        for a in ("qnext", "sk", "sid"):
+        for a in {a for o in admission.ORDERS.values() for a in o.arrays}:
             assert getattr(ws, a).shape[0] == (50 if a in order.arrays else 1), (name, a)
 
 
@@ -99,3 +101,44 @@ def test_a_resumed_request_does_not_move_the_round_robin_pointer():
     assert req["preemptions"].tolist() == [0, 1, 0, 0, 0]
     assert req["completion"][1] == 1.25
     assert req["admitted"].tolist() == [0.0, 0.0, 1.5, 1.25, 1.25]
+
+
+@njit
+def _skip_level(p, quantum, coef, K):
+    return admission.skip_level(p, (0.0, True, False, quantum, coef, 0.0, 1.0), K)
+
+
+def test_a_request_skips_to_the_first_level_whose_quantum_holds_its_prefill():
+    """Iterations of 1 s plus 0.1 s per prompt token, quanta 2, 4, 8 and
+    unbounded: a prefill of p tokens takes 1 + 0.1 p decode iterations' time,
+    so prompts of 5, 10, 25, 65 and 100 tokens (1.5, 2, 3.5, 7.5 and 11)
+    join levels 0, 0 (a quantum equal to it holds it), 1, 2 and 3."""
+    coef = tuple(float(x) for x in np.zeros(len(ck.COST_FIELDS)))
+    coef = coef[:1] + (1.0, 0.1) + coef[3:]            # step 1 s, 0.1 s per prompt token
+    assert [_skip_level(p, 2, coef, 4) for p in (5, 10, 25, 65, 100)] == [0, 0, 1, 2, 3]
+    assert _skip_level(100, 2, coef, 1) == 0           # (one level: every request's)
+
+
+def _feedback(arrival, prompt, output):
+    return _kernel(np.array(arrival), np.array(prompt), np.array(output), np.array(output), max_num_seqs=1,
+                   max_batched_tokens=64, chunked=True, kv_tokens=np.inf, block_size=4, admission="mlfq", edges=[],
+                   quantum=2, levels=2, **QUARTER)
+
+
+def test_a_quantum_ends_in_a_preemption_only_where_a_higher_level_waits():
+    """Quarter-second iterations, one sequence at a time, quanta 2 and
+    unbounded.  Request A (output 6) has its first token at 0.25 and its
+    quantum ends with its second decode, at 0.75: B (output 2, arrived at
+    0.1, level 0) waits, so A goes down a level and is preempted; B runs
+    (first token 1.0, done 1.25); A resumes, recomputing its prompt and 3
+    tokens (7), and ends at 2.0.  Alone, A goes down a level at 0.75 and
+    decodes on, done at 1.5."""
+    out, req, code = _feedback([0.0, 0.1], [4, 4], [6, 2])
+    assert code == ck.DONE
+    assert req["preemptions"].tolist() == [1, 0]
+    assert req["admitted"].tolist() == [0.0, 0.75]
+    assert req["first_token"].tolist() == [0.25, 1.0]
+    assert req["completion"].tolist() == [2.0, 1.25]
+    assert out.ints[ck.S.recomputed] == 7
+    _, alone, _ = _feedback([0.0], [4], [6])
+    assert alone["preemptions"].tolist() == [0] and alone["completion"].tolist() == [1.5]

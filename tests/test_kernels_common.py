@@ -183,3 +183,32 @@ def test_arrival_group_is_the_integer_division(groups):
         edges = -(-np.arange(groups + 1) * n // groups)          # the first request of each group
         r = np.unique(np.clip(np.concatenate([edges - 1, edges, edges + 1, rng.integers(0, n, 50)]), 0, n - 1))
         np.testing.assert_array_equal(_groups(r, groups, int(n)), r * groups // n)
+
+
+def test_classes_by_inversion_count_the_edges_at_or_below_each_draw():
+    """A draw's class is the number of edges at or below it (a draw equal to
+    an edge goes to the upper class), as numpy's comparisons count them, and
+    each class's requests are counted."""
+    from mbbatch._kernels.common import classes_by_inversion
+
+    u = np.array([0.0, 0.2, 0.25, 0.5, 0.74, 0.75, 0.99])
+    edges = np.array([0.25, 0.75])
+    klass, counts = np.empty(u.size), np.zeros(3, np.int64)
+    classes_by_inversion(u, edges, klass, counts)
+    assert klass.tolist() == [0, 0, 1, 1, 1, 2, 2]
+    assert counts.tolist() == [2, 3, 2]
+    u = np.random.default_rng(3).random(10_000)
+    klass, counts = np.empty(u.size), np.zeros(3, np.int64)
+    classes_by_inversion(u, edges, klass, counts)
+    np.testing.assert_array_equal(klass, (u >= 0.25).astype(float) + (u >= 0.75))
+    assert counts.tolist() == np.bincount(klass.astype(int)).tolist()
+
+
+def test_a_classs_values_land_at_its_requests_places_in_order():
+    from mbbatch._kernels.common import scatter_class
+
+    klass = np.array([1.0, 0.0, 1.0, 1.0, 0.0])
+    a, b = np.full(5, np.nan), np.full(5, np.nan)
+    scatter_class(klass, 1.0, np.array([10.0, 11.0, 12.0]), np.array([20.0, 21.0, 22.0]), a, b)
+    assert a[[0, 2, 3]].tolist() == [10.0, 11.0, 12.0] and b[[0, 2, 3]].tolist() == [20.0, 21.0, 22.0]
+    assert np.isnan(a[[1, 4]]).all()

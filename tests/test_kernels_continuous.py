@@ -34,7 +34,7 @@ def _fields(coef):
     # (the engine's overhead per iteration is in the kernel's step: as the planner packs it)
     coef["step"] = coef.get("step", 0.0) + coef.pop("iteration_overhead", 0.0)
     return {**dict.fromkeys(ck.COST_FIELDS, 0.0), "request_overhead": 0.0, "scheduler_steps": steps, "aging": aging,
-            "goodput": coef.pop("goodput", 0),
+            "goodput": coef.pop("goodput", 0), "quantum": coef.pop("quantum", 16),
             **{_COST_NAMES.get(k, k): v for k, v in coef.items()}}
 
 
@@ -55,16 +55,17 @@ def _control(controller):
 
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
             edges, controller=None, ts_rows=8, cached=None, klass=None, class_slo=None, class_tpot=None, goodput=0,
-            **coef):
+            quantum=16, levels=4, **coef):
     n = len(arr)
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
                          max_batched_tokens=max_batched_tokens, chunked=int(chunked), blocks=blocks,
                          block_size=block_size, admission=ck.ADMISSIONS[admission],
-                         bins=len(class_slo) if admission == "vtc" else len(edges) + 1, keep=1,
+                         bins=(len(class_slo) if admission == "vtc" else levels if admission == "mlfq"
+                               else len(edges) + 1), keep=1,
                          controlled=int(controller is not None),
                          memory_on=int(controller is not None and controller.get("memory") is not None),
-                         rate=0.0, until=np.inf, **_fields({**coef, "goodput": goodput}))
+                         rate=0.0, until=np.inf, **_fields({**coef, "goodput": goodput, "quantum": quantum}))
     inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                             prediction=pred.astype(float), edges=np.asarray(edges, float),
@@ -198,6 +199,51 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
         assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
         seen_preemptions += st["preemptions"]
     assert seen_preemptions > 0          # (the memory bound some runs)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_feedback_queue_is_the_reference_engines(seed):
+    """The skip-join multi-level feedback queue (FastServe) over 40 random
+    configurations per seed: first quanta of 1 to 8 tokens, 1 to 5 levels,
+    a third with a mixture of experts' or the prefill's attention term (the
+    skip-join's costs), a quarter with multi-step blocks; each request's
+    admission, first token, completion and preemptions (the quanta's and
+    the memory's), the iterations, preemptions and recomputed tokens equal
+    the reference's, and the gaps between tokens.  The quanta preempt some
+    runs (the test would not see the order's preemptions otherwise)."""
+    rng = np.random.default_rng(900 + seed)
+    demoted = 0
+    for k in range(40):
+        (arr, p, o, pred), kw = _config(rng, moe=k % 3 == 0)
+        kw.update(admission="mlfq", quantum=int(rng.choice([1, 2, 3, 8])), levels=int(rng.integers(1, 6)))
+        if k % 3 == 1:
+            kw["prefill_attention"] = float(rng.choice([1e-6, 1e-5]))
+        if k % 4 == 3:
+            kw["num_scheduler_steps"] = int(rng.integers(2, 5))
+        want = ref.simulate(arr, p, o, pred, **kw)
+        out, req, code = _kernel(arr, p, o, pred, **kw)
+        st = _same_run(out, req, code, want, kw)
+        assert st["tbt_count"] == want["tbt"].size == int((o - 1).sum())
+        assert st["sum_tbt"] == pytest.approx(want["tbt"].sum(), rel=1e-12, abs=1e-15)
+        assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
+        if np.isinf(kw["kv_tokens"]):
+            demoted += st["preemptions"]
+    assert demoted > 0
+
+
+def test_one_level_is_first_come_first_served():
+    """A feedback queue of one level, whose quantum is unbounded, is first
+    come first served: the same run, bit for bit."""
+    rng = np.random.default_rng(11)
+    for _ in range(10):
+        (arr, p, o, pred), kw = _config(rng)
+        kw.pop("admission")
+        fcfs = _kernel(arr, p, o, pred, admission="fcfs", **kw)
+        one = _kernel(arr, p, o, pred, admission="mlfq", levels=1, quantum=1, **kw)
+        for col in ("admitted", "first_token", "completion", "preemptions"):
+            np.testing.assert_array_equal(one[1][col], fcfs[1][col])
+        np.testing.assert_array_equal(one[0].ints, fcfs[0].ints)
+        np.testing.assert_array_equal(one[0].floats, fcfs[0].floats)
 
 
 @pytest.mark.parametrize("seed", range(3))

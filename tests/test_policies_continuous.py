@@ -38,6 +38,9 @@ def test_defaults_are_vllms_and_it_describes_itself():
     (dict(aging=-1.0), ValueError, r"aging must be in \[0, inf\); got -1.0"),
     (dict(aging=5.0), ValueError, "aging = 5 ages shortest predicted output first \\(admission='spf'\\); admission "
                                   "is 'fcfs'"),
+    (dict(admission="mlfq", quantum=0), ValueError, "quantum"),
+    (dict(admission="mlfq", levels=33), ValueError, "levels"),
+    (dict(admission="mlfq", levels=2.0), TypeError, "levels"),
 ])
 def test_bad_settings_are_refused_naming_them(kw, exc, match):
     with pytest.raises(exc, match=match):
@@ -56,6 +59,14 @@ def test_a_sweep_cell_builds_it():
     assert (p.max_num_seqs, p.max_batched_tokens, p.chunked_prefill, p.kv_tokens, p.block_size, p.admission,
             p.aging) == (8, 64, False, 4096.0, 8, "spf", 25.0)
     assert p.predictor == mb.LogNormalError(0.3)
+
+
+
+def test_a_sweep_cell_builds_the_feedback_queue():
+    p = registry.build("continuous", {"admission": "mlfq", "mlfq_quantum": 4, "mlfq_levels": 6})
+    assert (p.admission, p.quantum, p.levels) == ("mlfq", 4, 6)
+    assert p.describe()["quantum"] == 4 and p.describe()["levels"] == 6
+    assert "quantum" not in mb.ContinuousBatching().describe()
 
 
 def test_a_sweep_cell_with_sla_control_builds_the_controller_on_the_engines_memory():

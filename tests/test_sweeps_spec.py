@@ -682,3 +682,189 @@ def test_a_laps_specs_decode_refusal_of_a_request_names_decode_eta():
     lengths", where the LAPS spec's key is decode_eta."""
     with pytest.raises(SpecError, match=r"decode_eta = 300: request \d+ .* can never fit .*; raise decode_eta"):
         check_points(parse_spec(LAPS_DECODE.format(eta=300.0)))
+
+
+# --- request classes: a mixture's sweep ----------------------------------------------------------------
+
+MIXTURE = """
+name = "mix"
+policy = "continuous"
+service_model = "profile"
+reps = 2
+seed = 1
+[params]
+n = 1600
+max_num_seqs = 16
+output_sigma = 0.8
+[classes.chat]
+share = 3
+prompt_median = 128.0
+output_median = 64.0
+ttft_slo = 0.3
+[classes.batch]
+share = 1
+prompt_median = 1024.0
+output_median = 256.0
+[grid]
+admission = ["fcfs", "edf"]
+rate = [4.0]
+"""
+
+
+def test_a_mixture_specs_classes_take_their_own_keys_and_the_cells_others():
+    """[classes.NAME]: each class's share and the keys it gives; the keys it
+    does not give are the cell's ([params], or the table's default).  The
+    cell's workload is the mixture of them; the spec's dict and hash hold
+    the classes (a spec without them keeps its hash)."""
+    from mbbatch.sweeps.cells import point_objects
+
+    spec = parse_spec(MIXTURE, source="mix.toml")
+    assert spec.classes == {"chat": {"share": 3.0, "prompt_median": 128.0, "output_median": 64.0, "ttft_slo": 0.3},
+                            "batch": {"share": 1.0, "prompt_median": 1024.0, "output_median": 256.0}}
+    (_, cell), _ = spec.points()
+    assert cell["classes"]["batch"] == {"share": 1.0, "prompt_median": 1024.0, "prompt_sigma": 0.6,
+                                        "output_median": 256.0, "output_sigma": 0.8, "ttft_slo": float("inf"),
+                                        "tpot_slo": float("inf")}
+    _, _, side = point_objects(spec.arrivals, spec.service, cell)
+    mix = side["workload"]
+    assert isinstance(mix, mb.Mixture) and mix.names == ("chat", "batch") and mix.shares == (0.75, 0.25)
+    assert mix.ttft_slo == (0.3, float("inf")) and mix.parts[1].mean("prompt") == pytest.approx(1024 * 1.19722,
+                                                                                               rel=1e-5)
+    assert spec.to_dict()["classes"]["chat"]["ttft_slo"] == 0.3
+    assert parse_spec(MIXTURE.replace("share = 3", "share = 2")).hash != spec.hash
+    assert "classes" not in parse_spec(MIXTURE.split("[classes.chat]")[0] + "[grid]\nrate = [4.0]\n").to_dict()
+
+
+def test_a_mixture_sweep_stores_each_class_metrics_on_a_request_class_axis(tmp_path):
+    """Two paths: the store's class variables are each cell's runs'
+    ``result.classes``, replication by replication (a sweep's seeds), on the
+    ``request_class`` dimension, with their means and t-intervals at the
+    spec's confidence; the attrs hold the classes' tables, and the store
+    verifies."""
+    import numpy as np
+
+    from mbbatch import stats
+    from mbbatch.simulation import plan
+    from mbbatch.sweeps.cells import cell_seed, point_objects
+
+    from mbbatch.sweeps import check_store
+
+    spec = parse_spec(MIXTURE, source="mix.toml")
+    ds = run_sweep(spec, tmp_path / "mix.zarr", workers=1, progress=False)
+    # (verified whole, the classes' coordinate and variables with the rest)
+    assert check_store(tmp_path / "mix.zarr").ok
+    assert ds["request_class"].values.tolist() == ["chat", "batch"]
+    assert ds["sim_class_ttft_attainment"].dims == ("admission", "rate", "rep", "request_class")
+    assert ds["class_completed"].dtype == np.int64 and ds["sim_class_goodput_mean"].dims == ("admission", "rate",
+                                                                                             "request_class")
+    assert ds["sim_class_ttft_p99"].attrs["units"] == "s"
+    assert json.loads(ds.attrs["classes"]) == json.loads(json.dumps(spec.classes))
+    for idx, params in spec.points():
+        pol, arr, kw = point_objects(spec.arrivals, spec.service, params)
+        run = plan(pol, arr, n=params["n"], **kw)
+        for rep in range(spec.reps):
+            res = run.run(cell_seed(spec.seed_of(params), params, rep), warn=False)
+            for j, name in enumerate(("chat", "batch")):
+                at = {"admission": idx[0], "rate": idx[1], "rep": rep, "request_class": j}
+                assert int(ds["class_completed"][at]) == res.classes[name]["completed"]
+                for m in ("mean_latency", "latency_p99", "mean_ttft", "ttft_p99", "ttft_attainment", "goodput"):
+                    assert float(ds[f"sim_class_{m}"][at]) == res.classes[name][m], (m, name)
+    col = ds["sim_class_mean_ttft"].isel(admission=1, rate=0, request_class=0).values
+    want = stats.t_interval(col, spec.confidence)
+    got = tuple(float(ds[f"sim_class_mean_ttft{s}"].isel(admission=1, rate=0, request_class=0))
+                for s in ("_mean", "_ci_low", "_ci_high"))
+    assert got == want
+
+
+@pytest.mark.parametrize("change, match", [
+    (("share = 3\n", ""), r"mix\.toml: classes\.chat: missing field 'share' \(a request class's weight"),
+    (("share = 3", "share = 0"), r"mix\.toml: classes\.chat: share must be in \(0, 1e\+290\); got 0"),
+    (("share = 3", "share = true"), r"mix\.toml: classes\.chat: share must be a real number.*got True"),
+    (("ttft_slo = 0.3", "ttft_slo = -1.0"), r"classes\.chat: ttft_slo must be in \(0, 1e\+290\) or inf; got -1\.0"),
+    (("share = 3", "share = 3\nspeed = 1"), r"classes\.chat: unknown key 'speed' \(not a key of a class\); allowed: "
+                                            r"\['share', 'prompt_median'"),
+    (("share = 3", "share = 3\nobjective_ttft_p99 = 0.5"), r"classes\.chat: unknown key 'objective_ttft_p99' \(a "
+                                                           r"capacity search's objective"),
+    (("share = 3", "share = 3\nrate = 2.0"), r"classes\.chat: unknown key 'rate'"),
+    (("[classes.batch]", "[classes.\"b c\"]"), r"classes\.b c: a class's name must be an identifier"),
+    (('policy = "continuous"', 'policy = "dynamic"'), None),
+    (("prompt_median = 128.0", "prompt_median = 1e300"),
+     r"classes\.chat\.prompt_median = 1e\+300 and classes\.chat\.prompt_sigma = 0\.6: the log-normal prompt lengths"),
+    (('service_model = "profile"', 'service_model = "profile"\nclasses = 3'), r"classes must be a table"),
+])
+def test_a_mixture_specs_errors_name_the_class_and_the_key(change, match):
+    text = MIXTURE.replace(*change)
+    if change[1] == 'policy = "dynamic"':
+        # (the engine's own keys off: what is left to refuse is the mixture)
+        text = text.replace("max_num_seqs = 16\n", "").replace('admission = ["fcfs", "edf"]\n', "")
+        match = (r"mix\.toml: classes: a mixture's requests run on continuous batching engines \(policy "
+                 r"\"continuous\", or a cluster of them\); got policies \['dynamic'\]")
+    if "classes = 3" in change[1]:
+        text = text.split("[classes.chat]")[0] + "[grid]\nrate = [4.0]\n"
+    with pytest.raises(SpecError, match=match):
+        check_points(parse_spec(text, source="mix.toml"))
+
+
+@pytest.mark.parametrize("text, match", [
+    ('policy = "multibin"\nservice = "uniform"\n[params]\nrate = 1.0\n[classes.a]\nshare = 1\n',
+     r"classes: a mixture's classes draw log-normal token lengths .* not apply to service = 'uniform'"),
+    ('policy = "cluster"\n[params]\nrate = 1.0\nengine_policy = "continuous"\n[classes.a]\nshare = 1\n',
+     r"classes: a mixture's requests are independent, not a cluster's programs; set programs = \"none\""),
+    ('policy = "cluster"\n[params]\nrate = 1.0\nprograms = "none"\n[classes.a]\nshare = 1\n',
+     r"classes: a cluster's mixture runs on continuous batching engines; set engine_policy = \"continuous\""),
+    ('policy = "continuous"\n[params]\nrate = 1.0\n[classes]\na = 1\n', r"classes: a mixture's classes are tables"),
+])
+def test_a_mixture_runs_on_continuous_engines_with_token_lengths(text, match):
+    with pytest.raises(SpecError, match=match):
+        parse_spec("name = \"m\"\n" + text, source="m.toml")
+
+
+def test_a_cluster_of_continuous_engines_takes_a_mixture(tmp_path):
+    spec = parse_spec("""
+name = "m"
+policy = "cluster"
+service_model = "profile"
+reps = 2
+[params]
+rate = 2.0
+n = 1000
+engines = 2
+engine_policy = "continuous"
+programs = "none"
+max_num_seqs = 8
+[classes.a]
+share = 1
+[classes.b]
+share = 2
+output_median = 32.0
+""", source="m.toml")
+    ds = run_sweep(spec, tmp_path / "m.zarr", workers=1, progress=False)
+    assert ds["class_completed"].sum("request_class").values.tolist() == ds["completed"].values.tolist()
+
+
+MIXTURE_CAPACITY = MIXTURE.replace("reps = 2\n", "").replace('[grid]\nadmission = ["fcfs", "edf"]\nrate = [4.0]\n',
+                                                             "[capacity]\n")
+
+
+def test_a_capacity_spec_bounds_each_classes_metrics():
+    """objective_<metric> in a class's table bounds that class's metric
+    (mbbatch.capacity.CLASS_METRICS) beside the run's objective_<metric>
+    parameters; a class's goodput needs the class's objectives, refused
+    before any search naming the class."""
+    from mbbatch.capacity import Objective
+    from mbbatch.sweeps.cells import _objective
+
+    text = MIXTURE_CAPACITY.replace("ttft_slo = 0.3", "ttft_slo = 0.3\nobjective_ttft_p99 = 0.5").replace(
+        "[params]", "[params]\nobjective_latency_p99 = 60.0")
+    spec = parse_spec(text, source="mix.toml")
+    (_, cell), = spec.points()
+    assert _objective(cell) == Objective(latency_p99=60.0, classes={"chat": Objective(ttft_p99=0.5)})
+    check_points(spec)
+    bad = parse_spec(text.replace("output_median = 256.0", "output_median = 256.0\nobjective_goodput = 0.9"),
+                     source="mix.toml")
+    with pytest.raises(SpecError, match=r"mix\.toml: at its one grid point: objective: classes\['batch'\]: goodput "
+                                        r"is the share .*class 'batch' sets neither"):
+        check_points(bad)
+    with pytest.raises(SpecError, match=r"classes\.chat: unknown key 'objective_tbt_p99' \(not a metric of a "
+                                        r"class: its objectives bound mean_latency, latency_p99, mean_ttft"):
+        parse_spec(text.replace("objective_ttft_p99", "objective_tbt_p99"), source="mix.toml")

@@ -3,10 +3,12 @@ are admitted in, each declared once in :data:`ORDERS`.
 
 An order keeps the waiting requests (not the preempted ones: the engine
 resumes those first, the last preempted first) in the workspace's arrays and
-three scalars, its queue ``q = (front, size, rr)``, and is four steps
+three scalars, its queue ``q = (front, size, rr)``, and is seven steps
 (``rounds``: the engine's decode rounds so far; ``par = (aging, full,
-goodput)``: the aging rate, tokens/s, the kernel variant's compile-time
-``FULL`` and whether the run counts goodput):
+goodput, quantum, coef, expert_span, expert_miss)``: the aging rate,
+tokens/s, the kernel variant's compile-time ``FULL``, whether the run
+counts goodput, the feedback queue's first quantum, tokens, and the
+iteration cost's coefficients and experts, :mod:`.cost`):
 
 - ``join(q, i, par, ws, inputs, rounds) -> q``: request ``i`` arrived;
 - ``head(q, par, ws, inputs, rounds) -> (r, b)``: the request it admits
@@ -16,13 +18,24 @@ goodput)``: the aging rate, tokens/s, the kernel variant's compile-time
   engine serves them (:data:`JOINED`: it joins the decodes, which give it a
   token every round from the next; :data:`LEFT`: it leaves them, at
   ``rounds``; :data:`TOKEN`: a token outside the rounds, as a prefill
-  completes); most orders ignore it.
+  completes); most orders ignore it;
+- ``quota(r, par, ws) -> tokens``: the decode tokens request r may take
+  before the order reconsiders it (:data:`UNLIMITED`: to its end; the
+  engine asks as it joins the decodes);
+- ``expire(q, r, g, now, rounds, par, ws, inputs) -> (q, preempt)``: its
+  quota ran out at ``g`` tokens generated (at ``now``, round ``rounds``):
+  the order's update, and whether the engine preempts it (the order then
+  holds it among its waiting, to be admitted again, its ``g`` tokens
+  recomputed);
+- ``resume(r, ws) -> (g, last)``: a waiting request's tokens generated and
+  the time of its last (0 and 0.0 but for one the order preempted).
 
-The engine calls :func:`join`, :func:`head`, :func:`admit` and
-:func:`served` (each with the kernel variant's ``full``), which pick the
-order of a run's code (its place in :data:`ORDERS`): a new order is its
-steps and a line of :data:`ORDERS`, and, where it keeps a per-request
-array, that array's name in its ``arrays``, which
+The engine calls :func:`join`, :func:`head`, :func:`admit`,
+:func:`served`, :func:`quota`, :func:`expire` and :func:`resume` (each
+with the kernel variant's ``full``), which pick the order of a run's code
+(its place in :data:`ORDERS`): a new order is its steps and a line of
+:data:`ORDERS`, and, where it keeps a per-request array, that array's
+name in its ``arrays``, which
 :func:`mbbatch._kernels.continuous.start` sizes to the run's requests (the
 others get one element).  An order that reads the requests' classes or
 counts the tokens served declares ``full``: only the full kernel has its
@@ -63,7 +76,28 @@ The orders:
   once), and the counters count tokens as generated, not as returned.
   Counters are O(1) per event: ``vtc[u] + OUTPUT_WEIGHT x decoding[u] x
   rounds``, each of u's decoding sequences having subtracted its joining
-  round.
+  round;
+- ``mlfq``, the skip-join multi-level feedback queue with preemption (Wu
+  et al., 2023, "Fast distributed inference serving for large language
+  models", FastServe, arXiv:2305.05920): ``levels`` first-come-first-served
+  queues, level l's quantum ``quantum x 2^l`` decode tokens (the ratio 2
+  of the paper; the last level's unbounded).  A request skips to the first
+  level whose quantum is at least its first iteration's time in its decode
+  iterations' (its prompt's prefill alone over one decode of its context,
+  by the engine's iteration cost: long prompts start lower, as the paper's
+  skip-join).  The engine admits the head of the first level holding one.
+  A running sequence whose quantum ends is demoted a level and, if a
+  request of a higher level waits (one the paper's scheduler, choosing the
+  highest-priority jobs at every iteration, would run in its place),
+  preempted to its new level's tail.  Choices the paper leaves open or
+  that mbbatch's engine makes: the quantum counts decode tokens (an
+  iteration's unit of service in continuous batching; the prefill that
+  produces the first token is what skip-join weighs), a running sequence is
+  preempted only as its quantum ends (an arrival does not preempt one
+  within its quantum), a preempted sequence loses its KV cache and
+  recomputes it on resumption (the engine's preemption; FastServe swaps the
+  cache to host memory instead), and there is no promotion of starved
+  requests (the paper's optional starvation guard).
 
 Pure numba steps, inlined into the engine's loop (:data:`~.common.step`).
 """
@@ -74,15 +108,18 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import step
+from .common import extra_experts, step
+from .cost import PER_EXPERT, cost
 from .programs import _heap_pop, _heap_push
 
 #: an admission order: its steps, the workspace arrays it keeps per request, and whether only the full kernel
 #: has it (an order reading the requests' classes or counting the tokens served: the lean kernel, which runs
 #: the others, carries none of its code or of the arrays it reads)
-Order = namedtuple("Order", ("join", "head", "admit", "served", "arrays", "full"))
+Order = namedtuple("Order", ("join", "head", "admit", "served", "quota", "expire", "resume", "arrays", "full"))
 #: :func:`served`'s kinds
 JOINED, LEFT, TOKEN = 0, 1, 2
+#: the quota of an order that lets a running sequence run to its end
+UNLIMITED = 1 << 62
 #: fair sharing's weights of a prompt token and of a generated token (the paper's evaluation's 1 and 2)
 INPUT_WEIGHT, OUTPUT_WEIGHT = 1.0, 2.0
 
@@ -91,6 +128,24 @@ INPUT_WEIGHT, OUTPUT_WEIGHT = 1.0, 2.0
 def _ignored(kind, r, rounds, par, ws, inputs):
     """(an order the tokens served do not move)"""
     return 0
+
+
+@step
+def _unlimited(r, par, ws):
+    """(an order that lets a running sequence run to its end)"""
+    return UNLIMITED
+
+
+@step
+def _never(q, r, g, now, rounds, par, ws, inputs):
+    """(an order whose quotas never end)"""
+    return q, False
+
+
+@step
+def _fresh(r, ws):
+    """(an order whose waiting requests are all new)"""
+    return np.int64(0), 0.0
 
 
 # first come first served -----------------------------------------------------------------------------------------
@@ -279,13 +334,111 @@ def _vtc_served(kind, r, rounds, par, ws, inputs):
     return 0
 
 
+# skip-join multi-level feedback queue ---------------------------------------------------------------------------
+
+@step
+def _level_quantum(level, par, K):
+    """Level ``level``'s quantum of ``K`` levels: ``quantum x 2^level``
+    decode tokens, the last level's unbounded."""
+    return np.int64(par[3]) << level if level < K - 1 else np.int64(UNLIMITED)
+
+
+@step
+def skip_level(p, par, K):
+    """The level a request of prompt ``p`` joins: the first whose quantum is
+    at least its first iteration's time (its prefill alone) in units of one
+    decode of its context (``p + 1`` tokens), by the iteration cost
+    (:func:`.cost.cost`; the last level where none is)."""
+    coef = par[4]
+    x = float(p)
+    reads = extra_experts(par[5], par[6], x) if coef[PER_EXPERT] > 0.0 else 0.0
+    first = cost(coef, 0.0, 1.0, x, 0.0, 0.0, reads, x * x)
+    decode = cost(coef, 0.0, 1.0, 0.0, 1.0, x + 1.0, 0.0, 0.0)
+    e = first / decode if decode > 0.0 else (0.0 if first <= 0.0 else np.inf)
+    lv = 0
+    while lv < K - 1 and float(_level_quantum(lv, par, K)) < e:
+        lv += 1
+    return lv
+
+
+@step
+def _mlfq_join(q, i, par, ws, inputs, rounds):
+    """Into the queue of its skip-join level (:func:`skip_level`), its quota that level's quantum."""
+    K = ws.bh.shape[0]
+    lv = skip_level(np.int64(inputs.prompt[i]), par, K)
+    ws.level[i] = lv
+    ws.quota[i] = _level_quantum(lv, par, K)
+    ws.resume_gen[i] = 0
+    _enqueue(i, lv, ws)
+    return q
+
+
+@step
+def _mlfq_head(q, par, ws, inputs, rounds):
+    """The head of the first level holding one."""
+    bh = ws.bh
+    for b in range(bh.shape[0]):
+        if bh[b] >= 0:
+            return bh[b], b
+    return -1, -1
+
+
+@step
+def _mlfq_admit(q, r, b, par, ws, inputs):
+    _dequeue(r, b, ws)
+    return q
+
+
+@step
+def _mlfq_served(kind, r, rounds, par, ws, inputs):
+    """A sequence's decode tokens spend its quota: joining the decodes
+    records the round, leaving them subtracts the rounds since."""
+    if kind == JOINED:
+        ws.quota_from[r] = rounds
+    elif kind == LEFT:
+        ws.quota[r] -= rounds - ws.quota_from[r]
+    return 0
+
+
+@step
+def _mlfq_quota(r, par, ws):
+    return ws.quota[r]
+
+
+@step
+def _mlfq_expire(q, r, g, now, rounds, par, ws, inputs):
+    """Its quantum spent: down a level (a new quantum from this round);
+    preempted to that level's tail where a request of a higher level waits,
+    its ``g`` tokens and the time of its last kept for its resumption."""
+    K = ws.bh.shape[0]
+    lv = ws.level[r] + 1 if ws.level[r] + 1 < K else K - 1
+    ws.level[r] = lv
+    ws.quota[r] = _level_quantum(lv, par, K)
+    ws.quota_from[r] = rounds
+    for b in range(lv):
+        if ws.bh[b] >= 0:
+            ws.resume_gen[r] = g
+            ws.resume_last[r] = now
+            _enqueue(r, lv, ws)
+            return q, True
+    return q, False
+
+
+@step
+def _mlfq_resume(r, ws):
+    return ws.resume_gen[r], ws.resume_last[r]
+
+
 #: the orders, by name (the parameter table's ``admission`` choices); a run's code is an order's place here
 ORDERS: dict = {
-    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, (), False),
-    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid"), False),
-    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _ignored, ("qnext",), False),
-    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, ("sk", "sid"), True),
-    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, ("qnext",), True),
+    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, _unlimited, _never, _fresh, (), False),
+    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, ("sk", "sid"), False),
+    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _ignored, _unlimited, _never, _fresh,
+                      ("qnext",), False),
+    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, ("sk", "sid"), True),
+    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, _unlimited, _never, _fresh, ("qnext",), True),
+    "mlfq": Order(_mlfq_join, _mlfq_head, _mlfq_admit, _mlfq_served, _mlfq_quota, _mlfq_expire, _mlfq_resume,
+                  ("qnext", "level", "quota", "quota_from", "resume_gen", "resume_last"), True),
 }
 #: per order (by code), whether only the full kernel has it (:attr:`Order.full`)
 FULL_ONLY = tuple(o.full for o in ORDERS.values())
@@ -335,6 +488,12 @@ admit = _dispatch("admit")
 #: ``served(adm, full, kind, r, rounds, par, ws, inputs)``: request r's tokens served (:data:`JOINED`,
 #: :data:`LEFT`, :data:`TOKEN`)
 served = _dispatch("served")
+#: ``quota(adm, full, r, par, ws) -> tokens``: the decode tokens order ``adm`` lets request r take
+quota = _dispatch("quota")
+#: ``expire(adm, full, q, r, g, now, rounds, par, ws, inputs) -> (q, preempt)``: request r's quota spent
+expire = _dispatch("expire")
+#: ``resume(adm, full, r, ws) -> (g, last)``: a waiting request's tokens generated and the time of its last
+resume = _dispatch("resume")
 
 
 def arrays(code: int) -> tuple:

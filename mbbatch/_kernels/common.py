@@ -178,6 +178,33 @@ helper = njit(cache=CACHE, no_cfunc_wrapper=True, _nrt=False)
 
 
 @helper
+def classes_by_inversion(u, edges, klass, counts):
+    """Each request's class from its uniform draw ``u[i]``: the number of
+    ``edges`` (the shares' cumulative sums but the last) at or below it,
+    into ``klass`` (as floats, the engines' input); each class's requests
+    counted into ``counts``.  One pass."""
+    for i in range(u.shape[0]):
+        c = 0
+        for e in range(edges.shape[0]):
+            if u[i] >= edges[e]:
+                c += 1
+        klass[i] = c
+        counts[c] += 1
+
+
+@helper
+def scatter_class(klass, c, a, b, out_a, out_b):
+    """Class ``c``'s values ``a`` and ``b`` (its requests', in request order)
+    into ``out_a`` and ``out_b`` at its requests' places in ``klass``."""
+    k = 0
+    for i in range(klass.shape[0]):
+        if klass[i] == c:
+            out_a[i] = a[k]
+            out_b[i] = b[k]
+            k += 1
+
+
+@helper
 def hist_ranks(hist, qs, out):
     """For each quantile ``qs[j]`` (ascending), the first bucket of ``hist``
     whose cumulative count reaches the rank ``max(1, ceil(qs[j] * total))``

@@ -122,7 +122,7 @@ FULL = True
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
                                         "blocks", "block_size", "admission", "bins", "keep", "controlled",
-                                        "memory_on", "scheduler_steps", "goodput"),
+                                        "memory_on", "scheduler_steps", "goodput", "quantum"),
                 floats=("rate", *COST_FIELDS, "expert_span", "expert_miss", "request_overhead", "aging", "until"))
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
@@ -185,13 +185,16 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
-                   pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64)
+                   pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
+                   level=np.int64, quota=np.int64, quota_from=np.int64, resume_gen=np.int64,
+                   resume_last=np.float64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
-UNSET = ("arrival", "qnext", "sk", "sid", "group", "first")
+UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "level", "quota", "quota_from", "resume_gen",
+         "resume_last")
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
@@ -651,6 +654,18 @@ def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
 
 
 @step
+def _resumes(adm, par, nstack, r, ws):
+    """The waiting head ``r``'s tokens generated and the time of its last:
+    the resumption stack's top's (``nstack`` > 0), else those its order
+    kept (:func:`.admission.resume`: 0 for a new request)."""
+    if nstack > 0:
+        return ws.gen[nstack - 1], ws.last_pre[nstack - 1]
+    if par[1]:
+        return admission.resume(adm, par[1], r, ws)
+    return np.int64(0), 0.0
+
+
+@step
 def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, free, slots, pq_h, pq_n, nc, ptok,
            now, bs, sh, ws, inputs, keep, r_f):
     """The waiting heads admitted, each with a chunk of the budget, while the
@@ -667,23 +682,25 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
         from_stack = nstack > 0
         if r < 0:
             break
-        g0 = ws.gen[nstack - 1] if from_stack else 0
+        g0, lt = _resumes(adm, par, nstack, r, ws)
+        again = from_stack or g0 > 0
         L0 = np.int64(prompt[r]) + g0
         # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone)
-        todo = L0 if from_stack or not has_cached else L0 - np.int64(cached[r])
+        todo = L0 if again or not has_cached else L0 - np.int64(cached[r])
         nb = _blocks(L0 + 1, bs, sh)
         if nb > free or (not chunked and todo > budget):
             break
+        if again:
+            ws.state_i[ES.recomputed] += L0
         if from_stack:
             nstack -= 1
-            ws.state_i[ES.recomputed] += L0
         else:
             waiting -= 1
             q = admission.admit(adm, par[1], q, r, b, par, ws, inputs)
-            if keep:
+            if keep and g0 == 0:
                 r_f[RQ.admitted, r] = now
         free -= nb
-        slots, pq_n = _place(r, g0, ws.last_pre[nstack] if from_stack else 0.0, todo, slots, pq_h, pq_n, ws)
+        slots, pq_n = _place(r, g0, lt, todo, slots, pq_h, pq_n, ws)
         running += 1
         c = todo if todo < budget else budget
         chunk[nc] = c
@@ -707,7 +724,7 @@ def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running
     prefill_phase = False
     if scheduling and not chunked and running < cap:
         r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
-        if r >= 0 and _blocks(np.int64(inputs.prompt[r]) + (ws.gen[nstack - 1] if nstack > 0 else 0) + 1, bs,
+        if r >= 0 and _blocks(np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0] + 1, bs,
                               sh) <= free:
             prefill_phase = True
     n_d = 0
@@ -820,13 +837,49 @@ def _tbt_gaps(now, t_round, n_main, ng, gt, gc, hist_tbt, tbt):
 
 
 @step
+def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, running, M1, bs, sh, keep, adm, par, ws,
+            inputs, r_i):
+    """Slot ``sl`` (request ``r``), in this round's list before its output:
+    its order's quota is spent (:func:`.admission.expire`).  It decodes on,
+    in the list of the round its new quota or its output ends at, or the
+    order preempts it: out of the decodes, its blocks and slot freed, among
+    the order's waiting.  Returns ``(q, waiting, s0, n_dec, n_main, slots,
+    free, running)`` after."""
+    gs, d0 = ws.gs[sl], ws.d0[sl]
+    g = gs + rounds - d0
+    q, preempt = admission.expire(adm, par[1], q, r, g, now, rounds, par, ws, inputs)
+    if not preempt:
+        key = rounds + np.int64(inputs.output[r]) - g
+        left = admission.quota(adm, par[1], r, par, ws)
+        if rounds + left < key:
+            key = rounds + left
+        ws.fin[sl] = key
+        _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
+        return q, waiting, s0, n_dec, n_main, slots, free, running
+    p = np.int64(inputs.prompt[r])
+    s0 -= p + gs - d0
+    ws.phase[_phase(p + gs - d0, bs, sh)] -= 1
+    ws.fin[sl] = -1
+    admission.served(adm, par[1], admission.LEFT, r, rounds, par, ws, inputs)
+    free += _blocks(p + g, bs, sh)
+    head, tail, nfree = slots
+    slots = _unlink(sl, ws.prv, ws.nxt, head, tail, ws.occ, ws.free_slots, nfree)
+    ws.state_i[ES.preemptions] += 1
+    if keep:
+        r_i[RQ.preemptions, r] += 1
+    return q, waiting + 1, s0, n_dec - 1, n_main - 1, slots, free, running - 1
+
+
+@step
 def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, block_left, npd, slots, free,
-                  running, acc, n, gscale, bs, sh, memory_on, delay, keep, adm, par, ws, inputs, out, r_f):
+                  running, acc, q, waiting, n, gscale, M1, bs, sh, memory_on, delay, keep, adm, par, ws, inputs, out,
+                  r_i, r_f):
     """The iteration's ``n_d`` decodes each gave a token: their gaps
     (:func:`_tbt_gaps`), the round counted, and the decodes done with this
-    round leave (its list: no later round shares its bucket).  Returns
+    round leave (its list: no later round shares its bucket), those whose
+    order's quota it ends first reconsidered (:func:`_expire`).  Returns
     ``(rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, npd, slots,
-    free, running, acc)`` after."""
+    free, running, acc, q, waiting)`` after."""
     tbt = _tbt_gaps(now, t_round, n_main, ng, ws.gt, ws.gc, out.hist_tbt, tbt)
     rounds += 1
     ph = ph - 1 if ph > 0 else bs - 1
@@ -839,6 +892,12 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
     while sl >= 0:
         following = ws.due_next[sl]
         r = occ[sl]
+        if par[1] and gs[sl] + rounds - d0[sl] < np.int64(inputs.output[r]):
+            q, waiting, s0, n_dec, n_main, slots, free, running = _expire(
+                sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, running, M1, bs, sh, keep, adm, par,
+                ws, inputs, r_i)
+            sl = following
+            continue
         p = np.int64(inputs.prompt[r])
         g0 = gs[sl]
         s0 -= p + g0 - d0[sl]
@@ -852,18 +911,24 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
                                                 running, acc, n, gscale, bs, sh, memory_on, delay, keep, par, ws,
                                                 inputs, out, r_f)
         sl = following
-    return rounds, ph, s0, n_dec, now, n_main, 0, tokens, tbt, npd, slots, free, running, acc
+    return rounds, ph, s0, n_dec, now, n_main, 0, tokens, tbt, npd, slots, free, running, acc, q, waiting
 
 
 @step
 def _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, adm, par, ws, inputs):
     """Slot ``sl`` (request ``r``, ``g`` tokens generated, its prompt
-    prefilled) joins the decodes at this round: its completion round's list,
+    prefilled) joins the decodes at this round: its completion round's list
+    (or, sooner, the round its order's quota ends at: :func:`.admission.quota`),
     the decodes' context sum and its block phase.  Returns ``(s0, n_dec)``."""
     p = np.int64(inputs.prompt[r])
     ws.d0[sl] = rounds
     ws.last[sl] = now
     key = rounds + np.int64(inputs.output[r]) - g
+    if par[1]:
+        # (an order that reconsiders it after its quota: its list is that round's, if sooner)
+        left = admission.quota(adm, par[1], r, par, ws)
+        if rounds + left < key:
+            key = rounds + left
     ws.fin[sl] = key
     _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
     ws.phase[_phase(p + g - rounds, bs, sh)] += 1
@@ -981,9 +1046,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     delay = cf[C.request_overhead]
     # (the admission orders' parameters, .admission, and whether the kernel has the orders' token accounting and the
     # classes' statistics: the full kernel's)
-    par = (cf[C.aging], FULL, ci[C.goodput] != 0)
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
+    par = (cf[C.aging], FULL, ci[C.goodput] != 0, ci[C.quantum], coef, exp_span, exp_miss)
     inv_rate = 1.0 / cf[C.rate] if cf[C.rate] > 0.0 else 0.0
     gscale = out.group_latency.shape[0] / n if n > 0 else 0.0
     r_i, r_f = requests
@@ -1068,9 +1133,10 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         prefill_tokens += ptok
         held = block_left if FULL else 0
         if n_d > 0:
-            rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, npd, slots, free, running, acc = _decode_round(
-                n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, held, npd, slots, free, running,
-                acc, n, gscale, bs, sh, memory_on, delay, keep, adm, par, ws, inputs, out, r_f)
+            (rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, npd, slots, free, running, acc, q,
+             waiting) = _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, held, npd,
+                                      slots, free, running, acc, q, waiting, n, gscale, M1, bs, sh, memory_on, delay,
+                                      keep, adm, par, ws, inputs, out, r_i, r_f)
         (pq_h, pq_n, s0, n_dec, ng, tokens, sum_ttft, tbt, npf, npd, slots, free, running,
          acc) = _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttft, tbt, held, npf, npd,
                                  slots, free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, adm,
@@ -1198,7 +1264,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     # empty and the running count is below the cap, so the running and the preempted are never more)
     # (the admission order's per-request arrays: one element for the others)
     kept = admission.arrays(cfg["admission"])
-    per = {name: n if name in kept else 1 for name in ("qnext", "sk", "sid")}
+    per = {name: n if name in kept else 1 for name in ("qnext", "sk", "sid", "level", "quota", "quota_from",
+                                                        "resume_gen", "resume_last")}
     blocks = cfg["blocks"] if cfg["blocks"] >= 0 else UNLIMITED
     # (a new engine's scalars: an empty running list, every slot free, the free slots taken from M down to 0)
     state_i, state_f = STATE.zeros(head=-1, tail=-1, nfree=M1, free=blocks, blocks_total=blocks, ts_stride=1,
@@ -1217,7 +1284,9 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         group=np.empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
                         pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64),
                         vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64),
-                        first=np.empty(n if cfg["goodput"] else 1))
+                        first=np.empty(n if cfg["goodput"] else 1), level=np.empty(per["level"], np.int64),
+                        quota=np.empty(per["quota"], np.int64), quota_from=np.empty(per["quota_from"], np.int64),
+                        resume_gen=np.empty(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]))
     return Engine(config, control, inputs, out, requests, ws)
 
 
@@ -1228,8 +1297,8 @@ def warmup() -> None:
     the disk cache keeps it."""
     full = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMISSIONS["multibin"], bins=2, keep=1, controlled=1, memory_on=1,
-                         scheduler_steps=2, goodput=1, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3), expert_span=0.0,
-                         expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
+                         scheduler_steps=2, goodput=1, quantum=1, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3),
+                         expert_span=0.0, expert_miss=1.0, request_overhead=0.0, aging=0.0, until=np.inf)
     ctl = controls(SLA.pack(variant=0, d_sla=0.02, eps_d=1e-3, b_min=1.0, b_max=2.0, alpha=4.0, delta=2.0,
                            ema=DEFAULT_EMA),
                   MEMORY.pack(variant=0, eta=64.0, b_min=1.0, b_max=2.0, z=1.645, default_tokens=DEFAULT_TOKENS))

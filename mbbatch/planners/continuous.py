@@ -116,8 +116,9 @@ class Plan:
             n=self.n, arrival_kind=akind, max_num_seqs=pol.max_num_seqs, max_batched_tokens=pol.max_batched_tokens,
             chunked=int(pol.chunked_prefill), blocks=blocks, block_size=pol.block_size,
             admission=_k.ADMISSIONS[pol.admission],
-            # (the queues: multi-bin admission's bins, fair sharing's clients)
-            bins=self.class_slo.size if pol.admission == "vtc" else max(1, self.edges.size + 1), aging=pol.aging,
+            # (the queues: multi-bin admission's bins, fair sharing's clients, the feedback queue's levels)
+            bins=(self.class_slo.size if pol.admission == "vtc" else pol.levels if pol.admission == "mlfq"
+                  else max(1, self.edges.size + 1)), aging=pol.aging, quantum=pol.quantum,
             keep=self.keep_requests,
             controlled=pol.controller is not None, memory_on=pol.algorithm1 is not None,
             scheduler_steps=pol.num_scheduler_steps, goodput=self.goodput, rate=rate,
@@ -283,19 +284,18 @@ def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int) -> tuple:
     Returns ``(klass, prompt, output)``, the classes as floats (as the
     kernel's inputs)."""
     # (class c where a uniform draw falls in [share_0 + .. + share_{c-1}, .. + share_c): inversion, one draw each,
-    # counting the boundaries at or below it, a vectorized pass per boundary)
-    # (as floats, the kernel's input, from the start: no copy of n values)
+    # counting the boundaries at or below it; as floats, the kernel's input; one compiled pass, then one a class
+    # placing its lengths, where masks and fancy indexing took a pass per boundary and four per class)
     u = stream(ss, STREAM_CLASS).random(n)
-    klass = np.zeros(n)
-    for edge in np.cumsum(wl.shares)[:-1]:
-        klass += u >= edge
+    klass = np.empty(n)
+    counts = np.zeros(len(wl.parts), np.int64)
+    _common.classes_by_inversion(u, np.cumsum(wl.shares)[:-1], klass, counts)
     del u
     prompt, output = np.empty(n), np.empty(n)
     for c, part in enumerate(wl.parts):
-        mine = klass == c           # (a mask: a tenth of the memory of its indices)
-        m = int(np.count_nonzero(mine))
-        prompt[mine] = lengths(part._prompt, substream(ss, STREAM_PROMPT, c), m, True)
-        output[mine] = lengths(part._output, substream(ss, STREAM_SERVICE, c), m, True)
+        m = int(counts[c])
+        _common.scatter_class(klass, float(c), lengths(part._prompt, substream(ss, STREAM_PROMPT, c), m, True),
+                              lengths(part._output, substream(ss, STREAM_SERVICE, c), m, True), prompt, output)
     return klass, prompt, output
 
 

@@ -103,7 +103,7 @@ class ContinuousBatching(Policy):
         H100 of 80 GB serving Llama-3-8B in vLLM holds about 4e5).
     block_size : int
         Tokens per KV block, >= 1; default 16 (vLLM's).
-    admission : {"fcfs", "spf", "multibin", "edf", "vtc"}
+    admission : {"fcfs", "spf", "multibin", "edf", "vtc", "mlfq"}
         The order waiting requests are admitted in (each declared in
         :mod:`mbbatch._kernels.admission`): first come first served,
         shortest predicted output first, multi-bin, earliest deadline
@@ -114,7 +114,16 @@ class ContinuousBatching(Policy):
         language models", OSDI, arXiv:2401.00588: a prompt token counts 1,
         a generated token 2; the earliest request of the client served
         least is admitted next).  With one class, both are first come first
-        served.
+        served.  ``"mlfq"``: the skip-join multi-level feedback queue of
+        FastServe (Wu et al., 2023, "Fast distributed inference serving for
+        large language models", arXiv:2305.05920), which needs no
+        prediction: ``levels`` queues, level l's quantum ``quantum x 2^l``
+        decode tokens (the last level's unbounded); a request starts at the
+        first level whose quantum is at least its prefill's time in its
+        decode iterations', the head of the first non-empty level is
+        admitted, and a running sequence whose quantum ends goes down a
+        level and is preempted (its KV cache recomputed on resumption) if
+        a request of a higher level waits.
     bins : int
         Bins of ``admission="multibin"``, >= 1; default 4.
     aging : float
@@ -128,6 +137,11 @@ class ContinuousBatching(Policy):
         a request is admitted before every request that arrives more than
         ``prediction / aging`` seconds after it (the starvation bound:
         plain shortest-first has none).
+    quantum : int
+        The feedback queue's first quantum (``admission="mlfq"``), decode
+        tokens, >= 1; default 16.
+    levels : int
+        Its levels, 1 to 32; default 4 (1: first come first served).
     edges : sequence of float, optional
         Its ``bins - 1`` inner edges, tokens of predicted output, ascending.
     predictor : Oracle, LogNormalError or Predictions, optional
@@ -173,6 +187,8 @@ class ContinuousBatching(Policy):
     admission: str = default("admission")
     bins: int = default("ContinuousBatching.bins")
     aging: float = default("aging")
+    quantum: int = default("mlfq_quantum")
+    levels: int = default("mlfq_levels")
     edges: tuple | None = None
     predictor: object = None
     controller: object = None
@@ -186,8 +202,9 @@ class ContinuousBatching(Policy):
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",
                                               "tbt_quantiles", "continuous", "controller", "goodput"})
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
-                                 "admission", "admission_bins", "aging", "predictor_sigma", "sla_control", "d_sla",
-                                 "eps_d", "b_min", "b_max", "controller", "memory", "eps_m", "servers",
+                                 "admission", "admission_bins", "aging", "mlfq_quantum", "mlfq_levels",
+                                 "predictor_sigma", "sla_control", "d_sla", "eps_d", "b_min", "b_max", "controller",
+                                 "memory", "eps_m", "servers",
                                  "iteration_overhead", "request_overhead", "num_scheduler_steps", "ttft_slo",
                                  "tpot_slo")
     models: ClassVar[tuple] = ("iteration", "profile")
@@ -198,7 +215,8 @@ class ContinuousBatching(Policy):
         check_fields(self, {"max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens",
                             "chunked_prefill": "chunked_prefill", "kv_tokens": "kv_tokens",
                             "block_size": "block_size", "admission": "admission",
-                            "bins": "ContinuousBatching.bins", "aging": "aging",
+                            "bins": "ContinuousBatching.bins", "aging": "aging", "quantum": "mlfq_quantum",
+                            "levels": "mlfq_levels",
                             "iteration_overhead": "iteration_overhead",
                             "request_overhead": "request_overhead",
                             "num_scheduler_steps": "num_scheduler_steps"})
@@ -265,6 +283,8 @@ class ContinuousBatching(Policy):
             d.update(iteration_overhead=self.iteration_overhead, request_overhead=self.request_overhead)
         if self.num_scheduler_steps > 1:
             d["num_scheduler_steps"] = self.num_scheduler_steps
+        if self.admission == "mlfq":
+            d.update(quantum=self.quantum, levels=self.levels)
         if self.admission == "multibin":
             d["bins"] = self.bins
             if self.edges is not None:
@@ -304,6 +324,7 @@ class ContinuousBatching(Policy):
                    chunked_prefill=get("chunked_prefill"), kv_tokens=get("kv_tokens"),
                    block_size=get("block_size"), admission=get("admission"),
                    bins=get("admission_bins", "ContinuousBatching.bins"), aging=get("aging"),
+                   quantum=get("mlfq_quantum"), levels=get("mlfq_levels"),
                    predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory,
                    iteration_overhead=get("iteration_overhead"), request_overhead=get("request_overhead"),
                    num_scheduler_steps=get("num_scheduler_steps"))

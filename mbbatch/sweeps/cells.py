@@ -24,7 +24,7 @@ from ..policies.multibin import spec_edges
 from ..registry import ARRIVALS, POLICIES, build
 from ..simulation import check_simulation, plan
 from ..workload import Workload
-from .schema import TIME_POINTS, rep_vars, time_series, variables
+from .schema import TIME_POINTS, class_dims, class_vars, rep_vars, time_series, variables
 from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError, service_model, trace_filters, trace_of
 
 __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_points", "point_objects",
@@ -91,12 +91,24 @@ def point_objects(arrivals: str, service: str, params: dict) -> tuple:
                                                         **_objectives(params)),
                         "service_model": service_model(service, params)}
     else:
-        request_side = {"workload": Workload(prompt=_frozen("lognorm", 0.0, params["prompt_median"],
-                                                            params["prompt_sigma"]),
-                                             output=_frozen("lognorm", 0.0, params["output_median"],
-                                                            params["output_sigma"]), **_objectives(params)),
-                        "service_model": service_model(service, params)}
+        request_side = {"workload": _token_workload(params), "service_model": service_model(service, params)}
     return build(params["kind"], params, trace), arr, request_side
+
+
+def _token_workload(params: dict):
+    """A cell's token-level requests: log-normal lengths, of one kind or of
+    each of its classes (a :meth:`Workload.mixture`, the spec's [classes.NAME]
+    tables, each class's keys resolved by :meth:`SweepSpec.cell_params`)."""
+    if "classes" in params:
+        return Workload.mixture({name: (c["share"], _lognormal(c)) for name, c in params["classes"].items()})
+    return _lognormal(params)
+
+
+def _lognormal(values: dict) -> Workload:
+    """Log-normal prompt and output lengths (``prompt_median``, ..., ``output_sigma``) and their objectives."""
+    return Workload(prompt=_frozen("lognorm", 0.0, values["prompt_median"], values["prompt_sigma"]),
+                    output=_frozen("lognorm", 0.0, values["output_median"], values["output_sigma"]),
+                    **_objectives(values))
 
 
 def _objectives(params: dict) -> dict:
@@ -114,8 +126,11 @@ def check_points(spec) -> None:
     parameter."""
     from .._running import check_memory
 
-    per_rep = len(rep_vars(spec)) + (len(time_series(spec.kinds)) * TIME_POINTS if spec.arrivals == "step" else 0)
-    per_point = len(variables(spec)) - len(rep_vars(spec))
+    # (a mixture's per-class variables hold a value per class)
+    width = {v: len(spec.classes) for v in class_dims(spec)}
+    per_rep = (sum(width.get(v, 1) for v in rep_vars(spec))
+               + (len(time_series(spec.kinds)) * TIME_POINTS if spec.arrivals == "step" else 0))
+    per_point = sum(width.get(v, 1) for v, d in variables(spec).items() if not d[0])
     try:
         check_memory({"reps": (spec.n_points * (8 * spec.reps * per_rep + 8 * per_point),
                                "the store's values (grid points x reps x variables)")})
@@ -162,6 +177,11 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
     run = plan(pol, arr, n=params["n"], servers=params.get("servers", 1), **kw)   # checked once, run per rep
     words = _words(params)
     scalars = [m for m in metrics if m.name != "unstable"]     # (unstable is stored as backlog_growing below)
+    names = list(params.get("classes") or ())
+    # (a mixture's classes: each one's metrics per rep, SimulationResult.classes, on the request_class axis)
+    per_class = {var: (metric, dtype) for var, (metric, dtype, _, _) in class_vars(names).items()}
+    for var, (_, dtype) in per_class.items():
+        out[var] = np.empty((reps, len(names)), dtype=dtype)
 
     def reps_():
         kernel = 0.0
@@ -171,6 +191,8 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
             kernel += res.kernel_seconds
             for m in scalars:
                 out[m.var][rep] = getattr(res, m.name)
+            for var, (metric, _) in per_class.items():
+                out[var][rep] = [res.classes[name][metric] for name in names]
             # (the backlog check is a steady-state question: not asked of a load step)
             out["backlog_growing"][rep] = bool(res.unstable) if arrivals in STEADY else False
             if time_grid is not None:
@@ -214,11 +236,17 @@ def run_capacity_point(arrivals: str, service: str, params: dict, root_seed: int
 
 
 def _objective(params: dict):
-    """The cell's objective: its ``objective_<metric>`` bounds that are set, else None."""
-    from ..capacity import OBJECTIVE_METRICS, Objective
+    """The cell's objective: its ``objective_<metric>`` bounds that are set,
+    and its classes' (a [classes.NAME] table's), else None."""
+    from ..capacity import CLASS_METRICS, OBJECTIVE_METRICS, Objective
 
     bounds = {m: params[f"objective_{m}"] for m in OBJECTIVE_METRICS if params.get(f"objective_{m}") is not None}
-    return Objective(**bounds) if bounds else None
+    classes = {}
+    for name, c in (params.get("classes") or {}).items():
+        own = {m: c[f"objective_{m}"] for m in CLASS_METRICS if c.get(f"objective_{m}") is not None}
+        if own:
+            classes[name] = Objective(**own)
+    return Objective(**bounds, classes=classes or None) if bounds or classes else None
 
 
 def check_capacity_point(arrivals: str, service: str, params: dict, capacity: dict) -> None:

@@ -34,8 +34,8 @@ from ..results import UnstableWarning
 from . import store
 from .cells import SEED_SCHEME, check_points, point_theory, run_capacity_point, run_point, trace_of
 from .executors import Executor, check_spawn_safe, warm_worker, whole
-from .schema import (CAPACITY, CAPACITY_THEORY, FILL, aggregates, coord_values, rep_vars, spec_attrs, template,
-                     time_grid, time_series, variables)
+from .schema import (CAPACITY, CAPACITY_THEORY, CLASS_DIM, FILL, aggregates, class_aggregates, class_dims,
+                     coord_values, rep_vars, spec_attrs, template, time_grid, time_series, variables)
 from .spec import SpecError, SweepSpec, load_spec, parse_spec
 from .store import StoreNote, SweepError
 
@@ -114,12 +114,14 @@ def _encoding(spec: SweepSpec, ds) -> dict:
     grid = store.grid_chunks(spec.shape)
     per_rep = rep_vars(spec)
     series = time_series(spec.kinds)
+    by_class = class_dims(spec)
     encoding = {}
     for var in ds.data_vars:
         if var in series:
             chunks = grid + (spec.reps, ds.sizes["time"])
         else:
-            chunks = grid + ((spec.reps,) if var in per_rep else ())
+            chunks = grid + ((spec.reps,) if var in per_rep else ()) + \
+                ((ds.sizes[CLASS_DIM],) if var in by_class else ())
         encoding[var] = {"chunks": chunks}
     return encoding
 
@@ -135,6 +137,8 @@ def _layout(spec: SweepSpec) -> tuple[list, dict]:
         coords["rep"] = np.arange(spec.reps)
     if grid is not None:
         coords["time"] = grid
+    if class_dims(spec):
+        coords[CLASS_DIM] = coord_values(CLASS_DIM, list(spec.classes))
     return names, coords
 
 
@@ -231,6 +235,10 @@ def _point_data(spec: SweepSpec, sim: dict, theory: dict) -> dict:
     for src, (mean_v, lo_v, hi_v) in aggregates(spec).items():
         data[mean_v], data[lo_v], data[hi_v] = stats.t_interval(np.asarray(data[src], dtype=float),
                                                                 spec.confidence)
+    # (each class's: its column of the reps x classes values)
+    for src, (mean_v, lo_v, hi_v) in class_aggregates(spec).items():
+        per = [stats.t_interval(col, spec.confidence) for col in np.asarray(data[src], dtype=float).T]
+        data[mean_v], data[lo_v], data[hi_v] = (np.array(x, dtype=float) for x in zip(*per))
     for var, value in theory.items():
         if var != "unstable":
             data[var] = value

@@ -7,7 +7,8 @@ that applies to a policy of the spec, per replication, and for every real
 one its per-point mean and t-interval at the spec's confidence.  ``theory_*`` and
 ``capacity`` are the multi-bin paper's closed forms on the same coordinates.
 A cell whose policy a metric does not apply to holds the fill value (NaN, -1
-or False).
+or False).  A spec of request classes ([classes.NAME] tables) adds the
+``request_class`` dimension and each class's metrics on it (:data:`PER_CLASS`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..metrics import METRICS
 from .spec import SPEC_PARAMS, SweepSpec, _values
 
 __all__ = ["CAPACITY", "CAPACITY_THEORY", "variables", "rep_vars", "aggregates", "time_grid", "template",
-           "coord_values", "THEORY",
+           "coord_values", "THEORY", "PER_CLASS", "CLASS_DIM", "class_vars", "class_aggregates", "class_dims",
            "TIME_SERIES", "LAPS_TIME_SERIES", "time_series", "TIME_POINTS", "FILL", "spec_attrs"]
 
 #: the closed forms of the multi-bin paper: name -> (units, description)
@@ -83,6 +84,49 @@ CAPACITY = {
 #: the closed forms beside a capacity search (the multi-bin paper's model)
 CAPACITY_THEORY = ("theory_mean_batch_service", "theory_service_rate", "capacity")
 
+#: the dimension of a mixture's classes (named as the requests' column, ``keep_requests``'s ``request_class``;
+#: not ``class``, a Python keyword that ``ds.sel(class=...)`` could not take); its coordinate holds their names
+CLASS_DIM = "request_class"
+#: a mixture's metrics per class (:attr:`SimulationResult.classes`), each stored per replication on the
+#: request_class axis (``class_completed``, ``sim_class_<metric>``) and every real one with its mean and
+#: t-interval over the replications: metric -> (dtype, units, description)
+PER_CLASS = {
+    "completed": ("i8", "requests", "requests of the class served"),
+    "mean_latency": ("f8", "s", "mean latency of the class's completed requests"),
+    "latency_p99": ("f8", "s", "99th percentile latency of the class's completed requests"),
+    "mean_ttft": ("f8", "s", "mean time to first token of the class's completed requests"),
+    "ttft_p99": ("f8", "s", "99th percentile time to first token of the class's completed requests"),
+    "ttft_attainment": ("f8", "1", "share of the class's completed requests whose first token came within its "
+                                   "ttft_slo"),
+    "goodput": ("f8", "1", "share of the class's completed requests within both its objectives, ttft_slo and "
+                           "tpot_slo (NaN where no class sets one)"),
+}
+
+
+def class_vars(names) -> dict:
+    """The per-replication variables of a mixture's classes ``names`` (none
+    without classes): name -> (metric, dtype, units, description)."""
+    if not names:
+        return {}
+    return {(f"sim_class_{m}" if dtype == "f8" else f"class_{m}"): (m, dtype, units, desc)
+            for m, (dtype, units, desc) in PER_CLASS.items()}
+
+
+def class_aggregates(spec: SweepSpec) -> dict:
+    """A mixture's per-class variable -> (its mean, CI low, CI high variables), for its real ones."""
+    return {var: (f"{var}_mean", f"{var}_ci_low", f"{var}_ci_high")
+            for var, (_, dtype, _, _) in class_vars(_class_names(spec)).items() if dtype == "f8"}
+
+
+def _class_names(spec: SweepSpec) -> list:
+    """The classes whose metrics a sweep stores: a sweep's at fixed rates (a capacity search stores none)."""
+    return list(spec.classes or ()) if spec.capacity is None else []
+
+
+def class_dims(spec: SweepSpec) -> set:
+    """The variables on the ``request_class`` dimension (after the grid's and ``rep``)."""
+    return set(class_vars(_class_names(spec))) | {v for vs in class_aggregates(spec).values() for v in vs}
+
 
 def variables(spec: SweepSpec) -> dict:
     """The variables of a sweep's Dataset (without the time series):
@@ -106,6 +150,13 @@ def variables(spec: SweepSpec) -> dict:
             for v, word in ((lo_v, "lower"), (hi_v, "upper")):
                 out[v] = (False, "f8", m.units, f"{level} t-interval of {mean_v} over reps, {word} end (NaN "
                                                  "with fewer than two finite reps)")
+    for var, (_, dtype, units, desc) in class_vars(_class_names(spec)).items():
+        out[var] = (True, dtype, units, desc)
+    for var, (mean_v, lo_v, hi_v) in class_aggregates(spec).items():
+        out[mean_v] = (False, "f8", out[var][2], f"mean of {var} over reps")
+        for v, word in ((lo_v, "lower"), (hi_v, "upper")):
+            out[v] = (False, "f8", out[var][2], f"{level} t-interval of {mean_v} over reps, {word} end (NaN "
+                                                "with fewer than two finite reps)")
     if "multibin" in spec.kinds:
         for name, (units, desc) in THEORY.items():
             out[name] = (False, "f8", units, desc)
@@ -139,8 +190,8 @@ def time_grid(spec: SweepSpec):
 
 
 def coord_values(name: str, values) -> np.ndarray:
-    """A grid axis's values as stored in its coordinate."""
-    if name == "policy":
+    """A grid axis's values as stored in its coordinate (and the classes' names)."""
+    if name in ("policy", CLASS_DIM):
         return np.array(values, dtype=object)
     p = SPEC_PARAMS[name].table
     if p.kind == "servers":
@@ -176,10 +227,18 @@ def template(spec: SweepSpec, attrs: dict):
     if spec.capacity is None:
         coords["rep"] = (("rep",), np.arange(spec.reps), {"units": "1", "long_name": "replication",
                                                            "description": "independent replication index"})
+    names = _class_names(spec)
+    if names:
+        coords[CLASS_DIM] = ((CLASS_DIM,), coord_values(CLASS_DIM, names),
+                             {"units": "", "long_name": "request class", "description": "a class of the requests "
+                              "([classes.NAME]: its share and keys in the attrs classes)"})
+    by_class = class_dims(spec)
     data = {}
     for name, (per_rep, dtype, units, desc) in variables(spec).items():
         vdims = dims + ["rep"] if per_rep else dims
         vshape = shape + (spec.reps,) if per_rep else shape
+        if name in by_class:
+            vdims, vshape = vdims + [CLASS_DIM], vshape + (len(names),)
         arr = np.full(vshape, FILL[dtype], dtype=dtype)
         data[name] = (vdims, arr, {"units": units, "long_name": name.replace("_", " "), "description": desc})
     grid = time_grid(spec)
@@ -199,17 +258,22 @@ def _enc(v):
 def spec_attrs(spec: SweepSpec) -> dict:
     """The spec's settings as Dataset attrs: every parameter that has one
     value in every cell and is not an axis (defaults included; inf as the
-    string "inf"), the policy kind (a variant's kind, or "mixed"), and each
-    variant's settings as JSON under ``policy_<name>``."""
+    string "inf"), the policy kind (a variant's kind, or "mixed"), each
+    variant's settings as JSON under ``policy_<name>``, and the classes'
+    tables as JSON under ``classes``."""
     seen: dict = {}
     cells = [params for _, params in spec.points()]
     for params in cells:
         for k, v in params.items():
             seen.setdefault(k, set()).add(json.dumps(_enc(v)))
     out = {k: _enc(cells[0][k]) for k, vs in seen.items()
-           if len(vs) == 1 and k not in spec.axes and k not in ("kind", "policy", "trace")
+           if len(vs) == 1 and k not in spec.axes and k not in ("kind", "policy", "trace", "classes")
            and all(k in c for c in cells) and cells[0][k] is not None}
     out["policy"] = spec.policy
+    if spec.classes is not None:
+        # (each class as the spec gives it: its share and its own keys; the others are the cells')
+        out["classes"] = json.dumps({nm: {k: _enc(v) for k, v in c.items()} for nm, c in spec.classes.items()},
+                                    sort_keys=True)
     if not spec.single:
         for name, settings in spec.policies.items():
             out[f"policy_{name}"] = json.dumps({k: _enc(v) for k, v in settings.items()}, sort_keys=True)

@@ -43,6 +43,37 @@ Shared values sit in ``[params]``; a variant's table may override them, and
 may set its own ``seed``.  Cells that differ only in policy (and not in seed)
 see the same requests: common random numbers.
 
+Requests of several classes (clients, tenants: a
+:meth:`Workload.mixture <mbbatch.Workload.mixture>`), on continuous batching
+engines: one ``[classes.NAME]`` table per class, with its ``share`` (its
+weight; the shares are normalised to sum to 1) and any of the keys of
+token-level requests, ``prompt_median``, ``prompt_sigma``,
+``output_median``, ``output_sigma``, ``ttft_slo`` and ``tpot_slo``, which
+default to the cell's own (``[params]``, ``[grid]`` or the table's
+default); in a capacity spec, bounds on the class's own metrics,
+``objective_<metric>`` for a metric of :data:`mbbatch.capacity.CLASS_METRICS`::
+
+    policy = "continuous"
+    service_model = "profile"
+
+    [classes.chat]
+    share = 3
+    prompt_median = 128.0
+    output_median = 64.0
+    ttft_slo = 0.3
+    [classes.batch]
+    share = 1
+    prompt_median = 1024.0
+    output_median = 512.0
+
+    [grid]
+    admission = ["fcfs", "edf", "vtc"]
+    rate = [4.0, 6.0]
+
+The Dataset gains a ``request_class`` dimension (the class names) and each
+class's metrics on it: ``class_completed`` and ``sim_class_<metric>`` per
+replication with their means and intervals (:data:`mbbatch.sweeps.schema.PER_CLASS`).
+
 Every parameter a variant needs appears once, in its table, ``[params]`` or
 ``[grid]``; a value in ``[params]`` applies to the variants it belongs to.
 An unknown key, an empty or duplicated axis value, a missing field or a bad
@@ -71,7 +102,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .._validation import check
-from ..capacity import OBJECTIVE_METRICS, SEARCH_DOMAINS, SEARCHES
+from ..capacity import CLASS_METRICS, OBJECTIVE_METRICS, SEARCH_DOMAINS, SEARCHES
 from ..metrics import METRICS
 from ..stats import CONFIDENCE
 from ..arrivals import Arrivals
@@ -83,7 +114,7 @@ from ..service_models import COST_TERMS as _COST_TERMS
 from ..service_models import SERVICE_MODELS
 
 __all__ = ["SpecError", "TraceNotFound", "SweepSpec", "SpecParam", "SPEC_PARAMS", "WORKLOAD_PARAMS", "ARRIVALS",
-           "load_spec", "parse_spec", "spec_from_dict", "trace_filters", "trace_of"]
+           "CLASS_KEYS", "CLASS_OBJECTIVES", "load_spec", "parse_spec", "spec_from_dict", "trace_filters", "trace_of"]
 
 
 class SpecError(ValueError):
@@ -251,6 +282,8 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("admission"),
     _sp("admission_bins", key="ContinuousBatching.bins"),
     _sp("aging"),
+    _sp("mlfq_quantum"),
+    _sp("mlfq_levels"),
     _sp("iteration_overhead"),
     _sp("request_overhead"),
     _sp("num_scheduler_steps"),
@@ -299,8 +332,8 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
 
 #: a cluster's settings that only its continuous-batching engines read
 _ENGINE_ONLY = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size", "admission",
-                "admission_bins", "aging", "sla_control", "iteration_overhead", "request_overhead",
-                "num_scheduler_steps")
+                "admission_bins", "aging", "mlfq_quantum", "mlfq_levels", "sla_control", "iteration_overhead",
+                "request_overhead", "num_scheduler_steps")
 
 #: the settings of LAPS's decode stage (its policy named by ``decode``)
 _DECODE_SETTINGS = ("decode_servers", "decode_batch_size", "decode_bins", "decode_d_sla", "decode_b_max",
@@ -347,7 +380,17 @@ _TOP = {
     "capacity": "a capacity search at every grid point instead of fixed rates: [capacity] with rel_tol, "
                 "confidence, max_reps, throughput_tol and searches; an objective's bounds are the parameters "
                 "objective_<metric>",
+    "classes": "requests of several classes (a Workload.mixture) on continuous batching engines: "
+               "[classes.NAME] tables with share = ..., the class's prompt_/output_ keys, ttft_slo and "
+               "tpot_slo (the cell's where not given) and, in a capacity spec, objective_<metric> bounds on "
+               "the class's own metrics",
 }
+
+#: a [classes.NAME] table's keys besides ``share`` (the parameter ``class_share``): a class's lengths and
+#: objectives, the keys of token-level requests, each the cell's own unless the class gives it
+CLASS_KEYS = ("prompt_median", "prompt_sigma", "output_median", "output_sigma", "ttft_slo", "tpot_slo")
+#: ... and in a capacity spec, bounds on the class's own metrics (mbbatch.capacity.CLASS_METRICS)
+CLASS_OBJECTIVES = tuple(f"objective_{m}" for m in CLASS_METRICS)
 
 
 def _search_key(key: str, default: float) -> tuple:
@@ -413,6 +456,8 @@ class SweepSpec:
     capacity: dict | None = None
     confidence: float = CONFIDENCE
     baseline: str | None = None
+    #: the [classes.NAME] tables: each class's share and the keys it gives (None: one kind of request)
+    classes: dict | None = None
 
     @property
     def kinds(self) -> list:
@@ -455,6 +500,8 @@ class SweepSpec:
             d["confidence"] = self.confidence  # (only when given: the hash of a spec without it is unchanged)
         if self.baseline is not None:
             d["baseline"] = self.baseline
+        if self.classes is not None:
+            d["classes"] = {nm: {k: enc(v) for k, v in c.items()} for nm, c in self.classes.items()}
         return d
 
     @property
@@ -505,6 +552,9 @@ class SweepSpec:
         p["kind"] = kind
         if self.trace is not None:
             p["trace"] = self.trace
+        if self.classes is not None:
+            # (each class's keys: its own, else the cell's)
+            p["classes"] = {nm: {**{k: p[k] for k in CLASS_KEYS}, **c} for nm, c in self.classes.items()}
         return p
 
     def differences(self, other: "SweepSpec") -> list[str]:
@@ -696,6 +746,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
 
     # (every unknown key, bad value and missing field is collected, and all are reported at once)
     problems = _Problems(source)
+    classes = _classes_table(raw, source, workload, capacity, problems)
     allowed_any = sorted(nm for nm in SPEC_PARAMS if applies_to(nm))
     for key in fixed:
         if key == "policy" and not single:
@@ -810,7 +861,7 @@ def spec_from_dict(raw: dict, source: str = "<spec>", text: str = "") -> SweepSp
     spec = SweepSpec(name=name, description=description, arrivals=arrivals, workload=workload,
                      service_model=model, reps=reps, seed=seed, params=params, axes=axes, policies=policies,
                      source=source, text=text, single=single, trace=trace, capacity=capacity,
-                     confidence=confidence, baseline=_baseline(raw, axes, capacity, source))
+                     confidence=confidence, baseline=_baseline(raw, axes, capacity, source), classes=classes)
     _check_joint(spec, source)
     _check_lengths(spec, source)
     return spec
@@ -840,6 +891,52 @@ class _Problems:
             lead = f"{self.source}: "
             raise SpecError(f"{self.source}: {len(self.found)} problems:\n"
                             + "\n".join(f"  {m.removeprefix(lead)}" for m in self.found))
+
+
+def _classes_table(raw: dict, source: str, workload: str, capacity: dict | None,
+                   problems: _Problems) -> dict | None:
+    """The [classes.NAME] tables: each class's ``share`` and the keys it
+    gives (:data:`CLASS_KEYS`, and :data:`CLASS_OBJECTIVES` in a capacity
+    spec), checked against the parameter table (None where the spec has
+    none).  A bad value is collected in ``problems``."""
+    if "classes" not in raw:
+        return None
+    table = _table(raw, "classes", source)
+    where = f"{source}: classes"
+    if workload != "tokens":
+        side = {"trace": "a trace's requests (its own lengths)"}.get(workload, f"service = {workload!r}")
+        raise SpecError(f"{where}: a mixture's classes draw log-normal token lengths (token-level requests under "
+                        f"a service_model); they do not apply to {side}")
+    if not table or not all(isinstance(c, dict) for c in table.values()):
+        raise SpecError(f"{where}: a mixture's classes are tables, [classes.NAME] with share = ... (one a class, "
+                        f"at least one); got {table!r}")
+    allowed = ["share", *CLASS_KEYS, *(CLASS_OBJECTIVES if capacity is not None else ())]
+    out = {}
+    for cname, settings in table.items():
+        here = f"{where}.{cname}"
+        if not cname.replace("_", "").replace("-", "").isalnum():
+            raise SpecError(f"{here}: a class's name must be an identifier (letters, digits, _ or -)")
+        out[cname] = {}
+        for key, value in settings.items():
+            if key not in allowed:
+                why = ("a capacity search's objective: it applies to a spec with a [capacity] table"
+                       if key in CLASS_OBJECTIVES else
+                       f"not a metric of a class: its objectives bound {', '.join(CLASS_METRICS)}"
+                       if key.startswith("objective_") and key.removeprefix("objective_") in OBJECTIVE_METRICS
+                       else "not a key of a class")
+                problems.add(SpecError(f"{here}: unknown key {key!r} ({why}); allowed: {allowed}"))
+                continue
+            with problems.collect():
+                if key == "share":
+                    try:
+                        out[cname][key] = check("class_share", value, "share")
+                    except (TypeError, ValueError) as exc:
+                        raise SpecError(f"{here}: {exc}") from None
+                else:
+                    out[cname][key] = SPEC_PARAMS[key].check(value, here)
+        if "share" not in settings:
+            problems.add(SpecError(f"{here}: missing field 'share' ({TABLE['class_share'].description})"))
+    return out
 
 
 def _baseline(raw: dict, axes: dict, capacity: dict | None, source: str) -> str | None:
@@ -1000,7 +1097,8 @@ def _check_lengths(spec: SweepSpec, source: str) -> None:
     point, laws a run can draw from, and requests whose time under the
     point's service model the latency histogram resolves, refused naming
     these keys (or the service model's, when a request of one token is
-    already out of range).  The planners refuse the same grid points later
+    already out of range); with [classes.NAME] tables, each class's laws,
+    named ``classes.NAME.<key>``.  The planners refuse the same grid points later
     (:func:`mbbatch.sweeps.cells.check_points`), but they name their API's
     arguments (``workload``, ``service_model``), not the spec's keys."""
     if spec.workload != "tokens":
@@ -1008,70 +1106,83 @@ def _check_lengths(spec: SweepSpec, source: str) -> None:
     from scipy.stats import norm
 
     from ..lengths import TAIL_PROBABILITY
-    from ..params import MAX_DURATION
-    from ..simulation import SCALE_RANGE
 
     z = float(norm.isf(TAIL_PROBABILITY))
     log_max = math.log(sys.float_info.max)
-    lo, hi = SCALE_RANGE
     model_keys = [nm for nm, sp in SPEC_PARAMS.items() if spec.service_model in sp.models]
     seen = set()
     for _, params in spec.points():
-        law = {nm: params[nm] for keys in _LENGTH_KEYS.values() for nm in keys}
-        key = (params["kind"], *law.values(), *(repr(params.get(nm)) for nm in model_keys))
-        if key in seen:
-            continue
-        seen.add(key)
-        where = ", ".join(f"{nm}={params[nm]!r}" for nm in spec.axes)
-        where = f"{source}: at grid point {where}: " if where else f"{source}: "
-        means = {}
-        for side, (m_key, s_key) in _LENGTH_KEYS.items():
-            m, s = law[m_key], law[s_key]
-            named = f"{m_key} = {m!r} and {s_key} = {s!r}"
-            if math.log(m) + s * s / 2 >= log_max:
-                raise SpecError(f"{where}{named}: the log-normal {side} lengths' mean, {m_key} x exp({s_key}**2 / "
-                                f"2), is beyond the float range; lower {s_key} (below "
-                                f"{math.sqrt(2 * (log_max - math.log(m))):.3g} at this median)")
-            top = math.log(m) + z * s
-            if top > math.log(MAX_DURATION):
-                shown = f"{math.exp(top):.3g}" if top < log_max else f"10**{top / math.log(10):.0f}"
-                raise SpecError(f"{where}{named}: the log-normal {side} lengths reach "
-                                f"{shown} tokens ({m_key} x exp({z:.3g} {s_key}), their "
-                                f"1 - 2**-64 quantile), beyond the {MAX_DURATION:g} that keeps a run's sums finite; "
-                                f"lower {m_key} or {s_key}")
-            means[side] = m * math.exp(s * s / 2)
-        # (a side is to blame where its lengths at the table's defaults would bring the time in range)
-        usual = {side: TABLE[m_key].default * math.exp(TABLE[s_key].default ** 2 / 2)
-                 for side, (m_key, s_key) in _LENGTH_KEYS.items()}
-        try:
-            model = service_model(spec.service, params)
-            t = {(p, o): float(model.one_request(p, o))
-                 for p, o in ((means["prompt"], means["output"]), (usual["prompt"], means["output"]),
-                              (means["prompt"], usual["output"]), (1.0, 1.0))}
-        except (TypeError, ValueError, OverflowError, ZeroDivisionError):
-            continue        # (check_points names what the service model's own check refuses)
-        out = {k: math.isfinite(v) and v > 0 and not lo <= v <= hi for k, v in t.items()}
-        if not out[means["prompt"], means["output"]]:
-            continue
-        scale = t[means["prompt"], means["output"]]
-        rng = (f"outside [{lo:.3g}, {hi:.3g}] s, the range whose latencies the latency histogram resolves (its "
-               f"buckets cover 2**-30 to 2**50 s)")
-        if out[1.0, 1.0]:
-            given = [f"{nm} = {params[nm]!r}" for nm in model_keys
-                     if nm in params and params[nm] != SPEC_PARAMS[nm].default]
-            raise SpecError(f"{where}service_model = {spec.service_model!r}"
-                            f"{' (' + ', '.join(given) + ')' if given else ''}: a request of one prompt and one "
-                            f"output token takes about {t[1.0, 1.0]:.3g} s, {rng}; express its times in other "
-                            "units")
-        sides = [side for side, k in (("prompt", (usual["prompt"], means["output"])),
-                                      ("output", (means["prompt"], usual["output"]))) if not out[k]]
-        sides = sides or ["prompt", "output"]
-        keys = [nm for side in sides for nm in _LENGTH_KEYS[side]]
-        raise SpecError(f"{where}{', '.join(f'{nm} = {law[nm]!r}' for nm in keys)}: requests of the mean lengths "
-                        f"(prompt {means['prompt']:.3g} and output {means['output']:.3g} tokens) take about "
-                        f"{scale:.3g} s under service_model = {spec.service_model!r}, {rng}; lower "
-                        f"{' or '.join(k for k in keys if k.endswith('_median'))} or "
-                        f"{' or '.join(k for k in keys if k.endswith('_sigma'))}")
+        # (one law per class where the spec has classes, each named by its table)
+        laws = ([(f"classes.{c}.", vals) for c, vals in params["classes"].items()] if "classes" in params
+                else [("", params)])
+        for prefix, vals in laws:
+            _check_law(spec, source, params, prefix, vals, model_keys, seen, z, log_max)
+
+
+def _check_law(spec, source, params, prefix, vals, model_keys, seen, z, log_max) -> None:
+    """:func:`_check_lengths` at one grid point ``params`` of the log-normal
+    law of ``vals`` (the point's, or a class's: its keys named with
+    ``prefix``)."""
+    from ..params import MAX_DURATION
+    from ..simulation import SCALE_RANGE
+
+    lo, hi = SCALE_RANGE
+    law = {prefix + nm: vals[nm] for keys in _LENGTH_KEYS.values() for nm in keys}
+    key = (params["kind"], *law.values(), *(repr(params.get(nm)) for nm in model_keys))
+    if key in seen:
+        return
+    seen.add(key)
+    where = ", ".join(f"{nm}={params[nm]!r}" for nm in spec.axes)
+    where = f"{source}: at grid point {where}: " if where else f"{source}: "
+    means = {}
+    for side, (m_key, s_key) in _LENGTH_KEYS.items():
+        m_key, s_key = prefix + m_key, prefix + s_key
+        m, s = law[m_key], law[s_key]
+        named = f"{m_key} = {m!r} and {s_key} = {s!r}"
+        if math.log(m) + s * s / 2 >= log_max:
+            raise SpecError(f"{where}{named}: the log-normal {side} lengths' mean, {m_key} x exp({s_key}**2 / "
+                            f"2), is beyond the float range; lower {s_key} (below "
+                            f"{math.sqrt(2 * (log_max - math.log(m))):.3g} at this median)")
+        top = math.log(m) + z * s
+        if top > math.log(MAX_DURATION):
+            shown = f"{math.exp(top):.3g}" if top < log_max else f"10**{top / math.log(10):.0f}"
+            raise SpecError(f"{where}{named}: the log-normal {side} lengths reach "
+                            f"{shown} tokens ({m_key} x exp({z:.3g} {s_key}), their "
+                            f"1 - 2**-64 quantile), beyond the {MAX_DURATION:g} that keeps a run's sums finite; "
+                            f"lower {m_key} or {s_key}")
+        means[side] = m * math.exp(s * s / 2)
+    # (a side is to blame where its lengths at the table's defaults would bring the time in range)
+    usual = {side: TABLE[m_key].default * math.exp(TABLE[s_key].default ** 2 / 2)
+             for side, (m_key, s_key) in _LENGTH_KEYS.items()}
+    try:
+        model = service_model(spec.service, params)
+        t = {(p, o): float(model.one_request(p, o))
+             for p, o in ((means["prompt"], means["output"]), (usual["prompt"], means["output"]),
+                          (means["prompt"], usual["output"]), (1.0, 1.0))}
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return          # (check_points names what the service model's own check refuses)
+    out = {k: math.isfinite(v) and v > 0 and not lo <= v <= hi for k, v in t.items()}
+    if not out[means["prompt"], means["output"]]:
+        return
+    scale = t[means["prompt"], means["output"]]
+    rng = (f"outside [{lo:.3g}, {hi:.3g}] s, the range whose latencies the latency histogram resolves (its "
+           f"buckets cover 2**-30 to 2**50 s)")
+    if out[1.0, 1.0]:
+        given = [f"{nm} = {params[nm]!r}" for nm in model_keys
+                 if nm in params and params[nm] != SPEC_PARAMS[nm].default]
+        raise SpecError(f"{where}service_model = {spec.service_model!r}"
+                        f"{' (' + ', '.join(given) + ')' if given else ''}: a request of one prompt and one "
+                        f"output token takes about {t[1.0, 1.0]:.3g} s, {rng}; express its times in other "
+                        "units")
+    sides = [side for side, k in (("prompt", (usual["prompt"], means["output"])),
+                                  ("output", (means["prompt"], usual["output"]))) if not out[k]]
+    sides = sides or ["prompt", "output"]
+    keys = [prefix + nm for side in sides for nm in _LENGTH_KEYS[side]]
+    raise SpecError(f"{where}{', '.join(f'{nm} = {law[nm]!r}' for nm in keys)}: requests of the mean lengths "
+                    f"(prompt {means['prompt']:.3g} and output {means['output']:.3g} tokens) take about "
+                    f"{scale:.3g} s under service_model = {spec.service_model!r}, {rng}; lower "
+                    f"{' or '.join(k for k in keys if k.endswith('_median'))} or "
+                    f"{' or '.join(k for k in keys if k.endswith('_sigma'))}")
 
 
 def service_model(name: str, params: dict):
@@ -1103,6 +1214,34 @@ def _cluster_values(spec: SweepSpec, key: str) -> list:
     if kinds and all(k == "cluster" for k in kinds):
         out += list(spec.axes.get(key, [])) + ([spec.params[key]] if key in spec.params else [])
     return out
+
+
+#: the kinds whose engines run a mixture's classes: continuous batching, alone or as a cluster's engines
+_MIXTURE_KINDS = tuple(k for k in KINDS if POLICIES[k].planner == "continuous")
+
+
+def _check_mixture(spec: SweepSpec, source: str) -> None:
+    """A spec of [classes.NAME] tables runs continuous batching engines (a
+    cluster's: ``engine_policy`` among them and ``programs = "none"``, its
+    requests independent)."""
+    takes = ", ".join(f'"{k}"' for k in _MIXTURE_KINDS)
+    other = [k for k in spec.kinds if k not in (*_MIXTURE_KINDS, "cluster")]
+    if other:
+        raise SpecError(f"{source}: classes: a mixture's requests run on continuous batching engines (policy "
+                        f"{takes}, or a cluster of them); got policies {other}")
+    for vname, settings in spec.policies.items():
+        if settings["kind"] != "cluster":
+            continue
+        for key, want, why in (("engine_policy", _MIXTURE_KINDS, "a cluster's mixture runs on continuous batching "
+                                                                 "engines"),
+                               ("programs", ("none",), "a mixture's requests are independent, not a cluster's "
+                                                       "programs")):
+            given = settings.get(key, spec.params.get(key, spec.axes.get(key, TABLE[key].default)))
+            bad = sorted(set(given if isinstance(given, list) else [given]) - set(want))
+            if bad:
+                named = "" if spec.single else f" (policies.{vname})"
+                raise SpecError(f"{source}: classes: {why}; set {key} = "
+                                f"{' or '.join(chr(34) + w + chr(34) for w in want)}{named}, got {bad}")
 
 
 def _check_joint(spec: SweepSpec, source: str) -> None:
@@ -1144,6 +1283,8 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
         if given and not engines & set(takes):
             raise SpecError(f"{source}: {key} sets the {setting} of the engines of {', '.join(takes)}; "
                             f"engine_policy = {sorted(engines)} has none")
+    if spec.classes is not None:
+        _check_mixture(spec, source)
     if _values(spec, "session_context") and "sessions" not in programs:
         raise SpecError(f"{source}: session_context applies to programs = \"sessions\" only")
     lo, hi = _values(spec, "b_min"), _values(spec, "b_max")
