@@ -471,16 +471,16 @@ def _continuous_memory(reps=REPS, n=20000):
 
 
 def _policy_gains(reps=REPS):
-    """policy_gains's store: per replication, the mean time to first token and the p99 latency of four
-    admission orders at three rates and three predictor errors, shortest-predicted-first's (plain and aged)
-    and multi-bin's below FCFS's by known ratios, the same noise in every order (paired replications); the
-    fastest rate's FCFS without a steady state."""
-    pol = ["fcfs", "spf", "spf_aging", "multibin"]
+    """policy_gains's store: per replication, the mean time to first token and the p99 latency of five
+    admission orders at three rates and three predictor errors, shortest-predicted-first's (plain and
+    aged), multi-bin's and the feedback queue's below FCFS's by known ratios, the same noise in every order
+    (paired replications); the fastest rate's FCFS without a steady state."""
+    pol = ["fcfs", "spf", "spf_aging", "multibin", "mlfq"]
     rate = np.array([5.5, 6.6, 7.4])
     sigma = np.array([0.0, 0.5, 1.0])
     rng = np.random.default_rng(26)
     noise = 1.0 + 0.02 * rng.standard_normal((1, rate.size, sigma.size, reps))
-    gain = np.array([1.0, 0.6, 0.75, 0.9])[:, None, None, None] * np.ones((1, rate.size, sigma.size, 1))
+    gain = np.array([1.0, 0.6, 0.75, 0.9, 0.8])[:, None, None, None] * np.ones((1, rate.size, sigma.size, 1))
     base_ttft = np.array([0.05, 0.12, 0.36])[None, :, None, None]
     base_p99 = np.array([6.0, 7.0, 9.0])[None, :, None, None]
     dims = ("policy", "rate", "predictor_sigma")
@@ -558,7 +558,7 @@ def _capacity_store(name):
         elif params.get("objective_goodput") is not None:
             # (continuous admission orders under a goodput objective: shortest first carries the most, less with
             # aging, and less as the predictor errs)
-            factor = {"fcfs": 1.0, "spf": 1.15, "multibin": 1.05}[params["admission"]]
+            factor = {"fcfs": 1.0, "spf": 1.15, "multibin": 1.05, "mlfq": 0.9}[params["admission"]]
             cap = 6.0 * factor * (0.95 if params.get("aging") else 1.0) / (1 + 0.1 * params["predictor_sigma"])
         else:
             factor = {"static": 0.8, "dynamic": 1.0, "multibin_dynamic": 1.2, "cluster": 1.0}[params["kind"]]

@@ -130,10 +130,11 @@ def test_the_trace_capacity_spec_runs_small_multi_bin_beside_eq_2_and_its_limit_
 def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interval(results, tmp_path):
     """policy_gains draws; on its synthetic store (the same noise in every order, replication by
     replication) the paired ratio of the mean time to first token is exactly the store's gain, 0.6 for
-    shortest predicted output first, 0.75 with aging and 0.9 for multi-bin, with an interval of no width: the
-    markers of the top row sit there, at every rate and predictor error, beside the dashed line of FCFS at 1;
-    the legend names the aging rate of the variant's settings; the right panel draws each order's capacity
-    under the goodput objective from policy_gains_capacity's store."""
+    shortest predicted output first, 0.75 with aging, 0.9 for multi-bin and 0.8 for the feedback queue,
+    with an interval of no width: the markers of the top row sit there, at every rate and predictor error,
+    beside the dashed line of FCFS at 1; the legend names the aging rate of the variant's settings; the
+    right panel draws each order's capacity under the goodput objective from policy_gains_capacity's
+    store."""
     import xarray as xr
 
     from mbbatch.figures import continuous
@@ -146,7 +147,7 @@ def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interva
     for ax in left.axes[:3]:
         ys = sorted({round(float(y), 9) for ln in ax.lines if ln.get_marker() not in (None, "None", "")
                      for y in ln.get_ydata()})
-        assert ys == [0.6, 0.75, 0.9], ys
+        assert ys == [0.6, 0.75, 0.8, 0.9], ys
         assert any(list(ln.get_ydata()) == [1.0, 1.0] and ln.get_linestyle() == "--" for ln in ax.lines)
     labels = [t.get_text() for t in left.legends[0].get_texts()]
     assert "shortest predicted output first, aging 200 tokens/s" in labels
@@ -155,7 +156,7 @@ def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interva
     (ax,) = right.axes
     drawn = [ln.get_ydata() for ln in ax.lines if ln.get_marker() in (None, "None", "")]    # (the joining lines)
     sigma = np.array([0.0, 0.5, 1.0])
-    for factor in (1.0, 1.15, 1.15 * 0.95, 1.05):
+    for factor in (1.0, 1.15, 1.15 * 0.95, 1.05, 0.9):
         want = 1.002 * 6.0 * factor / (1 + 0.1 * sigma)
         assert any(len(y) == 3 and np.allclose(y, want) for y in drawn), (factor, drawn)
 

@@ -288,7 +288,8 @@ def _trace_label(name: str, s: dict) -> str:
 #: policy_gains's admission orders drawn against its baseline (first come first served), and their labels
 _GAINS = (("spf", "shortest predicted output first"),
           ("spf_aging", "shortest predicted output first, aging {aging:g} tokens/s"),
-          ("multibin", "multi-bin (4 bins by predicted output, round robin)"))
+          ("multibin", "multi-bin (4 bins by predicted output, round robin)"),
+          ("mlfq", "skip-join multi-level feedback queue (FastServe; no prediction)"))
 #: policy_gains's metrics, and their words
 _GAIN_METRICS = (("mean_ttft", "mean time to first token"), ("latency_p99", "p99 latency"))
 
