@@ -152,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--baseline", default=None,
                     help="the policy compared with (default: the spec's baseline, else the first)")
     cp.add_argument("--metric", action="append", dest="metrics", default=None,
-                    help="a metric to compare (repeatable; default: mean_latency, latency_p99, throughput)")
+                    help="a metric to compare (repeatable; default: mean_latency, latency_p99, throughput; "
+                         "a tenant's, on a store with classes: class_mean_ttft, class_ttft_p99, ...)")
     cp.add_argument("--level", type=float, default=0.95, help="the intervals' confidence level (default 0.95)")
     cp.add_argument("--out", default=None, help="a spec's store (default: results/NAME.zarr)")
     ck = sub.add_parser("check", help="verify a sweep store: done, missing and damaged grid points")
@@ -445,6 +446,7 @@ def _compared(source, variants: list, baseline) -> None:
 
 
 def _compare(args) -> None:
+    from .capacity import CLASS_METRICS
     from .comparison import differences_table
     from .metrics import METRICS
     from .stats import paired_differences
@@ -454,8 +456,10 @@ def _compare(args) -> None:
     if not 0.0 < args.level < 1.0:
         raise ValueError(f"--level must be in (0, 1); got {args.level}")
     for m in args.metrics or ():
-        if m not in METRICS:
-            raise ValueError(f"--metric: unknown metric {m!r}; the metric table's: {', '.join(METRICS)}")
+        if m not in METRICS and not (m.startswith("class_") and m[len("class_"):] in CLASS_METRICS):
+            raise ValueError(f"--metric: unknown metric {m!r}; the metric table's: {', '.join(METRICS)}; or "
+                             f"a tenant's (a store with request_class): "
+                             f"{', '.join('class_' + c for c in CLASS_METRICS)}")
     source = Path(args.source)
     if source.suffix == ".toml":
         from .sweeps.spec import load_spec

@@ -35,6 +35,7 @@ replication by replication): the interval is ``[0, 0]``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import stats
-from .stats import VERDICTS, difference_vars, paired_differences, paired_interval
+from .stats import VERDICTS, difference_vars, metric_spec, paired_differences, paired_interval
 from ._seeding import as_seed_sequence, entropy_str
 from ._validation import check_count, check_flag, check_scalar_real
 from .metrics import METRICS, applicable
@@ -128,13 +129,12 @@ def differences_table(ds: xr.Dataset, diffs: xr.Dataset, baseline: str, metrics,
     width = max(len(p) for p in policies)
     lines = [head]
     for m in metrics:
-        spec = METRICS[m]
+        spec = metric_spec(m)
         lines.append(f"\n{m} ({spec.units}){', ' + spec.better + ' is better' if spec.better else ''}")
         sim = ds[f"sim_{m}"].mean("rep")
         others = [d for d in sim.dims if d != "policy"]
-        points = [{}] if not others else [dict(zip(others, vals)) for vals in
-                                          np.stack(np.meshgrid(*[sim[d].values for d in others],
-                                                               indexing="ij"), -1).reshape(-1, len(others))]
+        # (axes of any types: a tenant's name beside a rate)
+        points = [dict(zip(others, vals)) for vals in itertools.product(*[sim[d].values for d in others])]
         for point in points:
             indent = "  "
             if point:

@@ -98,12 +98,19 @@ def paired_interval(xp: np.ndarray, xb: np.ndarray, level: float, centre=None) -
     return diff, diff - dh, diff + dh, ratio, ratio - rh, ratio + rh
 
 
+def metric_spec(m: str):
+    """The metric table's row of ``m``: a per-class metric ``class_<metric>``
+    (a sweep's ``sim_class_<metric>``, along ``request_class``) is its
+    metric's."""
+    from .metrics import METRICS
+
+    return METRICS[m[len("class_"):] if m.startswith("class_") and m not in METRICS else m]
+
+
 def verdicts(metric: str, low, high) -> np.ndarray:
     """+1 better, -1 worse, 0 undecided (or no direction, or no interval),
     elementwise, by the metric's direction."""
-    from .metrics import METRICS
-
-    better = METRICS[metric].better
+    better = metric_spec(metric).better
     low, high = np.asarray(low, float), np.asarray(high, float)
     out = np.zeros(np.shape(low), np.int8)
     if better:
@@ -116,9 +123,7 @@ def verdicts(metric: str, low, high) -> np.ndarray:
 def difference_vars(m: str, rows: tuple, dims: tuple) -> dict:
     """The Dataset variables of metric ``m``'s differences ``rows`` (as
     :func:`paired_interval` returns them, on ``dims``)."""
-    from .metrics import METRICS
-
-    units = METRICS[m].units
+    units = metric_spec(m).units
     out = {}
     for j, what in enumerate(("diff", "ratio")):
         for k, suffix in enumerate(("", "_ci_low", "_ci_high")):
@@ -137,7 +142,8 @@ def paired_differences(ds, baseline: str, level: float = CONFIDENCE, metrics=Non
     ``diff_<metric>``, ``ratio_<metric>``, their ``_ci_low`` and ``_ci_high``
     at ``level``, and ``verdict_<metric>``, on every axis but ``rep``.
     ``metrics``: those to compare (default: every real one ``ds`` keeps per
-    replication)."""
+    replication; a per-class one as ``class_<metric>``, its differences
+    along ``request_class`` too)."""
     import xarray as xr
 
     if "policy" not in ds.dims or "rep" not in ds.dims:

@@ -396,6 +396,7 @@ def _hardware_sweeps(rates):
     out["continuous_vs_binned"] = _continuous_vs_binned()
     out["continuous_memory"] = _continuous_memory()
     out["policy_gains"] = _policy_gains()
+    out["policy_gains_classes"] = _policy_gains_classes()
     out["continuous_controller"] = _continuous_controller()
     out["continuous_trace_capacity"], out["continuous_trace"] = _continuous_trace()
     out["hardware_trace_default"] = _token_sweep(
@@ -492,6 +493,48 @@ def _policy_gains(reps=REPS):
                     coords={"policy": pol, "rate": rate, "predictor_sigma": sigma, "rep": np.arange(reps)})
     ds.attrs.update(name="policy_gains", reps=reps, arrivals="poisson", baseline="fcfs", confidence_level=0.95,
                     policy_spf_aging='{"admission": "spf", "aging": 200.0, "kind": "continuous"}')
+    return ds
+
+
+#: _policy_gains_classes' orders, and their made-up ratios to FCFS: the interactive tenant's p99 time to first
+#: token, the batch tenant's mean latency
+TENANT_GAINS = {"fcfs": (1.0, 1.0), "spf": (0.4, 0.95), "edf": (0.6, 1.1), "vtc": (0.5, 1.2), "mlfq": (0.1, 1.5)}
+
+
+def _policy_gains_classes(reps=REPS):
+    """policy_gains_classes' store: two tenants (a tight objective on the first token and a loose one), per
+    replication each tenant's p99 time to first token and mean latency, each order's below or above FCFS's
+    by TENANT_GAINS (the same noise in every order: paired replications), each tenant's goodput falling
+    with the load; the fastest rate's FCFS without a steady state."""
+    import json
+
+    pol = list(TENANT_GAINS)
+    rate = np.array([2.85, 3.5, 3.9])
+    classes = ["interactive", "batch"]
+    rng = np.random.default_rng(27)
+    noise = 1.0 + 0.02 * rng.standard_normal((1, rate.size, reps, len(classes)))
+    # (classes' order: the interactive tenant's column is its first-token gain, the batch tenant's its latency's)
+    gain = np.array([TENANT_GAINS[p] for p in pol])[:, None, None, :]
+    base = np.array([3.0, 15.0, 46.0])[None, :, None, None]
+    dims = ("policy", "rate", "rep", "request_class")
+    good = np.clip(0.95 - 0.2 * np.arange(rate.size)[None, :, None] + 0.02 * np.arange(len(pol))[:, None, None],
+                   0, 1) * np.ones((1, 1, len(classes)))
+    unstable = np.zeros((len(pol), rate.size), bool)
+    unstable[0, -1] = True
+    ds = xr.Dataset({"sim_class_ttft_p99": (dims, base * gain * noise),
+                     "sim_class_mean_latency": (dims, base * gain * noise),
+                     "sim_class_goodput_mean": (("policy", "rate", "request_class"), good),
+                     "sim_class_goodput_ci_low": (("policy", "rate", "request_class"), good - 0.01),
+                     "sim_class_goodput_ci_high": (("policy", "rate", "request_class"), good + 0.01),
+                     "unstable": (("policy", "rate"), unstable),
+                     "done": (("policy", "rate"), np.ones(unstable.shape, bool))},
+                    coords={"policy": pol, "rate": rate, "rep": np.arange(reps), "request_class": classes})
+    ds.attrs.update(name="policy_gains_classes", reps=reps, arrivals="poisson", baseline="fcfs",
+                    confidence_level=0.95, predictor_sigma=0.5,
+                    classes=json.dumps({"batch": {"share": 1.0, "prompt_median": 1024.0, "output_median": 512.0,
+                                                  "ttft_slo": 10.0},
+                                        "interactive": {"share": 3.0, "prompt_median": 256.0, "output_median": 128.0,
+                                                        "ttft_slo": 0.5, "tpot_slo": 0.012}}))
     return ds
 
 

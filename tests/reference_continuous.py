@@ -79,9 +79,12 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     tokens), both alone; the head of the first non-empty level is admitted;
     a decoding sequence that has taken its level's quantum of decode tokens
     there (counted token by token, across memory preemptions) goes down a
-    level and, if a request of a higher level waits, is preempted to its new
-    level's tail (those of an iteration in request order), keeping its tokens
-    generated for the recomputation of its resumption.
+    level and, if the head of the first level above it holding one cannot
+    be admitted beside it (the running at the iteration's cap, or the free
+    blocks fewer than its prompt, tokens generated and first token need), is
+    preempted to its new level's tail, keeping its tokens generated for the
+    recomputation of its resumption (an iteration's decodes in request
+    order, those it completes leaving in that order too).
 
     ``class_tpot`` and ``goodput`` (the objectives goodput counts) do not
     change the run: the tests count goodput from its records."""
@@ -134,6 +137,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     iterations = 0
     preemptions = 0
     recomputed = 0
+    quanta_for_memory = 0    # the feedback queue's preemptions for a head the free blocks could not hold
     caps = []
     block_left = 0           # iterations of the block after the current one
     held_first, held_done = [], []
@@ -352,12 +356,20 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             last_tok[r] = now
             if admission == "vtc":
                 counter[klass[r]] += OUTPUT_WEIGHT
+        decoded = []             # decodes done with this iteration's token, out in request order below
         if admission == "mlfq":
             for r in sorted(decoding):
-                if g[r] < output[r] and used[r] >= level_quantum(level[r]):
+                if g[r] >= output[r]:
+                    running.remove(r)
+                    free += held[r]
+                    held[r] = 0
+                    decoded.append(r)
+                elif used[r] >= level_quantum(level[r]):
                     level[r] = min(level[r] + 1, levels - 1)
                     used[r] = 0
-                    if any(queues[lv] for lv in range(level[r])):
+                    ahead = next((queues[lv][0] for lv in range(level[r]) if queues[lv]), -1)
+                    if ahead >= 0 and (len(running) >= cap or blocks(prompt[ahead] + g[ahead] + 1) > free):
+                        quanta_for_memory += len(running) < cap
                         running.remove(r)
                         free += held[r]
                         held[r] = 0
@@ -383,6 +395,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             running.remove(r)
             free += held[r]
             held[r] = 0
+        finished = decoded + finished
+        for r in finished:
             if block_left > 0:
                 held_done.append(r)
             else:
@@ -401,4 +415,5 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             ctl["updates"] += 1.0
     return dict(first_token=np.array(first), completion=np.array(done), admitted=np.array(admitted),
                 preempted=np.array(preempted), tbt=np.array(tbt), iterations=iterations, busy=busy,
-                preemptions=preemptions, recomputed=recomputed, caps=np.array(caps))
+                preemptions=preemptions, recomputed=recomputed, caps=np.array(caps),
+                quanta_for_memory=quanta_for_memory)

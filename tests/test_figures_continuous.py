@@ -134,16 +134,26 @@ def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interva
     with an interval of no width: the markers of the top row sit there, at every rate and predictor error,
     beside the dashed line of FCFS at 1; the legend names the aging rate of the variant's settings; the
     right panel draws each order's capacity under the goodput objective from policy_gains_capacity's
-    store."""
+    store; the bottom row, from policy_gains_classes', each order's paired ratio of the interactive
+    tenant's p99 time to first token and of the batch tenant's mean latency, exactly the store's."""
     import xarray as xr
 
     from mbbatch.figures import continuous
 
+    from .figure_datasets import TENANT_GAINS
+
     _draws(results, tmp_path, "policy_gains")
     data = {name: xr.open_zarr(results / f"{name}.zarr", chunks=None).load()
-            for name in ("policy_gains", "policy_gains_capacity")}
+            for name in ("policy_gains", "policy_gains_capacity", "policy_gains_classes")}
     fig = continuous.policy_gains(data)
-    left, right = fig.subfigs
+    top, bottom = fig.subfigs
+    left, right = top.subfigs
+    first, goodput, latency = bottom.axes
+    for ax, column in ((first, 0), (latency, 1)):
+        ys = sorted({round(float(y), 9) for ln in ax.lines if ln.get_marker() not in (None, "None", "")
+                     for y in ln.get_ydata()})
+        assert ys == sorted({g[column] for name, g in TENANT_GAINS.items() if name != "fcfs"}), ys
+    assert "interactive tenant" in first.get_title() and "batch tenant" in latency.get_title()
     for ax in left.axes[:3]:
         ys = sorted({round(float(y), 9) for ln in ax.lines if ln.get_marker() not in (None, "None", "")
                      for y in ln.get_ydata()})
@@ -172,3 +182,20 @@ def test_its_spec_runs_small_and_shortest_first_buys_the_mean_with_the_tail(tmp_
     assert np.all(spf["verdict_mean_ttft"] == 1) and np.all(spf["ratio_mean_ttft_ci_high"] < 0.6)
     assert np.all(spf["ratio_latency_p99"] > 1.0)
     assert np.all(fcfs["diff_mean_ttft"] == 0.0) and np.all(fcfs["ratio_latency_p99"] == 1.0)
+
+
+def test_the_tenants_spec_runs_small_and_deadlines_and_fair_sharing_favour_the_interactive_tenant(tmp_path):
+    """policy_gains_classes's spec, run small (n = 4,000, 4 replications, 85 % load): earliest deadline
+    first, fair sharing and shortest predicted output first each bring the interactive tenant's first
+    tokens sooner than FCFS (the paired interval below 1), and fair sharing makes the batch
+    tenant's later (above 1); each tenant's goodput is a share."""
+    from mbbatch.stats import paired_differences
+
+    ds = _small("policy_gains_classes", tmp_path, ("n = 20000", "n = 4000"), ("reps = 10", "reps = 4"),
+                ("rate = [2.85, 3.5, 3.9]", "rate = [3.5]"))
+    d = paired_differences(ds, "fcfs", 0.95, ["class_mean_ttft"]).sel(rate=3.5)
+    for order in ("edf", "vtc", "spf"):
+        assert float(d["ratio_class_mean_ttft_ci_high"].sel(policy=order, request_class="interactive")) < 1.0
+    assert float(d["ratio_class_mean_ttft_ci_low"].sel(policy="vtc", request_class="batch")) > 1.0
+    good = ds["sim_class_goodput"].values
+    assert np.all((good >= 0.0) & (good <= 1.0))

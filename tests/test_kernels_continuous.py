@@ -210,9 +210,11 @@ def test_the_feedback_queue_is_the_reference_engines(seed):
     admission, first token, completion and preemptions (the quanta's and
     the memory's), the iterations, preemptions and recomputed tokens equal
     the reference's, and the gaps between tokens.  The quanta preempt some
-    runs (the test would not see the order's preemptions otherwise)."""
+    runs for a waiting head the running sequences' cap keeps out and some
+    for one the free blocks cannot hold (the test would not see the order's
+    preemptions otherwise)."""
     rng = np.random.default_rng(900 + seed)
-    demoted = 0
+    demoted = for_memory = 0
     for k in range(40):
         (arr, p, o, pred), kw = _config(rng, moe=k % 3 == 0)
         kw.update(admission="mlfq", quantum=int(rng.choice([1, 2, 3, 8])), levels=int(rng.integers(1, 6)))
@@ -228,7 +230,8 @@ def test_the_feedback_queue_is_the_reference_engines(seed):
         assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
         if np.isinf(kw["kv_tokens"]):
             demoted += st["preemptions"]
-    assert demoted > 0
+        for_memory += want["quanta_for_memory"]
+    assert demoted > 0 and for_memory > 0
 
 
 def test_one_level_is_first_come_first_served():

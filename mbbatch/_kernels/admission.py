@@ -22,11 +22,13 @@ iteration cost's coefficients and experts, :mod:`.cost`):
 - ``quota(r, par, ws) -> tokens``: the decode tokens request r may take
   before the order reconsiders it (:data:`UNLIMITED`: to its end; the
   engine asks as it joins the decodes);
-- ``expire(q, r, g, now, rounds, par, ws, inputs) -> (q, preempt)``: its
-  quota ran out at ``g`` tokens generated (at ``now``, round ``rounds``):
-  the order's update, and whether the engine preempts it (the order then
-  holds it among its waiting, to be admitted again, its ``g`` tokens
-  recomputed);
+- ``expire(q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs) ->
+  (q, preempt)``: its quota ran out at ``g`` tokens generated (at ``now``,
+  round ``rounds``; ``crowded``: the running sequences at the engine's cap;
+  ``free``: its free blocks of ``bs`` tokens, ``sh`` the shift of
+  :func:`.common.blocks`): the order's update, and whether the engine
+  preempts it (the order then holds it among its waiting, to be admitted
+  again, its ``g`` tokens recomputed);
 - ``resume(r, ws) -> (g, last)``: a waiting request's tokens generated and
   the time of its last (0 and 0.0 but for one the order preempted).
 
@@ -87,9 +89,13 @@ The orders:
   by the engine's iteration cost: long prompts start lower, as the paper's
   skip-join).  The engine admits the head of the first level holding one.
   A running sequence whose quantum ends is demoted a level and, if a
-  request of a higher level waits (one the paper's scheduler, choosing the
-  highest-priority jobs at every iteration, would run in its place),
-  preempted to its new level's tail.  Choices the paper leaves open or
+  request of a higher level waits that the engine cannot admit beside it
+  (the head of the first level holding one, when the running sequences are
+  at the engine's cap or the free blocks do not hold that head's prompt
+  and first token: the paper's scheduler, choosing the highest-priority
+  jobs at every iteration up to its batch, would run that one in its
+  place), preempted to its new level's tail; one the engine can admit
+  waits only for the iteration's token budget, and nothing is preempted.  Choices the paper leaves open or
   that mbbatch's engine makes: the quantum counts decode tokens (an
   iteration's unit of service in continuous batching; the prefill that
   produces the first token is what skip-join weighs), a running sequence is
@@ -108,7 +114,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import extra_experts, step
+from .common import blocks, extra_experts, step
 from .cost import PER_EXPERT, cost
 from .programs import _heap_pop, _heap_push
 
@@ -137,7 +143,7 @@ def _unlimited(r, par, ws):
 
 
 @step
-def _never(q, r, g, now, rounds, par, ws, inputs):
+def _never(q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs):
     """(an order whose quotas never end)"""
     return q, False
 
@@ -406,21 +412,26 @@ def _mlfq_quota(r, par, ws):
 
 
 @step
-def _mlfq_expire(q, r, g, now, rounds, par, ws, inputs):
+def _mlfq_expire(q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs):
     """Its quantum spent: down a level (a new quantum from this round);
-    preempted to that level's tail where a request of a higher level waits,
-    its ``g`` tokens and the time of its last kept for its resumption."""
+    preempted to that level's tail where the head of a higher level waits
+    that the engine cannot admit beside it (``crowded``, or its prompt, tokens
+    generated and first token need more than the ``free`` blocks), its
+    ``g`` tokens and the time of its last kept for its resumption."""
     K = ws.bh.shape[0]
     lv = ws.level[r] + 1 if ws.level[r] + 1 < K else K - 1
     ws.level[r] = lv
     ws.quota[r] = _level_quantum(lv, par, K)
     ws.quota_from[r] = rounds
     for b in range(lv):
-        if ws.bh[b] >= 0:
-            ws.resume_gen[r] = g
-            ws.resume_last[r] = now
-            _enqueue(r, lv, ws)
-            return q, True
+        h = ws.bh[b]
+        if h >= 0:
+            if crowded or blocks(np.int64(inputs.prompt[h]) + ws.resume_gen[h] + 1, bs, sh) > free:
+                ws.resume_gen[r] = g
+                ws.resume_last[r] = now
+                _enqueue(r, lv, ws)
+                return q, True
+            return q, False
     return q, False
 
 
@@ -490,7 +501,7 @@ admit = _dispatch("admit")
 served = _dispatch("served")
 #: ``quota(adm, full, r, par, ws) -> tokens``: the decode tokens order ``adm`` lets request r take
 quota = _dispatch("quota")
-#: ``expire(adm, full, q, r, g, now, rounds, par, ws, inputs) -> (q, preempt)``: request r's quota spent
+#: ``expire(adm, full, q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs) -> (q, preempt)``: r's quota spent
 expire = _dispatch("expire")
 #: ``resume(adm, full, r, ws) -> (g, last)``: a waiting request's tokens generated and the time of its last
 resume = _dispatch("resume")

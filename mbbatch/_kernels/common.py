@@ -157,6 +157,13 @@ def hist_bucket(x):
 
 
 @step
+def blocks(tokens, bs, sh):
+    """Blocks of ``bs`` tokens that hold ``tokens`` (``sh``: log2 of ``bs``
+    when a power of two, a shift for the division; else -1)."""
+    return (tokens + bs - 1) >> sh if sh >= 0 else (tokens + bs - 1) // bs
+
+
+@step
 def arrival_group(r, groups, n, scale):
     """The batch-means group of request ``r`` (in arrival order) among ``n``
     in ``groups`` groups, ``r * groups // n``, without an integer division:

@@ -104,6 +104,7 @@ from .controller import M as MM
 from .cost import FIELDS as COST_FIELDS, N as N_COST, PER_EXPERT, PREFILL_ATTENTION, cost, prefill_square
 from . import admission
 from .admission import class_of
+from .common import blocks as _blocks
 from .layout import Arrays, Layout
 
 #: the admission orders' codes, by name (:data:`.admission.ORDERS`)
@@ -229,13 +230,6 @@ RQ = REQUESTS.index
 #: the statistics that are the engine's counters of the same name: (statistic, counter) indices, ints and floats
 STATS_FROM_STATE = tuple(tuple((getattr(S, f), getattr(ES, f)) for f in mine if f in theirs)
                          for mine, theirs in ((STATS.ints, STATE.ints), (STATS.floats, STATE.floats)))
-
-
-@step
-def _blocks(tokens, bs, sh):
-    """Blocks of ``bs`` tokens that hold ``tokens`` (``sh``: log2 of ``bs``
-    when a power of two, a shift for the division; else -1)."""
-    return (tokens + bs - 1) >> sh if sh >= 0 else (tokens + bs - 1) // bs
 
 
 @step
@@ -837,8 +831,8 @@ def _tbt_gaps(now, t_round, n_main, ng, gt, gc, hist_tbt, tbt):
 
 
 @step
-def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, running, M1, bs, sh, keep, adm, par, ws,
-            inputs, r_i):
+def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, running, cap, M1, bs, sh, keep, adm,
+            par, ws, inputs, r_i):
     """Slot ``sl`` (request ``r``), in this round's list before its output:
     its order's quota is spent (:func:`.admission.expire`).  It decodes on,
     in the list of the round its new quota or its output ends at, or the
@@ -847,7 +841,7 @@ def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, runn
     free, running)`` after."""
     gs, d0 = ws.gs[sl], ws.d0[sl]
     g = gs + rounds - d0
-    q, preempt = admission.expire(adm, par[1], q, r, g, now, rounds, par, ws, inputs)
+    q, preempt = admission.expire(adm, par[1], q, r, g, now, rounds, running >= cap, free, bs, sh, par, ws, inputs)
     if not preempt:
         key = rounds + np.int64(inputs.output[r]) - g
         left = admission.quota(adm, par[1], r, par, ws)
@@ -872,8 +866,8 @@ def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, runn
 
 @step
 def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, block_left, npd, slots, free,
-                  running, acc, q, waiting, n, gscale, M1, bs, sh, memory_on, delay, keep, adm, par, ws, inputs, out,
-                  r_i, r_f):
+                  running, acc, q, waiting, cap, n, gscale, M1, bs, sh, memory_on, delay, keep, adm, par, ws, inputs,
+                  out, r_i, r_f):
     """The iteration's ``n_d`` decodes each gave a token: their gaps
     (:func:`_tbt_gaps`), the round counted, and the decodes done with this
     round leave (its list: no later round shares its bucket), those whose
@@ -894,8 +888,8 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
         r = occ[sl]
         if par[1] and gs[sl] + rounds - d0[sl] < np.int64(inputs.output[r]):
             q, waiting, s0, n_dec, n_main, slots, free, running = _expire(
-                sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, running, M1, bs, sh, keep, adm, par,
-                ws, inputs, r_i)
+                sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, running, cap, M1, bs, sh, keep, adm,
+                par, ws, inputs, r_i)
             sl = following
             continue
         p = np.int64(inputs.prompt[r])
@@ -1135,8 +1129,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if n_d > 0:
             (rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, npd, slots, free, running, acc, q,
              waiting) = _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, tbt, held, npd,
-                                      slots, free, running, acc, q, waiting, n, gscale, M1, bs, sh, memory_on, delay,
-                                      keep, adm, par, ws, inputs, out, r_i, r_f)
+                                      slots, free, running, acc, q, waiting, cap, n, gscale, M1, bs, sh, memory_on,
+                                      delay, keep, adm, par, ws, inputs, out, r_i, r_f)
         (pq_h, pq_n, s0, n_dec, ng, tokens, sum_ttft, tbt, npf, npd, slots, free, running,
          acc) = _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttft, tbt, held, npf, npd,
                                  slots, free, running, acc, n, gscale, M1, bs, sh, memory_on, delay, keep, adm,

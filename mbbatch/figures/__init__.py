@@ -134,7 +134,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("continuous_memory", (continuous.continuous_memory, ["continuous_memory"])),
     ("continuous_controller", (continuous.continuous_controller, ["continuous_controller"])),
     ("continuous_trace", (continuous.continuous_trace, ["continuous_trace_capacity", "continuous_trace"])),
-    ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity"])),
+    ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity", "policy_gains_classes"])),
 ])
 
 

@@ -15,11 +15,14 @@
   capacity of multi-bin batching (beside eq. (2)) and of dynamic batching
   against the continuous engine's, and p95 latency against load;
 - ``policy_gains``: admission orders (shortest predicted output first,
-  plain and with aging, and multi-bin) against first come first served on the same requests, each
-  gain in time to first token and p99 latency with its paired interval, at
-  three loads and three predictor errors; and each order's capacity under
-  a goodput objective (90 % of the requests within 0.5 s to the first
-  token and 12 ms per output token) against the predictor's error.
+  plain and with aging, multi-bin and the skip-join feedback queue) against
+  first come first served on the same requests, each gain in time to first
+  token and p99 latency with its paired interval, at three loads and three
+  predictor errors; each order's capacity under a goodput objective (90 %
+  of the requests within 0.5 s to the first token and 12 ms per output
+  token) against the predictor's error; and, on two tenants of one engine,
+  earliest deadline first and fair sharing beside them: each tenant's gain
+  or cost against the load.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import json
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from ..stats import paired_differences
 from .analysis import replication_ci
@@ -308,8 +312,10 @@ def policy_gains(data) -> Figure:
     diffs = paired_differences(ds, baseline, level, [m for m, _ in _GAIN_METRICS])
     sigmas = np.asarray(ds["predictor_sigma"].values, dtype=float)
     rates = np.asarray(ds["rate"].values, dtype=float)
-    fig = Figure(figsize=(16.0, 7.2), dpi=100, layout="constrained")
-    left, right = fig.subfigures(1, 2, width_ratios=(3.0, 1.15))
+    fig = Figure(figsize=(16.0, 11.0), dpi=100, layout="constrained")
+    top, bottom = fig.subfigures(2, 1, height_ratios=(7.2, 3.8))
+    left, right = top.subfigures(1, 2, width_ratios=(3.0, 1.15))
+    _tenants(bottom, data["policy_gains_classes"])
     axes = left.subplots(len(_GAIN_METRICS), sigmas.size, sharex=True, sharey="row", squeeze=False)
     _goodput_capacity(right.subplots(), data["policy_gains_capacity"])
     for i, (metric, words) in enumerate(_GAIN_METRICS):
@@ -338,11 +344,69 @@ def policy_gains(data) -> Figure:
                              ("hollow", "no steady state (the backlog grows)"),
                              ("--", "first come first served (the baseline)"))
     left.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5)
-    fig.suptitle("Admission orders of a continuous-batching engine against first come first served, on the same "
+    top.suptitle("Admission orders of a continuous-batching engine against first come first served, on the same "
                  "requests: the gain and its interval, and the capacity under a goodput objective\nH100 profile "
                  "(Llama-3-8B, vLLM), 16 sequences at most, log-normal prompts and outputs (medians 256 and 128 "
                  "tokens), Poisson arrivals", fontsize=10)
     return fig
+
+
+#: the two-tenant row's orders (colours and markers by their place in policy_gains' rows), and their labels
+_TENANT_ORDERS = (("fcfs", "first come first served", 0), ("spf", "shortest predicted output first", 1),
+                  ("mlfq", "skip-join feedback queue", 4),
+                  ("edf", "earliest deadline first (the tenant's TTFT objective)", 5),
+                  ("vtc", "fair sharing (virtual token counters)", 6))
+
+
+def _tenants(sub, ds) -> None:
+    """policy_gains' bottom row, from ``policy_gains_classes``: on two
+    tenants of one engine, against the load, the interactive tenant's p99
+    time to first token over FCFS's and its goodput (the share of its
+    requests within both its objectives), and the batch tenant's mean
+    latency over FCFS's; ratios of the means with their paired interval
+    over the replications, goodput with its interval (hollow: no steady
+    state)."""
+    baseline = str(ds.attrs.get("baseline", "fcfs"))
+    level = float(ds.attrs.get("confidence_level", 0.95))
+    diffs = paired_differences(ds, baseline, level, ["class_ttft_p99", "class_mean_latency"])
+    rates = np.asarray(ds["rate"].values, dtype=float)
+    classes = [str(c) for c in ds["request_class"].values]
+    share = json.loads(ds.attrs.get("classes", "{}"))
+    # (the tenant of the tightest objective on the first token, and of the loosest)
+    by_slo = sorted(classes, key=lambda c: float(share.get(c, {}).get("ttft_slo", np.inf)))
+    fast, slow = by_slo[0], by_slo[-1]
+    axes = sub.subplots(1, 3)
+    panels = (("ratio_class_ttft_p99", fast, f"{fast} tenant: p99 time to first token / FCFS's", True),
+              ("sim_class_goodput", fast, f"{fast} tenant: goodput (share within its objectives)", False),
+              ("ratio_class_mean_latency", slow, f"{slow} tenant: mean latency / FCFS's", True))
+    for ax, (var, cls, words, ratio) in zip(axes, panels):
+        src = diffs if ratio else ds
+        for name, _, k in _TENANT_ORDERS:
+            if ratio and name == baseline:
+                continue
+            sel = dict(policy=name, request_class=cls)
+            if ratio:
+                mean, lo, hi = (line(src, f"{var}{s}", "rate", **sel) for s in ("", "_ci_low", "_ci_high"))
+            else:
+                mean, lo, hi = (line(src, f"{var}{s}", "rate", **sel) for s in ("_mean", "_ci_low", "_ci_high"))
+            unstable = line(ds, "unstable", "rate", policy=name).astype(bool)
+            sim_points(ax, rates, mean, lo, hi, unstable, COLORS[k], MARKERS[k])
+            ax.plot(rates, mean, color=COLORS[k], lw=0.8, zorder=2)
+        if ratio:
+            ax.axhline(1.0, color="0.35", ls="--", lw=1.0, zorder=1)
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(words, fontsize=9.5)
+        ax.set_xlabel("arrival rate (requests/s)")
+    handles = [Line2D([], [], color=COLORS[k], marker=MARKERS[k], label=label) for _, label, k in _TENANT_ORDERS]
+    sub.legend(handles=handles, loc="outside right center", fontsize=8.5)
+    sub.suptitle("Two tenants on one engine: " + "; ".join(
+        f"{c}, share {share[c]['share']:g}, medians {share[c]['prompt_median']:g} and "
+        f"{share[c]['output_median']:g} tokens, first token within {share[c]['ttft_slo']:g} s"
+        + (f" and {1e3 * share[c]['tpot_slo']:g} ms per token" if "tpot_slo" in share[c] else "")
+        for c in by_slo) + f"\npredictor error sigma {float(ds.attrs.get('predictor_sigma', np.nan)):g}, "
+        f"{ds.sizes['rep']} paired replications: who gains and who pays", fontsize=10)
 
 
 def _goodput_capacity(ax, cap) -> None:

@@ -123,7 +123,8 @@ class ContinuousBatching(Policy):
         decode iterations', the head of the first non-empty level is
         admitted, and a running sequence whose quantum ends goes down a
         level and is preempted (its KV cache recomputed on resumption) if
-        a request of a higher level waits.
+        a request of a higher level waits that the engine cannot admit
+        beside it (``max_num_seqs`` running, or too few free blocks).
     bins : int
         Bins of ``admission="multibin"``, >= 1; default 4.
     aging : float
