@@ -364,6 +364,7 @@ def test_a_search_too_short_to_judge_is_refused(n):
 
 # --- the capacity's interval over independent searches ------------------------------------
 
+@pytest.mark.heavy      # (20 find_capacity calls of five searches: 40 s of CPU)
 def test_the_capacity_interval_covers_theorem_4_2_at_its_confidence():
     """Twenty find_capacity calls on independent seeds (five searches each): the 95% interval
     ``rate_ci`` holds Theorem 4.2's B / E[t_service] in at least 17 of them (a 95% interval covers
