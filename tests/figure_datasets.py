@@ -567,7 +567,10 @@ def _trace_replay(reps=2):
 
 
 #: the capacity specs whose synthetic stores the capacity figures read
-CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers", "policy_gains_capacity")
+CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers", "policy_gains_capacity",
+                  "policy_gains_classes_capacity")
+#: policy_gains_classes_capacity's made-up capacities (requests/s), by order
+TENANT_CAPACITY = {"fcfs": 3.0, "spf": 3.25, "mlfq": 2.95, "edf": 3.1, "vtc": 3.05}
 
 
 def _real_spec_template(name: str, *, reps: bool = True, capacity: bool = False):
@@ -598,6 +601,8 @@ def _capacity_store(name):
                 ds[var].values[idx] = th[var]
         if "theory_service_rate" in th:
             cap = th["theory_service_rate"] / (1 + params.get("predictor_sigma", 0.0) * (1 - 1 / params["bins"]))
+        elif name == "policy_gains_classes_capacity":
+            cap = TENANT_CAPACITY[params["admission"]]
         elif params.get("objective_goodput") is not None:
             # (continuous admission orders under a goodput objective: shortest first carries the most, less with
             # aging, and less as the predictor errs)

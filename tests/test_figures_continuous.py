@@ -137,25 +137,31 @@ def test_the_policy_gains_figure_draws_each_orders_ratio_with_its_paired_interva
     beside the dashed line of FCFS at 1; the legend names the aging rate of the variant's settings; the
     right panel draws each order's capacity under the goodput objective from policy_gains_capacity's
     store; the bottom row, from policy_gains_classes', each order's paired ratio of the interactive
-    tenant's p99 time to first token and of the batch tenant's mean latency, exactly the store's."""
+    tenant's p99 time to first token and of the batch tenant's mean latency, exactly the store's, and
+    each order's capacity under the interactive tenant's goodput objective."""
     import xarray as xr
 
     from mbbatch.figures import continuous
 
-    from .figure_datasets import TENANT_GAINS
+    from .figure_datasets import TENANT_CAPACITY, TENANT_GAINS
 
     _draws(results, tmp_path, "policy_gains")
     data = {name: xr.open_zarr(results / f"{name}.zarr", chunks=None).load()
-            for name in ("policy_gains", "policy_gains_capacity", "policy_gains_classes")}
+            for name in ("policy_gains", "policy_gains_capacity", "policy_gains_classes",
+                         "policy_gains_classes_capacity")}
     fig = continuous.policy_gains(data)
     top, bottom = fig.subfigs
     left, right = top.subfigs
-    first, goodput, latency = bottom.axes
+    first, goodput, latency, capacity = bottom.axes
     for ax, column in ((first, 0), (latency, 1)):
         ys = sorted({round(float(y), 9) for ln in ax.lines if ln.get_marker() not in (None, "None", "")
                      for y in ln.get_ydata()})
         assert ys == sorted({g[column] for name, g in TENANT_GAINS.items() if name != "fcfs"}), ys
-    assert "interactive tenant" in first.get_title() and "batch tenant" in latency.get_title()
+    assert first.get_title().startswith("interactive:") and latency.get_title().startswith("batch:")
+    assert [t.get_text() for t in capacity.get_xticklabels()] == ["fcfs", "spf", "mlfq", "edf", "vtc"]
+    # (the capacity under the interactive tenant's goodput objective: the store's made-up ones, x 1.002)
+    marked = [float(y) for ln in capacity.lines if ln.get_marker() not in (None, "None", "") for y in ln.get_ydata()]
+    np.testing.assert_allclose(sorted(marked), sorted(1.002 * c for c in TENANT_CAPACITY.values()))
     for ax in left.axes[:3]:
         ys = sorted({round(float(y), 9) for ln in ax.lines if ln.get_marker() not in (None, "None", "")
                      for y in ln.get_ydata()})

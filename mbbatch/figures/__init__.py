@@ -44,7 +44,8 @@ A figure's name is the name of the function that draws it:
   controller (``continuous_controller``), against batching run to
   completion on a real trace's lengths (``continuous_trace``), and its
   admission orders' paired gains over first come first served and their
-  capacity under a goodput objective (``policy_gains``);
+  capacity under a goodput objective, on one tenant and on two
+  (``policy_gains``);
 - :mod:`.plotting`: any store, a metric against an axis (:func:`plot`,
   ``mbbatch plot``);
 - :mod:`.data`: where datasets live and reading values from them;
@@ -134,7 +135,8 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("continuous_memory", (continuous.continuous_memory, ["continuous_memory"])),
     ("continuous_controller", (continuous.continuous_controller, ["continuous_controller"])),
     ("continuous_trace", (continuous.continuous_trace, ["continuous_trace_capacity", "continuous_trace"])),
-    ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity", "policy_gains_classes"])),
+    ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity", "policy_gains_classes",
+                                                 "policy_gains_classes_capacity"])),
 ])
 
 

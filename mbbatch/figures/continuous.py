@@ -32,7 +32,7 @@ import json
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..stats import paired_differences
 from .analysis import replication_ci
@@ -315,7 +315,7 @@ def policy_gains(data) -> Figure:
     fig = Figure(figsize=(16.0, 11.0), dpi=100, layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=(7.2, 3.8))
     left, right = top.subfigures(1, 2, width_ratios=(3.0, 1.15))
-    _tenants(bottom, data["policy_gains_classes"])
+    _tenants(bottom, data["policy_gains_classes"], data["policy_gains_classes_capacity"])
     axes = left.subplots(len(_GAIN_METRICS), sigmas.size, sharex=True, sharey="row", squeeze=False)
     _goodput_capacity(right.subplots(), data["policy_gains_capacity"])
     for i, (metric, words) in enumerate(_GAIN_METRICS):
@@ -358,14 +358,16 @@ _TENANT_ORDERS = (("fcfs", "first come first served", 0), ("spf", "shortest pred
                   ("vtc", "fair sharing (virtual token counters)", 6))
 
 
-def _tenants(sub, ds) -> None:
+def _tenants(sub, ds, cap) -> None:
     """policy_gains' bottom row, from ``policy_gains_classes``: on two
     tenants of one engine, against the load, the interactive tenant's p99
     time to first token over FCFS's and its goodput (the share of its
     requests within both its objectives), and the batch tenant's mean
     latency over FCFS's; ratios of the means with their paired interval
     over the replications, goodput with its interval (hollow: no steady
-    state)."""
+    state).  Last, from ``policy_gains_classes_capacity``, each order's
+    capacity under the interactive tenant's goodput objective (its interval
+    over the searches; hollow: a bracket narrowed by undecided probes)."""
     baseline = str(ds.attrs.get("baseline", "fcfs"))
     level = float(ds.attrs.get("confidence_level", 0.95))
     diffs = paired_differences(ds, baseline, level, ["class_ttft_p99", "class_mean_latency"])
@@ -375,11 +377,12 @@ def _tenants(sub, ds) -> None:
     # (the tenant of the tightest objective on the first token, and of the loosest)
     by_slo = sorted(classes, key=lambda c: float(share.get(c, {}).get("ttft_slo", np.inf)))
     fast, slow = by_slo[0], by_slo[-1]
-    axes = sub.subplots(1, 3)
-    panels = (("ratio_class_ttft_p99", fast, f"{fast} tenant: p99 time to first token / FCFS's", True),
-              ("sim_class_goodput", fast, f"{fast} tenant: goodput (share within its objectives)", False),
-              ("ratio_class_mean_latency", slow, f"{slow} tenant: mean latency / FCFS's", True))
-    for ax, (var, cls, words, ratio) in zip(axes, panels):
+    axes = sub.subplots(1, 4, width_ratios=(1.0, 1.0, 1.0, 0.8))
+    _tenant_capacity(axes[3], cap)
+    panels = (("ratio_class_ttft_p99", fast, f"{fast}: p99 time to first token / FCFS's", True),
+              ("sim_class_goodput", fast, f"{fast}: goodput (share within both objectives)", False),
+              ("ratio_class_mean_latency", slow, f"{slow}: mean latency / FCFS's", True))
+    for ax, (var, cls, words, ratio) in zip(axes[:3], panels):
         src = diffs if ratio else ds
         for name, _, k in _TENANT_ORDERS:
             if ratio and name == baseline:
@@ -395,6 +398,7 @@ def _tenants(sub, ds) -> None:
         if ratio:
             ax.axhline(1.0, color="0.35", ls="--", lw=1.0, zorder=1)
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
             ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_title(words, fontsize=9.5)
@@ -407,6 +411,25 @@ def _tenants(sub, ds) -> None:
         + (f" and {1e3 * share[c]['tpot_slo']:g} ms per token" if "tpot_slo" in share[c] else "")
         for c in by_slo) + f"\npredictor error sigma {float(ds.attrs.get('predictor_sigma', np.nan)):g}, "
         f"{ds.sizes['rep']} paired replications: who gains and who pays", fontsize=10)
+
+
+def _tenant_capacity(ax, cap) -> None:
+    """policy_gains' bottom right: each order's capacity under the goodput
+    objective of one tenant (``policy_gains_classes_capacity``), a point per
+    order with its interval over the searches."""
+    names = [str(p) for p in cap["policy"].values]
+    for x, (name, label, k) in enumerate(o for o in _TENANT_ORDERS if o[0] in names):
+        found, lo, hi, unresolved = (np.atleast_1d(v) for v in capacity_search(cap.expand_dims("one"), "one",
+                                                                                  policy=name))
+        sim_points(ax, [x], found, lo, hi, unresolved, COLORS[k], MARKERS[k])
+    shown = [o for o in _TENANT_ORDERS if o[0] in names]
+    ax.set_xticks(range(len(shown)))
+    ax.set_xticklabels([name for name, _, _ in shown])
+    ax.set_xlim(-0.6, len(shown) - 0.4)
+    tenant, want = next(((c, o) for c, o in json.loads(cap.attrs.get("classes", "{}")).items()
+                         if "objective_goodput" in o), ("?", {}))
+    ax.set_title(f"capacity: {tenant} goodput >= {want.get('objective_goodput', np.nan):g}", fontsize=9.5)
+    ax.set_ylabel("requests/s")
 
 
 def _goodput_capacity(ax, cap) -> None:
