@@ -24,8 +24,9 @@ def test_the_parameter_tables_choices_are_the_registered_orders():
 
 
 def test_each_orders_per_request_arrays_are_workspace_arrays_sized_to_its_runs():
-    """An order's per-request arrays get n elements in its runs, one in the
-    others' (a run of 50 requests)."""
+    """An order's per-request arrays get n elements (times its width,
+    ``admission.WIDTHS``) in its runs, one (times its width) in the others'
+    (a run of 50 requests)."""
     for name, order in admission.ORDERS.items():
         assert set(order.arrays) <= set(ck.WORKSPACE.fields), name
         cfg = ck.CONFIG.pack(n=50, arrival_kind=0, max_num_seqs=4, max_batched_tokens=64, chunked=1, blocks=-1,
@@ -39,7 +40,7 @@ def test_each_orders_per_request_arrays_are_workspace_arrays_sized_to_its_runs()
                                 klass=np.empty(0), class_slo=np.full(1, np.inf), class_tpot=np.full(1, np.inf))
         ws = ck.start(cfg, inputs).ws
         for a in {a for o in admission.ORDERS.values() for a in o.arrays}:
-            assert getattr(ws, a).shape[0] == (50 if a in order.arrays else 1), (name, a)
+            assert getattr(ws, a).shape[0] == admission.WIDTHS.get(a, 1) * (50 if a in order.arrays else 1), (name, a)
 
 
 def test_the_kernel_loads_and_stores_the_engines_scalars_in_the_states_order():

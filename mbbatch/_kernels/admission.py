@@ -342,6 +342,14 @@ def _vtc_served(kind, r, rounds, par, ws, inputs):
 
 # skip-join multi-level feedback queue ---------------------------------------------------------------------------
 
+#: the feedback queue's state of a request, side by side in ``ws.mlfq`` (a cache line where three arrays took
+#: three): ``mlfq[MLFQ x r + LEVEL]`` its level, ``+ QUOTA`` its quota's decode tokens left, ``+ FROM`` the
+#: round they were last counted from (while it decodes)
+MLFQ, LEVEL, QUOTA, FROM = 3, 0, 1, 2
+#: the elements a request takes in an order's per-request array (1 unless named here)
+WIDTHS = {"mlfq": MLFQ}
+
+
 @step
 def _level_quantum(level, par, K):
     """Level ``level``'s quantum of ``K`` levels: ``quantum x 2^level``
@@ -372,8 +380,8 @@ def _mlfq_join(q, i, par, ws, inputs, rounds):
     """Into the queue of its skip-join level (:func:`skip_level`), its quota that level's quantum."""
     K = ws.bh.shape[0]
     lv = skip_level(np.int64(inputs.prompt[i]), par, K)
-    ws.level[i] = lv
-    ws.quota[i] = _level_quantum(lv, par, K)
+    ws.mlfq[MLFQ * i + LEVEL] = lv
+    ws.mlfq[MLFQ * i + QUOTA] = _level_quantum(lv, par, K)
     ws.resume_gen[i] = 0
     _enqueue(i, lv, ws)
     return q
@@ -400,15 +408,15 @@ def _mlfq_served(kind, r, rounds, par, ws, inputs):
     """A sequence's decode tokens spend its quota: joining the decodes
     records the round, leaving them subtracts the rounds since."""
     if kind == JOINED:
-        ws.quota_from[r] = rounds
+        ws.mlfq[MLFQ * r + FROM] = rounds
     elif kind == LEFT:
-        ws.quota[r] -= rounds - ws.quota_from[r]
+        ws.mlfq[MLFQ * r + QUOTA] -= rounds - ws.mlfq[MLFQ * r + FROM]
     return 0
 
 
 @step
 def _mlfq_quota(r, par, ws):
-    return ws.quota[r]
+    return ws.mlfq[MLFQ * r + QUOTA]
 
 
 @step
@@ -419,10 +427,11 @@ def _mlfq_expire(q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs):
     generated and first token need more than the ``free`` blocks), its
     ``g`` tokens and the time of its last kept for its resumption."""
     K = ws.bh.shape[0]
-    lv = ws.level[r] + 1 if ws.level[r] + 1 < K else K - 1
-    ws.level[r] = lv
-    ws.quota[r] = _level_quantum(lv, par, K)
-    ws.quota_from[r] = rounds
+    at = MLFQ * r
+    lv = ws.mlfq[at + LEVEL] + 1 if ws.mlfq[at + LEVEL] + 1 < K else K - 1
+    ws.mlfq[at + LEVEL] = lv
+    ws.mlfq[at + QUOTA] = _level_quantum(lv, par, K)
+    ws.mlfq[at + FROM] = rounds
     for b in range(lv):
         h = ws.bh[b]
         if h >= 0:
@@ -449,7 +458,7 @@ ORDERS: dict = {
     "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, ("sk", "sid"), True),
     "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, _unlimited, _never, _fresh, ("qnext",), True),
     "mlfq": Order(_mlfq_join, _mlfq_head, _mlfq_admit, _mlfq_served, _mlfq_quota, _mlfq_expire, _mlfq_resume,
-                  ("qnext", "level", "quota", "quota_from", "resume_gen", "resume_last"), True),
+                  ("qnext", "mlfq", "resume_gen", "resume_last"), True),
 }
 #: per order (by code), whether only the full kernel has it (:attr:`Order.full`)
 FULL_ONLY = tuple(o.full for o in ORDERS.values())

@@ -187,15 +187,14 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
                    pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
-                   level=np.int64, quota=np.int64, quota_from=np.int64, resume_gen=np.int64,
+                   mlfq=np.int64, resume_gen=np.int64,
                    resume_last=np.float64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
-UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "level", "quota", "quota_from", "resume_gen",
-         "resume_last")
+UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "mlfq", "resume_gen", "resume_last")
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
@@ -1258,8 +1257,7 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     # empty and the running count is below the cap, so the running and the preempted are never more)
     # (the admission order's per-request arrays: one element for the others)
     kept = admission.arrays(cfg["admission"])
-    per = {name: n if name in kept else 1 for name in ("qnext", "sk", "sid", "level", "quota", "quota_from",
-                                                        "resume_gen", "resume_last")}
+    per = {name: n if name in kept else 1 for name in ("qnext", "sk", "sid", "mlfq", "resume_gen", "resume_last")}
     blocks = cfg["blocks"] if cfg["blocks"] >= 0 else UNLIMITED
     # (a new engine's scalars: an empty running list, every slot free, the free slots taken from M down to 0)
     state_i, state_f = STATE.zeros(head=-1, tail=-1, nfree=M1, free=blocks, blocks_total=blocks, ts_stride=1,
@@ -1278,8 +1276,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         group=np.empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
                         pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64),
                         vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64),
-                        first=np.empty(n if cfg["goodput"] else 1), level=np.empty(per["level"], np.int64),
-                        quota=np.empty(per["quota"], np.int64), quota_from=np.empty(per["quota_from"], np.int64),
+                        first=np.empty(n if cfg["goodput"] else 1),
+                        mlfq=np.empty(admission.WIDTHS["mlfq"] * per["mlfq"], np.int64),
                         resume_gen=np.empty(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]))
     return Engine(config, control, inputs, out, requests, ws)
 
