@@ -305,7 +305,9 @@ def policy_gains(data) -> Figure:
     replications, :func:`mbbatch.stats.paired_differences`; hollow where
     the backlog grows); the dashed line at 1 is FCFS.  Right: each order's
     capacity under the goodput objective of ``policy_gains_capacity``
-    against the predictor's error (its interval over the searches)."""
+    against the predictor's error (its interval over the searches).  Below,
+    two tenants of one engine (``policy_gains_classes`` and
+    ``policy_gains_classes_capacity``: :func:`_tenants`)."""
     ds = data["policy_gains"]
     baseline = str(ds.attrs.get("baseline", "fcfs"))
     level = float(ds.attrs.get("confidence_level", 0.95))
