@@ -460,6 +460,8 @@ ORDERS: dict = {
     "mlfq": Order(_mlfq_join, _mlfq_head, _mlfq_admit, _mlfq_served, _mlfq_quota, _mlfq_expire, _mlfq_resume,
                   ("qnext", "mlfq", "resume_gen", "resume_last"), True),
 }
+#: every order's per-request arrays (:attr:`Order.arrays`), each named once
+ARRAYS = tuple(dict.fromkeys(a for o in ORDERS.values() for a in o.arrays))
 #: per order (by code), whether only the full kernel has it (:attr:`Order.full`)
 FULL_ONLY = tuple(o.full for o in ORDERS.values())
 #: an order's code, by name

@@ -830,6 +830,35 @@ def _tbt_gaps(now, t_round, n_main, ng, gt, gc, hist_tbt, tbt):
 
 
 @step
+def _next_look(r, g, rounds, adm, par, ws, inputs):
+    """The round a decoding request ``r`` (``g`` tokens generated at round
+    ``rounds``) is next looked at, the key of its round's list: its output's
+    last, or, sooner, the round its order's quota ends at
+    (:func:`.admission.quota`; the full kernel's orders only)."""
+    key = rounds + np.int64(inputs.output[r]) - g
+    if par[1]:
+        left = admission.quota(adm, par[1], r, par, ws)
+        if rounds + left < key:
+            key = rounds + left
+    return key
+
+
+@step
+def _out_of_decodes(sl, r, rounds, s0, bs, sh, adm, par, ws, inputs):
+    """Slot ``sl`` (request ``r``) leaves the decodes at round ``rounds``
+    (its output done, or preempted by its order): out of the context sum
+    and its block phase, no round's list, and its order told
+    (:data:`.admission.LEFT`).  Returns ``s0`` after."""
+    p = np.int64(inputs.prompt[r])
+    g0, d0 = ws.gs[sl], ws.d0[sl]
+    ws.phase[_phase(p + g0 - d0, bs, sh)] -= 1
+    ws.fin[sl] = -1
+    if par[1]:
+        admission.served(adm, par[1], admission.LEFT, r, rounds, par, ws, inputs)
+    return s0 - (p + g0 - d0)
+
+
+@step
 def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, running, cap, M1, bs, sh, keep, adm,
             par, ws, inputs, r_i):
     """Slot ``sl`` (request ``r``), in this round's list before its output:
@@ -838,23 +867,15 @@ def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, runn
     order preempts it: out of the decodes, its blocks and slot freed, among
     the order's waiting.  Returns ``(q, waiting, s0, n_dec, n_main, slots,
     free, running)`` after."""
-    gs, d0 = ws.gs[sl], ws.d0[sl]
-    g = gs + rounds - d0
+    g = ws.gs[sl] + rounds - ws.d0[sl]
     q, preempt = admission.expire(adm, par[1], q, r, g, now, rounds, running >= cap, free, bs, sh, par, ws, inputs)
     if not preempt:
-        key = rounds + np.int64(inputs.output[r]) - g
-        left = admission.quota(adm, par[1], r, par, ws)
-        if rounds + left < key:
-            key = rounds + left
+        key = _next_look(r, g, rounds, adm, par, ws, inputs)
         ws.fin[sl] = key
         _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
         return q, waiting, s0, n_dec, n_main, slots, free, running
-    p = np.int64(inputs.prompt[r])
-    s0 -= p + gs - d0
-    ws.phase[_phase(p + gs - d0, bs, sh)] -= 1
-    ws.fin[sl] = -1
-    admission.served(adm, par[1], admission.LEFT, r, rounds, par, ws, inputs)
-    free += _blocks(p + g, bs, sh)
+    s0 = _out_of_decodes(sl, r, rounds, s0, bs, sh, adm, par, ws, inputs)
+    free += _blocks(np.int64(inputs.prompt[r]) + g, bs, sh)
     head, tail, nfree = slots
     slots = _unlink(sl, ws.prv, ws.nxt, head, tail, ws.occ, ws.free_slots, nfree)
     ws.state_i[ES.preemptions] += 1
@@ -891,15 +912,9 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
                 par, ws, inputs, r_i)
             sl = following
             continue
-        p = np.int64(inputs.prompt[r])
-        g0 = gs[sl]
-        s0 -= p + g0 - d0[sl]
-        ws.phase[_phase(p + g0 - d0[sl], bs, sh)] -= 1
+        s0 = _out_of_decodes(sl, r, rounds, s0, bs, sh, adm, par, ws, inputs)
         n_dec -= 1
         n_main -= 1
-        ws.fin[sl] = -1
-        if par[1]:
-            admission.served(adm, par[1], admission.LEFT, r, rounds, par, ws, inputs)
         slots, free, running, npd, acc = _leave(sl, r, np.int64(inputs.output[r]), now, block_left, npd, slots, free,
                                                 running, acc, n, gscale, bs, sh, memory_on, delay, keep, par, ws,
                                                 inputs, out, r_f)
@@ -916,12 +931,7 @@ def _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, adm, par, ws, in
     p = np.int64(inputs.prompt[r])
     ws.d0[sl] = rounds
     ws.last[sl] = now
-    key = rounds + np.int64(inputs.output[r]) - g
-    if par[1]:
-        # (an order that reconsiders it after its quota: its list is that round's, if sooner)
-        left = admission.quota(adm, par[1], r, par, ws)
-        if rounds + left < key:
-            key = rounds + left
+    key = _next_look(r, g, rounds, adm, par, ws, inputs)
     ws.fin[sl] = key
     _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
     ws.phase[_phase(p + g - rounds, bs, sh)] += 1
@@ -1257,7 +1267,7 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     # empty and the running count is below the cap, so the running and the preempted are never more)
     # (the admission order's per-request arrays: one element for the others)
     kept = admission.arrays(cfg["admission"])
-    per = {name: n if name in kept else 1 for name in ("qnext", "sk", "sid", "mlfq", "resume_gen", "resume_last")}
+    per = {name: n if name in kept else 1 for name in admission.ARRAYS}
     blocks = cfg["blocks"] if cfg["blocks"] >= 0 else UNLIMITED
     # (a new engine's scalars: an empty running list, every slot free, the free slots taken from M down to 0)
     state_i, state_f = STATE.zeros(head=-1, tail=-1, nfree=M1, free=blocks, blocks_total=blocks, ts_stride=1,
