@@ -182,7 +182,7 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
                    occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
-                   due=np.int64, due_next=np.int64, due_prev=np.int64, sk=np.float64, sid=np.int64,
+                   due=np.int64, due_tail=np.int64, due_next=np.int64, due_prev=np.int64, sk=np.float64, sid=np.int64,
                    stack=np.int64, pq=np.int64,
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
@@ -279,20 +279,33 @@ def _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inp
 
 
 @step
-def _due_push(due, due_next, due_prev, occ, M1, sl, key):
+def _due_push(due, due_tail, due_next, due_prev, occ, M1, sl, key):
     """Slot ``sl``, whose decodes complete at round ``key``, into that round's
-    list (``due[key mod len(due)]``), in the order of ``request x M1 + slot``."""
+    list (``due[key mod len(due)]``, its last ``due_tail[...]``), in the
+    order of ``request x M1 + slot``.  A slot goes to the list's end in
+    O(1) where it sorts after the last, as the sequences joining or
+    reconsidered at one round do (in the order of their list or their
+    admission); else the list is walked from its head."""
     b = key & (due.shape[0] - 1)
     me = occ[sl] * M1 + sl
+    last = due_tail[b]
+    if last < 0 or occ[last] * M1 + last < me:
+        due_next[sl] = -1
+        due_prev[sl] = last
+        if last >= 0:
+            due_next[last] = sl
+        else:
+            due[b] = sl
+        due_tail[b] = sl
+        return
     before = -1
     at = due[b]
-    while at >= 0 and occ[at] * M1 + at < me:
+    while occ[at] * M1 + at < me:
         before = at
         at = due_next[at]
     due_next[sl] = at
     due_prev[sl] = before
-    if at >= 0:
-        due_prev[at] = sl
+    due_prev[at] = sl
     if before >= 0:
         due_next[before] = sl
     else:
@@ -300,14 +313,17 @@ def _due_push(due, due_next, due_prev, occ, M1, sl, key):
 
 
 @step
-def _due_remove(due, due_next, due_prev, sl, key):
+def _due_remove(due, due_tail, due_next, due_prev, sl, key):
     """Slot ``sl`` out of the list of round ``key`` (preempted)."""
+    b = key & (due.shape[0] - 1)
     if due_prev[sl] >= 0:
         due_next[due_prev[sl]] = due_next[sl]
     else:
-        due[key & (due.shape[0] - 1)] = due_next[sl]
+        due[b] = due_next[sl]
     if due_next[sl] >= 0:
         due_prev[due_next[sl]] = due_prev[sl]
+    else:
+        due_tail[b] = due_prev[sl]
 
 
 @step
@@ -335,13 +351,16 @@ def _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, full, good):
     """Request r's last token returned at ``now``: its latency (plus its
     ``delay`` outside the engine) into the histogram (and its class's) and
     its batch-means group, its record kept; with ``good``, counted if it met
-    its objectives (:func:`_met`)."""
+    its objectives (:func:`_met`, from its first token's time ``ws.first[r]``:
+    -inf where a multi-step block holds that token back, to return it at
+    the block's end, which is ``now``: the block's last iteration ends at
+    it)."""
     arrival, group = ws.arrival, ws.group
     lat = now - arrival[r] + delay
     out.hist[hist_bucket(lat)] += 1
     classed = full and inputs.klass.shape[0] > 0
     c = class_of(inputs, r)
-    if full and good and _met(r, now, ws.first[r], arrival, delay, inputs, c):
+    if full and good and _met(r, now, ws.first[r] if ws.first[r] > -np.inf else now, arrival, delay, inputs, c):
         out.ints[S.good] += 1
         if classed:
             out.class_stats[c, CLASS.good] += 1.0
@@ -546,7 +565,7 @@ def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_ro
     p = np.int64(inputs.prompt[r])
     if fin[sl] >= 0:
         # a decode: its length now, then out of the decodes and its round's list
-        _due_remove(ws.due, ws.due_next, ws.due_prev, sl, fin[sl])
+        _due_remove(ws.due, ws.due_tail, ws.due_next, ws.due_prev, sl, fin[sl])
         if par[1]:
             admission.served(adm, par[1], admission.LEFT, r, rounds, par, ws, inputs)
         gj = gs[sl]
@@ -872,7 +891,7 @@ def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, runn
     if not preempt:
         key = _next_look(r, g, rounds, adm, par, ws, inputs)
         ws.fin[sl] = key
-        _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
+        _due_push(ws.due, ws.due_tail, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
         return q, waiting, s0, n_dec, n_main, slots, free, running
     s0 = _out_of_decodes(sl, r, rounds, s0, bs, sh, adm, par, ws, inputs)
     free += _blocks(np.int64(inputs.prompt[r]) + g, bs, sh)
@@ -903,6 +922,7 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
     bk = rounds & (due.shape[0] - 1)
     sl = due[bk]
     due[bk] = -1
+    ws.due_tail[bk] = -1
     while sl >= 0:
         following = ws.due_next[sl]
         r = occ[sl]
@@ -933,7 +953,7 @@ def _join_decodes(sl, r, g, now, rounds, s0, n_dec, M1, bs, sh, adm, par, ws, in
     ws.last[sl] = now
     key = _next_look(r, g, rounds, adm, par, ws, inputs)
     ws.fin[sl] = key
-    _due_push(ws.due, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
+    _due_push(ws.due, ws.due_tail, ws.due_next, ws.due_prev, ws.occ, M1, sl, key)
     ws.phase[_phase(p + g - rounds, bs, sh)] += 1
     if par[1]:
         admission.served(adm, par[1], admission.JOINED, r, rounds, par, ws, inputs)
@@ -965,6 +985,8 @@ def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttf
             if block_left > 0:
                 ws.pend_first[npf] = r
                 npf += 1
+                if par[1] and par[2]:
+                    ws.first[r] = -np.inf
             else:
                 sum_ttft += _first_token(r, now, ws.arrival, delay, out, inputs, keep, r_f, par[1], par[2], ws.first)
         else:
@@ -1277,7 +1299,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         need=np.zeros(M1, np.int64), d0=np.zeros(M1, np.int64), fin=np.full(M1, -1, np.int64),
                         prv=np.empty(M1, np.int64), nxt=np.empty(M1, np.int64), last=np.zeros(M1),
                         free_slots=np.arange(M, -1, -1, dtype=np.int64), qnext=np.empty(per["qnext"], np.int64),
-                        due=np.full(ring, -1, np.int64), due_next=np.empty(M1, np.int64),
+                        due=np.full(ring, -1, np.int64), due_tail=np.full(ring, -1, np.int64),
+                        due_next=np.empty(M1, np.int64),
                         due_prev=np.empty(M1, np.int64), sk=np.empty(per["sk"]), sid=np.empty(per["sid"], np.int64),
                         stack=np.empty(M1, np.int64), pq=np.empty(M + 1, np.int64), bh=np.full(K, -1, np.int64),
                         bt=np.full(K, -1, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
@@ -1292,8 +1315,9 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     return Engine(config, control, inputs, out, requests, ws)
 
 
-def warmup() -> None:
-    """Compile the kernel, both variants (or load them from the cache), on a
+def warmup(variants=("full", "lean")) -> None:
+    """Compile the kernel's ``variants`` (``"full"``: :func:`continuous_kernel`,
+    ``"lean"``: :data:`lean_kernel`; or load them from the cache), on a
     tiny input.  ``mb.warmup()`` leaves it out (about 4.7 s of CPU cold each):
     a process's first continuous-batching run compiles the one it uses, and
     the disk cache keeps it."""
@@ -1314,5 +1338,7 @@ def warmup() -> None:
     lean[0][C.goodput] = 0
     lean[1][C_COST + PREFILL_ATTENTION] = 0.0
     one_class = INPUTS.pack(**{**inputs._asdict(), "klass": np.empty(0)})
-    for config, given in ((full, inputs), (lean, one_class)):
+    for name, config, given in (("full", full, inputs), ("lean", lean, one_class)):
+        if name not in variants:
+            continue
         run(config, given, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)
