@@ -28,9 +28,55 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _compiled_kernels():
-    """Compile (or load from the numba cache) every kernel once per session."""
-    import mbbatch
+def _warm_cluster(engine):
+    """A tiny run of a cluster of two ``engine`` (its driver's specialization compiled)."""
+    import scipy.stats as st
 
-    mbbatch.warmup()
+    import mbbatch as mb
+
+    wl = mb.Workload(prompt=st.uniform(1, 50), output=st.uniform(1, 50))
+    mb.simulate(mb.Cluster(engine, engines=2), arrivals=mb.Poisson(1.0), workload=wl, n=50, seed=0)
+
+
+def _warm_groups() -> dict:
+    """The kernels the tests run, in groups (cold CPU seconds measured on a
+    2-core machine): ``{name: compile or load them}``.  A cluster's driver
+    compiles the continuous engine's kernel it calls, and a cluster of
+    token-level engines the drawers of ``mb.warmup``, unless cached."""
+    import mbbatch as mb
+    from mbbatch._kernels import continuous
+
+    return {"warmup": mb.warmup,                                                         # ~30 s
+            "continuous_full": lambda: continuous.warmup(("full",)),                   # ~30 s
+            "continuous_lean": lambda: continuous.warmup(("lean",)),                   # ~30 s
+            "cluster_continuous": lambda: _warm_cluster(mb.ContinuousBatching(max_num_seqs=8)),  # ~15 s after full
+            "cluster_tokens": lambda: _warm_cluster(mb.StaticBatching(4))}            # ~15 s after warmup
+
+
+#: the order two workers take the groups in (each compiles a half; a group it reaches second it waits for,
+#: then loads from the cache; a group another depends on comes after it in both orders)
+_WARM_ORDERS = (("warmup", "continuous_full", "cluster_continuous", "continuous_lean", "cluster_tokens"),
+                ("continuous_lean", "warmup", "cluster_tokens", "continuous_full", "cluster_continuous"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_kernels(tmp_path_factory, worker_id):
+    """Compile (or load from the numba cache) every kernel once per session.
+    Under pytest-xdist the workers share the work on a fresh checkout: each
+    group of kernels is compiled under a file lock by the first worker to
+    reach it, the workers taking the groups in the orders of
+    :data:`_WARM_ORDERS`, and the other worker then loads it from the disk
+    cache (two workers compiling
+    the same kernels at once would each pay its whole compile time:
+    about a minute of a fresh ``make test``)."""
+    from filelock import FileLock
+
+    groups = _warm_groups()
+    if worker_id == "master":
+        for warm in groups.values():
+            warm()
+        return
+    root = tmp_path_factory.getbasetemp().parent
+    for name in _WARM_ORDERS[int(worker_id.removeprefix("gw")) % 2]:
+        with FileLock(str(root / f"compile_{name}.lock")):
+            groups[name]()
