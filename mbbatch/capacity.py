@@ -131,7 +131,7 @@ import numpy as np
 from . import stats
 from ._validation import check_flag, check_scalar_real
 from .arrivals import Arrivals, Poisson, Saturated
-from .metrics import METRICS
+from .metrics import METRICS, PER_CLASS
 from .simulation import plan
 from .params import Domain
 from scipy import stats as _st
@@ -147,8 +147,8 @@ OBJECTIVE_METRICS = ("latency_p50", "latency_p95", "latency_p99", "mean_latency"
 #: the metrics an objective bounds from below: those where higher is better (:attr:`mbbatch.metrics.Metric.better`)
 LOWER_BOUNDS = tuple(m for m in OBJECTIVE_METRICS if METRICS[m].better == "higher")
 #: the metrics a class's objective may bound: those of :data:`OBJECTIVE_METRICS` that a mixture's run
-#: reports for each class (:attr:`SimulationResult.classes`, the continuous planner's ``_class_metrics``)
-CLASS_METRICS = ("mean_latency", "latency_p99", "mean_ttft", "ttft_p99", "goodput")
+#: reports for each class (:data:`mbbatch.metrics.PER_CLASS`)
+CLASS_METRICS = tuple(m for m in PER_CLASS if m in OBJECTIVE_METRICS)
 #: the stability criterion's statistic and threshold (see the module docstring)
 LOAD, LOAD_LIMIT = "load", 1.0
 #: the other stability criteria's names: the throughput over the rate, the share of replications whose

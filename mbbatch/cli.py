@@ -446,20 +446,20 @@ def _compared(source, variants: list, baseline) -> None:
 
 
 def _compare(args) -> None:
-    from .capacity import CLASS_METRICS
     from .comparison import differences_table
-    from .metrics import METRICS
+    from .metrics import METRICS, PER_CLASS
     from .stats import paired_differences
     from .sweeps import open_store, run_sweep
 
     # (every flag checked before a spec's sweep runs)
     if not 0.0 < args.level < 1.0:
         raise ValueError(f"--level must be in (0, 1); got {args.level}")
+    # (a tenant's metrics that a comparison reads: the real ones, per replication)
+    tenants = [name for name, row in PER_CLASS.items() if row.dtype == "f8"]
     for m in args.metrics or ():
-        if m not in METRICS and not (m.startswith("class_") and m[len("class_"):] in CLASS_METRICS):
+        if m not in METRICS and not (m.startswith("class_") and m[len("class_"):] in tenants):
             raise ValueError(f"--metric: unknown metric {m!r}; the metric table's: {', '.join(METRICS)}; or "
-                             f"a tenant's (a store with request_class): "
-                             f"{', '.join('class_' + c for c in CLASS_METRICS)}")
+                             f"a tenant's (a store with request_class): {', '.join('class_' + c for c in tenants)}")
     source = Path(args.source)
     if source.suffix == ".toml":
         from .sweeps.spec import load_spec

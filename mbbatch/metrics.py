@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 # (KINDS: the registry's, read lazily by the module's __getattr__)
-__all__ = ["Metric", "METRICS", "RENAMED", "TAGS", "KINDS", "applicable", "kinds_of", "by_var", "label"]  # noqa: F822
+__all__ = ["Metric", "METRICS", "PER_CLASS", "RENAMED", "TAGS", "KINDS", "applicable", "kinds_of", "by_var", "label"]  # noqa: F822
 
 #: The tags of the metric table: what kind of run a metric describes.
 TAGS = {
@@ -212,6 +212,24 @@ _BETTER = {
               "rejected", "mean_in_system"),
 }
 METRICS.update({name: replace(METRICS[name], better=way) for way, names in _BETTER.items() for name in names})
+
+
+#: A mixture's metrics of each class (:attr:`SimulationResult.classes`), by name, each declared once: the
+#: metric table's row (units, direction) where the class's is that metric of the class's requests alone.  Sweeps
+#: store each per replication on the ``request_class`` axis (:data:`mbbatch.sweeps.schema.PER_CLASS`); a
+#: comparison reads a ``class_<metric>``'s units and direction here (:func:`mbbatch.stats.metric_spec`).
+PER_CLASS: dict[str, Metric] = {m.name: m for m in [
+    _m("completed", "requests", "requests of the class served", dtype="i8"),
+    replace(METRICS["mean_latency"], description="mean latency of the class's completed requests"),
+    replace(METRICS["latency_p99"], description="99th percentile latency of the class's completed requests"),
+    replace(METRICS["mean_ttft"], description="mean time to first token of the class's completed requests"),
+    replace(METRICS["ttft_p99"],
+            description="99th percentile time to first token of the class's completed requests"),
+    _m("ttft_attainment", "1", "share of the class's completed requests whose first token came within its "
+                               "ttft_slo", "goodput", better="higher"),
+    replace(METRICS["goodput"], description="share of the class's completed requests within both its "
+                                            "objectives, ttft_slo and tpot_slo (NaN where no class sets one)"),
+]}
 
 
 #: Metrics renamed so that a sweep's names read ``sim_X``, ``sim_X_mean`` (no ``_mean_mean``):

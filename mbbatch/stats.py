@@ -99,12 +99,12 @@ def paired_interval(xp: np.ndarray, xb: np.ndarray, level: float, centre=None) -
 
 
 def metric_spec(m: str):
-    """The metric table's row of ``m``: a per-class metric ``class_<metric>``
-    (a sweep's ``sim_class_<metric>``, along ``request_class``) is its
-    metric's."""
-    from .metrics import METRICS
+    """The metric table's row of ``m``, or for a per-class metric
+    ``class_<metric>`` (a sweep's ``sim_class_<metric>``, along
+    ``request_class``) its row of :data:`mbbatch.metrics.PER_CLASS`."""
+    from .metrics import METRICS, PER_CLASS
 
-    return METRICS[m[len("class_"):] if m.startswith("class_") and m not in METRICS else m]
+    return PER_CLASS[m[len("class_"):]] if m.startswith("class_") and m not in METRICS else METRICS[m]
 
 
 def verdicts(metric: str, low, high) -> np.ndarray:

@@ -293,8 +293,9 @@ policy = ["fcfs", "vtc"]
 
 def test_the_compare_command_compares_each_tenants_metric(tmp_path, capsys):
     """`mbbatch compare STORE --metric class_mean_ttft` on a store of two tenants prints each tenant's
-    rows (request_class=...), their differences those of paired_differences on sim_class_mean_ttft; a
-    per-class metric the classes do not report is refused, naming the flag and the choices."""
+    rows (request_class=...), their differences those of paired_differences on sim_class_mean_ttft; so
+    does class_ttft_attainment (a metric of the classes alone); a per-class metric the classes do not
+    report is refused, naming the flag and the choices."""
     from mbbatch.cli import main
     from mbbatch.sweeps import open_store
 
@@ -309,6 +310,15 @@ def test_the_compare_command_compares_each_tenants_metric(tmp_path, capsys):
         row = d.sel(request_class=tenant)
         assert f"request_class={tenant}" in out
         assert f"ratio {float(row['ratio_class_mean_ttft']):.4g} [" in out
+    # (a tenant's share of first tokens within its ttft_slo: higher is better, as the metric table's rows say)
+    assert main(["compare", str(store), "--metric", "class_ttft_attainment"]) in (0, None)
+    out = capsys.readouterr().out
+    a = stats.paired_differences(open_store(store).load(), "fcfs", 0.95, ["class_ttft_attainment"]).sel(policy="vtc")
+    assert a["diff_class_ttft_attainment"].attrs["units"] == "1"
+    assert mb.metrics.PER_CLASS["ttft_attainment"].better == "higher"
+    for tenant in ("chat", "batch"):
+        row = a.sel(request_class=tenant)
+        assert f"request_class={tenant}" in out and f"ratio {float(row['ratio_class_ttft_attainment']):.4g} [" in out
     assert main(["compare", str(store), "--metric", "class_throughput"]) == 2
     err = capsys.readouterr().err
     assert "--metric: unknown metric 'class_throughput'" in err and "class_ttft_p99" in err

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from ..metrics import METRICS
+from ..metrics import PER_CLASS as CLASS_ROWS
 from .spec import SPEC_PARAMS, SweepSpec, _values
 
 __all__ = ["CAPACITY", "CAPACITY_THEORY", "variables", "rep_vars", "aggregates", "time_grid", "template",
@@ -89,18 +90,9 @@ CAPACITY_THEORY = ("theory_mean_batch_service", "theory_service_rate", "capacity
 CLASS_DIM = "request_class"
 #: a mixture's metrics per class (:attr:`SimulationResult.classes`), each stored per replication on the
 #: request_class axis (``class_completed``, ``sim_class_<metric>``) and every real one with its mean and
-#: t-interval over the replications: metric -> (dtype, units, description)
-PER_CLASS = {
-    "completed": ("i8", "requests", "requests of the class served"),
-    "mean_latency": ("f8", "s", "mean latency of the class's completed requests"),
-    "latency_p99": ("f8", "s", "99th percentile latency of the class's completed requests"),
-    "mean_ttft": ("f8", "s", "mean time to first token of the class's completed requests"),
-    "ttft_p99": ("f8", "s", "99th percentile time to first token of the class's completed requests"),
-    "ttft_attainment": ("f8", "1", "share of the class's completed requests whose first token came within its "
-                                   "ttft_slo"),
-    "goodput": ("f8", "1", "share of the class's completed requests within both its objectives, ttft_slo and "
-                           "tpot_slo (NaN where no class sets one)"),
-}
+#: t-interval over the replications: metric -> (dtype, units, description), from the metric table
+#: (:data:`mbbatch.metrics.PER_CLASS`)
+PER_CLASS = {m.name: (m.dtype, m.units, m.description) for m in CLASS_ROWS.values()}
 
 
 def class_vars(names) -> dict:
