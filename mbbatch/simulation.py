@@ -166,7 +166,7 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
                         "array> (service times), or workload=Workload(prompt=..., output=...)")
     elif isinstance(workload, Mixture):
         engine = getattr(policy, "policy", None) if cls.planner == "cluster" else policy
-        if engine is None or kind_of(engine).planner != "continuous":
+        if engine is None or not kind_of(engine).classes:
             raise TypeError(f"workload: a Workload.mixture's requests run on ContinuousBatching engines (alone or "
                             f"as a Cluster's); got {type(policy).__name__}")
     elif not isinstance(workload, Workload):

@@ -80,3 +80,19 @@ def _compiled_kernels(tmp_path_factory, worker_id):
     for name in _WARM_ORDERS[int(worker_id.removeprefix("gw")) % 2]:
         with FileLock(str(root / f"compile_{name}.lock")):
             groups[name]()
+
+
+#: the test files that take longest (a warm run's seconds on a 2-core machine: 72, 64, 54, 54, 37, 30, 30, 25,
+#: 23, 22, 22, 21), collected first: pytest-xdist hands each worker the next file as it finishes one
+#: (``--dist loadfile``), so the longest go first and the last files a worker takes are short ones, not a
+#: long file that keeps one worker busy while the other waits
+SLOW_FIRST = ("test_sweeps_run.py", "test_figures.py", "test_docs_build.py", "test_capacity.py",
+              "test_comparison.py", "test_sweeps_spec.py", "test_figures_plotting.py", "test_kernels_bits.py",
+              "test_sweeps_store.py", "test_docs_site.py", "test_sweeps_cells.py", "test_validation_serving.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of :data:`SLOW_FIRST` first, in its order; the others, and
+    every file's tests, in their order (the same in every worker)."""
+    rank = {name: k for k, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -26,17 +26,23 @@ def test_every_policy_declares_itself_whole(kind):
     assert cls.from_spec.__func__ is not Policy.from_spec.__func__
     if cls.planner == "tokens":
         assert callable(getattr(cls, "event_config", None))
+    # (a resumable engine is a stage of the composites: a cluster's engines, LAPS's decode stage)
+    if cls.resumable:
+        assert cls.engine and cls.decode_stage
 
 
 def test_adding_a_kind_is_a_conscious_act():
     """The one test that lists the kinds literally, and which of them run as
-    a cluster's engines and as LAPS's decode stage: a tripwire, so that
-    adding a kind (or an engine or decode-stage role) is a deliberate
+    a cluster's engines and as LAPS's decode stage, which are resumable
+    stages and which run request classes: a tripwire, so that adding a kind
+    (or an engine, decode-stage, resumable or classes role) is a deliberate
     change here too.  Every other test reads the kinds from the registry."""
     assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf",
                               "continuous")
     assert registry.engine_kinds() == ("multibin", "static", "dynamic", "multibin_dynamic", "spf", "continuous")
     assert registry.decode_kinds() == ("static", "dynamic", "multibin_dynamic", "continuous")
+    assert [k for k, cls in registry.POLICIES.items() if cls.resumable] == ["continuous"]
+    assert [k for k, cls in registry.POLICIES.items() if cls.classes] == ["continuous"]
 
 
 def test_the_kinds_are_the_registrys_everywhere():

@@ -144,11 +144,12 @@ _NOT_ITERATIONS = {"preemptions": 0, "recomputed_tokens": math.nan, "mean_runnin
 def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):
     """The checked plan of a ``simulate`` call of a :class:`~mbbatch.Cluster`:
     a token plan (:mod:`.tokens`) for run-to-completion engines, a
-    continuous one (:mod:`.continuous`) for continuous-batching engines."""
+    continuous one (:mod:`.continuous`) for resumable engines
+    (:attr:`~mbbatch.policies.base.Policy.resumable`: continuous batching)."""
     if isinstance(cluster.programs, Programs) and arrivals.spec not in ("poisson", "saturated"):
         raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
                         f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
-    if cluster.policy.planner == "continuous":
+    if cluster.policy.resumable:
         return _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
                                  keep_batches)
     engine = cluster.policy.engine_form()

@@ -63,8 +63,7 @@ class Plan:
         instance group's backlog grows, as the other plans warn; ``progress``
         as theirs)."""
         dec = self.policy.decode
-        if dec is not None and dec.planner == "continuous" and (math.isfinite(dec.kv_tokens)
-                                                                 or not dec.chunked_prefill):
+        if dec is not None and dec.resumable and (math.isfinite(dec.kv_tokens) or not dec.chunked_prefill):
             self.check_requests(ss)     # (a request the decode stage would refuse: before the prefill runs)
         return finish(_run(self, ss, progress), warn, stacklevel=4)
 
@@ -76,7 +75,7 @@ class Plan:
         (the prefill instances' prompts are the prompt stream's lengths, as
         every token-level policy's); no other stage refuses a drawn request."""
         pol, wl, n = self.policy, self.workload, self.n
-        if pol.decode is None or pol.decode.planner != "continuous":
+        if pol.decode is None or not pol.decode.resumable:
             return
         integer = bool(wl.integer_lengths)
         stage = Workload(prompt=lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, integer),
@@ -146,7 +145,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     decode_model = None
     if policy.decode is not None:
         decode_model = policy.decode_model if policy.decode_model is not None else (
-            IterationModel() if policy.decode.planner == "continuous" else DecodeModel(prefill_per_token=0.0))
+            IterationModel() if policy.decode.resumable else DecodeModel(prefill_per_token=0.0))
         # the decode stage, checked now (its arrivals are the first tokens, known after the prefill)
         parts["decode"] = (_decode_plan(policy, Poisson(1.0), workload, decode_model, n).memory,
                            "the decode stage")
@@ -158,9 +157,11 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
 
 
 def _decode_plan(pol, arrivals, workload, model, n: int, output_law=None):
-    """The checked plan of LAPS's decode stage: its policy's planner, the
-    prompts prefilled (their KV cache comes with the requests)."""
-    if pol.decode.planner == "continuous":
+    """The checked plan of LAPS's decode stage, the prompts prefilled (their
+    KV cache comes with the requests): a resumable engine's
+    (:attr:`~mbbatch.policies.base.Policy.resumable`, on its own KV memory)
+    or a token-level policy's."""
+    if pol.decode.resumable:
         return continuous.check(pol.decode, arrivals, None, n, pol.decode_servers, True, workload, model, False,
                                 prefilled=True, servers_name="decode_servers", kv_name="decode.kv_tokens")
     return tokens.check(pol.decode, arrivals, None, n, pol.decode_servers, True, workload, model, False,

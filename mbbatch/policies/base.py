@@ -22,6 +22,16 @@ that declares, once, as class attributes:
 ``engine``, ``decode_stage``
     whether it can run as a :class:`~mbbatch.Cluster`'s engines or as
     :class:`~mbbatch.LAPS`'s decode stage;
+``resumable``
+    whether its engine is a resumable stage: advanced to an instant, handed
+    requests and resumed (:func:`mbbatch._kernels.continuous.advance`), so
+    that a composite runs it under a driver of its own (a cluster's engines
+    behind the continuous cluster driver, LAPS's decode stage on the first
+    tokens) rather than in its engines' token-level form;
+``classes``
+    whether it runs a :meth:`~mbbatch.Workload.mixture`'s request classes
+    (their metrics and objectives, its admission orders reading them), alone
+    or as a cluster's engines;
 ``spec_names``
     the spec keys of the arguments its refusals name, where they differ
     (LAPS's ``decode.kv_tokens`` is a spec's ``decode_eta``);
@@ -101,6 +111,8 @@ class Policy:
     paper: ClassVar[bool] = False
     engine: ClassVar[bool] = False
     decode_stage: ClassVar[bool] = False
+    resumable: ClassVar[bool] = False
+    classes: ClassVar[bool] = False
     #: the spec keys of the arguments its refusals name, where they differ (a sweep's errors say the key)
     spec_names: ClassVar[dict] = {}
 

@@ -200,6 +200,8 @@ class ContinuousBatching(Policy):
 
     kind: ClassVar[str] = "continuous"
     planner: ClassVar[str] = "continuous"
+    resumable: ClassVar[bool] = True
+    classes: ClassVar[bool] = True
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",
                                               "tbt_quantiles", "continuous", "controller", "goodput"})
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",

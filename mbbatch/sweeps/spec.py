@@ -1217,7 +1217,7 @@ def _cluster_values(spec: SweepSpec, key: str) -> list:
 
 
 #: the kinds whose engines run a mixture's classes: continuous batching, alone or as a cluster's engines
-_MIXTURE_KINDS = tuple(k for k in KINDS if POLICIES[k].planner == "continuous")
+_MIXTURE_KINDS = tuple(k for k in KINDS if POLICIES[k].classes)
 
 
 def _check_mixture(spec: SweepSpec, source: str) -> None:
