@@ -170,11 +170,12 @@ def test_the_same_seed_gives_the_token_policies_requests():
 
 
 def test_decode_after_prefill_is_the_decode_policy_on_the_first_tokens():
-    """With a decode stage, each request joins the decode policy at its
-    first token: the same run as the decode policy given those times and
-    the requests' lengths as a trace, bit for bit; the prefill is untouched
-    (its TTFT metrics and first tokens as without decode); latency is end
-    to end."""
+    """With a decode stage, each request of more than one output token joins
+    the decode policy at its first token to generate the others: the same
+    run as the decode policy given those times, the prompts and the outputs
+    less one as a trace, bit for bit; a one-token request is done at its
+    first token; the prefill is untouched (its TTFT metrics and first
+    tokens as without decode); latency is end to end."""
     rng = np.random.default_rng(4)
     n = 1500
     wl = mb.Workload(prompt=rng.integers(1, 1500, n).astype(float), output=rng.integers(1, 300, n).astype(float))
@@ -186,16 +187,20 @@ def test_decode_after_prefill_is_the_decode_policy_on_the_first_tokens():
         np.testing.assert_array_equal(r.first_token, alone.requests.first_token)
         for m in ("mean_ttft", "ttft_short_p99", "ttft_long_p99", "utilization", "group_moves"):
             assert getattr(res, m) == getattr(alone, m), m
-        order = np.argsort(r.first_token, kind="stable")
+        many = np.flatnonzero(wl.output > 1)
+        order = many[np.argsort(r.first_token[many], kind="stable")]
+        assert 0 < many.size < n
         hand = mb.simulate(decode, mb.Replay(r.first_token[order]),
-                           workload=mb.Workload(prompt=r.prompt[order], output=wl.output[order]),
-                           service_model=mb.DecodeModel(prefill_per_token=0.0), servers=3, n=n, seed=1,
+                           workload=mb.Workload(prompt=r.prompt[order], output=wl.output[order] - 1),
+                           service_model=mb.DecodeModel(prefill_per_token=0.0), servers=3, n=many.size, seed=1,
                            keep_requests=True)
         np.testing.assert_array_equal(res.decode.requests.completion, hand.requests.completion)
-        assert res.decode.kind == decode.kind
+        assert res.decode.kind == decode.kind and res.decode.n == many.size
         np.testing.assert_array_equal(r.completion[order], hand.requests.completion)
         np.testing.assert_array_equal(r.output, wl.output)
-        assert np.all(r.completion > r.first_token)
+        one = wl.output == 1
+        np.testing.assert_array_equal(r.completion[one], r.first_token[one])
+        assert np.all(r.completion[~one] > r.first_token[~one])
         np.testing.assert_array_equal(r.latency, r.completion - r.arrival)
         assert res.mean_latency == pytest.approx(r.latency.mean(), rel=1e-12)
         assert res.latency_p99 == np.quantile(r.latency, 0.99, method="inverted_cdf")
@@ -207,8 +212,10 @@ def test_a_continuous_decode_stage_decodes_from_the_iteration_that_admits_it():
     """decode=ContinuousBatching(): each request joins an engine (dealt in
     turn to 2) at its first token with its prompt's KV cache, so it
     prefills nothing: with iterations of a fixed 10 ms, it completes its
-    output o tokens o iterations after the iteration boundary that admits
-    it (at its arrival, or within 10 ms); the prefill is untouched."""
+    output of o tokens o - 1 iterations after the iteration boundary that
+    admits it (at its arrival, or within 10 ms: the first token is the
+    prefill's, and the stage's first iteration reads it), and a one-token
+    request at its first token; the prefill is untouched."""
     rng = np.random.default_rng(5)
     n = 1200
     wl = mb.Workload(prompt=rng.integers(1, 1500, n).astype(float), output=rng.integers(1, 300, n).astype(float))
@@ -221,8 +228,10 @@ def test_a_continuous_decode_stage_decodes_from_the_iteration_that_admits_it():
     assert res.decode.kind == "continuous" and res.decode.servers == 2
     assert res.decode.recomputed_tokens == 0 and res.decode.preemptions == 0
     took = r.completion - r.first_token
-    assert np.all(took >= 0.01 * r.output - 1e-9) and np.all(took < 0.01 * (r.output + 1) + 1e-9)
-    assert np.any(took < 0.01 * r.output + 1e-9)        # (some arrived at an idle engine: exactly o iterations)
+    assert np.all(took >= 0.01 * (r.output - 1) - 1e-9) and np.all(took < 0.01 * r.output + 1e-9)
+    # (some arrived at an idle engine: exactly o - 1 iterations)
+    assert np.any((took < 0.01 * (r.output - 1) + 1e-9) & (r.output > 1))
+    assert np.any(r.output == 1) and np.all(took[r.output == 1] == 0.0)
     np.testing.assert_array_equal(r.latency, r.completion - r.arrival)
 
 

@@ -71,7 +71,8 @@ def test_one_overloaded_group_is_an_overload():
 def test_a_request_the_continuous_decode_stage_could_never_run_is_refused_before_the_prefill(monkeypatch):
     """A continuous decode stage refuses a request beyond its KV blocks: LAPS draws the requests (as
     its run will: the prompt stream's lengths) and refuses it before its prefill instances run (it once
-    ran the whole prefill stage first), naming the request by its place in arrival order."""
+    ran the whole prefill stage first), naming the request by its place in arrival order and the output
+    the stage generates, its output less the prefill's first token (a one-token request checked as two)."""
     import numpy as np
 
     from mbbatch._seeding import STREAM_PROMPT, STREAM_SERVICE, stream
@@ -80,7 +81,7 @@ def test_a_request_the_continuous_decode_stage_could_never_run_is_refused_before
     pol = mb.LAPS(instances=2, decode=mb.ContinuousBatching(max_num_seqs=8, kv_tokens=600.0))
     ss = np.random.SeedSequence(3)
     p = lengths(WL._prompt, stream(ss, STREAM_PROMPT), 2000, True)
-    o = lengths(WL._output, stream(ss, STREAM_SERVICE), 2000, True)
+    o = np.maximum(lengths(WL._output, stream(ss, STREAM_SERVICE), 2000, True) - 1, 1)
     first = int(np.flatnonzero(p + o > 592)[0])
 
     def no_prefill(*args, **kwargs):

@@ -73,13 +73,18 @@ class Plan:
         run (its prompt and output beyond the KV blocks), named by its place
         in arrival order.  The prompts and outputs are those the run draws
         (the prefill instances' prompts are the prompt stream's lengths, as
-        every token-level policy's); no other stage refuses a drawn request."""
+        every token-level policy's), each output less the prefill's first
+        token (:func:`_stage_requests`; a one-token request, which never
+        reaches the stage, checked as one of two tokens, so that the places
+        stay those of arrival order); no other stage refuses a drawn
+        request."""
         pol, wl, n = self.policy, self.workload, self.n
         if pol.decode is None or not pol.decode.resumable:
             return
         integer = bool(wl.integer_lengths)
+        out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, integer)
         stage = Workload(prompt=lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, integer),
-                         output=lengths(wl._output, stream(ss, STREAM_SERVICE), n, integer),
+                         output=np.maximum(out - 1.0, 1.0),
                          integer_lengths=wl.integer_lengths, predictor_sigma=wl.predictor_sigma)
         _decode_plan(pol, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
 
@@ -168,22 +173,39 @@ def _decode_plan(pol, arrivals, workload, model, n: int, output_law=None):
                         output_law=output_law)
 
 
+def _stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """The requests LAPS's decode stage serves, in the order they join it:
+    those of more than one output token (the prefill instance generates a
+    request's first token, as in disaggregated serving: Zhong et al., 2024,
+    DistServe, arXiv:2401.09670; the decode stage generates the other
+    ``output - 1``, its first decode iteration reading the first token), by
+    first token, ties in arrival order."""
+    many = np.flatnonzero(output > 1.0)
+    return many[np.argsort(first[many], kind="stable")]
+
+
 def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
-    """The decode stage after LAPS's prefill: each request joins the decode
-    policy at its first token (in that order, ties in arrival order), its
-    prompt the one prefilled, its output from the workload's output
-    lengths (replayed in order, or drawn in Python on the output stream).
-    Returns the decode run's result and each request's completion (its last
-    token) and output length, in arrival order."""
+    """The decode stage after LAPS's prefill: each request of more than one
+    output token joins the decode policy at its first token
+    (:func:`_stage_requests`), its prompt the one prefilled, its output the
+    workload's output length (replayed in order, or drawn in Python on the
+    output stream) less the first token; a one-token request is done at its
+    first token.  Returns the decode run's result and each request's
+    completion (its last token) and output length, in arrival order."""
     pol, wl, n = plan.policy, plan.workload, plan.n
     first = req["first_token"]
-    order = np.argsort(first, kind="stable")
     out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
-    stage = Workload(prompt=req["prompt"][order], output=out[order], integer_lengths=wl.integer_lengths,
+    order = _stage_requests(first, out)
+    if order.size == 0:
+        raise ValueError("LAPS(decode=...): every request's output is one token, the first, which the prefill "
+                         "generates: no request reaches the decode stage; drop decode or give longer outputs")
+    stage = Workload(prompt=req["prompt"][order], output=out[order] - 1.0, integer_lengths=wl.integer_lengths,
                      predictor_sigma=wl.predictor_sigma)
-    res = _decode_plan(pol, Replay(first[order]), stage, plan.decode_model, n,
+    # (the output law: the workload's, whose edges a decode stage's optimal bins read, one token apart from the
+    # stage's outputs)
+    res = _decode_plan(pol, Replay(first[order]), stage, plan.decode_model, order.size,
                        output_law=wl._output.dist).run(ss, warn=False)
-    completion = np.empty(n)
+    completion = first.copy()
     completion[order] = res.requests.completion
     return res, completion, out
 
