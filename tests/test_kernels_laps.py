@@ -235,6 +235,17 @@ def test_a_continuous_decode_stage_decodes_from_the_iteration_that_admits_it():
     np.testing.assert_array_equal(r.latency, r.completion - r.arrival)
 
 
+def test_a_decode_stage_no_request_reaches_is_refused_before_the_prefill():
+    """The prefill generates a request's first token: outputs of one token leave the decode stage
+    nothing, which is refused before any run, naming decode and the outputs' bound."""
+    wl = mb.Workload(prompt=st.uniform(1, 100), output=np.ones(50))
+    with pytest.raises(ValueError, match=r"decode: LAPS's decode stage .* got workload.output of at most 1 tokens"):
+        mb.simulate(mb.LAPS(instances=2, decode=mb.DynamicBatching()), arrivals=mb.Poisson(10.0), workload=wl,
+                    n=50, seed=0)
+    res = mb.simulate(mb.LAPS(instances=2), arrivals=mb.Poisson(10.0), workload=wl, n=50, seed=0)
+    assert res.completed == 50
+
+
 def test_decode_stage_settings_are_checked():
     with pytest.raises(TypeError, match="decode must be"):
         mb.LAPS(decode=mb.LAPS())

@@ -298,6 +298,7 @@ def _due_push(due, due_tail, due_next, due_prev, occ, M1, sl, key):
             due[b] = sl
         due_tail[b] = sl
         return
+    # (the last sorts after sl: the walk stops on the list, never past its end)
     before = -1
     at = due[b]
     while occ[at] * M1 + at < me:

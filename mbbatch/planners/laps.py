@@ -137,6 +137,8 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                          f"has no time per output token to hold to an objective; give LAPS a decode stage "
                          f"(decode=..., its decode instances) or leave tpot_slo at inf (goodput then counts "
                          f"ttft_slo alone); got tpot_slo = {workload.tpot_slo!r}")
+    if policy.decode is not None and workload._output.support[1] <= 1.0:
+        raise ValueError(_ONE_TOKEN + f"; got workload.output of at most {workload._output.support[1]:g} tokens")
     check_arrivals(arrivals)
     n = resolve_n(n, arrivals, [("workload.prompt", workload._prompt)])
     E = policy.instances
@@ -173,6 +175,12 @@ def _decode_plan(pol, arrivals, workload, model, n: int, output_law=None):
                         output_law=output_law)
 
 
+#: the refusal of a decode stage no request reaches
+_ONE_TOKEN = ("decode: LAPS's decode stage generates each request's output after its first token (the prefill's), "
+              "so a one-token request never reaches it and a workload of one-token outputs leaves it nothing to do; "
+              "drop decode or give outputs of more than one token")
+
+
 def _stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
     """The requests LAPS's decode stage serves, in the order they join it:
     those of more than one output token (the prefill instance generates a
@@ -197,8 +205,8 @@ def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
     out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
     order = _stage_requests(first, out)
     if order.size == 0:
-        raise ValueError("LAPS(decode=...): every request's output is one token, the first, which the prefill "
-                         "generates: no request reaches the decode stage; drop decode or give longer outputs")
+        # (outputs that may pass one token are checked in check(); these draws all happened to be one)
+        raise ValueError(_ONE_TOKEN + f"; every one of the {n} outputs drawn is")
     stage = Workload(prompt=req["prompt"][order], output=out[order] - 1.0, integer_lengths=wl.integer_lengths,
                      predictor_sigma=wl.predictor_sigma)
     # (the output law: the workload's, whose edges a decode stage's optimal bins read, one token apart from the
