@@ -14,6 +14,12 @@ export MPLCONFIGDIR := $(CURDIR)/$(VENV)/mplconfig
 # checkout, else shared/data beside it (where the tests look too); unset, such specs are
 # skipped with a note and their committed figures stay
 MBBATCH_DATA ?= $(firstword $(wildcard $(CURDIR)/data $(abspath $(CURDIR)/../shared/data)))
+# byte-code is written even where the environment turns writing it off: a test run, a sweep's
+# pool, the figures' workers start many Python processes, which share the compiled modules in
+# __pycache__ instead of compiling every module from its source again in each (0.6 s a process).
+# The install leaves the compiling to the first import (pip --no-compile: half the install's time,
+# most of it spent on modules nothing imports)
+export PYTHONDONTWRITEBYTECODE :=
 SPECS := $(wildcard sweeps/*.toml)
 # what sweep results depend on: the simulation, sweep and theory code, not the figure code
 SRC := $(wildcard mbbatch/*.py mbbatch/_kernels/*.py mbbatch/service_models/*.py mbbatch/theory/*.py mbbatch/sweeps/*.py)
@@ -44,7 +50,7 @@ $(MODULES): FORCE
 $(STAMP): pyproject.toml $(MODULES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench,docs]' --config-settings editable_mode=strict
+	$(PY) -m pip install --quiet --no-compile -e '.[test,bench,docs]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 # the environment alone: .venv with mbbatch (editable) and its test, bench and docs extras
@@ -52,11 +58,8 @@ install: $(STAMP)
 
 # the linter first (ruff, configured in pyproject.toml), then one test worker per core; a test
 # file's tests share a worker (and its session fixtures); the checks marked heavy (processes
-# killed and raced, every figure drawn twice) run in thorough
-# (a test run starts many Python processes, its workers, the subprocess tests, the pools': they share
-# the package's byte-code in __pycache__ even where the environment turns writing it off, which
-# would compile every module from its source again in each of them, 0.6 s a process)
-test: export PYTHONDONTWRITEBYTECODE :=
+# killed and raced, every figure drawn twice, the kernels' disk cache recompiled, the HTML site
+# built) run in thorough
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -n auto --dist loadfile -m "not heavy"

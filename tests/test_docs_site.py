@@ -1,8 +1,13 @@
 """The documentation's HTML site builds as `make docs` builds it, with
 warnings as errors, with every page, the API reference and every committed
-figure (its examples: tests/test_docs_build.py)."""
+figure (its examples: tests/test_docs_build.py).  A heavy check (a full
+Sphinx build), run by `make thorough` and by `make docs` itself."""
+
+import pytest
 
 from tests.test_docs_build import ROOT, _require_doc_tools, _sphinx
+
+pytestmark = pytest.mark.heavy
 
 
 def test_the_site_builds_without_warnings(tmp_path):

@@ -153,6 +153,7 @@ _SWITCH = textwrap.dedent("""
 """)
 
 
+@pytest.mark.heavy
 def test_the_switch_turns_the_inlined_step_off_even_in_code_loaded_from_the_disk_cache(tmp_path):
     """MBBATCH_INLINE_DRAWS=0 (read at import) points the linker's symbol at
     a function no generator draws with: a function compiled with the step in
@@ -195,6 +196,7 @@ def test_a_run_with_the_switch_off_is_the_same_run():
     assert off.stdout.split() == ["False", here["digest"]]
 
 
+@pytest.mark.heavy
 def test_a_numpy_or_numba_newer_than_tested_draws_through_the_generator_with_a_warning(tmp_path):
     """TESTED names the newest numpy and numba the step is tested on (the
     versions these tests ran on when it was set); a newer one, here numba

@@ -1,13 +1,18 @@
 """The kernels' disk cache (mbbatch/_kernels/__init__.py): a second process
 loads the kernels without compiling, and a change to any kernel module (a
 helper another kernel compiles in) makes the next process compile afresh.
-On a copy of the package, in fresh processes."""
+On a copy of the package, in fresh processes: a heavy check (20 s of
+compiling), run by `make thorough`."""
 
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[1]
 

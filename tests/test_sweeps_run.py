@@ -192,6 +192,7 @@ def test_ctrl_c_stops_a_pool_sweep_cleanly(tmp_path):
     assert int(xr.open_zarr(out)["done"].sum()) >= 1
 
 
+@pytest.mark.heavy
 def test_ctrl_c_to_the_sweep_process_alone_stops_its_workers_too(tmp_path):
     """Ctrl-C sent to the sweep's process only (kill -INT PID, not its group): the workers, which did
     not get it, are ended at once instead of finishing their points (a capacity sweep took 9 to 20 s
