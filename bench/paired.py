@@ -129,6 +129,14 @@ def cases(mb) -> dict:
             "DynamicBatching, measured": timed(mb.DynamicBatching(controller=ctl), 4.0),
             "MultiBin(K=4, B=32), measured": timed(mb.MultiBin(bins=4, batch_size=32), 4.0),
         })
+        # (the continuous kernel's full variant: an order of its own, multi-step blocks; a version without them
+        # has no such case)
+        for name, kw in (("ContinuousBatching mlfq, measured", dict(admission="mlfq")),
+                         ("ContinuousBatching 4-step, measured", dict(num_scheduler_steps=4))):
+            try:
+                found[name] = timed(mb.ContinuousBatching(**kw), 20.0)
+            except (TypeError, ValueError):
+                pass
     return found
 
 

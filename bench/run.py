@@ -265,6 +265,13 @@ def main():
                      f"{rate / 1e6:.1f} M requests/s",
                      ("PASS" if rate >= continuous_bench.TARGET else "FAIL") if targeted else ""))
 
+    t, res = continuous_bench.bench_prefix(args.n)
+    rate = args.n / t
+    rows.append((f"ContinuousBatching(prefix_caching=True), 64 system prompts, n={args.n:.0e}", f"{t:.3f} s",
+                 f"{rate / 1e6:.1f} M requests/s (hit rate {res.prefix_hit_rate:.0%}, "
+                 f"{res.kv_evictions:,} blocks evicted)",
+                 "PASS" if rate >= continuous_bench.PREFIX_TARGET else "FAIL"))
+
     import cluster as cluster_bench   # bench/cluster.py
 
     for what, t in zip(("simulate", "its kernel"), cluster_bench.bench_cluster(args.n)):

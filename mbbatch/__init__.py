@@ -22,7 +22,7 @@ from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
 from .lengths import Empirical
 from .predictors import BinConfusion, LogNormalError, Oracle, Predictions
-from .workload import Mixture, Workload
+from .workload import Mixture, SystemPrompts, Workload
 from .results import SimulationResult, Table, UnstableWarning
 from ._kernels.bits import UntestedDrawsWarning
 from .simulation import simulate
@@ -50,6 +50,7 @@ __all__ = [
     "Sessions",
     "Workload",
     "Mixture",
+    "SystemPrompts",
     "Empirical",
     "Oracle",
     "LogNormalError",

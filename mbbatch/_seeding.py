@@ -29,6 +29,9 @@ STREAM_PRESAMPLE = 4
 #: lengths come from its own stream of the prompt and output streams
 #: (:func:`substream`)
 STREAM_CLASS = 5
+#: the requests' system prompts (:class:`~mbbatch.workload.SystemPrompts`): their lengths, which requests carry
+#: one and which
+STREAM_SYSTEM = 6
 
 #: The bit generator of every stream.  PCG64DXSM is numpy's recommended
 #: successor to PCG64 (stronger mixing for many parallel streams) and is also

@@ -35,6 +35,7 @@ TAGS = {
     "laps": "LAPS's prefill instances: short and long requests, its groups",
     "continuous": "a continuous-batching engine: preemptions, running sequences, KV memory",
     "goodput": "the requests within their objectives on the first token and per output token",
+    "prefix": "a continuous-batching engine's prefix cache: hits, prefill saved, evictions",
 }
 
 
@@ -193,6 +194,12 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "token (ttft_slo) and per output token (tpot_slo; Zhong et al., 2024, DistServe, arXiv:2401.09670; "
        "run-to-completion batches: the batch's decode time per token); NaN where the workload sets neither",
        "goodput"),
+    _m("prefix_hit_rate", "1", "prompt tokens found in the prefix cache / prompt tokens looked up, at every "
+       "admission (vLLM's prefix cache hit rate; NaN: prefix caching off)", "prefix", better="higher"),
+    _m("prefix_saved_tokens", "tokens/request", "prompt tokens not prefilled because the prefix cache held "
+       "them, per completed request (0: prefix caching off)", "prefix", better="higher"),
+    _m("kv_evictions", "blocks", "cached KV blocks no running sequence held, evicted least recently used to make "
+       "room (0: prefix caching off)", "prefix", dtype="i8"),
     _m("mean_max_num_seqs", "sequences", "mean cap on the running sequences per unit of busy time: the "
        "controller's (Algorithms 1, 2 and 7), else max_num_seqs", "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "

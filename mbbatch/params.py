@@ -397,6 +397,19 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("engine_policy", "choice", "", "a sweep's cluster engines' batching: dynamic (the cluster's d_sla, b_max, "
        "eta, ...), or another engine kind, static, multi-bin dynamic or the paper's multi-bin batching "
        "(engine_batch_size, engine_bins)", default="dynamic"),
+    _p("prefix_caching", "flag", "", "the engine keeps KV blocks by content: a request's prompt blocks cached by "
+       "an earlier one of its shared prefix are not prefilled again; unreferenced cached blocks are evicted least "
+       "recently used before any preemption (vLLM's automatic prefix caching; continuous batching)", default=False),
+    _p("SystemPrompts.count", "count", "prompts", "the distinct system prompts requests share", _COUNT, default=1),
+    _p("system_prompts", "count", "prompts", "a sweep's distinct system prompts, which a share of its requests "
+       "carry ahead of their own tokens (0: none; continuous batching)", Domain(0, 1 << 20, lo_closed=True,
+                                                                                hi_closed=True), default=0),
+    _p("system_prompt_length", "real", "tokens", "a sweep's system prompts' length (each the same)", _NONNEG,
+       default=1024.0),
+    _p("SystemPrompts.share", "real", "1", "share of the requests that carry a system prompt (each drawn "
+       "uniformly among count)", Domain(0, 1, lo_closed=True, hi_closed=True), default=1.0),
+    _p("SystemPrompts.length", "real", "tokens", "the system prompts' lengths: a distribution each is drawn from "
+       "once per run, or a number of tokens", _NONNEG, default=REQUIRED),
     _p("Programs.calls", "count", "calls", "calls of a program (a multi-call session)", _COUNT, default=4),
     _p("Programs.think_time", "real", "s", "mean think time between two calls of a program (exponential)",
        _NONNEG, default=1.0),

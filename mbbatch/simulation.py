@@ -169,7 +169,13 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
         if engine is None or not kind_of(engine).classes:
             raise TypeError(f"workload: a Workload.mixture's requests run on ContinuousBatching engines (alone or "
                             f"as a Cluster's); got {type(policy).__name__}")
+        if any(part.system_prompts is not None for part in workload.parts):
+            raise ValueError("system_prompts: a Workload.mixture's classes take no system prompts (yet); give them "
+                             "to a Workload")
     elif not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload (or a Workload.mixture); got {type(workload).__name__}")
+    elif workload.system_prompts is not None and not cls.prefixes:
+        raise ValueError(f"workload.system_prompts: requests sharing prompt prefixes run on a ContinuousBatching "
+                         f"engine (alone; its prefix_caching keeps them); got {type(policy).__name__}")
     return PLANNERS[cls.planner].check(policy, arrivals, service, n, servers, keep_requests, workload,
                                        service_model, keep_batches)

@@ -17,7 +17,75 @@ from ._validation import check, check_fields
 from .params import default
 from .lengths import as_service
 
-__all__ = ["Workload", "Mixture"]
+__all__ = ["Workload", "Mixture", "SystemPrompts"]
+
+
+@dataclass(frozen=True, eq=False)
+class SystemPrompts:
+    """System prompts that requests share: a prompt prefix ``count``
+    distinct ones of, which an engine with prefix caching
+    (``ContinuousBatching(prefix_caching=True)``) prefills once and keeps.
+
+    Each request carries one with probability ``share`` (the same for every
+    policy: a stream of its own), which of them uniformly; its prompt is the
+    system prompt followed by its own tokens (the workload's ``prompt``
+    length), so the system prompt's length adds to its prompt.  The
+    ``count`` lengths are drawn once per run from ``length`` (rounded up to
+    whole tokens), or all equal ``length`` when it is a number.
+
+    Parameters
+    ----------
+    count : int
+        The distinct system prompts, >= 1.  Default 1.
+    length : float or scipy.stats frozen distribution
+        Their length, tokens (>= 0), or the distribution each is drawn from.
+    share : float
+        The share of the requests that carry one, in [0, 1].  Default 1.
+    """
+
+    length: object
+    count: int = default("SystemPrompts.count")
+    share: float = default("SystemPrompts.share")
+
+    def __post_init__(self):
+        import scipy.stats as st
+
+        check_fields(self, {"count": "SystemPrompts.count", "share": "SystemPrompts.share"})
+        if isinstance(self.length, st.distributions.rv_frozen):
+            as_service(self.length, "SystemPrompts.length")
+        else:
+            check("SystemPrompts.length", self.length)
+
+    def draw(self, gen, n: int) -> tuple:
+        """``(chain, shared)`` of ``n`` requests from the generator ``gen``:
+        each request's system prompt (-1: none) and its length, tokens (0:
+        none), as floats (the kernel's inputs)."""
+        import numpy as np
+        import scipy.stats as st
+
+        if isinstance(self.length, st.distributions.rv_frozen):
+            lengths = np.maximum(np.ceil(self.length.rvs(size=self.count, random_state=gen)), 1.0)
+        else:
+            lengths = np.full(self.count, float(math.ceil(self.length)))
+        carries = gen.random(n) < self.share
+        which = gen.integers(0, self.count, n)
+        chain = np.where(carries, which, -1).astype(float)
+        shared = np.where(carries, lengths[which], 0.0)
+        return chain, shared
+
+    def mean_length(self) -> float:
+        """The mean tokens a request's system prompt adds to its prompt."""
+        import scipy.stats as st
+
+        mean = float(self.length.mean()) if isinstance(self.length, st.distributions.rv_frozen) else self.length
+        return self.share * mean
+
+    def describe(self) -> dict:
+        import scipy.stats as st
+
+        length = (f"{self.length.dist.name}{self.length.args}" if isinstance(self.length, st.distributions.rv_frozen)
+                  else self.length)
+        return {"system_prompts": self.count, "system_prompt_share": self.share, "system_prompt_length": length}
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +118,9 @@ class Workload:
         A run with either objective reports ``goodput``, the share of the
         requests that met both (Zhong et al., 2024, "DistServe",
         arXiv:2401.09670); ``Objective(goodput=...)`` bounds it from below.
+    system_prompts : SystemPrompts, optional
+        Prompt prefixes shared by requests (:class:`SystemPrompts`), which an
+        engine with prefix caching prefills once.  Default None: none.
 
     Several kinds of requests in one stream (clients, tenants, each with its
     lengths and objective): :meth:`mixture`.
@@ -61,6 +132,7 @@ class Workload:
     predictor_sigma: float = default("predictor_sigma")
     ttft_slo: float = default("ttft_slo")
     tpot_slo: float = default("tpot_slo")
+    system_prompts: SystemPrompts | None = None
     _prompt: object = field(init=False, repr=False)
     _output: object = field(init=False, repr=False)
 
@@ -69,6 +141,9 @@ class Workload:
         object.__setattr__(self, "_output", as_service(self.output, "output"))
         check_fields(self, {"integer_lengths": "integer_lengths", "predictor_sigma": "predictor_sigma",
                             "ttft_slo": "ttft_slo", "tpot_slo": "tpot_slo"})
+        if self.system_prompts is not None and not isinstance(self.system_prompts, SystemPrompts):
+            raise TypeError(f"system_prompts must be an mbbatch.SystemPrompts; got "
+                            f"{type(self.system_prompts).__name__}")
 
     @classmethod
     def mixture(cls, classes: dict) -> "Mixture":
@@ -113,8 +188,9 @@ class Workload:
         return [(f"{name}.prompt", self._prompt), (f"{name}.output", self._output)]
 
     def mean(self, which: str) -> float:
-        """The mean ``"prompt"`` or ``"output"`` length, tokens."""
-        return getattr(self, "_" + which).mean
+        """The mean ``"prompt"`` (its system prompt's tokens included) or ``"output"`` length, tokens."""
+        extra = self.system_prompts.mean_length() if which == "prompt" and self.system_prompts is not None else 0.0
+        return getattr(self, "_" + which).mean + extra
 
     def describe(self) -> dict:
         d = {f"prompt_{k.removeprefix('service_')}" if k != "service" else "prompt": v
@@ -125,6 +201,8 @@ class Workload:
         for slo in ("ttft_slo", "tpot_slo"):
             if getattr(self, slo) != float("inf"):
                 d[slo] = getattr(self, slo)
+        if self.system_prompts is not None:
+            d.update(self.system_prompts.describe())
         return d
 
 

@@ -19,7 +19,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
              block_size, admission, edges=None, step=0.01, prefill_per_token=0.0, per_sequence=0.0,
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
              prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
-             class_slo=None, class_tpot=None, goodput=0, quantum=16, levels=4):
+             class_slo=None, class_tpot=None, goodput=0, quantum=16, levels=4, prefix_caching=False, chain=None,
+             shared=None, grows=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -87,7 +88,54 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     order, those it completes leaving in that order too).
 
     ``class_tpot`` and ``goodput`` (the objectives goodput counts) do not
-    change the run: the tests count goodput from its records."""
+    change the run: the tests count goodput from its records.
+
+    ``prefix_caching`` (vLLM's automatic prefix caching: KV blocks kept by
+    their content after their sequences leave, and found again by a later
+    prompt beginning with the same tokens; modelled by chains): request r
+    may belong to chain ``chain[r]`` (-1: none), its prompt's first
+    ``shared[r]`` tokens the chain's first ``shared[r]`` (a system prompt
+    shared by many requests, or a session's context); ``grows[c]`` (per
+    chain, ids 0 .. len(grows) - 1) a session's chain, which a completed
+    request's whole context extends.  Per chain the engine keeps cached[c],
+    the chain's first blocks held (initially 0), and refs[c], the running
+    sequences holding it.  The free blocks (what admission and the decodes'
+    new blocks are tested against) are the truly free ones plus the
+    evictable ones, the cached blocks of the chains no sequence holds.  An
+    admission (a first one or a resumption) of r, its context L0 (prompt and
+    tokens generated), with k = min(shared[r], L0 - 1) // block_size >= 1
+    full blocks of a chain's prefix (one token at least is computed; k = 0:
+    it holds no chain), hits h = min(cached[c], k) of them; it needs
+    blocks(L0 + 1) - h blocks if the chain is held, else blocks(L0 + 1)
+    (holding it again, it cuts the chain to its k blocks, the deeper ones
+    evicted, and takes them out of the evictable); it prefills (and a
+    resumption recomputes) L0 - h x block_size tokens, those the no-chunked
+    prefill's budget tests; its prefix's blocks beyond the hit join the
+    chain (cached[c] = max(cached[c], k)), which it holds (refs[c] += 1).
+    After an allocation (each admission; the decodes' new blocks, which
+    still preempt only when they exceed the free blocks, so only once no
+    evictable block is left) the engine evicts, while the truly free blocks
+    are negative, the deepest blocks of the unreferenced chain released
+    least recently (by the time its refs last fell to 0; ties: the lower
+    chain id), then the next.  A sequence leaving the running (completed,
+    preempted for memory or by its order) frees its own blocks, not its k
+    chain blocks; on completion only, if its chain grows, its blocks
+    cached[c] .. kf - 1, kf = (prompt + output - 1) // block_size, join the
+    chain instead (if kf > cached[c], whether it held the chain or not: an
+    unheld chain's new blocks are evictable and it the newest); a chain
+    whose refs fall to 0 becomes evictable, the newest in the eviction
+    order.  Without chunked prefill, an iteration whose decodes were all
+    preempted to make room prefills the head instead if it fits.  The
+    feedback queue's test whether its head fits is the engine's without
+    prefix caching (blocks(L0 + 1) against the free blocks).  Without a
+    chain a request is as before (its tokens still counted as queried).
+    Returns ``prefix_hits`` and ``prefix_queries`` (tokens: h x block_size
+    and L0 at every admission, resumptions too), ``evictions`` (blocks) and
+    the final ``cached_blocks`` and ``refs`` per chain (0, 0, 0, [] and []
+    without prefix caching).
+    Incompatible with ``cached`` (a ``ValueError``)."""
+    if prefix_caching and cached is not None:
+        raise ValueError("prefix caching is incompatible with cached (a decode stage's KV brought along)")
     n = len(arrival)
     arrival = [float(a) for a in arrival]
     prompt = [int(p) for p in prompt]
@@ -114,6 +162,31 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     queues = [[] for _ in range(levels)]
     level = [0] * n
     used = [0] * n           # decode tokens taken at its level
+    # prefix caching: the request's chain and shared tokens, the chains' cached blocks and the running holding them
+    chain_of = [-1] * n
+    shared_tokens = [0] * n
+    grows_of = []
+    if prefix_caching:
+        if chain is not None:
+            chain_of = [int(c) for c in chain]
+        if shared is not None:
+            shared_tokens = [int(s) for s in shared]
+        if grows is not None:
+            grows_of = [bool(x) for x in grows]
+        else:
+            grows_of = [False] * (max(chain_of) + 1 if n else 0)
+        for r in range(n):
+            if chain_of[r] >= len(grows_of) or (chain_of[r] >= 0 and not 0 <= shared_tokens[r] <= prompt[r]):
+                raise ValueError(f"request {r}: chain {chain_of[r]}, shared {shared_tokens[r]}")
+    chains = len(grows_of)
+    chain_cached = [0] * chains     # the chain's first blocks kept
+    refs = [0] * chains             # the running sequences holding the chain
+    released_at = [-math.inf] * chains   # when its refs last fell to 0
+    pinned = [0] * n                # the chain blocks a running sequence holds (held[r]: its own)
+    evictable = 0                   # the cached blocks of the chains of refs 0 (counted in free)
+    prefix_hits = 0
+    prefix_queries = 0
+    evictions = 0
 
     def level_quantum(lv):
         return quantum * 2 ** lv if lv < levels - 1 else math.inf
@@ -226,11 +299,74 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     def blocks(tokens):
         return -(-tokens // block_size)
 
-    def preempt_last():
-        nonlocal free, preemptions
-        r = running.pop()
-        free += held[r]
+    def plan(r):
+        """Admitting r: its chain (-1: none), its prefix's full blocks k, the hit
+        blocks h and the free blocks it needs."""
+        L0 = prompt[r] + g[r]
+        c = chain_of[r]
+        k = min(shared_tokens[r], L0 - 1) // block_size if c >= 0 else 0
+        if k == 0:
+            return -1, 0, 0, blocks(L0 + 1)      # (no full block of its prefix: it holds no chain)
+        h = min(chain_cached[c], k)
+        # (an unreferenced chain is held to k blocks, its deeper ones evicted: it needs all its blocks)
+        return c, k, h, blocks(L0 + 1) - (h if refs[c] > 0 else 0)
+
+    def evict():
+        """While the truly free blocks (free - evictable) are negative: the deepest
+        blocks of the unreferenced chain released least recently."""
+        nonlocal evictable, evictions
+        while free < evictable:
+            lru = [c for c in range(chains) if refs[c] == 0 and chain_cached[c] > 0]
+            c = min(lru, key=lambda c: (released_at[c], c))
+            x = min(chain_cached[c], evictable - free)
+            chain_cached[c] -= x
+            evictable -= x
+            evictions += x
+
+    def release(r, completed):
+        """r leaves the running (completed, or preempted): it frees its own blocks
+        (those a growing chain takes on completion aside) and lets go of its chain."""
+        nonlocal free, evictable
+        c = chain_of[r]
+        holds = pinned[r] > 0
+        joined = 0
+        if c >= 0 and completed and grows_of[c]:
+            kf = (prompt[r] + output[r] - 1) // block_size
+            if kf > chain_cached[c]:
+                joined = kf - chain_cached[c]        # its blocks cached[c] .. kf - 1 join the chain
+                assert joined <= held[r]
+                chain_cached[c] = kf
+        free += held[r] - joined
         held[r] = 0
+        if joined and not holds and refs[c] == 0:
+            # (a chain it did not hold, no sequence holds: the blocks joined are evictable, the chain the newest)
+            free += joined
+            evictable += joined
+            released_at[c] = now
+        if holds:
+            pinned[r] = 0
+            refs[c] -= 1
+            if refs[c] == 0:
+                free += chain_cached[c]
+                evictable += chain_cached[c]
+                released_at[c] = now
+
+    def check():
+        """(prefix caching) the blocks' accounting."""
+        if not prefix_caching:
+            return
+        assert evictable == sum(chain_cached[c] for c in range(chains) if refs[c] == 0)
+        assert sum(refs) == sum(1 for r in running if pinned[r] > 0)
+        assert all(pinned[r] <= chain_cached[chain_of[r]] for r in running if chain_of[r] >= 0)
+        if not math.isinf(free):
+            assert free >= evictable
+            pinned_chains = sum(chain_cached[c] for c in range(chains) if refs[c] > 0)
+            assert free + sum(held[r] for r in running) + pinned_chains == blocks_total
+
+    def preempt_last():
+        nonlocal preemptions
+        r = running.pop()
+        release(r, completed=False)
         preempted[r] += 1
         preemptions += 1
         resume.append(r)
@@ -269,7 +405,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         prefill_phase = False
         if not chunked and scheduling:
             r = peek()
-            if r >= 0 and len(running) < cap and blocks(prompt[r] + g[r] + 1) <= free:
+            if r >= 0 and len(running) < cap and plan(r)[3] <= free:
                 prefill_phase = True
         if chunked or not prefill_phase:
             # the decodes' new blocks, preempting the most recently admitted while they do not fit
@@ -281,8 +417,16 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 decoding = [r for r in decoding if r != gone]
             for r in decoding:
                 if (prompt[r] + g[r]) % block_size == 0:
-                    held[r] += 1
+                    held[r] += 1     # (its own block, not its chain's)
                     free -= 1
+            if prefix_caching:
+                evict()
+                check()
+                if not chunked and scheduling and not decoding:
+                    # every decode preempted to make room: this iteration prefills the head if it fits
+                    r = peek()
+                    if r >= 0 and len(running) < cap and plan(r)[3] <= free:
+                        prefill_phase = True
         else:
             decoding = []
         budget = max_batched_tokens - len(decoding)
@@ -302,18 +446,41 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 resumed = (bool(resume) and resume[-1] == r) or g[r] > 0
                 todo = L0 if resumed or cached is None else L0 - int(cached[r])
                 b = blocks(L0 + 1)
-                if b > free or (not chunked and todo > budget):
+                ch, k, h, b_need = plan(r)           # (no prefix caching: no chain, b_need = b)
+                todo -= h * block_size               # (the hit blocks' tokens are not prefilled)
+                if b_need > free or (not chunked and todo > budget):
                     break
                 if resumed:
-                    recomputed += L0        # a resumption: its prompt and generated tokens prefilled again
+                    recomputed += L0 - h * block_size   # a resumption: its prompt and generated tokens prefilled again
                 take(r)
-                free -= b
-                held[r] = b
+                if prefix_caching:
+                    prefix_queries += L0
+                    prefix_hits += h * block_size
+                if ch >= 0:
+                    if refs[ch] == 0:
+                        free -= chain_cached[ch]     # the chain's blocks are no longer evictable
+                        evictable -= chain_cached[ch]
+                        if chain_cached[ch] > k:
+                            # (held to k blocks: its deeper ones are evicted, free again)
+                            evictions += chain_cached[ch] - k
+                            free += chain_cached[ch] - k
+                            chain_cached[ch] = k
+                    refs[ch] += 1
+                    free -= b - h
+                    chain_cached[ch] = max(chain_cached[ch], k)   # its prefix's blocks beyond the hit join the chain
+                    held[r] = b - k
+                    pinned[r] = k
+                else:
+                    free -= b
+                    held[r] = b
                 need[r] = todo
                 pre[r] = 0
                 if math.isnan(admitted[r]):
                     admitted[r] = now
                 running.append(r)
+                if prefix_caching:
+                    evict()
+                    check()
                 c = min(todo, budget)
                 prefill[r] = c
                 budget -= c
@@ -361,8 +528,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             for r in sorted(decoding):
                 if g[r] >= output[r]:
                     running.remove(r)
-                    free += held[r]
-                    held[r] = 0
+                    release(r, completed=True)
                     decoded.append(r)
                 elif used[r] >= level_quantum(level[r]):
                     level[r] = min(level[r] + 1, levels - 1)
@@ -371,8 +537,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                     if ahead >= 0 and (len(running) >= cap or blocks(prompt[ahead] + g[ahead] + 1) > free):
                         quanta_for_memory += len(running) < cap
                         running.remove(r)
-                        free += held[r]
-                        held[r] = 0
+                        release(r, completed=False)
                         preempted[r] += 1
                         preemptions += 1
                         queues[level[r]].append(r)
@@ -393,8 +558,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         finished = [r for r in running if pre[r] == need[r] and g[r] >= output[r]]
         for r in finished:
             running.remove(r)
-            free += held[r]
-            held[r] = 0
+            release(r, completed=True)
+        check()
         finished = decoded + finished
         for r in finished:
             if block_left > 0:
@@ -413,7 +578,11 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                                                      0.0, 0.0, 0.0, 0.0, 0.0, ctl["tau"], ctl["b_avg"])[5:]
             ctl["n_decode"] = float(len(running))
             ctl["updates"] += 1.0
+    if prefix_caching:
+        assert not running and all(x == 0 for x in refs)
+        assert math.isinf(free) or free == blocks_total   # (every chain's blocks evictable, counted free)
     return dict(first_token=np.array(first), completion=np.array(done), admitted=np.array(admitted),
                 preempted=np.array(preempted), tbt=np.array(tbt), iterations=iterations, busy=busy,
                 preemptions=preemptions, recomputed=recomputed, caps=np.array(caps),
-                quanta_for_memory=quanta_for_memory)
+                quanta_for_memory=quanta_for_memory, prefix_hits=prefix_hits, prefix_queries=prefix_queries,
+                evictions=evictions, cached_blocks=list(chain_cached), refs=list(refs))

@@ -207,3 +207,36 @@ def test_the_tenants_spec_runs_small_and_deadlines_and_fair_sharing_favour_the_i
     assert float(d["ratio_class_mean_ttft_ci_low"].sel(policy="vtc", request_class="batch")) > 1.0
     good = ds["sim_class_goodput"].values
     assert np.all((good >= 0.0) & (good <= 1.0))
+
+
+def test_the_prefix_caching_figure_draws_each_engines_capacity_and_their_ratio(results, tmp_path):
+    """prefix_caching draws; from its synthetic store (capacity 20 / (1 + 3 share) without the cache,
+    20 / (1 + 0.1 share) with it, x 1.002) the left panel's lines are the two engines' capacities against
+    the share and the right panel's the ratio, 1 where no request shares a prompt."""
+    import xarray as xr
+
+    from mbbatch.figures import continuous
+
+    _draws(results, tmp_path, "prefix_caching")
+    ds = xr.open_zarr(results / "prefix_caching.zarr", chunks=None).load()
+    fig = continuous.prefix_caching({"prefix_caching": ds})
+    ax, ax_r = fig.axes
+    share = np.asarray(ds["system_prompt_share"].values, dtype=float)
+    joined = [ln.get_ydata() for ln in ax.lines if ln.get_marker() in (None, "None", "")]
+    for k in (3.0, 0.1):
+        assert any(np.allclose(y, 1.002 * 20.0 / (1 + k * share)) for y in joined), (k, joined)
+    (ratio,) = [ln.get_ydata() for ln in ax_r.lines if ln.get_marker() not in (None, "None", "")]
+    np.testing.assert_allclose(ratio, (1 + 3.0 * share) / (1 + 0.1 * share))
+    assert ratio[0] == pytest.approx(1.0)
+
+
+def test_the_prefix_caching_spec_runs_small_and_the_cache_carries_more_where_prompts_are_shared(tmp_path):
+    """sweeps/prefix_caching.toml on 1,500 requests a probe, one search, two shares: with every request
+    carrying a system prompt the cache carries more than the engine without it (its 95 % interval above);
+    with none, both engines are one (the same requests, nothing to cache)."""
+    ds = _small("prefix_caching", tmp_path, ("n = 4000", "n = 1500"), ("searches = 3", "searches = 1"),
+                ("system_prompt_share = [0.0, 0.25, 0.5, 0.75, 1.0]", "system_prompt_share = [0.0, 1.0]"))
+    cap = ds["sim_capacity"]
+    on, off = (cap.sel(prefix_caching=c) for c in (True, False))
+    assert float(on.sel(system_prompt_share=1.0)) > 1.5 * float(off.sel(system_prompt_share=1.0))
+    assert float(on.sel(system_prompt_share=0.0)) == float(off.sel(system_prompt_share=0.0))

@@ -55,7 +55,7 @@ def _control(controller):
 
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
             edges, controller=None, ts_rows=8, cached=None, klass=None, class_slo=None, class_tpot=None, goodput=0,
-            quantum=16, levels=4, **coef):
+            quantum=16, levels=4, prefix_caching=False, chain=None, shared=None, grows=None, **coef):
     n = len(arr)
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
@@ -72,7 +72,11 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
                             cached=np.empty(0) if cached is None else np.asarray(cached, float),
                             klass=np.empty(0) if klass is None else np.asarray(klass, float),
                             class_slo=np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float),
-                            class_tpot=np.full(1, np.inf) if class_tpot is None else np.asarray(class_tpot, float))
+                            class_tpot=np.full(1, np.inf) if class_tpot is None else np.asarray(class_tpot, float),
+                            **(dict(chain=np.full(n, -1.0) if chain is None else np.asarray(chain, float),
+                                    shared=np.zeros(n) if shared is None else np.asarray(shared, float),
+                                    grows=np.zeros(0) if grows is None else np.asarray(grows, float))
+                               if prefix_caching else {}))
     out, req, code = ck.run(cfg, inputs, ck.ContinuousStreams(np.random.default_rng(0)),
                             np.zeros(STOP_SIZE, np.int64), control=_control(controller), groups=4,
                             ts_rows=ts_rows)
@@ -199,6 +203,57 @@ def test_the_kernel_is_the_reference_engine_request_by_request(seed):
         assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
         seen_preemptions += st["preemptions"]
     assert seen_preemptions > 0          # (the memory bound some runs)
+
+
+def _prefixed(rng, p, kw):
+    """Prefix caching on a random configuration: 1 to 6 chains (some of
+    them sessions', which a completed request's context extends), each
+    request in one (or none, a fifth) sharing a random part of its prompt
+    (its whole prompt sometimes); a memory of one to three times the longest
+    request, so that cached blocks are evicted and sequences preempted."""
+    n = p.size
+    chains = int(rng.integers(1, 7))
+    chain = np.where(rng.random(n) < 0.8, rng.integers(0, chains, n), -1)
+    shared = np.where(chain >= 0, np.minimum(p, rng.integers(0, 2 * p.max() + 1, n)), 0)
+    bs = kw["block_size"]
+    longest = int((p + 40).max())
+    kv = float(bs * -(-longest * rng.choice([1.0, 1.5, 3.0]) // bs))
+    return {**kw, "prefix_caching": True, "chain": chain, "shared": shared,
+            "grows": rng.random(chains) < 0.4, "kv_tokens": kv}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefix_caching_is_the_reference_engines(seed):
+    """Prefix caching (vLLM's automatic prefix caching, by chains of
+    blocks: the kernel's docstring) over 40 random configurations per seed
+    (:func:`_prefixed`; every admission order but the classes', chunked and
+    not, a quarter in multi-step blocks): each request's admission, first
+    token, completion and preemptions, the iterations, preemptions and
+    recomputed tokens, and the cache's hits, lookups and evictions equal the
+    reference's; some runs hit, some evict, some preempt."""
+    rng = np.random.default_rng(100 + seed)
+    seen = dict(hits=0, evictions=0, preemptions=0)
+    for k in range(40):
+        (arr, p, o, pred), kw = _config(rng)
+        p = p + rng.integers(0, 60) * (rng.random(p.size) < 0.7)
+        kw = _prefixed(rng, p, kw)
+        kw["admission"] = str(rng.choice(["fcfs", "spf", "multibin", "mlfq"]))
+        if kw["admission"] == "mlfq":
+            kw.update(quantum=int(rng.integers(1, 9)), levels=int(rng.integers(1, 5)))
+        if rng.random() < 0.25:
+            kw["num_scheduler_steps"] = int(rng.integers(2, 5))
+        if not kw["chunked"]:
+            kw["max_batched_tokens"] = int(max(kw["max_batched_tokens"], (p + o).max()))
+        want = ref.simulate(arr, p, o, pred, **kw)
+        out, req, code = _kernel(arr, p, o, pred, **kw)
+        st = _same_run(out, req, code, want, kw)
+        assert (st["prefix_hits"], st["prefix_queries"], st["evictions"]) == (
+            want["prefix_hits"], want["prefix_queries"], want["evictions"]), kw
+        assert st["completed"] == len(arr) and st["busy"] == pytest.approx(want["busy"], rel=1e-12)
+        seen["hits"] += st["prefix_hits"]
+        seen["evictions"] += st["evictions"]
+        seen["preemptions"] += st["preemptions"]
+    assert all(v > 0 for v in seen.values()), seen
 
 
 @pytest.mark.parametrize("seed", range(4))

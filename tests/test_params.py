@@ -43,9 +43,10 @@ def test_check_accepts_the_domain_and_refuses_what_lies_outside(key, data):
 
 CLASSES = [mb.Poisson, mb.Gamma, mb.OnOff, mb.Replay, mb.MultiBin, mb.StaticBatching, mb.DynamicBatching,
            mb.MultiBinDynamic, mb.Workload, mb.MaxModel, mb.LinearModel, mb.DecodeModel, mb.CalibratedModel,
-           mb.Memory, mb.SLAController, mb.LogNormalError, mb.BinConfusion]
+           mb.Memory, mb.SLAController, mb.LogNormalError, mb.BinConfusion, mb.SystemPrompts]
 #: fields that are objects or arrays checked by their own classes
-OBJECT_FIELDS = {"sla", "memory", "controller", "prompt", "output", "edges", "bin_b_max", "predictor", "times"}
+OBJECT_FIELDS = {"sla", "memory", "controller", "prompt", "output", "edges", "bin_b_max", "predictor", "times",
+                 "system_prompts"}
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

@@ -655,3 +655,54 @@ def test_the_capacity_under_a_goodput_objective_is_where_goodput_crosses_it():
     assert 0.8 < np.mean(got) < 0.97
     with pytest.raises(ValueError, match="goodput"):
         mb.find_capacity(pol, objective=mb.Objective(goodput=0.9), workload=WL, service_model=MEASURED, n=500)
+
+
+def _shared(length, count=1, share=1.0):
+    return mb.Workload(prompt=st.uniform(1, 100), output=st.expon(scale=20),
+                       system_prompts=mb.SystemPrompts(length=length, count=count, share=share))
+
+
+def test_one_system_prompt_in_unlimited_memory_is_prefilled_once():
+    """Every request carries the one system prompt of 64 tokens (4 blocks of
+    16); memory never binds, so nothing is evicted or preempted: every
+    request after the first finds its 4 blocks (a request admitted in the
+    same iteration as the first too: the blocks are cached at admission),
+    so the hits are (n - 1) x 64 tokens out of the prompts' sum, and the
+    saved tokens per request (n - 1) x 64 / n."""
+    n = 3000
+    wl = _shared(64)
+    on, off = (mb.simulate(mb.ContinuousBatching(prefix_caching=c), mb.Poisson(30.0), workload=wl,
+                           service_model=mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1"), n=n, seed=4,
+                           keep_requests=True) for c in (True, False))
+    np.testing.assert_array_equal(on.requests.prompt, off.requests.prompt)
+    assert on.requests.prompt.min() >= 65
+    assert on.prefix_hit_rate == pytest.approx((n - 1) * 64 / on.requests.prompt.sum(), rel=1e-12)
+    assert on.prefix_saved_tokens == pytest.approx((n - 1) * 64 / n, rel=1e-12)
+    assert on.kv_evictions == 0 and on.preemptions == 0
+    assert on.mean_ttft < off.mean_ttft
+    assert math.isnan(off.prefix_hit_rate) and off.prefix_saved_tokens == 0 and off.kv_evictions == 0
+
+
+def test_prefix_caching_without_shared_prefixes_is_the_engine_without_it():
+    """Prefix caching on requests that share nothing changes nothing (the
+    full kernel runs it, the lean one the run without: the same numbers, bit
+    for bit) but counts every prompt token as looked up, none found."""
+    m = mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1")
+    runs = [mb.simulate(mb.ContinuousBatching(prefix_caching=c, kv_tokens=20_000), mb.Poisson(12.0), workload=WL,
+                        service_model=m, n=2000, seed=5, keep_requests=True) for c in (True, False)]
+    for col in ("admitted", "first_token", "completion", "preemptions"):
+        np.testing.assert_array_equal(runs[0].requests[col], runs[1].requests[col])
+    assert runs[0].preemptions > 0 and runs[0].prefix_hit_rate == 0.0 and runs[0].kv_evictions == 0
+
+
+@pytest.mark.parametrize("policy, kw, match", [
+    (mb.MultiBin(bins=2, batch_size=8), {}, "system_prompts"),
+    (mb.Cluster(mb.ContinuousBatching(), engines=2), {}, "system_prompts"),
+    (mb.Cluster(mb.ContinuousBatching(prefix_caching=True), engines=2), dict(workload=WL), "prefix_caching"),
+])
+def test_shared_prefixes_run_on_a_continuous_engine_alone_for_now(policy, kw, match):
+    args = {"workload": _shared(64), "service_model": mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1"), **kw}
+    if isinstance(policy, mb.MultiBin):
+        args["service_model"] = mb.DecodeModel()
+    with pytest.raises(ValueError, match=match):
+        mb.simulate(policy, mb.Poisson(1.0), n=100, **args)

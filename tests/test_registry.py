@@ -35,7 +35,7 @@ def test_adding_a_kind_is_a_conscious_act():
     """The one test that lists the kinds literally, and which of them run as
     a cluster's engines and as LAPS's decode stage, which are resumable
     stages and which run request classes: a tripwire, so that adding a kind
-    (or an engine, decode-stage, resumable or classes role) is a deliberate
+    (or an engine, decode-stage, resumable, classes or prefixes role) is a deliberate
     change here too.  Every other test reads the kinds from the registry."""
     assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf",
                               "continuous")
@@ -43,6 +43,7 @@ def test_adding_a_kind_is_a_conscious_act():
     assert registry.decode_kinds() == ("static", "dynamic", "multibin_dynamic", "continuous")
     assert [k for k, cls in registry.POLICIES.items() if cls.resumable] == ["continuous"]
     assert [k for k, cls in registry.POLICIES.items() if cls.classes] == ["continuous"]
+    assert [k for k, cls in registry.POLICIES.items() if cls.prefixes] == ["continuous"]
 
 
 def test_the_kinds_are_the_registrys_everywhere():

@@ -85,3 +85,43 @@ def test_a_mixtures_classes_share_one_predictor():
 def test_a_bad_ttft_objective_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"ttft_slo must be in \(0, "):
         mb.Workload(prompt=st.uniform(1, 2), output=st.uniform(1, 2), ttft_slo=0.0)
+
+
+def test_system_prompts_lead_a_share_of_the_prompts_each_one_of_count():
+    """SystemPrompts.draw: each request carries one with probability share (a
+    binomial count within 4 standard deviations), uniformly one of count; a
+    number's length for all, a distribution's drawn once per prompt, in
+    whole tokens; the draws are the generator's, so a seed repeats them."""
+    sp = mb.SystemPrompts(length=st.uniform(100, 900), count=5, share=0.3)
+    chain, shared = sp.draw(np.random.default_rng(1), 20_000)
+    on = chain >= 0
+    assert abs(on.sum() - 6000) < 4 * math.sqrt(20_000 * 0.3 * 0.7)
+    assert set(np.unique(chain[on])) == {0.0, 1.0, 2.0, 3.0, 4.0} and (shared[~on] == 0).all()
+    per = {c: np.unique(shared[chain == c]) for c in range(5)}
+    assert all(v.size == 1 and v[0] == np.ceil(v[0]) and 100 <= v[0] <= 1000 for v in per.values())
+    again = sp.draw(np.random.default_rng(1), 20_000)
+    np.testing.assert_array_equal(again[0], chain) and np.testing.assert_array_equal(again[1], shared)
+    chain, shared = mb.SystemPrompts(length=511.5, count=2).draw(np.random.default_rng(0), 100)
+    assert (chain >= 0).all() and (shared == 512).all()
+    none = mb.SystemPrompts(length=64, share=0.0).draw(np.random.default_rng(0), 100)
+    assert (none[0] == -1).all() and (none[1] == 0).all()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(length=64, share=1.5), r"share must be in \[0, 1\]"),
+    (dict(length=64, count=0), "count"),
+    (dict(length=-1.0), "length"),
+    (dict(length=st.norm(0, 1)), "SystemPrompts.length"),
+])
+def test_bad_system_prompts_are_refused_naming_the_parameter(kw, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        mb.SystemPrompts(**kw)
+
+
+def test_a_workloads_mean_prompt_counts_its_system_prompts():
+    wl = mb.Workload(prompt=st.uniform(0, 200), output=st.expon(scale=50),
+                     system_prompts=mb.SystemPrompts(length=1000, count=3, share=0.25))
+    assert wl.mean("prompt") == pytest.approx(100 + 250)
+    assert wl.describe()["system_prompts"] == 3
+    with pytest.raises(TypeError, match="system_prompts"):
+        mb.Workload(prompt=st.uniform(0, 200), output=st.expon(scale=50), system_prompts=3)

@@ -62,6 +62,53 @@ iteration is the batch (its sequences, its time the time between tokens of
 its decodes), ``N_decode`` the sequences still running, and the requests
 the iteration completed update the length statistics Algorithm 1 reads.
 
+Prefix caching (``chain`` given; Kwon et al., 2023's paged memory as
+vLLM's automatic prefix caching keeps it: blocks by the hash of their
+tokens and every token before them, the unreferenced ones evicted least
+recently used).  Blocks with the same content are those of the same
+*chain*: request ``r`` shares its prompt's first ``shared[r]`` tokens with
+chain ``chain[r]`` (a system prompt; -1: none), and a chain that ``grows``
+(a session's) is extended, as each of its requests completes, by that
+request's whole context.  The engine keeps per chain its first ``cached``
+blocks and the running sequences holding it (``refs``):
+
+- admitting ``r`` (new or resumed; ``L`` tokens, prompt and generated), its
+  prefix's full blocks ``k = min(shared, L - 1) // block_size`` (one token at
+  least is computed; ``k = 0``: it holds no chain), the cached ones of them
+  ``h = min(cached, k)`` are hits: it prefills ``L - h x block_size`` tokens
+  and takes ``ceil((L + 1) / block_size) - h`` blocks; the chain is held
+  (``refs`` + 1) and its cache is ``max(cached, k)`` blocks (the request's
+  own beyond the hit join it at admission, as vLLM v1 caches a block when
+  it is scheduled to be filled);
+- the free blocks that admission and the decodes' new blocks are tested
+  against count the *evictable* ones, the cached blocks of the chains no
+  running sequence holds, and holding such a chain takes its blocks out of
+  them: the first to hold it again cuts it to its own ``k`` blocks (the
+  deeper ones evicted), so it needs ``ceil((L + 1) / block_size)`` free
+  blocks like a request without a chain; a sequence is preempted only when
+  no evictable block is left;
+- after blocks are taken, while the truly free ones are negative, the
+  deepest blocks of the unreferenced chain released longest ago are evicted
+  (at equal times the lower chain first);
+- a sequence leaving (completed or preempted) frees its blocks but its
+  chain's; completed in a chain that grows, its context's full blocks
+  (``(p + o - 1) // block_size``) join the chain (held by it or not); a
+  chain no sequence holds any more becomes evictable, the newest;
+- without chunked prefill, an iteration whose decodes were all preempted
+  to make room prefills the waiting head instead, if it fits (a chain held
+  deeper than its holders use can force that; without prefix caching it
+  cannot happen).
+
+Where the engines differ we took: a chain is held whole while any
+sequence holds part of it (vLLM frees per block: the blocks beyond every
+holder's hit stay evictable), which is the same for a system prompt
+(every request holds all of it) and a session (a turn holds all its
+predecessor's context), and otherwise keeps blocks a little longer; the
+multi-level feedback queue's test of whether its head fits counts the free
+blocks as above, not the head's hits.
+Counted: the prefix's hits and lookups (tokens, every admission), the
+blocks evicted.
+
 The loop never visits every running sequence at an iteration: a decode
 round is a counter, and a sequence joining the decodes records the round it
 joined at, so that its length, its completion round, the decodes' context
@@ -76,8 +123,8 @@ sequence leaves its list at once).
 The kernel is compiled twice from this one code (:func:`~.common.variant`):
 :func:`continuous_kernel` has every feature, and :data:`lean_kernel`, with
 :data:`FULL` off, has neither multi-step scheduling, the prefill's
-attention term, the request classes' statistics, goodput's count nor the
-admission orders that read the classes or count the tokens served
+attention term, the request classes' statistics, goodput's count, prefix
+caching nor the admission orders that read the classes or count the tokens served
 (earliest deadline first, fair sharing: :data:`.admission.FULL_ONLY`),
 whose branches and arrays cost the loop several % where they are never
 taken (``make bench``).
@@ -130,17 +177,22 @@ CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "ma
 #: predicted outputs, the bins' inner edges (tokens), the prompt tokens
 #: whose KV cache each request brings (empty: none; a decode stage's), each
 #: request's class (empty: none, one class), and each class's objectives on
-#: the time to first token (s) and per output token (s/token; inf: none)
-INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, arrival_times=np.float64, arrival_params=np.float64,
+#: the time to first token (s) and per output token (s/token; inf: none);
+#: with prefix caching (``chain`` not empty), each request's chain (-1: none)
+#: and the prompt tokens it shares with it, and whether each chain grows by
+#: its requests' contexts (a session's)
+INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, optional=("chain", "shared", "grows"),
+                arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, prompt=np.float64, output=np.float64, prediction=np.float64,
                 edges=np.float64, cached=np.float64, klass=np.float64, class_slo=np.float64,
-                class_tpot=np.float64)
+                class_tpot=np.float64, chain=np.float64, shared=np.float64, grows=np.float64)
 ContinuousInputs = INPUTS.type
 #: the random streams: arrival gaps
 ContinuousStreams = namedtuple("ContinuousStreams", ("arrival",))
 STATS = Layout("continuous statistics", ints=("completed", "iterations", "rounds", "preemptions", "recomputed",
                                               "prefill_tokens", "tokens", "tbt_count", "max_running",
-                                              "ts_rows", "ts_stride", "good"),
+                                              "ts_rows", "ts_stride", "good", "prefix_hits", "prefix_queries",
+                                              "evictions"),
                floats=("first_arrival", "last_completion", "busy", "sum_latency", "sum_ttft", "sum_tbt",
                        "running_time", "blocks_time", "waiting_time", "sum_batch", "system_time", "cap_time"))
 
@@ -188,7 +240,8 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
                    pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
                    mlfq=np.int64, resume_gen=np.int64,
-                   resume_last=np.float64)
+                   resume_last=np.float64, pc=np.int64, prefs=np.int64, lru_prev=np.int64, lru_next=np.int64,
+                   lru_time=np.float64, pin=np.int64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
@@ -205,7 +258,9 @@ STATE = Layout("continuous engine state",
                      "npd",
                      # (kept here, not in the loop's registers: counted as they change, read at each iteration)
                      "started", "completed_before", "preemptions", "recomputed", "max_running", "ts_rows",
-                     "ts_stride", "ts_due"),
+                     "ts_stride", "ts_due",
+                     # (prefix caching: the unreferenced chains' order, oldest first, their blocks, the counters)
+                     "lru_head", "lru_tail", "evictable", "prefix_hits", "prefix_queries", "evictions"),
                floats=("t_round", "busy", "sum_latency", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
                        "waiting_time", "system_time", "last_completion", "now",
                        "cap_time"))
@@ -545,8 +600,169 @@ def _end_block(full, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws, out, i
 
 
 @step
-def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws,
-             inputs, keep, r_i):
+def _prefix_look(r, L0, bs, ws, inputs):
+    """Prefix caching: request ``r``, of ``L0`` tokens (its prompt and those
+    generated), looked up in its chain's cache.  Returns ``(c, k, h,
+    extra)``: its chain (-1: none), the full blocks ``k`` of the prefix it
+    shares (of at most ``L0 - 1`` tokens: one at least is computed), those of
+    them cached ``h``, and the chain's cached blocks that holding it takes
+    from the free ones (when no running sequence holds it: the hit, to
+    which it is cut; else none).  A request whose prefix fills no block
+    holds no chain (-1)."""
+    z = np.int64(0)
+    c = np.int64(inputs.chain[r])
+    if c < 0:
+        return c, z, z, z
+    s = np.int64(inputs.shared[r])
+    k = (s if s < L0 - 1 else L0 - 1) // bs
+    if k == 0:
+        return np.int64(-1), z, z, z
+    cached = ws.pc[c]
+    h = cached if cached < k else k
+    extra = h if ws.prefs[c] == 0 else z
+    return c, k, h, extra
+
+
+@step
+def _lru_unlink(c, ws):
+    """Chain ``c`` out of the unreferenced chains' order."""
+    si = ws.state_i
+    prv, nxt = ws.lru_prev[c], ws.lru_next[c]
+    if prv >= 0:
+        ws.lru_next[prv] = nxt
+    else:
+        si[ES.lru_head] = nxt
+    if nxt >= 0:
+        ws.lru_prev[nxt] = prv
+    else:
+        si[ES.lru_tail] = prv
+
+
+@step
+def _lru_push(c, now, ws):
+    """Chain ``c``, unreferenced at ``now``, into the unreferenced chains'
+    order: the newest (among those released at the same instant, after the
+    lower chains, before the higher: an order that does not depend on the
+    order the engine releases them in)."""
+    si = ws.state_i
+    t = si[ES.lru_tail]
+    while t >= 0 and ws.lru_time[t] == now and t > c:
+        t = ws.lru_prev[t]
+    nx = ws.lru_next[t] if t >= 0 else si[ES.lru_head]
+    ws.lru_prev[c] = t
+    ws.lru_next[c] = nx
+    if t >= 0:
+        ws.lru_next[t] = c
+    else:
+        si[ES.lru_head] = c
+    if nx >= 0:
+        ws.lru_prev[nx] = c
+    else:
+        si[ES.lru_tail] = c
+    ws.lru_time[c] = now
+
+
+@step
+def _pin_chain(c, k, extra, sl, ws):
+    """Prefix caching: the sequence of slot ``sl`` admitted holding chain
+    ``c``'s first ``k`` blocks: the chain referenced (if no sequence held
+    it: out of the unreferenced order, its blocks no longer evictable, those
+    beyond ``k`` evicted), cached to ``k`` blocks at least (the sequence's
+    own beyond the hit join it)."""
+    if c < 0:
+        return
+    pc = ws.pc
+    if ws.prefs[c] == 0 and pc[c] > 0:
+        _lru_unlink(c, ws)
+        ws.state_i[ES.evictable] -= pc[c]
+        if pc[c] > k:
+            ws.state_i[ES.evictions] += pc[c] - k
+            pc[c] = k
+    ws.prefs[c] += 1
+    if k > pc[c]:
+        pc[c] = k
+    ws.pin[sl] = k
+
+
+@step
+def _evict(free, ws):
+    """Prefix caching: after blocks were taken, while the free blocks
+    (``free`` counts the evictable ones) are fewer than the evictable, the
+    deepest blocks of the chain unreferenced longest are evicted, then the
+    next chain's."""
+    si = ws.state_i
+    x = si[ES.evictable] - free
+    if x <= 0:
+        return
+    si[ES.evictable] = free
+    si[ES.evictions] += x
+    pc = ws.pc
+    while x > 0:
+        c = si[ES.lru_head]
+        take = pc[c] if pc[c] < x else x
+        pc[c] -= take
+        x -= take
+        if pc[c] == 0:
+            _lru_unlink(c, ws)
+
+
+@step
+def _unpin(sl, r, o, now, free, bs, ws, inputs):
+    """Prefix caching: the sequence of slot ``sl`` (request ``r``) left the
+    running at ``now``, ``free`` counting all its blocks freed: the chain
+    blocks it holds stay the chain's; completed (``o`` its output; 0:
+    preempted) in a chain that grows (a session's), its context's full
+    blocks join the chain, held or not; a chain no sequence holds now is
+    evictable, the newest in the order.  Returns ``free`` after."""
+    c = np.int64(inputs.chain[r])
+    if c < 0:
+        return free
+    k = ws.pin[sl]
+    ws.pin[sl] = 0
+    free -= k
+    pc, si = ws.pc, ws.state_i
+    if o > 0 and inputs.grows[c] != 0.0:
+        kf = (np.int64(inputs.prompt[r]) + o - 1) // bs
+        if kf > pc[c]:
+            d = kf - pc[c]
+            if k == 0 and ws.prefs[c] == 0:
+                # (a chain it does not hold, nor any other: its new blocks are evictable, it the newest)
+                if pc[c] > 0:
+                    _lru_unlink(c, ws)
+                si[ES.evictable] += d
+                pc[c] = kf
+                _lru_push(c, now, ws)
+                return free
+            free -= d
+            pc[c] = kf
+    if k == 0:
+        return free
+    ws.prefs[c] -= 1
+    if ws.prefs[c] == 0 and pc[c] > 0:
+        free += pc[c]
+        si[ES.evictable] += pc[c]
+        _lru_push(c, now, ws)
+    return free
+
+
+@step
+def _need(r, L0, bs, sh, par, ws, inputs):
+    """The free blocks request ``r`` (``L0`` tokens: prompt and generated)
+    needs to be admitted (its tokens and its first token's; with prefix
+    caching, less its chain's cached blocks, plus those pinning its chain
+    takes), and its hit blocks (0 without prefix caching).  Returns ``(need,
+    c, k, h, extra)`` (:func:`_prefix_look`)."""
+    nb = _blocks(L0 + 1, bs, sh)
+    if par[1] and inputs.chain.shape[0] > 0:
+        c, k, h, extra = _prefix_look(r, L0, bs, ws, inputs)
+        return nb - h + extra, c, k, h, extra
+    z = np.int64(0)
+    return nb, np.int64(-1), z, z, z
+
+
+@step
+def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, now, bs, sh, adm, par,
+             ws, inputs, keep, r_i):
     """The most recently admitted running sequence (the list's tail)
     preempted: out of the decodes (its round's list, its length now) or the
     prefill queue (its last), its blocks and slot freed, onto the
@@ -591,6 +807,8 @@ def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_ro
         lt = last[sl]
         pq_n -= 1
         free += _blocks(p + g + 1, bs, sh)
+    if par[1] and inputs.chain.shape[0] > 0:
+        free = _unpin(sl, r, 0, now, free, bs, ws, inputs)
     nfree = _release(sl, occ, ws.free_slots, nfree)
     ws.state_i[ES.preemptions] += 1
     if keep:
@@ -602,16 +820,16 @@ def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_ro
 
 
 @step
-def _make_room(ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws,
-               inputs, keep, r_i):
+def _make_room(ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, now, bs, sh, adm,
+               par, ws, inputs, keep, r_i):
     """The decodes' new blocks (those of block phase ``ph``) taken, the most
     recently admitted preempted while they do not fit.  Returns ``(slots,
     running, n_dec, s0, n_main, pq_n, free, nstack)`` after."""
     want = ws.phase[ph] if n_dec > 0 else 0
     while want > free:
         slots, running, n_dec, s0, n_main, pq_n, free, nstack = _preempt(
-            slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws, inputs,
-            keep, r_i)
+            slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, now, bs, sh, adm, par, ws,
+            inputs, keep, r_i)
         want = ws.phase[ph] if n_dec > 0 else 0
     return slots, running, n_dec, s0, n_main, pq_n, free - want, nstack
 
@@ -698,13 +916,14 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
         g0, lt = _resumes(adm, par, nstack, r, ws)
         again = from_stack or g0 > 0
         L0 = np.int64(prompt[r]) + g0
-        # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone)
-        todo = L0 if again or not has_cached else L0 - np.int64(cached[r])
-        nb = _blocks(L0 + 1, bs, sh)
-        if nb > free or (not chunked and todo > budget):
+        # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone; with prefix caching,
+        # all but its chain's cached blocks)
+        need, c, k, h, extra = _need(r, L0, bs, sh, par, ws, inputs)
+        todo = L0 - h * bs if not has_cached or again else L0 - np.int64(cached[r])
+        if need > free or (not chunked and todo > budget):
             break
         if again:
-            ws.state_i[ES.recomputed] += L0
+            ws.state_i[ES.recomputed] += todo
         if from_stack:
             nstack -= 1
         else:
@@ -712,8 +931,13 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
             q = admission.admit(adm, par[1], q, r, b, par, ws, inputs)
             if keep and g0 == 0:
                 r_f[RQ.admitted, r] = now
-        free -= nb
+        free -= need
         slots, pq_n = _place(r, g0, lt, todo, slots, pq_h, pq_n, ws)
+        if par[1] and inputs.chain.shape[0] > 0:
+            _pin_chain(c, k, extra, slots[1], ws)
+            ws.state_i[ES.prefix_queries] += L0
+            ws.state_i[ES.prefix_hits] += h * bs
+            _evict(free, ws)
         running += 1
         c = todo if todo < budget else budget
         chunk[nc] = c
@@ -737,15 +961,24 @@ def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running
     prefill_phase = False
     if scheduling and not chunked and running < cap:
         r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
-        if r >= 0 and _blocks(np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0] + 1, bs,
-                              sh) <= free:
+        if r >= 0 and _need(r, np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0], bs, sh, par, ws,
+                            inputs)[0] <= free:
             prefill_phase = True
     n_d = 0
     ctx = 0
     if chunked or not prefill_phase:
         slots, running, n_dec, s0, n_main, pq_n, free, nstack = _make_room(
-            ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, bs, sh, adm, par, ws,
-            inputs, keep, r_i)
+            ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, now, bs, sh, adm, par,
+            ws, inputs, keep, r_i)
+        if par[1] and inputs.chain.shape[0] > 0:
+            _evict(free, ws)
+            if not chunked and scheduling and n_dec == 0 and running < cap:
+                # (its decodes all preempted to make room, which a chain held deeper than its holders use can
+                # force: the iteration prefills instead, as it would have had they not been there)
+                r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
+                if r >= 0 and _need(r, np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0], bs, sh,
+                                    par, ws, inputs)[0] <= free:
+                    prefill_phase = True
         n_d = n_dec
         ctx = s0 + n_dec * rounds
     budget = B - n_d
@@ -817,6 +1050,8 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
     (``block_left`` > 0), held back for the block's end (``ws.pend_done``).
     Returns ``(slots, free, running, npd, acc)`` after."""
     free += _freed(np.int64(inputs.prompt[r]), o, bs, sh, ws.tally, memory_on)
+    if par[1] and inputs.chain.shape[0] > 0:
+        free = _unpin(sl, r, o, now, free, bs, ws, inputs)
     head, tail, nfree = slots
     slots = _unlink(sl, ws.prv, ws.nxt, head, tail, ws.occ, ws.free_slots, nfree)
     if block_left > 0:
@@ -896,6 +1131,8 @@ def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, runn
         return q, waiting, s0, n_dec, n_main, slots, free, running
     s0 = _out_of_decodes(sl, r, rounds, s0, bs, sh, adm, par, ws, inputs)
     free += _blocks(np.int64(inputs.prompt[r]) + g, bs, sh)
+    if par[1] and inputs.chain.shape[0] > 0:
+        free = _unpin(sl, r, 0, now, free, bs, ws, inputs)
     head, tail, nfree = slots
     slots = _unlink(sl, ws.prv, ws.nxt, head, tail, ws.occ, ws.free_slots, nfree)
     ws.state_i[ES.preemptions] += 1
@@ -1194,12 +1431,12 @@ def uses_full(config, inputs) -> bool:
     :func:`continuous_kernel`'s features: multi-step scheduling, the
     prefill's attention, request classes (their statistics), an admission
     order of the full kernel only (:data:`.admission.FULL_ONLY`: earliest
-    deadline first, fair sharing) or
-    goodput (objectives whose attainment it counts); else
+    deadline first, fair sharing),
+    goodput (objectives whose attainment it counts) or prefix caching; else
     :data:`lean_kernel` runs it."""
     ci, cf = config
     return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
-                or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0)
+                or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0 or inputs.chain.shape[0] > 0)
 
 
 @helper
@@ -1294,7 +1531,10 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     blocks = cfg["blocks"] if cfg["blocks"] >= 0 else UNLIMITED
     # (a new engine's scalars: an empty running list, every slot free, the free slots taken from M down to 0)
     state_i, state_f = STATE.zeros(head=-1, tail=-1, nfree=M1, free=blocks, blocks_total=blocks, ts_stride=1,
-                                   ts_due=1, last_completion=-np.inf)
+                                   ts_due=1, last_completion=-np.inf, lru_head=-1, lru_tail=-1)
+    # (prefix caching: per chain its cached blocks, references and place in the unreferenced chains' order; per
+    # slot the chain blocks its sequence holds)
+    chains = inputs.grows.shape[0] if inputs.chain.shape[0] > 0 else 1
     ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.empty(M1, np.int64), last_pre=np.empty(M1),
                         occ=np.full(M1, -1, np.int64), gs=np.zeros(M1, np.int64), pre=np.zeros(M1, np.int64),
                         need=np.zeros(M1, np.int64), d0=np.zeros(M1, np.int64), fin=np.full(M1, -1, np.int64),
@@ -1312,7 +1552,10 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64),
                         first=np.empty(n if cfg["goodput"] else 1),
                         mlfq=np.empty(admission.WIDTHS["mlfq"] * per["mlfq"], np.int64),
-                        resume_gen=np.empty(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]))
+                        resume_gen=np.empty(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]),
+                        pc=np.zeros(chains, np.int64), prefs=np.zeros(chains, np.int64),
+                        lru_prev=np.full(chains, -1, np.int64), lru_next=np.full(chains, -1, np.int64),
+                        lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64))
     return Engine(config, control, inputs, out, requests, ws)
 
 

@@ -128,19 +128,24 @@ class Arrays:
     readonly : bool
         Inputs: :meth:`pack` hands the kernel read-only views (no copy), so a
         read-only array and a writable one give the same kernel type.
+    optional : tuple of str
+        The one-dimensional arrays :meth:`pack` may be given none of: empty
+        then (a feature the run does not use).
     **fields : dtype or (dtype, ndim)
         The arrays, in order; one-dimensional unless ``ndim`` is given.
     """
 
-    def __init__(self, typename: str, module: str, readonly: bool = False, **fields):
+    def __init__(self, typename: str, module: str, readonly: bool = False, optional: tuple = (), **fields):
         self.fields = {f: (np.dtype(spec), 1) if not isinstance(spec, tuple) else (np.dtype(spec[0]), spec[1])
                        for f, spec in fields.items()}
         self.readonly = readonly
+        self.optional = tuple(optional)
         self.type = namedtuple(typename, tuple(self.fields), module=module)
 
     def pack(self, **arrays):
         """An instance of :attr:`type`: each array C-ordered in its declared
         dtype (a copy only where it is not already), read-only views for inputs."""
+        arrays = {**{f: np.empty(0, self.fields[f][0]) for f in self.optional}, **arrays}
         _check_names(self.type.__name__, tuple(self.fields), arrays)
         out = {}
         for f, (dtype, ndim) in self.fields.items():

@@ -12,7 +12,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
  'engine_event', 'hardware_fit', 'hardware_moe', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
  'continuous_vs_binned', 'continuous_memory', 'continuous_controller',
- 'continuous_trace', 'policy_gains']
+ 'continuous_trace', 'policy_gains', 'prefix_caching']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -45,7 +45,8 @@ A figure's name is the name of the function that draws it:
   completion on a real trace's lengths (``continuous_trace``), and its
   admission orders' paired gains over first come first served and their
   capacity under a goodput objective, on one tenant and on two
-  (``policy_gains``);
+  (``policy_gains``), and its capacity with and without prefix caching as
+  more requests share system prompts (``prefix_caching``);
 - :mod:`.plotting`: any store, a metric against an axis (:func:`plot`,
   ``mbbatch plot``);
 - :mod:`.data`: where datasets live and reading values from them;
@@ -137,6 +138,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("continuous_trace", (continuous.continuous_trace, ["continuous_trace_capacity", "continuous_trace"])),
     ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity", "policy_gains_classes",
                                                  "policy_gains_classes_capacity"])),
+    ("prefix_caching", (continuous.prefix_caching, ["prefix_caching"])),
 ])
 
 

@@ -22,7 +22,10 @@
   of the requests within 0.5 s to the first token and 12 ms per output
   token) against the predictor's error; and, on two tenants of one engine,
   earliest deadline first and fair sharing beside them: each tenant's gain
-  or cost against the load.
+  or cost against the load;
+- ``prefix_caching``: an engine's capacity under a p99 time-to-first-token
+  objective with and without prefix caching, against the share of its
+  requests that carry a shared system prompt.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from .data import line, per_rep, sim_series, variants
 from .panels import capacity_search
 from .style import COLORS, MARKERS, log2_k_axis, sim_points, style_handles
 
-__all__ = ["continuous_vs_binned", "continuous_memory", "continuous_controller", "continuous_trace", "policy_gains"]
+__all__ = ["continuous_vs_binned", "continuous_memory", "continuous_controller", "continuous_trace", "policy_gains",
+           "prefix_caching"]
 
 #: hardware_multibin's finished-member modes drawn, and their labels
 _FINISHED = (("leave", "multi-bin, finished members leave"), ("stay", "multi-bin, finished members padded"))
@@ -456,3 +460,51 @@ def _goodput_capacity(ax, cap) -> None:
                        *style_handles(("sim", f"find_capacity: mean, interval over {searches} searches"),
                                       ("hollow", "bracket narrowed by probes undecided at the cap"))],
               loc="lower left", fontsize=8)
+
+
+#: prefix_caching's two engines, and their labels
+_CACHING = ((False, "no prefix caching"), (True, "prefix caching (vLLM's automatic prefix caching)"))
+
+
+def prefix_caching(data) -> Figure:
+    """An engine's capacity under its p99 time-to-first-token objective
+    (markers: the capacity and its 95 % interval over the searches, hollow
+    where a search ended unresolved) against the share of the requests that
+    carry one of the shared system prompts, with and without prefix
+    caching; beside it, the capacity with the cache over the capacity
+    without."""
+    ds = data["prefix_caching"]
+    share = np.asarray(ds["system_prompt_share"].values, dtype=float)
+    fig = Figure(figsize=(11.5, 4.6), dpi=100, layout="constrained")
+    ax, ax_r = fig.subplots(1, 2)
+    caps = {}
+    for i, (on, _) in enumerate(_CACHING):
+        cap, lo, hi, unresolved = capacity_search(ds, "system_prompt_share", prefix_caching=on)
+        caps[on] = cap
+        sim_points(ax, share, cap, lo, hi, unresolved, COLORS[i], MARKERS[i])
+        ax.plot(share, cap, color=COLORS[i], lw=0.8, zorder=2)
+    ratio = caps[True] / caps[False]
+    ax_r.plot(share, ratio, color=COLORS[1], marker=MARKERS[1], lw=0.8)
+    ax_r.axhline(1.0, color="0.35", ls="--", lw=1.0, zorder=1)
+    for x, y in zip(share, ratio):
+        ax_r.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    ax.set_ylim(0, None)
+    ax.set_ylabel("capacity (requests/s) within the p99 TTFT objective")
+    ax_r.set_ylabel("capacity with prefix caching / without")
+    ax_r.set_ylim(0, 1.2 * float(np.nanmax(ratio)))
+    for a in (ax, ax_r):
+        a.set_xlabel("share of the requests carrying a shared system prompt")
+        a.set_xticks(share, [f"{x:g}" for x in share])
+    attrs = ds.attrs
+    handles = [Line2D([], [], color=COLORS[i], marker=MARKERS[i], label=label)
+               for i, (_, label) in enumerate(_CACHING)]
+    handles += style_handles(("sim", "capacity (95% interval over the searches)"),
+                             ("hollow", "a search ended unresolved"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8.5)
+    fig.suptitle(f"Prefix caching: an engine's capacity within a p99 time to first token of "
+                 f"{attrs.get('objective_ttft_p99', float('nan')):g} s as more requests share "
+                 f"{attrs.get('system_prompts', '')} system prompts of "
+                 f"{attrs.get('system_prompt_length', float('nan')):g} tokens\nH100 profile, one continuous-batching "
+                 "engine, log-normal prompts and outputs (medians 256 and 128 tokens) after the system prompt",
+                 fontsize=10)
+    return fig

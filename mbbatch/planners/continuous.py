@@ -21,8 +21,8 @@ from .._kernels import continuous as _k
 from .._kernels import continuous_cluster as _cc
 from .._kernels import controller as _c
 from .._running import check_memory, interruptible, stop_flag
-from .._seeding import (STREAM_ARRIVALS, STREAM_CLASS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, entropy_str,
-                        stream, substream)
+from .._seeding import (STREAM_ARRIVALS, STREAM_CLASS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE,
+                        STREAM_SYSTEM, entropy_str, stream, substream)
 from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
@@ -188,6 +188,9 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                          f"{workload.predictor_sigma:g} and {predictor}")
     if workload.predictor_sigma != 0:
         predictor = LogNormalError(workload.predictor_sigma)
+    if policy.prefix_caching and (cluster is not None or prefilled):
+        raise ValueError("prefix_caching: a ContinuousBatching engine caches prefixes alone (not yet as a Cluster's "
+                         "engines or LAPS's decode stage); give prefix_caching=False")
     if isinstance(workload, Mixture):
         if cluster is not None and cluster.policy.programs is not None:
             raise TypeError("workload: a Workload.mixture's requests are independent; a Cluster's programs draw "
@@ -237,12 +240,15 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                 cluster=cluster, kv_name=kv_name)
 
 
-def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) -> tuple:
+def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, prefixes=None) -> tuple:
     """The requests' prompts and outputs (whole tokens: the prompt and output
     streams, as the token-level policies' requests, unless given: a
     cluster's programs' calls), predicted outputs and classes (None without
     a mixture), checked against the engine: a request that could never run
-    is refused, named, before the run."""
+    is refused, named, before the run.  A workload's system prompts
+    (:class:`~mbbatch.workload.SystemPrompts`, their own stream) lead their
+    requests' prompts; each request's and its length are put in
+    ``prefixes`` (a dict: ``chain``, ``shared``) where it is given."""
     wl, n, pol = plan.workload, plan.n, plan.policy
     klass = None
     if isinstance(wl, Mixture):
@@ -250,6 +256,11 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None) 
     elif prompt is None:
         prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True)
         output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
+    if getattr(wl, "system_prompts", None) is not None:
+        chain, shared = wl.system_prompts.draw(stream(ss, STREAM_SYSTEM), n)
+        prompt = prompt + shared
+        if prefixes is not None:
+            prefixes.update(chain=chain, shared=shared, grows=np.zeros(wl.system_prompts.count))
     prediction = plan.predictor.predict(output, lambda: stream(ss, STREAM_PREDICTION))
     # (the longest prompt and output first: the requests' sums only where they might not fit)
     longest_p, longest_o = float(prompt.max(initial=0.0)), float(output.max(initial=0.0))
@@ -316,13 +327,14 @@ def _arrival_times(plan: Plan, gen) -> np.ndarray:
 
 
 def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction, klass, progress: bool,
-             seconds: list):
+             seconds: list, prefixes=None):
     """Run the engines: one kernel run per engine, request r going to engine
     ``r % servers`` (round robin, at arrival; more engines than requests:
     the others idle).  Yields each engine's ``(outputs, records, code)`` as
     its run ends, in engine order (the caller folds each into the run's and
     lets its histograms go: never all the engines' at once), and appends
-    each run's kernel seconds to ``seconds``.  (With several, a progress bar
+    each run's kernel seconds to ``seconds``.  With prefix caching, each
+    engine caches the ``prefixes`` (:func:`_requests`) of its requests.  (With several, a progress bar
     counts each engine's requests in turn.)"""
     config, arr = plan.kernel_args
     c, n = _busy_engines(plan), plan.n
@@ -337,10 +349,14 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
         _check_codes([run])
         return run
 
+    if plan.policy.prefix_caching:
+        prefixes = prefixes or dict(chain=np.full(n, -1.0), shared=np.zeros(n), grows=np.zeros(0))
+    else:
+        prefixes = {}
     if c == 1:
         inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
                                 cached=prompt if plan.prefilled else np.empty(0), klass=_classes(klass),
-                                class_slo=plan.class_slo, class_tpot=plan.class_tpot)
+                                class_slo=plan.class_slo, class_tpot=plan.class_tpot, **prefixes)
         yield timed(lambda: _k.run(config, inputs, streams, stop, **kw), n)
         return
     # the arrival times one engine would draw for all n, dealt out; each engine replays its share
@@ -355,7 +371,8 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                                 output=output[part].copy(), prediction=prediction[part].copy(),
                                 edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0),
                                 klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
-                                class_slo=plan.class_slo, class_tpot=plan.class_tpot)
+                                class_slo=plan.class_slo, class_tpot=plan.class_tpot,
+                                **{k: v if k == "grows" else v[part].copy() for k, v in prefixes.items()})
         yield timed(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), m)
 
 
@@ -518,10 +535,11 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
     placed = routed = None
     columns = {}
     if plan.cluster is None:
-        prompt, output, prediction, klass = _requests(plan, ss)
+        prefixes = {}
+        prompt, output, prediction, klass = _requests(plan, ss, prefixes=prefixes)
         seconds = []
         st, out, req, ts, queue = _merged(plan, _engines(plan, ss, prompt, output, prediction, klass, progress,
-                                                         seconds))
+                                                         seconds, prefixes))
         kernel_seconds = sum(seconds)
     else:
         (prompt, output, prediction, klass), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss,
@@ -562,6 +580,11 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         "mean_max_num_seqs": (st["cap_time"] / busy if plan.policy.controller is not None
                               else float(plan.policy.max_num_seqs)) if busy > 0 else nan,
     }
+    if plan.cluster is None:
+        caching = plan.policy.prefix_caching
+        extra.update(prefix_hit_rate=st["prefix_hits"] / st["prefix_queries"] if caching and st["prefix_queries"]
+                     else nan, prefix_saved_tokens=st["prefix_hits"] / completed if completed else nan,
+                     kv_evictions=st["evictions"])
     with np.errstate(invalid="ignore", divide="ignore"):
         g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
     if not math.isfinite(plan.policy.kv_tokens):

@@ -32,6 +32,9 @@ that declares, once, as class attributes:
     whether it runs a :meth:`~mbbatch.Workload.mixture`'s request classes
     (their metrics and objectives, its admission orders reading them), alone
     or as a cluster's engines;
+``prefixes``
+    whether it runs requests sharing prompt prefixes (a workload's
+    :class:`~mbbatch.SystemPrompts`) and can cache them (a single engine);
 ``spec_names``
     the spec keys of the arguments its refusals name, where they differ
     (LAPS's ``decode.kv_tokens`` is a spec's ``decode_eta``);
@@ -113,6 +116,7 @@ class Policy:
     decode_stage: ClassVar[bool] = False
     resumable: ClassVar[bool] = False
     classes: ClassVar[bool] = False
+    prefixes: ClassVar[bool] = False
     #: the spec keys of the arguments its refusals name, where they differ (a sweep's errors say the key)
     spec_names: ClassVar[dict] = {}
 

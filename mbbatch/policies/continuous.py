@@ -174,6 +174,18 @@ class ContinuousBatching(Policy):
         the end of the block that made them; a block whose sequences are
         all done or preempted ends early.  The time between tokens is the
         engine's, iteration to iteration.
+    prefix_caching : bool
+        Keep KV blocks by content, as vLLM's automatic prefix caching does
+        (Kwon et al., 2023; SGLang's RadixAttention, Zheng et al., 2024,
+        arXiv:2312.07104); default False.  A request's prompt blocks that
+        an earlier request of its shared prefix (a
+        :class:`~mbbatch.SystemPrompts` system prompt) left in memory are
+        not prefilled again; a cached block no running sequence holds is
+        evictable, and when the memory runs short the least recently used
+        are evicted before any sequence is preempted.  The rules, and the
+        choices they make where the engines differ, are
+        :mod:`mbbatch._kernels.continuous`'s.  Reported: ``prefix_hit_rate``,
+        ``prefix_saved_tokens`` and ``kv_evictions``.
 
     :mod:`mbbatch.engines` gives the settings of released engines, and
     :func:`mbbatch.validation.calibrate` fits the two overheads to measured
@@ -197,19 +209,23 @@ class ContinuousBatching(Policy):
     iteration_overhead: float = default("iteration_overhead")
     request_overhead: float = default("request_overhead")
     num_scheduler_steps: int = default("num_scheduler_steps")
+    prefix_caching: bool = default("prefix_caching")
 
     kind: ClassVar[str] = "continuous"
     planner: ClassVar[str] = "continuous"
     resumable: ClassVar[bool] = True
     classes: ClassVar[bool] = True
+    prefixes: ClassVar[bool] = True
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",
-                                              "tbt_quantiles", "continuous", "controller", "goodput"})
+                                              "tbt_quantiles", "continuous", "controller", "goodput",
+                                              "prefix"})
     settings: ClassVar[tuple] = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size",
                                  "admission", "admission_bins", "aging", "mlfq_quantum", "mlfq_levels",
                                  "predictor_sigma", "sla_control", "d_sla", "eps_d", "b_min", "b_max", "controller",
                                  "memory", "eps_m", "servers",
                                  "iteration_overhead", "request_overhead", "num_scheduler_steps", "ttft_slo",
-                                 "tpot_slo")
+                                 "tpot_slo", "prefix_caching", "system_prompts", "system_prompt_length",
+                                 "system_prompt_share")
     models: ClassVar[tuple] = ("iteration", "profile")
     engine: ClassVar[bool] = True
     decode_stage: ClassVar[bool] = True
@@ -222,7 +238,7 @@ class ContinuousBatching(Policy):
                             "levels": "mlfq_levels",
                             "iteration_overhead": "iteration_overhead",
                             "request_overhead": "request_overhead",
-                            "num_scheduler_steps": "num_scheduler_steps"})
+                            "num_scheduler_steps": "num_scheduler_steps", "prefix_caching": "prefix_caching"})
         if self.chunked_prefill and self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens = {self.max_batched_tokens} must be >= max_num_seqs = "
                              f"{self.max_num_seqs} with chunked prefill: every running sequence's decode takes one "
@@ -286,6 +302,8 @@ class ContinuousBatching(Policy):
             d.update(iteration_overhead=self.iteration_overhead, request_overhead=self.request_overhead)
         if self.num_scheduler_steps > 1:
             d["num_scheduler_steps"] = self.num_scheduler_steps
+        if self.prefix_caching:
+            d["prefix_caching"] = True
         if self.admission == "mlfq":
             d.update(quantum=self.quantum, levels=self.levels)
         if self.admission == "multibin":
@@ -330,4 +348,4 @@ class ContinuousBatching(Policy):
                    quantum=get("mlfq_quantum"), levels=get("mlfq_levels"),
                    predictor=LogNormalError(sigma) if sigma > 0 else None, controller=controller, memory=memory,
                    iteration_overhead=get("iteration_overhead"), request_overhead=get("request_overhead"),
-                   num_scheduler_steps=get("num_scheduler_steps"))
+                   num_scheduler_steps=get("num_scheduler_steps"), prefix_caching=get("prefix_caching"))

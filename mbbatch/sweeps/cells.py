@@ -23,7 +23,7 @@ from ..metrics import METRICS
 from ..policies.multibin import spec_edges
 from ..registry import ARRIVALS, POLICIES, build
 from ..simulation import check_simulation, plan
-from ..workload import Workload
+from ..workload import SystemPrompts, Workload
 from .schema import TIME_POINTS, class_dims, class_vars, rep_vars, time_series, variables
 from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError, service_model, trace_filters, trace_of
 
@@ -33,7 +33,8 @@ __all__ = ["SEED_SCHEME", "cell_seed", "run_point", "point_theory", "check_point
 SEED_SCHEME = (
     "SeedSequence(entropy=<spec seed, or its policy variant's>, spawn_key=(w0, ..., w7, rep)), where "
     "w0..w7 are the eight big-endian 32-bit words of SHA-256 over the canonical JSON of the cell's "
-    "workload parameters (" + ", ".join(WORKLOAD_PARAMS) + ", those that apply); stream 0 of it draws "
+    "workload parameters (" + ", ".join(WORKLOAD_PARAMS) + ", those that apply; the system prompts' "
+    "only where system_prompts > 0); stream 0 of it draws "
     "the arrivals, stream 1 the service times (output lengths), stream 2 the prompt lengths and "
     "stream 3 the predictor's errors (PCG64DXSM).  Policy parameters do not enter the seed: cells "
     "that differ only in policy see the same requests."
@@ -45,8 +46,14 @@ SEED_SCHEME = (
 STEADY = tuple(a for a, cls in ARRIVALS.items() if not cls.unassessed)
 
 
+#: the workload parameters of the system prompts, which shape the requests only where there are some: without,
+#: they stay out of the seed (a cell's requests the same as before they existed)
+_SYSTEM_PROMPTS = ("system_prompts", "system_prompt_length", "system_prompt_share")
+
+
 def _canonical(params: dict) -> str:
-    enc = {k: ("inf" if v == math.inf else v) for k, v in params.items() if k in WORKLOAD_PARAMS}
+    skip = _SYSTEM_PROMPTS if not params.get("system_prompts") else ()
+    enc = {k: ("inf" if v == math.inf else v) for k, v in params.items() if k in WORKLOAD_PARAMS and k not in skip}
     return json.dumps(enc, sort_keys=True, separators=(",", ":"))
 
 
@@ -106,9 +113,13 @@ def _token_workload(params: dict):
 
 def _lognormal(values: dict) -> Workload:
     """Log-normal prompt and output lengths (``prompt_median``, ..., ``output_sigma``) and their objectives."""
+    system = None
+    if values.get("system_prompts", 0) > 0:
+        system = SystemPrompts(length=values["system_prompt_length"], count=values["system_prompts"],
+                               share=values["system_prompt_share"])
     return Workload(prompt=_frozen("lognorm", 0.0, values["prompt_median"], values["prompt_sigma"]),
                     output=_frozen("lognorm", 0.0, values["output_median"], values["output_sigma"]),
-                    **_objectives(values))
+                    system_prompts=system, **_objectives(values))
 
 
 def _objectives(params: dict) -> dict:

@@ -254,6 +254,9 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("prompt_sigma", workload=("tokens",)),
     _sp("output_median", workload=("tokens",)),
     _sp("output_sigma", workload=("tokens",)),
+    _sp("system_prompts", workload=("tokens",)),
+    _sp("system_prompt_length", workload=("tokens",)),
+    _sp("system_prompt_share", workload=("tokens",), key="SystemPrompts.share"),
     # the requests' objectives (goodput's): not workload parameters either, the requests are the same
     _sp("ttft_slo", workload=_REQ),
     _sp("tpot_slo", workload=_REQ),
@@ -287,6 +290,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("iteration_overhead"),
     _sp("request_overhead"),
     _sp("num_scheduler_steps"),
+    _sp("prefix_caching"),
     # LAPS: its instances and router, and its prefill model
     _sp("instances", key="LAPS.instances"),
     _sp("laps_threshold", key="LAPS.threshold"),
@@ -344,7 +348,8 @@ _DECODE_SETTINGS = ("decode_servers", "decode_batch_size", "decode_bins", "decod
 #: only in policy see the same requests: common random numbers.
 WORKLOAD_PARAMS = ("rate", "rate_high", "t_up", "t_down", "l_min", "l_max", "mu", "prompt_median",
                    "prompt_sigma", "output_median", "output_sigma", "n", "cv", "rate_on", "rate_off", "mean_on",
-                   "mean_off", "scale", "calls", "think_time")
+                   "mean_off", "scale", "calls", "think_time", "system_prompts", "system_prompt_length",
+                   "system_prompt_share")
 
 #: A spec's top-level fields when it does not give them (``mbbatch simulate``'s
 #: flags default to them too); ``name`` defaults to the spec file's name, and
