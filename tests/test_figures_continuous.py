@@ -231,12 +231,14 @@ def test_the_prefix_caching_figure_draws_each_engines_capacity_and_their_ratio(r
 
 
 def test_the_prefix_caching_spec_runs_small_and_the_cache_carries_more_where_prompts_are_shared(tmp_path):
-    """sweeps/prefix_caching.toml on 1,500 requests a probe, one search, two shares: with every request
-    carrying a system prompt the cache carries more than the engine without it (its 95 % interval above);
-    with none, both engines are one (the same requests, nothing to cache)."""
-    ds = _small("prefix_caching", tmp_path, ("n = 4000", "n = 1500"), ("searches = 3", "searches = 1"),
+    """sweeps/prefix_caching.toml on 1,600 requests a probe (16 sequences), one search, two shares: with every request
+    carrying a system prompt the cache carries at least 30 % more than the engine without it (about 45 %
+    on these seeds: it prefills 2,048 tokens fewer of most requests, and the decodes still bind); with
+    none, both engines are one (the same requests, nothing to cache)."""
+    ds = _small("prefix_caching", tmp_path, ("n = 8000", "n = 1600"), ("max_num_seqs = 64", "max_num_seqs = 16"),
+                ("searches = 3", "searches = 1"),
                 ("system_prompt_share = [0.0, 0.25, 0.5, 0.75, 1.0]", "system_prompt_share = [0.0, 1.0]"))
     cap = ds["sim_capacity"]
     on, off = (cap.sel(prefix_caching=c) for c in (True, False))
-    assert float(on.sel(system_prompt_share=1.0)) > 1.5 * float(off.sel(system_prompt_share=1.0))
+    assert float(on.sel(system_prompt_share=1.0)) > 1.3 * float(off.sel(system_prompt_share=1.0))
     assert float(on.sel(system_prompt_share=0.0)) == float(off.sel(system_prompt_share=0.0))

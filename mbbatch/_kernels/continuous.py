@@ -624,18 +624,23 @@ def _prefix_look(r, L0, bs, ws, inputs):
 
 
 @step
+def _lru_join(a, b, ws):
+    """Chain ``a`` just before chain ``b`` in the unreferenced chains'
+    order (-1: the order's start or end)."""
+    if a >= 0:
+        ws.lru_next[a] = b
+    else:
+        ws.state_i[ES.lru_head] = b
+    if b >= 0:
+        ws.lru_prev[b] = a
+    else:
+        ws.state_i[ES.lru_tail] = a
+
+
+@step
 def _lru_unlink(c, ws):
     """Chain ``c`` out of the unreferenced chains' order."""
-    si = ws.state_i
-    prv, nxt = ws.lru_prev[c], ws.lru_next[c]
-    if prv >= 0:
-        ws.lru_next[prv] = nxt
-    else:
-        si[ES.lru_head] = nxt
-    if nxt >= 0:
-        ws.lru_prev[nxt] = prv
-    else:
-        si[ES.lru_tail] = prv
+    _lru_join(ws.lru_prev[c], ws.lru_next[c], ws)
 
 
 @step
@@ -649,16 +654,8 @@ def _lru_push(c, now, ws):
     while t >= 0 and ws.lru_time[t] == now and t > c:
         t = ws.lru_prev[t]
     nx = ws.lru_next[t] if t >= 0 else si[ES.lru_head]
-    ws.lru_prev[c] = t
-    ws.lru_next[c] = nx
-    if t >= 0:
-        ws.lru_next[t] = c
-    else:
-        si[ES.lru_head] = c
-    if nx >= 0:
-        ws.lru_prev[nx] = c
-    else:
-        si[ES.lru_tail] = c
+    _lru_join(t, c, ws)
+    _lru_join(c, nx, ws)
     ws.lru_time[c] = now
 
 
