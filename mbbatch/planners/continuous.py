@@ -207,6 +207,8 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     per = 8 * 14 * n if cluster is None else 8 * 19 * n
     # (a mixture's classes, and their draw's uniforms; goodput's first-token times)
     per += 8 * n * (2 * isinstance(workload, Mixture) + workload.has_objectives)
+    # (system prompts: each request's chain and shared tokens)
+    per += 16 * n * (getattr(workload, "system_prompts", None) is not None)
     # servers engines run one after another, each folded into the run's as it ends (_merged): one engine's
     # workspace and histograms at a time (beside their sums and a temporary), each engine's time series and
     # controller state kept to the end; a cluster's engines run side by side, all theirs at once
