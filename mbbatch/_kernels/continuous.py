@@ -600,27 +600,30 @@ def _end_block(full, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws, out, i
 
 
 @step
+def _caching(par, inputs):
+    """Whether the run caches prefixes: the full kernel's feature, on when
+    the requests' chains are given."""
+    return par[1] and inputs.chain.shape[0] > 0
+
+
+@step
 def _prefix_look(r, L0, bs, ws, inputs):
     """Prefix caching: request ``r``, of ``L0`` tokens (its prompt and those
-    generated), looked up in its chain's cache.  Returns ``(c, k, h,
-    extra)``: its chain (-1: none), the full blocks ``k`` of the prefix it
-    shares (of at most ``L0 - 1`` tokens: one at least is computed), those of
-    them cached ``h``, and the chain's cached blocks that holding it takes
-    from the free ones (when no running sequence holds it: the hit, to
-    which it is cut; else none).  A request whose prefix fills no block
-    holds no chain (-1)."""
+    generated), looked up in its chain's cache.  Returns ``(c, k, h)``: its
+    chain (-1: none), the full blocks ``k`` of the prefix it shares (of at
+    most ``L0 - 1`` tokens: one at least is computed) and those of them
+    cached ``h``.  A request whose prefix fills no block holds no chain
+    (-1)."""
     z = np.int64(0)
     c = np.int64(inputs.chain[r])
     if c < 0:
-        return c, z, z, z
+        return c, z, z
     s = np.int64(inputs.shared[r])
     k = (s if s < L0 - 1 else L0 - 1) // bs
     if k == 0:
-        return np.int64(-1), z, z, z
+        return np.int64(-1), z, z
     cached = ws.pc[c]
-    h = cached if cached < k else k
-    extra = h if ws.prefs[c] == 0 else z
-    return c, k, h, extra
+    return c, k, cached if cached < k else k
 
 
 @step
@@ -660,7 +663,7 @@ def _lru_push(c, now, ws):
 
 
 @step
-def _pin_chain(c, k, extra, sl, ws):
+def _pin_chain(c, k, sl, ws):
     """Prefix caching: the sequence of slot ``sl`` admitted holding chain
     ``c``'s first ``k`` blocks: the chain referenced (if no sequence held
     it: out of the unreferenced order, its blocks no longer evictable, those
@@ -745,16 +748,26 @@ def _unpin(sl, r, o, now, free, bs, ws, inputs):
 @step
 def _need(r, L0, bs, sh, par, ws, inputs):
     """The free blocks request ``r`` (``L0`` tokens: prompt and generated)
-    needs to be admitted (its tokens and its first token's; with prefix
-    caching, less its chain's cached blocks, plus those pinning its chain
-    takes), and its hit blocks (0 without prefix caching).  Returns ``(need,
-    c, k, h, extra)`` (:func:`_prefix_look`)."""
+    needs to be admitted: its tokens' and its first token's, less, with
+    prefix caching, its chain's cached blocks where a running sequence holds
+    the chain (an unheld chain's hit blocks are counted free: holding it
+    takes them).  Returns ``(need, c, k, h)`` (:func:`_prefix_look`; no
+    chain and no hit without prefix caching)."""
     nb = _blocks(L0 + 1, bs, sh)
-    if par[1] and inputs.chain.shape[0] > 0:
-        c, k, h, extra = _prefix_look(r, L0, bs, ws, inputs)
-        return nb - h + extra, c, k, h, extra
+    if _caching(par, inputs):
+        c, k, h = _prefix_look(r, L0, bs, ws, inputs)
+        return (nb - h if c >= 0 and ws.prefs[c] > 0 else nb), c, k, h
     z = np.int64(0)
-    return nb, np.int64(-1), z, z, z
+    return nb, np.int64(-1), z, z
+
+
+@step
+def _head_fits(adm, q, par, waiting, nstack, free, rounds, bs, sh, ws, inputs):
+    """Whether the waiting head (:func:`_waiting_head`) fits the free
+    blocks (:func:`_need`); False with none waiting."""
+    r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
+    return r >= 0 and _need(r, np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0], bs, sh, par, ws,
+                            inputs)[0] <= free
 
 
 @step
@@ -804,7 +817,7 @@ def _preempt(slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_ro
         lt = last[sl]
         pq_n -= 1
         free += _blocks(p + g + 1, bs, sh)
-    if par[1] and inputs.chain.shape[0] > 0:
+    if _caching(par, inputs):
         free = _unpin(sl, r, 0, now, free, bs, ws, inputs)
     nfree = _release(sl, occ, ws.free_slots, nfree)
     ws.state_i[ES.preemptions] += 1
@@ -915,7 +928,7 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
         L0 = np.int64(prompt[r]) + g0
         # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone; with prefix caching,
         # all but its chain's cached blocks)
-        need, c, k, h, extra = _need(r, L0, bs, sh, par, ws, inputs)
+        need, c, k, h = _need(r, L0, bs, sh, par, ws, inputs)
         todo = L0 - h * bs if not has_cached or again else L0 - np.int64(cached[r])
         if need > free or (not chunked and todo > budget):
             break
@@ -930,8 +943,8 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
                 r_f[RQ.admitted, r] = now
         free -= need
         slots, pq_n = _place(r, g0, lt, todo, slots, pq_h, pq_n, ws)
-        if par[1] and inputs.chain.shape[0] > 0:
-            _pin_chain(c, k, extra, slots[1], ws)
+        if _caching(par, inputs):
+            _pin_chain(c, k, slots[1], ws)
             ws.state_i[ES.prefix_queries] += L0
             ws.state_i[ES.prefix_hits] += h * bs
             _evict(free, ws)
@@ -957,25 +970,19 @@ def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running
     # without chunked prefill, an iteration that can admit the waiting head prefills and pauses the decodes
     prefill_phase = False
     if scheduling and not chunked and running < cap:
-        r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
-        if r >= 0 and _need(r, np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0], bs, sh, par, ws,
-                            inputs)[0] <= free:
-            prefill_phase = True
+        prefill_phase = _head_fits(adm, q, par, waiting, nstack, free, rounds, bs, sh, ws, inputs)
     n_d = 0
     ctx = 0
     if chunked or not prefill_phase:
         slots, running, n_dec, s0, n_main, pq_n, free, nstack = _make_room(
             ph, slots, running, n_dec, s0, n_main, pq_n, free, nstack, rounds, t_round, ng, now, bs, sh, adm, par,
             ws, inputs, keep, r_i)
-        if par[1] and inputs.chain.shape[0] > 0:
+        if _caching(par, inputs):
             _evict(free, ws)
             if not chunked and scheduling and n_dec == 0 and running < cap:
                 # (its decodes all preempted to make room, which a chain held deeper than its holders use can
                 # force: the iteration prefills instead, as it would have had they not been there)
-                r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
-                if r >= 0 and _need(r, np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0], bs, sh,
-                                    par, ws, inputs)[0] <= free:
-                    prefill_phase = True
+                prefill_phase = _head_fits(adm, q, par, waiting, nstack, free, rounds, bs, sh, ws, inputs)
         n_d = n_dec
         ctx = s0 + n_dec * rounds
     budget = B - n_d
@@ -1047,7 +1054,7 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
     (``block_left`` > 0), held back for the block's end (``ws.pend_done``).
     Returns ``(slots, free, running, npd, acc)`` after."""
     free += _freed(np.int64(inputs.prompt[r]), o, bs, sh, ws.tally, memory_on)
-    if par[1] and inputs.chain.shape[0] > 0:
+    if _caching(par, inputs):
         free = _unpin(sl, r, o, now, free, bs, ws, inputs)
     head, tail, nfree = slots
     slots = _unlink(sl, ws.prv, ws.nxt, head, tail, ws.occ, ws.free_slots, nfree)
@@ -1128,7 +1135,7 @@ def _expire(sl, r, now, rounds, q, waiting, s0, n_dec, n_main, slots, free, runn
         return q, waiting, s0, n_dec, n_main, slots, free, running
     s0 = _out_of_decodes(sl, r, rounds, s0, bs, sh, adm, par, ws, inputs)
     free += _blocks(np.int64(inputs.prompt[r]) + g, bs, sh)
-    if par[1] and inputs.chain.shape[0] > 0:
+    if _caching(par, inputs):
         free = _unpin(sl, r, 0, now, free, bs, ws, inputs)
     head, tail, nfree = slots
     slots = _unlink(sl, ws.prv, ws.nxt, head, tail, ws.occ, ws.free_slots, nfree)
