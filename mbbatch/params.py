@@ -387,10 +387,21 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("Cluster.engines", "count", "engines", "engines of the cluster, each with its own queues and servers",
        Domain(1, 2 ** 20, lo_closed=True, hi_closed=True), default=4),
     _p("Cluster.router", "choice", "", "the router: Autellix's Algorithm 2 (small requests least-used, large "
-       "ones to their program's engine), least-used (fewest active requests) or round-robin",
-       default="autellix", choices=tuple(_ROUTERS)),
+       "ones to their program's engine), least-used (fewest active requests), round-robin, or cache-aware (the "
+       "engine whose prefix cache holds the most of the request's prompt, unless the loads are out of balance; "
+       "ContinuousBatching engines with prefix_caching)", default="autellix", choices=tuple(_ROUTERS)),
     _p("Cluster.threshold", "count", "tokens", "prefill tokens of the largest small request (Autellix: 2048 "
        "small, 2049 large)", _COUNT0, default=2048),
+    # (SGLang's cache-aware router and its defaults)
+    _p("Cluster.cache_threshold", "real", "1", "the cache-aware router's threshold: a request goes to the engine "
+       "whose cache holds the most of its prompt where that is more than this share of it",
+       Domain(0, 1, lo_closed=True, hi_closed=True), default=0.3),
+    _p("Cluster.balance_abs", "count", "requests", "the cache-aware router routes least-used while the most "
+       "active requests of an engine exceed the least by more than this (and by more than balance_rel times)",
+       _COUNT0, default=64),
+    _p("Cluster.balance_rel", "real", "1", "the cache-aware router routes least-used while the most active "
+       "requests of an engine are more than this times the least (and more than balance_abs above)",
+       Domain(1, INF, lo_closed=True), default=1.5),
     _p("Cluster.kv_reuse", "flag", "", "a call on the engine holding its program's context prefills only its "
        "new tokens (else every call prefills its whole context)", default=True),
     # (choices: the kinds that declare engine, set by mbbatch.registry)

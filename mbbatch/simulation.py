@@ -174,8 +174,11 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
                              "to a Workload")
     elif not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload (or a Workload.mixture); got {type(workload).__name__}")
-    elif workload.system_prompts is not None and not cls.prefixes:
-        raise ValueError(f"workload.system_prompts: requests sharing prompt prefixes run on a ContinuousBatching "
-                         f"engine (alone; its prefix_caching keeps them); got {type(policy).__name__}")
+    elif workload.system_prompts is not None and not kind_of(
+            getattr(policy, "policy", None) if cls.planner == "cluster" else policy).prefixes:
+        raise ValueError(f"workload.system_prompts: requests sharing prompt prefixes run on ContinuousBatching "
+                         f"engines (alone or as a Cluster's; prefix_caching keeps them); got "
+                         f"{type(policy).__name__}" + (f" of {type(policy.policy).__name__} engines"
+                                                       if cls.planner == "cluster" else ""))
     return PLANNERS[cls.planner].check(policy, arrivals, service, n, servers, keep_requests, workload,
                                        service_model, keep_batches)

@@ -568,7 +568,9 @@ def _trace_replay(reps=2):
 
 #: the capacity specs whose synthetic stores the capacity figures read
 CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers", "policy_gains_capacity",
-                  "policy_gains_classes_capacity", "prefix_caching")
+                  "policy_gains_classes_capacity", "prefix_caching", "prefix_routing")
+#: prefix_routing's made-up capacity laws, 80 / (1 + k x share), k by policy
+ROUTING_K = {"no_cache": 3.0, "least_used": 1.0, "cache_aware": 0.5}
 #: policy_gains_classes_capacity's made-up capacities (requests/s), by order
 TENANT_CAPACITY = {"fcfs": 3.0, "spf": 3.25, "mlfq": 2.95, "edf": 3.1, "vtc": 3.05}
 
@@ -607,6 +609,8 @@ def _capacity_store(name):
             # (without the cache the system prompts' prefill costs capacity as their share grows; with it, little)
             share = params["system_prompt_share"]
             cap = 20.0 / (1 + (0.1 if params["prefix_caching"] else 3.0) * share)
+        elif name == "prefix_routing":
+            cap = 80.0 / (1 + ROUTING_K[params["policy"]] * params["system_prompt_share"])
         elif params.get("objective_goodput") is not None:
             # (continuous admission orders under a goodput objective: shortest first carries the most, less with
             # aging, and less as the predictor errs)

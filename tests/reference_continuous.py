@@ -20,7 +20,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
              prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
              class_slo=None, class_tpot=None, goodput=0, quantum=16, levels=4, prefix_caching=False, chain=None,
-             shared=None, grows=None):
+             shared=None, grows=None, until=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -133,6 +133,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     and L0 at every admission, resumptions too), ``evictions`` (blocks) and
     the final ``cached_blocks`` and ``refs`` per chain (0, 0, 0, [] and []
     without prefix caching).
+
+    ``until``: the engine stops before its first iteration that would
+    start at or after ``until`` (the per-chain ``cached_blocks`` and
+    ``refs`` then as they stand; the requests not done unstamped).
     Incompatible with ``cached`` (a ``ValueError``)."""
     if prefix_caching and cached is not None:
         raise ValueError("prefix caching is incompatible with cached (a decode stage's KV brought along)")
@@ -387,6 +391,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 break
             now = max(now, arrival[i])
             continue
+        if until is not None and now >= until:
+            break
         cap = max_num_seqs
         if controller is not None:
             b, ctl["lo"], ctl["hi"] = b_sla_core(ctl["lo"], ctl["hi"], ctl["tau"], ctl["b_avg"], ctl["n_decode"],
@@ -578,7 +584,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                                                      0.0, 0.0, 0.0, 0.0, 0.0, ctl["tau"], ctl["b_avg"])[5:]
             ctl["n_decode"] = float(len(running))
             ctl["updates"] += 1.0
-    if prefix_caching:
+    if prefix_caching and until is None:
         assert not running and all(x == 0 for x in refs)
         assert math.isinf(free) or free == blocks_total   # (every chain's blocks evictable, counted free)
     return dict(first_token=np.array(first), completion=np.array(done), admitted=np.array(admitted),

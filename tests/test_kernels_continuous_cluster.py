@@ -12,13 +12,26 @@ import pytest
 from mbbatch._kernels import continuous as ck
 from mbbatch._kernels import continuous_cluster as cc
 from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
-from mbbatch._kernels.routing import ROUTERS, Router
+from mbbatch._kernels.routing import ROUTERS, CacheRouting, Router
 
 from . import reference_continuous as ref
-from .test_kernels_continuous import COEF, _config, _fields, _kernel
+from .test_kernels_continuous import COEF, _config, _fields, _kernel, _prefixed
+
+#: the prefix caching keywords of a configuration (:func:`.test_kernels_continuous._prefixed`)
+_PREFIX = ("chain", "shared", "grows")
 
 
-def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, **kw):
+def _prefixes(kw):
+    """A configuration's prefix caching (None: none) and its other keywords."""
+    if not kw.get("prefix_caching"):
+        return None, kw
+    return {k: np.asarray(kw[k], float) for k in _PREFIX}, {
+        k: v for k, v in kw.items() if k not in _PREFIX and k != "prefix_caching"}
+
+
+def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, cache=(0.3, 64, 1.5),
+             **kw):
+    prefixes, kw = _prefixes(kw)
     n = len(arr)
     blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=kw["max_num_seqs"],
@@ -30,10 +43,12 @@ def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, k
     progs = None if programs is None else (programs, int(programs[0].max()) + 1)
     return cc.run(cfg, np.asarray(arr, float), p.astype(float), o.astype(float), pred.astype(float),
                   np.asarray(kw["edges"], float), rt, engines, ck.ContinuousStreams(np.random.default_rng(0)),
-                  np.zeros(STOP_SIZE, np.int64), programs=progs, groups=4, ts_rows=8)
+                  np.zeros(STOP_SIZE, np.int64), programs=progs, groups=4, ts_rows=8, prefixes=prefixes,
+                  cache_routing=CacheRouting(*cache))
 
 
-def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, **kw):
+def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True,
+                       cache=(0.3, 64, 1.5), **kw):
     """The plain-Python cluster: at each arrival, an engine's active requests
     are those routed to it and not completed by then in the reference
     engine's run of its requests so far (a completion at or before the
@@ -41,19 +56,47 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
     the router's rule; with programs, the program table (a large call to
     its program's engine, assigned least used on first sight, forgotten at
     the program's last call) and the engine holding each program's context
-    (a call there brings the KV cache of its prompt but its new tokens)."""
+    (a call there brings the KV cache of its prompt but its new tokens).
+    With prefix caching each engine caches its requests' chains; the
+    cache-aware router (SGLang's, on the engines' caches) reads engine e's
+    cache of the request's chain from the reference engine stopped before
+    its first iteration starting at or after the arrival: while the most
+    and the fewest active requests differ by more than ``cache[1]`` and
+    the most are more than ``cache[2]`` times the fewest, least used; else
+    the engine caching the most of the request's prefix blocks (ties: the
+    fewer active, then the lower id) if they are more than ``cache[0]`` of
+    its prompt, else least used."""
+    prefixes, kw = _prefixes(kw)
+    pre = {} if prefixes is None else {"prefix_caching": True, "grows": prefixes["grows"]}
     mine = [[] for _ in range(engines)]
     cached = np.zeros(len(arr))
     where = np.empty(len(arr), np.int64)
     table, holder, rr = {}, {}, 0
     runs = {}
 
-    def run(e):
-        key = (e, len(mine[e]))
+    def run(e, until=None):
+        key = (e, len(mine[e]), until)
         if key not in runs:         # (an engine's run changes only with its requests)
             idx = mine[e]
-            runs[key] = ref.simulate(arr[idx], p[idx], o[idx], pred[idx], cached=cached[idx], **kw)
+            if prefixes is not None:
+                pre.update(chain=prefixes["chain"][idx].astype(np.int64), shared=prefixes["shared"][idx].astype(
+                    np.int64))
+            runs[key] = ref.simulate(arr[idx], p[idx], o[idx], pred[idx], cached=None if pre else cached[idx],
+                                     until=until, **pre, **kw)
         return runs[key]
+
+    def cache_aware(j, active, least):
+        t, bs = arr[j], kw["block_size"]
+        if max(active) - min(active) > cache[1] and max(active) > cache[2] * min(active):
+            return least
+        c = int(prefixes["chain"][j])
+        k = min(int(prefixes["shared"][j]), int(p[j]) - 1) // bs if c >= 0 else 0
+        held = [min(run(e, t)["cached_blocks"][c], k) if mine[e] and k > 0 else 0 for e in range(engines)]
+        some = [e for e in range(engines) if held[e] > 0]
+        if not some:
+            return least
+        best = min(some, key=lambda e: (-held[e], active[e], e))
+        return best if held[best] * bs > cache[0] * p[j] else least
 
     for j, t in enumerate(arr):
         active = []
@@ -66,6 +109,8 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
         elif router == "autellix" and programs is not None and p[j] > threshold:
             pid = programs[0][j]
             e = table.setdefault(pid, least)
+        elif router == "cache_aware":
+            e = cache_aware(j, active, least)
         else:
             e = least
         if programs is not None:
@@ -152,6 +197,49 @@ def test_the_cluster_is_the_plain_python_cluster_request_by_request(router):
             assert routed["kv_recomputed"] == pytest.approx(float((p - programs[1] - cached).sum()))
         moved += len(set(where.tolist())) > 1
     assert moved >= 10          # (the router spread the requests)
+
+
+@pytest.mark.parametrize("router", ["least_used", "cache_aware"])
+def test_prefix_caching_engines_are_the_plain_python_cluster(router):
+    """Prefix caching on a cluster's engines (random chains, some growing,
+    memory that evicts: :func:`.test_kernels_continuous._prefixed`) behind
+    least-used routing or the cache-aware router (random thresholds,
+    balance bounds that bind and not), over 12 random configurations: each
+    request's engine, and on each engine each request's admission, first
+    token, completion and preemptions and the engine's hits, lookups and
+    evictions, equal the plain-Python cluster's of plain-Python engines.
+    The cache-aware router sends some requests elsewhere than least used,
+    and some engines hit."""
+    rng = np.random.default_rng(40 + ["least_used", "cache_aware"].index(router))
+    hits = differs = 0
+    for _ in range(12):
+        (arr, p, o, pred), kw = _config(rng)
+        p = p + rng.integers(0, 60) * (rng.random(p.size) < 0.7)
+        kw = _prefixed(rng, p, kw)
+        kw["admission"] = str(rng.choice(["fcfs", "spf", "multibin"]))
+        if not kw["chunked"]:
+            kw["max_batched_tokens"] = int(max(kw["max_batched_tokens"], (p + o).max()))
+        engines = int(rng.integers(2, 5))
+        cache = (float(rng.choice([0.0, 0.3, 0.9])), int(rng.choice([0, 2, 64])), float(rng.choice([1.0, 1.5])))
+        where_ref, want, mine, _ = _reference_cluster(arr, p, o, pred, engines, router, cache=cache, **kw)
+        runs, where, local, routed, code = _cluster(arr, p, o, pred, engines, router, cache=cache, **kw)
+        assert code == ck.DONE
+        np.testing.assert_array_equal(where, where_ref, err_msg=f"{router} {cache} {kw}")
+        for e, ((out, req, _), w) in enumerate(zip(runs, want)):
+            if w is None:
+                continue
+            for col in ("admitted", "first_token", "completion"):
+                np.testing.assert_array_equal(req[col], w[col], err_msg=f"{col} engine {e} {kw}")
+            np.testing.assert_array_equal(req["preemptions"], w["preempted"])
+            st = ck.STATS.unpack((out.ints, out.floats))
+            assert (st["prefix_hits"], st["prefix_queries"], st["evictions"]) == (
+                w["prefix_hits"], w["prefix_queries"], w["evictions"])
+            hits += st["prefix_hits"]
+        if router == "cache_aware":
+            least, _, _, _ = _reference_cluster(arr, p, o, pred, engines, "least_used", **kw)
+            differs += int((least != where).sum())
+    assert hits > 0
+    assert router != "cache_aware" or differs > 0
 
 
 def test_progress_and_stop():

@@ -697,10 +697,10 @@ def test_prefix_caching_without_shared_prefixes_is_the_engine_without_it():
 
 @pytest.mark.parametrize("policy, kw, match", [
     (mb.MultiBin(bins=2, batch_size=8), {}, "system_prompts"),
-    (mb.Cluster(mb.ContinuousBatching(), engines=2), {}, "system_prompts"),
-    (mb.Cluster(mb.ContinuousBatching(prefix_caching=True), engines=2), dict(workload=WL), "prefix_caching"),
+    (mb.Cluster(mb.DynamicBatching(), engines=2), {}, "system_prompts"),
+    (mb.LAPS(decode=mb.ContinuousBatching(prefix_caching=True)), dict(workload=WL), "prefix_caching"),
 ])
-def test_shared_prefixes_run_on_a_continuous_engine_alone_for_now(policy, kw, match):
+def test_shared_prefixes_run_on_continuous_engines_only(policy, kw, match):
     args = {"workload": _shared(64), "service_model": mb.profiles.get("H100/vLLM/Meta-Llama-3-8B/tp1"), **kw}
     if isinstance(policy, mb.MultiBin):
         args["service_model"] = mb.DecodeModel()

@@ -103,14 +103,16 @@ def test_build_makes_each_kind_from_a_cells_parameters():
     assert isinstance(dyn, mb.DynamicBatching) and dyn.memory.eta == 1000.0 and dyn.controller.b_max == 64
     cl = registry.build("cluster", {**base, "engine_policy": "static", "engine_batch_size": 6, "engine_bins": 4,
                                     "engines": 3, "router": "least_used", "route_threshold": 100,
-                                    "kv_reuse": True, "programs": "none", "calls": 4, "think_time": 1.0,
+                                    "kv_reuse": True, "cache_threshold": 0.3, "balance_abs": 64, "balance_rel": 1.5,
+                                    "programs": "none", "calls": 4, "think_time": 1.0,
                                     "closed_loop": False, "session_context": "included"})
     assert isinstance(cl.policy, mb.StaticBatching) and cl.policy.batch_size == 6 and cl.engines == 3
     # (a cell's engine_batch_size is never None: the table's default; given None, the engine's check names it)
     with pytest.raises(TypeError, match="batch_size must be an integer"):
         registry.build("cluster", {**base, "engine_policy": "multibin", "engine_batch_size": None,
                                    "engine_bins": 4, "engines": 3, "router": "least_used", "route_threshold": 100,
-                                   "kv_reuse": True, "programs": "none", "calls": 4, "think_time": 1.0,
+                                   "kv_reuse": True, "cache_threshold": 0.3, "balance_abs": 64, "balance_rel": 1.5,
+                                    "programs": "none", "calls": 4, "think_time": 1.0,
                                    "closed_loop": False, "session_context": "included"})
 
 

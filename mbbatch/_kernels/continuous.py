@@ -927,9 +927,9 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
         again = from_stack or g0 > 0
         L0 = np.int64(prompt[r]) + g0
         # (the tokens to prefill: a cached prompt's KV came with it, a resumed one's is gone; with prefix caching,
-        # all but its chain's cached blocks)
+        # all but its chain's cached blocks; a cluster's engine has both, its requests' cached tokens 0)
         need, c, k, h = _need(r, L0, bs, sh, par, ws, inputs)
-        todo = L0 - h * bs if not has_cached or again else L0 - np.int64(cached[r])
+        todo = L0 - h * bs - (np.int64(cached[r]) if has_cached and not again else 0)
         if need > free or (not chunked and todo > budget):
             break
         if again:

@@ -12,6 +12,14 @@ that engine's requests, joining its queue at the engine's next iteration
 boundary, as one engine's arrivals do.  After the last arrival every engine
 runs to its end.
 
+Prefix caching (the engines' ``chain`` given: :mod:`.continuous`'s): each
+engine caches the prefixes of the requests routed to it, in its own
+blocks; the cache-aware router (:func:`.routing.cache_aware`) reads each
+engine's cache of the request's chain as it stands at the arrival (after
+every iteration that started before it: an iteration running across the
+arrival has cached its blocks, as an engine reports a block when it is
+scheduled to be filled).
+
 KV reuse (Autellix: Luo et al., 2025, arXiv:2502.13965): a call routed to
 the engine that holds its program's context (the engine of the program's
 previous call) brings the KV cache of that context, ``prompt - new``
@@ -44,7 +52,7 @@ from numba.extending import overload
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C, continuous_kernel
 from .layout import Layout
-from .routing import EN, route_call
+from .routing import EN, ROUTE_CACHE_AWARE, cache_aware, route_call, routed_call
 
 __all__ = ["ROUTED", "Feed", "rows", "cluster_kernel", "run"]
 
@@ -58,9 +66,10 @@ ROUTED = Layout("continuous cluster routing", ints=("routes", "large", "table_hi
 R = ROUTED.index
 
 #: an engine's inputs as the cluster writes them (the engine reads them
-#: through read-only views): each request's prompt, output, predicted output
-#: and the prompt tokens whose KV cache it brings
-Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "klass"), module=__name__)
+#: through read-only views): each request's prompt, output, predicted output,
+#: the prompt tokens whose KV cache it brings, its class and, with prefix
+#: caching, its chain and the tokens it shares with it
+Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "klass", "chain", "shared"), module=__name__)
 
 #: arrivals between two checks of ``stop``
 _CHECK = 1024
@@ -122,18 +131,32 @@ def _advance(e, count, until, config, control, inputs, out, requests, ws, stream
                              rows(ws, e), estop)
 
 
+@step
+def _matches(match, c, s, p, bs, pc):
+    """Each engine's cached blocks of a request's prefix (``match[e]``):
+    chain ``c`` (-1: none) of which it shares ``s`` tokens of its ``p``-token
+    prompt, the full blocks of at most ``p - 1`` of them (an engine's
+    lookup, :func:`.continuous._prefix_look`), ``pc[e, c]`` the blocks
+    engine e caches."""
+    k = (min(s, p - 1) // bs) if c >= 0 else 0
+    for e in range(match.shape[0]):
+        match[e] = min(pc[e, c], k) if k > 0 else 0
+
+
 @kernel
 def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
-                   program, new_tokens, session_end, groups, rt, eng, table, counts, where, local, routed, streams,
-                   stop, estop):
+                   chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts, match, where,
+                   local, routed, streams, stop, estop):
     """Route the ``times.size`` requests to the engines and simulate them.
     The engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``
     are the continuous kernel's, each array with a leading axis of engines
     (``control``: one, shared), ``feeds`` their inputs' writable arrays;
     ``rt`` the router (:class:`.routing.Router`), ``eng`` the engines'
     counts (:data:`.routing.ENGINES`, every engine registered), ``table``
-    the program table (-1: none); per request its engine (``where``) and its
-    number there (``local``), per engine its requests (``counts``); the
+    the program table (-1: none), ``ca`` the cache-aware router's settings
+    (:class:`.routing.CacheRouting`); per request its engine (``where``) and
+    its number there (``local``), per engine its requests (``counts``) and
+    the blocks of the arriving request's prefix it caches (``match``); the
     routing statistics into ``routed`` (:data:`ROUTED`); ``groups``
     batch-means groups of arrivals.  Returns :data:`.continuous.DONE`,
     ``STOPPED`` (``stop[STOP]`` set; checked every 1,024 arrivals, when
@@ -144,6 +167,8 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
     n = times.shape[0]
     E = counts.shape[0]
     si, sf = ws.state_i, ws.state_f
+    caching = chain.shape[0] > 0
+    bs = config[0][0, C.block_size]
     for e in range(E):
         # (each engine's first call sets it up: no request yet)
         _advance(e, 0, -np.inf, config, control, inputs, out, requests, ws, streams, estop)
@@ -167,8 +192,15 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         pid, new, last = j, 0.0, False
         if rt.programs:
             pid, new, last = program[j], new_tokens[j], session_end[j] != 0
-        e, prefill, rr_route, hit, followup, held, most, mean = route_call(rt, eng, table, p, pid, new, last,
-                                                                           rr_route)
+        if rt.router == ROUTE_CACHE_AWARE:
+            if caching:
+                _matches(match, np.int64(chain[j]), np.int64(shared[j]), np.int64(p), bs, ws.pc)
+            e, most, total, count = cache_aware(eng, match, p, bs, ca)
+            e, prefill, rr_route, hit, followup, held, most, mean = routed_call(rt, eng, table, e, p, pid, new, last,
+                                                                                rr_route, False, most, total, count)
+        else:
+            e, prefill, rr_route, hit, followup, held, most, mean = route_call(rt, eng, table, p, pid, new, last,
+                                                                               rr_route)
         ri[R.routes] += 1
         rf[R.sum_active_max] += most
         rf[R.sum_active_mean] += mean
@@ -189,6 +221,9 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         feeds.cached[e, k] = p - prefill
         if klass.shape[0] > 0:
             feeds.klass[e, k] = klass[j]
+        if caching:
+            feeds.chain[e, k] = chain[j]
+            feeds.shared[e, k] = shared[j]
         where[j] = e
         local[j] = k
         counts[e] = k + 1
@@ -219,7 +254,8 @@ def _stacked(one, engines: int, unset=()):
 
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
-        programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None) -> tuple:
+        programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None,
+        prefixes=None, cache_routing=None) -> tuple:
     """Simulate ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
@@ -228,14 +264,18 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     session_end)`` and the program table's size (None: every request its
     own program); ``klass`` each request's class and ``class_slo`` and
     ``class_tpot`` each class's objectives on the time to first token and
-    per output token (None: no classes, no objectives).
+    per output token (None: no classes, no objectives); ``prefixes`` the
+    engines' prefix caching, a dict of each request's ``chain`` and
+    ``shared`` tokens and each chain's ``grows`` (None: none);
+    ``cache_routing`` the cache-aware router's settings
+    (:class:`.routing.CacheRouting`; None with another router).
     Returns each engine's ``(outputs, records, code)`` (as
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
     (``ROUTED.unpack``) and the code."""
     from . import continuous as _k
     from .common import ARR_REPLAY, check_stop
-    from .routing import ENGINES, TABLE
+    from .routing import ENGINES, NO_CACHE_ROUTING, TABLE
 
     check_stop(stop)
     cfg = _k.CONFIG.unpack(config)
@@ -244,11 +284,15 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
     class_slo = np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float)
     class_tpot = np.full(class_slo.size, np.inf) if class_tpot is None else np.asarray(class_tpot, float)
-    feeds = Feed(*(np.zeros((engines, klass.size if f == "klass" else n)) for f in Feed._fields))
+    chain = np.ascontiguousarray(prefixes["chain"], float) if prefixes else np.empty(0)
+    shared = np.ascontiguousarray(prefixes["shared"], float) if prefixes else np.empty(0)
+    grows = np.asarray(prefixes["grows"], float) if prefixes else np.empty(0)
+    given = {"klass": klass.size, "chain": chain.size, "shared": shared.size}
+    feeds = Feed(*(np.zeros((engines, given.get(f, n))) for f in Feed._fields))
     one = _k.start(config, _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
                                           arrival_ends=np.full(1, np.inf),
-                                          **{f: np.zeros(klass.size if f == "klass" else n) for f in Feed._fields},
-                                          edges=edges, class_slo=class_slo, class_tpot=class_tpot),
+                                          **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
+                                          edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
                    control=control, groups=groups, ts_rows=ts_rows, grouped=True,
                    longest=int(np.max(output)) if n else 1)
     # (every engine starts as this one; its inputs are read-only views of the feeds)
@@ -272,9 +316,10 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     code = cluster_kernel(config_s, one.control, inputs, out_s, requests_s, ws_s, feeds,
                           np.ascontiguousarray(times, float), np.ascontiguousarray(prompt, float),
                           np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float), klass,
-                          np.ascontiguousarray(program, np.int64), np.ascontiguousarray(new_tokens, float),
-                          np.ascontiguousarray(session_end, np.int8), groups, router, eng, table, counts, where,
-                          local, routed, streams, stop, np.zeros_like(stop))
+                          chain, shared, np.ascontiguousarray(program, np.int64),
+                          np.ascontiguousarray(new_tokens, float), np.ascontiguousarray(session_end, np.int8), groups,
+                          router, cache_routing or NO_CACHE_ROUTING, eng, table, counts, np.zeros(engines, np.int64),
+                          where, local, routed, streams, stop, np.zeros_like(stop))
     runs = []
     for e, c in enumerate(counts):
         rec = None

@@ -10,7 +10,12 @@ Algorithm 2):
   to the lowest id;
 - ``autellix``: a request of at most ``threshold`` prefill tokens least-used,
   a larger one to its program's engine in the program table, assigned
-  least-used on first sight.
+  least-used on first sight;
+- ``cache_aware`` (continuous-batching engines that cache prefixes only:
+  :func:`cache_aware`): the engine whose cache holds the most of the
+  request's prefix, unless the engines' loads are out of balance
+  (SGLang's cache-aware router, routing by the engines' KV cache state as
+  its event-driven mode does).
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from .common import step, subroutine
 from .layout import Layout
 from .queues import N_FIELDS, Q
 
-__all__ = ["ROUTE_NONE", "ROUTE_ROUND_ROBIN", "ROUTE_LEAST_USED", "ROUTE_AUTELLIX", "ROUTERS", "ENGINES", "EN",
+__all__ = ["ROUTE_NONE", "ROUTE_ROUND_ROBIN", "ROUTE_LEAST_USED", "ROUTE_AUTELLIX", "ROUTE_CACHE_AWARE", "ROUTERS",
+           "CACHE_ROUTERS", "CacheRouting", "NO_CACHE_ROUTING", "cache_aware", "routed_call", "ENGINES", "EN",
            "TABLE", "TB", "Router", "scan_engines", "route", "context", "route_call", "remove_engine", "engine_of",
            "engine_formed", "engine_started", "engine_done"]
 
@@ -31,8 +37,12 @@ ROUTE_NONE = 0
 ROUTE_ROUND_ROBIN = 1
 ROUTE_LEAST_USED = 2
 ROUTE_AUTELLIX = 3
+ROUTE_CACHE_AWARE = 4
 #: the routers by name, in the parameter table's order (the first is the default)
-ROUTERS = {"autellix": ROUTE_AUTELLIX, "least_used": ROUTE_LEAST_USED, "round_robin": ROUTE_ROUND_ROBIN}
+ROUTERS = {"autellix": ROUTE_AUTELLIX, "least_used": ROUTE_LEAST_USED, "round_robin": ROUTE_ROUND_ROBIN,
+           "cache_aware": ROUTE_CACHE_AWARE}
+#: the routers that read the engines' prefix caches (continuous-batching engines with prefix caching only)
+CACHE_ROUTERS = ("cache_aware",)
 
 
 #: a cluster's engines, columns of ``eng``: registered (0: removed), active
@@ -202,16 +212,25 @@ Router = namedtuple("Router", ("router", "threshold", "programs", "kv"))
 def route_call(rt, eng, table, prompt, pid, new, last, rr_route):
     """An arriving request of ``prompt`` tokens, a call of program ``pid``
     with ``new`` tokens of its own (``last``: its program's last call),
-    routed (:func:`route`); with programs its engine holds the program's
-    context from now on (:func:`context`), and at its program's last call
-    the program table forgets the program (the engine holding its context
-    keeps it: an earlier call rerouted finds it).  The engine counts it
-    active.  Returns ``(engine, prefill tokens, round-robin pointer, routed
-    by the table, followup, held, most, mean)``: whether a context came
-    before it and whether its engine held it, and the most and the mean
-    active requests of the registered engines (before it)."""
+    routed (:func:`route`) and counted there (:func:`routed_call`).
+    Returns ``(engine, prefill tokens, round-robin pointer, routed by the
+    table, followup, held, most, mean)``: whether a context came before it
+    and whether its engine held it, and the most and the mean active
+    requests of the registered engines (before it)."""
     e, rr_route, hit, most, total, count = route(rt.router, rt.threshold, prompt, pid, rt.programs, eng, rr_route,
                                                  table)
+    return routed_call(rt, eng, table, e, prompt, pid, new, last, rr_route, hit, most, total, count)
+
+
+@step
+def routed_call(rt, eng, table, e, prompt, pid, new, last, rr_route, hit, most, total, count):
+    """The request of :func:`route_call` sent to engine ``e``: with programs
+    its engine holds the program's context from now on (:func:`context`),
+    and at its program's last call the program table forgets the program
+    (the engine holding its context keeps it: an earlier call rerouted
+    finds it).  The engine counts it active.  Returns :func:`route_call`'s
+    tuple (``hit``, ``most``, ``total`` and ``count`` as :func:`route`
+    gave them)."""
     prefill = prompt
     followup = False
     held = False
@@ -221,6 +240,41 @@ def route_call(rt, eng, table, prompt, pid, new, last, rr_route):
             table[TB.engine, pid] = -1
     eng[EN.active, e] += 1
     return e, prefill, rr_route, hit, followup, held, most, total / count
+
+
+#: the cache-aware router's settings (SGLang's router's): the share of a request's
+#: prompt an engine's cache must hold for the request to go there, and the loads out of balance, when the most
+#: active requests of an engine exceed the least by more than ``balance_abs`` and are more than ``balance_rel``
+#: times them
+CacheRouting = namedtuple("CacheRouting", ("threshold", "balance_abs", "balance_rel"))
+#: the settings a router that reads no cache is given (unread)
+NO_CACHE_ROUTING = CacheRouting(1.0, 0, 1.0)
+
+
+@step
+def cache_aware(eng, match, prompt, bs, ca):
+    """The cache-aware router's engine for a request of ``prompt`` tokens
+    whose prefix engine e's cache holds ``match[e]`` blocks of ``bs`` tokens
+    (SGLang's cache-aware router, its event-driven mode, which reads the
+    engines' KV cache state): while the loads (active requests) are out of
+    balance (:class:`CacheRouting`), the least-used engine; else the engine
+    holding the most blocks (ties: the fewer active requests, then the lower
+    id) where they are more than ``ca.threshold`` of the prompt, and the
+    least-used engine where none does.  Returns the engine and
+    :func:`scan_engines`' loads."""
+    best, most, total, count = scan_engines(eng)
+    least = eng[EN.active, best]
+    if most - least > ca.balance_abs and most > ca.balance_rel * least:
+        return best, most, total, count
+    active, registered = eng[EN.active], eng[EN.registered]
+    pick, held = -1, np.int64(0)
+    for e in range(active.shape[0]):
+        if registered[e] != 0 and match[e] > 0 and (
+                match[e] > held or (match[e] == held and active[e] < active[pick])):
+            pick, held = e, match[e]
+    if pick >= 0 and float(held * bs) > ca.threshold * prompt:
+        return pick, most, total, count
+    return best, most, total, count
 
 
 # --- an engine's counts as its servers form, start and finish batches (``cl`` the kernel's

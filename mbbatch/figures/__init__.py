@@ -46,7 +46,8 @@ A figure's name is the name of the function that draws it:
   admission orders' paired gains over first come first served and their
   capacity under a goodput objective, on one tenant and on two
   (``policy_gains``), and its capacity with and without prefix caching as
-  more requests share system prompts (``prefix_caching``);
+  more requests share system prompts, one engine and a cluster behind
+  least-used and cache-aware routing (``prefix_caching``);
 - :mod:`.plotting`: any store, a metric against an axis (:func:`plot`,
   ``mbbatch plot``);
 - :mod:`.data`: where datasets live and reading values from them;
@@ -138,7 +139,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("continuous_trace", (continuous.continuous_trace, ["continuous_trace_capacity", "continuous_trace"])),
     ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity", "policy_gains_classes",
                                                  "policy_gains_classes_capacity"])),
-    ("prefix_caching", (continuous.prefix_caching, ["prefix_caching"])),
+    ("prefix_caching", (continuous.prefix_caching, ["prefix_caching", "prefix_routing"])),
 ])
 
 

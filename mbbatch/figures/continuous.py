@@ -464,47 +464,72 @@ def _goodput_capacity(ax, cap) -> None:
 
 #: prefix_caching's two engines, and their labels
 _CACHING = ((False, "no prefix caching"), (True, "prefix caching (vLLM's automatic prefix caching)"))
+#: prefix_caching's clusters (prefix_routing's policies), and their labels
+_ROUTING = (("no_cache", "no prefix caching, least used"), ("least_used", "prefix caching, least used"),
+            ("cache_aware", "prefix caching, cache-aware routing (SGLang's)"))
 
 
 def prefix_caching(data) -> Figure:
-    """An engine's capacity under its p99 time-to-first-token objective
-    (markers: the capacity and its 95 % interval over the searches, hollow
-    where a search ended unresolved) against the share of the requests that
-    carry one of the shared system prompts, with and without prefix
-    caching; beside it, the capacity with the cache over the capacity
-    without."""
-    ds = data["prefix_caching"]
+    """Capacity under a p99 time-to-first-token objective (markers: the
+    capacity and its 95 % interval over the searches, hollow where a search
+    ended unresolved) against the share of the requests that carry one of
+    the shared system prompts: on the left one engine with and without
+    prefix caching (``prefix_caching``); in the middle a cluster of engines
+    (``prefix_routing``: more system prompts than one engine's memory
+    holds) without prefix caching, with it behind least-used routing, and
+    with it behind the cache-aware router; on the right the capacity with
+    the cache over without (one engine) and with cache-aware routing over
+    least-used (the cluster)."""
+    ds, dr = data["prefix_caching"], data["prefix_routing"]
     share = np.asarray(ds["system_prompt_share"].values, dtype=float)
-    fig = Figure(figsize=(11.5, 4.6), dpi=100, layout="constrained")
-    ax, ax_r = fig.subplots(1, 2)
+    share_r = np.asarray(dr["system_prompt_share"].values, dtype=float)
+    fig = Figure(figsize=(15.5, 4.9), dpi=100, layout="constrained")
+    ax, ax_c, ax_r = fig.subplots(1, 3)
     caps = {}
     for i, (on, _) in enumerate(_CACHING):
         cap, lo, hi, unresolved = capacity_search(ds, "system_prompt_share", prefix_caching=on)
         caps[on] = cap
         sim_points(ax, share, cap, lo, hi, unresolved, COLORS[i], MARKERS[i])
         ax.plot(share, cap, color=COLORS[i], lw=0.8, zorder=2)
-    ratio = caps[True] / caps[False]
-    ax_r.plot(share, ratio, color=COLORS[1], marker=MARKERS[1], lw=0.8)
+    routed = {}
+    for i, (policy, _) in enumerate(_ROUTING):
+        cap, lo, hi, unresolved = capacity_search(dr, "system_prompt_share", policy=policy)
+        routed[policy] = cap
+        sim_points(ax_c, share_r, cap, lo, hi, unresolved, COLORS[2 + i], MARKERS[2 + i])
+        ax_c.plot(share_r, cap, color=COLORS[2 + i], lw=0.8, zorder=2)
+    ratios = ((share, caps[True] / caps[False], COLORS[1], MARKERS[1], "one engine: prefix caching / none"),
+              (share_r, routed["cache_aware"] / routed["least_used"], COLORS[4], MARKERS[4],
+               "cluster: cache-aware / least-used routing"))
+    for x, ratio, color, marker, label in ratios:
+        ax_r.plot(x, ratio, color=color, marker=marker, lw=0.8, label=label)
+        for xi, y in zip(x, ratio):
+            ax_r.annotate(f"{y:.2f}x", (xi, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
     ax_r.axhline(1.0, color="0.35", ls="--", lw=1.0, zorder=1)
-    for x, y in zip(share, ratio):
-        ax_r.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
-    ax.set_ylim(0, None)
-    ax.set_ylabel("capacity (requests/s) within the p99 TTFT objective")
-    ax_r.set_ylabel("capacity with prefix caching / without")
-    ax_r.set_ylim(0, 1.2 * float(np.nanmax(ratio)))
-    for a in (ax, ax_r):
+    ax_r.legend(loc="upper left", fontsize=8)
+    for a in (ax, ax_c):
+        a.set_ylim(0, None)
+        a.set_ylabel("capacity (requests/s) within the p99 TTFT objective")
+    ax_r.set_ylabel("capacity ratio")
+    ax_r.set_ylim(0, 1.25 * float(np.nanmax(np.concatenate([r[1] for r in ratios]))))
+    for a, x in ((ax, share), (ax_c, share_r), (ax_r, share)):
         a.set_xlabel("share of the requests carrying a shared system prompt")
-        a.set_xticks(share, [f"{x:g}" for x in share])
-    attrs = ds.attrs
+        a.set_xticks(x, [f"{v:g}" for v in x])
+    attrs, ra = ds.attrs, dr.attrs
+    ax.set_title(f"one engine, {attrs.get('system_prompts', '')} system prompts of "
+                 f"{attrs.get('system_prompt_length', float('nan')):g} tokens", fontsize=9.5)
+    ax_c.set_title(f"{ra.get('engines', '')} engines, {ra.get('system_prompts', '')} system prompts of "
+                   f"{ra.get('system_prompt_length', float('nan')):g} tokens (more than an engine holds)",
+                   fontsize=9.5)
     handles = [Line2D([], [], color=COLORS[i], marker=MARKERS[i], label=label)
                for i, (_, label) in enumerate(_CACHING)]
+    handles += [Line2D([], [], color=COLORS[2 + i], marker=MARKERS[2 + i], label=label)
+                for i, (_, label) in enumerate(_ROUTING)]
     handles += style_handles(("sim", "capacity (95% interval over the searches)"),
                              ("hollow", "a search ended unresolved"))
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=8.5)
-    fig.suptitle(f"Prefix caching: an engine's capacity within a p99 time to first token of "
-                 f"{attrs.get('objective_ttft_p99', float('nan')):g} s as more requests share "
-                 f"{attrs.get('system_prompts', '')} system prompts of "
-                 f"{attrs.get('system_prompt_length', float('nan')):g} tokens\nH100 profile, one continuous-batching "
-                 "engine, log-normal prompts and outputs (medians 256 and 128 tokens) after the system prompt",
-                 fontsize=10)
+    fig.suptitle(f"Prefix caching and cache-aware routing: capacity within a p99 time to first token of "
+                 f"{attrs.get('objective_ttft_p99', float('nan')):g} s as more requests share system prompts\n"
+                 f"H100 profile, continuous-batching engines of {attrs.get('max_num_seqs', '')} sequences and "
+                 f"{attrs.get('kv_tokens', float('nan')):,.0f} KV tokens, log-normal prompts and outputs (medians 256 "
+                 "and 128 tokens) after the system prompt", fontsize=10)
     return fig

@@ -16,7 +16,7 @@ from .._kernels import controller as _c
 from .._kernels import dynamic as _d
 from .._kernels import programs as _p
 from .._kernels import queues as _q
-from .._kernels.routing import ROUTERS, Router
+from .._kernels.routing import ROUTERS, CacheRouting, Router
 from .._running import check_memory
 from ..policies.cluster import Programs, Sessions
 from . import continuous, tokens
@@ -83,17 +83,46 @@ class ContinuousPart:
     policy: object
 
     @property
+    def caching(self) -> bool:
+        """Whether the engines cache prefixes (then a call's context is in
+        its engine's cache, not brought along: no KV reuse of the router's)."""
+        return bool(self.policy.policy.prefix_caching)
+
+    @property
     def router(self) -> Router:
         """The kernel's router: its code, threshold, programs and KV reuse."""
         cl = self.policy
         programs = cl.programs is not None
-        return Router(ROUTERS[cl.router], cl.threshold, programs, bool(cl.kv_reuse and programs))
+        return Router(ROUTERS[cl.router], cl.threshold, programs, bool(cl.kv_reuse and programs and not self.caching))
+
+    @property
+    def cache_routing(self) -> CacheRouting:
+        """The cache-aware router's settings (read by that router only)."""
+        cl = self.policy
+        return CacheRouting(float(cl.cache_threshold), int(cl.balance_abs), float(cl.balance_rel))
+
+    def prefixes(self, plan, prompt, programs, drawn: dict) -> dict | None:
+        """The engines' prefix caching (:func:`.continuous_cluster.run`'s
+        ``prefixes``; None without): the system prompts' chains ``drawn``
+        (:func:`.continuous._requests`), or with programs each program a
+        chain that grows (a session's context: each call shares with it its
+        prompt but its new tokens), or none shared."""
+        if not self.caching:
+            return None
+        if programs is not None:
+            (program, new_tokens, _), size = programs
+            return dict(chain=program.astype(float), shared=prompt - new_tokens, grows=np.ones(size))
+        return drawn or dict(chain=np.full(prompt.size, -1.0), shared=np.zeros(prompt.size), grows=np.zeros(0))
 
     def memory(self, n: int) -> dict:
         """The memory the cluster adds to the engines' (``check_memory``'s parts)."""
+        cl = self.policy
         parts = {"engines": (8 * 3 * n, "each request's engine and number there")}
-        if self.policy.programs is not None:
+        if cl.programs is not None:
             parts["programs"] = (8 * 14 * n, "the programs' calls, drawn before the run")
+        if self.caching and cl.programs is not None:
+            parts["prefix_caching"] = (cl.engines * 8 * 5 * cl.programs.table_size(n),
+                                       "each engine's cache of each program's context")
         return parts
 
     def calls(self, plan, streams) -> tuple:
@@ -116,8 +145,13 @@ class ContinuousPart:
 
     def metrics(self, routed: dict) -> dict:
         """The router's metrics (the tag ``router``; no engine leaves, so none
-        is routed again) from the kernel's statistics (``ROUTED``)."""
-        return _router_metrics({**routed, "rerouted": 0})
+        is routed again) from the kernel's statistics (``ROUTED``); with
+        prefix caching the engines' caches hold the programs' contexts, and
+        the router's KV reuse metrics are NaN (``prefix_hit_rate`` tells)."""
+        got = _router_metrics({**routed, "rerouted": 0})
+        if self.caching:
+            got.update(locality_hit_rate=math.nan, kv_recomputed_tokens=math.nan)
+        return got
 
 
 def _router_metrics(st: dict) -> dict:
@@ -133,12 +167,14 @@ def _router_metrics(st: dict) -> dict:
     }
 
 
-#: a cluster's metrics of continuous-batching engines (the tag
-#: ``continuous``), on run-to-completion engines: no preemption (0), no
-#: running sequences or KV blocks of theirs (their time between tokens is
-#: measured: the tag ``tbt_quantiles``, as every token-level policy's)
+#: a cluster's metrics of continuous-batching engines (the tags
+#: ``continuous`` and ``prefix``), on run-to-completion engines: no
+#: preemption or eviction (0), no prefix cache (NaN), no running sequences
+#: or KV blocks of theirs (their time between tokens is measured: the tag
+#: ``tbt_quantiles``, as every token-level policy's)
 _NOT_ITERATIONS = {"preemptions": 0, "recomputed_tokens": math.nan, "mean_running": math.nan,
-                   "mean_in_system": math.nan, "mean_kv_usage": math.nan, "mean_max_num_seqs": math.nan}
+                   "mean_in_system": math.nan, "mean_kv_usage": math.nan, "mean_max_num_seqs": math.nan,
+                   "prefix_hit_rate": math.nan, "prefix_saved_tokens": math.nan, "kv_evictions": 0}
 
 
 def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):

@@ -188,9 +188,14 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                          f"{workload.predictor_sigma:g} and {predictor}")
     if workload.predictor_sigma != 0:
         predictor = LogNormalError(workload.predictor_sigma)
-    if policy.prefix_caching and (cluster is not None or prefilled):
-        raise ValueError("prefix_caching: a ContinuousBatching engine caches prefixes alone (not yet as a Cluster's "
-                         "engines or LAPS's decode stage); give prefix_caching=False")
+    if policy.prefix_caching and prefilled:
+        raise ValueError("prefix_caching: a ContinuousBatching engine caches prefixes alone or as a Cluster's "
+                         "engines (not yet as LAPS's decode stage); give prefix_caching=False")
+    if (cluster is not None and cluster.policy.programs is not None
+            and getattr(workload, "system_prompts", None) is not None):
+        raise ValueError("workload.system_prompts: a Cluster's programs build each call's prompt from its program's "
+                         "context; their calls carry no system prompts (yet): give programs=None, or a Workload "
+                         "without system_prompts")
     if isinstance(workload, Mixture):
         if cluster is not None and cluster.policy.programs is not None:
             raise TypeError("workload: a Workload.mixture's requests are independent; a Cluster's programs draw "
@@ -207,8 +212,9 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     per = 8 * 14 * n if cluster is None else 8 * 19 * n
     # (a mixture's classes, and their draw's uniforms; goodput's first-token times)
     per += 8 * n * (2 * isinstance(workload, Mixture) + workload.has_objectives)
-    # (system prompts: each request's chain and shared tokens)
-    per += 16 * n * (getattr(workload, "system_prompts", None) is not None)
+    # (system prompts or a cluster's programs cached: each request's chain and shared tokens)
+    per += 16 * n * (getattr(workload, "system_prompts", None) is not None
+                     or (policy.prefix_caching and cluster is not None and cluster.policy.programs is not None))
     # servers engines run one after another, each folded into the run's as it ends (_merged): one engine's
     # workspace and histograms at a time (beside their sums and a temporary), each engine's time series and
     # controller state kept to the end; a cluster's engines run side by side, all theirs at once
@@ -394,7 +400,9 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     arrivals = stream(ss, STREAM_ARRIVALS)
     times, prompt, output, programs = plan.cluster.calls(plan, SimpleNamespace(
         arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
-    prompt, output, prediction, klass = _requests(plan, ss, prompt, output)
+    prefixes = {}
+    prompt, output, prediction, klass = _requests(plan, ss, prompt, output, prefixes=prefixes)
+    prefixes = plan.cluster.prefixes(plan, prompt, programs, prefixes)
     if times is None:
         times = _arrival_times(plan, arrivals)
     config, _ = plan.kernel_args
@@ -404,7 +412,7 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
         lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
                         _k.ContinuousStreams(arrivals), stop, control=plan.control, programs=programs,
                         groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, klass=klass, class_slo=plan.class_slo,
-                        class_tpot=plan.class_tpot),
+                        class_tpot=plan.class_tpot, prefixes=prefixes, cache_routing=plan.cluster.cache_routing),
         stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)
@@ -581,12 +589,11 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> 
         "mean_kv_usage": st["blocks_time"] / (busy * blocks) if busy > 0 and blocks else nan,
         "mean_max_num_seqs": (st["cap_time"] / busy if plan.policy.controller is not None
                               else float(plan.policy.max_num_seqs)) if busy > 0 else nan,
+        "prefix_hit_rate": (st["prefix_hits"] / st["prefix_queries"] if plan.policy.prefix_caching
+                            and st["prefix_queries"] else nan),
+        "prefix_saved_tokens": st["prefix_hits"] / completed if completed else nan,
+        "kv_evictions": st["evictions"],
     }
-    if plan.cluster is None:
-        caching = plan.policy.prefix_caching
-        extra.update(prefix_hit_rate=st["prefix_hits"] / st["prefix_queries"] if caching and st["prefix_queries"]
-                     else nan, prefix_saved_tokens=st["prefix_hits"] / completed if completed else nan,
-                     kv_evictions=st["evictions"])
     with np.errstate(invalid="ignore", divide="ignore"):
         g_lat = np.where(out.group_count > 0, out.group_latency / out.group_count, nan)
     if not math.isfinite(plan.policy.kv_tokens):

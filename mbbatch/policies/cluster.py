@@ -8,6 +8,7 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
+from .._kernels.routing import CACHE_ROUTERS
 from .._validation import check_fields, check_instance
 from ..params import PARAMS, default
 from .base import Carries, Policy, declaring
@@ -195,6 +196,21 @@ class Cluster(Policy):
     holding its program's context brings that context's KV cache (its
     blocks taken, only its new tokens prefilled).  Engine ``events`` and
     closed-loop programs are refused on such engines (not modelled yet).
+    With ``ContinuousBatching(prefix_caching=True)`` each engine caches the
+    prefixes of the requests routed to it: a workload's system prompts, or
+    with ``programs`` each program's context (a call shares its prompt but
+    its new tokens with it; the engine's cache replaces ``kv_reuse``, and
+    can evict it).  ``router="cache_aware"`` routes by those caches
+    (SGLang's cache-aware router, reading the engines' KV cache state as its
+    event-driven mode does): while the loads are out of balance (the most
+    active requests of an engine exceed the least by more than
+    ``balance_abs`` and are more than ``balance_rel`` times them) the
+    least-used engine; else the engine whose cache holds the most of the
+    request's prefix (ties: the fewer active requests, then the lower id)
+    if that is more than ``cache_threshold`` of its prompt, else the
+    least-used engine.  With programs, the engine holding a program's
+    context is the one its cache matches: Autellix's locality, bounded by
+    the load.
     The metrics of the other engine kind are NaN (0 for counts): a
     run-to-completion cluster has no time between tokens, a
     continuous-batching one no batch SLA shares.
@@ -207,17 +223,21 @@ class Cluster(Policy):
     programs: Optional[Programs] = None
     kv_reuse: bool = default("Cluster.kv_reuse")
     events: tuple = ()
+    cache_threshold: float = default("Cluster.cache_threshold")
+    balance_abs: int = default("Cluster.balance_abs")
+    balance_rel: float = default("Cluster.balance_rel")
 
     kind: ClassVar[str] = "cluster"
     planner: ClassVar[str] = "cluster"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
-                                              "tbt_quantiles", "router", "continuous", "goodput"})
+                                              "tbt_quantiles", "router", "continuous", "goodput", "prefix"})
     settings: ClassVar[tuple] = ("d_sla", "eps_d", "b_min", "b_max", "controller", "memory", "eta", "eps_m",
                                  "engines", "engine_policy", "engine_batch_size", "engine_bins", "router",
                                  "route_threshold", "kv_reuse", "programs", "calls", "think_time", "closed_loop",
                                  "session_context", "servers", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
                                  "kv_tokens", "block_size", "admission", "admission_bins", "sla_control", "ttft_slo",
-                                 "tpot_slo")
+                                 "tpot_slo", "prefix_caching", "system_prompts", "system_prompt_length",
+                                 "system_prompt_share", "cache_threshold", "balance_abs", "balance_rel")
 
     def __post_init__(self):
         if self.policy is None:
@@ -227,7 +247,13 @@ class Cluster(Policy):
                             f"{type(self.policy).__name__}")
         self.policy.engine_form()                   # (checked now: a MultiBin's full batches only)
         check_fields(self, {"engines": "Cluster.engines", "router": "Cluster.router",
-                            "threshold": "Cluster.threshold", "kv_reuse": "Cluster.kv_reuse"})
+                            "threshold": "Cluster.threshold", "kv_reuse": "Cluster.kv_reuse",
+                            "cache_threshold": "Cluster.cache_threshold", "balance_abs": "Cluster.balance_abs",
+                            "balance_rel": "Cluster.balance_rel"})
+        if self.router in CACHE_ROUTERS and not getattr(self.policy, "prefix_caching", False):
+            raise ValueError(f"router = {self.router!r} routes by the engines' prefix caches: its engines must be "
+                             f"ContinuousBatching(prefix_caching=True); got {type(self.policy).__name__}"
+                             + ("(prefix_caching=False)" if hasattr(self.policy, "prefix_caching") else ""))
         if self.programs is not None:
             check_instance("programs", self.programs, (Programs, Sessions))
         events = self.events
@@ -271,6 +297,8 @@ class Cluster(Policy):
         d.update(policy=self.kind, engine_policy=self.engine_kind, engines=self.engines, router=self.router,
                  threshold=self.threshold, kv_reuse=bool(self.kv_reuse and self.programs is not None),
                  events=len(self.events))
+        if self.router in CACHE_ROUTERS:
+            d.update(cache_threshold=self.cache_threshold, balance_abs=self.balance_abs, balance_rel=self.balance_rel)
         if self.programs is not None:
             d.update(self.programs.describe())
         return d
@@ -292,7 +320,9 @@ class Cluster(Policy):
         else:
             programs = None
         return cls(ctx.build(kind, engine), engines=params["engines"], router=params["router"],
-                   threshold=params["route_threshold"], kv_reuse=params["kv_reuse"], programs=programs)
+                   threshold=params["route_threshold"], kv_reuse=params["kv_reuse"], programs=programs,
+                   cache_threshold=params["cache_threshold"], balance_abs=params["balance_abs"],
+                   balance_rel=params["balance_rel"])
 
 
 #: an engine's settings that a cluster's spec keys leave at their defaults

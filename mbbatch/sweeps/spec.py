@@ -323,6 +323,9 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("router", key="Cluster.router"),
     _sp("route_threshold", key="Cluster.threshold"),
     _sp("kv_reuse", key="Cluster.kv_reuse"),
+    _sp("cache_threshold", key="Cluster.cache_threshold"),
+    _sp("balance_abs", key="Cluster.balance_abs"),
+    _sp("balance_rel", key="Cluster.balance_rel"),
     _sp("programs"),
     _sp("calls", key="Programs.calls"),
     _sp("think_time", key="Programs.think_time"),
@@ -337,7 +340,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
 #: a cluster's settings that only its continuous-batching engines read
 _ENGINE_ONLY = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "kv_tokens", "block_size", "admission",
                 "admission_bins", "aging", "mlfq_quantum", "mlfq_levels", "sla_control", "iteration_overhead",
-                "request_overhead", "num_scheduler_steps")
+                "request_overhead", "num_scheduler_steps", "prefix_caching")
 
 #: the settings of LAPS's decode stage (its policy named by ``decode``)
 _DECODE_SETTINGS = ("decode_servers", "decode_batch_size", "decode_bins", "decode_d_sla", "decode_b_max",
