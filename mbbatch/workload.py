@@ -48,22 +48,26 @@ class SystemPrompts:
     share: float = default("SystemPrompts.share")
 
     def __post_init__(self):
-        import scipy.stats as st
-
         check_fields(self, {"count": "SystemPrompts.count", "share": "SystemPrompts.share"})
-        if isinstance(self.length, st.distributions.rv_frozen):
+        if self.drawn:
             as_service(self.length, "SystemPrompts.length")
         else:
             check("SystemPrompts.length", self.length)
+
+    @property
+    def drawn(self) -> bool:
+        """Whether the lengths are drawn (``length`` a frozen distribution)."""
+        import scipy.stats as st
+
+        return isinstance(self.length, st.distributions.rv_frozen)
 
     def draw(self, gen, n: int) -> tuple:
         """``(chain, shared)`` of ``n`` requests from the generator ``gen``:
         each request's system prompt (-1: none) and its length, tokens (0:
         none), as floats (the kernel's inputs)."""
         import numpy as np
-        import scipy.stats as st
 
-        if isinstance(self.length, st.distributions.rv_frozen):
+        if self.drawn:
             lengths = np.maximum(np.ceil(self.length.rvs(size=self.count, random_state=gen)), 1.0)
         else:
             lengths = np.full(self.count, float(math.ceil(self.length)))
@@ -75,16 +79,11 @@ class SystemPrompts:
 
     def mean_length(self) -> float:
         """The mean tokens a request's system prompt adds to its prompt."""
-        import scipy.stats as st
-
-        mean = float(self.length.mean()) if isinstance(self.length, st.distributions.rv_frozen) else self.length
+        mean = float(self.length.mean()) if self.drawn else self.length
         return self.share * mean
 
     def describe(self) -> dict:
-        import scipy.stats as st
-
-        length = (f"{self.length.dist.name}{self.length.args}" if isinstance(self.length, st.distributions.rv_frozen)
-                  else self.length)
+        length = f"{self.length.dist.name}{self.length.args}" if self.drawn else self.length
         return {"system_prompts": self.count, "system_prompt_share": self.share, "system_prompt_length": length}
 
 
