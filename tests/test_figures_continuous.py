@@ -257,12 +257,12 @@ def test_the_prefix_caching_spec_runs_small_and_the_cache_carries_more_where_pro
 
 @pytest.mark.heavy
 def test_the_prefix_routing_spec_runs_small_and_cache_aware_routing_carries_more(tmp_path):
-    """(Heavy: 20 s, nine searches' probes at their 24 replications.)  sweeps/prefix_routing.toml on 2 engines
-    of 8 sequences and 12,000 KV tokens (16 system prompts of 2,048
-    tokens: 32,768, more than an engine holds), 1,600 requests a probe, one search, every request carrying a
-    system prompt: the cache carries more than no cache, and the cache-aware router at least 10 % more than
-    least-used routing (each engine keeps about half the prompts instead of evicting them all; 2.16, 2.51
-    and 2.82 requests/s on these seeds)."""
+    """(Heavy: 20 s, three searches whose probes near the objective take 24 replications.)
+    sweeps/prefix_routing.toml on 2 engines of 8 sequences and 12,000 KV tokens (16 system prompts of 2,048
+    tokens: 32,768, more than an engine holds), 1,600 requests a probe, one search a policy, every request
+    carrying a system prompt: the cache carries more than no cache, and the cache-aware router at least 10 %
+    more than least-used routing (each engine keeps about half the prompts instead of evicting them all;
+    2.16, 2.51 and 2.82 requests/s on these seeds)."""
     ds = _small("prefix_routing", tmp_path, ("n = 26000", "n = 1600"), ("engines = 4", "engines = 2"),
                 ("max_num_seqs = 64", "max_num_seqs = 8"), ("kv_tokens = 48000.0", "kv_tokens = 12000.0"),
                 ("system_prompts = 32", "system_prompts = 16"), ("searches = 3", "searches = 1"),
