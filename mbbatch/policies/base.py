@@ -34,7 +34,8 @@ that declares, once, as class attributes:
     or as a cluster's engines;
 ``prefixes``
     whether it runs requests sharing prompt prefixes (a workload's
-    :class:`~mbbatch.SystemPrompts`) and can cache them (a single engine);
+    :class:`~mbbatch.SystemPrompts`) and can cache them, alone or as a
+    cluster's engines;
 ``spec_names``
     the spec keys of the arguments its refusals name, where they differ
     (LAPS's ``decode.kv_tokens`` is a spec's ``decode_eta``);
