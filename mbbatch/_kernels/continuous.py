@@ -607,6 +607,14 @@ def _caching(par, inputs):
 
 
 @step
+def prefix_blocks(s, L0, bs):
+    """The full blocks of ``bs`` tokens of a shared prefix of ``s`` tokens
+    that a request of ``L0`` tokens can hit: of at most ``L0 - 1`` tokens
+    (one at least is computed)."""
+    return (s if s < L0 - 1 else L0 - 1) // bs
+
+
+@step
 def _prefix_look(r, L0, bs, ws, inputs):
     """Prefix caching: request ``r``, of ``L0`` tokens (its prompt and those
     generated), looked up in its chain's cache.  Returns ``(c, k, h)``: its
@@ -619,7 +627,7 @@ def _prefix_look(r, L0, bs, ws, inputs):
     if c < 0:
         return c, z, z
     s = np.int64(inputs.shared[r])
-    k = (s if s < L0 - 1 else L0 - 1) // bs
+    k = prefix_blocks(s, L0, bs)
     if k == 0:
         return np.int64(-1), z, z
     cached = ws.pc[c]

@@ -50,7 +50,7 @@ from numba import types
 from numba.extending import overload
 
 from .common import ARRIVED, STOP, kernel, step
-from .continuous import DONE, ES, STALLED, STOPPED, C, continuous_kernel
+from .continuous import DONE, ES, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
 from .layout import Layout
 from .routing import EN, ROUTE_CACHE_AWARE, cache_aware, route_call, routed_call
 
@@ -135,10 +135,9 @@ def _advance(e, count, until, config, control, inputs, out, requests, ws, stream
 def _matches(match, c, s, p, bs, pc):
     """Each engine's cached blocks of a request's prefix (``match[e]``):
     chain ``c`` (-1: none) of which it shares ``s`` tokens of its ``p``-token
-    prompt, the full blocks of at most ``p - 1`` of them (an engine's
-    lookup, :func:`.continuous._prefix_look`), ``pc[e, c]`` the blocks
-    engine e caches."""
-    k = (min(s, p - 1) // bs) if c >= 0 else 0
+    prompt (:func:`.continuous.prefix_blocks`, as an engine looks it up),
+    ``pc[e, c]`` the blocks engine e caches."""
+    k = prefix_blocks(s, p, bs) if c >= 0 else 0
     for e in range(match.shape[0]):
         match[e] = min(pc[e, c], k) if k > 0 else 0
 

@@ -112,7 +112,7 @@ class ContinuousPart:
         if programs is not None:
             (program, new_tokens, _), size = programs
             return dict(chain=program.astype(float), shared=prompt - new_tokens, grows=np.ones(size))
-        return drawn or dict(chain=np.full(prompt.size, -1.0), shared=np.zeros(prompt.size), grows=np.zeros(0))
+        return drawn or continuous.no_prefixes(prompt.size)
 
     def memory(self, n: int) -> dict:
         """The memory the cluster adds to the engines' (``check_memory``'s parts)."""

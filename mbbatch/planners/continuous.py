@@ -248,6 +248,12 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                 cluster=cluster, kv_name=kv_name)
 
 
+def no_prefixes(n: int) -> dict:
+    """The prefix caching inputs of ``n`` requests that share nothing: no
+    chain, no shared tokens, no chains."""
+    return dict(chain=np.full(n, -1.0), shared=np.zeros(n), grows=np.zeros(0))
+
+
 def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, prefixes=None) -> tuple:
     """The requests' prompts and outputs (whole tokens: the prompt and output
     streams, as the token-level policies' requests, unless given: a
@@ -358,7 +364,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
         return run
 
     if plan.policy.prefix_caching:
-        prefixes = prefixes or dict(chain=np.full(n, -1.0), shared=np.zeros(n), grows=np.zeros(0))
+        prefixes = prefixes or no_prefixes(n)
     else:
         prefixes = {}
     if c == 1:
