@@ -169,8 +169,9 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
     caching = chain.shape[0] > 0
     bs = config[0][0, C.block_size]
     for e in range(E):
-        # (each engine's first call sets it up: no request yet)
-        _advance(e, 0, -np.inf, config, control, inputs, out, requests, ws, streams, estop)
+        # (each engine's first call sets it up: no request yet; a count typed as the others', not the literal 0,
+        # or numba compiles the whole engine a second time for it)
+        _advance(e, np.int64(0), -np.inf, config, control, inputs, out, requests, ws, streams, estop)
     rr_route = 0
     for j in range(n):
         if j % _CHECK == 0:
