@@ -272,6 +272,13 @@ def main():
                  f"{res.kv_evictions:,} blocks evicted)",
                  "PASS" if rate >= continuous_bench.PREFIX_TARGET else "FAIL"))
 
+    t, res = continuous_bench.bench_disaggregated(args.n)
+    rate = args.n / t
+    rows.append((f"Disaggregated, {continuous_bench.ENGINES} prefill + {continuous_bench.ENGINES} decode engines, "
+                 f"n={args.n:.0e}", f"{t:.3f} s", f"{rate / 1e6:.1f} M requests/s (transfer "
+                 f"{res.mean_transfer_time * 1e3:.2f} ms, decode pool busy {res.decode_utilization:.0%})",
+                 "PASS" if rate >= continuous_bench.DISAGGREGATED_TARGET else "FAIL"))
+
     import cluster as cluster_bench   # bench/cluster.py
 
     for what, t in zip(("simulate", "its kernel"), cluster_bench.bench_cluster(args.n)):

@@ -17,6 +17,7 @@ from .policies.laps import LAPS
 from .policies.cluster import Cluster, EngineEvent, Programs, Sessions
 from .policies.spf import ShortestPredictedFirst
 from .policies.continuous import ContinuousBatching
+from .policies.disaggregated import Disaggregated, KVTransfer
 from . import registry  # (the policies' registry: it sets the parameter table's choices of kinds)
 from .controller import Memory, SLAController
 from .service_models import CalibratedModel, DecodeModel, IterationModel, LinearModel, MaxModel, PrefillModel
@@ -26,13 +27,15 @@ from .workload import Mixture, SystemPrompts, Workload
 from .results import SimulationResult, Table, UnstableWarning
 from ._kernels.bits import UntestedDrawsWarning
 from .simulation import simulate
-from .capacity import CapacityResult, Objective, find_capacity
+from .capacity import CapacityResult, Objective, SplitResult, find_capacity, find_split
 from .comparison import Comparison, compare
 from . import engines, profiles, serving, validation
 
 __all__ = [
     "simulate",
     "find_capacity",
+    "find_split",
+    "SplitResult",
     "Objective",
     "CapacityResult",
     "compare",
@@ -48,6 +51,8 @@ __all__ = [
     "EngineEvent",
     "Programs",
     "Sessions",
+    "Disaggregated",
+    "KVTransfer",
     "Workload",
     "Mixture",
     "SystemPrompts",

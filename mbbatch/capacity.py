@@ -136,7 +136,8 @@ from .simulation import plan
 from .params import Domain
 from scipy import stats as _st
 
-__all__ = ["Objective", "Probe", "Search", "CapacityResult", "find_capacity", "check_search", "with_rate",
+__all__ = ["Objective", "Probe", "Search", "CapacityResult", "find_capacity", "find_split", "SplitResult",
+           "check_search", "with_rate",
            "min_requests", "backlog_reps",
            "OBJECTIVE_METRICS", "CLASS_METRICS", "SEARCH_DOMAINS", "SEARCHES"]
 
@@ -987,3 +988,61 @@ def _search(s: _Search, rel_tol: float) -> Search:
                 hi = b
                 unverified |= vb == "undecided"
     return result(lo, hi, resolved=not unverified)
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """What :func:`find_split` found: ``capacities[p]``, the capacity of ``p``
+    prefill and ``engines - p`` decode engines; ``best``, the ``p`` of the
+    largest; ``colocated``, the capacity of a cluster of the same ``engines``
+    running both phases (None where not asked)."""
+
+    engines: int
+    capacities: dict
+    best: int
+    colocated: CapacityResult | None = None
+
+    @property
+    def rate(self) -> float:
+        """The best split's capacity."""
+        return self.capacities[self.best].rate
+
+    def table(self) -> str:
+        """A line per split: ``p:d``, its capacity and interval."""
+        rows = [f"{p}:{self.engines - p}  {c.rate:10.3f}  [{c.rate_ci[0]:.3f}, {c.rate_ci[1]:.3f}]"
+                + ("  <- best" if p == self.best else "") for p, c in self.capacities.items()]
+        if self.colocated is not None:
+            c = self.colocated
+            rows.append(f"colocated {c.rate:10.3f}  [{c.rate_ci[0]:.3f}, {c.rate_ci[1]:.3f}]")
+        return "\n".join(rows)
+
+
+def find_split(engines: int, *, prefill=None, decode=None, kv_transfer=None, router: str = "least_used",
+               decode_model=None, colocated: bool = False, **search) -> SplitResult:
+    """The prefill:decode split of ``engines`` engines that carries the
+    most (:class:`~mbbatch.Disaggregated`; Zhong et al., 2024, DistServe,
+    arXiv:2401.09670, search the goodput-optimal split the same way): for
+    each ``p`` from 1 to ``engines - 1``, the capacity (:func:`find_capacity`
+    with ``search``: ``workload``, ``service_model``, ``objective``, ``n``,
+    ``seed``, ...) of ``Disaggregated(prefill, decode, p, engines - p,
+    kv_transfer, router, decode_model)``, every split on the same seeds;
+    ``colocated``: also that of ``Cluster(prefill, engines, router)``, the
+    same engines each running both phases.  The best split is the largest
+    capacity (ties: fewer prefill engines)."""
+    from .policies.cluster import Cluster
+    from .policies.continuous import ContinuousBatching
+    from .policies.disaggregated import Disaggregated
+
+    if isinstance(engines, bool) or not isinstance(engines, (int, np.integer)) or not 2 <= engines <= 2 ** 20:
+        raise ValueError(f"engines: a split keeps one engine in each pool at least, an integer in [2, 2**20]; got "
+                         f"{engines!r}")
+    pools = [Disaggregated(prefill=prefill, decode=decode, prefill_engines=p, decode_engines=int(engines) - p,
+                           kv_transfer=kv_transfer, router=router, decode_model=decode_model)
+             for p in range(1, int(engines))]
+    caps = {pol.prefill_engines: find_capacity(pol, **search) for pol in pools}
+    best = max(caps, key=lambda p: (caps[p].rate, -p))
+    together = None
+    if check_flag("colocated", colocated):
+        engine = pools[0].prefill if prefill is not None else ContinuousBatching()
+        together = find_capacity(Cluster(engine, engines=int(engines), router=router), **search)
+    return SplitResult(engines=int(engines), capacities=caps, best=best, colocated=together)

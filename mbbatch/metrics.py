@@ -36,6 +36,7 @@ TAGS = {
     "continuous": "a continuous-batching engine: preemptions, running sequences, KV memory",
     "goodput": "the requests within their objectives on the first token and per output token",
     "prefix": "a continuous-batching engine's prefix cache: hits, prefill saved, evictions",
+    "disaggregated": "prefill and decode on pools of their own: the KV transfers, each pool's utilization",
 }
 
 
@@ -200,6 +201,15 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
        "them, per completed request (0: prefix caching off)", "prefix", better="higher"),
     _m("kv_evictions", "blocks", "cached KV blocks no running sequence held, evicted least recently used to make "
        "room (0: prefix caching off)", "prefix", dtype="i8"),
+    _m("mean_transfer_time", "s", "mean time a request's KV cache takes from its prefill engine to its decode "
+       "engine: latency + prompt x bytes per token / bandwidth (the requests of more than one output token)",
+       "disaggregated"),
+    _m("mean_decode_wait", "s", "mean time a request waits for its decode engine's admission after its KV "
+       "transfer (memory full, or max_num_seqs running)", "disaggregated"),
+    _m("prefill_utilization", "1", "the prefill pool's busy engine-time / (its engines x its span)",
+       "disaggregated"),
+    _m("decode_utilization", "1", "the decode pool's busy engine-time / (its engines x its span)",
+       "disaggregated"),
     _m("mean_max_num_seqs", "sequences", "mean cap on the running sequences per unit of busy time: the "
        "controller's (Algorithms 1, 2 and 7), else max_num_seqs", "continuous"),
     _m("unstable", "1", "the backlog grew through the run (last quarter of the arrivals vs the second): "
@@ -216,7 +226,7 @@ _BETTER = {
               "mean_ttft_long", "mean_tbt", "sla_violation_tokens", "sla_violation_requests", "sla_violation_share",
               "mean_fill_wait", "mean_queue_wait", "ttft_p50", "ttft_p95", "ttft_p99", "kv_recomputed_tokens",
               "load_imbalance", "tbt_p50", "tbt_p95", "tbt_p99", "preemptions", "recomputed_tokens",
-              "rejected", "mean_in_system"),
+              "rejected", "mean_in_system", "mean_transfer_time", "mean_decode_wait"),
 }
 METRICS.update({name: replace(METRICS[name], better=way) for way, names in _BETTER.items() for name in names})
 

@@ -382,6 +382,20 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        "(none: latency is the time to first token)", default="none"),
     _p("LAPS.decode_servers", "count", "servers", "decode servers behind the prefill instances (with a decode "
        "policy): each serves the decode policy's batches", _COUNT, default=1),
+    # --- prefill/decode disaggregation (Splitwise, arXiv:2311.18677; DistServe, arXiv:2401.09670) --
+    _p("Disaggregated.prefill_engines", "count", "engines", "engines of the prefill pool (each request's prompt and "
+       "first token)", Domain(1, 2 ** 20, lo_closed=True, hi_closed=True), default=1),
+    _p("Disaggregated.decode_engines", "count", "engines", "engines of the decode pool (each request's other "
+       "output tokens, its prompt's KV cache transferred)", Domain(1, 2 ** 20, lo_closed=True, hi_closed=True),
+       default=1),
+    _p("Disaggregated.router", "choice", "", "the prefill pool's router: least-used (fewest active requests) or "
+       "round-robin", default="least_used", choices=("least_used", "round_robin")),
+    # (a 200 Gb/s InfiniBand link, Splitwise's; Llama-3-8B's KV cache: 2 x 32 layers x 8 heads x 128 x 2 bytes)
+    _p("KVTransfer.bandwidth", "real", "bytes/s", "the KV transfer link's bandwidth", _POS, default=25e9),
+    _p("KVTransfer.latency", "real", "s", "the KV transfer's fixed time (setup, first byte)", _NONNEG,
+       default=0.0),
+    _p("KVTransfer.bytes_per_token", "real", "bytes", "the KV cache of one token: 2 x layers x KV heads x head "
+       "dimension x bytes a value", _POS, default=131072.0),
     # --- a cluster of engines behind a router (Autellix, Luo et al., 2025, arXiv:2502.13965) --
     # (2**20: the router's scan packs an engine's id in 20 bits)
     _p("Cluster.engines", "count", "engines", "engines of the cluster, each with its own queues and servers",

@@ -16,7 +16,7 @@ spec name, its spec keys and its kernel fields
 (:class:`mbbatch.arrivals.Arrivals`).
 
 >>> sorted(POLICIES)[:3]
-['cluster', 'continuous', 'dynamic']
+['cluster', 'continuous', 'disaggregated']
 >>> kind_of(MultiBin(bins=2, batch_size=4)).planner
 'multibin'
 """
@@ -30,6 +30,7 @@ from ._kernels.routing import ROUTERS
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated
 from .policies.cluster import Cluster
 from .policies.continuous import ContinuousBatching
+from .policies.disaggregated import Disaggregated
 from .policies.dynamic import DynamicBatching, MultiBinDynamic
 from .policies.laps import LAPS
 from .policies.multibin import MultiBin
@@ -49,6 +50,7 @@ POLICIES: dict = {cls.kind: cls for cls in (
     Cluster,
     ShortestPredictedFirst,
     ContinuousBatching,
+    Disaggregated,
 )}
 #: The kinds, in the registry's order.
 KINDS = tuple(POLICIES)

@@ -361,6 +361,9 @@ class SimulationResult:
         data["group_mean_latency"] = xr.Variable(("group",), self.group_mean_latency, {
             "units": "s", "long_name": "batch-means group latency",
             "description": "mean latency of the requests of each contiguous block of arrivals"})
+        if "batch_size_hist" not in self._arrays and self.kind != "multibin":
+            # (a composite of engines, a disaggregated deployment's pools: their arrays are their own results')
+            return self._dataset(data, coords)
         if self.kind == "multibin":
             coords["bin"] = np.arange(self.batches_per_bin.size)
             data["batches_per_bin"] = xr.Variable(("bin",), self.batches_per_bin, {

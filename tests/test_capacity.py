@@ -440,6 +440,8 @@ KIND_CALLS = {
     "cluster": (mb.Cluster(mb.DynamicBatching(controller=_CTL), engines=2), {"workload": WL}),
     "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
     "continuous": (mb.ContinuousBatching(max_num_seqs=16), {"workload": WL, "profile": PROFILE}),
+    "disaggregated": (mb.Disaggregated(mb.ContinuousBatching(max_num_seqs=16), mb.ContinuousBatching(max_num_seqs=16),
+                                       decode_engines=2), {"workload": WL, "profile": PROFILE}),
 }
 EXTRA_CALLS = {
     "cluster of continuous engines": (mb.Cluster(mb.ContinuousBatching(max_num_seqs=8), engines=2),
@@ -653,3 +655,23 @@ def test_the_class_metrics_an_objective_bounds_are_those_a_mixtures_run_reports(
     assert o == Objective(latency_p99=60.0, classes={"chat": Objective(ttft_p99=0.5),
                                                      "batch": Objective(goodput=0.8)})
     assert hash(o) == hash(Objective(latency_p99=60.0))   # (classes, a dict, stay out of the hash)
+
+
+def test_find_split_searches_every_split_and_names_the_best():
+    """Three engines: the splits 1:2 and 2:1, each a Disaggregated capacity
+    search on the same seeds (the one of 1:2 is find_capacity's of that
+    deployment, bit for bit), the colocated cluster's beside them; the best is
+    the larger.  Long outputs on short prompts: two decode engines carry
+    more than one."""
+    wl = mb.Workload(prompt=st.lognorm(0.5, scale=64), output=st.lognorm(0.5, scale=256))
+    kw = dict(workload=wl, n=3000, searches=1, rel_tol=0.05, max_reps=6, seed=2,
+              objective=Objective(ttft_p99=2.0))
+    engine = mb.ContinuousBatching(max_num_seqs=8)
+    got = mb.find_split(3, prefill=engine, decode=engine, colocated=True, **kw)
+    assert sorted(got.capacities) == [1, 2] and got.engines == 3
+    assert got.best == 1 and got.rate == got.capacities[1].rate > got.capacities[2].rate
+    assert got.capacities[1].rate == find_capacity(mb.Disaggregated(engine, engine, decode_engines=2), **kw).rate
+    assert got.colocated is not None and got.colocated.rate > 0
+    assert "1:2" in got.table() and "<- best" in got.table() and "colocated" in got.table()
+    with pytest.raises(ValueError, match=r"engines: .* \[2, 2\*\*20\]"):
+        mb.find_split(1, **kw)

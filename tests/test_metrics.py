@@ -37,7 +37,7 @@ def _spec(kind):
         return parse_spec(TOKEN.replace('service_model = "decode"', 'service_model = "prefill"')
                           .replace("d_sla = 0.0074\n", "").replace("eta = 20000.0\n", "")
                           .format(policy=kind, arrivals="poisson", extra="instances = 2", grid="rate = [1.0]"))
-    if kind == "continuous":
+    if kind in ("continuous", "disaggregated"):
         return parse_spec(TOKEN.replace('service_model = "decode"', 'service_model = "iteration"')
                           .replace("d_sla = 0.0074\n", "").replace("eta = 20000.0\n", "")
                           .format(policy=kind, arrivals="poisson", extra="max_num_seqs = 16", grid="rate = [1.0]"))
@@ -100,7 +100,7 @@ def test_every_token_level_policy_reports_the_time_to_first_token_and_between_to
     every token-level policy's now, as the time to first token's."""
     from mbbatch.metrics import kinds_of
 
-    token = {"static", "spf", "dynamic", "multibin_dynamic", "cluster", "continuous", "laps"}
+    token = {"static", "spf", "dynamic", "multibin_dynamic", "cluster", "continuous", "laps", "disaggregated"}
     assert kinds_of("tbt_quantiles") == token == kinds_of("ttft_quantiles")
     for q in ("p50", "p95", "p99"):
         assert METRICS[f"tbt_{q}"].tag == "tbt_quantiles" and METRICS[f"tbt_{q}"].var == f"sim_tbt_{q}"

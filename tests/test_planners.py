@@ -20,6 +20,8 @@ CALLS = {
     "cluster": (mb.Cluster(engines=2), {"workload": WL}),
     "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
     "continuous": (mb.ContinuousBatching(max_num_seqs=16, kv_tokens=4096), {"workload": WL}),
+    "disaggregated": (mb.Disaggregated(decode=mb.ContinuousBatching(max_num_seqs=16, kv_tokens=4096),
+                                       decode_engines=2), {"workload": WL}),
 }
 
 

@@ -38,7 +38,7 @@ def test_adding_a_kind_is_a_conscious_act():
     (or an engine, decode-stage, resumable, classes or prefixes role) is a deliberate
     change here too.  Every other test reads the kinds from the registry."""
     assert registry.KINDS == ("multibin", "static", "dynamic", "multibin_dynamic", "laps", "cluster", "spf",
-                              "continuous")
+                              "continuous", "disaggregated")
     assert registry.engine_kinds() == ("multibin", "static", "dynamic", "multibin_dynamic", "spf", "continuous")
     assert registry.decode_kinds() == ("static", "dynamic", "multibin_dynamic", "continuous")
     assert [k for k, cls in registry.POLICIES.items() if cls.resumable] == ["continuous"]

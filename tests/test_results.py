@@ -24,6 +24,7 @@ POLICIES = {
     "cluster": (mb.Cluster(engines=2, programs=mb.Programs(calls=2)), {"workload": WL}),
     "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
     "continuous": (mb.ContinuousBatching(max_num_seqs=16, admission="multibin", bins=2), {"workload": WL}),
+    "disaggregated": (mb.Disaggregated(decode_engines=2), {"workload": WL}),
 }
 #: the policies whose results keep batch records (keep_batches)
 BATCHED = ("static", "dynamic", "multibin_dynamic", "cluster", "spf")
@@ -50,7 +51,7 @@ def test_every_policy_gives_the_one_result_type_with_its_metrics(kind):
         assert res.mean_latency_ci == (res.mean_latency_ci_low, res.mean_latency_ci_high)
         assert res.mean_latency_ci[0] <= res.mean_latency <= res.mean_latency_ci[1]
     assert res.edges.ndim == 1 and np.all(np.diff(res.edges) >= 0)
-    assert res.edges.size == (2 if kind in ("dynamic", "static", "cluster", "spf") else 3)
+    assert res.edges.size == (2 if kind in ("dynamic", "static", "cluster", "spf", "disaggregated") else 3)
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         res.nonsense
 
@@ -75,8 +76,8 @@ def test_utilization_is_one_name():
     for kind in KINDS:
         res = _run(kind)
         assert 0 < res.utilization <= 1 + 1e-12
-        # (one server; a cluster's two engines have one each)
-        assert res.mean_busy_servers == pytest.approx(res.utilization * (2 if kind == "cluster" else 1))
+        # (one server; a cluster's two engines have one each, a disaggregated deployment's three engines too)
+        assert res.mean_busy_servers == pytest.approx(res.utilization * {"cluster": 2, "disaggregated": 3}.get(kind, 1))
         assert "sim_utilization" in res.to_dataset()
 
 

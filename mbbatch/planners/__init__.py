@@ -14,7 +14,9 @@ one :class:`~mbbatch.SimulationResult`.  A policy names its planner
 - :mod:`.tokens`: the event kernel of the token-level policies;
 - :mod:`.cluster`: the event kernel with engines, a router and programs;
 - :mod:`.laps`: LAPS's prefill instances, and its decode stage;
-- :mod:`.continuous`: the continuous-batching engine.
+- :mod:`.continuous`: the continuous-batching engine;
+- :mod:`.disaggregated`: prefill and decode pools of continuous engines, the KV
+  transfers between.
 
 :mod:`.common` holds what they share, the metrics of a run assembled from the
 metric table among it (:func:`.common.assemble`).
@@ -27,7 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from ..results import SimulationResult
-from . import cluster, continuous, laps, multibin, tokens
+from . import cluster, continuous, disaggregated, laps, multibin, tokens
 
 __all__ = ["Plan", "Planner", "PLANNERS"]
 
@@ -53,4 +55,4 @@ class Planner(Protocol):
 
 #: the planners by the name a policy declares
 PLANNERS: dict = {"multibin": multibin, "tokens": tokens, "cluster": cluster, "laps": laps,
-                  "continuous": continuous}
+                  "continuous": continuous, "disaggregated": disaggregated}

@@ -25,7 +25,7 @@ __all__ = ["BATCH_MEANS_GROUPS", "engines_backlog", "TIME_SERIES_ROWS", "SCALE_R
            "check_batch_model",
            "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
            "exponentials", "drawn_lengths", "readonly", "per_bin", "steady_state", "settled", "HISTOGRAM_QUANTILES",
-           "HISTOGRAM_ERROR"]
+           "HISTOGRAM_ERROR", "decode_stage_requests", "stage_goodput"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
@@ -306,3 +306,31 @@ def settled(t, b_target, st) -> float:
     t0, t1 = float(st["first_arrival"]), float(t[-1])
     dt, _, late = stats.settling_time(t, b_target, t0, t1)
     return math.nan if late else dt
+
+
+def decode_stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """The requests a decode stage serves (LAPS's, a disaggregated
+    deployment's decode pool), in the order they join it at ``first`` (their
+    first token, or the end of its KV transfer): those of more than one
+    output token (the prefill generates a request's first token, as in
+    disaggregated serving: Zhong et al., 2024, DistServe, arXiv:2401.09670;
+    the decode stage generates the other ``output - 1``, its first decode
+    iteration reading the first token), by ``first``, ties in arrival
+    order."""
+    many = np.flatnonzero(output > 1.0)
+    return many[np.argsort(first[many], kind="stable")]
+
+
+def stage_goodput(workload, req: dict, completion: np.ndarray, output: np.ndarray) -> float:
+    """The share of the requests (every one completed) that met both the
+    workload's objectives end to end: the time to first token (the
+    prefill's) within ``ttft_slo``, and the time per output token,
+    ``(completion - first token) / (output - 1)`` (none for one token, as
+    the continuous engine's), within ``tpot_slo`` (DistServe's goodput, Zhong
+    et al., 2024, arXiv:2401.09670: the wait for the decode stage counts)."""
+    first = req["first_token"]
+    ok = first - req["arrival"] <= workload.ttft_slo
+    if math.isfinite(workload.tpot_slo):
+        many = output > 1.0
+        ok[many] &= (completion[many] - first[many]) / (output[many] - 1.0) <= workload.tpot_slo
+    return np.count_nonzero(ok) / ok.size

@@ -32,8 +32,8 @@ from ..workload import Workload
 from . import continuous, tokens
 from .. import stats
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals,
-                     check_times, drawn, finish, lengths, model_config, quantiles, resolve_n, rvs_memory,
-                     steady_state, times_name)
+                     check_times, decode_stage_requests, drawn, finish, lengths, model_config, quantiles, resolve_n,
+                     rvs_memory, stage_goodput, steady_state, times_name)
 
 __all__ = ["Plan", "check"]
 
@@ -74,7 +74,7 @@ class Plan:
         in arrival order.  The prompts and outputs are those the run draws
         (the prefill instances' prompts are the prompt stream's lengths, as
         every token-level policy's), each output less the prefill's first
-        token (:func:`_stage_requests`; a one-token request, which never
+        token (:func:`.common.decode_stage_requests`; a one-token request, which never
         reaches the stage, checked as one of two tokens, so that the places
         stay those of arrival order); no other stage refuses a drawn
         request."""
@@ -181,21 +181,10 @@ _ONE_TOKEN = ("decode: LAPS's decode stage generates each request's output after
               "drop decode or give outputs of more than one token")
 
 
-def _stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
-    """The requests LAPS's decode stage serves, in the order they join it:
-    those of more than one output token (the prefill instance generates a
-    request's first token, as in disaggregated serving: Zhong et al., 2024,
-    DistServe, arXiv:2401.09670; the decode stage generates the other
-    ``output - 1``, its first decode iteration reading the first token), by
-    first token, ties in arrival order."""
-    many = np.flatnonzero(output > 1.0)
-    return many[np.argsort(first[many], kind="stable")]
-
-
 def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
     """The decode stage after LAPS's prefill: each request of more than one
     output token joins the decode policy at its first token
-    (:func:`_stage_requests`), its prompt the one prefilled, its output the
+    (:func:`.common.decode_stage_requests`), its prompt the one prefilled, its output the
     workload's output length (replayed in order, or drawn in Python on the
     output stream) less the first token; a one-token request is done at its
     first token.  Returns the decode run's result and each request's
@@ -203,7 +192,7 @@ def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
     pol, wl, n = plan.policy, plan.workload, plan.n
     first = req["first_token"]
     out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
-    order = _stage_requests(first, out)
+    order = decode_stage_requests(first, out)
     if order.size == 0:
         # (outputs that may pass one token are checked in check(); these draws all happened to be one)
         raise ValueError(_ONE_TOKEN + f"; every one of the {n} outputs drawn is")
@@ -216,21 +205,6 @@ def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
     completion = first.copy()
     completion[order] = res.requests.completion
     return res, completion, out
-
-
-def _goodput(workload: Workload, req: dict, completion: np.ndarray, output: np.ndarray) -> float:
-    """The share of the requests (every one completed) that met both the
-    workload's objectives end to end: the time to first token (the
-    prefill's) within ``ttft_slo``, and the time per output token,
-    ``(completion - first token) / (output - 1)`` (none for one token, as
-    the continuous engine's), within ``tpot_slo`` (DistServe's goodput, Zhong
-    et al., 2024, arXiv:2401.09670: the wait for the decode stage counts)."""
-    first = req["first_token"]
-    ok = first - req["arrival"] <= workload.ttft_slo
-    if math.isfinite(workload.tpot_slo):
-        many = output > 1.0
-        ok[many] &= (completion[many] - first[many]) / (output[many] - 1.0) <= workload.tpot_slo
-    return np.count_nonzero(ok) / ok.size
 
 
 def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: np.ndarray) -> dict:
@@ -313,7 +287,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
                      latency_p50=float(q[0]), latency_p95=float(q[1]), latency_p99=float(q[2]), span=span,
                      token_throughput=float(output.sum()) / span if span > 0 else nan, mean_tbt=decode.mean_tbt,
                      **{f"tbt_{k}": getattr(decode, f"tbt_{k}") for k in ("p50", "p95", "p99")},
-                     goodput=_goodput(plan.workload, req, completion, output) if plan.workload.has_objectives
+                     goodput=stage_goodput(plan.workload, req, completion, output) if plan.workload.has_objectives
                      else nan)
         arrays["decode"] = decode
         how = f"latency exact (end to end); time to first token from histograms, {HISTOGRAM_ERROR}"

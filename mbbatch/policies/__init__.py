@@ -13,5 +13,7 @@ token-level policy, how the event kernel runs it.  The registry
 - :mod:`.cluster`: :class:`~mbbatch.Cluster` and its programs and events;
 - :mod:`.spf`: :class:`~mbbatch.ShortestPredictedFirst`;
 - :mod:`.continuous`: :class:`~mbbatch.ContinuousBatching`, an engine that
-  batches at every iteration.
+  batches at every iteration;
+- :mod:`.disaggregated`: :class:`~mbbatch.Disaggregated`, prefill and decode
+  on pools of their own, and :class:`~mbbatch.KVTransfer`, the link between.
 """

@@ -326,6 +326,13 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("cache_threshold", key="Cluster.cache_threshold"),
     _sp("balance_abs", key="Cluster.balance_abs"),
     _sp("balance_rel", key="Cluster.balance_rel"),
+    # prefill/decode disaggregation: its pools and the KV transfer's link
+    _sp("prefill_engines", key="Disaggregated.prefill_engines"),
+    _sp("decode_engines", key="Disaggregated.decode_engines"),
+    _sp("prefill_router", key="Disaggregated.router"),
+    _sp("kv_bandwidth", key="KVTransfer.bandwidth"),
+    _sp("kv_latency", key="KVTransfer.latency"),
+    _sp("kv_bytes_per_token", key="KVTransfer.bytes_per_token"),
     _sp("programs"),
     _sp("calls", key="Programs.calls"),
     _sp("think_time", key="Programs.think_time"),

@@ -1,0 +1,205 @@
+"""The planner of prefill/decode disaggregation (:class:`~mbbatch.Disaggregated`;
+Patel et al., 2024, Splitwise, arXiv:2311.18677; Zhong et al., 2024,
+DistServe, arXiv:2401.09670): the prefill pool, a cluster of continuous
+engines behind its router on requests of one output token (:mod:`.continuous`
+under :mod:`.cluster`); each request's KV transfer; the decode pool,
+continuous engines on the prompts prefilled, joined at the transfers' ends
+(:mod:`.continuous`, as LAPS's decode stage).
+
+The requests are those of any policy on the same seed: the arrival and
+prompt streams drive the prefill pool, the output lengths are drawn on the
+service stream as a cluster draws them (common random numbers: a
+disaggregated deployment and a colocated cluster serve the same requests).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._seeding import STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
+from ..arrivals import Poisson, Replay
+from ..results import SimulationResult, Table
+from ..service_models import IterationModel
+from ..workload import Mixture, Workload
+from . import cluster, continuous
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, RunTotals, assemble, decode_stage_requests, finish,
+                     lengths, model_config, quantiles, resolve_n, stage_goodput)
+
+__all__ = ["Plan", "check"]
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A checked disaggregated run: the prefill pool's plan, the decode
+    pool's settings (its plan is made on the transfers' ends)."""
+
+    policy: object
+    arrivals: object
+    workload: Workload
+    model: IterationModel
+    decode_model: IterationModel
+    n: int
+    keep_requests: bool
+    memory: int
+    prefill: object
+
+    keep_batches = False
+
+    @property
+    def servers(self) -> int:
+        """The engines of both pools."""
+        return self.policy.engines
+
+    @property
+    def kernel_args(self) -> tuple:
+        """The prefill pool's kernel arguments (the decode pool's follow from its run)."""
+        return self.prefill.kernel_args
+
+    @functools.cached_property
+    def description(self) -> dict:
+        decode = {f"decode_{k}": v for k, v in model_config(self.decode_model).items()}
+        return {**self.policy.describe(), **self.arrivals.describe(), **self.workload.describe(),
+                **model_config(self.model), **decode, "n": self.n}
+
+    def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
+        """Simulate with the seed ``ss`` (``warn``: an UnstableWarning where a
+        pool's backlog grows; ``progress``: the prefill pool's bar)."""
+        self.check_requests(ss)
+        return finish(_run(self, ss, progress), warn, stacklevel=4)
+
+    def check_requests(self, ss: np.random.SeedSequence) -> None:
+        """Raise the error :meth:`run` with the seed ``ss`` would raise, before
+        either pool runs: a request a pool could never run (beyond its KV
+        blocks, or its prompt beyond ``max_batched_tokens`` without chunked
+        prefill), named by its place in arrival order; the decode pool's
+        output less the prefill's first token (a one-token request, which
+        never reaches it, checked as one of two tokens, so that the places
+        stay those of arrival order)."""
+        self.prefill.check_requests(ss)
+        wl, n = self.workload, self.n
+        out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
+        stage = Workload(prompt=lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True),
+                         output=np.maximum(out - 1.0, 1.0), integer_lengths=True, predictor_sigma=wl.predictor_sigma)
+        _decode_plan(self.policy, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
+
+
+def _decode_plan(pol, arrivals, workload, model, n: int):
+    """The checked plan of the decode pool: ``decode_engines`` engines, the
+    requests dealt in turn, each bringing its prompt's KV cache."""
+    return continuous.check(pol.decode, arrivals, None, n, pol.decode_engines, True, workload, model, False,
+                            prefilled=True, servers_name="decode_engines", kv_name="decode.kv_tokens")
+
+
+def _prefill_workload(workload: Workload, n: int) -> Workload:
+    """The prefill pool's requests: the workload's prompts, one output token
+    each (the first, the prefill's)."""
+    return Workload(prompt=workload.prompt, output=np.ones(n), integer_lengths=True)
+
+
+def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches) -> Plan:
+    """The checked :class:`Plan` of a ``simulate`` call of :class:`~mbbatch.Disaggregated`."""
+    if service is not None:
+        raise TypeError("Disaggregated takes workload=Workload(prompt=..., output=...) (its engines' iterations are "
+                        "timed by their tokens), not service=")
+    if keep_batches:
+        raise TypeError("keep_batches: a Disaggregated deployment's engines batch at every iteration and keep no "
+                        "batch records; keep_requests=True keeps each request's first token, transfer and completion")
+    if not (servers == 1 or servers is None):
+        raise ValueError(f"servers does not apply to Disaggregated: its engines are prefill_engines and "
+                         f"decode_engines; got servers = {servers!r}")
+    if isinstance(workload, Mixture):
+        raise TypeError("workload: a Disaggregated deployment runs one Workload (a Workload.mixture's classes are "
+                        "not modelled across its pools yet)")
+    if workload.system_prompts is not None:
+        raise ValueError("workload.system_prompts: a Disaggregated deployment's engines do not cache prefixes (not "
+                         "modelled yet); give a Workload without system_prompts")
+    model = IterationModel() if service_model is None else service_model
+    if not isinstance(model, IterationModel):
+        raise TypeError(f"service_model: a Disaggregated deployment's engines are timed by an IterationModel (or a "
+                        f"profile: mb.profiles.get(name)); got {type(service_model).__name__}")
+    decode_model = model if policy.decode_model is None else policy.decode_model
+    if not workload.integer_lengths:
+        raise ValueError("workload.integer_lengths: a Disaggregated deployment's engines step whole tokens; it must "
+                         "be True")
+    n = resolve_n(n, arrivals, workload.length_specs())
+    from ..policies.cluster import Cluster
+
+    pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router)
+    prefill = cluster.check(pool, arrivals, None, n, 1, True, _prefill_workload(workload, n), model, False)
+    # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
+    # prefill)
+    decode = _decode_plan(policy, Poisson(1.0), workload, decode_model, n)
+    return Plan(policy=policy, arrivals=arrivals, workload=workload, model=model, decode_model=decode_model, n=n,
+                keep_requests=bool(keep_requests), memory=prefill.memory + decode.memory + 8 * 8 * n,
+                prefill=prefill)
+
+
+def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
+    pol, wl, n = plan.policy, plan.workload, plan.n
+    pre = plan.prefill.run(ss, warn=False, progress=progress)
+    req = pre.requests
+    arrival, prompt, first = req["arrival"], req["prompt"], req["first_token"]
+    out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
+    transfer = pol.kv_transfer.seconds(prompt)
+    ready = first + transfer
+    order = decode_stage_requests(ready, out)
+    completion = first.copy()
+    admitted = np.full(n, math.nan)
+    dec = None
+    if order.size:
+        stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
+                         predictor_sigma=wl.predictor_sigma)
+        dec = _decode_plan(pol, Replay(ready[order]), stage, plan.decode_model, order.size).run(ss, warn=False)
+        completion[order] = dec.requests["completion"]
+        admitted[order] = dec.requests["admitted"]
+    latency = completion - arrival
+    ttft = first - arrival
+    start = float(arrival.min())
+    span = float(completion.max()) - start
+    nan = math.nan
+    pools = [r for r in (pre, dec) if r is not None]
+    busy = sum(r.mean_busy_servers * r.span for r in pools if r.completed)
+    batches = sum(r.n_batches for r in pools)
+    members = sum(r.mean_batch_size * r.n_batches for r in pools if r.n_batches)
+    totals = RunTotals(completed=n, span=span, sum_latency=float(latency.sum()), busy=busy, servers=pol.engines,
+                       batches=batches, members=members, latency_quantiles=quantiles(None, latency))
+    moved = out > 1.0
+    q_ttft = quantiles(None, ttft)
+    extra = {
+        "token_throughput": float(out.sum()) / span if span > 0 else nan,
+        "mean_tbt": dec.mean_tbt if dec is not None else nan,
+        **{f"tbt_{q}": getattr(dec, f"tbt_{q}") if dec is not None else nan for q in ("p50", "p95", "p99")},
+        "mean_ttft": float(ttft.mean()),
+        **{f"ttft_{q}": float(v) for q, v in zip(("p50", "p95", "p99"), q_ttft)},
+        "goodput": stage_goodput(wl, {"first_token": first, "arrival": arrival}, completion, out)
+        if wl.has_objectives else nan,
+        "mean_transfer_time": float(transfer[moved].mean()) if moved.any() else nan,
+        "mean_decode_wait": float((admitted - ready)[order].mean()) if order.size else nan,
+        "prefill_utilization": pre.utilization,
+        "decode_utilization": dec.utilization if dec is not None else nan,
+    }
+    requests = None
+    if plan.keep_requests:
+        requests = Table({"arrival": arrival, "prompt": prompt, "output": out, "first_token": first,
+                          "transfer_time": np.where(moved, transfer, nan), "decode_admitted": admitted,
+                          "completion": completion, "latency": latency, "ttft": ttft,
+                          "prefill_engine": req["engine"]})
+    unstable = [f"{name}: {r.unstable_reason}" for name, r in (("prefill", pre), ("decode", dec))
+                if r is not None and r.unstable]
+    reason = "; ".join(unstable) if unstable else pre.unstable_reason
+    return SimulationResult(
+        kind=pol.kind, config={**plan.description, "seed_entropy": entropy_str(ss)}, n=n, servers=pol.engines,
+        edges=np.array([-np.inf, np.inf]), metrics=assemble(pol.kind, totals, extra),
+        arrays={"prefill": pre, **({"decode": dec} if dec is not None else {}),
+                # (the batch-means groups: contiguous blocks of arrivals, their mean latency end to end)
+                "group_mean_latency": np.array([g.mean() if g.size else math.nan
+                                                for g in np.array_split(latency, BATCH_MEANS_GROUPS)])},
+        requests=requests,
+        time_series=None, unstable=bool(unstable), unstable_reason=reason,
+        latency_quantiles=f"latency and time to first token exact; time between tokens the decode pool's, "
+                          f"{HISTOGRAM_ERROR}",
+        kernel_seconds=pre.kernel_seconds + (dec.kernel_seconds if dec is not None else 0.0))

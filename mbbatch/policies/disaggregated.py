@@ -1,0 +1,178 @@
+"""Prefill/decode disaggregation: a pool of prefill engines, the KV cache
+moved over a link, a pool of decode engines (Patel et al., 2024, Splitwise,
+arXiv:2311.18677; Zhong et al., 2024, DistServe, arXiv:2401.09670)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .._validation import check_fields, check_instance
+from ..params import default
+from .base import Carries, Policy
+
+__all__ = ["Disaggregated", "KVTransfer"]
+
+
+@dataclass(frozen=True, eq=False)
+class KVTransfer:
+    """The link that moves a request's KV cache from its prefill engine to
+    its decode engine: a prompt of ``p`` tokens takes
+    ``latency + p x bytes_per_token / bandwidth`` seconds.
+
+    ``bytes_per_token`` is the KV cache of one token, keys and values of
+    every layer: ``2 x layers x kv_heads x head_dim x dtype bytes``
+    (:meth:`of_model`); the default, 131,072 bytes, is Llama-3-8B's (32
+    layers, 8 KV heads of 128, 16-bit).  The default ``bandwidth``, 25 GB/s,
+    is a 200 Gb/s InfiniBand link between machines (Splitwise's); a transfer
+    within a machine over NVLink is an order of magnitude faster.  Each
+    transfer has the link to itself (transfers do not share bandwidth)."""
+
+    bandwidth: float = default("KVTransfer.bandwidth")
+    latency: float = default("KVTransfer.latency")
+    bytes_per_token: float = default("KVTransfer.bytes_per_token")
+
+    def __post_init__(self):
+        check_fields(self, {"bandwidth": "KVTransfer.bandwidth", "latency": "KVTransfer.latency",
+                            "bytes_per_token": "KVTransfer.bytes_per_token"})
+
+    @classmethod
+    def of_model(cls, layers: int, kv_heads: int, head_dim: int, dtype_bytes: float = 2.0, **link) -> "KVTransfer":
+        """The transfer of a model's KV cache: ``layers`` layers of
+        ``kv_heads`` key-value heads of ``head_dim`` each, ``dtype_bytes`` a
+        value (2: 16-bit), keys and values; ``link``: ``bandwidth``,
+        ``latency``.
+
+        >>> KVTransfer.of_model(80, 8, 128).bytes_per_token    # Llama-3-70B
+        327680.0
+        """
+        for name, v in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer in [1, inf); got {v!r}")
+        if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, (int, float)) or not dtype_bytes > 0:
+            raise ValueError(f"dtype_bytes must be a real in (0, inf); got {dtype_bytes!r}")
+        return cls(bytes_per_token=float(2 * layers * kv_heads * head_dim * dtype_bytes), **link)
+
+    def seconds(self, prompt):
+        """The transfer time of prompts of ``prompt`` tokens (an array or a number), s."""
+        return self.latency + prompt * (self.bytes_per_token / self.bandwidth)
+
+    def describe(self) -> dict:
+        return {"kv_bandwidth": self.bandwidth, "kv_latency": self.latency,
+                "kv_bytes_per_token": self.bytes_per_token}
+
+
+@dataclass(frozen=True, eq=False)
+class Disaggregated(Policy):
+    """Prefill/decode disaggregation (Patel et al., 2024, Splitwise,
+    arXiv:2311.18677; Zhong et al., 2024, DistServe, arXiv:2401.09670):
+    ``prefill_engines`` engines running ``prefill`` compute each request's
+    prompt and first token, its KV cache moves over ``kv_transfer``
+    (:class:`KVTransfer`), and ``decode_engines`` engines running ``decode``
+    generate the rest of its output.
+
+    Both pools are :class:`ContinuousBatching` engines (default
+    ``ContinuousBatching()``), timed by the ``service_model`` of the
+    ``simulate`` call (an :class:`~mbbatch.IterationModel` or a profile),
+    the decode pool by ``decode_model`` where given (another accelerator):
+
+    - a request arrives at the prefill pool, whose ``router``
+      (``"least_used"``, ``"round_robin"``; a :class:`Cluster`'s) sends it to
+      an engine; there it is a request of one output token, done at its first
+      token, whose KV blocks are freed then;
+    - its cache moves at once, taking :meth:`KVTransfer.seconds` of its
+      prompt;
+    - it joins the decode pool at the transfer's end, dealt to the decode
+      engines in turn in the order the transfers end (as LAPS's decode
+      instances), bringing its prompt's KV cache: it takes its blocks when
+      the engine admits it, waiting in the engine's queue while its memory
+      is full, and decodes its other ``output - 1`` tokens (a one-token
+      request is done at its first token and never reaches it).
+
+    Choices where the papers leave it open: the prefill engine frees the KV
+    blocks at the first token (DistServe's prefill instance holds them until
+    the decode instance pulls them); the transfer starts at the first token,
+    whether or not the decode engine has room (a transfer that finds it full
+    waits in its queue, not on the link); transfers do not share a link.
+
+    The results: the latency end to end (arrival to last token), the time
+    to first token (the prefill pool's), the time between tokens (the gaps
+    between the tokens the decode pool generates), the mean transfer time
+    and wait for a decode engine, each pool's utilization, and ``goodput``,
+    DistServe's share of the requests within both the workload's
+    ``ttft_slo`` and ``tpot_slo``, a request's time per output token
+    ``(last token - first token) / (output - 1)`` counting its transfer and
+    its wait; ``res.prefill`` and ``res.decode`` are the pools' own
+    results.
+
+    >>> import mbbatch as mb, scipy.stats as st
+    >>> wl = mb.Workload(prompt=st.lognorm(0.8, scale=512), output=st.lognorm(0.8, scale=128))
+    >>> pd = mb.Disaggregated(prefill_engines=1, decode_engines=2)
+    >>> res = mb.simulate(pd, arrivals=mb.Poisson(4.0), workload=wl, n=2000, seed=1)
+    >>> round(res.mean_transfer_time * 1e3, 2)      # ms, 131,072 bytes a token at 25 GB/s
+    3.75
+    """
+
+    prefill: object = None
+    decode: object = None
+    prefill_engines: int = default("Disaggregated.prefill_engines")
+    decode_engines: int = default("Disaggregated.decode_engines")
+    kv_transfer: object = None
+    router: str = default("Disaggregated.router")
+    decode_model: object = None
+
+    kind: ClassVar[str] = "disaggregated"
+    planner: ClassVar[str] = "disaggregated"
+    reports: ClassVar[frozenset] = frozenset({"run", "decode", "ttft", "ttft_quantiles", "tbt_quantiles", "goodput",
+                                              "disaggregated"})
+    settings: ClassVar[tuple] = ("prefill_engines", "decode_engines", "prefill_router", "kv_bandwidth", "kv_latency",
+                                 "kv_bytes_per_token", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
+                                 "kv_tokens", "block_size", "admission", "ttft_slo", "tpot_slo")
+    models: ClassVar[tuple] = ("iteration", "profile")
+
+    def __post_init__(self):
+        from .continuous import ContinuousBatching
+
+        for name in ("prefill", "decode"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, ContinuousBatching())
+            check_instance(name, getattr(self, name), (ContinuousBatching,))
+        if self.kv_transfer is None:
+            object.__setattr__(self, "kv_transfer", KVTransfer())
+        check_instance("kv_transfer", self.kv_transfer, (KVTransfer,))
+        check_fields(self, {"prefill_engines": "Disaggregated.prefill_engines",
+                            "decode_engines": "Disaggregated.decode_engines", "router": "Disaggregated.router"})
+        if self.decode_model is not None:
+            from ..service_models import IterationModel
+
+            check_instance("decode_model", self.decode_model, (IterationModel,))
+        for name in ("prefill", "decode"):
+            if getattr(self, name).prefix_caching:
+                raise ValueError(f"{name}.prefix_caching: a disaggregated deployment's engines do not cache "
+                                 f"prefixes (not modelled yet); give ContinuousBatching(prefix_caching=False)")
+
+    @property
+    def engines(self) -> int:
+        """The engines of both pools."""
+        return self.prefill_engines + self.decode_engines
+
+    def carries(self) -> Carries:
+        """The decode engines' continuous batching: judged by the backlog, a
+        probe holding what every engine of both pools holds."""
+        held = self.prefill_engines * self.prefill.carries().held + self.decode_engines * self.decode.carries().held
+        return Carries(load=False, backlog=True, held=held, iterations=True)
+
+    def describe(self) -> dict:
+        eng = {k: v for k, v in self.decode.describe().items() if k != "policy"}
+        return {**eng, "policy": self.kind, "prefill_engines": self.prefill_engines,
+                "decode_engines": self.decode_engines, "router": self.router, **self.kv_transfer.describe()}
+
+    @classmethod
+    def from_spec(cls, params: dict, ctx) -> "Disaggregated":
+        """A cell's deployment: both pools' engines run the cell's
+        ``ContinuousBatching`` settings, the link its ``kv_*`` settings."""
+        engine = ctx.build("continuous", params)
+        link = KVTransfer(bandwidth=params["kv_bandwidth"], latency=params["kv_latency"],
+                          bytes_per_token=params["kv_bytes_per_token"])
+        return cls(prefill=engine, decode=engine, prefill_engines=params["prefill_engines"],
+                   decode_engines=params["decode_engines"], kv_transfer=link, router=params["prefill_router"])

@@ -1,0 +1,137 @@
+"""Prefill/decode disaggregation (mb.Disaggregated) against a plain-Python
+deployment: the plain-Python cluster of the plain-Python engine as the
+prefill pool, each KV transfer computed from the link, and plain-Python
+engines as the decode pool, request by request; the same requests as a
+colocated cluster on the same seed; its metrics and its refusals."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as st
+
+import mbbatch as mb
+
+from . import reference_continuous as ref
+from .test_kernels_continuous import COEF
+from .test_kernels_continuous_cluster import _reference_cluster
+
+#: the reference engine's iteration cost (tests/test_kernels_continuous.py's), as an IterationModel
+MODEL = mb.IterationModel(setup=0.0, step=COEF["step"], prefill_per_token=COEF["prefill_per_token"],
+                          per_sequence=COEF["per_sequence"], per_context_token=COEF["per_context"])
+WL = mb.Workload(prompt=st.lognorm(0.8, scale=256), output=st.lognorm(0.8, scale=64))
+
+
+def _engine(rng, longest):
+    """Random engine settings: slots, a budget (chunked or not), memory that binds or not."""
+    chunked = bool(rng.random() < 0.5)
+    bs = int(rng.choice([4, 16]))
+    kv = float(rng.choice([math.inf, bs * (-(-longest * 2 // bs)), bs * (-(-longest * 8 // bs))]))
+    return dict(max_num_seqs=int(rng.choice([2, 4, 16])), chunked_prefill=chunked, kv_tokens=kv, block_size=bs,
+                max_batched_tokens=int(rng.choice([64, 256])) if chunked else int(max(longest, 512)))
+
+
+def _reference(kw):
+    """The reference engine's keywords of an engine's settings."""
+    return dict(max_num_seqs=kw["max_num_seqs"], max_batched_tokens=kw["max_batched_tokens"],
+                chunked=kw["chunked_prefill"], kv_tokens=kw["kv_tokens"], block_size=kw["block_size"],
+                admission="fcfs", edges=np.array([10.0, 20.0]), **COEF)
+
+
+@pytest.mark.parametrize("router", ["least_used", "round_robin"])
+def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
+    """Over 5 random deployments per router (1 to 3 engines a pool, each
+    pool's own settings, a random link): each request's prefill engine,
+    first token, transfer, decode admission and completion equal a
+    plain-Python deployment's: the plain-Python cluster behind the router
+    on requests of one output token; the transfer ``latency + prompt x
+    (bytes_per_token / bandwidth)``; the requests of more than one token,
+    in the order their transfers end (ties in arrival order), dealt in turn
+    to plain-Python engines, each bringing its prompt's KV cache and
+    generating ``output - 1`` tokens."""
+    rng = np.random.default_rng(["least_used", "round_robin"].index(router))
+    waited = 0
+    for _ in range(5):
+        wl = mb.Workload(prompt=st.lognorm(0.6, scale=float(rng.uniform(20, 120))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(4, 30))))
+        pk, dk = _engine(rng, 2048), _engine(rng, 2048)
+        ep, ed = (int(k) for k in rng.integers(1, 4, 2))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), latency=float(rng.choice([0.0, 0.005])),
+                             bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        pol = mb.Disaggregated(prefill=mb.ContinuousBatching(**pk), decode=mb.ContinuousBatching(**dk),
+                               prefill_engines=ep, decode_engines=ed, kv_transfer=link, router=router)
+        res = mb.simulate(pol, mb.Poisson(float(rng.uniform(2, 20))), workload=wl, service_model=MODEL, n=200,
+                          seed=int(rng.integers(1 << 30)), keep_requests=True)
+        r = res.requests
+        arr, p, o = r["arrival"], r["prompt"], r["output"]
+        n = len(arr)
+        where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, **_reference(pk))
+        first = np.empty(n)
+        for e in range(ep):
+            if mine[e]:
+                first[mine[e]] = runs[e]["first_token"]
+        np.testing.assert_array_equal(r["prefill_engine"], where)
+        np.testing.assert_array_equal(r["first_token"], first)
+        transfer = link.latency + p * (link.bytes_per_token / link.bandwidth)
+        ready = first + transfer
+        many = np.flatnonzero(o > 1)
+        order = many[np.argsort(ready[many], kind="stable")]
+        completion, admitted = first.copy(), np.full(n, np.nan)
+        for e in range(min(ed, order.size)):
+            idx = order[e::ed]
+            w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx], cached=p[idx], **_reference(dk))
+            completion[idx], admitted[idx] = w["completion"], w["admitted"]
+        np.testing.assert_array_equal(r["transfer_time"][many], transfer[many])
+        assert np.isnan(r["transfer_time"][o == 1]).all()
+        np.testing.assert_array_equal(r["decode_admitted"], admitted)
+        np.testing.assert_array_equal(r["completion"], completion)
+        assert res.mean_transfer_time == pytest.approx(transfer[many].mean(), rel=1e-12)
+        assert res.mean_decode_wait == pytest.approx((admitted - ready)[order].mean(), rel=1e-9, abs=1e-12)
+        assert res.mean_latency == pytest.approx((completion - arr).mean(), rel=1e-12)
+        waited += bool(((admitted - ready)[order] > 0).any())
+    assert waited >= 2          # (some requests waited for a decode engine: the comparison saw queues)
+
+
+def test_the_requests_are_a_colocated_clusters_on_the_same_seed():
+    """Common random numbers: a deployment serves the same requests, arrival
+    times, prompts and outputs, as a colocated cluster on the same seed (so a
+    comparison between them is paired)."""
+    kw = dict(arrivals=mb.Poisson(6.0), workload=WL, n=400, seed=7, keep_requests=True)
+    a = mb.simulate(mb.Disaggregated(prefill_engines=1, decode_engines=2), **kw).requests
+    b = mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=3, router="least_used"), **kw).requests
+    for col in ("arrival", "prompt", "output"):
+        np.testing.assert_array_equal(a[col], b[col], err_msg=col)
+
+
+def test_a_slow_link_and_one_prefill_engine_show_in_their_metrics():
+    """The transfer time is the link's (a tenth of the bandwidth: ten times
+    the transfer); the time per output token that goodput reads counts it, so
+    a tight objective on it is met less often over the slower link; the
+    pools' results are kept."""
+    kw = dict(arrivals=mb.Poisson(4.0), workload=mb.Workload(prompt=st.lognorm(0.8, scale=256),
+                                                             output=st.lognorm(0.8, scale=64), tpot_slo=0.012),
+              n=1500, seed=3)
+    fast = mb.simulate(mb.Disaggregated(decode_engines=2), **kw)
+    slow = mb.simulate(mb.Disaggregated(decode_engines=2, kv_transfer=mb.KVTransfer(bandwidth=1e8)), **kw)
+    assert slow.mean_transfer_time == pytest.approx(fast.mean_transfer_time * 250, rel=1e-9)
+    assert slow.goodput < fast.goodput
+    assert fast.mean_ttft == slow.mean_ttft               # (the prefill pool does not see the link)
+    assert isinstance(fast.prefill, mb.SimulationResult) and isinstance(fast.decode, mb.SimulationResult)
+    assert fast.prefill.completed == 1500 and 0 < fast.decode.completed <= 1500
+    assert 0 < fast.prefill_utilization < 1 and 0 < fast.decode_utilization <= 1
+    assert fast.mean_tbt == fast.decode.mean_tbt and fast.tbt_p99 == fast.decode.tbt_p99
+
+
+def test_bad_calls_are_refused_before_anything_runs():
+    pol = mb.Disaggregated()
+    kw = dict(arrivals=mb.Poisson(1.0), n=100)
+    with pytest.raises(TypeError, match="service"):
+        mb.simulate(pol, service=st.expon(), **kw)
+    with pytest.raises(ValueError, match="servers"):
+        mb.simulate(pol, workload=WL, servers=2, **kw)
+    with pytest.raises(TypeError, match="mixture"):
+        mb.simulate(pol, workload=mb.Workload.mixture({"a": (1, WL), "b": (1, WL)}), **kw)
+    with pytest.raises(ValueError, match=r"decode\.kv_tokens"):
+        mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(kv_tokens=256.0)), workload=WL, **kw)
