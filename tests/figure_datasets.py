@@ -568,7 +568,7 @@ def _trace_replay(reps=2):
 
 #: the capacity specs whose synthetic stores the capacity figures read
 CAPACITY_SPECS = ("capacity_k", "capacity_latency", "capacity_predictor", "capacity_routers", "policy_gains_capacity",
-                  "policy_gains_classes_capacity", "prefix_caching", "prefix_routing")
+                  "policy_gains_classes_capacity", "prefix_caching", "prefix_routing", "disaggregation")
 #: prefix_routing's made-up capacity laws, 80 / (1 + k x share), k by policy
 ROUTING_K = {"no_cache": 3.0, "least_used": 1.0, "cache_aware": 0.5}
 #: policy_gains_classes_capacity's made-up capacities (requests/s), by order
@@ -611,6 +611,10 @@ def _capacity_store(name):
             cap = 20.0 / (1 + (0.1 if params["prefix_caching"] else 3.0) * share)
         elif name == "prefix_routing":
             cap = 80.0 / (1 + ROUTING_K[params["policy"]] * params["system_prompt_share"])
+        elif name == "disaggregation":
+            # (the prefill pool binds below the best split, the decode pool above it; colocated between)
+            p = params.get("prefill_engines")
+            cap = 14.0 if p is None else 40.0 * min(p / 4.0, (8 - p) / 6.0)
         elif params.get("objective_goodput") is not None:
             # (continuous admission orders under a goodput objective: shortest first carries the most, less with
             # aging, and less as the predictor errs)

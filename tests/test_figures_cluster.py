@@ -151,6 +151,22 @@ def test_capacity_routers_draws_each_router_against_the_bound(results):  # noqa:
     assert "p99 TTFT bound" in ax.get_xlabel()
 
 
+def test_disaggregation_draws_each_split_beside_the_colocated_engines(results):  # noqa: F811
+    """One point per split, along p, its capacity the store's; the colocated
+    cluster's capacity a dashed line; the best split named."""
+    ds = xr.open_zarr(results / "disaggregation.zarr", chunks=None).load()
+    fig = cluster.disaggregation({"disaggregation": ds})
+    ax = fig.axes[0]
+    (joined,) = [ln for ln in ax.lines if ln.get_linestyle() == "-"]
+    splits = [str(v) for v in ds["policy"].values if str(v) != "colocated"]
+    np.testing.assert_array_equal(joined.get_xdata(), np.arange(1, 8))
+    np.testing.assert_allclose(joined.get_ydata(), ds["sim_capacity"].sel(policy=splits).values)
+    (colocated,) = [ln for ln in ax.lines if ln.get_linestyle() == "--"]
+    assert colocated.get_ydata()[0] == float(ds["sim_capacity"].sel(policy="colocated"))
+    best = splits[int(ds["sim_capacity"].sel(policy=splits).argmax())]
+    assert f"best split {best[1:]}:{8 - int(best[1:])}" in ax.get_title()
+
+
 def test_engine_event_shades_the_engines_absence(results):  # noqa: F811
     ds = xr.open_dataset(results / "engine_event.nc").load()
     fig = cluster.engine_event({"engine_event": ds})

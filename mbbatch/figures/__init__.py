@@ -12,7 +12,7 @@ they may evaluate the closed forms of :mod:`mbbatch.theory`.
  'capacity_predictor', 'laps_modes', 'laps_allocation', 'autellix_routers', 'autellix_loops', 'capacity_routers',
  'engine_event', 'hardware_fit', 'hardware_moe', 'hardware_policies', 'hardware_trace', 'hardware_multibin',
  'continuous_vs_binned', 'continuous_memory', 'continuous_controller',
- 'continuous_trace', 'policy_gains', 'prefix_caching']
+ 'continuous_trace', 'policy_gains', 'prefix_caching', 'disaggregation']
 >>> make_figures("results", "figures", only="fig3")     # doctest: +SKIP
 [PosixPath('figures/fig3.png'), PosixPath('figures/fig3.pdf')]
 
@@ -31,8 +31,9 @@ A figure's name is the name of the function that draws it:
 - :mod:`.cluster`: multi-engine serving: LAPS's modes (``laps_modes``) and
   its dynamic allocation through a load step (``laps_allocation``),
   Autellix's routing (``autellix_routers``, ``capacity_routers``,
-  ``engine_event``) and open against closed-loop programs
-  (``autellix_loops``);
+  ``engine_event``), open against closed-loop programs
+  (``autellix_loops``), and prefill/decode disaggregation's capacity
+  against its split (``disaggregation``);
 - :mod:`.hardware`: the service models fitted to measured accelerators
   (``hardware_fit``, and ``hardware_moe`` for a mixture of experts: they
   read the measurements shipped with mbbatch, no sweep), the dynamic-batching experiments on two of them
@@ -140,6 +141,7 @@ FIGURES: "OrderedDict[str, tuple[Callable, list[str]]]" = OrderedDict([
     ("policy_gains", (continuous.policy_gains, ["policy_gains", "policy_gains_capacity", "policy_gains_classes",
                                                  "policy_gains_classes_capacity"])),
     ("prefix_caching", (continuous.prefix_caching, ["prefix_caching", "prefix_routing"])),
+    ("disaggregation", (cluster.disaggregation, ["disaggregation"])),
 ])
 
 

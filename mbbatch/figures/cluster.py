@@ -3,8 +3,9 @@
 (``laps_allocation``); Autellix's router against least-used and round-robin
 (``autellix_routers``), open against closed-loop programs
 (``autellix_loops``), their capacity under a TTFT objective
-(``capacity_routers``) and an engine leaving and returning mid-run
-(``engine_event``).
+(``capacity_routers``), an engine leaving and returning mid-run
+(``engine_event``), and prefill/decode disaggregation's capacity against
+its split (``disaggregation``).
 
 Each takes ``{dataset name: Dataset}`` and returns a
 :class:`matplotlib.figure.Figure`; conventions as in :mod:`mbbatch.figures`
@@ -21,11 +22,12 @@ from matplotlib.lines import Line2D
 
 from .analysis import over_reps, overloaded, phases, replication_ci
 from .data import line, per_rep, time_series, variants
-from .panels import capacity_against_bound
+from .panels import capacity_against_bound, capacity_search
 from .style import (COLORS, MARKERS, log_ylim, new_figure, plain_log_ticks, series_handles, sim_points,
                      style_handles)
 
-__all__ = ["laps_modes", "laps_allocation", "autellix_routers", "autellix_loops", "capacity_routers", "engine_event"]
+__all__ = ["laps_modes", "laps_allocation", "autellix_routers", "autellix_loops", "capacity_routers", "engine_event",
+           "disaggregation"]
 
 
 def _mode_label(settings: dict) -> str:
@@ -295,4 +297,50 @@ def engine_event(data) -> Figure:
                  f"{float(a['back']):g} s (shaded): its queue is routed again\n{float(a['rate']):g} calls/s of "
                  f"{int(a['calls'])}-call programs, large above {int(a['threshold'])} tokens; calls grouped by "
                  f"arrival in {float(a['bin']):g} s windows, {int(a['seeds'])} seeds pooled", fontsize=9)
+    return fig
+
+
+def disaggregation(data) -> Figure:
+    """Capacity within a goodput objective (markers: the capacity and its 95 %
+    interval over the searches, hollow where a search ended unresolved) of
+    a fixed number of engines split into p prefill and the rest decode
+    engines (``disaggregation``: :class:`~mbbatch.Disaggregated`), against
+    p, beside the same engines colocated, each running both phases (a band:
+    its capacity's interval)."""
+    ds = data["disaggregation"]
+    split = variants(ds, "disaggregated")
+    p = np.array([s["prefill_engines"] for _, s in split], dtype=float)
+    d = np.array([s["decode_engines"] for _, s in split], dtype=float)
+    names = [str(v) for v in ds["policy"].values]
+    at = [names.index(name) for name, _ in split]
+    every = capacity_search(ds, "policy")
+    cap, lo, hi, unresolved = (np.asarray(v)[at] for v in every)
+    fig, (ax,) = new_figure(7.8, 4.8)
+    sim_points(ax, p, cap, lo, hi, unresolved.astype(bool), COLORS[0], MARKERS[0])
+    ax.plot(p, cap, color=COLORS[0], lw=0.8, zorder=2)
+    for x, y, dd in zip(p, cap, d):
+        ax.annotate(f"{x:g}:{dd:g}", (x, y), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+    together = [name for name, s in variants(ds) if s["kind"] != "disaggregated"]
+    handles = [Line2D([], [], color=COLORS[0], marker=MARKERS[0], label="disaggregated, p prefill : d decode")]
+    if together:
+        c, cl, ch = (float(np.asarray(v)[names.index(together[0])]) for v in every[:3])
+        ax.axhline(c, color=COLORS[1], lw=1.2, ls="--", zorder=1)
+        ax.axhspan(cl, ch, color=COLORS[1], alpha=0.15, lw=0, zorder=0)
+        handles.append(Line2D([], [], color=COLORS[1], ls="--", label=f"colocated ({int(p[0] + d[0])} engines, "
+                                                                      "both phases, least used)"))
+    best = int(np.nanargmax(cap))
+    ax.set_xticks(p, [f"{x:g}" for x in p])
+    ax.set_xlabel(f"prefill engines p (of {int(p[0] + d[0])}; the rest decode)")
+    ax.set_ylabel("capacity (requests/s) within the goodput objective")
+    ax.set_ylim(0, 1.15 * float(np.nanmax(hi)))
+    a = ds.attrs
+    ax.set_title(f"best split {p[best]:g}:{d[best]:g}, {cap[best]:.2f} requests/s; goodput >= "
+                 f"{a.get('objective_goodput', float('nan')):g} within TTFT {a.get('ttft_slo', float('nan')):g} s "
+                 f"and TPOT {1e3 * a.get('tpot_slo', float('nan')):g} ms", fontsize=9)
+    handles += style_handles(("sim", "capacity (95% interval over the searches)"),
+                             ("hollow", "a search ended unresolved"))
+    ax.legend(handles=handles, loc="lower center", fontsize=8)
+    fig.suptitle("Prefill/decode disaggregation (Splitwise; DistServe): capacity against the split\n"
+                 f"H100 profile, continuous-batching engines of {a.get('max_num_seqs', '')} sequences and "
+                 f"{a.get('kv_tokens', float('nan')):,.0f} KV tokens, KV moved at 25 GB/s", fontsize=10)
     return fig
