@@ -838,7 +838,8 @@ def find_capacity(policy, *, arrivals=None, service=None, workload=None, service
     ----------
     policy : a policy of :data:`mbbatch.registry.POLICIES`
         MultiBin, StaticBatching, DynamicBatching, MultiBinDynamic,
-        ShortestPredictedFirst, ContinuousBatching, Cluster or LAPS.
+        ShortestPredictedFirst, ContinuousBatching, Cluster, LAPS or
+        Disaggregated (:func:`find_split` searches its splits).
     arrivals : Poisson, Gamma, OnOff or Replay, optional
         The shape of the arrival process (default Poisson); its rate is what
         the search sets.
