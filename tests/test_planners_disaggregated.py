@@ -135,3 +135,17 @@ def test_bad_calls_are_refused_before_anything_runs():
         mb.simulate(pol, workload=mb.Workload.mixture({"a": (1, WL), "b": (1, WL)}), **kw)
     with pytest.raises(ValueError, match=r"decode\.kv_tokens"):
         mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(kv_tokens=256.0)), workload=WL, **kw)
+
+
+def test_a_pool_whose_backlog_grows_is_named():
+    """One decode engine of 8 sequences cannot keep up with long outputs at 20
+    requests/s, though the prefill engine can: the run is unstable, the
+    decode pool named (its arrivals, the transfers' ends, are judged as any
+    run's); four decode engines at 5 requests/s keep up."""
+    wl = mb.Workload(prompt=st.lognorm(0.5, scale=64), output=st.lognorm(0.5, scale=256))
+    e = mb.ContinuousBatching(max_num_seqs=8)
+    with pytest.warns(mb.UnstableWarning, match="decode: the backlog grows"):
+        res = mb.simulate(mb.Disaggregated(e, e), arrivals=mb.Poisson(20.0), workload=wl, n=4000, seed=1)
+    assert res.unstable and res.unstable_reason.startswith("decode: ") and not res.prefill.unstable
+    ok = mb.simulate(mb.Disaggregated(e, e, decode_engines=4), arrivals=mb.Poisson(5.0), workload=wl, n=4000, seed=1)
+    assert not ok.unstable
