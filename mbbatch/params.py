@@ -390,7 +390,7 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        default=1),
     _p("Disaggregated.router", "choice", "", "the prefill pool's router: least-used (fewest active requests) or "
        "round-robin", default="least_used", choices=("least_used", "round_robin")),
-    # (a 200 Gb/s InfiniBand link, Splitwise's; Llama-3-8B's KV cache: 2 x 32 layers x 8 heads x 128 x 2 bytes)
+    # (a 200 Gb/s InfiniBand HDR link between machines; Llama-3-8B's KV cache: 2 x 32 layers x 8 heads x 128 x 2 bytes)
     _p("KVTransfer.bandwidth", "real", "bytes/s", "the KV transfer link's bandwidth", _POS, default=25e9),
     _p("KVTransfer.latency", "real", "s", "the KV transfer's fixed time (setup, first byte)", _NONNEG,
        default=0.0),

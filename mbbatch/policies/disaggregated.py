@@ -24,7 +24,7 @@ class KVTransfer:
     every layer: ``2 x layers x kv_heads x head_dim x dtype bytes``
     (:meth:`of_model`); the default, 131,072 bytes, is Llama-3-8B's (32
     layers, 8 KV heads of 128, 16-bit).  The default ``bandwidth``, 25 GB/s,
-    is a 200 Gb/s InfiniBand link between machines (Splitwise's); a transfer
+    is a 200 Gb/s InfiniBand (HDR) link between machines; a transfer
     within a machine over NVLink is an order of magnitude faster.  Each
     transfer has the link to itself (transfers do not share bandwidth)."""
 
