@@ -440,8 +440,8 @@ KIND_CALLS = {
     "cluster": (mb.Cluster(mb.DynamicBatching(controller=_CTL), engines=2), {"workload": WL}),
     "spf": (mb.ShortestPredictedFirst(8), {"workload": WL}),
     "continuous": (mb.ContinuousBatching(max_num_seqs=16), {"workload": WL, "profile": PROFILE}),
-    "disaggregated": (mb.Disaggregated(mb.ContinuousBatching(max_num_seqs=16), mb.ContinuousBatching(max_num_seqs=16),
-                                       decode_engines=2), {"workload": WL, "profile": PROFILE}),
+    "disaggregated": (mb.Disaggregated(mb.ContinuousBatching(max_num_seqs=8), mb.ContinuousBatching(max_num_seqs=16)),
+                      {"workload": WL, "profile": PROFILE}),
 }
 EXTRA_CALLS = {
     "cluster of continuous engines": (mb.Cluster(mb.ContinuousBatching(max_num_seqs=8), engines=2),
