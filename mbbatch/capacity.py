@@ -1031,7 +1031,6 @@ def find_split(engines: int, *, prefill=None, decode=None, kv_transfer=None, rou
     same engines each running both phases.  The best split is the largest
     capacity (ties: fewer prefill engines)."""
     from .policies.cluster import Cluster
-    from .policies.continuous import ContinuousBatching
     from .policies.disaggregated import Disaggregated
 
     if isinstance(engines, bool) or not isinstance(engines, (int, np.integer)) or not 2 <= engines <= 2 ** 20:
@@ -1044,6 +1043,6 @@ def find_split(engines: int, *, prefill=None, decode=None, kv_transfer=None, rou
     best = max(caps, key=lambda p: (caps[p].rate, -p))
     together = None
     if check_flag("colocated", colocated):
-        engine = pools[0].prefill if prefill is not None else ContinuousBatching()
-        together = find_capacity(Cluster(engine, engines=int(engines), router=router), **search)
+        # (the deployments' prefill engine: ContinuousBatching() where not given)
+        together = find_capacity(Cluster(pools[0].prefill, engines=int(engines), router=router), **search)
     return SplitResult(engines=int(engines), capacities=caps, best=best, colocated=together)

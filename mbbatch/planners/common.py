@@ -13,19 +13,21 @@ import numpy as np
 from .. import stats
 from .._kernels import common as _common
 from .._running import check_clock
+from .._seeding import STREAM_PROMPT, STREAM_SERVICE, stream
 from .._validation import resolve_n as _resolve
 from ..arrivals import Arrivals, Replay, TraceTiledWarning
 from ..lengths import RVS
 from ..metrics import applicable
 from ..predictors import Predictions
 from ..results import SimulationResult, UnstableWarning
+from ..workload import Workload
 
 __all__ = ["BATCH_MEANS_GROUPS", "engines_backlog", "TIME_SERIES_ROWS", "SCALE_RANGE",
            "RunTotals", "assemble", "check_arrivals",
            "check_batch_model",
            "resolve_n", "rvs_memory", "check_times", "model_config", "quantiles", "finish", "drawn", "lengths",
            "exponentials", "drawn_lengths", "readonly", "per_bin", "steady_state", "settled", "HISTOGRAM_QUANTILES",
-           "HISTOGRAM_ERROR", "decode_stage_requests", "stage_goodput"]
+           "HISTOGRAM_ERROR", "decode_stage_requests", "decode_stage_checked", "stage_goodput"]
 
 #: Number of contiguous groups (by arrival index) for the batch-means
 #: confidence interval of the mean latency.
@@ -319,6 +321,20 @@ def decode_stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
     order."""
     many = np.flatnonzero(output > 1.0)
     return many[np.argsort(first[many], kind="stable")]
+
+
+def decode_stage_checked(workload, ss, n: int):
+    """The requests a decode stage's check reads (:meth:`check_requests` of
+    LAPS's and a disaggregated deployment's plans), before any stage runs:
+    the prompts and outputs the run draws (the prompt and service streams),
+    each output less the prefill's first token, a one-token request checked
+    as one of two tokens so that the places stay those of arrival order; a
+    :class:`~mbbatch.Workload` replaying them."""
+    integer = bool(workload.integer_lengths)
+    out = lengths(workload._output, stream(ss, STREAM_SERVICE), n, integer)
+    return Workload(prompt=lengths(workload._prompt, stream(ss, STREAM_PROMPT), n, integer),
+                    output=np.maximum(out - 1.0, 1.0), integer_lengths=workload.integer_lengths,
+                    predictor_sigma=workload.predictor_sigma)
 
 
 def stage_goodput(workload, req: dict, completion: np.ndarray, output: np.ndarray) -> float:

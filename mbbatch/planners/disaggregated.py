@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._seeding import STREAM_PROMPT, STREAM_SERVICE, entropy_str, stream
+from .._seeding import STREAM_SERVICE, entropy_str, stream
 from ..arrivals import Poisson, Replay
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from ..workload import Mixture, Workload
 from . import cluster, continuous
-from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, RunTotals, assemble, decode_stage_requests, finish,
-                     lengths, model_config, quantiles, resolve_n, stage_goodput)
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, RunTotals, assemble, decode_stage_checked,
+                     decode_stage_requests, finish, lengths, model_config, quantiles, resolve_n, stage_goodput)
 
 __all__ = ["Plan", "check"]
 
@@ -80,11 +80,8 @@ class Plan:
         never reaches it, checked as one of two tokens, so that the places
         stay those of arrival order)."""
         self.prefill.check_requests(ss)
-        wl, n = self.workload, self.n
-        out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
-        stage = Workload(prompt=lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True),
-                         output=np.maximum(out - 1.0, 1.0), integer_lengths=True, predictor_sigma=wl.predictor_sigma)
-        _decode_plan(self.policy, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
+        stage = decode_stage_checked(self.workload, ss, self.n)
+        _decode_plan(self.policy, Replay(np.zeros(self.n)), stage, self.decode_model, self.n).check_requests(ss)
 
 
 def _decode_plan(pol, arrivals, workload, model, n: int):

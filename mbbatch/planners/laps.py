@@ -32,8 +32,8 @@ from ..workload import Workload
 from . import continuous, tokens
 from .. import stats
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, HISTOGRAM_QUANTILES, RunTotals, assemble, check_arrivals,
-                     check_times, decode_stage_requests, drawn, finish, lengths, model_config, quantiles, resolve_n,
-                     rvs_memory, stage_goodput, steady_state, times_name)
+                     check_times, decode_stage_checked, decode_stage_requests, drawn, finish, lengths, model_config,
+                     quantiles, resolve_n, rvs_memory, stage_goodput, steady_state, times_name)
 
 __all__ = ["Plan", "check"]
 
@@ -81,11 +81,7 @@ class Plan:
         pol, wl, n = self.policy, self.workload, self.n
         if pol.decode is None or not pol.decode.resumable:
             return
-        integer = bool(wl.integer_lengths)
-        out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, integer)
-        stage = Workload(prompt=lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, integer),
-                         output=np.maximum(out - 1.0, 1.0),
-                         integer_lengths=wl.integer_lengths, predictor_sigma=wl.predictor_sigma)
+        stage = decode_stage_checked(wl, ss, n)
         _decode_plan(pol, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
 
     @functools.cached_property

@@ -4,11 +4,12 @@ arXiv:2311.18677; Zhong et al., 2024, DistServe, arXiv:2401.09670)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._validation import check_fields, check_instance
-from ..params import default
+from .._validation import check_count, check_fields, check_instance, check_scalar_real
+from ..params import Domain, default
 from .base import Carries, Policy
 
 __all__ = ["Disaggregated", "KVTransfer"]
@@ -46,12 +47,11 @@ class KVTransfer:
         >>> KVTransfer.of_model(80, 8, 128).bytes_per_token    # Llama-3-70B
         327680.0
         """
-        for name, v in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer in [1, inf); got {v!r}")
-        if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, (int, float)) or not dtype_bytes > 0:
-            raise ValueError(f"dtype_bytes must be a real in (0, inf); got {dtype_bytes!r}")
-        return cls(bytes_per_token=float(2 * layers * kv_heads * head_dim * dtype_bytes), **link)
+        count, positive = Domain(1, math.inf, lo_closed=True), Domain(0, math.inf)
+        sizes = [check_count(name, v, count) for name, v in (("layers", layers), ("kv_heads", kv_heads),
+                                                            ("head_dim", head_dim))]
+        value = check_scalar_real("dtype_bytes", dtype_bytes, positive)
+        return cls(bytes_per_token=float(2 * sizes[0] * sizes[1] * sizes[2] * value), **link)
 
     def seconds(self, prompt):
         """The transfer time of prompts of ``prompt`` tokens (an array or a number), s."""
