@@ -320,14 +320,16 @@ def disaggregation(data) -> Figure:
     ax.plot(p, cap, color=COLORS[0], lw=0.8, zorder=2)
     for x, y, dd in zip(p, cap, d):
         ax.annotate(f"{x:g}:{dd:g}", (x, y), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
-    together = [name for name, s in variants(ds) if s["kind"] != "disaggregated"]
+    together = [(name, s) for name, s in variants(ds) if s["kind"] != "disaggregated"]
     handles = [Line2D([], [], color=COLORS[0], marker=MARKERS[0], label="disaggregated, p prefill : d decode")]
     if together:
-        c, cl, ch = (float(np.asarray(v)[names.index(together[0])]) for v in every[:3])
+        name, settings = together[0]
+        c, cl, ch = (float(np.asarray(v)[names.index(name)]) for v in every[:3])
         ax.axhline(c, color=COLORS[1], lw=1.2, ls="--", zorder=1)
         ax.axhspan(cl, ch, color=COLORS[1], alpha=0.15, lw=0, zorder=0)
+        router = settings.get("router", default("Cluster.router")).replace("_", "-")
         handles.append(Line2D([], [], color=COLORS[1], ls="--", label=f"colocated ({int(p[0] + d[0])} engines, "
-                                                                      "both phases, least used)"))
+                                                                      f"both phases, {router})"))
     best = int(np.nanargmax(cap))
     ax.set_xticks(p, [f"{x:g}" for x in p])
     ax.set_xlabel(f"prefill engines p (of {int(p[0] + d[0])}; the rest decode)")
@@ -340,7 +342,9 @@ def disaggregation(data) -> Figure:
     handles += style_handles(("sim", "capacity (95% interval over the searches)"),
                              ("hollow", "a search ended unresolved"))
     ax.legend(handles=handles, loc="lower center", fontsize=8)
+    gbs = a.get("kv_bandwidth", default("KVTransfer.bandwidth")) / 1e9
     fig.suptitle("Prefill/decode disaggregation (Splitwise; DistServe): capacity against the split\n"
-                 f"H100 profile, continuous-batching engines of {a.get('max_num_seqs', '')} sequences and "
-                 f"{a.get('kv_tokens', float('nan')):,.0f} KV tokens, KV moved at 25 GB/s", fontsize=10)
+                 f"profile {a.get('profile', 'default')}\ncontinuous-batching engines of "
+                 f"{a.get('max_num_seqs', '')} sequences and {a.get('kv_tokens', float('nan')):,.0f} KV tokens, "
+                 f"KV moved at {gbs:g} GB/s", fontsize=10)
     return fig
