@@ -30,7 +30,9 @@ def _prefixes(kw):
 
 
 def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, cache=(0.3, 64, 1.5),
-             **kw):
+             closed=None, **kw):
+    """The kernel's cluster (``closed``: closed-loop programs, as
+    :func:`_reference_cluster`'s, for ``len(arr)`` requests)."""
     prefixes, kw = _prefixes(kw)
     n = len(arr)
     blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
@@ -38,8 +40,13 @@ def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, k
                          max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
                          block_size=kw["block_size"], admission=ck.ADMISSIONS[kw["admission"]],
                          bins=len(kw["edges"]) + 1, keep=1, controlled=0, memory_on=0, rate=0.0, until=np.inf,
-                         **_fields(COEF))
-    rt = Router(ROUTERS[router], threshold, programs is not None, bool(kv and programs is not None))
+                         **{**_fields(COEF), **({} if closed is None else {"request_overhead": closed["delay"]})})
+    calls = programs is not None or closed is not None
+    rt = Router(ROUTERS[router], threshold, calls, bool(kv and calls))
+    if closed is not None:
+        return cc.run_closed(cfg, {**closed, "prompt": _contexts(closed)}, np.asarray(kw["edges"], float), rt,
+                             engines, ck.ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64),
+                             groups=4, ts_rows=8, cache_routing=CacheRouting(*cache))
     progs = None if programs is None else (programs, int(programs[0].max()) + 1)
     return cc.run(cfg, np.asarray(arr, float), p.astype(float), o.astype(float), pred.astype(float),
                   np.asarray(kw["edges"], float), rt, engines, ck.ContinuousStreams(np.random.default_rng(0)),
@@ -47,8 +54,20 @@ def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, k
                   cache_routing=CacheRouting(*cache))
 
 
+def _contexts(closed):
+    """A closed loop's prompts by call id: each call's program's context
+    (every earlier call's new tokens and output) and its new tokens."""
+    new, out = closed["new"], closed["output"]
+    C = new.size // closed["start"].size
+    prompt = np.empty(new.size)
+    for k in range(new.size):
+        row = k - k % C
+        prompt[k] = new[row:k + 1].sum() + out[row:k].sum()
+    return prompt
+
+
 def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True,
-                       cache=(0.3, 64, 1.5), **kw):
+                       cache=(0.3, 64, 1.5), closed=None, **kw):
     """The plain-Python cluster: at each arrival, an engine's active requests
     are those routed to it and not completed by then in the reference
     engine's run of its requests so far (a completion at or before the
@@ -65,8 +84,32 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
     the most are more than ``cache[2]`` times the fewest, least used; else
     the engine caching the most of the request's prefix blocks (ties: the
     fewer active, then the lower id) if they are more than ``cache[0]`` of
-    its prompt, else least used."""
+    its prompt, else least used.
+
+    ``closed``: closed-loop programs (their ``start`` times and by call id
+    their think times ``gap``, ``new`` tokens, ``output`` and
+    ``prediction``, and the time ``delay`` outside the engine), ``len(arr)``
+    of their calls the requests: the next request is the first (by time,
+    then id) of the calls that can arrive, each program's first call at its
+    start once the program before it has started, and each call after
+    another ``delay + gap`` after that one's completion in its engine's run
+    of its requests so far; the earliest such arrival is final (a
+    completion at or before it cannot depend on a later arrival, and a
+    later completion only gives a later arrival).  The requests' arrays
+    (``arr``, ``p``, ... and the programs') are filled as they arrive;
+    returned as a fifth item, with each request's call id."""
     prefixes, kw = _prefixes(kw)
+    if closed is not None:
+        n = len(arr)
+        start, gap, new_c, out_c, pred_c, delay = (closed[k] for k in ("start", "gap", "new", "output",
+                                                                         "prediction", "delay"))
+        prompt_c = _contexts(closed)
+        C = gap.size // start.size
+        arr, p, o, pred = np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n)
+        programs = (np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int8))
+        call = np.full(n, -1, np.int64)
+        pending = {0: start[0]}         # (programs' first calls that may arrive: id -> time)
+        followed = set()                # (requests whose next call arrived, or who have none)
     pre = {} if prefixes is None else {"prefix_caching": True, "grows": prefixes["grows"]}
     mine = [[] for _ in range(engines)]
     cached = np.zeros(len(arr))
@@ -98,7 +141,25 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
         best = min(some, key=lambda e: (-held[e], active[e], e))
         return best if held[best] * bs > cache[0] * p[j] else least
 
-    for j, t in enumerate(arr):
+    spot = {}       # (request -> its number on its engine)
+    for j in range(len(arr)):
+        if closed is not None:
+            cands = [(t, k, -1) for k, t in pending.items()]
+            for r in range(j):
+                k = int(call[r]) + 1
+                if r in followed or k % C == 0:
+                    continue
+                cands.append((run(where[r])["completion"][spot[r]] + delay + gap[k], k, r))
+            t, k, r = min(cands)
+            if r < 0:
+                del pending[k]
+                if k % C == 0 and k // C + 1 < start.size:
+                    pending[k + C] = start[k // C + 1]
+            else:
+                followed.add(r)
+            arr[j], p[j], o[j], pred[j], call[j] = t, prompt_c[k], out_c[k], pred_c[k], k
+            programs[0][j], programs[1][j], programs[2][j] = k // C, new_c[k], int(k % C == C - 1)
+        t = arr[j]
         active = []
         for e in range(engines):
             done = run(e)["completion"] <= t if mine[e] else np.zeros(0, bool)
@@ -120,9 +181,11 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
             holder[pid] = e
             if last:
                 table.pop(pid, None)
+        spot[j] = len(mine[e])
         mine[e].append(j)
         where[j] = e
-    return where, [run(e) if mine[e] else None for e in range(engines)], mine, cached
+    got = where, [run(e) if mine[e] else None for e in range(engines)], mine, cached
+    return got if closed is None else got + ((arr, p, o, pred, programs, call),)
 
 
 def _programs(rng, p):
@@ -240,6 +303,81 @@ def test_prefix_caching_engines_are_the_plain_python_cluster(router):
             differs += int((least != where).sum())
     assert hits > 0
     assert router != "cache_aware" or differs > 0
+
+
+def _closed_loop(rng, kw):
+    """Random closed-loop programs (1 to 8 programs of 1 to 4 calls, starts
+    a Poisson process or all at 0, think times exponential or 0, a time
+    outside the engine or none), the requests some or all of their calls,
+    and the configuration ``kw`` with memory and budgets that fit their
+    contexts."""
+    P, C = int(rng.integers(1, 9)), int(rng.integers(1, 5))
+    saturated = rng.random() < 0.2
+    start = np.zeros(P) if saturated else np.sort(rng.exponential(rng.choice([0.05, 0.5]), P).cumsum())
+    think = 0.0 if saturated or rng.random() < 0.2 else float(rng.choice([0.01, 0.2]))
+    gap = rng.exponential(think, P * C) if think > 0 else np.zeros(P * C)
+    out = rng.integers(1, 20, P * C).astype(float)
+    closed = dict(start=start, gap=gap, new=rng.integers(1, 25, P * C).astype(float), output=out,
+                  prediction=out + rng.integers(-3, 4, P * C) * (rng.random() < 0.5),
+                  delay=float(rng.choice([0.0, 0.01])))
+    longest = int((_contexts(closed) + out).max())
+    bs = kw["block_size"]
+    if np.isfinite(kw["kv_tokens"]):
+        kw["kv_tokens"] = float(bs * -(-longest * int(rng.choice([1, 3, 10])) // bs))
+    if not kw["chunked"]:
+        kw["max_batched_tokens"] = max(kw["max_batched_tokens"], longest)
+    return closed, int(rng.integers(1, P * C + 1)), kw
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])
+def test_closed_loop_programs_are_the_plain_python_cluster(router):
+    """Closed-loop programs (:func:`_closed_loop`) on 1 to 3 engines, over
+    12 random configurations per router (Autellix with KV reuse half the
+    time): the calls that arrive, in their order, with their arrival times
+    (each after the completion of the call before it), and each request's
+    engine and on each engine its admission, first token, completion and
+    preemptions equal the plain-Python cluster's, whose arrivals come from
+    its engines' runs."""
+    rng = np.random.default_rng(70 + ["round_robin", "least_used", "autellix"].index(router))
+    later = 0
+    for _ in range(12):
+        _, kw = _config(rng)
+        closed, n, kw = _closed_loop(rng, kw)
+        engines = int(rng.integers(1, 4))
+        kv = bool(rng.random() < 0.5)
+        slot = np.zeros(n)
+        where_ref, want, mine, cached, (arr, p, o, pred, programs, call) = _reference_cluster(
+            slot, slot, slot, slot, engines, router, closed=closed, kv=kv, **kw)
+        runs, where, local, routed, code, got = _cluster(slot, slot, slot, slot, engines, router, closed=closed,
+                                                         kv=kv, **kw)
+        assert code == ck.DONE, kw
+        np.testing.assert_array_equal(got["call"], call, err_msg=f"{kw} {closed}")
+        np.testing.assert_array_equal(got["arrival_times"], arr)
+        np.testing.assert_array_equal(got["program"], programs[0])
+        np.testing.assert_array_equal(got["new_tokens"], programs[1])
+        np.testing.assert_array_equal(got["session_end"], programs[2])
+        np.testing.assert_array_equal(where, where_ref, err_msg=f"{router} {kw}")
+        for e, ((out, req, _), w) in enumerate(zip(runs, want)):
+            assert out.ints[ck.S.completed] == len(mine[e])
+            if w is None:
+                continue
+            np.testing.assert_array_equal(local[mine[e]], np.arange(len(mine[e])))
+            for col in ("admitted", "first_token", "completion"):
+                np.testing.assert_array_equal(req[col], w[col], err_msg=f"{col} engine {e} {kw}")
+            np.testing.assert_array_equal(req["preemptions"], w["preempted"])
+        if router == "autellix":
+            assert routed["kv_hits"] == int((cached > 0).sum())
+        # (a follow-up call arrives after its predecessor completes: the loop is closed)
+        C = closed["gap"].size // closed["start"].size
+        for j in range(n):
+            k = call[j]
+            if k % C:
+                before = int(np.flatnonzero(call == k - 1)[0])
+                e = where[before]
+                done = runs[e][1]["completion"][local[before]]
+                assert arr[j] == done + closed["delay"] + closed["gap"][k]
+                later += 1
+    assert later > 0
 
 
 def test_progress_and_stop():

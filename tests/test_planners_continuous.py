@@ -285,7 +285,6 @@ def test_a_cluster_routes_to_the_least_used_engine_and_reuses_a_programs_kv_cach
 
 @pytest.mark.parametrize("kw, exc, match", [
     (dict(events=[mb.EngineEvent(time=1.0, engine=0)]), ValueError, "events: a Cluster of ContinuousBatching"),
-    (dict(programs=mb.Programs(closed=True)), ValueError, "programs: .* closed loops"),
 ])
 def test_what_a_continuous_cluster_does_not_model_is_refused(kw, exc, match):
     with pytest.raises(exc, match=match):
@@ -295,6 +294,87 @@ def test_what_a_continuous_cluster_does_not_model_is_refused(kw, exc, match):
     with pytest.raises(TypeError, match="service_model: ContinuousBatching's iterations are timed"):
         mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=2), mb.Poisson(5.0), workload=WL, n=100,
                     service_model=mb.DecodeModel())
+
+
+def _closed(engines=3, overhead=0.0, think=0.0, **kw):
+    """A cluster of continuous engines with closed-loop 4-call programs."""
+    return mb.Cluster(mb.ContinuousBatching(max_num_seqs=16, kv_tokens=40_000, request_overhead=overhead),
+                      engines=engines, router="autellix", threshold=300,
+                      programs=mb.Programs(calls=4, think_time=think, closed=True), **kw)
+
+
+def _follow_ups(req):
+    """Each request that follows another of its program: (its arrival, its
+    predecessor's completion, its prompt, its predecessor's prompt, output,
+    and its new tokens)."""
+    order = np.lexsort((req.arrival, req.program))
+    p = req.program[order]
+    follow = p[1:] == p[:-1]
+    a, c = req.arrival[order], req.completion[order]
+    prompt, out, new = req.prompt[order], req.output[order], req.new_tokens[order]
+    return (a[1:][follow], c[:-1][follow], prompt[1:][follow], prompt[:-1][follow], out[:-1][follow],
+            new[1:][follow])
+
+
+def test_closed_loop_calls_on_continuous_engines_wait_for_the_answer_before():
+    """Closed loop on continuous engines (no think time, 5 ms outside the
+    engine): each call arrives the instant its client has its predecessor's
+    answer (completion + request_overhead, exactly), with its context grown
+    by that call's prompt and output; requests are numbered in arrival
+    order, every one served, and the programs' draws are the event kernel's
+    closed loop's (the same seed: each program's first calls have the same
+    new tokens and outputs)."""
+    res = mb.simulate(_closed(overhead=0.005), mb.Poisson(20.0), workload=WL, n=3000, seed=7, keep_requests=True)
+    req = res.requests
+    assert np.all(np.diff(req.arrival) >= 0) and np.isfinite(req.completion).all()
+    a, c, prompt, before, out, new = _follow_ups(req)
+    assert a.size > 2000
+    np.testing.assert_array_equal(a, c + 0.005)
+    np.testing.assert_array_equal(prompt, before + out + new)
+    event = mb.simulate(mb.Cluster(mb.DynamicBatching(), engines=3, router="autellix", threshold=300,
+                                   programs=mb.Programs(calls=4, think_time=0.0, closed=True)),
+                        mb.Poisson(20.0), workload=WL, n=3000, seed=7, keep_requests=True,
+                        service_model=mb.DecodeModel()).requests
+    firsts = [{int(p): (w, o) for p, w, o, x in zip(r.program, r.new_tokens, r.output, r.prompt) if x == w}
+              for r in (req, event)]
+    common = set(firsts[0]) & set(firsts[1])
+    assert len(common) > 500 and all(firsts[0][p] == firsts[1][p] for p in common)
+
+
+def test_closed_loop_think_times_on_continuous_engines_are_exponential_after_the_answer():
+    """The gaps from a call's answer (completion + request_overhead) to its
+    program's next call are exponential with mean think_time
+    (Kolmogorov-Smirnov, p > 1e-4: a correct run fails with probability
+    1e-4)."""
+    req = mb.simulate(_closed(overhead=0.01, think=0.7), mb.Poisson(20.0), workload=WL, n=5000, seed=2,
+                      keep_requests=True).requests
+    a, c, *_ = _follow_ups(req)
+    assert a.size > 3000
+    assert st.kstest(a - c - 0.01, st.expon(scale=0.7).cdf).pvalue > 1e-4
+
+
+def test_a_closed_loop_on_continuous_engines_slows_down_where_an_open_one_does_not():
+    """Overloaded (programs starting at 60 calls/s on two engines of 8
+    sequences), a closed loop's calls wait for the answers before them, so
+    its n calls take longer to arrive than the open loop's, with at most
+    one call a program in the system: its mean latency is a fraction of
+    the open loop's.  (Both backlogs grow: the programs start open loop.)"""
+    pol = mb.ContinuousBatching(max_num_seqs=8, kv_tokens=40_000)
+    runs = {}
+    for closed in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", mb.UnstableWarning)
+            runs[closed] = mb.simulate(mb.Cluster(pol, engines=2, programs=mb.Programs(calls=8, think_time=0.1,
+                                                                                      closed=closed)),
+                                       mb.Poisson(60.0), workload=WL, n=6000, seed=4, keep_requests=True)
+    assert runs[True].requests.arrival.max() > 1.5 * runs[False].requests.arrival.max()
+    assert runs[True].mean_latency < 0.5 * runs[False].mean_latency
+
+
+def test_a_closed_loop_on_continuous_engines_refuses_given_predictions():
+    with pytest.raises(ValueError, match="predictor: closed-loop programs on ContinuousBatching engines"):
+        mb.simulate(mb.Cluster(mb.ContinuousBatching(predictor=mb.Predictions(np.ones(3))), engines=2,
+                               programs=mb.Programs(closed=True)), mb.Poisson(5.0), workload=WL, n=100)
 
 
 def test_a_continuous_cluster_takes_a_traces_sessions_as_its_programs():

@@ -241,7 +241,7 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
                    mlfq=np.int64, resume_gen=np.int64,
                    resume_last=np.float64, pc=np.int64, prefs=np.int64, lru_prev=np.int64, lru_next=np.int64,
-                   lru_time=np.float64, pin=np.int64)
+                   lru_time=np.float64, pin=np.int64, done_log=(np.float64, 2))
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
@@ -257,7 +257,7 @@ STATE = Layout("continuous engine state",
                      "tokens", "tbt_count", "sum_batch", "i", "nfree", "free", "blocks_total", "block_left", "npf",
                      "npd",
                      # (kept here, not in the loop's registers: counted as they change, read at each iteration)
-                     "started", "completed_before", "preemptions", "recomputed", "max_running", "ts_rows",
+                     "started", "completed_before", "logged", "preemptions", "recomputed", "max_running", "ts_rows",
                      "ts_stride", "ts_due",
                      # (prefix caching: the unreferenced chains' order, oldest first, their blocks, the counters)
                      "lru_head", "lru_tail", "evictable", "prefix_hits", "prefix_queries", "evictions"),
@@ -429,6 +429,21 @@ def _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, full, good):
     out.group_count[g] += 1
     if keep:
         r_f[RQ.completion, r] = now
+    if full and ws.done_log.shape[1] > 0:
+        _log_done(r, now, ws)
+
+
+@step
+def _log_done(r, now, ws):
+    """Request r, done at ``now``, into the completions' log (``ws.done_log``:
+    its rows the requests and their times, ``ES.logged`` of them since its
+    reader emptied it; those past its end are not kept): a closed loop's
+    driver reads it (:mod:`.continuous_cluster`)."""
+    k = ws.state_i[ES.logged]
+    if k < ws.done_log.shape[1]:
+        ws.done_log[0, k] = r
+        ws.done_log[1, k] = now
+        ws.state_i[ES.logged] = k + 1
 
 
 @step
@@ -1505,13 +1520,15 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
 
 
 def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts_rows: int = 2,
-          grouped: bool = False, longest: int | None = None) -> Engine:
+          grouped: bool = False, longest: int | None = None, log: int = 0) -> Engine:
     """An :class:`Engine` ready for :func:`advance` (the arguments as
     :func:`run`'s); ``grouped``: each request's batch-means group is given
     in ``ws.group`` (a cluster's engine: its group among the cluster's
     arrivals), not its place among the engine's ``n``; ``longest``: the
     longest output it will be given (default: of ``inputs``; a cluster's
-    engine is fed its requests as they are routed)."""
+    engine is fed its requests as they are routed); ``log``: the
+    completions its log holds (``ws.done_log``, the full kernel's; 0:
+    none)."""
     config = (config[0].copy(), config[1].copy())
     cfg = CONFIG.unpack(config)
     control = controls() if control is None else control
@@ -1572,7 +1589,7 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         resume_gen=np.empty(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]),
                         pc=np.zeros(chains, np.int64), prefs=np.zeros(chains, np.int64),
                         lru_prev=np.full(chains, -1, np.int64), lru_next=np.full(chains, -1, np.int64),
-                        lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64))
+                        lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)))
     return Engine(config, control, inputs, out, requests, ws)
 
 

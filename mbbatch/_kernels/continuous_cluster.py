@@ -52,9 +52,12 @@ from numba.extending import overload
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
 from .layout import Layout
+from . import continuous as _k
+from . import routing as _r
+from .programs import _heap_pop, _heap_push
 from .routing import EN, ROUTE_CACHE_AWARE, cache_aware, route_call, routed_call
 
-__all__ = ["ROUTED", "Feed", "rows", "cluster_kernel", "run"]
+__all__ = ["ROUTED", "Feed", "rows", "cluster_kernel", "closed_loop_kernel", "run", "run_closed"]
 
 #: the router's statistics: routing decisions, requests above the threshold,
 #: requests the program table routed, calls with an earlier context, calls
@@ -142,6 +145,57 @@ def _matches(match, c, s, p, bs, pc):
         match[e] = min(pc[e, c], k) if k > 0 else 0
 
 
+@step
+def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, prompt, output, prediction,
+           klass, chain, shared, match, counts, where, local, routed, bs):
+    """Request j (of ``n``), arriving at ``t`` with the prompt, output,
+    prediction, class and prefix of entry ``x`` of their arrays, a call of
+    program ``pid`` with ``new`` tokens of its own (``last``: its program's
+    last call), routed (the engines' active requests in ``eng`` as they
+    stand at t) and fed to its engine; the routing counted into
+    ``routed``.  Returns its engine and the round-robin pointer."""
+    ri, rf = routed
+    p = prompt[x]
+    if p > rt.threshold:
+        ri[R.large] += 1
+    if rt.router == ROUTE_CACHE_AWARE:
+        if chain.shape[0] > 0:
+            _matches(match, np.int64(chain[x]), np.int64(shared[x]), np.int64(p), bs, ws.pc)
+        e, most, total, count = cache_aware(eng, match, p, bs, ca)
+        e, prefill, rr_route, hit, followup, held, most, mean = routed_call(rt, eng, table, e, p, pid, new, last,
+                                                                            rr_route, False, most, total, count)
+    else:
+        e, prefill, rr_route, hit, followup, held, most, mean = route_call(rt, eng, table, p, pid, new, last,
+                                                                           rr_route)
+    ri[R.routes] += 1
+    rf[R.sum_active_max] += most
+    rf[R.sum_active_mean] += mean
+    if hit:
+        ri[R.table_hits] += 1
+    if rt.programs:
+        rf[R.kv_recomputed] += prefill - new
+        if followup:
+            ri[R.followups] += 1
+        if held:
+            ri[R.kv_hits] += 1
+    k = counts[e]
+    ws.arrival[e, k] = t
+    ws.group[e, k] = (j * groups) // n
+    feeds.prompt[e, k] = p
+    feeds.output[e, k] = output[x]
+    feeds.prediction[e, k] = prediction[x]
+    feeds.cached[e, k] = p - prefill
+    if klass.shape[0] > 0:
+        feeds.klass[e, k] = klass[x]
+    if chain.shape[0] > 0:
+        feeds.chain[e, k] = chain[x]
+        feeds.shared[e, k] = shared[x]
+    where[j] = e
+    local[j] = k
+    counts[e] = k + 1
+    return e, rr_route
+
+
 @kernel
 def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
                    chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts, match, where,
@@ -162,16 +216,11 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
     ``stop[ARRIVED]`` gets the requests routed so far) or ``STALLED``;
     ``estop`` the engines' own (zeros: ``stop[ARRIVED]`` counts the
     cluster's requests, not an engine's)."""
-    ri, rf = routed
     n = times.shape[0]
     E = counts.shape[0]
     si, sf = ws.state_i, ws.state_f
-    caching = chain.shape[0] > 0
     bs = config[0][0, C.block_size]
-    for e in range(E):
-        # (each engine's first call sets it up: no request yet; a count typed as the others', not the literal 0,
-        # or numba compiles the whole engine a second time for it)
-        _advance(e, np.int64(0), -np.inf, config, control, inputs, out, requests, ws, streams, estop)
+    _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
     rr_route = 0
     for j in range(n):
         if j % _CHECK == 0:
@@ -186,49 +235,28 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
                             estop) == STALLED:
                     return STALLED
             eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
-        p = prompt[j]
-        if p > rt.threshold:
-            ri[R.large] += 1
         pid, new, last = j, 0.0, False
         if rt.programs:
             pid, new, last = program[j], new_tokens[j], session_end[j] != 0
-        if rt.router == ROUTE_CACHE_AWARE:
-            if caching:
-                _matches(match, np.int64(chain[j]), np.int64(shared[j]), np.int64(p), bs, ws.pc)
-            e, most, total, count = cache_aware(eng, match, p, bs, ca)
-            e, prefill, rr_route, hit, followup, held, most, mean = routed_call(rt, eng, table, e, p, pid, new, last,
-                                                                                rr_route, False, most, total, count)
-        else:
-            e, prefill, rr_route, hit, followup, held, most, mean = route_call(rt, eng, table, p, pid, new, last,
-                                                                               rr_route)
-        ri[R.routes] += 1
-        rf[R.sum_active_max] += most
-        rf[R.sum_active_mean] += mean
-        if hit:
-            ri[R.table_hits] += 1
-        if rt.programs:
-            rf[R.kv_recomputed] += prefill - new
-            if followup:
-                ri[R.followups] += 1
-            if held:
-                ri[R.kv_hits] += 1
-        k = counts[e]
-        ws.arrival[e, k] = t
-        ws.group[e, k] = (j * groups) // n
-        feeds.prompt[e, k] = p
-        feeds.output[e, k] = output[j]
-        feeds.prediction[e, k] = prediction[j]
-        feeds.cached[e, k] = p - prefill
-        if klass.shape[0] > 0:
-            feeds.klass[e, k] = klass[j]
-        if caching:
-            feeds.chain[e, k] = chain[j]
-            feeds.shared[e, k] = shared[j]
-        where[j] = e
-        local[j] = k
-        counts[e] = k + 1
+        e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, prompt,
+                             output, prediction, klass, chain, shared, match, counts, where, local, routed, bs)
+    return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
+
+
+@step
+def _set_up(E, config, control, inputs, out, requests, ws, streams, estop):
+    """Each engine's first call: it sets the engine up, no request yet."""
     for e in range(E):
-        # (the arrivals are over: each engine runs to its end, Ctrl-C passed on)
+        # (a count typed as the others', not the literal 0, or numba compiles the whole engine a second time)
+        _advance(e, np.int64(0), -np.inf, config, control, inputs, out, requests, ws, streams, estop)
+
+
+@step
+def _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop):
+    """The ``n`` arrivals are over: each engine runs to its end, Ctrl-C
+    passed on.  Returns the cluster's code."""
+    si = ws.state_i
+    for e in range(counts.shape[0]):
         estop[STOP] = stop[STOP]
         if not _idle(si[e], counts[e]):
             code = _advance(e, counts[e], np.inf, config, control, inputs, out, requests, ws, streams, estop)
@@ -236,6 +264,109 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
                 return code
     stop[ARRIVED] = n
     return DONE
+
+
+@step
+def _earliest(si, sf, counts, t):
+    """The engine (-1: none) whose next iteration starts first, before
+    ``t`` (ties: the lower id), of those with something to do."""
+    best = -1
+    bt = t
+    for e in range(counts.shape[0]):
+        if sf[e, ES.now] < bt and not _idle(si[e], counts[e]):
+            best = e
+            bt = sf[e, ES.now]
+    return best
+
+
+@step
+def _next_calls(log, logged, calls, C, delay, gap, heap_t, heap_id, hsize):
+    """A closed loop: each of the ``logged`` requests an engine completed
+    (``log``: their numbers there and times; ``calls``: each one's call id)
+    that is not its program's last call has its program's next call wait
+    to arrive ``gap`` s after its client has the answer (``delay``, the
+    time outside the engine, after its completion).  Returns the heap's
+    size."""
+    for q in range(logged):
+        k = calls[np.int64(log[0, q])] + 1
+        if k % C != 0:
+            hsize = _heap_push(heap_t, heap_id, hsize, log[1, q] + delay + gap[k], k)
+    return hsize
+
+
+@kernel
+def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, prompt, output, prediction, chain,
+                       shared, times, program, new_tokens, session_end, call, groups, rt, ca, eng, table, counts,
+                       match, where, local, calls, routed, streams, stop, estop):
+    """:func:`cluster_kernel` for closed-loop programs (``loop``: their
+    starts, think times and new tokens by call id, and the heap of calls
+    waiting to arrive; ``C = gap.size / start.size`` calls a program, call
+    c of program p the id ``p C + c``): a program's first call arrives at
+    its start, each later one ``gap`` s after the one before it completes
+    (:func:`_next_calls`), so the arrivals are made as the engines run.
+    The engines run one iteration at a time, the one whose iteration
+    starts first next (every iteration then starts in time order): before
+    the next call to arrive at t is routed, every iteration starting before
+    t has run, and a completion in one of them puts its next call in the
+    heap, maybe before t.  The ``times.size`` requests are the first calls
+    to arrive (by time, then id), each request's prompt, output,
+    prediction and prefix its call's (``prompt``, ... by call id); its
+    arrival, program, new tokens, last-call flag and call id are written
+    into ``times``, ``program``, ``new_tokens``, ``session_end`` and
+    ``call``, each engine's requests' call ids into ``calls``.  Each
+    engine logs its completions (``ws.done_log``).  Returns
+    :func:`cluster_kernel`'s codes."""
+    n = times.shape[0]
+    E = counts.shape[0]
+    si, sf = ws.state_i, ws.state_f
+    bs = config[0][0, C.block_size]
+    delay = config[1][0, C.request_overhead]
+    start, gap, new_c, heap_t, heap_id = loop
+    P = start.shape[0]
+    K = gap.shape[0] // P
+    no_class = feeds.klass[0]        # (no classes: an empty row)
+    _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
+    heap_t[0] = start[0]
+    heap_id[0] = 0
+    hsize = 1
+    rr_route = 0
+    for j in range(n):
+        if j % _CHECK == 0:
+            if stop[STOP] != 0:
+                return STOPPED
+            stop[ARRIVED] = j
+        t = heap_t[0] if hsize > 0 else np.inf
+        while True:
+            e = _earliest(si, sf, counts, t)
+            if e < 0:
+                break
+            si[e, ES.logged] = 0
+            if _advance(e, counts[e], np.nextafter(sf[e, ES.now], np.inf), config, control, inputs, out, requests,
+                        ws, streams, estop) == STALLED:
+                return STALLED
+            hsize = _next_calls(ws.done_log[e], si[e, ES.logged], calls[e], K, delay, gap, heap_t, heap_id, hsize)
+            t = heap_t[0] if hsize > 0 else np.inf
+        if hsize == 0:
+            # (nothing runs and no call waits to arrive: every program ended before n calls)
+            return STALLED
+        t, kc, hsize = _heap_pop(heap_t, heap_id, hsize)
+        if kc % K == 0 and kc // K + 1 < P:
+            # a program starts: the next program's first call waits to arrive
+            hsize = _heap_push(heap_t, heap_id, hsize, start[kc // K + 1], kc + K)
+        for e in range(E):
+            eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
+        pid = kc // K
+        last = kc % K == K - 1
+        e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
+                             prompt, output, prediction, no_class, chain, shared, match, counts, where, local, routed,
+                             bs)
+        calls[e, local[j]] = kc
+        times[j] = t
+        program[j] = pid
+        new_tokens[j] = new_c[kc]
+        session_end[j] = 1 if last else 0
+        call[j] = kc
+    return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 
 def _stacked(one, engines: int, unset=()):
@@ -273,35 +404,11 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
     (``ROUTED.unpack``) and the code."""
-    from . import continuous as _k
-    from .common import ARR_REPLAY, check_stop
-    from .routing import ENGINES, NO_CACHE_ROUTING, TABLE
+    from .routing import TABLE
 
-    check_stop(stop)
-    cfg = _k.CONFIG.unpack(config)
-    n = cfg["n"]
-    config = _k.CONFIG.pack(**{**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0})
     klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
-    class_slo = np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float)
-    class_tpot = np.full(class_slo.size, np.inf) if class_tpot is None else np.asarray(class_tpot, float)
-    chain = np.ascontiguousarray(prefixes["chain"], float) if prefixes else np.empty(0)
-    shared = np.ascontiguousarray(prefixes["shared"], float) if prefixes else np.empty(0)
-    grows = np.asarray(prefixes["grows"], float) if prefixes else np.empty(0)
-    given = {"klass": klass.size, "chain": chain.size, "shared": shared.size}
-    feeds = Feed(*(np.zeros((engines, given.get(f, n))) for f in Feed._fields))
-    one = _k.start(config, _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
-                                          arrival_ends=np.full(1, np.inf),
-                                          **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
-                                          edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
-                   control=control, groups=groups, ts_rows=ts_rows, grouped=True,
-                   longest=int(np.max(output)) if n else 1)
-    # (every engine starts as this one; its inputs are read-only views of the feeds)
-    inputs = _k.INPUTS.type(*(_readonly(getattr(feeds, f) if f in Feed._fields else _stacked((a,), engines)[0])
-                              for f, a in zip(one.inputs._fields, one.inputs)))
-    config_s, out_s, requests_s = (_stacked(part, engines) for part in (one.config, one.out, one.requests))
-    ws_s = _stacked(one.ws, engines, _k.UNSET)
-    eng = np.zeros((ENGINES.size, engines), np.int64)
-    eng[ENGINES.index.registered] = 1
+    c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, klass.size, class_slo, class_tpot,
+                 prefixes)
     if programs is None:
         program = new_tokens = np.empty(0)
         session_end = np.empty(0, np.int8)
@@ -309,24 +416,105 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     else:
         (program, new_tokens, session_end), size = programs
     table = np.full((TABLE.size, max(size, 1)), -1, np.int64)
-    counts = np.zeros(engines, np.int64)
-    where = np.empty(n, np.int64)
-    local = np.empty(n, np.int64)
-    routed = ROUTED.zeros()
-    code = cluster_kernel(config_s, one.control, inputs, out_s, requests_s, ws_s, feeds,
+    code = cluster_kernel(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds,
                           np.ascontiguousarray(times, float), np.ascontiguousarray(prompt, float),
                           np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float), klass,
-                          chain, shared, np.ascontiguousarray(program, np.int64),
+                          c.chain, c.shared, np.ascontiguousarray(program, np.int64),
                           np.ascontiguousarray(new_tokens, float), np.ascontiguousarray(session_end, np.int8), groups,
-                          router, cache_routing or NO_CACHE_ROUTING, eng, table, counts, np.zeros(engines, np.int64),
-                          where, local, routed, streams, stop, np.zeros_like(stop))
-    runs = []
-    for e, c in enumerate(counts):
-        rec = None
-        if cfg["keep"]:
-            rec = {k: v[:c] for k, v in _k.REQUESTS.rows(rows(requests_s, e)).items()}
-        runs.append((rows(out_s, e), rec, code))
-    return runs, where, local, ROUTED.unpack(routed), code
+                          router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts,
+                          np.zeros(engines, np.int64), c.where, c.local, c.routed, streams, stop, np.zeros_like(stop))
+    return c.runs(code) + (ROUTED.unpack(c.routed), code)
+
+
+def run_closed(config, calls, edges, router, engines: int, streams, stop, *, control=None, groups: int = 1,
+               ts_rows: int = 2, prefixes=None, cache_routing=None) -> tuple:
+    """:func:`run` for closed-loop programs (:func:`closed_loop_kernel`):
+    ``calls`` a dict of the programs' ``start`` (P programs) and, by call
+    id (``P C`` calls), their think times ``gap``, ``new`` tokens,
+    ``prompt`` (the program's context and the new tokens), ``output`` and
+    ``prediction``; ``prefixes`` (as :func:`run`'s) by call id too.
+    Returns :func:`run`'s tuple and the ``n`` requests' ``arrival_times``,
+    ``program``, ``new_tokens``, ``session_end`` and ``call`` ids (a dict),
+    in the order they arrived (-1 and NaN for requests that did not)."""
+    from .routing import TABLE
+
+    n = int(config[0][_k.C.n])
+    start = np.ascontiguousarray(calls["start"], float)
+    P = start.size
+    output = np.ascontiguousarray(calls["output"], float)
+    M = int(config[0][_k.C.max_num_seqs])
+    c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, 0, None, None, prefixes,
+                 log=2 * (M + 1))
+    got = dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
+               session_end=np.zeros(n, np.int8), call=np.full(n, -1, np.int64))
+    loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
+            np.empty(P + 1), np.empty(P + 1, np.int64))
+    table = np.full((TABLE.size, max(P, 1)), -1, np.int64)
+    code = closed_loop_kernel(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds, loop,
+                              np.ascontiguousarray(calls["prompt"], float), output,
+                              np.ascontiguousarray(calls["prediction"], float), c.chain, c.shared,
+                              got["arrival_times"], got["program"], got["new_tokens"], got["session_end"],
+                              got["call"], groups, router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table,
+                              c.counts, np.zeros(engines, np.int64), c.where, c.local,
+                              np.empty((engines, n), np.int64), c.routed, streams, stop, np.zeros_like(stop))
+    return c.runs(code) + (ROUTED.unpack(c.routed), code, got)
+
+
+class _Cluster:
+    """The engines of a cluster run, set up for its kernel: each engine as
+    :func:`.continuous.start` makes it (every array stacked along a leading
+    axis of engines), their feeds, the routing counts and each request's
+    engine and number there (``n`` requests: ``config``'s).  ``output`` the
+    outputs the engines may be given, ``classes`` the requests' classes
+    given (0: none), ``log`` each engine's completions' log."""
+
+    def __init__(self, config, output, edges, engines, stop, control, groups, ts_rows, classes, class_slo,
+                 class_tpot, prefixes, log: int = 0):
+        from .common import ARR_REPLAY, check_stop
+
+        check_stop(stop)
+        cfg = _k.CONFIG.unpack(config)
+        n = cfg["n"]
+        self.keep = cfg["keep"]
+        config = _k.CONFIG.pack(**{**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0})
+        class_slo = np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float)
+        class_tpot = np.full(class_slo.size, np.inf) if class_tpot is None else np.asarray(class_tpot, float)
+        self.chain = np.ascontiguousarray(prefixes["chain"], float) if prefixes else np.empty(0)
+        self.shared = np.ascontiguousarray(prefixes["shared"], float) if prefixes else np.empty(0)
+        grows = np.asarray(prefixes["grows"], float) if prefixes else np.empty(0)
+        given = {"klass": classes, "chain": int(self.chain.size > 0) * n, "shared": int(self.shared.size > 0) * n}
+        self.feeds = Feed(*(np.zeros((engines, given.get(f, n))) for f in Feed._fields))
+        one = _k.start(config, _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
+                                              arrival_ends=np.full(1, np.inf),
+                                              **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
+                                              edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
+                       control=control, groups=groups, ts_rows=ts_rows, grouped=True,
+                       longest=int(np.max(output)) if output.size else 1, log=log)
+        # (every engine starts as this one; its inputs are read-only views of the feeds)
+        self.inputs = _k.INPUTS.type(*(_readonly(getattr(self.feeds, f) if f in Feed._fields
+                                                 else _stacked((a,), engines)[0])
+                                       for f, a in zip(one.inputs._fields, one.inputs)))
+        self.config, self.out, self.requests = (_stacked(part, engines) for part in (one.config, one.out,
+                                                                                     one.requests))
+        self.control = one.control
+        self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",))
+        self.eng = np.zeros((_r.ENGINES.size, engines), np.int64)
+        self.eng[_r.ENGINES.index.registered] = 1
+        self.counts = np.zeros(engines, np.int64)
+        self.where = np.empty(n, np.int64)
+        self.local = np.empty(n, np.int64)
+        self.routed = ROUTED.zeros()
+
+    def runs(self, code) -> tuple:
+        """Each engine's ``(outputs, records, code)``, each request's engine
+        and number there."""
+        runs = []
+        for e, c in enumerate(self.counts):
+            rec = None
+            if self.keep:
+                rec = {k: v[:c] for k, v in _k.REQUESTS.rows(rows(self.requests, e)).items()}
+            runs.append((rows(self.out, e), rec, code))
+        return runs, self.where, self.local
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

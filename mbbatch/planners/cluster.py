@@ -19,6 +19,7 @@ from .._kernels import queues as _q
 from .._kernels.routing import ROUTERS, CacheRouting, Router
 from .._running import check_memory
 from ..policies.cluster import Programs, Sessions
+from ..predictors import Predictions
 from . import continuous, tokens
 from .common import drawn_lengths, exponentials, lengths, readonly
 
@@ -89,6 +90,13 @@ class ContinuousPart:
         return bool(self.policy.policy.prefix_caching)
 
     @property
+    def closed(self) -> bool:
+        """Whether the programs are a closed loop (each call issued when the
+        one before it completes: :func:`.continuous_cluster.run_closed`)."""
+        programs = self.policy.programs
+        return isinstance(programs, Programs) and programs.closed
+
+    @property
     def router(self) -> Router:
         """The kernel's router: its code, threshold, programs and KV reuse."""
         cl = self.policy
@@ -131,11 +139,20 @@ class ContinuousPart:
         prompts (their programs' contexts and new tokens) and outputs, and
         the kernel's ``programs`` (the calls' program, new tokens and
         last-call flag, and the program table's size); all None without
-        programs.  ``streams``: the run's arrival, prompt and output streams."""
+        programs.  ``streams``: the run's arrival, prompt and output streams.
+        A closed loop's (:attr:`closed`) are by call id, every call its
+        programs may make (the run's requests are those that arrive first),
+        no times, and its ``programs`` a dict of the programs' ``start`` and
+        the calls' think times ``gap`` and ``new`` tokens
+        (:func:`_program_draws`'s: the event kernel's closed loop draws the
+        same)."""
         cluster, workload, n = self.policy, plan.workload, plan.n
         programs = cluster.programs
         if programs is None:
             return None, None, None, None
+        if self.closed:
+            start, gap, new, out = _program_draws(cluster, plan.arrivals, workload, n, streams)
+            return None, _contexts(new, out, programs.drawn(n)), out, dict(start=start, gap=gap, new=new)
         if isinstance(programs, Sessions):
             calls, arrays = _session_calls(programs, workload, n)
         else:
@@ -212,9 +229,11 @@ def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, wor
     if cluster.events:
         raise ValueError(f"events: a Cluster of ContinuousBatching engines takes no engine events yet (an engine "
                          f"leaving would hand its waiting requests back to the router); got {len(cluster.events)}")
-    if cluster.programs is not None and cluster.programs.closed:
-        raise ValueError("programs: a Cluster of ContinuousBatching engines takes open-loop programs "
-                         "(Programs(closed=False)) or a trace's sessions; closed loops are not modelled on them yet")
+    if cluster.programs is not None and cluster.programs.closed and isinstance(cluster.policy.predictor,
+                                                                                Predictions):
+        raise ValueError("predictor: closed-loop programs on ContinuousBatching engines predict each call as its "
+                         "program draws it (Oracle() or LogNormalError(sigma)); Predictions(values) are one per "
+                         "request in arrival order, which a closed loop makes only as it runs")
     plan = continuous.check(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
                             keep_batches, cluster=ContinuousPart(cluster))
     if isinstance(cluster.programs, Sessions):
@@ -356,6 +375,13 @@ def _closed_loop_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     return ({}, {"program": np.full(n, -1, np.int64), "new_tokens": np.full(n, np.nan),
                  "session_end": np.zeros(n, np.int8), "call": np.full(n, -1, np.int64), "start": start,
                  "gap": gap, "new": new, "out": out, "heap_t": heap_t, "heap_id": heap_id})
+
+
+def _contexts(new: np.ndarray, out: np.ndarray, C: int) -> np.ndarray:
+    """Each call's prompt by call id (``C`` calls a program): its program's
+    context, every earlier call's new tokens and output, and its own new
+    tokens."""
+    return (np.cumsum((new + out).reshape(-1, C), axis=1) - out.reshape(-1, C)).ravel()
 
 
 def _session_calls(sessions: Sessions, workload, n: int) -> dict:

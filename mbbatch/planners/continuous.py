@@ -408,18 +408,38 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
         arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
     prefixes = {}
     prompt, output, prediction, klass = _requests(plan, ss, prompt, output, prefixes=prefixes)
-    prefixes = plan.cluster.prefixes(plan, prompt, programs, prefixes)
-    if times is None:
+    closed = plan.cluster.closed
+    if closed:
+        # (by call id: the kernel makes the requests as the calls arrive)
+        P = programs["start"].size
+        by_call = ((np.arange(prompt.size) // (prompt.size // P), programs["new"], None), P)
+        prefixes = plan.cluster.prefixes(plan, prompt, by_call, prefixes)
+    else:
+        prefixes = plan.cluster.prefixes(plan, prompt, programs, prefixes)
+    if times is None and not closed:
         times = _arrival_times(plan, arrivals)
     config, _ = plan.kernel_args
     stop = stop_flag()
+    streams = _k.ContinuousStreams(arrivals)
+    cluster = dict(control=plan.control, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, prefixes=prefixes,
+                   cache_routing=plan.cluster.cache_routing)
     t0 = time.perf_counter()
-    runs, where, local, routed, _ = interruptible(
-        lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
-                        _k.ContinuousStreams(arrivals), stop, control=plan.control, programs=programs,
-                        groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, klass=klass, class_slo=plan.class_slo,
-                        class_tpot=plan.class_tpot, prefixes=prefixes, cache_routing=plan.cluster.cache_routing),
-        stop, plan.n if progress else None)
+    if closed:
+        calls = {**programs, "prompt": prompt, "output": output, "prediction": prediction}
+        runs, where, local, routed, _, got = interruptible(
+            lambda: _cc.run_closed(config, calls, plan.edges, plan.cluster.router, plan.engines, streams, stop,
+                                   **cluster),
+            stop, plan.n if progress else None)
+        # (each request is the call that arrived: its lengths and prediction, its program and new tokens)
+        k = got["call"]
+        prompt, output, prediction = prompt[k], output[k], prediction[k]
+        programs = ((got["program"], got["new_tokens"], got["session_end"]), P)
+    else:
+        runs, where, local, routed, _ = interruptible(
+            lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
+                            streams, stop, programs=programs, klass=klass, class_slo=plan.class_slo,
+                            class_tpot=plan.class_tpot, **cluster),
+            stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)
     columns = {"engine": where}

@@ -52,8 +52,13 @@ class Programs:
     closed loop, as an agent's calls are: a call arrives ``think_time`` after
     the one before it completed (its whole output), so a slow cluster slows
     its programs down; the run takes the first ``n`` calls to arrive (a call
-    whose predecessor is never served never arrives).  Closed loops take the
-    oracle, bin confusion or given predictions (not a log-normal error)."""
+    whose predecessor is never served never arrives).  On run-to-completion
+    engines closed loops take the oracle, bin confusion or given
+    predictions (not a log-normal error); on
+    :class:`~mbbatch.ContinuousBatching` engines the oracle or a log-normal
+    error (each call predicted as its program draws it), and a call arrives
+    ``think_time`` after its client has the answer: its completion plus the
+    engine's ``request_overhead``."""
 
     calls: int = default("Programs.calls")
     think_time: float = default("Programs.think_time")
@@ -194,8 +199,12 @@ class Cluster(Policy):
     arrival every engine is advanced to that instant, so the router counts
     the requests completed by then; with ``kv_reuse`` a call on the engine
     holding its program's context brings that context's KV cache (its
-    blocks taken, only its new tokens prefilled).  Engine ``events`` and
-    closed-loop programs are refused on such engines (not modelled yet).
+    blocks taken, only its new tokens prefilled).  With closed-loop
+    programs the engines run one iteration at a time, the one whose
+    iteration starts first next, so that a completion issues its program's
+    next call before any later iteration starts
+    (:func:`~mbbatch._kernels.continuous_cluster.closed_loop_kernel`).
+    Engine ``events`` are refused on such engines (not modelled yet).
     With ``ContinuousBatching(prefix_caching=True)`` each engine caches the
     prefixes of the requests routed to it: a workload's system prompts, or
     with ``programs`` each program's context (a call shares its prompt but
