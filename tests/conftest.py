@@ -29,13 +29,18 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _warm_cluster(engine):
-    """A tiny run of a cluster of two ``engine`` (its driver's specialization compiled)."""
+    """A tiny run of a cluster of two ``engine`` (its driver's specialization
+    compiled), and of continuous engines with closed-loop programs (their
+    driver: about 10 s more, once)."""
     import scipy.stats as st
 
     import mbbatch as mb
 
     wl = mb.Workload(prompt=st.uniform(1, 50), output=st.uniform(1, 50))
     mb.simulate(mb.Cluster(engine, engines=2), arrivals=mb.Poisson(1.0), workload=wl, n=50, seed=0)
+    if engine.resumable:
+        mb.simulate(mb.Cluster(engine, engines=2, programs=mb.Programs(calls=2, closed=True)),
+                    arrivals=mb.Poisson(1.0), workload=wl, n=50, seed=0)
 
 
 def _warm_groups() -> dict:
@@ -49,7 +54,7 @@ def _warm_groups() -> dict:
     return {"warmup": mb.warmup,                                                         # ~30 s
             "continuous_full": lambda: continuous.warmup(("full",)),                   # ~30 s
             "continuous_lean": lambda: continuous.warmup(("lean",)),                   # ~30 s
-            "cluster_continuous": lambda: _warm_cluster(mb.ContinuousBatching(max_num_seqs=8)),  # ~15 s after full
+            "cluster_continuous": lambda: _warm_cluster(mb.ContinuousBatching(max_num_seqs=8)),  # ~25 s after full
             "cluster_tokens": lambda: _warm_cluster(mb.StaticBatching(4))}            # ~15 s after warmup
 
 

@@ -65,7 +65,7 @@ def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
         res = mb.simulate(pol, mb.Poisson(float(rng.uniform(2, 20))), workload=wl, service_model=MODEL, n=200,
                           seed=int(rng.integers(1 << 30)), keep_requests=True)
         r = res.requests
-        arr, p, o = r["arrival"], r["prompt"], r["output"]
+        arr, p = r["arrival"], r["prompt"]
         n = len(arr)
         where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, **_reference(pk))
         first = np.empty(n)
@@ -74,24 +74,75 @@ def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
                 first[mine[e]] = runs[e]["first_token"]
         np.testing.assert_array_equal(r["prefill_engine"], where)
         np.testing.assert_array_equal(r["first_token"], first)
-        transfer = link.latency + p * (link.bytes_per_token / link.bandwidth)
-        ready = first + transfer
-        many = np.flatnonzero(o > 1)
-        order = many[np.argsort(ready[many], kind="stable")]
-        completion, admitted = first.copy(), np.full(n, np.nan)
-        for e in range(min(ed, order.size)):
-            idx = order[e::ed]
-            w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx], cached=p[idx], **_reference(dk))
-            completion[idx], admitted[idx] = w["completion"], w["admitted"]
-        np.testing.assert_array_equal(r["transfer_time"][many], transfer[many])
-        assert np.isnan(r["transfer_time"][o == 1]).all()
-        np.testing.assert_array_equal(r["decode_admitted"], admitted)
-        np.testing.assert_array_equal(r["completion"], completion)
-        assert res.mean_transfer_time == pytest.approx(transfer[many].mean(), rel=1e-12)
-        assert res.mean_decode_wait == pytest.approx((admitted - ready)[order].mean(), rel=1e-9, abs=1e-12)
-        assert res.mean_latency == pytest.approx((completion - arr).mean(), rel=1e-12)
-        waited += bool(((admitted - ready)[order] > 0).any())
+        waited += _check_decode_pool(res, first, link, ed, dk)
     assert waited >= 2          # (some requests waited for a decode engine: the comparison saw queues)
+
+
+def _check_decode_pool(res, first, link, ed, dk) -> bool:
+    """A deployment's transfers, decode admissions and completions against
+    plain-Python decode engines (settings ``dk``, ``ed`` of them) given its
+    first tokens ``first``: the transfer ``latency + prompt x
+    (bytes_per_token / bandwidth)``; the requests of more than one token, in
+    the order their transfers end (ties in arrival order), dealt in turn,
+    each bringing its prompt's KV cache and generating ``output - 1``
+    tokens.  Returns whether some request waited for a decode engine."""
+    r = res.requests
+    arr, p, o = r["arrival"], r["prompt"], r["output"]
+    transfer = link.latency + p * (link.bytes_per_token / link.bandwidth)
+    ready = first + transfer
+    many = np.flatnonzero(o > 1)
+    order = many[np.argsort(ready[many], kind="stable")]
+    completion, admitted = first.copy(), np.full(len(arr), np.nan)
+    for e in range(min(ed, order.size)):
+        idx = order[e::ed]
+        w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx], cached=p[idx], **_reference(dk))
+        completion[idx], admitted[idx] = w["completion"], w["admitted"]
+    np.testing.assert_array_equal(r["transfer_time"][many], transfer[many])
+    assert np.isnan(r["transfer_time"][o == 1]).all()
+    np.testing.assert_array_equal(r["decode_admitted"], admitted)
+    np.testing.assert_array_equal(r["completion"], completion)
+    assert res.mean_transfer_time == pytest.approx(transfer[many].mean(), rel=1e-12)
+    assert res.mean_decode_wait == pytest.approx((admitted - ready)[order].mean(), rel=1e-9, abs=1e-12)
+    assert res.mean_latency == pytest.approx((completion - arr).mean(), rel=1e-12)
+    return bool(((admitted - ready)[order] > 0).any())
+
+
+def test_a_laps_prefill_pool_is_laps_alone_then_the_decode_pool():
+    """LAPS's prefill instances as the prefill pool
+    (``Disaggregated(prefill=LAPS(...))``), over 4 random deployments (2 to
+    4 instances, a random threshold and link, 1 to 3 decode engines of
+    random settings): the pool's engines are LAPS's instances; each
+    request's arrival, prompt, instance and first token equal LAPS's run
+    alone on the same seed, its prompts and outputs those of the
+    deployment with a continuous prefill pool (common random numbers), and
+    its transfer, decode admission and completion plain-Python decode
+    engines' (:func:`_check_decode_pool`)."""
+    rng = np.random.default_rng(9)
+    waited = 0
+    for _ in range(4):
+        wl = mb.Workload(prompt=st.lognorm(0.8, scale=float(rng.uniform(40, 200))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(4, 30))))
+        k, ed = int(rng.integers(2, 5)), int(rng.integers(1, 4))
+        laps = mb.LAPS(instances=k, threshold=int(rng.choice([32, 64, 128])))
+        dk = _engine(rng, 4096)
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), latency=float(rng.choice([0.0, 0.005])),
+                             bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        pol = mb.Disaggregated(prefill=laps, decode=mb.ContinuousBatching(**dk), decode_engines=ed, kv_transfer=link)
+        assert pol.prefill_engines == k and pol.engines == k + ed
+        kw = dict(arrivals=mb.Poisson(float(rng.uniform(5, 30))), workload=wl, service_model=MODEL, n=200,
+                  seed=int(rng.integers(1 << 30)), keep_requests=True)
+        res = mb.simulate(pol, **kw)
+        r = res.requests
+        alone = mb.simulate(laps, **kw).requests
+        for mine, theirs in (("arrival", "arrival"), ("prompt", "prompt"), ("first_token", "first_token"),
+                             ("prefill_engine", "instance")):
+            np.testing.assert_array_equal(r[mine], alone[theirs], err_msg=mine)
+        colocated = mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(**dk), decode_engines=ed), **kw)
+        for col in ("arrival", "prompt", "output"):
+            np.testing.assert_array_equal(r[col], colocated.requests[col], err_msg=col)
+        waited += _check_decode_pool(res, alone["first_token"], link, ed, dk)
+        assert res.prefill.kind == "laps" and res.prefill_utilization == res.prefill.utilization
+    assert waited >= 1
 
 
 def test_the_requests_are_a_colocated_clusters_on_the_same_seed():

@@ -24,7 +24,21 @@ def test_kv_transfer_of_a_model():
     (dict(router="autellix"), "router"),
     (dict(kv_transfer=1.0), "kv_transfer"),
     (dict(prefill=mb.ContinuousBatching(prefix_caching=True)), "prefix_caching"),
+    (dict(prefill=mb.LAPS(instances=2, decode=mb.ContinuousBatching())), r"prefill\.decode"),
+    (dict(prefill=mb.LAPS(instances=2), prefill_engines=3), r"prefill_engines: .*LAPS\(instances=2\)"),
+    (dict(prefill=mb.LAPS(instances=2), router="round_robin"), "router: a LAPS prefill pool"),
 ])
 def test_bad_settings_are_refused_by_name(bad, match):
     with pytest.raises((TypeError, ValueError), match=match):
         mb.Disaggregated(**bad)
+
+
+def test_a_laps_prefill_pools_engines_are_its_instances():
+    """A LAPS prefill pool: its instances are the pool's engines (given
+    again, the same), its router LAPS's, its settings in the description."""
+    for given in ({}, {"prefill_engines": 3}):
+        pol = mb.Disaggregated(prefill=mb.LAPS(instances=3, threshold=128), decode_engines=2, **given)
+        assert pol.prefill_engines == 3 and pol.engines == 5 and pol.laps
+        d = pol.describe()
+        assert d["router"] == "laps" and d["prefill_policy"] == "laps" and d["prefill_threshold"] == 128
+    assert not mb.Disaggregated().laps

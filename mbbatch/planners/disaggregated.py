@@ -2,7 +2,8 @@
 Patel et al., 2024, Splitwise, arXiv:2311.18677; Zhong et al., 2024,
 DistServe, arXiv:2401.09670): the prefill pool, a cluster of continuous
 engines behind its router on requests of one output token (:mod:`.continuous`
-under :mod:`.cluster`); each request's KV transfer; the decode pool,
+under :mod:`.cluster`) or LAPS's prefill instances (:mod:`.laps`, without a
+decode stage); each request's KV transfer; the decode pool,
 continuous engines on the prompts prefilled, joined at the transfers' ends
 (:mod:`.continuous`, as LAPS's decode stage).
 
@@ -25,7 +26,7 @@ from ..arrivals import Poisson, Replay
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from ..workload import Mixture, Workload
-from . import cluster, continuous
+from . import cluster, continuous, laps
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, RunTotals, assemble, decode_stage_checked,
                      decode_stage_requests, finish, lengths, model_config, quantiles, resolve_n, stage_goodput)
 
@@ -125,8 +126,13 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     n = resolve_n(n, arrivals, workload.length_specs())
     from ..policies.cluster import Cluster
 
-    pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router)
-    prefill = cluster.check(pool, arrivals, None, n, 1, True, _prefill_workload(workload, n), model, False)
+    if policy.laps:
+        # (LAPS's prefill instances behind its router, timed by the model's prefill iteration)
+        prefill = laps.check(policy.prefill, arrivals, None, n, 1, True, _prefill_workload(workload, n), model,
+                             False)
+    else:
+        pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router)
+        prefill = cluster.check(pool, arrivals, None, n, 1, True, _prefill_workload(workload, n), model, False)
     # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
     # prefill)
     decode = _decode_plan(policy, Poisson(1.0), workload, decode_model, n)
@@ -184,7 +190,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         requests = Table({"arrival": arrival, "prompt": prompt, "output": out, "first_token": first,
                           "transfer_time": np.where(moved, transfer, nan), "decode_admitted": admitted,
                           "completion": completion, "latency": latency, "ttft": ttft,
-                          "prefill_engine": req["engine"]})
+                          "prefill_engine": req["instance" if pol.laps else "engine"]})
     unstable = [f"{name}: {r.unstable_reason}" for name, r in (("prefill", pre), ("decode", dec))
                 if r is not None and r.unstable]
     reason = "; ".join(unstable) if unstable else pre.unstable_reason

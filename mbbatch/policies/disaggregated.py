@@ -74,7 +74,13 @@ class Disaggregated(Policy):
     Both pools are :class:`ContinuousBatching` engines (default
     ``ContinuousBatching()``), timed by the ``service_model`` of the
     ``simulate`` call (an :class:`~mbbatch.IterationModel` or a profile),
-    the decode pool by ``decode_model`` where given (another accelerator):
+    the decode pool by ``decode_model`` where given (another accelerator).
+    The prefill pool may instead be :class:`LAPS`'s prefill instances
+    (``prefill=LAPS(instances=k)``, without a decode stage of its own: the
+    deployment's decode pool is it), scheduled and routed by LAPS's rules
+    (arXiv:2601.11589) and timed by the service model's prefill iteration;
+    the pool's engines are then LAPS's ``instances`` (``prefill_engines``
+    left at its default, or equal to them) and its ``router`` LAPS's own.
 
     - a request arrives at the prefill pool, whose ``router``
       (``"least_used"``, ``"round_robin"``; a :class:`Cluster`'s) sends it to
@@ -132,11 +138,15 @@ class Disaggregated(Policy):
 
     def __post_init__(self):
         from .continuous import ContinuousBatching
+        from .laps import LAPS
 
         for name in ("prefill", "decode"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, ContinuousBatching())
-            check_instance(name, getattr(self, name), (ContinuousBatching,))
+        check_instance("prefill", self.prefill, (ContinuousBatching, LAPS))
+        check_instance("decode", self.decode, (ContinuousBatching,))
+        if self.laps:
+            self._take_laps_pool()
         if self.kv_transfer is None:
             object.__setattr__(self, "kv_transfer", KVTransfer())
         check_instance("kv_transfer", self.kv_transfer, (KVTransfer,))
@@ -147,9 +157,34 @@ class Disaggregated(Policy):
 
             check_instance("decode_model", self.decode_model, (IterationModel,))
         for name in ("prefill", "decode"):
-            if getattr(self, name).prefix_caching:
+            if getattr(getattr(self, name), "prefix_caching", False):
                 raise ValueError(f"{name}.prefix_caching: a disaggregated deployment's engines do not cache "
                                  f"prefixes (not modelled yet); give ContinuousBatching(prefix_caching=False)")
+
+    def _take_laps_pool(self) -> None:
+        """A LAPS prefill pool: its engines are LAPS's instances, its router
+        LAPS's; a decode stage of its own is refused (the deployment's
+        decode pool is it)."""
+        laps = self.prefill
+        if laps.decode is not None:
+            raise ValueError("prefill.decode: a LAPS prefill pool hands its requests to the deployment's decode "
+                             "pool (decode=...); give LAPS(decode=None)")
+        k = laps.instances
+        if self.prefill_engines not in (default("Disaggregated.prefill_engines"), k):
+            raise ValueError(f"prefill_engines: a LAPS prefill pool's engines are its instances "
+                             f"(LAPS(instances={k})); leave prefill_engines at its default or give {k}; got "
+                             f"{self.prefill_engines}")
+        if self.router != default("Disaggregated.router"):
+            raise ValueError(f"router: a LAPS prefill pool routes by LAPS's own rules (its threshold and instance "
+                             f"groups); leave router at {default('Disaggregated.router')!r}; got {self.router!r}")
+        object.__setattr__(self, "prefill_engines", k)
+
+    @property
+    def laps(self) -> bool:
+        """Whether the prefill pool is LAPS's prefill instances."""
+        from .laps import LAPS
+
+        return isinstance(self.prefill, LAPS)
 
     @property
     def engines(self) -> int:
@@ -159,13 +194,17 @@ class Disaggregated(Policy):
     def carries(self) -> Carries:
         """The decode engines' continuous batching: judged by the backlog, a
         probe holding what every engine of both pools holds."""
-        held = self.prefill_engines * self.prefill.carries().held + self.decode_engines * self.decode.carries().held
+        # (a LAPS pool's carries every instance's)
+        pool = self.prefill.carries().held * (1 if self.laps else self.prefill_engines)
+        held = pool + self.decode_engines * self.decode.carries().held
         return Carries(load=False, backlog=True, held=held, iterations=True)
 
     def describe(self) -> dict:
         eng = {k: v for k, v in self.decode.describe().items() if k != "policy"}
+        laps = {f"prefill_{k}": v for k, v in self.prefill.describe().items()} if self.laps else {}
         return {**eng, "policy": self.kind, "prefill_engines": self.prefill_engines,
-                "decode_engines": self.decode_engines, "router": self.router, **self.kv_transfer.describe()}
+                "decode_engines": self.decode_engines, "router": "laps" if self.laps else self.router,
+                **laps, **self.kv_transfer.describe()}
 
     @classmethod
     def from_spec(cls, params: dict, ctx) -> "Disaggregated":
