@@ -388,8 +388,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("Disaggregated.decode_engines", "count", "engines", "engines of the decode pool (each request's other "
        "output tokens, its prompt's KV cache transferred)", Domain(1, 2 ** 20, lo_closed=True, hi_closed=True),
        default=1),
-    _p("Disaggregated.router", "choice", "", "the prefill pool's router: least-used (fewest active requests) or "
-       "round-robin", default="least_used", choices=("least_used", "round_robin")),
+    _p("Disaggregated.router", "choice", "", "the prefill pool's router: least-used (fewest active requests), "
+       "round-robin, or cache-aware (SGLang's, on the engines' prefix caches, with a Cluster's default balance)",
+       default="least_used", choices=("least_used", "round_robin", "cache_aware")),
     # (a 200 Gb/s InfiniBand HDR link between machines; Llama-3-8B's KV cache: 2 x 32 layers x 8 heads x 128 x 2 bytes)
     _p("KVTransfer.bandwidth", "real", "bytes/s", "the KV transfer link's bandwidth", _POS, default=25e9),
     _p("KVTransfer.latency", "real", "s", "the KV transfer's fixed time (setup, first byte)", _NONNEG,

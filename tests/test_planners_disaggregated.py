@@ -78,6 +78,55 @@ def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
     assert waited >= 2          # (some requests waited for a decode engine: the comparison saw queues)
 
 
+@pytest.mark.parametrize("router", ["least_used", "cache_aware"])
+def test_a_prefix_caching_prefill_pool_is_the_plain_python_cluster(router):
+    """Prefill engines caching prefixes, on requests a share of which carry
+    one of a few system prompts, over 4 random deployments per router: each
+    request's prefill engine and first token equal the plain-Python cluster
+    of plain-Python prefix-caching engines (each system prompt a chain, the
+    cache-aware router at a Cluster's default balance), its prompt (system
+    prompt included) the one whose KV cache moves, and the decode pool the
+    plain-Python engines' (:func:`_check_decode_pool`); the prefix metrics
+    are the prefill pool's, and some requests hit."""
+    from mbbatch._seeding import STREAM_SYSTEM, as_seed_sequence, stream
+
+    rng = np.random.default_rng(20 + ["least_used", "cache_aware"].index(router))
+    hits = 0
+    for _ in range(4):
+        system = mb.SystemPrompts(length=int(rng.choice([16, 64, 100])), count=int(rng.integers(1, 5)),
+                                  share=float(rng.uniform(0.3, 0.9)))
+        wl = mb.Workload(prompt=st.lognorm(0.6, scale=float(rng.uniform(20, 120))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(4, 30))), system_prompts=system)
+        pk, dk = {**_engine(rng, 1024), "prefix_caching": True}, _engine(rng, 2048)
+        ep, ed = (int(k) for k in rng.integers(1, 4, 2))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        pol = mb.Disaggregated(prefill=mb.ContinuousBatching(**pk), decode=mb.ContinuousBatching(**dk),
+                               prefill_engines=ep, decode_engines=ed, kv_transfer=link, router=router)
+        seed = int(rng.integers(1 << 30))
+        res = mb.simulate(pol, mb.Poisson(float(rng.uniform(2, 20))), workload=wl, service_model=MODEL, n=200,
+                          seed=seed, keep_requests=True)
+        r = res.requests
+        arr, p = r["arrival"], r["prompt"]
+        n = len(arr)
+        chain, shared = system.draw(stream(as_seed_sequence(seed), STREAM_SYSTEM), n)
+        where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, prefix_caching=True,
+                                                  chain=chain, shared=shared, grows=np.zeros(system.count),
+                                                  **_reference(pk))
+        first = np.empty(n)
+        for e in range(ep):
+            if mine[e]:
+                first[mine[e]] = runs[e]["first_token"]
+        np.testing.assert_array_equal(r["prefill_engine"], where)
+        np.testing.assert_array_equal(r["first_token"], first)
+        _check_decode_pool(res, first, link, ed, dk)
+        pre = res.prefill
+        assert (res.prefix_hit_rate, res.prefix_saved_tokens, res.kv_evictions) == (
+            pre.prefix_hit_rate, pre.prefix_saved_tokens, pre.kv_evictions)
+        hits += sum(runs[e]["prefix_hits"] for e in range(ep) if mine[e])
+        assert res.prefix_saved_tokens * n == sum(runs[e]["prefix_hits"] for e in range(ep) if mine[e])
+    assert hits > 0
+
+
 def _check_decode_pool(res, first, link, ed, dk) -> bool:
     """A deployment's transfers, decode admissions and completions against
     plain-Python decode engines (settings ``dk``, ``ed`` of them) given its
@@ -184,6 +233,10 @@ def test_bad_calls_are_refused_before_anything_runs():
         mb.simulate(pol, workload=WL, servers=2, **kw)
     with pytest.raises(TypeError, match="mixture"):
         mb.simulate(pol, workload=mb.Workload.mixture({"a": (1, WL), "b": (1, WL)}), **kw)
+    with pytest.raises(ValueError, match="workload.system_prompts: a LAPS prefill pool"):
+        mb.simulate(mb.Disaggregated(prefill=mb.LAPS(instances=2)), workload=mb.Workload(
+            prompt=st.lognorm(0.8, scale=256), output=st.lognorm(0.8, scale=64),
+            system_prompts=mb.SystemPrompts(length=64, count=2, share=0.5)), **kw)
     with pytest.raises(ValueError, match=r"decode\.kv_tokens"):
         mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(kv_tokens=256.0)), workload=WL, **kw)
 

@@ -23,7 +23,7 @@ def test_kv_transfer_of_a_model():
     (dict(decode_engines=0), "decode_engines"),
     (dict(router="autellix"), "router"),
     (dict(kv_transfer=1.0), "kv_transfer"),
-    (dict(prefill=mb.ContinuousBatching(prefix_caching=True)), "prefix_caching"),
+    (dict(decode=mb.ContinuousBatching(prefix_caching=True)), r"decode\.prefix_caching"),
     (dict(prefill=mb.LAPS(instances=2, decode=mb.ContinuousBatching())), r"prefill\.decode"),
     (dict(prefill=mb.LAPS(instances=2), prefill_engines=3), r"prefill_engines: .*LAPS\(instances=2\)"),
     (dict(prefill=mb.LAPS(instances=2), router="round_robin"), "router: a LAPS prefill pool"),

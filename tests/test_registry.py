@@ -43,7 +43,7 @@ def test_adding_a_kind_is_a_conscious_act():
     assert registry.decode_kinds() == ("static", "dynamic", "multibin_dynamic", "continuous")
     assert [k for k, cls in registry.POLICIES.items() if cls.resumable] == ["continuous"]
     assert [k for k, cls in registry.POLICIES.items() if cls.classes] == ["continuous"]
-    assert [k for k, cls in registry.POLICIES.items() if cls.prefixes] == ["continuous"]
+    assert [k for k, cls in registry.POLICIES.items() if cls.prefixes] == ["continuous", "disaggregated"]
 
 
 def test_the_kinds_are_the_registrys_everywhere():

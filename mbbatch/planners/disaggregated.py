@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._seeding import STREAM_SERVICE, entropy_str, stream
+from .._seeding import STREAM_SERVICE, STREAM_SYSTEM, entropy_str, stream
 from ..arrivals import Poisson, Replay
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
@@ -82,6 +82,11 @@ class Plan:
         stay those of arrival order)."""
         self.prefill.check_requests(ss)
         stage = decode_stage_checked(self.workload, ss, self.n)
+        if self.workload.system_prompts is not None:
+            # (the KV cache a request brings: its system prompt's too)
+            _, shared = self.workload.system_prompts.draw(stream(ss, STREAM_SYSTEM), self.n)
+            stage = Workload(prompt=np.asarray(stage.prompt) + shared, output=stage.output, integer_lengths=True,
+                             predictor_sigma=stage.predictor_sigma)
         _decode_plan(self.policy, Replay(np.zeros(self.n)), stage, self.decode_model, self.n).check_requests(ss)
 
 
@@ -93,9 +98,10 @@ def _decode_plan(pol, arrivals, workload, model, n: int):
 
 
 def _prefill_workload(workload: Workload, n: int) -> Workload:
-    """The prefill pool's requests: the workload's prompts, one output token
-    each (the first, the prefill's)."""
-    return Workload(prompt=workload.prompt, output=np.ones(n), integer_lengths=True)
+    """The prefill pool's requests: the workload's prompts (and system
+    prompts), one output token each (the first, the prefill's)."""
+    return Workload(prompt=workload.prompt, output=np.ones(n), integer_lengths=True,
+                    system_prompts=workload.system_prompts)
 
 
 def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches) -> Plan:
@@ -112,9 +118,9 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     if isinstance(workload, Mixture):
         raise TypeError("workload: a Disaggregated deployment runs one Workload (a Workload.mixture's classes are "
                         "not modelled across its pools yet)")
-    if workload.system_prompts is not None:
-        raise ValueError("workload.system_prompts: a Disaggregated deployment's engines do not cache prefixes (not "
-                         "modelled yet); give a Workload without system_prompts")
+    if workload.system_prompts is not None and policy.laps:
+        raise ValueError("workload.system_prompts: a LAPS prefill pool does not model system prompts; give a "
+                         "Workload without system_prompts, or ContinuousBatching prefill engines")
     model = IterationModel() if service_model is None else service_model
     if not isinstance(model, IterationModel):
         raise TypeError(f"service_model: a Disaggregated deployment's engines are timed by an IterationModel (or a "
@@ -182,6 +188,9 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         if wl.has_objectives else nan,
         "mean_transfer_time": float(transfer[moved].mean()) if moved.any() else nan,
         "mean_decode_wait": float((admitted - ready)[order].mean()) if order.size else nan,
+        # (the prefix cache: the prefill pool's, per request; NaN and 0 without it)
+        **{k: pre.metrics().get(k, nan) for k in ("prefix_hit_rate", "prefix_saved_tokens")},
+        "kv_evictions": int(pre.metrics().get("kv_evictions", 0)),
         "prefill_utilization": pre.utilization,
         "decode_utilization": dec.utilization if dec is not None else nan,
     }

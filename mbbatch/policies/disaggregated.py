@@ -5,7 +5,7 @@ arXiv:2311.18677; Zhong et al., 2024, DistServe, arXiv:2401.09670)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from .._validation import check_count, check_fields, check_instance, check_scalar_real
@@ -83,11 +83,15 @@ class Disaggregated(Policy):
     left at its default, or equal to them) and its ``router`` LAPS's own.
 
     - a request arrives at the prefill pool, whose ``router``
-      (``"least_used"``, ``"round_robin"``; a :class:`Cluster`'s) sends it to
-      an engine; there it is a request of one output token, done at its first
-      token, whose KV blocks are freed then;
-    - its cache moves at once, taking :meth:`KVTransfer.seconds` of its
-      prompt;
+      (``"least_used"``, ``"round_robin"``, ``"cache_aware"``; a
+      :class:`Cluster`'s, with its default balance) sends it to an engine;
+      there it is a request of one output token, done at its first token,
+      whose KV blocks are freed then (with ``prefill=ContinuousBatching(
+      prefix_caching=True)`` its prompt's full blocks stay cached, and a
+      workload's system prompts are prefilled once on each engine: the
+      ``prefix`` metrics are the prefill pool's);
+    - its cache moves at once, its whole prompt's (system prompt included),
+      taking :meth:`KVTransfer.seconds` of its prompt;
     - it joins the decode pool at the transfer's end, dealt to the decode
       engines in turn in the order the transfers end (as LAPS's decode
       instances), bringing its prompt's KV cache: it takes its blocks when
@@ -129,11 +133,14 @@ class Disaggregated(Policy):
 
     kind: ClassVar[str] = "disaggregated"
     planner: ClassVar[str] = "disaggregated"
+    #: (a workload's system prompts: the prefill pool's engines run them, and with prefix_caching keep them)
+    prefixes: ClassVar[bool] = True
     reports: ClassVar[frozenset] = frozenset({"run", "decode", "ttft", "ttft_quantiles", "tbt_quantiles", "goodput",
-                                              "disaggregated"})
+                                              "disaggregated", "prefix"})
     settings: ClassVar[tuple] = ("prefill_engines", "decode_engines", "prefill_router", "kv_bandwidth", "kv_latency",
                                  "kv_bytes_per_token", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
-                                 "kv_tokens", "block_size", "admission", "ttft_slo", "tpot_slo")
+                                 "kv_tokens", "block_size", "admission", "ttft_slo", "tpot_slo", "prefix_caching",
+                                 "system_prompts", "system_prompt_length", "system_prompt_share")
     models: ClassVar[tuple] = ("iteration", "profile")
 
     def __post_init__(self):
@@ -156,10 +163,10 @@ class Disaggregated(Policy):
             from ..service_models import IterationModel
 
             check_instance("decode_model", self.decode_model, (IterationModel,))
-        for name in ("prefill", "decode"):
-            if getattr(getattr(self, name), "prefix_caching", False):
-                raise ValueError(f"{name}.prefix_caching: a disaggregated deployment's engines do not cache "
-                                 f"prefixes (not modelled yet); give ContinuousBatching(prefix_caching=False)")
+        if self.decode.prefix_caching:
+            raise ValueError("decode.prefix_caching: a decode engine receives each prompt's KV cache with its "
+                             "request (its prefix cache, the prefill pool's, is not modelled); give the prefill "
+                             "pool's engines prefix_caching=True and the decode pool's False")
 
     def _take_laps_pool(self) -> None:
         """A LAPS prefill pool: its engines are LAPS's instances, its router
@@ -201,6 +208,8 @@ class Disaggregated(Policy):
 
     def describe(self) -> dict:
         eng = {k: v for k, v in self.decode.describe().items() if k != "policy"}
+        if getattr(self.prefill, "prefix_caching", False):
+            eng["prefix_caching"] = True        # (the prefill pool's)
         laps = {f"prefill_{k}": v for k, v in self.prefill.describe().items()} if self.laps else {}
         return {**eng, "policy": self.kind, "prefill_engines": self.prefill_engines,
                 "decode_engines": self.decode_engines, "router": "laps" if self.laps else self.router,
@@ -209,9 +218,11 @@ class Disaggregated(Policy):
     @classmethod
     def from_spec(cls, params: dict, ctx) -> "Disaggregated":
         """A cell's deployment: both pools' engines run the cell's
-        ``ContinuousBatching`` settings, the link its ``kv_*`` settings."""
+        ``ContinuousBatching`` settings (``prefix_caching`` the prefill
+        pool's alone), the link its ``kv_*`` settings."""
         engine = ctx.build("continuous", params)
         link = KVTransfer(bandwidth=params["kv_bandwidth"], latency=params["kv_latency"],
                           bytes_per_token=params["kv_bytes_per_token"])
-        return cls(prefill=engine, decode=engine, prefill_engines=params["prefill_engines"],
+        return cls(prefill=engine, decode=replace(engine, prefix_caching=False),
+                   prefill_engines=params["prefill_engines"],
                    decode_engines=params["decode_engines"], kv_transfer=link, router=params["prefill_router"])
