@@ -1028,21 +1028,35 @@ def find_split(engines: int, *, prefill=None, decode=None, kv_transfer=None, rou
     ``seed``, ...) of ``Disaggregated(prefill, decode, p, engines - p,
     kv_transfer, router, decode_model)``, every split on the same seeds;
     ``colocated``: also that of ``Cluster(prefill, engines, router)``, the
-    same engines each running both phases.  The best split is the largest
-    capacity (ties: fewer prefill engines)."""
+    same engines each running both phases.  A :class:`~mbbatch.LAPS`
+    ``prefill`` is the pool of each split with its ``instances`` set to
+    ``p`` (its long instances derived again; LAPS's router; ``colocated``
+    then runs the decode engine's settings).  The best split is the largest capacity (ties: fewer prefill
+    engines)."""
+    from dataclasses import replace
+
     from .policies.cluster import Cluster
     from .policies.disaggregated import Disaggregated
+    from .policies.laps import LAPS
 
     if isinstance(engines, bool) or not isinstance(engines, (int, np.integer)) or not 2 <= engines <= 2 ** 20:
         raise ValueError(f"engines: a split keeps one engine in each pool at least, an integer in [2, 2**20]; got "
                          f"{engines!r}")
-    pools = [Disaggregated(prefill=prefill, decode=decode, prefill_engines=p, decode_engines=int(engines) - p,
-                           kv_transfer=kv_transfer, router=router, decode_model=decode_model)
+    laps = isinstance(prefill, LAPS)
+
+    def pool(p):
+        if laps:
+            return dict(prefill=replace(prefill, instances=p, long_instances=None))
+        return dict(prefill=prefill, prefill_engines=p, router=router)
+
+    pools = [Disaggregated(decode=decode, decode_engines=int(engines) - p, kv_transfer=kv_transfer,
+                           decode_model=decode_model, **pool(p))
              for p in range(1, int(engines))]
     caps = {pol.prefill_engines: find_capacity(pol, **search) for pol in pools}
     best = max(caps, key=lambda p: (caps[p].rate, -p))
     together = None
     if check_flag("colocated", colocated):
-        # (the deployments' prefill engine: ContinuousBatching() where not given)
-        together = find_capacity(Cluster(pools[0].prefill, engines=int(engines), router=router), **search)
+        # (the deployments' prefill engine, or with LAPS their decode engine: ContinuousBatching() where not given)
+        engine = pools[0].decode if laps else pools[0].prefill
+        together = find_capacity(Cluster(engine, engines=int(engines), router=router), **search)
     return SplitResult(engines=int(engines), capacities=caps, best=best, colocated=together)

@@ -675,3 +675,19 @@ def test_find_split_searches_every_split_and_names_the_best():
     assert "1:2" in got.table() and "<- best" in got.table() and "colocated" in got.table()
     with pytest.raises(ValueError, match=r"engines: .* \[2, 2\*\*20\]"):
         mb.find_split(1, **kw)
+
+
+def test_find_split_takes_a_laps_prefill_pool():
+    """With LAPS as the prefill pool, each split p:(3 - p) is LAPS of p
+    instances (its other settings kept) before 3 - p decode engines: the
+    split 2:1's capacity is find_capacity's of that deployment, bit for
+    bit; the best carries the most."""
+    wl = mb.Workload(prompt=st.lognorm(0.5, scale=64), output=st.lognorm(0.5, scale=256))
+    kw = dict(workload=wl, n=3000, searches=1, rel_tol=0.05, max_reps=6, seed=2,
+              objective=Objective(ttft_p99=2.0))
+    engine = mb.ContinuousBatching(max_num_seqs=8)
+    got = mb.find_split(3, prefill=mb.LAPS(instances=7, threshold=48), decode=engine, **kw)
+    assert sorted(got.capacities) == [1, 2] and got.colocated is None
+    want = find_capacity(mb.Disaggregated(mb.LAPS(instances=2, threshold=48), engine, decode_engines=1), **kw)
+    assert got.capacities[2].rate == want.rate
+    assert got.rate == max(c.rate for c in got.capacities.values())
