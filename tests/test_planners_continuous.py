@@ -341,6 +341,22 @@ def test_closed_loop_calls_on_continuous_engines_wait_for_the_answer_before():
     assert len(common) > 500 and all(firsts[0][p] == firsts[1][p] for p in common)
 
 
+def test_one_call_programs_are_the_same_closed_loop_or_open():
+    """Programs of one call have no call to wait for: the closed loop's
+    driver (its engines one iteration at a time) and the open loop's (every
+    engine advanced to each arrival) give the same run, request by request
+    and bit for bit."""
+    runs = [mb.simulate(mb.Cluster(mb.ContinuousBatching(max_num_seqs=16, kv_tokens=40_000), engines=3,
+                                   programs=mb.Programs(calls=1, closed=closed)),
+                        mb.Poisson(30.0), workload=WL, n=3000, seed=6, keep_requests=True) for closed in (False, True)]
+    a, b = (r.requests for r in runs)
+    for col in a.columns:
+        np.testing.assert_array_equal(a[col], b[col], err_msg=col)
+    ma, mb_ = (r.metrics() for r in runs)
+    for k in ma:
+        np.testing.assert_array_equal(ma[k], mb_[k], err_msg=k)
+
+
 def test_closed_loop_think_times_on_continuous_engines_are_exponential_after_the_answer():
     """The gaps from a call's answer (completion + request_overhead) to its
     program's next call are exponential with mean think_time
