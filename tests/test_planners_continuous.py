@@ -341,13 +341,16 @@ def test_closed_loop_calls_on_continuous_engines_wait_for_the_answer_before():
     assert len(common) > 500 and all(firsts[0][p] == firsts[1][p] for p in common)
 
 
-def test_one_call_programs_are_the_same_closed_loop_or_open():
+@pytest.mark.parametrize("caching", [False, True])
+def test_one_call_programs_are_the_same_closed_loop_or_open(caching):
     """Programs of one call have no call to wait for: the closed loop's
     driver (its engines one iteration at a time) and the open loop's (every
     engine advanced to each arrival) give the same run, request by request
-    and bit for bit."""
-    runs = [mb.simulate(mb.Cluster(mb.ContinuousBatching(max_num_seqs=16, kv_tokens=40_000), engines=3,
-                                   programs=mb.Programs(calls=1, closed=closed)),
+    and bit for bit; with prefix caching too (each program a chain), behind
+    the cache-aware router."""
+    engine = mb.ContinuousBatching(max_num_seqs=16, kv_tokens=20_000, prefix_caching=caching)
+    router = "cache_aware" if caching else "least_used"
+    runs = [mb.simulate(mb.Cluster(engine, engines=3, router=router, programs=mb.Programs(calls=1, closed=closed)),
                         mb.Poisson(30.0), workload=WL, n=3000, seed=6, keep_requests=True) for closed in (False, True)]
     a, b = (r.requests for r in runs)
     for col in a.columns:
@@ -355,6 +358,22 @@ def test_one_call_programs_are_the_same_closed_loop_or_open():
     ma, mb_ = (r.metrics() for r in runs)
     for k in ma:
         np.testing.assert_array_equal(ma[k], mb_[k], err_msg=k)
+
+
+def test_closed_loop_contexts_are_cached_where_the_router_sends_them():
+    """Closed-loop 5-call programs on prefix-caching engines: each
+    program's context is a chain its calls grow, so routed to the engine
+    caching it (the cache-aware router) a call hits far more often than
+    behind least-used routing, and prefills fewer tokens again."""
+    runs = {}
+    for router in ("least_used", "cache_aware"):
+        eng = mb.ContinuousBatching(max_num_seqs=32, kv_tokens=60_000, prefix_caching=True)
+        runs[router] = mb.simulate(mb.Cluster(eng, engines=3, router=router,
+                                              programs=mb.Programs(calls=5, think_time=0.5, closed=True)),
+                                   mb.Poisson(20.0), workload=WL, n=5000, seed=1)
+    lu, ca = runs["least_used"], runs["cache_aware"]
+    assert 0 < lu.prefix_hit_rate < 0.6 < ca.prefix_hit_rate
+    assert ca.prefix_saved_tokens > 1.5 * lu.prefix_saved_tokens
 
 
 def test_closed_loop_think_times_on_continuous_engines_are_exponential_after_the_answer():
