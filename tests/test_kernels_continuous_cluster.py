@@ -206,6 +206,25 @@ def _programs(rng, p):
     return pid.astype(np.int64), new, last
 
 
+def _engines_equal(runs, want, mine, local, kw) -> list:
+    """Each engine's run equals the plain-Python cluster's (``want``, its
+    requests ``mine``): its completions, and each request's number there,
+    admission, first token, completion and preemptions.  Returns the
+    ``(engine, run)`` of the engines given requests."""
+    given = []
+    for e, (run, w) in enumerate(zip(runs, want)):
+        out, req, _ = run
+        assert out.ints[ck.S.completed] == len(mine[e])
+        if w is None:
+            continue
+        np.testing.assert_array_equal(local[mine[e]], np.arange(len(mine[e])))
+        for col in ("admitted", "first_token", "completion"):
+            np.testing.assert_array_equal(req[col], w[col], err_msg=f"{col} engine {e} {kw}")
+        np.testing.assert_array_equal(req["preemptions"], w["preempted"])
+        given.append((e, run))
+    return given
+
+
 def test_one_engine_is_the_engine_request_by_request():
     """A cluster of one engine is the engine alone, bit for bit: every
     record, statistic, histogram, batch-means group and time-series row,
@@ -245,14 +264,7 @@ def test_the_cluster_is_the_plain_python_cluster_request_by_request(router):
         runs, where, local, routed, code = _cluster(arr, p, o, pred, engines, router, programs=programs, **kw)
         assert code == ck.DONE
         np.testing.assert_array_equal(where, where_ref, err_msg=f"{router} {kw}")
-        for e, ((out, req, _), w) in enumerate(zip(runs, want)):
-            assert out.ints[ck.S.completed] == len(mine[e])
-            if w is None:
-                continue
-            np.testing.assert_array_equal(local[mine[e]], np.arange(len(mine[e])))
-            for col in ("admitted", "first_token", "completion"):
-                np.testing.assert_array_equal(req[col], w[col], err_msg=f"{col} engine {e} {kw}")
-            np.testing.assert_array_equal(req["preemptions"], w["preempted"])
+        for e, (out, _, _) in _engines_equal(runs, want, mine, local, kw):
             st = ck.STATS.unpack((out.ints, out.floats))
             assert st["prefill_tokens"] == int((p[mine[e]] - cached[mine[e]]).sum()) + st["recomputed"]
         if programs is not None:
@@ -357,14 +369,7 @@ def test_closed_loop_programs_are_the_plain_python_cluster(router):
         np.testing.assert_array_equal(got["new_tokens"], programs[1])
         np.testing.assert_array_equal(got["session_end"], programs[2])
         np.testing.assert_array_equal(where, where_ref, err_msg=f"{router} {kw}")
-        for e, ((out, req, _), w) in enumerate(zip(runs, want)):
-            assert out.ints[ck.S.completed] == len(mine[e])
-            if w is None:
-                continue
-            np.testing.assert_array_equal(local[mine[e]], np.arange(len(mine[e])))
-            for col in ("admitted", "first_token", "completion"):
-                np.testing.assert_array_equal(req[col], w[col], err_msg=f"{col} engine {e} {kw}")
-            np.testing.assert_array_equal(req["preemptions"], w["preempted"])
+        _engines_equal(runs, want, mine, local, kw)
         if router == "autellix":
             assert routed["kv_hits"] == int((cached > 0).sum())
         # (a follow-up call arrives after its predecessor completes: the loop is closed)

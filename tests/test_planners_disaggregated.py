@@ -68,10 +68,7 @@ def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
         arr, p = r["arrival"], r["prompt"]
         n = len(arr)
         where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, **_reference(pk))
-        first = np.empty(n)
-        for e in range(ep):
-            if mine[e]:
-                first[mine[e]] = runs[e]["first_token"]
+        first = _first_tokens(runs, mine, n)
         np.testing.assert_array_equal(r["prefill_engine"], where)
         np.testing.assert_array_equal(r["first_token"], first)
         waited += _check_decode_pool(res, first, link, ed, dk)
@@ -112,10 +109,7 @@ def test_a_prefix_caching_prefill_pool_is_the_plain_python_cluster(router):
         where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, prefix_caching=True,
                                                   chain=chain, shared=shared, grows=np.zeros(system.count),
                                                   **_reference(pk))
-        first = np.empty(n)
-        for e in range(ep):
-            if mine[e]:
-                first[mine[e]] = runs[e]["first_token"]
+        first = _first_tokens(runs, mine, n)
         np.testing.assert_array_equal(r["prefill_engine"], where)
         np.testing.assert_array_equal(r["first_token"], first)
         _check_decode_pool(res, first, link, ed, dk)
@@ -125,6 +119,16 @@ def test_a_prefix_caching_prefill_pool_is_the_plain_python_cluster(router):
         hits += sum(runs[e]["prefix_hits"] for e in range(ep) if mine[e])
         assert res.prefix_saved_tokens * n == sum(runs[e]["prefix_hits"] for e in range(ep) if mine[e])
     assert hits > 0
+
+
+def _first_tokens(runs, mine, n: int) -> np.ndarray:
+    """Each request's first token in the plain-Python prefill pool (each
+    engine's run ``runs[e]`` of its requests ``mine[e]``)."""
+    first = np.empty(n)
+    for run, idx in zip(runs, mine):
+        if idx:
+            first[idx] = run["first_token"]
+    return first
 
 
 def _check_decode_pool(res, first, link, ed, dk) -> bool:

@@ -223,10 +223,8 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
     _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
     rr_route = 0
     for j in range(n):
-        if j % _CHECK == 0:
-            if stop[STOP] != 0:
-                return STOPPED
-            stop[ARRIVED] = j
+        if _stop_asked(j, stop):
+            return STOPPED
         t = times[j]
         for e in range(E):
             # (an engine idle, or paused at or after t, has nothing to do before t)
@@ -241,6 +239,18 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, prompt,
                              output, prediction, klass, chain, shared, match, counts, where, local, routed, bs)
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
+
+
+@step
+def _stop_asked(j, stop):
+    """Before request j: every 1,024 requests, whether Ctrl-C asked the run
+    to stop (``stop[STOP]``), else the requests routed so far into
+    ``stop[ARRIVED]``."""
+    if j % _CHECK == 0:
+        if stop[STOP] != 0:
+            return True
+        stop[ARRIVED] = j
+    return False
 
 
 @step
@@ -331,10 +341,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
     hsize = 1
     rr_route = 0
     for j in range(n):
-        if j % _CHECK == 0:
-            if stop[STOP] != 0:
-                return STOPPED
-            stop[ARRIVED] = j
+        if _stop_asked(j, stop):
+            return STOPPED
         t = heap_t[0] if hsize > 0 else np.inf
         while True:
             e = _earliest(si, sf, counts, t)
