@@ -121,6 +121,49 @@ def test_a_prefix_caching_prefill_pool_is_the_plain_python_cluster(router):
     assert hits > 0
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_programs_calls_are_the_plain_python_pools(caching):
+    """Open-loop programs (2 to 4 calls, think times) over 3 random
+    deployments each: the requests are a colocated cluster's calls on the
+    same seed (arrivals, prompts, each a call's context and new tokens,
+    outputs, programs); each request's prefill engine and first token equal
+    the plain-Python cluster's behind least-used routing with the programs
+    (no KV reuse: a call's context holds outputs the decode pool made),
+    its engines, where they cache prefixes, keeping each program's context
+    as a chain (the prompts they prefilled); and the decode pool is the
+    plain-Python engines' (:func:`_check_decode_pool`)."""
+    rng = np.random.default_rng(30 + caching)
+    for _ in range(3):
+        wl = mb.Workload(prompt=st.lognorm(0.6, scale=float(rng.uniform(20, 80))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(4, 30))))
+        pk, dk = {**_engine(rng, 4096), "prefix_caching": caching}, _engine(rng, 8192)
+        ep, ed = (int(k) for k in rng.integers(1, 4, 2))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        progs = mb.Programs(calls=int(rng.integers(2, 5)), think_time=float(rng.choice([0.1, 1.0])))
+        pol = mb.Disaggregated(prefill=mb.ContinuousBatching(**pk), decode=mb.ContinuousBatching(**dk),
+                               prefill_engines=ep, decode_engines=ed, kv_transfer=link, programs=progs)
+        kw = dict(arrivals=mb.Poisson(float(rng.uniform(2, 20))), workload=wl, service_model=MODEL, n=200,
+                  seed=int(rng.integers(1 << 30)), keep_requests=True)
+        res = mb.simulate(pol, **kw)
+        r = res.requests
+        colocated = mb.simulate(mb.Cluster(mb.ContinuousBatching(**dk), engines=ep + ed, programs=progs), **kw)
+        for col in ("arrival", "prompt", "output", "program", "new_tokens"):
+            np.testing.assert_array_equal(r[col], colocated.requests[col], err_msg=col)
+        arr, p, pid, new = r["arrival"], r["prompt"], r["program"], r["new_tokens"]
+        n = len(arr)
+        assert (p > new).any()             # (later calls carry their contexts)
+        chains = dict(prefix_caching=True, chain=pid.astype(float), shared=p - new,
+                      grows=np.ones(int(pid.max()) + 1)) if caching else {}
+        where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, "least_used",
+                                                  programs=(pid, new, np.zeros(n, np.int8)), kv=False, **chains,
+                                                  **_reference(pk))
+        first = _first_tokens(runs, mine, n)
+        np.testing.assert_array_equal(r["prefill_engine"], where)
+        np.testing.assert_array_equal(r["first_token"], first)
+        _check_decode_pool(res, first, link, ed, dk)
+        assert (res.prefix_hit_rate > 0) if caching else math.isnan(res.prefix_hit_rate)
+
+
 def _first_tokens(runs, mine, n: int) -> np.ndarray:
     """Each request's first token in the plain-Python prefill pool (each
     engine's run ``runs[e]`` of its requests ``mine[e]``)."""

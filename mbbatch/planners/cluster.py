@@ -82,6 +82,10 @@ class ContinuousPart:
     (:mod:`mbbatch._kernels.continuous_cluster`)."""
 
     policy: object
+    #: the engines serve each request's first token alone (a disaggregated
+    #: deployment's prefill pool): its output is drawn (a program's calls'
+    #: contexts grow by it) but each engine runs one output token
+    first_token: bool = False
 
     @property
     def caching(self) -> bool:
@@ -194,17 +198,20 @@ _NOT_ITERATIONS = {"preemptions": 0, "recomputed_tokens": math.nan, "mean_runnin
                    "prefix_hit_rate": math.nan, "prefix_saved_tokens": math.nan, "kv_evictions": 0}
 
 
-def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches):
+def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches, *,
+          first_token: bool = False):
     """The checked plan of a ``simulate`` call of a :class:`~mbbatch.Cluster`:
     a token plan (:mod:`.tokens`) for run-to-completion engines, a
     continuous one (:mod:`.continuous`) for resumable engines
-    (:attr:`~mbbatch.policies.base.Policy.resumable`: continuous batching)."""
+    (:attr:`~mbbatch.policies.base.Policy.resumable`: continuous batching);
+    ``first_token``: the continuous engines serve each request's first
+    token alone (:attr:`ContinuousPart.first_token`)."""
     if isinstance(cluster.programs, Programs) and arrivals.spec not in ("poisson", "saturated"):
         raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
                         f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
     if cluster.policy.resumable:
         return _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
-                                 keep_batches)
+                                 keep_batches, first_token)
     engine = cluster.policy.engine_form()
     plan = tokens.check(engine, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
     if isinstance(cluster.programs, Sessions):
@@ -223,7 +230,7 @@ def check(cluster, arrivals, service, n, servers, keep_requests, workload, servi
 
 
 def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
-                      keep_batches) -> continuous.Plan:
+                      keep_batches, first_token: bool = False) -> continuous.Plan:
     """The checked plan of a cluster of :class:`~mbbatch.ContinuousBatching`
     engines: what its kernel does not model yet is refused, named."""
     if cluster.events:
@@ -235,7 +242,7 @@ def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, wor
                          "program draws it (Oracle() or LogNormalError(sigma)); Predictions(values) are one per "
                          "request in arrival order, which a closed loop makes only as it runs")
     plan = continuous.check(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
-                            keep_batches, cluster=ContinuousPart(cluster))
+                            keep_batches, cluster=ContinuousPart(cluster, first_token))
     if isinstance(cluster.programs, Sessions):
         _check_sessions(cluster.programs, plan.workload)
     return plan

@@ -275,7 +275,11 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
         prompt = prompt + shared
         if prefixes is not None:
             prefixes.update(chain=chain, shared=shared, grows=np.zeros(wl.system_prompts.count))
-    prediction = plan.predictor.predict(output, lambda: stream(ss, STREAM_PREDICTION))
+    first_token = plan.cluster is not None and plan.cluster.first_token
+    if first_token:
+        # (a prefill pool's engines: one token each, known)
+        output = np.ones(prompt.size)
+    prediction = output if first_token else plan.predictor.predict(output, lambda: stream(ss, STREAM_PREDICTION))
     # (the longest prompt and output first: the requests' sums only where they might not fit)
     longest_p, longest_o = float(prompt.max(initial=0.0)), float(output.max(initial=0.0))
     if math.isfinite(pol.kv_tokens) and longest_p + longest_o > pol.kv_tokens // pol.block_size * pol.block_size:

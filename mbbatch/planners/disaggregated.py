@@ -18,10 +18,11 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
-from .._seeding import STREAM_SERVICE, STREAM_SYSTEM, entropy_str, stream
+from .._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, STREAM_SYSTEM, entropy_str, stream
 from ..arrivals import Poisson, Replay
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
@@ -82,12 +83,26 @@ class Plan:
         stay those of arrival order)."""
         self.prefill.check_requests(ss)
         stage = decode_stage_checked(self.workload, ss, self.n)
-        if self.workload.system_prompts is not None:
+        if self.policy.programs is not None:
+            # (the programs' calls: each one's context and output)
+            _, prompt, out = _calls(self, ss)
+            stage = Workload(prompt=prompt, output=np.maximum(out - 1.0, 1.0), integer_lengths=True,
+                             predictor_sigma=stage.predictor_sigma)
+        elif self.workload.system_prompts is not None:
             # (the KV cache a request brings: its system prompt's too)
             _, shared = self.workload.system_prompts.draw(stream(ss, STREAM_SYSTEM), self.n)
             stage = Workload(prompt=np.asarray(stage.prompt) + shared, output=stage.output, integer_lengths=True,
                              predictor_sigma=stage.predictor_sigma)
         _decode_plan(self.policy, Replay(np.zeros(self.n)), stage, self.decode_model, self.n).check_requests(ss)
+
+
+def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
+    """A deployment's programs' calls, as its prefill pool draws them:
+    ``(program arrays, prompts, outputs)`` in arrival order (the outputs the
+    pool's engines do not run, drawn)."""
+    _, prompt, out, arrays = plan.prefill.cluster.calls(plan.prefill, SimpleNamespace(
+        arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+    return arrays, prompt, out
 
 
 def _decode_plan(pol, arrivals, workload, model, n: int):
@@ -137,8 +152,12 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         prefill = laps.check(policy.prefill, arrivals, None, n, 1, True, _prefill_workload(workload, n), model,
                              False)
     else:
-        pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router)
-        prefill = cluster.check(pool, arrivals, None, n, 1, True, _prefill_workload(workload, n), model, False)
+        # (the workload's requests, each served to its first token: a program's calls grow by their outputs, whose
+        # KV cache the decode pool made, so no engine of the pool holds a whole context: no KV reuse; a prefix cache
+        # keeps the prompts it prefilled)
+        pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router, programs=policy.programs,
+                       kv_reuse=False)
+        prefill = cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, first_token=True)
     # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
     # prefill)
     decode = _decode_plan(policy, Poisson(1.0), workload, decode_model, n)
@@ -152,7 +171,10 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
     pre = plan.prefill.run(ss, warn=False, progress=progress)
     req = pre.requests
     arrival, prompt, first = req["arrival"], req["prompt"], req["first_token"]
-    out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
+    if pol.programs is not None:
+        _, _, out = _calls(plan, ss)
+    else:
+        out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
     transfer = pol.kv_transfer.seconds(prompt)
     ready = first + transfer
     order = decode_stage_requests(ready, out)
@@ -199,7 +221,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         requests = Table({"arrival": arrival, "prompt": prompt, "output": out, "first_token": first,
                           "transfer_time": np.where(moved, transfer, nan), "decode_admitted": admitted,
                           "completion": completion, "latency": latency, "ttft": ttft,
-                          "prefill_engine": req["instance" if pol.laps else "engine"]})
+                          "prefill_engine": req["instance" if pol.laps else "engine"],
+                          **{k: req[k] for k in ("program", "new_tokens") if pol.programs is not None}})
     unstable = [f"{name}: {r.unstable_reason}" for name, r in (("prefill", pre), ("decode", dec))
                 if r is not None and r.unstable]
     reason = "; ".join(unstable) if unstable else pre.unstable_reason

@@ -89,7 +89,10 @@ class Disaggregated(Policy):
       whose KV blocks are freed then (with ``prefill=ContinuousBatching(
       prefix_caching=True)`` its prompt's full blocks stay cached, and a
       workload's system prompts are prefilled once on each engine: the
-      ``prefix`` metrics are the prefill pool's);
+      ``prefix`` metrics are the prefill pool's; with ``programs``, open-loop
+      :class:`Programs` or a trace's :class:`Sessions`, the requests are
+      their calls, as a :class:`Cluster`'s, each call's context in its
+      prompt: a prefix a caching engine keeps);
     - its cache moves at once, its whole prompt's (system prompt included),
       taking :meth:`KVTransfer.seconds` of its prompt;
     - it joins the decode pool at the transfer's end, dealt to the decode
@@ -130,6 +133,7 @@ class Disaggregated(Policy):
     kv_transfer: object = None
     router: str = default("Disaggregated.router")
     decode_model: object = None
+    programs: object = None
 
     kind: ClassVar[str] = "disaggregated"
     planner: ClassVar[str] = "disaggregated"
@@ -163,6 +167,8 @@ class Disaggregated(Policy):
             from ..service_models import IterationModel
 
             check_instance("decode_model", self.decode_model, (IterationModel,))
+        if self.programs is not None:
+            self._take_programs()
         if self.decode.prefix_caching:
             raise ValueError("decode.prefix_caching: a decode engine receives each prompt's KV cache with its "
                              "request (its prefix cache, the prefill pool's, is not modelled); give the prefill "
@@ -185,6 +191,21 @@ class Disaggregated(Policy):
             raise ValueError(f"router: a LAPS prefill pool routes by LAPS's own rules (its threshold and instance "
                              f"groups); leave router at {default('Disaggregated.router')!r}; got {self.router!r}")
         object.__setattr__(self, "prefill_engines", k)
+
+    def _take_programs(self) -> None:
+        """Open-loop programs (or a trace's sessions) on continuous prefill
+        engines; a closed loop, whose calls would wait for the decode pool's
+        answers, is refused."""
+        from .cluster import Programs, Sessions
+
+        check_instance("programs", self.programs, (Programs, Sessions))
+        if self.laps:
+            raise ValueError("programs: a LAPS prefill pool takes independent requests; give programs=None, or "
+                             "ContinuousBatching prefill engines")
+        if self.programs.closed:
+            raise ValueError("programs: a closed loop's calls wait for the decode pool's answers, which a "
+                             "disaggregated deployment does not feed back to its prefill pool (not modelled yet); "
+                             "give Programs(closed=False)")
 
     @property
     def laps(self) -> bool:
@@ -211,9 +232,10 @@ class Disaggregated(Policy):
         if getattr(self.prefill, "prefix_caching", False):
             eng["prefix_caching"] = True        # (the prefill pool's)
         laps = {f"prefill_{k}": v for k, v in self.prefill.describe().items()} if self.laps else {}
+        programs = self.programs.describe() if self.programs is not None else {}
         return {**eng, "policy": self.kind, "prefill_engines": self.prefill_engines,
                 "decode_engines": self.decode_engines, "router": "laps" if self.laps else self.router,
-                **laps, **self.kv_transfer.describe()}
+                **laps, **programs, **self.kv_transfer.describe()}
 
     @classmethod
     def from_spec(cls, params: dict, ctx) -> "Disaggregated":
