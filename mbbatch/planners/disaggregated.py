@@ -113,10 +113,9 @@ def _decode_plan(pol, arrivals, workload, model, n: int):
 
 
 def _prefill_workload(workload: Workload, n: int) -> Workload:
-    """The prefill pool's requests: the workload's prompts (and system
-    prompts), one output token each (the first, the prefill's)."""
-    return Workload(prompt=workload.prompt, output=np.ones(n), integer_lengths=True,
-                    system_prompts=workload.system_prompts)
+    """A LAPS prefill pool's requests: the workload's prompts, one output
+    token each (the first, the prefill's)."""
+    return Workload(prompt=workload.prompt, output=np.ones(n), integer_lengths=True)
 
 
 def check(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches) -> Plan:
@@ -169,6 +168,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
 def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
     pol, wl, n = plan.policy, plan.workload, plan.n
     pre = plan.prefill.run(ss, warn=False, progress=progress)
+    pool = pre.metrics()
     req = pre.requests
     arrival, prompt, first = req["arrival"], req["prompt"], req["first_token"]
     if pol.programs is not None:
@@ -211,8 +211,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
         "mean_transfer_time": float(transfer[moved].mean()) if moved.any() else nan,
         "mean_decode_wait": float((admitted - ready)[order].mean()) if order.size else nan,
         # (the prefix cache: the prefill pool's, per request; NaN and 0 without it)
-        **{k: pre.metrics().get(k, nan) for k in ("prefix_hit_rate", "prefix_saved_tokens")},
-        "kv_evictions": int(pre.metrics().get("kv_evictions", 0)),
+        **{k: pool.get(k, nan) for k in ("prefix_hit_rate", "prefix_saved_tokens")},
+        "kv_evictions": int(pool.get("kv_evictions", 0)),
         "prefill_utilization": pre.utilization,
         "decode_utilization": dec.utilization if dec is not None else nan,
     }
