@@ -165,8 +165,8 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
         raise TypeError("service or workload must be given: service=<scipy.stats frozen distribution or "
                         "array> (service times), or workload=Workload(prompt=..., output=...)")
     elif isinstance(workload, Mixture):
-        engine = getattr(policy, "policy", None) if cls.planner == "cluster" else policy
-        if engine is None or not kind_of(engine).classes:
+        engine = policy.request_engine()
+        if not kind_of(engine).classes:
             raise TypeError(f"workload: a Workload.mixture's requests run on ContinuousBatching engines (alone or "
                             f"as a Cluster's); got {type(policy).__name__}")
         if any(part.system_prompts is not None for part in workload.parts):
@@ -174,11 +174,11 @@ def _plan(policy, arrivals, service, n, servers, keep_requests, workload, servic
                              "to a Workload")
     elif not isinstance(workload, Workload):
         raise TypeError(f"workload must be a Workload (or a Workload.mixture); got {type(workload).__name__}")
-    elif workload.system_prompts is not None and not kind_of(
-            getattr(policy, "policy", None) if cls.planner == "cluster" else policy).prefixes:
+    elif workload.system_prompts is not None and not kind_of(policy.request_engine()).prefixes:
+        engine = policy.request_engine()
         raise ValueError(f"workload.system_prompts: requests sharing prompt prefixes run on ContinuousBatching "
-                         f"engines (alone or as a Cluster's; prefix_caching keeps them); got "
-                         f"{type(policy).__name__}" + (f" of {type(policy.policy).__name__} engines"
-                                                       if cls.planner == "cluster" else ""))
+                         f"engines (alone, as a Cluster's or as a Disaggregated deployment's; prefix_caching keeps "
+                         f"them); got {type(policy).__name__}" + (f" of {type(engine).__name__} engines"
+                                                                  if engine is not policy else ""))
     return PLANNERS[cls.planner].check(policy, arrivals, service, n, servers, keep_requests, workload,
                                        service_model, keep_batches)

@@ -12,6 +12,12 @@ that engine's requests, joining its queue at the engine's next iteration
 boundary, as one engine's arrivals do.  After the last arrival every engine
 runs to its end.
 
+Closed-loop programs (:func:`closed_loop_kernel`) make their arrivals as
+the engines run: a call arrives after the one before it completes, so the
+engines run one iteration at a time, the one whose iteration starts first
+next, each logging its completions (``ws.done_log``), and a completion puts
+its program's next call in a heap before any later iteration starts.
+
 Prefix caching (the engines' ``chain`` given: :mod:`.continuous`'s): each
 engine caches the prefixes of the requests routed to it, in its own
 blocks; the cache-aware router (:func:`.routing.cache_aware`) reads each
@@ -312,8 +318,9 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
     starts, think times and new tokens by call id, and the heap of calls
     waiting to arrive; ``C = gap.size / start.size`` calls a program, call
     c of program p the id ``p C + c``): a program's first call arrives at
-    its start, each later one ``gap`` s after the one before it completes
-    (:func:`_next_calls`), so the arrivals are made as the engines run.
+    its start, each later one ``gap`` s after its client has the answer to
+    the one before it (its completion plus ``request_overhead``:
+    :func:`_next_calls`), so the arrivals are made as the engines run.
     The engines run one iteration at a time, the one whose iteration
     starts first next (every iteration then starts in time order): before
     the next call to arrive at t is routed, every iteration starting before

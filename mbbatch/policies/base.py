@@ -142,6 +142,12 @@ class Policy:
         request each."""
         return Carries(load=True, backlog=False, held=1)
 
+    def request_engine(self) -> "Policy":
+        """The policy whose declarations (``classes``, ``prefixes``) decide
+        which requests this one runs: itself, or a composite's engines (a
+        :class:`~mbbatch.Cluster`'s)."""
+        return self
+
 
 class EventPolicy(NamedTuple):
     """How the event kernel runs a token-level policy: its batch formation

@@ -301,6 +301,10 @@ class Cluster(Policy):
         e = self.policy.carries()
         return e._replace(held=self.engines * e.held)
 
+    def request_engine(self):
+        """Its engines' policy: they run its requests."""
+        return self.policy
+
     def describe(self) -> dict:
         d = {k: v for k, v in self.policy.describe().items() if k != "policy"}
         d.update(policy=self.kind, engine_policy=self.engine_kind, engines=self.engines, router=self.router,
