@@ -496,6 +496,12 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     stats_, series, ctl, sums = [], [], [], {}
     req = {} if plan.keep_requests else None
     n = plan.n
+    if req is not None and placed is not None:
+        # (each engine's requests in the cluster's order: an engine numbers its requests as they reach it, so
+        # engine e's record k is request mine[e][k])
+        where = placed[0]
+        by_engine = np.argsort(where, kind="stable")
+        ends = np.cumsum(np.bincount(where, minlength=c))
     for e, (out, r, _) in enumerate(runs):
         s = _k.STATS.unpack((out.ints, out.floats))
         stats_.append(s)
@@ -509,10 +515,9 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
                 for k, v in r.items():
                     req.setdefault(k, np.empty(n, v.dtype))[e::c] = v
             else:
-                where, local = placed
-                mine = where == e
+                mine = by_engine[(ends[e - 1] if e else 0):ends[e]]
                 for k, v in r.items():
-                    req.setdefault(k, np.empty(n, v.dtype))[mine] = v[local[mine]]
+                    req.setdefault(k, np.empty(n, v.dtype))[mine] = v[:mine.size]
         del out, r          # (not held while the next engine runs)
     # (an engine given no request has no first arrival)
     st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_ if not math.isnan(s[k]))
