@@ -413,13 +413,12 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     prefixes = {}
     prompt, output, prediction, klass = _requests(plan, ss, prompt, output, prefixes=prefixes)
     closed = plan.cluster.closed
+    chains = programs
     if closed:
         # (by call id: the kernel makes the requests as the calls arrive)
         P = programs["start"].size
-        by_call = ((np.arange(prompt.size) // (prompt.size // P), programs["new"], None), P)
-        prefixes = plan.cluster.prefixes(plan, prompt, by_call, prefixes)
-    else:
-        prefixes = plan.cluster.prefixes(plan, prompt, programs, prefixes)
+        chains = ((np.arange(prompt.size) // (prompt.size // P), programs["new"], None), P)
+    prefixes = plan.cluster.prefixes(plan, prompt, chains, prefixes)
     if times is None and not closed:
         times = _arrival_times(plan, arrivals)
     config, _ = plan.kernel_args

@@ -82,17 +82,18 @@ class Plan:
         never reaches it, checked as one of two tokens, so that the places
         stay those of arrival order)."""
         self.prefill.check_requests(ss)
-        stage = decode_stage_checked(self.workload, ss, self.n)
         if self.policy.programs is not None:
             # (the programs' calls: each one's context and output)
             _, prompt, out = _calls(self, ss)
             stage = Workload(prompt=prompt, output=np.maximum(out - 1.0, 1.0), integer_lengths=True,
-                             predictor_sigma=stage.predictor_sigma)
-        elif self.workload.system_prompts is not None:
-            # (the KV cache a request brings: its system prompt's too)
-            _, shared = self.workload.system_prompts.draw(stream(ss, STREAM_SYSTEM), self.n)
-            stage = Workload(prompt=np.asarray(stage.prompt) + shared, output=stage.output, integer_lengths=True,
-                             predictor_sigma=stage.predictor_sigma)
+                             predictor_sigma=self.workload.predictor_sigma)
+        else:
+            stage = decode_stage_checked(self.workload, ss, self.n)
+            if self.workload.system_prompts is not None:
+                # (the KV cache a request brings: its system prompt's too)
+                _, shared = self.workload.system_prompts.draw(stream(ss, STREAM_SYSTEM), self.n)
+                stage = Workload(prompt=np.asarray(stage.prompt) + shared, output=stage.output,
+                                 integer_lengths=True, predictor_sigma=stage.predictor_sigma)
         _decode_plan(self.policy, Replay(np.zeros(self.n)), stage, self.decode_model, self.n).check_requests(ss)
 
 
