@@ -164,6 +164,113 @@ def test_programs_calls_are_the_plain_python_pools(caching):
         assert (res.prefix_hit_rate > 0) if caching else math.isnan(res.prefix_hit_rate)
 
 
+@pytest.mark.parametrize("router", ["least_used", "round_robin"])
+def test_closed_loop_programs_are_the_plain_python_deployment(router):
+    """Closed-loop programs (2 to 4 calls, think times or none, a time
+    outside each pool's engines or none) over 4 random deployments per
+    router (1 to 3 engines a pool, each pool's settings, a random link),
+    10 to 40 calls: the calls that arrive, in their order, their arrival
+    times, prompts and outputs, and each request's prefill engine, first
+    token, decode admission and completion equal the plain-Python
+    deployment's, whose arrivals come from its own runs
+    (:func:`_closed_reference`).  Some call waits for its predecessor's
+    answer from the decode pool, and some for a decode engine."""
+    from types import SimpleNamespace
+
+    from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence, stream
+    from mbbatch.planners.cluster import _program_draws
+
+    rng = np.random.default_rng(40 + ["least_used", "round_robin"].index(router))
+    later = waited = 0
+    for _ in range(4):
+        wl = mb.Workload(prompt=st.lognorm(0.6, scale=float(rng.uniform(20, 80))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(2, 30))))
+        pk, dk = _engine(rng, 4096), _engine(rng, 8192)
+        delays = tuple(float(rng.choice([0.0, 0.01])) for _ in range(2))
+        ep, ed = (int(k) for k in rng.integers(1, 4, 2))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), latency=float(rng.choice([0.0, 0.005])),
+                             bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        progs = mb.Programs(calls=int(rng.integers(2, 5)), think_time=float(rng.choice([0.0, 0.05, 0.5])),
+                            closed=True)
+        pol = mb.Disaggregated(prefill=mb.ContinuousBatching(**pk, request_overhead=delays[0]),
+                               decode=mb.ContinuousBatching(**dk, request_overhead=delays[1]), prefill_engines=ep,
+                               decode_engines=ed, kv_transfer=link, router=router, programs=progs)
+        arrivals, n, seed = mb.Poisson(float(rng.uniform(2, 40))), int(rng.integers(10, 41)), int(rng.integers(1 << 30))
+        res = mb.simulate(pol, arrivals, workload=wl, service_model=MODEL, n=n, seed=seed, keep_requests=True)
+        ss = as_seed_sequence(seed)
+        draws = _program_draws(mb.Cluster(mb.ContinuousBatching(), programs=progs), arrivals, wl, n, SimpleNamespace(
+            arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+        k, times, want = _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays)
+        r = res.requests
+        C = draws[1].size // draws[0].size
+        np.testing.assert_array_equal(r["arrival"], times, err_msg=f"{pk} {dk}")
+        np.testing.assert_array_equal(r["program"], k // C)
+        np.testing.assert_array_equal(r["output"], draws[3][k])
+        for col, v in want.items():
+            np.testing.assert_array_equal(r[col], v, err_msg=col)
+        many = r["output"] > 1
+        later += int(np.count_nonzero(k % C > 0))
+        waited += int(np.count_nonzero(r["decode_admitted"][many] > (r["first_token"] + r["transfer_time"])[many]))
+    assert later > 0 and waited > 0
+
+
+def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays):
+    """The plain-Python deployment of closed-loop programs (``draws``: their
+    starts and by call id think times, new tokens and outputs; ``delays``:
+    the prefill and decode engines' ``request_overhead``), ``n`` calls
+    arriving: the next call is the first (by time, then id) of those that
+    can arrive, each program's first call at its start once the program
+    before it has started, each call after another its think time after
+    that one's answer (its completion plus the overhead of the engine that
+    gave its last token: the decode engine's, or for one token the prefill
+    engine's) in the plain-Python deployment's run of the calls arrived so
+    far (the prefill cluster, the transfers, the decode engines dealt in
+    turn: :func:`_pools`); the earliest such arrival is final (an answer
+    before it cannot depend on a later arrival).  Returns the calls in
+    arrival order, their arrival times and the last run's columns."""
+    start, gap, new, out = draws
+    P = start.size
+    C = gap.size // P
+    ctx = (np.cumsum((new + out).reshape(P, C), axis=1) - out.reshape(P, C)).ravel()
+    calls, times = [], []
+    while True:
+        k = np.array(calls, np.int64)
+        cols = _pools(np.array(times), ctx[k], out[k], new[k], k, C, ep, ed, pk, dk, link, router)
+        if len(calls) == n:
+            return k, np.array(times), cols
+        answered = np.where(out[k] > 1, cols["completion"] + delays[1], cols["first_token"] + delays[0])
+        known = set(calls)
+        cand = [(start[p], p * C) for p in range(P) if p * C not in known and (p == 0 or (p - 1) * C in known)]
+        cand += [(a + gap[c + 1], c + 1) for c, a in zip(calls, answered) if (c + 1) % C and c + 1 not in known]
+        t, c = min(cand)
+        calls.append(int(c))
+        times.append(float(t))
+
+
+def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router) -> dict:
+    """The plain-Python deployment's open-loop run of calls ``k`` (``C`` a
+    program; ``new`` their new tokens) arriving at ``arr``: the prefill cluster behind ``router``
+    with the programs, each call one output token; each call of more
+    tokens ready its transfer after its first token, the ready calls in
+    their order (ties in arrival order) dealt in turn to the decode
+    engines, each bringing its prompt's KV cache and generating ``o - 1``
+    tokens."""
+    n = arr.size
+    programs = (k // C, new, (k % C == C - 1).astype(np.int8))
+    where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, programs=programs, kv=False,
+                                              **_reference(pk))
+    first = _first_tokens(runs, mine, n)
+    ready = first + (link.latency + p * (link.bytes_per_token / link.bandwidth))
+    many = np.flatnonzero(o > 1)
+    order = many[np.argsort(ready[many], kind="stable")]
+    completion, admitted = first.copy(), np.full(n, np.nan)
+    for e in range(min(ed, order.size)):
+        idx = order[e::ed]
+        w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx] - 1, cached=p[idx], **_reference(dk))
+        completion[idx], admitted[idx] = w["completion"], w["admitted"]
+    return dict(prefill_engine=where, first_token=first, decode_admitted=admitted, completion=completion)
+
+
 def _first_tokens(runs, mine, n: int) -> np.ndarray:
     """Each request's first token in the plain-Python prefill pool (each
     engine's run ``runs[e]`` of its requests ``mine[e]``)."""
@@ -286,6 +393,14 @@ def test_bad_calls_are_refused_before_anything_runs():
             system_prompts=mb.SystemPrompts(length=64, count=2, share=0.5)), **kw)
     with pytest.raises(ValueError, match=r"decode\.kv_tokens"):
         mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(kv_tokens=256.0)), workload=WL, **kw)
+    closed = mb.Programs(calls=2, closed=True)
+    with pytest.raises(ValueError, match=r"decode\.predictor: in a closed loop"):
+        mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(predictor=mb.Predictions(np.ones(100))),
+                                     programs=closed), workload=WL, **kw)
+    with pytest.raises(ValueError, match=r"decode\.kv_tokens"):
+        # (a closed loop's calls, checked by call id before the run)
+        mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(kv_tokens=256.0), programs=closed), workload=WL,
+                    **kw)
 
 
 def test_a_pool_whose_backlog_grows_is_named():

@@ -574,11 +574,20 @@ def _cost_fields(model, policy) -> dict:
     fields["cost_step"] = fields["cost_step"] + policy.iteration_overhead
     return fields
 
-def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool) -> SimulationResult:
+def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran=None) -> SimulationResult:
+    """The run with the seed ``ss``; ``ran``: its engines already run by a
+    driver of several stages (:mod:`mbbatch._kernels.disaggregated`), as
+    :func:`_cluster` returns them (the requests, each engine's run, each
+    request's engine and number there, or None: request r number ``r //
+    c`` of engine ``r % c``; the routing statistics, the requests' columns
+    and the kernel seconds): its result from them."""
     n = plan.n
     placed = routed = None
     columns = {}
-    if plan.cluster is None:
+    if ran is not None:
+        (prompt, output, prediction, klass), runs, placed, routed, columns, kernel_seconds = ran
+        st, out, req, ts, queue = _merged(plan, runs, placed)
+    elif plan.cluster is None:
         prefixes = {}
         prompt, output, prediction, klass = _requests(plan, ss, prefixes=prefixes)
         seconds = []

@@ -17,18 +17,24 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 
-from .._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, STREAM_SYSTEM, entropy_str, stream
+from .._kernels import continuous as _k
+from .._kernels import disaggregated as _kd
+from .._running import interruptible, stop_flag
+from .._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, STREAM_SYSTEM,
+                        entropy_str, stream)
 from ..arrivals import Poisson, Replay
+from ..predictors import Predictions
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from ..workload import Mixture, Workload
 from . import cluster, continuous, laps
-from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, RunTotals, assemble, decode_stage_checked,
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, TIME_SERIES_ROWS, RunTotals, assemble, decode_stage_checked,
                      decode_stage_requests, finish, lengths, model_config, quantiles, resolve_n, stage_goodput)
 
 __all__ = ["Plan", "check"]
@@ -82,19 +88,22 @@ class Plan:
         never reaches it, checked as one of two tokens, so that the places
         stay those of arrival order)."""
         self.prefill.check_requests(ss)
+        n = self.n
         if self.policy.programs is not None:
-            # (the programs' calls: each one's context and output)
+            # (the programs' calls: each one's context and output; a closed loop's by call id, every call its
+            # programs may make)
             _, prompt, out = _calls(self, ss)
+            n = out.size
             stage = Workload(prompt=prompt, output=np.maximum(out - 1.0, 1.0), integer_lengths=True,
                              predictor_sigma=self.workload.predictor_sigma)
         else:
-            stage = decode_stage_checked(self.workload, ss, self.n)
+            stage = decode_stage_checked(self.workload, ss, n)
             if self.workload.system_prompts is not None:
                 # (the KV cache a request brings: its system prompt's too)
-                _, shared = self.workload.system_prompts.draw(stream(ss, STREAM_SYSTEM), self.n)
+                _, shared = self.workload.system_prompts.draw(stream(ss, STREAM_SYSTEM), n)
                 stage = Workload(prompt=np.asarray(stage.prompt) + shared, output=stage.output,
                                  integer_lengths=True, predictor_sigma=stage.predictor_sigma)
-        _decode_plan(self.policy, Replay(np.zeros(self.n)), stage, self.decode_model, self.n).check_requests(ss)
+        _decode_plan(self.policy, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
 
 
 def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
@@ -136,6 +145,11 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     if workload.system_prompts is not None and policy.laps:
         raise ValueError("workload.system_prompts: a LAPS prefill pool does not model system prompts; give a "
                          "Workload without system_prompts, or ContinuousBatching prefill engines")
+    if (policy.programs is not None and getattr(policy.programs, "closed", False)
+            and isinstance(policy.decode.predictor, Predictions)):
+        raise ValueError("decode.predictor: in a closed loop the decode pool predicts each call as its program draws "
+                         "it (Oracle() or LogNormalError(sigma)); Predictions(values) are one per request in "
+                         "arrival order, which a closed loop makes only as it runs")
     model = IterationModel() if service_model is None else service_model
     if not isinstance(model, IterationModel):
         raise TypeError(f"service_model: a Disaggregated deployment's engines are timed by an IterationModel (or a "
@@ -166,12 +180,16 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                 prefill=prefill)
 
 
-def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
+def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+    """Run the pools one after the other: the prefill pool whole, then the
+    decode pool on the transfers' ends.  Returns the prefill pool's result,
+    the decode pool's (None: no request of more than one token), each
+    request's output, transfer time, readiness for the decode pool, and
+    the requests in the order the decode pool takes them."""
     pol, wl, n = plan.policy, plan.workload, plan.n
     pre = plan.prefill.run(ss, warn=False, progress=progress)
-    pool = pre.metrics()
     req = pre.requests
-    arrival, prompt, first = req["arrival"], req["prompt"], req["first_token"]
+    prompt, first = req["prompt"], req["first_token"]
     if pol.programs is not None:
         _, _, out = _calls(plan, ss)
     else:
@@ -179,13 +197,71 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
     transfer = pol.kv_transfer.seconds(prompt)
     ready = first + transfer
     order = decode_stage_requests(ready, out)
-    completion = first.copy()
-    admitted = np.full(n, math.nan)
     dec = None
     if order.size:
         stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
                          predictor_sigma=wl.predictor_sigma)
         dec = _decode_plan(pol, Replay(ready[order]), stage, plan.decode_model, order.size).run(ss, warn=False)
+    return pre, dec, out, transfer, ready, order
+
+
+def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+    """:func:`_pools` for closed-loop programs: both pools in one loop
+    (:func:`mbbatch._kernels.disaggregated.run_closed`), a call's answer
+    from the decode pool (or, of one token, from the prefill pool) issuing
+    its program's next call.  The calls (by call id) are those a Cluster
+    with these programs draws on the same seed; the decode pool's
+    predictions are drawn by call id."""
+    pol, pp, n = plan.policy, plan.prefill, plan.n
+    arrivals = stream(ss, STREAM_ARRIVALS)
+    _, prompt, out, programs = pp.cluster.calls(pp, SimpleNamespace(
+        arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+    drawn = {}
+    prompt, one, one_pred, _ = continuous._requests(pp, ss, prompt, out, prefixes=drawn)
+    P = programs["start"].size
+    prefixes = pp.cluster.prefixes(pp, prompt, ((np.arange(prompt.size) // (prompt.size // P), programs["new"],
+                                                 None), P), drawn)
+    d_out = out - 1.0
+    dplan = _decode_plan(pol, Replay(np.zeros(n)), plan.workload, plan.decode_model, n)
+    d_pred = dplan.predictor.predict(np.maximum(d_out, 1.0), lambda: stream(ss, STREAM_PREDICTION))
+    link = pol.kv_transfer.seconds(prompt)
+    calls = {**programs, "prompt": prompt, "output": one, "prediction": one_pred, "d_output": d_out,
+             "d_prediction": d_pred, "link": link}
+    stop = stop_flag()
+    t0 = time.perf_counter()
+    (runs, where, local), d_runs, routed, code, got = interruptible(
+        lambda: _kd.run_closed(pp.kernel_args[0], dplan.kernel_args[0], calls, pp.edges, dplan.edges,
+                               pp.cluster.router, pp.engines, pol.decode_engines, _k.ContinuousStreams(arrivals),
+                               stop, control=pp.control, d_control=dplan.control, groups=BATCH_MEANS_GROUPS,
+                               ts_rows=TIME_SERIES_ROWS, prefixes=prefixes, cache_routing=pp.cluster.cache_routing),
+        stop, n if progress else None)
+    seconds = time.perf_counter() - t0
+    continuous._check_codes(runs + d_runs)
+    k = got["call"]
+    columns = {"engine": where, "program": got["program"], "new_tokens": got["new_tokens"]}
+    pre = continuous._run(pp, ss, False, False, ran=((prompt[k], one[k], one_pred[k], None), runs, (where, local),
+                                                     routed, columns, seconds))
+    order = got["handed"]
+    dec = None
+    if order.size:
+        j = k[order]
+        stage = Workload(prompt=prompt[j], output=d_out[j], integer_lengths=True)
+        dp = _decode_plan(pol, Replay(got["ready"][order]), stage, plan.decode_model, order.size)
+        dec = continuous._run(dp, ss, False, False, ran=((prompt[j], d_out[j], d_pred[j], None), d_runs, None, None,
+                                                         {}, 0.0))
+    return pre, dec, out[k], link[k], got["ready"], order
+
+
+def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
+    pol, wl, n = plan.policy, plan.workload, plan.n
+    closed = not pol.laps and plan.prefill.cluster.closed
+    pre, dec, out, transfer, ready, order = (_closed_pools if closed else _pools)(plan, ss, progress)
+    pool = pre.metrics()
+    req = pre.requests
+    arrival, prompt, first = req["arrival"], req["prompt"], req["first_token"]
+    completion = first.copy()
+    admitted = np.full(n, math.nan)
+    if dec is not None:
         completion[order] = dec.requests["completion"]
         admitted[order] = dec.requests["admitted"]
     latency = completion - arrival

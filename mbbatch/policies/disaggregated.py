@@ -89,10 +89,15 @@ class Disaggregated(Policy):
       whose KV blocks are freed then (with ``prefill=ContinuousBatching(
       prefix_caching=True)`` its prompt's full blocks stay cached, and a
       workload's system prompts are prefilled once on each engine: the
-      ``prefix`` metrics are the prefill pool's; with ``programs``, open-loop
+      ``prefix`` metrics are the prefill pool's; with ``programs``,
       :class:`Programs` or a trace's :class:`Sessions`, the requests are
       their calls, as a :class:`Cluster`'s, each call's context in its
-      prompt: a prefix a caching engine keeps);
+      prompt: a prefix a caching engine keeps; in a closed loop, a call
+      arrives its think time after its client has the answer to the one
+      before it, from the decode pool: its last token plus the decode
+      engine's ``request_overhead``, or for a one-token call its first
+      token plus the prefill engine's; both pools then run in one loop,
+      :mod:`mbbatch._kernels.disaggregated`);
     - its cache moves at once, its whole prompt's (system prompt included),
       taking :meth:`KVTransfer.seconds` of its prompt;
     - it joins the decode pool at the transfer's end, dealt to the decode
@@ -193,19 +198,15 @@ class Disaggregated(Policy):
         object.__setattr__(self, "prefill_engines", k)
 
     def _take_programs(self) -> None:
-        """Open-loop programs (or a trace's sessions) on continuous prefill
-        engines; a closed loop, whose calls would wait for the decode pool's
-        answers, is refused."""
+        """Programs (or a trace's sessions) on continuous prefill engines; a
+        closed loop's calls wait for their answers from the decode pool
+        (both pools run in one loop: :mod:`mbbatch._kernels.disaggregated`)."""
         from .cluster import Programs, Sessions
 
         check_instance("programs", self.programs, (Programs, Sessions))
         if self.laps:
             raise ValueError("programs: a LAPS prefill pool takes independent requests; give programs=None, or "
                              "ContinuousBatching prefill engines")
-        if self.programs.closed:
-            raise ValueError("programs: a closed loop's calls wait for the decode pool's answers, which a "
-                             "disaggregated deployment does not feed back to its prefill pool (not modelled yet); "
-                             "give Programs(closed=False)")
 
     @property
     def laps(self) -> bool:
