@@ -167,14 +167,16 @@ def test_programs_calls_are_the_plain_python_pools(caching):
 @pytest.mark.parametrize("router", ["least_used", "round_robin"])
 def test_closed_loop_programs_are_the_plain_python_deployment(router):
     """Closed-loop programs (2 to 4 calls, think times or none, a time
-    outside each pool's engines or none) over 4 random deployments per
+    outside each pool's engines or none; prefill engines caching prefixes
+    half the time) over 4 random deployments per
     router (1 to 3 engines a pool, each pool's settings, a random link),
     10 to 40 calls: the calls that arrive, in their order, their arrival
     times, prompts and outputs, and each request's prefill engine, first
     token, decode admission and completion equal the plain-Python
     deployment's, whose arrivals come from its own runs
     (:func:`_closed_reference`).  Some call waits for its predecessor's
-    answer from the decode pool, and some for a decode engine."""
+    answer from the decode pool, some for a decode engine, and some
+    prompt hits a prefill engine's cache."""
     from types import SimpleNamespace
 
     from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence, stream
@@ -182,10 +184,11 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router):
 
     rng = np.random.default_rng(40 + ["least_used", "round_robin"].index(router))
     later = waited = 0
+    hits = 0.0
     for _ in range(4):
         wl = mb.Workload(prompt=st.lognorm(0.6, scale=float(rng.uniform(20, 80))),
                          output=st.lognorm(0.6, scale=float(rng.uniform(2, 30))))
-        pk, dk = _engine(rng, 4096), _engine(rng, 8192)
+        pk, dk = {**_engine(rng, 4096), "prefix_caching": bool(rng.random() < 0.5)}, _engine(rng, 8192)
         delays = tuple(float(rng.choice([0.0, 0.01])) for _ in range(2))
         ep, ed = (int(k) for k in rng.integers(1, 4, 2))
         link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), latency=float(rng.choice([0.0, 0.005])),
@@ -211,7 +214,8 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router):
         many = r["output"] > 1
         later += int(np.count_nonzero(k % C > 0))
         waited += int(np.count_nonzero(r["decode_admitted"][many] > (r["first_token"] + r["transfer_time"])[many]))
-    assert later > 0 and waited > 0
+        hits += res.prefix_saved_tokens if pk["prefix_caching"] else 0.0
+    assert later > 0 and waited > 0 and hits > 0
 
 
 def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays):
@@ -250,15 +254,19 @@ def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays):
 def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router) -> dict:
     """The plain-Python deployment's open-loop run of calls ``k`` (``C`` a
     program; ``new`` their new tokens) arriving at ``arr``: the prefill cluster behind ``router``
-    with the programs, each call one output token; each call of more
+    with the programs, each call one output token (engines caching
+    prefixes keep each program's context as a chain, the prompts they
+    prefilled); each call of more
     tokens ready its transfer after its first token, the ready calls in
     their order (ties in arrival order) dealt in turn to the decode
     engines, each bringing its prompt's KV cache and generating ``o - 1``
     tokens."""
     n = arr.size
     programs = (k // C, new, (k % C == C - 1).astype(np.int8))
+    chains = dict(prefix_caching=True, chain=(k // C).astype(float), shared=p - new,
+                  grows=np.ones(int(k.max(initial=0)) // C + 1)) if pk.get("prefix_caching") else {}
     where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, programs=programs, kv=False,
-                                              **_reference(pk))
+                                              **chains, **_reference(pk))
     first = _first_tokens(runs, mine, n)
     ready = first + (link.latency + p * (link.bytes_per_token / link.bandwidth))
     many = np.flatnonzero(o > 1)
