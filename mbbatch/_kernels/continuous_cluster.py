@@ -310,6 +310,40 @@ def _next_calls(log, logged, calls, C, delay, gap, heap_t, heap_id, hsize):
     return hsize
 
 
+@step
+def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws, prompt, output, prediction,
+                 chain, shared, match, counts, where, local, routed, bs, got):
+    """A closed loop's next call to arrive (the first of ``loop``'s heap:
+    :func:`closed_loop_kernel`'s) routed as request j of ``n`` (a program's
+    first call puts the next program's in the heap), the engines' active
+    requests as they stand at its arrival; its arrival, program, new tokens,
+    last-call flag and call id written into ``got`` (those arrays).
+    Returns its engine, the round-robin pointer and the heap's size."""
+    start, gap, new_c, heap_t, heap_id = loop
+    P = start.shape[0]
+    K = gap.shape[0] // P
+    si, sf = ws.state_i, ws.state_f
+    t, kc, hsize = _heap_pop(heap_t, heap_id, hsize)
+    if kc % K == 0 and kc // K + 1 < P:
+        # a program starts: the next program's first call waits to arrive
+        hsize = _heap_push(heap_t, heap_id, hsize, start[kc // K + 1], kc + K)
+    for e in range(counts.shape[0]):
+        eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
+    pid = kc // K
+    last = kc % K == K - 1
+    # (no classes: an empty row)
+    e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
+                         prompt, output, prediction, feeds.klass[0], chain, shared, match, counts, where, local,
+                         routed, bs)
+    times, program, new_tokens, session_end, call = got
+    times[j] = t
+    program[j] = pid
+    new_tokens[j] = new_c[kc]
+    session_end[j] = 1 if last else 0
+    call[j] = kc
+    return e, rr_route, hsize
+
+
 @kernel
 def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, prompt, output, prediction, chain,
                        shared, times, program, new_tokens, session_end, call, groups, rt, ca, eng, table, counts,
@@ -341,7 +375,6 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
     start, gap, new_c, heap_t, heap_id = loop
     P = start.shape[0]
     K = gap.shape[0] // P
-    no_class = feeds.klass[0]        # (no classes: an empty row)
     _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
     heap_t[0] = start[0]
     heap_id[0] = 0
@@ -364,23 +397,10 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
         if hsize == 0:
             # (nothing runs and no call waits to arrive: every program ended before n calls)
             return STALLED
-        t, kc, hsize = _heap_pop(heap_t, heap_id, hsize)
-        if kc % K == 0 and kc // K + 1 < P:
-            # a program starts: the next program's first call waits to arrive
-            hsize = _heap_push(heap_t, heap_id, hsize, start[kc // K + 1], kc + K)
-        for e in range(E):
-            eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
-        pid = kc // K
-        last = kc % K == K - 1
-        e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
-                             prompt, output, prediction, no_class, chain, shared, match, counts, where, local, routed,
-                             bs)
-        calls[e, local[j]] = kc
-        times[j] = t
-        program[j] = pid
-        new_tokens[j] = new_c[kc]
-        session_end[j] = 1 if last else 0
-        call[j] = kc
+        e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
+                                          prompt, output, prediction, chain, shared, match, counts, where, local,
+                                          routed, bs, (times, program, new_tokens, session_end, call))
+        calls[e, local[j]] = call[j]
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 

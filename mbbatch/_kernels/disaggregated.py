@@ -38,10 +38,9 @@ import numpy as np
 
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
-from .continuous_cluster import ROUTED, _advance, _completed_by, _Cluster, _earliest, _route, _set_up, _stop_asked
+from .continuous_cluster import ROUTED, _advance, _arrive_call, _Cluster, _earliest, _set_up, _stop_asked
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
-from .routing import EN
 
 __all__ = ["closed_loop_kernel", "run_closed"]
 
@@ -137,7 +136,6 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     r_t, r_id = rheap
     P = start.shape[0]
     K = gap.shape[0] // P
-    no_class = feeds.klass[0]
     _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
     _set_up(D, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams, estop)
     heap_t[0] = start[0]
@@ -183,22 +181,10 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
         if hsize == 0:
             # (nothing runs, no call waits to arrive or to be decoded: every program ended before n calls)
             return STALLED
-        t, kc, hsize = _heap_pop(heap_t, heap_id, hsize)
-        if kc % K == 0 and kc // K + 1 < P:
-            hsize = _heap_push(heap_t, heap_id, hsize, start[kc // K + 1], kc + K)
-        for e in range(E):
-            eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
-        pid = kc // K
-        last = kc % K == K - 1
-        e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
-                             prompt, output, prediction, no_class, chain, shared, match, counts, where, local, routed,
-                             bs)
+        e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
+                                          prompt, output, prediction, chain, shared, match, counts, where, local,
+                                          routed, bs, (times, program, new_tokens, session_end, call))
         reqs[e, local[j]] = j
-        times[j] = t
-        program[j] = pid
-        new_tokens[j] = new_c[kc]
-        session_end[j] = 1 if last else 0
-        call[j] = kc
     stop[ARRIVED] = n
     return DONE
 
