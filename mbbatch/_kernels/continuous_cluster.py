@@ -152,14 +152,30 @@ def _matches(match, c, s, p, bs, pc):
 
 
 @step
-def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, prompt, output, prediction,
-           klass, chain, shared, match, counts, where, local, routed, bs):
+def fresh_record(requests, e, k):
+    """Engine e's record of its k-th request started as
+    :func:`.continuous.start` starts an engine's (no preemptions, no times:
+    NaN), where the engines keep records (``requests``: theirs, stacked):
+    a cluster's engines' records start unset, each row started as a request
+    reaches its engine, so that a run touches its requests' rows once, not
+    every engine's room for every request."""
+    r_i, r_f = requests
+    if r_f.shape[2] > 0:
+        for f in range(r_i.shape[1]):
+            r_i[e, f, k] = 0
+        for f in range(r_f.shape[1]):
+            r_f[e, f, k] = np.nan
+
+
+@step
+def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests, prompt, output,
+           prediction, klass, chain, shared, match, counts, where, local, routed, bs):
     """Request j (of ``n``), arriving at ``t`` with the prompt, output,
     prediction, class and prefix of entry ``x`` of their arrays, a call of
     program ``pid`` with ``new`` tokens of its own (``last``: its program's
     last call), routed (the engines' active requests in ``eng`` as they
-    stand at t) and fed to its engine; the routing counted into
-    ``routed``.  Returns its engine and the round-robin pointer."""
+    stand at t) and fed to its engine (its record, ``requests``, started);
+    the routing counted into ``routed``.  Returns its engine and the round-robin pointer."""
     ri, rf = routed
     p = prompt[x]
     if p > rt.threshold:
@@ -187,6 +203,7 @@ def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, fee
     k = counts[e]
     ws.arrival[e, k] = t
     ws.group[e, k] = (j * groups) // n
+    fresh_record(requests, e, k)
     feeds.prompt[e, k] = p
     feeds.output[e, k] = output[x]
     feeds.prediction[e, k] = prediction[x]
@@ -242,8 +259,9 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         pid, new, last = j, 0.0, False
         if rt.programs:
             pid, new, last = program[j], new_tokens[j], session_end[j] != 0
-        e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, prompt,
-                             output, prediction, klass, chain, shared, match, counts, where, local, routed, bs)
+        e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests,
+                             prompt, output, prediction, klass, chain, shared, match, counts, where, local, routed,
+                             bs)
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 
@@ -311,8 +329,8 @@ def _next_calls(log, logged, calls, C, delay, gap, heap_t, heap_id, hsize):
 
 
 @step
-def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws, prompt, output, prediction,
-                 chain, shared, match, counts, where, local, routed, bs, got):
+def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws, requests, prompt, output,
+                 prediction, chain, shared, match, counts, where, local, routed, bs, got):
     """A closed loop's next call to arrive (the first of ``loop``'s heap:
     :func:`closed_loop_kernel`'s) routed as request j of ``n`` (a program's
     first call puts the next program's in the heap), the engines' active
@@ -333,8 +351,8 @@ def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds,
     last = kc % K == K - 1
     # (no classes: an empty row)
     e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
-                         prompt, output, prediction, feeds.klass[0], chain, shared, match, counts, where, local,
-                         routed, bs)
+                         requests, prompt, output, prediction, feeds.klass[0], chain, shared, match, counts, where,
+                         local, routed, bs)
     times, program, new_tokens, session_end, call = got
     times[j] = t
     program[j] = pid
@@ -398,8 +416,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
             # (nothing runs and no call waits to arrive: every program ended before n calls)
             return STALLED
         e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
-                                          prompt, output, prediction, chain, shared, match, counts, where, local,
-                                          routed, bs, (times, program, new_tokens, session_end, call))
+                                          requests, prompt, output, prediction, chain, shared, match, counts, where,
+                                          local, routed, bs, (times, program, new_tokens, session_end, call))
         calls[e, local[j]] = call[j]
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
@@ -519,7 +537,10 @@ class _Cluster:
         grows = np.asarray(prefixes["grows"], float) if prefixes else np.empty(0)
         given = {"klass": classes, "chain": int(self.chain.size > 0) * n, "shared": int(self.shared.size > 0) * n}
         self.feeds = Feed(*(np.zeros((engines, given.get(f, n))) for f in Feed._fields))
-        one = _k.start(config, _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
+        # (the template engine keeps no records: the engines' start unset, each row started as its request is
+        # routed, fresh_record)
+        one = _k.start(_k.CONFIG.pack(**{**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0, "keep": 0}),
+                       _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
                                               arrival_ends=np.full(1, np.inf),
                                               **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
                                               edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
@@ -529,8 +550,10 @@ class _Cluster:
         self.inputs = _k.INPUTS.type(*(_readonly(getattr(self.feeds, f) if f in Feed._fields
                                                  else _stacked((a,), engines)[0])
                                        for f, a in zip(one.inputs._fields, one.inputs)))
-        self.config, self.out, self.requests = (_stacked(part, engines) for part in (one.config, one.out,
-                                                                                     one.requests))
+        self.config, self.out = _stacked(config, engines), _stacked(one.out, engines)
+        m = n if self.keep else 0
+        self.requests = (np.zeros((engines, len(_k.REQUESTS.ints), m), np.int64),
+                         np.empty((engines, len(_k.REQUESTS.floats), m)))
         self.control = one.control
         self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",))
         self.eng = np.zeros((_r.ENGINES.size, engines), np.int64)

@@ -38,7 +38,7 @@ import numpy as np
 
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
-from .continuous_cluster import ROUTED, _advance, _arrive_call, _Cluster, _earliest, _set_up, _stop_asked
+from .continuous_cluster import ROUTED, _advance, _arrive_call, _Cluster, _earliest, _set_up, _stop_asked, fresh_record
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
@@ -82,7 +82,7 @@ def _answers(log, logged, e, D, handed, call, delay, gap, K, heap_t, heap_id, hs
 
 
 @step
-def _hand(j, t, m, n, groups, d_ws, d_feeds, d_counts, prompt, d_output, d_prediction, call, handed):
+def _hand(j, t, m, n, groups, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction, call, handed):
     """Request j, ready at ``t``, the ``m``-th the decode pool takes: to
     engine ``m % D`` (in turn), bringing its prompt's KV cache, its
     batch-means group its group among the ``n`` arrivals."""
@@ -92,6 +92,7 @@ def _hand(j, t, m, n, groups, d_ws, d_feeds, d_counts, prompt, d_output, d_predi
     kc = call[j]
     d_ws.arrival[e, k] = t
     d_ws.group[e, k] = (j * groups) // n
+    fresh_record(d_requests, e, k)
     d_feeds.prompt[e, k] = prompt[kc]
     d_feeds.output[e, k] = d_output[kc]
     d_feeds.prediction[e, k] = d_prediction[kc]
@@ -156,7 +157,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
             if r < t and r <= sp and r <= sd:
                 # a call ready joins the decode pool before any iteration starting at or after it
                 r, jr, rsize = _heap_pop(r_t, r_id, rsize)
-                _hand(jr, r, m, n, groups, d_ws, d_feeds, d_counts, prompt, d_output, d_prediction, call, handed)
+                _hand(jr, r, m, n, groups, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction, call,
+                      handed)
                 m += 1
             elif e >= 0 and sp <= sd:
                 si[e, ES.logged] = 0
@@ -182,8 +184,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
             # (nothing runs, no call waits to arrive or to be decoded: every program ended before n calls)
             return STALLED
         e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
-                                          prompt, output, prediction, chain, shared, match, counts, where, local,
-                                          routed, bs, (times, program, new_tokens, session_end, call))
+                                          requests, prompt, output, prediction, chain, shared, match, counts, where,
+                                          local, routed, bs, (times, program, new_tokens, session_end, call))
         reqs[e, local[j]] = j
     stop[ARRIVED] = n
     return DONE
