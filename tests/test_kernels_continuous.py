@@ -504,7 +504,7 @@ def test_the_time_series_keeps_a_row_every_stride_iterations():
 
 
 def test_warmup_leaves_it_to_its_first_run():
-    """mb.warmup() does not compile the kernel (4.7 s of CPU cold); a
+    """mb.warmup() does not compile the kernel (about 27 s of CPU cold); a
     process's first continuous-batching run compiles the variant it uses
     (or loads it from the cache): the lean one by default, the full one
     with multi-step scheduling."""

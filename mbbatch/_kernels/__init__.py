@@ -58,7 +58,7 @@ def warmup() -> None:
     and the helpers ordering its programs' calls are the exception: they
     compile on the first cluster run (see :func:`.dynamic.warmup`); so does
     the continuous-batching kernel on the first ``ContinuousBatching`` run
-    (about 4.7 s of CPU cold, for runs many sessions never make:
+    (about 27 s of CPU cold, for runs many sessions never make:
     :func:`.continuous.warmup` compiles it ahead); steps
     compiled apart (the draws, shortest-predicted-first's batch, the
     iteration model's batch time) compile on their first use."""

@@ -1596,7 +1596,7 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
 def warmup(variants=("full", "lean")) -> None:
     """Compile the kernel's ``variants`` (``"full"``: :func:`continuous_kernel`,
     ``"lean"``: :data:`lean_kernel`; or load them from the cache), on a
-    tiny input.  ``mb.warmup()`` leaves it out (about 4.7 s of CPU cold each):
+    tiny input.  ``mb.warmup()`` leaves it out (about 27 s of CPU cold each):
     a process's first continuous-batching run compiles the one it uses, and
     the disk cache keeps it."""
     full = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
