@@ -677,3 +677,68 @@ def test_prefix_caching_clusters_are_checked(cluster, workload, match):
     with pytest.raises(ValueError, match=match):
         mb.simulate(cluster(), mb.Poisson(1.0), workload=workload or _prompted(4), n=100,
                     service_model=mb.profiles.get(H100))
+
+
+def _streams(ss):
+    from types import SimpleNamespace
+
+    from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, stream
+
+    return SimpleNamespace(arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT),
+                           output=stream(ss, STREAM_SERVICE))
+
+
+def _states(streams):
+    return [g.bit_generator.state for g in (streams.arrival, streams.prompt, streams.output)]
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_runs_calls_drawn_again_are_the_draw_kept_and_leave_the_streams_as_it_did(closed):
+    """A plan's programs' calls asked again on fresh streams of the same
+    seed (a run's checks, then the run) are the draw it kept, the same
+    arrays, and leave the streams where the draw left them; another seed,
+    or another plan sharing the cluster's part (another rate), draws its
+    own, equal to a fresh part's draw."""
+    from dataclasses import replace
+
+    from mbbatch.simulation import _plan
+
+    wl = mb.Workload(prompt=stats.uniform(1, 50), output=stats.uniform(1, 50))
+    pol = mb.Cluster(mb.ContinuousBatching(max_num_seqs=8), engines=2,
+                     programs=mb.Programs(calls=3, think_time=0.5, closed=closed))
+    plan = _plan(pol, mb.Poisson(2.0), None, 300, 1, False, wl, None, False)
+    part = plan.cluster
+    first = _streams(np.random.SeedSequence(5))
+    got = part.calls(plan, first)
+    again = _streams(np.random.SeedSequence(5))
+    assert part.calls(plan, again) is got
+    assert repr(_states(again)) == repr(_states(first))
+
+    def fresh(p, seed):
+        s = _streams(np.random.SeedSequence(seed))
+        return replace(p.cluster).calls(p, s), _states(s)
+
+    def equal(a, b):
+        for x, y in zip(a, b):
+            if isinstance(x, dict):
+                assert sorted(x) == sorted(y)
+                equal([x[k] for k in sorted(x)], [y[k] for k in sorted(y)])
+            elif isinstance(x, tuple):
+                equal(x, y)
+            else:
+                np.testing.assert_array_equal(x, y)
+
+    other = _streams(np.random.SeedSequence(6))
+    mine = part.calls(plan, other)
+    want, after = fresh(plan, 6)
+    equal(mine, want)
+    assert repr(_states(other)) == repr(after)
+    faster = replace(plan, arrivals=mb.Poisson(4.0))
+    assert faster.cluster is part
+    s = _streams(np.random.SeedSequence(6))
+    mine = part.calls(faster, s)
+    want, after = fresh(faster, 6)
+    equal(mine, want)
+    assert repr(_states(s)) == repr(after)
+    starts = (lambda c: c[3]["start"]) if closed else (lambda c: c[0])
+    assert not np.array_equal(starts(mine), starts(part.calls(plan, _streams(np.random.SeedSequence(6)))))

@@ -7,7 +7,8 @@ kernel)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+import weakref
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -74,6 +75,11 @@ class Part:
                     else np.full(self.policy.engines, math.nan)}
 
 
+def _gone():
+    """No plan (a weak reference's call, when none is kept)."""
+    return None
+
+
 @dataclass(frozen=True, eq=False)
 class ContinuousPart:
     """The cluster's part of a continuous-batching plan
@@ -86,6 +92,8 @@ class ContinuousPart:
     #: deployment's prefill pool): its output is drawn (a program's calls'
     #: contexts grow by it) but each engine runs one output token
     first_token: bool = False
+    #: the last programs' calls drawn (:meth:`calls`)
+    _drawn: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def caching(self) -> bool:
@@ -150,10 +158,28 @@ class ContinuousPart:
         the calls' think times ``gap`` and ``new`` tokens
         (:func:`_program_draws`'s: the event kernel's closed loop draws the
         same)."""
+        if self.policy.programs is None:
+            return None, None, None, None
+        # (a run asks for its calls more than once, its checks first, each time of streams fresh from its seed:
+        # the last draw is kept with its plan (by a weak reference: a plan gone is never another's, and the draw
+        # goes with its part, not a cycle's garbage) and the streams' states, and a draw asked
+        # again returns the same arrays (no caller writes them) and leaves the streams as the draw left them)
+        gens = (streams.arrival, streams.prompt, streams.output)
+        states = repr([g.bit_generator.state for g in gens])
+        kept = self._drawn
+        if kept.get("plan", _gone)() is not plan or kept["states"] != states:
+            got = self._draw(plan, streams)
+            kept.clear()
+            kept.update(plan=weakref.ref(plan), states=states, got=got, after=[g.bit_generator.state for g in gens])
+        else:
+            for g, state in zip(gens, kept["after"]):
+                g.bit_generator.state = state
+        return self._drawn["got"]
+
+    def _draw(self, plan, streams) -> tuple:
+        """:meth:`calls`, drawn."""
         cluster, workload, n = self.policy, plan.workload, plan.n
         programs = cluster.programs
-        if programs is None:
-            return None, None, None, None
         if self.closed:
             start, gap, new, out = _program_draws(cluster, plan.arrivals, workload, n, streams)
             return None, _contexts(new, out, programs.drawn(n)), out, dict(start=start, gap=gap, new=new)
