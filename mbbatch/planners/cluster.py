@@ -75,11 +75,6 @@ class Part:
                     else np.full(self.policy.engines, math.nan)}
 
 
-def _gone():
-    """No plan (a weak reference's call, when none is kept)."""
-    return None
-
-
 @dataclass(frozen=True, eq=False)
 class ContinuousPart:
     """The cluster's part of a continuous-batching plan
@@ -161,20 +156,19 @@ class ContinuousPart:
         if self.policy.programs is None:
             return None, None, None, None
         # (a run asks for its calls more than once, its checks first, each time of streams fresh from its seed:
-        # the last draw is kept with its plan (by a weak reference: a plan gone is never another's, and the draw
-        # goes with its part, not a cycle's garbage) and the streams' states, and a draw asked
-        # again returns the same arrays (no caller writes them) and leaves the streams as the draw left them)
+        # the last draw is kept, with its plan by a weak reference (a plan gone is never another's, and no cycle
+        # holds the draw) and the streams' states before and after it, in one assignment; a draw asked again
+        # returns the same arrays (no caller writes them) and leaves the streams as the draw left them)
         gens = (streams.arrival, streams.prompt, streams.output)
         states = repr([g.bit_generator.state for g in gens])
-        kept = self._drawn
-        if kept.get("plan", _gone)() is not plan or kept["states"] != states:
+        last = self._drawn.get("last")
+        if last is None or last[0]() is not plan or last[1] != states:
             got = self._draw(plan, streams)
-            kept.clear()
-            kept.update(plan=weakref.ref(plan), states=states, got=got, after=[g.bit_generator.state for g in gens])
-        else:
-            for g, state in zip(gens, kept["after"]):
-                g.bit_generator.state = state
-        return self._drawn["got"]
+            self._drawn["last"] = (weakref.ref(plan), states, got, [g.bit_generator.state for g in gens])
+            return got
+        for g, state in zip(gens, last[3]):
+            g.bit_generator.state = state
+        return last[2]
 
     def _draw(self, plan, streams) -> tuple:
         """:meth:`calls`, drawn."""
