@@ -529,7 +529,8 @@ class _Cluster:
         cfg = _k.CONFIG.unpack(config)
         n = cfg["n"]
         self.keep = cfg["keep"]
-        config = _k.CONFIG.pack(**{**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0})
+        replay = {**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0}
+        config = _k.CONFIG.pack(**replay)
         class_slo = np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float)
         class_tpot = np.full(class_slo.size, np.inf) if class_tpot is None else np.asarray(class_tpot, float)
         self.chain = np.ascontiguousarray(prefixes["chain"], float) if prefixes else np.empty(0)
@@ -539,11 +540,11 @@ class _Cluster:
         self.feeds = Feed(*(np.zeros((engines, given.get(f, n))) for f in Feed._fields))
         # (the template engine keeps no records: the engines' start unset, each row started as its request is
         # routed, fresh_record)
-        one = _k.start(_k.CONFIG.pack(**{**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0, "keep": 0}),
+        one = _k.start(_k.CONFIG.pack(**{**replay, "keep": 0}),
                        _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
-                                              arrival_ends=np.full(1, np.inf),
-                                              **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
-                                              edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
+                                      arrival_ends=np.full(1, np.inf),
+                                      **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
+                                      edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
                        control=control, groups=groups, ts_rows=ts_rows, grouped=True,
                        longest=int(np.max(output)) if output.size else 1, log=log)
         # (every engine starts as this one; its inputs are read-only views of the feeds)
