@@ -16,6 +16,7 @@ from scipy import stats
 
 import mbbatch as mb
 from mbbatch.metrics import applicable
+from mbbatch.planners.common import call_streams
 from mbbatch.routing import LoadBalancer
 from mbbatch.traces import Trace
 
@@ -679,15 +680,6 @@ def test_prefix_caching_clusters_are_checked(cluster, workload, match):
                     service_model=mb.profiles.get(H100))
 
 
-def _streams(ss):
-    from types import SimpleNamespace
-
-    from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, stream
-
-    return SimpleNamespace(arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT),
-                           output=stream(ss, STREAM_SERVICE))
-
-
 def _states(streams):
     return [g.bit_generator.state for g in (streams.arrival, streams.prompt, streams.output)]
 
@@ -708,14 +700,14 @@ def test_a_runs_calls_drawn_again_are_the_draw_kept_and_leave_the_streams_as_it_
                      programs=mb.Programs(calls=3, think_time=0.5, closed=closed))
     plan = _plan(pol, mb.Poisson(2.0), None, 300, 1, False, wl, None, False)
     part = plan.cluster
-    first = _streams(np.random.SeedSequence(5))
+    first = call_streams(np.random.SeedSequence(5))
     got = part.calls(plan, first)
-    again = _streams(np.random.SeedSequence(5))
+    again = call_streams(np.random.SeedSequence(5))
     assert part.calls(plan, again) is got
     assert repr(_states(again)) == repr(_states(first))
 
     def fresh(p, seed):
-        s = _streams(np.random.SeedSequence(seed))
+        s = call_streams(np.random.SeedSequence(seed))
         return replace(p.cluster).calls(p, s), _states(s)
 
     def equal(a, b):
@@ -728,17 +720,17 @@ def test_a_runs_calls_drawn_again_are_the_draw_kept_and_leave_the_streams_as_it_
             else:
                 np.testing.assert_array_equal(x, y)
 
-    other = _streams(np.random.SeedSequence(6))
+    other = call_streams(np.random.SeedSequence(6))
     mine = part.calls(plan, other)
     want, after = fresh(plan, 6)
     equal(mine, want)
     assert repr(_states(other)) == repr(after)
     faster = replace(plan, arrivals=mb.Poisson(4.0))
     assert faster.cluster is part
-    s = _streams(np.random.SeedSequence(6))
+    s = call_streams(np.random.SeedSequence(6))
     mine = part.calls(faster, s)
     want, after = fresh(faster, 6)
     equal(mine, want)
     assert repr(_states(s)) == repr(after)
     starts = (lambda c: c[3]["start"]) if closed else (lambda c: c[0])
-    assert not np.array_equal(starts(mine), starts(part.calls(plan, _streams(np.random.SeedSequence(6)))))
+    assert not np.array_equal(starts(mine), starts(part.calls(plan, call_streams(np.random.SeedSequence(6)))))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -13,7 +14,7 @@ import numpy as np
 from .. import stats
 from .._kernels import common as _common
 from .._running import check_clock
-from .._seeding import STREAM_PROMPT, STREAM_SERVICE, stream
+from .._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, stream
 from .._validation import resolve_n as _resolve
 from ..arrivals import Arrivals, Replay, TraceTiledWarning
 from ..lengths import RVS
@@ -255,6 +256,15 @@ def readonly(a: np.ndarray) -> np.ndarray:
     a = a.view()
     a.flags.writeable = False
     return a
+
+
+def call_streams(ss: np.random.SeedSequence) -> SimpleNamespace:
+    """The streams a cluster's programs' calls are drawn from, fresh from
+    the seed ``ss``: its ``arrival``, ``prompt`` and ``output`` streams
+    (:meth:`.cluster.ContinuousPart.calls`, which keeps its last draw by
+    their states)."""
+    return SimpleNamespace(arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT),
+                           output=stream(ss, STREAM_SERVICE))
 
 
 def lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bool = True) -> np.ndarray:

@@ -27,9 +27,9 @@ from ..predictors import LogNormalError, Oracle
 from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from ..workload import Mixture
-from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, check_arrivals,
-                     check_times, engines_backlog, finish, lengths, model_config, quantiles, resolve_n, rvs_memory,
-                     settled, steady_state, times_name)
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, call_streams,
+                     check_arrivals, check_times, engines_backlog, finish, lengths, model_config, quantiles, resolve_n,
+                     rvs_memory, settled, steady_state, times_name)
 
 __all__ = ["Plan", "check"]
 
@@ -75,9 +75,7 @@ class Plan:
         if self.cluster is None:
             _requests(self, ss)
             return
-        _, prompt, output, _ = self.cluster.calls(self, SimpleNamespace(
-            arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT),
-            output=stream(ss, STREAM_SERVICE)))
+        _, prompt, output, _ = self.cluster.calls(self, call_streams(ss))
         _requests(self, ss, prompt, output)
 
     @functools.cached_property
@@ -407,9 +405,9 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     code)``, each request's engine and number there, the routing
     statistics, the requests' columns of the cluster (their engine; with
     programs their program and new tokens) and the kernel seconds."""
-    arrivals = stream(ss, STREAM_ARRIVALS)
-    times, prompt, output, programs = plan.cluster.calls(plan, SimpleNamespace(
-        arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+    sources = call_streams(ss)
+    arrivals = sources.arrival
+    times, prompt, output, programs = plan.cluster.calls(plan, sources)
     prefixes = {}
     prompt, output, prediction, klass = _requests(plan, ss, prompt, output, prefixes=prefixes)
     closed = plan.cluster.closed

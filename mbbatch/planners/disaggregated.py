@@ -19,14 +19,13 @@ import functools
 import math
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 
 from .._kernels import continuous as _k
 from .._kernels import disaggregated as _kd
 from .._running import interruptible, stop_flag
-from .._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, STREAM_SYSTEM,
+from .._seeding import (STREAM_PREDICTION, STREAM_SERVICE, STREAM_SYSTEM,
                         entropy_str, stream)
 from ..arrivals import Poisson, Replay
 from ..predictors import Predictions
@@ -34,8 +33,9 @@ from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from ..workload import Mixture, Workload
 from . import cluster, continuous, laps
-from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, TIME_SERIES_ROWS, RunTotals, assemble, decode_stage_checked,
-                     decode_stage_requests, finish, lengths, model_config, quantiles, resolve_n, stage_goodput)
+from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, TIME_SERIES_ROWS, RunTotals, assemble, call_streams,
+                     decode_stage_checked, decode_stage_requests, finish, lengths, model_config, quantiles, resolve_n,
+                     stage_goodput)
 
 __all__ = ["Plan", "check"]
 
@@ -110,8 +110,7 @@ def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
     """A deployment's programs' calls, as its prefill pool draws them:
     ``(program arrays, prompts, outputs)`` in arrival order (the outputs the
     pool's engines do not run, drawn)."""
-    _, prompt, out, arrays = plan.prefill.cluster.calls(plan.prefill, SimpleNamespace(
-        arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+    _, prompt, out, arrays = plan.prefill.cluster.calls(plan.prefill, call_streams(ss))
     return arrays, prompt, out
 
 
@@ -213,9 +212,9 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     with these programs draws on the same seed; the decode pool's
     predictions are drawn by call id."""
     pol, pp, n = plan.policy, plan.prefill, plan.n
-    arrivals = stream(ss, STREAM_ARRIVALS)
-    _, prompt, out, programs = pp.cluster.calls(pp, SimpleNamespace(
-        arrival=arrivals, prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+    sources = call_streams(ss)
+    arrivals = sources.arrival
+    _, prompt, out, programs = pp.cluster.calls(pp, sources)
     drawn = {}
     prompt, one, one_pred, _ = continuous._requests(pp, ss, prompt, out, prefixes=drawn)
     P = programs["start"].size
