@@ -109,6 +109,28 @@ def test_python_lengths_are_the_kernels_draws(dist, integer):
     assert got.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("prompt, output", [(st.lognorm(0.8, scale=64), st.uniform(1, 300)),
+                                             (st.expon(scale=40), st.weibull_min(1.5, scale=2)),
+                                             (st.beta(2, 3, scale=800), st.gamma(0.3, scale=3))])
+def test_a_classs_lengths_are_its_streams_draws_at_its_places(prompt, output):
+    """A mixture class's lengths (:func:`class_lengths`), placed a block at a
+    time where the kernels draw the family and whole otherwise, are
+    :func:`lengths`'s draws of its streams at its requests' places, bit for
+    bit, across blocks and a part; other places are left as they were."""
+    from mbbatch.lengths import as_service
+    from mbbatch.planners.common import class_lengths, lengths
+
+    klass = (np.random.default_rng(2).random(5 * 1024 + 3) < 0.3).astype(float)
+    count = int((klass == 1.0).sum())
+    specs = (as_service(prompt), as_service(output))
+    outs = (np.full(klass.size, -1.0), np.full(klass.size, -1.0))
+    class_lengths(klass, 1, count, specs, tuple(np.random.default_rng(k) for k in (5, 6)), outs)
+    for spec, seed, out in zip(specs, (5, 6), outs):
+        want = lengths(spec, np.random.default_rng(seed), count, True)
+        assert out[klass == 1.0].tobytes() == want.tobytes()
+        assert (out[klass == 0.0] == -1.0).all()
+
+
 def test_one_engine_whose_queue_grows_is_an_overload_the_sum_can_hide():
     """Three engines holding 100 requests each, steadily, and a fourth whose queue grows from 0 to
     40: the sum grows by 10 % (under the rule's half), the fourth engine's by far more than two

@@ -212,6 +212,33 @@ def scatter_class(klass, c, a, b, out_a, out_b):
 
 
 @helper
+def draw_class(klass, c, count, fn_a, params_a, values_a, gen_a, fn_b, params_b, values_b, gen_b, integer, blk_a,
+               blk_b, out_a, out_b):
+    """Class ``c``'s lengths of two streams (its ``count`` requests', in
+    request order: the draws :func:`draw_lengths` would give them, block by
+    block, by the length drawers at ``fn_a`` and ``fn_b``) straight into ``out_a`` and ``out_b`` at its
+    requests' places in ``klass``: a block of :data:`BLOCK` of each drawn
+    into ``blk_a`` and ``blk_b`` as the last is used up.  One pass, and no
+    array of the class's own."""
+    k = 0
+    j = m = 0
+    for i in range(klass.shape[0]):
+        if klass[i] == c:
+            if j == m:
+                m = min(BLOCK, count - k)
+                a, b = blk_a[:m], blk_b[:m]
+                draw_block(fn_a, params_a, values_a, k, m, gen_a, a)
+                round_lengths(a, m, integer)
+                draw_block(fn_b, params_b, values_b, k, m, gen_b, b)
+                round_lengths(b, m, integer)
+                j = 0
+            out_a[i] = blk_a[j]
+            out_b[i] = blk_b[j]
+            j += 1
+            k += 1
+
+
+@helper
 def hist_ranks(hist, qs, out):
     """For each quantile ``qs[j]`` (ascending), the first bucket of ``hist``
     whose cumulative count reaches the rank ``max(1, ceil(qs[j] * total))``

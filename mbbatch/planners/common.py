@@ -274,7 +274,7 @@ def lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: boo
     distribution, by its ``rvs``; replayed values in order (repeated end to
     end; resampled unless ``in_order``) or resampled ones; whole tokens (at
     least 1) when ``integer``."""
-    if spec.dist is not None and spec.kind != RVS:
+    if _drawn_by_kernel(spec):
         x = np.empty(m)
         _common.draw_lengths(_common.length_drawer(spec.kind), readonly(spec.params), readonly(spec.values), gen,
                              x, integer)
@@ -289,6 +289,27 @@ def lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: boo
         # (in place: x is a new array)
         np.maximum(np.ceil(x, out=x), 1.0, out=x)
     return x
+
+
+def _drawn_by_kernel(spec) -> bool:
+    """Whether the lengths of ``spec`` are a family the kernels draw (by
+    their drawer), not a distribution's ``rvs`` or given values."""
+    return spec.dist is not None and spec.kind != RVS
+
+
+def class_lengths(klass: np.ndarray, c: int, count: int, specs: tuple, gens: tuple, outs: tuple) -> None:
+    """Class ``c``'s ``count`` lengths of two streams (``specs``, drawn from
+    ``gens``: the values :func:`lengths` gives, whole tokens) into ``outs``
+    at its requests' places in ``klass`` (as floats).  Families the kernels
+    draw go straight to their places, a block at a time; others are drawn
+    whole, then placed."""
+    if all(_drawn_by_kernel(spec) for spec in specs):
+        (a, b), (ga, gb) = specs, gens
+        _common.draw_class(klass, float(c), count, _common.length_drawer(a.kind), readonly(a.params),
+                           readonly(a.values), ga, _common.length_drawer(b.kind), readonly(b.params),
+                           readonly(b.values), gb, True, np.empty(_common.BLOCK), np.empty(_common.BLOCK), *outs)
+        return
+    _common.scatter_class(klass, float(c), *(lengths(spec, g, count, True) for spec, g in zip(specs, gens)), *outs)
 
 
 def exponentials(gen: np.random.Generator, scale: float, m: int) -> np.ndarray:

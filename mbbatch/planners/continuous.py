@@ -28,8 +28,8 @@ from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from ..workload import Mixture
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, call_streams,
-                     check_arrivals, check_times, engines_backlog, finish, lengths, model_config, quantiles, resolve_n,
-                     rvs_memory, settled, steady_state, times_name)
+                     check_arrivals, check_times, class_lengths, engines_backlog, finish, lengths, model_config,
+                     quantiles, resolve_n, rvs_memory, settled, steady_state, times_name)
 
 __all__ = ["Plan", "check"]
 
@@ -320,9 +320,8 @@ def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int) -> tuple:
     del u
     prompt, output = np.empty(n), np.empty(n)
     for c, part in enumerate(wl.parts):
-        m = int(counts[c])
-        _common.scatter_class(klass, float(c), lengths(part._prompt, substream(ss, STREAM_PROMPT, c), m, True),
-                              lengths(part._output, substream(ss, STREAM_SERVICE, c), m, True), prompt, output)
+        class_lengths(klass, c, int(counts[c]), (part._prompt, part._output),
+                      (substream(ss, STREAM_PROMPT, c), substream(ss, STREAM_SERVICE, c)), (prompt, output))
     return klass, prompt, output
 
 
