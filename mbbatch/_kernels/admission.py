@@ -121,7 +121,8 @@ from .programs import _heap_pop, _heap_push
 #: an admission order: its steps, the workspace arrays it keeps per request, and whether only the full kernel
 #: has it (an order reading the requests' classes or counting the tokens served: the lean kernel, which runs
 #: the others, carries none of its code or of the arrays it reads)
-Order = namedtuple("Order", ("join", "head", "admit", "served", "quota", "expire", "resume", "arrays", "full"))
+Order = namedtuple("Order", ("join", "head", "admit", "served", "quota", "expire", "resume", "contested", "catch_up",
+                             "arrays", "full"))
 #: :func:`served`'s kinds
 JOINED, LEFT, TOKEN = 0, 1, 2
 #: the quota of an order that lets a running sequence run to its end
@@ -152,6 +153,18 @@ def _never(q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs):
 def _fresh(r, ws):
     """(an order whose waiting requests are all new)"""
     return np.int64(0), 0.0
+
+
+@step
+def _uncontested(q, par, ws):
+    """(an order whose quotas never end: no quota's end could preempt)"""
+    return False
+
+
+@step
+def _current(r, before, par, ws):
+    """(an order whose quotas never end)"""
+    return np.int64(UNLIMITED)
 
 
 # first come first served -----------------------------------------------------------------------------------------
@@ -406,10 +419,12 @@ def _mlfq_admit(q, r, b, par, ws, inputs):
 @step
 def _mlfq_served(kind, r, rounds, par, ws, inputs):
     """A sequence's decode tokens spend its quota: joining the decodes
-    records the round, leaving them subtracts the rounds since."""
+    records the round, leaving them subtracts the rounds since (its
+    quantum's ends up to this round caught up first: :func:`_mlfq_catch_up`)."""
     if kind == JOINED:
         ws.mlfq[MLFQ * r + FROM] = rounds
     elif kind == LEFT:
+        _mlfq_catch_up(r, rounds + 1, par, ws)
         ws.mlfq[MLFQ * r + QUOTA] -= rounds - ws.mlfq[MLFQ * r + FROM]
     return 0
 
@@ -445,20 +460,56 @@ def _mlfq_expire(q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs):
 
 
 @step
+def _mlfq_contested(q, par, ws):
+    """Whether a quantum's end now could preempt: a request waits at a level
+    but the last (:func:`_mlfq_expire` preempts only for the head of a level
+    above the one a sequence goes down to, never the last)."""
+    bh = ws.bh
+    for b in range(bh.shape[0] - 1):
+        if bh[b] >= 0:
+            return True
+    return False
+
+
+@step
+def _mlfq_catch_up(r, before, par, ws):
+    """Decoding request r's quantum's ends before round ``before`` that were
+    not looked at (no request waited that they could have been preempted
+    for): down a level at each, a new quantum from it, as
+    :func:`_mlfq_expire` takes a sequence down that it does not preempt.
+    Returns the round its quantum ends at now."""
+    K = ws.bh.shape[0]
+    at = MLFQ * r
+    lv = ws.mlfq[at + LEVEL]
+    end = ws.mlfq[at + FROM] + ws.mlfq[at + QUOTA]
+    while lv < K - 1 and end < before:
+        lv += 1
+        ws.mlfq[at + FROM] = end
+        ws.mlfq[at + QUOTA] = _level_quantum(lv, par, K)
+        end += ws.mlfq[at + QUOTA]
+    ws.mlfq[at + LEVEL] = lv
+    return end
+
+
+@step
 def _mlfq_resume(r, ws):
     return ws.resume_gen[r], ws.resume_last[r]
 
 
 #: the orders, by name (the parameter table's ``admission`` choices); a run's code is an order's place here
 ORDERS: dict = {
-    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, _unlimited, _never, _fresh, (), False),
-    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, ("sk", "sid"), False),
+    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, _unlimited, _never, _fresh, _uncontested, _current,
+                  (), False),
+    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, _uncontested, _current,
+                 ("sk", "sid"), False),
     "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _ignored, _unlimited, _never, _fresh,
-                      ("qnext",), False),
-    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, ("sk", "sid"), True),
-    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, _unlimited, _never, _fresh, ("qnext",), True),
+                      _uncontested, _current, ("qnext",), False),
+    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, _uncontested, _current,
+                 ("sk", "sid"), True),
+    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, _unlimited, _never, _fresh, _uncontested, _current,
+                 ("qnext",), True),
     "mlfq": Order(_mlfq_join, _mlfq_head, _mlfq_admit, _mlfq_served, _mlfq_quota, _mlfq_expire, _mlfq_resume,
-                  ("qnext", "mlfq", "resume_gen", "resume_last"), True),
+                  _mlfq_contested, _mlfq_catch_up, ("qnext", "mlfq", "resume_gen", "resume_last"), True),
 }
 #: every order's per-request arrays (:attr:`Order.arrays`), each named once
 ARRAYS = tuple(dict.fromkeys(a for o in ORDERS.values() for a in o.arrays))
@@ -516,6 +567,12 @@ quota = _dispatch("quota")
 expire = _dispatch("expire")
 #: ``resume(adm, full, r, ws) -> (g, last)``: a waiting request's tokens generated and the time of its last
 resume = _dispatch("resume")
+#: ``contested(adm, full, q, par, ws) -> bool``: whether a quota's end now could preempt (else the engine need
+#: not look at it as it comes: :func:`catch_up` takes it into account later)
+contested = _dispatch("contested")
+#: ``catch_up(adm, full, r, before, par, ws) -> round``: decoding request r's quota's ends before round
+#: ``before``, not looked at (uncontested), taken into account; the round its quota ends at now
+catch_up = _dispatch("catch_up")
 
 
 def arrays(code: int) -> tuple:

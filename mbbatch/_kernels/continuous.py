@@ -258,7 +258,7 @@ STATE = Layout("continuous engine state",
                      "npd",
                      # (kept here, not in the loop's registers: counted as they change, read at each iteration)
                      "started", "completed_before", "logged", "preemptions", "recomputed", "max_running", "ts_rows",
-                     "ts_stride", "ts_due",
+                     "ts_stride", "ts_due", "quotas_due",
                      # (prefix caching: the unreferenced chains' order, oldest first, their blocks, the counters)
                      "lru_head", "lru_tail", "evictable", "prefix_hits", "prefix_queries", "evictions"),
                floats=("t_round", "busy", "sum_latency", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
@@ -1120,14 +1120,51 @@ def _tbt_gaps(now, t_round, n_main, ng, gt, gc, hist_tbt, tbt):
 def _next_look(r, g, rounds, adm, par, ws, inputs):
     """The round a decoding request ``r`` (``g`` tokens generated at round
     ``rounds``) is next looked at, the key of its round's list: its output's
-    last, or, sooner, the round its order's quota ends at
-    (:func:`.admission.quota`; the full kernel's orders only)."""
+    last, or, sooner, while the quotas are looked at as they end
+    (``ES.quotas_due``: :func:`_key_quotas`), the round its order's quota
+    ends at (:func:`.admission.quota`; the full kernel's orders only)."""
     key = rounds + np.int64(inputs.output[r]) - g
-    if par[1]:
+    if par[1] and ws.state_i[ES.quotas_due] != 0:
         left = admission.quota(adm, par[1], r, par, ws)
         if rounds + left < key:
             key = rounds + left
     return key
+
+
+@step
+def _key_quotas(rounds, q, head, M1, adm, par, ws, inputs):
+    """Whether the decodes' quotas are looked at as they end this round: only
+    where the end of one could preempt (:func:`.admission.contested`: a
+    request waits that the order would preempt for).  Elsewhere an end
+    changes nothing but the order's bookkeeping, which it catches up later
+    (:func:`.admission.catch_up`), so the decodes stay in the lists of their
+    outputs' last rounds: most quotas' ends are then never looked at one by
+    one.  Where the ends become contested, each decoding sequence's quota
+    is caught up to this round and the sequence moved to the list of the
+    round its quota ends at, where sooner than its output's last (this
+    round's included, before the list is taken).  The numbers are those of
+    looking at every end."""
+    contested = admission.contested(adm, par[1], q, par, ws)
+    if not contested:
+        ws.state_i[ES.quotas_due] = 0
+        return
+    if ws.state_i[ES.quotas_due] != 0:
+        return
+    ws.state_i[ES.quotas_due] = 1
+    fin, occ = ws.fin, ws.occ
+    sl = head
+    while sl >= 0:
+        if fin[sl] >= 0:
+            r = occ[sl]
+            key = ws.d0[sl] - ws.gs[sl] + np.int64(inputs.output[r])
+            ends = admission.catch_up(adm, par[1], r, rounds, par, ws)
+            if ends < key:
+                key = ends
+            if key != fin[sl]:
+                _due_remove(ws.due, ws.due_tail, ws.due_next, ws.due_prev, sl, fin[sl])
+                fin[sl] = key
+                _due_push(ws.due, ws.due_tail, ws.due_next, ws.due_prev, occ, M1, sl, key)
+        sl = ws.nxt[sl]
 
 
 @step
@@ -1189,6 +1226,8 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
     n_main = n_d
     tokens += n_d
     due, occ, gs, d0 = ws.due, ws.occ, ws.gs, ws.d0
+    if par[1]:
+        _key_quotas(rounds, q, slots[0], M1, adm, par, ws, inputs)
     bk = rounds & (due.shape[0] - 1)
     sl = due[bk]
     due[bk] = -1
