@@ -185,23 +185,25 @@ def test_arrival_group_is_the_integer_division(groups):
         np.testing.assert_array_equal(_groups(r, groups, int(n)), r * groups // n)
 
 
-def test_classes_by_inversion_count_the_edges_at_or_below_each_draw():
-    """A draw's class is the number of edges at or below it (a draw equal to
-    an edge goes to the upper class), as numpy's comparisons count them, and
-    each class's requests are counted."""
-    from mbbatch._kernels.common import classes_by_inversion
+@pytest.mark.parametrize("bitgen", [np.random.PCG64DXSM, np.random.PCG64, np.random.Philox])
+def test_a_requests_class_counts_the_edges_at_or_below_its_draw(bitgen):
+    """A request's class is the number of edges at or below its uniform draw
+    (the generator's ``random()``, in request order; a draw equal to an edge
+    goes to the upper class), as numpy's comparisons count them on numpy's
+    draws, each class's requests are counted, and the generator is left
+    where numpy's ``random(n)`` leaves it."""
+    from mbbatch._kernels.common import draw_classes
 
-    u = np.array([0.0, 0.2, 0.25, 0.5, 0.74, 0.75, 0.99])
-    edges = np.array([0.25, 0.75])
-    klass, counts = np.empty(u.size), np.zeros(3, np.int64)
-    classes_by_inversion(u, edges, klass, counts)
-    assert klass.tolist() == [0, 0, 1, 1, 1, 2, 2]
-    assert counts.tolist() == [2, 3, 2]
-    u = np.random.default_rng(3).random(10_000)
-    klass, counts = np.empty(u.size), np.zeros(3, np.int64)
-    classes_by_inversion(u, edges, klass, counts)
-    np.testing.assert_array_equal(klass, (u >= 0.25).astype(float) + (u >= 0.75))
-    assert counts.tolist() == np.bincount(klass.astype(int)).tolist()
+    n = 10_000
+    gen, want_gen = np.random.Generator(bitgen(3)), np.random.Generator(bitgen(3))
+    u = want_gen.random(n)
+    edges = np.sort(u[[10, 500]])          # (two draws fall on an edge)
+    klass, counts = np.empty(n), np.zeros(3, np.int64)
+    draw_classes(gen, edges, klass, counts)
+    assert klass.tobytes() == ((u >= edges[0]).astype(float) + (u >= edges[1])).tobytes()
+    assert {klass[10], klass[500]} == {1.0, 2.0}
+    assert counts.tolist() == np.bincount(klass.astype(int), minlength=3).tolist()
+    assert gen.random() == want_gen.random()
 
 
 def test_a_classs_values_land_at_its_requests_places_in_order():

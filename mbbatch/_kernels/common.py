@@ -185,15 +185,18 @@ helper = njit(cache=CACHE, no_cfunc_wrapper=True, _nrt=False)
 
 
 @helper
-def classes_by_inversion(u, edges, klass, counts):
-    """Each request's class from its uniform draw ``u[i]``: the number of
-    ``edges`` (the shares' cumulative sums but the last) at or below it,
-    into ``klass`` (as floats, the engines' input); each class's requests
-    counted into ``counts``.  One pass."""
-    for i in range(u.shape[0]):
+def draw_classes(gen, edges, klass, counts):
+    """Each request's class by inversion of one uniform draw of ``gen`` (its
+    ``random()``, in request order): the number of ``edges`` (the shares'
+    cumulative sums but the last) at or below it, into ``klass`` (as floats,
+    the engines' input); each class's requests counted into ``counts``.
+    One pass, and no array of the draws."""
+    bits = gen.bit_generator
+    for i in range(klass.shape[0]):
+        u = next_double(bits)
         c = 0
         for e in range(edges.shape[0]):
-            if u[i] >= edges[e]:
+            if u >= edges[e]:
                 c += 1
         klass[i] = c
         counts[c] += 1

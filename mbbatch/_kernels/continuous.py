@@ -1132,10 +1132,10 @@ def _next_look(r, g, rounds, adm, par, ws, inputs):
 
 
 @step
-def _key_quotas(rounds, q, head, M1, adm, par, ws, inputs):
+def _key_quotas(rounds, q, waiting, head, M1, adm, par, ws, inputs):
     """Whether the decodes' quotas are looked at as they end this round: only
-    where the end of one could preempt (:func:`.admission.contested`: a
-    request waits that the order would preempt for).  Elsewhere an end
+    where the end of one could preempt (:func:`.admission.contested`: of the
+    ``waiting`` requests, one the order would preempt for).  Elsewhere an end
     changes nothing but the order's bookkeeping, which it catches up later
     (:func:`.admission.catch_up`), so the decodes stay in the lists of their
     outputs' last rounds: most quotas' ends are then never looked at one by
@@ -1144,7 +1144,7 @@ def _key_quotas(rounds, q, head, M1, adm, par, ws, inputs):
     round its quota ends at, where sooner than its output's last (this
     round's included, before the list is taken).  The numbers are those of
     looking at every end."""
-    contested = admission.contested(adm, par[1], q, par, ws)
+    contested = waiting > 0 and admission.contested(adm, par[1], q, par, ws)
     if not contested:
         ws.state_i[ES.quotas_due] = 0
         return
@@ -1227,7 +1227,7 @@ def _decode_round(n_d, now, rounds, ph, s0, n_dec, t_round, n_main, ng, tokens, 
     tokens += n_d
     due, occ, gs, d0 = ws.due, ws.occ, ws.gs, ws.d0
     if par[1]:
-        _key_quotas(rounds, q, slots[0], M1, adm, par, ws, inputs)
+        _key_quotas(rounds, q, waiting, slots[0], M1, adm, par, ws, inputs)
     bk = rounds & (due.shape[0] - 1)
     sl = due[bk]
     due[bk] = -1

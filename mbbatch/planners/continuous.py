@@ -313,11 +313,9 @@ def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int) -> tuple:
     # (class c where a uniform draw falls in [share_0 + .. + share_{c-1}, .. + share_c): inversion, one draw each,
     # counting the boundaries at or below it; as floats, the kernel's input; one compiled pass, then one a class
     # placing its lengths, where masks and fancy indexing took a pass per boundary and four per class)
-    u = stream(ss, STREAM_CLASS).random(n)
     klass = np.empty(n)
     counts = np.zeros(len(wl.parts), np.int64)
-    _common.classes_by_inversion(u, np.cumsum(wl.shares)[:-1], klass, counts)
-    del u
+    _common.draw_classes(stream(ss, STREAM_CLASS), np.cumsum(wl.shares)[:-1], klass, counts)
     prompt, output = np.empty(n), np.empty(n)
     for c, part in enumerate(wl.parts):
         class_lengths(klass, c, int(counts[c]), (part._prompt, part._output),
