@@ -211,11 +211,13 @@ def _heap_admit(q, r, b, par, ws, inputs):
 
 @step
 def _enqueue(i, b, ws):
-    """Request i at the tail of queue b (``ws.bh``, ``ws.bt``, ``ws.qnext``)."""
-    qnext, bh, bt = ws.qnext, ws.bh, ws.bt
-    qnext[i] = -1
+    """Request i at the tail of queue b (``ws.bh``, ``ws.bt``, ``ws.qnext``).
+    A request's ``qnext`` is written only as one joins behind it (the tail
+    has none: :func:`_dequeue` knows it by ``bt``), so a run whose queues are
+    mostly empty touches few of its pages."""
+    bh, bt = ws.bh, ws.bt
     if bt[b] >= 0:
-        qnext[bt[b]] = i
+        ws.qnext[bt[b]] = i
     else:
         bh[b] = i
     bt[b] = i
@@ -224,10 +226,11 @@ def _enqueue(i, b, ws):
 @step
 def _dequeue(r, b, ws):
     """The head r of queue b out of it."""
-    bh = ws.bh
-    bh[b] = ws.qnext[r]
-    if bh[b] < 0:
+    if ws.bt[b] == r:
+        ws.bh[b] = -1
         ws.bt[b] = -1
+    else:
+        ws.bh[b] = ws.qnext[r]
 
 
 # multi-bin: a queue per bin of predicted output, round robin ---------------------------------------------------
@@ -395,7 +398,6 @@ def _mlfq_join(q, i, par, ws, inputs, rounds):
     lv = skip_level(np.int64(inputs.prompt[i]), par, K)
     ws.mlfq[MLFQ * i + LEVEL] = lv
     ws.mlfq[MLFQ * i + QUOTA] = _level_quantum(lv, par, K)
-    ws.resume_gen[i] = 0
     _enqueue(i, lv, ws)
     return q
 

@@ -247,7 +247,10 @@ ContinuousWorkspace = WORKSPACE.type
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
-UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "mlfq", "resume_gen", "resume_last")
+UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "mlfq", "resume_last")
+#: the per-request arrays that start at 0 and are written for few requests
+#: (``np.zeros``: their pages are the system's zero page until written)
+ZEROED = ("resume_gen",)
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
@@ -1625,7 +1628,7 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64),
                         first=np.empty(n if cfg["goodput"] else 1),
                         mlfq=np.empty(admission.WIDTHS["mlfq"] * per["mlfq"], np.int64),
-                        resume_gen=np.empty(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]),
+                        resume_gen=np.zeros(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]),
                         pc=np.zeros(chains, np.int64), prefs=np.zeros(chains, np.int64),
                         lru_prev=np.full(chains, -1, np.int64), lru_next=np.full(chains, -1, np.int64),
                         lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)))
