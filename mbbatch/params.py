@@ -441,9 +441,10 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
        _NONNEG, default=1.0),
     _p("Programs.closed", "flag", "", "a call arrives think_time after the one before it completes (closed "
        "loop), else think_time after it arrived (open loop)", default=False),
-    _p("programs", "choice", "", "a sweep's cluster programs: synthetic multi-call programs (calls, think_time), "
-       "the trace's sessions (a BurstGPT [workload] trace with its Session ID column, replayed in order) or none "
-       "(each request a one-call program of its own)", default="synthetic", choices=("synthetic", "sessions", "none")),
+    _p("programs", "choice", "", "a sweep's cluster or disaggregated deployment's programs: synthetic multi-call "
+       "programs (calls, think_time), the trace's sessions (a BurstGPT [workload] trace with its Session ID column, "
+       "replayed in order) or none (each request a one-call program of its own); a disaggregated deployment's "
+       "default is none", default="synthetic", choices=("synthetic", "sessions", "none")),
     _p("Sessions.ids", "count", "", "each request's session in a trace (-1: a one-call program of its own)",
        Domain(-1, INF, lo_closed=True)),
     _p("Sessions.context", "choice", "", "what a trace's prompt lengths hold: the whole prompt, the session's "

@@ -346,3 +346,71 @@ def test_multibin_under_an_iteration_model_has_its_closed_forms():
     assert got["capacity"] > got["theory_service_rate"] and not got["unstable"]
     assert all(math.isnan(v) for k, v in point_theory(spec.arrivals, spec.service, partial).items()
                if k != "unstable")
+
+
+# --- programs on a disaggregated deployment ------------------------------------------------
+
+_DISAGGREGATED = """
+name = "d"
+arrivals = "poisson"
+service_model = "iteration"
+seed = 4
+reps = 2
+[params]
+rate = 4.0
+n = 400
+prompt_median = 256.0
+output_median = 32.0
+[policies.split]
+kind = "disaggregated"
+prefill_engines = 1
+decode_engines = 2
+[policies.agents]
+kind = "disaggregated"
+prefill_engines = 1
+decode_engines = 2
+programs = "synthetic"
+calls = 3
+closed_loop = true
+[policies.colocated]
+kind = "cluster"
+engine_policy = "continuous"
+engines = 3
+programs = "none"
+[grid]
+policy = ["split", "agents", "colocated"]
+"""
+
+
+def test_a_disaggregated_spec_takes_programs_and_shares_the_clusters_requests():
+    """A spec's disaggregated deployment runs no programs unless it asks
+    (its kind's default, ``none``: a spec written before it took them runs
+    as it did), and runs synthetic ones, closed loop, where it does, each
+    rep the run ``mb.simulate`` gives on the cell's seed.  A deployment's
+    cells draw a cluster's requests where their workloads are the same (the
+    programs' keys are workload keys of both: cells that differ only in
+    policy share their seed)."""
+    import mbbatch as mb
+    from mbbatch.registry import build
+    from mbbatch.sweeps.cells import _words, point_objects
+    from mbbatch.sweeps.spec import SpecError, parse_spec
+
+    spec = parse_spec(_DISAGGREGATED)
+    cells = {p["policy"]: p for _, p in spec.points()}
+    assert cells["split"]["programs"] == "none" and build("disaggregated", cells["split"]).programs is None
+    agents = build("disaggregated", cells["agents"])
+    assert agents.programs == mb.Programs(calls=3, think_time=1.0, closed=True)
+    assert _words(cells["split"]) == _words(cells["colocated"]) != _words(cells["agents"])   # (calls 3)
+    # (the programs' keys without programs: refused, not ignored)
+    lone = _DISAGGREGATED.replace('programs = "synthetic"\n', "").replace('programs = "none"\n', "")
+    with pytest.raises(SpecError, match=r"calls, closed_loop shape synthetic programs, and a disaggregated "
+                                        r"deployment runs none unless asked \(policies.agents\)"):
+        parse_spec(lone)
+    params = cells["agents"]
+    got = run_point(spec.arrivals, spec.service, params, spec.seed_of(params), spec.reps)
+    _, arrivals, request_side = point_objects(spec.arrivals, spec.service, params)
+    for rep in range(spec.reps):
+        res = mb.simulate(agents, arrivals=arrivals, n=400, seed=cell_seed(spec.seed_of(params), params, rep),
+                          **request_side)
+        assert res.completed == 400
+        assert got["sim_mean_latency"][rep] == res.mean_latency and got["sim_ttft_p99"][rep] == res.ttft_p99

@@ -540,8 +540,9 @@ def _explicit_workload(kind):
 @pytest.mark.parametrize("kind", mb.registry.KINDS)
 @pytest.mark.parametrize("named", [False, True], ids=["default_workload", "named_workload"])
 def test_a_spec_of_a_policy_a_workload_and_a_rate_runs(tmp_path, kind, named):
-    """Every other field is the parameter table's default (the API's): name (the file's), arrivals
-    (poisson), seed (0), reps (5), n and the policy's and workload's parameters."""
+    """Every other field is the parameter table's default (the API's), or the kind's own where it
+    declares one (a disaggregated deployment's programs: none, as its API's): name (the file's),
+    arrivals (poisson), seed (0), reps (5), n and the policy's and workload's parameters."""
     from mbbatch.params import PARAMS, REQUIRED
 
     text = f'policy = "{kind}"\n' + (_explicit_workload(kind) + "\n" if named else "") + "[params]\nrate = 2.0\n"
@@ -553,8 +554,9 @@ def test_a_spec_of_a_policy_a_workload_and_a_rate_runs(tmp_path, kind, named):
         sp = SPEC_PARAMS.get(nm)
         if sp is None or nm == "rate" or sp.unset:
             continue
-        d = sp.table.default
+        d = sp.default_for(kind)
         assert d is not REQUIRED, nm
+        assert d == sp.table.default or nm in mb.registry.POLICIES[kind].spec_defaults, nm
         assert value == sp.check(d, "defaults") or (value is None and d is None), (nm, value, d)
     assert cell["n"] == PARAMS["n"].default == 10_000
     ds = run_sweep(p, tmp_path / "first_look.zarr", workers=1, progress=False)

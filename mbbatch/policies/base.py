@@ -39,6 +39,11 @@ that declares, once, as class attributes:
 ``spec_names``
     the spec keys of the arguments its refusals name, where they differ
     (LAPS's ``decode.kv_tokens`` is a spec's ``decode_eta``);
+``spec_defaults``
+    its own defaults of spec keys whose parameter table default is another
+    kind's (a disaggregated deployment's ``programs`` is ``"none"``, a
+    cluster's ``"synthetic"``: a spec written before it took programs runs
+    none);
 
 the classmethod ``from_spec(params, ctx)``: the policy of a sweep
 cell's parameters (:class:`SpecContext`); and ``carries()``, how a
@@ -120,6 +125,8 @@ class Policy:
     prefixes: ClassVar[bool] = False
     #: the spec keys of the arguments its refusals name, where they differ (a sweep's errors say the key)
     spec_names: ClassVar[dict] = {}
+    #: its own defaults of spec keys, where they differ from the parameter table's
+    spec_defaults: ClassVar[dict] = {}
 
     @classmethod
     def from_spec(cls, params: dict, ctx: "SpecContext"):

@@ -326,16 +326,22 @@ class Cluster(Policy):
         kind = params["engine_policy"]
         engine = {key: default(key) for key in _ENGINE_DEFAULTS}
         engine.update(params, batch_size=params["engine_batch_size"], bins=params["engine_bins"])
-        if params["programs"] == "sessions":
-            programs = Sessions(ctx.trace, context=params["session_context"])
-        elif params["programs"] == "synthetic":
-            programs = Programs(calls=params["calls"], think_time=params["think_time"], closed=params["closed_loop"])
-        else:
-            programs = None
         return cls(ctx.build(kind, engine), engines=params["engines"], router=params["router"],
-                   threshold=params["route_threshold"], kv_reuse=params["kv_reuse"], programs=programs,
+                   threshold=params["route_threshold"], kv_reuse=params["kv_reuse"],
+                   programs=programs_of(params, ctx.trace),
                    cache_threshold=params["cache_threshold"], balance_abs=params["balance_abs"],
                    balance_rel=params["balance_rel"])
+
+
+def programs_of(params: dict, trace=None):
+    """A sweep cell's programs (its ``programs`` key): synthetic
+    :class:`Programs` of its ``calls``, ``think_time`` and ``closed_loop``,
+    the ``trace``'s :class:`Sessions` (their ``session_context``), or None."""
+    if params["programs"] == "sessions":
+        return Sessions(trace, context=params["session_context"])
+    if params["programs"] == "synthetic":
+        return Programs(calls=params["calls"], think_time=params["think_time"], closed=params["closed_loop"])
+    return None
 
 
 #: an engine's settings that a cluster's spec keys leave at their defaults

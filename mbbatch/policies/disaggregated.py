@@ -11,6 +11,7 @@ from typing import ClassVar
 from .._validation import check_count, check_fields, check_instance, check_scalar_real
 from ..params import Domain, default
 from .base import Carries, Policy
+from .cluster import programs_of
 
 __all__ = ["Disaggregated", "KVTransfer"]
 
@@ -149,8 +150,11 @@ class Disaggregated(Policy):
     settings: ClassVar[tuple] = ("prefill_engines", "decode_engines", "prefill_router", "kv_bandwidth", "kv_latency",
                                  "kv_bytes_per_token", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
                                  "kv_tokens", "block_size", "admission", "ttft_slo", "tpot_slo", "prefix_caching",
-                                 "system_prompts", "system_prompt_length", "system_prompt_share")
+                                 "system_prompts", "system_prompt_length", "system_prompt_share", "programs", "calls",
+                                 "think_time", "closed_loop", "session_context")
     models: ClassVar[tuple] = ("iteration", "profile")
+    #: (programs only where a spec asks for them: specs written before a deployment took them run none)
+    spec_defaults: ClassVar[dict] = {"programs": "none"}
 
     def __post_init__(self):
         from .continuous import ContinuousBatching
@@ -242,10 +246,12 @@ class Disaggregated(Policy):
     def from_spec(cls, params: dict, ctx) -> "Disaggregated":
         """A cell's deployment: both pools' engines run the cell's
         ``ContinuousBatching`` settings (``prefix_caching`` the prefill
-        pool's alone), the link its ``kv_*`` settings."""
+        pool's alone), the link its ``kv_*`` settings, its programs those of
+        its ``programs`` key (a deployment's default: none)."""
         engine = ctx.build("continuous", params)
         link = KVTransfer(bandwidth=params["kv_bandwidth"], latency=params["kv_latency"],
                           bytes_per_token=params["kv_bytes_per_token"])
         return cls(prefill=engine, decode=replace(engine, prefix_caching=False),
                    prefill_engines=params["prefill_engines"],
-                   decode_engines=params["decode_engines"], kv_transfer=link, router=params["prefill_router"])
+                   decode_engines=params["decode_engines"], kv_transfer=link, router=params["prefill_router"],
+                   programs=programs_of(params, ctx.trace))

@@ -178,6 +178,12 @@ class SpecParam:
         # LAPS.from_spec): unset, None, unless given
         return None if self.unset and not self.required else self.table.default
 
+    def default_for(self, kind: str):
+        """Its default in a cell of policy kind ``kind``: the kind's own
+        (:attr:`~mbbatch.policies.base.Policy.spec_defaults`), else :attr:`default`."""
+        own = POLICIES[kind].spec_defaults if kind in POLICIES else {}
+        return own.get(self.name, self.default)
+
     def applies(self, kind: str, arrivals: str, workload: str, model: str, capacity: bool) -> bool:
         return (kind in self.kinds and (not self.arrivals or arrivals in self.arrivals)
                 and (not self.workload or workload in self.workload)
@@ -561,7 +567,8 @@ class SweepSpec:
                     break
             else:
                 # (required but not given: a cluster whose engines do not read it, as checked when parsed)
-                p[nm] = None if sp.default is REQUIRED else sp.check(sp.default, "defaults")
+                dflt = sp.default_for(kind)
+                p[nm] = None if dflt is REQUIRED else sp.check(dflt, "defaults")
         if not self.single:
             p["policy"] = name
         p["kind"] = kind
@@ -1221,6 +1228,26 @@ def _values(spec: SweepSpec, key: str) -> list:
     return out
 
 
+def _check_own_programs(spec: SweepSpec, source: str) -> None:
+    """A kind whose programs are off by default (``spec_defaults``: a
+    disaggregated deployment's) given the synthetic programs' keys but not
+    ``programs`` would ignore them: refused, naming the variant."""
+    for vname, settings in spec.policies.items():
+        kind = settings["kind"]
+        if POLICIES[kind].spec_defaults.get("programs", "synthetic") == "synthetic":
+            continue
+        alone = all(s["kind"] == kind for s in spec.policies.values())
+        given = [settings[k] for k in ("programs",) if k in settings]
+        keys = [k for k in ("calls", "think_time", "closed_loop") if k in settings]
+        if alone:
+            given += _values(spec, "programs")
+            keys = [k for k in ("calls", "think_time", "closed_loop") if _values(spec, k)]
+        if keys and not given:
+            named = "" if spec.single else f" (policies.{vname})"
+            raise SpecError(f"{source}: {', '.join(keys)} shape{'s' if len(keys) == 1 else ''} synthetic programs, "
+                            f"and a {kind} deployment runs none unless asked{named}: set programs = \"synthetic\"")
+
+
 def _cluster_values(spec: SweepSpec, key: str) -> list:
     """Every value ``key`` takes for a cluster: in its variants' tables, and
     in the grid and params where every variant is a cluster."""
@@ -1283,6 +1310,7 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
             if _values(spec, key):
                 raise SpecError(f"{source}: {key} shapes synthetic programs; programs = "
                                 f"{sorted(programs)} has none")
+    _check_own_programs(spec, source)
     decode = set(_values(spec, "decode"))
     if not decode - {"none"}:
         for key in _DECODE_SETTINGS:
