@@ -414,3 +414,32 @@ def test_a_disaggregated_spec_takes_programs_and_shares_the_clusters_requests():
                           **request_side)
         assert res.completed == 400
         assert got["sim_mean_latency"][rep] == res.mean_latency and got["sim_ttft_p99"][rep] == res.ttft_p99
+
+
+def test_every_sweeps_policies_see_the_same_requests():
+    """In every spec of sweeps/ (those whose trace is here), cells that
+    differ only in policy have the same seed (:data:`SEED_SCHEME`: policy
+    parameters stay out of it), unless a variant sets a seed of its own:
+    a comparison across policies is on common random numbers.  (A cluster's
+    programs' keys once entered its cells' seeds but not a disaggregated
+    deployment's, and the ``disaggregation`` figure compared the two on
+    different requests.)"""
+    from mbbatch.sweeps.cells import _words
+    from mbbatch.sweeps.spec import TraceNotFound
+
+    compared = 0
+    for path in sorted((ROOT / "sweeps").glob("*.toml")):
+        try:
+            spec = load_spec(path)
+        except TraceNotFound:
+            continue
+        if len(spec.policies) < 2 or any("seed" in s for s in spec.policies.values()):
+            continue
+        seeds = {}
+        for _, params in spec.points():
+            others = tuple(str(params.get(a)) for a in spec.axes if a != "policy")
+            seeds.setdefault(others, {})[params.get("policy")] = _words(params)
+        for others, by_policy in seeds.items():
+            assert len(set(by_policy.values())) == 1, (path.name, others, sorted(by_policy))
+        compared += 1
+    assert compared >= 5
