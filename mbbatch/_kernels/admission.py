@@ -3,7 +3,7 @@ are admitted in, each declared once in :data:`ORDERS`.
 
 An order keeps the waiting requests (not the preempted ones: the engine
 resumes those first, the last preempted first) in the workspace's arrays and
-three scalars, its queue ``q = (front, size, rr)``, and is seven steps
+three scalars, its queue ``q = (front, size, rr)``, and is nine steps
 (``rounds``: the engine's decode rounds so far; ``par = (aging, full,
 goodput, quantum, coef, expert_span, expert_miss)``: the aging rate,
 tokens/s, the kernel variant's compile-time ``FULL``, whether the run
@@ -30,10 +30,20 @@ iteration cost's coefficients and experts, :mod:`.cost`):
   preempts it (the order then holds it among its waiting, to be admitted
   again, its ``g`` tokens recomputed);
 - ``resume(r, ws) -> (g, last)``: a waiting request's tokens generated and
-  the time of its last (0 and 0.0 but for one the order preempted).
+  the time of its last (0 and 0.0 but for one the order preempted);
+- ``contested(q, par, ws) -> bool``: whether a quota's end now could
+  preempt; where none could, the engine does not look at the ends as they
+  come (its decodes stay in the lists of their outputs' last rounds), and
+- ``catch_up(r, before, par, ws) -> round``: decoding request r's quota's
+  ends before round ``before`` that it did not look at, taken into account
+  as ``expire`` takes an end it does not preempt at; the round its quota
+  ends at now (the engine calls it for every decoding sequence as the ends
+  become contested; the feedback queue calls it as a sequence leaves the
+  decodes).  The numbers are those of looking at every end.
 
 The engine calls :func:`join`, :func:`head`, :func:`admit`,
-:func:`served`, :func:`quota`, :func:`expire` and :func:`resume` (each
+:func:`served`, :func:`quota`, :func:`expire`, :func:`resume`,
+:func:`contested` and :func:`catch_up` (each
 with the kernel variant's ``full``), which pick the order of a run's code
 (its place in :data:`ORDERS`): a new order is its steps and a line of
 :data:`ORDERS`, and, where it keeps a per-request array, that array's
