@@ -1236,12 +1236,12 @@ def _check_own_programs(spec: SweepSpec, source: str) -> None:
         kind = settings["kind"]
         if POLICIES[kind].spec_defaults.get("programs", "synthetic") == "synthetic":
             continue
+        # (its programs: its own, or the grid's or params' (every variant's); the keys: its own, or, where every
+        # variant is of its kind, the grid's and params' too (else they may be a cluster's))
+        given = ([settings["programs"]] if "programs" in settings else []) + list(spec.axes.get("programs", [])) + (
+            [spec.params["programs"]] if "programs" in spec.params else [])
         alone = all(s["kind"] == kind for s in spec.policies.values())
-        given = [settings[k] for k in ("programs",) if k in settings]
-        keys = [k for k in ("calls", "think_time", "closed_loop") if k in settings]
-        if alone:
-            given += _values(spec, "programs")
-            keys = [k for k in ("calls", "think_time", "closed_loop") if _values(spec, k)]
+        keys = [k for k in ("calls", "think_time", "closed_loop") if k in settings or (alone and _values(spec, k))]
         if keys and not given:
             named = "" if spec.single else f" (policies.{vname})"
             raise SpecError(f"{source}: {', '.join(keys)} shape{'s' if len(keys) == 1 else ''} synthetic programs, "
