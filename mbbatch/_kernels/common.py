@@ -219,7 +219,8 @@ def draw_class(klass, c, count, fn_a, params_a, values_a, gen_a, fn_b, params_b,
                blk_b, out_a, out_b):
     """Class ``c``'s lengths of two streams (its ``count`` requests', in
     request order: the draws :func:`draw_lengths` would give them, block by
-    block, by the length drawers at ``fn_a`` and ``fn_b``) straight into ``out_a`` and ``out_b`` at its
+    block, by the length drawers at ``fn_a`` and ``fn_b``, whole tokens
+    where ``integer``) straight into ``out_a`` and ``out_b`` at its
     requests' places in ``klass``: a block of :data:`BLOCK` of each drawn
     into ``blk_a`` and ``blk_b`` as the last is used up.  One pass, and no
     array of the class's own."""
