@@ -1228,20 +1228,24 @@ def _values(spec: SweepSpec, key: str) -> list:
     return out
 
 
+#: the keys that shape synthetic programs (``programs = "synthetic"``)
+_PROGRAM_KEYS = ("calls", "think_time", "closed_loop")
+
+
 def _check_own_programs(spec: SweepSpec, source: str) -> None:
     """A kind whose programs are off by default (``spec_defaults``: a
     disaggregated deployment's) given the synthetic programs' keys but not
     ``programs`` would ignore them: refused, naming the variant."""
     for vname, settings in spec.policies.items():
         kind = settings["kind"]
-        if POLICIES[kind].spec_defaults.get("programs", "synthetic") == "synthetic":
+        if SPEC_PARAMS["programs"].default_for(kind) == "synthetic":
             continue
         # (its programs: its own, or the grid's or params' (every variant's); the keys: its own, or, where every
         # variant is of its kind, the grid's and params' too (else they may be a cluster's))
         given = ([settings["programs"]] if "programs" in settings else []) + list(spec.axes.get("programs", [])) + (
             [spec.params["programs"]] if "programs" in spec.params else [])
         alone = all(s["kind"] == kind for s in spec.policies.values())
-        keys = [k for k in ("calls", "think_time", "closed_loop") if k in settings or (alone and _values(spec, k))]
+        keys = [k for k in _PROGRAM_KEYS if k in settings or (alone and _values(spec, k))]
         if keys and not given:
             named = "" if spec.single else f" (policies.{vname})"
             raise SpecError(f"{source}: {', '.join(keys)} shape{'s' if len(keys) == 1 else ''} synthetic programs, "
@@ -1306,7 +1310,7 @@ def _check_joint(spec: SweepSpec, source: str) -> None:
                             "requests replayed in order: a [workload] table with format = \"burstgpt\" and "
                             "resample = false")
     if programs and "synthetic" not in programs:
-        for key in ("calls", "think_time", "closed_loop"):
+        for key in _PROGRAM_KEYS:
             if _values(spec, key):
                 raise SpecError(f"{source}: {key} shapes synthetic programs; programs = "
                                 f"{sorted(programs)} has none")
