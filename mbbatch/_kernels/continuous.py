@@ -1535,7 +1535,7 @@ Engine = namedtuple("Engine", ("config", "control", "inputs", "out", "requests",
 
 
 def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.ndarray, *, control=None,
-        groups: int = 1, ts_rows: int = 2):
+        groups: int = 1, ts_rows: int = 2, lease=None):
     """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``,
     with the controller ``control`` (:func:`controls`; needed with
     ``controlled``): returns ``(outputs, requests, code)``: the statistics
@@ -1543,8 +1543,8 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
     last state in ``outputs.ctl``), the per-request records as
     ``{field: row}`` (None without ``keep``) and the kernel's code;
     ``groups`` batch-means groups of arrivals and a time series of at most
-    ``ts_rows`` rows (even)."""
-    engine = start(config, inputs, control=control, groups=groups, ts_rows=ts_rows)
+    ``ts_rows`` rows (even); ``lease``: as :func:`start`'s."""
+    engine = start(config, inputs, control=control, groups=groups, ts_rows=ts_rows, lease=lease)
     code = advance(engine, streams, stop, np.inf)
     return engine.out, (REQUESTS.rows(engine.requests) if CONFIG.unpack(config)["keep"] else None), code
 
@@ -1562,7 +1562,7 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
 
 
 def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts_rows: int = 2,
-          grouped: bool = False, longest: int | None = None, log: int = 0) -> Engine:
+          grouped: bool = False, longest: int | None = None, log: int = 0, lease=None) -> Engine:
     """An :class:`Engine` ready for :func:`advance` (the arguments as
     :func:`run`'s); ``grouped``: each request's batch-means group is given
     in ``ws.group`` (a cluster's engine: its group among the cluster's
@@ -1570,7 +1570,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     longest output it will be given (default: of ``inputs``; a cluster's
     engine is fed its requests as they are routed); ``log``: the
     completions its log holds (``ws.done_log``, the full kernel's; 0:
-    none)."""
+    none); ``lease``: an :class:`.arena.Lease` the per-request arrays of
+    :data:`UNSET` come from (default: fresh ones)."""
     config = (config[0].copy(), config[1].copy())
     cfg = CONFIG.unpack(config)
     control = controls() if control is None else control
@@ -1611,24 +1612,25 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     # (prefix caching: per chain its cached blocks, references and place in the unreferenced chains' order; per
     # slot the chain blocks its sequence holds)
     chains = inputs.grows.shape[0] if inputs.chain.shape[0] > 0 else 1
-    ws = WORKSPACE.pack(arrival=np.empty(n), gen=np.empty(M1, np.int64), last_pre=np.empty(M1),
+    empty = np.empty if lease is None else lease.empty
+    ws = WORKSPACE.pack(arrival=empty(n), gen=np.empty(M1, np.int64), last_pre=np.empty(M1),
                         occ=np.full(M1, -1, np.int64), gs=np.zeros(M1, np.int64), pre=np.zeros(M1, np.int64),
                         need=np.zeros(M1, np.int64), d0=np.zeros(M1, np.int64), fin=np.full(M1, -1, np.int64),
                         prv=np.empty(M1, np.int64), nxt=np.empty(M1, np.int64), last=np.zeros(M1),
-                        free_slots=np.arange(M, -1, -1, dtype=np.int64), qnext=np.empty(per["qnext"], np.int64),
+                        free_slots=np.arange(M, -1, -1, dtype=np.int64), qnext=empty(per["qnext"], np.int64),
                         due=np.full(ring, -1, np.int64), due_tail=np.full(ring, -1, np.int64),
                         due_next=np.empty(M1, np.int64),
-                        due_prev=np.empty(M1, np.int64), sk=np.empty(per["sk"]), sid=np.empty(per["sid"], np.int64),
+                        due_prev=np.empty(M1, np.int64), sk=empty(per["sk"]), sid=empty(per["sid"], np.int64),
                         stack=np.empty(M1, np.int64), pq=np.empty(M + 1, np.int64), bh=np.full(K, -1, np.int64),
                         bt=np.full(K, -1, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
                         tally=np.zeros(len(TALLY), np.int64), state_i=state_i, state_f=state_f,
-                        group=np.empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
+                        group=empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
                         pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64),
                         vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64),
-                        first=np.empty(n if cfg["goodput"] else 1),
-                        mlfq=np.empty(admission.WIDTHS["mlfq"] * per["mlfq"], np.int64),
-                        resume_gen=np.zeros(per["resume_gen"], np.int64), resume_last=np.empty(per["resume_last"]),
+                        first=empty(n if cfg["goodput"] else 1),
+                        mlfq=empty(admission.WIDTHS["mlfq"] * per["mlfq"], np.int64),
+                        resume_gen=np.zeros(per["resume_gen"], np.int64), resume_last=empty(per["resume_last"]),
                         pc=np.zeros(chains, np.int64), prefs=np.zeros(chains, np.int64),
                         lru_prev=np.full(chains, -1, np.int64), lru_next=np.full(chains, -1, np.int64),
                         lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)))

@@ -267,15 +267,18 @@ def call_streams(ss: np.random.SeedSequence) -> SimpleNamespace:
                            output=stream(ss, STREAM_SERVICE))
 
 
-def lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bool = True) -> np.ndarray:
+def lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: bool = True,
+            empty=np.empty) -> np.ndarray:
     """``m`` lengths of ``spec`` drawn before a run: a family the kernels
     draw, by their drawer (the first ``m`` draws of ``gen``, the values a
     run on that stream gives its first ``m`` requests); another
     distribution, by its ``rvs``; replayed values in order (repeated end to
     end; resampled unless ``in_order``) or resampled ones; whole tokens (at
-    least 1) when ``integer``."""
+    least 1) when ``integer``; ``empty`` makes the array a family the
+    kernels draw is drawn into (an :class:`~mbbatch._kernels.arena.Lease`'s
+    ``empty``: default, a fresh one)."""
     if _drawn_by_kernel(spec):
-        x = np.empty(m)
+        x = empty(m)
         _common.draw_lengths(_common.length_drawer(spec.kind), readonly(spec.params), readonly(spec.values), gen,
                              x, integer)
         return x

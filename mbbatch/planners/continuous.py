@@ -18,6 +18,7 @@ import scipy.stats as _st
 
 from .._kernels import common as _common
 from .._kernels import continuous as _k
+from .._kernels.arena import Lease
 from .._kernels import continuous_cluster as _cc
 from .._kernels import controller as _c
 from .._running import check_memory, interruptible, stop_flag
@@ -252,7 +253,8 @@ def no_prefixes(n: int) -> dict:
     return dict(chain=np.full(n, -1.0), shared=np.zeros(n), grows=np.zeros(0))
 
 
-def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, prefixes=None) -> tuple:
+def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, prefixes=None,
+              lease=None) -> tuple:
     """The requests' prompts and outputs (whole tokens: the prompt and output
     streams, as the token-level policies' requests, unless given: a
     cluster's programs' calls), predicted outputs and classes (None without
@@ -260,14 +262,17 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
     is refused, named, before the run.  A workload's system prompts
     (:class:`~mbbatch.workload.SystemPrompts`, their own stream) lead their
     requests' prompts; each request's and its length are put in
-    ``prefixes`` (a dict: ``chain``, ``shared``) where it is given."""
+    ``prefixes`` (a dict: ``chain``, ``shared``) where it is given.  The
+    arrays drawn come from ``lease`` (:class:`~mbbatch._kernels.arena.Lease`)
+    where one is given."""
     wl, n, pol = plan.workload, plan.n, plan.policy
+    empty = np.empty if lease is None else lease.empty
     klass = None
     if isinstance(wl, Mixture):
-        klass, prompt, output = _mixed(wl, ss, n)
+        klass, prompt, output = _mixed(wl, ss, n, empty)
     elif prompt is None:
-        prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True)
-        output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True)
+        prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True, empty=empty)
+        output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True, empty=empty)
     if getattr(wl, "system_prompts", None) is not None:
         chain, shared = wl.system_prompts.draw(stream(ss, STREAM_SYSTEM), n)
         prompt = prompt + shared
@@ -304,19 +309,19 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
     return prompt, output, prediction, klass
 
 
-def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int) -> tuple:
+def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int, empty=np.empty) -> tuple:
     """A mixture's requests: each one's class (the class stream: the same
     for every policy), then each class's prompts and outputs, in request
     order, from the class's own part of the prompt and output streams.
     Returns ``(klass, prompt, output)``, the classes as floats (as the
-    kernel's inputs)."""
+    kernel's inputs), in arrays made by ``empty``."""
     # (class c where a uniform draw falls in [share_0 + .. + share_{c-1}, .. + share_c): inversion, one draw each,
     # counting the boundaries at or below it; as floats, the kernel's input; one compiled pass, then one a class
     # placing its lengths, where masks and fancy indexing took a pass per boundary and four per class)
-    klass = np.empty(n)
+    klass = empty(n)
     counts = np.zeros(len(wl.parts), np.int64)
     _common.draw_classes(stream(ss, STREAM_CLASS), np.cumsum(wl.shares)[:-1], klass, counts)
-    prompt, output = np.empty(n), np.empty(n)
+    prompt, output = empty(n), empty(n)
     for c, part in enumerate(wl.parts):
         class_lengths(klass, c, int(counts[c]), (part._prompt, part._output),
                       (substream(ss, STREAM_PROMPT, c), substream(ss, STREAM_SERVICE, c)), (prompt, output))
@@ -370,7 +375,8 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
         inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
                                 cached=prompt if plan.prefilled else np.empty(0), klass=_classes(klass),
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot, **prefixes)
-        yield timed(lambda: _k.run(config, inputs, streams, stop, **kw), n)
+        with Lease() as lease:
+            yield timed(lambda: _k.run(config, inputs, streams, stop, lease=lease, **kw), n)
         return
     # the arrival times one engine would draw for all n, dealt out; each engine replays its share
     cfg = _k.CONFIG.unpack(config)
@@ -386,7 +392,8 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                                 klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot,
                                 **{k: v if k == "grows" else v[part].copy() for k, v in prefixes.items()})
-        yield timed(lambda: _k.run(cfg_e, inputs, streams, stop, **kw), m)
+        with Lease() as lease:
+            yield timed(lambda: _k.run(cfg_e, inputs, streams, stop, lease=lease, **kw), m)
 
 
 def _check_codes(runs) -> None:
@@ -584,10 +591,15 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran
         st, out, req, ts, queue = _merged(plan, runs, placed)
     elif plan.cluster is None:
         prefixes = {}
-        prompt, output, prediction, klass = _requests(plan, ss, prefixes=prefixes)
         seconds = []
-        st, out, req, ts, queue = _merged(plan, _engines(plan, ss, prompt, output, prediction, klass, progress,
-                                                         seconds, prefixes))
+        # (the requests' arrays leased for the run: kept for the next unless the result holds them)
+        with Lease(keep=not plan.keep_requests) as lease:
+            prompt, output, prediction, klass = _requests(plan, ss, prefixes=prefixes, lease=lease)
+            st, out, req, ts, queue = _merged(plan, _engines(plan, ss, prompt, output, prediction, klass,
+                                                             progress, seconds, prefixes))
+            if lease.keep:
+                # (given back as the lease closes: nothing here may read them after)
+                prompt = output = prediction = klass = None
         kernel_seconds = sum(seconds)
     else:
         (prompt, output, prediction, klass), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss,

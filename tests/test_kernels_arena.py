@@ -1,0 +1,146 @@
+"""The arrays kept between runs (:mod:`mbbatch._kernels.arena`): a lease's
+arrays, their return and the limit; and a continuous engine's runs on
+arrays an earlier run left full of garbage, equal bit for bit to runs on
+fresh ones (the kernel writes every element it leases before it reads it),
+with no result's arrays ever reused."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import scipy.stats as st
+
+import mbbatch as mb
+from mbbatch._kernels import arena
+
+
+@pytest.fixture
+def kept(monkeypatch):
+    """An empty store of kept arrays, every size kept (``LEAST`` 0), 1 GB
+    at most; emptied after."""
+    monkeypatch.setattr(arena, "LEAST", 0)
+    monkeypatch.setattr(arena, "LIMIT", 1 << 30)
+    mb.release_memory()
+    yield arena
+    mb.release_memory()
+
+
+def test_a_lease_takes_the_smallest_kept_array_that_fits_and_gives_all_back(kept):
+    arena.give([np.empty(100), np.empty(50), np.empty(80, np.int64)])
+    with arena.Lease() as lease:
+        a = lease.empty(60)
+        b = lease.empty(60)
+        c = lease.empty(10, np.int64)
+    assert a.size == b.size == 60 and c.size == 10 and c.dtype == np.int64
+    assert a.base.size == 100                     # (50 is too small; 100 the only float one that fits)
+    assert b.base is None or b.base.size == 60    # (none left: a fresh one)
+    assert c.base.size == 80
+    assert sorted(x.size for x in arena._kept) == [50, 60, 80, 100]
+    assert mb.release_memory() == (50 + 60 + 100) * 8 + 80 * 8
+    assert arena.kept() == 0
+
+
+def test_a_lease_that_raised_or_does_not_keep_gives_nothing_back(kept):
+    with pytest.raises(RuntimeError):
+        with arena.Lease() as lease:
+            lease.empty(10)
+            raise RuntimeError("the run failed")
+    with arena.Lease(keep=False) as lease:
+        lease.empty(10)
+    assert arena.kept() == 0
+
+
+def test_the_oldest_arrays_go_beyond_the_limit(kept, monkeypatch):
+    monkeypatch.setattr(arena, "LIMIT", 8 * 250)
+    first, second, third = np.empty(100), np.empty(100), np.empty(100)
+    arena.give([first])
+    arena.give([second, third])
+    assert [a is b for a, b in zip(arena._kept, (second, third))] == [True, True]
+    monkeypatch.setattr(arena, "LIMIT", 0)
+    arena.give([np.empty(1)])
+    assert arena.kept() == 0
+
+
+def test_small_arrays_are_never_kept(monkeypatch):
+    monkeypatch.setattr(arena, "LEAST", 1000)
+    mb.release_memory()
+    with arena.Lease() as lease:
+        lease.empty(999)
+    assert arena.kept() == 0
+
+
+def test_leases_of_several_threads_take_distinct_arrays(kept):
+    arena.give([np.empty(100) for _ in range(4)])
+    got, barrier = [], threading.Barrier(4)
+
+    def take():
+        with arena.Lease() as lease:
+            x = lease.empty(100)
+            barrier.wait()
+            got.append(x.base if x.base is not None else x)
+            barrier.wait()
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(x) for x in got}) == 4
+
+
+def _poison():
+    """Fill every kept array with garbage (NaN, or the most negative integer)."""
+    for a in arena._kept:
+        a[...] = np.nan if a.dtype.kind == "f" else np.iinfo(a.dtype).min
+
+
+WL = mb.Workload(prompt=st.lognorm(0.8, scale=300), output=st.lognorm(0.8, scale=80))
+MIX = mb.Workload.mixture({"a": (3, mb.Workload(prompt=st.lognorm(0.8, scale=300), output=st.lognorm(0.8, scale=80),
+                                                 ttft_slo=0.3, tpot_slo=0.02)),
+                           "b": (1, WL)})
+#: runs touching every leased array: each admission order, goodput, multi-step, a preempting memory, 2 engines
+RUNS = [(dict(admission="fcfs", kv_tokens=20_000), WL), (dict(admission="mlfq", kv_tokens=20_000, quantum=4), WL),
+        (dict(admission="edf", kv_tokens=20_000), MIX), (dict(admission="vtc", kv_tokens=30_000), MIX),
+        (dict(admission="multibin", kv_tokens=20_000), WL), (dict(admission="spf", aging=50.0), MIX),
+        (dict(num_scheduler_steps=4, kv_tokens=20_000), MIX), (dict(admission="mlfq", servers=2), MIX)]
+
+
+def _run(settings, wl, keep=False):
+    settings = dict(settings)
+    servers = settings.pop("servers", 1)
+    return mb.simulate(mb.ContinuousBatching(max_num_seqs=32, **settings), arrivals=mb.Poisson(60.0 * servers),
+                       workload=wl, n=3000, servers=servers, seed=7, keep_requests=keep)
+
+
+def _same(a, b):
+    ma, mb_ = a.metrics(), b.metrics()
+    assert ma.keys() == mb_.keys()
+    for k in ma:
+        assert ma[k] == mb_[k] or (ma[k] != ma[k] and mb_[k] != mb_[k]), k
+
+
+def test_runs_on_kept_garbage_are_runs_on_fresh_memory(kept, monkeypatch):
+    """Each run after the others, on the arrays they gave back filled with
+    garbage, equals its run with nothing kept."""
+    fresh = []
+    monkeypatch.setattr(arena, "LIMIT", 0)
+    for settings, wl in RUNS:
+        fresh.append(_run(settings, wl))
+    monkeypatch.setattr(arena, "LIMIT", 1 << 30)
+    for rounds in range(2):
+        for (settings, wl), want in zip(RUNS, fresh):
+            _poison()
+            _same(_run(settings, wl), want)
+    assert arena.kept() > 0
+
+
+def test_a_results_requests_are_not_reused(kept):
+    res = _run(*RUNS[2], keep=True)
+    before = {k: np.array(res.requests[k], copy=True) for k in res.requests.keys()}
+    for settings, wl in RUNS:
+        _run(settings, wl)
+        _poison()
+    for k, v in before.items():
+        np.testing.assert_array_equal(res.requests[k], v, err_msg=k)
