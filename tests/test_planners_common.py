@@ -112,23 +112,28 @@ def test_python_lengths_are_the_kernels_draws(dist, integer):
 @pytest.mark.parametrize("prompt, output", [(st.lognorm(0.8, scale=64), st.uniform(1, 300)),
                                              (st.expon(scale=40), st.weibull_min(1.5, scale=2)),
                                              (st.beta(2, 3, scale=800), st.gamma(0.3, scale=3))])
-def test_a_classs_lengths_are_its_streams_draws_at_its_places(prompt, output):
-    """A mixture class's lengths (:func:`class_lengths`), placed a block at a
-    time where the kernels draw the family and whole otherwise, are
-    :func:`lengths`'s draws of its streams at its requests' places, bit for
-    bit, across blocks and a part; other places are left as they were."""
+def test_a_mixtures_lengths_are_each_classs_streams_draws_at_its_places(prompt, output):
+    """A mixture's lengths (:func:`mixture_lengths`: in one pass, a block of
+    each class's at a time, where the kernels draw every class's families;
+    else each class's drawn whole, then placed) are, for each class,
+    :func:`lengths`'s draws of its own streams at its requests' places, bit
+    for bit, across blocks and a part; every place is written."""
     from mbbatch.lengths import as_service
-    from mbbatch.planners.common import class_lengths, lengths
+    from mbbatch.planners.common import lengths, mixture_lengths
 
-    klass = (np.random.default_rng(2).random(5 * 1024 + 3) < 0.3).astype(float)
-    count = int((klass == 1.0).sum())
-    specs = (as_service(prompt), as_service(output))
+    u = np.random.default_rng(2).random(5 * 1024 + 3)
+    klass = (u >= 0.3).astype(float) + (u >= 0.9)
+    counts = np.bincount(klass.astype(np.int64), minlength=3)
+    specs = [(as_service(prompt), as_service(output)), (as_service(output), as_service(prompt)),
+             (as_service(st.lognorm(0.5, scale=100)), as_service(st.lognorm(0.5, scale=20)))]
+    seeds = [(5, 6), (7, 8), (9, 10)]
     outs = (np.full(klass.size, -1.0), np.full(klass.size, -1.0))
-    class_lengths(klass, 1, count, specs, tuple(np.random.default_rng(k) for k in (5, 6)), outs)
-    for spec, seed, out in zip(specs, (5, 6), outs):
-        want = lengths(spec, np.random.default_rng(seed), count, True)
-        assert out[klass == 1.0].tobytes() == want.tobytes()
-        assert (out[klass == 0.0] == -1.0).all()
+    mixture_lengths(klass, counts, specs, [tuple(np.random.default_rng(k) for k in pair) for pair in seeds], outs)
+    for c in range(3):
+        for spec, seed, out in zip(specs[c], seeds[c], outs):
+            want = lengths(spec, np.random.default_rng(seed), int(counts[c]), True)
+            assert out[klass == c].tobytes() == want.tobytes()
+    assert (outs[0] >= 1.0).all() and (outs[1] >= 1.0).all()
 
 
 def test_one_engine_whose_queue_grows_is_an_overload_the_sum_can_hide():

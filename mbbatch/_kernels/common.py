@@ -215,31 +215,34 @@ def scatter_class(klass, c, a, b, out_a, out_b):
 
 
 @helper
-def draw_class(klass, c, count, fn_a, params_a, values_a, gen_a, fn_b, params_b, values_b, gen_b, integer, blk_a,
-               blk_b, out_a, out_b):
-    """Class ``c``'s lengths of two streams (its ``count`` requests', in
-    request order: the draws :func:`draw_lengths` would give them, block by
-    block, by the length drawers at ``fn_a`` and ``fn_b``, whole tokens
-    where ``integer``) straight into ``out_a`` and ``out_b`` at its
-    requests' places in ``klass``: a block of :data:`BLOCK` of each drawn
-    into ``blk_a`` and ``blk_b`` as the last is used up.  One pass, and no
-    array of the class's own."""
-    k = 0
-    j = m = 0
+def draw_mixture(klass, counts, fns_a, params_a, values_a, gens_a, fns_b, params_b, values_b, gens_b, integer,
+                 blk_a, blk_b, at, out_a, out_b):
+    """Every class's lengths of two streams straight into ``out_a`` and
+    ``out_b`` at its requests' places in ``klass``, in one pass: class c's
+    (its ``counts[c]`` requests', in request order) are the draws
+    :func:`draw_lengths` would give them from its own generators
+    ``gens_a[c]`` and ``gens_b[c]`` (by the length drawers at ``fns_a[c]``
+    and ``fns_b[c]`` with its ``params`` and ``values``, whole tokens where
+    ``integer``), a block of :data:`BLOCK` of each drawn into row c of
+    ``blk_a`` and ``blk_b`` as its last is used up (``at``, zeros of 3 rows
+    by class: each class's lengths drawn, of its block used, and its
+    block's size).  No array of a class's own, and no pass a class."""
+    drawn, used, size = at[0], at[1], at[2]
     for i in range(klass.shape[0]):
-        if klass[i] == c:
-            if j == m:
-                m = min(BLOCK, count - k)
-                a, b = blk_a[:m], blk_b[:m]
-                draw_block(fn_a, params_a, values_a, k, m, gen_a, a)
-                round_lengths(a, m, integer)
-                draw_block(fn_b, params_b, values_b, k, m, gen_b, b)
-                round_lengths(b, m, integer)
-                j = 0
-            out_a[i] = blk_a[j]
-            out_b[i] = blk_b[j]
-            j += 1
-            k += 1
+        c = np.int64(klass[i])
+        if used[c] == size[c]:
+            m = min(BLOCK, counts[c] - drawn[c])
+            a, b = blk_a[c, :m], blk_b[c, :m]
+            draw_block(fns_a[c], params_a[c], values_a[c], drawn[c], m, gens_a[c], a)
+            round_lengths(a, m, integer)
+            draw_block(fns_b[c], params_b[c], values_b[c], drawn[c], m, gens_b[c], b)
+            round_lengths(b, m, integer)
+            drawn[c] += m
+            used[c] = 0
+            size[c] = m
+        out_a[i] = blk_a[c, used[c]]
+        out_b[i] = blk_b[c, used[c]]
+        used[c] += 1
 
 
 @helper

@@ -300,19 +300,27 @@ def _drawn_by_kernel(spec) -> bool:
     return spec.dist is not None and spec.kind != RVS
 
 
-def class_lengths(klass: np.ndarray, c: int, count: int, specs: tuple, gens: tuple, outs: tuple) -> None:
-    """Class ``c``'s ``count`` lengths of two streams (``specs``, drawn from
-    ``gens``: the values :func:`lengths` gives, whole tokens) into ``outs``
-    at its requests' places in ``klass`` (as floats).  Families the kernels
-    draw go straight to their places, a block at a time; others are drawn
-    whole, then placed."""
-    if all(_drawn_by_kernel(spec) for spec in specs):
-        (a, b), (ga, gb) = specs, gens
-        _common.draw_class(klass, float(c), count, _common.length_drawer(a.kind), readonly(a.params),
-                           readonly(a.values), ga, _common.length_drawer(b.kind), readonly(b.params),
-                           readonly(b.values), gb, True, np.empty(_common.BLOCK), np.empty(_common.BLOCK), *outs)
+def mixture_lengths(klass: np.ndarray, counts: np.ndarray, specs: list, gens: list, outs: tuple) -> None:
+    """Each class's lengths of two streams (class c's ``counts[c]``, of
+    ``specs[c]``, drawn from ``gens[c]``: the values :func:`lengths` gives,
+    whole tokens) into ``outs`` at its requests' places in ``klass`` (as
+    floats).  Where the kernels draw every class's families, in one pass,
+    a block of each class's at a time (:func:`.draw_mixture`); otherwise
+    each class's drawn whole, then placed."""
+    if all(_drawn_by_kernel(spec) for pair in specs for spec in pair):
+        C = len(specs)
+        fns, params, values = ([np.array([_common.length_drawer(pair[k].kind) for pair in specs], np.int64)
+                                for k in (0, 1)],
+                               [tuple(readonly(pair[k].params) for pair in specs) for k in (0, 1)],
+                               [tuple(readonly(np.asarray(pair[k].values, float)) for pair in specs) for k in (0, 1)])
+        _common.draw_mixture(klass, counts, fns[0], params[0], values[0], tuple(g[0] for g in gens), fns[1],
+                             params[1], values[1], tuple(g[1] for g in gens), True,
+                             np.empty((C, _common.BLOCK)), np.empty((C, _common.BLOCK)), np.zeros((3, C), np.int64),
+                             *outs)
         return
-    _common.scatter_class(klass, float(c), *(lengths(spec, g, count, True) for spec, g in zip(specs, gens)), *outs)
+    for c, (pair, pair_gens) in enumerate(zip(specs, gens)):
+        _common.scatter_class(klass, float(c), *(lengths(spec, g, int(counts[c]), True)
+                                                 for spec, g in zip(pair, pair_gens)), *outs)
 
 
 def exponentials(gen: np.random.Generator, scale: float, m: int) -> np.ndarray:

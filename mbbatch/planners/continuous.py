@@ -29,8 +29,8 @@ from ..results import SimulationResult, Table
 from ..service_models import IterationModel
 from ..workload import Mixture
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_QUANTILES, TIME_SERIES_ROWS, RunTotals, assemble, call_streams,
-                     check_arrivals, check_times, class_lengths, engines_backlog, finish, lengths, model_config,
-                     quantiles, resolve_n, rvs_memory, settled, steady_state, times_name)
+                     check_arrivals, check_times, engines_backlog, finish, lengths, model_config,
+                     mixture_lengths, quantiles, resolve_n, rvs_memory, settled, steady_state, times_name)
 
 __all__ = ["Plan", "check"]
 
@@ -316,15 +316,15 @@ def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int, empty=np.empty) -> t
     Returns ``(klass, prompt, output)``, the classes as floats (as the
     kernel's inputs), in arrays made by ``empty``."""
     # (class c where a uniform draw falls in [share_0 + .. + share_{c-1}, .. + share_c): inversion, one draw each,
-    # counting the boundaries at or below it; as floats, the kernel's input; one compiled pass, then one a class
-    # placing its lengths, where masks and fancy indexing took a pass per boundary and four per class)
+    # counting the boundaries at or below it; as floats, the kernel's input; one compiled pass, then one placing
+    # every class's lengths, where masks and fancy indexing took a pass per boundary and four per class)
     klass = empty(n)
     counts = np.zeros(len(wl.parts), np.int64)
     _common.draw_classes(stream(ss, STREAM_CLASS), np.cumsum(wl.shares)[:-1], klass, counts)
     prompt, output = empty(n), empty(n)
-    for c, part in enumerate(wl.parts):
-        class_lengths(klass, c, int(counts[c]), (part._prompt, part._output),
-                      (substream(ss, STREAM_PROMPT, c), substream(ss, STREAM_SERVICE, c)), (prompt, output))
+    mixture_lengths(klass, counts, [(part._prompt, part._output) for part in wl.parts],
+                    [(substream(ss, STREAM_PROMPT, c), substream(ss, STREAM_SERVICE, c)) for c in range(len(wl.parts))],
+                    (prompt, output))
     return klass, prompt, output
 
 
