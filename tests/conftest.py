@@ -8,6 +8,7 @@ Hypothesis profiles (select with HYPOTHESIS_PROFILE=name):
 Both have deadline=None: the first example of a test may compile a kernel.
 """
 
+import functools
 import os
 from pathlib import Path
 
@@ -54,14 +55,18 @@ def _warm_groups() -> dict:
     return {"warmup": mb.warmup,                                                         # ~30 s
             "continuous_full": lambda: continuous.warmup(("full",)),                   # ~30 s
             "continuous_lean": lambda: continuous.warmup(("lean",)),                   # ~30 s
+            **{f"continuous_{name}": functools.partial(continuous.warmup, (name,))     # ~30 s each
+               for name in ("edf", "vtc", "mlfq")},
             "cluster_continuous": lambda: _warm_cluster(mb.ContinuousBatching(max_num_seqs=8)),  # ~25 s after full
             "cluster_tokens": lambda: _warm_cluster(mb.StaticBatching(4))}            # ~15 s after warmup
 
 
 #: the order two workers take the groups in (each compiles a half; a group it reaches second it waits for,
 #: then loads from the cache; a group another depends on comes after it in both orders)
-_WARM_ORDERS = (("warmup", "continuous_full", "cluster_continuous", "continuous_lean", "cluster_tokens"),
-                ("continuous_lean", "warmup", "cluster_tokens", "continuous_full", "cluster_continuous"))
+_WARM_ORDERS = (("warmup", "continuous_full", "cluster_continuous", "continuous_edf", "continuous_lean",
+                 "continuous_vtc", "continuous_mlfq", "cluster_tokens"),
+                ("continuous_lean", "continuous_vtc", "continuous_mlfq", "warmup", "cluster_tokens",
+                 "continuous_full", "cluster_continuous", "continuous_edf"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -28,7 +28,7 @@ def kept(monkeypatch):
 
 
 def test_a_lease_takes_the_smallest_kept_array_that_fits_and_gives_all_back(kept):
-    arena.give([np.empty(100), np.empty(50), np.empty(80, np.int64)])
+    arena.give([("", np.empty(100)), ("", np.empty(50)), ("", np.empty(80, np.int64))])
     with arena.Lease() as lease:
         a = lease.empty(60)
         b = lease.empty(60)
@@ -37,7 +37,7 @@ def test_a_lease_takes_the_smallest_kept_array_that_fits_and_gives_all_back(kept
     assert a.base.size == 100                     # (50 is too small; 100 the only float one that fits)
     assert b.base is None or b.base.size == 60    # (none left: a fresh one)
     assert c.base.size == 80
-    assert sorted(x.size for x in arena._kept) == [50, 60, 80, 100]
+    assert sorted(x.size for _, x in arena._kept) == [50, 60, 80, 100]
     assert mb.release_memory() == (50 + 60 + 100) * 8 + 80 * 8
     assert arena.kept() == 0
 
@@ -52,14 +52,26 @@ def test_a_lease_that_raised_or_does_not_keep_gives_nothing_back(kept):
     assert arena.kept() == 0
 
 
+def test_a_lease_takes_an_array_of_the_same_role_first(kept):
+    """Of the kept arrays that fit, one last used in the same role (a run's
+    heap, written only at its start, is not handed to another run's lengths,
+    which would fault its untouched pages in)."""
+    small, heap = np.empty(100), np.empty(200)
+    arena.give([("prompt", small), ("sk", heap)])
+    with arena.Lease() as lease:
+        assert lease.empty(100, role="sk").base is heap
+        assert lease.empty(100, role="output").base is small
+    assert [role for role, _ in arena._kept] == ["sk", "output"]
+
+
 def test_the_oldest_arrays_go_beyond_the_limit(kept, monkeypatch):
     monkeypatch.setattr(arena, "LIMIT", 8 * 250)
     first, second, third = np.empty(100), np.empty(100), np.empty(100)
-    arena.give([first])
-    arena.give([second, third])
-    assert [a is b for a, b in zip(arena._kept, (second, third))] == [True, True]
+    arena.give([("", first)])
+    arena.give([("", second), ("", third)])
+    assert [a is b for (_, a), b in zip(arena._kept, (second, third))] == [True, True]
     monkeypatch.setattr(arena, "LIMIT", 0)
-    arena.give([np.empty(1)])
+    arena.give([("", np.empty(1))])
     assert arena.kept() == 0
 
 
@@ -72,7 +84,7 @@ def test_small_arrays_are_never_kept(monkeypatch):
 
 
 def test_leases_of_several_threads_take_distinct_arrays(kept):
-    arena.give([np.empty(100) for _ in range(4)])
+    arena.give([("", np.empty(100)) for _ in range(4)])
     got, barrier = [], threading.Barrier(4)
 
     def take():
@@ -92,7 +104,7 @@ def test_leases_of_several_threads_take_distinct_arrays(kept):
 
 def _poison():
     """Fill every kept array with garbage (NaN, or the most negative integer)."""
-    for a in arena._kept:
+    for _, a in arena._kept:
         a[...] = np.nan if a.dtype.kind == "f" else np.iinfo(a.dtype).min
 
 

@@ -565,6 +565,56 @@ def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
     assert ck.uses_full(cfg, classed)
 
 
+@pytest.mark.parametrize("order", ["edf", "vtc", "mlfq"])
+def test_an_orders_own_kernel_is_the_full_kernel(order):
+    """Each order of the full kernel only runs on a kernel of its own
+    (:func:`~.continuous.kernel_of`: its code compiled in, the other orders'
+    code out), which gives every record, statistic, histogram and
+    time-series row of the full kernel, bit for bit, over 12 random
+    configurations: three classes with objectives, goodput on half,
+    multi-step scheduling on a third, the feedback queue's levels (the
+    ``bins``; fair sharing's: a queue per class) and quanta drawn."""
+    rng = np.random.default_rng(950 + ck.ADMISSIONS[order])
+    for k in range(12):
+        (arr, p, o, pred), kw = _config(rng)
+        blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
+        coef = {**{c: kw[c] for c in COEF}, "num_scheduler_steps": int(rng.choice([1, 1, 3])), "goodput": k % 2,
+                "quantum": int(rng.integers(1, 6))}
+        cfg = ck.CONFIG.pack(n=len(arr), arrival_kind=ARR_REPLAY, max_num_seqs=kw["max_num_seqs"],
+                             max_batched_tokens=kw["max_batched_tokens"], chunked=int(kw["chunked"]), blocks=blocks,
+                             block_size=kw["block_size"], admission=ck.ADMISSIONS[order],
+                             bins=3 if order == "vtc" else int(rng.integers(1, 4)),
+                             keep=1, controlled=0, memory_on=0, rate=0.0, until=np.inf, **_fields(coef))
+        inputs = ck.INPUTS.pack(arrival_times=np.asarray(arr, float), arrival_params=np.ones(1),
+                                arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
+                                prediction=pred.astype(float), edges=np.asarray(kw["edges"], float),
+                                cached=np.empty(0), klass=rng.integers(0, 3, len(arr)).astype(float),
+                                class_slo=np.array([0.5, 2.0, np.inf]), class_tpot=np.array([0.05, np.inf, np.inf]))
+        own = ck.kernel_of(cfg, inputs)
+        assert own is ck.order_kernels[ck.ADMISSIONS[order]] and own is not ck.continuous_kernel
+        runs = []
+        for fn in (own, ck.continuous_kernel):
+            eng = ck.start(cfg, inputs, groups=4, ts_rows=64)
+            code = fn(eng.config, eng.control, eng.inputs, ck.ContinuousStreams(np.random.default_rng(0)), eng.out,
+                      eng.requests, eng.ws, np.zeros(STOP_SIZE, np.int64))
+            assert code == ck.DONE
+            runs.append(eng)
+        mine, full = runs
+        for f in mine.out._fields:
+            np.testing.assert_array_equal(getattr(mine.out, f), getattr(full.out, f), err_msg=f)
+        for a, b in zip(mine.requests, full.requests):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(mine.ws.state_i, full.ws.state_i)
+        np.testing.assert_array_equal(mine.ws.state_f, full.ws.state_f)
+    fcfs = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "admission": ck.ADMISSIONS["fcfs"]})
+    assert ck.kernel_of(fcfs, inputs) is ck.continuous_kernel
+
+
+def test_warmup_refuses_an_unknown_variant():
+    with pytest.raises(ValueError, match="no variant.*the variants are full, lean, edf, vtc, mlfq"):
+        ck.warmup(("fast",))
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_a_run_advanced_in_steps_is_the_run_advanced_at_once(seed):
     """advance(engine, ..., until) pauses before an iteration would start at

@@ -368,10 +368,12 @@ def _vtc_served(kind, r, rounds, par, ws, inputs):
 
 # skip-join multi-level feedback queue ---------------------------------------------------------------------------
 
-#: the feedback queue's state of a request, side by side in ``ws.mlfq`` (a cache line where three arrays took
-#: three): ``mlfq[MLFQ x r + LEVEL]`` its level, ``+ QUOTA`` its quota's decode tokens left, ``+ FROM`` the
-#: round they were last counted from (while it decodes)
-MLFQ, LEVEL, QUOTA, FROM = 3, 0, 1, 2
+#: the feedback queue's state of a request, side by side in ``ws.mlfq`` (a cache line where four arrays took
+#: four): ``mlfq[MLFQ x r + LEVEL]`` its level, ``+ QUOTA`` its quota's decode tokens left, ``+ FROM`` the
+#: round they were last counted from (while it decodes), ``+ GEN`` the tokens it had generated when last
+#: preempted (0 from its arrival: written as it joins, beside its level, where an array of zeros would have
+#: its pages faulted in, one by one, as requests are preempted)
+MLFQ, LEVEL, QUOTA, FROM, GEN = 4, 0, 1, 2, 3
 #: the elements a request takes in an order's per-request array (1 unless named here)
 WIDTHS = {"mlfq": MLFQ}
 
@@ -408,6 +410,7 @@ def _mlfq_join(q, i, par, ws, inputs, rounds):
     lv = skip_level(np.int64(inputs.prompt[i]), par, K)
     ws.mlfq[MLFQ * i + LEVEL] = lv
     ws.mlfq[MLFQ * i + QUOTA] = _level_quantum(lv, par, K)
+    ws.mlfq[MLFQ * i + GEN] = 0
     _enqueue(i, lv, ws)
     return q
 
@@ -462,8 +465,8 @@ def _mlfq_expire(q, r, g, now, rounds, crowded, free, bs, sh, par, ws, inputs):
     for b in range(lv):
         h = ws.bh[b]
         if h >= 0:
-            if crowded or blocks(np.int64(inputs.prompt[h]) + ws.resume_gen[h] + 1, bs, sh) > free:
-                ws.resume_gen[r] = g
+            if crowded or blocks(np.int64(inputs.prompt[h]) + ws.mlfq[MLFQ * h + GEN] + 1, bs, sh) > free:
+                ws.mlfq[at + GEN] = g
                 ws.resume_last[r] = now
                 _enqueue(r, lv, ws)
                 return q, True
@@ -505,7 +508,7 @@ def _mlfq_catch_up(r, before, par, ws):
 
 @step
 def _mlfq_resume(r, ws):
-    return ws.resume_gen[r], ws.resume_last[r]
+    return ws.mlfq[MLFQ * r + GEN], ws.resume_last[r]
 
 
 #: the orders, by name (the parameter table's ``admission`` choices); a run's code is an order's place here
@@ -521,7 +524,7 @@ ORDERS: dict = {
     "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, _unlimited, _never, _fresh, _uncontested, _current,
                  ("qnext",), True),
     "mlfq": Order(_mlfq_join, _mlfq_head, _mlfq_admit, _mlfq_served, _mlfq_quota, _mlfq_expire, _mlfq_resume,
-                  _mlfq_contested, _mlfq_catch_up, ("qnext", "mlfq", "resume_gen", "resume_last"), True),
+                  _mlfq_contested, _mlfq_catch_up, ("qnext", "mlfq", "resume_last"), True),
 }
 #: every order's per-request arrays (:attr:`Order.arrays`), each named once
 ARRAYS = tuple(dict.fromkeys(a for o in ORDERS.values() for a in o.arrays))

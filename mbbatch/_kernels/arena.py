@@ -9,10 +9,13 @@ memory for large pages, and far more on a virtual machine whose host takes
 back the guest's free memory).  At n = 10^7 that was 0.03 s to 2 s of
 system time a run, varying from run to run, beside about 2 s of work.
 
-A :class:`Lease` takes its arrays from those earlier runs gave back (the
-smallest large enough: a view of its first ``n`` elements), makes new ones
-where none is free, and gives them all back as it closes, unless the block
-raised (a traceback may still hold them).  So a run leases only what no
+A :class:`Lease` takes its arrays from those earlier runs gave back (a
+view of the first ``n`` elements of the smallest large enough, of those
+last used in the same role where one is: an array one run wrote only the
+start of, a queue's heap, another run would otherwise fault in whole as
+its requests' lengths), makes new ones where none is free, and gives them
+all back as it closes, unless the block raised (a traceback may still hold
+them).  So a run leases only what no
 result keeps; its arrays come to it as the last run left them, and the
 kernels write every element they lease before they read it (as with
 ``np.empty``).
@@ -37,7 +40,7 @@ LEAST = 1 << 16
 LIMIT = int(float(os.environ.get("MBBATCH_KEPT_MB", "2048")) * (1 << 20))
 
 _lock = threading.Lock()
-#: the arrays kept, oldest first
+#: the arrays kept, oldest first, each as ``(role, array)``
 _kept: list = []
 
 
@@ -50,18 +53,20 @@ class Lease:
         self.keep = keep
         self._held: list = []
 
-    def empty(self, n: int, dtype=np.float64) -> np.ndarray:
+    def empty(self, n: int, dtype=np.float64, role: str = "") -> np.ndarray:
         """A 1-d array of ``n`` elements of ``dtype``, unset (``np.empty``'s
-        contract: the caller writes each element before it reads it)."""
+        contract: the caller writes each element before it reads it); its
+        ``role`` names what it holds."""
         dtype = np.dtype(dtype)
         if not self.keep or n < LEAST:
             return np.empty(n, dtype)
         with _lock:
-            fits = [j for j, a in enumerate(_kept) if a.dtype == dtype and a.size >= n]
-            base = _kept.pop(min(fits, key=lambda j: _kept[j].size)) if fits else None
+            fits = [j for j, (_, a) in enumerate(_kept) if a.dtype == dtype and a.size >= n]
+            base = (_kept.pop(min(fits, key=lambda j: (_kept[j][0] != role, _kept[j][1].size)))[1] if fits
+                    else None)
         if base is None:
             base = np.empty(n, dtype)
-        self._held.append(base)
+        self._held.append((role, base))
         return base[:n]
 
     def __enter__(self) -> Lease:
@@ -74,13 +79,13 @@ class Lease:
 
 
 def give(arrays: list) -> None:
-    """Keep ``arrays`` for later leases, dropping the oldest kept beyond
-    :data:`LIMIT` bytes."""
+    """Keep ``arrays`` (``(role, array)`` pairs) for later leases, dropping
+    the oldest kept beyond :data:`LIMIT` bytes."""
     with _lock:
         _kept.extend(arrays)
-        total = sum(a.nbytes for a in _kept)
+        total = sum(a.nbytes for _, a in _kept)
         while _kept and total > LIMIT:
-            total -= _kept.pop(0).nbytes
+            total -= _kept.pop(0)[1].nbytes
 
 
 def release_memory() -> int:
@@ -91,7 +96,7 @@ def release_memory() -> int:
     ``MBBATCH_KEPT_MB`` megabytes (environment, read at import; default
     2,048; ``0``: none) are ever kept."""
     with _lock:
-        freed = sum(a.nbytes for a in _kept)
+        freed = sum(a.nbytes for _, a in _kept)
         _kept.clear()
     return freed
 
@@ -99,4 +104,4 @@ def release_memory() -> int:
 def kept() -> int:
     """The bytes kept now."""
     with _lock:
-        return sum(a.nbytes for a in _kept)
+        return sum(a.nbytes for _, a in _kept)

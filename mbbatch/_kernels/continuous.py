@@ -120,17 +120,23 @@ output, so that a round's list holds exactly the sequences that complete in
 it, in the order ``request x (max_num_seqs + 1) + slot`` (a preempted
 sequence leaves its list at once).
 
-The kernel is compiled twice from this one code (:func:`~.common.variant`):
-:func:`continuous_kernel` has every feature, and :data:`lean_kernel`, with
-:data:`FULL` off, has neither multi-step scheduling, the prefill's
-attention term, the request classes' statistics, goodput's count, prefix
-caching nor the admission orders that read the classes or count the tokens served
-(earliest deadline first, fair sharing: :data:`.admission.FULL_ONLY`),
-whose branches and arrays cost the loop several % where they are never
-taken (``make bench``).
-:func:`advance` runs the lean one where a run uses none of them
-(:func:`uses_full`): the two give the same numbers, bit for bit, where both
-apply.
+The kernel is compiled several times from this one code
+(:func:`~.common.variant`): :func:`continuous_kernel` has every feature,
+and :data:`lean_kernel`, with :data:`FULL` off, has neither multi-step
+scheduling, the prefill's attention term, the request classes'
+statistics, goodput's count, prefix caching nor the admission orders that
+read the classes or count the tokens served (earliest deadline first, fair
+sharing, the feedback queue: :data:`.admission.FULL_ONLY`), whose branches
+and arrays cost the loop several % where they are never taken (``make
+bench``).  Each of those orders has a full kernel of its own
+(:data:`order_kernels`: its code the constant :data:`ADMISSION`), with none
+of the other orders' code: 2.5 to 4 % faster than the full kernel, at the
+price of compiling it (about 30 s of CPU cold, the first time a process
+runs the order, then the disk cache's).  :func:`advance` runs the lean one
+where a run uses none of the full kernel's features (:func:`uses_full`),
+else its order's where it has one (:func:`kernel_of`): they give the same
+numbers, bit for bit, where several apply.  A cluster's engines run
+:func:`continuous_kernel`, compiled into their driver.
 
 Pure numba on arrays and scalars; the Python side is
 :mod:`mbbatch.planners.continuous`.
@@ -166,6 +172,9 @@ UNLIMITED = 1 << 62
 #: admission orders' token accounting in the kernel (False in :data:`lean_kernel`, the same code compiled without
 #: them)
 FULL = True
+#: compile-time: the admission order's code of a kernel compiled for one order (:data:`order_kernels`); -1: the
+#: run's, read from its configuration
+ADMISSION = -1
 
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
@@ -239,18 +248,14 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    bh=np.int64, bt=np.int64, phase=np.int64, gt=np.float64, gc=np.int64, chunk=np.int64,
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
                    pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
-                   mlfq=np.int64, resume_gen=np.int64,
-                   resume_last=np.float64, pc=np.int64, prefs=np.int64, lru_prev=np.int64, lru_next=np.int64,
-                   lru_time=np.float64, pin=np.int64, done_log=(np.float64, 2))
+                   mlfq=np.int64, resume_last=np.float64, pc=np.int64, prefs=np.int64, lru_prev=np.int64,
+                   lru_next=np.int64, lru_time=np.float64, pin=np.int64, done_log=(np.float64, 2))
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
 UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "mlfq", "resume_last")
-#: the per-request arrays that start at 0 and are written for few requests
-#: (``np.zeros``: their pages are the system's zero page until written)
-ZEROED = ("resume_gen",)
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
@@ -1369,7 +1374,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     chunked = ci[C.chunked] != 0
     bs = ci[C.block_size]
     sh = _shift(bs)
-    adm = ci[C.admission]
+    adm = ci[C.admission] if ADMISSION < 0 else np.int64(ADMISSION)
     keep = ci[C.keep] != 0
     controlled = ci[C.controlled] != 0
     memory_on = ci[C.memory_on] != 0
@@ -1498,6 +1503,10 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
 #: :func:`continuous_kernel` without multi-step scheduling, the prefill's attention term, the classes' statistics
 #: or the orders' token accounting (:data:`FULL` off)
 lean_kernel = variant(kernel, continuous_kernel, "continuous_kernel_lean", FULL=False)
+#: :func:`continuous_kernel` for each order of the full kernel only (:data:`.admission.FULL_ONLY`), by its code:
+#: the order's code the constant :data:`ADMISSION`, the chains of :mod:`.admission` folded to its steps
+order_kernels = {code: variant(kernel, continuous_kernel, f"continuous_kernel_{name}", ADMISSION=code)
+                 for name, code in ADMISSIONS.items() if admission.FULL_ONLY[code]}
 
 
 def uses_full(config, inputs) -> bool:
@@ -1511,6 +1520,16 @@ def uses_full(config, inputs) -> bool:
     ci, cf = config
     return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
                 or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0 or inputs.chain.shape[0] > 0)
+
+
+def kernel_of(config, inputs):
+    """The kernel that runs a run (its ``config`` and ``inputs``):
+    :data:`lean_kernel` where it needs none of the full kernel's features
+    (:func:`uses_full`), else its admission order's own
+    (:data:`order_kernels`) or :func:`continuous_kernel`."""
+    if not uses_full(config, inputs):
+        return lean_kernel
+    return order_kernels.get(int(config[0][C.admission]), continuous_kernel)
 
 
 @helper
@@ -1557,7 +1576,7 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
     advanced at once, bit for bit."""
     check_stop(stop)
     engine.config[1][C.until] = until
-    fn = continuous_kernel if uses_full(engine.config, engine.inputs) else lean_kernel
+    fn = kernel_of(engine.config, engine.inputs)
     return fn(engine.config, engine.control, engine.inputs, streams, engine.out, engine.requests, engine.ws, stop)
 
 
@@ -1612,25 +1631,26 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     # (prefix caching: per chain its cached blocks, references and place in the unreferenced chains' order; per
     # slot the chain blocks its sequence holds)
     chains = inputs.grows.shape[0] if inputs.chain.shape[0] > 0 else 1
-    empty = np.empty if lease is None else lease.empty
-    ws = WORKSPACE.pack(arrival=empty(n), gen=np.empty(M1, np.int64), last_pre=np.empty(M1),
+    empty = (lambda size, dtype, role: np.empty(size, dtype)) if lease is None else lease.empty
+    ws = WORKSPACE.pack(arrival=empty(n, np.float64, "arrival"), gen=np.empty(M1, np.int64), last_pre=np.empty(M1),
                         occ=np.full(M1, -1, np.int64), gs=np.zeros(M1, np.int64), pre=np.zeros(M1, np.int64),
                         need=np.zeros(M1, np.int64), d0=np.zeros(M1, np.int64), fin=np.full(M1, -1, np.int64),
                         prv=np.empty(M1, np.int64), nxt=np.empty(M1, np.int64), last=np.zeros(M1),
-                        free_slots=np.arange(M, -1, -1, dtype=np.int64), qnext=empty(per["qnext"], np.int64),
+                        free_slots=np.arange(M, -1, -1, dtype=np.int64), qnext=empty(per["qnext"], np.int64, "qnext"),
                         due=np.full(ring, -1, np.int64), due_tail=np.full(ring, -1, np.int64),
                         due_next=np.empty(M1, np.int64),
-                        due_prev=np.empty(M1, np.int64), sk=empty(per["sk"]), sid=empty(per["sid"], np.int64),
+                        due_prev=np.empty(M1, np.int64), sk=empty(per["sk"], np.float64, "sk"),
+                        sid=empty(per["sid"], np.int64, "sid"),
                         stack=np.empty(M1, np.int64), pq=np.empty(M + 1, np.int64), bh=np.full(K, -1, np.int64),
                         bt=np.full(K, -1, np.int64), phase=np.zeros(bs, np.int64), gt=np.empty(M + 1),
                         gc=np.empty(M + 1, np.int64), chunk=np.empty(M + 1, np.int64),
                         tally=np.zeros(len(TALLY), np.int64), state_i=state_i, state_f=state_f,
-                        group=empty(n if grouped else 0, np.int64), draws=drawers(cfg["arrival_kind"]),
+                        group=empty(n if grouped else 0, np.int64, "group"), draws=drawers(cfg["arrival_kind"]),
                         pend_first=np.empty(M1, np.int64), pend_done=np.empty(M1, np.int64),
                         vtc=np.zeros(max(classes, 1)), vtc_decoding=np.zeros(max(classes, 1), np.int64),
-                        first=empty(n if cfg["goodput"] else 1),
-                        mlfq=empty(admission.WIDTHS["mlfq"] * per["mlfq"], np.int64),
-                        resume_gen=np.zeros(per["resume_gen"], np.int64), resume_last=empty(per["resume_last"]),
+                        first=empty(n if cfg["goodput"] else 1, np.float64, "first"),
+                        mlfq=empty(admission.WIDTHS["mlfq"] * per["mlfq"], np.int64, "mlfq"),
+                        resume_last=empty(per["resume_last"], np.float64, "resume_last"),
                         pc=np.zeros(chains, np.int64), prefs=np.zeros(chains, np.int64),
                         lru_prev=np.full(chains, -1, np.int64), lru_next=np.full(chains, -1, np.int64),
                         lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)))
@@ -1639,10 +1659,15 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
 
 def warmup(variants=("full", "lean")) -> None:
     """Compile the kernel's ``variants`` (``"full"``: :func:`continuous_kernel`,
-    ``"lean"``: :data:`lean_kernel`; or load them from the cache), on a
-    tiny input.  ``mb.warmup()`` leaves it out (about 27 s of CPU cold each):
-    a process's first continuous-batching run compiles the one it uses, and
+    ``"lean"``: :data:`lean_kernel`, an order's name: its kernel of
+    :data:`order_kernels`; or load them from the cache), on a tiny input.
+    ``mb.warmup()`` leaves them out (about 27 s of CPU cold each): a
+    process's first continuous-batching run compiles the one it uses, and
     the disk cache keeps it."""
+    known = ("full", "lean", *(name for name, code in ADMISSIONS.items() if code in order_kernels))
+    unknown = sorted(set(variants) - set(known))
+    if unknown:
+        raise ValueError(f"warmup: no variant {unknown}; the variants are {', '.join(known)}")
     full = CONFIG.pack(n=4, arrival_kind=ARR_POISSON, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
                          block_size=4, admission=ADMISSIONS["multibin"], bins=2, keep=1, controlled=1, memory_on=1,
                          scheduler_steps=2, goodput=1, quantum=1, rate=1.0, **dict.fromkeys(COST_FIELDS, 1e-3),
@@ -1660,7 +1685,13 @@ def warmup(variants=("full", "lean")) -> None:
     lean[0][C.goodput] = 0
     lean[1][C_COST + PREFILL_ATTENTION] = 0.0
     one_class = INPUTS.pack(**{**inputs._asdict(), "klass": np.empty(0)})
-    for name, config, given in (("full", full, inputs), ("lean", lean, one_class)):
+    runs = [("full", full, inputs), ("lean", lean, one_class)]
+    for name in variants:
+        if name in ADMISSIONS:
+            order = (full[0].copy(), full[1].copy())
+            order[0][C.admission] = ADMISSIONS[name]
+            runs.append((name, order, inputs))
+    for name, config, given in runs:
         if name not in variants:
             continue
         run(config, given, ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64), control=ctl)

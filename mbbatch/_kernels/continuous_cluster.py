@@ -37,8 +37,7 @@ whole prompt and generated tokens again.
 
 An engine's arrays have room for every request it may be routed (the
 run's ``n``), but those the kernel reads only after writing them start
-unset (:data:`.continuous.UNSET`), and those it writes for few requests
-zero (:data:`.continuous.ZEROED`), so the memory a run touches is about
+unset (:data:`.continuous.UNSET`), so the memory a run touches is about
 its requests' once, not once per engine (the per-request records, with
 ``keep``, excepted); an engine numbers its requests in the order they
 reach it.  Each request's batch-means group is its group among the
@@ -423,18 +422,17 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 
-def _stacked(one, engines: int, unset=(), zeroed=()):
+def _stacked(one, engines: int, unset=()):
     """The tuple (or namedtuple) of arrays ``one`` for ``engines`` engines:
     each array with a leading axis of engines, every row a copy of it but
-    for the fields ``unset`` (left as ``np.empty`` leaves them) and
-    ``zeroed`` (``np.zeros``'s): their pages are touched only as the kernel
-    writes them."""
+    for the fields ``unset`` (left as ``np.empty`` leaves them: their pages
+    are touched only as the kernel writes them)."""
     fields = getattr(one, "_fields", ())
     out = []
     for j, a in enumerate(one):
         name = fields[j] if fields else None
-        s = (np.zeros if name in zeroed else np.empty)((engines, *a.shape), a.dtype)
-        if name not in unset and name not in zeroed:
+        s = np.empty((engines, *a.shape), a.dtype)
+        if name not in unset:
             s[...] = a
         out.append(s)
     return _like(one, out)
@@ -559,7 +557,7 @@ class _Cluster:
         self.requests = (np.zeros((engines, len(_k.REQUESTS.ints), m), np.int64),
                          np.empty((engines, len(_k.REQUESTS.floats), m)))
         self.control = one.control
-        self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",), _k.ZEROED)
+        self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",))
         self.eng = np.zeros((_r.ENGINES.size, engines), np.int64)
         self.eng[_r.ENGINES.index.registered] = 1
         self.counts = np.zeros(engines, np.int64)

@@ -266,13 +266,13 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
     arrays drawn come from ``lease`` (:class:`~mbbatch._kernels.arena.Lease`)
     where one is given."""
     wl, n, pol = plan.workload, plan.n, plan.policy
-    empty = np.empty if lease is None else lease.empty
+    lease = lease or Lease(keep=False)
     klass = None
     if isinstance(wl, Mixture):
-        klass, prompt, output = _mixed(wl, ss, n, empty)
+        klass, prompt, output = _mixed(wl, ss, n, lease)
     elif prompt is None:
-        prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True, empty=empty)
-        output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True, empty=empty)
+        prompt = lengths(wl._prompt, stream(ss, STREAM_PROMPT), n, True, empty=lambda m: lease.empty(m, role="prompt"))
+        output = lengths(wl._output, stream(ss, STREAM_SERVICE), n, True, empty=lambda m: lease.empty(m, role="output"))
     if getattr(wl, "system_prompts", None) is not None:
         chain, shared = wl.system_prompts.draw(stream(ss, STREAM_SYSTEM), n)
         prompt = prompt + shared
@@ -309,19 +309,19 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
     return prompt, output, prediction, klass
 
 
-def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int, empty=np.empty) -> tuple:
+def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int, lease: Lease) -> tuple:
     """A mixture's requests: each one's class (the class stream: the same
     for every policy), then each class's prompts and outputs, in request
     order, from the class's own part of the prompt and output streams.
     Returns ``(klass, prompt, output)``, the classes as floats (as the
-    kernel's inputs), in arrays made by ``empty``."""
+    kernel's inputs), in arrays of ``lease``."""
     # (class c where a uniform draw falls in [share_0 + .. + share_{c-1}, .. + share_c): inversion, one draw each,
     # counting the boundaries at or below it; as floats, the kernel's input; one compiled pass, then one placing
     # every class's lengths, where masks and fancy indexing took a pass per boundary and four per class)
-    klass = empty(n)
+    klass = lease.empty(n, role="klass")
     counts = np.zeros(len(wl.parts), np.int64)
     _common.draw_classes(stream(ss, STREAM_CLASS), np.cumsum(wl.shares)[:-1], klass, counts)
-    prompt, output = empty(n), empty(n)
+    prompt, output = lease.empty(n, role="prompt"), lease.empty(n, role="output")
     mixture_lengths(klass, counts, [(part._prompt, part._output) for part in wl.parts],
                     [(substream(ss, STREAM_PROMPT, c), substream(ss, STREAM_SERVICE, c)) for c in range(len(wl.parts))],
                     (prompt, output))
