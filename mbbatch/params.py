@@ -391,6 +391,9 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("Disaggregated.router", "choice", "", "the prefill pool's router: least-used (fewest active requests), "
        "round-robin, or cache-aware (SGLang's, on the engines' prefix caches, with a Cluster's default balance)",
        default="least_used", choices=("least_used", "round_robin", "cache_aware")),
+    _p("Disaggregated.decode_router", "choice", "", "the decode pool's router, as each request's KV cache has "
+       "moved: round-robin (dealt in turn, the order the requests become ready) or least-used (fewest active "
+       "requests at that instant)", default="round_robin", choices=("round_robin", "least_used")),
     # (a 200 Gb/s InfiniBand HDR link between machines; Llama-3-8B's KV cache: 2 x 32 layers x 8 heads x 128 x 2 bytes)
     _p("KVTransfer.bandwidth", "real", "bytes/s", "the KV transfer link's bandwidth", _POS, default=25e9),
     _p("KVTransfer.latency", "real", "s", "the KV transfer's fixed time (setup, first byte)", _NONNEG,

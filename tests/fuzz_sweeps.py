@@ -218,6 +218,7 @@ def _ranges(R: random.Random) -> dict:
         "prefill_engines": lambda: R.randint(1, 3),
         "decode_engines": lambda: R.randint(1, 3),
         "prefill_router": pick(*PARAMS["Disaggregated.router"].choices),
+        "decode_router": pick(*PARAMS["Disaggregated.decode_router"].choices),
         "kv_bandwidth": lambda: R.choice([1e8, 1e9, 25e9]),
         "kv_latency": lambda: R.choice([0.0, u(0, 0.01)]),
         "kv_bytes_per_token": lambda: R.choice([65536.0, 131072.0, u(1e3, 4e5)]),

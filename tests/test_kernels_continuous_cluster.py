@@ -67,7 +67,7 @@ def _contexts(closed):
 
 
 def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True,
-                       cache=(0.3, 64, 1.5), closed=None, **kw):
+                       cache=(0.3, 64, 1.5), closed=None, brought=None, **kw):
     """The plain-Python cluster: at each arrival, an engine's active requests
     are those routed to it and not completed by then in the reference
     engine's run of its requests so far (a completion at or before the
@@ -112,7 +112,8 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
         followed = set()                # (requests whose next call arrived, or who have none)
     pre = {} if prefixes is None else {"prefix_caching": True, "grows": prefixes["grows"]}
     mine = [[] for _ in range(engines)]
-    cached = np.zeros(len(arr))
+    # (the KV cache each request brings: ``brought``, a decode pool's whole prompts; else a program's context)
+    cached = np.zeros(len(arr)) if brought is None else np.array(brought, float)
     where = np.empty(len(arr), np.int64)
     table, holder, rr = {}, {}, 0
     runs = {}

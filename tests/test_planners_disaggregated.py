@@ -75,6 +75,55 @@ def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
     assert waited >= 2          # (some requests waited for a decode engine: the comparison saw queues)
 
 
+def test_a_decode_pool_behind_a_router_is_the_plain_python_cluster_of_prefilled_requests():
+    """Over 5 random deployments (1 to 3 engines a pool), a decode pool
+    behind the least-used router (``decode_router="least_used"``): each
+    request of more than one token, as its transfer ends (ties in arrival
+    order), goes to the plain-Python cluster behind that router, bringing
+    its prompt's KV cache and generating ``output - 1`` tokens; its decode
+    engine, admission and completion equal it.  With one decode engine the
+    deployment is the round-robin one, bit for bit; a closed loop's decode
+    pool refuses another router."""
+    rng = np.random.default_rng(31)
+    spread = 0
+    for k in range(5):
+        wl = mb.Workload(prompt=st.lognorm(0.6, scale=float(rng.uniform(20, 120))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(4, 30))))
+        pk, dk = _engine(rng, 2048), _engine(rng, 2048)
+        ep, ed = int(rng.integers(1, 4)), 1 if k == 0 else int(rng.integers(2, 4))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        kw = dict(prefill=mb.ContinuousBatching(**pk), decode=mb.ContinuousBatching(**dk), prefill_engines=ep,
+                  decode_engines=ed, kv_transfer=link)
+        run = dict(arrivals=mb.Poisson(float(rng.uniform(2, 20))), workload=wl, service_model=MODEL, n=200,
+                   seed=int(rng.integers(1 << 30)), keep_requests=True)
+        res = mb.simulate(mb.Disaggregated(**kw, decode_router="least_used"), **run)
+        r = res.requests
+        o, first = r["output"], r["first_token"]
+        ready = first + r["transfer_time"]
+        many = np.flatnonzero(o > 1)
+        order = many[np.argsort(ready[many], kind="stable")]
+        p = r["prompt"][order]
+        where, runs, mine, _ = _reference_cluster(ready[order], p, o[order] - 1, o[order] - 1, ed, "least_used",
+                                                  brought=p, **_reference(dk))
+        completion, admitted = first.copy(), np.full(len(o), np.nan)
+        for e in range(ed):
+            if mine[e]:
+                idx = order[mine[e]]
+                completion[idx], admitted[idx] = runs[e]["completion"], runs[e]["admitted"]
+        np.testing.assert_array_equal(r["decode_admitted"], admitted)
+        np.testing.assert_array_equal(r["completion"], completion)
+        np.testing.assert_array_equal(res.decode.requests["engine"], where)
+        spread += len({len(m) for m in mine}) > 1 and ed > 1
+        if ed == 1:
+            dealt = mb.simulate(mb.Disaggregated(**kw), **run).requests
+            for col in ("decode_admitted", "completion", "first_token"):
+                np.testing.assert_array_equal(r[col], dealt[col], err_msg=col)
+    assert spread >= 1          # (least used dealt the engines unequal shares: not round robin)
+    with pytest.raises(ValueError, match="decode_router: a closed loop's decode pool deals its calls"):
+        mb.simulate(mb.Disaggregated(decode_router="least_used", programs=mb.Programs(calls=2, closed=True)),
+                    mb.Poisson(1.0), workload=WL, n=10)
+
+
 @pytest.mark.parametrize("router", ["least_used", "cache_aware"])
 def test_a_prefix_caching_prefill_pool_is_the_plain_python_cluster(router):
     """Prefill engines caching prefixes, on requests a share of which carry

@@ -169,9 +169,11 @@ def fresh_record(requests, e, k):
 
 @step
 def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests, prompt, output,
-           prediction, klass, chain, shared, match, counts, where, local, routed, bs):
+           prediction, klass, brought, chain, shared, match, counts, where, local, routed, bs):
     """Request j (of ``n``), arriving at ``t`` with the prompt, output,
-    prediction, class and prefix of entry ``x`` of their arrays, a call of
+    prediction, class, KV cache brought (``brought``: its tokens, a decode
+    pool's requests' whole prompts; empty: none, the engine holds what its
+    program's context left) and prefix of entry ``x`` of their arrays, a call of
     program ``pid`` with ``new`` tokens of its own (``last``: its program's
     last call), routed (the engines' active requests in ``eng`` as they
     stand at t) and fed to its engine (its record, ``requests``, started);
@@ -207,7 +209,7 @@ def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, fee
     feeds.prompt[e, k] = p
     feeds.output[e, k] = output[x]
     feeds.prediction[e, k] = prediction[x]
-    feeds.cached[e, k] = p - prefill
+    feeds.cached[e, k] = brought[x] if brought.shape[0] > 0 else p - prefill
     if klass.shape[0] > 0:
         feeds.klass[e, k] = klass[x]
     if chain.shape[0] > 0:
@@ -221,8 +223,8 @@ def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, fee
 
 @kernel
 def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
-                   chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts, match, where,
-                   local, routed, streams, stop, estop):
+                   brought, chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts, match,
+                   where, local, routed, streams, stop, estop):
     """Route the ``times.size`` requests to the engines and simulate them.
     The engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``
     are the continuous kernel's, each array with a leading axis of engines
@@ -260,8 +262,8 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         if rt.programs:
             pid, new, last = program[j], new_tokens[j], session_end[j] != 0
         e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests,
-                             prompt, output, prediction, klass, chain, shared, match, counts, where, local, routed,
-                             bs)
+                             prompt, output, prediction, klass, brought, chain, shared, match, counts, where, local,
+                             routed, bs)
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 
@@ -349,10 +351,10 @@ def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds,
         eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
     pid = kc // K
     last = kc % K == K - 1
-    # (no classes: an empty row)
+    # (no classes and no KV cache brought: an empty row for each)
     e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
-                         requests, prompt, output, prediction, feeds.klass[0], chain, shared, match, counts, where,
-                         local, routed, bs)
+                         requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0], chain, shared, match,
+                         counts, where, local, routed, bs)
     times, program, new_tokens, session_end, call = got
     times[j] = t
     program[j] = pid
@@ -440,7 +442,7 @@ def _stacked(one, engines: int, unset=()):
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
         programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None,
-        prefixes=None, cache_routing=None) -> tuple:
+        prefixes=None, cache_routing=None, brought=None) -> tuple:
     """Simulate ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
@@ -453,7 +455,9 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     engines' prefix caching, a dict of each request's ``chain`` and
     ``shared`` tokens and each chain's ``grows`` (None: none);
     ``cache_routing`` the cache-aware router's settings
-    (:class:`.routing.CacheRouting`; None with another router).
+    (:class:`.routing.CacheRouting`; None with another router); ``brought``
+    the prompt tokens whose KV cache each request brings (a decode pool's:
+    its whole prompt; None: none, a program's context aside).
     Returns each engine's ``(outputs, records, code)`` (as
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
@@ -461,6 +465,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     from .routing import TABLE
 
     klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
+    brought = np.empty(0) if brought is None else np.ascontiguousarray(brought, float)
     c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, klass.size, class_slo, class_tpot,
                  prefixes)
     if programs is None:
@@ -473,7 +478,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     code = cluster_kernel(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds,
                           np.ascontiguousarray(times, float), np.ascontiguousarray(prompt, float),
                           np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float), klass,
-                          c.chain, c.shared, np.ascontiguousarray(program, np.int64),
+                          brought, c.chain, c.shared, np.ascontiguousarray(program, np.int64),
                           np.ascontiguousarray(new_tokens, float), np.ascontiguousarray(session_end, np.int8), groups,
                           router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts,
                           np.zeros(engines, np.int64), c.where, c.local, c.routed, streams, stop, np.zeros_like(stop))

@@ -219,19 +219,21 @@ _NOT_ITERATIONS = {"preemptions": 0, "recomputed_tokens": math.nan, "mean_runnin
 
 
 def check(cluster, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches, *,
-          first_token: bool = False):
+          first_token: bool = False, prefilled: bool = False):
     """The checked plan of a ``simulate`` call of a :class:`~mbbatch.Cluster`:
     a token plan (:mod:`.tokens`) for run-to-completion engines, a
     continuous one (:mod:`.continuous`) for resumable engines
     (:attr:`~mbbatch.policies.base.Policy.resumable`: continuous batching);
     ``first_token``: the continuous engines serve each request's first
-    token alone (:attr:`ContinuousPart.first_token`)."""
+    token alone (:attr:`ContinuousPart.first_token`); ``prefilled``: each
+    request brings its prompt's KV cache (a disaggregated deployment's
+    decode pool behind a router)."""
     if isinstance(cluster.programs, Programs) and arrivals.spec not in ("poisson", "saturated"):
         raise TypeError(f"a Cluster with programs starts them as a Poisson process at the arrival rate / calls: "
                         f"arrivals must be Poisson(rate) (or Saturated); got {type(arrivals).__name__}")
     if cluster.policy.resumable:
         return _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
-                                 keep_batches, first_token)
+                                 keep_batches, first_token, prefilled)
     engine = cluster.policy.engine_form()
     plan = tokens.check(engine, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
     if isinstance(cluster.programs, Sessions):
@@ -250,7 +252,7 @@ def check(cluster, arrivals, service, n, servers, keep_requests, workload, servi
 
 
 def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
-                      keep_batches, first_token: bool = False) -> continuous.Plan:
+                      keep_batches, first_token: bool = False, prefilled: bool = False) -> continuous.Plan:
     """The checked plan of a cluster of :class:`~mbbatch.ContinuousBatching`
     engines: what its kernel does not model yet is refused, named."""
     if cluster.events:
@@ -262,7 +264,7 @@ def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, wor
                          "program draws it (Oracle() or LogNormalError(sigma)); Predictions(values) are one per "
                          "request in arrival order, which a closed loop makes only as it runs")
     plan = continuous.check(cluster.policy, arrivals, service, n, servers, keep_requests, workload, service_model,
-                            keep_batches, cluster=ContinuousPart(cluster, first_token))
+                            keep_batches, prefilled=prefilled, cluster=ContinuousPart(cluster, first_token))
     if isinstance(cluster.programs, Sessions):
         _check_sessions(cluster.programs, plan.workload)
     return plan

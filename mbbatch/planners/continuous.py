@@ -443,7 +443,7 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
         runs, where, local, routed, _ = interruptible(
             lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
                             streams, stop, programs=programs, klass=klass, class_slo=plan.class_slo,
-                            class_tpot=plan.class_tpot, **cluster),
+                            class_tpot=plan.class_tpot, brought=prompt if plan.prefilled else None, **cluster),
             stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)

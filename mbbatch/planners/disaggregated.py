@@ -116,7 +116,13 @@ def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
 
 def _decode_plan(pol, arrivals, workload, model, n: int):
     """The checked plan of the decode pool: ``decode_engines`` engines, the
-    requests dealt in turn, each bringing its prompt's KV cache."""
+    requests dealt in turn (or, with another ``decode_router``, a cluster of
+    the engines behind it), each bringing its prompt's KV cache."""
+    if pol.decode_router != "round_robin":
+        from ..policies.cluster import Cluster
+
+        pool = Cluster(pol.decode, engines=pol.decode_engines, router=pol.decode_router, programs=None)
+        return cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, prefilled=True)
     return continuous.check(pol.decode, arrivals, None, n, pol.decode_engines, True, workload, model, False,
                             prefilled=True, servers_name="decode_engines", kv_name="decode.kv_tokens")
 
@@ -144,6 +150,10 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     if workload.system_prompts is not None and policy.laps:
         raise ValueError("workload.system_prompts: a LAPS prefill pool does not model system prompts; give a "
                          "Workload without system_prompts, or ContinuousBatching prefill engines")
+    if policy.programs is not None and getattr(policy.programs, "closed", False) and policy.decode_router != \
+            "round_robin":
+        raise ValueError(f"decode_router: a closed loop's decode pool deals its calls to its engines in turn "
+                         f"(round_robin); got {policy.decode_router!r}")
     if (policy.programs is not None and getattr(policy.programs, "closed", False)
             and isinstance(policy.decode.predictor, Predictions)):
         raise ValueError("decode.predictor: in a closed loop the decode pool predicts each call as its program draws "

@@ -101,12 +101,16 @@ class Disaggregated(Policy):
       :mod:`mbbatch._kernels.disaggregated`);
     - its cache moves at once, its whole prompt's (system prompt included),
       taking :meth:`KVTransfer.seconds` of its prompt;
-    - it joins the decode pool at the transfer's end, dealt to the decode
-      engines in turn in the order the transfers end (as LAPS's decode
-      instances), bringing its prompt's KV cache: it takes its blocks when
-      the engine admits it, waiting in the engine's queue while its memory
-      is full, and decodes its other ``output - 1`` tokens (a one-token
-      request is done at its first token and never reaches it).
+    - it joins the decode pool at the transfer's end, sent by the pool's
+      ``decode_router``: ``"round_robin"`` (default) deals the requests to
+      the decode engines in turn in the order the transfers end (as LAPS's
+      decode instances), ``"least_used"`` to the engine with the fewest
+      active requests at that instant (a :class:`Cluster`'s router; open
+      loops only: a closed loop's decode pool deals its calls in turn); it
+      brings its prompt's KV cache: it takes its blocks when the engine
+      admits it, waiting in the engine's queue while its memory is full,
+      and decodes its other ``output - 1`` tokens (a one-token request is
+      done at its first token and never reaches it).
 
     Choices where the papers leave it open: the prefill engine frees the KV
     blocks at the first token (DistServe's prefill instance holds them until
@@ -139,6 +143,7 @@ class Disaggregated(Policy):
     kv_transfer: object = None
     router: str = default("Disaggregated.router")
     decode_model: object = None
+    decode_router: str = default("Disaggregated.decode_router")
     programs: object = None
 
     kind: ClassVar[str] = "disaggregated"
@@ -147,7 +152,8 @@ class Disaggregated(Policy):
     prefixes: ClassVar[bool] = True
     reports: ClassVar[frozenset] = frozenset({"run", "decode", "ttft", "ttft_quantiles", "tbt_quantiles", "goodput",
                                               "disaggregated", "prefix"})
-    settings: ClassVar[tuple] = ("prefill_engines", "decode_engines", "prefill_router", "kv_bandwidth", "kv_latency",
+    settings: ClassVar[tuple] = ("prefill_engines", "decode_engines", "prefill_router", "decode_router",
+                                 "kv_bandwidth", "kv_latency",
                                  "kv_bytes_per_token", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
                                  "kv_tokens", "block_size", "admission", "ttft_slo", "tpot_slo", "prefix_caching",
                                  "system_prompts", "system_prompt_length", "system_prompt_share", "programs", "calls",
@@ -171,7 +177,8 @@ class Disaggregated(Policy):
             object.__setattr__(self, "kv_transfer", KVTransfer())
         check_instance("kv_transfer", self.kv_transfer, (KVTransfer,))
         check_fields(self, {"prefill_engines": "Disaggregated.prefill_engines",
-                            "decode_engines": "Disaggregated.decode_engines", "router": "Disaggregated.router"})
+                            "decode_engines": "Disaggregated.decode_engines", "router": "Disaggregated.router",
+                            "decode_router": "Disaggregated.decode_router"})
         if self.decode_model is not None:
             from ..service_models import IterationModel
 
@@ -240,6 +247,7 @@ class Disaggregated(Policy):
         programs = self.programs.describe() if self.programs is not None else {}
         return {**eng, "policy": self.kind, "prefill_engines": self.prefill_engines,
                 "decode_engines": self.decode_engines, "router": "laps" if self.laps else self.router,
+                "decode_router": self.decode_router,
                 **laps, **programs, **self.kv_transfer.describe()}
 
     @classmethod
@@ -254,4 +262,5 @@ class Disaggregated(Policy):
         return cls(prefill=engine, decode=replace(engine, prefix_caching=False),
                    prefill_engines=params["prefill_engines"],
                    decode_engines=params["decode_engines"], kv_transfer=link, router=params["prefill_router"],
+                   decode_router=params["decode_router"],
                    programs=programs_of(params, ctx.trace))

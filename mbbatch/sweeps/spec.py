@@ -336,6 +336,7 @@ SPEC_PARAMS: dict[str, SpecParam] = {p.name: p for p in [
     _sp("prefill_engines", key="Disaggregated.prefill_engines"),
     _sp("decode_engines", key="Disaggregated.decode_engines"),
     _sp("prefill_router", key="Disaggregated.router"),
+    _sp("decode_router", key="Disaggregated.decode_router"),
     _sp("kv_bandwidth", key="KVTransfer.bandwidth"),
     _sp("kv_latency", key="KVTransfer.latency"),
     _sp("kv_bytes_per_token", key="KVTransfer.bytes_per_token"),
