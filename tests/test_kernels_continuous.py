@@ -517,6 +517,27 @@ def test_warmup_leaves_it_to_its_first_run():
     assert got.stdout.split() == ["0", "0", "1", "0", "1", "1"]
 
 
+def _same_runs(kernels, cfg, inputs, control):
+    """Each of ``kernels`` run on a new engine of ``cfg`` and ``inputs`` (the
+    ``control`` packs; None: none) to its end: every output, record and
+    engine scalar the same as the first's, bit for bit."""
+    runs = []
+    for fn in kernels:
+        eng = ck.start(cfg, inputs, control=control, groups=4, ts_rows=64)
+        code = fn(eng.config, eng.control, eng.inputs, ck.ContinuousStreams(np.random.default_rng(0)), eng.out,
+                  eng.requests, eng.ws, np.zeros(STOP_SIZE, np.int64))
+        assert code == ck.DONE
+        runs.append(eng)
+    first = runs[0]
+    for other in runs[1:]:
+        for f in first.out._fields:
+            np.testing.assert_array_equal(getattr(first.out, f), getattr(other.out, f), err_msg=f)
+        for a, b in zip(first.requests, other.requests):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(first.ws.state_i, other.ws.state_i)
+        np.testing.assert_array_equal(first.ws.state_f, other.ws.state_f)
+
+
 @pytest.mark.parametrize("seed", range(2))
 def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
     """Without multi-step scheduling, the prefill's attention, request
@@ -543,20 +564,7 @@ def test_the_lean_kernel_is_the_full_kernel_where_both_apply(seed):
                                 cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf),
                                 class_tpot=np.full(1, np.inf))
         assert not ck.uses_full(cfg, inputs)
-        runs = []
-        for fn in (ck.lean_kernel, ck.continuous_kernel):
-            eng = ck.start(cfg, inputs, control=_control(controller), groups=4, ts_rows=64)
-            code = fn(eng.config, eng.control, eng.inputs, ck.ContinuousStreams(np.random.default_rng(0)), eng.out,
-                      eng.requests, eng.ws, np.zeros(STOP_SIZE, np.int64))
-            assert code == ck.DONE
-            runs.append(eng)
-        lean, full = runs
-        for f in lean.out._fields:
-            np.testing.assert_array_equal(getattr(lean.out, f), getattr(full.out, f), err_msg=f)
-        for a, b in zip(lean.requests, full.requests):
-            np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(lean.ws.state_i, full.ws.state_i)
-        np.testing.assert_array_equal(lean.ws.state_f, full.ws.state_f)
+        _same_runs((ck.lean_kernel, ck.continuous_kernel), cfg, inputs, _control(controller))
     steps = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "scheduler_steps": 2})
     attention = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "cost_prefill_attention": 1e-9})
     vtc = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "admission": ck.ADMISSIONS["vtc"]})
@@ -592,20 +600,7 @@ def test_an_orders_own_kernel_is_the_full_kernel(order):
                                 class_slo=np.array([0.5, 2.0, np.inf]), class_tpot=np.array([0.05, np.inf, np.inf]))
         own = ck.kernel_of(cfg, inputs)
         assert own is ck.order_kernels[ck.ADMISSIONS[order]] and own is not ck.continuous_kernel
-        runs = []
-        for fn in (own, ck.continuous_kernel):
-            eng = ck.start(cfg, inputs, groups=4, ts_rows=64)
-            code = fn(eng.config, eng.control, eng.inputs, ck.ContinuousStreams(np.random.default_rng(0)), eng.out,
-                      eng.requests, eng.ws, np.zeros(STOP_SIZE, np.int64))
-            assert code == ck.DONE
-            runs.append(eng)
-        mine, full = runs
-        for f in mine.out._fields:
-            np.testing.assert_array_equal(getattr(mine.out, f), getattr(full.out, f), err_msg=f)
-        for a, b in zip(mine.requests, full.requests):
-            np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(mine.ws.state_i, full.ws.state_i)
-        np.testing.assert_array_equal(mine.ws.state_f, full.ws.state_f)
+        _same_runs((own, ck.continuous_kernel), cfg, inputs, None)
     fcfs = ck.CONFIG.pack(**{**ck.CONFIG.unpack(cfg), "admission": ck.ADMISSIONS["fcfs"]})
     assert ck.kernel_of(fcfs, inputs) is ck.continuous_kernel
 
