@@ -75,6 +75,16 @@ def test_the_oldest_arrays_go_beyond_the_limit(kept, monkeypatch):
     assert arena.kept() == 0
 
 
+@pytest.mark.parametrize("text", ["lots", "-1", "inf", "nan"])
+def test_a_bad_limit_is_refused_naming_the_variable(text):
+    with pytest.raises(ValueError, match=r"MBBATCH_KEPT_MB = .*a finite number >= 0"):
+        arena._limit(text)
+
+
+def test_the_limit_is_read_in_megabytes():
+    assert arena._limit("0") == 0 and arena._limit("1.5") == 3 << 19 and arena._limit("2048") == 2 << 30
+
+
 def test_small_arrays_are_never_kept(monkeypatch):
     monkeypatch.setattr(arena, "LEAST", 1000)
     mb.release_memory()

@@ -15,10 +15,9 @@ last used in the same role where one is: an array one run wrote only the
 start of, a queue's heap, another run would otherwise fault in whole as
 its requests' lengths), makes new ones where none is free, and gives them
 all back as it closes, unless the block raised (a traceback may still hold
-them).  So a run leases only what no
-result keeps; its arrays come to it as the last run left them, and the
-kernels write every element they lease before they read it (as with
-``np.empty``).
+them).  So a run leases only what no result keeps; its arrays come to it
+as the last run left them, and the kernels write every element they lease
+before they read it (as with ``np.empty``).
 
 At most :data:`LIMIT` bytes are kept, the ones given back last (set by
 ``MBBATCH_KEPT_MB`` in the environment, read at import: megabytes, ``0``
@@ -36,8 +35,22 @@ import numpy as np
 
 #: the fewest elements of a kept array (smaller ones cost little to make)
 LEAST = 1 << 16
+
+
+def _limit(text: str) -> int:
+    """The bytes ``MBBATCH_KEPT_MB`` (megabytes, a number >= 0) allows."""
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0.0 or mb == float("inf"):
+        raise ValueError(f"MBBATCH_KEPT_MB = {text!r}: the megabytes of per-request arrays kept between runs, a "
+                         f"finite number >= 0 (0 keeps none; default 2048)")
+    return int(mb * (1 << 20))
+
+
 #: the most bytes kept between runs
-LIMIT = int(float(os.environ.get("MBBATCH_KEPT_MB", "2048")) * (1 << 20))
+LIMIT = _limit(os.environ.get("MBBATCH_KEPT_MB", "2048"))
 
 _lock = threading.Lock()
 #: the arrays kept, oldest first, each as ``(role, array)``
