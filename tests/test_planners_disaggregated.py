@@ -82,8 +82,8 @@ def test_a_decode_pool_behind_a_router_is_the_plain_python_cluster_of_prefilled_
     order), goes to the plain-Python cluster behind that router, bringing
     its prompt's KV cache and generating ``output - 1`` tokens; its decode
     engine, admission and completion equal it.  With one decode engine the
-    deployment is the round-robin one, bit for bit; a closed loop's decode
-    pool refuses another router."""
+    deployment is the round-robin one, bit for bit (a closed loop's:
+    :func:`test_closed_loop_programs_are_the_plain_python_deployment`)."""
     rng = np.random.default_rng(31)
     spread = 0
     for k in range(5):
@@ -119,9 +119,6 @@ def test_a_decode_pool_behind_a_router_is_the_plain_python_cluster_of_prefilled_
             for col in ("decode_admitted", "completion", "first_token"):
                 np.testing.assert_array_equal(r[col], dealt[col], err_msg=col)
     assert spread >= 1          # (least used dealt the engines unequal shares: not round robin)
-    with pytest.raises(ValueError, match="decode_router: a closed loop's decode pool deals its calls"):
-        mb.simulate(mb.Disaggregated(decode_router="least_used", programs=mb.Programs(calls=2, closed=True)),
-                    mb.Poisson(1.0), workload=WL, n=10)
 
 
 @pytest.mark.parametrize("router", ["least_used", "cache_aware"])
@@ -213,8 +210,9 @@ def test_programs_calls_are_the_plain_python_pools(caching):
         assert (res.prefix_hit_rate > 0) if caching else math.isnan(res.prefix_hit_rate)
 
 
-@pytest.mark.parametrize("router", ["least_used", "round_robin"])
-def test_closed_loop_programs_are_the_plain_python_deployment(router):
+@pytest.mark.parametrize("router, decode_router", [("least_used", "round_robin"), ("round_robin", "round_robin"),
+                                                   ("least_used", "least_used")])
+def test_closed_loop_programs_are_the_plain_python_deployment(router, decode_router):
     """Closed-loop programs (2 to 4 calls, think times or none, a time
     outside each pool's engines or none; prefill engines caching prefixes
     half the time) over 4 random deployments per
@@ -225,13 +223,14 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router):
     deployment's, whose arrivals come from its own runs
     (:func:`_closed_reference`).  Some call waits for its predecessor's
     answer from the decode pool, some for a decode engine, and some
-    prompt hits a prefill engine's cache."""
+    prompt hits a prefill engine's cache.  The decode pool dealt in turn,
+    or behind the least-used router."""
     from types import SimpleNamespace
 
     from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence, stream
     from mbbatch.planners.cluster import _program_draws
 
-    rng = np.random.default_rng(40 + ["least_used", "round_robin"].index(router))
+    rng = np.random.default_rng(40 + ["least_used", "round_robin"].index(router) + 2 * (decode_router != "round_robin"))
     later = waited = 0
     hits = 0.0
     for _ in range(4):
@@ -246,13 +245,14 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router):
                             closed=True)
         pol = mb.Disaggregated(prefill=mb.ContinuousBatching(**pk, request_overhead=delays[0]),
                                decode=mb.ContinuousBatching(**dk, request_overhead=delays[1]), prefill_engines=ep,
-                               decode_engines=ed, kv_transfer=link, router=router, programs=progs)
+                               decode_engines=ed, kv_transfer=link, router=router, programs=progs,
+                               decode_router=decode_router)
         arrivals, n, seed = mb.Poisson(float(rng.uniform(2, 40))), int(rng.integers(10, 41)), int(rng.integers(1 << 30))
         res = mb.simulate(pol, arrivals, workload=wl, service_model=MODEL, n=n, seed=seed, keep_requests=True)
         ss = as_seed_sequence(seed)
         draws = _program_draws(mb.Cluster(mb.ContinuousBatching(), programs=progs), arrivals, wl, n, SimpleNamespace(
             arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
-        k, times, want = _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays)
+        k, times, want = _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router)
         r = res.requests
         C = draws[1].size // draws[0].size
         np.testing.assert_array_equal(r["arrival"], times, err_msg=f"{pk} {dk}")
@@ -267,7 +267,7 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router):
     assert later > 0 and waited > 0 and hits > 0
 
 
-def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays):
+def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router="round_robin"):
     """The plain-Python deployment of closed-loop programs (``draws``: their
     starts and by call id think times, new tokens and outputs; ``delays``:
     the prefill and decode engines' ``request_overhead``), ``n`` calls
@@ -278,7 +278,7 @@ def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays):
     gave its last token: the decode engine's, or for one token the prefill
     engine's) in the plain-Python deployment's run of the calls arrived so
     far (the prefill cluster, the transfers, the decode engines dealt in
-    turn: :func:`_pools`); the earliest such arrival is final (an answer
+    turn or behind ``decode_router``: :func:`_pools`); the earliest such arrival is final (an answer
     before it cannot depend on a later arrival).  Returns the calls in
     arrival order, their arrival times and the last run's columns."""
     start, gap, new, out = draws
@@ -288,7 +288,7 @@ def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays):
     calls, times = [], []
     while True:
         k = np.array(calls, np.int64)
-        cols = _pools(np.array(times), ctx[k], out[k], new[k], k, C, ep, ed, pk, dk, link, router)
+        cols = _pools(np.array(times), ctx[k], out[k], new[k], k, C, ep, ed, pk, dk, link, router, decode_router)
         if len(calls) == n:
             return k, np.array(times), cols
         answered = np.where(out[k] > 1, cols["completion"] + delays[1], cols["first_token"] + delays[0])
@@ -300,7 +300,7 @@ def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays):
         times.append(float(t))
 
 
-def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router) -> dict:
+def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router, decode_router="round_robin") -> dict:
     """The plain-Python deployment's open-loop run of calls ``k`` (``C`` a
     program; ``new`` their new tokens) arriving at ``arr``: the prefill cluster behind ``router``
     with the programs, each call one output token (engines caching
@@ -308,8 +308,9 @@ def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router) -> dict:
     prefilled); each call of more
     tokens ready its transfer after its first token, the ready calls in
     their order (ties in arrival order) dealt in turn to the decode
-    engines, each bringing its prompt's KV cache and generating ``o - 1``
-    tokens."""
+    engines (or, ``decode_router="least_used"``, to the plain-Python
+    cluster behind it), each bringing its prompt's KV cache and generating
+    ``o - 1`` tokens."""
     n = arr.size
     programs = (k // C, new, (k % C == C - 1).astype(np.int8))
     chains = dict(prefix_caching=True, chain=(k // C).astype(float), shared=p - new,
@@ -321,6 +322,15 @@ def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router) -> dict:
     many = np.flatnonzero(o > 1)
     order = many[np.argsort(ready[many], kind="stable")]
     completion, admitted = first.copy(), np.full(n, np.nan)
+    if decode_router != "round_robin" and order.size:
+        q = order
+        _, druns, dmine, _ = _reference_cluster(ready[q], p[q], o[q] - 1, o[q] - 1, ed, decode_router, brought=p[q],
+                                                **_reference(dk))
+        for e in range(ed):
+            if dmine[e]:
+                idx = q[dmine[e]]
+                completion[idx], admitted[idx] = druns[e]["completion"], druns[e]["admitted"]
+        return dict(prefill_engine=where, first_token=first, decode_admitted=admitted, completion=completion)
     for e in range(min(ed, order.size)):
         idx = order[e::ed]
         w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx] - 1, cached=p[idx], **_reference(dk))

@@ -38,7 +38,8 @@ import numpy as np
 
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
-from .continuous_cluster import ROUTED, _advance, _arrive_call, _Cluster, _earliest, _set_up, _stop_asked, fresh_record
+from .continuous_cluster import (ROUTED, _advance, _arrive_call, _Cluster, _completed_by, _earliest, _set_up,
+                                 _stop_asked, fresh_record)
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
@@ -69,25 +70,41 @@ def _first_tokens(log, logged, reqs, call, first, ready, link, d_output, delay, 
 
 
 @step
-def _answers(log, logged, e, D, handed, call, delay, gap, K, heap_t, heap_id, hsize):
+def _answers(log, logged, e, d_reqs, call, delay, gap, K, heap_t, heap_id, hsize):
     """Decode engine e's completions since its log was emptied (its k-th
-    request the ``k D + e``-th handed to the pool: ``handed``): each call
-    answered, its program's next call into the arrival heap.  Returns its
-    size."""
+    request ``d_reqs[e, k]``): each call answered, its program's next call
+    into the arrival heap.  Returns its size."""
     for q in range(logged):
-        kc = call[handed[np.int64(log[0, q]) * D + e]]
+        kc = call[d_reqs[e, np.int64(log[0, q])]]
         if (kc + 1) % K != 0:
             hsize = _heap_push(heap_t, heap_id, hsize, log[1, q] + delay + gap[kc + 1], kc + 1)
     return hsize
 
 
 @step
-def _hand(j, t, m, n, groups, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction, call, handed):
+def _least_active(si, sf, counts, t):
+    """The engine with the fewest active requests at ``t`` (routed to it and
+    not completed by then; ties: the lower id), as the least-used router
+    of :mod:`.routing` chooses."""
+    best, fewest = 0, counts[0] - _completed_by(si[0], sf[0], t)
+    for e in range(1, counts.shape[0]):
+        a = counts[e] - _completed_by(si[e], sf[e], t)
+        if a < fewest:
+            best, fewest = e, a
+    return best
+
+
+@step
+def _hand(j, t, m, n, groups, d_route, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction, call,
+          handed, d_reqs, d_placed):
     """Request j, ready at ``t``, the ``m``-th the decode pool takes: to
-    engine ``m % D`` (in turn), bringing its prompt's KV cache, its
-    batch-means group its group among the ``n`` arrivals."""
+    engine ``m % D`` (in turn; ``d_route`` 1: the engine least used at
+    ``t``, :func:`_least_active`), bringing its prompt's KV cache, its
+    batch-means group its group among the ``n`` arrivals; recorded as the
+    engine's next request (``d_reqs``) and, by ``m``, its engine and number
+    there (``d_placed``)."""
     D = d_counts.shape[0]
-    e = m % D
+    e = m % D if d_route == 0 else _least_active(d_ws.state_i, d_ws.state_f, d_counts, t)
     k = d_counts[e]
     kc = call[j]
     d_ws.arrival[e, k] = t
@@ -99,13 +116,16 @@ def _hand(j, t, m, n, groups, d_ws, d_feeds, d_requests, d_counts, prompt, d_out
     d_feeds.cached[e, k] = prompt[kc]
     d_counts[e] = k + 1
     handed[m] = j
+    d_reqs[e, k] = j
+    d_placed[0, m] = e
+    d_placed[1, m] = k
 
 
 @kernel
 def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts,
                        d_config, d_control, d_inputs, d_out, d_requests, d_ws, d_feeds, d_counts,
                        loop, rheap, link, prompt, output, prediction, chain, shared, d_output, d_prediction,
-                       times, program, new_tokens, session_end, call, first, ready, handed,
+                       times, program, new_tokens, session_end, call, first, ready, handed, d_route, d_reqs, d_placed,
                        groups, rt, ca, eng, table, match, where, local, reqs, routed, streams, stop, estop):
     """Route ``times.size`` calls of closed-loop programs to the prefill
     pool (``config`` ... ``counts``: :func:`.continuous_cluster.cluster_kernel`'s
@@ -122,7 +142,10 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     program, new tokens, last-call flag and call id, its first token,
     the instant it is ready for the decode pool; ``handed`` the requests
     in the order the decode pool takes them (its engines' counts in
-    ``d_counts``), ``reqs`` each prefill engine's requests' numbers in
+    ``d_counts``: dealt in turn, or with ``d_route`` 1 to the engine least
+    used), ``d_reqs`` each decode engine's requests (in arrival order) and
+    ``d_placed`` the engine and number there of each one it takes (in
+    that order), ``reqs`` each prefill engine's requests' numbers in
     arrival order.  Returns :data:`.continuous.DONE`, ``STOPPED`` or
     ``STALLED``."""
     n = times.shape[0]
@@ -157,8 +180,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
             if r < t and r <= sp and r <= sd:
                 # a call ready joins the decode pool before any iteration starting at or after it
                 r, jr, rsize = _heap_pop(r_t, r_id, rsize)
-                _hand(jr, r, m, n, groups, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction, call,
-                      handed)
+                _hand(jr, r, m, n, groups, d_route, d_ws, d_feeds, d_requests, d_counts, prompt, d_output,
+                      d_prediction, call, handed, d_reqs, d_placed)
                 m += 1
             elif e >= 0 and sp <= sd:
                 si[e, ES.logged] = 0
@@ -172,7 +195,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
                 if _advance(d, d_counts[d], np.nextafter(sd, np.inf), d_config, d_control, d_inputs, d_out,
                             d_requests, d_ws, streams, estop) == STALLED:
                     return STALLED
-                hsize = _answers(d_ws.done_log[d], dsi[d, ES.logged], d, D, handed, call, d_delay, gap, K, heap_t,
+                hsize = _answers(d_ws.done_log[d], dsi[d, ES.logged], d, d_reqs, call, d_delay, gap, K, heap_t,
                                  heap_id, hsize)
             else:
                 break
@@ -193,7 +216,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
 
 def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_engines: int, streams, stop, *,
                control=None, d_control=None, groups: int = 1, ts_rows: int = 2, prefixes=None,
-               cache_routing=None) -> tuple:
+               cache_routing=None, d_router: str = "round_robin") -> tuple:
     """Simulate closed-loop programs on ``engines`` prefill engines of the
     continuous run ``config`` (one output token a call: its first) behind
     ``router`` and ``d_engines`` decode engines of ``d_config`` (``n``:
@@ -203,11 +226,15 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     one token) and ``d_output`` and ``d_prediction`` (the decode pool's:
     ``output - 1``, 0 for a one-token call), and the KV transfer time
     ``link``; ``prefixes`` (by call id) and ``cache_routing`` as
-    :func:`.continuous_cluster.run_closed`'s.  Returns ``(prefill, decode,
-    routed, code, got)``: the prefill pool's engines' ``(outputs, records,
-    code)`` with each request's engine and number there; the decode pool's
-    engines' runs (its requests in the order it took them, request ``m``
-    number ``m // d_engines`` of engine ``m % d_engines``); the routing
+    :func:`.continuous_cluster.run_closed`'s; ``d_router`` the decode
+    pool's (``"round_robin"``: dealt in turn; ``"least_used"``).  Returns
+    ``(prefill, decode, routed, code, got)``: the prefill pool's engines'
+    ``(outputs, records, code)`` with each request's engine and number
+    there; the decode pool's engines' runs (those given a request: the
+    first ones, either way; its requests in the order it took them,
+    request ``m`` number ``got["d_placed"][1, m]`` of engine
+    ``got["d_placed"][0, m]``: ``m // d_engines`` of ``m % d_engines``
+    dealt in turn); the routing
     statistics; the code; and per request in arrival order its
     ``arrival_times``, ``program``, ``new_tokens``, ``session_end``,
     ``call``, ``first_token`` and ``ready`` (NaN for a one-token call), and
@@ -227,7 +254,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
                    log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1))
     got = dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
                session_end=np.zeros(n, np.int8), call=np.full(n, -1, np.int64), first_token=np.full(n, np.nan),
-               ready=np.full(n, np.nan), handed=np.full(n, -1, np.int64))
+               ready=np.full(n, np.nan), handed=np.full(n, -1, np.int64), d_placed=np.full((2, n), -1, np.int64))
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(P + 1), np.empty(P + 1, np.int64))
     table = np.full((TABLE.size, max(P, 1)), -1, np.int64)
@@ -238,11 +265,14 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
         np.ascontiguousarray(calls["prompt"], float), output,
         np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, d_output,
         np.ascontiguousarray(calls["d_prediction"], float), got["arrival_times"], got["program"], got["new_tokens"],
-        got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"], groups, router,
+        got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"],
+        {"round_robin": 0, "least_used": 1}[d_router], np.empty((d_engines, n), np.int64), got["d_placed"], groups,
+        router,
         cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where, pre.local,
         np.empty((engines, n), np.int64), pre.routed, streams, stop, np.zeros_like(stop))
     taken = int(dec.counts.sum())
     got["handed"] = got["handed"][:taken]
+    got["d_placed"] = got["d_placed"][:, :taken]
     runs, where, local = pre.runs(code)
     d_runs, _, _ = dec.runs(code)
-    return (runs, where, local), d_runs[:min(d_engines, taken)], ROUTED.unpack(pre.routed), code, got
+    return (runs, where, local), d_runs[:int((dec.counts > 0).sum())], ROUTED.unpack(pre.routed), code, got

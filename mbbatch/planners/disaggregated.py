@@ -114,11 +114,13 @@ def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
     return arrays, prompt, out
 
 
-def _decode_plan(pol, arrivals, workload, model, n: int):
+def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False):
     """The checked plan of the decode pool: ``decode_engines`` engines, the
-    requests dealt in turn (or, with another ``decode_router``, a cluster of
-    the engines behind it), each bringing its prompt's KV cache."""
-    if pol.decode_router != "round_robin":
+    requests dealt in turn (or, with another ``decode_router``, unless
+    ``dealt``, a cluster of the engines behind it: a closed loop's pool,
+    which its kernel routes, is planned as dealt), each bringing its
+    prompt's KV cache."""
+    if pol.decode_router != "round_robin" and not dealt:
         from ..policies.cluster import Cluster
 
         pool = Cluster(pol.decode, engines=pol.decode_engines, router=pol.decode_router, programs=None)
@@ -150,10 +152,6 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     if workload.system_prompts is not None and policy.laps:
         raise ValueError("workload.system_prompts: a LAPS prefill pool does not model system prompts; give a "
                          "Workload without system_prompts, or ContinuousBatching prefill engines")
-    if policy.programs is not None and getattr(policy.programs, "closed", False) and policy.decode_router != \
-            "round_robin":
-        raise ValueError(f"decode_router: a closed loop's decode pool deals its calls to its engines in turn "
-                         f"(round_robin); got {policy.decode_router!r}")
     if (policy.programs is not None and getattr(policy.programs, "closed", False)
             and isinstance(policy.decode.predictor, Predictions)):
         raise ValueError("decode.predictor: in a closed loop the decode pool predicts each call as its program draws "
@@ -231,7 +229,7 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     prefixes = pp.cluster.prefixes(pp, prompt, ((np.arange(prompt.size) // (prompt.size // P), programs["new"],
                                                  None), P), drawn)
     d_out = out - 1.0
-    dplan = _decode_plan(pol, Replay(np.zeros(n)), plan.workload, plan.decode_model, n)
+    dplan = _decode_plan(pol, Replay(np.zeros(n)), plan.workload, plan.decode_model, n, dealt=True)
     d_pred = dplan.predictor.predict(np.maximum(d_out, 1.0), lambda: stream(ss, STREAM_PREDICTION))
     link = pol.kv_transfer.seconds(prompt)
     calls = {**programs, "prompt": prompt, "output": one, "prediction": one_pred, "d_output": d_out,
@@ -242,7 +240,8 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
         lambda: _kd.run_closed(pp.kernel_args[0], dplan.kernel_args[0], calls, pp.edges, dplan.edges,
                                pp.cluster.router, pp.engines, pol.decode_engines, _k.ContinuousStreams(arrivals),
                                stop, control=pp.control, d_control=dplan.control, groups=BATCH_MEANS_GROUPS,
-                               ts_rows=TIME_SERIES_ROWS, prefixes=prefixes, cache_routing=pp.cluster.cache_routing),
+                               ts_rows=TIME_SERIES_ROWS, prefixes=prefixes, cache_routing=pp.cluster.cache_routing,
+                               d_router=pol.decode_router),
         stop, n if progress else None)
     seconds = time.perf_counter() - t0
     continuous._check_codes(runs + d_runs)
@@ -255,9 +254,11 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     if order.size:
         j = k[order]
         stage = Workload(prompt=prompt[j], output=d_out[j], integer_lengths=True)
-        dp = _decode_plan(pol, Replay(got["ready"][order]), stage, plan.decode_model, order.size)
-        dec = continuous._run(dp, ss, False, False, ran=((prompt[j], d_out[j], d_pred[j], None), d_runs, None, None,
-                                                         {}, 0.0))
+        dp = _decode_plan(pol, Replay(got["ready"][order]), stage, plan.decode_model, order.size, dealt=True)
+        # (dealt in turn: request m number m // D of engine m % D; else as the kernel's router placed it)
+        placed = None if pol.decode_router == "round_robin" else tuple(got["d_placed"])
+        dec = continuous._run(dp, ss, False, False, ran=((prompt[j], d_out[j], d_pred[j], None), d_runs, placed,
+                                                         None, {}, 0.0))
     return pre, dec, out[k], link[k], got["ready"], order
 
 

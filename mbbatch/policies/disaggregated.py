@@ -105,8 +105,7 @@ class Disaggregated(Policy):
       ``decode_router``: ``"round_robin"`` (default) deals the requests to
       the decode engines in turn in the order the transfers end (as LAPS's
       decode instances), ``"least_used"`` to the engine with the fewest
-      active requests at that instant (a :class:`Cluster`'s router; open
-      loops only: a closed loop's decode pool deals its calls in turn); it
+      active requests at that instant (a :class:`Cluster`'s rule); it
       brings its prompt's KV cache: it takes its blocks when the engine
       admits it, waiting in the engine's queue while its memory is full,
       and decodes its other ``output - 1`` tokens (a one-token request is
