@@ -21,9 +21,9 @@ before they read it (as with ``np.empty``).
 
 At most :data:`LIMIT` bytes are kept, the ones given back last (set by
 ``MBBATCH_KEPT_MB`` in the environment, read at import: megabytes, ``0``
-keeps none); :func:`release_memory` lets them all
-go (``mbbatch.release_memory``).  Arrays below :data:`LEAST` elements are
-made fresh each time.  Leases of several threads take distinct arrays.
+keeps none); :func:`release_memory` lets them all go
+(``mbbatch.release_memory``).  Arrays below :data:`LEAST` elements are made
+fresh each time.  Leases of several threads take distinct arrays.
 """
 
 from __future__ import annotations

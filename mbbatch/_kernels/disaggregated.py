@@ -82,29 +82,23 @@ def _answers(log, logged, e, d_reqs, call, delay, gap, K, heap_t, heap_id, hsize
 
 
 @step
-def _least_active(si, sf, counts, t):
-    """The engine with the fewest active requests at ``t`` (routed to it and
-    not completed by then; ties: the lower id), as the least-used router
-    of :mod:`.routing` chooses."""
-    best, fewest = 0, counts[0] - _completed_by(si[0], sf[0], t)
-    for e in range(1, counts.shape[0]):
-        a = counts[e] - _completed_by(si[e], sf[e], t)
-        if a < fewest:
-            best, fewest = e, a
-    return best
-
-
-@step
-def _hand(j, t, m, n, groups, d_route, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction, call,
-          handed, d_reqs, d_placed):
+def _hand(j, t, m, n, groups, d_route, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction,
+          call, handed, d_reqs, d_placed):
     """Request j, ready at ``t``, the ``m``-th the decode pool takes: to
     engine ``m % D`` (in turn; ``d_route`` 1: the engine least used at
-    ``t``, :func:`_least_active`), bringing its prompt's KV cache, its
-    batch-means group its group among the ``n`` arrivals; recorded as the
+    ``t``, by the cluster's rule, :func:`.routing.scan_engines`, on the
+    engines' active requests then, written into ``d_eng``), bringing its
+    prompt's KV cache, its batch-means group its group among the ``n``
+    arrivals; recorded as the
     engine's next request (``d_reqs``) and, by ``m``, its engine and number
     there (``d_placed``)."""
     D = d_counts.shape[0]
-    e = m % D if d_route == 0 else _least_active(d_ws.state_i, d_ws.state_f, d_counts, t)
+    if d_route == 0:
+        e = m % D
+    else:
+        for x in range(D):
+            d_eng[_r.EN.active, x] = d_counts[x] - _completed_by(d_ws.state_i[x], d_ws.state_f[x], t)
+        e = _r.scan_engines(d_eng)[0]
     k = d_counts[e]
     kc = call[j]
     d_ws.arrival[e, k] = t
@@ -125,7 +119,8 @@ def _hand(j, t, m, n, groups, d_route, d_ws, d_feeds, d_requests, d_counts, prom
 def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts,
                        d_config, d_control, d_inputs, d_out, d_requests, d_ws, d_feeds, d_counts,
                        loop, rheap, link, prompt, output, prediction, chain, shared, d_output, d_prediction,
-                       times, program, new_tokens, session_end, call, first, ready, handed, d_route, d_reqs, d_placed,
+                       times, program, new_tokens, session_end, call, first, ready, handed, d_route, d_eng, d_reqs,
+                       d_placed,
                        groups, rt, ca, eng, table, match, where, local, reqs, routed, streams, stop, estop):
     """Route ``times.size`` calls of closed-loop programs to the prefill
     pool (``config`` ... ``counts``: :func:`.continuous_cluster.cluster_kernel`'s
@@ -143,7 +138,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     the instant it is ready for the decode pool; ``handed`` the requests
     in the order the decode pool takes them (its engines' counts in
     ``d_counts``: dealt in turn, or with ``d_route`` 1 to the engine least
-    used), ``d_reqs`` each decode engine's requests (in arrival order) and
+    used, its engines' loads in ``d_eng``), ``d_reqs`` each decode engine's requests (in arrival order) and
     ``d_placed`` the engine and number there of each one it takes (in
     that order), ``reqs`` each prefill engine's requests' numbers in
     arrival order.  Returns :data:`.continuous.DONE`, ``STOPPED`` or
@@ -180,7 +175,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
             if r < t and r <= sp and r <= sd:
                 # a call ready joins the decode pool before any iteration starting at or after it
                 r, jr, rsize = _heap_pop(r_t, r_id, rsize)
-                _hand(jr, r, m, n, groups, d_route, d_ws, d_feeds, d_requests, d_counts, prompt, d_output,
+                _hand(jr, r, m, n, groups, d_route, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt, d_output,
                       d_prediction, call, handed, d_reqs, d_placed)
                 m += 1
             elif e >= 0 and sp <= sd:
@@ -266,7 +261,8 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
         np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, d_output,
         np.ascontiguousarray(calls["d_prediction"], float), got["arrival_times"], got["program"], got["new_tokens"],
         got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"],
-        {"round_robin": 0, "least_used": 1}[d_router], np.empty((d_engines, n), np.int64), got["d_placed"], groups,
+        {"round_robin": 0, "least_used": 1}[d_router], dec.eng, np.empty((d_engines, n), np.int64), got["d_placed"],
+        groups,
         router,
         cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where, pre.local,
         np.empty((engines, n), np.int64), pre.routed, streams, stop, np.zeros_like(stop))
