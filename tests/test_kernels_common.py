@@ -14,7 +14,7 @@ from numba.core.errors import TypingError
 
 from mbbatch._kernels.common import (
     ARR_POISSON, ARRIVAL_KINDS, CACHE, LENGTH_KINDS, PRED_ORACLE, PREDICT_KINDS, arrival_group, draw_block,
-    drawer_caches, drawers, gamma_constants, numpy_gamma, standard_exponential, standard_normal,
+    drawer_caches, drawers, gamma_constants, load_tuple, numpy_gamma, standard_exponential, standard_normal,
 )
 from mbbatch.lengths import as_service
 
@@ -214,3 +214,25 @@ def test_a_classs_values_land_at_its_requests_places_in_order():
     scatter_class(klass, 1.0, np.array([10.0, 11.0, 12.0]), np.array([20.0, 21.0, 22.0]), a, b)
     assert a[[0, 2, 3]].tolist() == [10.0, 11.0, 12.0] and b[[0, 2, 3]].tolist() == [20.0, 21.0, 22.0]
     assert np.isnan(a[[1, 4]]).all()
+
+
+@njit(cache=False)
+def _loaded(ints, floats):
+    return load_tuple(ints, 29), load_tuple(floats[2:5], 3)
+
+
+def test_load_tuple_is_the_vectors_first_values_in_order():
+    ints = np.arange(40, dtype=np.int64) * 7 - 3
+    floats = np.linspace(-1.0, 1.0, 9)
+    got_i, got_f = _loaded(ints, floats)
+    assert got_i == tuple(int(v) for v in ints[:29])
+    assert got_f == tuple(float(v) for v in floats[2:5])
+
+
+def test_load_tuple_refuses_a_size_known_only_at_run_time():
+    @njit(cache=False)
+    def f(a, k):
+        return load_tuple(a, k)
+
+    with pytest.raises(TypingError, match="compile-time constant"):
+        f(np.zeros(3), 2)

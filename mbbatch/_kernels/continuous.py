@@ -147,10 +147,10 @@ from __future__ import annotations
 from collections import namedtuple
 
 import numpy as np
-from numba.np.unsafe.ndarray import to_fixed_tuple
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, arrival_group, check_stop, draw_arrivals,
-                     drawers, extra_experts, helper, hist_bucket, kernel, step, subroutine, variant)
+                     drawers, extra_experts, helper, hist_bucket, kernel, load_tuple, step, subroutine,
+                     variant)
 from .controller import (A, BATCH_STATS, C as CT, CONTROLLER, DEFAULT_EMA, DEFAULT_TOKENS, MEMORY, SLA, T, b_mem_core,
                          b_sla, controller_init, feedback_core)
 from .controller import M as MM
@@ -1381,7 +1381,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     sla, memory = control
     ema = sla[1][A.ema]
     # (the cost's coefficients as a tuple: values in registers through the loop, not loads from memory)
-    coef = to_fixed_tuple(cf[C_COST:C_COST + N_COST], N_COST)
+    coef = load_tuple(cf[C_COST:C_COST + N_COST], N_COST)
     attention = FULL and coef[PREFILL_ATTENTION] > 0.0
     # (a real server's time outside the engine, every request's; its overhead per iteration is in the cost's
     # step, cost_step: mbbatch.planners.continuous)
@@ -1403,9 +1403,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     # completions' and the gaps' sums as tuples
     (head, tail, running, n_dec, s0, ssize, nstack, pq_h, pq_n, qh, waiting, rr, rounds, ph, n_main, ng, completed,
      iterations, prefill_tokens, tokens, tbt_count, sum_batch, i, nfree, free, blocks_total, block_left, npf,
-     npd) = to_fixed_tuple(ws.state_i, LOOP_INTS)
+     npd) = load_tuple(ws.state_i, LOOP_INTS)
     (t_round, busy, sum_lat, sum_ttft, sum_tbt, running_time, blocks_time, waiting_time, system_time, last_done,
-     now) = to_fixed_tuple(ws.state_f, LOOP_FLOATS)
+     now) = load_tuple(ws.state_f, LOOP_FLOATS)
     si = ws.state_i
     if not FULL:
         block_left, npf, npd = 0, 0, 0
