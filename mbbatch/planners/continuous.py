@@ -499,10 +499,13 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     n = plan.n
     if req is not None and placed is not None:
         # (each engine's requests in the cluster's order: an engine numbers its requests as they reach it, so
-        # engine e's record k is request mine[e][k])
-        where = placed[0]
-        by_engine = np.argsort(where, kind="stable")
-        ends = np.cumsum(np.bincount(where, minlength=c))
+        # engine e's record k is request mine[e][k]; request j is put at its engine's start plus its number
+        # there, a scatter where a stable sort by engine took ten times as long)
+        where, local = placed
+        counts = np.bincount(where, minlength=c)
+        ends = np.cumsum(counts)
+        by_engine = np.empty(where.size, np.int64)
+        by_engine[(ends - counts)[where] + local] = np.arange(where.size)
     for e, (out, r, _) in enumerate(runs):
         s = _k.STATS.unpack((out.ints, out.floats))
         stats_.append(s)
