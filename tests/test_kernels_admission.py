@@ -52,7 +52,7 @@ def test_the_kernel_loads_and_stores_the_engines_scalars_in_the_states_order():
     loads, stores = {}, {}
     for node in ast.walk(tree):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.targets[0], ast.Tuple)
-                and getattr(node.value.func, "id", "") == "to_fixed_tuple"):
+                and getattr(node.value.func, "id", "") == "load_tuple"):
             loads[ast.unparse(node.value.args[0])] = [ast.unparse(e) for e in node.targets[0].elts]
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_store":
             stores[ast.unparse(node.args[0])] = [ast.unparse(e) for e in node.args[1].elts]
