@@ -20,7 +20,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
              prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
              class_slo=None, class_tpot=None, goodput=0, quantum=16, levels=4, prefix_caching=False, chain=None,
-             shared=None, grows=None, until=None):
+             shared=None, grows=None, until=None, join=None, leave=()):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -137,11 +137,27 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     ``until``: the engine stops before its first iteration that would
     start at or after ``until`` (the per-chain ``cached_blocks`` and
     ``refs`` then as they stand; the requests not done unstamped).
-    Incompatible with ``cached`` (a ``ValueError``)."""
+    Incompatible with ``cached`` (a ``ValueError``).
+
+    ``join``: per request, the time it reaches the engine (default: its
+    arrival; a request a cluster routed again, handed back by an engine
+    leaving): it joins the waiting at the first iteration boundary at or
+    after it, in the order given; ``arrival`` stays what its order's keys
+    (aging, deadlines) count from.  ``leave``: times (increasing) the
+    engine leaves its cluster: at its first iteration boundary at or after
+    each (the arrivals up to then joined), unless it is idle then, every
+    waiting request but the preempted ones (the stack, and those the
+    feedback queue preempted) leaves it unadmitted, in the order its
+    admission order would admit them, none charged (fair sharing's
+    counters); returned as ``handed``, a list per leave time."""
     if prefix_caching and cached is not None:
         raise ValueError("prefix caching is incompatible with cached (a decode stage's KV brought along)")
     n = len(arrival)
     arrival = [float(a) for a in arrival]
+    join = list(arrival) if join is None else [float(x) for x in join]
+    leave = list(leave)
+    handed = [[] for _ in leave]
+    nl = 0                   # the next leave
     prompt = [int(p) for p in prompt]
     output = [int(o) for o in output]
     blocks_total = math.inf if math.isinf(kv_tokens) else int(kv_tokens // block_size)
@@ -230,7 +246,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
 
     def arrive_until(t):
         nonlocal i
-        while i < n and arrival[i] <= t:
+        while i < n and join[i] <= t:
             if admission == "multibin":
                 bins[bin_of(i)].append(i)
             elif admission == "mlfq":
@@ -302,6 +318,25 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
 
     def blocks(tokens):
         return -(-tokens // block_size)
+
+    def hand_back():
+        """Every waiting request (not a preempted one) out, in admission order."""
+        gone = []
+        stack = resume[:]
+        resume.clear()
+        while True:
+            r = peek()
+            if r < 0:
+                break
+            if g[r] > 0:
+                raise ValueError("the engine holds requests it preempted among its waiting: it cannot hand them back")
+            if admission == "vtc":
+                clients[klass[r]].pop(0)
+            else:
+                take(r)
+            gone.append(r)
+        resume.extend(stack)
+        return gone
 
     def plan(r):
         """Admitting r: its chain (-1: none), its prefix's full blocks k, the hit
@@ -387,10 +422,16 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 done[r] = now
             held_first, held_done = [], []
         if not running and peek() < 0:
+            # (idle at a leave: nothing to hand back)
+            while nl < len(leave) and (i >= n or join[i] > leave[nl]):
+                nl += 1
             if i >= n:
                 break
-            now = max(now, arrival[i])
+            now = max(now, join[i])
             continue
+        while nl < len(leave) and now >= leave[nl]:
+            handed[nl] = hand_back()
+            nl += 1
         if until is not None and now >= until:
             break
         cap = max_num_seqs
@@ -499,7 +540,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             assert not running, "stalled"
             if i >= n:
                 break
-            now = max(now, arrival[i])
+            now = max(now, join[i])
             continue
         if scheduling:
             block_left = num_scheduler_steps - 1
@@ -591,4 +632,4 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 preempted=np.array(preempted), tbt=np.array(tbt), iterations=iterations, busy=busy,
                 preemptions=preemptions, recomputed=recomputed, caps=np.array(caps),
                 quanta_for_memory=quanta_for_memory, prefix_hits=prefix_hits, prefix_queries=prefix_queries,
-                evictions=evictions, cached_blocks=list(chain_cached), refs=list(refs))
+                evictions=evictions, cached_blocks=list(chain_cached), refs=list(refs), handed=handed)

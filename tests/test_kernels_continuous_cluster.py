@@ -15,7 +15,7 @@ from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
 from mbbatch._kernels.routing import ROUTERS, CacheRouting, Router
 
 from . import reference_continuous as ref
-from .test_kernels_continuous import COEF, _config, _fields, _kernel, _prefixed
+from .test_kernels_continuous import COEF, _classed, _config, _fields, _kernel, _prefixed
 
 #: the prefix caching keywords of a configuration (:func:`.test_kernels_continuous._prefixed`)
 _PREFIX = ("chain", "shared", "grows")
@@ -30,9 +30,10 @@ def _prefixes(kw):
 
 
 def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True, cache=(0.3, 64, 1.5),
-             closed=None, **kw):
+             closed=None, events=None, klass=None, **kw):
     """The kernel's cluster (``closed``: closed-loop programs, as
-    :func:`_reference_cluster`'s, for ``len(arr)`` requests)."""
+    :func:`_reference_cluster`'s, for ``len(arr)`` requests; ``events``:
+    engine events; ``klass``: the requests' classes, of ``kw["class_slo"]``)."""
     prefixes, kw = _prefixes(kw)
     n = len(arr)
     blocks = -1 if np.isinf(kw["kv_tokens"]) else int(kw["kv_tokens"] // kw["block_size"])
@@ -46,12 +47,12 @@ def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, k
     if closed is not None:
         return cc.run_closed(cfg, {**closed, "prompt": _contexts(closed)}, np.asarray(kw["edges"], float), rt,
                              engines, ck.ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64),
-                             groups=4, ts_rows=8, cache_routing=CacheRouting(*cache))
+                             groups=4, ts_rows=8, cache_routing=CacheRouting(*cache), events=events)
     progs = None if programs is None else (programs, int(programs[0].max()) + 1)
     return cc.run(cfg, np.asarray(arr, float), p.astype(float), o.astype(float), pred.astype(float),
                   np.asarray(kw["edges"], float), rt, engines, ck.ContinuousStreams(np.random.default_rng(0)),
                   np.zeros(STOP_SIZE, np.int64), programs=progs, groups=4, ts_rows=8, prefixes=prefixes,
-                  cache_routing=CacheRouting(*cache))
+                  cache_routing=CacheRouting(*cache), events=events, klass=klass, class_slo=kw.get("class_slo"))
 
 
 def _contexts(closed):
@@ -405,3 +406,182 @@ def test_progress_and_stop():
     *_, code = cc.run(cfg, arr, p.astype(float), o.astype(float), pred.astype(float), np.empty(0), rt, 2, streams,
                       stop)
     assert code == ck.STOPPED
+
+
+def _events(rng, arr, engines):
+    """Random engine events over the arrivals' span: one to three, each an
+    engine leaving (one at least stays) or, once left, joining again;
+    ``(time, engine, add)`` arrays in time order."""
+    span = float(arr[-1]) if arr.size else 1.0
+    times = np.sort(rng.uniform(0.0, span * 1.1 + 0.01, int(rng.integers(1, 4))))
+    if rng.random() < 0.3 and arr.size:
+        times[0] = arr[int(rng.integers(0, arr.size))]        # (at an arrival's instant: the event first)
+        times.sort()
+    on = set(range(engines))
+    ev = []
+    for t in times:
+        off = sorted(set(range(engines)) - on)
+        if off and rng.random() < 0.5:
+            e = int(rng.choice(off))
+            on.add(e)
+            ev.append((t, e, 1))
+        elif len(on) > 1:
+            e = int(rng.choice(sorted(on)))
+            on.discard(e)
+            ev.append((t, e, 0))
+    return (np.array([x[0] for x in ev], float), np.array([x[1] for x in ev], np.int64),
+            np.array([x[2] for x in ev], np.int8))
+
+
+def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20, programs=None, kv=True, **kw):
+    """The plain-Python cluster with engine events (open loop, no prefix
+    caching): at each arrival, an engine's active requests are those routed
+    to it, not handed back and not completed by then in the reference
+    engine's run of its requests so far; the router's rule over the engines
+    in the cluster (round robin skipping those out).  An event at an
+    arrival's instant comes first.  An engine leaving at t is out of the
+    router's choice, the program table forgets it, and its run (leaving at
+    t: :func:`.reference_continuous.simulate`'s ``leave``) hands back its
+    waiting requests, which are routed again at t in that order (the rule,
+    on the active requests at t, each counted as it goes), each joining its
+    new engine at t (``join``) and keeping its arrival; with programs a
+    call routed again prefills what its new engine's context gives it.
+    Returns each request's engine, each engine's run, its live requests and
+    every request's KV cache brought, and the requests routed again."""
+    n = len(arr)
+    klass = kw.pop("klass", None)
+    cached = np.zeros(n)
+    mine = [[] for _ in range(engines)]
+    joins = [[] for _ in range(engines)]       # (when each of an engine's requests reached it)
+    leaves = [[] for _ in range(engines)]
+    gone = [set() for _ in range(engines)]
+    where = np.empty(n, np.int64)
+    on = [True] * engines
+    table, holder, rr = {}, {}, [0]
+    moved = 0
+
+    def run(e):
+        idx = mine[e]
+        return ref.simulate(arr[idx], p[idx], o[idx], pred[idx], cached=cached[idx], join=joins[e],
+                            leave=leaves[e], klass=None if klass is None else klass[idx], **kw)
+
+    def active(t):
+        out = []
+        for e in range(engines):
+            done = int((run(e)["completion"] <= t).sum()) if mine[e] else 0
+            out.append(len(mine[e]) - len(gone[e]) - done)
+        return out
+
+    def pick(j, act):
+        least = min((e for e in range(engines) if on[e]), key=lambda e: (act[e], e))
+        if router == "round_robin":
+            e = rr[0]
+            while not on[e]:
+                e = (e + 1) % engines
+            rr[0] = (e + 1) % engines
+            return e
+        if router == "autellix" and programs is not None and p[j] > threshold:
+            pid = programs[0][j]
+            e = table.get(pid, -1)
+            if e < 0:
+                e = table[pid] = least
+            return e
+        return least
+
+    def place(j, e, t):
+        was = p[j] - cached[j]
+        if programs is not None:
+            pid, new, last = programs[0][j], programs[1][j], programs[2][j]
+            cached[j] = p[j] - new if kv and new < p[j] and holder.get(pid) == e else 0.0
+            holder[pid] = e
+            if last:
+                table.pop(pid, None)
+        mine[e].append(j)
+        joins[e].append(t)
+        where[j] = e
+        return was
+
+    ev = 0
+    times, engine, add = events
+    for j in range(n + 1):
+        t_next = arr[j] if j < n else np.inf
+        while ev < times.size and times[ev] <= t_next:
+            t, e = float(times[ev]), int(engine[ev])
+            if add[ev]:
+                on[e] = True
+            else:
+                on[e] = False
+                for d in (table, holder):
+                    for pid in [k for k, v in d.items() if v == e]:
+                        del d[pid]
+                leaves[e].append(t)
+                back = [mine[e][k] for k in run(e)["handed"][-1]] if mine[e] else []
+                gone[e].update(back)
+                act = active(t)
+                for h in back:
+                    e2 = pick(h, act)
+                    place(h, e2, t)
+                    act[e2] += 1
+                    moved += 1
+            ev += 1
+        if j == n:
+            break
+        e = pick(j, active(arr[j]))
+        place(j, e, arr[j])
+    runs = [run(e) if mine[e] else None for e in range(engines)]
+    live = [[j for j in mine[e] if j not in gone[e]] for e in range(engines)]
+    return where, runs, mine, live, cached, moved
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])
+def test_engine_events_are_the_plain_python_cluster_request_by_request(router):
+    """Engines leaving and joining again (:func:`_events`) over 12 random
+    configurations per router (2 to 4 engines; every admission order that
+    hands its waiting back; Autellix with programs and KV reuse): each
+    request's engine, the requests routed again, and on each engine each
+    request it kept's arrival (its first), admission, first token,
+    completion and preemptions equal the plain-Python cluster's
+    (:func:`_reference_events`).  No request is lost: the engines complete
+    them all, their latencies summed from their first arrivals, and the
+    system-time integral counts each request once, arrival to completion."""
+    rng = np.random.default_rng(90 + ["round_robin", "least_used", "autellix"].index(router))
+    moved = 0
+    for _ in range(12):
+        (arr, p, o, pred), kw = _config(rng)
+        kw = _classed(rng, kw)
+        kw.pop("goodput", None)
+        kw.pop("class_tpot", None)
+        engines = int(rng.integers(2, 5))
+        programs = _programs(rng, p) if router == "autellix" else None
+        events = _events(rng, arr, engines)
+        klass = rng.integers(0, 3, len(arr)) if "class_slo" in kw else None
+        ref_kw = {**kw, "klass": klass} if klass is not None else kw
+        where_ref, want, mine, live, cached, moved_ref = _reference_events(arr, p, o, pred, engines, router, events,
+                                                                            programs=programs, **ref_kw)
+        runs, where, local, routed, code = _cluster(arr, p, o, pred, engines, router, programs=programs,
+                                                    events=events, klass=klass, **kw)
+        assert code == ck.DONE
+        np.testing.assert_array_equal(where, where_ref, err_msg=f"{router} {events} {kw}")
+        assert routed["rerouted"] == moved_ref
+        completed = latency = system = 0.0
+        for e, ((out, req, _), w) in enumerate(zip(runs, want)):
+            st = ck.STATS.unpack((out.ints, out.floats))
+            assert st["completed"] == len(live[e])
+            completed += st["completed"]
+            latency += st["sum_latency"]
+            system += st["system_time"]
+            if w is None:
+                continue
+            np.testing.assert_array_equal(local[live[e]], np.arange(len(live[e])))
+            keep = np.isin(mine[e], live[e])
+            np.testing.assert_array_equal(req["arrival"], arr[live[e]])
+            for col in ("admitted", "first_token", "completion"):
+                np.testing.assert_array_equal(req[col], w[col][keep], err_msg=f"{col} engine {e} {events} {kw}")
+            np.testing.assert_array_equal(req["preemptions"], w["preempted"][keep])
+        assert completed == len(arr)
+        alldone = np.concatenate([w["completion"][np.isin(mine[e], live[e])] for e, w in enumerate(want) if w])
+        arrived = np.concatenate([arr[live[e]] for e, w in enumerate(want) if w])
+        assert latency == pytest.approx(float((alldone - arrived).sum()), rel=1e-9)
+        assert system == pytest.approx(float((alldone - arrived).sum()), rel=1e-9)
+        moved += moved_ref
+    assert moved >= 5           # (engines left with requests waiting)

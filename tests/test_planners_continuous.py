@@ -283,17 +283,53 @@ def test_a_cluster_routes_to_the_least_used_engine_and_reuses_a_programs_kv_cach
         assert res.mean_in_system == pytest.approx(res.throughput * res.mean_latency, rel=1e-9)
 
 
-@pytest.mark.parametrize("kw, exc, match", [
-    (dict(events=[mb.EngineEvent(time=1.0, engine=0)]), ValueError, "events: a Cluster of ContinuousBatching"),
+@pytest.mark.parametrize("engine, match", [
+    (dict(prefix_caching=True), r"events: a Cluster of ContinuousBatching\(prefix_caching=True\)"),
+    (dict(admission="mlfq"), r"ContinuousBatching\(admission='mlfq'\) cannot .* the admissions that can: fcfs, spf, "
+                             r"multibin, edf, vtc"),
 ])
-def test_what_a_continuous_cluster_does_not_model_is_refused(kw, exc, match):
-    with pytest.raises(exc, match=match):
-        mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=2, **kw), mb.Poisson(5.0), workload=WL, n=100)
+def test_what_a_continuous_cluster_does_not_model_is_refused(engine, match):
+    with pytest.raises(ValueError, match=match):
+        mb.simulate(mb.Cluster(mb.ContinuousBatching(**engine), engines=2,
+                               events=[mb.EngineEvent(time=1.0, engine=0)]), mb.Poisson(5.0), workload=WL, n=100)
     with pytest.raises(ValueError, match="servers: each ContinuousBatching engine of a Cluster is one engine"):
         mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=2), mb.Poisson(5.0), workload=WL, n=100, servers=2)
     with pytest.raises(TypeError, match="service_model: ContinuousBatching's iterations are timed"):
         mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=2), mb.Poisson(5.0), workload=WL, n=100,
                     service_model=mb.DecodeModel())
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_an_engine_leaving_hands_its_waiting_requests_back_and_none_is_lost(closed):
+    """Engine 0 of 3 (round robin, near capacity) leaves when its queue is
+    longest in the run without events, and joins again 20 s later: the
+    requests routed again are exactly those waiting there then (the runs
+    are the same up to that instant: routed to it before, first admitted
+    at or after it), every request completes, and each keeps its first
+    arrival: the latencies and the time in the system count from it
+    (Little's law holds), and a request's record starts there.  Open loop
+    and closed-loop programs alike; the same seed gives the same run."""
+    pol = mb.ContinuousBatching(max_num_seqs=4, kv_tokens=20_000)
+    programs = mb.Programs(calls=4, think_time=0.2, closed=True) if closed else None
+    run = dict(arrivals=mb.Poisson(7.0), workload=WL, n=3000, seed=5, keep_requests=True)
+    base = mb.simulate(mb.Cluster(pol, engines=3, router="round_robin", programs=programs), **run)
+    q = base.requests
+    mine = q.engine == 0
+    waiting = [int(np.sum(mine & (q.arrival < t) & (q.admitted >= t))) for t in q.arrival[mine]]
+    t = float(q.arrival[mine][int(np.argmax(waiting))])
+    events = [mb.EngineEvent(t, 0, "remove"), mb.EngineEvent(t + 20.0, 0, "add")]
+    res, again = (mb.simulate(mb.Cluster(pol, engines=3, router="round_robin", programs=programs, events=events),
+                              **run) for _ in range(2))
+    assert res.rerouted == max(waiting) >= 5 and base.rerouted == 0
+    assert res.completed == 3000
+    req = res.requests
+    assert np.all(req.completion >= req.first_token) and np.all(req.first_token > req.arrival)
+    assert res.mean_latency == pytest.approx(float(np.mean(req.completion - req.arrival)), rel=1e-9)
+    assert res.mean_in_system == pytest.approx(res.throughput * res.mean_latency, rel=1e-9)
+    # (engine 0 takes no request while it is out)
+    out = (req.arrival >= t) & (req.arrival < t + 20.0)
+    assert out.sum() > 50 and not np.any(req.engine[out] == 0)
+    assert res.metrics() == again.metrics()
 
 
 def _closed(engines=3, overhead=0.0, think=0.0, **kw):

@@ -3,7 +3,7 @@ are admitted in, each declared once in :data:`ORDERS`.
 
 An order keeps the waiting requests (not the preempted ones: the engine
 resumes those first, the last preempted first) in the workspace's arrays and
-three scalars, its queue ``q = (front, size, rr)``, and is nine steps
+three scalars, its queue ``q = (front, size, rr)``, and is ten steps
 (``rounds``: the engine's decode rounds so far; ``par = (aging, full,
 goodput, quantum, coef, expert_span, expert_miss)``: the aging rate,
 tokens/s, the kernel variant's compile-time ``FULL``, whether the run
@@ -14,6 +14,10 @@ iteration cost's coefficients and experts, :mod:`.cost`):
 - ``head(q, par, ws, inputs, rounds) -> (r, b)``: the request it admits
   next and its bin or client (-1: none), called only while a request waits;
 - ``admit(q, r, b, par, ws, inputs) -> q``: that request admitted;
+- ``leave(q, r, b, par, ws, inputs) -> q``: that request leaves the
+  waiting unadmitted (its engine leaves a cluster and hands it back to the
+  router: :func:`hand_back`); None: the order cannot hand its waiting back
+  (it holds requests it preempted among them);
 - ``served(kind, r, rounds, par, ws, inputs)``: request r's tokens as the
   engine serves them (:data:`JOINED`: it joins the decodes, which give it a
   token every round from the next; :data:`LEFT`: it leaves them, at
@@ -42,7 +46,7 @@ iteration cost's coefficients and experts, :mod:`.cost`):
   decodes).  The numbers are those of looking at every end.
 
 The engine calls :func:`join`, :func:`head`, :func:`admit`,
-:func:`served`, :func:`quota`, :func:`expire`, :func:`resume`,
+:func:`leave`, :func:`served`, :func:`quota`, :func:`expire`, :func:`resume`,
 :func:`contested` and :func:`catch_up` (each
 with the kernel variant's ``full``), which pick the order of a run's code
 (its place in :data:`ORDERS`): a new order is its steps and a line of
@@ -131,8 +135,8 @@ from .programs import _heap_pop, _heap_push
 #: an admission order: its steps, the workspace arrays it keeps per request, and whether only the full kernel
 #: has it (an order reading the requests' classes or counting the tokens served: the lean kernel, which runs
 #: the others, carries none of its code or of the arrays it reads)
-Order = namedtuple("Order", ("join", "head", "admit", "served", "quota", "expire", "resume", "contested", "catch_up",
-                             "arrays", "full"))
+Order = namedtuple("Order", ("join", "head", "admit", "leave", "served", "quota", "expire", "resume", "contested",
+                             "catch_up", "arrays", "full"))
 #: :func:`served`'s kinds
 JOINED, LEFT, TOKEN = 0, 1, 2
 #: the quota of an order that lets a running sequence run to its end
@@ -198,10 +202,19 @@ def _fcfs_admit(q, r, b, par, ws, inputs):
 # shortest predicted output first, with aging ---------------------------------------------------------------------
 
 @step
+def arrived(full, ws, r):
+    """Request r's arrival, which its latency, time to first token and
+    order keys count from: its first, ``ws.origin[r]``, where a run hands
+    requests back to a cluster's router (the full kernel's), else the time
+    it reached the engine, ``ws.arrival[r]``."""
+    return ws.origin[r] if full and ws.origin.shape[0] > 0 else ws.arrival[r]
+
+
+@step
 def _spf_join(q, i, par, ws, inputs, rounds):
     """(with aging, the priority prediction - aging x (now - arrival) orders the waiting as prediction + aging x
     arrival does: every one's falls at the same rate)"""
-    size = _heap_push(ws.sk, ws.sid, q[1], inputs.prediction[i] + par[0] * ws.arrival[i], i)
+    size = _heap_push(ws.sk, ws.sid, q[1], inputs.prediction[i] + par[0] * arrived(par[1], ws, i), i)
     return q[0], size, q[2]
 
 
@@ -290,7 +303,7 @@ def class_of(inputs, r):
 @step
 def _edf_join(q, i, par, ws, inputs, rounds):
     """(its deadline: its arrival plus its class's objective on the time to first token)"""
-    size = _heap_push(ws.sk, ws.sid, q[1], ws.arrival[i] + inputs.class_slo[class_of(inputs, i)], i)
+    size = _heap_push(ws.sk, ws.sid, q[1], arrived(par[1], ws, i) + inputs.class_slo[class_of(inputs, i)], i)
     return q[0], size, q[2]
 
 
@@ -346,6 +359,13 @@ def _vtc_admit(q, r, b, par, ws, inputs):
     _dequeue(r, b, ws)
     ws.vtc[b] += INPUT_WEIGHT * inputs.prompt[r]
     return q[0], q[1], b
+
+
+@step
+def _vtc_leave(q, r, b, par, ws, inputs):
+    """Out of its client's queue, nothing charged (its client was not served)."""
+    _dequeue(r, b, ws)
+    return q
 
 
 @step
@@ -513,21 +533,23 @@ def _mlfq_resume(r, ws):
 
 #: the orders, by name (the parameter table's ``admission`` choices); a run's code is an order's place here
 ORDERS: dict = {
-    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _ignored, _unlimited, _never, _fresh, _uncontested, _current,
-                  (), False),
-    "spf": Order(_spf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, _uncontested, _current,
-                 ("sk", "sid"), False),
-    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _ignored, _unlimited, _never, _fresh,
-                      _uncontested, _current, ("qnext",), False),
-    "edf": Order(_edf_join, _heap_head, _heap_admit, _ignored, _unlimited, _never, _fresh, _uncontested, _current,
-                 ("sk", "sid"), True),
-    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_served, _unlimited, _never, _fresh, _uncontested, _current,
-                 ("qnext",), True),
-    "mlfq": Order(_mlfq_join, _mlfq_head, _mlfq_admit, _mlfq_served, _mlfq_quota, _mlfq_expire, _mlfq_resume,
+    "fcfs": Order(_fcfs_join, _fcfs_head, _fcfs_admit, _fcfs_admit, _ignored, _unlimited, _never, _fresh,
+                  _uncontested, _current, (), False),
+    "spf": Order(_spf_join, _heap_head, _heap_admit, _heap_admit, _ignored, _unlimited, _never, _fresh, _uncontested,
+                 _current, ("sk", "sid"), False),
+    "multibin": Order(_multibin_join, _multibin_head, _multibin_admit, _multibin_admit, _ignored, _unlimited, _never,
+                      _fresh, _uncontested, _current, ("qnext",), False),
+    "edf": Order(_edf_join, _heap_head, _heap_admit, _heap_admit, _ignored, _unlimited, _never, _fresh, _uncontested,
+                 _current, ("sk", "sid"), True),
+    "vtc": Order(_vtc_join, _vtc_head, _vtc_admit, _vtc_leave, _vtc_served, _unlimited, _never, _fresh, _uncontested,
+                 _current, ("qnext",), True),
+    "mlfq": Order(_mlfq_join, _mlfq_head, _mlfq_admit, None, _mlfq_served, _mlfq_quota, _mlfq_expire, _mlfq_resume,
                   _mlfq_contested, _mlfq_catch_up, ("qnext", "mlfq", "resume_last"), True),
 }
 #: every order's per-request arrays (:attr:`Order.arrays`), each named once
 ARRAYS = tuple(dict.fromkeys(a for o in ORDERS.values() for a in o.arrays))
+#: per order (by code), whether it can hand its waiting requests back (:attr:`Order.leave` given)
+HANDS_BACK = tuple(o.leave is not None for o in ORDERS.values())
 #: per order (by code), whether only the full kernel has it (:attr:`Order.full`)
 FULL_ONLY = tuple(o.full for o in ORDERS.values())
 #: an order's code, by name
@@ -544,11 +566,18 @@ def _dispatch(name: str):
     never runs them, carries none of their code."""
     # (numba compiles a closure's free variables as constants: each link is a step of its own, calling its order's
     # step or the next link; the chain's end, reached by no valid code, is the first order's)
-    steps = [getattr(o, name) for o in ORDERS.values()]
+    # (an order without ``leave``, None, has one that is never called: its runs hand nothing back)
+    steps = [getattr(o, name) or _unreachable for o in ORDERS.values()]
     chain = _end(steps[0], name)
     for code in reversed(range(len(steps))):
         chain = _link(code, steps[code], chain, name, FULL_ONLY[code])
     return chain
+
+
+@step
+def _unreachable(q, r, b, par, ws, inputs):
+    """(an order's ``leave`` it does not have: never called)"""
+    return q
 
 
 def _end(fn, name):
@@ -573,6 +602,8 @@ join = _dispatch("join")
 head = _dispatch("head")
 #: ``admit(adm, full, q, r, b, par, ws, inputs) -> q``: the head ``r`` (of bin ``b``) admitted
 admit = _dispatch("admit")
+#: ``leave(adm, full, q, r, b, par, ws, inputs) -> q``: the head ``r`` (of bin ``b``) leaves unadmitted
+leave = _dispatch("leave")
 #: ``served(adm, full, kind, r, rounds, par, ws, inputs)``: request r's tokens served (:data:`JOINED`,
 #: :data:`LEFT`, :data:`TOKEN`)
 served = _dispatch("served")

@@ -239,7 +239,10 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 #: the groups of decodes by their last token's time, the scratch of an
 #: iteration's prefill chunks, the arrival drawer's address, and (multi-step
 #: scheduling) the requests whose first token or last token an unfinished
-#: block holds back
+#: block holds back; where a cluster's engines hand requests back to its
+#: router (:func:`_hand_back`; else empty), per request the time it first
+#: arrived (``origin``: ``arrival`` is the time it reached this engine) and
+#: the log of those the engine handed back
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
                    occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
@@ -249,13 +252,14 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    tally=np.int64, state_i=np.int64, state_f=np.float64, group=np.int64, draws=np.int64,
                    pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
                    mlfq=np.int64, resume_last=np.float64, pc=np.int64, prefs=np.int64, lru_prev=np.int64,
-                   lru_next=np.int64, lru_time=np.float64, pin=np.int64, done_log=(np.float64, 2))
+                   lru_next=np.int64, lru_time=np.float64, pin=np.int64, done_log=(np.float64, 2), origin=np.float64,
+                   handed=np.int64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
 #: a run does not reach are never touched (a cluster's engines each hold
 #: every request they might be routed)
-UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "mlfq", "resume_last")
+UNSET = ("arrival", "qnext", "sk", "sid", "group", "first", "mlfq", "resume_last", "origin", "handed")
 
 #: an engine's scalars between two calls of the kernel (a run advanced to a
 #: time, then resumed: :func:`advance`); ``started``: not the first call
@@ -268,7 +272,10 @@ STATE = Layout("continuous engine state",
                      "started", "completed_before", "logged", "preemptions", "recomputed", "max_running", "ts_rows",
                      "ts_stride", "ts_due", "quotas_due",
                      # (prefix caching: the unreferenced chains' order, oldest first, their blocks, the counters)
-                     "lru_head", "lru_tail", "evictable", "prefix_hits", "prefix_queries", "evictions"),
+                     "lru_head", "lru_tail", "evictable", "prefix_hits", "prefix_queries", "evictions",
+                     # (a cluster's engine leaving it, set by its driver: it hands its waiting back at its next
+                     # pause, :func:`_hand_back`; and the requests it handed back, in all)
+                     "leaving", "handed"),
                floats=("t_round", "busy", "sum_latency", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
                        "waiting_time", "system_time", "last_completion", "now",
                        "cap_time"))
@@ -335,10 +342,33 @@ def _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inp
         # (it arrived during the iteration that just ended: in the engine since)
         system_time += now - arrival[i]
         if keep:
-            r_f[RQ.arrival, i] = arrival[i]
+            r_f[RQ.arrival, i] = admission.arrived(FULL, ws, i)
         waiting += 1
         i += 1
     return i, q, waiting, system_time
+
+
+@subroutine
+def _hand_back(adm, q, par, waiting, joined, late, system_time, waiting_time, rounds, ws, inputs):
+    """The engine leaves its cluster (``ES.leaving`` set) at the first
+    iteration boundary at or after the instant ``until``, ``late`` s after
+    it: its ``waiting`` requests (not the preempted ones: those were
+    admitted, and it keeps them) leave its order one by one, as its head
+    gives them (:func:`.admission.leave`), into ``ws.handed`` after those it
+    handed back before (``ES.handed`` in all), for the router to route again
+    from the instant ``until``.  The time they count in the engine stops at
+    ``until``: ``late`` each comes off the system-time integral, and off
+    the waiting-time one for all but the ``joined`` that joined at this
+    boundary (not counted waiting yet).  Returns ``(q, waiting,
+    system_time, waiting_time)`` after."""
+    h = ws.state_i[ES.handed]
+    for _ in range(waiting):
+        r, b = admission.head(adm, par[1], q, par, ws, inputs, rounds)
+        q = admission.leave(adm, par[1], q, r, b, par, ws, inputs)
+        ws.handed[h] = r
+        h += 1
+    ws.state_i[ES.handed] = h
+    return q, 0, system_time - late * waiting, waiting_time - late * (waiting - joined)
 
 
 @step
@@ -399,15 +429,16 @@ def _release(s, occ, free_slots, nfree):
 
 
 @step
-def _met(r, now, first, arrival, delay, inputs, c):
+def _met(r, now, first, since, delay, inputs, c):
     """Whether request r, done at ``now`` (its first token at ``first``),
     met both its class c's objectives: its time to first token (with its
     ``delay`` outside the engine) and its time per output token, the time
     from its first token to its last over its other tokens (none: 0), as
-    DistServe's goodput counts them (Zhong et al., 2024, arXiv:2401.09670)."""
+    DistServe's goodput counts them (Zhong et al., 2024, arXiv:2401.09670);
+    ``since``: its arrival (:func:`.admission.arrived`)."""
     o = inputs.output[r]
     tpot = (now - first) / (o - 1.0) if o > 1.0 else 0.0
-    return first - arrival[r] + delay <= inputs.class_slo[c] and tpot <= inputs.class_tpot[c]
+    return first - since + delay <= inputs.class_slo[c] and tpot <= inputs.class_tpot[c]
 
 
 @step
@@ -419,12 +450,12 @@ def _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, full, good):
     -inf where a multi-step block holds that token back, to return it at
     the block's end, which is ``now``: the block's last iteration ends at
     it)."""
-    arrival, group = ws.arrival, ws.group
-    lat = now - arrival[r] + delay
+    since, group = admission.arrived(full, ws, r), ws.group
+    lat = now - since + delay
     out.hist[hist_bucket(lat)] += 1
     classed = full and inputs.klass.shape[0] > 0
     c = class_of(inputs, r)
-    if full and good and _met(r, now, ws.first[r] if ws.first[r] > -np.inf else now, arrival, delay, inputs, c):
+    if full and good and _met(r, now, ws.first[r] if ws.first[r] > -np.inf else now, since, delay, inputs, c):
         out.ints[S.good] += 1
         if classed:
             out.class_stats[c, CLASS.good] += 1.0
@@ -471,12 +502,13 @@ def _unlink(s, prv, nxt, head, tail, occ, free_slots, nfree):
 
 
 @step
-def _first_token(r, now, arrival, delay, out, inputs, keep, r_f, full, good, first):
+def _first_token(r, now, since, delay, out, inputs, keep, r_f, full, good, first):
     """Request r's first token returned at ``now``: its time to first token
-    (plus its ``delay`` outside the engine) into the histogram (and its
+    (from its arrival ``since``, :func:`.admission.arrived`, plus its
+    ``delay`` outside the engine) into the histogram (and its
     class's, counted within its class's objective or not), its record
     kept.  Returns the time to first token."""
-    ttft = now - arrival[r] + delay
+    ttft = now - since + delay
     out.hist_ttft[hist_bucket(ttft)] += 1
     if full and good:
         first[r] = now
@@ -499,7 +531,7 @@ def _return_block(npf, npd, ws, now, out, inputs, requests, config):
     Returns the sums of their times to first token and of their latencies.
     (Given the kernel's structures, not their arrays: the call sits in the
     loop, and each argument it passes is a value the loop keeps.)"""
-    pend_first, pend_done, arrival = ws.pend_first, ws.pend_done, ws.arrival
+    pend_first, pend_done = ws.pend_first, ws.pend_done
     ci, cf = config
     n = ci[C.n]
     keep = ci[C.keep] != 0
@@ -509,12 +541,14 @@ def _return_block(npf, npd, ws, now, out, inputs, requests, config):
     delay = cf[C.request_overhead]
     s_ttft = 0.0
     for k in range(npf):
-        s_ttft += _first_token(pend_first[k], now, arrival, delay, out, inputs, keep, r_f, True, good, ws.first)
+        r = pend_first[k]
+        s_ttft += _first_token(r, now, admission.arrived(True, ws, r), delay, out, inputs, keep, r_f, True, good,
+                               ws.first)
     s_lat = 0.0
     for k in range(npd):
         r = pend_done[k]
         _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, True, good)
-        s_lat += now - arrival[r] + delay
+        s_lat += now - admission.arrived(True, ws, r) + delay
     return s_ttft, s_lat
 
 
@@ -1100,7 +1134,7 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
     else:
         completed, sum_lat, last_done = acc
         _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, par[1], par[2])
-        acc = (completed + 1, sum_lat + (now - ws.arrival[r] + delay), now)
+        acc = (completed + 1, sum_lat + (now - admission.arrived(par[1], ws, r) + delay), now)
     return slots, free, running - 1, npd, acc
 
 
@@ -1305,7 +1339,8 @@ def _finish_prefills(nc, pq_h, pq_n, now, rounds, s0, n_dec, ng, tokens, sum_ttf
                 if par[1] and par[2]:
                     ws.first[r] = -np.inf
             else:
-                sum_ttft += _first_token(r, now, ws.arrival, delay, out, inputs, keep, r_f, par[1], par[2], ws.first)
+                sum_ttft += _first_token(r, now, admission.arrived(par[1], ws, r), delay, out, inputs, keep, r_f,
+                                         par[1], par[2], ws.first)
         else:
             sum_tbt, tbt_count = tbt
             gap = now - ws.last[sl]
@@ -1420,8 +1455,10 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 code = STOPPED
                 break
             stop[ARRIVED] = i
+        joined = i
         i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inputs,
                                                     keep, r_f)
+        joined = i - joined
         block_left, npf, npd, sum_ttft, acc = _end_block(FULL, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws,
                                                          out, inputs, requests, config)
         if running == 0 and waiting == 0 and nstack == 0:
@@ -1431,6 +1468,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             continue
         if now >= until:
             # (an iteration starting at or after until waits for what arrives up to then)
+            if FULL and si[ES.leaving] != 0:
+                q, waiting, system_time, waiting_time = _hand_back(adm, q, par, waiting, joined, now - until,
+                                                                   system_time, waiting_time, rounds, ws, inputs)
             code = PAUSED
             break
         iterations += 1
@@ -1581,7 +1621,8 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
 
 
 def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts_rows: int = 2,
-          grouped: bool = False, longest: int | None = None, log: int = 0, lease=None) -> Engine:
+          grouped: bool = False, longest: int | None = None, log: int = 0, lease=None,
+          handing: bool = False) -> Engine:
     """An :class:`Engine` ready for :func:`advance` (the arguments as
     :func:`run`'s); ``grouped``: each request's batch-means group is given
     in ``ws.group`` (a cluster's engine: its group among the cluster's
@@ -1590,7 +1631,9 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     engine is fed its requests as they are routed); ``log``: the
     completions its log holds (``ws.done_log``, the full kernel's; 0:
     none); ``lease``: an :class:`.arena.Lease` the per-request arrays of
-    :data:`UNSET` come from (default: fresh ones)."""
+    :data:`UNSET` come from (default: fresh ones); ``handing``: the engine
+    may hand its waiting requests back (a cluster's with engine events:
+    ``ws.origin`` and ``ws.handed`` sized to its requests, else empty)."""
     config = (config[0].copy(), config[1].copy())
     cfg = CONFIG.unpack(config)
     control = controls() if control is None else control
@@ -1653,7 +1696,9 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         resume_last=empty(per["resume_last"], np.float64, "resume_last"),
                         pc=np.zeros(chains, np.int64), prefs=np.zeros(chains, np.int64),
                         lru_prev=np.full(chains, -1, np.int64), lru_next=np.full(chains, -1, np.int64),
-                        lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)))
+                        lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)),
+                        origin=empty(n if handing else 0, np.float64, "origin"),
+                        handed=empty(n if handing else 0, np.int64, "handed"))
     return Engine(config, control, inputs, out, requests, ws)
 
 

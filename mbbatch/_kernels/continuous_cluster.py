@@ -35,6 +35,18 @@ program's context between its calls outside its block pool (a prefix cache
 that is never evicted); preempted, a call loses its cache and prefills its
 whole prompt and generated tokens again.
 
+Engine events (:func:`_engine_event`): at an event's instant, before an
+arrival at the same instant, every engine is advanced to it; an engine
+joining is the router's again; one leaving is out of the router's choice,
+and is advanced once more with ``ES.leaving`` set: at its first iteration
+boundary at or after the instant it hands back the requests it has not
+admitted (:func:`.continuous._hand_back`, in its admission order's order),
+and keeps running those it admitted.  Each is routed again at the instant
+(:func:`_reroute`), keeping its first arrival (``ws.origin``, which its
+latency and time to first token count from) and joining its new engine at
+the instant (``ws.arrival``).  An engine's requests keep their numbers
+there (``ids``), those handed back left out of its records at the end.
+
 An engine's arrays have room for every request it may be routed (the
 run's ``n``), but those the kernel reads only after writing them start
 unset (:data:`.continuous.UNSET`), so the memory a run touches is about
@@ -58,19 +70,22 @@ from numba.extending import overload
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
 from .layout import Layout
+from . import admission
 from . import continuous as _k
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
-from .routing import EN, ROUTE_CACHE_AWARE, cache_aware, route_call, routed_call
+from .routing import EN, ROUTE_CACHE_AWARE, TB, cache_aware, context, route, route_call, routed_call
 
 __all__ = ["ROUTED", "Feed", "rows", "cluster_kernel", "closed_loop_kernel", "run", "run_closed"]
 
 #: the router's statistics: routing decisions, requests above the threshold,
 #: requests the program table routed, calls with an earlier context, calls
-#: served on the engine that held it; context tokens prefilled again (a call
+#: served on the engine that held it, requests routed again (handed back by
+#: an engine leaving); context tokens prefilled again (a call
 #: away from its context), and over the decisions the most active requests of
 #: an engine and their mean over the engines
-ROUTED = Layout("continuous cluster routing", ints=("routes", "large", "table_hits", "followups", "kv_hits"),
+ROUTED = Layout("continuous cluster routing", ints=("routes", "large", "table_hits", "followups", "kv_hits",
+                                                   "rerouted"),
                 floats=("kv_recomputed", "sum_active_max", "sum_active_mean"))
 R = ROUTED.index
 
@@ -169,7 +184,7 @@ def fresh_record(requests, e, k):
 
 @step
 def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests, prompt, output,
-           prediction, klass, brought, chain, shared, match, counts, where, local, routed, bs):
+           prediction, klass, brought, chain, shared, match, counts, where, local, ids, routed, bs):
     """Request j (of ``n``), arriving at ``t`` with the prompt, output,
     prediction, class, KV cache brought (``brought``: its tokens, a decode
     pool's requests' whole prompts; empty: none, the engine holds what its
@@ -177,7 +192,9 @@ def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, fee
     program ``pid`` with ``new`` tokens of its own (``last``: its program's
     last call), routed (the engines' active requests in ``eng`` as they
     stand at t) and fed to its engine (its record, ``requests``, started);
-    the routing counted into ``routed``.  Returns its engine and the round-robin pointer."""
+    the routing counted into ``routed``; where engines may leave, its number
+    j kept by its engine's (``ids``; else empty) and its first arrival.
+    Returns its engine and the round-robin pointer."""
     ri, rf = routed
     p = prompt[x]
     if p > rt.threshold:
@@ -215,16 +232,144 @@ def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, fee
     if chain.shape[0] > 0:
         feeds.chain[e, k] = chain[x]
         feeds.shared[e, k] = shared[x]
+    _placed(j, e, k, t, ws, counts, where, local, ids)
+    return e, rr_route
+
+
+@step
+def _placed(j, e, k, origin, ws, counts, where, local, ids):
+    """Request j is engine e's k-th; where engines may leave (``ids`` not
+    empty), its number and its first arrival (``origin``) kept there."""
     where[j] = e
     local[j] = k
     counts[e] = k + 1
-    return e, rr_route
+    if ids.shape[1] > 0:
+        ids[e, k] = j
+        ws.origin[e, k] = origin
+
+
+@step
+def _active(si, sf, counts, t, eng):
+    """Each engine's active requests at ``t`` (the router's count): those
+    routed to it, less those it handed back and those it completed by t."""
+    for e in range(counts.shape[0]):
+        eng[EN.active, e] = counts[e] - si[e, ES.handed] - _completed_by(si[e], sf[e], t)
+
+
+@step
+def _reroute(e1, k1, t, rt, eng, table, rr_route, feeds, ws, requests, counts, where, local, ids, calls, program,
+             new_tokens, session_end, routed):
+    """Engine e1's k1-th request, handed back at ``t``, routed again (the
+    router's rule, not counted as a routing decision; a large call of
+    programs to its program table's engine, as :func:`.routing.remove_engine`
+    routes a run-to-completion engine's queued requests) to join its new
+    engine at t: its inputs, batch-means group, first arrival and (closed
+    loop: ``calls`` not empty) call id go along; with programs its KV
+    reuse is its new engine's (whether that one holds its context), the
+    context tokens prefilled again and the calls served where their
+    context is counted by the difference.  Returns the round-robin
+    pointer."""
+    ri, rf = routed
+    j = ids[e1, k1]
+    p = feeds.prompt[e1, k1]
+    pid, new, last = j, 0.0, False
+    if rt.programs:
+        pid, new, last = program[j], new_tokens[j], session_end[j] != 0
+    e, rr_route, _, _, _, _ = route(rt.router, rt.threshold, p, pid, rt.programs, eng, rr_route, table)
+    cached = feeds.cached[e1, k1]
+    if rt.programs:
+        was = p - cached
+        prefill, _, hit = context(rt.kv, pid, e, p, new, table)
+        rf[R.kv_recomputed] += prefill - was
+        ri[R.kv_hits] += (1 if hit else 0) - (1 if was < p else 0)
+        cached = p - prefill
+        if last:
+            table[TB.engine, pid] = -1
+    eng[EN.active, e] += 1
+    ri[R.rerouted] += 1
+    k = counts[e]
+    ws.arrival[e, k] = t
+    ws.group[e, k] = ws.group[e1, k1]
+    fresh_record(requests, e, k)
+    feeds.prompt[e, k] = p
+    feeds.output[e, k] = feeds.output[e1, k1]
+    feeds.prediction[e, k] = feeds.prediction[e1, k1]
+    feeds.cached[e, k] = cached
+    if feeds.klass.shape[1] > 0:
+        feeds.klass[e, k] = feeds.klass[e1, k1]
+    if feeds.chain.shape[1] > 0:
+        feeds.chain[e, k] = feeds.chain[e1, k1]
+        feeds.shared[e, k] = feeds.shared[e1, k1]
+    if calls.shape[1] > 0:
+        calls[e, k] = calls[e1, k1]
+    _placed(j, e, k, ws.origin[e1, k1], ws, counts, where, local, ids)
+    return rr_route
+
+
+@step
+def _engine_event(ev, events, config, control, inputs, out, requests, ws, streams, estop, rt, eng, table, rr_route,
+                  feeds, counts, where, local, ids, calls, program, new_tokens, session_end, routed):
+    """Engine event ``ev`` (``events``: their times, engines and 1 add / 0
+    remove), at t: every engine advanced to t (as for an arrival); an
+    engine joining is the router's again; one leaving is no longer, the
+    program table forgets it (the programs it was assigned and the
+    contexts it held), and it hands back its waiting requests (those it
+    had not admitted: it finishes those it admitted, the preempted too),
+    each routed again at t (:func:`_reroute`), in the order its admission
+    order gives them.  Returns the code (``STALLED``, else ``DONE``) and
+    the round-robin pointer."""
+    times, engines, adds = events
+    t = times[ev]
+    e = engines[ev]
+    si, sf = ws.state_i, ws.state_f
+    for x in range(counts.shape[0]):
+        if sf[x, ES.now] < t and not _idle(si[x], counts[x]):
+            if _advance(x, counts[x], t, config, control, inputs, out, requests, ws, streams, estop) == STALLED:
+                return STALLED, rr_route
+    if adds[ev] != 0:
+        eng[EN.registered, e] = 1
+        return DONE, rr_route
+    eng[EN.registered, e] = 0
+    if rt.programs:
+        for pp in range(table.shape[1]):
+            if table[TB.engine, pp] == e:
+                table[TB.engine, pp] = -1
+            if table[TB.holder, pp] == e:
+                table[TB.holder, pp] = -1
+    h = si[e, ES.handed]
+    if not _idle(si[e], counts[e]):
+        si[e, ES.leaving] = 1
+        code = _advance(e, counts[e], t, config, control, inputs, out, requests, ws, streams, estop)
+        si[e, ES.leaving] = 0
+        if code == STALLED:
+            return STALLED, rr_route
+    _active(si, sf, counts, t, eng)
+    for q in range(h, si[e, ES.handed]):
+        rr_route = _reroute(e, ws.handed[e, q], t, rt, eng, table, rr_route, feeds, ws, requests, counts, where,
+                            local, ids, calls, program, new_tokens, session_end, routed)
+    return DONE, rr_route
+
+
+@step
+def _events_until(t, ev, events, config, control, inputs, out, requests, ws, streams, estop, rt, eng, table,
+                  rr_route, feeds, counts, where, local, ids, calls, program, new_tokens, session_end, routed):
+    """The engine events from ``ev`` on at or before ``t`` (an event before
+    an arrival at its instant), in time order.  Returns the code, the next
+    event and the round-robin pointer."""
+    while ev < events[0].shape[0] and events[0][ev] <= t:
+        code, rr_route = _engine_event(ev, events, config, control, inputs, out, requests, ws, streams, estop, rt,
+                                       eng, table, rr_route, feeds, counts, where, local, ids, calls, program,
+                                       new_tokens, session_end, routed)
+        if code != DONE:
+            return code, ev, rr_route
+        ev += 1
+    return DONE, ev, rr_route
 
 
 @kernel
 def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
                    brought, chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts, match,
-                   where, local, routed, streams, stop, estop):
+                   where, local, ids, events, routed, streams, stop, estop):
     """Route the ``times.size`` requests to the engines and simulate them.
     The engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``
     are the continuous kernel's, each array with a leading axis of engines
@@ -235,6 +380,9 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
     (:class:`.routing.CacheRouting`); per request its engine (``where``) and
     its number there (``local``), per engine its requests (``counts``) and
     the blocks of the arriving request's prefix it caches (``match``); the
+    engine events (``events``: their times, engines and 1 add / 0 remove,
+    in time order; empty: none), each engine's requests' numbers (``ids``;
+    empty without events); the
     routing statistics into ``routed`` (:data:`ROUTED`); ``groups``
     batch-means groups of arrivals.  Returns :data:`.continuous.DONE`,
     ``STOPPED`` (``stop[STOP]`` set; checked every 1,024 arrivals, when
@@ -247,23 +395,36 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
     bs = config[0][0, C.block_size]
     _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
     rr_route = 0
+    ev = 0
+    nocalls = ids[:, :0]                 # (open loop: no call ids)
     for j in range(n):
         if _stop_asked(j, stop):
             return STOPPED
         t = times[j]
+        if ev < events[0].shape[0] and events[0][ev] <= t:
+            code, ev, rr_route = _events_until(t, ev, events, config, control, inputs, out, requests, ws, streams,
+                                               estop, rt, eng, table, rr_route, feeds, counts, where, local, ids,
+                                               nocalls, program, new_tokens, session_end, routed)
+            if code != DONE:
+                return code
         for e in range(E):
             # (an engine idle, or paused at or after t, has nothing to do before t)
             if sf[e, ES.now] < t and not _idle(si[e], counts[e]):
                 if _advance(e, counts[e], t, config, control, inputs, out, requests, ws, streams,
                             estop) == STALLED:
                     return STALLED
-            eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
+            eng[EN.active, e] = counts[e] - si[e, ES.handed] - _completed_by(si[e], sf[e], t)
         pid, new, last = j, 0.0, False
         if rt.programs:
             pid, new, last = program[j], new_tokens[j], session_end[j] != 0
         e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests,
                              prompt, output, prediction, klass, brought, chain, shared, match, counts, where, local,
-                             routed, bs)
+                             ids, routed, bs)
+    code, ev, rr_route = _events_until(np.inf, ev, events, config, control, inputs, out, requests, ws, streams, estop,
+                                       rt, eng, table, rr_route, feeds, counts, where, local, ids, nocalls, program,
+                                       new_tokens, session_end, routed)
+    if code != DONE:
+        return code
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 
@@ -332,7 +493,7 @@ def _next_calls(log, logged, calls, C, delay, gap, heap_t, heap_id, hsize):
 
 @step
 def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws, requests, prompt, output,
-                 prediction, chain, shared, match, counts, where, local, routed, bs, got):
+                 prediction, chain, shared, match, counts, where, local, ids, routed, bs, got):
     """A closed loop's next call to arrive (the first of ``loop``'s heap:
     :func:`closed_loop_kernel`'s) routed as request j of ``n`` (a program's
     first call puts the next program's in the heap), the engines' active
@@ -347,14 +508,13 @@ def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds,
     if kc % K == 0 and kc // K + 1 < P:
         # a program starts: the next program's first call waits to arrive
         hsize = _heap_push(heap_t, heap_id, hsize, start[kc // K + 1], kc + K)
-    for e in range(counts.shape[0]):
-        eng[EN.active, e] = counts[e] - _completed_by(si[e], sf[e], t)
+    _active(si, sf, counts, t, eng)
     pid = kc // K
     last = kc % K == K - 1
     # (no classes and no KV cache brought: an empty row for each)
     e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
                          requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0], chain, shared, match,
-                         counts, where, local, routed, bs)
+                         counts, where, local, ids, routed, bs)
     times, program, new_tokens, session_end, call = got
     times[j] = t
     program[j] = pid
@@ -367,7 +527,7 @@ def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds,
 @kernel
 def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, prompt, output, prediction, chain,
                        shared, times, program, new_tokens, session_end, call, groups, rt, ca, eng, table, counts,
-                       match, where, local, calls, routed, streams, stop, estop):
+                       match, where, local, ids, events, calls, routed, streams, stop, estop):
     """:func:`cluster_kernel` for closed-loop programs (``loop``: their
     starts, think times and new tokens by call id, and the heap of calls
     waiting to arrive; ``C = gap.size / start.size`` calls a program, call
@@ -385,8 +545,10 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
     arrival, program, new tokens, last-call flag and call id are written
     into ``times``, ``program``, ``new_tokens``, ``session_end`` and
     ``call``, each engine's requests' call ids into ``calls``.  Each
-    engine logs its completions (``ws.done_log``).  Returns
-    :func:`cluster_kernel`'s codes."""
+    engine logs its completions (``ws.done_log``).  An engine event is
+    taken once every iteration starting before it has run, before a call
+    arriving at its instant (``ids`` and ``events``:
+    :func:`cluster_kernel`'s).  Returns :func:`cluster_kernel`'s codes."""
     n = times.shape[0]
     E = counts.shape[0]
     si, sf = ws.state_i, ws.state_f
@@ -400,27 +562,42 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
     heap_id[0] = 0
     hsize = 1
     rr_route = 0
+    ev = 0
     for j in range(n):
         if _stop_asked(j, stop):
             return STOPPED
-        t = heap_t[0] if hsize > 0 else np.inf
         while True:
-            e = _earliest(si, sf, counts, t)
-            if e < 0:
-                break
-            si[e, ES.logged] = 0
-            if _advance(e, counts[e], np.nextafter(sf[e, ES.now], np.inf), config, control, inputs, out, requests,
-                        ws, streams, estop) == STALLED:
-                return STALLED
-            hsize = _next_calls(ws.done_log[e], si[e, ES.logged], calls[e], K, delay, gap, heap_t, heap_id, hsize)
             t = heap_t[0] if hsize > 0 else np.inf
+            te = events[0][ev] if ev < events[0].shape[0] else np.inf
+            e = _earliest(si, sf, counts, min(t, te))
+            if e >= 0:
+                si[e, ES.logged] = 0
+                if _advance(e, counts[e], np.nextafter(sf[e, ES.now], np.inf), config, control, inputs, out,
+                            requests, ws, streams, estop) == STALLED:
+                    return STALLED
+                hsize = _next_calls(ws.done_log[e], si[e, ES.logged], calls[e], K, delay, gap, heap_t, heap_id,
+                                    hsize)
+            elif te <= t and te < np.inf:
+                code, rr_route = _engine_event(ev, events, config, control, inputs, out, requests, ws, streams,
+                                               estop, rt, eng, table, rr_route, feeds, counts, where, local, ids,
+                                               calls, program, new_tokens, session_end, routed)
+                if code != DONE:
+                    return code
+                ev += 1
+            else:
+                break
         if hsize == 0:
             # (nothing runs and no call waits to arrive: every program ended before n calls)
             return STALLED
         e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
                                           requests, prompt, output, prediction, chain, shared, match, counts, where,
-                                          local, routed, bs, (times, program, new_tokens, session_end, call))
+                                          local, ids, routed, bs, (times, program, new_tokens, session_end, call))
         calls[e, local[j]] = call[j]
+    code, ev, rr_route = _events_until(np.inf, ev, events, config, control, inputs, out, requests, ws, streams, estop,
+                                       rt, eng, table, rr_route, feeds, counts, where, local, ids, calls, program,
+                                       new_tokens, session_end, routed)
+    if code != DONE:
+        return code
     return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 
@@ -442,7 +619,7 @@ def _stacked(one, engines: int, unset=()):
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
         programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None,
-        prefixes=None, cache_routing=None, brought=None) -> tuple:
+        prefixes=None, cache_routing=None, brought=None, events=None) -> tuple:
     """Simulate ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
@@ -457,7 +634,9 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     ``cache_routing`` the cache-aware router's settings
     (:class:`.routing.CacheRouting`; None with another router); ``brought``
     the prompt tokens whose KV cache each request brings (a decode pool's:
-    its whole prompt; None: none, a program's context aside).
+    its whole prompt; None: none, a program's context aside); ``events``
+    the engine events, ``(time, engine, add)`` arrays in time order (None:
+    none; :func:`_engine_event`).
     Returns each engine's ``(outputs, records, code)`` (as
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
@@ -467,7 +646,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
     brought = np.empty(0) if brought is None else np.ascontiguousarray(brought, float)
     c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, klass.size, class_slo, class_tpot,
-                 prefixes)
+                 prefixes, events=events)
     if programs is None:
         program = new_tokens = np.empty(0)
         session_end = np.empty(0, np.int8)
@@ -481,17 +660,19 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
                           brought, c.chain, c.shared, np.ascontiguousarray(program, np.int64),
                           np.ascontiguousarray(new_tokens, float), np.ascontiguousarray(session_end, np.int8), groups,
                           router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts,
-                          np.zeros(engines, np.int64), c.where, c.local, c.routed, streams, stop, np.zeros_like(stop))
+                          np.zeros(engines, np.int64), c.where, c.local, c.ids, c.events, c.routed, streams, stop,
+                          np.zeros_like(stop))
     return c.runs(code) + (ROUTED.unpack(c.routed), code)
 
 
 def run_closed(config, calls, edges, router, engines: int, streams, stop, *, control=None, groups: int = 1,
-               ts_rows: int = 2, prefixes=None, cache_routing=None) -> tuple:
+               ts_rows: int = 2, prefixes=None, cache_routing=None, events=None) -> tuple:
     """:func:`run` for closed-loop programs (:func:`closed_loop_kernel`):
     ``calls`` a dict of the programs' ``start`` (P programs) and, by call
     id (``P C`` calls), their think times ``gap``, ``new`` tokens,
     ``prompt`` (the program's context and the new tokens), ``output`` and
-    ``prediction``; ``prefixes`` (as :func:`run`'s) by call id too.
+    ``prediction``; ``prefixes`` (as :func:`run`'s) by call id too;
+    ``events`` as :func:`run`'s.
     Returns :func:`run`'s tuple and the ``n`` requests' ``arrival_times``,
     ``program``, ``new_tokens``, ``session_end`` and ``call`` ids (a dict),
     in the order they arrived (-1 and NaN for requests that did not)."""
@@ -503,7 +684,7 @@ def run_closed(config, calls, edges, router, engines: int, streams, stop, *, con
     output = np.ascontiguousarray(calls["output"], float)
     M = int(config[0][_k.C.max_num_seqs])
     c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, 0, None, None, prefixes,
-                 log=2 * (M + 1))
+                 log=2 * (M + 1), events=events)
     got = dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
                session_end=np.zeros(n, np.int8), call=np.full(n, -1, np.int64))
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
@@ -514,7 +695,7 @@ def run_closed(config, calls, edges, router, engines: int, streams, stop, *, con
                               np.ascontiguousarray(calls["prediction"], float), c.chain, c.shared,
                               got["arrival_times"], got["program"], got["new_tokens"], got["session_end"],
                               got["call"], groups, router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table,
-                              c.counts, np.zeros(engines, np.int64), c.where, c.local,
+                              c.counts, np.zeros(engines, np.int64), c.where, c.local, c.ids, c.events,
                               np.empty((engines, n), np.int64), c.routed, streams, stop, np.zeros_like(stop))
     return c.runs(code) + (ROUTED.unpack(c.routed), code, got)
 
@@ -525,14 +706,25 @@ class _Cluster:
     axis of engines), their feeds, the routing counts and each request's
     engine and number there (``n`` requests: ``config``'s).  ``output`` the
     outputs the engines may be given, ``classes`` the requests' classes
-    given (0: none), ``log`` each engine's completions' log."""
+    given (0: none), ``log`` each engine's completions' log, ``events`` the
+    engine events (:func:`run`'s; None: none): with them the engines may
+    hand requests back, and each keeps its requests' numbers (``ids``)."""
 
     def __init__(self, config, output, edges, engines, stop, control, groups, ts_rows, classes, class_slo,
-                 class_tpot, prefixes, log: int = 0):
+                 class_tpot, prefixes, log: int = 0, events=None):
         from .common import ARR_REPLAY, check_stop
 
         check_stop(stop)
+        if events is None or len(events[0]) == 0:
+            events = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int8))
+        self.events = tuple(np.ascontiguousarray(a, t) for a, t in zip(events, (float, np.int64, np.int8)))
+        handing = self.events[0].size > 0
         cfg = _k.CONFIG.unpack(config)
+        if handing and not admission.HANDS_BACK[cfg["admission"]]:
+            name = list(admission.ORDERS)[cfg["admission"]]
+            raise ValueError(f"events: an engine leaving hands its waiting requests back, which admission "
+                             f"{name!r} cannot (it holds requests it preempted among them); the orders that can: "
+                             f"{', '.join(o for o, ok in zip(admission.ORDERS, admission.HANDS_BACK) if ok)}")
         n = cfg["n"]
         self.keep = cfg["keep"]
         replay = {**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0}
@@ -552,7 +744,7 @@ class _Cluster:
                                       **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
                                       edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
                        control=control, groups=groups, ts_rows=ts_rows, grouped=True,
-                       longest=int(np.max(output)) if output.size else 1, log=log)
+                       longest=int(np.max(output)) if output.size else 1, log=log, handing=handing)
         # (every engine starts as this one; its inputs are read-only views of the feeds)
         self.inputs = _k.INPUTS.type(*(_readonly(getattr(self.feeds, f) if f in Feed._fields
                                                  else _stacked((a,), engines)[0])
@@ -569,15 +761,24 @@ class _Cluster:
         self.where = np.empty(n, np.int64)
         self.local = np.empty(n, np.int64)
         self.routed = ROUTED.zeros()
+        self.ids = np.empty((engines, n if handing else 0), np.int64)
 
     def runs(self, code) -> tuple:
         """Each engine's ``(outputs, records, code)``, each request's engine
-        and number there."""
+        and number there.  An engine that handed requests back kept their
+        numbers: its requests are renumbered, those it handed back left out
+        (a request's number is its place among its engine's records)."""
         runs = []
         for e, c in enumerate(self.counts):
+            live = None
+            if self.ids.shape[1] > 0:
+                j = self.ids[e, :c]
+                live = (self.where[j] == e) & (self.local[j] == np.arange(c))
+                self.local[j[live]] = np.arange(np.count_nonzero(live))
             rec = None
             if self.keep:
-                rec = {k: v[:c] for k, v in _k.REQUESTS.rows(rows(self.requests, e)).items()}
+                rec = {k: v[:c] if live is None else v[:c][live]
+                       for k, v in _k.REQUESTS.rows(rows(self.requests, e)).items()}
             runs.append((rows(self.out, e), rec, code))
         return runs, self.where, self.local
 

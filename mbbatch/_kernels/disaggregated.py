@@ -161,6 +161,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     heap_id[0] = 0
     hsize, rsize, m = 1, 0, 0
     rr_route = 0
+    noids = reqs[:, :0]                 # (no engine events: no engine hands requests back)
     for j in range(n + 1):
         if j < n and _stop_asked(j, stop):
             return STOPPED
@@ -203,7 +204,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
             return STALLED
         e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
                                           requests, prompt, output, prediction, chain, shared, match, counts, where,
-                                          local, routed, bs, (times, program, new_tokens, session_end, call))
+                                          local, noids, routed, bs, (times, program, new_tokens, session_end, call))
         reqs[e, local[j]] = j
     stop[ARRIVED] = n
     return DONE

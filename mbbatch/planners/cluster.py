@@ -16,6 +16,7 @@ from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
 from .._kernels import programs as _p
+from .._kernels.admission import CODES as ADMISSIONS, HANDS_BACK
 from .._kernels import queues as _q
 from .._kernels.routing import ROUTERS, CacheRouting, Router
 from .._running import check_memory
@@ -138,6 +139,9 @@ class ContinuousPart:
         if self.caching and cl.programs is not None:
             parts["prefix_caching"] = (cl.engines * 8 * 5 * cl.programs.table_size(n),
                                        "each engine's cache of each program's context")
+        if cl.events:
+            parts["events"] = (8 * 3 * n, "each request's number and first arrival on its engine, and the "
+                                          "requests handed back")
         return parts
 
     def calls(self, plan, streams) -> tuple:
@@ -184,12 +188,22 @@ class ContinuousPart:
         return (calls.get("arrival_times"), calls["prompt_values"], calls["output_values"],
                 ((arrays["program"], arrays["new_tokens"], arrays["session_end"]), programs.table_size(n)))
 
+    @property
+    def events(self) -> tuple | None:
+        """The kernel's engine events: their ``(time, engine, add)`` arrays
+        (None: none)."""
+        ev = self.policy.events
+        if not ev:
+            return None
+        return (np.array([e.time for e in ev], float), np.array([e.engine for e in ev], np.int64),
+                np.array([e.action == "add" for e in ev], np.int8))
+
     def metrics(self, routed: dict) -> dict:
-        """The router's metrics (the tag ``router``; no engine leaves, so none
-        is routed again) from the kernel's statistics (``ROUTED``); with
-        prefix caching the engines' caches hold the programs' contexts, and
-        the router's KV reuse metrics are NaN (``prefix_hit_rate`` tells)."""
-        got = _router_metrics({**routed, "rerouted": 0})
+        """The router's metrics (the tag ``router``) from the kernel's
+        statistics (``ROUTED``); with prefix caching the engines' caches
+        hold the programs' contexts, and the router's KV reuse metrics are
+        NaN (``prefix_hit_rate`` tells)."""
+        got = _router_metrics(routed)
         if self.caching:
             got.update(locality_hit_rate=math.nan, kv_recomputed_tokens=math.nan)
         return got
@@ -256,8 +270,16 @@ def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, wor
     """The checked plan of a cluster of :class:`~mbbatch.ContinuousBatching`
     engines: what its kernel does not model yet is refused, named."""
     if cluster.events:
-        raise ValueError(f"events: a Cluster of ContinuousBatching engines takes no engine events yet (an engine "
-                         f"leaving would hand its waiting requests back to the router); got {len(cluster.events)}")
+        engine = cluster.policy
+        if engine.prefix_caching:
+            raise ValueError(f"events: a Cluster of ContinuousBatching(prefix_caching=True) engines takes no engine "
+                             f"events yet (an engine leaving would have to drop its cache); got "
+                             f"{len(cluster.events)}")
+        if not HANDS_BACK[ADMISSIONS[engine.admission]]:
+            raise ValueError(f"events: an engine leaving hands its waiting requests back to the router, which "
+                             f"ContinuousBatching(admission={engine.admission!r}) cannot (it holds requests it "
+                             f"preempted among them); the admissions that can: "
+                             f"{', '.join(a for a, ok in zip(ADMISSIONS, HANDS_BACK) if ok)}")
     if cluster.programs is not None and cluster.programs.closed and isinstance(cluster.policy.predictor,
                                                                                 Predictions):
         raise ValueError("predictor: closed-loop programs on ContinuousBatching engines predict each call as its "

@@ -427,7 +427,7 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     stop = stop_flag()
     streams = _k.ContinuousStreams(arrivals)
     cluster = dict(control=plan.control, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, prefixes=prefixes,
-                   cache_routing=plan.cluster.cache_routing)
+                   cache_routing=plan.cluster.cache_routing, events=plan.cluster.events)
     t0 = time.perf_counter()
     if closed:
         calls = {**programs, "prompt": prompt, "output": output, "prediction": prediction}

@@ -25,7 +25,19 @@ class EngineEvent:
     A removed engine finishes the batches it is serving but starts no more;
     its queued requests are routed again at that instant (none is lost), and
     the programs the program table assigned to it are reassigned at their
-    next large call (its KV contexts are gone)."""
+    next large call (its KV contexts are gone).
+
+    On :class:`~mbbatch.ContinuousBatching` engines a removed engine keeps
+    the requests it admitted (running, or preempted and waiting to resume)
+    and runs them to their end; the requests it had not admitted at the
+    instant (those in its admission order's queue, taken out in the order
+    it would admit them) are routed again at that instant, each keeping its
+    first arrival (its latency and time to first token count from it), and
+    join their new engine's queue at its next iteration boundary.  The
+    router counts a rejoined engine's requests still running as its
+    active ones.  Not with ``prefix_caching`` (a leaving engine would have
+    to drop its cache) nor ``admission="mlfq"`` (it holds requests it
+    preempted among its waiting)."""
 
     time: float
     engine: int
@@ -204,7 +216,8 @@ class Cluster(Policy):
     iteration starts first next, so that a completion issues its program's
     next call before any later iteration starts
     (:func:`~mbbatch._kernels.continuous_cluster.closed_loop_kernel`).
-    Engine ``events`` are refused on such engines (not modelled yet).
+    Engine ``events`` hand a leaving engine's waiting requests back to the
+    router (:class:`EngineEvent`).
     With ``ContinuousBatching(prefix_caching=True)`` each engine caches the
     prefixes of the requests routed to it: a workload's system prompts, or
     with ``programs`` each program's context (a call shares its prompt but
