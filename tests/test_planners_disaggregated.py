@@ -482,3 +482,69 @@ def test_a_pool_whose_backlog_grows_is_named():
     assert res.unstable and res.unstable_reason.startswith("decode: ") and not res.prefill.unstable
     ok = mb.simulate(mb.Disaggregated(e, e, decode_engines=4), arrivals=mb.Poisson(5.0), workload=wl, n=4000, seed=1)
     assert not ok.unstable
+
+
+def _peak(req, mine) -> tuple:
+    """The instant one engine's queue is longest in a pool's records (its
+    requests ``mine``: arrived before the instant, first admitted at or
+    after it), taken at its arrivals: ``(requests waiting, instant)``."""
+    a, ad = req["arrival"][mine], req["admitted"][mine]
+    waiting = [int(np.sum((a < t) & (ad >= t))) for t in a]
+    k = int(np.argmax(waiting))
+    return waiting[k], float(a[k])
+
+
+@pytest.mark.parametrize("pool, closed", [("prefill", False), ("prefill", True), ("decode", False)])
+def test_a_pools_engine_leaving_hands_its_queue_back_and_none_is_lost(pool, closed):
+    """A pool's engine (prefill engine 0, decode engine 1; round robin)
+    leaves when its queue is longest in the run without events and joins
+    again 20 s later: the requests its pool routes again are exactly those
+    waiting there then (the runs are the same up to that instant), every
+    request completes, each keeps its arrival (the latency end to end and
+    the time to first token count from it), and the engine takes no
+    request while it is out.  Open loop, and closed-loop programs on the
+    prefill pool."""
+    wl = mb.Workload(prompt=st.lognorm(0.8, scale=512), output=st.lognorm(0.8, scale=64 if pool == "prefill" else 128))
+    if pool == "prefill":
+        engines = dict(prefill=mb.ContinuousBatching(max_num_seqs=1, max_batched_tokens=256),
+                       decode=mb.ContinuousBatching(max_num_seqs=16, kv_tokens=40_000), decode_engines=4)
+        rate, e = 20.0, 0
+    else:
+        engines = dict(prefill=mb.ContinuousBatching(max_num_seqs=2, max_batched_tokens=512),
+                       decode=mb.ContinuousBatching(max_num_seqs=4, kv_tokens=20_000), decode_engines=3)
+        rate, e = 8.0, 1
+    programs = mb.Programs(calls=3, think_time=0.5, closed=True) if closed else None
+    run = dict(arrivals=mb.Poisson(rate), workload=wl, n=3000, seed=1, keep_requests=True)
+    base = mb.simulate(mb.Disaggregated(**engines, prefill_engines=2, router="round_robin", programs=programs),
+                       **run)
+    req = getattr(base, pool).requests
+    mine = req["engine"] == e if pool == "prefill" else np.arange(req["arrival"].size) % 3 == e
+    waiting, t = _peak(req, mine)
+    events = [mb.EngineEvent(t, e), mb.EngineEvent(t + 20.0, e, "add")]
+    res = mb.simulate(mb.Disaggregated(**engines, prefill_engines=2, router="round_robin", programs=programs,
+                                       **{f"{pool}_events": events}), **run)
+    assert getattr(res, pool).rerouted == waiting >= 5
+    assert res.completed == 3000 and getattr(res, pool).completed == getattr(base, pool).completed
+    r = res.requests
+    assert np.all(r.first_token > r.arrival) and np.all(r.completion >= r.first_token)
+    assert res.mean_latency == pytest.approx(float(np.mean(r.completion - r.arrival)), rel=1e-9)
+    got = getattr(res, pool).requests
+    out = (got["arrival"] >= t) & (got["arrival"] < t + 20.0)
+    assert out.sum() > 20 and not np.any(got["engine"][out] == e)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(prefill=mb.LAPS(), prefill_events=[mb.EngineEvent(1.0, 0)]), "prefill_events: a LAPS prefill pool"),
+    (dict(decode_engines=2, decode_events=[mb.EngineEvent(1.0, 0)], programs=mb.Programs(closed=True)),
+     "decode_events: a closed loop's decode pool"),
+    (dict(prefill=mb.ContinuousBatching(prefix_caching=True), prefill_engines=2,
+          prefill_events=[mb.EngineEvent(1.0, 0)]),
+     "prefill_events: engines with prefix_caching=True"),
+    (dict(decode=mb.ContinuousBatching(admission="mlfq"), decode_engines=2, decode_events=[mb.EngineEvent(1.0, 0)]),
+     "decode_events: an engine leaving .* admission='mlfq' cannot"),
+    (dict(prefill_engines=2, prefill_events=[mb.EngineEvent(1.0, 2)]),
+     r"prefill_events: engine must be in \[0, prefill_engines - 1 = 1\]"),
+])
+def test_engine_events_a_deployment_cannot_take_are_refused_naming_them(kw, match):
+    with pytest.raises(ValueError, match=match):
+        mb.Disaggregated(**kw)

@@ -38,8 +38,8 @@ import numpy as np
 
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
-from .continuous_cluster import (ROUTED, _advance, _arrive_call, _Cluster, _completed_by, _earliest, _set_up,
-                                 _stop_asked, fresh_record)
+from .continuous_cluster import (ROUTED, _advance, _arrive_call, _Cluster, _completed_by, _earliest, _engine_event,
+                                 _set_up, _stop_asked, fresh_record)
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
@@ -121,7 +121,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
                        loop, rheap, link, prompt, output, prediction, chain, shared, d_output, d_prediction,
                        times, program, new_tokens, session_end, call, first, ready, handed, d_route, d_eng, d_reqs,
                        d_placed,
-                       groups, rt, ca, eng, table, match, where, local, reqs, routed, streams, stop, estop):
+                       groups, rt, ca, eng, table, match, where, local, reqs, ids, events, routed, streams, stop,
+                       estop):
     """Route ``times.size`` calls of closed-loop programs to the prefill
     pool (``config`` ... ``counts``: :func:`.continuous_cluster.cluster_kernel`'s
     engines) and serve them through the decode pool (``d_config`` ...
@@ -141,8 +142,11 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     used, its engines' loads in ``d_eng``), ``d_reqs`` each decode engine's requests (in arrival order) and
     ``d_placed`` the engine and number there of each one it takes (in
     that order), ``reqs`` each prefill engine's requests' numbers in
-    arrival order.  Returns :data:`.continuous.DONE`, ``STOPPED`` or
-    ``STALLED``."""
+    arrival order.  The prefill pool's engine ``events`` (as
+    :func:`.continuous_cluster.cluster_kernel`'s; ``ids``: ``reqs``, where
+    a request routed again is numbered, or empty without events) are taken
+    in time order with the rest.  Returns :data:`.continuous.DONE`,
+    ``STOPPED`` or ``STALLED``."""
     n = times.shape[0]
     E = counts.shape[0]
     D = d_counts.shape[0]
@@ -161,19 +165,21 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     heap_id[0] = 0
     hsize, rsize, m = 1, 0, 0
     rr_route = 0
-    noids = reqs[:, :0]                 # (no engine events: no engine hands requests back)
+    ev = 0
     for j in range(n + 1):
         if j < n and _stop_asked(j, stop):
             return STOPPED
         # every event before the next call's arrival (after the last: every event), in time order
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
-            e = _earliest(si, sf, counts, t)
-            sp = sf[e, ES.now] if e >= 0 else t
-            d = _earliest(dsi, dsf, d_counts, t)
-            sd = dsf[d, ES.now] if d >= 0 else t
+            te = events[0][ev] if ev < events[0].shape[0] else np.inf
+            cap = min(t, te)
+            e = _earliest(si, sf, counts, cap)
+            sp = sf[e, ES.now] if e >= 0 else cap
+            d = _earliest(dsi, dsf, d_counts, cap)
+            sd = dsf[d, ES.now] if d >= 0 else cap
             r = r_t[0] if rsize > 0 else np.inf
-            if r < t and r <= sp and r <= sd:
+            if r < cap and r <= sp and r <= sd:
                 # a call ready joins the decode pool before any iteration starting at or after it
                 r, jr, rsize = _heap_pop(r_t, r_id, rsize)
                 _hand(jr, r, m, n, groups, d_route, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt, d_output,
@@ -193,6 +199,14 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
                     return STALLED
                 hsize = _answers(d_ws.done_log[d], dsi[d, ES.logged], d, d_reqs, call, d_delay, gap, K, heap_t,
                                  heap_id, hsize)
+            elif te <= t and te < np.inf:
+                # a prefill engine leaves or joins once every iteration starting before the instant has run
+                code, rr_route = _engine_event(ev, events, config, control, inputs, out, requests, ws, streams,
+                                               estop, rt, eng, table, rr_route, feeds, counts, where, local, ids,
+                                               ids[:, :0], program, new_tokens, session_end, routed)
+                if code != DONE:
+                    return code
+                ev += 1
             else:
                 break
             if j == n and stop[STOP] != 0:
@@ -204,7 +218,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
             return STALLED
         e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
                                           requests, prompt, output, prediction, chain, shared, match, counts, where,
-                                          local, noids, routed, bs, (times, program, new_tokens, session_end, call))
+                                          local, ids, routed, bs, (times, program, new_tokens, session_end, call))
         reqs[e, local[j]] = j
     stop[ARRIVED] = n
     return DONE
@@ -212,7 +226,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
 
 def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_engines: int, streams, stop, *,
                control=None, d_control=None, groups: int = 1, ts_rows: int = 2, prefixes=None,
-               cache_routing=None, d_router: str = "round_robin") -> tuple:
+               cache_routing=None, d_router: str = "round_robin", events=None) -> tuple:
     """Simulate closed-loop programs on ``engines`` prefill engines of the
     continuous run ``config`` (one output token a call: its first) behind
     ``router`` and ``d_engines`` decode engines of ``d_config`` (``n``:
@@ -223,7 +237,9 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     ``output - 1``, 0 for a one-token call), and the KV transfer time
     ``link``; ``prefixes`` (by call id) and ``cache_routing`` as
     :func:`.continuous_cluster.run_closed`'s; ``d_router`` the decode
-    pool's (``"round_robin"``: dealt in turn; ``"least_used"``).  Returns
+    pool's (``"round_robin"``: dealt in turn; ``"least_used"``); ``events``
+    the prefill pool's engine events (as
+    :func:`.continuous_cluster.run`'s; None: none).  Returns
     ``(prefill, decode, routed, code, got)``: the prefill pool's engines'
     ``(outputs, records, code)`` with each request's engine and number
     there; the decode pool's engines' runs (those given a request: the
@@ -245,7 +261,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     d_output = np.ascontiguousarray(calls["d_output"], float)
     log = 2 * (int(config[0][_k.C.max_num_seqs]) + 1)
     pre = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, 0, None, None, prefixes,
-                   log=log)
+                   log=log, events=events)
     dec = _Cluster(d_config, d_output, d_edges, d_engines, stop, d_control, groups, ts_rows, 0, None, None, None,
                    log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1))
     got = dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
@@ -266,7 +282,8 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
         groups,
         router,
         cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where, pre.local,
-        np.empty((engines, n), np.int64), pre.routed, streams, stop, np.zeros_like(stop))
+        pre.ids if pre.ids.shape[1] else np.empty((engines, n), np.int64), pre.ids, pre.events, pre.routed, streams,
+        stop, np.zeros_like(stop))
     taken = int(dec.counts.sum())
     got["handed"] = got["handed"][:taken]
     got["d_placed"] = got["d_placed"][:, :taken]

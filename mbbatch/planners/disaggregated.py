@@ -120,10 +120,11 @@ def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False):
     ``dealt``, a cluster of the engines behind it: a closed loop's pool,
     which its kernel routes, is planned as dealt), each bringing its
     prompt's KV cache."""
-    if pol.decode_router != "round_robin" and not dealt:
+    if (pol.decode_router != "round_robin" or pol.decode_events) and not dealt:
         from ..policies.cluster import Cluster
 
-        pool = Cluster(pol.decode, engines=pol.decode_engines, router=pol.decode_router, programs=None)
+        pool = Cluster(pol.decode, engines=pol.decode_engines, router=pol.decode_router, programs=None,
+                       events=list(pol.decode_events))
         return cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, prefilled=True)
     return continuous.check(pol.decode, arrivals, None, n, pol.decode_engines, True, workload, model, False,
                             prefilled=True, servers_name="decode_engines", kv_name="decode.kv_tokens")
@@ -177,7 +178,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         # KV cache the decode pool made, so no engine of the pool holds a whole context: no KV reuse; a prefix cache
         # keeps the prompts it prefilled)
         pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router, programs=policy.programs,
-                       kv_reuse=False)
+                       kv_reuse=False, events=list(policy.prefill_events))
         prefill = cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, first_token=True)
     # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
     # prefill)
@@ -241,7 +242,7 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
                                pp.cluster.router, pp.engines, pol.decode_engines, _k.ContinuousStreams(arrivals),
                                stop, control=pp.control, d_control=dplan.control, groups=BATCH_MEANS_GROUPS,
                                ts_rows=TIME_SERIES_ROWS, prefixes=prefixes, cache_routing=pp.cluster.cache_routing,
-                               d_router=pol.decode_router),
+                               d_router=pol.decode_router, events=pp.cluster.events),
         stop, n if progress else None)
     seconds = time.perf_counter() - t0
     continuous._check_codes(runs + d_runs)

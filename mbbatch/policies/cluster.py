@@ -278,29 +278,7 @@ class Cluster(Policy):
                              + ("(prefix_caching=False)" if hasattr(self.policy, "prefix_caching") else ""))
         if self.programs is not None:
             check_instance("programs", self.programs, (Programs, Sessions))
-        events = self.events
-        if isinstance(events, EngineEvent) or not isinstance(events, (list, tuple)):
-            raise TypeError(f"events must be a list of EngineEvent; got {type(events).__name__}")
-        for j, ev in enumerate(events):
-            if not isinstance(ev, EngineEvent):
-                raise TypeError(f"events[{j}] must be an EngineEvent; got {type(ev).__name__}")
-        events = tuple(sorted(events, key=lambda ev: ev.time))
-        registered = set(range(self.engines))
-        for ev in events:
-            if ev.engine >= self.engines:
-                raise ValueError(f"events: engine must be in [0, engines - 1 = {self.engines - 1}]; got {ev}")
-            if ev.action == "remove":
-                if ev.engine not in registered:
-                    raise ValueError(f"events: engine {ev.engine} is not in the cluster at {ev.time:g} s; got {ev}")
-                if len(registered) == 1:
-                    raise ValueError(f"events: the cluster keeps one engine at least; got {ev}, removing its last")
-                registered.discard(ev.engine)
-            else:
-                if ev.engine in registered:
-                    raise ValueError(f"events: engine {ev.engine} is in the cluster already at {ev.time:g} s; "
-                                     f"got {ev}")
-                registered.add(ev.engine)
-        object.__setattr__(self, "events", events)
+        object.__setattr__(self, "events", checked_events(self.events, self.engines))
 
     @property
     def engine_kind(self) -> str:
@@ -344,6 +322,34 @@ class Cluster(Policy):
                    programs=programs_of(params, ctx.trace),
                    cache_threshold=params["cache_threshold"], balance_abs=params["balance_abs"],
                    balance_rel=params["balance_rel"])
+
+
+def checked_events(events, engines: int, name: str = "events", count: str = "engines") -> tuple:
+    """``events``, a list of :class:`EngineEvent` for ``engines`` engines
+    (``count``: their parameter's name), checked (each engine among them,
+    removed only while in, added only while out, one engine kept at least)
+    and sorted by time (stable); ``name`` the parameter's."""
+    if isinstance(events, EngineEvent) or not isinstance(events, (list, tuple)):
+        raise TypeError(f"{name} must be a list of EngineEvent; got {type(events).__name__}")
+    for j, ev in enumerate(events):
+        if not isinstance(ev, EngineEvent):
+            raise TypeError(f"{name}[{j}] must be an EngineEvent; got {type(ev).__name__}")
+    events = tuple(sorted(events, key=lambda ev: ev.time))
+    registered = set(range(engines))
+    for ev in events:
+        if ev.engine >= engines:
+            raise ValueError(f"{name}: engine must be in [0, {count} - 1 = {engines - 1}]; got {ev}")
+        if ev.action == "remove":
+            if ev.engine not in registered:
+                raise ValueError(f"{name}: engine {ev.engine} is not in the cluster at {ev.time:g} s; got {ev}")
+            if len(registered) == 1:
+                raise ValueError(f"{name}: the cluster keeps one engine at least; got {ev}, removing its last")
+            registered.discard(ev.engine)
+        else:
+            if ev.engine in registered:
+                raise ValueError(f"{name}: engine {ev.engine} is in the cluster already at {ev.time:g} s; got {ev}")
+            registered.add(ev.engine)
+    return events
 
 
 def programs_of(params: dict, trace=None):

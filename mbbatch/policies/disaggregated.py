@@ -11,7 +11,7 @@ from typing import ClassVar
 from .._validation import check_count, check_fields, check_instance, check_scalar_real
 from ..params import Domain, default
 from .base import Carries, Policy
-from .cluster import programs_of
+from .cluster import checked_events, programs_of
 
 __all__ = ["Disaggregated", "KVTransfer"]
 
@@ -111,6 +111,17 @@ class Disaggregated(Policy):
       and decodes its other ``output - 1`` tokens (a one-token request is
       done at its first token and never reaches it).
 
+    ``prefill_events`` and ``decode_events`` (:class:`EngineEvent`, the
+    engines numbered within their pool) take engines out of a pool and
+    bring them back, as a :class:`Cluster`'s events do on continuous
+    engines: a leaving engine runs what it admitted to its end and hands
+    the requests it had not admitted back to its pool's router, each
+    routed again at that instant keeping its arrival (a decode request its
+    KV cache, moved again at no cost).  A decode pool with events is a
+    cluster behind its ``decode_router`` (``"round_robin"`` deals the
+    requests in turn among the engines in the pool).  Not with a LAPS
+    prefill pool, nor in a closed loop's decode pool.
+
     Choices where the papers leave it open: the prefill engine frees the KV
     blocks at the first token (DistServe's prefill instance holds them until
     the decode instance pulls them); the transfer starts at the first token,
@@ -144,6 +155,8 @@ class Disaggregated(Policy):
     decode_model: object = None
     decode_router: str = default("Disaggregated.decode_router")
     programs: object = None
+    prefill_events: tuple = ()
+    decode_events: tuple = ()
 
     kind: ClassVar[str] = "disaggregated"
     planner: ClassVar[str] = "disaggregated"
@@ -188,6 +201,34 @@ class Disaggregated(Policy):
             raise ValueError("decode.prefix_caching: a decode engine receives each prompt's KV cache with its "
                              "request (its prefix cache, the prefill pool's, is not modelled); give the prefill "
                              "pool's engines prefix_caching=True and the decode pool's False")
+        self._take_events()
+
+    def _take_events(self) -> None:
+        """Each pool's engine events, checked (:class:`EngineEvent`): a
+        LAPS pool takes none (its router's groups are LAPS's), and in a
+        closed loop the decode pool takes none (its kernel deals the
+        requests itself, :mod:`mbbatch._kernels.disaggregated`)."""
+        object.__setattr__(self, "prefill_events", checked_events(self.prefill_events, self.prefill_engines,
+                                                                  "prefill_events", "prefill_engines"))
+        object.__setattr__(self, "decode_events", checked_events(self.decode_events, self.decode_engines,
+                                                                 "decode_events", "decode_engines"))
+        for pool in ("prefill", "decode"):
+            engine = getattr(self, pool)
+            if not getattr(self, f"{pool}_events") or self.laps and pool == "prefill":
+                continue
+            if engine.prefix_caching:
+                raise ValueError(f"{pool}_events: engines with prefix_caching=True take no engine events yet (a "
+                                 f"leaving engine would have to drop its cache)")
+            if engine.admission == "mlfq":
+                raise ValueError(f"{pool}_events: an engine leaving hands its waiting requests back, which "
+                                 f"admission='mlfq' cannot (it holds requests it preempted among them)")
+        if self.laps and self.prefill_events:
+            raise ValueError("prefill_events: a LAPS prefill pool takes no engine events (its router moves its "
+                             "instances between its groups itself); give ContinuousBatching prefill engines")
+        if self.decode_events and getattr(self.programs, "closed", False):
+            raise ValueError("decode_events: a closed loop's decode pool takes no engine events yet (its kernel "
+                             "deals the calls to its engines itself); give the prefill pool's (prefill_events) or "
+                             "open-loop programs")
 
     def _take_laps_pool(self) -> None:
         """A LAPS prefill pool: its engines are LAPS's instances, its router
@@ -244,10 +285,12 @@ class Disaggregated(Policy):
             eng["prefix_caching"] = True        # (the prefill pool's)
         laps = {f"prefill_{k}": v for k, v in self.prefill.describe().items()} if self.laps else {}
         programs = self.programs.describe() if self.programs is not None else {}
+        events = {f"{pool}_events": len(ev) for pool, ev in (("prefill", self.prefill_events),
+                                                            ("decode", self.decode_events)) if ev}
         return {**eng, "policy": self.kind, "prefill_engines": self.prefill_engines,
                 "decode_engines": self.decode_engines, "router": "laps" if self.laps else self.router,
                 "decode_router": self.decode_router,
-                **laps, **programs, **self.kv_transfer.describe()}
+                **laps, **programs, **events, **self.kv_transfer.describe()}
 
     @classmethod
     def from_spec(cls, params: dict, ctx) -> "Disaggregated":
