@@ -240,7 +240,7 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 #: iteration's prefill chunks, the arrival drawer's address, and (multi-step
 #: scheduling) the requests whose first token or last token an unfinished
 #: block holds back; where a cluster's engines hand requests back to its
-#: router (:func:`_hand_back`; else empty), per request the time it first
+#: router (:func:`.continuous_cluster._hand_back`; else empty), per request the time it first
 #: arrived (``origin``: ``arrival`` is the time it reached this engine) and
 #: the log of those the engine handed back
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
@@ -273,12 +273,12 @@ STATE = Layout("continuous engine state",
                      "ts_stride", "ts_due", "quotas_due",
                      # (prefix caching: the unreferenced chains' order, oldest first, their blocks, the counters)
                      "lru_head", "lru_tail", "evictable", "prefix_hits", "prefix_queries", "evictions",
-                     # (a cluster's engine leaving it, set by its driver: it hands its waiting back at its next
-                     # pause, :func:`_hand_back`; and the requests it handed back, in all)
-                     "leaving", "handed"),
+                     # (the requests the engine handed back to its cluster's router, in all:
+                     # .continuous_cluster._hand_back)
+                     "handed"),
                floats=("t_round", "busy", "sum_latency", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
                        "waiting_time", "system_time", "last_completion", "now",
-                       "cap_time"))
+                       "cap_time", "last_iteration"))
 #: the scalars the loop keeps as locals (the first of the state's ints and floats; the others it counts in place)
 LOOP_INTS = STATE.ints.index("started")
 LOOP_FLOATS = STATE.floats.index("cap_time")
@@ -299,6 +299,14 @@ RQ = REQUESTS.index
 #: the statistics that are the engine's counters of the same name: (statistic, counter) indices, ints and floats
 STATS_FROM_STATE = tuple(tuple((getattr(S, f), getattr(ES, f)) for f in mine if f in theirs)
                          for mine, theirs in ((STATS.ints, STATE.ints), (STATS.floats, STATE.floats)))
+
+
+@step
+def order_parameters(ci, cf, coef, full):
+    """The admission orders' parameters ``par`` (:mod:`.admission`) of a
+    run's configuration (``ci``, ``cf``; ``coef`` its iteration cost's
+    coefficients), for the kernel variant ``full``."""
+    return (cf[C.aging], full, ci[C.goodput] != 0, ci[C.quantum], coef, cf[C.expert_span], cf[C.expert_miss])
 
 
 @step
@@ -346,29 +354,6 @@ def _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inp
         waiting += 1
         i += 1
     return i, q, waiting, system_time
-
-
-@subroutine
-def _hand_back(adm, q, par, waiting, joined, late, system_time, waiting_time, rounds, ws, inputs):
-    """The engine leaves its cluster (``ES.leaving`` set) at the first
-    iteration boundary at or after the instant ``until``, ``late`` s after
-    it: its ``waiting`` requests (not the preempted ones: those were
-    admitted, and it keeps them) leave its order one by one, as its head
-    gives them (:func:`.admission.leave`), into ``ws.handed`` after those it
-    handed back before (``ES.handed`` in all), for the router to route again
-    from the instant ``until``.  The time they count in the engine stops at
-    ``until``: ``late`` each comes off the system-time integral, and off
-    the waiting-time one for all but the ``joined`` that joined at this
-    boundary (not counted waiting yet).  Returns ``(q, waiting,
-    system_time, waiting_time)`` after."""
-    h = ws.state_i[ES.handed]
-    for _ in range(waiting):
-        r, b = admission.head(adm, par[1], q, par, ws, inputs, rounds)
-        q = admission.leave(adm, par[1], q, r, b, par, ws, inputs)
-        ws.handed[h] = r
-        h += 1
-    ws.state_i[ES.handed] = h
-    return q, 0, system_time - late * waiting, waiting_time - late * (waiting - joined)
 
 
 @step
@@ -1425,7 +1410,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     # classes' statistics: the full kernel's)
     exp_span = cf[C.expert_span]
     exp_miss = cf[C.expert_miss]
-    par = (cf[C.aging], FULL, ci[C.goodput] != 0, ci[C.quantum], coef, exp_span, exp_miss)
+    par = order_parameters(ci, cf, coef, FULL)
     inv_rate = 1.0 / cf[C.rate] if cf[C.rate] > 0.0 else 0.0
     gscale = out.group_latency.shape[0] / n if n > 0 else 0.0
     r_i, r_f = requests
@@ -1449,16 +1434,15 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     acc = (completed, sum_lat, last_done)
     tbt = (sum_tbt, tbt_count)
     code = DONE
+    t = 0.0
     while True:
         if (iterations & 65535) == 0:
             if stop[STOP] != 0:
                 code = STOPPED
                 break
             stop[ARRIVED] = i
-        joined = i
         i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inputs,
                                                     keep, r_f)
-        joined = i - joined
         block_left, npf, npd, sum_ttft, acc = _end_block(FULL, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws,
                                                          out, inputs, requests, config)
         if running == 0 and waiting == 0 and nstack == 0:
@@ -1468,9 +1452,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             continue
         if now >= until:
             # (an iteration starting at or after until waits for what arrives up to then)
-            if FULL and si[ES.leaving] != 0:
-                q, waiting, system_time, waiting_time = _hand_back(adm, q, par, waiting, joined, now - until,
-                                                                   system_time, waiting_time, rounds, ws, inputs)
+            if FULL:
+                # (the last iteration's time: a cluster's driver reads it as the engine hands requests back)
+                ws.state_f[ES.last_iteration] = t
             code = PAUSED
             break
         iterations += 1

@@ -38,10 +38,10 @@ whole prompt and generated tokens again.
 Engine events (:func:`_engine_event`): at an event's instant, before an
 arrival at the same instant, every engine is advanced to it; an engine
 joining is the router's again; one leaving is out of the router's choice,
-and is advanced once more with ``ES.leaving`` set: at its first iteration
-boundary at or after the instant it hands back the requests it has not
-admitted (:func:`.continuous._hand_back`, in its admission order's order),
-and keeps running those it admitted.  Each is routed again at the instant
+and is advanced once more, to its first iteration boundary at or after the
+instant, where it hands back the requests it has not admitted
+(:func:`_hand_back`, in its admission order's order), and keeps running
+those it admitted.  Each is routed again at the instant
 (:func:`_reroute`), keeping its first arrival (``ws.origin``, which its
 latency and time to first token count from) and joining its new engine at
 the instant (``ws.arrival``).  An engine's requests keep their numbers
@@ -67,8 +67,8 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .common import ARRIVED, STOP, kernel, step
-from .continuous import DONE, ES, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
+from .common import ARRIVED, STOP, kernel, load_tuple, step
+from .continuous import C_COST, DONE, ES, N_COST, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
 from .layout import Layout
 from . import admission
 from . import continuous as _k
@@ -307,6 +307,44 @@ def _reroute(e1, k1, t, rt, eng, table, rr_route, feeds, ws, requests, counts, w
 
 
 @step
+def _hand_back(e, t, config, inputs, ws):
+    """Engine e, leaving its cluster at the instant ``t`` and paused at its
+    first iteration boundary at or after t with every request routed to it
+    joined, hands back its waiting requests (not the preempted ones: those
+    were admitted, and it keeps them): they leave its admission order one
+    by one, as its head gives them (:func:`.admission.leave`), into
+    ``ws.handed[e]`` after those it handed back before (``ES.handed`` in
+    all), for the router to route again from t.  The time they count in
+    the engine stops at t: the engine's time past it, ``late`` each, comes
+    off its system-time integral, and off its waiting-time one for those
+    that waited through its last iteration (not those that joined at this
+    boundary, arrived after that iteration started)."""
+    ci, cf = config[0][e], config[1][e]
+    si, sf = ws.state_i[e], ws.state_f[e]
+    wse, inp = rows(ws, e), rows(inputs, e)
+    par = _k.order_parameters(ci, cf, load_tuple(cf[C_COST:C_COST + N_COST], N_COST), True)
+    adm = ci[C.admission]
+    q = (si[ES.qh], si[ES.ssize], si[ES.rr])
+    waiting = si[ES.waiting]
+    late = sf[ES.now] - t
+    started = sf[ES.now] - sf[ES.last_iteration]
+    h = si[ES.handed]
+    fresh = 0
+    for _ in range(waiting):
+        r, b = admission.head(adm, True, q, par, wse, inp, si[ES.rounds])
+        q = admission.leave(adm, True, q, r, b, par, wse, inp)
+        ws.handed[e, h] = r
+        h += 1
+        if wse.arrival[r] > started:
+            fresh += 1
+    si[ES.handed] = h
+    si[ES.qh], si[ES.ssize], si[ES.rr] = q
+    si[ES.waiting] = 0
+    sf[ES.system_time] -= late * waiting
+    sf[ES.waiting_time] -= late * (waiting - fresh)
+
+
+@step
 def _engine_event(ev, events, config, control, inputs, out, requests, ws, streams, estop, rt, eng, table, rr_route,
                   feeds, counts, where, local, ids, calls, program, new_tokens, session_end, routed):
     """Engine event ``ev`` (``events``: their times, engines and 1 add / 0
@@ -338,11 +376,10 @@ def _engine_event(ev, events, config, control, inputs, out, requests, ws, stream
                 table[TB.holder, pp] = -1
     h = si[e, ES.handed]
     if not _idle(si[e], counts[e]):
-        si[e, ES.leaving] = 1
-        code = _advance(e, counts[e], t, config, control, inputs, out, requests, ws, streams, estop)
-        si[e, ES.leaving] = 0
-        if code == STALLED:
+        # (resumed, it joins what was routed to it and pauses at its boundary at or after t)
+        if _advance(e, counts[e], t, config, control, inputs, out, requests, ws, streams, estop) == STALLED:
             return STALLED, rr_route
+        _hand_back(e, t, config, inputs, ws)
     _active(si, sf, counts, t, eng)
     for q in range(h, si[e, ES.handed]):
         rr_route = _reroute(e, ws.handed[e, q], t, rt, eng, table, rr_route, feeds, ws, requests, counts, where,
