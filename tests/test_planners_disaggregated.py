@@ -494,7 +494,8 @@ def _peak(req, mine) -> tuple:
     return waiting[k], float(a[k])
 
 
-@pytest.mark.parametrize("pool, closed", [("prefill", False), ("prefill", True), ("decode", False)])
+@pytest.mark.parametrize("pool, closed", [("prefill", False), ("prefill", True), ("decode", False),
+                                          ("decode", True)])
 def test_a_pools_engine_leaving_hands_its_queue_back_and_none_is_lost(pool, closed):
     """A pool's engine (prefill engine 0, decode engine 1; round robin)
     leaves when its queue is longest in the run without events and joins
@@ -502,8 +503,7 @@ def test_a_pools_engine_leaving_hands_its_queue_back_and_none_is_lost(pool, clos
     waiting there then (the runs are the same up to that instant), every
     request completes, each keeps its arrival (the latency end to end and
     the time to first token count from it), and the engine takes no
-    request while it is out.  Open loop, and closed-loop programs on the
-    prefill pool."""
+    request while it is out.  Open loop and closed-loop programs alike."""
     wl = mb.Workload(prompt=st.lognorm(0.8, scale=512), output=st.lognorm(0.8, scale=64 if pool == "prefill" else 128))
     if pool == "prefill":
         engines = dict(prefill=mb.ContinuousBatching(max_num_seqs=1, max_batched_tokens=256),
@@ -535,8 +535,6 @@ def test_a_pools_engine_leaving_hands_its_queue_back_and_none_is_lost(pool, clos
 
 @pytest.mark.parametrize("kw, match", [
     (dict(prefill=mb.LAPS(), prefill_events=[mb.EngineEvent(1.0, 0)]), "prefill_events: a LAPS prefill pool"),
-    (dict(decode_engines=2, decode_events=[mb.EngineEvent(1.0, 0)], programs=mb.Programs(closed=True)),
-     "decode_events: a closed loop's decode pool"),
     (dict(prefill=mb.ContinuousBatching(prefix_caching=True), prefill_engines=2,
           prefill_events=[mb.EngineEvent(1.0, 0)]),
      "prefill_events: engines with prefix_caching=True"),

@@ -39,7 +39,7 @@ import numpy as np
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _advance, _arrive_call, _Cluster, _completed_by, _earliest, _engine_event,
-                                 _set_up, _stop_asked, fresh_record)
+                                 _hand_back, _idle, _set_up, _stop_asked, fresh_record)
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
@@ -82,23 +82,37 @@ def _answers(log, logged, e, d_reqs, call, delay, gap, K, heap_t, heap_id, hsize
 
 
 @step
-def _hand(j, t, m, n, groups, d_route, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt, d_output, d_prediction,
-          call, handed, d_reqs, d_placed):
-    """Request j, ready at ``t``, the ``m``-th the decode pool takes: to
-    engine ``m % D`` (in turn; ``d_route`` 1: the engine least used at
-    ``t``, by the cluster's rule, :func:`.routing.scan_engines`, on the
-    engines' active requests then, written into ``d_eng``), bringing its
-    prompt's KV cache, its batch-means group its group among the ``n``
-    arrivals; recorded as the
-    engine's next request (``d_reqs``) and, by ``m``, its engine and number
-    there (``d_placed``)."""
+def _deal(t, d_route, d_rr, d_eng, d_ws, d_counts):
+    """The decode engine a request ready at ``t`` goes to: in turn from
+    ``d_rr`` among the engines in the pool (``d_route`` 0; the m-th
+    request to engine ``m % D`` while none has left), or (1) the engine
+    least used at t, by the cluster's rule (:func:`.routing.scan_engines`,
+    on the engines' active requests then, written into ``d_eng``: those
+    dealt to it, less those it handed back and those it completed).
+    Returns the engine and the pointer after it."""
     D = d_counts.shape[0]
     if d_route == 0:
-        e = m % D
-    else:
-        for x in range(D):
-            d_eng[_r.EN.active, x] = d_counts[x] - _completed_by(d_ws.state_i[x], d_ws.state_f[x], t)
-        e = _r.scan_engines(d_eng)[0]
+        e = d_rr
+        while d_eng[_r.EN.registered, e] == 0:
+            e = e + 1 if e + 1 < D else 0
+        return e, (e + 1 if e + 1 < D else 0)
+    for x in range(D):
+        d_eng[_r.EN.active, x] = (d_counts[x] - d_ws.state_i[x, ES.handed]
+                                  - _completed_by(d_ws.state_i[x], d_ws.state_f[x], t))
+    return _r.scan_engines(d_eng)[0], d_rr
+
+
+@step
+def _hand(j, t, m, n, groups, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt, d_output,
+          d_prediction, call, handed, d_reqs, d_placed, taken):
+    """Request j, ready at ``t``, the ``m``-th the decode pool takes: to
+    its engine (:func:`_deal`), bringing its prompt's KV cache, its
+    batch-means group its group among the ``n`` arrivals; recorded as the
+    engine's next request (``d_reqs``), by ``m`` its engine and number
+    there (``d_placed``), and, where decode engines may leave (the pool's
+    ``ws.origin`` not empty), its ``m`` (``taken``) and first arrival at
+    the pool.  Returns the dealing pointer."""
+    e, d_rr = _deal(t, d_route, d_rr, d_eng, d_ws, d_counts)
     k = d_counts[e]
     kc = call[j]
     d_ws.arrival[e, k] = t
@@ -113,6 +127,61 @@ def _hand(j, t, m, n, groups, d_route, d_eng, d_ws, d_feeds, d_requests, d_count
     d_reqs[e, k] = j
     d_placed[0, m] = e
     d_placed[1, m] = k
+    if d_ws.origin.shape[1] > 0:
+        d_ws.origin[e, k] = t
+        taken[j] = m
+    return d_rr
+
+
+@step
+def _rehand(d, k1, t, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, d_reqs, d_placed, taken):
+    """Decode engine d's k1-th request, handed back at ``t`` (its engine
+    leaving), dealt again (:func:`_deal`) to join its new engine at t,
+    keeping its inputs, group, first arrival at the pool and place ``m``
+    among the requests the pool took.  Returns the dealing pointer."""
+    j = d_reqs[d, k1]
+    e, d_rr = _deal(t, d_route, d_rr, d_eng, d_ws, d_counts)
+    k = d_counts[e]
+    d_ws.arrival[e, k] = t
+    d_ws.origin[e, k] = d_ws.origin[d, k1]
+    d_ws.group[e, k] = d_ws.group[d, k1]
+    fresh_record(d_requests, e, k)
+    d_feeds.prompt[e, k] = d_feeds.prompt[d, k1]
+    d_feeds.output[e, k] = d_feeds.output[d, k1]
+    d_feeds.prediction[e, k] = d_feeds.prediction[d, k1]
+    d_feeds.cached[e, k] = d_feeds.cached[d, k1]
+    d_counts[e] = k + 1
+    d_reqs[e, k] = j
+    m = taken[j]
+    d_placed[0, m] = e
+    d_placed[1, m] = k
+    return d_rr
+
+
+@step
+def _decode_event(ev, events, t, d_route, d_rr, d_config, d_control, d_inputs, d_out, d_requests, d_ws, d_feeds,
+                  d_counts, d_eng, d_reqs, d_placed, taken, streams, estop):
+    """Decode engine event ``ev`` at ``t``, every decode iteration starting
+    before t run: an engine joining is dealt requests again; one leaving is
+    no longer, and hands back the requests it had not admitted
+    (:func:`.continuous_cluster._hand_back`), each dealt again at t
+    (:func:`_rehand`).  Returns the code and the dealing pointer."""
+    e = events[1][ev]
+    if events[2][ev] != 0:
+        d_eng[_r.EN.registered, e] = 1
+        return DONE, d_rr
+    d_eng[_r.EN.registered, e] = 0
+    h = d_ws.state_i[e, ES.handed]
+    if not _idle(d_ws.state_i[e], d_counts[e]):
+        d_ws.state_i[e, ES.logged] = 0
+        if _advance(e, d_counts[e], t, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams,
+                    estop) == STALLED:
+            return STALLED, d_rr
+        _hand_back(e, t, d_config, d_inputs, d_ws)
+    for q in range(h, d_ws.state_i[e, ES.handed]):
+        d_rr = _rehand(e, d_ws.handed[e, q], t, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, d_reqs,
+                       d_placed, taken)
+    return DONE, d_rr
 
 
 @kernel
@@ -120,7 +189,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
                        d_config, d_control, d_inputs, d_out, d_requests, d_ws, d_feeds, d_counts,
                        loop, rheap, link, prompt, output, prediction, chain, shared, d_output, d_prediction,
                        times, program, new_tokens, session_end, call, first, ready, handed, d_route, d_eng, d_reqs,
-                       d_placed,
+                       d_placed, taken, d_events,
                        groups, rt, ca, eng, table, match, where, local, reqs, ids, events, routed, streams, stop,
                        estop):
     """Route ``times.size`` calls of closed-loop programs to the prefill
@@ -145,7 +214,9 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     arrival order.  The prefill pool's engine ``events`` (as
     :func:`.continuous_cluster.cluster_kernel`'s; ``ids``: ``reqs``, where
     a request routed again is numbered, or empty without events) are taken
-    in time order with the rest.  Returns :data:`.continuous.DONE`,
+    in time order with the rest, and the decode pool's ``d_events``
+    (:func:`_decode_event`; ``taken``: each request's place among those
+    the pool took, kept where decode engines may leave).  Returns :data:`.continuous.DONE`,
     ``STOPPED`` or ``STALLED``."""
     n = times.shape[0]
     E = counts.shape[0]
@@ -166,6 +237,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     hsize, rsize, m = 1, 0, 0
     rr_route = 0
     ev = 0
+    dev = 0
+    d_rr = 0
     for j in range(n + 1):
         if j < n and _stop_asked(j, stop):
             return STOPPED
@@ -173,7 +246,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
             te = events[0][ev] if ev < events[0].shape[0] else np.inf
-            cap = min(t, te)
+            td = d_events[0][dev] if dev < d_events[0].shape[0] else np.inf
+            cap = min(t, te, td)
             e = _earliest(si, sf, counts, cap)
             sp = sf[e, ES.now] if e >= 0 else cap
             d = _earliest(dsi, dsf, d_counts, cap)
@@ -182,8 +256,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
             if r < cap and r <= sp and r <= sd:
                 # a call ready joins the decode pool before any iteration starting at or after it
                 r, jr, rsize = _heap_pop(r_t, r_id, rsize)
-                _hand(jr, r, m, n, groups, d_route, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt, d_output,
-                      d_prediction, call, handed, d_reqs, d_placed)
+                d_rr = _hand(jr, r, m, n, groups, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt,
+                             d_output, d_prediction, call, handed, d_reqs, d_placed, taken)
                 m += 1
             elif e >= 0 and sp <= sd:
                 si[e, ES.logged] = 0
@@ -199,6 +273,14 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
                     return STALLED
                 hsize = _answers(d_ws.done_log[d], dsi[d, ES.logged], d, d_reqs, call, d_delay, gap, K, heap_t,
                                  heap_id, hsize)
+            elif td <= t and td <= te and td < np.inf:
+                # a decode engine leaves or joins once every iteration starting before the instant has run
+                code, d_rr = _decode_event(dev, d_events, td, d_route, d_rr, d_config, d_control, d_inputs, d_out,
+                                           d_requests, d_ws, d_feeds, d_counts, d_eng, d_reqs, d_placed, taken,
+                                           streams, estop)
+                if code != DONE:
+                    return code
+                dev += 1
             elif te <= t and te < np.inf:
                 # a prefill engine leaves or joins once every iteration starting before the instant has run
                 code, rr_route = _engine_event(ev, events, config, control, inputs, out, requests, ws, streams,
@@ -226,7 +308,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
 
 def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_engines: int, streams, stop, *,
                control=None, d_control=None, groups: int = 1, ts_rows: int = 2, prefixes=None,
-               cache_routing=None, d_router: str = "round_robin", events=None) -> tuple:
+               cache_routing=None, d_router: str = "round_robin", events=None, d_events=None) -> tuple:
     """Simulate closed-loop programs on ``engines`` prefill engines of the
     continuous run ``config`` (one output token a call: its first) behind
     ``router`` and ``d_engines`` decode engines of ``d_config`` (``n``:
@@ -238,7 +320,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     ``link``; ``prefixes`` (by call id) and ``cache_routing`` as
     :func:`.continuous_cluster.run_closed`'s; ``d_router`` the decode
     pool's (``"round_robin"``: dealt in turn; ``"least_used"``); ``events``
-    the prefill pool's engine events (as
+    the prefill pool's engine events and ``d_events`` the decode pool's (as
     :func:`.continuous_cluster.run`'s; None: none).  Returns
     ``(prefill, decode, routed, code, got)``: the prefill pool's engines'
     ``(outputs, records, code)`` with each request's engine and number
@@ -263,7 +345,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     pre = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, 0, None, None, prefixes,
                    log=log, events=events)
     dec = _Cluster(d_config, d_output, d_edges, d_engines, stop, d_control, groups, ts_rows, 0, None, None, None,
-                   log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1))
+                   log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events)
     got = dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
                session_end=np.zeros(n, np.int8), call=np.full(n, -1, np.int64), first_token=np.full(n, np.nan),
                ready=np.full(n, np.nan), handed=np.full(n, -1, np.int64), d_placed=np.full((2, n), -1, np.int64))
@@ -278,15 +360,25 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
         np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, d_output,
         np.ascontiguousarray(calls["d_prediction"], float), got["arrival_times"], got["program"], got["new_tokens"],
         got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"],
-        {"round_robin": 0, "least_used": 1}[d_router], dec.eng, np.empty((d_engines, n), np.int64), got["d_placed"],
-        groups,
+        {"round_robin": 0, "least_used": 1}[d_router], dec.eng,
+        dec.ids if dec.ids.shape[1] else np.empty((d_engines, n), np.int64), got["d_placed"],
+        np.empty(n if dec.ids.shape[1] else 0, np.int64), dec.events, groups,
         router,
         cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where, pre.local,
         pre.ids if pre.ids.shape[1] else np.empty((engines, n), np.int64), pre.ids, pre.events, pre.routed, streams,
         stop, np.zeros_like(stop))
-    taken = int(dec.counts.sum())
+    taken = int(np.count_nonzero(got["handed"] >= 0))
     got["handed"] = got["handed"][:taken]
     got["d_placed"] = got["d_placed"][:, :taken]
     runs, where, local = pre.runs(code)
+    if dec.ids.shape[1]:
+        # (the decode pool's engines handed requests back: each request's engine and number there, as the pool
+        # placed it at the end, for the records to leave out those it handed back)
+        h = got["handed"]
+        dec.where[h], dec.local[h] = got["d_placed"]
+        d_runs, _, _ = dec.runs(code)
+        got["d_placed"] = np.stack([dec.where[h], dec.local[h]])
+        got["d_rerouted"] = int(dec.ws.state_i[:, _k.ES.handed].sum())
+        return (runs, where, local), d_runs, ROUTED.unpack(pre.routed), code, got
     d_runs, _, _ = dec.runs(code)
     return (runs, where, local), d_runs[:int((dec.counts > 0).sum())], ROUTED.unpack(pre.routed), code, got

@@ -190,13 +190,8 @@ class ContinuousPart:
 
     @property
     def events(self) -> tuple | None:
-        """The kernel's engine events: their ``(time, engine, add)`` arrays
-        (None: none)."""
-        ev = self.policy.events
-        if not ev:
-            return None
-        return (np.array([e.time for e in ev], float), np.array([e.engine for e in ev], np.int64),
-                np.array([e.action == "add" for e in ev], np.int8))
+        """The kernel's engine events (:func:`event_arrays`)."""
+        return event_arrays(self.policy.events)
 
     def metrics(self, routed: dict) -> dict:
         """The router's metrics (the tag ``router``) from the kernel's
@@ -207,6 +202,15 @@ class ContinuousPart:
         if self.caching:
             got.update(locality_hit_rate=math.nan, kv_recomputed_tokens=math.nan)
         return got
+
+
+def event_arrays(events) -> tuple | None:
+    """The kernel's engine events of ``events`` (:class:`~mbbatch.EngineEvent`,
+    in time order): their ``(time, engine, add)`` arrays (None: none)."""
+    if not events:
+        return None
+    return (np.array([e.time for e in events], float), np.array([e.engine for e in events], np.int64),
+            np.array([e.action == "add" for e in events], np.int8))
 
 
 def _router_metrics(st: dict) -> dict:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._kernels import continuous as _k
+from .._kernels import continuous_cluster as _cc
 from .._kernels import disaggregated as _kd
 from .._running import interruptible, stop_flag
 from .._seeding import (STREAM_PREDICTION, STREAM_SERVICE, STREAM_SYSTEM,
@@ -242,7 +243,8 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
                                pp.cluster.router, pp.engines, pol.decode_engines, _k.ContinuousStreams(arrivals),
                                stop, control=pp.control, d_control=dplan.control, groups=BATCH_MEANS_GROUPS,
                                ts_rows=TIME_SERIES_ROWS, prefixes=prefixes, cache_routing=pp.cluster.cache_routing,
-                               d_router=pol.decode_router, events=pp.cluster.events),
+                               d_router=pol.decode_router, events=pp.cluster.events,
+                               d_events=cluster.event_arrays(pol.decode_events)),
         stop, n if progress else None)
     seconds = time.perf_counter() - t0
     continuous._check_codes(runs + d_runs)
@@ -255,11 +257,20 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     if order.size:
         j = k[order]
         stage = Workload(prompt=prompt[j], output=d_out[j], integer_lengths=True)
-        dp = _decode_plan(pol, Replay(got["ready"][order]), stage, plan.decode_model, order.size, dealt=True)
+        events = bool(pol.decode_events)
+        dp = _decode_plan(pol, Replay(got["ready"][order]), stage, plan.decode_model, order.size,
+                          dealt=not events)
         # (dealt in turn: request m number m // D of engine m % D; else as the kernel's router placed it)
-        placed = None if pol.decode_router == "round_robin" else tuple(got["d_placed"])
+        placed = None if pol.decode_router == "round_robin" and not events else tuple(got["d_placed"])
+        routed = None
+        if events:
+            # (a pool with engine events is a cluster's: its routing counts, the decisions and requests dealt
+            # again the kernel's, the loads over the decisions not kept: NaN imbalance)
+            routed = dict(_cc.ROUTED.unpack(_cc.ROUTED.zeros()), routes=int(order.size),
+                          large=int(np.count_nonzero(prompt[j] > dp.cluster.policy.threshold)),
+                          rerouted=got["d_rerouted"])
         dec = continuous._run(dp, ss, False, False, ran=((prompt[j], d_out[j], d_pred[j], None), d_runs, placed,
-                                                         None, {}, 0.0))
+                                                         routed, {"engine": placed[0]} if events else {}, 0.0))
     return pre, dec, out[k], link[k], got["ready"], order
 
 

@@ -119,8 +119,9 @@ class Disaggregated(Policy):
     routed again at that instant keeping its arrival (a decode request its
     KV cache, moved again at no cost).  A decode pool with events is a
     cluster behind its ``decode_router`` (``"round_robin"`` deals the
-    requests in turn among the engines in the pool).  Not with a LAPS
-    prefill pool, nor in a closed loop's decode pool.
+    requests in turn among the engines in the pool; in a closed loop its
+    routing counts but the load imbalance, NaN).  Not with a LAPS prefill
+    pool.
 
     Choices where the papers leave it open: the prefill engine frees the KV
     blocks at the first token (DistServe's prefill instance holds them until
@@ -205,9 +206,7 @@ class Disaggregated(Policy):
 
     def _take_events(self) -> None:
         """Each pool's engine events, checked (:class:`EngineEvent`): a
-        LAPS pool takes none (its router's groups are LAPS's), and in a
-        closed loop the decode pool takes none (its kernel deals the
-        requests itself, :mod:`mbbatch._kernels.disaggregated`)."""
+        LAPS pool takes none (its router's groups are LAPS's)."""
         object.__setattr__(self, "prefill_events", checked_events(self.prefill_events, self.prefill_engines,
                                                                   "prefill_events", "prefill_engines"))
         object.__setattr__(self, "decode_events", checked_events(self.decode_events, self.decode_engines,
@@ -225,10 +224,6 @@ class Disaggregated(Policy):
         if self.laps and self.prefill_events:
             raise ValueError("prefill_events: a LAPS prefill pool takes no engine events (its router moves its "
                              "instances between its groups itself); give ContinuousBatching prefill engines")
-        if self.decode_events and getattr(self.programs, "closed", False):
-            raise ValueError("decode_events: a closed loop's decode pool takes no engine events yet (its kernel "
-                             "deals the calls to its engines itself); give the prefill pool's (prefill_events) or "
-                             "open-loop programs")
 
     def _take_laps_pool(self) -> None:
         """A LAPS prefill pool: its engines are LAPS's instances, its router
