@@ -30,6 +30,12 @@ for one pool.  Run open-loop, the two stages in one loop give what the
 pools run one after the other give (the decode pool only reads the prefill
 pool's first tokens): the feed-forward planner
 (:mod:`mbbatch.planners.disaggregated`) keeps running them so.
+
+Engine events come in time order with the rest, once every iteration
+starting before them has run: a prefill engine's as a cluster's
+(:func:`.continuous_cluster._engine_event`), a decode engine's by
+:func:`_decode_event`, its requests not admitted dealt again
+(:func:`_rehand`), each keeping its place among those the pool took.
 """
 
 from __future__ import annotations
