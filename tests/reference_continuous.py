@@ -145,11 +145,12 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     after it, in the order given; ``arrival`` stays what its order's keys
     (aging, deadlines) count from.  ``leave``: times (increasing) the
     engine leaves its cluster: at its first iteration boundary at or after
-    each (the arrivals up to then joined), unless it is idle then, every
-    waiting request but the preempted ones (the stack, and those the
-    feedback queue preempted) leaves it unadmitted, in the order its
-    admission order would admit them, none charged (fair sharing's
-    counters); returned as ``handed``, a list per leave time."""
+    each, once the requests that reached it by the leave time have joined
+    (those reaching it later join after), every waiting request but the
+    preempted ones (the stack, and those the feedback queue preempted)
+    leaves it unadmitted, in the order its admission order would admit
+    them, none charged (fair sharing's counters); returned as ``handed``, a
+    list per leave time (idle then, it hands back none)."""
     if prefix_caching and cached is not None:
         raise ValueError("prefix caching is incompatible with cached (a decode stage's KV brought along)")
     n = len(arrival)
@@ -412,6 +413,12 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         return r
 
     while True:
+        while nl < len(leave) and now >= leave[nl]:
+            # (the first boundary at or after a leave: the requests that reached the engine by then are in; those
+            # that reach it later, it joining the cluster again, join after)
+            arrive_until(leave[nl])
+            handed[nl] = hand_back()
+            nl += 1
         arrive_until(now)
         if block_left > 0 and not any(pre[r] == need[r] for r in running):
             block_left = 0
@@ -422,16 +429,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 done[r] = now
             held_first, held_done = [], []
         if not running and peek() < 0:
-            # (idle at a leave: nothing to hand back)
-            while nl < len(leave) and (i >= n or join[i] > leave[nl]):
-                nl += 1
             if i >= n:
                 break
             now = max(now, join[i])
             continue
-        while nl < len(leave) and now >= leave[nl]:
-            handed[nl] = hand_back()
-            nl += 1
         if until is not None and now >= until:
             break
         cap = max_num_seqs

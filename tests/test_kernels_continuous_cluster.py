@@ -433,9 +433,10 @@ def _events(rng, arr, engines):
             np.array([x[2] for x in ev], np.int8))
 
 
-def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20, programs=None, kv=True, **kw):
-    """The plain-Python cluster with engine events (open loop, no prefix
-    caching): at each arrival, an engine's active requests are those routed
+def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20, programs=None, kv=True,
+                      closed=None, **kw):
+    """The plain-Python cluster with engine events (no prefix caching): at
+    each arrival, an engine's active requests are those routed
     to it, not handed back and not completed by then in the reference
     engine's run of its requests so far; the router's rule over the engines
     in the cluster (round robin skipping those out).  An event at an
@@ -446,10 +447,25 @@ def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20,
     on the active requests at t, each counted as it goes), each joining its
     new engine at t (``join``) and keeping its arrival; with programs a
     call routed again prefills what its new engine's context gives it.
-    Returns each request's engine, each engine's run, its live requests and
-    every request's KV cache brought, and the requests routed again."""
+    ``closed``: closed-loop programs, as :func:`_reference_cluster`'s (the
+    next call to arrive the earliest that can, from its engines' runs so
+    far; an event at or before it first, then the calls again).
+    Returns each request's engine, each engine's run, its requests (slot by
+    slot) and which it kept, every request's KV cache brought, the requests
+    routed again and, closed, the requests' arrays and call ids."""
     n = len(arr)
     klass = kw.pop("klass", None)
+    if closed is not None:
+        start, gap, new_c, out_c, pred_c, delay = (closed[k] for k in ("start", "gap", "new", "output",
+                                                                         "prediction", "delay"))
+        prompt_c = _contexts(closed)
+        C = gap.size // start.size
+        arr, p, o, pred = np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n)
+        programs = (np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int8))
+        call = np.full(n, -1, np.int64)
+        pending = {0: start[0]}
+        followed = set()
+        spot = {}
     cached = np.zeros(n)
     mine = [[] for _ in range(engines)]
     joins = [[] for _ in range(engines)]       # (when each of an engine's requests reached it)
@@ -496,16 +512,34 @@ def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20,
             holder[pid] = e
             if last:
                 table.pop(pid, None)
+        if closed is not None:
+            spot[j] = len(mine[e])
         mine[e].append(j)
         joins[e].append(t)
         where[j] = e
         return was
 
+    def next_call(j):
+        """The closed loop's next call: (its time, call id, the request it follows, -1: a program's start)."""
+        cands = [(t, k, -1) for k, t in pending.items()]
+        for r in range(j):
+            k = int(call[r]) + 1
+            if r in followed or k % C == 0:
+                continue
+            cands.append((run(where[r])["completion"][spot[r]] + delay + gap[k], k, r))
+        return min(cands)
+
     ev = 0
     times, engine, add = events
     for j in range(n + 1):
-        t_next = arr[j] if j < n else np.inf
-        while ev < times.size and times[ev] <= t_next:
+        while True:
+            if closed is not None and j < n:
+                nxt = next_call(j)
+                t_next = nxt[0]
+            else:
+                t_next = arr[j] if j < n else np.inf
+            if not (ev < times.size and times[ev] <= t_next):
+                break
             t, e = float(times[ev]), int(engine[ev])
             if add[ev]:
                 on[e] = True
@@ -515,8 +549,9 @@ def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20,
                     for pid in [k for k, v in d.items() if v == e]:
                         del d[pid]
                 leaves[e].append(t)
-                back = [mine[e][k] for k in run(e)["handed"][-1]] if mine[e] else []
-                gone[e].update(back)
+                slots = run(e)["handed"][-1] if mine[e] else []
+                back = [mine[e][k] for k in slots]
+                gone[e].update(slots)
                 act = active(t)
                 for h in back:
                     e2 = pick(h, act)
@@ -526,11 +561,22 @@ def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20,
             ev += 1
         if j == n:
             break
+        if closed is not None:
+            t, k, r = nxt
+            if r < 0:
+                del pending[k]
+                if k % C == 0 and k // C + 1 < start.size:
+                    pending[k + C] = start[k // C + 1]
+            else:
+                followed.add(r)
+            arr[j], p[j], o[j], pred[j], call[j] = t, prompt_c[k], out_c[k], pred_c[k], k
+            programs[0][j], programs[1][j], programs[2][j] = k // C, new_c[k], int(k % C == C - 1)
         e = pick(j, active(arr[j]))
         place(j, e, arr[j])
     runs = [run(e) if mine[e] else None for e in range(engines)]
-    live = [[j for j in mine[e] if j not in gone[e]] for e in range(engines)]
-    return where, runs, mine, live, cached, moved
+    kept = [np.array([k not in gone[e] for k in range(len(mine[e]))], bool) for e in range(engines)]
+    got = where, runs, mine, kept, cached, moved
+    return got if closed is None else got + ((arr, p, o, pred, programs, call),)
 
 
 @pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])
@@ -556,8 +602,9 @@ def test_engine_events_are_the_plain_python_cluster_request_by_request(router):
         events = _events(rng, arr, engines)
         klass = rng.integers(0, 3, len(arr)) if "class_slo" in kw else None
         ref_kw = {**kw, "klass": klass} if klass is not None else kw
-        where_ref, want, mine, live, cached, moved_ref = _reference_events(arr, p, o, pred, engines, router, events,
+        where_ref, want, mine, kept, cached, moved_ref = _reference_events(arr, p, o, pred, engines, router, events,
                                                                             programs=programs, **ref_kw)
+        live = [np.asarray(mine[e], np.int64)[kept[e]] for e in range(engines)]
         runs, where, local, routed, code = _cluster(arr, p, o, pred, engines, router, programs=programs,
                                                     events=events, klass=klass, **kw)
         assert code == ck.DONE
@@ -573,15 +620,59 @@ def test_engine_events_are_the_plain_python_cluster_request_by_request(router):
             if w is None:
                 continue
             np.testing.assert_array_equal(local[live[e]], np.arange(len(live[e])))
-            keep = np.isin(mine[e], live[e])
+            keep = kept[e]
             np.testing.assert_array_equal(req["arrival"], arr[live[e]])
             for col in ("admitted", "first_token", "completion"):
                 np.testing.assert_array_equal(req[col], w[col][keep], err_msg=f"{col} engine {e} {events} {kw}")
             np.testing.assert_array_equal(req["preemptions"], w["preempted"][keep])
         assert completed == len(arr)
-        alldone = np.concatenate([w["completion"][np.isin(mine[e], live[e])] for e, w in enumerate(want) if w])
+        alldone = np.concatenate([w["completion"][kept[e]] for e, w in enumerate(want) if w])
         arrived = np.concatenate([arr[live[e]] for e, w in enumerate(want) if w])
         assert latency == pytest.approx(float((alldone - arrived).sum()), rel=1e-9)
         assert system == pytest.approx(float((alldone - arrived).sum()), rel=1e-9)
         moved += moved_ref
     assert moved >= 5           # (engines left with requests waiting)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])
+def test_engine_events_in_a_closed_loop_are_the_plain_python_cluster(router):
+    """Closed-loop programs (:func:`_closed_loop`) on 2 engines of one
+    sequence each (queues to hand back), engines leaving and joining again
+    over the span of the run without events, 12 random configurations per
+    router (KV reuse half the time):
+    the calls that arrive, in their order and at their times, each
+    request's engine, the requests routed again, and on each engine each
+    request it kept's admission, first token, completion and preemptions
+    equal the plain-Python cluster's (:func:`_reference_events` with
+    ``closed``)."""
+    rng = np.random.default_rng(110 + ["round_robin", "least_used", "autellix"].index(router))
+    moved = 0
+    for _ in range(12):
+        _, kw = _config(rng)
+        closed, n, kw = _closed_loop(rng, kw)
+        kw["max_num_seqs"] = 1                              # (queues to hand back)
+        engines = 2
+        kv = bool(rng.random() < 0.5)
+        slot = np.zeros(n)
+        *_, got0 = _cluster(slot, slot, slot, slot, engines, router, closed=closed, kv=kv, **kw)
+        span = got0["arrival_times"][np.isfinite(got0["arrival_times"])]
+        events = _events(rng, span, engines)
+        where_ref, want, mine, kept, _, moved_ref, (arr, _, _, _, _, call) = _reference_events(
+            slot, slot, slot, slot, engines, router, events, closed=closed, kv=kv, **kw)
+        runs, where, local, routed, code, got = _cluster(slot, slot, slot, slot, engines, router, closed=closed,
+                                                         kv=kv, events=events, **kw)
+        assert code == ck.DONE, kw
+        np.testing.assert_array_equal(got["call"], call, err_msg=f"{events} {kw} {closed}")
+        np.testing.assert_array_equal(got["arrival_times"], arr)
+        np.testing.assert_array_equal(where, where_ref, err_msg=f"{router} {events} {kw}")
+        assert routed["rerouted"] == moved_ref
+        for e, ((out, req, _), w) in enumerate(zip(runs, want)):
+            if w is None:
+                continue
+            live = np.asarray(mine[e], np.int64)[kept[e]]
+            np.testing.assert_array_equal(local[live], np.arange(live.size))
+            for col in ("admitted", "first_token", "completion"):
+                np.testing.assert_array_equal(req[col], w[col][kept[e]], err_msg=f"{col} engine {e} {events} {kw}")
+            np.testing.assert_array_equal(req["preemptions"], w["preempted"][kept[e]])
+        moved += moved_ref
+    assert moved >= 3           # (engines left with calls waiting)

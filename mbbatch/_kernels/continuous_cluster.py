@@ -733,7 +733,7 @@ def run_closed(config, calls, edges, router, engines: int, streams, stop, *, con
                               got["arrival_times"], got["program"], got["new_tokens"], got["session_end"],
                               got["call"], groups, router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table,
                               c.counts, np.zeros(engines, np.int64), c.where, c.local, c.ids, c.events,
-                              np.empty((engines, n), np.int64), c.routed, streams, stop, np.zeros_like(stop))
+                              np.empty((engines, c.room), np.int64), c.routed, streams, stop, np.zeros_like(stop))
     return c.runs(code) + (ROUTED.unpack(c.routed), code, got)
 
 
@@ -763,6 +763,9 @@ class _Cluster:
                              f"{name!r} cannot (it holds requests it preempted among them); the orders that can: "
                              f"{', '.join(o for o, ok in zip(admission.ORDERS, admission.HANDS_BACK) if ok)}")
         n = cfg["n"]
+        # (each engine's room: its requests' numbers; a request handed back and routed again takes a new one, on
+        # the same engine too once it joins again: at most n more for each engine leaving)
+        self.room = room = n * (1 + int(np.count_nonzero(self.events[2] == 0)))
         self.keep = cfg["keep"]
         replay = {**cfg, "arrival_kind": ARR_REPLAY, "rate": 0.0}
         config = _k.CONFIG.pack(**replay)
@@ -771,14 +774,15 @@ class _Cluster:
         self.chain = np.ascontiguousarray(prefixes["chain"], float) if prefixes else np.empty(0)
         self.shared = np.ascontiguousarray(prefixes["shared"], float) if prefixes else np.empty(0)
         grows = np.asarray(prefixes["grows"], float) if prefixes else np.empty(0)
-        given = {"klass": classes, "chain": int(self.chain.size > 0) * n, "shared": int(self.shared.size > 0) * n}
-        self.feeds = Feed(*(np.zeros((engines, given.get(f, n))) for f in Feed._fields))
+        given = {"klass": room if classes else 0, "chain": int(self.chain.size > 0) * room,
+                 "shared": int(self.shared.size > 0) * room}
+        self.feeds = Feed(*(np.zeros((engines, given.get(f, room))) for f in Feed._fields))
         # (the template engine keeps no records: the engines' start unset, each row started as its request is
         # routed, fresh_record)
-        one = _k.start(_k.CONFIG.pack(**{**replay, "keep": 0}),
+        one = _k.start(_k.CONFIG.pack(**{**replay, "keep": 0, "n": room}),
                        _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
                                       arrival_ends=np.full(1, np.inf),
-                                      **{f: np.zeros(given.get(f, n)) for f in Feed._fields},
+                                      **{f: np.zeros(given.get(f, room)) for f in Feed._fields},
                                       edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
                        control=control, groups=groups, ts_rows=ts_rows, grouped=True,
                        longest=int(np.max(output)) if output.size else 1, log=log, handing=handing)
@@ -787,7 +791,7 @@ class _Cluster:
                                                  else _stacked((a,), engines)[0])
                                        for f, a in zip(one.inputs._fields, one.inputs)))
         self.config, self.out = _stacked(config, engines), _stacked(one.out, engines)
-        m = n if self.keep else 0
+        m = room if self.keep else 0
         self.requests = (np.zeros((engines, len(_k.REQUESTS.ints), m), np.int64),
                          np.empty((engines, len(_k.REQUESTS.floats), m)))
         self.control = one.control
@@ -798,7 +802,7 @@ class _Cluster:
         self.where = np.empty(n, np.int64)
         self.local = np.empty(n, np.int64)
         self.routed = ROUTED.zeros()
-        self.ids = np.empty((engines, n if handing else 0), np.int64)
+        self.ids = np.empty((engines, room if handing else 0), np.int64)
 
     def runs(self, code) -> tuple:
         """Each engine's ``(outputs, records, code)``, each request's engine

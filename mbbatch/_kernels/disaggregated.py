@@ -367,11 +367,12 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
         np.ascontiguousarray(calls["d_prediction"], float), got["arrival_times"], got["program"], got["new_tokens"],
         got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"],
         {"round_robin": 0, "least_used": 1}[d_router], dec.eng,
-        dec.ids if dec.ids.shape[1] else np.empty((d_engines, n), np.int64), got["d_placed"],
+        dec.ids if dec.ids.shape[1] else np.empty((d_engines, dec.room), np.int64), got["d_placed"],
         np.empty(n if dec.ids.shape[1] else 0, np.int64), dec.events, groups,
         router,
         cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where, pre.local,
-        pre.ids if pre.ids.shape[1] else np.empty((engines, n), np.int64), pre.ids, pre.events, pre.routed, streams,
+        pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids, pre.events, pre.routed,
+        streams,
         stop, np.zeros_like(stop))
     taken = int(np.count_nonzero(got["handed"] >= 0))
     got["handed"] = got["handed"][:taken]
