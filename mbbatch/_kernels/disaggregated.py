@@ -44,8 +44,8 @@ import numpy as np
 
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
-from .continuous_cluster import (ROUTED, _advance, _arrive_call, _Cluster, _completed_by, _earliest, _engine_event,
-                                 _hand_back, _idle, _set_up, _stop_asked, fresh_record)
+from .continuous_cluster import (ROUTED, _advance, _advance_called, _arrive_call, _Cluster, _completed_by, _earliest,
+                                 _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record)
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
@@ -180,8 +180,8 @@ def _decode_event(ev, events, t, d_route, d_rr, d_config, d_control, d_inputs, d
     h = d_ws.state_i[e, ES.handed]
     if not _idle(d_ws.state_i[e], d_counts[e]):
         d_ws.state_i[e, ES.logged] = 0
-        if _advance(e, d_counts[e], t, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams,
-                    estop) == STALLED:
+        if _advance_called(e, d_counts[e], t, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams,
+                           estop) == STALLED:
             return STALLED, d_rr
         _hand_back(e, t, d_config, d_inputs, d_ws)
     for q in range(h, d_ws.state_i[e, ES.handed]):
