@@ -67,6 +67,55 @@ def _contexts(closed):
     return prompt
 
 
+class _Calls:
+    """A plain-Python closed loop's calls (``closed``: their programs'
+    ``start`` and by call id ``gap``, ``new``, ``output``, ``prediction``,
+    and ``delay``), made into ``n`` requests as they arrive: their arrays
+    (``arr``, ``p``, ``o``, ``pred``), programs and call ids."""
+
+    def __init__(self, closed, n):
+        self.start, self.gap, self.new, self.out, self.pred, self.delay = (
+            closed[k] for k in ("start", "gap", "new", "output", "prediction", "delay"))
+        self.prompt = _contexts(closed)
+        self.C = self.gap.size // self.start.size
+        self.arr, self.p, self.o, self.pred_r = np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n)
+        self.programs = (np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int8))
+        self.call = np.full(n, -1, np.int64)
+        self.pending = {0: self.start[0]}   # (programs' first calls that may arrive: id -> time)
+        self.followed = set()               # (requests whose next call arrived, or who have none)
+
+    def next(self, j, done):
+        """The next call to arrive, the earliest that can, ``done(r)`` the
+        completion of request r (< j) as it stands: ``(time, call id, the
+        request it follows; -1, a program's first)``."""
+        C = self.C
+        cands = [(t, k, -1) for k, t in self.pending.items()]
+        for r in range(j):
+            k = int(self.call[r]) + 1
+            if r in self.followed or k % C == 0:
+                continue
+            cands.append((done(r) + self.delay + self.gap[k], k, r))
+        return min(cands)
+
+    def take(self, j, nxt):
+        """Call ``nxt`` (:meth:`next`'s) arrives as request j."""
+        t, k, r = nxt
+        C = self.C
+        if r < 0:
+            del self.pending[k]
+            if k % C == 0 and k // C + 1 < self.start.size:
+                self.pending[k + C] = self.start[k // C + 1]
+        else:
+            self.followed.add(r)
+        self.arr[j], self.p[j], self.o[j], self.pred_r[j], self.call[j] = (t, self.prompt[k], self.out[k],
+                                                                           self.pred[k], k)
+        self.programs[0][j], self.programs[1][j], self.programs[2][j] = k // C, self.new[k], int(k % C == C - 1)
+
+    def arrays(self):
+        """The requests' ``(arr, p, o, pred, programs, call)``."""
+        return self.arr, self.p, self.o, self.pred_r, self.programs, self.call
+
+
 def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True,
                        cache=(0.3, 64, 1.5), closed=None, brought=None, **kw):
     """The plain-Python cluster: at each arrival, an engine's active requests
@@ -101,16 +150,8 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
     returned as a fifth item, with each request's call id."""
     prefixes, kw = _prefixes(kw)
     if closed is not None:
-        n = len(arr)
-        start, gap, new_c, out_c, pred_c, delay = (closed[k] for k in ("start", "gap", "new", "output",
-                                                                         "prediction", "delay"))
-        prompt_c = _contexts(closed)
-        C = gap.size // start.size
-        arr, p, o, pred = np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n)
-        programs = (np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int8))
-        call = np.full(n, -1, np.int64)
-        pending = {0: start[0]}         # (programs' first calls that may arrive: id -> time)
-        followed = set()                # (requests whose next call arrived, or who have none)
+        calls = _Calls(closed, len(arr))
+        arr, p, o, pred, programs, _ = calls.arrays()
     pre = {} if prefixes is None else {"prefix_caching": True, "grows": prefixes["grows"]}
     mine = [[] for _ in range(engines)]
     # (the KV cache each request brings: ``brought``, a decode pool's whole prompts; else a program's context)
@@ -146,21 +187,7 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
     spot = {}       # (request -> its number on its engine)
     for j in range(len(arr)):
         if closed is not None:
-            cands = [(t, k, -1) for k, t in pending.items()]
-            for r in range(j):
-                k = int(call[r]) + 1
-                if r in followed or k % C == 0:
-                    continue
-                cands.append((run(where[r])["completion"][spot[r]] + delay + gap[k], k, r))
-            t, k, r = min(cands)
-            if r < 0:
-                del pending[k]
-                if k % C == 0 and k // C + 1 < start.size:
-                    pending[k + C] = start[k // C + 1]
-            else:
-                followed.add(r)
-            arr[j], p[j], o[j], pred[j], call[j] = t, prompt_c[k], out_c[k], pred_c[k], k
-            programs[0][j], programs[1][j], programs[2][j] = k // C, new_c[k], int(k % C == C - 1)
+            calls.take(j, calls.next(j, lambda r: run(where[r])["completion"][spot[r]]))
         t = arr[j]
         active = []
         for e in range(engines):
@@ -187,7 +214,7 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
         mine[e].append(j)
         where[j] = e
     got = where, [run(e) if mine[e] else None for e in range(engines)], mine, cached
-    return got if closed is None else got + ((arr, p, o, pred, programs, call),)
+    return got if closed is None else got + (calls.arrays(),)
 
 
 def _programs(rng, p):
@@ -456,15 +483,8 @@ def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20,
     n = len(arr)
     klass = kw.pop("klass", None)
     if closed is not None:
-        start, gap, new_c, out_c, pred_c, delay = (closed[k] for k in ("start", "gap", "new", "output",
-                                                                         "prediction", "delay"))
-        prompt_c = _contexts(closed)
-        C = gap.size // start.size
-        arr, p, o, pred = np.full(n, np.nan), np.zeros(n), np.zeros(n), np.zeros(n)
-        programs = (np.zeros(n, np.int64), np.zeros(n), np.zeros(n, np.int8))
-        call = np.full(n, -1, np.int64)
-        pending = {0: start[0]}
-        followed = set()
+        calls = _Calls(closed, n)
+        arr, p, o, pred, programs, _ = calls.arrays()
         spot = {}
     cached = np.zeros(n)
     mine = [[] for _ in range(engines)]
@@ -519,22 +539,12 @@ def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20,
         where[j] = e
         return was
 
-    def next_call(j):
-        """The closed loop's next call: (its time, call id, the request it follows, -1: a program's start)."""
-        cands = [(t, k, -1) for k, t in pending.items()]
-        for r in range(j):
-            k = int(call[r]) + 1
-            if r in followed or k % C == 0:
-                continue
-            cands.append((run(where[r])["completion"][spot[r]] + delay + gap[k], k, r))
-        return min(cands)
-
     ev = 0
     times, engine, add = events
     for j in range(n + 1):
         while True:
             if closed is not None and j < n:
-                nxt = next_call(j)
+                nxt = calls.next(j, lambda r: run(where[r])["completion"][spot[r]])
                 t_next = nxt[0]
             else:
                 t_next = arr[j] if j < n else np.inf
@@ -562,21 +572,13 @@ def _reference_events(arr, p, o, pred, engines, router, events, *, threshold=20,
         if j == n:
             break
         if closed is not None:
-            t, k, r = nxt
-            if r < 0:
-                del pending[k]
-                if k % C == 0 and k // C + 1 < start.size:
-                    pending[k + C] = start[k // C + 1]
-            else:
-                followed.add(r)
-            arr[j], p[j], o[j], pred[j], call[j] = t, prompt_c[k], out_c[k], pred_c[k], k
-            programs[0][j], programs[1][j], programs[2][j] = k // C, new_c[k], int(k % C == C - 1)
+            calls.take(j, nxt)
         e = pick(j, active(arr[j]))
         place(j, e, arr[j])
     runs = [run(e) if mine[e] else None for e in range(engines)]
     kept = [np.array([k not in gone[e] for k in range(len(mine[e]))], bool) for e in range(engines)]
     got = where, runs, mine, kept, cached, moved
-    return got if closed is None else got + ((arr, p, o, pred, programs, call),)
+    return got if closed is None else got + (calls.arrays(),)
 
 
 @pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])

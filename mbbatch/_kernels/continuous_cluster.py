@@ -165,14 +165,8 @@ def _advance(e, count, until, config, control, inputs, out, requests, ws, stream
                            rows(ws, e), estop)
 
 
-@step
-def _advance_called(e, count, until, config, control, inputs, out, requests, ws, streams, estop):
-    """:func:`_advance`, the engine called: a driver's rare resumes."""
-    ci, cf = config
-    ci[e, C.n] = count
-    cf[e, C.until] = until
-    return continuous_kernel(rows(config, e), control, rows(inputs, e), streams, rows(out, e), rows(requests, e),
-                             rows(ws, e), estop)
+#: :func:`_advance`, the engine called (:func:`.continuous.continuous_kernel`): a driver's rare resumes
+_advance_called = variant(step, _advance, "_advance_called", _inlined_engine=continuous_kernel)
 
 
 @step
