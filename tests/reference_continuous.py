@@ -147,10 +147,11 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     engine leaves its cluster: at its first iteration boundary at or after
     each, once the requests that reached it by the leave time have joined
     (those reaching it later join after), every waiting request but the
-    preempted ones (the stack, and those the feedback queue preempted)
-    leaves it unadmitted, in the order its admission order would admit
-    them, none charged (fair sharing's counters); returned as ``handed``, a
-    list per leave time (idle then, it hands back none)."""
+    preempted ones (the stack) leaves it unadmitted, in the order its
+    admission order would admit them, none charged (fair sharing's
+    counters); returned as ``handed``, a list per leave time (idle then, it
+    hands back none).  A request the feedback queue preempted among its
+    waiting cannot be handed back: a ``ValueError``."""
     if prefix_caching and cached is not None:
         raise ValueError("prefix caching is incompatible with cached (a decode stage's KV brought along)")
     n = len(arrival)

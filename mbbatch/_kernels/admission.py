@@ -16,8 +16,8 @@ iteration cost's coefficients and experts, :mod:`.cost`):
 - ``admit(q, r, b, par, ws, inputs) -> q``: that request admitted;
 - ``leave(q, r, b, par, ws, inputs) -> q``: that request leaves the
   waiting unadmitted (its engine leaves a cluster and hands it back to the
-  router: :func:`hand_back`); None: the order cannot hand its waiting back
-  (it holds requests it preempted among them);
+  router: :func:`.continuous_cluster._hand_back`); None: the order cannot
+  hand its waiting back (it holds requests it preempted among them);
 - ``served(kind, r, rounds, par, ws, inputs)``: request r's tokens as the
   engine serves them (:data:`JOINED`: it joins the decodes, which give it a
   token every round from the next; :data:`LEFT`: it leaves them, at
