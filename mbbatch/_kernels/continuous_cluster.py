@@ -302,10 +302,23 @@ def _reroute(e1, k1, t, rt, eng, table, rr_route, feeds, ws, requests, counts, w
     eng[EN.active, e] += 1
     ri[R.rerouted] += 1
     k = counts[e]
+    moved(e1, k1, e, k, t, cached, ws, feeds, requests)
+    if calls.shape[1] > 0:
+        calls[e, k] = calls[e1, k1]
+    _placed(j, e, k, ws.origin[e1, k1], ws, counts, where, local, ids)
+    return rr_route
+
+
+@step
+def moved(e1, k1, e, k, t, cached, ws, feeds, requests):
+    """Engine e1's k1-th request, handed back, made engine e's k-th, joining
+    it at ``t`` with ``cached`` prompt tokens' KV cache brought: its inputs
+    (``feeds``) and batch-means group go along, its record starts afresh.
+    (Its first arrival, ``ws.origin``, is its caller's to keep.)"""
     ws.arrival[e, k] = t
     ws.group[e, k] = ws.group[e1, k1]
     fresh_record(requests, e, k)
-    feeds.prompt[e, k] = p
+    feeds.prompt[e, k] = feeds.prompt[e1, k1]
     feeds.output[e, k] = feeds.output[e1, k1]
     feeds.prediction[e, k] = feeds.prediction[e1, k1]
     feeds.cached[e, k] = cached
@@ -314,10 +327,6 @@ def _reroute(e1, k1, t, rt, eng, table, rr_route, feeds, ws, requests, counts, w
     if feeds.chain.shape[1] > 0:
         feeds.chain[e, k] = feeds.chain[e1, k1]
         feeds.shared[e, k] = feeds.shared[e1, k1]
-    if calls.shape[1] > 0:
-        calls[e, k] = calls[e1, k1]
-    _placed(j, e, k, ws.origin[e1, k1], ws, counts, where, local, ids)
-    return rr_route
 
 
 @step

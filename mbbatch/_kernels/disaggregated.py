@@ -44,8 +44,8 @@ import numpy as np
 
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
-from .continuous_cluster import (ROUTED, _advance, _advance_called, _arrive_call, _Cluster, _completed_by, _earliest,
-                                 _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record)
+from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
+                                 _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved)
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
@@ -102,9 +102,7 @@ def _deal(t, d_route, d_rr, d_eng, d_ws, d_counts):
         while d_eng[_r.EN.registered, e] == 0:
             e = e + 1 if e + 1 < D else 0
         return e, (e + 1 if e + 1 < D else 0)
-    for x in range(D):
-        d_eng[_r.EN.active, x] = (d_counts[x] - d_ws.state_i[x, ES.handed]
-                                  - _completed_by(d_ws.state_i[x], d_ws.state_f[x], t))
+    _active(d_ws.state_i, d_ws.state_f, d_counts, t, d_eng)
     return _r.scan_engines(d_eng)[0], d_rr
 
 
@@ -148,14 +146,8 @@ def _rehand(d, k1, t, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts,
     j = d_reqs[d, k1]
     e, d_rr = _deal(t, d_route, d_rr, d_eng, d_ws, d_counts)
     k = d_counts[e]
-    d_ws.arrival[e, k] = t
+    moved(d, k1, e, k, t, d_feeds.cached[d, k1], d_ws, d_feeds, d_requests)
     d_ws.origin[e, k] = d_ws.origin[d, k1]
-    d_ws.group[e, k] = d_ws.group[d, k1]
-    fresh_record(d_requests, e, k)
-    d_feeds.prompt[e, k] = d_feeds.prompt[d, k1]
-    d_feeds.output[e, k] = d_feeds.output[d, k1]
-    d_feeds.prediction[e, k] = d_feeds.prediction[d, k1]
-    d_feeds.cached[e, k] = d_feeds.cached[d, k1]
     d_counts[e] = k + 1
     d_reqs[e, k] = j
     m = taken[j]
