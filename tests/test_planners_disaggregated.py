@@ -267,6 +267,93 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router, decode_rou
     assert later > 0 and waited > 0 and hits > 0
 
 
+@pytest.mark.parametrize("decode_router", ["round_robin", "least_used"])
+def test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_decode_pool(decode_router):
+    """Closed-loop programs (2 to 4 calls, think times or none) on LAPS's
+    prefill instances (1 to 4, a random threshold, window, batch bounds,
+    the dual queue or one FIFO, dynamic allocation or none) over 5 random
+    deployments (1 to 3 decode engines of random settings, a random link),
+    10 to 40 calls: the calls that arrive, in their order, their arrival
+    times, and each request's instance, first token, decode admission and
+    completion equal those of LAPS alone on the same calls followed by
+    plain-Python decode engines, re-run as each call arrives
+    (:func:`_closed_reference`).  The calls by call id are those a
+    continuous prefill pool's closed loop draws on the same seed (common
+    random numbers: :func:`mbbatch.planners.cluster._program_draws`).  Some
+    call follows another, some waits for a decode engine, and some batch
+    holds more than one request."""
+    from types import SimpleNamespace
+
+    from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence, stream
+    from mbbatch.planners.cluster import _program_draws
+
+    rng = np.random.default_rng(77 + (decode_router != "round_robin"))
+    later = waited = batched = 0
+    for _ in range(5):
+        wl = mb.Workload(prompt=st.lognorm(0.8, scale=float(rng.uniform(20, 200))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(2, 30))))
+        k = int(rng.integers(1, 5))
+        laps = mb.LAPS(instances=k, threshold=int(rng.choice([32, 64, 128])),
+                       window=float(rng.choice([0.0, 0.002, 0.02])), max_batch=int(rng.choice([1, 4, 16])),
+                       max_batch_tokens=float(rng.choice([256, 4096])), dual_queue=bool(rng.random() < 0.7),
+                       dynamic=bool(rng.random() < 0.6), interval=float(rng.choice([0.0, 0.05])))
+        dk = _engine(rng, 8192)
+        delay = float(rng.choice([0.0, 0.01]))
+        ed = int(rng.integers(1, 4))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), latency=float(rng.choice([0.0, 0.005])),
+                             bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        progs = mb.Programs(calls=int(rng.integers(2, 5)), think_time=float(rng.choice([0.0, 0.05, 0.5])),
+                            closed=True)
+        pol = mb.Disaggregated(prefill=laps, decode=mb.ContinuousBatching(**dk, request_overhead=delay),
+                               decode_engines=ed, kv_transfer=link, programs=progs, decode_router=decode_router)
+        arrivals, n, seed = mb.Poisson(float(rng.uniform(5, 60))), int(rng.integers(10, 41)), int(rng.integers(1 << 30))
+        res = mb.simulate(pol, arrivals, workload=wl, service_model=MODEL, n=n, seed=seed, keep_requests=True)
+        ss = as_seed_sequence(seed)
+        draws = _program_draws(mb.Cluster(mb.ContinuousBatching(), programs=progs), arrivals, wl, n, SimpleNamespace(
+            arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+        kc, times, want = _closed_reference(draws, n, k, ed, laps, dk, link, None, (0.0, delay), decode_router)
+        r = res.requests
+        C = draws[1].size // draws[0].size
+        np.testing.assert_array_equal(r["arrival"], times)
+        np.testing.assert_array_equal(r["program"], kc // C)
+        np.testing.assert_array_equal(r["new_tokens"], draws[2][kc])
+        np.testing.assert_array_equal(r["output"], draws[3][kc])
+        for col, v in want.items():
+            np.testing.assert_array_equal(r[col], v, err_msg=col)
+        assert res.prefill.kind == "laps" and res.prefill.n == n
+        many = r["output"] > 1
+        later += int(np.count_nonzero(kc % C > 0))
+        waited += int(np.count_nonzero(r["decode_admitted"][many] > (r["first_token"] + r["transfer_time"])[many]))
+        batched += int(res.prefill.mean_batch_size > 1)
+    assert later > 0 and waited > 0 and batched > 0
+
+
+@pytest.mark.parametrize("laps", [False, True])
+def test_a_closed_loop_of_one_call_programs_is_the_open_loop_deployment(laps):
+    """One-call programs in a closed loop start as the open loop's
+    requests arrive and draw its prompts and outputs, so the two-pool loop
+    (:mod:`mbbatch._kernels.disaggregated`, with continuous prefill engines
+    or LAPS's instances) gives the feed-forward deployment's requests bit
+    for bit: each pool's run feeds the other only forward when no answer
+    issues a call."""
+    rng = np.random.default_rng(5 + laps)
+    for _ in range(2):
+        wl = mb.Workload(prompt=st.lognorm(0.9, scale=float(rng.uniform(40, 300))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(4, 40))))
+        dk = _engine(rng, 8192)
+        prefill = (mb.LAPS(instances=int(rng.integers(1, 4)), threshold=int(rng.choice([64, 128])),
+                           window=float(rng.choice([0.0, 0.01]))) if laps
+                   else mb.ContinuousBatching(**_engine(rng, 4096)))
+        kw = dict(prefill=prefill, decode=mb.ContinuousBatching(**dk), decode_engines=int(rng.integers(1, 4)),
+                  **({} if laps else {"prefill_engines": int(rng.integers(1, 3))}))
+        run = dict(arrivals=mb.Poisson(float(rng.uniform(10, 60))), workload=wl, service_model=MODEL, n=300,
+                   seed=int(rng.integers(1 << 30)), keep_requests=True)
+        open_ = mb.simulate(mb.Disaggregated(**kw), **run).requests
+        closed = mb.simulate(mb.Disaggregated(**kw, programs=mb.Programs(calls=1, closed=True)), **run).requests
+        for col in open_:
+            np.testing.assert_array_equal(closed[col], open_[col], err_msg=col)
+
+
 def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router="round_robin"):
     """The plain-Python deployment of closed-loop programs (``draws``: their
     starts and by call id think times, new tokens and outputs; ``delays``:
@@ -278,7 +365,8 @@ def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_rou
     gave its last token: the decode engine's, or for one token the prefill
     engine's) in the plain-Python deployment's run of the calls arrived so
     far (the prefill cluster, the transfers, the decode engines dealt in
-    turn or behind ``decode_router``: :func:`_pools`); the earliest such arrival is final (an answer
+    turn or behind ``decode_router``: :func:`_pools`; ``pk`` a :class:`~mbbatch.LAPS`: its prefill
+    instances, which add no time outside them); the earliest such arrival is final (an answer
     before it cannot depend on a later arrival).  Returns the calls in
     arrival order, their arrival times and the last run's columns."""
     start, gap, new, out = draws
@@ -312,12 +400,32 @@ def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router, decode_router="ro
     cluster behind it), each bringing its prompt's KV cache and generating
     ``o - 1`` tokens."""
     n = arr.size
+    if isinstance(pk, mb.LAPS):
+        # (LAPS's prefill instances: LAPS alone on these arrivals and prompts, its own kernel checked against
+        # hand-checked schedules and its router's rules in tests/test_kernels_laps.py)
+        r = mb.simulate(pk, arrivals=mb.Replay(arr), workload=mb.Workload(prompt=p, output=np.ones(n)),
+                        service_model=MODEL, n=n, seed=0, keep_requests=True).requests if n else None
+        if r is None:
+            return dict(prefill_engine=np.empty(0, np.int64), first_token=np.empty(0), decode_admitted=np.empty(0),
+                        completion=np.empty(0))
+        return _decode_reference(r["instance"], r["first_token"], p, o, ed, dk, link, decode_router)
     programs = (k // C, new, (k % C == C - 1).astype(np.int8))
     chains = dict(prefix_caching=True, chain=(k // C).astype(float), shared=p - new,
                   grows=np.ones(int(k.max(initial=0)) // C + 1)) if pk.get("prefix_caching") else {}
     where, runs, mine, _ = _reference_cluster(arr, p, np.ones(n), p, ep, router, programs=programs, kv=False,
                                               **chains, **_reference(pk))
-    first = _first_tokens(runs, mine, n)
+    return _decode_reference(where, _first_tokens(runs, mine, n), p, o, ed, dk, link, decode_router)
+
+
+def _decode_reference(where, first, p, o, ed, dk, link, decode_router="round_robin") -> dict:
+    """The plain-Python decode pool after a prefill pool (each request's
+    engine there ``where`` and first token ``first``): each call of more
+    tokens ready its transfer after its first token, the ready calls in
+    their order (ties in arrival order) dealt in turn to the decode engines
+    (or, ``decode_router="least_used"``, to the plain-Python cluster behind
+    it), each bringing its prompt's KV cache and generating ``o - 1``
+    tokens.  Returns the requests' columns."""
+    n = p.size
     ready = first + (link.latency + p * (link.bytes_per_token / link.bandwidth))
     many = np.flatnonzero(o > 1)
     order = many[np.argsort(ready[many], kind="stable")]

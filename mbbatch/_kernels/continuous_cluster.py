@@ -554,35 +554,42 @@ def _next_calls(log, logged, calls, C, delay, gap, heap_t, heap_id, hsize):
 
 
 @step
-def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws, requests, prompt, output,
-                 prediction, chain, shared, match, counts, where, local, ids, routed, bs, got):
-    """A closed loop's next call to arrive (the first of ``loop``'s heap:
-    :func:`closed_loop_kernel`'s) routed as request j of ``n`` (a program's
-    first call puts the next program's in the heap), the engines' active
-    requests as they stand at its arrival; its arrival, program, new tokens,
+def pop_call(j, loop, hsize, got):
+    """A closed loop's next call to arrive, the first of ``loop``'s heap
+    (:func:`closed_loop_kernel`'s), as request j: a program's first call
+    puts the next program's in the heap; its arrival, program, new tokens,
     last-call flag and call id written into ``got`` (those arrays).
-    Returns its engine, the round-robin pointer and the heap's size."""
+    Returns its arrival, its call id and the heap's size."""
     start, gap, new_c, heap_t, heap_id = loop
     P = start.shape[0]
     K = gap.shape[0] // P
-    si, sf = ws.state_i, ws.state_f
     t, kc, hsize = _heap_pop(heap_t, heap_id, hsize)
     if kc % K == 0 and kc // K + 1 < P:
         # a program starts: the next program's first call waits to arrive
         hsize = _heap_push(heap_t, heap_id, hsize, start[kc // K + 1], kc + K)
-    _active(si, sf, counts, t, eng)
-    pid = kc // K
-    last = kc % K == K - 1
-    # (no classes and no KV cache brought: an empty row for each)
-    e, rr_route = _route(j, kc, t, pid, new_c[kc], last, n, groups, rt, ca, eng, table, rr_route, feeds, ws,
-                         requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0], chain, shared, match,
-                         counts, where, local, ids, routed, bs)
     times, program, new_tokens, session_end, call = got
     times[j] = t
-    program[j] = pid
+    program[j] = kc // K
     new_tokens[j] = new_c[kc]
-    session_end[j] = 1 if last else 0
+    session_end[j] = 1 if kc % K == K - 1 else 0
     call[j] = kc
+    return t, kc, hsize
+
+
+@step
+def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws, requests, prompt, output,
+                 prediction, chain, shared, match, counts, where, local, ids, routed, bs, got):
+    """A closed loop's next call to arrive (:func:`pop_call`) routed as
+    request j of ``n``, the engines' active requests as they stand at its
+    arrival.  Returns its engine, the round-robin pointer and the heap's
+    size."""
+    t, kc, hsize = pop_call(j, loop, hsize, got)
+    _active(ws.state_i, ws.state_f, counts, t, eng)
+    K = loop[1].shape[0] // loop[0].shape[0]
+    # (no classes and no KV cache brought: an empty row for each)
+    e, rr_route = _route(j, kc, t, kc // K, loop[2][kc], kc % K == K - 1, n, groups, rt, ca, eng, table, rr_route,
+                         feeds, ws, requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0], chain,
+                         shared, match, counts, where, local, ids, routed, bs)
     return e, rr_route, hsize
 
 

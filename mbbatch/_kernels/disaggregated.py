@@ -31,6 +31,11 @@ pools run one after the other give (the decode pool only reads the prefill
 pool's first tokens): the feed-forward planner
 (:mod:`mbbatch.planners.disaggregated`) keeps running them so.
 
+LAPS's prefill instances can be the prefill pool instead
+(:func:`laps_closed_loop_kernel`): the steps of :mod:`.laps`'s kernel route
+each call as it arrives and run the instances' batches, each batch's end an
+event in time order with the decode pool's iterations.
+
 Engine events come in time order with the rest, once every iteration
 starting before them has run: a prefill engine's as a cluster's
 (:func:`.continuous_cluster._engine_event`), a decode engine's by
@@ -45,11 +50,30 @@ import numpy as np
 from .common import ARRIVED, STOP, kernel, step
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
-                                 _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved)
+                                 _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
+                                 pop_call)
+from . import laps as _l
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
-__all__ = ["closed_loop_kernel", "run_closed"]
+__all__ = ["closed_loop_kernel", "laps_closed_loop_kernel", "run_closed", "run_closed_laps"]
+
+
+@step
+def _first_token(j, f, call, first, ready, link, d_output, delay, gap, K, heap_t, heap_id, hsize, r_t, r_id, rsize):
+    """Request j's first token at ``f``: a call of more tokens ready for the
+    decode pool when its KV cache has moved (``link``), into the ready
+    heap; a one-token call answered ``delay`` after it, its program's next
+    call into the arrival heap (:func:`.continuous_cluster._next_calls`'s
+    rule).  Returns both heaps' sizes."""
+    kc = call[j]
+    first[j] = f
+    if d_output[kc] > 0.0:
+        ready[j] = f + link[kc]
+        rsize = _heap_push(r_t, r_id, rsize, ready[j], j)
+    elif (kc + 1) % K != 0:
+        hsize = _heap_push(heap_t, heap_id, hsize, f + delay + gap[kc + 1], kc + 1)
+    return hsize, rsize
 
 
 @step
@@ -57,21 +81,11 @@ def _first_tokens(log, logged, reqs, call, first, ready, link, d_output, delay, 
                   r_t, r_id, rsize):
     """A prefill engine's completions since its log was emptied (``log``,
     ``logged`` of them; ``reqs``: each of its requests' number in arrival
-    order): each call's first token into ``first``; a call of more tokens
-    ready for the decode pool when its KV cache has moved (``link``),
-    into the ready heap; a one-token call answered, its program's next call
-    into the arrival heap (:func:`.continuous_cluster._next_calls`'s rule).
-    Returns both heaps' sizes."""
+    order), each its first token (:func:`_first_token`).  Returns both
+    heaps' sizes."""
     for q in range(logged):
-        j = reqs[np.int64(log[0, q])]
-        f = log[1, q]
-        kc = call[j]
-        first[j] = f
-        if d_output[kc] > 0.0:
-            ready[j] = f + link[kc]
-            rsize = _heap_push(r_t, r_id, rsize, ready[j], j)
-        elif (kc + 1) % K != 0:
-            hsize = _heap_push(heap_t, heap_id, hsize, f + delay + gap[kc + 1], kc + 1)
+        hsize, rsize = _first_token(reqs[np.int64(log[0, q])], log[1, q], call, first, ready, link, d_output, delay,
+                                    gap, K, heap_t, heap_id, hsize, r_t, r_id, rsize)
     return hsize, rsize
 
 
@@ -304,6 +318,134 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
     return DONE
 
 
+@kernel
+def laps_closed_loop_kernel(config, out, requests, ws, d_config, d_control, d_inputs, d_out, d_requests, d_ws,
+                            d_feeds, d_counts, loop, rheap, link, prompt, d_output, d_prediction, times, program,
+                            new_tokens, session_end, call, first, ready, handed, d_route, d_eng, d_reqs, d_placed,
+                            taken, d_events, groups, streams, stop, estop):
+    """:func:`closed_loop_kernel` with LAPS's prefill instances as the
+    prefill pool (``config``, ``out``, ``requests``, ``ws``:
+    :func:`.laps.laps_kernel`'s, its ``n`` the calls routed; arXiv:2601.11589):
+    a call arriving is routed by LAPS's router into an instance's queue
+    (:func:`.laps._arrive`), each instance runs prefill batches
+    (:func:`.laps._start_batch`), and at a batch's end each of its calls has
+    its first token (:func:`_first_token`; a one-token call answered at
+    once: LAPS's instances add no time outside them).  The instances'
+    events (batch ends, short windows expiring) come in time order with the
+    decode pool's iterations, as LAPS alone takes them among its arrivals
+    (at equal times a batch end, then an arrival, then a window); a batch
+    ending at or before a ready call's instant goes first (its calls may be
+    ready then too, and the decode pool takes them in arrival order).
+    ``prompt`` by call id; the decode pool's arguments and the written
+    arrays are :func:`closed_loop_kernel`'s.  Returns
+    :data:`.continuous.DONE`, ``STOPPED`` or ``STALLED``."""
+    n = times.shape[0]
+    E = config[0][_l.C.instances]
+    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b = \
+        _l.settings(config)
+    ttft_slo = config[1][_l.C.ttft_slo]
+    counted = ttft_slo < np.inf
+    G = out.group_ttft.shape[1]
+    r_i, r_f = requests
+    D = d_counts.shape[0]
+    dsi, dsf = d_ws.state_i, d_ws.state_f
+    d_delay = d_config[1][0, C.request_overhead]
+    start, gap, new_c, heap_t, heap_id = loop
+    r_t, r_id = rheap
+    K = gap.shape[0] // start.shape[0]
+    _l._set_up(E, dynamic, config[0][_l.C.long0], ws)
+    _set_up(D, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams, estop)
+    heap_t[0] = start[0]
+    heap_id[0] = 0
+    hsize, rsize, m = 1, 0, 0
+    dev = 0
+    d_rr = 0
+    pending_s = 0
+    pending_l = 0
+    router = _l._router_state(n, G, start[0])
+    completed, n_batches, n_short, good = 0, 0, 0, 0
+    busy, sum_ttft, sum_s, sum_l, sum_batch = 0.0, 0.0, 0.0, 0.0, 0.0
+    last = -np.inf
+    for j in range(n + 1):
+        if j < n and _stop_asked(j, stop):
+            return STOPPED
+        # every event before the next call's arrival (after the last: every event), in time order
+        while True:
+            t = heap_t[0] if hsize > 0 and j < n else np.inf
+            td = d_events[0][dev] if dev < d_events[0].shape[0] else np.inf
+            cap = min(t, td)
+            # the prefill pool's next event, LAPS's order: a batch end at or before the arrival, a window before it
+            t_c, e_c, t_w, e_w = _l._next_events(ws.t_done, ws.qn, ws.deadline, windowed)
+            lt = np.inf
+            if e_c >= 0 and t_c <= t_w:
+                if t_c <= t and t_c < td:
+                    lt = t_c
+            elif e_w >= 0 and t_w < cap:
+                lt = t_w
+            d = _earliest(dsi, dsf, d_counts, cap)
+            sd = dsf[d, ES.now] if d >= 0 else cap
+            r = r_t[0] if rsize > 0 else np.inf
+            if r < cap and r <= sd and r < lt:
+                # a call ready joins the decode pool before any iteration starting at or after it
+                r, jr, rsize = _heap_pop(r_t, r_id, rsize)
+                d_rr = _hand(jr, r, m, n, groups, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt,
+                             d_output, d_prediction, call, handed, d_reqs, d_placed, taken)
+                m += 1
+            elif lt <= sd and lt < np.inf:
+                if e_c >= 0 and lt == t_c:
+                    e = e_c
+                    completed += ws.batch_n[e]
+                    sum_ttft, sum_s, sum_l, pending_s, pending_l, good = _l._end_batch(
+                        e, lt, ws, out, r_f, keep, counted, ttft_slo, sum_ttft, sum_s, sum_l, pending_s, pending_l,
+                        good)
+                    last = lt
+                    for k in range(ws.batch_n[e]):
+                        hsize, rsize = _first_token(ws.batch[e, k], lt, call, first, ready, link, d_output, 0.0, gap,
+                                                    K, heap_t, heap_id, hsize, r_t, r_id, rsize)
+                else:
+                    e = e_w
+                if ws.t_done[e] == np.inf:
+                    n_batches, busy, sum_batch = _l._start_batch(e, lt, dual, window, max_batch, max_batch_tokens, a,
+                                                                 b, ws, r_f, keep, n_batches, busy, sum_batch)
+            elif d >= 0:
+                dsi[d, ES.logged] = 0
+                if _advance(d, d_counts[d], np.nextafter(sd, np.inf), d_config, d_control, d_inputs, d_out,
+                            d_requests, d_ws, streams, estop) == STALLED:
+                    return STALLED
+                hsize = _answers(d_ws.done_log[d], dsi[d, ES.logged], d, d_reqs, call, d_delay, gap, K, heap_t,
+                                 heap_id, hsize)
+            elif td <= t and td < np.inf:
+                # a decode engine leaves or joins once every iteration starting before the instant has run
+                code, d_rr = _decode_event(dev, d_events, td, d_route, d_rr, d_config, d_control, d_inputs, d_out,
+                                           d_requests, d_ws, d_feeds, d_counts, d_eng, d_reqs, d_placed, taken,
+                                           streams, estop)
+                if code != DONE:
+                    return code
+                dev += 1
+            else:
+                break
+            if j == n and stop[STOP] != 0:
+                return STOPPED
+        if j == n:
+            break
+        if hsize == 0:
+            # (nothing runs, no call waits to arrive or to be decoded: every program ended before n calls)
+            return STALLED
+        tj, kc, hsize = pop_call(j, loop, hsize, (times, program, new_tokens, session_end, call))
+        ws.arrival[j] = tj
+        ws.prompt[j] = prompt[kc]
+        e, router, pending_s, pending_l, n_short = _l._arrive(
+            j, tj, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
+            pending_s, pending_l, n_short)
+        if ws.t_done[e] == np.inf:
+            n_batches, busy, sum_batch = _l._start_batch(e, tj, dual, window, max_batch, max_batch_tokens, a, b, ws,
+                                                         r_f, keep, n_batches, busy, sum_batch)
+    _l._finish(out, router, dynamic, ws.n_group[_l.SHORT], last, ws.arrival[0] if n > 0 else np.nan,
+               (completed, n_batches, n_short, good), (busy, sum_ttft, sum_s, sum_l, sum_batch))
+    stop[ARRIVED] = n
+    return DONE
+
+
 def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_engines: int, streams, stop, *,
                control=None, d_control=None, groups: int = 1, ts_rows: int = 2, prefixes=None,
                cache_routing=None, d_router: str = "round_robin", events=None, d_events=None) -> tuple:
@@ -344,9 +486,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
                    log=log, events=events)
     dec = _Cluster(d_config, d_output, d_edges, d_engines, stop, d_control, groups, ts_rows, 0, None, None, None,
                    log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events)
-    got = dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
-               session_end=np.zeros(n, np.int8), call=np.full(n, -1, np.int64), first_token=np.full(n, np.nan),
-               ready=np.full(n, np.nan), handed=np.full(n, -1, np.int64), d_placed=np.full((2, n), -1, np.int64))
+    got = _got(n)
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(P + 1), np.empty(P + 1, np.int64))
     table = np.full((TABLE.size, max(P, 1)), -1, np.int64)
@@ -366,18 +506,70 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
         pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids, pre.events, pre.routed,
         streams,
         stop, np.zeros_like(stop))
+    runs, where, local = pre.runs(code)
+    return (runs, where, local), _decode_runs(dec, got, code, d_engines), ROUTED.unpack(pre.routed), code, got
+
+
+def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, stop, *, d_control=None,
+                    groups: int = 1, ts_rows: int = 2, d_router: str = "round_robin", d_events=None) -> tuple:
+    """:func:`run_closed` with LAPS's prefill instances as the prefill pool
+    (``config``: :data:`.laps.CONFIG` packed, its ``n`` the calls routed;
+    :func:`laps_closed_loop_kernel`); ``calls`` as :func:`run_closed`'s
+    (no ``output`` or ``prediction`` for the prefill pool, whose instances
+    only prefill).  Returns ``(prefill, decode, code, got)``: LAPS's
+    ``(outputs, requests)`` (:func:`.laps.run`'s), the decode pool's runs,
+    the code and ``got`` (:func:`run_closed`'s)."""
+    from . import continuous as _k
+
+    cfg = _l.CONFIG.unpack(config)
+    n = cfg["n"]
+    if not 1 <= groups <= _l.MAX_GROUPS:
+        raise ValueError(f"groups must be an integer in [1, {_l.MAX_GROUPS}]; got {groups!r}")
+    out, requests, ws = _l.allocate(cfg, n, groups)
+    start = np.ascontiguousarray(calls["start"], float)
+    d_output = np.ascontiguousarray(calls["d_output"], float)
+    dec = _Cluster(d_config, d_output, d_edges, d_engines, stop, d_control, groups, ts_rows, 0, None, None, None,
+                   log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events)
+    got = _got(n)
+    loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
+            np.empty(start.size + 1), np.empty(start.size + 1, np.int64))
+    code = laps_closed_loop_kernel(
+        config, out, requests, ws, dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, dec.feeds,
+        dec.counts, loop, (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
+        np.ascontiguousarray(calls["prompt"], float), d_output, np.ascontiguousarray(calls["d_prediction"], float),
+        got["arrival_times"], got["program"], got["new_tokens"], got["session_end"], got["call"], got["first_token"],
+        got["ready"], got["handed"], {"round_robin": 0, "least_used": 1}[d_router], dec.eng,
+        dec.ids if dec.ids.shape[1] else np.empty((d_engines, dec.room), np.int64), got["d_placed"],
+        np.empty(n if dec.ids.shape[1] else 0, np.int64), dec.events, groups, streams, stop, np.zeros_like(stop))
+    d_runs = _decode_runs(dec, got, code, d_engines)
+    return (out, _l.REQUESTS.rows(requests) if cfg["keep"] else None), d_runs, code, got
+
+
+def _got(n: int) -> dict:
+    """The arrays a closed loop writes, one slot per request (in arrival
+    order; ``handed`` and ``d_placed`` in the order the decode pool takes
+    them), unset."""
+    return dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
+                session_end=np.zeros(n, np.int8), call=np.full(n, -1, np.int64), first_token=np.full(n, np.nan),
+                ready=np.full(n, np.nan), handed=np.full(n, -1, np.int64), d_placed=np.full((2, n), -1, np.int64))
+
+
+def _decode_runs(dec, got: dict, code: int, d_engines: int) -> list:
+    """The decode pool's engines' runs after a closed loop (those given a
+    request: the first ones, either way), ``got``'s ``handed`` and
+    ``d_placed`` cut to the requests it took; where its engines handed
+    requests back, each request's engine and number there as the pool
+    placed it at the end (for the records to leave out those handed back),
+    and ``got["d_rerouted"]``."""
     taken = int(np.count_nonzero(got["handed"] >= 0))
     got["handed"] = got["handed"][:taken]
     got["d_placed"] = got["d_placed"][:, :taken]
-    runs, where, local = pre.runs(code)
     if dec.ids.shape[1]:
-        # (the decode pool's engines handed requests back: each request's engine and number there, as the pool
-        # placed it at the end, for the records to leave out those it handed back)
         h = got["handed"]
         dec.where[h], dec.local[h] = got["d_placed"]
         d_runs, _, _ = dec.runs(code)
         got["d_placed"] = np.stack([dec.where[h], dec.local[h]])
-        got["d_rerouted"] = int(dec.ws.state_i[:, _k.ES.handed].sum())
-        return (runs, where, local), d_runs, ROUTED.unpack(pre.routed), code, got
+        got["d_rerouted"] = int(dec.ws.state_i[:, ES.handed].sum())
+        return d_runs
     d_runs, _, _ = dec.runs(code)
-    return (runs, where, local), d_runs[:int((dec.counts > 0).sum())], ROUTED.unpack(pre.routed), code, got
+    return d_runs[:int((dec.counts > 0).sum())]

@@ -27,8 +27,13 @@ requests whose first token came within it are counted (goodput without a
 decode stage, which has no time per output token; Zhong et al., 2024,
 DistServe, arXiv:2401.09670); without one the count is skipped.
 
+The loop is short named steps (an arrival :func:`_arrive`, a batch's end
+:func:`_end_batch`, a batch's start :func:`_start_batch`), which a closed
+loop's driver takes in its own time order with a decode pool's iterations
+(:func:`.disaggregated.laps_closed_loop_kernel`).
+
 Pure numba on arrays and scalars; the Python side is
-:mod:`mbbatch.simulation` (``run`` allocates and calls).
+:mod:`mbbatch.planners.laps` (``run`` allocates and calls).
 """
 
 from __future__ import annotations
@@ -157,6 +162,231 @@ def _dispatch(e, now, dual, window, max_batch, max_batch_tokens, a, b, arrival, 
     return service
 
 
+@step
+def _next_events(t_done, qn, deadline, windowed):
+    """The first batch end ``(t_c, e_c)``, and the first short window to
+    expire on an idle instance ``(t_w, e_w)`` (inf and -1: none)."""
+    t_c = np.inf
+    e_c = -1
+    t_w = np.inf
+    e_w = -1
+    for e in range(t_done.shape[0]):
+        td = t_done[e]
+        if td < t_c:
+            t_c = td
+            e_c = e
+        elif windowed and td == np.inf and qn[e, SHORT] > 0 and deadline[e] < t_w:
+            t_w = deadline[e]
+            e_w = e
+    return t_c, e_c, t_w, e_w
+
+
+@step
+def _end_batch(e, now, ws, out, r_f, keep, counted, ttft_slo, sum_ttft, sum_s, sum_l, pending_s, pending_l, good):
+    """Instance e's batch ends at ``now``: each of its requests has its first
+    token (its time to first token counted by category and group of
+    arrivals, within ``ttft_slo`` where ``counted``) and leaves the
+    router's pending and outstanding counts; the instance is idle.  Returns
+    the running sums and counts."""
+    g_ttft = out.group_ttft
+    g_count = out.group_count
+    for k in range(ws.batch_n[e]):
+        r = ws.batch[e, k]
+        ttft = now - ws.arrival[r]
+        sum_ttft += ttft
+        cg = ws.cat[r]
+        cr = cg & 1
+        g = cg >> 1
+        g_ttft[cr, g] += ttft
+        g_count[cr, g] += 1
+        h = hist_bucket(ttft)
+        if cr == SHORT:
+            sum_s += ttft
+            out.hist_short[h] += 1
+            pending_s -= 1
+        else:
+            sum_l += ttft
+            out.hist_long[h] += 1
+            pending_l -= 1
+        ws.outstanding[e] -= 1
+        if counted and ttft <= ttft_slo:
+            good += 1
+        if keep:
+            r_f[RQ.first_token, r] = now
+    ws.t_done[e] = np.inf
+    return sum_ttft, sum_s, sum_l, pending_s, pending_l, good
+
+
+@step
+def _rebalance(now, ws, out, ratio, pending_s, pending_l, moves):
+    """The router's dynamic allocation at ``now``: one instance moves toward
+    the group whose pending requests exceed ``ratio`` times the other's,
+    each group keeping one (logged in ``out``'s moves).  Returns the
+    moves so far."""
+    group = ws.group
+    n_group = ws.n_group
+    src = -1
+    if pending_s > ratio * pending_l and n_group[LONG] > 1:
+        src = LONG
+    elif pending_l > ratio * pending_s and n_group[SHORT] > 1:
+        src = SHORT
+    if src >= 0:
+        mv = _take(group, ws.outstanding, src)
+        group[mv] = 1 - src
+        n_group[src] -= 1
+        n_group[1 - src] += 1
+        if moves < out.move_time.shape[0]:
+            out.move_time[moves] = now
+            out.move_instance[moves] = mv
+            out.move_group[moves] = 1 - src
+        moves += 1
+    return moves
+
+
+@step
+def _enqueue(r, e, c, now, dual, window, ws):
+    """Request r of category c into instance e's queue: its category's with
+    the dual queue, else the one FIFO (a short queue started opens its
+    window)."""
+    qi = c if dual else SHORT
+    qt = ws.qt
+    ws.nxt[r] = -1
+    if qt[e, qi] >= 0:
+        ws.nxt[qt[e, qi]] = r
+    else:
+        ws.qh[e, qi] = r
+        if qi == SHORT:
+            ws.deadline[e] = now + window
+    qt[e, qi] = r
+    ws.qn[e, qi] += 1
+
+
+@step
+def _start_batch(e, now, dual, window, max_batch, max_batch_tokens, a, b, ws, r_f, keep, n_batches, busy,
+                 sum_batch):
+    """Idle instance e starts a batch at ``now`` if one is due
+    (:func:`_dispatch`), its requests' batch start recorded.  Returns the
+    batches, busy time and batched requests so far."""
+    service = _dispatch(e, now, dual, window, max_batch, max_batch_tokens, a, b, ws.arrival, ws.prompt, ws.nxt,
+                        ws.qh, ws.qt, ws.qn, ws.batch, ws.batch_n, ws.t_done, ws.deadline)
+    if service >= 0.0:
+        n_batches += 1
+        busy += service
+        sum_batch += ws.batch_n[e]
+        if keep:
+            for k in range(ws.batch_n[e]):
+                r_f[RQ.start, ws.batch[e, k]] = now
+    return n_batches, busy, sum_batch
+
+
+@step
+def _set_up(E, dynamic, long0, ws):
+    """The router's groups (the highest ``long0`` ids long with dynamic
+    allocation, else every instance short) and every instance idle with
+    empty queues."""
+    n_group = ws.n_group
+    n_group[0] = 0
+    n_group[1] = 0
+    for e in range(E):
+        ws.group[e] = LONG if (dynamic and e >= E - long0) else SHORT
+        n_group[ws.group[e]] += 1
+        ws.outstanding[e] = 0
+        ws.t_done[e] = np.inf
+        for q in range(2):
+            ws.qh[e, q] = -1
+            ws.qt[e, q] = -1
+            ws.qn[e, q] = 0
+
+
+@step
+def _group_of(r, n, G, g_arr, g_next):
+    """Request r's group of arrivals, ``r * G // n``, by the groups' first
+    requests (one division a group): returns it and the next group's first."""
+    while r >= g_next:
+        g_arr += 1
+        g_next = ((g_arr + 1) * n + G - 1) // G
+    return g_arr, g_next
+
+
+@step
+def settings(config):
+    """The run's settings the steps read, from ``config``: the threshold,
+    the batch's most requests, the dual queue, dynamic allocation (two
+    instances at least), keeping records, the window and whether it
+    applies (the dual queue's), the batch's most tokens, the
+    rebalancing's interval and ratio, and the prefill time's ``a`` and
+    ``b``."""
+    ci, cf = config
+    dual = ci[C.dual] != 0
+    window = cf[C.window]
+    return (ci[C.threshold], ci[C.max_batch], dual, ci[C.dynamic] != 0 and ci[C.instances] >= 2, ci[C.keep] != 0,
+            window, dual and window > 0.0, cf[C.max_batch_tokens], cf[C.interval], cf[C.ratio], cf[C.a], cf[C.b])
+
+
+@step
+def _router_state(n, G, first):
+    """The router's state before the first of ``n`` arrivals (``first`` its
+    time; ``G`` groups of arrivals): the group of arrivals of the next
+    request and the first request of the next group, the time-integral of
+    the short group's size and its last update, the last rebalancing (none)
+    and the moves so far."""
+    return np.int64(0), (n + G - 1) // G, 0.0, first, -np.inf, np.int64(0)
+
+
+@step
+def _arrive(r, now, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
+            pending_s, pending_l, n_short):
+    """Request r (of ``n``; its prompt ``ws.prompt[r]``) arrives at ``now``:
+    short or long by ``threshold``, its group of arrivals, then the router
+    rebalances if due (``dynamic``, at most once per ``interval``) and
+    sends it to the least-outstanding instance of its group (of all
+    without dynamic allocation), into that instance's queue.  Returns its
+    instance, the router's state (:func:`_router_state`'s) and the counts."""
+    g_arr, g_next, short_time, t_prev, last_check, moves = router
+    c = SHORT if ws.prompt[r] <= threshold else LONG
+    g_arr, g_next = _group_of(r, n, G, g_arr, g_next)
+    ws.cat[r] = c | (g_arr << 1)
+    if c == SHORT:
+        n_short += 1
+    if dynamic and now - last_check >= interval:
+        short_time += ws.n_group[SHORT] * (now - t_prev)
+        t_prev = now
+        last_check = now
+        moves = _rebalance(now, ws, out, ratio, pending_s, pending_l, moves)
+    e = _least_outstanding(ws.group, ws.outstanding, c, not dynamic)
+    if c == SHORT:
+        pending_s += 1
+    else:
+        pending_l += 1
+    ws.outstanding[e] += 1
+    _enqueue(r, e, c, now, dual, window, ws)
+    if keep:
+        r_i[RQ.instance, r] = e
+        r_i[RQ.category, r] = c
+        r_f[RQ.arrival, r] = now
+        r_f[RQ.prompt, r] = ws.prompt[r]
+    return e, (g_arr, g_next, short_time, t_prev, last_check, moves), pending_s, pending_l, n_short
+
+
+@step
+def _finish(out, router, dynamic, short_group, last, first_arrival, counts, sums):
+    """The run's statistics into ``out`` (:data:`STATS`): ``counts`` the
+    completed requests, batches, short requests and first tokens within
+    the objective, ``sums`` the busy time and the times to first token
+    (all, short, long) and batched requests; the short group's
+    time-integral closed at the ``last`` completion."""
+    _, _, short_time, t_prev, _, moves = router
+    if dynamic and last > t_prev:
+        short_time += short_group * (last - t_prev)
+    st_i, st_f = out.ints, out.floats
+    st_i[S.completed], st_i[S.batches], st_i[S.short], st_i[S.good] = counts
+    st_i[S.moves] = moves
+    st_f[S.first_arrival] = first_arrival
+    st_f[S.last_completion] = last
+    st_f[S.busy], st_f[S.sum_ttft], st_f[S.sum_ttft_short], st_f[S.sum_ttft_long], st_f[S.sum_batch] = sums
+    st_f[S.short_instance_time] = short_time
+
+
 @kernel
 def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     """Simulate the run ``config``; statistics and records are written in
@@ -165,18 +395,8 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     ci, cf = config
     n = ci[C.n]
     E = ci[C.instances]
-    threshold = ci[C.threshold]
-    max_batch = ci[C.max_batch]
-    dual = ci[C.dual] != 0
-    dynamic = ci[C.dynamic] != 0 and E >= 2
-    keep = ci[C.keep] != 0
-    window = cf[C.window]
-    windowed = dual and window > 0.0
-    max_batch_tokens = cf[C.max_batch_tokens]
-    interval = cf[C.interval]
-    ratio = cf[C.ratio]
-    a = cf[C.a]
-    b = cf[C.b]
+    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b = \
+        settings(config)
     rate = cf[C.rate]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
     ttft_slo = cf[C.ttft_slo]
@@ -185,22 +405,7 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
 
     arrival = ws.arrival
     prompt = ws.prompt
-    nxt = ws.nxt
-    cat = ws.cat
-    qh = ws.qh
-    qt = ws.qt
-    qn = ws.qn
-    batch = ws.batch
-    batch_n = ws.batch_n
-    t_done = ws.t_done
-    deadline = ws.deadline
-    group = ws.group
-    outstanding = ws.outstanding
-    hist_s = out.hist_short
-    hist_l = out.hist_long
-    g_ttft = out.group_ttft
-    g_count = out.group_count
-    G = g_ttft.shape[1]
+    G = out.group_ttft.shape[1]
     r_i = requests[0]
     r_f = requests[1]
 
@@ -210,31 +415,10 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     draw_block(ws.draws[1], inputs.prompt_params, inputs.prompt_values, np.int64(0), n, streams.prompt, prompt)
     round_lengths(prompt, n, ci[C.integer] != 0)
 
-    # the router: groups (highest ids long), pending per category
-    n_group = ws.n_group
-    n_group[0] = 0
-    n_group[1] = 0
-    for e in range(E):
-        group[e] = LONG if (dynamic and e >= E - ci[C.long0]) else SHORT
-        n_group[group[e]] += 1
-        outstanding[e] = 0
-        t_done[e] = np.inf
-        qh[e, 0] = -1
-        qh[e, 1] = -1
-        qt[e, 0] = -1
-        qt[e, 1] = -1
-        qn[e, 0] = 0
-        qn[e, 1] = 0
+    _set_up(E, dynamic, ci[C.long0], ws)
     pending_s = 0
     pending_l = 0
-    last_check = -np.inf
-    moves = 0
-    # the group of arrivals of the next request and the first request of the next group
-    g_arr = np.int64(0)
-    g_next = (n + G - 1) // G
-    # (the time-average of the short group's size)
-    short_time = 0.0
-    t_prev = arrival[0] if n > 0 else 0.0
+    router = _router_state(n, G, arrival[0] if n > 0 else 0.0)
 
     completed = 0
     good = 0
@@ -257,139 +441,56 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
                 break
             stop[ARRIVED] = i
         t_arr = arrival[i] if i < n else np.inf
-        # the first batch end, and the first short window to expire on an idle instance
-        t_c = np.inf
-        e_c = -1
-        t_w = np.inf
-        e_w = -1
-        for e in range(E):
-            td = t_done[e]
-            if td < t_c:
-                t_c = td
-                e_c = e
-            elif windowed and td == np.inf and qn[e, SHORT] > 0 and deadline[e] < t_w:
-                t_w = deadline[e]
-                e_w = e
+        t_c, e_c, t_w, e_w = _next_events(ws.t_done, ws.qn, ws.deadline, windowed)
         if e_c < 0 and i >= n and e_w < 0:
             break
         if e_c >= 0 and t_c <= t_arr and t_c <= t_w:
             now = t_c
             e = e_c
-            for k in range(batch_n[e]):
-                r = batch[e, k]
-                ttft = now - arrival[r]
-                sum_ttft += ttft
-                cg = cat[r]
-                cr = cg & 1
-                g = cg >> 1
-                g_ttft[cr, g] += ttft
-                g_count[cr, g] += 1
-                h = hist_bucket(ttft)
-                if cr == SHORT:
-                    sum_s += ttft
-                    hist_s[h] += 1
-                    pending_s -= 1
-                else:
-                    sum_l += ttft
-                    hist_l[h] += 1
-                    pending_l -= 1
-                outstanding[e] -= 1
-                if counted and ttft <= ttft_slo:
-                    good += 1
-                if keep:
-                    r_f[RQ.first_token, r] = now
-            completed += batch_n[e]
+            completed += ws.batch_n[e]
+            sum_ttft, sum_s, sum_l, pending_s, pending_l, good = _end_batch(
+                e, now, ws, out, r_f, keep, counted, ttft_slo, sum_ttft, sum_s, sum_l, pending_s, pending_l, good)
             last = now
-            t_done[e] = np.inf
         elif i < n and t_arr <= t_w:
             now = t_arr
-            r = i
+            e, router, pending_s, pending_l, n_short = _arrive(
+                i, now, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
+                pending_s, pending_l, n_short)
             i += 1
-            c = SHORT if prompt[r] <= threshold else LONG
-            # its group of arrivals, r * G // n, by the groups' first requests (one division a group)
-            while r >= g_next:
-                g_arr += 1
-                g_next = ((g_arr + 1) * n + G - 1) // G
-            cat[r] = c | (g_arr << 1)
-            if c == SHORT:
-                n_short += 1
-            # the router: rebalance if due, then the least-outstanding instance of the group
-            if dynamic and now - last_check >= interval:
-                short_time += n_group[SHORT] * (now - t_prev)
-                t_prev = now
-                last_check = now
-                src = -1
-                if pending_s > ratio * pending_l and n_group[LONG] > 1:
-                    src = LONG
-                elif pending_l > ratio * pending_s and n_group[SHORT] > 1:
-                    src = SHORT
-                if src >= 0:
-                    mv = _take(group, outstanding, src)
-                    group[mv] = 1 - src
-                    n_group[src] -= 1
-                    n_group[1 - src] += 1
-                    if moves < out.move_time.shape[0]:
-                        out.move_time[moves] = now
-                        out.move_instance[moves] = mv
-                        out.move_group[moves] = 1 - src
-                    moves += 1
-            e = _least_outstanding(group, outstanding, c, not dynamic)
-            if c == SHORT:
-                pending_s += 1
-            else:
-                pending_l += 1
-            outstanding[e] += 1
-            # the instance's queue: its category's with the dual queue, else the one FIFO
-            qi = c if dual else SHORT
-            nxt[r] = -1
-            if qt[e, qi] >= 0:
-                nxt[qt[e, qi]] = r
-            else:
-                qh[e, qi] = r
-                if qi == SHORT:
-                    deadline[e] = now + window
-            qt[e, qi] = r
-            qn[e, qi] += 1
-            if keep:
-                r_i[RQ.instance, r] = e
-                r_i[RQ.category, r] = c
-                r_f[RQ.arrival, r] = now
-                r_f[RQ.prompt, r] = prompt[r]
         else:
             now = t_w
             e = e_w
         # the instance the event touched starts a batch if one is due
-        if t_done[e] == np.inf:
-            service = _dispatch(e, now, dual, window, max_batch, max_batch_tokens, a, b, arrival, prompt, nxt,
-                                qh, qt, qn, batch, batch_n, t_done, deadline)
-            if service >= 0.0:
-                n_batches += 1
-                busy += service
-                sum_batch += batch_n[e]
-                if keep:
-                    for k in range(batch_n[e]):
-                        r_f[RQ.start, batch[e, k]] = now
-    if dynamic and last > t_prev:
-        short_time += n_group[SHORT] * (last - t_prev)
-    st_i, st_f = out.ints, out.floats
-    st_i[S.completed] = completed
-    st_i[S.batches] = n_batches
-    st_i[S.short] = n_short
-    st_i[S.moves] = moves
-    st_i[S.good] = good
-    st_f[S.first_arrival] = arrival[0] if n > 0 else np.nan
-    st_f[S.last_completion] = last
-    st_f[S.busy] = busy
-    st_f[S.sum_ttft] = sum_ttft
-    st_f[S.sum_ttft_short] = sum_s
-    st_f[S.sum_ttft_long] = sum_l
-    st_f[S.sum_batch] = sum_batch
-    st_f[S.short_instance_time] = short_time
+        if ws.t_done[e] == np.inf:
+            n_batches, busy, sum_batch = _start_batch(e, now, dual, window, max_batch, max_batch_tokens, a, b, ws,
+                                                      r_f, keep, n_batches, busy, sum_batch)
+    _finish(out, router, dynamic, ws.n_group[SHORT], last, arrival[0] if n > 0 else np.nan,
+            (completed, n_batches, n_short, good), (busy, sum_ttft, sum_s, sum_l, sum_batch))
     return code
 
 
 #: the most groups of arrivals the backlog check can ask for (a request's category and group share an int8)
 MAX_GROUPS = 64
+
+
+def allocate(cfg: dict, n: int, groups: int) -> tuple:
+    """The outputs, records (``cfg["keep"]``) and workspace of a run of
+    ``n`` requests on the unpacked config ``cfg``."""
+    E, B = cfg["instances"], cfg["max_batch"]
+    ints, floats = STATS.zeros(last_completion=-np.inf)
+    out = OUTPUTS.pack(ints=ints, floats=floats, hist_short=np.zeros(HIST_SIZE, np.int64),
+                       hist_long=np.zeros(HIST_SIZE, np.int64),
+                       move_time=np.full(MOVES_MAX, np.nan), move_instance=np.full(MOVES_MAX, -1, np.int64),
+                       move_group=np.full(MOVES_MAX, -1, np.int64), group_ttft=np.zeros((2, groups)),
+                       group_count=np.zeros((2, groups), np.int64))
+    requests = REQUESTS.records(n if cfg["keep"] else 0)
+    ws = WORKSPACE.pack(arrival=np.empty(n), prompt=np.empty(n), nxt=np.empty(n, np.int64), cat=np.empty(n, np.int8),
+                        qh=np.empty((E, 2), np.int64), qt=np.empty((E, 2), np.int64), qn=np.empty((E, 2), np.int64),
+                        batch=np.empty((E, B), np.int64), batch_n=np.zeros(E, np.int64), t_done=np.empty(E),
+                        deadline=np.full(E, np.inf),
+                        group=np.empty(E, np.int64), n_group=np.empty(2, np.int64),
+                        outstanding=np.empty(E, np.int64), draws=drawers(cfg["arrival_kind"], cfg["prompt_kind"]))
+    return out, requests, ws
 
 
 def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, groups: int = 1):
@@ -404,20 +505,7 @@ def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, grou
     if not 1 <= groups <= MAX_GROUPS:
         raise ValueError(f"groups must be an integer in [1, {MAX_GROUPS}]; got {groups!r}")
     cfg = CONFIG.unpack(config)
-    n, E, B = cfg["n"], cfg["instances"], cfg["max_batch"]
-    ints, floats = STATS.zeros(last_completion=-np.inf)
-    out = OUTPUTS.pack(ints=ints, floats=floats, hist_short=np.zeros(HIST_SIZE, np.int64),
-                       hist_long=np.zeros(HIST_SIZE, np.int64),
-                       move_time=np.full(MOVES_MAX, np.nan), move_instance=np.full(MOVES_MAX, -1, np.int64),
-                       move_group=np.full(MOVES_MAX, -1, np.int64), group_ttft=np.zeros((2, groups)),
-                       group_count=np.zeros((2, groups), np.int64))
-    requests = REQUESTS.records(n if cfg["keep"] else 0)
-    ws = WORKSPACE.pack(arrival=np.empty(n), prompt=np.empty(n), nxt=np.empty(n, np.int64), cat=np.empty(n, np.int8),
-                        qh=np.empty((E, 2), np.int64), qt=np.empty((E, 2), np.int64), qn=np.empty((E, 2), np.int64),
-                        batch=np.empty((E, B), np.int64), batch_n=np.zeros(E, np.int64), t_done=np.empty(E),
-                        deadline=np.full(E, np.inf),
-                        group=np.empty(E, np.int64), n_group=np.empty(2, np.int64),
-                        outstanding=np.empty(E, np.int64), draws=drawers(cfg["arrival_kind"], cfg["prompt_kind"]))
+    out, requests, ws = allocate(cfg, cfg["n"], groups)
     code = laps_kernel(config, inputs, streams, out, requests, ws, stop)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None), code
 

@@ -109,8 +109,18 @@ class Plan:
 
 def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
     """A deployment's programs' calls, as its prefill pool draws them:
-    ``(program arrays, prompts, outputs)`` in arrival order (the outputs the
-    pool's engines do not run, drawn)."""
+    ``(program arrays, prompts, outputs)`` in arrival order, or by call id
+    in a closed loop (the outputs the pool's engines do not run, drawn).  A
+    LAPS pool's closed loop draws them as a cluster's
+    (:func:`.cluster._program_draws`: common random numbers)."""
+    if plan.policy.laps:
+        from ..policies.cluster import Cluster
+        from ..policies.continuous import ContinuousBatching
+
+        programs = plan.policy.programs
+        start, gap, new, out = cluster._program_draws(Cluster(ContinuousBatching(), programs=programs),
+                                                      plan.arrivals, plan.workload, plan.n, call_streams(ss))
+        return dict(start=start, gap=gap, new=new), cluster._contexts(new, out, programs.drawn(plan.n)), out
     _, prompt, out, arrays = plan.prefill.cluster.calls(plan.prefill, call_streams(ss))
     return arrays, prompt, out
 
@@ -230,10 +240,7 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     P = programs["start"].size
     prefixes = pp.cluster.prefixes(pp, prompt, ((np.arange(prompt.size) // (prompt.size // P), programs["new"],
                                                  None), P), drawn)
-    d_out = out - 1.0
-    dplan = _decode_plan(pol, Replay(np.zeros(n)), plan.workload, plan.decode_model, n, dealt=True)
-    d_pred = dplan.predictor.predict(np.maximum(d_out, 1.0), lambda: stream(ss, STREAM_PREDICTION))
-    link = pol.kv_transfer.seconds(prompt)
+    dplan, d_out, d_pred, link = _decode_calls(plan, ss, prompt, out)
     calls = {**programs, "prompt": prompt, "output": one, "prediction": one_pred, "d_output": d_out,
              "d_prediction": d_pred, "link": link}
     stop = stop_flag()
@@ -252,6 +259,16 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     columns = {"engine": where, "program": got["program"], "new_tokens": got["new_tokens"]}
     pre = continuous._run(pp, ss, False, False, ran=((prompt[k], one[k], one_pred[k], None), runs, (where, local),
                                                      routed, columns, seconds))
+    return pre, *_closed_decode(plan, ss, prompt, out, d_out, d_pred, link, got, d_runs)
+
+
+def _closed_decode(plan: Plan, ss, prompt, out, d_out, d_pred, link, got: dict, d_runs) -> tuple:
+    """The rest of :func:`_pools`'s answer for a closed loop (by call id:
+    the calls' ``prompt``, ``out``, the decode pool's ``d_out`` and
+    ``d_pred``, and ``link``; ``got``: the kernel's): the decode pool's
+    result (None: no call of more than one token), and per request its
+    output, transfer time, readiness and the order the pool took them."""
+    pol, k = plan.policy, got["call"]
     order = got["handed"]
     dec = None
     if order.size:
@@ -271,13 +288,49 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
                           rerouted=got["d_rerouted"])
         dec = continuous._run(dp, ss, False, False, ran=((prompt[j], d_out[j], d_pred[j], None), d_runs, placed,
                                                          routed, {"engine": placed[0]} if events else {}, 0.0))
-    return pre, dec, out[k], link[k], got["ready"], order
+    return dec, out[k], link[k], got["ready"], order
+
+
+def _closed_laps_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+    """:func:`_closed_pools` with LAPS's prefill instances as the prefill
+    pool (:func:`mbbatch._kernels.disaggregated.run_closed_laps`): the same
+    calls as a continuous prefill pool's on the same seed (:func:`_calls`),
+    LAPS's result its pool's, with each request's program and new tokens."""
+    pol, pp, n = plan.policy, plan.prefill, plan.n
+    programs, prompt, out = _calls(plan, ss)
+    dplan, d_out, d_pred, link = _decode_calls(plan, ss, prompt, out)
+    calls = {**programs, "prompt": prompt, "d_output": d_out, "d_prediction": d_pred, "link": link}
+    stop = stop_flag()
+    t0 = time.perf_counter()
+    (lo, req), d_runs, code, got = interruptible(
+        lambda: _kd.run_closed_laps(pp.kernel_args[0], dplan.kernel_args[0], calls, dplan.edges, pol.decode_engines,
+                                    _k.ContinuousStreams(call_streams(ss).arrival), stop, d_control=dplan.control,
+                                    groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, d_router=pol.decode_router,
+                                    d_events=cluster.event_arrays(pol.decode_events)),
+        stop, n if progress else None)
+    seconds = time.perf_counter() - t0
+    continuous._check_codes(d_runs + [(None, None, code)])
+    req.update(program=got["program"], new_tokens=got["new_tokens"])
+    pre = laps.result(pp, ss, lo, req, seconds)
+    return pre, *_closed_decode(plan, ss, prompt, out, d_out, d_pred, link, got, d_runs)
+
+
+def _decode_calls(plan: Plan, ss: np.random.SeedSequence, prompt, out) -> tuple:
+    """A closed loop's decode pool, by call id (the calls' ``prompt`` and
+    ``out``): its plan (dealt: the kernel routes), outputs (``out - 1``),
+    predictions (drawn by call id) and each call's KV transfer time."""
+    pol = plan.policy
+    d_out = out - 1.0
+    dplan = _decode_plan(pol, Replay(np.zeros(plan.n)), plan.workload, plan.decode_model, plan.n, dealt=True)
+    d_pred = dplan.predictor.predict(np.maximum(d_out, 1.0), lambda: stream(ss, STREAM_PREDICTION))
+    return dplan, d_out, d_pred, pol.kv_transfer.seconds(prompt)
 
 
 def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
     pol, wl, n = plan.policy, plan.workload, plan.n
-    closed = not pol.laps and plan.prefill.cluster.closed
-    pre, dec, out, transfer, ready, order = (_closed_pools if closed else _pools)(plan, ss, progress)
+    closed = getattr(pol.programs, "closed", False)
+    pre, dec, out, transfer, ready, order = ((_closed_laps_pools if pol.laps else _closed_pools) if closed
+                                             else _pools)(plan, ss, progress)
     pool = pre.metrics()
     req = pre.requests
     arrival, prompt, first = req["arrival"], req["prompt"], req["first_token"]

@@ -238,7 +238,12 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
     t0 = time.perf_counter()
     out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop, groups=BATCH_MEANS_GROUPS), stop,
                                 plan.n if progress else None)
-    kernel_seconds = time.perf_counter() - t0
+    return result(plan, ss, out, req, time.perf_counter() - t0)
+
+
+def result(plan: Plan, ss: np.random.SeedSequence, out, req, kernel_seconds: float) -> SimulationResult:
+    """The result of LAPS's run ``(out, req)`` (:func:`mbbatch._kernels.laps.run`'s,
+    or a closed loop's prefill pool's), its decode stage run on it."""
     st = _l.STATS.unpack((out.ints, out.floats))
     pol, E = plan.policy, plan.policy.instances
     completed, nb, short = st["completed"], st["batches"], st["short"]
