@@ -354,6 +354,72 @@ def test_a_closed_loop_of_one_call_programs_is_the_open_loop_deployment(laps):
             np.testing.assert_array_equal(closed[col], open_[col], err_msg=col)
 
 
+def test_open_loop_programs_on_a_laps_prefill_pool_are_laps_alone_on_their_calls():
+    """Open-loop programs (2 to 4 calls, think times) on LAPS's prefill
+    instances over 3 random deployments: the requests are a colocated
+    cluster's calls on the same seed (arrivals, prompts, each a call's
+    context and new tokens, outputs, programs); each request's instance
+    and first token equal LAPS's alone on those arrivals and prompts; and
+    the decode pool is the plain-Python engines' (:func:`_check_decode_pool`)."""
+    rng = np.random.default_rng(61)
+    for _ in range(3):
+        wl = mb.Workload(prompt=st.lognorm(0.8, scale=float(rng.uniform(20, 120))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(4, 30))))
+        laps = mb.LAPS(instances=int(rng.integers(2, 4)), threshold=int(rng.choice([64, 128, 256])),
+                       window=float(rng.choice([0.0, 0.01])))
+        dk, ed = _engine(rng, 8192), int(rng.integers(1, 4))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e7, 1e9)), bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        progs = mb.Programs(calls=int(rng.integers(2, 5)), think_time=float(rng.choice([0.1, 1.0])))
+        pol = mb.Disaggregated(prefill=laps, decode=mb.ContinuousBatching(**dk), decode_engines=ed,
+                               kv_transfer=link, programs=progs)
+        kw = dict(arrivals=mb.Poisson(float(rng.uniform(2, 20))), workload=wl, service_model=MODEL, n=200,
+                  seed=int(rng.integers(1 << 30)), keep_requests=True)
+        res = mb.simulate(pol, **kw)
+        r = res.requests
+        colocated = mb.simulate(mb.Cluster(mb.ContinuousBatching(**dk), engines=laps.instances + ed,
+                                           programs=progs), **kw)
+        for col in ("arrival", "prompt", "output", "program", "new_tokens"):
+            np.testing.assert_array_equal(r[col], colocated.requests[col], err_msg=col)
+        assert (r["prompt"] > r["new_tokens"]).any()         # (later calls carry their contexts)
+        alone = mb.simulate(laps, arrivals=mb.Replay(r["arrival"]),
+                            workload=mb.Workload(prompt=r["prompt"], output=np.ones(len(r["arrival"]))),
+                            service_model=MODEL, n=len(r["arrival"]), seed=0, keep_requests=True).requests
+        np.testing.assert_array_equal(r["prefill_engine"], alone["instance"])
+        np.testing.assert_array_equal(r["first_token"], alone["first_token"])
+        _check_decode_pool(res, alone["first_token"], link, ed, dk)
+
+
+def test_a_traces_sessions_on_a_laps_prefill_pool_are_laps_alone_on_their_calls():
+    """A trace's sessions (``mb.Sessions``, the context included in each
+    prompt) on LAPS's prefill instances: the requests are the trace's, each
+    with its session and new tokens as a colocated cluster's; each
+    request's instance and first token LAPS's alone on the trace."""
+    from mbbatch.traces import Trace
+
+    rng = np.random.default_rng(8)
+    m = 150
+    sid = rng.integers(-1, 30, m)
+    out = rng.integers(1, 60, m)
+    prompt, ctx = np.empty(m, np.int64), {}
+    for i in range(m):
+        s_ = int(sid[i])
+        prompt[i] = int(rng.integers(1, 300)) + (ctx.get(s_, 0) if s_ >= 0 else 0)
+        if s_ >= 0:
+            ctx[s_] = prompt[i] + out[i]
+    tr = Trace(arrival=np.sort(rng.uniform(0.0, 30.0, m)), prompt_tokens=prompt, output_tokens=out, session=sid)
+    laps = mb.LAPS(instances=2, threshold=128)
+    kw = dict(arrivals=mb.Replay(tr), workload=mb.Workload.from_trace(tr), service_model=MODEL, seed=0,
+              keep_requests=True)
+    r = mb.simulate(mb.Disaggregated(prefill=laps, decode_engines=2, programs=mb.Sessions(tr)), **kw).requests
+    colocated = mb.simulate(mb.Cluster(mb.ContinuousBatching(), engines=4, programs=mb.Sessions(tr)), **kw).requests
+    for col in ("arrival", "prompt", "output", "program", "new_tokens"):
+        np.testing.assert_array_equal(r[col], colocated[col], err_msg=col)
+    assert np.any(r["new_tokens"] < r["prompt"])
+    alone = mb.simulate(laps, **kw).requests
+    np.testing.assert_array_equal(r["prefill_engine"], alone["instance"])
+    np.testing.assert_array_equal(r["first_token"], alone["first_token"])
+
+
 def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router="round_robin"):
     """The plain-Python deployment of closed-loop programs (``draws``: their
     starts and by call id think times, new tokens and outputs; ``delays``:

@@ -27,7 +27,6 @@ def test_kv_transfer_of_a_model():
     (dict(prefill=mb.LAPS(instances=2, decode=mb.ContinuousBatching())), r"prefill\.decode"),
     (dict(prefill=mb.LAPS(instances=2), prefill_engines=3), r"prefill_engines: .*LAPS\(instances=2\)"),
     (dict(prefill=mb.LAPS(instances=2), router="round_robin"), "router: a LAPS prefill pool"),
-    (dict(programs=mb.Programs(), prefill=mb.LAPS(instances=2)), "programs: a LAPS prefill pool"),
     (dict(programs=3), "programs"),
 ])
 def test_bad_settings_are_refused_by_name(bad, match):

@@ -114,15 +114,46 @@ def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
     LAPS pool's closed loop draws them as a cluster's
     (:func:`.cluster._program_draws`: common random numbers)."""
     if plan.policy.laps:
-        from ..policies.cluster import Cluster
-        from ..policies.continuous import ContinuousBatching
-
-        programs = plan.policy.programs
-        start, gap, new, out = cluster._program_draws(Cluster(ContinuousBatching(), programs=programs),
-                                                      plan.arrivals, plan.workload, plan.n, call_streams(ss))
-        return dict(start=start, gap=gap, new=new), cluster._contexts(new, out, programs.drawn(plan.n)), out
+        _, prompt, out, arrays = _laps_calls(plan, ss)
+        return arrays, prompt, out
     _, prompt, out, arrays = plan.prefill.cluster.calls(plan.prefill, call_streams(ss))
     return arrays, prompt, out
+
+
+def _laps_calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
+    """A LAPS pool's programs' calls, drawn as a cluster's
+    (:mod:`.cluster`'s rules: common random numbers with a continuous
+    prefill pool): ``(times, prompts, outputs, arrays)``, an open loop's
+    calls in arrival order (their times, None: the arrival process's, a
+    trace's sessions'; ``arrays``: each call's ``program``, ``new_tokens``),
+    a closed loop's by call id (no times; ``arrays``: the programs'
+    ``start``, the calls' ``gap`` and ``new``)."""
+    from ..policies.cluster import Cluster, Sessions
+    from ..policies.continuous import ContinuousBatching
+
+    programs, wl, n = plan.policy.programs, plan.workload, plan.n
+    if getattr(programs, "closed", False):
+        start, gap, new, out = cluster._program_draws(Cluster(ContinuousBatching(), programs=programs),
+                                                      plan.arrivals, wl, n, call_streams(ss))
+        return None, cluster._contexts(new, out, programs.drawn(n)), out, dict(start=start, gap=gap, new=new)
+    if isinstance(programs, Sessions):
+        calls, arrays = cluster._session_calls(programs, wl, n)
+    else:
+        calls, arrays = cluster._program_calls(Cluster(ContinuousBatching(), programs=programs), plan.arrivals, wl,
+                                               n, call_streams(ss))
+    return (calls.get("arrival_times"), calls["prompt_values"], calls["output_values"],
+            {"program": arrays["program"], "new_tokens": arrays["new_tokens"]})
+
+
+def _laps_open(plan: Plan, ss: np.random.SeedSequence, progress: bool):
+    """A LAPS pool's run of open-loop programs' calls (:func:`_laps_calls`):
+    LAPS on their arrivals and prompts, each request's program and new
+    tokens among its columns."""
+    times, prompt, _, arrays = _laps_calls(plan, ss)
+    arrivals = plan.arrivals if times is None else Replay(times)
+    pp = laps.check(plan.policy.prefill, arrivals, None, plan.n, 1, True,
+                    Workload(prompt=prompt, output=np.ones(plan.n), integer_lengths=True), plan.model, False)
+    return laps.run_columns(pp, ss, progress, arrays)
 
 
 def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False):
@@ -206,7 +237,10 @@ def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     request's output, transfer time, readiness for the decode pool, and
     the requests in the order the decode pool takes them."""
     pol, wl, n = plan.policy, plan.workload, plan.n
-    pre = plan.prefill.run(ss, warn=False, progress=progress)
+    if pol.laps and pol.programs is not None:
+        pre = _laps_open(plan, ss, progress)
+    else:
+        pre = plan.prefill.run(ss, warn=False, progress=progress)
     req = pre.requests
     prompt, first = req["prompt"], req["first_token"]
     if pol.programs is not None:

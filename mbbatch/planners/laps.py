@@ -229,7 +229,13 @@ def _backlog(out, st: dict, batches: int) -> tuple:
     return False, "no growing backlog"
 
 
-def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
+def run_columns(plan: Plan, ss: np.random.SeedSequence, progress: bool, columns: dict) -> SimulationResult:
+    """:meth:`Plan.run`'s result (no warning) with ``columns`` (per request,
+    in arrival order) among its requests' (``plan.keep_requests``)."""
+    return _run(plan, ss, progress, columns)
+
+
+def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool, columns: dict | None = None) -> SimulationResult:
     config, inputs = plan.kernel_args
     # the arrival and prompt streams of the token-level policies: the same seed, the same requests
     streams = _l.LapsStreams(stream(ss, STREAM_ARRIVALS), stream(ss, STREAM_PROMPT))
@@ -238,6 +244,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationRe
     t0 = time.perf_counter()
     out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop, groups=BATCH_MEANS_GROUPS), stop,
                                 plan.n if progress else None)
+    if columns:
+        req.update(columns)
     return result(plan, ss, out, req, time.perf_counter() - t0)
 
 

@@ -82,9 +82,9 @@ class Disaggregated(Policy):
     (arXiv:2601.11589) and timed by the service model's prefill iteration;
     the pool's engines are then LAPS's ``instances`` (``prefill_engines``
     left at its default, or equal to them) and its ``router`` LAPS's own;
-    it takes closed-loop ``programs`` (a batch's end gives its calls their
-    first tokens, with no time outside the instances), not open-loop ones
-    or a trace's sessions yet.
+    it takes ``programs`` as continuous engines do (in a closed loop a
+    batch's end gives its calls their first tokens, with no time outside
+    the instances).
 
     - a request arrives at the prefill pool, whose ``router``
       (``"least_used"``, ``"round_robin"``, ``"cache_aware"``; a
@@ -250,14 +250,11 @@ class Disaggregated(Policy):
         """Programs (or a trace's sessions) on continuous prefill engines; a
         closed loop's calls wait for their answers from the decode pool
         (both pools run in one loop: :mod:`mbbatch._kernels.disaggregated`),
-        on a LAPS prefill pool too."""
+        on a LAPS prefill pool too (an open loop's calls are LAPS's
+        requests)."""
         from .cluster import Programs, Sessions
 
         check_instance("programs", self.programs, (Programs, Sessions))
-        if self.laps and not getattr(self.programs, "closed", False):
-            raise ValueError("programs: a LAPS prefill pool takes closed-loop programs "
-                             "(Programs(..., closed=True)), not open-loop ones or a trace's sessions yet; give "
-                             "closed=True, programs=None, or ContinuousBatching prefill engines")
 
     @property
     def laps(self) -> bool:
