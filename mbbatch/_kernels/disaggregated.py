@@ -45,6 +45,8 @@ starting before them has run: a prefill engine's as a cluster's
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 
 from .common import ARRIVED, STOP, kernel, step
@@ -89,6 +91,20 @@ def _first_tokens(log, logged, reqs, call, first, ready, link, d_output, delay, 
     return hsize, rsize
 
 
+#: the decode pool of a closed loop, its engines' arrays (each stacked along
+#: a leading axis of engines: :class:`.continuous_cluster._Cluster`'s
+#: ``config`` ... ``counts``), how it deals (``route``: 0 in turn, 1 to the
+#: engine least used, its engines' loads in ``eng``), each engine's
+#: requests (``reqs``: their numbers in arrival order), each request's
+#: engine and number there in the order the pool takes them (``placed``)
+#: and its place in that order (``taken``, kept where its engines may
+#: leave), its engine ``events``, and by call id the calls' outputs
+#: (``output - 1``) and predictions there
+DecodePool = namedtuple("DecodePool", ("config", "control", "inputs", "out", "requests", "ws", "feeds", "counts",
+                                       "route", "eng", "reqs", "placed", "taken", "events", "output",
+                                       "prediction"))
+
+
 @step
 def _answers(log, logged, e, d_reqs, call, delay, gap, K, heap_t, heap_id, hsize):
     """Decode engine e's completions since its log was emptied (its k-th
@@ -102,148 +118,159 @@ def _answers(log, logged, e, d_reqs, call, delay, gap, K, heap_t, heap_id, hsize
 
 
 @step
-def _deal(t, d_route, d_rr, d_eng, d_ws, d_counts):
+def _deal(t, dec, d_rr):
     """The decode engine a request ready at ``t`` goes to: in turn from
-    ``d_rr`` among the engines in the pool (``d_route`` 0; the m-th
+    ``d_rr`` among the engines in the pool (``dec.route`` 0; the m-th
     request to engine ``m % D`` while none has left), or (1) the engine
     least used at t, by the cluster's rule (:func:`.routing.scan_engines`,
-    on the engines' active requests then, written into ``d_eng``: those
+    on the engines' active requests then, written into ``dec.eng``: those
     dealt to it, less those it handed back and those it completed).
     Returns the engine and the pointer after it."""
-    D = d_counts.shape[0]
-    if d_route == 0:
+    D = dec.counts.shape[0]
+    if dec.route == 0:
         e = d_rr
-        while d_eng[_r.EN.registered, e] == 0:
+        while dec.eng[_r.EN.registered, e] == 0:
             e = e + 1 if e + 1 < D else 0
         return e, (e + 1 if e + 1 < D else 0)
-    _active(d_ws.state_i, d_ws.state_f, d_counts, t, d_eng)
-    return _r.scan_engines(d_eng)[0], d_rr
+    _active(dec.ws.state_i, dec.ws.state_f, dec.counts, t, dec.eng)
+    return _r.scan_engines(dec.eng)[0], d_rr
 
 
 @step
-def _hand(j, t, m, n, groups, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt, d_output,
-          d_prediction, call, handed, d_reqs, d_placed, taken):
+def _hand(j, t, m, n, groups, dec, d_rr, prompt, call, handed):
     """Request j, ready at ``t``, the ``m``-th the decode pool takes: to
     its engine (:func:`_deal`), bringing its prompt's KV cache, its
     batch-means group its group among the ``n`` arrivals; recorded as the
-    engine's next request (``d_reqs``), by ``m`` its engine and number
-    there (``d_placed``), and, where decode engines may leave (the pool's
-    ``ws.origin`` not empty), its ``m`` (``taken``) and first arrival at
-    the pool.  Returns the dealing pointer."""
-    e, d_rr = _deal(t, d_route, d_rr, d_eng, d_ws, d_counts)
-    k = d_counts[e]
+    engine's next request (``dec.reqs``), by ``m`` its engine and number
+    there (``dec.placed``), and, where decode engines may leave (the
+    pool's ``ws.origin`` not empty), its ``m`` (``dec.taken``) and first
+    arrival at the pool.  Returns the dealing pointer."""
+    e, d_rr = _deal(t, dec, d_rr)
+    d_ws, d_feeds = dec.ws, dec.feeds
+    k = dec.counts[e]
     kc = call[j]
     d_ws.arrival[e, k] = t
     d_ws.group[e, k] = (j * groups) // n
-    fresh_record(d_requests, e, k)
+    fresh_record(dec.requests, e, k)
     d_feeds.prompt[e, k] = prompt[kc]
-    d_feeds.output[e, k] = d_output[kc]
-    d_feeds.prediction[e, k] = d_prediction[kc]
+    d_feeds.output[e, k] = dec.output[kc]
+    d_feeds.prediction[e, k] = dec.prediction[kc]
     d_feeds.cached[e, k] = prompt[kc]
-    d_counts[e] = k + 1
+    dec.counts[e] = k + 1
     handed[m] = j
-    d_reqs[e, k] = j
-    d_placed[0, m] = e
-    d_placed[1, m] = k
+    dec.reqs[e, k] = j
+    dec.placed[0, m] = e
+    dec.placed[1, m] = k
     if d_ws.origin.shape[1] > 0:
         d_ws.origin[e, k] = t
-        taken[j] = m
+        dec.taken[j] = m
     return d_rr
 
 
 @step
-def _rehand(d, k1, t, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, d_reqs, d_placed, taken):
+def _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed):
+    """The first call of the ready heap ``rheap`` joins the decode pool
+    (:func:`_hand`).  Returns the heap's size, the calls the pool took and
+    the dealing pointer."""
+    r, jr, rsize = _heap_pop(rheap[0], rheap[1], rsize)
+    d_rr = _hand(jr, r, m, n, groups, dec, d_rr, prompt, call, handed)
+    return rsize, m + 1, d_rr
+
+
+@step
+def _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize):
+    """Decode engine d's iteration starting at ``sd``, run; each call it
+    completes answered (:func:`_answers`, its client ``request_overhead``
+    after it).  Returns the code and the arrival heap's size."""
+    si = dec.ws.state_i
+    si[d, ES.logged] = 0
+    if _advance(d, dec.counts[d], np.nextafter(sd, np.inf), dec.config, dec.control, dec.inputs, dec.out,
+                dec.requests, dec.ws, streams, estop) == STALLED:
+        return STALLED, hsize
+    delay = dec.config[1][0, C.request_overhead]
+    return DONE, _answers(dec.ws.done_log[d], si[d, ES.logged], d, dec.reqs, call, delay, gap, K, heap_t, heap_id,
+                          hsize)
+
+
+@step
+def _rehand(d, k1, t, dec, d_rr):
     """Decode engine d's k1-th request, handed back at ``t`` (its engine
     leaving), dealt again (:func:`_deal`) to join its new engine at t,
     keeping its inputs, group, first arrival at the pool and place ``m``
     among the requests the pool took.  Returns the dealing pointer."""
-    j = d_reqs[d, k1]
-    e, d_rr = _deal(t, d_route, d_rr, d_eng, d_ws, d_counts)
-    k = d_counts[e]
-    moved(d, k1, e, k, t, d_feeds.cached[d, k1], d_ws, d_feeds, d_requests)
-    d_ws.origin[e, k] = d_ws.origin[d, k1]
-    d_counts[e] = k + 1
-    d_reqs[e, k] = j
-    m = taken[j]
-    d_placed[0, m] = e
-    d_placed[1, m] = k
+    j = dec.reqs[d, k1]
+    e, d_rr = _deal(t, dec, d_rr)
+    k = dec.counts[e]
+    moved(d, k1, e, k, t, dec.feeds.cached[d, k1], dec.ws, dec.feeds, dec.requests)
+    dec.ws.origin[e, k] = dec.ws.origin[d, k1]
+    dec.counts[e] = k + 1
+    dec.reqs[e, k] = j
+    m = dec.taken[j]
+    dec.placed[0, m] = e
+    dec.placed[1, m] = k
     return d_rr
 
 
 @step
-def _decode_event(ev, events, t, d_route, d_rr, d_config, d_control, d_inputs, d_out, d_requests, d_ws, d_feeds,
-                  d_counts, d_eng, d_reqs, d_placed, taken, streams, estop):
+def _decode_event(ev, t, dec, d_rr, streams, estop):
     """Decode engine event ``ev`` at ``t``, every decode iteration starting
     before t run: an engine joining is dealt requests again; one leaving is
     no longer, and hands back the requests it had not admitted
     (:func:`.continuous_cluster._hand_back`), each dealt again at t
     (:func:`_rehand`).  Returns the code and the dealing pointer."""
-    e = events[1][ev]
-    if events[2][ev] != 0:
-        d_eng[_r.EN.registered, e] = 1
+    e = dec.events[1][ev]
+    d_ws = dec.ws
+    if dec.events[2][ev] != 0:
+        dec.eng[_r.EN.registered, e] = 1
         return DONE, d_rr
-    d_eng[_r.EN.registered, e] = 0
+    dec.eng[_r.EN.registered, e] = 0
     h = d_ws.state_i[e, ES.handed]
-    if not _idle(d_ws.state_i[e], d_counts[e]):
+    if not _idle(d_ws.state_i[e], dec.counts[e]):
         d_ws.state_i[e, ES.logged] = 0
-        if _advance_called(e, d_counts[e], t, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams,
-                           estop) == STALLED:
+        if _advance_called(e, dec.counts[e], t, dec.config, dec.control, dec.inputs, dec.out, dec.requests, d_ws,
+                           streams, estop) == STALLED:
             return STALLED, d_rr
-        _hand_back(e, t, d_config, d_inputs, d_ws)
+        _hand_back(e, t, dec.config, dec.inputs, d_ws)
     for q in range(h, d_ws.state_i[e, ES.handed]):
-        d_rr = _rehand(e, d_ws.handed[e, q], t, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, d_reqs,
-                       d_placed, taken)
+        d_rr = _rehand(e, d_ws.handed[e, q], t, dec, d_rr)
     return DONE, d_rr
 
 
 @kernel
-def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts,
-                       d_config, d_control, d_inputs, d_out, d_requests, d_ws, d_feeds, d_counts,
-                       loop, rheap, link, prompt, output, prediction, chain, shared, d_output, d_prediction,
-                       times, program, new_tokens, session_end, call, first, ready, handed, d_route, d_eng, d_reqs,
-                       d_placed, taken, d_events,
-                       groups, rt, ca, eng, table, match, where, local, reqs, ids, events, routed, streams, stop,
-                       estop):
+def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts, dec, loop, rheap, link, prompt,
+                       output, prediction, chain, shared, times, program, new_tokens, session_end, call, first, ready,
+                       handed, groups, rt, ca, eng, table, match, where, local, reqs, ids, events, routed, streams,
+                       stop, estop):
     """Route ``times.size`` calls of closed-loop programs to the prefill
     pool (``config`` ... ``counts``: :func:`.continuous_cluster.cluster_kernel`'s
-    engines) and serve them through the decode pool (``d_config`` ...
-    ``d_counts``, its engines, each logging its completions), as the module
-    says.  ``loop``: the programs' starts, think times and new tokens by
+    engines) and serve them through the decode pool (``dec``, a
+    :data:`DecodePool`: its engines, each logging its completions), as the
+    module says.  ``loop``: the programs' starts, think times and new tokens by
     call id and the arrival heap (:func:`.continuous_cluster.closed_loop_kernel`'s);
     ``rheap`` the heap of the calls waiting for the decode pool (their
     instants and numbers in arrival order: ties in arrival order);
     by call id each call's KV transfer time ``link``, its prompt, the
     prefill engines' output and prediction (one token), prefix chain and
-    shared tokens, and the decode pool's output (``output - 1``) and
-    prediction.  Written, per request in arrival order: its arrival,
-    program, new tokens, last-call flag and call id, its first token,
-    the instant it is ready for the decode pool; ``handed`` the requests
-    in the order the decode pool takes them (its engines' counts in
-    ``d_counts``: dealt in turn, or with ``d_route`` 1 to the engine least
-    used, its engines' loads in ``d_eng``), ``d_reqs`` each decode engine's requests (in arrival order) and
-    ``d_placed`` the engine and number there of each one it takes (in
-    that order), ``reqs`` each prefill engine's requests' numbers in
-    arrival order.  The prefill pool's engine ``events`` (as
-    :func:`.continuous_cluster.cluster_kernel`'s; ``ids``: ``reqs``, where
-    a request routed again is numbered, or empty without events) are taken
-    in time order with the rest, and the decode pool's ``d_events``
-    (:func:`_decode_event`; ``taken``: each request's place among those
-    the pool took, kept where decode engines may leave).  Returns :data:`.continuous.DONE`,
+    shared tokens (the decode pool's output and prediction are ``dec``'s).
+    Written, per request in arrival order: its arrival, program, new
+    tokens, last-call flag and call id, its first token, the instant it is
+    ready for the decode pool; ``handed`` the requests in the order the
+    decode pool takes them (``dec.reqs``, ``dec.placed``), ``reqs`` each
+    prefill engine's requests' numbers in arrival order.  The prefill
+    pool's engine ``events`` (as :func:`.continuous_cluster.cluster_kernel`'s;
+    ``ids``: ``reqs``, where a request routed again is numbered, or empty
+    without events) are taken in time order with the rest, and the decode
+    pool's (:func:`_decode_event`).  Returns :data:`.continuous.DONE`,
     ``STOPPED`` or ``STALLED``."""
     n = times.shape[0]
     E = counts.shape[0]
-    D = d_counts.shape[0]
     si, sf = ws.state_i, ws.state_f
-    dsi, dsf = d_ws.state_i, d_ws.state_f
     bs = config[0][0, C.block_size]
     delay = config[1][0, C.request_overhead]
-    d_delay = d_config[1][0, C.request_overhead]
     start, gap, new_c, heap_t, heap_id = loop
-    r_t, r_id = rheap
-    P = start.shape[0]
-    K = gap.shape[0] // P
+    K = gap.shape[0] // start.shape[0]
     _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
-    _set_up(D, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams, estop)
+    _set_up(dec.counts.shape[0], dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, streams, estop)
     heap_t[0] = start[0]
     heap_id[0] = 0
     hsize, rsize, m = 1, 0, 0
@@ -258,38 +285,31 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
             te = events[0][ev] if ev < events[0].shape[0] else np.inf
-            td = d_events[0][dev] if dev < d_events[0].shape[0] else np.inf
+            td = dec.events[0][dev] if dev < dec.events[0].shape[0] else np.inf
             cap = min(t, te, td)
             e = _earliest(si, sf, counts, cap)
             sp = sf[e, ES.now] if e >= 0 else cap
-            d = _earliest(dsi, dsf, d_counts, cap)
-            sd = dsf[d, ES.now] if d >= 0 else cap
-            r = r_t[0] if rsize > 0 else np.inf
+            d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap)
+            sd = dec.ws.state_f[d, ES.now] if d >= 0 else cap
+            r = rheap[0][0] if rsize > 0 else np.inf
             if r < cap and r <= sp and r <= sd:
                 # a call ready joins the decode pool before any iteration starting at or after it
-                r, jr, rsize = _heap_pop(r_t, r_id, rsize)
-                d_rr = _hand(jr, r, m, n, groups, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt,
-                             d_output, d_prediction, call, handed, d_reqs, d_placed, taken)
-                m += 1
+                rsize, m, d_rr = _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed)
             elif e >= 0 and sp <= sd:
                 si[e, ES.logged] = 0
                 if _advance(e, counts[e], np.nextafter(sp, np.inf), config, control, inputs, out, requests, ws,
                             streams, estop) == STALLED:
                     return STALLED
                 hsize, rsize = _first_tokens(ws.done_log[e], si[e, ES.logged], reqs[e], call, first, ready, link,
-                                             d_output, delay, gap, K, heap_t, heap_id, hsize, r_t, r_id, rsize)
+                                             dec.output, delay, gap, K, heap_t, heap_id, hsize, rheap[0], rheap[1],
+                                             rsize)
             elif d >= 0:
-                dsi[d, ES.logged] = 0
-                if _advance(d, d_counts[d], np.nextafter(sd, np.inf), d_config, d_control, d_inputs, d_out,
-                            d_requests, d_ws, streams, estop) == STALLED:
+                code, hsize = _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize)
+                if code == STALLED:
                     return STALLED
-                hsize = _answers(d_ws.done_log[d], dsi[d, ES.logged], d, d_reqs, call, d_delay, gap, K, heap_t,
-                                 heap_id, hsize)
             elif td <= t and td <= te and td < np.inf:
                 # a decode engine leaves or joins once every iteration starting before the instant has run
-                code, d_rr = _decode_event(dev, d_events, td, d_route, d_rr, d_config, d_control, d_inputs, d_out,
-                                           d_requests, d_ws, d_feeds, d_counts, d_eng, d_reqs, d_placed, taken,
-                                           streams, estop)
+                code, d_rr = _decode_event(dev, td, dec, d_rr, streams, estop)
                 if code != DONE:
                     return code
                 dev += 1
@@ -319,10 +339,8 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
 
 
 @kernel
-def laps_closed_loop_kernel(config, out, requests, ws, d_config, d_control, d_inputs, d_out, d_requests, d_ws,
-                            d_feeds, d_counts, loop, rheap, link, prompt, d_output, d_prediction, times, program,
-                            new_tokens, session_end, call, first, ready, handed, d_route, d_eng, d_reqs, d_placed,
-                            taken, d_events, groups, streams, stop, estop):
+def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, prompt, times, program, new_tokens,
+                            session_end, call, first, ready, handed, groups, streams, stop, estop):
     """:func:`closed_loop_kernel` with LAPS's prefill instances as the
     prefill pool (``config``, ``out``, ``requests``, ``ws``:
     :func:`.laps.laps_kernel`'s, its ``n`` the calls routed; arXiv:2601.11589):
@@ -336,8 +354,8 @@ def laps_closed_loop_kernel(config, out, requests, ws, d_config, d_control, d_in
     (at equal times a batch end, then an arrival, then a window); a batch
     ending at or before a ready call's instant goes first (its calls may be
     ready then too, and the decode pool takes them in arrival order).
-    ``prompt`` by call id; the decode pool's arguments and the written
-    arrays are :func:`closed_loop_kernel`'s.  Returns
+    ``prompt`` by call id; the decode pool ``dec`` and the written arrays
+    are :func:`closed_loop_kernel`'s.  Returns
     :data:`.continuous.DONE`, ``STOPPED`` or ``STALLED``."""
     n = times.shape[0]
     E = config[0][_l.C.instances]
@@ -347,14 +365,10 @@ def laps_closed_loop_kernel(config, out, requests, ws, d_config, d_control, d_in
     counted = ttft_slo < np.inf
     G = out.group_ttft.shape[1]
     r_i, r_f = requests
-    D = d_counts.shape[0]
-    dsi, dsf = d_ws.state_i, d_ws.state_f
-    d_delay = d_config[1][0, C.request_overhead]
     start, gap, new_c, heap_t, heap_id = loop
-    r_t, r_id = rheap
     K = gap.shape[0] // start.shape[0]
     _l._set_up(E, dynamic, config[0][_l.C.long0], ws)
-    _set_up(D, d_config, d_control, d_inputs, d_out, d_requests, d_ws, streams, estop)
+    _set_up(dec.counts.shape[0], dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, streams, estop)
     heap_t[0] = start[0]
     heap_id[0] = 0
     hsize, rsize, m = 1, 0, 0
@@ -372,7 +386,7 @@ def laps_closed_loop_kernel(config, out, requests, ws, d_config, d_control, d_in
         # every event before the next call's arrival (after the last: every event), in time order
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
-            td = d_events[0][dev] if dev < d_events[0].shape[0] else np.inf
+            td = dec.events[0][dev] if dev < dec.events[0].shape[0] else np.inf
             cap = min(t, td)
             # the prefill pool's next event, LAPS's order: a batch end at or before the arrival, a window before it
             t_c, e_c, t_w, e_w = _l._next_events(ws.t_done, ws.qn, ws.deadline, windowed)
@@ -382,15 +396,12 @@ def laps_closed_loop_kernel(config, out, requests, ws, d_config, d_control, d_in
                     lt = t_c
             elif e_w >= 0 and t_w < cap:
                 lt = t_w
-            d = _earliest(dsi, dsf, d_counts, cap)
-            sd = dsf[d, ES.now] if d >= 0 else cap
-            r = r_t[0] if rsize > 0 else np.inf
+            d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap)
+            sd = dec.ws.state_f[d, ES.now] if d >= 0 else cap
+            r = rheap[0][0] if rsize > 0 else np.inf
             if r < cap and r <= sd and r < lt:
                 # a call ready joins the decode pool before any iteration starting at or after it
-                r, jr, rsize = _heap_pop(r_t, r_id, rsize)
-                d_rr = _hand(jr, r, m, n, groups, d_route, d_rr, d_eng, d_ws, d_feeds, d_requests, d_counts, prompt,
-                             d_output, d_prediction, call, handed, d_reqs, d_placed, taken)
-                m += 1
+                rsize, m, d_rr = _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed)
             elif lt <= sd and lt < np.inf:
                 if e_c >= 0 and lt == t_c:
                     e = e_c
@@ -400,25 +411,20 @@ def laps_closed_loop_kernel(config, out, requests, ws, d_config, d_control, d_in
                         good)
                     last = lt
                     for k in range(ws.batch_n[e]):
-                        hsize, rsize = _first_token(ws.batch[e, k], lt, call, first, ready, link, d_output, 0.0, gap,
-                                                    K, heap_t, heap_id, hsize, r_t, r_id, rsize)
+                        hsize, rsize = _first_token(ws.batch[e, k], lt, call, first, ready, link, dec.output, 0.0,
+                                                    gap, K, heap_t, heap_id, hsize, rheap[0], rheap[1], rsize)
                 else:
                     e = e_w
                 if ws.t_done[e] == np.inf:
                     n_batches, busy, sum_batch = _l._start_batch(e, lt, dual, window, max_batch, max_batch_tokens, a,
                                                                  b, ws, r_f, keep, n_batches, busy, sum_batch)
             elif d >= 0:
-                dsi[d, ES.logged] = 0
-                if _advance(d, d_counts[d], np.nextafter(sd, np.inf), d_config, d_control, d_inputs, d_out,
-                            d_requests, d_ws, streams, estop) == STALLED:
+                code, hsize = _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize)
+                if code == STALLED:
                     return STALLED
-                hsize = _answers(d_ws.done_log[d], dsi[d, ES.logged], d, d_reqs, call, d_delay, gap, K, heap_t,
-                                 heap_id, hsize)
             elif td <= t and td < np.inf:
                 # a decode engine leaves or joins once every iteration starting before the instant has run
-                code, d_rr = _decode_event(dev, d_events, td, d_route, d_rr, d_config, d_control, d_inputs, d_out,
-                                           d_requests, d_ws, d_feeds, d_counts, d_eng, d_reqs, d_placed, taken,
-                                           streams, estop)
+                code, d_rr = _decode_event(dev, td, dec, d_rr, streams, estop)
                 if code != DONE:
                     return code
                 dev += 1
@@ -492,16 +498,11 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     table = np.full((TABLE.size, max(P, 1)), -1, np.int64)
     code = closed_loop_kernel(
         pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, pre.feeds, pre.counts,
-        dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, dec.feeds, dec.counts,
-        loop, (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
-        np.ascontiguousarray(calls["prompt"], float), output,
-        np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, d_output,
-        np.ascontiguousarray(calls["d_prediction"], float), got["arrival_times"], got["program"], got["new_tokens"],
-        got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"],
-        {"round_robin": 0, "least_used": 1}[d_router], dec.eng,
-        dec.ids if dec.ids.shape[1] else np.empty((d_engines, dec.room), np.int64), got["d_placed"],
-        np.empty(n if dec.ids.shape[1] else 0, np.int64), dec.events, groups,
-        router,
+        _decode_pool(dec, d_engines, n, got, calls, d_router), loop, (np.empty(n), np.empty(n, np.int64)),
+        np.ascontiguousarray(calls["link"], float), np.ascontiguousarray(calls["prompt"], float), output,
+        np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, got["arrival_times"],
+        got["program"], got["new_tokens"], got["session_end"], got["call"], got["first_token"], got["ready"],
+        got["handed"], groups, router,
         cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where, pre.local,
         pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids, pre.events, pre.routed,
         streams,
@@ -534,15 +535,26 @@ def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, s
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(start.size + 1), np.empty(start.size + 1, np.int64))
     code = laps_closed_loop_kernel(
-        config, out, requests, ws, dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, dec.feeds,
-        dec.counts, loop, (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
-        np.ascontiguousarray(calls["prompt"], float), d_output, np.ascontiguousarray(calls["d_prediction"], float),
-        got["arrival_times"], got["program"], got["new_tokens"], got["session_end"], got["call"], got["first_token"],
-        got["ready"], got["handed"], {"round_robin": 0, "least_used": 1}[d_router], dec.eng,
-        dec.ids if dec.ids.shape[1] else np.empty((d_engines, dec.room), np.int64), got["d_placed"],
-        np.empty(n if dec.ids.shape[1] else 0, np.int64), dec.events, groups, streams, stop, np.zeros_like(stop))
+        config, out, requests, ws, _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
+        (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
+        np.ascontiguousarray(calls["prompt"], float), got["arrival_times"], got["program"], got["new_tokens"],
+        got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"], groups, streams, stop,
+        np.zeros_like(stop))
     d_runs = _decode_runs(dec, got, code, d_engines)
     return (out, _l.REQUESTS.rows(requests) if cfg["keep"] else None), d_runs, code, got
+
+
+def _decode_pool(dec, d_engines: int, n: int, got: dict, calls: dict, d_router: str) -> DecodePool:
+    """The :data:`DecodePool` of a closed loop's decode engines ``dec`` (a
+    :class:`.continuous_cluster._Cluster`; ``got``: :func:`_got`'s arrays,
+    its ``d_placed`` the pool's ``placed``), dealing by ``d_router``."""
+    handing = dec.ids.shape[1] > 0
+    return DecodePool(dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, dec.feeds, dec.counts,
+                      {"round_robin": 0, "least_used": 1}[d_router], dec.eng,
+                      dec.ids if handing else np.empty((d_engines, dec.room), np.int64), got["d_placed"],
+                      np.empty(n if handing else 0, np.int64), dec.events,
+                      np.ascontiguousarray(calls["d_output"], float),
+                      np.ascontiguousarray(calls["d_prediction"], float))
 
 
 def _got(n: int) -> dict:
