@@ -15,6 +15,7 @@ import scipy.stats as st
 import mbbatch as mb
 
 from . import reference_continuous as ref
+from . import reference_laps as ref_laps
 from .test_kernels_continuous import COEF
 from .test_kernels_continuous_cluster import _reference_cluster
 
@@ -271,12 +272,13 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router, decode_rou
 def test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_decode_pool(decode_router):
     """Closed-loop programs (2 to 4 calls, think times or none) on LAPS's
     prefill instances (1 to 4, a random threshold, window, batch bounds,
-    the dual queue or one FIFO, dynamic allocation or none) over 5 random
-    deployments (1 to 3 decode engines of random settings, a random link),
-    10 to 40 calls: the calls that arrive, in their order, their arrival
-    times, and each request's instance, first token, decode admission and
-    completion equal those of LAPS alone on the same calls followed by
-    plain-Python decode engines, re-run as each call arrives
+    the dual queue or one FIFO, dynamic allocation or none; instances
+    leaving and joining in 3 of 5) over 5 random deployments (1 to 3 decode
+    engines of random settings, a random link), 10 to 40 calls: the calls
+    that arrive, in their order, their arrival times, and each request's
+    instance, first token, decode admission and completion equal those of
+    the plain-Python LAPS pool (tests/reference_laps.py) on the same calls
+    followed by plain-Python decode engines, re-run as each call arrives
     (:func:`_closed_reference`).  The calls by call id are those a
     continuous prefill pool's closed loop draws on the same seed (common
     random numbers: :func:`mbbatch.planners.cluster._program_draws`).  Some
@@ -304,14 +306,17 @@ def test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_dec
                              bytes_per_token=float(rng.uniform(1e4, 3e5)))
         progs = mb.Programs(calls=int(rng.integers(2, 5)), think_time=float(rng.choice([0.0, 0.05, 0.5])),
                             closed=True)
+        events = _laps_events(rng, k, 1.5) if rng.random() < 0.6 else []
         pol = mb.Disaggregated(prefill=laps, decode=mb.ContinuousBatching(**dk, request_overhead=delay),
-                               decode_engines=ed, kv_transfer=link, programs=progs, decode_router=decode_router)
+                               decode_engines=ed, kv_transfer=link, programs=progs, decode_router=decode_router,
+                               prefill_events=events)
         arrivals, n, seed = mb.Poisson(float(rng.uniform(5, 60))), int(rng.integers(10, 41)), int(rng.integers(1 << 30))
         res = mb.simulate(pol, arrivals, workload=wl, service_model=MODEL, n=n, seed=seed, keep_requests=True)
         ss = as_seed_sequence(seed)
         draws = _program_draws(mb.Cluster(mb.ContinuousBatching(), programs=progs), arrivals, wl, n, SimpleNamespace(
             arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
-        kc, times, want = _closed_reference(draws, n, k, ed, laps, dk, link, None, (0.0, delay), decode_router)
+        kc, times, want = _closed_reference(draws, n, k, ed, (laps, events), dk, link, None, (0.0, delay),
+                                            decode_router)
         r = res.requests
         C = draws[1].size // draws[0].size
         np.testing.assert_array_equal(r["arrival"], times)
@@ -420,6 +425,102 @@ def test_a_traces_sessions_on_a_laps_prefill_pool_are_laps_alone_on_their_calls(
     np.testing.assert_array_equal(r["first_token"], alone["first_token"])
 
 
+def _laps_events(rng, k: int, span: float) -> list:
+    """Random events of a LAPS pool of ``k`` instances within ``span`` s:
+    instances leaving and coming back, one kept in the pool at least."""
+    events, out = [], set()
+    for t in np.sort(rng.uniform(0.0, span, int(rng.integers(1, 5)))):
+        e = int(rng.integers(0, k))
+        if e in out:
+            events.append(mb.EngineEvent(float(t), e, "add"))
+            out.discard(e)
+        elif len(out) < k - 1:
+            events.append(mb.EngineEvent(float(t), e))
+            out.add(e)
+    return events
+
+
+def _laps_reference(arr, p, laps, events) -> dict:
+    """The plain-Python LAPS pool (tests/reference_laps.py) of ``laps`` on
+    arrivals ``arr`` and prompts ``p``, timed by :data:`MODEL`'s prefill
+    iteration, with its instances' ``events``."""
+    pm = MODEL.prefill_model()
+    return ref_laps.simulate(arr, p, instances=laps.instances, threshold=laps.threshold, window=laps.window,
+                             max_batch=laps.max_batch, max_batch_tokens=laps.max_batch_tokens,
+                             dual_queue=laps.dual_queue, dynamic=laps.dynamic, interval=laps.interval,
+                             ratio=laps.ratio, long_instances=laps.long_instances, a=pm.a, b=pm.b,
+                             events=[(ev.time, ev.engine, ev.action == "add") for ev in events])
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_laps_pools_instances_leaving_hand_their_queues_back_as_the_plain_python_pool(closed):
+    """LAPS's prefill instances (2 to 4, random settings, dynamic
+    allocation or none) leaving and joining the pool over 6 random
+    deployments, 150 requests at a rate that queues them: each request's
+    instance, batch start and first token equal the plain-Python pool's
+    (tests/reference_laps.py), and its decode admission and completion the
+    plain-Python decode engines'; some request is handed back, and none
+    starts on an instance while it is out of the pool.  Closed loop: as
+    :func:`test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_decode_pool`."""
+    rng = np.random.default_rng(90 + closed)
+    handed = 0
+    for _ in range(6):
+        wl = mb.Workload(prompt=st.lognorm(0.9, scale=float(rng.uniform(40, 300))),
+                         output=st.lognorm(0.6, scale=float(rng.uniform(2, 20))))
+        k = int(rng.integers(2, 5))
+        laps = mb.LAPS(instances=k, threshold=int(rng.choice([64, 128, 256])),
+                       window=float(rng.choice([0.0, 0.005, 0.05])), max_batch=int(rng.choice([1, 4, 8])),
+                       max_batch_tokens=float(rng.choice([512, 8192])), dual_queue=bool(rng.random() < 0.7),
+                       dynamic=bool(rng.random() < 0.6), interval=float(rng.choice([0.0, 0.05])))
+        dk, ed = _engine(rng, 8192), int(rng.integers(1, 3))
+        link = mb.KVTransfer(bandwidth=float(rng.uniform(1e8, 1e9)), bytes_per_token=float(rng.uniform(1e4, 3e5)))
+        n = 150
+        pm = MODEL.prefill_model()
+        rate = float(rng.uniform(1.0, 3.0)) * k / (pm.a + pm.b * wl._prompt.mean)
+        events = _laps_events(rng, k, n / rate)
+        progs = mb.Programs(calls=3, think_time=0.05, closed=True) if closed else None
+        pol = mb.Disaggregated(prefill=laps, decode=mb.ContinuousBatching(**dk), decode_engines=ed,
+                               kv_transfer=link, prefill_events=events, programs=progs)
+        res = mb.simulate(pol, arrivals=mb.Poisson(rate), workload=wl, service_model=MODEL, n=n,
+                          seed=int(rng.integers(1 << 30)), keep_requests=True)
+        r = res.requests
+        want = _laps_reference(r["arrival"], r["prompt"], laps, events)
+        np.testing.assert_array_equal(r["prefill_engine"], want["instance"])
+        np.testing.assert_array_equal(res.prefill.requests["start"], want["start"])
+        np.testing.assert_array_equal(r["first_token"], want["first_token"])
+        cols = _decode_reference(want["instance"], want["first_token"], r["prompt"], r["output"], ed, dk, link)
+        for col in ("decode_admitted", "completion"):
+            np.testing.assert_array_equal(r[col], cols[col], err_msg=col)
+        handed += want["handed"]
+        start, inst = res.prefill.requests["start"], r["prefill_engine"]
+        out = {}
+        for ev in events:
+            if ev.action == "remove":
+                out[ev.engine] = ev.time
+            else:
+                lo = out.pop(ev.engine)
+                assert not np.any((inst == ev.engine) & (start >= lo) & (start < ev.time))
+        for e, lo in out.items():
+            assert not np.any((inst == e) & (start >= lo))
+    assert handed > 0
+
+
+
+def test_a_request_handed_back_by_a_laps_instance_keeps_its_window_from_its_arrival():
+    """Hand-checked: one short request at 0 s on instance 0 of 2 (window
+    50 ms); instance 0 leaves at 10 ms and hands it back to instance 1,
+    idle, where its window still ends 50 ms after its arrival: its batch
+    starts at 50 ms, not 60."""
+    pm = MODEL.prefill_model()
+    laps = mb.LAPS(instances=2, window=0.05, dynamic=False)
+    pol = mb.Disaggregated(prefill=laps, decode_engines=1, prefill_events=[mb.EngineEvent(0.01, 0)])
+    res = mb.simulate(pol, arrivals=mb.Replay(np.array([0.0])), service_model=MODEL, n=1, seed=0,
+                      workload=mb.Workload(prompt=np.array([10.0]), output=np.array([3.0])), keep_requests=True)
+    assert res.requests["prefill_engine"][0] == 1
+    assert res.prefill.requests["start"][0] == 0.05
+    assert res.requests["first_token"][0] == 0.05 + (pm.a + pm.b * 10.0)
+
+
 def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router="round_robin"):
     """The plain-Python deployment of closed-loop programs (``draws``: their
     starts and by call id think times, new tokens and outputs; ``delays``:
@@ -431,8 +532,9 @@ def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_rou
     gave its last token: the decode engine's, or for one token the prefill
     engine's) in the plain-Python deployment's run of the calls arrived so
     far (the prefill cluster, the transfers, the decode engines dealt in
-    turn or behind ``decode_router``: :func:`_pools`; ``pk`` a :class:`~mbbatch.LAPS`: its prefill
-    instances, which add no time outside them); the earliest such arrival is final (an answer
+    turn or behind ``decode_router``: :func:`_pools`; ``pk`` a :class:`~mbbatch.LAPS` and its
+    instances' events: the plain-Python LAPS pool, which adds no time outside its instances); the earliest such
+    arrival is final (an answer
     before it cannot depend on a later arrival).  Returns the calls in
     arrival order, their arrival times and the last run's columns."""
     start, gap, new, out = draws
@@ -466,14 +568,9 @@ def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router, decode_router="ro
     cluster behind it), each bringing its prompt's KV cache and generating
     ``o - 1`` tokens."""
     n = arr.size
-    if isinstance(pk, mb.LAPS):
-        # (LAPS's prefill instances: LAPS alone on these arrivals and prompts, its own kernel checked against
-        # hand-checked schedules and its router's rules in tests/test_kernels_laps.py)
-        r = mb.simulate(pk, arrivals=mb.Replay(arr), workload=mb.Workload(prompt=p, output=np.ones(n)),
-                        service_model=MODEL, n=n, seed=0, keep_requests=True).requests if n else None
-        if r is None:
-            return dict(prefill_engine=np.empty(0, np.int64), first_token=np.empty(0), decode_admitted=np.empty(0),
-                        completion=np.empty(0))
+    if isinstance(pk, tuple):
+        # (LAPS's prefill instances and their events: the plain-Python pool, tests/reference_laps.py)
+        r = _laps_reference(arr, p, *pk)
         return _decode_reference(r["instance"], r["first_token"], p, o, ed, dk, link, decode_router)
     programs = (k // C, new, (k % C == C - 1).astype(np.int8))
     chains = dict(prefix_caching=True, chain=(k // C).astype(float), shared=p - new,
@@ -708,7 +805,6 @@ def test_a_pools_engine_leaving_hands_its_queue_back_and_none_is_lost(pool, clos
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(prefill=mb.LAPS(), prefill_events=[mb.EngineEvent(1.0, 0)]), "prefill_events: a LAPS prefill pool"),
     (dict(prefill=mb.ContinuousBatching(prefix_caching=True), prefill_engines=2,
           prefill_events=[mb.EngineEvent(1.0, 0)]),
      "prefill_events: engines with prefix_caching=True"),

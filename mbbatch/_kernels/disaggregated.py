@@ -340,7 +340,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
 
 @kernel
 def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, prompt, times, program, new_tokens,
-                            session_end, call, first, ready, handed, groups, streams, stop, estop):
+                            session_end, call, first, ready, handed, events, groups, streams, stop, estop):
     """:func:`closed_loop_kernel` with LAPS's prefill instances as the
     prefill pool (``config``, ``out``, ``requests``, ``ws``:
     :func:`.laps.laps_kernel`'s, its ``n`` the calls routed; arXiv:2601.11589):
@@ -355,7 +355,10 @@ def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, p
     ending at or before a ready call's instant goes first (its calls may be
     ready then too, and the decode pool takes them in arrival order).
     ``prompt`` by call id; the decode pool ``dec`` and the written arrays
-    are :func:`closed_loop_kernel`'s.  Returns
+    are :func:`closed_loop_kernel`'s.  The instances' ``events``
+    (:func:`.laps._engine_event`; at equal times after a batch end, before
+    an arrival or a window) come in time order with the rest, after the
+    decode pool's at their instant.  Returns
     :data:`.continuous.DONE`, ``STOPPED`` or ``STALLED``."""
     n = times.shape[0]
     E = config[0][_l.C.instances]
@@ -380,6 +383,7 @@ def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, p
     completed, n_batches, n_short, good = 0, 0, 0, 0
     busy, sum_ttft, sum_s, sum_l, sum_batch = 0.0, 0.0, 0.0, 0.0, 0.0
     last = -np.inf
+    ev = 0
     for j in range(n + 1):
         if j < n and _stop_asked(j, stop):
             return STOPPED
@@ -387,12 +391,14 @@ def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, p
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
             td = dec.events[0][dev] if dev < dec.events[0].shape[0] else np.inf
-            cap = min(t, td)
-            # the prefill pool's next event, LAPS's order: a batch end at or before the arrival, a window before it
+            te = events[0][ev] if ev < events[0].shape[0] else np.inf
+            cap = min(t, td, te)
+            # the prefill pool's next event, LAPS's order: a batch end at or before the arrival or an instance's
+            # event, a window before them
             t_c, e_c, t_w, e_w = _l._next_events(ws.t_done, ws.qn, ws.deadline, windowed)
             lt = np.inf
             if e_c >= 0 and t_c <= t_w:
-                if t_c <= t and t_c < td:
+                if t_c <= t and t_c < td and t_c <= te:
                     lt = t_c
             elif e_w >= 0 and t_w < cap:
                 lt = t_w
@@ -422,12 +428,22 @@ def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, p
                 code, hsize = _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize)
                 if code == STALLED:
                     return STALLED
-            elif td <= t and td < np.inf:
+            elif td <= t and td <= te and td < np.inf:
                 # a decode engine leaves or joins once every iteration starting before the instant has run
                 code, d_rr = _decode_event(dev, td, dec, d_rr, streams, estop)
                 if code != DONE:
                     return code
                 dev += 1
+            elif te <= t and te < np.inf:
+                # an instance leaves or joins: its queue handed back to the router, each request routed again
+                router, back = _l._engine_event(events[1][ev], events[2][ev] != 0, te, dual, window, dynamic, ws, r_i,
+                                               keep, router)
+                ev += 1
+                for e2 in range(E):
+                    if back and ws.group[e2] < _l.OUT and ws.t_done[e2] == np.inf:
+                        n_batches, busy, sum_batch = _l._start_batch(e2, te, dual, window, max_batch,
+                                                                     max_batch_tokens, a, b, ws, r_f, keep, n_batches,
+                                                                     busy, sum_batch)
             else:
                 break
             if j == n and stop[STOP] != 0:
@@ -442,7 +458,7 @@ def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, p
         ws.prompt[j] = prompt[kc]
         e, router, pending_s, pending_l, n_short = _l._arrive(
             j, tj, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
-            pending_s, pending_l, n_short)
+            pending_s, pending_l, n_short, True)
         if ws.t_done[e] == np.inf:
             n_batches, busy, sum_batch = _l._start_batch(e, tj, dual, window, max_batch, max_batch_tokens, a, b, ws,
                                                          r_f, keep, n_batches, busy, sum_batch)
@@ -512,12 +528,14 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
 
 
 def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, stop, *, d_control=None,
-                    groups: int = 1, ts_rows: int = 2, d_router: str = "round_robin", d_events=None) -> tuple:
+                    groups: int = 1, ts_rows: int = 2, d_router: str = "round_robin", events=None,
+                    d_events=None) -> tuple:
     """:func:`run_closed` with LAPS's prefill instances as the prefill pool
     (``config``: :data:`.laps.CONFIG` packed, its ``n`` the calls routed;
     :func:`laps_closed_loop_kernel`); ``calls`` as :func:`run_closed`'s
     (no ``output`` or ``prediction`` for the prefill pool, whose instances
-    only prefill).  Returns ``(prefill, decode, code, got)``: LAPS's
+    only prefill); ``events`` the instances' (:func:`.laps.run`'s).
+    Returns ``(prefill, decode, code, got)``: LAPS's
     ``(outputs, requests)`` (:func:`.laps.run`'s), the decode pool's runs,
     the code and ``got`` (:func:`run_closed`'s)."""
     from . import continuous as _k
@@ -538,8 +556,8 @@ def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, s
         config, out, requests, ws, _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
         (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
         np.ascontiguousarray(calls["prompt"], float), got["arrival_times"], got["program"], got["new_tokens"],
-        got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"], groups, streams, stop,
-        np.zeros_like(stop))
+        got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"], _l.event_arrays(events),
+        groups, streams, stop, np.zeros_like(stop))
     d_runs = _decode_runs(dec, got, code, d_engines)
     return (out, _l.REQUESTS.rows(requests) if cfg["keep"] else None), d_runs, code, got
 

@@ -43,7 +43,7 @@ from collections import namedtuple
 import numpy as np
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals,
-                     draw_block, drawers, hist_bucket, kernel, round_lengths, step)
+                     draw_block, drawers, hist_bucket, kernel, round_lengths, step, variant)
 from .layout import Arrays, Layout
 
 #: the run's scalars: ``dual`` 1 for the dual queue (else one FIFO),
@@ -82,7 +82,8 @@ REQUESTS = Layout("LAPS requests", ints=("instance", "category"),
 #: category c and group of arrivals g as ``c + 2 g``, so at most
 #: :data:`MAX_GROUPS` groups), each instance's two queues (head, tail, length), its batch,
 #: its end time and its short window's deadline (the oldest short request's
-#: arrival + window), the router's groups and outstanding counts, and the
+#: arrival + window), the router's groups (:data:`OUT` more while an instance
+#: is out of the pool; the instances in the pool by group) and outstanding counts, and the
 #: addresses of the arrival and prompt drawers (:func:`~.common.drawers`)
 WORKSPACE = Arrays("LapsWorkspace", __name__, arrival=np.float64, prompt=np.float64, nxt=np.int64, cat=np.int8,
                    qh=(np.int64, 2), qt=(np.int64, 2), qn=(np.int64, 2), batch=(np.int64, 2), batch_n=np.int64,
@@ -98,24 +99,38 @@ MOVES_MAX = 1 << 16
 
 #: the router's groups
 SHORT, LONG = 0, 1
+#: added to an instance's group while it is out of the pool (its group kept for its return)
+OUT = 2
+#: whether the kernel takes the instances' events (:data:`laps_events_kernel`, its variant that does: a run
+#: without events pays nothing for them)
+EVENTS = False
 
 
 @step
-def _least_outstanding(group, outstanding, want, everyone):
-    """The instance of group ``want`` (of all when ``everyone``) with the
-    fewest outstanding requests, ties to the lowest id."""
+def _least_outstanding(group, outstanding, want, everyone, events):
+    """The instance in the pool (its ``group`` below :data:`OUT`) of group
+    ``want`` (of all when ``everyone``, or when none of the group is in)
+    with the fewest outstanding requests, ties to the lowest id
+    (``events``: whether instances may be out, a constant in a kernel)."""
     best = -1
     for e in range(group.shape[0]):
         if not everyone and group[e] != want:
             continue
+        if events and group[e] >= OUT:
+            continue
         if best < 0 or outstanding[e] < outstanding[best]:
             best = e
+    if events and best < 0:
+        for e in range(group.shape[0]):
+            if group[e] < OUT and (best < 0 or outstanding[e] < outstanding[best]):
+                best = e
     return best
 
 
 @step
 def _take(group, outstanding, src):
-    """The instance that leaves group ``src``: fewest outstanding, ties to the highest id."""
+    """The instance that leaves group ``src`` (in the pool): fewest
+    outstanding, ties to the highest id."""
     best = -1
     for e in range(group.shape[0]):
         if group[e] != src:
@@ -244,10 +259,10 @@ def _rebalance(now, ws, out, ratio, pending_s, pending_l, moves):
 
 
 @step
-def _enqueue(r, e, c, now, dual, window, ws):
+def _enqueue(r, e, c, since, dual, window, ws):
     """Request r of category c into instance e's queue: its category's with
-    the dual queue, else the one FIFO (a short queue started opens its
-    window)."""
+    the dual queue, else the one FIFO (a short queue it starts opens its
+    window, ``window`` s after ``since``: its arrival)."""
     qi = c if dual else SHORT
     qt = ws.qt
     ws.nxt[r] = -1
@@ -256,9 +271,51 @@ def _enqueue(r, e, c, now, dual, window, ws):
     else:
         ws.qh[e, qi] = r
         if qi == SHORT:
-            ws.deadline[e] = now + window
+            ws.deadline[e] = since + window
     qt[e, qi] = r
     ws.qn[e, qi] += 1
+
+
+@step
+def _engine_event(e, add, now, dual, window, dynamic, ws, r_i, keep, router):
+    """Instance e joins the pool (``add``), or leaves it at ``now``: it
+    runs its batch to its end, and the requests in its queues (the short
+    one's first, each in its order) are handed back to the router, each
+    routed again as it arrives (:func:`_least_outstanding`: an instance in
+    its group, or of all if none of its group is in) keeping its arrival
+    (its short window runs from it).  The router's groups count the
+    instances in the pool (the short group's time-integral closed at
+    ``now`` first, with dynamic allocation).  Returns the router's state
+    and the requests handed back."""
+    g_arr, g_next, short_time, t_prev, last_check, moves = router
+    if dynamic:
+        short_time += ws.n_group[SHORT] * (now - t_prev)
+        t_prev = now
+    router = (g_arr, g_next, short_time, t_prev, last_check, moves)
+    if add:
+        ws.group[e] -= OUT
+        ws.n_group[ws.group[e]] += 1
+        return router, 0
+    ws.n_group[ws.group[e]] -= 1
+    ws.group[e] += OUT
+    handed = 0
+    for qi in range(2):
+        r = ws.qh[e, qi]
+        ws.qh[e, qi] = -1
+        ws.qt[e, qi] = -1
+        ws.qn[e, qi] = 0
+        while r >= 0:
+            nx = ws.nxt[r]
+            c = ws.cat[r] & 1
+            ws.outstanding[e] -= 1
+            e2 = _least_outstanding(ws.group, ws.outstanding, c, not dynamic, True)
+            ws.outstanding[e2] += 1
+            _enqueue(r, e2, c, ws.arrival[r], dual, window, ws)
+            if keep:
+                r_i[RQ.instance, r] = e2
+            handed += 1
+            r = nx
+    return router, handed
 
 
 @step
@@ -335,13 +392,14 @@ def _router_state(n, G, first):
 
 @step
 def _arrive(r, now, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
-            pending_s, pending_l, n_short):
+            pending_s, pending_l, n_short, events):
     """Request r (of ``n``; its prompt ``ws.prompt[r]``) arrives at ``now``:
     short or long by ``threshold``, its group of arrivals, then the router
     rebalances if due (``dynamic``, at most once per ``interval``) and
     sends it to the least-outstanding instance of its group (of all
-    without dynamic allocation), into that instance's queue.  Returns its
-    instance, the router's state (:func:`_router_state`'s) and the counts."""
+    without dynamic allocation), into that instance's queue (``events``:
+    whether instances may be out of the pool).  Returns its instance, the
+    router's state (:func:`_router_state`'s) and the counts."""
     g_arr, g_next, short_time, t_prev, last_check, moves = router
     c = SHORT if ws.prompt[r] <= threshold else LONG
     g_arr, g_next = _group_of(r, n, G, g_arr, g_next)
@@ -353,7 +411,7 @@ def _arrive(r, now, n, G, threshold, dual, window, dynamic, interval, ratio, ws,
         t_prev = now
         last_check = now
         moves = _rebalance(now, ws, out, ratio, pending_s, pending_l, moves)
-    e = _least_outstanding(ws.group, ws.outstanding, c, not dynamic)
+    e = _least_outstanding(ws.group, ws.outstanding, c, not dynamic, events)
     if c == SHORT:
         pending_s += 1
     else:
@@ -388,9 +446,12 @@ def _finish(out, router, dynamic, short_group, last, first_arrival, counts, sums
 
 
 @kernel
-def laps_kernel(config, inputs, streams, out, requests, ws, stop):
+def laps_kernel(config, inputs, streams, out, requests, ws, stop, events):
     """Simulate the run ``config``; statistics and records are written in
-    place.  Returns 0, or 1 once ``stop[STOP]`` was set (checked every
+    place.  ``events``: the instances leaving and joining the pool, in
+    time order (their times, instances and 1 to join, 0 to leave:
+    :func:`_engine_event`; at equal times after a batch end, before an
+    arrival).  Returns 0, or 1 once ``stop[STOP]`` was set (checked every
     65,536 events, when ``stop[ARRIVED]`` gets the requests arrived so far)."""
     ci, cf = config
     n = ci[C.n]
@@ -430,12 +491,16 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     sum_l = 0.0
     sum_batch = 0.0
     last = -np.inf
+    ev = 0
+    t_e = np.inf
+    if EVENTS and events[0].shape[0] > 0:
+        t_e = events[0][0]
     i = 0
-    events = 0
+    steps = 0
     code = 0
     while True:
-        events += 1
-        if (events & 65535) == 0:
+        steps += 1
+        if (steps & 65535) == 0:
             if stop[STOP] != 0:
                 code = 1
                 break
@@ -444,18 +509,31 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
         t_c, e_c, t_w, e_w = _next_events(ws.t_done, ws.qn, ws.deadline, windowed)
         if e_c < 0 and i >= n and e_w < 0:
             break
-        if e_c >= 0 and t_c <= t_arr and t_c <= t_w:
+        if e_c >= 0 and t_c <= t_arr and t_c <= t_w and (not EVENTS or t_c <= t_e):
             now = t_c
             e = e_c
             completed += ws.batch_n[e]
             sum_ttft, sum_s, sum_l, pending_s, pending_l, good = _end_batch(
                 e, now, ws, out, r_f, keep, counted, ttft_slo, sum_ttft, sum_s, sum_l, pending_s, pending_l, good)
             last = now
+        elif EVENTS and t_e <= t_arr and t_e <= t_w and t_e < np.inf:
+            now = t_e
+            router, handed = _engine_event(events[1][ev], events[2][ev] != 0, now, dual, window, dynamic, ws, r_i,
+                                           keep, router)
+            e = events[1][ev]
+            ev += 1
+            t_e = events[0][ev] if ev < events[0].shape[0] else np.inf
+            if handed:
+                for e2 in range(E):
+                    if ws.group[e2] < OUT and ws.t_done[e2] == np.inf:
+                        n_batches, busy, sum_batch = _start_batch(e2, now, dual, window, max_batch,
+                                                                  max_batch_tokens, a, b, ws, r_f, keep, n_batches,
+                                                                  busy, sum_batch)
         elif i < n and t_arr <= t_w:
             now = t_arr
             e, router, pending_s, pending_l, n_short = _arrive(
                 i, now, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
-                pending_s, pending_l, n_short)
+                pending_s, pending_l, n_short, EVENTS)
             i += 1
         else:
             now = t_w
@@ -469,8 +547,19 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop):
     return code
 
 
+#: :func:`laps_kernel` taking the instances' events
+laps_events_kernel = variant(kernel, laps_kernel, "laps_events_kernel", EVENTS=True)
+
+
 #: the most groups of arrivals the backlog check can ask for (a request's category and group share an int8)
 MAX_GROUPS = 64
+
+
+def event_arrays(events) -> tuple:
+    """The kernel's ``events`` (``(times, instances, add)``; None: none)."""
+    if events is None:
+        return (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int8))
+    return tuple(np.ascontiguousarray(a, t) for a, t in zip(events, (float, np.int64, np.int8)))
 
 
 def allocate(cfg: dict, n: int, groups: int) -> tuple:
@@ -493,20 +582,24 @@ def allocate(cfg: dict, n: int, groups: int) -> tuple:
     return out, requests, ws
 
 
-def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, groups: int = 1):
+def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, groups: int = 1, events=None):
     """Simulate ``config`` (:data:`CONFIG` ``.pack(...)``) on ``inputs``,
     with ``groups`` contiguous groups of arrivals for the backlog check:
     returns ``(outputs, requests, code)``, the statistics as
     ``STATS.unpack((outputs.ints, outputs.floats))``, the per-request
     records as ``{field: row}`` (or None without ``keep``), and the
     kernel's code (1: stopped by ``stop[STOP]``; ``stop[ARRIVED]`` gets the
-    requests arrived so far every 65,536 events)."""
+    requests arrived so far every 65,536 events).  ``events``: the
+    instances leaving and joining (:func:`.continuous_cluster.run`'s; None:
+    none)."""
     check_stop(stop)
     if not 1 <= groups <= MAX_GROUPS:
         raise ValueError(f"groups must be an integer in [1, {MAX_GROUPS}]; got {groups!r}")
     cfg = CONFIG.unpack(config)
     out, requests, ws = allocate(cfg, cfg["n"], groups)
-    code = laps_kernel(config, inputs, streams, out, requests, ws, stop)
+    events = event_arrays(events)
+    code = (laps_events_kernel if events[0].size else laps_kernel)(config, inputs, streams, out, requests, ws, stop,
+                                                                   events)
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None), code
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -151,8 +151,9 @@ def _laps_open(plan: Plan, ss: np.random.SeedSequence, progress: bool):
     tokens among its columns."""
     times, prompt, _, arrays = _laps_calls(plan, ss)
     arrivals = plan.arrivals if times is None else Replay(times)
-    pp = laps.check(plan.policy.prefill, arrivals, None, plan.n, 1, True,
-                    Workload(prompt=prompt, output=np.ones(plan.n), integer_lengths=True), plan.model, False)
+    pp = replace(laps.check(plan.policy.prefill, arrivals, None, plan.n, 1, True,
+                            Workload(prompt=prompt, output=np.ones(plan.n), integer_lengths=True), plan.model,
+                            False), events=plan.prefill.events)
     return laps.run_columns(pp, ss, progress, arrays)
 
 
@@ -213,8 +214,8 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
 
     if policy.laps:
         # (LAPS's prefill instances behind its router, timed by the model's prefill iteration)
-        prefill = laps.check(policy.prefill, arrivals, None, n, 1, True, _prefill_workload(workload, n), model,
-                             False)
+        prefill = replace(laps.check(policy.prefill, arrivals, None, n, 1, True, _prefill_workload(workload, n),
+                                     model, False), events=cluster.event_arrays(policy.prefill_events))
     else:
         # (the workload's requests, each served to its first token: a program's calls grow by their outputs, whose
         # KV cache the decode pool made, so no engine of the pool holds a whole context: no KV reuse; a prefix cache
@@ -340,7 +341,7 @@ def _closed_laps_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -
         lambda: _kd.run_closed_laps(pp.kernel_args[0], dplan.kernel_args[0], calls, dplan.edges, pol.decode_engines,
                                     _k.ContinuousStreams(call_streams(ss).arrival), stop, d_control=dplan.control,
                                     groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS, d_router=pol.decode_router,
-                                    d_events=cluster.event_arrays(pol.decode_events)),
+                                    events=pp.events, d_events=cluster.event_arrays(pol.decode_events)),
         stop, n if progress else None)
     seconds = time.perf_counter() - t0
     continuous._check_codes(d_runs + [(None, None, code)])

@@ -50,6 +50,8 @@ class Plan:
     keep_requests: bool
     memory: int
     decode_model: object = None
+    #: the instances' events (:func:`mbbatch._kernels.laps.run`'s; None: none): a disaggregated deployment's
+    events: tuple = None
 
     keep_batches = False
 
@@ -242,8 +244,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool, columns: dict |
     inputs = drawn(inputs, _l.INPUTS, "prompt_values", plan.workload._prompt, streams.prompt, plan.n)
     stop = stop_flag()
     t0 = time.perf_counter()
-    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop, groups=BATCH_MEANS_GROUPS), stop,
-                                plan.n if progress else None)
+    out, req, _ = interruptible(lambda: _l.run(config, inputs, streams, stop, groups=BATCH_MEANS_GROUPS,
+                                               events=plan.events), stop, plan.n if progress else None)
     if columns:
         req.update(columns)
     return result(plan, ss, out, req, time.perf_counter() - t0)

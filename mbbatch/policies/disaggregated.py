@@ -123,8 +123,13 @@ class Disaggregated(Policy):
     KV cache, moved again at no cost).  A decode pool with events is a
     cluster behind its ``decode_router`` (``"round_robin"`` deals the
     requests in turn among the engines in the pool; in a closed loop its
-    routing counts but the load imbalance, NaN).  Not with a LAPS prefill
-    pool.
+    routing counts but the load imbalance, NaN).  A LAPS pool's instance
+    leaving hands back the requests in its queues (the short queue's
+    first), each routed again by LAPS's router as it arrives, to an
+    instance of its group in the pool (of any, if none of its group is);
+    the router's groups count the instances in the pool, and one back
+    rejoins its group (the count is each request's ``prefill_engine``, not
+    a metric: LAPS's result has no router metrics).
 
     Choices where the papers leave it open: the prefill engine frees the KV
     blocks at the first token (DistServe's prefill instance holds them until
@@ -208,8 +213,8 @@ class Disaggregated(Policy):
         self._take_events()
 
     def _take_events(self) -> None:
-        """Each pool's engine events, checked (:class:`EngineEvent`): a
-        LAPS pool takes none (its router's groups are LAPS's)."""
+        """Each pool's engine events, checked (:class:`EngineEvent`; a LAPS
+        pool's engines its instances)."""
         object.__setattr__(self, "prefill_events", checked_events(self.prefill_events, self.prefill_engines,
                                                                   "prefill_events", "prefill_engines"))
         object.__setattr__(self, "decode_events", checked_events(self.decode_events, self.decode_engines,
@@ -224,9 +229,6 @@ class Disaggregated(Policy):
             if engine.admission == "mlfq":
                 raise ValueError(f"{pool}_events: an engine leaving hands its waiting requests back, which "
                                  f"admission='mlfq' cannot (it holds requests it preempted among them)")
-        if self.laps and self.prefill_events:
-            raise ValueError("prefill_events: a LAPS prefill pool takes no engine events (its router moves its "
-                             "instances between its groups itself); give ContinuousBatching prefill engines")
 
     def _take_laps_pool(self) -> None:
         """A LAPS prefill pool: its engines are LAPS's instances, its router
