@@ -463,7 +463,7 @@ def test_a_laps_pools_instances_leaving_hand_their_queues_back_as_the_plain_pyth
     starts on an instance while it is out of the pool.  Closed loop: as
     :func:`test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_decode_pool`."""
     rng = np.random.default_rng(90 + closed)
-    handed = 0
+    handed = grouped = 0
     for _ in range(6):
         wl = mb.Workload(prompt=st.lognorm(0.9, scale=float(rng.uniform(40, 300))),
                          output=st.lognorm(0.6, scale=float(rng.uniform(2, 20))))
@@ -502,7 +502,13 @@ def test_a_laps_pools_instances_leaving_hand_their_queues_back_as_the_plain_pyth
                 assert not np.any((inst == ev.engine) & (start >= lo) & (start < ev.time))
         for e, lo in out.items():
             assert not np.any((inst == e) & (start >= lo))
-    assert handed > 0
+        ts = res.prefill.time_series
+        if ts is not None:
+            # (the router's groups over time count the instances in the pool: all of them but those out at the end)
+            assert ts["short_instances"][-1] + ts["long_instances"][-1] == k - len(out)
+            assert np.all(np.diff(ts["time"]) >= 0)
+            grouped += 1
+    assert handed > 0 and grouped > 0
 
 
 

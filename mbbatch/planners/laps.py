@@ -205,13 +205,31 @@ def _run_decode(plan: Plan, req: dict, ss: np.random.SeedSequence):
     return res, completion, out
 
 
-def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_group: np.ndarray) -> dict:
-    """The instances of LAPS's short and long groups over time, a step
-    function: at the first arrival, then after each move of the router's
-    dynamic allocation (from its log of moves)."""
-    to_short = np.where(move_group == _l.SHORT, 1, -1).astype(np.int64)
-    short = (E - pol.long_instances) + np.concatenate(([0], np.cumsum(to_short)))
-    return {"time": np.concatenate(([start], move_time)), "short_instances": short, "long_instances": E - short}
+def _laps_groups(pol, E: int, start: float, move_time: np.ndarray, move_instance: np.ndarray,
+                 move_group: np.ndarray, events=None) -> dict:
+    """The instances in the pool of LAPS's short and long groups over time,
+    a step function: at the first arrival, then after each move of the
+    router's dynamic allocation (from its log of moves) and each instance
+    leaving or joining the pool (``events``: :func:`mbbatch._kernels.laps.run`'s;
+    at equal times before a move, which comes with an arrival)."""
+    group = np.where(np.arange(E) >= E - pol.long_instances, _l.LONG, _l.SHORT)
+    inside = np.ones(E, bool)
+    steps = [(t, 0, int(e), bool(add)) for t, e, add in zip(*events)] if events is not None else []
+    steps += [(float(t), 1, int(e), int(g)) for t, e, g in zip(move_time, move_instance, move_group)]
+    steps.sort(key=lambda x: (x[0], x[1]))
+    times, short, in_long = [], [], []
+    for t, kind, e, value in [(start, 2, 0, 0)] + steps:
+        if kind == 0:
+            inside[e] = value
+        elif kind == 1:
+            group[e] = value
+        if times and t <= start:
+            times.pop(), short.pop(), in_long.pop()
+        times.append(max(t, start))
+        short.append(int(np.count_nonzero(inside & (group == _l.SHORT))))
+        in_long.append(int(np.count_nonzero(inside & (group == _l.LONG))))
+    return {"time": np.array(times), "short_instances": np.array(short, np.int64),
+            "long_instances": np.array(in_long, np.int64)}
 
 
 def _backlog(out, st: dict, batches: int) -> tuple:
@@ -309,7 +327,8 @@ def result(plan: Plan, ss: np.random.SeedSequence, out, req, kernel_seconds: flo
                           "ttft": req["first_token"] - req["arrival"]})
     config = {**plan.description, "seed_entropy": entropy_str(ss)}
     unstable, reason = steady_state(plan.arrivals, plan.n, lambda start, end: _backlog(out, st, nb))
-    ts = _laps_groups(pol, E, st["first_arrival"] if completed else 0.0, out.move_time[:k], out.move_group[:k]) \
+    ts = _laps_groups(pol, E, st["first_arrival"] if completed else 0.0, out.move_time[:k], out.move_instance[:k],
+                      out.move_group[:k], plan.events) \
         if pol.routed and k == st["moves"] else None
     return SimulationResult(
         kind=pol.kind, config=config, n=plan.n, servers=E, edges=np.array([-np.inf, pol.threshold, np.inf]),
