@@ -399,7 +399,8 @@ PARAMS: dict[str, Param] = {p.name: p for p in [
     _p("KVTransfer.latency", "real", "s", "the KV transfer's fixed time (setup, first byte)", _NONNEG,
        default=0.0),
     _p("KVTransfer.bytes_per_token", "real", "bytes", "the KV cache of one token: 2 x layers x KV heads x head "
-       "dimension x bytes a value", _POS, default=131072.0),
+       "dimension x bytes a value (0: the cache moves in the link's latency alone, as LAPS's decode stage "
+       "receives it)", _NONNEG, default=131072.0),
     # --- a cluster of engines behind a router (Autellix, Luo et al., 2025, arXiv:2502.13965) --
     # (2**20: the router's scan packs an engine's id in 20 bits)
     _p("Cluster.engines", "count", "engines", "engines of the cluster, each with its own queues and servers",

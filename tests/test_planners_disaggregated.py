@@ -527,6 +527,30 @@ def test_a_request_handed_back_by_a_laps_instance_keeps_its_window_from_its_arri
     assert res.requests["first_token"][0] == 0.05 + (pm.a + pm.b * 10.0)
 
 
+
+def test_laps_with_a_continuous_decode_stage_is_a_deployment_of_a_free_link():
+    """LAPS's decode stage on continuous engines receives each prompt's KV
+    cache for free: LAPS(decode=...) is, request by request and bit for
+    bit, a deployment of LAPS's instances and as many decode engines over a
+    link that moves the cache in no time (``bytes_per_token=0``), so its
+    programs, closed loops and engine events are the deployment's."""
+    rng = np.random.default_rng(12)
+    for _ in range(3):
+        wl = mb.Workload(prompt=st.lognorm(0.9, scale=float(rng.uniform(40, 300))),
+                         output=st.lognorm(0.7, scale=float(rng.uniform(4, 60))))
+        dk, k, d = _engine(rng, 8192), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        laps = dict(instances=k, threshold=int(rng.choice([64, 256])), window=float(rng.choice([0.0, 0.01])))
+        kw = dict(arrivals=mb.Poisson(float(rng.uniform(5, 40))), workload=wl, service_model=MODEL, n=300,
+                  seed=int(rng.integers(1 << 30)), keep_requests=True)
+        alone = mb.simulate(mb.LAPS(**laps, decode=mb.ContinuousBatching(**dk), decode_servers=d,
+                                    decode_model=MODEL), **kw)
+        pool = mb.simulate(mb.Disaggregated(prefill=mb.LAPS(**laps), decode=mb.ContinuousBatching(**dk),
+                                            decode_engines=d, kv_transfer=mb.KVTransfer(bytes_per_token=0.0)), **kw)
+        for col in ("arrival", "prompt", "output", "first_token", "completion"):
+            np.testing.assert_array_equal(pool.requests[col], alone.requests[col], err_msg=col)
+        assert pool.mean_transfer_time == 0.0
+
+
 def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router="round_robin"):
     """The plain-Python deployment of closed-loop programs (``draws``: their
     starts and by call id think times, new tokens and outputs; ``delays``:

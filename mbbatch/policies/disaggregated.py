@@ -28,7 +28,11 @@ class KVTransfer:
     layers, 8 KV heads of 128, 16-bit).  The default ``bandwidth``, 25 GB/s,
     is a 200 Gb/s InfiniBand (HDR) link between machines; a transfer
     within a machine over NVLink is an order of magnitude faster.  Each
-    transfer has the link to itself (transfers do not share bandwidth)."""
+    transfer has the link to itself (transfers do not share bandwidth).
+    ``bytes_per_token=0`` moves the cache in ``latency`` alone: with LAPS's
+    prefill instances, the deployment is then :class:`LAPS` with that
+    decode stage, bit for bit (LAPS's decode stage receives the cache for
+    free)."""
 
     bandwidth: float = default("KVTransfer.bandwidth")
     latency: float = default("KVTransfer.latency")

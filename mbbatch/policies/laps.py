@@ -68,6 +68,13 @@ class LAPS(Policy):
     token to the decode stage's last (the wait for the decode stage
     included; none for a single token), within ``tpot_slo``.
 
+    With a ``ContinuousBatching`` decode stage, LAPS is, bit for bit, a
+    :class:`Disaggregated` deployment of its instances and
+    ``decode_servers`` decode engines over a link that moves the KV cache in
+    no time (``kv_transfer=KVTransfer(bytes_per_token=0)``): programs, open
+    or closed loop, and instances leaving and joining run there
+    (``programs=``, ``prefill_events=``).
+
     ``dual_queue=False, dynamic=False`` is one FIFO queue per instance;
     ``window=0`` the dual queue alone.  The parameter table gives the
     defaults: the LAPS paper's (256 tokens, 5 ms, 8 requests, 5 s, 2.0).
