@@ -416,6 +416,38 @@ def test_a_disaggregated_spec_takes_programs_and_shares_the_clusters_requests():
         assert got["sim_mean_latency"][rep] == res.mean_latency and got["sim_ttft_p99"][rep] == res.ttft_p99
 
 
+def test_a_composites_spec_sets_every_setting_of_its_engines():
+    """A cluster's and a deployment's spec keys are theirs and their
+    engines' (:class:`~mbbatch.policies.base.ComposedSettings`): a cluster
+    of continuous engines and a disaggregated deployment take the engines'
+    overheads, scheduler steps and aging, each cell's engines built with
+    them; a cluster of dynamic-batching engines refuses them, naming the
+    engines that have them."""
+    from mbbatch.registry import build
+    from mbbatch.sweeps.spec import SpecError, parse_spec
+
+    engine = ("iteration_overhead = 0.002\nrequest_overhead = 0.01\nnum_scheduler_steps = 4\n"
+              "admission = \"spf\"\naging = 0.5\n")
+    text = _DISAGGREGATED.replace('decode_engines = 2\n[policies.agents]', 'decode_engines = 2\n' + engine
+                                  + '[policies.agents]')
+    text = text.replace('engines = 3\nprograms = "none"\n', 'engines = 3\nprograms = "none"\n' + engine)
+    cells = {p["policy"]: p for _, p in parse_spec(text).points()}
+    split, colocated = build("disaggregated", cells["split"]), build("cluster", cells["colocated"])
+    for got in (split.prefill, split.decode, colocated.policy):
+        assert (got.iteration_overhead, got.request_overhead, got.num_scheduler_steps, got.admission,
+                got.aging) == (0.002, 0.01, 4, "spf", 0.5)
+    # (the engines of the other policies keep the defaults)
+    assert build("disaggregated", cells["agents"]).prefill.request_overhead == 0.0
+    dynamic = text.replace('engine_policy = "continuous"', 'engine_policy = "dynamic"')
+    with pytest.raises(SpecError, match=r"(\w+) sets the \1 of the engines of continuous; engine_policy = "
+                                        r"\['dynamic'\] has none"):
+        parse_spec(dynamic)
+    only = dynamic.replace('admission = "spf"\n', "").replace("aging = 0.5\n", "")
+    with pytest.raises(SpecError, match=r"(iteration|request)_overhead sets the \1_overhead of the engines of "
+                                        r"continuous"):
+        parse_spec(only)
+
+
 def test_every_sweeps_policies_see_the_same_requests():
     """In every spec of sweeps/ (those whose trace is here), cells that
     differ only in policy have the same seed (:data:`SEED_SCHEME`: policy

@@ -208,17 +208,45 @@ class SpecContext(NamedTuple):
     trace: object = None
 
 
-def declaring(attr: str) -> list:
-    """The names of the policy classes that declare ``attr`` true (those
-    loaded: every policy of :mod:`mbbatch.policies`), sorted, for error
-    messages."""
+class ComposedSettings:
+    """A composite policy's ``settings`` (a class attribute): its own spec
+    keys, then those of the engines it runs, the policies declaring
+    ``engines`` (an attribute of :class:`Policy`, e.g. ``"engine"``), each
+    renamed by ``renames`` and less ``leaves`` (the engines' settings its
+    spec leaves at their defaults), in the engines' kind order.  Read from
+    the classes loaded (every policy of :mod:`mbbatch.policies`) when first
+    asked for: an engine's new setting is a composite's too, declared once."""
+
+    def __init__(self, own: tuple, engines: str, renames: dict | None = None, leaves: tuple = ()):
+        self.own, self.engines, self.renames, self.leaves = tuple(own), engines, dict(renames or {}), set(leaves)
+        self._keys = None
+
+    def __get__(self, obj, owner) -> tuple:
+        if self._keys is None:
+            keys = list(self.own)
+            for cls in sorted(_policies(), key=lambda c: c.kind):
+                if getattr(cls, self.engines, False):
+                    keys += [self.renames.get(k, k) for k in cls.settings if k not in self.leaves]
+            self._keys = tuple(dict.fromkeys(keys))
+        return self._keys
+
+
+def _policies() -> list:
+    """Every policy class loaded (those with a kind; not private ones)."""
     out, todo = [], list(Policy.__subclasses__())
     while todo:
         cls = todo.pop(0)
         todo.extend(cls.__subclasses__())
-        if getattr(cls, attr, False) and cls.kind and cls.__name__ not in out and not cls.__name__.startswith("_"):
-            out.append(cls.__name__)
-    return sorted(out)
+        if cls.kind and not cls.__name__.startswith("_") and cls not in out:
+            out.append(cls)
+    return out
+
+
+def declaring(attr: str) -> list:
+    """The names of the policy classes that declare ``attr`` true (those
+    loaded: every policy of :mod:`mbbatch.policies`), sorted, for error
+    messages."""
+    return sorted({cls.__name__ for cls in _policies() if getattr(cls, attr, False)})
 
 
 def predictor_from_spec(params: dict):

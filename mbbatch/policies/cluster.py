@@ -11,7 +11,7 @@ import numpy as np
 from .._kernels.routing import CACHE_ROUTERS
 from .._validation import check_fields, check_instance
 from ..params import PARAMS, default
-from .base import Carries, Policy, declaring
+from .base import Carries, ComposedSettings, Policy, declaring
 from .dynamic import DynamicBatching
 
 __all__ = ["Cluster", "EngineEvent", "Programs", "Sessions"]
@@ -163,6 +163,10 @@ class Sessions:
                 "context": self.context}
 
 
+#: an engine's settings that a cluster's spec keys leave at their defaults
+_ENGINE_DEFAULTS = ("edges", "max_wait", "selection", "warmup", "bin_edges", "predictor_sigma", "predictor_p")
+
+
 @dataclass(frozen=True, eq=False)
 class Cluster(Policy):
     """A cluster of ``engines`` engines behind a router (Autellix: Luo et al.,
@@ -253,13 +257,13 @@ class Cluster(Policy):
     planner: ClassVar[str] = "cluster"
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "tokens", "decode", "ttft", "ttft_quantiles",
                                               "tbt_quantiles", "router", "continuous", "goodput", "prefix"})
-    settings: ClassVar[tuple] = ("d_sla", "eps_d", "b_min", "b_max", "controller", "memory", "eta", "eps_m",
-                                 "engines", "engine_policy", "engine_batch_size", "engine_bins", "router",
+    #: (its own keys, then every engine's settings: ``engine_batch_size`` and ``engine_bins`` the engines'
+    #: batch size and bins, the predictor's and the bins' left at their defaults)
+    settings = ComposedSettings(("engines", "engine_policy", "engine_batch_size", "engine_bins", "router",
                                  "route_threshold", "kv_reuse", "programs", "calls", "think_time", "closed_loop",
-                                 "session_context", "servers", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
-                                 "kv_tokens", "block_size", "admission", "admission_bins", "sla_control", "ttft_slo",
-                                 "tpot_slo", "prefix_caching", "system_prompts", "system_prompt_length",
-                                 "system_prompt_share", "cache_threshold", "balance_abs", "balance_rel")
+                                 "session_context", "cache_threshold", "balance_abs", "balance_rel"), "engine",
+                                renames={"batch_size": "engine_batch_size", "bins": "engine_bins"},
+                                leaves=_ENGINE_DEFAULTS)
 
     def __post_init__(self):
         if self.policy is None:
@@ -362,6 +366,3 @@ def programs_of(params: dict, trace=None):
         return Programs(calls=params["calls"], think_time=params["think_time"], closed=params["closed_loop"])
     return None
 
-
-#: an engine's settings that a cluster's spec keys leave at their defaults
-_ENGINE_DEFAULTS = ("edges", "max_wait", "selection", "warmup", "bin_edges", "predictor_sigma", "predictor_p")

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from .._validation import check_count, check_fields, check_instance, check_scalar_real
 from ..params import Domain, default
-from .base import Carries, Policy
+from .base import Carries, ComposedSettings, Policy
 from .cluster import checked_events, programs_of
 
 __all__ = ["Disaggregated", "KVTransfer"]
@@ -177,12 +177,11 @@ class Disaggregated(Policy):
     prefixes: ClassVar[bool] = True
     reports: ClassVar[frozenset] = frozenset({"run", "decode", "ttft", "ttft_quantiles", "tbt_quantiles", "goodput",
                                               "disaggregated", "prefix"})
-    settings: ClassVar[tuple] = ("prefill_engines", "decode_engines", "prefill_router", "decode_router",
-                                 "kv_bandwidth", "kv_latency",
-                                 "kv_bytes_per_token", "max_num_seqs", "max_batched_tokens", "chunked_prefill",
-                                 "kv_tokens", "block_size", "admission", "ttft_slo", "tpot_slo", "prefix_caching",
-                                 "system_prompts", "system_prompt_length", "system_prompt_share", "programs", "calls",
-                                 "think_time", "closed_loop", "session_context")
+    #: (its own keys, then its engines': every resumable engine's settings, both pools running them, less
+    #: ``servers``: its pools' engines are prefill_engines and decode_engines)
+    settings = ComposedSettings(("prefill_engines", "decode_engines", "prefill_router", "decode_router",
+                                 "kv_bandwidth", "kv_latency", "kv_bytes_per_token", "programs", "calls",
+                                 "think_time", "closed_loop", "session_context"), "resumable", leaves=("servers",))
     models: ClassVar[tuple] = ("iteration", "profile")
     #: (programs only where a spec asks for them: specs written before a deployment took them run none)
     spec_defaults: ClassVar[dict] = {"programs": "none"}
