@@ -284,7 +284,7 @@ def test_a_cluster_routes_to_the_least_used_engine_and_reuses_a_programs_kv_cach
 
 
 @pytest.mark.parametrize("engine, match", [
-    (dict(prefix_caching=True), r"events: a Cluster of ContinuousBatching\(prefix_caching=True\)"),
+    (dict(prefix_caching=True), r"events: ContinuousBatching\(prefix_caching=True\) engines take no engine events"),
     (dict(admission="mlfq"), r"ContinuousBatching\(admission='mlfq'\) cannot .* the admissions that can: fcfs, spf, "
                              r"multibin, edf, vtc"),
 ])

@@ -837,9 +837,9 @@ def test_a_pools_engine_leaving_hands_its_queue_back_and_none_is_lost(pool, clos
 @pytest.mark.parametrize("kw, match", [
     (dict(prefill=mb.ContinuousBatching(prefix_caching=True), prefill_engines=2,
           prefill_events=[mb.EngineEvent(1.0, 0)]),
-     "prefill_events: engines with prefix_caching=True"),
+     r"prefill_events: ContinuousBatching\(prefix_caching=True\) engines take no engine events"),
     (dict(decode=mb.ContinuousBatching(admission="mlfq"), decode_engines=2, decode_events=[mb.EngineEvent(1.0, 0)]),
-     "decode_events: an engine leaving .* admission='mlfq' cannot"),
+     r"decode_events: an engine leaving .* ContinuousBatching\(admission='mlfq'\) cannot"),
     (dict(prefill_engines=2, prefill_events=[mb.EngineEvent(1.0, 2)]),
      r"prefill_events: engine must be in \[0, prefill_engines - 1 = 1\]"),
 ])

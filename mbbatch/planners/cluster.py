@@ -16,7 +16,6 @@ from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
 from .._kernels import programs as _p
-from .._kernels.admission import CODES as ADMISSIONS, HANDS_BACK
 from .._kernels import queues as _q
 from .._kernels.routing import ROUTERS, CacheRouting, Router
 from .._running import check_memory
@@ -272,18 +271,9 @@ def check(cluster, arrivals, service, n, servers, keep_requests, workload, servi
 def _check_continuous(cluster, arrivals, service, n, servers, keep_requests, workload, service_model,
                       keep_batches, first_token: bool = False, prefilled: bool = False) -> continuous.Plan:
     """The checked plan of a cluster of :class:`~mbbatch.ContinuousBatching`
-    engines: what its kernel does not model yet is refused, named."""
-    if cluster.events:
-        engine = cluster.policy
-        if engine.prefix_caching:
-            raise ValueError(f"events: a Cluster of ContinuousBatching(prefix_caching=True) engines takes no engine "
-                             f"events yet (an engine leaving would have to drop its cache); got "
-                             f"{len(cluster.events)}")
-        if not HANDS_BACK[ADMISSIONS[engine.admission]]:
-            raise ValueError(f"events: an engine leaving hands its waiting requests back to the router, which "
-                             f"ContinuousBatching(admission={engine.admission!r}) cannot (it holds requests it "
-                             f"preempted among them); the admissions that can: "
-                             f"{', '.join(a for a, ok in zip(ADMISSIONS, HANDS_BACK) if ok)}")
+    engines: what its kernel does not model yet is refused, named (engine
+    events it cannot take: by :class:`~mbbatch.Cluster` itself,
+    :func:`~mbbatch.policies.cluster.refuse_events`)."""
     if cluster.programs is not None and cluster.programs.closed and isinstance(cluster.policy.predictor,
                                                                                 Predictions):
         raise ValueError("predictor: closed-loop programs on ContinuousBatching engines predict each call as its "

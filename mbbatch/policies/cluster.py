@@ -8,6 +8,7 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
+from .._kernels.admission import CODES as ADMISSIONS, HANDS_BACK
 from .._kernels.routing import CACHE_ROUTERS
 from .._validation import check_fields, check_instance
 from ..params import PARAMS, default
@@ -283,6 +284,8 @@ class Cluster(Policy):
         if self.programs is not None:
             check_instance("programs", self.programs, (Programs, Sessions))
         object.__setattr__(self, "events", checked_events(self.events, self.engines))
+        if self.events:
+            refuse_events(self.policy, "events")
 
     @property
     def engine_kind(self) -> str:
@@ -354,6 +357,24 @@ def checked_events(events, engines: int, name: str = "events", count: str = "eng
                 raise ValueError(f"{name}: engine {ev.engine} is in the cluster already at {ev.time:g} s; got {ev}")
             registered.add(ev.engine)
     return events
+
+
+def refuse_events(engine, name: str) -> None:
+    """Raise the ValueError, naming the events' parameter ``name``, where
+    engines of ``engine`` cannot take engine events: resumable engines
+    caching prefixes (an engine leaving would have to drop its cache), or
+    whose admission order cannot hand its queue back (MLFQ's holds the
+    requests it preempted among them)."""
+    if not engine.resumable:
+        return
+    if engine.prefix_caching:
+        raise ValueError(f"{name}: ContinuousBatching(prefix_caching=True) engines take no engine events yet (an "
+                         f"engine leaving would have to drop its cache)")
+    if not HANDS_BACK[ADMISSIONS[engine.admission]]:
+        raise ValueError(f"{name}: an engine leaving hands its waiting requests back to the router, which "
+                         f"ContinuousBatching(admission={engine.admission!r}) cannot (it holds requests it "
+                         f"preempted among them); the admissions that can: "
+                         f"{', '.join(a for a, ok in zip(ADMISSIONS, HANDS_BACK) if ok)}")
 
 
 def programs_of(params: dict, trace=None):

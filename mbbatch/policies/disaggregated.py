@@ -11,7 +11,7 @@ from typing import ClassVar
 from .._validation import check_count, check_fields, check_instance, check_scalar_real
 from ..params import Domain, default
 from .base import Carries, ComposedSettings, Policy
-from .cluster import checked_events, programs_of
+from .cluster import checked_events, programs_of, refuse_events
 
 __all__ = ["Disaggregated", "KVTransfer"]
 
@@ -223,15 +223,8 @@ class Disaggregated(Policy):
         object.__setattr__(self, "decode_events", checked_events(self.decode_events, self.decode_engines,
                                                                  "decode_events", "decode_engines"))
         for pool in ("prefill", "decode"):
-            engine = getattr(self, pool)
-            if not getattr(self, f"{pool}_events") or self.laps and pool == "prefill":
-                continue
-            if engine.prefix_caching:
-                raise ValueError(f"{pool}_events: engines with prefix_caching=True take no engine events yet (a "
-                                 f"leaving engine would have to drop its cache)")
-            if engine.admission == "mlfq":
-                raise ValueError(f"{pool}_events: an engine leaving hands its waiting requests back, which "
-                                 f"admission='mlfq' cannot (it holds requests it preempted among them)")
+            if getattr(self, f"{pool}_events"):
+                refuse_events(getattr(self, pool), f"{pool}_events")
 
     def _take_laps_pool(self) -> None:
         """A LAPS prefill pool: its engines are LAPS's instances, its router
