@@ -295,10 +295,7 @@ def test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_dec
         wl = mb.Workload(prompt=st.lognorm(0.8, scale=float(rng.uniform(20, 200))),
                          output=st.lognorm(0.6, scale=float(rng.uniform(2, 30))))
         k = int(rng.integers(1, 5))
-        laps = mb.LAPS(instances=k, threshold=int(rng.choice([32, 64, 128])),
-                       window=float(rng.choice([0.0, 0.002, 0.02])), max_batch=int(rng.choice([1, 4, 16])),
-                       max_batch_tokens=float(rng.choice([256, 4096])), dual_queue=bool(rng.random() < 0.7),
-                       dynamic=bool(rng.random() < 0.6), interval=float(rng.choice([0.0, 0.05])))
+        laps = _random_laps(rng, k)
         dk = _engine(rng, 8192)
         delay = float(rng.choice([0.0, 0.01]))
         ed = int(rng.integers(1, 4))
@@ -425,6 +422,15 @@ def test_a_traces_sessions_on_a_laps_prefill_pool_are_laps_alone_on_their_calls(
     np.testing.assert_array_equal(r["first_token"], alone["first_token"])
 
 
+def _random_laps(rng, k: int):
+    """LAPS on ``k`` instances of random settings: threshold, window, batch
+    bounds, the dual queue or one FIFO, dynamic allocation or none."""
+    return mb.LAPS(instances=k, threshold=int(rng.choice([32, 64, 128, 256])),
+                   window=float(rng.choice([0.0, 0.002, 0.02, 0.05])), max_batch=int(rng.choice([1, 4, 8, 16])),
+                   max_batch_tokens=float(rng.choice([256, 512, 4096, 8192])), dual_queue=bool(rng.random() < 0.7),
+                   dynamic=bool(rng.random() < 0.6), interval=float(rng.choice([0.0, 0.05])))
+
+
 def _laps_events(rng, k: int, span: float) -> list:
     """Random events of a LAPS pool of ``k`` instances within ``span`` s:
     instances leaving and coming back, one kept in the pool at least."""
@@ -468,10 +474,7 @@ def test_a_laps_pools_instances_leaving_hand_their_queues_back_as_the_plain_pyth
         wl = mb.Workload(prompt=st.lognorm(0.9, scale=float(rng.uniform(40, 300))),
                          output=st.lognorm(0.6, scale=float(rng.uniform(2, 20))))
         k = int(rng.integers(2, 5))
-        laps = mb.LAPS(instances=k, threshold=int(rng.choice([64, 128, 256])),
-                       window=float(rng.choice([0.0, 0.005, 0.05])), max_batch=int(rng.choice([1, 4, 8])),
-                       max_batch_tokens=float(rng.choice([512, 8192])), dual_queue=bool(rng.random() < 0.7),
-                       dynamic=bool(rng.random() < 0.6), interval=float(rng.choice([0.0, 0.05])))
+        laps = _random_laps(rng, k)
         dk, ed = _engine(rng, 8192), int(rng.integers(1, 3))
         link = mb.KVTransfer(bandwidth=float(rng.uniform(1e8, 1e9)), bytes_per_token=float(rng.uniform(1e4, 3e5)))
         n = 150

@@ -193,6 +193,20 @@ def _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id,
 
 
 @step
+def _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K, heap_t, heap_id, hsize):
+    """The decode pool's turn in a closed loop: engine d's iteration starting
+    at ``sd`` (:func:`_decode_iteration`; ``d`` -1: none before the next
+    instant), else its engine event ``dev`` at ``td``, once every iteration
+    starting before it has run (:func:`_decode_event`).  Returns the code,
+    the arrival heap's size, the dealing pointer and the next event."""
+    if d >= 0:
+        code, hsize = _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize)
+        return code, hsize, d_rr, dev
+    code, d_rr = _decode_event(dev, td, dec, d_rr, streams, estop)
+    return code, hsize, d_rr, dev + 1
+
+
+@step
 def _rehand(d, k1, t, dec, d_rr):
     """Decode engine d's k1-th request, handed back at ``t`` (its engine
     leaving), dealt again (:func:`_deal`) to join its new engine at t,
@@ -303,16 +317,11 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
                 hsize, rsize = _first_tokens(ws.done_log[e], si[e, ES.logged], reqs[e], call, first, ready, link,
                                              dec.output, delay, gap, K, heap_t, heap_id, hsize, rheap[0], rheap[1],
                                              rsize)
-            elif d >= 0:
-                code, hsize = _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize)
-                if code == STALLED:
-                    return STALLED
-            elif td <= t and td <= te and td < np.inf:
-                # a decode engine leaves or joins once every iteration starting before the instant has run
-                code, d_rr = _decode_event(dev, td, dec, d_rr, streams, estop)
+            elif d >= 0 or (td <= t and td <= te and td < np.inf):
+                code, hsize, d_rr, dev = _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K,
+                                                      heap_t, heap_id, hsize)
                 if code != DONE:
                     return code
-                dev += 1
             elif te <= t and te < np.inf:
                 # a prefill engine leaves or joins once every iteration starting before the instant has run
                 code, rr_route = _engine_event(ev, events, config, control, inputs, out, requests, ws, streams,
@@ -424,16 +433,11 @@ def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, p
                 if ws.t_done[e] == np.inf:
                     n_batches, busy, sum_batch = _l._start_batch(e, lt, dual, window, max_batch, max_batch_tokens, a,
                                                                  b, ws, r_f, keep, n_batches, busy, sum_batch)
-            elif d >= 0:
-                code, hsize = _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize)
-                if code == STALLED:
-                    return STALLED
-            elif td <= t and td <= te and td < np.inf:
-                # a decode engine leaves or joins once every iteration starting before the instant has run
-                code, d_rr = _decode_event(dev, td, dec, d_rr, streams, estop)
+            elif d >= 0 or (td <= t and td <= te and td < np.inf):
+                code, hsize, d_rr, dev = _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K,
+                                                      heap_t, heap_id, hsize)
                 if code != DONE:
                     return code
-                dev += 1
             elif te <= t and te < np.inf:
                 # an instance leaves or joins: its queue handed back to the router, each request routed again
                 router, back = _l._engine_event(events[1][ev], events[2][ev] != 0, te, dual, window, dynamic, ws, r_i,
