@@ -226,11 +226,6 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router, decode_rou
     answer from the decode pool, some for a decode engine, and some
     prompt hits a prefill engine's cache.  The decode pool dealt in turn,
     or behind the least-used router."""
-    from types import SimpleNamespace
-
-    from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence, stream
-    from mbbatch.planners.cluster import _program_draws
-
     rng = np.random.default_rng(40 + ["least_used", "round_robin"].index(router) + 2 * (decode_router != "round_robin"))
     later = waited = 0
     hits = 0.0
@@ -250,9 +245,7 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router, decode_rou
                                decode_router=decode_router)
         arrivals, n, seed = mb.Poisson(float(rng.uniform(2, 40))), int(rng.integers(10, 41)), int(rng.integers(1 << 30))
         res = mb.simulate(pol, arrivals, workload=wl, service_model=MODEL, n=n, seed=seed, keep_requests=True)
-        ss = as_seed_sequence(seed)
-        draws = _program_draws(mb.Cluster(mb.ContinuousBatching(), programs=progs), arrivals, wl, n, SimpleNamespace(
-            arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+        draws = _drawn_calls(progs, arrivals, wl, n, seed)
         k, times, want = _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router)
         r = res.requests
         C = draws[1].size // draws[0].size
@@ -284,11 +277,6 @@ def test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_dec
     random numbers: :func:`mbbatch.planners.cluster._program_draws`).  Some
     call follows another, some waits for a decode engine, and some batch
     holds more than one request."""
-    from types import SimpleNamespace
-
-    from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence, stream
-    from mbbatch.planners.cluster import _program_draws
-
     rng = np.random.default_rng(77 + (decode_router != "round_robin"))
     later = waited = batched = 0
     for _ in range(5):
@@ -309,9 +297,7 @@ def test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_dec
                                prefill_events=events)
         arrivals, n, seed = mb.Poisson(float(rng.uniform(5, 60))), int(rng.integers(10, 41)), int(rng.integers(1 << 30))
         res = mb.simulate(pol, arrivals, workload=wl, service_model=MODEL, n=n, seed=seed, keep_requests=True)
-        ss = as_seed_sequence(seed)
-        draws = _program_draws(mb.Cluster(mb.ContinuousBatching(), programs=progs), arrivals, wl, n, SimpleNamespace(
-            arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
+        draws = _drawn_calls(progs, arrivals, wl, n, seed)
         kc, times, want = _closed_reference(draws, n, k, ed, (laps, events), dk, link, None, (0.0, delay),
                                             decode_router)
         r = res.requests
@@ -552,6 +538,20 @@ def test_laps_with_a_continuous_decode_stage_is_a_deployment_of_a_free_link():
         for col in ("arrival", "prompt", "output", "first_token", "completion"):
             np.testing.assert_array_equal(pool.requests[col], alone.requests[col], err_msg=col)
         assert pool.mean_transfer_time == 0.0
+
+
+def _drawn_calls(progs, arrivals, wl, n: int, seed: int) -> tuple:
+    """The calls closed-loop programs ``progs`` draw on ``seed`` by call id,
+    a cluster's (:func:`mbbatch.planners.cluster._program_draws`): the
+    programs' starts, and the calls' think times, new tokens and outputs."""
+    from types import SimpleNamespace
+
+    from mbbatch._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, as_seed_sequence, stream
+    from mbbatch.planners.cluster import _program_draws
+
+    ss = as_seed_sequence(seed)
+    return _program_draws(mb.Cluster(mb.ContinuousBatching(), programs=progs), arrivals, wl, n, SimpleNamespace(
+        arrival=stream(ss, STREAM_ARRIVALS), prompt=stream(ss, STREAM_PROMPT), output=stream(ss, STREAM_SERVICE)))
 
 
 def _closed_reference(draws, n, ep, ed, pk, dk, link, router, delays, decode_router="round_robin"):
