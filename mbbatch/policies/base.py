@@ -214,21 +214,20 @@ class ComposedSettings:
     ``engines`` (an attribute of :class:`Policy`, e.g. ``"engine"``), each
     renamed by ``renames`` and less ``leaves`` (the engines' settings its
     spec leaves at their defaults), in the engines' kind order.  Read from
-    the classes loaded (every policy of :mod:`mbbatch.policies`) when first
-    asked for: an engine's new setting is a composite's too, declared once."""
+    the classes loaded (every policy of :mod:`mbbatch.policies`) each time it
+    is asked for (never cached: read while the package loads, it would miss
+    the engines not loaded yet): an engine's new setting is a composite's
+    too, declared once."""
 
     def __init__(self, own: tuple, engines: str, renames: dict | None = None, leaves: tuple = ()):
         self.own, self.engines, self.renames, self.leaves = tuple(own), engines, dict(renames or {}), set(leaves)
-        self._keys = None
 
     def __get__(self, obj, owner) -> tuple:
-        if self._keys is None:
-            keys = list(self.own)
-            for cls in sorted(_policies(), key=lambda c: c.kind):
-                if getattr(cls, self.engines, False):
-                    keys += [self.renames.get(k, k) for k in cls.settings if k not in self.leaves]
-            self._keys = tuple(dict.fromkeys(keys))
-        return self._keys
+        keys = list(self.own)
+        for cls in sorted(_policies(), key=lambda c: c.kind):
+            if getattr(cls, self.engines, False):
+                keys += [self.renames.get(k, k) for k in cls.settings if k not in self.leaves]
+        return tuple(dict.fromkeys(keys))
 
 
 def _policies() -> list:
