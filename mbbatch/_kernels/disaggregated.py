@@ -443,11 +443,9 @@ def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, p
                 router, back = _l._engine_event(events[1][ev], events[2][ev] != 0, te, dual, window, dynamic, ws, r_i,
                                                keep, router)
                 ev += 1
-                for e2 in range(E):
-                    if back and ws.group[e2] < _l.OUT and ws.t_done[e2] == np.inf:
-                        n_batches, busy, sum_batch = _l._start_batch(e2, te, dual, window, max_batch,
-                                                                     max_batch_tokens, a, b, ws, r_f, keep, n_batches,
-                                                                     busy, sum_batch)
+                if back:
+                    n_batches, busy, sum_batch = _l._start_idle(te, dual, window, max_batch, max_batch_tokens, a, b,
+                                                                ws, r_f, keep, n_batches, busy, sum_batch)
             else:
                 break
             if j == n and stop[STOP] != 0:

@@ -306,16 +306,37 @@ def _engine_event(e, add, now, dual, window, dynamic, ws, r_i, keep, router):
         ws.qn[e, qi] = 0
         while r >= 0:
             nx = ws.nxt[r]
-            c = ws.cat[r] & 1
             ws.outstanding[e] -= 1
-            e2 = _least_outstanding(ws.group, ws.outstanding, c, not dynamic, True)
-            ws.outstanding[e2] += 1
-            _enqueue(r, e2, c, ws.arrival[r], dual, window, ws)
-            if keep:
-                r_i[RQ.instance, r] = e2
+            _place(r, ws.cat[r] & 1, ws.arrival[r], dynamic, dual, window, ws, keep, r_i, True)
             handed += 1
             r = nx
     return router, handed
+
+
+@step
+def _place(r, c, since, dynamic, dual, window, ws, keep, r_i, events):
+    """Request r of category c routed: to the least-outstanding instance in
+    the pool of its group (of all without dynamic allocation;
+    :func:`_least_outstanding`), into its queue (its short window from
+    ``since``: its arrival), its instance recorded.  Returns the instance."""
+    e = _least_outstanding(ws.group, ws.outstanding, c, not dynamic, events)
+    ws.outstanding[e] += 1
+    _enqueue(r, e, c, since, dual, window, ws)
+    if keep:
+        r_i[RQ.instance, r] = e
+    return e
+
+
+@step
+def _start_idle(now, dual, window, max_batch, max_batch_tokens, a, b, ws, r_f, keep, n_batches, busy, sum_batch):
+    """Every idle instance in the pool starts a batch at ``now`` if one is
+    due (:func:`_start_batch`; after a hand-back).  Returns the batches,
+    busy time and batched requests so far."""
+    for e in range(ws.t_done.shape[0]):
+        if ws.group[e] < OUT and ws.t_done[e] == np.inf:
+            n_batches, busy, sum_batch = _start_batch(e, now, dual, window, max_batch, max_batch_tokens, a, b, ws,
+                                                      r_f, keep, n_batches, busy, sum_batch)
+    return n_batches, busy, sum_batch
 
 
 @step
@@ -411,15 +432,12 @@ def _arrive(r, now, n, G, threshold, dual, window, dynamic, interval, ratio, ws,
         t_prev = now
         last_check = now
         moves = _rebalance(now, ws, out, ratio, pending_s, pending_l, moves)
-    e = _least_outstanding(ws.group, ws.outstanding, c, not dynamic, events)
     if c == SHORT:
         pending_s += 1
     else:
         pending_l += 1
-    ws.outstanding[e] += 1
-    _enqueue(r, e, c, now, dual, window, ws)
+    e = _place(r, c, now, dynamic, dual, window, ws, keep, r_i, events)
     if keep:
-        r_i[RQ.instance, r] = e
         r_i[RQ.category, r] = c
         r_f[RQ.arrival, r] = now
         r_f[RQ.prompt, r] = ws.prompt[r]
@@ -524,11 +542,8 @@ def laps_kernel(config, inputs, streams, out, requests, ws, stop, events):
             ev += 1
             t_e = events[0][ev] if ev < events[0].shape[0] else np.inf
             if handed:
-                for e2 in range(E):
-                    if ws.group[e2] < OUT and ws.t_done[e2] == np.inf:
-                        n_batches, busy, sum_batch = _start_batch(e2, now, dual, window, max_batch,
-                                                                  max_batch_tokens, a, b, ws, r_f, keep, n_batches,
-                                                                  busy, sum_batch)
+                n_batches, busy, sum_batch = _start_idle(now, dual, window, max_batch, max_batch_tokens, a, b, ws,
+                                                         r_f, keep, n_batches, busy, sum_batch)
         elif i < n and t_arr <= t_w:
             now = t_arr
             e, router, pending_s, pending_l, n_short = _arrive(
