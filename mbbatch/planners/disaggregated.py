@@ -145,16 +145,16 @@ def _laps_calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
             {"program": arrays["program"], "new_tokens": arrays["new_tokens"]})
 
 
-def _laps_open(plan: Plan, ss: np.random.SeedSequence, progress: bool):
+def _laps_open(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     """A LAPS pool's run of open-loop programs' calls (:func:`_laps_calls`):
     LAPS on their arrivals and prompts, each request's program and new
-    tokens among its columns."""
-    times, prompt, _, arrays = _laps_calls(plan, ss)
+    tokens among its columns.  Returns its result and the calls' outputs."""
+    times, prompt, out, arrays = _laps_calls(plan, ss)
     arrivals = plan.arrivals if times is None else Replay(times)
     pp = replace(laps.check(plan.policy.prefill, arrivals, None, plan.n, 1, True,
                             Workload(prompt=prompt, output=np.ones(plan.n), integer_lengths=True), plan.model,
                             False), events=plan.prefill.events)
-    return laps.run_columns(pp, ss, progress, arrays)
+    return laps.run_columns(pp, ss, progress, arrays), out
 
 
 def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False):
@@ -239,15 +239,14 @@ def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     the requests in the order the decode pool takes them."""
     pol, wl, n = plan.policy, plan.workload, plan.n
     if pol.laps and pol.programs is not None:
-        pre = _laps_open(plan, ss, progress)
+        # (the calls drawn once: their outputs with LAPS's run)
+        pre, out = _laps_open(plan, ss, progress)
     else:
         pre = plan.prefill.run(ss, warn=False, progress=progress)
+        out = _calls(plan, ss)[2] if pol.programs is not None else lengths(
+            wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
     req = pre.requests
     prompt, first = req["prompt"], req["first_token"]
-    if pol.programs is not None:
-        _, _, out = _calls(plan, ss)
-    else:
-        out = lengths(wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
     transfer = pol.kv_transfer.seconds(prompt)
     ready = first + transfer
     order = decode_stage_requests(ready, out)
