@@ -774,6 +774,44 @@ def test_bad_calls_are_refused_before_anything_runs():
                     **kw)
 
 
+@pytest.mark.parametrize("decode_router", ["round_robin", "least_used"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_request_a_pool_could_never_run_is_named_by_its_place_in_arrival_order(decode_router, shared):
+    """The refusal names the first request, in arrival order, whose KV cache
+    could never fit a pool's blocks: on the decode pool its prompt (with its
+    system prompt's tokens, which it brings) and ``output - 1`` tokens (a
+    one-token request checked as two), on the prefill pool its prompt and
+    one token; each pool's setting named (both pools' engines have a
+    ``kv_tokens``); the requests are those a run with room for all of them
+    serves on the same seed."""
+    prompts = mb.SystemPrompts(length=64, count=3, share=0.5) if shared else None
+    wl = mb.Workload(prompt=st.lognorm(0.8, scale=256), output=st.lognorm(0.8, scale=64), system_prompts=prompts)
+    kw = dict(arrivals=mb.Poisson(2.0), workload=wl, n=300, seed=4)
+    req = mb.simulate(mb.Disaggregated(decode_engines=2, decode_router=decode_router), keep_requests=True,
+                      **kw).requests
+    need = req["prompt"] + np.maximum(req["output"] - 1.0, 1.0)
+    cap = float(np.quantile(need, 0.9)) // 16 * 16
+    if shared:
+        # (a bound the first request beyond which differs from the first beyond it without its system prompt:
+        # the check must count those tokens)
+        raw = mb.simulate(mb.Disaggregated(decode_engines=2), keep_requests=True,
+                          **{**kw, "workload": mb.Workload(prompt=wl.prompt, output=wl.output)}).requests
+        bare = raw["prompt"] + np.maximum(raw["output"] - 1.0, 1.0)
+        cap = next(c for c in np.arange(16.0, need.max(), 16.0)
+                   if np.flatnonzero(need > c)[0] != np.flatnonzero(bare > c)[0])
+    r = int(np.flatnonzero(need > cap)[0])
+    with pytest.raises(ValueError, match=rf"decode\.kv_tokens = {cap:g}: request {r} \(prompt "
+                                         rf"{req['prompt'][r]:g} \+ output"):
+        mb.simulate(mb.Disaggregated(decode=mb.ContinuousBatching(kv_tokens=cap), decode_engines=2,
+                                     decode_router=decode_router), **kw)
+    cap = float(np.quantile(req["prompt"] + 1.0, 0.9)) // 16 * 16
+    r = int(np.flatnonzero(req["prompt"] + 1.0 > cap)[0])
+    with pytest.raises(ValueError, match=rf"prefill\.kv_tokens = {cap:g}: request {r} \(prompt "
+                                         rf"{req['prompt'][r]:g} \+ output 1 tokens\)"):
+        mb.simulate(mb.Disaggregated(prefill=mb.ContinuousBatching(kv_tokens=cap), decode_engines=2,
+                                     decode_router=decode_router), **kw)
+
+
 def test_a_pool_whose_backlog_grows_is_named():
     """One decode engine of 8 sequences cannot keep up with long outputs at 20
     requests/s, though the prefill engine can: the run is unstable, the

@@ -265,7 +265,7 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
     ``prefixes`` (a dict: ``chain``, ``shared``) where it is given.  The
     arrays drawn come from ``lease`` (:class:`~mbbatch._kernels.arena.Lease`)
     where one is given."""
-    wl, n, pol = plan.workload, plan.n, plan.policy
+    wl, n = plan.workload, plan.n
     lease = lease or Lease(keep=False)
     klass = None
     if isinstance(wl, Mixture):
@@ -283,6 +283,17 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
         # (a prefill pool's engines: one token each, known)
         output = np.ones(prompt.size)
     prediction = output if first_token else plan.predictor.predict(output, lambda: stream(ss, STREAM_PREDICTION))
+    check_fits(plan, prompt, output)
+    return prompt, output, prediction, klass
+
+
+def check_fits(plan: Plan, prompt: np.ndarray, output: np.ndarray) -> None:
+    """Refuse, named by its place, the first of the requests (``prompt`` and
+    ``output`` tokens, arrival order) that could never run on ``plan``'s
+    engine: beyond its KV blocks alone, or (without chunked prefill) a
+    prompt, with the tokens a preempted request prefills again, beyond
+    ``max_batched_tokens``."""
+    pol = plan.policy
     # (the longest prompt and output first: the requests' sums only where they might not fit)
     longest_p, longest_o = float(prompt.max(initial=0.0)), float(output.max(initial=0.0))
     if math.isfinite(pol.kv_tokens) and longest_p + longest_o > pol.kv_tokens // pol.block_size * pol.block_size:
@@ -306,7 +317,6 @@ def _requests(plan: Plan, ss: np.random.SeedSequence, prompt=None, output=None, 
                              f"(and, where preemption may recompute it, its generated tokens) is prefilled in one "
                              f"iteration; request {r} needs {longest[r]:g} tokens ({too_big.size} requests do); "
                              "raise max_batched_tokens or turn chunked_prefill on")
-    return prompt, output, prediction, klass
 
 
 def _mixed(wl: Mixture, ss: np.random.SeedSequence, n: int, lease: Lease) -> tuple:
@@ -401,17 +411,22 @@ def _check_codes(runs) -> None:
         raise RuntimeError("mbbatch: the continuous-batching engine stalled with work waiting; please report this")
 
 
-def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None) -> tuple:
     """Run a cluster's engines behind its router
     (:func:`mbbatch._kernels.continuous_cluster.run`) on its requests (its
     programs' calls, or requests of its own).  Returns the requests'
     ``(prompt, output, prediction)``, each engine's ``(outputs, records,
     code)``, each request's engine and number there, the routing
     statistics, the requests' columns of the cluster (their engine; with
-    programs their program and new tokens) and the kernel seconds."""
+    programs their program and new tokens) and the kernel seconds.
+    ``drawn``: the requests' ``(prompt, output)`` as the run draws them
+    (the prompt and output streams), drawn already by a deployment's check
+    (None: drawn here; never given with programs)."""
     sources = call_streams(ss)
     arrivals = sources.arrival
     times, prompt, output, programs = plan.cluster.calls(plan, sources)
+    if drawn is not None:
+        prompt, output = drawn
     prefixes = {}
     prompt, output, prediction, klass = _requests(plan, ss, prompt, output, prefixes=prefixes)
     closed = plan.cluster.closed
@@ -579,13 +594,15 @@ def _cost_fields(model, policy) -> dict:
     fields["cost_step"] = fields["cost_step"] + policy.iteration_overhead
     return fields
 
-def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran=None) -> SimulationResult:
+def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran=None,
+         drawn=None) -> SimulationResult:
     """The run with the seed ``ss``; ``ran``: its engines already run by a
     driver of several stages (:mod:`mbbatch._kernels.disaggregated`), as
     :func:`_cluster` returns them (the requests, each engine's run, each
     request's engine and number there, or None: request r number ``r //
     c`` of engine ``r % c``; the routing statistics, the requests' columns
-    and the kernel seconds): its result from them."""
+    and the kernel seconds): its result from them.  ``drawn``: a cluster's
+    requests drawn already (:func:`_cluster`'s)."""
     n = plan.n
     placed = routed = None
     columns = {}
@@ -606,7 +623,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran
         kernel_seconds = sum(seconds)
     else:
         (prompt, output, prediction, klass), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss,
-                                                                                                     progress)
+                                                                                                     progress, drawn)
         st, out, req, ts, queue = _merged(plan, runs, placed)
     if klass is not None and plan.keep_requests:
         columns = {**columns, "request_class": klass.astype(np.int64)}

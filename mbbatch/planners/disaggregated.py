@@ -26,7 +26,7 @@ from .._kernels import continuous as _k
 from .._kernels import continuous_cluster as _cc
 from .._kernels import disaggregated as _kd
 from .._running import interruptible, stop_flag
-from .._seeding import (STREAM_PREDICTION, STREAM_SERVICE, STREAM_SYSTEM,
+from .._seeding import (STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE, STREAM_SYSTEM,
                         entropy_str, stream)
 from ..arrivals import Poisson, Replay
 from ..predictors import Predictions
@@ -35,7 +35,7 @@ from ..service_models import IterationModel
 from ..workload import Mixture, Workload
 from . import cluster, continuous, laps
 from .common import (BATCH_MEANS_GROUPS, HISTOGRAM_ERROR, TIME_SERIES_ROWS, RunTotals, assemble, call_streams,
-                     decode_stage_checked, decode_stage_requests, finish, lengths, model_config, quantiles, resolve_n,
+                     decode_stage_requests, finish, lengths, model_config, quantiles, resolve_n,
                      stage_goodput)
 
 __all__ = ["Plan", "check"]
@@ -77,8 +77,8 @@ class Plan:
     def run(self, ss: np.random.SeedSequence, *, warn: bool = True, progress: bool = False) -> SimulationResult:
         """Simulate with the seed ``ss`` (``warn``: an UnstableWarning where a
         pool's backlog grows; ``progress``: the prefill pool's bar)."""
-        self.check_requests(ss)
-        return finish(_run(self, ss, progress), warn, stacklevel=4)
+        drawn = self._checked(ss)
+        return finish(_run(self, ss, progress, drawn), warn, stacklevel=4)
 
     def check_requests(self, ss: np.random.SeedSequence) -> None:
         """Raise the error :meth:`run` with the seed ``ss`` would raise, before
@@ -88,23 +88,34 @@ class Plan:
         output less the prefill's first token (a one-token request, which
         never reaches it, checked as one of two tokens, so that the places
         stay those of arrival order)."""
-        self.prefill.check_requests(ss)
-        n = self.n
+        self._checked(ss)
+
+    def _checked(self, ss: np.random.SeedSequence) -> tuple | None:
+        """:meth:`check_requests`'s work.  Returns the requests' prompts and
+        outputs as the run draws them (the prompt and service streams), for
+        the run to take rather than draw again; None with programs (their
+        calls are the prefill pool's to draw)."""
+        n, wl = self.n, self.workload
+        dplan = _decode_plan(self.policy, Poisson(1.0), wl, self.decode_model, n)
         if self.policy.programs is not None:
+            self.prefill.check_requests(ss)
             # (the programs' calls: each one's context and output; a closed loop's by call id, every call its
             # programs may make)
             _, prompt, out = _calls(self, ss)
-            n = out.size
-            stage = Workload(prompt=prompt, output=np.maximum(out - 1.0, 1.0), integer_lengths=True,
-                             predictor_sigma=self.workload.predictor_sigma)
+            continuous.check_fits(dplan, prompt, np.maximum(out - 1.0, 1.0))
+            return None
+        prompt, out = (lengths(d, stream(ss, k), n, True) for d, k in ((wl._prompt, STREAM_PROMPT),
+                                                                        (wl._output, STREAM_SERVICE)))
+        if self.policy.laps:
+            self.prefill.check_requests(ss)
         else:
-            stage = decode_stage_checked(self.workload, ss, n)
-            if self.workload.system_prompts is not None:
-                # (the KV cache a request brings: its system prompt's too)
-                _, shared = self.workload.system_prompts.draw(stream(ss, STREAM_SYSTEM), n)
-                stage = Workload(prompt=np.asarray(stage.prompt) + shared, output=stage.output,
-                                 integer_lengths=True, predictor_sigma=stage.predictor_sigma)
-        _decode_plan(self.policy, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
+            continuous._requests(self.prefill, ss, prompt, out)
+        # (the decode pool's prompts: with the KV cache of a request's system prompt too)
+        brought = prompt
+        if wl.system_prompts is not None:
+            brought = prompt + wl.system_prompts.draw(stream(ss, STREAM_SYSTEM), n)[1]
+        continuous.check_fits(dplan, brought, np.maximum(out - 1.0, 1.0))
+        return prompt, out
 
 
 def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
@@ -168,7 +179,8 @@ def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False):
 
         pool = Cluster(pol.decode, engines=pol.decode_engines, router=pol.decode_router, programs=None,
                        events=list(pol.decode_events))
-        return cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, prefilled=True)
+        return replace(cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, prefilled=True),
+                       kv_name="decode.kv_tokens")
     return continuous.check(pol.decode, arrivals, None, n, pol.decode_engines, True, workload, model, False,
                             prefilled=True, servers_name="decode_engines", kv_name="decode.kv_tokens")
 
@@ -222,7 +234,8 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         # keeps the prompts it prefilled)
         pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router, programs=policy.programs,
                        kv_reuse=False, events=list(policy.prefill_events))
-        prefill = cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, first_token=True)
+        prefill = replace(cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, first_token=True),
+                          kv_name="prefill.kv_tokens")
     # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
     # prefill)
     decode = _decode_plan(policy, Poisson(1.0), workload, decode_model, n)
@@ -231,20 +244,24 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                 prefill=prefill)
 
 
-def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tuple:
     """Run the pools one after the other: the prefill pool whole, then the
-    decode pool on the transfers' ends.  Returns the prefill pool's result,
-    the decode pool's (None: no request of more than one token), each
-    request's output, transfer time, readiness for the decode pool, and
-    the requests in the order the decode pool takes them."""
-    pol, wl, n = plan.policy, plan.workload, plan.n
+    decode pool on the transfers' ends (``drawn``: the requests' prompts
+    and outputs, :meth:`Plan._checked`'s).  Returns the prefill pool's
+    result, the decode pool's (None: no request of more than one token),
+    each request's output, transfer time, readiness for the decode pool,
+    and the requests in the order the decode pool takes them."""
+    pol, wl = plan.policy, plan.workload
     if pol.laps and pol.programs is not None:
         # (the calls drawn once: their outputs with LAPS's run)
         pre, out = _laps_open(plan, ss, progress)
-    else:
+    elif pol.programs is not None:
         pre = plan.prefill.run(ss, warn=False, progress=progress)
-        out = _calls(plan, ss)[2] if pol.programs is not None else lengths(
-            wl._output, stream(ss, STREAM_SERVICE), n, bool(wl.integer_lengths))
+        out = _calls(plan, ss)[2]
+    else:
+        out = drawn[1]
+        pre = (plan.prefill.run(ss, warn=False, progress=progress) if pol.laps
+               else continuous._run(plan.prefill, ss, False, progress, drawn=drawn))
     req = pre.requests
     prompt, first = req["prompt"], req["first_token"]
     transfer = pol.kv_transfer.seconds(prompt)
@@ -360,11 +377,12 @@ def _decode_calls(plan: Plan, ss: np.random.SeedSequence, prompt, out) -> tuple:
     return dplan, d_out, d_pred, pol.kv_transfer.seconds(prompt)
 
 
-def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> SimulationResult:
+def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> SimulationResult:
     pol, wl, n = plan.policy, plan.workload, plan.n
-    closed = getattr(pol.programs, "closed", False)
-    pre, dec, out, transfer, ready, order = ((_closed_laps_pools if pol.laps else _closed_pools) if closed
-                                             else _pools)(plan, ss, progress)
+    if getattr(pol.programs, "closed", False):
+        pre, dec, out, transfer, ready, order = (_closed_laps_pools if pol.laps else _closed_pools)(plan, ss, progress)
+    else:
+        pre, dec, out, transfer, ready, order = _pools(plan, ss, progress, drawn)
     pool = pre.metrics()
     req = pre.requests
     arrival, prompt, first = req["arrival"], req["prompt"], req["first_token"]
