@@ -887,3 +887,18 @@ def test_a_pools_engine_leaving_hands_its_queue_back_and_none_is_lost(pool, clos
 def test_engine_events_a_deployment_cannot_take_are_refused_naming_them(kw, match):
     with pytest.raises(ValueError, match=match):
         mb.Disaggregated(**kw)
+
+
+def test_each_prefill_stage_a_policy_declares_is_a_stage_of_the_planner():
+    """A deployment's prefill pool is the stage its prefill policy declares
+    (``prefill_stage``): every stage declared is one the planner runs and
+    each it runs is declared; a policy that declares none is refused,
+    the policies that do named."""
+    from mbbatch.planners.disaggregated import STAGES
+    from mbbatch.registry import POLICIES
+
+    declared = {cls.__name__: cls.prefill_stage for cls in POLICIES.values() if cls.prefill_stage}
+    assert declared == {"ContinuousBatching": "engines", "LAPS": "laps"}
+    assert set(declared.values()) == set(STAGES)
+    with pytest.raises(TypeError, match="prefill must be ContinuousBatching or LAPS .*; got MultiBin"):
+        mb.Disaggregated(prefill=mb.MultiBin())

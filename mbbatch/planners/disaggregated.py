@@ -3,7 +3,8 @@ Patel et al., 2024, Splitwise, arXiv:2311.18677; Zhong et al., 2024,
 DistServe, arXiv:2401.09670): the prefill pool, a cluster of continuous
 engines behind its router on requests of one output token (:mod:`.continuous`
 under :mod:`.cluster`) or LAPS's prefill instances (:mod:`.laps`, without a
-decode stage); each request's KV transfer; the decode pool,
+decode stage), the stage its prefill policy declares (``prefill_stage``:
+:data:`STAGES`); each request's KV transfer; the decode pool,
 continuous engines on the prompts prefilled, joined at the transfers' ends
 (:mod:`.continuous`, as LAPS's decode stage).
 
@@ -68,6 +69,11 @@ class Plan:
         """The prefill pool's kernel arguments (the decode pool's follow from its run)."""
         return self.prefill.kernel_args
 
+    @property
+    def stage(self):
+        """The prefill stage the prefill policy declares (:data:`STAGES`)."""
+        return STAGES[self.policy.prefill.prefill_stage]
+
     @functools.cached_property
     def description(self) -> dict:
         decode = {f"decode_{k}": v for k, v in model_config(self.decode_model).items()}
@@ -98,7 +104,7 @@ class Plan:
         n, wl = self.n, self.workload
         dplan = _decode_plan(self.policy, Poisson(1.0), wl, self.decode_model, n)
         if self.policy.programs is not None:
-            self.prefill.check_requests(ss)
+            self.stage.check_requests(self, ss, None)
             # (the programs' calls: each one's context and output; a closed loop's by call id, every call its
             # programs may make)
             _, prompt, out = _calls(self, ss)
@@ -106,10 +112,7 @@ class Plan:
             return None
         prompt, out = (lengths(d, stream(ss, k), n, True) for d, k in ((wl._prompt, STREAM_PROMPT),
                                                                         (wl._output, STREAM_SERVICE)))
-        if self.policy.laps:
-            self.prefill.check_requests(ss)
-        else:
-            continuous._requests(self.prefill, ss, prompt, out)
+        self.stage.check_requests(self, ss, (prompt, out))
         # (the decode pool's prompts: with the KV cache of a request's system prompt too)
         brought = prompt
         if wl.system_prompts is not None:
@@ -124,10 +127,7 @@ def _calls(plan: Plan, ss: np.random.SeedSequence) -> tuple:
     in a closed loop (the outputs the pool's engines do not run, drawn).  A
     LAPS pool's closed loop draws them as a cluster's
     (:func:`.cluster._program_draws`: common random numbers)."""
-    if plan.policy.laps:
-        _, prompt, out, arrays = _laps_calls(plan, ss)
-        return arrays, prompt, out
-    _, prompt, out, arrays = plan.prefill.cluster.calls(plan.prefill, call_streams(ss))
+    _, prompt, out, arrays = plan.stage.calls(plan, ss)
     return arrays, prompt, out
 
 
@@ -205,9 +205,6 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
     if isinstance(workload, Mixture):
         raise TypeError("workload: a Disaggregated deployment runs one Workload (a Workload.mixture's classes are "
                         "not modelled across its pools yet)")
-    if workload.system_prompts is not None and policy.laps:
-        raise ValueError("workload.system_prompts: a LAPS prefill pool does not model system prompts; give a "
-                         "Workload without system_prompts, or ContinuousBatching prefill engines")
     if (policy.programs is not None and getattr(policy.programs, "closed", False)
             and isinstance(policy.decode.predictor, Predictions)):
         raise ValueError("decode.predictor: in a closed loop the decode pool predicts each call as its program draws "
@@ -222,20 +219,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         raise ValueError("workload.integer_lengths: a Disaggregated deployment's engines step whole tokens; it must "
                          "be True")
     n = resolve_n(n, arrivals, workload.length_specs())
-    from ..policies.cluster import Cluster
-
-    if policy.laps:
-        # (LAPS's prefill instances behind its router, timed by the model's prefill iteration)
-        prefill = replace(laps.check(policy.prefill, arrivals, None, n, 1, True, _prefill_workload(workload, n),
-                                     model, False), events=cluster.event_arrays(policy.prefill_events))
-    else:
-        # (the workload's requests, each served to its first token: a program's calls grow by their outputs, whose
-        # KV cache the decode pool made, so no engine of the pool holds a whole context: no KV reuse; a prefix cache
-        # keeps the prompts it prefilled)
-        pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router, programs=policy.programs,
-                       kv_reuse=False, events=list(policy.prefill_events))
-        prefill = replace(cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, first_token=True),
-                          kv_name="prefill.kv_tokens")
+    prefill = STAGES[policy.prefill.prefill_stage].check(policy, arrivals, n, workload, model)
     # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
     # prefill)
     decode = _decode_plan(policy, Poisson(1.0), workload, decode_model, n)
@@ -252,16 +236,7 @@ def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tup
     each request's output, transfer time, readiness for the decode pool,
     and the requests in the order the decode pool takes them."""
     pol, wl = plan.policy, plan.workload
-    if pol.laps and pol.programs is not None:
-        # (the calls drawn once: their outputs with LAPS's run)
-        pre, out = _laps_open(plan, ss, progress)
-    elif pol.programs is not None:
-        pre = plan.prefill.run(ss, warn=False, progress=progress)
-        out = _calls(plan, ss)[2]
-    else:
-        out = drawn[1]
-        pre = (plan.prefill.run(ss, warn=False, progress=progress) if pol.laps
-               else continuous._run(plan.prefill, ss, False, progress, drawn=drawn))
+    pre, out = plan.stage.open(plan, ss, progress, drawn)
     req = pre.requests
     prompt, first = req["prompt"], req["first_token"]
     transfer = pol.kv_transfer.seconds(prompt)
@@ -377,10 +352,100 @@ def _decode_calls(plan: Plan, ss: np.random.SeedSequence, prompt, out) -> tuple:
     return dplan, d_out, d_pred, pol.kv_transfer.seconds(prompt)
 
 
+class EnginesStage:
+    """A prefill pool of continuous engines (``prefill_stage = "engines"``:
+    :class:`~mbbatch.ContinuousBatching`): a cluster of them behind the
+    deployment's router (:mod:`.cluster`'s continuous driver), each request
+    served to its first token.  A stage answers, for a deployment's
+    :class:`Plan`: its pool's checked plan (:meth:`check`), its requests'
+    check (:meth:`check_requests`), its programs' calls (:meth:`calls`), its
+    open-loop run (:meth:`open`), its closed loop beside the decode pool
+    (:meth:`closed`) and the requests' column naming their engine
+    (:attr:`column`)."""
+
+    #: the column of each request's prefill engine in the pool's records
+    column = "engine"
+
+    def check(self, policy, arrivals, n: int, workload, model):
+        """The pool's checked plan: the workload's requests, each served to
+        its first token.  A program's calls grow by their outputs, whose KV
+        cache the decode pool made, so no engine of the pool holds a whole
+        context: no KV reuse; a prefix cache keeps the prompts it
+        prefilled."""
+        from ..policies.cluster import Cluster
+
+        pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router, programs=policy.programs,
+                       kv_reuse=False, events=list(policy.prefill_events))
+        return replace(cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, first_token=True),
+                       kv_name="prefill.kv_tokens")
+
+    def check_requests(self, plan: Plan, ss: np.random.SeedSequence, drawn) -> None:
+        """Refuse a request the pool could never run (``drawn``: the
+        requests' prompts and outputs, :meth:`Plan._checked`'s; None with
+        programs: their calls, drawn by the pool)."""
+        if drawn is None:
+            plan.prefill.check_requests(ss)
+        else:
+            continuous._requests(plan.prefill, ss, *drawn)
+
+    def calls(self, plan: Plan, ss: np.random.SeedSequence) -> tuple:
+        """The programs' calls, ``(times, prompts, outputs, arrays)``
+        (:meth:`.cluster.ContinuousPart.calls`)."""
+        return plan.prefill.cluster.calls(plan.prefill, call_streams(ss))
+
+    def open(self, plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tuple:
+        """The pool's run and each request's output (``drawn``: as
+        :meth:`check_requests`'s)."""
+        if drawn is None:
+            return plan.prefill.run(ss, warn=False, progress=progress), self.calls(plan, ss)[2]
+        return continuous._run(plan.prefill, ss, False, progress, drawn=drawn), drawn[1]
+
+    def closed(self, plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+        """Closed-loop programs, both pools in one loop (:func:`_closed_pools`)."""
+        return _closed_pools(plan, ss, progress)
+
+
+class LapsStage(EnginesStage):
+    """LAPS's prefill instances as the prefill pool (``prefill_stage =
+    "laps"``: :class:`~mbbatch.LAPS`, without a decode stage): its own
+    instances behind its own router, timed by the model's prefill
+    iteration; :class:`EnginesStage`'s answers."""
+
+    column = "instance"
+
+    def check(self, policy, arrivals, n: int, workload, model):
+        if workload.system_prompts is not None:
+            raise ValueError("workload.system_prompts: a LAPS prefill pool does not model system prompts; give a "
+                             "Workload without system_prompts, or ContinuousBatching prefill engines")
+        return replace(laps.check(policy.prefill, arrivals, None, n, 1, True, _prefill_workload(workload, n), model,
+                                  False), events=cluster.event_arrays(policy.prefill_events))
+
+    def check_requests(self, plan: Plan, ss: np.random.SeedSequence, drawn) -> None:
+        plan.prefill.check_requests(ss)
+
+    def calls(self, plan: Plan, ss: np.random.SeedSequence) -> tuple:
+        return _laps_calls(plan, ss)
+
+    def open(self, plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tuple:
+        if drawn is None:
+            # (the calls drawn once: their outputs with LAPS's run)
+            return _laps_open(plan, ss, progress)
+        return plan.prefill.run(ss, warn=False, progress=progress), drawn[1]
+
+    def closed(self, plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
+        """Closed-loop programs on LAPS's instances (:func:`_closed_laps_pools`)."""
+        return _closed_laps_pools(plan, ss, progress)
+
+
+#: the prefill stages, by the name a prefill policy declares (its
+#: ``prefill_stage``, :mod:`mbbatch.policies.base`)
+STAGES = {"engines": EnginesStage(), "laps": LapsStage()}
+
+
 def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> SimulationResult:
     pol, wl, n = plan.policy, plan.workload, plan.n
     if getattr(pol.programs, "closed", False):
-        pre, dec, out, transfer, ready, order = (_closed_laps_pools if pol.laps else _closed_pools)(plan, ss, progress)
+        pre, dec, out, transfer, ready, order = plan.stage.closed(plan, ss, progress)
     else:
         pre, dec, out, transfer, ready, order = _pools(plan, ss, progress, drawn)
     pool = pre.metrics()
@@ -425,7 +490,7 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> Simul
         requests = Table({"arrival": arrival, "prompt": prompt, "output": out, "first_token": first,
                           "transfer_time": np.where(moved, transfer, nan), "decode_admitted": admitted,
                           "completion": completion, "latency": latency, "ttft": ttft,
-                          "prefill_engine": req["instance" if pol.laps else "engine"],
+                          "prefill_engine": req[plan.stage.column],
                           **{k: req[k] for k in ("program", "new_tokens") if pol.programs is not None}})
     unstable = [f"{name}: {r.unstable_reason}" for name, r in (("prefill", pre), ("decode", dec))
                 if r is not None and r.unstable]

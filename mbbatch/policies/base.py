@@ -28,6 +28,12 @@ that declares, once, as class attributes:
     that a composite runs it under a driver of its own (a cluster's engines
     behind the continuous cluster driver, LAPS's decode stage on the first
     tokens) rather than in its engines' token-level form;
+``prefill_stage``
+    the prefill pool it forms in a :class:`~mbbatch.Disaggregated`
+    deployment, a stage of :data:`mbbatch.planners.disaggregated.STAGES`:
+    ``"engines"`` (its engines behind the deployment's router:
+    continuous batching), ``"laps"`` (its own instances behind its own
+    router: LAPS), or ``""`` (none: it cannot be a prefill pool);
 ``classes``
     whether it runs a :meth:`~mbbatch.Workload.mixture`'s request classes
     (their metrics and objectives, its admission orders reading them), alone
@@ -121,6 +127,7 @@ class Policy:
     engine: ClassVar[bool] = False
     decode_stage: ClassVar[bool] = False
     resumable: ClassVar[bool] = False
+    prefill_stage: ClassVar[str] = ""
     classes: ClassVar[bool] = False
     prefixes: ClassVar[bool] = False
     #: the spec keys of the arguments its refusals name, where they differ (a sweep's errors say the key)

@@ -214,6 +214,7 @@ class ContinuousBatching(Policy):
     kind: ClassVar[str] = "continuous"
     planner: ClassVar[str] = "continuous"
     resumable: ClassVar[bool] = True
+    prefill_stage: ClassVar[str] = "engines"
     classes: ClassVar[bool] = True
     prefixes: ClassVar[bool] = True
     reports: ClassVar[frozenset] = frozenset({"run", "batch_means", "decode", "ttft", "ttft_quantiles",

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from .._validation import check_count, check_fields, check_instance, check_scalar_real
 from ..params import Domain, default
-from .base import Carries, ComposedSettings, Policy
+from .base import Carries, ComposedSettings, Policy, declaring
 from .cluster import checked_events, programs_of, refuse_events
 
 __all__ = ["Disaggregated", "KVTransfer"]
@@ -188,12 +188,13 @@ class Disaggregated(Policy):
 
     def __post_init__(self):
         from .continuous import ContinuousBatching
-        from .laps import LAPS
 
         for name in ("prefill", "decode"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, ContinuousBatching())
-        check_instance("prefill", self.prefill, (ContinuousBatching, LAPS))
+        if not (isinstance(self.prefill, Policy) and self.prefill.prefill_stage):
+            raise TypeError(f"prefill must be {' or '.join(declaring('prefill_stage'))} (the prefill pool's "
+                            f"engines); got {type(self.prefill).__name__}")
         check_instance("decode", self.decode, (ContinuousBatching,))
         if self.laps:
             self._take_laps_pool()
@@ -256,10 +257,9 @@ class Disaggregated(Policy):
 
     @property
     def laps(self) -> bool:
-        """Whether the prefill pool is LAPS's prefill instances."""
-        from .laps import LAPS
-
-        return isinstance(self.prefill, LAPS)
+        """Whether the prefill pool is LAPS's prefill instances (its prefill
+        policy's declared ``prefill_stage``)."""
+        return self.prefill.prefill_stage == "laps"
 
     @property
     def engines(self) -> int:

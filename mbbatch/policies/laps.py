@@ -96,6 +96,7 @@ class LAPS(Policy):
 
     kind: ClassVar[str] = "laps"
     planner: ClassVar[str] = "laps"
+    prefill_stage: ClassVar[str] = "laps"
     reports: ClassVar[frozenset] = frozenset({"run", "ttft", "ttft_quantiles", "decode", "tbt_quantiles", "laps",
                                               "goodput"})
     settings: ClassVar[tuple] = ("instances", "laps_threshold", "window", "max_batch", "max_batch_tokens",
