@@ -31,10 +31,16 @@ pools run one after the other give (the decode pool only reads the prefill
 pool's first tokens): the feed-forward planner
 (:mod:`mbbatch.planners.disaggregated`) keeps running them so.
 
-LAPS's prefill instances can be the prefill pool instead
-(:func:`laps_closed_loop_kernel`): the steps of :mod:`.laps`'s kernel route
-each call as it arrives and run the instances' batches, each batch's end an
-event in time order with the decode pool's iterations.
+One driver runs every prefill stage (:func:`closed_loop_kernel`): a
+stage is a namedtuple of its arrays and eight steps of its own (set up,
+its next event, its step, its engine event, an arrival, its statistics:
+the ``_*_engines`` steps of the continuous pool, :data:`EnginesStage`),
+which the driver calls by name; :data:`laps_closed_loop_kernel` is the
+driver compiled again with LAPS's steps (:func:`.common.variant`), its
+stage LAPS's prefill instances (:data:`LapsStage`): the steps of
+:mod:`.laps`'s kernel route each call as it arrives and run the
+instances' batches, each batch's end an event in time order with the
+decode pool's iterations.
 
 Engine events come in time order with the rest, once every iteration
 starting before them has run: a prefill engine's as a cluster's
@@ -49,7 +55,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import ARRIVED, STOP, kernel, step
+from .common import ARRIVED, STOP, kernel, step, variant
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
                                  _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
@@ -250,46 +256,273 @@ def _decode_event(ev, t, dec, d_rr, streams, estop):
     return DONE, d_rr
 
 
+#: a continuous prefill pool as a closed loop's first stage: its engines
+#: (:func:`.continuous_cluster.cluster_kernel`'s ``config`` ... ``counts``),
+#: by call id its engines' ``output`` and ``prediction`` (one token) and
+#: prefix ``chain`` and ``shared`` tokens, the router's arrays (``rt`` ...
+#: ``routed``), ``reqs`` each engine's requests' numbers in arrival order
+#: and ``ids`` (``reqs`` where a request routed again is numbered, or empty
+#: without engine ``events``)
+EnginesStage = namedtuple("EnginesStage", ("config", "control", "inputs", "out", "requests", "ws", "feeds", "counts",
+                                           "output", "prediction", "chain", "shared", "rt", "ca", "eng", "table",
+                                           "match", "where", "local", "reqs", "ids", "events", "routed"))
+
+#: LAPS's prefill instances as a closed loop's first stage
+#: (:func:`.laps.laps_kernel`'s ``config``, ``out``, ``requests``, ``ws``,
+#: its ``n`` the calls routed) and their ``events``
+LapsStage = namedtuple("LapsStage", ("config", "out", "requests", "ws", "events"))
+
+
+# A stage's steps, each stage's own (the driver, :func:`closed_loop_kernel`,
+# calls them by these names; :data:`laps_closed_loop_kernel` is the driver
+# with LAPS's):
+#   _set_up(pre, n, first, streams, estop) -> carry: the stage ready, its
+#       loop-carried state (scalars) before the first arrival at ``first``;
+#   _event_time(pre, carry): its next engine event's instant (inf: none);
+#   _next(pre, carry, cap, t, td, te) -> (instant, which): its next step
+#       before ``cap`` (inf: none), given the next arrival ``t``, decode
+#       event ``td`` and its own event ``te``;
+#   _ready_first(r, instant): whether a call ready at ``r`` joins the decode
+#       pool before the stage's step at ``instant``;
+#   _step(pre, carry, instant, which, ...) -> (code, carry, hsize, rsize):
+#       the step, each call it serves to its first token handed on
+#       (:func:`_first_token`);
+#   _event(pre, carry, te, arrived, streams, estop) -> (code, carry): its
+#       engine event at ``te``;
+#   _arrive(pre, carry, j, n, loop, hsize, groups, prompt, arrived) ->
+#       (carry, hsize): the next call, request j, routed into the stage;
+#   _finish(pre, carry, n): its statistics written.
+
+@step
+def _set_up_engines(pre, n, first, streams, estop):
+    _set_up(pre.counts.shape[0], pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, streams, estop)
+    # (the router's round-robin pointer, the next engine event)
+    return np.int64(0), np.int64(0)
+
+
+@step
+def _event_time_engines(pre, carry):
+    ev = carry[1]
+    return pre.events[0][ev] if ev < pre.events[0].shape[0] else np.inf
+
+
+@step
+def _next_engines(pre, carry, cap, t, td, te):
+    """The prefill engine whose iteration starts first before ``cap``."""
+    ws = pre.ws
+    e = _earliest(ws.state_i, ws.state_f, pre.counts, cap)
+    return (ws.state_f[e, ES.now] if e >= 0 else np.inf), e
+
+
+@step
+def _ready_first_engines(r, sp):
+    # (a call ready joins the decode pool before any iteration starting at or after it)
+    return r <= sp
+
+
+@step
+def _step_engines(pre, carry, sp, e, call, first, ready, link, d_output, gap, K, heap_t, heap_id, hsize, rheap,
+                  rsize, streams, estop):
+    """Prefill engine e's iteration starting at ``sp``, each call it
+    completes at its first token (:func:`_first_tokens`)."""
+    si = pre.ws.state_i
+    si[e, ES.logged] = 0
+    if _advance(e, pre.counts[e], np.nextafter(sp, np.inf), pre.config, pre.control, pre.inputs, pre.out,
+                pre.requests, pre.ws, streams, estop) == STALLED:
+        return STALLED, carry, hsize, rsize
+    delay = pre.config[1][0, C.request_overhead]
+    hsize, rsize = _first_tokens(pre.ws.done_log[e], si[e, ES.logged], pre.reqs[e], call, first, ready, link,
+                                 d_output, delay, gap, K, heap_t, heap_id, hsize, rheap[0], rheap[1], rsize)
+    return DONE, carry, hsize, rsize
+
+
+@step
+def _event_engines(pre, carry, te, arrived, streams, estop):
+    """A prefill engine leaves or joins (:func:`.continuous_cluster._engine_event`)."""
+    rr_route, ev = carry
+    _, program, new_tokens, session_end, _ = arrived
+    code, rr_route = _engine_event(ev, pre.events, pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws,
+                                   streams, estop, pre.rt, pre.eng, pre.table, rr_route, pre.feeds, pre.counts,
+                                   pre.where, pre.local, pre.ids, pre.ids[:, :0], program, new_tokens, session_end,
+                                   pre.routed)
+    return code, (rr_route, ev + 1)
+
+
+@step
+def _arrive_engines(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
+    """The next call routed to a prefill engine (:func:`.continuous_cluster._arrive_call`)."""
+    rr_route, ev = carry
+    e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, pre.rt, pre.ca, pre.eng, pre.table,
+                                      pre.feeds, pre.ws, pre.requests, prompt, pre.output, pre.prediction, pre.chain,
+                                      pre.shared, pre.match, pre.counts, pre.where, pre.local, pre.ids, pre.routed,
+                                      pre.config[0][0, C.block_size], arrived)
+    pre.reqs[e, pre.local[j]] = j
+    return (rr_route, ev), hsize
+
+
+@step
+def _finish_engines(pre, carry, n):
+    pass
+
+
+@step
+def _set_up_laps(pre, n, first, streams, estop):
+    config, ws = pre.config, pre.ws
+    ttft_slo = config[1][_l.C.ttft_slo]
+    G = pre.out.group_ttft.shape[1]
+    s = _l.settings(config) + (ttft_slo, ttft_slo < np.inf, G)
+    _l._set_up(config[0][_l.C.instances], s[3], config[0][_l.C.long0], ws)
+    # (the settings; the router; the requests pending short and long; completed, batches, short, first tokens
+    # within the objective; busy time, the sums of the times to first token (all, short, long) and of the batch
+    # sizes; the last batch end; the next instance event)
+    return (s, _l._router_state(n, G, first), 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, -np.inf, 0)
+
+
+@step
+def _event_time_laps(pre, carry):
+    ev = carry[14]
+    return pre.events[0][ev] if ev < pre.events[0].shape[0] else np.inf
+
+
+@step
+def _next_laps(pre, carry, cap, t, td, te):
+    """LAPS's next event, its own order: a batch end at or before the
+    arrival or an instance's event (before a decode event), a window
+    before them."""
+    ws = pre.ws
+    t_c, e_c, t_w, e_w = _l._next_events(ws.t_done, ws.qn, ws.deadline, carry[0][6])
+    lt = np.inf
+    if e_c >= 0 and t_c <= t_w:
+        if t_c <= t and t_c < td and t_c <= te:
+            lt = t_c
+    elif e_w >= 0 and t_w < cap:
+        lt = t_w
+    return lt, (e_c, t_c, e_w)
+
+
+@step
+def _ready_first_laps(r, lt):
+    # (a batch ending at or before a ready call's instant goes first: its calls may be ready then too)
+    return r < lt
+
+
+@step
+def _step_laps(pre, carry, lt, which, call, first, ready, link, d_output, gap, K, heap_t, heap_id, hsize, rheap,
+               rsize, streams, estop):
+    """An instance's batch end at ``lt`` (each of its calls at its first
+    token, :func:`_first_token`: LAPS's instances add no time outside
+    them), or its window's; then its next batch if one is due."""
+    e_c, t_c, e_w = which
+    s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l, sum_batch, \
+        last, ev = carry
+    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b, ttft_slo, \
+        counted, G = s
+    ws, r_f = pre.ws, pre.requests[1]
+    if e_c >= 0 and lt == t_c:
+        e = e_c
+        completed += ws.batch_n[e]
+        sum_ttft, sum_s, sum_l, pending_s, pending_l, good = _l._end_batch(
+            e, lt, ws, pre.out, r_f, keep, counted, ttft_slo, sum_ttft, sum_s, sum_l, pending_s, pending_l, good)
+        last = lt
+        for k in range(ws.batch_n[e]):
+            hsize, rsize = _first_token(ws.batch[e, k], lt, call, first, ready, link, d_output, 0.0, gap, K, heap_t,
+                                        heap_id, hsize, rheap[0], rheap[1], rsize)
+    else:
+        e = e_w
+    if ws.t_done[e] == np.inf:
+        n_batches, busy, sum_batch = _l._start_batch(e, lt, dual, window, max_batch, max_batch_tokens, a, b, ws, r_f,
+                                                     keep, n_batches, busy, sum_batch)
+    return DONE, (s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l,
+                  sum_batch, last, ev), hsize, rsize
+
+
+@step
+def _event_laps(pre, carry, te, arrived, streams, estop):
+    """An instance leaves or joins: its queue handed back to the router,
+    each request routed again (:func:`.laps._engine_event`)."""
+    s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l, sum_batch, \
+        last, ev = carry
+    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b, ttft_slo, \
+        counted, G = s
+    ws, (r_i, r_f) = pre.ws, pre.requests
+    router, back = _l._engine_event(pre.events[1][ev], pre.events[2][ev] != 0, te, dual, window, dynamic, ws, r_i,
+                                    keep, router)
+    if back:
+        n_batches, busy, sum_batch = _l._start_idle(te, dual, window, max_batch, max_batch_tokens, a, b, ws, r_f, keep,
+                                                    n_batches, busy, sum_batch)
+    return DONE, (s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l,
+                  sum_batch, last, ev + 1)
+
+
+@step
+def _arrive_laps(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
+    """The next call, routed by LAPS's router into an instance's queue
+    (:func:`.laps._arrive`); the instance starts a batch if idle and one
+    is due."""
+    s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l, sum_batch, \
+        last, ev = carry
+    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b, ttft_slo, \
+        counted, G = s
+    ws, (r_i, r_f) = pre.ws, pre.requests
+    tj, kc, hsize = pop_call(j, loop, hsize, arrived)
+    ws.arrival[j] = tj
+    ws.prompt[j] = prompt[kc]
+    e, router, pending_s, pending_l, n_short = _l._arrive(j, tj, n, G, threshold, dual, window, dynamic, interval,
+                                                           ratio, ws, pre.out, keep, r_i, r_f, router, pending_s,
+                                                           pending_l, n_short, True)
+    if ws.t_done[e] == np.inf:
+        n_batches, busy, sum_batch = _l._start_batch(e, tj, dual, window, max_batch, max_batch_tokens, a, b, ws, r_f,
+                                                     keep, n_batches, busy, sum_batch)
+    return (s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l,
+            sum_batch, last, ev), hsize
+
+
+@step
+def _finish_laps(pre, carry, n):
+    s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l, sum_batch, \
+        last, ev = carry
+    ws = pre.ws
+    _l._finish(pre.out, router, s[3], ws.n_group[_l.SHORT], last, ws.arrival[0] if n > 0 else np.nan,
+               (completed, n_batches, n_short, good), (busy, sum_ttft, sum_s, sum_l, sum_batch))
+
+
+# (the driver's steps: the continuous prefill pool's; laps_closed_loop_kernel rebinds them)
+_set_up_stage, _event_time, _next, _ready_first, _step, _event, _arrive, _finish = (
+    _set_up_engines, _event_time_engines, _next_engines, _ready_first_engines, _step_engines, _event_engines,
+    _arrive_engines, _finish_engines)
+
+
 @kernel
-def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts, dec, loop, rheap, link, prompt,
-                       output, prediction, chain, shared, times, program, new_tokens, session_end, call, first, ready,
-                       handed, groups, rt, ca, eng, table, match, where, local, reqs, ids, events, routed, streams,
-                       stop, estop):
-    """Route ``times.size`` calls of closed-loop programs to the prefill
-    pool (``config`` ... ``counts``: :func:`.continuous_cluster.cluster_kernel`'s
-    engines) and serve them through the decode pool (``dec``, a
-    :data:`DecodePool`: its engines, each logging its completions), as the
-    module says.  ``loop``: the programs' starts, think times and new tokens by
-    call id and the arrival heap (:func:`.continuous_cluster.closed_loop_kernel`'s);
+def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, ready, handed, groups, streams, stop,
+                       estop):
+    """Serve ``arrived[0].size`` calls of closed-loop programs through the
+    prefill stage ``pre`` (:data:`EnginesStage`: continuous engines behind
+    the router; :data:`laps_closed_loop_kernel` runs this driver on a
+    :data:`LapsStage`) and the decode pool (``dec``, a :data:`DecodePool`:
+    its engines, each logging its completions), as the module says: every
+    event in time order, the stage's next step (its own rule: the
+    ``_next`` step of its kind), a ready call (before the stage's step at
+    its instant, or after: ``_ready_first``), the decode pool's iterations
+    and engine events, the stage's engine events, then the next arrival.
+    ``loop``: the programs' starts, think times and new tokens by call id
+    and the arrival heap (:func:`.continuous_cluster.closed_loop_kernel`'s);
     ``rheap`` the heap of the calls waiting for the decode pool (their
-    instants and numbers in arrival order: ties in arrival order);
-    by call id each call's KV transfer time ``link``, its prompt, the
-    prefill engines' output and prediction (one token), prefix chain and
-    shared tokens (the decode pool's output and prediction are ``dec``'s).
-    Written, per request in arrival order: its arrival, program, new
-    tokens, last-call flag and call id, its first token, the instant it is
-    ready for the decode pool; ``handed`` the requests in the order the
-    decode pool takes them (``dec.reqs``, ``dec.placed``), ``reqs`` each
-    prefill engine's requests' numbers in arrival order.  The prefill
-    pool's engine ``events`` (as :func:`.continuous_cluster.cluster_kernel`'s;
-    ``ids``: ``reqs``, where a request routed again is numbered, or empty
-    without events) are taken in time order with the rest, and the decode
-    pool's (:func:`_decode_event`).  Returns :data:`.continuous.DONE`,
-    ``STOPPED`` or ``STALLED``."""
-    n = times.shape[0]
-    E = counts.shape[0]
-    si, sf = ws.state_i, ws.state_f
-    bs = config[0][0, C.block_size]
-    delay = config[1][0, C.request_overhead]
+    instants and numbers in arrival order: ties in arrival order); by call
+    id each call's KV transfer time ``link`` and its prompt.  Written, per
+    request in arrival order: ``arrived``, its arrival time, program, new
+    tokens, last-call flag and call id; its ``first`` token, the instant it
+    is ``ready`` for the decode pool; ``handed`` the requests in the order
+    the decode pool takes them (``dec.reqs``, ``dec.placed``).  Returns
+    :data:`.continuous.DONE`, ``STOPPED`` or ``STALLED``."""
+    n = arrived[0].shape[0]
+    call = arrived[4]
     start, gap, new_c, heap_t, heap_id = loop
     K = gap.shape[0] // start.shape[0]
-    _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
+    carry = _set_up_stage(pre, n, start[0], streams, estop)
     _set_up(dec.counts.shape[0], dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, streams, estop)
     heap_t[0] = start[0]
     heap_id[0] = 0
     hsize, rsize, m = 1, 0, 0
-    rr_route = 0
-    ev = 0
     dev = 0
     d_rr = 0
     for j in range(n + 1):
@@ -298,25 +531,20 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
         # every event before the next call's arrival (after the last: every event), in time order
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
-            te = events[0][ev] if ev < events[0].shape[0] else np.inf
+            te = _event_time(pre, carry)
             td = dec.events[0][dev] if dev < dec.events[0].shape[0] else np.inf
             cap = min(t, te, td)
-            e = _earliest(si, sf, counts, cap)
-            sp = sf[e, ES.now] if e >= 0 else cap
+            sp, which = _next(pre, carry, cap, t, td, te)
             d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap)
             sd = dec.ws.state_f[d, ES.now] if d >= 0 else cap
             r = rheap[0][0] if rsize > 0 else np.inf
-            if r < cap and r <= sp and r <= sd:
-                # a call ready joins the decode pool before any iteration starting at or after it
+            if r < cap and r <= sd and _ready_first(r, sp):
                 rsize, m, d_rr = _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed)
-            elif e >= 0 and sp <= sd:
-                si[e, ES.logged] = 0
-                if _advance(e, counts[e], np.nextafter(sp, np.inf), config, control, inputs, out, requests, ws,
-                            streams, estop) == STALLED:
-                    return STALLED
-                hsize, rsize = _first_tokens(ws.done_log[e], si[e, ES.logged], reqs[e], call, first, ready, link,
-                                             dec.output, delay, gap, K, heap_t, heap_id, hsize, rheap[0], rheap[1],
-                                             rsize)
+            elif sp <= sd and sp < np.inf:
+                code, carry, hsize, rsize = _step(pre, carry, sp, which, call, first, ready, link, dec.output, gap, K,
+                                                  heap_t, heap_id, hsize, rheap, rsize, streams, estop)
+                if code != DONE:
+                    return code
             elif d >= 0 or (td <= t and td <= te and td < np.inf):
                 code, hsize, d_rr, dev = _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K,
                                                       heap_t, heap_id, hsize)
@@ -324,12 +552,9 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
                     return code
             elif te <= t and te < np.inf:
                 # a prefill engine leaves or joins once every iteration starting before the instant has run
-                code, rr_route = _engine_event(ev, events, config, control, inputs, out, requests, ws, streams,
-                                               estop, rt, eng, table, rr_route, feeds, counts, where, local, ids,
-                                               ids[:, :0], program, new_tokens, session_end, routed)
+                code, carry = _event(pre, carry, te, arrived, streams, estop)
                 if code != DONE:
                     return code
-                ev += 1
             else:
                 break
             if j == n and stop[STOP] != 0:
@@ -339,135 +564,29 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, counts
         if hsize == 0:
             # (nothing runs, no call waits to arrive or to be decoded: every program ended before n calls)
             return STALLED
-        e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
-                                          requests, prompt, output, prediction, chain, shared, match, counts, where,
-                                          local, ids, routed, bs, (times, program, new_tokens, session_end, call))
-        reqs[e, local[j]] = j
+        carry, hsize = _arrive(pre, carry, j, n, loop, hsize, groups, prompt, arrived)
+    _finish(pre, carry, n)
     stop[ARRIVED] = n
     return DONE
 
 
-@kernel
-def laps_closed_loop_kernel(config, out, requests, ws, dec, loop, rheap, link, prompt, times, program, new_tokens,
-                            session_end, call, first, ready, handed, events, groups, streams, stop, estop):
-    """:func:`closed_loop_kernel` with LAPS's prefill instances as the
-    prefill pool (``config``, ``out``, ``requests``, ``ws``:
-    :func:`.laps.laps_kernel`'s, its ``n`` the calls routed; arXiv:2601.11589):
-    a call arriving is routed by LAPS's router into an instance's queue
-    (:func:`.laps._arrive`), each instance runs prefill batches
-    (:func:`.laps._start_batch`), and at a batch's end each of its calls has
-    its first token (:func:`_first_token`; a one-token call answered at
-    once: LAPS's instances add no time outside them).  The instances'
-    events (batch ends, short windows expiring) come in time order with the
-    decode pool's iterations, as LAPS alone takes them among its arrivals
-    (at equal times a batch end, then an arrival, then a window); a batch
-    ending at or before a ready call's instant goes first (its calls may be
-    ready then too, and the decode pool takes them in arrival order).
-    ``prompt`` by call id; the decode pool ``dec`` and the written arrays
-    are :func:`closed_loop_kernel`'s.  The instances' ``events``
-    (:func:`.laps._engine_event`; at equal times after a batch end, before
-    an arrival or a window) come in time order with the rest, after the
-    decode pool's at their instant.  Returns
-    :data:`.continuous.DONE`, ``STOPPED`` or ``STALLED``."""
-    n = times.shape[0]
-    E = config[0][_l.C.instances]
-    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b = \
-        _l.settings(config)
-    ttft_slo = config[1][_l.C.ttft_slo]
-    counted = ttft_slo < np.inf
-    G = out.group_ttft.shape[1]
-    r_i, r_f = requests
-    start, gap, new_c, heap_t, heap_id = loop
-    K = gap.shape[0] // start.shape[0]
-    _l._set_up(E, dynamic, config[0][_l.C.long0], ws)
-    _set_up(dec.counts.shape[0], dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, streams, estop)
-    heap_t[0] = start[0]
-    heap_id[0] = 0
-    hsize, rsize, m = 1, 0, 0
-    dev = 0
-    d_rr = 0
-    pending_s = 0
-    pending_l = 0
-    router = _l._router_state(n, G, start[0])
-    completed, n_batches, n_short, good = 0, 0, 0, 0
-    busy, sum_ttft, sum_s, sum_l, sum_batch = 0.0, 0.0, 0.0, 0.0, 0.0
-    last = -np.inf
-    ev = 0
-    for j in range(n + 1):
-        if j < n and _stop_asked(j, stop):
-            return STOPPED
-        # every event before the next call's arrival (after the last: every event), in time order
-        while True:
-            t = heap_t[0] if hsize > 0 and j < n else np.inf
-            td = dec.events[0][dev] if dev < dec.events[0].shape[0] else np.inf
-            te = events[0][ev] if ev < events[0].shape[0] else np.inf
-            cap = min(t, td, te)
-            # the prefill pool's next event, LAPS's order: a batch end at or before the arrival or an instance's
-            # event, a window before them
-            t_c, e_c, t_w, e_w = _l._next_events(ws.t_done, ws.qn, ws.deadline, windowed)
-            lt = np.inf
-            if e_c >= 0 and t_c <= t_w:
-                if t_c <= t and t_c < td and t_c <= te:
-                    lt = t_c
-            elif e_w >= 0 and t_w < cap:
-                lt = t_w
-            d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap)
-            sd = dec.ws.state_f[d, ES.now] if d >= 0 else cap
-            r = rheap[0][0] if rsize > 0 else np.inf
-            if r < cap and r <= sd and r < lt:
-                # a call ready joins the decode pool before any iteration starting at or after it
-                rsize, m, d_rr = _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed)
-            elif lt <= sd and lt < np.inf:
-                if e_c >= 0 and lt == t_c:
-                    e = e_c
-                    completed += ws.batch_n[e]
-                    sum_ttft, sum_s, sum_l, pending_s, pending_l, good = _l._end_batch(
-                        e, lt, ws, out, r_f, keep, counted, ttft_slo, sum_ttft, sum_s, sum_l, pending_s, pending_l,
-                        good)
-                    last = lt
-                    for k in range(ws.batch_n[e]):
-                        hsize, rsize = _first_token(ws.batch[e, k], lt, call, first, ready, link, dec.output, 0.0,
-                                                    gap, K, heap_t, heap_id, hsize, rheap[0], rheap[1], rsize)
-                else:
-                    e = e_w
-                if ws.t_done[e] == np.inf:
-                    n_batches, busy, sum_batch = _l._start_batch(e, lt, dual, window, max_batch, max_batch_tokens, a,
-                                                                 b, ws, r_f, keep, n_batches, busy, sum_batch)
-            elif d >= 0 or (td <= t and td <= te and td < np.inf):
-                code, hsize, d_rr, dev = _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K,
-                                                      heap_t, heap_id, hsize)
-                if code != DONE:
-                    return code
-            elif te <= t and te < np.inf:
-                # an instance leaves or joins: its queue handed back to the router, each request routed again
-                router, back = _l._engine_event(events[1][ev], events[2][ev] != 0, te, dual, window, dynamic, ws, r_i,
-                                               keep, router)
-                ev += 1
-                if back:
-                    n_batches, busy, sum_batch = _l._start_idle(te, dual, window, max_batch, max_batch_tokens, a, b,
-                                                                ws, r_f, keep, n_batches, busy, sum_batch)
-            else:
-                break
-            if j == n and stop[STOP] != 0:
-                return STOPPED
-        if j == n:
-            break
-        if hsize == 0:
-            # (nothing runs, no call waits to arrive or to be decoded: every program ended before n calls)
-            return STALLED
-        tj, kc, hsize = pop_call(j, loop, hsize, (times, program, new_tokens, session_end, call))
-        ws.arrival[j] = tj
-        ws.prompt[j] = prompt[kc]
-        e, router, pending_s, pending_l, n_short = _l._arrive(
-            j, tj, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
-            pending_s, pending_l, n_short, True)
-        if ws.t_done[e] == np.inf:
-            n_batches, busy, sum_batch = _l._start_batch(e, tj, dual, window, max_batch, max_batch_tokens, a, b, ws,
-                                                         r_f, keep, n_batches, busy, sum_batch)
-    _l._finish(out, router, dynamic, ws.n_group[_l.SHORT], last, ws.arrival[0] if n > 0 else np.nan,
-               (completed, n_batches, n_short, good), (busy, sum_ttft, sum_s, sum_l, sum_batch))
-    stop[ARRIVED] = n
-    return DONE
+#: :func:`closed_loop_kernel` with LAPS's prefill instances as the prefill
+#: stage (a :data:`LapsStage`; arXiv:2601.11589): a call arriving is routed
+#: by LAPS's router into an instance's queue (:func:`.laps._arrive`), each
+#: instance runs prefill batches (:func:`.laps._start_batch`), and at a
+#: batch's end each of its calls has its first token (a one-token call
+#: answered at once: LAPS's instances add no time outside them).  The
+#: instances' events (batch ends, short windows expiring) come in time
+#: order with the decode pool's iterations, as LAPS alone takes them among
+#: its arrivals (at equal times a batch end, then an arrival, then a
+#: window); a batch ending at or before a ready call's instant goes first.
+#: The instances' engine events (:func:`.laps._engine_event`; at equal
+#: times after a batch end, before an arrival or a window) come in time
+#: order with the rest, after the decode pool's at their instant.
+laps_closed_loop_kernel = variant(kernel, closed_loop_kernel, "laps_closed_loop_kernel", _set_up_stage=_set_up_laps,
+                                  _event_time=_event_time_laps, _next=_next_laps, _ready_first=_ready_first_laps,
+                                  _step=_step_laps, _event=_event_laps, _arrive=_arrive_laps,
+                                  _finish=_finish_laps)
 
 
 def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_engines: int, streams, stop, *,
@@ -514,17 +633,15 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(P + 1), np.empty(P + 1, np.int64))
     table = np.full((TABLE.size, max(P, 1)), -1, np.int64)
-    code = closed_loop_kernel(
-        pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, pre.feeds, pre.counts,
-        _decode_pool(dec, d_engines, n, got, calls, d_router), loop, (np.empty(n), np.empty(n, np.int64)),
-        np.ascontiguousarray(calls["link"], float), np.ascontiguousarray(calls["prompt"], float), output,
-        np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, got["arrival_times"],
-        got["program"], got["new_tokens"], got["session_end"], got["call"], got["first_token"], got["ready"],
-        got["handed"], groups, router,
-        cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where, pre.local,
-        pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids, pre.events, pre.routed,
-        streams,
-        stop, np.zeros_like(stop))
+    stage = EnginesStage(pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, pre.feeds, pre.counts,
+                         output, np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, router,
+                         cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where,
+                         pre.local, pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids,
+                         pre.events, pre.routed)
+    code = closed_loop_kernel(stage, _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
+                              (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
+                              np.ascontiguousarray(calls["prompt"], float), _arrived(got), got["first_token"],
+                              got["ready"], got["handed"], groups, streams, stop, np.zeros_like(stop))
     runs, where, local = pre.runs(code)
     return (runs, where, local), _decode_runs(dec, got, code, d_engines), ROUTED.unpack(pre.routed), code, got
 
@@ -554,12 +671,11 @@ def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, s
     got = _got(n)
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(start.size + 1), np.empty(start.size + 1, np.int64))
-    code = laps_closed_loop_kernel(
-        config, out, requests, ws, _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
-        (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
-        np.ascontiguousarray(calls["prompt"], float), got["arrival_times"], got["program"], got["new_tokens"],
-        got["session_end"], got["call"], got["first_token"], got["ready"], got["handed"], _l.event_arrays(events),
-        groups, streams, stop, np.zeros_like(stop))
+    code = laps_closed_loop_kernel(LapsStage(config, out, requests, ws, _l.event_arrays(events)),
+                                   _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
+                                   (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
+                                   np.ascontiguousarray(calls["prompt"], float), _arrived(got), got["first_token"],
+                                   got["ready"], got["handed"], groups, streams, stop, np.zeros_like(stop))
     d_runs = _decode_runs(dec, got, code, d_engines)
     return (out, _l.REQUESTS.rows(requests) if cfg["keep"] else None), d_runs, code, got
 
@@ -575,6 +691,12 @@ def _decode_pool(dec, d_engines: int, n: int, got: dict, calls: dict, d_router: 
                       np.empty(n if handing else 0, np.int64), dec.events,
                       np.ascontiguousarray(calls["d_output"], float),
                       np.ascontiguousarray(calls["d_prediction"], float))
+
+
+def _arrived(got: dict) -> tuple:
+    """The arrays a closed loop writes as each call arrives (``got``'s):
+    its arrival time, program, new tokens, last-call flag and call id."""
+    return tuple(got[k] for k in ("arrival_times", "program", "new_tokens", "session_end", "call"))
 
 
 def _got(n: int) -> dict:
