@@ -21,7 +21,6 @@ from ..lengths import RVS
 from ..metrics import applicable
 from ..predictors import Predictions
 from ..results import SimulationResult, UnstableWarning
-from ..workload import Workload
 
 __all__ = ["BATCH_MEANS_GROUPS", "engines_backlog", "TIME_SERIES_ROWS", "SCALE_RANGE",
            "RunTotals", "assemble", "check_arrivals",
@@ -366,18 +365,15 @@ def decode_stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
     return many[np.argsort(first[many], kind="stable")]
 
 
-def decode_stage_checked(workload, ss, n: int):
+def decode_stage_checked(workload, ss, n: int) -> tuple:
     """The requests a decode stage's check reads (:meth:`check_requests` of
-    LAPS's and a disaggregated deployment's plans), before any stage runs:
-    the prompts and outputs the run draws (the prompt and service streams),
-    each output less the prefill's first token, a one-token request checked
-    as one of two tokens so that the places stay those of arrival order; a
-    :class:`~mbbatch.Workload` replaying them."""
+    LAPS's plans), before any stage runs: the prompts and outputs the run
+    draws (the prompt and service streams), each output less the prefill's
+    first token, a one-token request checked as one of two tokens so that
+    the places stay those of arrival order; ``(prompts, outputs)``."""
     integer = bool(workload.integer_lengths)
     out = lengths(workload._output, stream(ss, STREAM_SERVICE), n, integer)
-    return Workload(prompt=lengths(workload._prompt, stream(ss, STREAM_PROMPT), n, integer),
-                    output=np.maximum(out - 1.0, 1.0), integer_lengths=workload.integer_lengths,
-                    predictor_sigma=workload.predictor_sigma)
+    return lengths(workload._prompt, stream(ss, STREAM_PROMPT), n, integer), np.maximum(out - 1.0, 1.0)
 
 
 def stage_goodput(workload, req: dict, completion: np.ndarray, output: np.ndarray) -> float:

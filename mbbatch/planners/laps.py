@@ -83,8 +83,9 @@ class Plan:
         pol, wl, n = self.policy, self.workload, self.n
         if pol.decode is None or not pol.decode.resumable:
             return
-        stage = decode_stage_checked(wl, ss, n)
-        _decode_plan(pol, Replay(np.zeros(n)), stage, self.decode_model, n).check_requests(ss)
+        # (the stage's fit, on the arrays: no workload or arrivals of their own to validate)
+        continuous.check_fits(_decode_plan(pol, Poisson(1.0), wl, self.decode_model, n),
+                              *decode_stage_checked(wl, ss, n))
 
     @functools.cached_property
     def kernel_args(self) -> tuple:
