@@ -294,6 +294,12 @@ LapsStage = namedtuple("LapsStage", ("config", "out", "requests", "ws", "events"
 #   _finish(pre, carry, n): its statistics written.
 
 @step
+def _event_at(events, ev):
+    """The instant of engine event ``ev`` of ``events`` (inf: none left)."""
+    return events[0][ev] if ev < events[0].shape[0] else np.inf
+
+
+@step
 def _set_up_engines(pre, n, first, streams, estop):
     _set_up(pre.counts.shape[0], pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, streams, estop)
     # (the router's round-robin pointer, the next engine event)
@@ -302,8 +308,7 @@ def _set_up_engines(pre, n, first, streams, estop):
 
 @step
 def _event_time_engines(pre, carry):
-    ev = carry[1]
-    return pre.events[0][ev] if ev < pre.events[0].shape[0] else np.inf
+    return _event_at(pre.events, carry[1])
 
 
 @step
@@ -380,8 +385,7 @@ def _set_up_laps(pre, n, first, streams, estop):
 
 @step
 def _event_time_laps(pre, carry):
-    ev = carry[14]
-    return pre.events[0][ev] if ev < pre.events[0].shape[0] else np.inf
+    return _event_at(pre.events, carry[14])
 
 
 @step
@@ -532,7 +536,7 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
             te = _event_time(pre, carry)
-            td = dec.events[0][dev] if dev < dec.events[0].shape[0] else np.inf
+            td = _event_at(dec.events, dev)
             cap = min(t, te, td)
             sp, which = _next(pre, carry, cap, t, td, te)
             d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap)
