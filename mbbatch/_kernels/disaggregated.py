@@ -34,10 +34,10 @@ pool's first tokens): the feed-forward planner
 One driver runs every prefill stage (:func:`closed_loop_kernel`): a
 stage is a namedtuple of its arrays and eight steps of its own (set up,
 its next event, its step, its engine event, an arrival, its statistics:
-the ``_*_engines`` steps of the continuous pool, :data:`EnginesStage`),
+the ``_*_engines`` steps of the continuous pool, :data:`EnginesPrefill`),
 which the driver calls by name; :data:`laps_closed_loop_kernel` is the
 driver compiled again with LAPS's steps (:func:`.common.variant`), its
-stage LAPS's prefill instances (:data:`LapsStage`): the steps of
+stage LAPS's prefill instances (:data:`LapsPrefill`): the steps of
 :mod:`.laps`'s kernel route each call as it arrives and run the
 instances' batches, each batch's end an event in time order with the
 decode pool's iterations.
@@ -263,14 +263,14 @@ def _decode_event(ev, t, dec, d_rr, streams, estop):
 #: ``routed``), ``reqs`` each engine's requests' numbers in arrival order
 #: and ``ids`` (``reqs`` where a request routed again is numbered, or empty
 #: without engine ``events``)
-EnginesStage = namedtuple("EnginesStage", ("config", "control", "inputs", "out", "requests", "ws", "feeds", "counts",
-                                           "output", "prediction", "chain", "shared", "rt", "ca", "eng", "table",
-                                           "match", "where", "local", "reqs", "ids", "events", "routed"))
+EnginesPrefill = namedtuple("EnginesPrefill", ("config", "control", "inputs", "out", "requests", "ws", "feeds",
+                                               "counts", "output", "prediction", "chain", "shared", "rt", "ca", "eng",
+                                               "table", "match", "where", "local", "reqs", "ids", "events", "routed"))
 
 #: LAPS's prefill instances as a closed loop's first stage
 #: (:func:`.laps.laps_kernel`'s ``config``, ``out``, ``requests``, ``ws``,
 #: its ``n`` the calls routed) and their ``events``
-LapsStage = namedtuple("LapsStage", ("config", "out", "requests", "ws", "events"))
+LapsPrefill = namedtuple("LapsPrefill", ("config", "out", "requests", "ws", "events"))
 
 
 # A stage's steps, each stage's own (the driver, :func:`closed_loop_kernel`,
@@ -500,9 +500,9 @@ _set_up_stage, _event_time, _next, _ready_first, _step, _event, _arrive, _finish
 def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, ready, handed, groups, streams, stop,
                        estop):
     """Serve ``arrived[0].size`` calls of closed-loop programs through the
-    prefill stage ``pre`` (:data:`EnginesStage`: continuous engines behind
+    prefill stage ``pre`` (:data:`EnginesPrefill`: continuous engines behind
     the router; :data:`laps_closed_loop_kernel` runs this driver on a
-    :data:`LapsStage`) and the decode pool (``dec``, a :data:`DecodePool`:
+    :data:`LapsPrefill`) and the decode pool (``dec``, a :data:`DecodePool`:
     its engines, each logging its completions), as the module says: every
     event in time order, the stage's next step (its own rule: the
     ``_next`` step of its kind), a ready call (before the stage's step at
@@ -575,7 +575,7 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
 
 
 #: :func:`closed_loop_kernel` with LAPS's prefill instances as the prefill
-#: stage (a :data:`LapsStage`; arXiv:2601.11589): a call arriving is routed
+#: stage (a :data:`LapsPrefill`; arXiv:2601.11589): a call arriving is routed
 #: by LAPS's router into an instance's queue (:func:`.laps._arrive`), each
 #: instance runs prefill batches (:func:`.laps._start_batch`), and at a
 #: batch's end each of its calls has its first token (a one-token call
@@ -637,7 +637,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(P + 1), np.empty(P + 1, np.int64))
     table = np.full((TABLE.size, max(P, 1)), -1, np.int64)
-    stage = EnginesStage(pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, pre.feeds, pre.counts,
+    stage = EnginesPrefill(pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, pre.feeds, pre.counts,
                          output, np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, router,
                          cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where,
                          pre.local, pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids,
@@ -675,7 +675,7 @@ def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, s
     got = _got(n)
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(start.size + 1), np.empty(start.size + 1, np.int64))
-    code = laps_closed_loop_kernel(LapsStage(config, out, requests, ws, _l.event_arrays(events)),
+    code = laps_closed_loop_kernel(LapsPrefill(config, out, requests, ws, _l.event_arrays(events)),
                                    _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
                                    (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
                                    np.ascontiguousarray(calls["prompt"], float), _arrived(got), got["first_token"],
