@@ -110,6 +110,13 @@ HIST_BASE = (1023 + HIST_MIN_EXP) << HIST_SUB_BITS  # 1023: the float64 exponent
 kernel = njit(cache=CACHE, nogil=True, no_cfunc_wrapper=True, _nrt=False)
 #: a step of an event loop: compiled once, inlined by LLVM wherever it is called
 step = njit(cache=CACHE, forceinline=True, no_cpython_wrapper=True, no_cfunc_wrapper=True, _nrt=False)
+#: a stage's step in a driver of several stages (a closed loop's prefill
+#: stage: :mod:`.disaggregated`), inlined by numba into the driver's own
+#: code before it is compiled, so that the stage's namedtuple is read field
+#: by field where the step reads it.  (Inlined by LLVM, as a ``step``, the
+#: closed-loop driver of continuous prefill engines ran about 4 % slower
+#: than the loop written out; inlined so, about 2.5 %.)
+stage_step = njit(cache=CACHE, inline="always", no_cpython_wrapper=True, no_cfunc_wrapper=True, _nrt=False)
 #: a helper called once per block of requests.  (It keeps the C wrapper: its
 #: flags are then those numba compiles the random draws with, so it compiles
 #: each of them once, not once per set of flags.)

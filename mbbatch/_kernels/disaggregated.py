@@ -55,7 +55,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import ARRIVED, STOP, kernel, step, variant
+from .common import ARRIVED, STOP, kernel, stage_step, step, variant
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
                                  _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
@@ -299,19 +299,19 @@ def _event_at(events, ev):
     return events[0][ev] if ev < events[0].shape[0] else np.inf
 
 
-@step
+@stage_step
 def _set_up_engines(pre, n, first, streams, estop):
     _set_up(pre.counts.shape[0], pre.config, pre.control, pre.inputs, pre.out, pre.requests, pre.ws, streams, estop)
     # (the router's round-robin pointer, the next engine event)
     return np.int64(0), np.int64(0)
 
 
-@step
+@stage_step
 def _event_time_engines(pre, carry):
     return _event_at(pre.events, carry[1])
 
 
-@step
+@stage_step
 def _next_engines(pre, carry, cap, t, td, te):
     """The prefill engine whose iteration starts first before ``cap``."""
     ws = pre.ws
@@ -319,13 +319,13 @@ def _next_engines(pre, carry, cap, t, td, te):
     return (ws.state_f[e, ES.now] if e >= 0 else np.inf), e
 
 
-@step
+@stage_step
 def _ready_first_engines(r, sp):
     # (a call ready joins the decode pool before any iteration starting at or after it)
     return r <= sp
 
 
-@step
+@stage_step
 def _step_engines(pre, carry, sp, e, call, first, ready, link, d_output, gap, K, heap_t, heap_id, hsize, rheap,
                   rsize, streams, estop):
     """Prefill engine e's iteration starting at ``sp``, each call it
@@ -341,7 +341,7 @@ def _step_engines(pre, carry, sp, e, call, first, ready, link, d_output, gap, K,
     return DONE, carry, hsize, rsize
 
 
-@step
+@stage_step
 def _event_engines(pre, carry, te, arrived, streams, estop):
     """A prefill engine leaves or joins (:func:`.continuous_cluster._engine_event`)."""
     rr_route, ev = carry
@@ -353,7 +353,7 @@ def _event_engines(pre, carry, te, arrived, streams, estop):
     return code, (rr_route, ev + 1)
 
 
-@step
+@stage_step
 def _arrive_engines(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
     """The next call routed to a prefill engine (:func:`.continuous_cluster._arrive_call`)."""
     rr_route, ev = carry
@@ -365,12 +365,12 @@ def _arrive_engines(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
     return (rr_route, ev), hsize
 
 
-@step
+@stage_step
 def _finish_engines(pre, carry, n):
     pass
 
 
-@step
+@stage_step
 def _set_up_laps(pre, n, first, streams, estop):
     config, ws = pre.config, pre.ws
     ttft_slo = config[1][_l.C.ttft_slo]
@@ -383,12 +383,12 @@ def _set_up_laps(pre, n, first, streams, estop):
     return (s, _l._router_state(n, G, first), 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, -np.inf, 0)
 
 
-@step
+@stage_step
 def _event_time_laps(pre, carry):
     return _event_at(pre.events, carry[14])
 
 
-@step
+@stage_step
 def _next_laps(pre, carry, cap, t, td, te):
     """LAPS's next event, its own order: a batch end at or before the
     arrival or an instance's event (before a decode event), a window
@@ -404,13 +404,13 @@ def _next_laps(pre, carry, cap, t, td, te):
     return lt, (e_c, t_c, e_w)
 
 
-@step
+@stage_step
 def _ready_first_laps(r, lt):
     # (a batch ending at or before a ready call's instant goes first: its calls may be ready then too)
     return r < lt
 
 
-@step
+@stage_step
 def _step_laps(pre, carry, lt, which, call, first, ready, link, d_output, gap, K, heap_t, heap_id, hsize, rheap,
                rsize, streams, estop):
     """An instance's batch end at ``lt`` (each of its calls at its first
@@ -440,7 +440,7 @@ def _step_laps(pre, carry, lt, which, call, first, ready, link, d_output, gap, K
                   sum_batch, last, ev), hsize, rsize
 
 
-@step
+@stage_step
 def _event_laps(pre, carry, te, arrived, streams, estop):
     """An instance leaves or joins: its queue handed back to the router,
     each request routed again (:func:`.laps._engine_event`)."""
@@ -458,7 +458,7 @@ def _event_laps(pre, carry, te, arrived, streams, estop):
                   sum_batch, last, ev + 1)
 
 
-@step
+@stage_step
 def _arrive_laps(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
     """The next call, routed by LAPS's router into an instance's queue
     (:func:`.laps._arrive`); the instance starts a batch if idle and one
@@ -481,7 +481,7 @@ def _arrive_laps(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
             sum_batch, last, ev), hsize
 
 
-@step
+@stage_step
 def _finish_laps(pre, carry, n):
     s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l, sum_batch, \
         last, ev = carry
