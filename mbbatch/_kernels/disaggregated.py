@@ -273,10 +273,10 @@ EnginesPrefill = namedtuple("EnginesPrefill", ("config", "control", "inputs", "o
 LapsPrefill = namedtuple("LapsPrefill", ("config", "out", "requests", "ws", "events"))
 
 
-# A stage's steps, each stage's own (the driver, :func:`closed_loop_kernel`,
-# calls them by these names; :data:`laps_closed_loop_kernel` is the driver
-# with LAPS's):
-#   _set_up(pre, n, first, streams, estop) -> carry: the stage ready, its
+# A stage's steps, each stage's own, each a ``stage_step`` (the driver,
+# :func:`closed_loop_kernel`, calls them by these names;
+# :data:`laps_closed_loop_kernel` is the driver with LAPS's):
+#   _set_up_stage(pre, n, first, streams, estop) -> carry: the stage ready, its
 #       loop-carried state (scalars) before the first arrival at ``first``;
 #   _event_time(pre, carry): its next engine event's instant (inf: none);
 #   _next(pre, carry, cap, t, td, te) -> (instant, which): its next step
