@@ -145,6 +145,15 @@ def variant(decorator, fn, name: str, **constants):
     return decorator(copy)
 
 
+def event_arrays(events) -> tuple:
+    """The engine events a kernel takes, ``(times, engines, add)`` as
+    contiguous float64, int64 and int8 arrays (None, or none given: three
+    empty arrays)."""
+    if events is None or len(events[0]) == 0:
+        return (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int8))
+    return tuple(np.ascontiguousarray(a, t) for a, t in zip(events, (float, np.int64, np.int8)))
+
+
 def load_tuple(vector, size):
     """The tuple of ``vector``'s first ``size`` values (``size`` a
     compile-time constant), each read by a load of its own.  numba's

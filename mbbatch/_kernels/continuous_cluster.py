@@ -67,7 +67,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .common import ARRIVED, STOP, kernel, load_tuple, step, variant
+from .common import ARRIVED, STOP, event_arrays, kernel, load_tuple, step, variant
 from .continuous import C_COST, DONE, ES, N_COST, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
 from .layout import Layout
 from . import admission
@@ -784,9 +784,7 @@ class _Cluster:
         from .common import ARR_REPLAY, check_stop
 
         check_stop(stop)
-        if events is None or len(events[0]) == 0:
-            events = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int8))
-        self.events = tuple(np.ascontiguousarray(a, t) for a, t in zip(events, (float, np.int64, np.int8)))
+        self.events = event_arrays(events)
         handing = self.events[0].size > 0
         cfg = _k.CONFIG.unpack(config)
         if handing and not admission.HANDS_BACK[cfg["admission"]]:

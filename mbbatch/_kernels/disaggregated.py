@@ -55,7 +55,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import ARRIVED, STOP, kernel, stage_step, step, variant
+from .common import ARRIVED, STOP, event_arrays, kernel, stage_step, step, variant
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
                                  _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
@@ -675,7 +675,7 @@ def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, s
     got = _got(n)
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(start.size + 1), np.empty(start.size + 1, np.int64))
-    code = laps_closed_loop_kernel(LapsPrefill(config, out, requests, ws, _l.event_arrays(events)),
+    code = laps_closed_loop_kernel(LapsPrefill(config, out, requests, ws, event_arrays(events)),
                                    _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
                                    (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
                                    np.ascontiguousarray(calls["prompt"], float), _arrived(got), got["first_token"],

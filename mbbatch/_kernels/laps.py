@@ -43,7 +43,7 @@ from collections import namedtuple
 import numpy as np
 
 from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals,
-                     draw_block, drawers, hist_bucket, kernel, round_lengths, step, variant)
+                     draw_block, drawers, event_arrays, hist_bucket, kernel, round_lengths, step, variant)
 from .layout import Arrays, Layout
 
 #: the run's scalars: ``dual`` 1 for the dual queue (else one FIFO),
@@ -568,13 +568,6 @@ laps_events_kernel = variant(kernel, laps_kernel, "laps_events_kernel", EVENTS=T
 
 #: the most groups of arrivals the backlog check can ask for (a request's category and group share an int8)
 MAX_GROUPS = 64
-
-
-def event_arrays(events) -> tuple:
-    """The kernel's ``events`` (``(times, instances, add)``; None: none)."""
-    if events is None:
-        return (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int8))
-    return tuple(np.ascontiguousarray(a, t) for a, t in zip(events, (float, np.int64, np.int8)))
 
 
 def allocate(cfg: dict, n: int, groups: int) -> tuple:
