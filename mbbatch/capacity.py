@@ -1031,32 +1031,27 @@ def find_split(engines: int, *, prefill=None, decode=None, kv_transfer=None, rou
     same engines each running both phases.  A :class:`~mbbatch.LAPS`
     ``prefill`` is the pool of each split with its ``instances`` set to
     ``p`` (its long instances derived again; LAPS's router; ``colocated``
-    then runs the decode engine's settings).  The best split is the largest capacity (ties: fewer prefill
+    then runs the decode engine's settings): each split is the one its
+    prefill policy's stage declares (:data:`.planners.disaggregated.STAGES`,
+    ``split`` and ``colocated``).  The best split is the largest capacity (ties: fewer prefill
     engines)."""
-    from dataclasses import replace
-
+    from .planners.disaggregated import STAGES
     from .policies.cluster import Cluster
     from .policies.disaggregated import Disaggregated
-    from .policies.laps import LAPS
 
     if isinstance(engines, bool) or not isinstance(engines, (int, np.integer)) or not 2 <= engines <= 2 ** 20:
         raise ValueError(f"engines: a split keeps one engine in each pool at least, an integer in [2, 2**20]; got "
                          f"{engines!r}")
-    laps = isinstance(prefill, LAPS)
-
-    def pool(p):
-        if laps:
-            return dict(prefill=replace(prefill, instances=p, long_instances=None))
-        return dict(prefill=prefill, prefill_engines=p, router=router)
-
+    # (the first deployment refuses a prefill policy that declares no stage, naming those that do)
+    stage = STAGES[Disaggregated(prefill=prefill, decode=decode).prefill.prefill_stage]
     pools = [Disaggregated(decode=decode, decode_engines=int(engines) - p, kv_transfer=kv_transfer,
-                           decode_model=decode_model, **pool(p))
+                           decode_model=decode_model, **stage.split(prefill, p, router))
              for p in range(1, int(engines))]
     caps = {pol.prefill_engines: find_capacity(pol, **search) for pol in pools}
     best = max(caps, key=lambda p: (caps[p].rate, -p))
     together = None
     if check_flag("colocated", colocated):
-        # (the deployments' prefill engine, or with LAPS their decode engine: ContinuousBatching() where not given)
-        engine = pools[0].decode if laps else pools[0].prefill
+        # (the engine the prefill stage names: ContinuousBatching() where not given)
+        engine = stage.colocated(pools[0])
         together = find_capacity(Cluster(engine, engines=int(engines), router=router), **search)
     return SplitResult(engines=int(engines), capacities=caps, best=best, colocated=together)

@@ -691,3 +691,11 @@ def test_find_split_takes_a_laps_prefill_pool():
     want = find_capacity(mb.Disaggregated(mb.LAPS(instances=2, threshold=48), engine, decode_engines=1), **kw)
     assert got.capacities[2].rate == want.rate
     assert got.rate == max(c.rate for c in got.capacities.values())
+
+
+def test_find_split_refuses_a_prefill_policy_that_declares_no_stage():
+    """A split's prefill pool is the stage its policy declares: a policy
+    declaring none is refused by name, before any search runs."""
+    with pytest.raises(TypeError, match=r"prefill must be ContinuousBatching or LAPS .* got StaticBatching"):
+        mb.find_split(3, prefill=mb.StaticBatching(), n=100,
+                      workload=mb.Workload(prompt=st.lognorm(0.5, scale=64), output=st.lognorm(0.5, scale=64)))

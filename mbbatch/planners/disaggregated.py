@@ -366,6 +366,18 @@ class EnginesStage:
     #: the column of each request's prefill engine in the pool's records
     column = "engine"
 
+    def split(self, prefill, p: int, router) -> dict:
+        """A deployment's settings for a pool of ``p`` of these engines
+        (:func:`~mbbatch.find_split`): ``p`` copies of ``prefill`` behind
+        ``router``."""
+        return dict(prefill=prefill, prefill_engines=p, router=router)
+
+    def colocated(self, deployment):
+        """The engine a colocated cluster of ``deployment``'s engines runs
+        (:func:`~mbbatch.find_split`): its prefill engine, which runs both
+        phases."""
+        return deployment.prefill
+
     def check(self, policy, arrivals, n: int, workload, model):
         """The pool's checked plan: the workload's requests, each served to
         its first token.  A program's calls grow by their outputs, whose KV
@@ -412,6 +424,15 @@ class LapsStage(EnginesStage):
     iteration; :class:`EnginesStage`'s answers."""
 
     column = "instance"
+
+    def split(self, prefill, p: int, router) -> dict:
+        """LAPS with ``p`` prefill instances (its long instances derived
+        again, its own router: ``router`` unused)."""
+        return dict(prefill=replace(prefill, instances=p, long_instances=None))
+
+    def colocated(self, deployment):
+        """The decode engine's settings: LAPS's instances run no decode."""
+        return deployment.decode
 
     def check(self, policy, arrivals, n: int, workload, model):
         if workload.system_prompts is not None:
