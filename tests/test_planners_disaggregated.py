@@ -730,6 +730,26 @@ def test_the_requests_are_a_colocated_clusters_on_the_same_seed():
         np.testing.assert_array_equal(a[col], b[col], err_msg=col)
 
 
+@pytest.mark.parametrize("programs", [None, mb.Programs(calls=3, think_time=0.5, closed=True)],
+                         ids=["open", "closed"])
+def test_without_kept_requests_the_pools_keep_none_and_the_metrics_are_the_same(programs):
+    """keep_requests=False: the deployment's metrics are those with it, bit
+    for bit (its quantiles exact either way, read from its pools' records);
+    its pools' results hold no records (their quantiles then their
+    histograms'), with it each pool's records are whole."""
+    pol = mb.Disaggregated(mb.ContinuousBatching(max_num_seqs=8), mb.ContinuousBatching(max_num_seqs=8),
+                           prefill_engines=2, decode_engines=2, programs=programs)
+    kw = dict(arrivals=mb.Poisson(6.0), workload=WL, n=600, seed=3)
+    kept = mb.simulate(pol, keep_requests=True, **kw)
+    lean = mb.simulate(pol, keep_requests=False, **kw)
+    assert lean.requests is None and lean.prefill.requests is None and lean.decode.requests is None
+    assert lean.metrics() == kept.metrics()
+    for pool in ("prefill", "decode"):
+        req = getattr(kept, pool).requests
+        assert {"arrival", "admitted", "first_token", "completion", "preemptions", "latency", "ttft"} <= set(req)
+        assert getattr(kept, pool).completed == getattr(lean, pool).completed
+
+
 def test_a_slow_link_and_one_prefill_engine_show_in_their_metrics():
     """The transfer time is the link's (a tenth of the bandwidth: ten times
     the transfer); the time per output token that goodput reads counts it, so

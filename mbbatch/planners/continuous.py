@@ -54,6 +54,10 @@ class Plan:
     cluster: object = None
     #: the parameter that sets the engines' ``kv_tokens``, as the refusal of a request names it
     kv_name: str = "kv_tokens"
+    #: a deployment's pool (:mod:`.disaggregated`): the record columns its driver reads, the only ones its
+    #: requests keep beside their lengths and engines; its latency quantiles then its histograms' (the driver
+    #: reports its own, exact).  Empty: a run of its own, every column kept
+    stage_records: tuple = ()
 
     keep_batches = False
 
@@ -511,6 +515,8 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
         return st, out, req, ts, ts["waiting"][:, None]
     stats_, series, ctl, sums = [], [], [], {}
     req = {} if plan.keep_requests else None
+    # (a deployment's pool merges only the columns its driver reads)
+    wanted = plan.stage_records or _k.REQUESTS.ints + _k.REQUESTS.floats
     n = plan.n
     if req is not None and placed is not None:
         # (each engine's requests in the cluster's order: an engine numbers its requests as they reach it, so
@@ -530,6 +536,7 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
             # (0 + the first, then each in engine order: as sum() adds them)
             sums[f] = sums.get(f, 0) + getattr(out, f)
         if req is not None:
+            r = {k: v for k, v in r.items() if k in wanted}
             if placed is None:
                 for k, v in r.items():
                     req.setdefault(k, np.empty(n, v.dtype))[e::c] = v
@@ -634,12 +641,16 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran
     requests = None
     # (the requests' time outside the engine: in the kernel's latencies, and in the records' columns)
     delay = plan.policy.request_overhead
-    if plan.keep_requests:
+    if plan.keep_requests and plan.stage_records:
+        requests = Table({**{k: req[k] for k in plan.stage_records}, "prompt": prompt, "output": output,
+                          "prediction": prediction, **columns})
+    elif plan.keep_requests:
         requests = Table({**req, "prompt": prompt, "output": output, "prediction": prediction,
                           "latency": req["completion"] - req["arrival"] + delay,
                           "ttft": req["first_token"] - req["arrival"] + delay, **columns})
-    q = quantiles(out.hist, requests.latency if requests is not None and completed else None)
-    q_ttft = quantiles(out.hist_ttft, requests.ttft if requests is not None and completed else None)
+    exact = requests is not None and bool(completed) and not plan.stage_records
+    q = quantiles(out.hist, requests.latency if exact else None)
+    q_ttft = quantiles(out.hist_ttft, requests.ttft if exact else None)
     q_tbt = quantiles(out.hist_tbt, None)
     busy = st["busy"]
     tokens = st["tokens"]
@@ -704,6 +715,6 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran
         arrays={"latency_histogram": out.hist, "ttft_histogram": out.hist_ttft, "tbt_histogram": out.hist_tbt,
                 "group_mean_latency": g_lat, "batch_size_hist": out.size_hist, **arrays},
         requests=requests, time_series=ts, unstable=unstable, unstable_reason=reason,
-        latency_quantiles="exact" if requests is not None else HISTOGRAM_QUANTILES,
+        latency_quantiles="exact" if requests is not None and not plan.stage_records else HISTOGRAM_QUANTILES,
         kernel_seconds=kernel_seconds, classes=_class_metrics(plan.workload, out, plan.goodput))
     return finish(res, warn, stacklevel=5)

@@ -168,21 +168,31 @@ def _laps_open(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
     return laps.run_columns(pp, ss, progress, arrays), out
 
 
-def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False):
+#: the records a deployment reads of its pools' requests (:attr:`.continuous.Plan.stage_records`): the
+#: prefill pool's arrivals and first tokens, the decode pool's admissions and completions.  Without
+#: ``keep_requests`` its pools keep only these, and its result drops them once read; with it, each pool's
+#: result is whole (``res.prefill.requests``, ``res.decode.requests``)
+PREFILL_RECORDS = ("arrival", "first_token")
+DECODE_RECORDS = ("admitted", "completion")
+
+
+def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False, records: tuple = ()):
     """The checked plan of the decode pool: ``decode_engines`` engines, the
     requests dealt in turn (or, with another ``decode_router``, unless
     ``dealt``, a cluster of the engines behind it: a closed loop's pool,
     which its kernel routes, is planned as dealt), each bringing its
-    prompt's KV cache."""
+    prompt's KV cache; ``records``: the only record columns it keeps
+    (:attr:`.continuous.Plan.stage_records`; empty: all)."""
     if (pol.decode_router != "round_robin" or pol.decode_events) and not dealt:
         from ..policies.cluster import Cluster
 
         pool = Cluster(pol.decode, engines=pol.decode_engines, router=pol.decode_router, programs=None,
                        events=list(pol.decode_events))
         return replace(cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, prefilled=True),
-                       kv_name="decode.kv_tokens")
-    return continuous.check(pol.decode, arrivals, None, n, pol.decode_engines, True, workload, model, False,
-                            prefilled=True, servers_name="decode_engines", kv_name="decode.kv_tokens")
+                       kv_name="decode.kv_tokens", stage_records=records)
+    return replace(continuous.check(pol.decode, arrivals, None, n, pol.decode_engines, True, workload, model, False,
+                                    prefilled=True, servers_name="decode_engines", kv_name="decode.kv_tokens"),
+                   stage_records=records)
 
 
 def _prefill_workload(workload: Workload, n: int) -> Workload:
@@ -219,7 +229,8 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
         raise ValueError("workload.integer_lengths: a Disaggregated deployment's engines step whole tokens; it must "
                          "be True")
     n = resolve_n(n, arrivals, workload.length_specs())
-    prefill = STAGES[policy.prefill.prefill_stage].check(policy, arrivals, n, workload, model)
+    prefill = STAGES[policy.prefill.prefill_stage].check(policy, arrivals, n, workload, model,
+                                                         () if keep_requests else PREFILL_RECORDS)
     # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
     # prefill)
     decode = _decode_plan(policy, Poisson(1.0), workload, decode_model, n)
@@ -246,7 +257,8 @@ def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tup
     if order.size:
         stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
                          predictor_sigma=wl.predictor_sigma)
-        dec = _decode_plan(pol, Replay(ready[order]), stage, plan.decode_model, order.size).run(ss, warn=False)
+        dec = _decode_plan(pol, Replay(ready[order]), stage, plan.decode_model, order.size,
+                           records=_records(plan, DECODE_RECORDS)).run(ss, warn=False)
     return pre, dec, out, transfer, ready, order
 
 
@@ -302,7 +314,7 @@ def _closed_decode(plan: Plan, ss, prompt, out, d_out, d_pred, link, got: dict, 
         stage = Workload(prompt=prompt[j], output=d_out[j], integer_lengths=True)
         events = bool(pol.decode_events)
         dp = _decode_plan(pol, Replay(got["ready"][order]), stage, plan.decode_model, order.size,
-                          dealt=not events)
+                          dealt=not events, records=_records(plan, DECODE_RECORDS))
         # (dealt in turn: request m number m // D of engine m % D; else as the kernel's router placed it)
         placed = None if pol.decode_router == "round_robin" and not events else tuple(got["d_placed"])
         routed = None
@@ -339,6 +351,12 @@ def _closed_laps_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -
     req.update(program=got["program"], new_tokens=got["new_tokens"])
     pre = laps.result(pp, ss, lo, req, seconds)
     return pre, *_closed_decode(plan, ss, prompt, out, d_out, d_pred, link, got, d_runs)
+
+
+def _records(plan: Plan, records: tuple) -> tuple:
+    """A pool's record columns: ``records`` without ``keep_requests``, else
+    all (empty)."""
+    return () if plan.keep_requests else records
 
 
 def _decode_calls(plan: Plan, ss: np.random.SeedSequence, prompt, out) -> tuple:
@@ -378,9 +396,10 @@ class EnginesStage:
         phases."""
         return deployment.prefill
 
-    def check(self, policy, arrivals, n: int, workload, model):
+    def check(self, policy, arrivals, n: int, workload, model, records: tuple = ()):
         """The pool's checked plan: the workload's requests, each served to
-        its first token.  A program's calls grow by their outputs, whose KV
+        its first token (``records``: the only record columns it keeps,
+        :attr:`.continuous.Plan.stage_records`; empty: all).  A program's calls grow by their outputs, whose KV
         cache the decode pool made, so no engine of the pool holds a whole
         context: no KV reuse; a prefix cache keeps the prompts it
         prefilled."""
@@ -389,7 +408,7 @@ class EnginesStage:
         pool = Cluster(policy.prefill, engines=policy.prefill_engines, router=policy.router, programs=policy.programs,
                        kv_reuse=False, events=list(policy.prefill_events))
         return replace(cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, first_token=True),
-                       kv_name="prefill.kv_tokens")
+                       kv_name="prefill.kv_tokens", stage_records=records)
 
     def check_requests(self, plan: Plan, ss: np.random.SeedSequence, drawn) -> None:
         """Refuse a request the pool could never run (``drawn``: the
@@ -434,7 +453,7 @@ class LapsStage(EnginesStage):
         """The decode engine's settings: LAPS's instances run no decode."""
         return deployment.decode
 
-    def check(self, policy, arrivals, n: int, workload, model):
+    def check(self, policy, arrivals, n: int, workload, model, records: tuple = ()):
         if workload.system_prompts is not None:
             raise ValueError("workload.system_prompts: a LAPS prefill pool does not model system prompts; give a "
                              "Workload without system_prompts, or ContinuousBatching prefill engines")
@@ -513,6 +532,10 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> Simul
                           "completion": completion, "latency": latency, "ttft": ttft,
                           "prefill_engine": req[plan.stage.column],
                           **{k: req[k] for k in ("program", "new_tokens") if pol.programs is not None}})
+    else:
+        # (the pools' records, read: a result that keeps none holds none of theirs either)
+        for r in pools:
+            r.requests = None
     unstable = [f"{name}: {r.unstable_reason}" for name, r in (("prefill", pre), ("decode", dec))
                 if r is not None and r.unstable]
     reason = "; ".join(unstable) if unstable else pre.unstable_reason
