@@ -1,5 +1,6 @@
 """Running kernels: Ctrl-C within a fraction of a second; memory, and the
-clock's resolution, checked before anything is allocated.
+clock's resolution, checked before anything is allocated; a run's arrays on
+small pages (:func:`small_pages`).
 
 A numba kernel holds the thread that calls it until it returns, and Python
 runs signal handlers only between bytecodes, so a Ctrl-C during a long
@@ -14,6 +15,9 @@ flag at every check.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import glob
 import math
 import os
 import sys
@@ -31,8 +35,13 @@ CLOCK_RESOLUTION = 1e-4
 #: a progress bar shows once a run has taken this long (s): short runs print nothing
 PROGRESS_DELAY = 1.0
 
-__all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "PROGRESS_DELAY", "new_stop_flag", "stop_flag", "watch_stop_flag",
-           "interruptible", "available_memory", "memory_limits", "check_memory", "check_clock", "format_bytes"]
+#: the environment variable of numpy's huge-page advice (numpy reads it at import); where it is set, its
+#: setting stands through mbbatch's runs (:func:`small_pages`)
+HUGEPAGE_ENV = "NUMPY_MADVISE_HUGEPAGE"
+
+__all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "PROGRESS_DELAY", "HUGEPAGE_ENV", "new_stop_flag", "stop_flag",
+           "watch_stop_flag", "interruptible", "free_page_reporting", "small_pages", "available_memory",
+           "memory_limits", "check_memory", "check_clock", "format_bytes"]
 
 
 _enclosing = threading.local()
@@ -104,6 +113,78 @@ def interruptible(call, stop: np.ndarray, total: int | None = None):
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def _hugepage_setter():
+    """numpy's switch of its huge-page advice (it returns the setting it
+    replaced), or None where this numpy has none."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:                 # pragma: no cover (numpy 1)
+        from numpy.core import multiarray
+    return getattr(multiarray, "_set_madvise_hugepage", None)
+
+
+_pages_lock = threading.Lock()
+#: the runs inside :func:`small_pages` now, and numpy's setting before the first
+_pages = {"depth": 0, "before": True}
+
+
+#: virtio-balloon's feature bit of free page reporting (VIRTIO_BALLOON_F_REPORTING)
+_REPORTING_BIT = 5
+
+
+@functools.cache
+def free_page_reporting() -> bool:
+    """Whether this machine is a virtual machine whose balloon reports its
+    free memory to the host (Linux: a ``virtio_balloon`` device offering
+    free page reporting; False wherever that cannot be read)."""
+    for features in glob.glob("/sys/bus/virtio/drivers/virtio_balloon/*/features"):
+        try:
+            with open(features) as f:
+                bits = f.read().strip()
+        except OSError:
+            continue
+        if len(bits) > _REPORTING_BIT and bits[_REPORTING_BIT] == "1":
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def small_pages():
+    """Run a block with numpy's huge-page advice off where huge pages cost
+    the most (:func:`free_page_reporting`), as it was after.
+
+    numpy asks Linux to back each large array with transparent huge pages
+    (``madvise(MADV_HUGEPAGE)``).  A run's first write to each such page
+    then needs 2 MB of contiguous free memory.  On a virtual machine that
+    reports its free memory to the host (virtio-balloon's free page
+    reporting reports free blocks of 2 MB and more, which the host then
+    takes back) that is memory the host must back afresh at its first
+    touch: measured, about 5 ms a huge page, where small pages come from
+    memory the guest freed lately and the host still backs.  A 4 + 4
+    disaggregated deployment at n = 10^7 took 8 to 17 s of system time on
+    huge pages against about 2 s on small ones; LAPS's bench ran 7.0 and
+    7.6 M requests/s against 10.2 and 11.3 (the performance guide).
+    Elsewhere numpy's advice stands, as it does wherever
+    ``NUMPY_MADVISE_HUGEPAGE`` is set in the environment.  Nested and
+    concurrent runs share one setting: numpy's is given back as the last of
+    them ends."""
+    setter = _hugepage_setter()
+    if setter is None or HUGEPAGE_ENV in os.environ or not free_page_reporting():
+        yield
+        return
+    with _pages_lock:
+        if _pages["depth"] == 0:
+            _pages["before"] = setter(False)
+        _pages["depth"] += 1
+    try:
+        yield
+    finally:
+        with _pages_lock:
+            _pages["depth"] -= 1
+            if _pages["depth"] == 0:
+                setter(_pages["before"])
 
 
 def available_memory() -> int | None:

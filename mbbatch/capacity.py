@@ -132,7 +132,7 @@ from . import stats
 from ._validation import check_flag, check_scalar_real
 from .arrivals import Arrivals, Poisson, Saturated
 from .metrics import METRICS, PER_CLASS
-from .simulation import plan
+from .simulation import plan, run_plan
 from .params import Domain
 from scipy import stats as _st
 
@@ -622,7 +622,7 @@ class _Search:
         waiting at time 0 (run once, the first time a probe needs it)."""
         if rep not in self.saturated:
             run = plan(self.policy, Saturated(), servers=self.servers, **self.sim_kw)
-            res = run.run(self.seed(rep), warn=False)
+            res = run_plan(run, self.seed(rep), warn=False)
             self.requests += run.n
             self.kernel_seconds += res.kernel_seconds
             self.saturated[rep] = _busy_throughput(res)
@@ -639,7 +639,7 @@ class _Search:
         target = FIRST_REPS
         while True:
             for r in range(reps, target):
-                res = run.run(self.seed(r), warn=False)
+                res = run_plan(run, self.seed(r), warn=False)
                 self.kernel_seconds += res.kernel_seconds
                 # (the plan's servers: LAPS's instances; a cluster's engines' servers, all of them)
                 values[LOAD].append(rate * res.mean_batch_service / (res.servers * res.mean_batch_size))

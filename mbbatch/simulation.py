@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._running import small_pages
 from ._seeding import as_seed_sequence
 from ._validation import check_flag
 from .planners import PLANNERS
@@ -26,7 +27,7 @@ from .registry import kind_of
 from .results import SimulationResult
 from .workload import Mixture, Workload
 
-__all__ = ["simulate", "check_simulation", "plan", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE"]
+__all__ = ["simulate", "check_simulation", "plan", "run_plan", "BATCH_MEANS_GROUPS", "TIME_SERIES_ROWS", "SCALE_RANGE"]
 
 
 def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_requests=False, *,
@@ -128,7 +129,15 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
     """
     progress = check_flag("progress", progress)
     plan = _plan(policy, arrivals, service, n, servers, keep_requests, workload, service_model, keep_batches)
-    return plan.run(as_seed_sequence(seed), progress=progress)
+    return run_plan(plan, as_seed_sequence(seed), progress=progress)
+
+
+def run_plan(plan, ss: np.random.SeedSequence, **kw) -> SimulationResult:
+    """``plan.run(ss, **kw)`` (a checked plan, :func:`plan`), its arrays on
+    small pages (:func:`mbbatch._running.small_pages`): every run of
+    ``simulate``, a sweep's cells and a capacity search goes through here."""
+    with small_pages():
+        return plan.run(ss, **kw)
 
 
 def check_simulation(policy, arrivals, service=None, n=None, servers=1, keep_requests=False, *,

@@ -172,3 +172,77 @@ def test_the_memory_check_no_longer_ignores_the_process_memory_limits():
         assert line.startswith("n: this run needs 1.0 GiB of memory (1.0 GiB for the requests), more than the "), line
         assert f"available under the process's {what} limit ({name} = " in line, line
         assert line.endswith("; make it smaller or raise the limit"), line
+
+
+def _advice() -> bool:
+    """numpy's huge-page advice now (set back as it was)."""
+    setter = _running._hugepage_setter()
+    now = setter(True)
+    setter(now)
+    return now
+
+
+@pytest.mark.parametrize("before", [True, False])
+def test_a_run_allocates_on_small_pages_and_gives_numpys_advice_back(before, monkeypatch):
+    """Inside small_pages numpy's huge-page advice is off; nested blocks keep
+    it off until the outer one ends, which gives numpy's setting back as it
+    was (on or off).  simulate runs inside one, seen by a kernel's run."""
+    monkeypatch.delenv(_running.HUGEPAGE_ENV, raising=False)
+    monkeypatch.setattr(_running, "free_page_reporting", lambda: True)
+    setter = _running._hugepage_setter()
+    assert setter is not None
+    old = setter(before)
+    try:
+        with _running.small_pages():
+            assert _advice() is False
+            with _running.small_pages():
+                assert _advice() is False
+            assert _advice() is False
+        assert _advice() is before
+        seen = []
+        from mbbatch.planners import continuous as planner
+
+        run = planner._run
+        monkeypatch.setattr(planner, "_run", lambda *a, **k: (seen.append(_advice()), run(*a, **k))[1])
+        mb.simulate(mb.ContinuousBatching(), arrivals=mb.Poisson(1.0), n=50, seed=0,
+                    workload=mb.Workload(prompt=st.lognorm(0.5, scale=64), output=st.lognorm(0.5, scale=16)))
+        assert seen == [False] and _advice() is before
+    finally:
+        setter(old)
+
+
+@pytest.mark.parametrize("env, reporting", [("1", True), (None, False)])
+def test_numpys_advice_stands_where_set_or_where_the_host_takes_no_memory_back(env, reporting, monkeypatch):
+    """With NUMPY_MADVISE_HUGEPAGE in the environment, or on a machine whose
+    free memory is not reported to a host, small_pages leaves numpy's
+    advice as it is."""
+    if env is None:
+        monkeypatch.delenv(_running.HUGEPAGE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_running.HUGEPAGE_ENV, env)
+    monkeypatch.setattr(_running, "free_page_reporting", lambda: reporting)
+    setter = _running._hugepage_setter()
+    old = setter(True)
+    try:
+        with _running.small_pages():
+            assert _advice() is True
+    finally:
+        setter(old)
+
+
+def test_free_page_reporting_reads_the_balloons_feature_bit(tmp_path, monkeypatch):
+    """Bit 5 (VIRTIO_BALLOON_F_REPORTING) of a virtio balloon's features
+    string: set, cleared, no balloon."""
+    dev = tmp_path / "virtio0"
+    dev.mkdir()
+    pattern = str(tmp_path / "*" / "features")
+    real = _running.glob.glob
+    monkeypatch.setattr(_running.glob, "glob", lambda p: real(pattern))
+    for bits, want in (("0110010100000000", True), ("0110000100000000", False)):
+        (dev / "features").write_text(bits + "\n")
+        _running.free_page_reporting.cache_clear()
+        assert _running.free_page_reporting() is want
+    (dev / "features").unlink()
+    _running.free_page_reporting.cache_clear()
+    assert _running.free_page_reporting() is False
+    _running.free_page_reporting.cache_clear()

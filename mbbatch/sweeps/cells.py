@@ -22,7 +22,7 @@ from .._running import interruptible, stop_flag
 from ..metrics import METRICS
 from ..policies.multibin import spec_edges
 from ..registry import ARRIVALS, POLICIES, build
-from ..simulation import check_simulation, plan
+from ..simulation import check_simulation, plan, run_plan
 from ..workload import SystemPrompts, Workload
 from .schema import TIME_POINTS, class_dims, class_vars, rep_vars, time_series, variables
 from .spec import SEARCHED, WORKLOAD_PARAMS, SpecError, service_model, trace_filters, trace_of
@@ -198,7 +198,7 @@ def run_point(arrivals: str, service: str, params: dict, root_seed: int, reps: i
         kernel = 0.0
         for rep in range(reps):
             # (no warning per run: the sweep reports its unstable cells together, at its end)
-            res = run.run(cell_seed(root_seed, params, rep, words), warn=False)
+            res = run_plan(run, cell_seed(root_seed, params, rep, words), warn=False)
             kernel += res.kernel_seconds
             for m in scalars:
                 out[m.var][rep] = getattr(res, m.name)
