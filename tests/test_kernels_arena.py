@@ -166,3 +166,38 @@ def test_a_results_requests_are_not_reused(kept):
         _poison()
     for k, v in before.items():
         np.testing.assert_array_equal(res.requests[k], v, err_msg=k)
+
+
+#: token-policy clusters whose open-loop programs' calls are leased: drawn starts and think times, saturated
+#: arrivals (every start and gap 0), no think time (every gap 0), programs cut short (n not a multiple of calls)
+CLUSTER_RUNS = [(mb.Poisson(30.0), mb.Programs(calls=4, think_time=1.0), 3000),
+                (mb.Saturated(), mb.Programs(calls=3, think_time=0.5), 3000),
+                (mb.Poisson(30.0), mb.Programs(calls=3, think_time=0.0), 3001)]
+
+
+def _cluster_run(arrivals, programs, n, keep=False):
+    cl = mb.Cluster(mb.DynamicBatching(), engines=3, router="autellix", programs=programs)
+    return mb.simulate(cl, arrivals=arrivals, workload=WL, n=n, seed=5, keep_requests=keep)
+
+
+def test_a_clusters_programs_on_kept_garbage_are_runs_on_fresh_memory(kept, monkeypatch):
+    """A token-policy cluster's open-loop programs' calls (their starts,
+    gaps, new tokens, outputs, contexts, order and last-call flags) come
+    from the kept arrays: each run on garbage equals its run with nothing
+    kept, and a result keeping its requests holds arrays no later run
+    takes."""
+    monkeypatch.setattr(arena, "LIMIT", 0)
+    fresh = [_cluster_run(*r) for r in CLUSTER_RUNS]
+    monkeypatch.setattr(arena, "LIMIT", 1 << 30)
+    for _ in range(2):
+        for r, want in zip(CLUSTER_RUNS, fresh):
+            _poison()
+            _same(_cluster_run(*r), want)
+    assert {role for role, _ in arena._kept} >= {"start", "gap", "new", "out", "ctx", "order", "session_end"}
+    res = _cluster_run(*CLUSTER_RUNS[0], keep=True)
+    before = {k: np.array(res.requests[k], copy=True) for k in res.requests.keys()}
+    for r in CLUSTER_RUNS:
+        _cluster_run(*r)
+        _poison()
+    for k, v in before.items():
+        np.testing.assert_array_equal(res.requests[k], v, err_msg=k)

@@ -17,6 +17,7 @@ from .._kernels import controller as _c
 from .._kernels import dynamic as _d
 from .._kernels import programs as _p
 from .._kernels import queues as _q
+from .._kernels.arena import Lease
 from .._kernels.routing import ROUTERS, CacheRouting, Router
 from .._running import check_memory
 from ..policies.cluster import Programs, Sessions
@@ -42,10 +43,11 @@ class Part:
         the kernel replays them."""
         return isinstance(self.policy.programs, Programs)
 
-    def prepare(self, plan, inputs, streams) -> tuple:
+    def prepare(self, plan, inputs, streams, lease=None) -> tuple:
         """A run's inputs with its programs' calls, the kernel's cluster
         arguments ``(config, programs, events)`` and the programs' arrays
-        (None without programs)."""
+        (None without programs); open-loop programs' calls in arrays of
+        ``lease`` (:class:`~mbbatch._kernels.arena.Lease`; None: fresh)."""
         cluster, workload, n = self.policy, plan.workload, plan.n
         programs = cluster.programs
         arrays = _p.NO_PROGRAMS
@@ -57,7 +59,7 @@ class Part:
             elif programs.closed:
                 calls, arrays = _closed_loop_calls(cluster, plan.arrivals, workload, n, streams)
             else:
-                calls, arrays = _program_calls(cluster, plan.arrivals, workload, n, streams)
+                calls, arrays = _program_calls(cluster, plan.arrivals, workload, n, streams, lease)
             inputs = inputs._replace(**{k: readonly(v) for k, v in calls.items()})
         config, events = _pack(cluster, n)
         return inputs, (config, arrays, events), (arrays if programs is not None else None)
@@ -310,7 +312,7 @@ def _pack(cluster, n: int) -> tuple:
     return config, events
 
 
-def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
+def _program_draws(cluster, arrivals, workload, n: int, streams, lease=None) -> tuple:
     """The draws of a cluster's ``P = ceil(n / calls)`` programs: ``(start,
     gap, new, out)``, the programs' starts (a Poisson process at ``rate /
     calls`` on the arrival stream; all 0 when saturated), then, by call id
@@ -318,18 +320,27 @@ def _program_draws(cluster, arrivals, workload, n: int, streams) -> tuple:
     exponential, next on the arrival stream; 0 when saturated; a first
     call's is not used), new tokens (prompt stream) and outputs (output
     stream).  A program of more calls than the run draws its first ``n``
-    (:meth:`~mbbatch.Programs.drawn`: calls is then C in the ids)."""
+    (:meth:`~mbbatch.Programs.drawn`: calls is then C in the ids).  The
+    arrays come from ``lease`` (:class:`~mbbatch._kernels.arena.Lease`;
+    None: fresh ones)."""
     programs, think = cluster.programs, cluster.programs.think_time
     P, C = programs.table_size(n), programs.drawn(n)
+    lease = lease or Lease(keep=False)
+    start, gap = lease.empty(P, role="start"), lease.empty(P * C, role="gap")
     if arrivals.clock(n) is None:           # (saturated: every program at 0)
-        start, gap = np.zeros(P), np.zeros(P * C)
+        start[:] = 0.0
+        gap[:] = 0.0
     else:
-        start = exponentials(streams.arrival, programs.calls / arrivals.rate, P)
+        exponentials(streams.arrival, programs.calls / arrivals.rate, P, empty=lambda m: start)
         np.cumsum(start, out=start)
-        gap = exponentials(streams.arrival, think, P * C) if think > 0 else np.zeros(P * C)
+        if think > 0:
+            exponentials(streams.arrival, think, P * C, empty=lambda m: gap)
+        else:
+            gap[:] = 0.0
     integer = bool(workload.integer_lengths)
-    return (start, gap, lengths(workload._prompt, streams.prompt, P * C, integer),
-            lengths(workload._output, streams.output, P * C, integer))
+    return (start, gap,
+            lengths(workload._prompt, streams.prompt, P * C, integer, empty=lambda m: lease.empty(m, role="new")),
+            lengths(workload._output, streams.output, P * C, integer, empty=lambda m: lease.empty(m, role="out")))
 
 
 #: calls a chunk of :func:`~mbbatch._kernels.dynamic.order_calls` reads at
@@ -364,7 +375,7 @@ def _order_chunks(start, gap, C: int, chunk: int | None = None):
     return (chunk, cap, start[-1] + span) if cap <= ORDER_CAP else None
 
 
-def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
+def _program_calls(cluster, arrivals, workload, n: int, streams, lease=None) -> tuple:
     """The first ``n`` calls of open-loop programs (:func:`_program_draws`),
     in arrival order: the kernel's inputs (their times: call c of a program
     at its start plus its gaps 1 .. c; prompts: the program's context so
@@ -373,16 +384,18 @@ def _program_calls(cluster, arrivals, workload, n: int, streams) -> tuple:
     calls arrive by time, then id (a stable sort: chunk by chunk, or all at
     once when programs are far longer than the spacing of their starts);
     saturated, all at time 0, every program's first call first, then their
-    second calls, and so on."""
+    second calls, and so on.  The calls' arrays come from ``lease``
+    (:class:`~mbbatch._kernels.arena.Lease`; None: fresh ones)."""
     C = cluster.programs.drawn(n)
-    start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams)
+    lease = lease or Lease(keep=False)
+    start, gap, new, out = _program_draws(cluster, arrivals, workload, n, streams, lease)
     N = new.size
     # (in place: the times overwrite the gaps, the calls' arrays their draws,
     # and `order` holds each call's program)
     saturated = arrivals.clock(n) is None
-    times, ctx = gap, np.empty(N)
-    order = np.arange(N).reshape(-1, C).T.ravel() if saturated else np.empty(N, np.int64)
-    session_end = np.empty(n, np.int8)
+    times, ctx = gap, lease.empty(N, role="ctx")
+    order = np.arange(N).reshape(-1, C).T.ravel() if saturated else lease.empty(N, np.int64, role="order")
+    session_end = lease.empty(n, np.int8, role="session_end")
     chunks = None if saturated else _order_chunks(start, gap, C)
     if chunks is not None:
         chunk, cap, top = chunks

@@ -323,10 +323,11 @@ def mixture_lengths(klass: np.ndarray, counts: np.ndarray, specs: list, gens: li
                                                  for spec, g in zip(pair, pair_gens)), *outs)
 
 
-def exponentials(gen: np.random.Generator, scale: float, m: int) -> np.ndarray:
+def exponentials(gen: np.random.Generator, scale: float, m: int, empty=np.empty) -> np.ndarray:
     """``gen.exponential(scale, m)``, bit for bit, by the kernels' drawer
-    (numba's draws: faster)."""
-    x = np.empty(m)
+    (numba's draws: faster), into an array ``empty`` makes (as
+    :func:`lengths`'s)."""
+    x = empty(m)
     _common.draw_lengths(_common.length_drawer(_common.SVC_EXPON), readonly(np.array([0.0, scale])),
                          readonly(np.empty(0)), gen, x, False)
     return x

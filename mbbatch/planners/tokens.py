@@ -18,6 +18,7 @@ from .._kernels import common as _common
 from .._kernels import controller as _c
 from .._kernels import dynamic as _d
 from .._kernels import queues as _q
+from .._kernels.arena import Lease
 from .._running import available_memory, check_memory, format_bytes, interruptible, stop_flag
 from .._seeding import (STREAM_ARRIVALS, STREAM_PREDICTION, STREAM_PRESAMPLE, STREAM_PROMPT, STREAM_SERVICE,
                         entropy_str, stream)
@@ -260,29 +261,31 @@ def _run(plan: Plan, ss, warn: bool, progress: bool) -> SimulationResult:
     streams = _d.TokenStreams(*(stream(ss, s) for s in (STREAM_ARRIVALS, STREAM_SERVICE, STREAM_PROMPT,
                                                           STREAM_PREDICTION)))
     cl_args = programs = None
-    if cluster is not None:
-        inputs, cl_args, programs = cluster.prepare(plan, inputs, streams)
-    else:
-        inputs = drawn_lengths(inputs, _d.INPUTS, workload, streams, n)
-    args = (config, inputs, streams)
-    stop = stop_flag()
-    t0 = time.perf_counter()
-    # bin confusion: each request's uniform from a key drawn on the prediction stream
-    key = int(streams.prediction.integers(0, 2 ** 63)) if plan.predictor.code == _common.PRED_CONFUSION else 0
-    edges = _preset_edges(plan, ss)
-    try:
-        out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS,
-                                                     ts_rows=TIME_SERIES_ROWS, key=key, edges=edges,
-                                                     cluster=cl_args, available=available_memory), stop,
-                                      n if progress else None)
-    except _d.QueueOverflow as exc:
-        # an open-arrival run's backlog is not known before it runs: a run that outgrows the memory
-        # stops here, rather than at the operating system's out-of-memory kill
-        raise MemoryError(f"n: this run's backlog outgrew the memory: {exc.waiting:,} requests were waiting "
-                          f"when doubling its queues needed {format_bytes(exc.needed)}, more than the "
-                          f"{format_bytes(exc.limit)} available; the policy does not keep up with the "
-                          f"arrivals (no steady state): make n smaller, or the arrival rate lower") from None
-    kernel_seconds = time.perf_counter() - t0
+    # (a cluster's programs' calls leased for the run: kept for the next unless the result holds them)
+    with Lease(keep=not plan.keep_requests) as lease:
+        if cluster is not None:
+            inputs, cl_args, programs = cluster.prepare(plan, inputs, streams, lease)
+        else:
+            inputs = drawn_lengths(inputs, _d.INPUTS, workload, streams, n)
+        args = (config, inputs, streams)
+        stop = stop_flag()
+        t0 = time.perf_counter()
+        # bin confusion: each request's uniform from a key drawn on the prediction stream
+        key = int(streams.prediction.integers(0, 2 ** 63)) if plan.predictor.code == _common.PRED_CONFUSION else 0
+        edges = _preset_edges(plan, ss)
+        try:
+            out, req, bat = interruptible(lambda: _d.run(*args, stop, groups=BATCH_MEANS_GROUPS,
+                                                         ts_rows=TIME_SERIES_ROWS, key=key, edges=edges,
+                                                         cluster=cl_args, available=available_memory), stop,
+                                          n if progress else None)
+        except _d.QueueOverflow as exc:
+            # an open-arrival run's backlog is not known before it runs: a run that outgrows the memory
+            # stops here, rather than at the operating system's out-of-memory kill
+            raise MemoryError(f"n: this run's backlog outgrew the memory: {exc.waiting:,} requests were waiting "
+                              f"when doubling its queues needed {format_bytes(exc.needed)}, more than the "
+                              f"{format_bytes(exc.limit)} available; the policy does not keep up with the "
+                              f"arrivals (no steady state): make n smaller, or the arrival rate lower") from None
+        kernel_seconds = time.perf_counter() - t0
     st = _d.STATS.unpack((out.ints, out.floats))
 
     completed = st["completed"]
