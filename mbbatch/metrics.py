@@ -202,10 +202,10 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     _m("kv_evictions", "blocks", "cached KV blocks no running sequence held, evicted least recently used to make "
        "room (0: prefix caching off)", "prefix", dtype="i8"),
     _m("mean_transfer_time", "s", "mean time a request's KV cache takes from its prefill engine to its decode "
-       "engine: latency + prompt x bytes per token / bandwidth (the requests of more than one output token)",
-       "disaggregated"),
-    _m("mean_decode_wait", "s", "mean time a request waits for its decode engine's admission after its KV "
-       "transfer (memory full, or max_num_seqs running)", "disaggregated"),
+       "engine once that admits it: latency + prompt x bytes per token / bandwidth (the requests of more than one "
+       "output token)", "disaggregated"),
+    _m("mean_decode_wait", "s", "mean time a request waits for its decode engine's admission after its first "
+       "token, before its KV transfer starts (memory full, or max_num_seqs running)", "disaggregated"),
     _m("prefill_utilization", "1", "the prefill pool's busy engine-time / (its engines x its span)",
        "disaggregated"),
     _m("decode_utilization", "1", "the decode pool's busy engine-time / (its engines x its span)",

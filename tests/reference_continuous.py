@@ -20,7 +20,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
              prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
              class_slo=None, class_tpot=None, goodput=0, quantum=16, levels=4, prefix_caching=False, chain=None,
-             shared=None, grows=None, until=None, join=None, leave=()):
+             shared=None, grows=None, until=None, join=None, leave=(), pull=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -134,6 +134,23 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     the final ``cached_blocks`` and ``refs`` per chain (0, 0, 0, [] and []
     without prefix caching).
 
+    ``pull``: per request, the seconds its KV cache takes to come once its
+    engine admits it (with ``cached``: a decode pool's, its prefill engine
+    holding the cache until the pull; 0: it came with the request).  At
+    every boundary that schedules, before anything else is scheduled, the
+    waiting head that pulls (a new request of pull > 0, not a resumption)
+    is admitted while the running and pulling are fewer than the cap and
+    the free blocks hold blocks(prompt + 1), in the admission order,
+    stopping at the first head that does not pull or does not fit: it takes
+    its blocks, is neither running nor waiting, and cannot be preempted.  At
+    the first boundary at or after its pull's end (ties: in the order the
+    pulls started) it joins the running as a prompt whose whole cache came,
+    its chunk of no tokens taken at the next iteration that schedules, in
+    running order, while the budget is positive (without chunked prefill
+    too).  A pulling head is never admitted otherwise, nor starts a prefill
+    phase.  With nothing to run but pulls the engine waits for the first to
+    end or the next arrival.  The controller's N_decode counts the pulling.
+
     ``until``: the engine stops before its first iteration that would
     start at or after ``until`` (the per-chain ``cached_blocks`` and
     ``refs`` then as they stand; the requests not done unstamped).
@@ -234,6 +251,9 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     recomputed = 0
     quanta_for_memory = 0    # the feedback queue's preemptions for a head the free blocks could not hold
     caps = []
+    pulling = []             # (pull's end, its number, r): the pulls under way
+    pending = set()          # the pulls landed, their chunk of no tokens still to come
+    npulls = 0
     block_left = 0           # iterations of the block after the current one
     held_first, held_done = [], []
     if controller is not None:
@@ -321,6 +341,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     def blocks(tokens):
         return -(-tokens // block_size)
 
+    def pulls(r):
+        """Whether the waiting head r pulls its KV cache (a new request, pull > 0)."""
+        return (pull is not None and float(pull[r]) > 0.0 and not (resume and resume[-1] == r) and g[r] == 0)
+
     def hand_back():
         """Every waiting request (not a preempted one) out, in admission order."""
         gone = []
@@ -407,6 +431,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     def preempt_last():
         nonlocal preemptions
         r = running.pop()
+        pending.discard(r)
         release(r, completed=False)
         preempted[r] += 1
         preemptions += 1
@@ -421,7 +446,11 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             handed[nl] = hand_back()
             nl += 1
         arrive_until(now)
-        if block_left > 0 and not any(pre[r] == need[r] for r in running):
+        pulling.sort()
+        while pulling and pulling[0][0] <= now:
+            running.append(pulling.pop(0)[2])
+            pending.add(running[-1])
+        if block_left > 0 and not any(pre[r] == need[r] and r not in pending for r in running):
             block_left = 0
         if block_left == 0:
             for r in held_first:
@@ -429,7 +458,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
             for r in held_done:
                 done[r] = now
             held_first, held_done = [], []
-        if not running and peek() < 0:
+        if not running and not pulling and peek() < 0:
             if i >= n:
                 break
             now = max(now, join[i])
@@ -449,12 +478,25 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         scheduling = block_left == 0
         if not scheduling:
             block_left -= 1
-        decoding = [r for r in running if pre[r] == need[r]]
+        if scheduling and pull is not None:
+            while len(running) + len(pulling) < cap:
+                r = peek()
+                if r < 0 or not pulls(r) or blocks(prompt[r] + 1) > free:
+                    break
+                take(r)
+                held[r] = blocks(prompt[r] + 1)
+                free -= held[r]
+                need[r] = pre[r] = 0
+                if math.isnan(admitted[r]):
+                    admitted[r] = now
+                pulling.append((now + float(pull[r]), npulls, r))
+                npulls += 1
+        decoding = [r for r in running if pre[r] == need[r] and r not in pending]
         prefill = {}
         prefill_phase = False
         if not chunked and scheduling:
             r = peek()
-            if r >= 0 and len(running) < cap and plan(r)[3] <= free:
+            if r >= 0 and len(running) + len(pulling) < cap and plan(r)[3] <= free and not pulls(r):
                 prefill_phase = True
         if chunked or not prefill_phase:
             # the decodes' new blocks, preempting the most recently admitted while they do not fit
@@ -474,21 +516,21 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 if not chunked and scheduling and not decoding:
                     # every decode preempted to make room: this iteration prefills the head if it fits
                     r = peek()
-                    if r >= 0 and len(running) < cap and plan(r)[3] <= free:
+                    if r >= 0 and len(running) + len(pulling) < cap and plan(r)[3] <= free:
                         prefill_phase = True
         else:
             decoding = []
         budget = max_batched_tokens - len(decoding)
-        if chunked and scheduling:
+        if scheduling and (chunked or pending):
             for r in running:
-                if pre[r] < need[r] and budget > 0:
+                if (pre[r] < need[r] or r in pending) and budget > 0:
                     c = min(need[r] - pre[r], budget)
                     prefill[r] = c
                     budget -= c
         if (chunked and scheduling) or prefill_phase:
-            while budget > 0 and len(running) < cap:
+            while budget > 0 and len(running) + len(pulling) < cap:
                 r = peek()
-                if r < 0:
+                if r < 0 or pulls(r):
                     break
                 L0 = prompt[r] + g[r]
                 # (a resumption: from the stack, or a sequence the feedback queue preempted)
@@ -535,6 +577,15 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 budget -= c
         if not decoding and not prefill and not scheduling:
             block_left = 0           # (the block's decodes were all preempted: it ends)
+            continue
+        if not decoding and not prefill and pulling:
+            # nothing to run but pulls: wait for the first to end, or an arrival before it (at most until)
+            nxt = min(p[0] for p in pulling)
+            if i < n:
+                nxt = min(nxt, join[i])
+            if until is not None:
+                nxt = min(nxt, until)
+            now = max(now, nxt)
             continue
         if not decoding and not prefill:
             # nothing fits (a lone request's blocks exceed the free ones: cannot happen when every request fits
@@ -583,7 +634,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                     level[r] = min(level[r] + 1, levels - 1)
                     used[r] = 0
                     ahead = next((queues[lv][0] for lv in range(level[r]) if queues[lv]), -1)
-                    if ahead >= 0 and (len(running) >= cap or blocks(prompt[ahead] + g[ahead] + 1) > free):
+                    if ahead >= 0 and (len(running) + len(pulling) >= cap
+                                       or blocks(prompt[ahead] + g[ahead] + 1) > free):
                         quanta_for_memory += len(running) < cap
                         running.remove(r)
                         release(r, completed=False)
@@ -592,6 +644,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                         queues[level[r]].append(r)
         for r, c in prefill.items():
             pre[r] += c
+            pending.discard(r)
             if pre[r] == need[r]:
                 if g[r] == 0:
                     if block_left > 0:
@@ -625,7 +678,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                                         t, ema, *st, 0.0, 0.0)[:5])
             ctl["tau"], ctl["b_avg"] = feedback_core(len(decoding) + len(prefill), 0.0, 0.0, 0.0, 1.0, t, t, ema,
                                                      0.0, 0.0, 0.0, 0.0, 0.0, ctl["tau"], ctl["b_avg"])[5:]
-            ctl["n_decode"] = float(len(running))
+            ctl["n_decode"] = float(len(running) + len(pulling))
             ctl["updates"] += 1.0
     if prefix_caching and until is None:
         assert not running and all(x == 0 for x in refs)

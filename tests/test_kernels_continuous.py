@@ -55,7 +55,7 @@ def _control(controller):
 
 def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_tokens, block_size, admission,
             edges, controller=None, ts_rows=8, cached=None, klass=None, class_slo=None, class_tpot=None, goodput=0,
-            quantum=16, levels=4, prefix_caching=False, chain=None, shared=None, grows=None, **coef):
+            quantum=16, levels=4, prefix_caching=False, chain=None, shared=None, grows=None, pull=None, **coef):
     n = len(arr)
     blocks = -1 if np.isinf(kv_tokens) else int(kv_tokens // block_size)
     cfg = ck.CONFIG.pack(n=n, arrival_kind=ARR_REPLAY, max_num_seqs=max_num_seqs,
@@ -70,6 +70,7 @@ def _kernel(arr, p, o, pred, *, max_num_seqs, max_batched_tokens, chunked, kv_to
                             arrival_ends=np.full(1, np.inf), prompt=p.astype(float), output=o.astype(float),
                             prediction=pred.astype(float), edges=np.asarray(edges, float),
                             cached=np.empty(0) if cached is None else np.asarray(cached, float),
+                            pull=np.empty(0) if pull is None else np.asarray(pull, float),
                             klass=np.empty(0) if klass is None else np.asarray(klass, float),
                             class_slo=np.full(1, np.inf) if class_slo is None else np.asarray(class_slo, float),
                             class_tpot=np.full(1, np.inf) if class_tpot is None else np.asarray(class_tpot, float),
@@ -379,6 +380,36 @@ def test_requests_bringing_their_prompts_kv_cache_are_the_reference_engines(seed
         want = ref.simulate(arr, p, o, pred, cached=cached, **kw)
         st = _same_run(*_kernel(arr, p, o, pred, cached=cached, **kw), want, kw)
         assert st["prefill_tokens"] == int((p - cached).sum()) + st["recomputed"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_requests_pulling_their_kv_cache_are_the_reference_engines(seed):
+    """A disaggregated deployment's decode pool: each request bringing its
+    whole prompt's KV cache, most pulling it once admitted (from 0.1 ms to
+    a second; a few not at all, or equal pulls that land together), over 40
+    random configurations per seed, chunked and not, memory that preempts,
+    multi-step scheduling and a controller on some: equal to the reference
+    request by request.  A request that pulls is admitted before its pull
+    ends and its first token comes after it."""
+    rng = np.random.default_rng(900 + seed)
+    pulled = 0
+    for j in range(40):
+        (arr, p, o, pred), kw = _config(rng)
+        if j % 4 == 1:
+            kw["num_scheduler_steps"] = int(rng.choice([2, 4]))
+        if j % 4 == 2:
+            kw["controller"] = _controller(rng)
+        scale = float(rng.choice([1e-4, 0.01, 0.3, 1.0]))
+        pull = np.where(rng.random(len(p)) < 0.85, rng.exponential(scale, len(p)), 0.0)
+        if rng.random() < 0.3:
+            pull = np.where(pull > 0, scale, 0.0)      # (equal pulls: landings at one instant)
+        want = ref.simulate(arr, p, o, pred, cached=p, pull=pull, **kw)
+        out, req, code = _kernel(arr, p, o, pred, cached=p, pull=pull, **kw)
+        _same_run(out, req, code, want, kw)
+        fresh = (pull > 0) & (req["preemptions"] == 0)
+        assert np.all(req["first_token"][fresh] >= req["admitted"][fresh] + pull[fresh])
+        pulled += int(fresh.sum())
+    assert pulled > 500
 
 
 @pytest.mark.parametrize("seed", range(2))

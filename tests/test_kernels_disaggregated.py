@@ -1,6 +1,7 @@
 """The two-stage driver of closed-loop programs on a disaggregated
 deployment (mbbatch._kernels.disaggregated), through its planner: the
-decode pool takes its calls in the order they become ready, dealt in turn;
+decode pool takes its calls in the order they become ready (at their first
+tokens), dealt in turn, and pulls each one's KV cache once it admits it;
 each call's first token is its prefill engine's record; every call after
 another arrives after that one's answer.  (Request by request against a
 plain-Python deployment: tests/test_planners_disaggregated.py.)"""
@@ -22,8 +23,9 @@ def test_the_decode_pool_takes_calls_as_they_become_ready_and_answers_issue_the_
     r = res.requests
     assert np.all(np.diff(r["arrival"]) >= 0) and np.isfinite(r["completion"]).all()
     many = r["output"] > 1
-    ready = (r["first_token"] + r["transfer_time"])[many]
-    assert np.all(r["decode_admitted"][many] >= ready)
+    # (ready at its first token; admitted at or after it, its KV cache pulled then: its next token after that)
+    assert np.all(r["decode_admitted"][many] >= r["first_token"][many])
+    assert np.all(r["completion"][many] > (r["decode_admitted"] + r["transfer_time"])[many])
     # (a program's next call arrives the instant its client has the answer: no think time)
     prog, done = r["program"], r["completion"]
     follow = 0

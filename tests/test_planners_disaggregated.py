@@ -49,9 +49,9 @@ def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
     plain-Python deployment's: the plain-Python cluster behind the router
     on requests of one output token; the transfer ``latency + prompt x
     (bytes_per_token / bandwidth)``; the requests of more than one token,
-    in the order their transfers end (ties in arrival order), dealt in turn
-    to plain-Python engines, each bringing its prompt's KV cache and
-    generating ``output - 1`` tokens."""
+    in the order of their first tokens (ties in arrival order), dealt in
+    turn to plain-Python engines, each bringing its prompt's KV cache,
+    pulled once admitted, and generating ``output - 1`` tokens."""
     rng = np.random.default_rng(["least_used", "round_robin"].index(router))
     waited = 0
     for _ in range(5):
@@ -79,9 +79,10 @@ def test_a_deployment_is_the_plain_python_pools_request_by_request(router):
 def test_a_decode_pool_behind_a_router_is_the_plain_python_cluster_of_prefilled_requests():
     """Over 5 random deployments (1 to 3 engines a pool), a decode pool
     behind the least-used router (``decode_router="least_used"``): each
-    request of more than one token, as its transfer ends (ties in arrival
+    request of more than one token, at its first token (ties in arrival
     order), goes to the plain-Python cluster behind that router, bringing
-    its prompt's KV cache and generating ``output - 1`` tokens; its decode
+    its prompt's KV cache, pulled once admitted, and generating ``output -
+    1`` tokens; its decode
     engine, admission and completion equal it.  With one decode engine the
     deployment is the round-robin one, bit for bit (a closed loop's:
     :func:`test_closed_loop_programs_are_the_plain_python_deployment`)."""
@@ -100,12 +101,12 @@ def test_a_decode_pool_behind_a_router_is_the_plain_python_cluster_of_prefilled_
         res = mb.simulate(mb.Disaggregated(**kw, decode_router="least_used"), **run)
         r = res.requests
         o, first = r["output"], r["first_token"]
-        ready = first + r["transfer_time"]
+        ready = first
         many = np.flatnonzero(o > 1)
         order = many[np.argsort(ready[many], kind="stable")]
         p = r["prompt"][order]
         where, runs, mine, _ = _reference_cluster(ready[order], p, o[order] - 1, o[order] - 1, ed, "least_used",
-                                                  brought=p, **_reference(dk))
+                                                  brought=p, pull=r["transfer_time"][order], **_reference(dk))
         completion, admitted = first.copy(), np.full(len(o), np.nan)
         for e in range(ed):
             if mine[e]:
@@ -256,7 +257,7 @@ def test_closed_loop_programs_are_the_plain_python_deployment(router, decode_rou
             np.testing.assert_array_equal(r[col], v, err_msg=col)
         many = r["output"] > 1
         later += int(np.count_nonzero(k % C > 0))
-        waited += int(np.count_nonzero(r["decode_admitted"][many] > (r["first_token"] + r["transfer_time"])[many]))
+        waited += int(np.count_nonzero(r["decode_admitted"][many] > r["first_token"][many]))
         hits += res.prefix_saved_tokens if pk["prefix_caching"] else 0.0
     assert later > 0 and waited > 0 and hits > 0
 
@@ -311,7 +312,7 @@ def test_closed_loop_programs_on_a_laps_prefill_pool_are_laps_alone_then_the_dec
         assert res.prefill.kind == "laps" and res.prefill.n == n
         many = r["output"] > 1
         later += int(np.count_nonzero(kc % C > 0))
-        waited += int(np.count_nonzero(r["decode_admitted"][many] > (r["first_token"] + r["transfer_time"])[many]))
+        waited += int(np.count_nonzero(r["decode_admitted"][many] > r["first_token"][many]))
         batched += int(res.prefill.mean_batch_size > 1)
     assert later > 0 and waited > 0 and batched > 0
 
@@ -594,12 +595,7 @@ def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router, decode_router="ro
     program; ``new`` their new tokens) arriving at ``arr``: the prefill cluster behind ``router``
     with the programs, each call one output token (engines caching
     prefixes keep each program's context as a chain, the prompts they
-    prefilled); each call of more
-    tokens ready its transfer after its first token, the ready calls in
-    their order (ties in arrival order) dealt in turn to the decode
-    engines (or, ``decode_router="least_used"``, to the plain-Python
-    cluster behind it), each bringing its prompt's KV cache and generating
-    ``o - 1`` tokens."""
+    prefilled); the decode pool :func:`_decode_reference`'s."""
     n = arr.size
     if isinstance(pk, tuple):
         # (LAPS's prefill instances and their events: the plain-Python pool, tests/reference_laps.py)
@@ -616,20 +612,22 @@ def _pools(arr, p, o, new, k, C, ep, ed, pk, dk, link, router, decode_router="ro
 def _decode_reference(where, first, p, o, ed, dk, link, decode_router="round_robin") -> dict:
     """The plain-Python decode pool after a prefill pool (each request's
     engine there ``where`` and first token ``first``): each call of more
-    tokens ready its transfer after its first token, the ready calls in
-    their order (ties in arrival order) dealt in turn to the decode engines
-    (or, ``decode_router="least_used"``, to the plain-Python cluster behind
-    it), each bringing its prompt's KV cache and generating ``o - 1``
-    tokens.  Returns the requests' columns."""
+    tokens ready at its first token, the ready calls in their order (ties
+    in arrival order) dealt in turn to the decode engines (or,
+    ``decode_router="least_used"``, to the plain-Python cluster behind it),
+    each bringing its prompt's KV cache, pulled in its transfer's time once
+    admitted, and generating ``o - 1`` tokens.  Returns the requests'
+    columns."""
     n = p.size
-    ready = first + (link.latency + p * (link.bytes_per_token / link.bandwidth))
+    transfer = link.latency + p * (link.bytes_per_token / link.bandwidth)
+    ready = first
     many = np.flatnonzero(o > 1)
     order = many[np.argsort(ready[many], kind="stable")]
     completion, admitted = first.copy(), np.full(n, np.nan)
     if decode_router != "round_robin" and order.size:
         q = order
         _, druns, dmine, _ = _reference_cluster(ready[q], p[q], o[q] - 1, o[q] - 1, ed, decode_router, brought=p[q],
-                                                **_reference(dk))
+                                                pull=transfer[q], **_reference(dk))
         for e in range(ed):
             if dmine[e]:
                 idx = q[dmine[e]]
@@ -637,7 +635,8 @@ def _decode_reference(where, first, p, o, ed, dk, link, decode_router="round_rob
         return dict(prefill_engine=where, first_token=first, decode_admitted=admitted, completion=completion)
     for e in range(min(ed, order.size)):
         idx = order[e::ed]
-        w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx] - 1, cached=p[idx], **_reference(dk))
+        w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx] - 1, cached=p[idx], pull=transfer[idx],
+                         **_reference(dk))
         completion[idx], admitted[idx] = w["completion"], w["admitted"]
     return dict(prefill_engine=where, first_token=first, decode_admitted=admitted, completion=completion)
 
@@ -657,20 +656,24 @@ def _check_decode_pool(res, first, link, ed, dk) -> bool:
     plain-Python decode engines (settings ``dk``, ``ed`` of them) given its
     first tokens ``first``: the transfer ``latency + prompt x
     (bytes_per_token / bandwidth)``; the requests of more than one token, in
-    the order their transfers end (ties in arrival order), dealt in turn,
-    each bringing its prompt's KV cache and generating ``output - 1``
-    tokens.  Returns whether some request waited for a decode engine."""
+    the order of their first tokens (ties in arrival order), dealt in turn,
+    each bringing its prompt's KV cache, pulled in its transfer's time once
+    its engine admits it, and generating ``output - 1`` tokens.  Returns
+    whether some request waited for a decode engine."""
     r = res.requests
     arr, p, o = r["arrival"], r["prompt"], r["output"]
     transfer = link.latency + p * (link.bytes_per_token / link.bandwidth)
-    ready = first + transfer
+    ready = first
     many = np.flatnonzero(o > 1)
     order = many[np.argsort(ready[many], kind="stable")]
     completion, admitted = first.copy(), np.full(len(arr), np.nan)
     for e in range(min(ed, order.size)):
         idx = order[e::ed]
-        w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx], cached=p[idx], **_reference(dk))
+        w = ref.simulate(ready[idx], p[idx], o[idx] - 1, o[idx], cached=p[idx], pull=transfer[idx],
+                         **_reference(dk))
         completion[idx], admitted[idx] = w["completion"], w["admitted"]
+        # (a request's first token on its decode engine comes after its pull lands)
+        assert np.all(w["first_token"] >= w["admitted"] + transfer[idx])
     np.testing.assert_array_equal(r["transfer_time"][many], transfer[many])
     assert np.isnan(r["transfer_time"][o == 1]).all()
     np.testing.assert_array_equal(r["decode_admitted"], admitted)

@@ -50,6 +50,25 @@ none when the whole prompt came (a chunk of no tokens: the iteration it is
 admitted in ends with its next token); preempted, it loses the cache and
 prefills prompt and generated tokens again, as any other.
 
+A request may also *pull* its KV cache (``pull``: seconds, > 0; a
+disaggregated deployment's decode pool, whose prefill engines hold the
+cache until it is read: vLLM's KV connectors, the decode side's
+``WAITING_FOR_REMOTE_KVS``).  At each scheduling boundary, before the
+iteration is scheduled, the waiting heads that pull are admitted while the
+running are fewer than the cap and the free blocks hold the head's prompt
+and first token, in the admission order, stopping at the first head that
+does not pull or does not fit: each takes its blocks and a slot (counted
+running) and its pull starts; it neither decodes nor is prefilled, nor can
+it be preempted, until the pull lands ``pull`` s later.  At the first
+iteration boundary at or after that it joins the running list's tail as a
+prompt whose whole cache came (a chunk of no tokens: the iteration ends
+with its next token); landings at one instant in the order their pulls
+started.  An engine with nothing to run waits for the next landing or
+arrival.  A pulling head is never admitted by the iteration's own
+admission.  (vLLM's scheduler counts a pulling request against
+``max_num_seqs`` only once its cache landed; here it holds its slot from
+its admission, so that the slots bound the engine's sequences.)
+
 With a controller (``controlled``), the running sequences an iteration may
 admit up to are not ``max_num_seqs`` but the dynamic-batching paper's
 ``b_target`` (Pang, Li and Wang, 2025, "Optimizing LLM inference throughput via
@@ -159,6 +178,7 @@ from . import admission
 from .admission import class_of
 from .common import blocks as _blocks
 from .layout import Arrays, Layout
+from .programs import _heap_pop, _heap_push
 
 #: the admission orders' codes, by name (:data:`.admission.ORDERS`)
 ADMISSIONS = admission.CODES
@@ -184,16 +204,17 @@ CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "ma
 #: read-only inputs: replayed arrival times, the arrival process's
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), the prompt tokens
-#: whose KV cache each request brings (empty: none; a decode stage's), each
+#: whose KV cache each request brings (empty: none; a decode stage's) and
+#: the seconds its pull of that cache takes (empty, or 0: none), each
 #: request's class (empty: none, one class), and each class's objectives on
 #: the time to first token (s) and per output token (s/token; inf: none);
 #: with prefix caching (``chain`` not empty), each request's chain (-1: none)
 #: and the prompt tokens it shares with it, and whether each chain grows by
 #: its requests' contexts (a session's)
-INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, optional=("chain", "shared", "grows"),
+INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, optional=("chain", "shared", "grows", "pull"),
                 arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, prompt=np.float64, output=np.float64, prediction=np.float64,
-                edges=np.float64, cached=np.float64, klass=np.float64, class_slo=np.float64,
+                edges=np.float64, cached=np.float64, pull=np.float64, klass=np.float64, class_slo=np.float64,
                 class_tpot=np.float64, chain=np.float64, shared=np.float64, grows=np.float64)
 ContinuousInputs = INPUTS.type
 #: the random streams: arrival gaps
@@ -242,7 +263,8 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 #: block holds back; where a cluster's engines hand requests back to its
 #: router (:func:`.continuous_cluster._hand_back`; else empty), per request the time it first
 #: arrived (``origin``: ``arrival`` is the time it reached this engine) and
-#: the log of those the engine handed back
+#: the log of those the engine handed back; the pulls under way, a heap by landing time and then the order
+#: they started (``pull_t``; ``pull_k``: that order x (max_num_seqs + 1) + slot)
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
                    occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
@@ -253,7 +275,7 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
                    mlfq=np.int64, resume_last=np.float64, pc=np.int64, prefs=np.int64, lru_prev=np.int64,
                    lru_next=np.int64, lru_time=np.float64, pin=np.int64, done_log=(np.float64, 2), origin=np.float64,
-                   handed=np.int64)
+                   handed=np.int64, pull_t=np.float64, pull_k=np.int64)
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
@@ -275,10 +297,15 @@ STATE = Layout("continuous engine state",
                      "lru_head", "lru_tail", "evictable", "prefix_hits", "prefix_queries", "evictions",
                      # (the requests the engine handed back to its cluster's router, in all:
                      # .continuous_cluster._hand_back)
-                     "handed"),
+                     "handed",
+                     # (the pulls under way, and those started in all)
+                     "npull", "pulls"),
                floats=("t_round", "busy", "sum_latency", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
                        "waiting_time", "system_time", "last_completion", "now",
-                       "cap_time", "last_iteration"))
+                       "cap_time", "last_iteration",
+                       # (an engine paused with nothing to run but pulls: when the first lands, or the next
+                       # arrival comes; -inf otherwise: .continuous_cluster._earliest)
+                       "wake"))
 #: the scalars the loop keeps as locals (the first of the state's ints and floats; the others it counts in place)
 LOOP_INTS = STATE.ints.index("started")
 LOOP_FLOATS = STATE.floats.index("cap_time")
@@ -945,6 +972,81 @@ def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
 
 
 @step
+def _pulls(r, nstack, inputs):
+    """Whether the waiting head ``r`` pulls its KV cache: a new request
+    (not a preempted one, ``nstack`` > 0) whose ``pull`` is positive."""
+    pull = inputs.pull
+    return nstack == 0 and pull.shape[0] > 0 and pull[r] > 0.0
+
+
+@step
+def _pull_heads(adm, q, par, rounds, waiting, nstack, cap, running, free, slots, now, bs, sh, ws, inputs, keep, r_f):
+    """The waiting heads that pull their KV cache (:func:`_pulls`; a
+    request the admission order resumes, its tokens generated kept, does
+    not), admitted while the running are fewer than ``cap`` and the free
+    blocks hold the head's prompt and first token: each takes its blocks and
+    a slot, out of the running list, and its pull lands ``pull`` s from
+    ``now`` (:func:`_land`).  Stops at the first head that does not pull or
+    does not fit.  Returns ``(q, waiting, running, free, slots)``."""
+    si = ws.state_i
+    M1 = ws.pull_t.shape[0]
+    while running < cap:
+        r, b = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
+        if r < 0 or not _pulls(r, nstack, inputs):
+            break
+        g0, lt = _resumes(adm, par, nstack, r, ws)
+        if g0 > 0:
+            break
+        need = _need(r, np.int64(inputs.prompt[r]), bs, sh, par, ws, inputs)[0]
+        if need > free:
+            break
+        waiting -= 1
+        q = admission.admit(adm, par[1], q, r, b, par, ws, inputs)
+        if keep:
+            r_f[RQ.admitted, r] = now
+        free -= need
+        head, tail, nfree = slots
+        nfree -= 1
+        sl = ws.free_slots[nfree]
+        ws.occ[sl] = r
+        ws.gs[sl] = g0
+        ws.last[sl] = lt
+        ws.need[sl] = 0
+        ws.pre[sl] = 0
+        ws.fin[sl] = -1
+        slots = (head, tail, nfree)
+        si[ES.npull] = _heap_push(ws.pull_t, ws.pull_k, si[ES.npull], now + inputs.pull[r], si[ES.pulls] * M1 + sl)
+        si[ES.pulls] += 1
+        running += 1
+    return q, waiting, running, free, slots
+
+
+@step
+def _land(now, slots, pq_h, pq_n, ws):
+    """The pulls landed by ``now`` (:func:`_pull_heads`), in the order they
+    land: each sequence joins the running list's tail and the prefill queue
+    with nothing to prefill.  Returns ``(slots, pq_n)`` after."""
+    si = ws.state_i
+    M1 = ws.pull_t.shape[0]
+    pq = ws.pq
+    while si[ES.npull] > 0 and ws.pull_t[0] <= now:
+        _, k, si[ES.npull] = _heap_pop(ws.pull_t, ws.pull_k, si[ES.npull])
+        sl = k % M1
+        head, tail, nfree = slots
+        ws.prv[sl] = tail
+        ws.nxt[sl] = -1
+        if tail >= 0:
+            ws.nxt[tail] = sl
+        else:
+            head = sl
+        slots = (head, sl, nfree)
+        at = pq_h + pq_n
+        pq[at if at < pq.shape[0] else at - pq.shape[0]] = sl
+        pq_n += 1
+    return slots, pq_n
+
+
+@step
 def _resumes(adm, par, nstack, r, ws):
     """The waiting head ``r``'s tokens generated and the time of its last:
     the resumption stack's top's (``nstack`` > 0), else those its order
@@ -972,6 +1074,8 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
         r, b = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
         from_stack = nstack > 0
         if r < 0:
+            break
+        if FULL and _pulls(r, nstack, inputs):
             break
         g0, lt = _resumes(adm, par, nstack, r, ws)
         again = from_stack or g0 > 0
@@ -1024,7 +1128,7 @@ def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running
         # counted under callgrind)
         r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
         if r >= 0 and _need(r, np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0], bs, sh, par, ws,
-                            inputs)[0] <= free:
+                            inputs)[0] <= free and not (FULL and _pulls(r, nstack, inputs)):
             prefill_phase = True
     n_d = 0
     ctx = 0
@@ -1043,7 +1147,8 @@ def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running
     budget = B - n_d
     nc = 0
     ptok = 0
-    if chunked and scheduling:
+    # (without chunked prefill the queue holds only the pulls landed: a prefill completes in its iteration)
+    if scheduling and (chunked or (FULL and pq_n > 0)):
         nc, budget, ptok = _continue_prefills(pq_h, pq_n, budget, ws)
     if (chunked and scheduling) or prefill_phase:
         q, waiting, nstack, budget, running, free, slots, pq_n, nc, ptok = _admit(
@@ -1443,6 +1548,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             stop[ARRIVED] = i
         i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inputs,
                                                     keep, r_f)
+        if FULL and si[ES.npull] > 0:
+            slots, pq_n = _land(now, slots, pq_h, pq_n, ws)
         block_left, npf, npd, sum_ttft, acc = _end_block(FULL, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws,
                                                          out, inputs, requests, config)
         if running == 0 and waiting == 0 and nstack == 0:
@@ -1466,6 +1573,9 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         scheduling = not FULL or block_left == 0
         if not scheduling:
             block_left -= 1
+        if FULL and scheduling and inputs.pull.shape[0] > 0:
+            q, waiting, running, free, slots = _pull_heads(adm, q, par, rounds, waiting, nstack, cap, running, free,
+                                                           slots, now, bs, sh, ws, inputs, keep, r_f)
         n_d, ctx, nc, ptok, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_n = _schedule(
             scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_h,
             pq_n, ph, rounds, t_round, ng, now, bs, sh, ws, inputs, keep, r_i, r_f)
@@ -1473,6 +1583,18 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             if not scheduling:
                 # (multi-step: the block's decodes were preempted; the block ends, the next iteration schedules)
                 block_left = 0
+                iterations -= 1
+                continue
+            if FULL and si[ES.npull] > 0:
+                # (nothing runs but pulls: the engine waits for the first to land, or an arrival before it; past
+                # the instant it runs to, it pauses there, saying when it wakes)
+                nxt = ws.pull_t[0]
+                if i < n and ws.arrival[i] < nxt:
+                    nxt = ws.arrival[i]
+                if nxt >= until:
+                    ws.state_f[ES.wake] = nxt
+                    nxt = until
+                now = nxt if nxt > now else now
                 iterations -= 1
                 continue
             # (nothing runs and nothing is admitted: with requests waiting, a stall, not the end)
@@ -1539,11 +1661,12 @@ def uses_full(config, inputs) -> bool:
     prefill's attention, request classes (their statistics), an admission
     order of the full kernel only (:data:`.admission.FULL_ONLY`: earliest
     deadline first, fair sharing),
-    goodput (objectives whose attainment it counts) or prefix caching; else
-    :data:`lean_kernel` runs it."""
+    goodput (objectives whose attainment it counts), prefix caching or KV
+    caches pulled; else :data:`lean_kernel` runs it."""
     ci, cf = config
     return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
-                or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0 or inputs.chain.shape[0] > 0)
+                or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0 or inputs.chain.shape[0] > 0
+                or inputs.pull.shape[0] > 0)
 
 
 def kernel_of(config, inputs):
@@ -1654,7 +1777,7 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     blocks = cfg["blocks"] if cfg["blocks"] >= 0 else UNLIMITED
     # (a new engine's scalars: an empty running list, every slot free, the free slots taken from M down to 0)
     state_i, state_f = STATE.zeros(head=-1, tail=-1, nfree=M1, free=blocks, blocks_total=blocks, ts_stride=1,
-                                   ts_due=1, last_completion=-np.inf, lru_head=-1, lru_tail=-1)
+                                   ts_due=1, last_completion=-np.inf, lru_head=-1, lru_tail=-1, wake=-np.inf)
     # (prefix caching: per chain its cached blocks, references and place in the unreferenced chains' order; per
     # slot the chain blocks its sequence holds)
     chains = inputs.grows.shape[0] if inputs.chain.shape[0] > 0 else 1
@@ -1682,7 +1805,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         lru_prev=np.full(chains, -1, np.int64), lru_next=np.full(chains, -1, np.int64),
                         lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)),
                         origin=empty(n if handing else 0, np.float64, "origin"),
-                        handed=empty(n if handing else 0, np.int64, "handed"))
+                        handed=empty(n if handing else 0, np.int64, "handed"), pull_t=np.empty(M1),
+                        pull_k=np.empty(M1, np.int64))
     return Engine(config, control, inputs, out, requests, ws)
 
 

@@ -91,9 +91,11 @@ R = ROUTED.index
 
 #: an engine's inputs as the cluster writes them (the engine reads them
 #: through read-only views): each request's prompt, output, predicted output,
-#: the prompt tokens whose KV cache it brings, its class and, with prefix
-#: caching, its chain and the tokens it shares with it
-Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "klass", "chain", "shared"), module=__name__)
+#: the prompt tokens whose KV cache it brings and the seconds it takes to
+#: pull it (a decode pool's), its class and, with prefix caching, its chain
+#: and the tokens it shares with it
+Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "pull", "klass", "chain", "shared"),
+                  module=__name__)
 
 #: arrivals between two checks of ``stop``
 _CHECK = 1024
@@ -198,11 +200,12 @@ def fresh_record(requests, e, k):
 
 @step
 def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests, prompt, output,
-           prediction, klass, brought, chain, shared, match, counts, where, local, ids, routed, bs):
+           prediction, klass, brought, pull, chain, shared, match, counts, where, local, ids, routed, bs):
     """Request j (of ``n``), arriving at ``t`` with the prompt, output,
     prediction, class, KV cache brought (``brought``: its tokens, a decode
     pool's requests' whole prompts; empty: none, the engine holds what its
-    program's context left) and prefix of entry ``x`` of their arrays, a call of
+    program's context left), the seconds its pull takes (``pull``; empty:
+    none) and prefix of entry ``x`` of their arrays, a call of
     program ``pid`` with ``new`` tokens of its own (``last``: its program's
     last call), routed (the engines' active requests in ``eng`` as they
     stand at t) and fed to its engine (its record, ``requests``, started);
@@ -241,6 +244,8 @@ def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, fee
     feeds.output[e, k] = output[x]
     feeds.prediction[e, k] = prediction[x]
     feeds.cached[e, k] = brought[x] if brought.shape[0] > 0 else p - prefill
+    if pull.shape[0] > 0:
+        feeds.pull[e, k] = pull[x]
     if klass.shape[0] > 0:
         feeds.klass[e, k] = klass[x]
     if chain.shape[0] > 0:
@@ -313,15 +318,19 @@ def _reroute(e1, k1, t, rt, eng, table, rr_route, feeds, ws, requests, counts, w
 def moved(e1, k1, e, k, t, cached, ws, feeds, requests):
     """Engine e1's k1-th request, handed back, made engine e's k-th, joining
     it at ``t`` with ``cached`` prompt tokens' KV cache brought: its inputs
-    (``feeds``) and batch-means group go along, its record starts afresh.
-    (Its first arrival, ``ws.origin``, is its caller's to keep.)"""
+    (``feeds``, its pull too) and batch-means group go along, its record
+    starts afresh; engine e wakes for it (:func:`woken`).  (Its first
+    arrival, ``ws.origin``, is its caller's to keep.)"""
     ws.arrival[e, k] = t
+    woken(ws, e)
     ws.group[e, k] = ws.group[e1, k1]
     fresh_record(requests, e, k)
     feeds.prompt[e, k] = feeds.prompt[e1, k1]
     feeds.output[e, k] = feeds.output[e1, k1]
     feeds.prediction[e, k] = feeds.prediction[e1, k1]
     feeds.cached[e, k] = cached
+    if feeds.pull.shape[1] > 0:
+        feeds.pull[e, k] = feeds.pull[e1, k1]
     if feeds.klass.shape[1] > 0:
         feeds.klass[e, k] = feeds.klass[e1, k1]
     if feeds.chain.shape[1] > 0:
@@ -430,8 +439,8 @@ def _events_until(t, ev, events, config, control, inputs, out, requests, ws, str
 
 @kernel
 def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
-                   brought, chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts, match,
-                   where, local, ids, events, routed, streams, stop, estop):
+                   brought, pull, chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts,
+                   match, where, local, ids, events, routed, streams, stop, estop):
     """Route the ``times.size`` requests to the engines and simulate them.
     The engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``
     are the continuous kernel's, each array with a leading axis of engines
@@ -480,8 +489,8 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         if rt.programs:
             pid, new, last = program[j], new_tokens[j], session_end[j] != 0
         e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests,
-                             prompt, output, prediction, klass, brought, chain, shared, match, counts, where, local,
-                             ids, routed, bs)
+                             prompt, output, prediction, klass, brought, pull, chain, shared, match, counts, where,
+                             local, ids, routed, bs)
     code, ev, rr_route = _events_until(np.inf, ev, events, config, control, inputs, out, requests, ws, streams, estop,
                                        rt, eng, table, rr_route, feeds, counts, where, local, ids, nocalls, program,
                                        new_tokens, session_end, routed)
@@ -526,15 +535,32 @@ def _run_out(n, counts, config, control, inputs, out, requests, ws, streams, sto
 
 
 @step
+def woken(ws, e):
+    """Engine e given a request: it no longer sleeps until its next pull
+    lands (:func:`_earliest`)."""
+    ws.state_f[e, ES.wake] = -np.inf
+
+
+@step
+def starts(sf, e):
+    """When engine e's next iteration may start: its ``now``, or, paused
+    waiting for a pull to land with nothing else to run, its ``wake``."""
+    at = sf[e, ES.now]
+    return sf[e, ES.wake] if sf[e, ES.wake] > at else at
+
+
+@step
 def _earliest(si, sf, counts, t):
-    """The engine (-1: none) whose next iteration starts first, before
-    ``t`` (ties: the lower id), of those with something to do."""
+    """The engine (-1: none) whose next iteration starts first
+    (:func:`starts`), before ``t`` (ties: the lower id), of those with
+    something to do."""
     best = -1
     bt = t
     for e in range(counts.shape[0]):
-        if sf[e, ES.now] < bt and not _idle(si[e], counts[e]):
+        at = starts(sf, e)
+        if at < bt and not _idle(si[e], counts[e]):
             best = e
-            bt = sf[e, ES.now]
+            bt = at
     return best
 
 
@@ -586,10 +612,10 @@ def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds,
     t, kc, hsize = pop_call(j, loop, hsize, got)
     _active(ws.state_i, ws.state_f, counts, t, eng)
     K = loop[1].shape[0] // loop[0].shape[0]
-    # (no classes and no KV cache brought: an empty row for each)
+    # (no classes, no KV cache brought and none pulled: an empty row for each)
     e, rr_route = _route(j, kc, t, kc // K, loop[2][kc], kc % K == K - 1, n, groups, rt, ca, eng, table, rr_route,
-                         feeds, ws, requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0], chain,
-                         shared, match, counts, where, local, ids, routed, bs)
+                         feeds, ws, requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0],
+                         feeds.klass[0], chain, shared, match, counts, where, local, ids, routed, bs)
     return e, rr_route, hsize
 
 
@@ -641,7 +667,7 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
             e = _earliest(si, sf, counts, min(t, te))
             if e >= 0:
                 si[e, ES.logged] = 0
-                if _advance(e, counts[e], np.nextafter(sf[e, ES.now], np.inf), config, control, inputs, out,
+                if _advance(e, counts[e], np.nextafter(starts(sf, e), np.inf), config, control, inputs, out,
                             requests, ws, streams, estop) == STALLED:
                     return STALLED
                 hsize = _next_calls(ws.done_log[e], si[e, ES.logged], calls[e], K, delay, gap, heap_t, heap_id,
@@ -688,7 +714,7 @@ def _stacked(one, engines: int, unset=()):
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
         programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None,
-        prefixes=None, cache_routing=None, brought=None, events=None) -> tuple:
+        prefixes=None, cache_routing=None, brought=None, pull=None, events=None) -> tuple:
     """Simulate ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
@@ -703,7 +729,8 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     ``cache_routing`` the cache-aware router's settings
     (:class:`.routing.CacheRouting`; None with another router); ``brought``
     the prompt tokens whose KV cache each request brings (a decode pool's:
-    its whole prompt; None: none, a program's context aside); ``events``
+    its whole prompt; None: none, a program's context aside); ``pull`` the
+    seconds each takes to pull it (None: none; :mod:`.continuous`); ``events``
     the engine events, ``(time, engine, add)`` arrays in time order (None:
     none; :func:`_engine_event`).
     Returns each engine's ``(outputs, records, code)`` (as
@@ -714,8 +741,9 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
 
     klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
     brought = np.empty(0) if brought is None else np.ascontiguousarray(brought, float)
+    pull = np.empty(0) if pull is None else np.ascontiguousarray(pull, float)
     c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, klass.size, class_slo, class_tpot,
-                 prefixes, events=events)
+                 prefixes, events=events, pulls=pull.size > 0)
     if programs is None:
         program = new_tokens = np.empty(0)
         session_end = np.empty(0, np.int8)
@@ -726,7 +754,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     code = cluster_kernel(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds,
                           np.ascontiguousarray(times, float), np.ascontiguousarray(prompt, float),
                           np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float), klass,
-                          brought, c.chain, c.shared, np.ascontiguousarray(program, np.int64),
+                          brought, pull, c.chain, c.shared, np.ascontiguousarray(program, np.int64),
                           np.ascontiguousarray(new_tokens, float), np.ascontiguousarray(session_end, np.int8), groups,
                           router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts,
                           np.zeros(engines, np.int64), c.where, c.local, c.ids, c.events, c.routed, streams, stop,
@@ -777,10 +805,11 @@ class _Cluster:
     outputs the engines may be given, ``classes`` the requests' classes
     given (0: none), ``log`` each engine's completions' log, ``events`` the
     engine events (:func:`run`'s; None: none): with them the engines may
-    hand requests back, and each keeps its requests' numbers (``ids``)."""
+    hand requests back, and each keeps its requests' numbers (``ids``);
+    ``pulls``: the engines' requests pull their KV caches (a decode pool's)."""
 
     def __init__(self, config, output, edges, engines, stop, control, groups, ts_rows, classes, class_slo,
-                 class_tpot, prefixes, log: int = 0, events=None):
+                 class_tpot, prefixes, log: int = 0, events=None, pulls: bool = False):
         from .common import ARR_REPLAY, check_stop
 
         check_stop(stop)
@@ -805,7 +834,7 @@ class _Cluster:
         self.shared = np.ascontiguousarray(prefixes["shared"], float) if prefixes else np.empty(0)
         grows = np.asarray(prefixes["grows"], float) if prefixes else np.empty(0)
         given = {"klass": room if classes else 0, "chain": int(self.chain.size > 0) * room,
-                 "shared": int(self.shared.size > 0) * room}
+                 "shared": int(self.shared.size > 0) * room, "pull": room if pulls else 0}
         self.feeds = Feed(*(np.zeros((engines, given.get(f, room))) for f in Feed._fields))
         # (the template engine keeps no records: the engines' start unset, each row started as its request is
         # routed, fresh_record)

@@ -12,10 +12,11 @@ stacked along a leading axis of engines:
   serves each call to its first token (its engines' requests are one
   output token long);
 - a call of more than one output token is then **ready** for the decode
-  pool when its KV cache has moved, ``link[k]`` s after its first token;
-  the ready calls join the **decode pool** in the order they become ready
-  (ties in arrival order), dealt to its engines in turn, each bringing its
-  prompt's KV cache and generating its other ``output - 1`` tokens;
+  pool at its first token; the ready calls join the **decode pool** in the
+  order they become ready (ties in arrival order), dealt to its engines in
+  turn; its engine admits it when its blocks allow, then pulls its
+  prompt's KV cache, ``link[k]`` s (:mod:`.continuous`'s ``pull``), and
+  generates its other ``output - 1`` tokens;
 - a call's client has its answer ``request_overhead`` after its last token
   (the decode engine's; a one-token call's, the prefill engine's), and its
   program's next call arrives its think time later.
@@ -59,7 +60,7 @@ from .common import ARRIVED, STOP, event_arrays, kernel, stage_step, step, varia
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
                                  _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
-                                 pop_call)
+                                 pop_call, starts, woken)
 from . import laps as _l
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
@@ -70,14 +71,14 @@ __all__ = ["closed_loop_kernel", "laps_closed_loop_kernel", "run_closed", "run_c
 @step
 def _first_token(j, f, call, first, ready, link, d_output, delay, gap, K, heap_t, heap_id, hsize, r_t, r_id, rsize):
     """Request j's first token at ``f``: a call of more tokens ready for the
-    decode pool when its KV cache has moved (``link``), into the ready
+    decode pool then (its KV cache pulled later, ``link``), into the ready
     heap; a one-token call answered ``delay`` after it, its program's next
     call into the arrival heap (:func:`.continuous_cluster._next_calls`'s
     rule).  Returns both heaps' sizes."""
     kc = call[j]
     first[j] = f
     if d_output[kc] > 0.0:
-        ready[j] = f + link[kc]
+        ready[j] = f
         rsize = _heap_push(r_t, r_id, rsize, ready[j], j)
     elif (kc + 1) % K != 0:
         hsize = _heap_push(heap_t, heap_id, hsize, f + delay + gap[kc + 1], kc + 1)
@@ -143,9 +144,10 @@ def _deal(t, dec, d_rr):
 
 
 @step
-def _hand(j, t, m, n, groups, dec, d_rr, prompt, call, handed):
+def _hand(j, t, m, n, groups, dec, d_rr, prompt, call, handed, link):
     """Request j, ready at ``t``, the ``m``-th the decode pool takes: to
-    its engine (:func:`_deal`), bringing its prompt's KV cache, its
+    its engine (:func:`_deal`), bringing its prompt's KV cache (pulled in
+    ``link`` s of its call id, once admitted), its
     batch-means group its group among the ``n`` arrivals; recorded as the
     engine's next request (``dec.reqs``), by ``m`` its engine and number
     there (``dec.placed``), and, where decode engines may leave (the
@@ -162,6 +164,8 @@ def _hand(j, t, m, n, groups, dec, d_rr, prompt, call, handed):
     d_feeds.output[e, k] = dec.output[kc]
     d_feeds.prediction[e, k] = dec.prediction[kc]
     d_feeds.cached[e, k] = prompt[kc]
+    d_feeds.pull[e, k] = link[kc]
+    woken(d_ws, e)
     dec.counts[e] = k + 1
     handed[m] = j
     dec.reqs[e, k] = j
@@ -174,12 +178,12 @@ def _hand(j, t, m, n, groups, dec, d_rr, prompt, call, handed):
 
 
 @step
-def _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed):
+def _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed, link):
     """The first call of the ready heap ``rheap`` joins the decode pool
     (:func:`_hand`).  Returns the heap's size, the calls the pool took and
     the dealing pointer."""
     r, jr, rsize = _heap_pop(rheap[0], rheap[1], rsize)
-    d_rr = _hand(jr, r, m, n, groups, dec, d_rr, prompt, call, handed)
+    d_rr = _hand(jr, r, m, n, groups, dec, d_rr, prompt, call, handed, link)
     return rsize, m + 1, d_rr
 
 
@@ -316,7 +320,7 @@ def _next_engines(pre, carry, cap, t, td, te):
     """The prefill engine whose iteration starts first before ``cap``."""
     ws = pre.ws
     e = _earliest(ws.state_i, ws.state_f, pre.counts, cap)
-    return (ws.state_f[e, ES.now] if e >= 0 else np.inf), e
+    return (starts(ws.state_f, e) if e >= 0 else np.inf), e
 
 
 @stage_step
@@ -540,10 +544,10 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
             cap = min(t, te, td)
             sp, which = _next(pre, carry, cap, t, td, te)
             d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap)
-            sd = dec.ws.state_f[d, ES.now] if d >= 0 else cap
+            sd = starts(dec.ws.state_f, d) if d >= 0 else cap
             r = rheap[0][0] if rsize > 0 else np.inf
             if r < cap and r <= sd and _ready_first(r, sp):
-                rsize, m, d_rr = _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed)
+                rsize, m, d_rr = _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed, link)
             elif sp <= sd and sp < np.inf:
                 code, carry, hsize, rsize = _step(pre, carry, sp, which, call, first, ready, link, dec.output, gap, K,
                                                   heap_t, heap_id, hsize, rheap, rsize, streams, estop)
@@ -632,7 +636,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     pre = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, 0, None, None, prefixes,
                    log=log, events=events)
     dec = _Cluster(d_config, d_output, d_edges, d_engines, stop, d_control, groups, ts_rows, 0, None, None, None,
-                   log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events)
+                   log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events, pulls=True)
     got = _got(n)
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(P + 1), np.empty(P + 1, np.int64))
@@ -671,7 +675,7 @@ def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, s
     start = np.ascontiguousarray(calls["start"], float)
     d_output = np.ascontiguousarray(calls["d_output"], float)
     dec = _Cluster(d_config, d_output, d_edges, d_engines, stop, d_control, groups, ts_rows, 0, None, None, None,
-                   log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events)
+                   log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events, pulls=True)
     got = _got(n)
     loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
             np.empty(start.size + 1), np.empty(start.size + 1, np.int64))

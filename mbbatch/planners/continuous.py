@@ -58,6 +58,9 @@ class Plan:
     #: requests keep beside their lengths and engines; its latency quantiles then its histograms' (the driver
     #: reports its own, exact).  Empty: a run of its own, every column kept
     stage_records: tuple = ()
+    #: a decode pool's requests (``prefilled``): the seconds each takes to pull its KV cache once its engine
+    #: admits it (:mod:`mbbatch._kernels.continuous`'s ``pull``), in the plan's order; None: none
+    pull: object = None
 
     keep_batches = False
 
@@ -387,7 +390,8 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
         prefixes = {}
     if c == 1:
         inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
-                                cached=prompt if plan.prefilled else np.empty(0), klass=_classes(klass),
+                                cached=prompt if plan.prefilled else np.empty(0),
+                                pull=plan.pull if plan.pull is not None else np.empty(0), klass=_classes(klass),
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot, **prefixes)
         with Lease() as lease:
             yield timed(lambda: _k.run(config, inputs, streams, stop, lease=lease, **kw), n)
@@ -403,6 +407,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                                 arrival_ends=arr["arrival_ends"], prompt=prompt[part].copy(),
                                 output=output[part].copy(), prediction=prediction[part].copy(),
                                 edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0),
+                                pull=plan.pull[part].copy() if plan.pull is not None else np.empty(0),
                                 klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot,
                                 **{k: v if k == "grows" else v[part].copy() for k, v in prefixes.items()})
@@ -462,7 +467,8 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None)
         runs, where, local, routed, _ = interruptible(
             lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
                             streams, stop, programs=programs, klass=klass, class_slo=plan.class_slo,
-                            class_tpot=plan.class_tpot, brought=prompt if plan.prefilled else None, **cluster),
+                            class_tpot=plan.class_tpot, brought=prompt if plan.prefilled else None, pull=plan.pull,
+                            **cluster),
             stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)

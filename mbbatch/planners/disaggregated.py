@@ -176,23 +176,27 @@ PREFILL_RECORDS = ("arrival", "first_token")
 DECODE_RECORDS = ("admitted", "completion")
 
 
-def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False, records: tuple = ()):
+def _decode_plan(pol, arrivals, workload, model, n: int, dealt: bool = False, records: tuple = (), pull=None):
     """The checked plan of the decode pool: ``decode_engines`` engines, the
     requests dealt in turn (or, with another ``decode_router``, unless
     ``dealt``, a cluster of the engines behind it: a closed loop's pool,
     which its kernel routes, is planned as dealt), each bringing its
-    prompt's KV cache; ``records``: the only record columns it keeps
-    (:attr:`.continuous.Plan.stage_records`; empty: all)."""
+    prompt's KV cache, pulled in ``pull`` s each once its engine admits it
+    (None: none, or every pull 0: its cache came with it); ``records``: the
+    only record columns it keeps (:attr:`.continuous.Plan.stage_records`;
+    empty: all)."""
+    if pull is not None and not np.any(pull > 0.0):
+        pull = None
     if (pol.decode_router != "round_robin" or pol.decode_events) and not dealt:
         from ..policies.cluster import Cluster
 
         pool = Cluster(pol.decode, engines=pol.decode_engines, router=pol.decode_router, programs=None,
                        events=list(pol.decode_events))
         return replace(cluster.check(pool, arrivals, None, n, 1, True, workload, model, False, prefilled=True),
-                       kv_name="decode.kv_tokens", stage_records=records)
+                       kv_name="decode.kv_tokens", stage_records=records, pull=pull)
     return replace(continuous.check(pol.decode, arrivals, None, n, pol.decode_engines, True, workload, model, False,
                                     prefilled=True, servers_name="decode_engines", kv_name="decode.kv_tokens"),
-                   stage_records=records)
+                   stage_records=records, pull=pull)
 
 
 def _prefill_workload(workload: Workload, n: int) -> Workload:
@@ -251,14 +255,15 @@ def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tup
     req = pre.requests
     prompt, first = req["prompt"], req["first_token"]
     transfer = pol.kv_transfer.seconds(prompt)
-    ready = first + transfer
+    # (ready for the decode pool at its first token: its engine admits it, then pulls its KV cache)
+    ready = first
     order = decode_stage_requests(ready, out)
     dec = None
     if order.size:
         stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
                          predictor_sigma=wl.predictor_sigma)
         dec = _decode_plan(pol, Replay(ready[order]), stage, plan.decode_model, order.size,
-                           records=_records(plan, DECODE_RECORDS)).run(ss, warn=False)
+                           records=_records(plan, DECODE_RECORDS), pull=transfer[order]).run(ss, warn=False)
     return pre, dec, out, transfer, ready, order
 
 

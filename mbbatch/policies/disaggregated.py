@@ -106,17 +106,19 @@ class Disaggregated(Policy):
       engine's ``request_overhead``, or for a one-token call its first
       token plus the prefill engine's; both pools then run in one loop,
       :mod:`mbbatch._kernels.disaggregated`);
-    - its cache moves at once, its whole prompt's (system prompt included),
-      taking :meth:`KVTransfer.seconds` of its prompt;
-    - it joins the decode pool at the transfer's end, sent by the pool's
+    - it joins the decode pool at its first token, sent by the pool's
       ``decode_router``: ``"round_robin"`` (default) deals the requests to
-      the decode engines in turn in the order the transfers end (as LAPS's
-      decode instances), ``"least_used"`` to the engine with the fewest
-      active requests at that instant (a :class:`Cluster`'s rule); it
-      brings its prompt's KV cache: it takes its blocks when the engine
-      admits it, waiting in the engine's queue while its memory is full,
-      and decodes its other ``output - 1`` tokens (a one-token request is
-      done at its first token and never reaches it).
+      the decode engines in turn in the order of their first tokens (as
+      LAPS's decode instances), ``"least_used"`` to the engine with the
+      fewest active requests at that instant (a :class:`Cluster`'s rule);
+      it waits in the engine's queue until the engine admits it (its
+      blocks free, fewer than ``max_num_seqs`` running), which then pulls
+      its KV cache, its whole prompt's (system prompt included), taking
+      :meth:`KVTransfer.seconds` of its prompt, as vLLM's KV connectors do
+      (the decode side's ``WAITING_FOR_REMOTE_KVS``): the request holds
+      its blocks and a slot meanwhile, and decodes its other ``output - 1``
+      tokens from the first iteration after the cache lands (a one-token
+      request is done at its first token and never reaches it).
 
     ``prefill_events`` and ``decode_events`` (:class:`EngineEvent`, the
     engines numbered within their pool) take engines out of a pool and
@@ -136,10 +138,11 @@ class Disaggregated(Policy):
     a metric: LAPS's result has no router metrics).
 
     Choices where the papers leave it open: the prefill engine frees the KV
-    blocks at the first token (DistServe's prefill instance holds them until
-    the decode instance pulls them); the transfer starts at the first token,
-    whether or not the decode engine has room (a transfer that finds it full
-    waits in its queue, not on the link); transfers do not share a link.
+    blocks at the first token (DistServe's prefill instance, and vLLM's
+    with a KV connector, hold them until the decode side has read them: not
+    modelled yet); the transfer starts when the decode engine admits the
+    request, so a request that finds it full waits before its transfer, not
+    after; transfers do not share a link.
 
     The results: the latency end to end (arrival to last token), the time
     to first token (the prefill pool's), the time between tokens (the gaps
@@ -147,8 +150,8 @@ class Disaggregated(Policy):
     and wait for a decode engine, each pool's utilization, and ``goodput``,
     DistServe's share of the requests within both the workload's
     ``ttft_slo`` and ``tpot_slo``, a request's time per output token
-    ``(last token - first token) / (output - 1)`` counting its transfer and
-    its wait; ``res.prefill`` and ``res.decode`` are the pools' own
+    ``(last token - first token) / (output - 1)`` counting its wait and
+    its transfer; ``res.prefill`` and ``res.decode`` are the pools' own
     results.
 
     >>> import mbbatch as mb, scipy.stats as st
