@@ -946,10 +946,9 @@ def _continue_prefills(pq_h, pq_n, budget, ws):
 
 
 @step
-def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
-    """Request ``r`` (``g0`` tokens generated, its last at ``lt``, ``todo``
-    to prefill) into a free slot, at the tails of the running list and of the
-    prefill queue.  Returns ``(slots, pq_n)`` after."""
+def _take_slot(r, g0, lt, todo, slots, ws):
+    """A free slot for request ``r`` (``g0`` tokens generated, its last at
+    ``lt``, ``todo`` to prefill), not decoding.  Returns ``(slot, slots)``."""
     head, tail, nfree = slots
     nfree -= 1
     sl = ws.free_slots[nfree]
@@ -959,6 +958,14 @@ def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
     ws.need[sl] = todo
     ws.pre[sl] = 0
     ws.fin[sl] = -1
+    return sl, (head, tail, nfree)
+
+
+@step
+def _enqueue(sl, slots, pq_h, pq_n, ws):
+    """Slot ``sl`` at the tails of the running list and of the prefill
+    queue.  Returns ``(slots, pq_n)`` after."""
+    head, tail, nfree = slots
     ws.prv[sl] = tail
     ws.nxt[sl] = -1
     if tail >= 0:
@@ -969,6 +976,16 @@ def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
     at = pq_h + pq_n
     pq[at if at < pq.shape[0] else at - pq.shape[0]] = sl
     return (head, sl, nfree), pq_n + 1
+
+
+@step
+def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
+    """Request ``r`` (``g0`` tokens generated, its last at ``lt``, ``todo``
+    to prefill) into a free slot (:func:`_take_slot`), at the tails of the
+    running list and of the prefill queue (:func:`_enqueue`).  Returns
+    ``(slots, pq_n)`` after."""
+    sl, slots = _take_slot(r, g0, lt, todo, slots, ws)
+    return _enqueue(sl, slots, pq_h, pq_n, ws)
 
 
 @step
@@ -1005,16 +1022,7 @@ def _pull_heads(adm, q, par, rounds, waiting, nstack, cap, running, free, slots,
         if keep:
             r_f[RQ.admitted, r] = now
         free -= need
-        head, tail, nfree = slots
-        nfree -= 1
-        sl = ws.free_slots[nfree]
-        ws.occ[sl] = r
-        ws.gs[sl] = g0
-        ws.last[sl] = lt
-        ws.need[sl] = 0
-        ws.pre[sl] = 0
-        ws.fin[sl] = -1
-        slots = (head, tail, nfree)
+        sl, slots = _take_slot(r, g0, lt, np.int64(0), slots, ws)
         si[ES.npull] = _heap_push(ws.pull_t, ws.pull_k, si[ES.npull], now + inputs.pull[r], si[ES.pulls] * M1 + sl)
         si[ES.pulls] += 1
         running += 1
@@ -1028,21 +1036,9 @@ def _land(now, slots, pq_h, pq_n, ws):
     with nothing to prefill.  Returns ``(slots, pq_n)`` after."""
     si = ws.state_i
     M1 = ws.pull_t.shape[0]
-    pq = ws.pq
     while si[ES.npull] > 0 and ws.pull_t[0] <= now:
         _, k, si[ES.npull] = _heap_pop(ws.pull_t, ws.pull_k, si[ES.npull])
-        sl = k % M1
-        head, tail, nfree = slots
-        ws.prv[sl] = tail
-        ws.nxt[sl] = -1
-        if tail >= 0:
-            ws.nxt[tail] = sl
-        else:
-            head = sl
-        slots = (head, sl, nfree)
-        at = pq_h + pq_n
-        pq[at if at < pq.shape[0] else at - pq.shape[0]] = sl
-        pq_n += 1
+        slots, pq_n = _enqueue(k % M1, slots, pq_h, pq_n, ws)
     return slots, pq_n
 
 
