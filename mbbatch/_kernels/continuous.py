@@ -990,8 +990,9 @@ def _place(r, g0, lt, todo, slots, pq_h, pq_n, ws):
 
 @step
 def _pulls(r, nstack, inputs):
-    """Whether the waiting head ``r`` pulls its KV cache: a new request
-    (not a preempted one, ``nstack`` > 0) whose ``pull`` is positive."""
+    """Whether the waiting head ``r`` pulls its KV cache: a request not
+    taken from the resumption stack (``nstack`` is 0) whose ``pull`` is
+    positive."""
     pull = inputs.pull
     return nstack == 0 and pull.shape[0] > 0 and pull[r] > 0.0
 
