@@ -1042,7 +1042,7 @@ def find_split(engines: int, *, prefill=None, decode=None, kv_transfer=None, rou
     if isinstance(engines, bool) or not isinstance(engines, (int, np.integer)) or not 2 <= engines <= 2 ** 20:
         raise ValueError(f"engines: a split keeps one engine in each pool at least, an integer in [2, 2**20]; got "
                          f"{engines!r}")
-    # (the first deployment refuses a prefill policy that declares no stage, naming those that do)
+    # (a deployment of the two refuses a prefill policy that declares no stage, naming those that do)
     stage = STAGES[Disaggregated(prefill=prefill, decode=decode).prefill.prefill_stage]
     pools = [Disaggregated(decode=decode, decode_engines=int(engines) - p, kv_transfer=kv_transfer,
                            decode_model=decode_model, **stage.split(prefill, p, router))

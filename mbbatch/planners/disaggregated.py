@@ -234,7 +234,7 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                          "be True")
     n = resolve_n(n, arrivals, workload.length_specs())
     prefill = STAGES[policy.prefill.prefill_stage].check(policy, arrivals, n, workload, model,
-                                                         () if keep_requests else PREFILL_RECORDS)
+                                                         _records(keep_requests, PREFILL_RECORDS))
     # the decode pool, checked now on as many requests (its arrivals are the transfers' ends, known after the
     # prefill)
     decode = _decode_plan(policy, Poisson(1.0), workload, decode_model, n)
@@ -263,7 +263,8 @@ def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tup
         stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
                          predictor_sigma=wl.predictor_sigma)
         dec = _decode_plan(pol, Replay(ready[order]), stage, plan.decode_model, order.size,
-                           records=_records(plan, DECODE_RECORDS), pull=transfer[order]).run(ss, warn=False)
+                           records=_records(plan.keep_requests, DECODE_RECORDS),
+                           pull=transfer[order]).run(ss, warn=False)
     return pre, dec, out, transfer, ready, order
 
 
@@ -319,7 +320,7 @@ def _closed_decode(plan: Plan, ss, prompt, out, d_out, d_pred, link, got: dict, 
         stage = Workload(prompt=prompt[j], output=d_out[j], integer_lengths=True)
         events = bool(pol.decode_events)
         dp = _decode_plan(pol, Replay(got["ready"][order]), stage, plan.decode_model, order.size,
-                          dealt=not events, records=_records(plan, DECODE_RECORDS))
+                          dealt=not events, records=_records(plan.keep_requests, DECODE_RECORDS))
         # (dealt in turn: request m number m // D of engine m % D; else as the kernel's router placed it)
         placed = None if pol.decode_router == "round_robin" and not events else tuple(got["d_placed"])
         routed = None
@@ -358,10 +359,10 @@ def _closed_laps_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -
     return pre, *_closed_decode(plan, ss, prompt, out, d_out, d_pred, link, got, d_runs)
 
 
-def _records(plan: Plan, records: tuple) -> tuple:
+def _records(keep_requests: bool, records: tuple) -> tuple:
     """A pool's record columns: ``records`` without ``keep_requests``, else
     all (empty)."""
-    return () if plan.keep_requests else records
+    return () if keep_requests else records
 
 
 def _decode_calls(plan: Plan, ss: np.random.SeedSequence, prompt, out) -> tuple:
