@@ -20,7 +20,7 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
              per_context=0.0, per_expert=0.0, expert_span=0.0, expert_miss=1.0, controller=None, cached=None,
              prefill_attention=0.0, iteration_overhead=0.0, num_scheduler_steps=1, aging=0.0, klass=None,
              class_slo=None, class_tpot=None, goodput=0, quantum=16, levels=4, prefix_caching=False, chain=None,
-             shared=None, grows=None, until=None, join=None, leave=(), pull=None):
+             shared=None, grows=None, until=None, join=None, leave=(), pull=None, release=None):
     """Run the engine on requests ``arrival`` (sorted), ``prompt`` and
     ``output`` (whole tokens, output >= 1) and ``prediction`` (admission
     order).  Returns a dict of per-request arrays (``first_token``,
@@ -151,6 +151,15 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     phase.  With nothing to run but pulls the engine waits for the first to
     end or the next arrival.  The controller's N_decode counts the pulling.
 
+    ``release``: per request, the instant its blocks are freed if it
+    completes before (a disaggregated deployment's prefill engine, holding
+    a request's KV cache until its decode engine has read it; not with
+    prefix caching).  Completed before it, the request leaves the running
+    but its blocks stay taken until the first boundary at or after
+    ``release``, where they are freed before anything is admitted.  With
+    nothing to run but pulls or held blocks the engine waits for the first
+    pull to end or blocks to be released, or the next arrival.
+
     ``until``: the engine stops before its first iteration that would
     start at or after ``until`` (the per-chain ``cached_blocks`` and
     ``refs`` then as they stand; the requests not done unstamped).
@@ -252,6 +261,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
     quanta_for_memory = 0    # the feedback queue's preemptions for a head the free blocks could not hold
     caps = []
     pulling = []             # (pull's end, its number, r): the pulls under way
+    holding = []             # (release, blocks): the blocks of completed requests held until their release
+    releases = release       # (the parameter: ``release`` below is the step that frees a request's blocks)
     pending = set()          # the pulls landed, their chunk of no tokens still to come
     npulls = 0
     block_left = 0           # iterations of the block after the current one
@@ -401,7 +412,12 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
                 joined = kf - chain_cached[c]        # its blocks cached[c] .. kf - 1 join the chain
                 assert joined <= held[r]
                 chain_cached[c] = kf
-        free += held[r] - joined
+        kept = 0
+        if completed and releases is not None and float(releases[r]) > now and not prefix_caching:
+            # (held until its release: freed at the first boundary at or after it)
+            holding.append((float(releases[r]), held[r]))
+            kept = held[r]
+        free += held[r] - joined - kept
         held[r] = 0
         if joined and not holds and refs[c] == 0:
             # (a chain it did not hold, no sequence holds: the blocks joined are evictable, the chain the newest)
@@ -450,6 +466,8 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         while pulling and pulling[0][0] <= now:
             running.append(pulling.pop(0)[2])
             pending.add(running[-1])
+        free += sum(b for t, b in holding if t <= now)
+        holding = [(t, b) for t, b in holding if t > now]
         if block_left > 0 and not any(pre[r] == need[r] and r not in pending for r in running):
             block_left = 0
         if block_left == 0:
@@ -578,9 +596,10 @@ def simulate(arrival, prompt, output, prediction, *, max_num_seqs, max_batched_t
         if not decoding and not prefill and not scheduling:
             block_left = 0           # (the block's decodes were all preempted: it ends)
             continue
-        if not decoding and not prefill and pulling:
-            # nothing to run but pulls: wait for the first to end, or an arrival before it (at most until)
-            nxt = min(p[0] for p in pulling)
+        if not decoding and not prefill and (pulling or holding):
+            # nothing to run but pulls or blocks held: wait for the first pull to end or blocks to be released,
+            # or an arrival before (at most until)
+            nxt = min([p[0] for p in pulling] + [t for t, _ in holding])
             if i < n:
                 nxt = min(nxt, join[i])
             if until is not None:

@@ -117,7 +117,7 @@ class _Calls:
 
 
 def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, kv=True,
-                       cache=(0.3, 64, 1.5), closed=None, brought=None, pull=None, **kw):
+                       cache=(0.3, 64, 1.5), closed=None, brought=None, pull=None, release=None, **kw):
     """The plain-Python cluster: at each arrival, an engine's active requests
     are those routed to it and not completed by then in the reference
     engine's run of its requests so far (a completion at or before the
@@ -127,7 +127,9 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
     the program's last call) and the engine holding each program's context
     (a call there brings the KV cache of its prompt but its new tokens);
     ``pull``: each request's pull of the KV cache it brings (a decode
-    pool's: the reference engine's ``pull``).
+    pool's: the reference engine's ``pull``); ``release``: the instant each
+    request's engine frees its blocks if it completes before (a prefill
+    pool's: the reference engine's ``release``).
     With prefix caching each engine caches its requests' chains; the
     cache-aware router (SGLang's, on the engines' caches) reads engine e's
     cache of the request's chain from the reference engine stopped before
@@ -170,7 +172,8 @@ def _reference_cluster(arr, p, o, pred, engines, router, *, threshold=20, progra
                 pre.update(chain=prefixes["chain"][idx].astype(np.int64), shared=prefixes["shared"][idx].astype(
                     np.int64))
             runs[key] = ref.simulate(arr[idx], p[idx], o[idx], pred[idx], cached=None if pre else cached[idx],
-                                     until=until, pull=None if pull is None else np.asarray(pull)[idx], **pre, **kw)
+                                     until=until, pull=None if pull is None else np.asarray(pull)[idx],
+                                     release=None if release is None else np.asarray(release)[idx], **pre, **kw)
         return runs[key]
 
     def cache_aware(j, active, least):

@@ -69,6 +69,23 @@ admission.  (vLLM's scheduler counts a pulling request against
 ``max_num_seqs`` only once its cache landed; here it holds its slot from
 its admission, so that the slots bound the engine's sequences.)
 
+A request may *hold* its KV cache past its last token (``release``: the
+instant its blocks are freed; a disaggregated deployment's prefill pool,
+whose engine keeps a request's cache until its decode engine has read
+it): completing before its ``release``, it leaves the running list and
+frees its slot, but its blocks stay taken until the first scheduling
+boundary at or after ``release``, freed there before any admission
+(``release`` inf: until the engine's driver says when, :func:`release_at`;
+a disaggregated deployment's closed loop, once the decode engine admitted
+the request and started its pull)
+(not with prefix caching, whose blocks go back to the cache at the last
+token).
+Held blocks are not counted as used in the engine's KV statistics
+(``blocks_time``, the time series' ``kv_blocks``): those count the blocks
+of the requests it runs.  An engine whose waiting requests do not fit
+while blocks are held waits for the next release or arrival, as for a
+pull.
+
 With a controller (``controlled``), the running sequences an iteration may
 admit up to are not ``max_num_seqs`` but the dynamic-batching paper's
 ``b_target`` (Pang, Li and Wang, 2025, "Optimizing LLM inference throughput via
@@ -205,16 +222,18 @@ CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "ma
 #: parameters and change times, the requests' lengths (whole tokens) and
 #: predicted outputs, the bins' inner edges (tokens), the prompt tokens
 #: whose KV cache each request brings (empty: none; a decode stage's) and
-#: the seconds its pull of that cache takes (empty, or 0: none), each
+#: the seconds its pull of that cache takes (empty, or 0: none), the instant
+#: its blocks are freed if it completes before (empty: none), each
 #: request's class (empty: none, one class), and each class's objectives on
 #: the time to first token (s) and per output token (s/token; inf: none);
 #: with prefix caching (``chain`` not empty), each request's chain (-1: none)
 #: and the prompt tokens it shares with it, and whether each chain grows by
 #: its requests' contexts (a session's)
-INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, optional=("chain", "shared", "grows", "pull"),
+INPUTS = Arrays("ContinuousInputs", __name__, readonly=True, optional=("chain", "shared", "grows", "pull", "release"),
                 arrival_times=np.float64, arrival_params=np.float64,
                 arrival_ends=np.float64, prompt=np.float64, output=np.float64, prediction=np.float64,
-                edges=np.float64, cached=np.float64, pull=np.float64, klass=np.float64, class_slo=np.float64,
+                edges=np.float64, cached=np.float64, pull=np.float64, release=np.float64, klass=np.float64,
+                class_slo=np.float64,
                 class_tpot=np.float64, chain=np.float64, shared=np.float64, grows=np.float64)
 ContinuousInputs = INPUTS.type
 #: the random streams: arrival gaps
@@ -264,7 +283,9 @@ REQUESTS = Layout("continuous requests", ints=("preemptions",),
 #: router (:func:`.continuous_cluster._hand_back`; else empty), per request the time it first
 #: arrived (``origin``: ``arrival`` is the time it reached this engine) and
 #: the log of those the engine handed back; the pulls under way, a heap by landing time and then the order
-#: they started (``pull_t``; ``pull_k``: that order x (max_num_seqs + 1) + slot)
+#: they started (``pull_t``; ``pull_k``: that order x (max_num_seqs + 1) + slot); the blocks held past their
+#: requests' completions, a heap by release instant (``rel_t``; ``rel_b``: the blocks); the log of the pulls
+#: started since the driver emptied it (``pull_log``: each request's number and landing; empty: none kept)
 WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.int64, last_pre=np.float64,
                    occ=np.int64, gs=np.int64, pre=np.int64, need=np.int64, d0=np.int64, fin=np.int64,
                    prv=np.int64, nxt=np.int64, last=np.float64, free_slots=np.int64, qnext=np.int64,
@@ -275,7 +296,8 @@ WORKSPACE = Arrays("ContinuousWorkspace", __name__, arrival=np.float64, gen=np.i
                    pend_first=np.int64, pend_done=np.int64, vtc=np.float64, vtc_decoding=np.int64, first=np.float64,
                    mlfq=np.int64, resume_last=np.float64, pc=np.int64, prefs=np.int64, lru_prev=np.int64,
                    lru_next=np.int64, lru_time=np.float64, pin=np.int64, done_log=(np.float64, 2), origin=np.float64,
-                   handed=np.int64, pull_t=np.float64, pull_k=np.int64)
+                   handed=np.int64, pull_t=np.float64, pull_k=np.int64, rel_t=np.float64, rel_b=np.int64,
+                   pull_log=(np.float64, 2))
 ContinuousWorkspace = WORKSPACE.type
 #: the workspace's per-request arrays that start unset (``np.empty``: the
 #: kernel writes an entry before it reads it), so that the pages of those
@@ -299,12 +321,14 @@ STATE = Layout("continuous engine state",
                      # .continuous_cluster._hand_back)
                      "handed",
                      # (the pulls under way, and those started in all)
-                     "npull", "pulls"),
+                     "npull", "pulls",
+                     # (the releases of held blocks due, and the blocks held; the pulls logged)
+                     "nheld", "held", "pulled"),
                floats=("t_round", "busy", "sum_latency", "sum_ttft", "sum_tbt", "running_time", "blocks_time",
                        "waiting_time", "system_time", "last_completion", "now",
                        "cap_time", "last_iteration",
-                       # (an engine paused with nothing to run but pulls: when the first lands, or the next
-                       # arrival comes; -inf otherwise: .continuous_cluster._earliest)
+                       # (an engine paused with nothing to run but pulls or blocks held: when the first lands
+                       # or is released, or the next arrival comes; -inf otherwise: .continuous_cluster._earliest)
                        "wake"))
 #: the scalars the loop keeps as locals (the first of the state's ints and floats; the others it counts in place)
 LOOP_INTS = STATE.ints.index("started")
@@ -1025,6 +1049,10 @@ def _pull_heads(adm, q, par, rounds, waiting, nstack, cap, running, free, slots,
         free -= need
         sl, slots = _take_slot(r, g0, lt, np.int64(0), slots, ws)
         si[ES.npull] = _heap_push(ws.pull_t, ws.pull_k, si[ES.npull], now + inputs.pull[r], si[ES.pulls] * M1 + sl)
+        if ws.pull_log.shape[1] > 0:
+            ws.pull_log[0, si[ES.pulled]] = r
+            ws.pull_log[1, si[ES.pulled]] = now + inputs.pull[r]
+            si[ES.pulled] += 1
         si[ES.pulls] += 1
         running += 1
     return q, waiting, running, free, slots
@@ -1209,8 +1237,13 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
     ``memory_on``), out of the running list and its slot freed, its latency
     recorded (:func:`_done`) and counted, or, inside a multi-step block
     (``block_left`` > 0), held back for the block's end (``ws.pend_done``).
-    Returns ``(slots, free, running, npd, acc)`` after."""
-    free += _freed(np.int64(inputs.prompt[r]), o, bs, sh, ws.tally, memory_on)
+    Its blocks stay taken where it holds them past ``now``
+    (:func:`_hold`).  Returns ``(slots, free, running, npd, acc)`` after."""
+    b = _freed(np.int64(inputs.prompt[r]), o, bs, sh, ws.tally, memory_on)
+    if FULL and inputs.release.shape[0] > 0 and inputs.release[r] > now and not _caching(par, inputs):
+        _hold(inputs.release[r], b, ws)
+    else:
+        free += b
     if _caching(par, inputs):
         free = _unpin(sl, r, o, now, free, bs, ws, inputs)
     head, tail, nfree = slots
@@ -1223,6 +1256,53 @@ def _leave(sl, r, o, now, block_left, npd, slots, free, running, acc, n, gscale,
         _done(r, now, n, gscale, ws, out, inputs, keep, r_f, delay, par[1], par[2])
         acc = (completed + 1, sum_lat + (now - admission.arrived(par[1], ws, r) + delay), now)
     return slots, free, running - 1, npd, acc
+
+
+@step
+def _hold(release, b, ws):
+    """``b`` blocks of a completed request held until ``release`` (inf:
+    until the engine's driver says when, :func:`release_at`)."""
+    ws.state_i[ES.held] += b
+    if release < np.inf:
+        release_at(release, b, ws.state_i, ws.state_f, ws.rel_t, ws.rel_b)
+
+
+@step
+def release_at(release, b, si, sf, rel_t, rel_b):
+    """``b`` blocks held (:func:`_hold`) freed at ``release``: into the
+    heap of held blocks (``rel_t``, ``rel_b``; the engine's scalars ``si``,
+    ``sf``); an engine asleep until later wakes then."""
+    si[ES.nheld] = _heap_push(rel_t, rel_b, si[ES.nheld], release, b)
+    if sf[ES.wake] > release:
+        sf[ES.wake] = release
+
+
+@step
+def _unhold(now, free, ws):
+    """The blocks held until ``now`` or before (:func:`_hold`), freed.
+    Returns ``free`` after."""
+    si = ws.state_i
+    while si[ES.nheld] > 0 and ws.rel_t[0] <= now:
+        _, b, si[ES.nheld] = _heap_pop(ws.rel_t, ws.rel_b, si[ES.nheld])
+        free += b
+        si[ES.held] -= b
+    return free
+
+
+@step
+def _next_wake(i, n, ws):
+    """When an engine with nothing to run but pulls or held blocks may run
+    again: the first pull's landing, the first release of held blocks or
+    the next arrival, whichever comes first."""
+    si = ws.state_i
+    nxt = np.inf
+    if si[ES.npull] > 0:
+        nxt = ws.pull_t[0]
+    if si[ES.nheld] > 0 and ws.rel_t[0] < nxt:
+        nxt = ws.rel_t[0]
+    if i < n and ws.arrival[i] < nxt:
+        nxt = ws.arrival[i]
+    return nxt
 
 
 @step
@@ -1547,6 +1627,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                                                     keep, r_f)
         if FULL and si[ES.npull] > 0:
             slots, pq_n = _land(now, slots, pq_h, pq_n, ws)
+        if FULL and si[ES.nheld] > 0:
+            free = _unhold(now, free, ws)
         block_left, npf, npd, sum_ttft, acc = _end_block(FULL, block_left, n_dec, npf, npd, now, sum_ttft, acc, ws,
                                                          out, inputs, requests, config)
         if running == 0 and waiting == 0 and nstack == 0:
@@ -1582,12 +1664,11 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 block_left = 0
                 iterations -= 1
                 continue
-            if FULL and si[ES.npull] > 0:
-                # (nothing runs but pulls: the engine waits for the first to land, or an arrival before it; past
-                # the instant it runs to, it pauses there, saying when it wakes)
-                nxt = ws.pull_t[0]
-                if i < n and ws.arrival[i] < nxt:
-                    nxt = ws.arrival[i]
+            if FULL and (si[ES.npull] > 0 or si[ES.held] > 0):
+                # (nothing runs but pulls, or what waits does not fit the blocks held: the engine waits for the
+                # first pull to land or blocks to be released, or an arrival before; past the instant it runs
+                # to, it pauses there, saying when it wakes)
+                nxt = _next_wake(i, n, ws)
                 if nxt >= until:
                     ws.state_f[ES.wake] = nxt
                     nxt = until
@@ -1608,7 +1689,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         if running > si[ES.max_running]:
             si[ES.max_running] = running
         t = _iteration_time(coef, exp_span, exp_miss, attention, n_d, ctx, nc, ptok, pq_h, ws, inputs)
-        used = blocks_total - free
+        # (blocks held past their requests' completions are not counted used)
+        used = blocks_total - free - (si[ES.held] if FULL else 0)
         sum_batch += n_d + nc
         out.size_hist[n_d + nc] += 1
         _record(iterations, si, out.ts, now, running, waiting + nstack, used, blocks_total < UNLIMITED, cap)
@@ -1658,12 +1740,12 @@ def uses_full(config, inputs) -> bool:
     prefill's attention, request classes (their statistics), an admission
     order of the full kernel only (:data:`.admission.FULL_ONLY`: earliest
     deadline first, fair sharing),
-    goodput (objectives whose attainment it counts), prefix caching or KV
-    caches pulled; else :data:`lean_kernel` runs it."""
+    goodput (objectives whose attainment it counts), prefix caching, KV
+    caches pulled or blocks held past completion; else :data:`lean_kernel` runs it."""
     ci, cf = config
     return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
                 or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0 or inputs.chain.shape[0] > 0
-                or inputs.pull.shape[0] > 0)
+                or inputs.pull.shape[0] > 0 or inputs.release.shape[0] > 0)
 
 
 def kernel_of(config, inputs):
@@ -1772,6 +1854,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     kept = admission.arrays(cfg["admission"])
     per = {name: n if name in kept else 1 for name in admission.ARRAYS}
     blocks = cfg["blocks"] if cfg["blocks"] >= 0 else UNLIMITED
+    # (the heap of blocks held past completions: each holds one block at least)
+    held = min(n, blocks) + 1 if inputs.release.shape[0] > 0 else 0
     # (a new engine's scalars: an empty running list, every slot free, the free slots taken from M down to 0)
     state_i, state_f = STATE.zeros(head=-1, tail=-1, nfree=M1, free=blocks, blocks_total=blocks, ts_stride=1,
                                    ts_due=1, last_completion=-np.inf, lru_head=-1, lru_tail=-1, wake=-np.inf)
@@ -1803,7 +1887,8 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                         lru_time=np.zeros(chains), pin=np.zeros(M1, np.int64), done_log=np.empty((2, log)),
                         origin=empty(n if handing else 0, np.float64, "origin"),
                         handed=empty(n if handing else 0, np.int64, "handed"), pull_t=np.empty(M1),
-                        pull_k=np.empty(M1, np.int64))
+                        pull_k=np.empty(M1, np.int64), rel_t=np.empty(held), rel_b=np.empty(held, np.int64),
+                        pull_log=np.empty((2, log if inputs.pull.shape[0] > 0 else 0)))
     return Engine(config, control, inputs, out, requests, ws)
 
 

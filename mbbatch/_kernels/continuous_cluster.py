@@ -67,7 +67,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .common import ARRIVED, STOP, event_arrays, kernel, load_tuple, step, variant
+from .common import ARRIVED, STOP, blocks, event_arrays, kernel, load_tuple, step, variant
 from .continuous import C_COST, DONE, ES, N_COST, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
 from .layout import Layout
 from . import admission
@@ -92,9 +92,11 @@ R = ROUTED.index
 #: an engine's inputs as the cluster writes them (the engine reads them
 #: through read-only views): each request's prompt, output, predicted output,
 #: the prompt tokens whose KV cache it brings and the seconds it takes to
-#: pull it (a decode pool's), its class and, with prefix caching, its chain
-#: and the tokens it shares with it
-Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "pull", "klass", "chain", "shared"),
+#: pull it (a decode pool's), the instant it frees its blocks if it completes
+#: before (a prefill pool's: :mod:`.continuous`'s ``release``), its class
+#: and, with prefix caching, its chain and the tokens it shares with it
+Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "pull", "release", "klass", "chain",
+                           "shared"),
                   module=__name__)
 
 #: arrivals between two checks of ``stop``
@@ -200,12 +202,13 @@ def fresh_record(requests, e, k):
 
 @step
 def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests, prompt, output,
-           prediction, klass, brought, pull, chain, shared, match, counts, where, local, ids, routed, bs):
+           prediction, klass, brought, pull, release, chain, shared, match, counts, where, local, ids, routed, bs):
     """Request j (of ``n``), arriving at ``t`` with the prompt, output,
     prediction, class, KV cache brought (``brought``: its tokens, a decode
     pool's requests' whole prompts; empty: none, the engine holds what its
     program's context left), the seconds its pull takes (``pull``; empty:
-    none) and prefix of entry ``x`` of their arrays, a call of
+    none), the instant it frees its blocks (``release``; empty: at its
+    completion) and prefix of entry ``x`` of their arrays, a call of
     program ``pid`` with ``new`` tokens of its own (``last``: its program's
     last call), routed (the engines' active requests in ``eng`` as they
     stand at t) and fed to its engine (its record, ``requests``, started);
@@ -246,6 +249,8 @@ def _route(j, x, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, fee
     feeds.cached[e, k] = brought[x] if brought.shape[0] > 0 else p - prefill
     if pull.shape[0] > 0:
         feeds.pull[e, k] = pull[x]
+    if release.shape[0] > 0:
+        feeds.release[e, k] = release[x]
     if klass.shape[0] > 0:
         feeds.klass[e, k] = klass[x]
     if chain.shape[0] > 0:
@@ -318,7 +323,7 @@ def _reroute(e1, k1, t, rt, eng, table, rr_route, feeds, ws, requests, counts, w
 def moved(e1, k1, e, k, t, cached, ws, feeds, requests):
     """Engine e1's k1-th request, handed back, made engine e's k-th, joining
     it at ``t`` with ``cached`` prompt tokens' KV cache brought: its inputs
-    (``feeds``, its pull too) and batch-means group go along, its record
+    (``feeds``, its pull and release too) and batch-means group go along, its record
     starts afresh; engine e wakes for it (:func:`woken`).  (Its first
     arrival, ``ws.origin``, is its caller's to keep.)"""
     ws.arrival[e, k] = t
@@ -331,6 +336,8 @@ def moved(e1, k1, e, k, t, cached, ws, feeds, requests):
     feeds.cached[e, k] = cached
     if feeds.pull.shape[1] > 0:
         feeds.pull[e, k] = feeds.pull[e1, k1]
+    if feeds.release.shape[1] > 0:
+        feeds.release[e, k] = feeds.release[e1, k1]
     if feeds.klass.shape[1] > 0:
         feeds.klass[e, k] = feeds.klass[e1, k1]
     if feeds.chain.shape[1] > 0:
@@ -439,8 +446,8 @@ def _events_until(t, ev, events, config, control, inputs, out, requests, ws, str
 
 @kernel
 def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
-                   brought, pull, chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table, counts,
-                   match, where, local, ids, events, routed, streams, stop, estop):
+                   brought, pull, release, chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table,
+                   counts, match, where, local, ids, events, routed, streams, stop, estop):
     """Route the ``times.size`` requests to the engines and simulate them.
     The engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``
     are the continuous kernel's, each array with a leading axis of engines
@@ -489,8 +496,8 @@ def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, pro
         if rt.programs:
             pid, new, last = program[j], new_tokens[j], session_end[j] != 0
         e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests,
-                             prompt, output, prediction, klass, brought, pull, chain, shared, match, counts, where,
-                             local, ids, routed, bs)
+                             prompt, output, prediction, klass, brought, pull, release, chain, shared, match, counts,
+                             where, local, ids, routed, bs)
     code, ev, rr_route = _events_until(np.inf, ev, events, config, control, inputs, out, requests, ws, streams, estop,
                                        rt, eng, table, rr_route, feeds, counts, where, local, ids, nocalls, program,
                                        new_tokens, session_end, routed)
@@ -532,6 +539,16 @@ def _run_out(n, counts, config, control, inputs, out, requests, ws, streams, sto
                 return code
     stop[ARRIVED] = n
     return DONE
+
+
+@step
+def released(e, k, landing, bs, feeds, ws):
+    """Engine e's k-th request, completed holding its KV blocks until told
+    (its ``release`` inf: :mod:`.continuous`'s), frees them at
+    ``landing`` (:func:`.continuous.release_at`): the blocks of its prompt
+    and output."""
+    b = blocks(np.int64(feeds.prompt[e, k]) + np.int64(feeds.output[e, k]), bs, _k._shift(bs))
+    _k.release_at(landing, b, ws.state_i[e], ws.state_f[e], ws.rel_t[e], ws.rel_b[e])
 
 
 @step
@@ -604,18 +621,19 @@ def pop_call(j, loop, hsize, got):
 
 @step
 def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws, requests, prompt, output,
-                 prediction, chain, shared, match, counts, where, local, ids, routed, bs, got):
+                 prediction, release, chain, shared, match, counts, where, local, ids, routed, bs, got):
     """A closed loop's next call to arrive (:func:`pop_call`) routed as
     request j of ``n``, the engines' active requests as they stand at its
-    arrival.  Returns its engine, the round-robin pointer and the heap's
-    size."""
+    arrival (``release``: by call id, the instant its engine frees its KV
+    blocks, :mod:`.continuous`'s; empty: at its completion).  Returns its
+    engine, the round-robin pointer and the heap's size."""
     t, kc, hsize = pop_call(j, loop, hsize, got)
     _active(ws.state_i, ws.state_f, counts, t, eng)
     K = loop[1].shape[0] // loop[0].shape[0]
     # (no classes, no KV cache brought and none pulled: an empty row for each)
     e, rr_route = _route(j, kc, t, kc // K, loop[2][kc], kc % K == K - 1, n, groups, rt, ca, eng, table, rr_route,
                          feeds, ws, requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0],
-                         feeds.klass[0], chain, shared, match, counts, where, local, ids, routed, bs)
+                         feeds.klass[0], release, chain, shared, match, counts, where, local, ids, routed, bs)
     return e, rr_route, hsize
 
 
@@ -685,8 +703,9 @@ def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, 
             # (nothing runs and no call waits to arrive: every program ended before n calls)
             return STALLED
         e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
-                                          requests, prompt, output, prediction, chain, shared, match, counts, where,
-                                          local, ids, routed, bs, (times, program, new_tokens, session_end, call))
+                                          requests, prompt, output, prediction, feeds.klass[0], chain, shared, match,
+                                          counts, where, local, ids, routed, bs,
+                                          (times, program, new_tokens, session_end, call))
         calls[e, local[j]] = call[j]
     code, ev, rr_route = _events_until(np.inf, ev, events, config, control, inputs, out, requests, ws, streams, estop,
                                        rt, eng, table, rr_route, feeds, counts, where, local, ids, calls, program,
@@ -714,7 +733,7 @@ def _stacked(one, engines: int, unset=()):
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
         programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None,
-        prefixes=None, cache_routing=None, brought=None, pull=None, events=None) -> tuple:
+        prefixes=None, cache_routing=None, brought=None, pull=None, release=None, events=None) -> tuple:
     """Simulate ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
@@ -730,7 +749,9 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     (:class:`.routing.CacheRouting`; None with another router); ``brought``
     the prompt tokens whose KV cache each request brings (a decode pool's:
     its whole prompt; None: none, a program's context aside); ``pull`` the
-    seconds each takes to pull it (None: none; :mod:`.continuous`); ``events``
+    seconds each takes to pull it (None: none; :mod:`.continuous`); ``release``
+    the instant each frees its blocks if it completes before (None: at its
+    completion; :mod:`.continuous`); ``events``
     the engine events, ``(time, engine, add)`` arrays in time order (None:
     none; :func:`_engine_event`).
     Returns each engine's ``(outputs, records, code)`` (as
@@ -742,8 +763,9 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     klass = np.empty(0) if klass is None else np.ascontiguousarray(klass, float)
     brought = np.empty(0) if brought is None else np.ascontiguousarray(brought, float)
     pull = np.empty(0) if pull is None else np.ascontiguousarray(pull, float)
+    release = np.empty(0) if release is None else np.ascontiguousarray(release, float)
     c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, klass.size, class_slo, class_tpot,
-                 prefixes, events=events, pulls=pull.size > 0)
+                 prefixes, events=events, pulls=pull.size > 0, holds=release.size > 0)
     if programs is None:
         program = new_tokens = np.empty(0)
         session_end = np.empty(0, np.int8)
@@ -754,7 +776,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     code = cluster_kernel(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds,
                           np.ascontiguousarray(times, float), np.ascontiguousarray(prompt, float),
                           np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float), klass,
-                          brought, pull, c.chain, c.shared, np.ascontiguousarray(program, np.int64),
+                          brought, pull, release, c.chain, c.shared, np.ascontiguousarray(program, np.int64),
                           np.ascontiguousarray(new_tokens, float), np.ascontiguousarray(session_end, np.int8), groups,
                           router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts,
                           np.zeros(engines, np.int64), c.where, c.local, c.ids, c.events, c.routed, streams, stop,
@@ -806,10 +828,11 @@ class _Cluster:
     given (0: none), ``log`` each engine's completions' log, ``events`` the
     engine events (:func:`run`'s; None: none): with them the engines may
     hand requests back, and each keeps its requests' numbers (``ids``);
-    ``pulls``: the engines' requests pull their KV caches (a decode pool's)."""
+    ``pulls``: the engines' requests pull their KV caches (a decode pool's);
+    ``holds``: they hold their blocks past completion (a prefill pool's)."""
 
     def __init__(self, config, output, edges, engines, stop, control, groups, ts_rows, classes, class_slo,
-                 class_tpot, prefixes, log: int = 0, events=None, pulls: bool = False):
+                 class_tpot, prefixes, log: int = 0, events=None, pulls: bool = False, holds: bool = False):
         from .common import ARR_REPLAY, check_stop
 
         check_stop(stop)
@@ -834,7 +857,8 @@ class _Cluster:
         self.shared = np.ascontiguousarray(prefixes["shared"], float) if prefixes else np.empty(0)
         grows = np.asarray(prefixes["grows"], float) if prefixes else np.empty(0)
         given = {"klass": room if classes else 0, "chain": int(self.chain.size > 0) * room,
-                 "shared": int(self.shared.size > 0) * room, "pull": room if pulls else 0}
+                 "shared": int(self.shared.size > 0) * room, "pull": room if pulls else 0,
+                 "release": room if holds else 0}
         self.feeds = Feed(*(np.zeros((engines, given.get(f, room))) for f in Feed._fields))
         # (the template engine keeps no records: the engines' start unset, each row started as its request is
         # routed, fresh_record)
