@@ -17,6 +17,11 @@ stacked along a leading axis of engines:
   turn; its engine admits it when its blocks allow, then pulls its
   prompt's KV cache, ``link[k]`` s (:mod:`.continuous`'s ``pull``), and
   generates its other ``output - 1`` tokens;
+- its prefill engine holds its KV blocks from its first token until that
+  pull lands (:mod:`.continuous`'s ``release``, inf: until told): each
+  pull a decode engine starts is logged (``ws.pull_log``), and the stage
+  frees the blocks at its landing (its ``_released`` step:
+  :func:`.continuous_cluster.released`; LAPS's instances hold none);
 - a call's client has its answer ``request_overhead`` after its last token
   (the decode engine's; a one-token call's, the prefill engine's), and its
   program's next call arrives its think time later.
@@ -28,13 +33,15 @@ engine before any iteration starting at or after its instant: every event
 so a completion puts its next call in the arrival heap before any later
 iteration starts, as :func:`.continuous_cluster.closed_loop_kernel` does
 for one pool.  Run open-loop, the two stages in one loop give what the
-pools run one after the other give (the decode pool only reads the prefill
-pool's first tokens): the feed-forward planner
-(:mod:`mbbatch.planners.disaggregated`) keeps running them so.
+pools run one after the other give where the blocks held never keep a
+prompt waiting (the decode pool then only reads the prefill pool's first
+tokens): the planner (:mod:`mbbatch.planners.disaggregated`) runs them so
+where it can tell, and in this loop otherwise.
 
 One driver runs every prefill stage (:func:`closed_loop_kernel`): a
-stage is a namedtuple of its arrays and eight steps of its own (set up,
-its next event, its step, its engine event, an arrival, its statistics:
+stage is a namedtuple of its arrays and nine steps of its own (set up,
+its next event, its step, its engine event, an arrival, its statistics, a
+pull landing:
 the ``_*_engines`` steps of the continuous pool, :data:`EnginesPrefill`),
 which the driver calls by name; :data:`laps_closed_loop_kernel` is the
 driver compiled again with LAPS's steps (:func:`.common.variant`), its
@@ -56,16 +63,17 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import ARRIVED, STOP, event_arrays, kernel, stage_step, step, variant
+from .common import ARRIVED, STOP, event_arrays, helper, kernel, stage_step, step, variant
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
                                  _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
-                                 pop_call, starts, woken)
+                                 pop_call, released, starts, woken)
 from . import laps as _l
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
-__all__ = ["closed_loop_kernel", "laps_closed_loop_kernel", "run_closed", "run_closed_laps"]
+__all__ = ["EXCEEDS", "FITS", "TIGHT", "closed_loop_kernel", "holds_fit", "laps_closed_loop_kernel", "run_closed",
+           "run_closed_laps"]
 
 
 @step
@@ -208,12 +216,13 @@ def _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K, heap_t
     at ``sd`` (:func:`_decode_iteration`; ``d`` -1: none before the next
     instant), else its engine event ``dev`` at ``td``, once every iteration
     starting before it has run (:func:`_decode_event`).  Returns the code,
-    the arrival heap's size, the dealing pointer and the next event."""
+    the arrival heap's size, the dealing pointer, the next event and the
+    engine that ran (its pulls started logged: ``ws.pull_log``)."""
     if d >= 0:
         code, hsize = _decode_iteration(d, sd, dec, streams, estop, call, gap, K, heap_t, heap_id, hsize)
-        return code, hsize, d_rr, dev
+        return code, hsize, d_rr, dev, d
     code, d_rr = _decode_event(dev, td, dec, d_rr, streams, estop)
-    return code, hsize, d_rr, dev + 1
+    return code, hsize, d_rr, dev + 1, dec.events[1][dev]
 
 
 @step
@@ -266,10 +275,14 @@ def _decode_event(ev, t, dec, d_rr, streams, estop):
 #: prefix ``chain`` and ``shared`` tokens, the router's arrays (``rt`` ...
 #: ``routed``), ``reqs`` each engine's requests' numbers in arrival order
 #: and ``ids`` (``reqs`` where a request routed again is numbered, or empty
-#: without engine ``events``)
+#: without engine ``events``); by call id the instant each call's engine
+#: frees its KV blocks (``release``: inf, until its pull lands, for a call
+#: the decode pool takes, -inf for one of one token; empty: at its first
+#: token)
 EnginesPrefill = namedtuple("EnginesPrefill", ("config", "control", "inputs", "out", "requests", "ws", "feeds",
                                                "counts", "output", "prediction", "chain", "shared", "rt", "ca", "eng",
-                                               "table", "match", "where", "local", "reqs", "ids", "events", "routed"))
+                                               "table", "match", "where", "local", "reqs", "ids", "events", "routed",
+                                               "release"))
 
 #: LAPS's prefill instances as a closed loop's first stage
 #: (:func:`.laps.laps_kernel`'s ``config``, ``out``, ``requests``, ``ws``,
@@ -295,7 +308,9 @@ LapsPrefill = namedtuple("LapsPrefill", ("config", "out", "requests", "ws", "eve
 #       engine event at ``te``;
 #   _arrive(pre, carry, j, n, loop, hsize, groups, prompt, arrived) ->
 #       (carry, hsize): the next call, request j, routed into the stage;
-#   _finish(pre, carry, n): its statistics written.
+#   _finish(pre, carry, n): its statistics written;
+#   _released(pre, j, landing): request j's KV cache read by its decode
+#       engine, the pull landing at ``landing``.
 
 @step
 def _event_at(events, ev):
@@ -362,9 +377,9 @@ def _arrive_engines(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
     """The next call routed to a prefill engine (:func:`.continuous_cluster._arrive_call`)."""
     rr_route, ev = carry
     e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, pre.rt, pre.ca, pre.eng, pre.table,
-                                      pre.feeds, pre.ws, pre.requests, prompt, pre.output, pre.prediction, pre.chain,
-                                      pre.shared, pre.match, pre.counts, pre.where, pre.local, pre.ids, pre.routed,
-                                      pre.config[0][0, C.block_size], arrived)
+                                      pre.feeds, pre.ws, pre.requests, prompt, pre.output, pre.prediction,
+                                      pre.release, pre.chain, pre.shared, pre.match, pre.counts, pre.where, pre.local,
+                                      pre.ids, pre.routed, pre.config[0][0, C.block_size], arrived)
     pre.reqs[e, pre.local[j]] = j
     return (rr_route, ev), hsize
 
@@ -372,6 +387,14 @@ def _arrive_engines(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
 @stage_step
 def _finish_engines(pre, carry, n):
     pass
+
+
+@stage_step
+def _released_engines(pre, j, landing):
+    """Request j's prefill engine frees its KV blocks as the pull lands,
+    where it holds them (:func:`.continuous_cluster.released`)."""
+    if pre.release.shape[0] > 0:
+        released(pre.where[j], pre.local[j], landing, pre.config[0][0, C.block_size], pre.feeds, pre.ws)
 
 
 @stage_step
@@ -486,6 +509,12 @@ def _arrive_laps(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
 
 
 @stage_step
+def _released_laps(pre, j, landing):
+    # (LAPS's instances model no KV blocks)
+    pass
+
+
+@stage_step
 def _finish_laps(pre, carry, n):
     s, router, pending_s, pending_l, completed, n_batches, n_short, good, busy, sum_ttft, sum_s, sum_l, sum_batch, \
         last, ev = carry
@@ -495,9 +524,9 @@ def _finish_laps(pre, carry, n):
 
 
 # (the driver's steps: the continuous prefill pool's; laps_closed_loop_kernel rebinds them)
-_set_up_stage, _event_time, _next, _ready_first, _step, _event, _arrive, _finish = (
+_set_up_stage, _event_time, _next, _ready_first, _step, _event, _arrive, _finish, _released = (
     _set_up_engines, _event_time_engines, _next_engines, _ready_first_engines, _step_engines, _event_engines,
-    _arrive_engines, _finish_engines)
+    _arrive_engines, _finish_engines, _released_engines)
 
 
 @kernel
@@ -554,10 +583,17 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
                 if code != DONE:
                     return code
             elif d >= 0 or (td <= t and td <= te and td < np.inf):
-                code, hsize, d_rr, dev = _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K,
-                                                      heap_t, heap_id, hsize)
+                code, hsize, d_rr, dev, ran = _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K,
+                                                           heap_t, heap_id, hsize)
                 if code != DONE:
                     return code
+                # (the pulls the engine started: each request's prefill engine frees its KV blocks as the pull
+                # lands, the stage's _released; the log emptied. Called here, not in a step of its own, so that
+                # laps_closed_loop_kernel's stage is the one called)
+                d_si, d_log = dec.ws.state_i, dec.ws.pull_log[ran]
+                for q in range(d_si[ran, ES.pulled]):
+                    _released(pre, dec.reqs[ran, np.int64(d_log[0, q])], d_log[1, q])
+                d_si[ran, ES.pulled] = 0
             elif te <= t and te < np.inf:
                 # a prefill engine leaves or joins once every iteration starting before the instant has run
                 code, carry = _event(pre, carry, te, arrived, streams, estop)
@@ -594,7 +630,75 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
 laps_closed_loop_kernel = variant(kernel, closed_loop_kernel, "laps_closed_loop_kernel", _set_up_stage=_set_up_laps,
                                   _event_time=_event_time_laps, _next=_next_laps, _ready_first=_ready_first_laps,
                                   _step=_step_laps, _event=_event_laps, _arrive=_arrive_laps,
-                                  _finish=_finish_laps)
+                                  _finish=_finish_laps, _released=_released_laps)
+
+
+@helper
+def _in_order(admitted, engine, last):
+    """Whether each engine's requests were admitted in arrival order
+    (``last``: each engine's latest admission so far, -inf)."""
+    for r in range(admitted.shape[0]):
+        e = engine[r]
+        if admitted[r] < last[e]:
+            return False
+        last[e] = admitted[r]
+    return True
+
+
+#: :func:`holds_fit`'s answers: the blocks held fit with room for any request; they fit, but not with room
+#: for every request; they exceed the blocks
+FITS, TIGHT, EXCEEDS = 0, 1, 2
+
+
+@helper
+def _fits(order, admitted, first, release, prompt, engine, bs, limit, blocks, taken, heap_t, heap_b, size):
+    """:func:`holds_fit`'s sweep over the requests in ``order`` (empty:
+    arrival order), each engine's in the order they were admitted: a
+    request takes its blocks as it is admitted, after those freed by then
+    (each engine's heap of the blocks taken: ``heap_t`` when they are
+    freed, ``heap_b`` how many, ``size`` its size; ``taken`` each
+    engine's blocks taken, zeros).  :data:`EXCEEDS` as soon as an engine
+    takes more than its ``blocks``; else :data:`TIGHT` where one took more
+    than ``limit``, else :data:`FITS`."""
+    answer = FITS
+    for k in range(admitted.shape[0]):
+        r = order[k] if order.shape[0] > 0 else k
+        e = engine[r]
+        a = admitted[r]
+        while size[e] > 0 and heap_t[e, 0] <= a:
+            _, b, size[e] = _heap_pop(heap_t[e], heap_b[e], size[e])
+            taken[e] -= b
+        b = (np.int64(prompt[r]) + bs) // bs
+        taken[e] += b
+        if taken[e] > blocks:
+            return EXCEEDS
+        if taken[e] > limit:
+            answer = TIGHT
+        end = release[r] if release[r] > first[r] else first[r]
+        size[e] = _heap_push(heap_t[e], heap_b[e], size[e], end, b)
+    return answer
+
+
+def holds_fit(admitted, first, release, prompt, engine, engines: int, block_size: int, blocks: int) -> int:
+    """How the blocks of requests each holding its prompt's and first
+    token's (``prompt``: ``(prompt + 1) / block_size`` rounded up) on its
+    ``engine`` from its admission until its ``release`` (at its ``first``
+    token where that is later) fit each of ``engines`` engines of
+    ``blocks`` KV blocks: :data:`FITS` where, at every admission, the
+    blocks taken and the most a request takes fit together, :data:`EXCEEDS`
+    where the blocks taken at some admission are more than ``blocks``, else
+    :data:`TIGHT`."""
+    bs = int(block_size)
+    limit = int(blocks) - (int(np.max(prompt)) + bs) // bs if prompt.size else int(blocks)
+    admitted = np.ascontiguousarray(admitted, float)
+    engine = np.ascontiguousarray(engine, np.int64)
+    order = (np.empty(0, np.int64) if _in_order(admitted, engine, np.full(engines, -np.inf))
+             else np.argsort(admitted, kind="stable"))
+    # (every request takes a block at least: an engine taking at most `blocks` holds at most as many)
+    return int(_fits(order, admitted, np.ascontiguousarray(first, float), np.ascontiguousarray(release, float),
+                     np.ascontiguousarray(prompt, float), engine, bs, limit, int(blocks), np.zeros(engines, np.int64),
+                     np.empty((engines, int(blocks) + 1)), np.empty((engines, int(blocks) + 1), np.int64),
+                     np.zeros(engines, np.int64)))
 
 
 def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_engines: int, streams, stop, *,
@@ -633,8 +737,9 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     output = np.ascontiguousarray(calls["output"], float)
     d_output = np.ascontiguousarray(calls["d_output"], float)
     log = 2 * (int(config[0][_k.C.max_num_seqs]) + 1)
+    release = np.ascontiguousarray(calls.get("release", np.empty(0)), float)
     pre = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, 0, None, None, prefixes,
-                   log=log, events=events)
+                   log=log, events=events, holds=release.size > 0)
     dec = _Cluster(d_config, d_output, d_edges, d_engines, stop, d_control, groups, ts_rows, 0, None, None, None,
                    log=2 * (int(d_config[0][_k.C.max_num_seqs]) + 1), events=d_events, pulls=True)
     got = _got(n)
@@ -645,7 +750,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
                          output, np.ascontiguousarray(calls["prediction"], float), pre.chain, pre.shared, router,
                          cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where,
                          pre.local, pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids,
-                         pre.events, pre.routed)
+                         pre.events, pre.routed, release)
     code = closed_loop_kernel(stage, _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
                               (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
                               np.ascontiguousarray(calls["prompt"], float), _arrived(got), got["first_token"],

@@ -61,6 +61,10 @@ class Plan:
     #: a decode pool's requests (``prefilled``): the seconds each takes to pull its KV cache once its engine
     #: admits it (:mod:`mbbatch._kernels.continuous`'s ``pull``), in the plan's order; None: none
     pull: object = None
+    #: a prefill pool's requests: the instant each frees its KV blocks if it completes before (its decode
+    #: engine's pull landed: :mod:`mbbatch._kernels.continuous`'s ``release``), in the plan's order; None: at
+    #: its completion
+    release: object = None
 
     keep_batches = False
 
@@ -391,7 +395,9 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
     if c == 1:
         inputs = _k.INPUTS.pack(**arr, prompt=prompt, output=output, prediction=prediction, edges=plan.edges,
                                 cached=prompt if plan.prefilled else np.empty(0),
-                                pull=plan.pull if plan.pull is not None else np.empty(0), klass=_classes(klass),
+                                pull=plan.pull if plan.pull is not None else np.empty(0),
+                                release=plan.release if plan.release is not None else np.empty(0),
+                                klass=_classes(klass),
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot, **prefixes)
         with Lease() as lease:
             yield timed(lambda: _k.run(config, inputs, streams, stop, lease=lease, **kw), n)
@@ -408,6 +414,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                                 output=output[part].copy(), prediction=prediction[part].copy(),
                                 edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0),
                                 pull=plan.pull[part].copy() if plan.pull is not None else np.empty(0),
+                                release=plan.release[part].copy() if plan.release is not None else np.empty(0),
                                 klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot,
                                 **{k: v if k == "grows" else v[part].copy() for k, v in prefixes.items()})
@@ -468,6 +475,7 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None)
             lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
                             streams, stop, programs=programs, klass=klass, class_slo=plan.class_slo,
                             class_tpot=plan.class_tpot, brought=prompt if plan.prefilled else None, pull=plan.pull,
+                            release=plan.release,
                             **cluster),
             stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -169,10 +170,10 @@ def _laps_open(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
 
 
 #: the records a deployment reads of its pools' requests (:attr:`.continuous.Plan.stage_records`): the
-#: prefill pool's arrivals and first tokens, the decode pool's admissions and completions.  Without
+#: prefill pool's arrivals, admissions and first tokens, the decode pool's admissions and completions.  Without
 #: ``keep_requests`` its pools keep only these, and its result drops them once read; with it, each pool's
 #: result is whole (``res.prefill.requests``, ``res.decode.requests``)
-PREFILL_RECORDS = ("arrival", "first_token")
+PREFILL_RECORDS = ("arrival", "admitted", "first_token")
 DECODE_RECORDS = ("admitted", "completion")
 
 
@@ -243,29 +244,141 @@ def check(policy, arrivals, service, n, servers, keep_requests, workload, servic
                 prefill=prefill)
 
 
+#: the most runs of the pools a deployment takes to find its prefill engines' KV caches held until read
+#: (:func:`_pools`)
+HOLD_ROUNDS = 30
+
+
 def _pools(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tuple:
     """Run the pools one after the other: the prefill pool whole, then the
     decode pool on the transfers' ends (``drawn``: the requests' prompts
-    and outputs, :meth:`Plan._checked`'s).  Returns the prefill pool's
-    result, the decode pool's (None: no request of more than one token),
-    each request's output, transfer time, readiness for the decode pool,
-    and the requests in the order the decode pool takes them."""
-    pol, wl = plan.policy, plan.workload
+    and outputs, :meth:`Plan._checked`'s); where the prefill engines hold
+    each request's KV blocks until its decode engine's pull lands
+    (:meth:`EnginesStage.holds`), the runs that hold them
+    (:func:`_held_until_read`).  Returns the prefill pool's result, the
+    decode pool's (None: no request of more than one token), each
+    request's output, transfer time, readiness for the decode pool, and the
+    requests in the order the decode pool takes them."""
+    pol = plan.policy
     pre, out = plan.stage.open(plan, ss, progress, drawn)
+    transfer = pol.kv_transfer.seconds(pre.requests["prompt"])
+    dec, order = _decode_pool(plan, ss, pre, out, transfer)
+    if plan.stage.holds(plan):
+        return _held_until_read(plan, ss, progress, drawn, pre, dec, out, transfer, order)
+    return pre, dec, out, transfer, pre.requests["first_token"], order
+
+
+def _decode_pool(plan: Plan, ss, pre, out, transfer) -> tuple:
+    """The decode pool's run on the prefill pool's ``pre`` (None: no request
+    of more than one token) and the requests in the order it takes them."""
     req = pre.requests
     prompt, first = req["prompt"], req["first_token"]
-    transfer = pol.kv_transfer.seconds(prompt)
     # (ready for the decode pool at its first token: its engine admits it, then pulls its KV cache)
-    ready = first
-    order = decode_stage_requests(ready, out)
-    dec = None
-    if order.size:
-        stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
-                         predictor_sigma=wl.predictor_sigma)
-        dec = _decode_plan(pol, Replay(ready[order]), stage, plan.decode_model, order.size,
-                           records=_records(plan.keep_requests, DECODE_RECORDS),
-                           pull=transfer[order]).run(ss, warn=False)
-    return pre, dec, out, transfer, ready, order
+    order = decode_stage_requests(first, out)
+    if not order.size:
+        return None, order
+    stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
+                     predictor_sigma=plan.workload.predictor_sigma)
+    return _decode_plan(plan.policy, Replay(first[order]), stage, plan.decode_model, order.size,
+                        records=_records(plan.keep_requests, DECODE_RECORDS),
+                        pull=transfer[order]).run(ss, warn=False), order
+
+
+def _landings(pre, dec, order, transfer) -> np.ndarray:
+    """Each request's release of its prefill engine's KV blocks: its first
+    token for a request of one token, else its decode engine's admission
+    plus its pull (the pull's landing), in arrival order."""
+    release = pre.requests["first_token"].copy()
+    if dec is not None:
+        release[order] = dec.requests["admitted"] + transfer[order]
+    return release
+
+
+def _held_until_read(plan: Plan, ss, progress, drawn, pre, dec, out, transfer, order) -> tuple:
+    """The pools' runs with each prefill engine holding a request's KV
+    blocks until its decode engine's pull lands (vLLM's KV connectors keep
+    the prefill side's blocks until the decode side has read them; Zhong et
+    al., 2024, DistServe, arXiv:2401.09670), from the runs ``pre`` and
+    ``dec`` that freed them at the first token.
+
+    The landings are known only from the decode pool's run, which reads the
+    prefill pool's first tokens.  Where the blocks held could never have
+    kept a request waiting (:func:`_held_fit`), ``pre`` and ``dec``
+    stand.  Where that test cannot tell, the prefill pool is run again with the
+    landings as its releases: when every first token is the same as before
+    (the held blocks never kept a request waiting), the runs agree with
+    each other, which is the deployment's answer (by induction over time,
+    each engine's state at an instant depends only on earlier releases and
+    first tokens, an iteration taking time, so the consistent runs are
+    unique).  Otherwise, or where the blocks held would exceed an engine's,
+    the pools run again in one loop
+    (:func:`_in_one_loop`, :func:`mbbatch._kernels.disaggregated.run_closed`),
+    each pull's landing freeing its blocks as the decode engine starts it,
+    each request a program of one call arriving at its arrival time.  Its
+    decode pool's predictions are then drawn per request in arrival order
+    (:func:`_decode_calls`), where the pools run one after the other draw
+    them in the order the decode pool takes the requests.
+
+    Open-loop programs, whose calls one loop does not take, are run in
+    turn instead: the prefill pool with the last landings, then the decode
+    pool, until the first tokens repeat; after :data:`HOLD_ROUNDS` rounds
+    without it a warning says so and the last runs stand.  Returns
+    :func:`_pools`'s answer."""
+    first = pre.requests["first_token"]
+    release = _landings(pre, dec, order, transfer)
+    fit = _held_fit(plan, pre, release)
+    if fit == _kd.FITS:
+        return pre, dec, out, transfer, first, order
+    if plan.policy.programs is None:
+        if fit == _kd.TIGHT:
+            held, _ = plan.stage.open(plan, ss, False, drawn, release=release)
+            if np.array_equal(held.requests["first_token"], first, equal_nan=True):
+                return held, dec, out, transfer, first, order
+        return _open_in_one_loop(plan, ss, progress, drawn, pre, transfer)
+    for _ in range(HOLD_ROUNDS):
+        release = _landings(pre, dec, order, transfer)
+        held, _ = plan.stage.open(plan, ss, False, drawn, release=release)
+        if np.array_equal(held.requests["first_token"], first, equal_nan=True):
+            return held, dec, out, transfer, first, order
+        pre, first = held, held.requests["first_token"]
+        dec, order = _decode_pool(plan, ss, pre, out, transfer)
+    warnings.warn(f"the prefill engines' KV caches held until the decode engines read them: the pools' runs did "
+                  f"not agree within {HOLD_ROUNDS} rounds; the last runs stand", RuntimeWarning, stacklevel=6)
+    return pre, dec, out, transfer, first, order
+
+
+def _held_fit(plan: Plan, pre, release) -> int:
+    """How holding each request's KV blocks on its prefill engine until
+    ``release`` (in arrival order) fits the prefill pool's run ``pre``,
+    which freed them at the first token.  In that run a request takes its
+    blocks as it is admitted and frees them at its first token; held, it
+    would free them at its release.  :data:`~mbbatch._kernels.disaggregated.FITS`
+    (:func:`~mbbatch._kernels.disaggregated.holds_fit`): on every engine,
+    the most blocks taken at once that way and the most a request takes fit
+    its blocks together, so every memory test of the run (a request's
+    blocks against the free ones) passes held or not, and both runs decide
+    alike at every step: holding changes nothing.  ``EXCEEDS``: at some
+    admission an engine would hold more than its blocks, so holding changes
+    the run.  Else (or with a preemption: a request admitted twice)
+    ``TIGHT``: the test cannot tell."""
+    if pre.preemptions:
+        return _kd.TIGHT
+    engine, req = plan.policy.prefill, pre.requests
+    return _kd.holds_fit(req["admitted"], req["first_token"], release, req["prompt"], req[plan.stage.column],
+                         plan.prefill.engines, engine.block_size, int(engine.kv_tokens // engine.block_size))
+
+
+def _open_in_one_loop(plan: Plan, ss, progress: bool, drawn, pre, transfer) -> tuple:
+    """An open loop's pools in one loop (:func:`_held_until_read`): each
+    request of the prefill pool's run ``pre`` a program of one call,
+    arriving at its arrival time, its prompt and output (``drawn``), its
+    transfer time ``transfer``."""
+    arrival = pre.requests["arrival"]
+    prompt, one, one_pred, _ = continuous._requests(plan.prefill, ss, *drawn)
+    out = drawn[1]
+    programs = dict(start=arrival, gap=np.zeros(arrival.size), new=prompt)
+    return _in_one_loop(plan, ss, progress, programs, prompt, out, one, one_pred, None,
+                        call_streams(ss).arrival, ())
 
 
 def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
@@ -275,7 +388,7 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     its program's next call.  The calls (by call id) are those a Cluster
     with these programs draws on the same seed; the decode pool's
     predictions are drawn by call id."""
-    pol, pp, n = plan.policy, plan.prefill, plan.n
+    pp = plan.prefill
     sources = call_streams(ss)
     arrivals = sources.arrival
     _, prompt, out, programs = pp.cluster.calls(pp, sources)
@@ -284,9 +397,29 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     P = programs["start"].size
     prefixes = pp.cluster.prefixes(pp, prompt, ((np.arange(prompt.size) // (prompt.size // P), programs["new"],
                                                  None), P), drawn)
+    return _in_one_loop(plan, ss, progress, programs, prompt, out, one, one_pred, prefixes, arrivals,
+                        ("program", "new_tokens"))
+
+
+def _in_one_loop(plan: Plan, ss, progress: bool, programs: dict, prompt, out, one, one_pred, prefixes, arrivals,
+                 columns: tuple) -> tuple:
+    """Both pools in one loop (:func:`mbbatch._kernels.disaggregated.run_closed`)
+    on the calls of ``programs`` (the programs' ``start``, by call id their
+    ``gap`` and ``new`` tokens), by call id their ``prompt``, output
+    (``out``), the prefill pool's outputs and predictions (``one``,
+    ``one_pred``: one token) and ``prefixes``, the arrival stream
+    ``arrivals``; the prefill engines hold a call's KV blocks until its
+    pull lands where the stage :meth:`~EnginesStage.holds` them.  The
+    prefill pool's records get the kernel's ``columns`` beside each
+    request's engine.  Returns :func:`_pools`'s answer."""
+    pol, pp, n = plan.policy, plan.prefill, plan.n
     dplan, d_out, d_pred, link = _decode_calls(plan, ss, prompt, out)
     calls = {**programs, "prompt": prompt, "output": one, "prediction": one_pred, "d_output": d_out,
              "d_prediction": d_pred, "link": link}
+    if plan.stage.holds(plan):
+        # (a call the decode pool takes holds its blocks until its pull lands, the kernel says when; one of one
+        # token frees them at its first token)
+        calls["release"] = np.where(d_out > 0.0, np.inf, -np.inf)
     stop = stop_flag()
     t0 = time.perf_counter()
     (runs, where, local), d_runs, routed, code, got = interruptible(
@@ -300,9 +433,9 @@ def _closed_pools(plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tup
     seconds = time.perf_counter() - t0
     continuous._check_codes(runs + d_runs)
     k = got["call"]
-    columns = {"engine": where, "program": got["program"], "new_tokens": got["new_tokens"]}
     pre = continuous._run(pp, ss, False, False, ran=((prompt[k], one[k], one_pred[k], None), runs, (where, local),
-                                                     routed, columns, seconds))
+                                                     routed, {"engine": where, **{c: got[c] for c in columns}},
+                                                     seconds))
     return pre, *_closed_decode(plan, ss, prompt, out, d_out, d_pred, link, got, d_runs)
 
 
@@ -390,6 +523,15 @@ class EnginesStage:
     #: the column of each request's prefill engine in the pool's records
     column = "engine"
 
+    def holds(self, plan: Plan) -> bool:
+        """Whether the pool's engines hold a request's KV blocks until its
+        pull lands (:func:`_held_until_read`): with limited KV blocks and
+        no prefix cache.  (With one, a request's blocks go back to the cache
+        at its first token, as before: holding cached blocks is not
+        modelled.)"""
+        engine = plan.policy.prefill
+        return math.isfinite(engine.kv_tokens) and not engine.prefix_caching
+
     def split(self, prefill, p: int, router) -> dict:
         """A deployment's settings for a pool of ``p`` of these engines
         (:func:`~mbbatch.find_split`): ``p`` copies of ``prefill`` behind
@@ -430,12 +572,15 @@ class EnginesStage:
         (:meth:`.cluster.ContinuousPart.calls`)."""
         return plan.prefill.cluster.calls(plan.prefill, call_streams(ss))
 
-    def open(self, plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> tuple:
+    def open(self, plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn, release=None) -> tuple:
         """The pool's run and each request's output (``drawn``: as
-        :meth:`check_requests`'s)."""
+        :meth:`check_requests`'s; ``release``: the instant each request's
+        engine frees its KV blocks, in arrival order, None: at its first
+        token)."""
+        pp = plan.prefill if release is None else replace(plan.prefill, release=release)
         if drawn is None:
-            return plan.prefill.run(ss, warn=False, progress=progress), self.calls(plan, ss)[2]
-        return continuous._run(plan.prefill, ss, False, progress, drawn=drawn), drawn[1]
+            return pp.run(ss, warn=False, progress=progress), self.calls(plan, ss)[2]
+        return continuous._run(pp, ss, False, progress, drawn=drawn), drawn[1]
 
     def closed(self, plan: Plan, ss: np.random.SeedSequence, progress: bool) -> tuple:
         """Closed-loop programs, both pools in one loop (:func:`_closed_pools`)."""
@@ -449,6 +594,9 @@ class LapsStage(EnginesStage):
     iteration; :class:`EnginesStage`'s answers."""
 
     column = "instance"
+    def holds(self, plan: Plan) -> bool:
+        """LAPS's instances model no KV blocks: none held."""
+        return False
 
     def split(self, prefill, p: int, router) -> dict:
         """LAPS with ``p`` prefill instances (its long instances derived

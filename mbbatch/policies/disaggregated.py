@@ -118,7 +118,20 @@ class Disaggregated(Policy):
       (the decode side's ``WAITING_FOR_REMOTE_KVS``): the request holds
       its blocks and a slot meanwhile, and decodes its other ``output - 1``
       tokens from the first iteration after the cache lands (a one-token
-      request is done at its first token and never reaches it).
+      request is done at its first token and never reaches it);
+    - its prefill engine holds its KV blocks from its first token until the
+      pull lands (DistServe's prefill instances, and vLLM's with a KV
+      connector, free them once the decode side has read them), so a
+      decode pool that falls behind keeps the prefill engines' memory
+      taken and later prompts wait for it.  The pools are run one after
+      the other, the prefill pool run again with the landings as its
+      releases; where that changes a first token, they run in one loop
+      (the decode engine starting a pull sets its landing). The held
+      blocks are not counted in the prefill pool's KV usage
+      (``mean_kv_usage`` and ``kv_blocks`` count the blocks of the requests
+      an engine runs).  Not with prefix caching on the prefill engines,
+      whose blocks go back to their cache at the first token, nor on
+      LAPS's instances, which model no KV blocks.
 
     ``prefill_events`` and ``decode_events`` (:class:`EngineEvent`, the
     engines numbered within their pool) take engines out of a pool and
@@ -137,12 +150,10 @@ class Disaggregated(Policy):
     rejoins its group (the count is each request's ``prefill_engine``, not
     a metric: LAPS's result has no router metrics).
 
-    Choices where the papers leave it open: the prefill engine frees the KV
-    blocks at the first token (DistServe's prefill instance, and vLLM's
-    with a KV connector, hold them until the decode side has read them: not
-    modelled yet); the transfer starts when the decode engine admits the
-    request, so a request that finds it full waits before its transfer, not
-    after; transfers do not share a link.
+    Choices where the papers leave it open: the transfer starts when the
+    decode engine admits the request, so a request that finds it full
+    waits before its transfer, not after, its KV cache still held by its
+    prefill engine; transfers do not share a link.
 
     The results: the latency end to end (arrival to last token), the time
     to first token (the prefill pool's), the time between tokens (the gaps
