@@ -74,13 +74,12 @@ instant its blocks are freed; a disaggregated deployment's prefill pool,
 whose engine keeps a request's cache until its decode engine has read
 it): completing before its ``release``, it leaves the running list and
 frees its slot, but its blocks stay taken until the first scheduling
-boundary at or after ``release``, freed there before any admission
-(``release`` inf: until the engine's driver says when, :func:`release_at`;
-a disaggregated deployment's closed loop, once the decode engine admitted
-the request and started its pull)
-(not with prefix caching, whose blocks go back to the cache at the last
-token).
-Held blocks are not counted as used in the engine's KV statistics
+boundary at or after ``release``, freed there before any admission.
+``release`` inf holds them until the engine's driver says when
+(:func:`release_at`: a deployment's one loop, once the decode engine has
+admitted the request and started its pull).  Not with prefix caching,
+whose blocks go back to the cache at the last token.  Held blocks are not
+counted as used in the engine's KV statistics
 (``blocks_time``, the time series' ``kv_blocks``): those count the blocks
 of the requests it runs.  An engine whose waiting requests do not fit
 while blocks are held waits for the next release or arrival, as for a

@@ -124,9 +124,10 @@ class Disaggregated(Policy):
       connector, free them once the decode side has read them), so a
       decode pool that falls behind keeps the prefill engines' memory
       taken and later prompts wait for it.  The pools are run one after
-      the other, the prefill pool run again with the landings as its
-      releases; where that changes a first token, they run in one loop
-      (the decode engine starting a pull sets its landing). The held
+      the other, then tested: where the held blocks could have kept a
+      prompt waiting, the prefill pool runs again with the landings as
+      its releases, or both pools run in one loop (the decode engine
+      starting a pull sets its landing).  The held
       blocks are not counted in the prefill pool's KV usage
       (``mean_kv_usage`` and ``kv_blocks`` count the blocks of the requests
       an engine runs).  Not with prefix caching on the prefill engines,
