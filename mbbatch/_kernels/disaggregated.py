@@ -63,7 +63,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import ARRIVED, STOP, event_arrays, helper, kernel, stage_step, step, variant
+from .common import ARRIVED, STOP, blocks, event_arrays, helper, kernel, stage_step, step, variant
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
                                  _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
@@ -651,14 +651,14 @@ FITS, TIGHT, EXCEEDS = 0, 1, 2
 
 
 @helper
-def _fits(order, admitted, first, release, prompt, engine, bs, limit, blocks, taken, heap_t, heap_b, size):
+def _fits(order, admitted, first, release, prompt, engine, bs, limit, most, taken, heap_t, heap_b, size):
     """:func:`holds_fit`'s sweep over the requests in ``order`` (empty:
     arrival order), each engine's in the order they were admitted: a
     request takes its blocks as it is admitted, after those freed by then
     (each engine's heap of the blocks taken: ``heap_t`` when they are
     freed, ``heap_b`` how many, ``size`` its size; ``taken`` each
     engine's blocks taken, zeros).  :data:`EXCEEDS` as soon as an engine
-    takes more than its ``blocks``; else :data:`TIGHT` where one took more
+    takes more than its blocks, ``most``; else :data:`TIGHT` where one took more
     than ``limit``, else :data:`FITS`."""
     answer = FITS
     for k in range(admitted.shape[0]):
@@ -668,9 +668,9 @@ def _fits(order, admitted, first, release, prompt, engine, bs, limit, blocks, ta
         while size[e] > 0 and heap_t[e, 0] <= a:
             _, b, size[e] = _heap_pop(heap_t[e], heap_b[e], size[e])
             taken[e] -= b
-        b = (np.int64(prompt[r]) + bs) // bs
+        b = blocks(np.int64(prompt[r]) + 1, bs, -1)
         taken[e] += b
-        if taken[e] > blocks:
+        if taken[e] > most:
             return EXCEEDS
         if taken[e] > limit:
             answer = TIGHT
@@ -679,25 +679,25 @@ def _fits(order, admitted, first, release, prompt, engine, bs, limit, blocks, ta
     return answer
 
 
-def holds_fit(admitted, first, release, prompt, engine, engines: int, block_size: int, blocks: int) -> int:
+def holds_fit(admitted, first, release, prompt, engine, engines: int, block_size: int, kv_blocks: int) -> int:
     """How the blocks of requests each holding its prompt's and first
     token's (``prompt``: ``(prompt + 1) / block_size`` rounded up) on its
     ``engine`` from its admission until its ``release`` (at its ``first``
     token where that is later) fit each of ``engines`` engines of
-    ``blocks`` KV blocks: :data:`FITS` where, at every admission, the
+    ``kv_blocks`` KV blocks: :data:`FITS` where, at every admission, the
     blocks taken and the most a request takes fit together, :data:`EXCEEDS`
-    where the blocks taken at some admission are more than ``blocks``, else
+    where the blocks taken at some admission are more than ``kv_blocks``, else
     :data:`TIGHT`."""
-    bs = int(block_size)
-    limit = int(blocks) - (int(np.max(prompt)) + bs) // bs if prompt.size else int(blocks)
+    bs, most = int(block_size), int(kv_blocks)
+    limit = most - (int(np.max(prompt)) + bs) // bs if prompt.size else most
     admitted = np.ascontiguousarray(admitted, float)
     engine = np.ascontiguousarray(engine, np.int64)
     order = (np.empty(0, np.int64) if _in_order(admitted, engine, np.full(engines, -np.inf))
              else np.argsort(admitted, kind="stable"))
-    # (every request takes a block at least: an engine taking at most `blocks` holds at most as many)
+    # (every request takes a block at least: an engine taking at most `kv_blocks` holds at most as many)
     return int(_fits(order, admitted, np.ascontiguousarray(first, float), np.ascontiguousarray(release, float),
-                     np.ascontiguousarray(prompt, float), engine, bs, limit, int(blocks), np.zeros(engines, np.int64),
-                     np.empty((engines, int(blocks) + 1)), np.empty((engines, int(blocks) + 1), np.int64),
+                     np.ascontiguousarray(prompt, float), engine, bs, limit, most, np.zeros(engines, np.int64),
+                     np.empty((engines, most + 1)), np.empty((engines, most + 1), np.int64),
                      np.zeros(engines, np.int64)))
 
 

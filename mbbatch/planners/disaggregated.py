@@ -336,12 +336,12 @@ def _held_until_read(plan: Plan, ss, progress, drawn, pre, dec, out, transfer, o
                 return held, dec, out, transfer, first, order
         return _open_in_one_loop(plan, ss, progress, drawn, pre, transfer)
     for _ in range(HOLD_ROUNDS):
-        release = _landings(pre, dec, order, transfer)
         held, _ = plan.stage.open(plan, ss, False, drawn, release=release)
         if np.array_equal(held.requests["first_token"], first, equal_nan=True):
             return held, dec, out, transfer, first, order
         pre, first = held, held.requests["first_token"]
         dec, order = _decode_pool(plan, ss, pre, out, transfer)
+        release = _landings(pre, dec, order, transfer)
     warnings.warn(f"the prefill engines' KV caches held until the decode engines read them: the pools' runs did "
                   f"not agree within {HOLD_ROUNDS} rounds; the last runs stand", RuntimeWarning, stacklevel=6)
     return pre, dec, out, transfer, first, order
