@@ -60,10 +60,11 @@ install: $(STAMP)
 # file's tests share a worker (and its session fixtures); the checks marked heavy (processes
 # killed and raced, every figure drawn twice, the kernels' disk cache recompiled, the HTML site
 # built) run in thorough; the 20 slowest tests are listed at the end (the suite's budget: 8 minutes on a
-# fresh clone, numba's compiling included)
+# fresh clone, numba's compiling included); a test running past 10 minutes fails (a hang would
+# otherwise hold the suite until its caller gives up)
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n auto --dist loadfile -m "not heavy" --durations=20
+	$(PY) -m pytest -n auto --dist loadfile -m "not heavy" --durations=20 --timeout=600
 
 # the checks marked heavy, then the hypothesis properties under tests/conftest.py's "thorough"
 # profile: 500 random examples each, fresh every run (make test's are few and fixed, so every
