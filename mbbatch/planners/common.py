@@ -285,7 +285,8 @@ def lengths(spec, gen: np.random.Generator, m: int, integer: bool, in_order: boo
     if spec.dist is not None:
         x = np.asarray(spec.dist.rvs(size=m, random_state=gen), dtype=float)
     elif in_order and spec.kind == _common.SVC_REPLAY:
-        x = np.resize(spec.values, m).astype(float)
+        # (np.resize makes a new array: converted in place of a second copy)
+        x = np.resize(spec.values, m).astype(float, copy=False)
     else:
         x = np.asarray(gen.choice(spec.values, size=m), dtype=float)
     if integer:

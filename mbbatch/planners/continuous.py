@@ -409,10 +409,13 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
         part = slice(e, n, c)
         m = len(range(e, n, c))
         cfg_e = _k.CONFIG.pack(**{**cfg, "n": m, "arrival_kind": _common.ARR_REPLAY, "rate": 0.0})
+        # (a decode pool's prompts come prefilled: the engine reads its prompts as its cached tokens too, both
+        # read-only)
+        mine = prompt[part].copy()
         inputs = _k.INPUTS.pack(arrival_times=times[part].copy(), arrival_params=np.zeros(1),
-                                arrival_ends=arr["arrival_ends"], prompt=prompt[part].copy(),
+                                arrival_ends=arr["arrival_ends"], prompt=mine,
                                 output=output[part].copy(), prediction=prediction[part].copy(),
-                                edges=plan.edges, cached=prompt[part].copy() if plan.prefilled else np.empty(0),
+                                edges=plan.edges, cached=mine if plan.prefilled else np.empty(0),
                                 pull=plan.pull[part].copy() if plan.pull is not None else np.empty(0),
                                 release=plan.release[part].copy() if plan.release is not None else np.empty(0),
                                 klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
@@ -622,8 +625,10 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran
     :func:`_cluster` returns them (the requests, each engine's run, each
     request's engine and number there, or None: request r number ``r //
     c`` of engine ``r % c``; the routing statistics, the requests' columns
-    and the kernel seconds): its result from them.  ``drawn``: a cluster's
-    requests drawn already (:func:`_cluster`'s)."""
+    and the kernel seconds): its result from them.  ``drawn``: the
+    requests' ``(prompt, output)`` drawn already, as the plan's workload
+    draws them (a deployment's: :func:`_cluster`'s, or its decode pool's,
+    which are its workload's replayed values, not drawn again)."""
     n = plan.n
     placed = routed = None
     columns = {}
@@ -635,7 +640,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran
         seconds = []
         # (the requests' arrays leased for the run: kept for the next unless the result holds them)
         with Lease(keep=not plan.keep_requests) as lease:
-            prompt, output, prediction, klass = _requests(plan, ss, prefixes=prefixes, lease=lease)
+            prompt, output, prediction, klass = _requests(plan, ss, *(drawn or (None, None)), prefixes=prefixes,
+                                                          lease=lease)
             st, out, req, ts, queue = _merged(plan, _engines(plan, ss, prompt, output, prediction, klass,
                                                              progress, seconds, prefixes))
             if lease.keep:

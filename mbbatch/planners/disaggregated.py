@@ -277,11 +277,12 @@ def _decode_pool(plan: Plan, ss, pre, out, transfer) -> tuple:
     order = decode_stage_requests(first, out)
     if not order.size:
         return None, order
-    stage = Workload(prompt=prompt[order], output=out[order] - 1.0, integer_lengths=True,
-                     predictor_sigma=plan.workload.predictor_sigma)
-    return _decode_plan(plan.policy, Replay(first[order]), stage, plan.decode_model, order.size,
-                        records=_records(plan.keep_requests, DECODE_RECORDS),
-                        pull=transfer[order]).run(ss, warn=False), order
+    brought, rest = prompt[order], out[order] - 1.0
+    stage = Workload(prompt=brought, output=rest, integer_lengths=True, predictor_sigma=plan.workload.predictor_sigma)
+    dplan = _decode_plan(plan.policy, Replay(first[order]), stage, plan.decode_model, order.size,
+                         records=_records(plan.keep_requests, DECODE_RECORDS), pull=transfer[order])
+    # (its requests the stage's values: whole tokens, as its workload would replay them)
+    return continuous._run(dplan, ss, False, False, drawn=(brought, rest)), order
 
 
 def _landings(pre, dec, order, transfer) -> np.ndarray:
