@@ -17,6 +17,9 @@ Modules
   server's batch is chosen, one rule per policy), :mod:`.routing` (a
   cluster's routers) and :mod:`.programs` (a cluster's multi-call programs);
 - :mod:`.controller`: Algorithms 1, 2, 4, 6 and 7;
+- :mod:`.driver`: the open-loop driver of one stage of resumable engines
+  behind its router, compiled with each stage's steps (a cluster's,
+  :mod:`.continuous_cluster`; LAPS's, :mod:`.laps`);
 - :mod:`.laps`: LAPS's prefill instances behind its router, entry point
   :func:`.laps.run`;
 - :mod:`.continuous`: continuous (iteration-level) batching on paged KV

@@ -123,9 +123,11 @@ stage_step = njit(cache=CACHE, inline="always", no_cpython_wrapper=True, no_cfun
 subroutine = njit(cache=CACHE, no_cpython_wrapper=True, _nrt=False)
 
 
-def variant(decorator, fn, name: str, **constants):
+def variant(decorator, fn, name: str, module: str | None = None, **constants):
     """Kernel ``fn`` (a numba dispatcher) compiled again by ``decorator``,
-    as ``name``, with the module globals ``constants`` set to other values.
+    as ``name`` (of ``module``: default ``fn``'s; the module whose disk
+    caches are flushed with it, :func:`mbbatch._kernels._drop_stale_caches`),
+    with the module globals ``constants`` set to other values.
     numba reads a global as a constant when it compiles, and LLVM drops the
     code a constant condition never runs, so a variant with a feature off
     pays nothing for it: neither its branches nor the registers its values
@@ -140,7 +142,7 @@ def variant(decorator, fn, name: str, **constants):
     glob.update(constants)
     copy = pytypes.FunctionType(py.__code__, glob, name, py.__defaults__, py.__closure__)
     copy.__qualname__ = name
-    copy.__module__ = py.__module__
+    copy.__module__ = module or py.__module__
     copy.__doc__ = py.__doc__
     return decorator(copy)
 

@@ -55,7 +55,9 @@ its requests' once, not once per engine (the per-request records, with
 reach it.  Each request's batch-means group is its group among the
 cluster's arrivals.
 
-The driver is pure numba on arrays and scalars; :func:`run` sets the
+The cluster's open loop is :mod:`.driver`'s, compiled with the engines'
+steps (:data:`cluster_kernel`, its stage a :data:`ClusterStage`); it and
+the closed loop are pure numba on arrays and scalars; :func:`run` sets the
 engines up, and the Python side is :mod:`mbbatch.planners.continuous`.
 """
 
@@ -67,8 +69,9 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .common import ARRIVED, STOP, blocks, event_arrays, kernel, load_tuple, step, variant
+from .common import ARRIVED, STOP, blocks, event_arrays, kernel, load_tuple, stage_step, step, variant
 from .continuous import C_COST, DONE, ES, N_COST, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
+from .driver import open_loop_driver, stop_asked
 from .layout import Layout
 from . import admission
 from . import continuous as _k
@@ -76,7 +79,7 @@ from . import routing as _r
 from .programs import _heap_pop, _heap_push
 from .routing import EN, ROUTE_CACHE_AWARE, TB, cache_aware, context, route, route_call, routed_call
 
-__all__ = ["ROUTED", "Feed", "rows", "cluster_kernel", "closed_loop_kernel", "run", "run_closed"]
+__all__ = ["ROUTED", "ClusterStage", "Feed", "rows", "cluster_kernel", "closed_loop_kernel", "run", "run_closed"]
 
 #: the router's statistics: routing decisions, requests above the threshold,
 #: requests the program table routed, calls with an earlier context, calls
@@ -99,8 +102,8 @@ Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "pull", "
                            "shared"),
                   module=__name__)
 
-#: arrivals between two checks of ``stop``
-_CHECK = 1024
+#: before request j, whether Ctrl-C asked the run to stop (the open-loop driver's check, every closed loop's)
+_stop_asked = stop_asked
 
 
 def rows(stacked, e):
@@ -444,80 +447,6 @@ def _events_until(t, ev, events, config, control, inputs, out, requests, ws, str
     return DONE, ev, rr_route
 
 
-@kernel
-def cluster_kernel(config, control, inputs, out, requests, ws, feeds, times, prompt, output, prediction, klass,
-                   brought, pull, release, chain, shared, program, new_tokens, session_end, groups, rt, ca, eng, table,
-                   counts, match, where, local, ids, events, routed, streams, stop, estop):
-    """Route the ``times.size`` requests to the engines and simulate them.
-    The engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``
-    are the continuous kernel's, each array with a leading axis of engines
-    (``control``: one, shared), ``feeds`` their inputs' writable arrays;
-    ``rt`` the router (:class:`.routing.Router`), ``eng`` the engines'
-    counts (:data:`.routing.ENGINES`, every engine registered), ``table``
-    the program table (-1: none), ``ca`` the cache-aware router's settings
-    (:class:`.routing.CacheRouting`); per request its engine (``where``) and
-    its number there (``local``), per engine its requests (``counts``) and
-    the blocks of the arriving request's prefix it caches (``match``); the
-    engine events (``events``: their times, engines and 1 add / 0 remove,
-    in time order; empty: none), each engine's requests' numbers (``ids``;
-    empty without events); the
-    routing statistics into ``routed`` (:data:`ROUTED`); ``groups``
-    batch-means groups of arrivals.  Returns :data:`.continuous.DONE`,
-    ``STOPPED`` (``stop[STOP]`` set; checked every 1,024 arrivals, when
-    ``stop[ARRIVED]`` gets the requests routed so far) or ``STALLED``;
-    ``estop`` the engines' own (zeros: ``stop[ARRIVED]`` counts the
-    cluster's requests, not an engine's)."""
-    n = times.shape[0]
-    E = counts.shape[0]
-    si, sf = ws.state_i, ws.state_f
-    bs = config[0][0, C.block_size]
-    _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
-    rr_route = 0
-    ev = 0
-    nocalls = ids[:, :0]                 # (open loop: no call ids)
-    for j in range(n):
-        if _stop_asked(j, stop):
-            return STOPPED
-        t = times[j]
-        if ev < events[0].shape[0] and events[0][ev] <= t:
-            code, ev, rr_route = _events_until(t, ev, events, config, control, inputs, out, requests, ws, streams,
-                                               estop, rt, eng, table, rr_route, feeds, counts, where, local, ids,
-                                               nocalls, program, new_tokens, session_end, routed)
-            if code != DONE:
-                return code
-        for e in range(E):
-            # (an engine idle, or paused at or after t, has nothing to do before t)
-            if sf[e, ES.now] < t and not _idle(si[e], counts[e]):
-                if _advance(e, counts[e], t, config, control, inputs, out, requests, ws, streams,
-                            estop) == STALLED:
-                    return STALLED
-            eng[EN.active, e] = counts[e] - si[e, ES.handed] - _completed_by(si[e], sf[e], t)
-        pid, new, last = j, 0.0, False
-        if rt.programs:
-            pid, new, last = program[j], new_tokens[j], session_end[j] != 0
-        e, rr_route = _route(j, j, t, pid, new, last, n, groups, rt, ca, eng, table, rr_route, feeds, ws, requests,
-                             prompt, output, prediction, klass, brought, pull, release, chain, shared, match, counts,
-                             where, local, ids, routed, bs)
-    code, ev, rr_route = _events_until(np.inf, ev, events, config, control, inputs, out, requests, ws, streams, estop,
-                                       rt, eng, table, rr_route, feeds, counts, where, local, ids, nocalls, program,
-                                       new_tokens, session_end, routed)
-    if code != DONE:
-        return code
-    return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
-
-
-@step
-def _stop_asked(j, stop):
-    """Before request j: every 1,024 requests, whether Ctrl-C asked the run
-    to stop (``stop[STOP]``), else the requests routed so far into
-    ``stop[ARRIVED]``."""
-    if j % _CHECK == 0:
-        if stop[STOP] != 0:
-            return True
-        stop[ARRIVED] = j
-    return False
-
-
 @step
 def _set_up(E, config, control, inputs, out, requests, ws, streams, estop):
     """Each engine's first call: it sets the engine up, no request yet."""
@@ -539,6 +468,103 @@ def _run_out(n, counts, config, control, inputs, out, requests, ws, streams, sto
                 return code
     stop[ARRIVED] = n
     return DONE
+
+
+#: a cluster's engines as the open-loop driver's stage (:mod:`.driver`):
+#: the engines' ``config``, ``inputs``, ``out``, ``requests`` and ``ws``,
+#: the continuous kernel's, each array with a leading axis of engines
+#: (``control``: one, shared), ``feeds`` their inputs' writable arrays; the
+#: requests (``times`` ... ``session_end``: :func:`run`'s), ``groups``
+#: batch-means groups of arrivals; ``rt`` the router
+#: (:class:`.routing.Router`), ``ca`` the cache-aware router's settings
+#: (:class:`.routing.CacheRouting`), ``eng`` the engines' counts
+#: (:data:`.routing.ENGINES`, every engine registered), ``table`` the
+#: program table (-1: none); per engine its requests (``counts``) and the
+#: blocks of the arriving request's prefix it caches (``match``); per
+#: request its engine (``where``) and its number there (``local``); each
+#: engine's requests' numbers (``ids``; empty without events), the engine
+#: ``events`` (their times, engines and 1 add / 0 remove, in time order;
+#: empty: none), and the routing statistics (``routed``: :data:`ROUTED`)
+ClusterStage = namedtuple("ClusterStage", ("config", "control", "inputs", "out", "requests", "ws", "feeds", "times",
+                                           "prompt", "output", "prediction", "klass", "brought", "pull", "release",
+                                           "chain", "shared", "program", "new_tokens", "session_end", "groups", "rt",
+                                           "ca", "eng", "table", "counts", "match", "where", "local", "ids",
+                                           "events", "routed"))
+
+
+@stage_step
+def _set_up_open_engines(st, streams, estop):
+    """Each engine set up, no request yet; the router's round-robin pointer
+    and the next engine event."""
+    _set_up(st.counts.shape[0], st.config, st.control, st.inputs, st.out, st.requests, st.ws, streams, estop)
+    return np.int64(0), np.int64(0)
+
+
+@stage_step
+def _arrival_engines(st, carry, j):
+    return st.times[j]
+
+
+@stage_step
+def _until_engines(st, carry, t, stop, streams, estop):
+    """The engine events at or before ``t`` (:func:`_events_until`), then
+    each engine advanced until an iteration would start at or after ``t``
+    (an engine idle, or paused at or after t, has nothing to do before t),
+    its active requests at t counted for the router."""
+    rr_route, ev = carry
+    events = st.events
+    if ev < events[0].shape[0] and events[0][ev] <= t:
+        code, ev, rr_route = _events_until(t, ev, events, st.config, st.control, st.inputs, st.out, st.requests,
+                                           st.ws, streams, estop, st.rt, st.eng, st.table, rr_route, st.feeds,
+                                           st.counts, st.where, st.local, st.ids, st.ids[:, :0], st.program,
+                                           st.new_tokens, st.session_end, st.routed)
+        if code != DONE:
+            return code, (rr_route, ev)
+    si, sf = st.ws.state_i, st.ws.state_f
+    counts = st.counts
+    for e in range(counts.shape[0]):
+        if sf[e, ES.now] < t and not _idle(si[e], counts[e]):
+            if _advance(e, counts[e], t, st.config, st.control, st.inputs, st.out, st.requests, st.ws, streams,
+                        estop) == STALLED:
+                return STALLED, (rr_route, ev)
+        st.eng[EN.active, e] = counts[e] - si[e, ES.handed] - _completed_by(si[e], sf[e], t)
+    return DONE, (rr_route, ev)
+
+
+@stage_step
+def _arrive_open_engines(st, carry, j, t):
+    """Request j, arriving at ``t``, routed to an engine (:func:`_route`):
+    with programs, as its program's call."""
+    rr_route, ev = carry
+    pid, new, last = j, 0.0, False
+    if st.rt.programs:
+        pid, new, last = st.program[j], st.new_tokens[j], st.session_end[j] != 0
+    e, rr_route = _route(j, j, t, pid, new, last, st.times.shape[0], st.groups, st.rt, st.ca, st.eng, st.table,
+                         rr_route, st.feeds, st.ws, st.requests, st.prompt, st.output, st.prediction, st.klass,
+                         st.brought, st.pull, st.release, st.chain, st.shared, st.match, st.counts, st.where,
+                         st.local, st.ids, st.routed, st.config[0][0, C.block_size])
+    return rr_route, ev
+
+
+@stage_step
+def _run_out_engines(st, carry, n, stop, streams, estop):
+    """The engine events left, then each engine run to its end (:func:`_run_out`)."""
+    rr_route, ev = carry
+    code, ev, rr_route = _events_until(np.inf, ev, st.events, st.config, st.control, st.inputs, st.out, st.requests,
+                                       st.ws, streams, estop, st.rt, st.eng, st.table, rr_route, st.feeds, st.counts,
+                                       st.where, st.local, st.ids, st.ids[:, :0], st.program, st.new_tokens,
+                                       st.session_end, st.routed)
+    if code != DONE:
+        return code
+    return _run_out(n, st.counts, st.config, st.control, st.inputs, st.out, st.requests, st.ws, streams, stop, estop)
+
+
+#: the cluster: the open-loop driver (:mod:`.driver`) compiled with its engines' steps; a request arriving at t
+#: is routed once every engine has run each iteration starting before t, and the engine events at or before t
+#: have come
+cluster_kernel = open_loop_driver("cluster_kernel", __name__, _set_up_open=_set_up_open_engines,
+                                  _arrival=_arrival_engines, _until=_until_engines,
+                                  _arrive_open=_arrive_open_engines, _run_out=_run_out_engines)
 
 
 @step
@@ -773,14 +799,15 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     else:
         (program, new_tokens, session_end), size = programs
     table = np.full((TABLE.size, max(size, 1)), -1, np.int64)
-    code = cluster_kernel(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds,
-                          np.ascontiguousarray(times, float), np.ascontiguousarray(prompt, float),
-                          np.ascontiguousarray(output, float), np.ascontiguousarray(prediction, float), klass,
-                          brought, pull, release, c.chain, c.shared, np.ascontiguousarray(program, np.int64),
-                          np.ascontiguousarray(new_tokens, float), np.ascontiguousarray(session_end, np.int8), groups,
-                          router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts,
-                          np.zeros(engines, np.int64), c.where, c.local, c.ids, c.events, c.routed, streams, stop,
-                          np.zeros_like(stop))
+    times = np.ascontiguousarray(times, float)
+    stage = ClusterStage(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds, times,
+                         np.ascontiguousarray(prompt, float), np.ascontiguousarray(output, float),
+                         np.ascontiguousarray(prediction, float), klass, brought, pull, release, c.chain, c.shared,
+                         np.ascontiguousarray(program, np.int64), np.ascontiguousarray(new_tokens, float),
+                         np.ascontiguousarray(session_end, np.int8), np.int64(groups), router,
+                         cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts, np.zeros(engines, np.int64),
+                         c.where, c.local, c.ids, c.events, c.routed)
+    code = cluster_kernel(stage, times.shape[0], streams, stop, np.zeros_like(stop))
     return c.runs(code) + (ROUTED.unpack(c.routed), code)
 
 

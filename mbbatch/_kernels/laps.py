@@ -27,7 +27,11 @@ requests whose first token came within it are counted (goodput without a
 decode stage, which has no time per output token; Zhong et al., 2024,
 DistServe, arXiv:2401.09670); without one the count is skipped.
 
-The loop is short named steps (an arrival :func:`_arrive`, a batch's end
+The loop is :mod:`.driver`'s open loop compiled with the instances' steps
+(:data:`laps_kernel`, its stage a :data:`LapsStage`: before each arrival
+every batch end, instance event and window due before it,
+:func:`_until_laps`; then the arrival, :func:`_arrive_open_laps`), each of
+short named steps (an arrival :func:`_arrive`, a batch's end
 :func:`_end_batch`, a batch's start :func:`_start_batch`), which a closed
 loop's driver takes in its own time order with a decode pool's iterations
 (:func:`.disaggregated.laps_closed_loop_kernel`).
@@ -42,8 +46,10 @@ from collections import namedtuple
 
 import numpy as np
 
-from .common import (ARR_POISSON, ARRIVED, HIST_SIZE, STOP, STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals,
-                     draw_block, drawers, event_arrays, hist_bucket, kernel, round_lengths, step, variant)
+from .common import (ARR_POISSON, HIST_SIZE, STOP, STOP_SIZE, SVC_UNIFORM, check_stop, draw_arrivals,
+                     draw_block, drawers, event_arrays, hist_bucket, round_lengths, stage_step, step,
+                     variant)
+from .driver import DONE, STOPPED, open_loop_driver
 from .layout import Arrays, Layout
 
 #: the run's scalars: ``dual`` 1 for the dual queue (else one FIFO),
@@ -463,107 +469,147 @@ def _finish(out, router, dynamic, short_group, last, first_arrival, counts, sums
     st_f[S.short_instance_time] = short_time
 
 
-@kernel
-def laps_kernel(config, inputs, streams, out, requests, ws, stop, events):
-    """Simulate the run ``config``; statistics and records are written in
-    place.  ``events``: the instances leaving and joining the pool, in
-    time order (their times, instances and 1 to join, 0 to leave:
-    :func:`_engine_event`; at equal times after a batch end, before an
-    arrival).  Returns 0, or 1 once ``stop[STOP]`` was set (checked every
-    65,536 events, when ``stop[ARRIVED]`` gets the requests arrived so far)."""
+#: LAPS's instances as the open-loop driver's stage (:mod:`.driver`): the
+#: run's ``config`` and ``inputs``, its outputs, records (``requests``) and
+#: workspace, and the instances' ``events`` (their times, instances and 1 to
+#: join, 0 to leave: :func:`_engine_event`; in time order)
+LapsStage = namedtuple("LapsStage", ("config", "inputs", "out", "requests", "ws", "events"))
+
+
+@stage_step
+def _set_up_open_laps(st, streams, estop):
+    """The requests drawn (arrival times and prompt lengths, one stream
+    each), the instances set up.  Returns the loop's state: the settings;
+    the router; the requests pending short and long; completed, first
+    tokens within the objective, batches, short requests; busy time, the
+    sums of the times to first token (all, short, long) and of the batch
+    sizes; the last batch end; the next instance event; the events taken
+    (``stop`` is checked every 65,536)."""
+    config, inputs, ws = st.config, st.inputs, st.ws
     ci, cf = config
     n = ci[C.n]
-    E = ci[C.instances]
-    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b = \
-        settings(config)
     rate = cf[C.rate]
     inv_rate = 1.0 / rate if rate > 0.0 else 0.0
-    ttft_slo = cf[C.ttft_slo]
-    # (goodput's count only where the objective is set: it costs nothing otherwise)
-    counted = ttft_slo < np.inf
-
-    arrival = ws.arrival
-    prompt = ws.prompt
-    G = out.group_ttft.shape[1]
-    r_i = requests[0]
-    r_f = requests[1]
-
-    # the requests: arrival times and prompt lengths, one stream each
-    draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, np.int64(0), n, streams.arrival, arrival,
+    draw_arrivals(ws.draws[0], 0.0, inv_rate, inputs.arrival_times, np.int64(0), n, streams.arrival, ws.arrival,
                   inputs.arrival_params, inputs.arrival_ends, np.int64(0), -1.0)
-    draw_block(ws.draws[1], inputs.prompt_params, inputs.prompt_values, np.int64(0), n, streams.prompt, prompt)
-    round_lengths(prompt, n, ci[C.integer] != 0)
+    draw_block(ws.draws[1], inputs.prompt_params, inputs.prompt_values, np.int64(0), n, streams.prompt, ws.prompt)
+    round_lengths(ws.prompt, n, ci[C.integer] != 0)
+    ttft_slo = cf[C.ttft_slo]
+    G = st.out.group_ttft.shape[1]
+    # (goodput's count only where the objective is set: it costs nothing otherwise)
+    s = settings(config) + (ttft_slo, ttft_slo < np.inf, G)
+    _set_up(ci[C.instances], s[3], ci[C.long0], ws)
+    return (s, _router_state(n, G, ws.arrival[0] if n > 0 else 0.0), 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0,
+            -np.inf, 0, 0)
 
-    _set_up(E, dynamic, ci[C.long0], ws)
-    pending_s = 0
-    pending_l = 0
-    router = _router_state(n, G, arrival[0] if n > 0 else 0.0)
 
-    completed = 0
-    good = 0
-    n_batches = 0
-    n_short = 0
-    busy = 0.0
-    sum_ttft = 0.0
-    sum_s = 0.0
-    sum_l = 0.0
-    sum_batch = 0.0
-    last = -np.inf
-    ev = 0
-    t_e = np.inf
-    if EVENTS and events[0].shape[0] > 0:
-        t_e = events[0][0]
-    i = 0
-    steps = 0
-    code = 0
+@stage_step
+def _arrival_laps(st, carry, j):
+    return st.ws.arrival[j]
+
+
+@stage_step
+def _until_laps(st, carry, t, stop, streams, estop):
+    """The instances' events before an arrival at ``t`` (inf: every one
+    left), in LAPS's order: at equal times a batch end, then an instance's
+    event, then the arrival, then a window expiring; the instance an event
+    touched starts a batch if one is due.  Run out, the instances' events
+    after the last batch are not taken."""
+    s, router, pending_s, pending_l, completed, good, n_batches, n_short, busy, sum_ttft, sum_s, sum_l, sum_batch, \
+        last, ev, steps = carry
+    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b, ttft_slo, \
+        counted, G = s
+    ws, out, events = st.ws, st.out, st.events
+    r_i, r_f = st.requests
+    code = DONE
     while True:
         steps += 1
-        if (steps & 65535) == 0:
-            if stop[STOP] != 0:
-                code = 1
-                break
-            stop[ARRIVED] = i
-        t_arr = arrival[i] if i < n else np.inf
-        t_c, e_c, t_w, e_w = _next_events(ws.t_done, ws.qn, ws.deadline, windowed)
-        if e_c < 0 and i >= n and e_w < 0:
+        if (steps & 65535) == 0 and stop[STOP] != 0:
+            code = STOPPED
             break
-        if e_c >= 0 and t_c <= t_arr and t_c <= t_w and (not EVENTS or t_c <= t_e):
+        t_e = np.inf
+        if EVENTS and ev < events[0].shape[0]:
+            t_e = events[0][ev]
+        t_c, e_c, t_w, e_w = _next_events(ws.t_done, ws.qn, ws.deadline, windowed)
+        if t == np.inf and e_c < 0 and e_w < 0:
+            break
+        if e_c >= 0 and t_c <= t and t_c <= t_w and (not EVENTS or t_c <= t_e):
             now = t_c
             e = e_c
             completed += ws.batch_n[e]
             sum_ttft, sum_s, sum_l, pending_s, pending_l, good = _end_batch(
                 e, now, ws, out, r_f, keep, counted, ttft_slo, sum_ttft, sum_s, sum_l, pending_s, pending_l, good)
             last = now
-        elif EVENTS and t_e <= t_arr and t_e <= t_w and t_e < np.inf:
+        elif EVENTS and t_e <= t and t_e <= t_w and t_e < np.inf:
             now = t_e
             router, handed = _engine_event(events[1][ev], events[2][ev] != 0, now, dual, window, dynamic, ws, r_i,
                                            keep, router)
             e = events[1][ev]
             ev += 1
-            t_e = events[0][ev] if ev < events[0].shape[0] else np.inf
             if handed:
                 n_batches, busy, sum_batch = _start_idle(now, dual, window, max_batch, max_batch_tokens, a, b, ws,
                                                          r_f, keep, n_batches, busy, sum_batch)
-        elif i < n and t_arr <= t_w:
-            now = t_arr
-            e, router, pending_s, pending_l, n_short = _arrive(
-                i, now, n, G, threshold, dual, window, dynamic, interval, ratio, ws, out, keep, r_i, r_f, router,
-                pending_s, pending_l, n_short, EVENTS)
-            i += 1
+        elif t <= t_w and t < np.inf:
+            # (the arrival comes next)
+            break
         else:
             now = t_w
             e = e_w
-        # the instance the event touched starts a batch if one is due
         if ws.t_done[e] == np.inf:
             n_batches, busy, sum_batch = _start_batch(e, now, dual, window, max_batch, max_batch_tokens, a, b, ws,
                                                       r_f, keep, n_batches, busy, sum_batch)
-    _finish(out, router, dynamic, ws.n_group[SHORT], last, arrival[0] if n > 0 else np.nan,
+    return code, (s, router, pending_s, pending_l, completed, good, n_batches, n_short, busy, sum_ttft, sum_s, sum_l,
+                  sum_batch, last, ev, steps)
+
+
+@stage_step
+def _arrive_open_laps(st, carry, j, t):
+    """Request j, arriving at ``t``, routed by LAPS's router into an
+    instance's queue (:func:`_arrive`); the instance starts a batch if idle
+    and one is due."""
+    s, router, pending_s, pending_l, completed, good, n_batches, n_short, busy, sum_ttft, sum_s, sum_l, sum_batch, \
+        last, ev, steps = carry
+    threshold, max_batch, dual, dynamic, keep, window, windowed, max_batch_tokens, interval, ratio, a, b, ttft_slo, \
+        counted, G = s
+    ws = st.ws
+    r_i, r_f = st.requests
+    e, router, pending_s, pending_l, n_short = _arrive(
+        j, t, st.config[0][C.n], G, threshold, dual, window, dynamic, interval, ratio, ws, st.out, keep, r_i, r_f,
+        router, pending_s, pending_l, n_short, EVENTS)
+    if ws.t_done[e] == np.inf:
+        n_batches, busy, sum_batch = _start_batch(e, t, dual, window, max_batch, max_batch_tokens, a, b, ws, r_f, keep,
+                                                  n_batches, busy, sum_batch)
+    return (s, router, pending_s, pending_l, completed, good, n_batches, n_short, busy, sum_ttft, sum_s, sum_l,
+            sum_batch, last, ev, steps)
+
+
+@stage_step
+def _run_out_laps(st, carry, n, stop, streams, estop):
+    """Every event left (:func:`_until_laps` to inf), then the statistics
+    written (:func:`_finish`)."""
+    code, carry = _until_laps(st, carry, np.inf, stop, streams, estop)
+    s, router, pending_s, pending_l, completed, good, n_batches, n_short, busy, sum_ttft, sum_s, sum_l, sum_batch, \
+        last, ev, steps = carry
+    ws = st.ws
+    _finish(st.out, router, s[3], ws.n_group[SHORT], last, ws.arrival[0] if n > 0 else np.nan,
             (completed, n_batches, n_short, good), (busy, sum_ttft, sum_s, sum_l, sum_batch))
     return code
 
 
-#: :func:`laps_kernel` taking the instances' events
-laps_events_kernel = variant(kernel, laps_kernel, "laps_events_kernel", EVENTS=True)
+#: the instances' steps taking their events
+_until_laps_events = variant(stage_step, _until_laps, "_until_laps_events", EVENTS=True)
+_arrive_open_laps_events = variant(stage_step, _arrive_open_laps, "_arrive_open_laps_events", EVENTS=True)
+_run_out_laps_events = variant(stage_step, _run_out_laps, "_run_out_laps_events", _until_laps=_until_laps_events)
+
+#: LAPS: the open-loop driver (:mod:`.driver`) compiled with its instances'
+#: steps; an arrival comes once every batch ending at or before it has ended
+#: and every window expiring before it has expired
+laps_kernel = open_loop_driver("laps_kernel", __name__, _set_up_open=_set_up_open_laps, _arrival=_arrival_laps,
+                               _until=_until_laps, _arrive_open=_arrive_open_laps, _run_out=_run_out_laps)
+#: :data:`laps_kernel` taking the instances' events
+laps_events_kernel = open_loop_driver("laps_events_kernel", __name__, _set_up_open=_set_up_open_laps,
+                                      _arrival=_arrival_laps, _until=_until_laps_events,
+                                      _arrive_open=_arrive_open_laps_events, _run_out=_run_out_laps_events)
 
 
 #: the most groups of arrivals the backlog check can ask for (a request's category and group share an int8)
@@ -596,8 +642,9 @@ def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, grou
     returns ``(outputs, requests, code)``, the statistics as
     ``STATS.unpack((outputs.ints, outputs.floats))``, the per-request
     records as ``{field: row}`` (or None without ``keep``), and the
-    kernel's code (1: stopped by ``stop[STOP]``; ``stop[ARRIVED]`` gets the
-    requests arrived so far every 65,536 events).  ``events``: the
+    kernel's code (1: stopped by ``stop[STOP]``, checked every 1,024
+    arrivals, when ``stop[ARRIVED]`` gets the requests arrived so far, and
+    every 65,536 of the instances' events).  ``events``: the
     instances leaving and joining (:func:`.continuous_cluster.run`'s; None:
     none)."""
     check_stop(stop)
@@ -606,8 +653,9 @@ def run(config, inputs: LapsInputs, streams: LapsStreams, stop: np.ndarray, grou
     cfg = CONFIG.unpack(config)
     out, requests, ws = allocate(cfg, cfg["n"], groups)
     events = event_arrays(events)
-    code = (laps_events_kernel if events[0].size else laps_kernel)(config, inputs, streams, out, requests, ws, stop,
-                                                                   events)
+    stage = LapsStage(config, inputs, out, requests, ws, events)
+    code = (laps_events_kernel if events[0].size else laps_kernel)(stage, cfg["n"], streams, stop,
+                                                                   np.zeros_like(stop))
     return out, (REQUESTS.rows(requests) if cfg["keep"] else None), code
 
 
