@@ -11,6 +11,7 @@ import pytest
 
 from mbbatch._kernels import continuous as ck
 from mbbatch._kernels import continuous_cluster as cc
+from mbbatch._kernels import disaggregated as kd
 from mbbatch._kernels.common import ARR_REPLAY, STOP_SIZE
 from mbbatch._kernels.routing import ROUTERS, CacheRouting, Router
 
@@ -45,9 +46,10 @@ def _cluster(arr, p, o, pred, engines, router, *, threshold=20, programs=None, k
     calls = programs is not None or closed is not None
     rt = Router(ROUTERS[router], threshold, calls, bool(kv and calls))
     if closed is not None:
-        return cc.run_closed(cfg, {**closed, "prompt": _contexts(closed)}, np.asarray(kw["edges"], float), rt,
-                             engines, ck.ContinuousStreams(np.random.default_rng(0)), np.zeros(STOP_SIZE, np.int64),
-                             groups=4, ts_rows=8, cache_routing=CacheRouting(*cache), events=events)
+        return kd.run_cluster_closed(cfg, {**closed, "prompt": _contexts(closed)}, np.asarray(kw["edges"], float),
+                                     rt, engines, ck.ContinuousStreams(np.random.default_rng(0)),
+                                     np.zeros(STOP_SIZE, np.int64), groups=4, ts_rows=8,
+                                     cache_routing=CacheRouting(*cache), events=events)
     progs = None if programs is None else (programs, int(programs[0].max()) + 1)
     return cc.run(cfg, np.asarray(arr, float), p.astype(float), o.astype(float), pred.astype(float),
                   np.asarray(kw["edges"], float), rt, engines, ck.ContinuousStreams(np.random.default_rng(0)),

@@ -12,11 +12,14 @@ that engine's requests, joining its queue at the engine's next iteration
 boundary, as one engine's arrivals do.  After the last arrival every engine
 runs to its end.
 
-Closed-loop programs (:func:`closed_loop_kernel`) make their arrivals as
-the engines run: a call arrives after the one before it completes, so the
-engines run one iteration at a time, the one whose iteration starts first
-next, each logging its completions (``ws.done_log``), and a completion puts
-its program's next call in a heap before any later iteration starts.
+Closed-loop programs make their arrivals as the engines run: a call
+arrives after the one before it completes, so the engines run one
+iteration at a time, the one whose iteration starts first next, each
+logging its completions (``ws.done_log``), and a completion puts its
+program's next call in a heap before any later iteration starts: a
+deployment's closed-loop driver without its decode pool
+(:func:`.disaggregated.run_cluster_closed`), its stage these engines, the
+steps here its calls' arrivals (:func:`pop_call`, :func:`_arrive_call`).
 
 Prefix caching (the engines' ``chain`` given: :mod:`.continuous`'s): each
 engine caches the prefixes of the requests routed to it, in its own
@@ -56,8 +59,8 @@ reach it.  Each request's batch-means group is its group among the
 cluster's arrivals.
 
 The cluster's open loop is :mod:`.driver`'s, compiled with the engines'
-steps (:data:`cluster_kernel`, its stage a :data:`ClusterStage`); it and
-the closed loop are pure numba on arrays and scalars; :func:`run` sets the
+steps (:data:`cluster_kernel`, its stage a :data:`ClusterStage`), pure
+numba on arrays and scalars; :func:`run` sets the
 engines up, and the Python side is :mod:`mbbatch.planners.continuous`.
 """
 
@@ -69,8 +72,8 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .common import ARRIVED, STOP, blocks, event_arrays, kernel, load_tuple, stage_step, step, variant
-from .continuous import C_COST, DONE, ES, N_COST, STALLED, STOPPED, C, continuous_kernel, prefix_blocks
+from .common import ARRIVED, STOP, blocks, event_arrays, load_tuple, stage_step, step, variant
+from .continuous import C_COST, DONE, ES, N_COST, STALLED, C, continuous_kernel, prefix_blocks
 from .driver import open_loop_driver, stop_asked
 from .layout import Layout
 from . import admission
@@ -79,7 +82,7 @@ from . import routing as _r
 from .programs import _heap_pop, _heap_push
 from .routing import EN, ROUTE_CACHE_AWARE, TB, cache_aware, context, route, route_call, routed_call
 
-__all__ = ["ROUTED", "ClusterStage", "Feed", "rows", "cluster_kernel", "closed_loop_kernel", "run", "run_closed"]
+__all__ = ["ROUTED", "ClusterStage", "Feed", "rows", "cluster_kernel", "run"]
 
 #: the router's statistics: routing decisions, requests above the threshold,
 #: requests the program table routed, calls with an earlier context, calls
@@ -608,21 +611,6 @@ def _earliest(si, sf, counts, t):
 
 
 @step
-def _next_calls(log, logged, calls, C, delay, gap, heap_t, heap_id, hsize):
-    """A closed loop: each of the ``logged`` requests an engine completed
-    (``log``: their numbers there and times; ``calls``: each one's call id)
-    that is not its program's last call has its program's next call wait
-    to arrive ``gap`` s after its client has the answer (``delay``, the
-    time outside the engine, after its completion).  Returns the heap's
-    size."""
-    for q in range(logged):
-        k = calls[np.int64(log[0, q])] + 1
-        if k % C != 0:
-            hsize = _heap_push(heap_t, heap_id, hsize, log[1, q] + delay + gap[k], k)
-    return hsize
-
-
-@step
 def pop_call(j, loop, hsize, got):
     """A closed loop's next call to arrive, the first of ``loop``'s heap
     (:func:`closed_loop_kernel`'s), as request j: a program's first call
@@ -661,84 +649,6 @@ def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds,
                          feeds, ws, requests, prompt, output, prediction, feeds.klass[0], feeds.klass[0],
                          feeds.klass[0], release, chain, shared, match, counts, where, local, ids, routed, bs)
     return e, rr_route, hsize
-
-
-@kernel
-def closed_loop_kernel(config, control, inputs, out, requests, ws, feeds, loop, prompt, output, prediction, chain,
-                       shared, times, program, new_tokens, session_end, call, groups, rt, ca, eng, table, counts,
-                       match, where, local, ids, events, calls, routed, streams, stop, estop):
-    """:func:`cluster_kernel` for closed-loop programs (``loop``: their
-    starts, think times and new tokens by call id, and the heap of calls
-    waiting to arrive; ``C = gap.size / start.size`` calls a program, call
-    c of program p the id ``p C + c``): a program's first call arrives at
-    its start, each later one ``gap`` s after its client has the answer to
-    the one before it (its completion plus ``request_overhead``:
-    :func:`_next_calls`), so the arrivals are made as the engines run.
-    The engines run one iteration at a time, the one whose iteration
-    starts first next (every iteration then starts in time order): before
-    the next call to arrive at t is routed, every iteration starting before
-    t has run, and a completion in one of them puts its next call in the
-    heap, maybe before t.  The ``times.size`` requests are the first calls
-    to arrive (by time, then id), each request's prompt, output,
-    prediction and prefix its call's (``prompt``, ... by call id); its
-    arrival, program, new tokens, last-call flag and call id are written
-    into ``times``, ``program``, ``new_tokens``, ``session_end`` and
-    ``call``, each engine's requests' call ids into ``calls``.  Each
-    engine logs its completions (``ws.done_log``).  An engine event is
-    taken once every iteration starting before it has run, before a call
-    arriving at its instant (``ids`` and ``events``:
-    :func:`cluster_kernel`'s).  Returns :func:`cluster_kernel`'s codes."""
-    n = times.shape[0]
-    E = counts.shape[0]
-    si, sf = ws.state_i, ws.state_f
-    bs = config[0][0, C.block_size]
-    delay = config[1][0, C.request_overhead]
-    start, gap, new_c, heap_t, heap_id = loop
-    P = start.shape[0]
-    K = gap.shape[0] // P
-    _set_up(E, config, control, inputs, out, requests, ws, streams, estop)
-    heap_t[0] = start[0]
-    heap_id[0] = 0
-    hsize = 1
-    rr_route = 0
-    ev = 0
-    for j in range(n):
-        if _stop_asked(j, stop):
-            return STOPPED
-        while True:
-            t = heap_t[0] if hsize > 0 else np.inf
-            te = events[0][ev] if ev < events[0].shape[0] else np.inf
-            e = _earliest(si, sf, counts, min(t, te))
-            if e >= 0:
-                si[e, ES.logged] = 0
-                if _advance(e, counts[e], np.nextafter(starts(sf, e), np.inf), config, control, inputs, out,
-                            requests, ws, streams, estop) == STALLED:
-                    return STALLED
-                hsize = _next_calls(ws.done_log[e], si[e, ES.logged], calls[e], K, delay, gap, heap_t, heap_id,
-                                    hsize)
-            elif te <= t and te < np.inf:
-                code, rr_route = _engine_event(ev, events, config, control, inputs, out, requests, ws, streams,
-                                               estop, rt, eng, table, rr_route, feeds, counts, where, local, ids,
-                                               calls, program, new_tokens, session_end, routed)
-                if code != DONE:
-                    return code
-                ev += 1
-            else:
-                break
-        if hsize == 0:
-            # (nothing runs and no call waits to arrive: every program ended before n calls)
-            return STALLED
-        e, rr_route, hsize = _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds, ws,
-                                          requests, prompt, output, prediction, feeds.klass[0], chain, shared, match,
-                                          counts, where, local, ids, routed, bs,
-                                          (times, program, new_tokens, session_end, call))
-        calls[e, local[j]] = call[j]
-    code, ev, rr_route = _events_until(np.inf, ev, events, config, control, inputs, out, requests, ws, streams, estop,
-                                       rt, eng, table, rr_route, feeds, counts, where, local, ids, calls, program,
-                                       new_tokens, session_end, routed)
-    if code != DONE:
-        return code
-    return _run_out(n, counts, config, control, inputs, out, requests, ws, streams, stop, estop)
 
 
 def _stacked(one, engines: int, unset=()):
@@ -809,41 +719,6 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
                          c.where, c.local, c.ids, c.events, c.routed)
     code = cluster_kernel(stage, times.shape[0], streams, stop, np.zeros_like(stop))
     return c.runs(code) + (ROUTED.unpack(c.routed), code)
-
-
-def run_closed(config, calls, edges, router, engines: int, streams, stop, *, control=None, groups: int = 1,
-               ts_rows: int = 2, prefixes=None, cache_routing=None, events=None) -> tuple:
-    """:func:`run` for closed-loop programs (:func:`closed_loop_kernel`):
-    ``calls`` a dict of the programs' ``start`` (P programs) and, by call
-    id (``P C`` calls), their think times ``gap``, ``new`` tokens,
-    ``prompt`` (the program's context and the new tokens), ``output`` and
-    ``prediction``; ``prefixes`` (as :func:`run`'s) by call id too;
-    ``events`` as :func:`run`'s.
-    Returns :func:`run`'s tuple and the ``n`` requests' ``arrival_times``,
-    ``program``, ``new_tokens``, ``session_end`` and ``call`` ids (a dict),
-    in the order they arrived (-1 and NaN for requests that did not)."""
-    from .routing import TABLE
-
-    n = int(config[0][_k.C.n])
-    start = np.ascontiguousarray(calls["start"], float)
-    P = start.size
-    output = np.ascontiguousarray(calls["output"], float)
-    M = int(config[0][_k.C.max_num_seqs])
-    c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, 0, None, None, prefixes,
-                 log=2 * (M + 1), events=events)
-    got = dict(arrival_times=np.full(n, np.nan), program=np.full(n, -1, np.int64), new_tokens=np.full(n, np.nan),
-               session_end=np.zeros(n, np.int8), call=np.full(n, -1, np.int64))
-    loop = (start, np.ascontiguousarray(calls["gap"], float), np.ascontiguousarray(calls["new"], float),
-            np.empty(P + 1), np.empty(P + 1, np.int64))
-    table = np.full((TABLE.size, max(P, 1)), -1, np.int64)
-    code = closed_loop_kernel(c.config, c.control, c.inputs, c.out, c.requests, c.ws, c.feeds, loop,
-                              np.ascontiguousarray(calls["prompt"], float), output,
-                              np.ascontiguousarray(calls["prediction"], float), c.chain, c.shared,
-                              got["arrival_times"], got["program"], got["new_tokens"], got["session_end"],
-                              got["call"], groups, router, cache_routing or _r.NO_CACHE_ROUTING, c.eng, table,
-                              c.counts, np.zeros(engines, np.int64), c.where, c.local, c.ids, c.events,
-                              np.empty((engines, c.room), np.int64), c.routed, streams, stop, np.zeros_like(stop))
-    return c.runs(code) + (ROUTED.unpack(c.routed), code, got)
 
 
 class _Cluster:

@@ -31,8 +31,9 @@ iteration starting first going first, and hands a ready call to its decode
 engine before any iteration starting at or after its instant: every event
 (an arrival, a call ready, an iteration's start) is taken in time order,
 so a completion puts its next call in the arrival heap before any later
-iteration starts, as :func:`.continuous_cluster.closed_loop_kernel` does
-for one pool.  Run open-loop, the two stages in one loop give what the
+iteration starts.  A cluster's closed loop is this driver without a decode
+pool (:data:`cluster_closed_loop_kernel`, :func:`run_cluster_closed`).
+Run open-loop, the two stages in one loop give what the
 pools run one after the other give where the blocks held never keep a
 prompt waiting (the decode pool then only reads the prefill pool's first
 tokens): the planner (:mod:`mbbatch.planners.disaggregated`) runs them so
@@ -72,8 +73,8 @@ from . import laps as _l
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
 
-__all__ = ["EXCEEDS", "FITS", "TIGHT", "closed_loop_kernel", "holds_fit", "laps_closed_loop_kernel", "run_closed",
-           "run_closed_laps"]
+__all__ = ["EXCEEDS", "FITS", "TIGHT", "closed_loop_kernel", "cluster_closed_loop_kernel", "holds_fit",
+           "laps_closed_loop_kernel", "run_closed", "run_cluster_closed", "run_closed_laps"]
 
 
 @step
@@ -81,8 +82,8 @@ def _first_token(j, f, call, first, ready, link, d_output, delay, gap, K, heap_t
     """Request j's first token at ``f``: a call of more tokens ready for the
     decode pool then (its KV cache pulled later, ``link``), into the ready
     heap; a one-token call answered ``delay`` after it, its program's next
-    call into the arrival heap (:func:`.continuous_cluster._next_calls`'s
-    rule).  Returns both heaps' sizes."""
+    call into the arrival heap, its think time after its client has the
+    answer (:func:`_answered`'s rule).  Returns both heaps' sizes."""
     kc = call[j]
     first[j] = f
     if d_output[kc] > 0.0:
@@ -523,6 +524,10 @@ def _finish_laps(pre, carry, n):
                (completed, n_batches, n_short, good), (busy, sum_ttft, sum_s, sum_l, sum_batch))
 
 
+#: whether the driver has a decode pool (its variant without one, a cluster's closed loop:
+#: :data:`cluster_closed_loop_kernel`, pays nothing for it)
+DECODE = True
+
 # (the driver's steps: the continuous prefill pool's; laps_closed_loop_kernel rebinds them)
 _set_up_stage, _event_time, _next, _ready_first, _step, _event, _arrive, _finish, _released = (
     _set_up_engines, _event_time_engines, _next_engines, _ready_first_engines, _step_engines, _event_engines,
@@ -542,7 +547,7 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
     its instant, or after: ``_ready_first``), the decode pool's iterations
     and engine events, the stage's engine events, then the next arrival.
     ``loop``: the programs' starts, think times and new tokens by call id
-    and the arrival heap (:func:`.continuous_cluster.closed_loop_kernel`'s);
+    and the arrival heap (:func:`.continuous_cluster.pop_call`'s);
     ``rheap`` the heap of the calls waiting for the decode pool (their
     instants and numbers in arrival order: ties in arrival order); by call
     id each call's KV transfer time ``link`` and its prompt.  Written, per
@@ -556,7 +561,9 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
     start, gap, new_c, heap_t, heap_id = loop
     K = gap.shape[0] // start.shape[0]
     carry = _set_up_stage(pre, n, start[0], streams, estop)
-    _set_up(dec.counts.shape[0], dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, streams, estop)
+    if DECODE:
+        _set_up(dec.counts.shape[0], dec.config, dec.control, dec.inputs, dec.out, dec.requests, dec.ws, streams,
+                estop)
     heap_t[0] = start[0]
     heap_id[0] = 0
     hsize, rsize, m = 1, 0, 0
@@ -569,20 +576,20 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
         while True:
             t = heap_t[0] if hsize > 0 and j < n else np.inf
             te = _event_time(pre, carry)
-            td = _event_at(dec.events, dev)
+            td = _event_at(dec.events, dev) if DECODE else np.inf
             cap = min(t, te, td)
             sp, which = _next(pre, carry, cap, t, td, te)
-            d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap)
+            d = _earliest(dec.ws.state_i, dec.ws.state_f, dec.counts, cap) if DECODE else -1
             sd = starts(dec.ws.state_f, d) if d >= 0 else cap
-            r = rheap[0][0] if rsize > 0 else np.inf
-            if r < cap and r <= sd and _ready_first(r, sp):
+            r = rheap[0][0] if DECODE and rsize > 0 else np.inf
+            if DECODE and r < cap and r <= sd and _ready_first(r, sp):
                 rsize, m, d_rr = _take_ready(dec, rheap, rsize, m, n, groups, d_rr, prompt, call, handed, link)
             elif sp <= sd and sp < np.inf:
                 code, carry, hsize, rsize = _step(pre, carry, sp, which, call, first, ready, link, dec.output, gap, K,
                                                   heap_t, heap_id, hsize, rheap, rsize, streams, estop)
                 if code != DONE:
                     return code
-            elif d >= 0 or (td <= t and td <= te and td < np.inf):
+            elif DECODE and (d >= 0 or (td <= t and td <= te and td < np.inf)):
                 code, hsize, d_rr, dev, ran = _decode_turn(d, sd, td, dev, dec, d_rr, streams, estop, call, gap, K,
                                                            heap_t, heap_id, hsize)
                 if code != DONE:
@@ -631,6 +638,42 @@ laps_closed_loop_kernel = variant(kernel, closed_loop_kernel, "laps_closed_loop_
                                   _event_time=_event_time_laps, _next=_next_laps, _ready_first=_ready_first_laps,
                                   _step=_step_laps, _event=_event_laps, _arrive=_arrive_laps,
                                   _finish=_finish_laps, _released=_released_laps)
+
+
+@step
+def _answered(log, logged, reqs, call, delay, gap, K, heap_t, heap_id, hsize):
+    """A cluster engine's completions since its log was emptied (``log``,
+    ``logged`` of them; ``reqs``: each of its requests' number in arrival
+    order), each its call's answer: its program's next call into the
+    arrival heap (:func:`_first_token`'s rule, no decode tokens).  Returns
+    the heap's size."""
+    for q in range(logged):
+        k = call[reqs[np.int64(log[0, q])]] + 1
+        if k % K != 0:
+            hsize = _heap_push(heap_t, heap_id, hsize, log[1, q] + delay + gap[k], k)
+    return hsize
+
+
+@stage_step
+def _step_cluster(pre, carry, sp, e, call, first, ready, link, d_output, gap, K, heap_t, heap_id, hsize, rheap,
+                  rsize, streams, estop):
+    """A cluster engine's iteration starting at ``sp``, each call it
+    completes answered (:func:`_answered`)."""
+    si = pre.ws.state_i
+    si[e, ES.logged] = 0
+    if _advance(e, pre.counts[e], np.nextafter(sp, np.inf), pre.config, pre.control, pre.inputs, pre.out,
+                pre.requests, pre.ws, streams, estop) == STALLED:
+        return STALLED, carry, hsize, rsize
+    hsize = _answered(pre.ws.done_log[e], si[e, ES.logged], pre.reqs[e], call, pre.config[1][0, C.request_overhead],
+                      gap, K, heap_t, heap_id, hsize)
+    return DONE, carry, hsize, rsize
+
+
+#: :func:`closed_loop_kernel` without a decode pool: a cluster's closed loop, its engines serving each call
+#: whole, one iteration at a time in time order, a completion putting its program's next call in the arrival
+#: heap before any later iteration starts
+cluster_closed_loop_kernel = variant(kernel, closed_loop_kernel, "cluster_closed_loop_kernel", DECODE=False,
+                                     _step=_step_cluster)
 
 
 @helper
@@ -703,7 +746,8 @@ def holds_fit(admitted, first, release, prompt, engine, engines: int, block_size
 
 def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_engines: int, streams, stop, *,
                control=None, d_control=None, groups: int = 1, ts_rows: int = 2, prefixes=None,
-               cache_routing=None, d_router: str = "round_robin", events=None, d_events=None) -> tuple:
+               cache_routing=None, d_router: str = "round_robin", events=None, d_events=None,
+               driver=None) -> tuple:
     """Simulate closed-loop programs on ``engines`` prefill engines of the
     continuous run ``config`` (one output token a call: its first) behind
     ``router`` and ``d_engines`` decode engines of ``d_config`` (``n``:
@@ -713,7 +757,7 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     one token) and ``d_output`` and ``d_prediction`` (the decode pool's:
     ``output - 1``, 0 for a one-token call), and the KV transfer time
     ``link``; ``prefixes`` (by call id) and ``cache_routing`` as
-    :func:`.continuous_cluster.run_closed`'s; ``d_router`` the decode
+    :func:`run_cluster_closed`'s; ``d_router`` the decode
     pool's (``"round_robin"``: dealt in turn; ``"least_used"``); ``events``
     the prefill pool's engine events and ``d_events`` the decode pool's (as
     :func:`.continuous_cluster.run`'s; None: none).  Returns
@@ -727,7 +771,8 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
     statistics; the code; and per request in arrival order its
     ``arrival_times``, ``program``, ``new_tokens``, ``session_end``,
     ``call``, ``first_token`` and ``ready`` (NaN for a one-token call), and
-    ``handed``, the requests in the order the decode pool took them."""
+    ``handed``, the requests in the order the decode pool took them.
+    ``driver``: the kernel (None: :func:`closed_loop_kernel`)."""
     from .routing import TABLE
     from . import continuous as _k
 
@@ -751,12 +796,41 @@ def run_closed(config, d_config, calls, edges, d_edges, router, engines: int, d_
                          cache_routing or _r.NO_CACHE_ROUTING, pre.eng, table, np.zeros(engines, np.int64), pre.where,
                          pre.local, pre.ids if pre.ids.shape[1] else np.empty((engines, pre.room), np.int64), pre.ids,
                          pre.events, pre.routed, release)
-    code = closed_loop_kernel(stage, _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
+    code = (driver or closed_loop_kernel)(stage, _decode_pool(dec, d_engines, n, got, calls, d_router), loop,
                               (np.empty(n), np.empty(n, np.int64)), np.ascontiguousarray(calls["link"], float),
                               np.ascontiguousarray(calls["prompt"], float), _arrived(got), got["first_token"],
                               got["ready"], got["handed"], groups, streams, stop, np.zeros_like(stop))
     runs, where, local = pre.runs(code)
     return (runs, where, local), _decode_runs(dec, got, code, d_engines), ROUTED.unpack(pre.routed), code, got
+
+
+def run_cluster_closed(config, calls, edges, router, engines: int, streams, stop, *, control=None, groups: int = 1,
+                       ts_rows: int = 2, prefixes=None, cache_routing=None, events=None) -> tuple:
+    """Closed-loop programs on a cluster of ``engines`` continuous engines
+    of the run ``config`` behind ``router``: the closed-loop driver
+    (:data:`cluster_closed_loop_kernel`) with the cluster's engines as its
+    stage and no decode pool, each call's answer its engine's completion.
+    ``calls``: a dict of the programs' ``start`` (P programs) and, by call
+    id (``P C`` calls), their think times ``gap``, ``new`` tokens,
+    ``prompt`` (the program's context and the new tokens), ``output`` and
+    ``prediction``; ``prefixes`` (as :func:`.continuous_cluster.run`'s) by
+    call id too; ``cache_routing`` and ``events`` as
+    :func:`.continuous_cluster.run`'s.  Returns
+    :func:`.continuous_cluster.run`'s tuple and the ``n`` requests'
+    ``arrival_times``, ``program``, ``new_tokens``, ``session_end`` and
+    ``call`` ids (a dict), in the order they arrived (-1 and NaN for
+    requests that did not)."""
+    from . import continuous as _k
+
+    # (the decode pool's engines: none, of a run of one request: its arrays of that room)
+    none = _k.CONFIG.pack(**{**_k.CONFIG.unpack(config), "n": 1})
+    zero = np.zeros(np.asarray(calls["output"]).size)
+    (runs, where, local), _, routed, code, got = run_closed(
+        config, none, {**calls, "d_output": zero, "d_prediction": zero, "link": zero}, edges, np.asarray(edges),
+        router, engines, 0, streams, stop, control=control, groups=groups, ts_rows=ts_rows, prefixes=prefixes,
+        cache_routing=cache_routing, events=events, driver=cluster_closed_loop_kernel)
+    return runs, where, local, routed, code, {k: got[k] for k in ("arrival_times", "program", "new_tokens",
+                                                                  "session_end", "call")}
 
 
 def run_closed_laps(config, d_config, calls, d_edges, d_engines: int, streams, stop, *, d_control=None,

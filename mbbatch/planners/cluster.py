@@ -101,7 +101,7 @@ class ContinuousPart:
     @property
     def closed(self) -> bool:
         """Whether the programs are a closed loop (each call issued when the
-        one before it completes: :func:`.continuous_cluster.run_closed`)."""
+        one before it completes: :func:`.disaggregated.run_cluster_closed`)."""
         programs = self.policy.programs
         return isinstance(programs, Programs) and programs.closed
 

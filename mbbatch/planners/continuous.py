@@ -20,6 +20,7 @@ from .._kernels import common as _common
 from .._kernels import continuous as _k
 from .._kernels.arena import Lease
 from .._kernels import continuous_cluster as _cc
+from .._kernels import disaggregated as _kd
 from .._kernels import controller as _c
 from .._running import check_memory, interruptible, stop_flag
 from .._seeding import (STREAM_ARRIVALS, STREAM_CLASS, STREAM_PREDICTION, STREAM_PROMPT, STREAM_SERVICE,
@@ -466,8 +467,8 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None)
     if closed:
         calls = {**programs, "prompt": prompt, "output": output, "prediction": prediction}
         runs, where, local, routed, _, got = interruptible(
-            lambda: _cc.run_closed(config, calls, plan.edges, plan.cluster.router, plan.engines, streams, stop,
-                                   **cluster),
+            lambda: _kd.run_cluster_closed(config, calls, plan.edges, plan.cluster.router, plan.engines, streams,
+                                           stop, **cluster),
             stop, plan.n if progress else None)
         # (each request is the call that arrived: its lengths and prediction, its program and new tokens)
         k = got["call"]

@@ -220,7 +220,8 @@ class Cluster(Policy):
     programs the engines run one iteration at a time, the one whose
     iteration starts first next, so that a completion issues its program's
     next call before any later iteration starts
-    (:func:`~mbbatch._kernels.continuous_cluster.closed_loop_kernel`).
+    (:data:`~mbbatch._kernels.disaggregated.cluster_closed_loop_kernel`, the
+    closed-loop driver of a deployment, without its decode pool).
     Engine ``events`` hand a leaving engine's waiting requests back to the
     router (:class:`EngineEvent`).
     With ``ContinuousBatching(prefix_caching=True)`` each engine caches the
