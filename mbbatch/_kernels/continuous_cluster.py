@@ -74,7 +74,7 @@ from numba.extending import overload
 
 from .common import ARRIVED, STOP, blocks, event_arrays, load_tuple, stage_step, step, variant
 from .continuous import C_COST, DONE, ES, N_COST, STALLED, C, continuous_kernel, prefix_blocks
-from .driver import open_loop_driver, stop_asked
+from .driver import open_loop_driver
 from .layout import Layout
 from . import admission
 from . import continuous as _k
@@ -104,10 +104,6 @@ R = ROUTED.index
 Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "pull", "release", "klass", "chain",
                            "shared"),
                   module=__name__)
-
-#: before request j, whether Ctrl-C asked the run to stop (the open-loop driver's check, every closed loop's)
-_stop_asked = stop_asked
-
 
 def rows(stacked, e):
     """Engine ``e``'s row of ``stacked``, a tuple or namedtuple of arrays,

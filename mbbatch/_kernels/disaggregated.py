@@ -67,8 +67,9 @@ import numpy as np
 from .common import ARRIVED, STOP, blocks, event_arrays, helper, kernel, stage_step, step, variant
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
-                                 _engine_event, _hand_back, _idle, _set_up, _stop_asked, fresh_record, moved,
+                                 _engine_event, _hand_back, _idle, _set_up, fresh_record, moved,
                                  pop_call, released, starts, woken)
+from .driver import stop_asked
 from . import laps as _l
 from . import routing as _r
 from .programs import _heap_pop, _heap_push
@@ -570,7 +571,7 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
     dev = 0
     d_rr = 0
     for j in range(n + 1):
-        if j < n and _stop_asked(j, stop):
+        if j < n and stop_asked(j, stop):
             return STOPPED
         # every event before the next call's arrival (after the last: every event), in time order
         while True:

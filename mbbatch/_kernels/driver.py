@@ -31,12 +31,10 @@ Every ``stop`` check comes before an arrival, every 1,024 arrivals
 from __future__ import annotations
 
 from .common import ARRIVED, STOP, kernel, step, variant
+# (a driver's codes, the continuous engine's: the run ended, or stop[STOP] was set)
+from .continuous import DONE, STOPPED
 
-__all__ = ["open_loop_driver", "stop_asked"]
-
-#: a driver's codes: the run ended, or ``stop[STOP]`` was set (the
-#: continuous engine's :data:`.continuous.DONE` and ``STOPPED``)
-DONE, STOPPED = 0, 1
+__all__ = ["DONE", "STOPPED", "open_loop_driver", "stop_asked"]
 
 #: arrivals between two checks of ``stop``
 CHECK = 1024
