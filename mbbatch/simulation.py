@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._running import small_pages
+from ._running import kept_heap, small_pages
 from ._seeding import as_seed_sequence
 from ._validation import check_flag
 from .planners import PLANNERS
@@ -134,9 +134,10 @@ def simulate(policy, arrivals, service=None, n=None, servers=1, seed=None, keep_
 
 def run_plan(plan, ss: np.random.SeedSequence, **kw) -> SimulationResult:
     """``plan.run(ss, **kw)`` (a checked plan, :func:`plan`), its arrays on
-    small pages (:func:`mbbatch._running.small_pages`): every run of
+    small pages (:func:`mbbatch._running.small_pages`), its large ones from
+    glibc's heap (:func:`mbbatch._running.kept_heap`): every run of
     ``simulate``, a sweep's cells and a capacity search goes through here."""
-    with small_pages():
+    with small_pages(), kept_heap():
         return plan.run(ss, **kw)
 
 

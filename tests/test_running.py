@@ -246,3 +246,90 @@ def test_free_page_reporting_reads_the_balloons_feature_bit(tmp_path, monkeypatc
     _running.free_page_reporting.cache_clear()
     assert _running.free_page_reporting() is False
     _running.free_page_reporting.cache_clear()
+
+
+class _Mallopt:
+    """A stand-in for glibc's ``mallopt``: the calls, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, param, value):
+        self.calls.append((param, value))
+        return 1
+
+
+@pytest.fixture
+def mallopt(monkeypatch):
+    fake = _Mallopt()
+    monkeypatch.setattr(_running, "_mallopt", lambda: fake)
+    for name in _running.MALLOC_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return fake
+
+
+def test_a_run_takes_large_arrays_from_glibcs_heap_and_maps_them_again_after(mallopt, monkeypatch):
+    """Inside kept_heap glibc maps no allocation on its own (M_MMAP_MAX 0)
+    and its heap keeps up to MBBATCH_KEPT_MB free at its top; nested blocks
+    set it once, and the outer one's end sets M_MMAP_MAX back to glibc's
+    default, the threshold left.  simulate runs inside one."""
+    kept = _running.heap_kept()
+    assert kept == min(_running.arena.LIMIT, 2**31 - 1) > 0
+    with _running.kept_heap():
+        with _running.kept_heap():
+            assert mallopt.calls == [(_running.M_TRIM_THRESHOLD, kept), (_running.M_MMAP_MAX, 0)]
+        assert len(mallopt.calls) == 2
+    assert mallopt.calls[2:] == [(_running.M_MMAP_MAX, _running.MMAP_MAX_DEFAULT)]
+    seen = []
+    from mbbatch.planners import continuous as planner
+
+    run = planner._run
+    monkeypatch.setattr(planner, "_run", lambda *a, **k: (seen.append(list(mallopt.calls)), run(*a, **k))[1])
+    mallopt.calls.clear()
+    mb.simulate(mb.ContinuousBatching(), arrivals=mb.Poisson(1.0), n=50, seed=0,
+                workload=mb.Workload(prompt=st.lognorm(0.5, scale=64), output=st.lognorm(0.5, scale=16)))
+    assert seen == [[(_running.M_TRIM_THRESHOLD, kept), (_running.M_MMAP_MAX, 0)]]
+    assert mallopt.calls[-1] == (_running.M_MMAP_MAX, _running.MMAP_MAX_DEFAULT)
+
+
+@pytest.mark.parametrize("how", ["env", "none kept", "not glibc"])
+def test_malloc_stands_where_tuned_where_nothing_is_kept_or_not_glibc(how, mallopt, monkeypatch):
+    """kept_heap leaves malloc as it is where the environment tunes it, where
+    MBBATCH_KEPT_MB=0 keeps nothing, and where the C library is not glibc."""
+    if how == "env":
+        monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_max=8")
+    elif how == "none kept":
+        monkeypatch.setattr(_running.arena, "LIMIT", 0)
+    else:
+        monkeypatch.setattr(_running, "_mallopt", lambda: None)
+    with _running.kept_heap():
+        pass
+    assert mallopt.calls == []
+
+
+@pytest.mark.skipif(_running._mallopt() is None, reason="glibc's mallopt only (this C library is another)")
+def test_inside_kept_heap_a_freed_arrays_memory_serves_the_next_without_faults(monkeypatch):
+    """On glibc, in the main thread, an array of 64 MB freed inside kept_heap
+    leaves its pages mapped in the heap: the next one of its size writes
+    them with at most a tenth of its 16,384 small pages faulted (on small
+    pages: numpy's huge-page advice off)."""
+    import resource
+
+    for name in _running.MALLOC_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(_running.HUGEPAGE_ENV, raising=False)
+    monkeypatch.setattr(_running, "free_page_reporting", lambda: True)
+    m = 1 << 23
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    with _running.small_pages(), _running.kept_heap():
+        a = np.empty(m)
+        a[:] = 1.0
+        del a
+        before = faults()
+        b = np.empty(m)
+        b[:] = 2.0
+        assert faults() - before < m * 8 // 4096 // 10
+        del b

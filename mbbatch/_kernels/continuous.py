@@ -1788,9 +1788,22 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
     ``{field: row}`` (None without ``keep``) and the kernel's code;
     ``groups`` batch-means groups of arrivals and a time series of at most
     ``ts_rows`` rows (even); ``lease``: as :func:`start`'s."""
+    return prepare(config, inputs, streams, stop, control=control, groups=groups, ts_rows=ts_rows, lease=lease)()
+
+
+def prepare(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.ndarray, *, control=None,
+            groups: int = 1, ts_rows: int = 2, lease=None):
+    """:func:`run` with its engine started, its kernel not called yet: a
+    function of no arguments that calls it and returns :func:`run`'s tuple
+    (so that a caller makes the engine's arrays in its own thread and may
+    run the kernel on another)."""
     engine = start(config, inputs, control=control, groups=groups, ts_rows=ts_rows, lease=lease)
-    code = advance(engine, streams, stop, np.inf)
-    return engine.out, (REQUESTS.rows(engine.requests) if CONFIG.unpack(config)["keep"] else None), code
+
+    def go() -> tuple:
+        code = advance(engine, streams, stop, np.inf)
+        return engine.out, (REQUESTS.rows(engine.requests) if CONFIG.unpack(config)["keep"] else None), code
+
+    return go
 
 
 def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until: float) -> int:

@@ -663,10 +663,19 @@ def _stacked(one, engines: int, unset=()):
     return _like(one, out)
 
 
-def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *, control=None,
-        programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None, class_tpot=None,
-        prefixes=None, cache_routing=None, brought=None, pull=None, release=None, events=None) -> tuple:
-    """Simulate ``engines`` engines of the continuous run ``config``
+def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, **kw) -> tuple:
+    """:func:`prepare`'s run, at once."""
+    return prepare(config, times, prompt, output, prediction, edges, router, engines, streams, stop, **kw)()
+
+
+def prepare(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *,
+            control=None, programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None,
+            class_tpot=None, prefixes=None, cache_routing=None, brought=None, pull=None, release=None,
+            events=None):
+    """The run with its arrays made, its kernel not called yet: a function
+    of no arguments that calls it (so that a caller makes the arrays in its
+    own thread and may run the kernel on another).  The run simulates
+    ``engines`` engines of the continuous run ``config``
     (:data:`.continuous.CONFIG` ``.pack(...)``, its ``n`` the requests)
     behind ``router`` (:class:`.routing.Router`) on the requests' arrival
     ``times``, lengths and predictions (``edges``: the multi-bin admission's
@@ -686,7 +695,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
     completion; :mod:`.continuous`); ``events``
     the engine events, ``(time, engine, add)`` arrays in time order (None:
     none; :func:`_engine_event`).
-    Returns each engine's ``(outputs, records, code)`` (as
+    It returns each engine's ``(outputs, records, code)`` (as
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
     (``ROUTED.unpack``) and the code."""
@@ -713,8 +722,13 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
                          np.ascontiguousarray(session_end, np.int8), np.int64(groups), router,
                          cache_routing or _r.NO_CACHE_ROUTING, c.eng, table, c.counts, np.zeros(engines, np.int64),
                          c.where, c.local, c.ids, c.events, c.routed)
-    code = cluster_kernel(stage, times.shape[0], streams, stop, np.zeros_like(stop))
-    return c.runs(code) + (ROUTED.unpack(c.routed), code)
+    estop = np.zeros_like(stop)
+
+    def go() -> tuple:
+        code = cluster_kernel(stage, times.shape[0], streams, stop, estop)
+        return c.runs(code) + (ROUTED.unpack(c.routed), code)
+
+    return go
 
 
 class _Cluster:
@@ -757,13 +771,15 @@ class _Cluster:
         given = {"klass": room if classes else 0, "chain": int(self.chain.size > 0) * room,
                  "shared": int(self.shared.size > 0) * room, "pull": room if pulls else 0,
                  "release": room if holds else 0}
-        self.feeds = Feed(*(np.zeros((engines, given.get(f, room))) for f in Feed._fields))
+        # (unset: _route writes an engine's k-th row as its k-th request reaches it, before the engine reads it; a
+        # row's pages are touched only as it is written)
+        self.feeds = Feed(*(np.empty((engines, given.get(f, room))) for f in Feed._fields))
         # (the template engine keeps no records: the engines' start unset, each row started as its request is
         # routed, fresh_record)
         one = _k.start(_k.CONFIG.pack(**{**replay, "keep": 0, "n": room}),
                        _k.INPUTS.pack(arrival_times=np.zeros(1), arrival_params=np.zeros(1),
                                       arrival_ends=np.full(1, np.inf),
-                                      **{f: np.zeros(given.get(f, room)) for f in Feed._fields},
+                                      **{f: np.empty(given.get(f, room)) for f in Feed._fields},
                                       edges=edges, class_slo=class_slo, class_tpot=class_tpot, grows=grows),
                        control=control, groups=groups, ts_rows=ts_rows, grouped=True,
                        longest=int(np.max(output)) if output.size else 1, log=log, handing=handing)
@@ -773,7 +789,8 @@ class _Cluster:
                                        for f, a in zip(one.inputs._fields, one.inputs)))
         self.config, self.out = _stacked(config, engines), _stacked(one.out, engines)
         m = room if self.keep else 0
-        self.requests = (np.zeros((engines, len(_k.REQUESTS.ints), m), np.int64),
+        # (unset: fresh_record starts each row as its request is routed)
+        self.requests = (np.empty((engines, len(_k.REQUESTS.ints), m), np.int64),
                          np.empty((engines, len(_k.REQUESTS.floats), m)))
         self.control = one.control
         self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",))

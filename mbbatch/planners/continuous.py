@@ -383,8 +383,10 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
     kw = dict(control=plan.control, groups=BATCH_MEANS_GROUPS, ts_rows=TIME_SERIES_ROWS)
 
     def timed(call, m: int):
+        # (the engine's arrays made here, on this thread: the main thread's large ones come from glibc's heap,
+        # mbbatch._running.kept_heap)
         t0 = time.perf_counter()
-        run = interruptible(call, stop, m if progress else None)
+        run = interruptible(call(), stop, m if progress else None)
         seconds.append(time.perf_counter() - t0)
         _check_codes([run])
         return run
@@ -401,7 +403,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                                 klass=_classes(klass),
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot, **prefixes)
         with Lease() as lease:
-            yield timed(lambda: _k.run(config, inputs, streams, stop, lease=lease, **kw), n)
+            yield timed(lambda: _k.prepare(config, inputs, streams, stop, lease=lease, **kw), n)
         return
     # the arrival times one engine would draw for all n, dealt out; each engine replays its share
     cfg = _k.CONFIG.unpack(config)
@@ -423,7 +425,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                                 class_slo=plan.class_slo, class_tpot=plan.class_tpot,
                                 **{k: v if k == "grows" else v[part].copy() for k, v in prefixes.items()})
         with Lease() as lease:
-            yield timed(lambda: _k.run(cfg_e, inputs, streams, stop, lease=lease, **kw), m)
+            yield timed(lambda: _k.prepare(cfg_e, inputs, streams, stop, lease=lease, **kw), m)
 
 
 def _check_codes(runs) -> None:
@@ -475,13 +477,12 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None)
         prompt, output, prediction = prompt[k], output[k], prediction[k]
         programs = ((got["program"], got["new_tokens"], got["session_end"]), P)
     else:
-        runs, where, local, routed, _ = interruptible(
-            lambda: _cc.run(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
-                            streams, stop, programs=programs, klass=klass, class_slo=plan.class_slo,
-                            class_tpot=plan.class_tpot, brought=prompt if plan.prefilled else None, pull=plan.pull,
-                            release=plan.release,
-                            **cluster),
-            stop, plan.n if progress else None)
+        # (its arrays made on this thread, its kernel run on interruptible's: as _engines)
+        go = _cc.prepare(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
+                         streams, stop, programs=programs, klass=klass, class_slo=plan.class_slo,
+                         class_tpot=plan.class_tpot, brought=prompt if plan.prefilled else None, pull=plan.pull,
+                         release=plan.release, **cluster)
+        runs, where, local, routed, _ = interruptible(go, stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)
     columns = {"engine": where}
