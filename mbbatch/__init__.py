@@ -9,7 +9,7 @@ from ._version import __version__
 
 from . import theory, traces
 from ._kernels import warmup
-from ._kernels.arena import release_memory
+from ._running import release_memory
 from .arrivals import Gamma, OnOff, PiecewisePoisson, Poisson, Replay, Saturated, TraceTiledWarning
 from .policies.multibin import MultiBin
 from .policies.static import StaticBatching

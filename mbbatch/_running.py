@@ -47,7 +47,8 @@ MALLOC_ENV = ("GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "M
               "MALLOC_TOP_PAD_")
 
 __all__ = ["POLL_SECONDS", "CLOCK_RESOLUTION", "PROGRESS_DELAY", "HUGEPAGE_ENV", "new_stop_flag", "stop_flag",
-           "watch_stop_flag", "interruptible", "free_page_reporting", "small_pages", "kept_heap", "available_memory",
+           "watch_stop_flag", "interruptible", "free_page_reporting", "small_pages", "kept_heap", "release_memory",
+           "available_memory",
            "memory_limits", "check_memory", "check_clock", "format_bytes"]
 
 
@@ -202,20 +203,43 @@ MMAP_MAX_DEFAULT = 65536
 
 
 @functools.cache
-def _mallopt():
-    """glibc's ``mallopt`` (``int mallopt(int param, int value)``), or None
-    where the C library is another (or none is found)."""
+def _glibc():
+    """The C library where it is glibc, else None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version       # (glibc's own: musl and others have no such function)
-        mallopt = libc.mallopt
+        libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):   # pragma: no cover (another C library)
         return None
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return mallopt
+    libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    libc.mallopt.restype = ctypes.c_int
+    libc.malloc_trim.argtypes = (ctypes.c_size_t,)
+    libc.malloc_trim.restype = ctypes.c_int
+    return libc
+
+
+def _mallopt():
+    """glibc's ``mallopt`` (``int mallopt(int param, int value)``), or None
+    where the C library is another (or none is found)."""
+    libc = _glibc()
+    return None if libc is None else libc.mallopt
+
+
+def release_memory() -> int:
+    """Let go of the memory mbbatch keeps between the runs of this process:
+    the per-request arrays a continuous engine's next run would reuse
+    (:func:`.arena.release_memory`), and the free memory of glibc's heap
+    (:func:`kept_heap`; ``malloc_trim(0)``), which goes back to the
+    system.  Returns the bytes the arrays held (see the performance
+    guide).  At most ``MBBATCH_KEPT_MB`` megabytes (environment, read at
+    import; default 2,048; ``0``: none) of each are ever kept."""
+    freed = arena.release_memory()
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+    return freed
 
 
 _heap_lock = threading.Lock()
