@@ -211,6 +211,10 @@ FULL = True
 #: compile-time: the admission order's code of a kernel compiled for one order (:data:`order_kernels`); -1: the
 #: run's, read from its configuration
 ADMISSION = -1
+#: compile-time: the kernel writes the run's statistics (:func:`_publish`) as it returns (False in a driver's
+#: hot resumes, ``.continuous_cluster._inlined_engine``: the driver writes them once, :func:`published`, as its
+#: run ends)
+PUBLISH = True
 
 #: the run's scalars (``blocks``: the KV capacity in blocks, -1: none)
 CONFIG = Layout("continuous run", ints=("n", "arrival_kind", "max_num_seqs", "max_batched_tokens", "chunked",
@@ -1554,6 +1558,17 @@ def _publish(si, sf, out, first_arrival, limited):
         out.floats[S.blocks_time] = 0.0
 
 
+@step
+def published(config, out, ws):
+    """The engine's statistics written from its scalars as its kernel
+    writes them when it returns (:func:`_publish`): by a driver whose
+    engines' hot resumes leave them out (:data:`PUBLISH` off), once every
+    engine has run to its end.  Writing them again changes nothing."""
+    si = ws.state_i
+    n = config[0][C.n]
+    _publish(si, ws.state_f, out, ws.arrival[0] if n > 0 else np.nan, si[ES.blocks_total] < UNLIMITED)
+
+
 @kernel
 def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop):
     """Simulate the run ``config`` (with ``controlled``, the controller of
@@ -1720,7 +1735,8 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
     _store(ws.state_f, (t_round, busy, sum_lat, sum_ttft, sum_tbt, running_time, blocks_time, waiting_time,
                         system_time, last_done, now))
     si[ES.started] = 1
-    _publish(ws.state_i, ws.state_f, out, ws.arrival[0] if n > 0 else np.nan, blocks_total < UNLIMITED)
+    if PUBLISH:
+        _publish(ws.state_i, ws.state_f, out, ws.arrival[0] if n > 0 else np.nan, blocks_total < UNLIMITED)
     return code
 
 

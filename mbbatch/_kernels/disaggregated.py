@@ -67,7 +67,7 @@ import numpy as np
 from .common import ARRIVED, STOP, blocks, event_arrays, helper, kernel, stage_step, step, variant
 from .continuous import DONE, ES, STALLED, STOPPED, C
 from .continuous_cluster import (ROUTED, _active, _advance, _advance_called, _arrive_call, _Cluster, _earliest,
-                                 _engine_event, _hand_back, _idle, _set_up, fresh_record, moved,
+                                 _engine_event, _hand_back, _idle, _published_all, _set_up, fresh_record, moved,
                                  pop_call, released, starts, woken)
 from .driver import stop_asked
 from . import laps as _l
@@ -388,7 +388,8 @@ def _arrive_engines(pre, carry, j, n, loop, hsize, groups, prompt, arrived):
 
 @stage_step
 def _finish_engines(pre, carry, n):
-    pass
+    """The engines' statistics written (their hot resumes leave them out)."""
+    _published_all(pre.config, pre.out, pre.ws)
 
 
 @stage_step
@@ -618,6 +619,8 @@ def closed_loop_kernel(pre, dec, loop, rheap, link, prompt, arrived, first, read
             return STALLED
         carry, hsize = _arrive(pre, carry, j, n, loop, hsize, groups, prompt, arrived)
     _finish(pre, carry, n)
+    if DECODE:
+        _published_all(dec.config, dec.out, dec.ws)
     stop[ARRIVED] = n
     return DONE
 
