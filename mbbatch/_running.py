@@ -248,16 +248,18 @@ _heap = {"depth": 0}
 
 
 def heap_kept() -> int:
-    """The free bytes glibc's heap keeps at its top between mbbatch's runs
-    (:func:`kept_heap`): :data:`.arena.LIMIT` (``MBBATCH_KEPT_MB``), at most
-    what ``mallopt`` takes (an ``int``)."""
+    """glibc's ``M_TRIM_THRESHOLD`` of :func:`kept_heap`: the free bytes at
+    its heap's top it keeps (once they reach it, it gives the whole of them
+    back to the system): :data:`.arena.LIMIT` (``MBBATCH_KEPT_MB``), at most
+    what ``mallopt`` takes (an ``int``, about 2 GB)."""
     return min(arena.LIMIT, 2**31 - 1)
 
 
 @contextlib.contextmanager
 def kept_heap():
     """Run a block with glibc's ``malloc`` serving large allocations from
-    its heap, and keeping up to :func:`heap_kept` free bytes there after.
+    its heap, which keeps its free memory for the next run (up to
+    :func:`heap_kept` bytes of it at its top).
 
     glibc maps each allocation of more than 128 KB to 32 MB (its threshold
     grows with use) on pages of its own and gives them back to the system
@@ -268,13 +270,15 @@ def kept_heap():
     pages a run: 1.2 million page faults, 2 s of system time beside 5.7 s
     of work.  Inside this block glibc takes them from its heap instead
     (``mallopt(M_MMAP_MAX, 0)``), where a freed array's memory serves the
-    next one without a fault, and the heap keeps up to :func:`heap_kept`
-    bytes free at its top (``M_TRIM_THRESHOLD``; ``MBBATCH_KEPT_MB``, as
-    the :mod:`~mbbatch._kernels.arena` keeps its arrays) for the next run,
-    returning the rest.  After the block allocations are mapped again as
-    before (``M_MMAP_MAX`` back to glibc's default); the threshold stays,
-    so that a process's next run finds its memory.  Memory freed below
-    memory still held (a result's arrays) stays in the heap until reused.
+    next one without a fault, and the heap gives the free memory at its
+    top back to the system only once it reaches :func:`heap_kept` bytes
+    (``M_TRIM_THRESHOLD``, by default 128 KB growing with use;
+    ``MBBATCH_KEPT_MB``, as the :mod:`~mbbatch._kernels.arena` keeps its
+    arrays), then the whole of it.  After the block allocations are
+    mapped again as before (``M_MMAP_MAX`` back to glibc's default); the
+    threshold stays, so that a process's next run finds its memory.
+    Memory freed below memory still held (a result's arrays) stays in the
+    heap until reused.
 
     Only where the C library is glibc; not where ``MBBATCH_KEPT_MB=0``
     (nothing kept), nor where the environment tunes glibc's malloc
