@@ -133,9 +133,33 @@ def _hugepage_setter():
     return getattr(multiarray, "_set_madvise_hugepage", None)
 
 
-_pages_lock = threading.Lock()
-#: the runs inside :func:`small_pages` now, and numpy's setting before the first
-_pages = {"depth": 0, "before": True}
+class _Shared:
+    """A process-wide setting that nested and concurrent blocks share: the
+    first block to begin sets it (``enter()``, whose value is kept), the
+    last to end gives it back (``leave(kept)``)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._kept = None
+
+    @contextlib.contextmanager
+    def block(self, enter, leave):
+        with self._lock:
+            if self._depth == 0:
+                self._kept = enter()
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    leave(self._kept)
+
+
+#: the runs inside :func:`small_pages` now (numpy's setting before the first kept)
+_pages = _Shared()
 
 
 #: virtio-balloon's feature bit of free page reporting (VIRTIO_BALLOON_F_REPORTING)
@@ -182,17 +206,8 @@ def small_pages():
     if setter is None or HUGEPAGE_ENV in os.environ or not free_page_reporting():
         yield
         return
-    with _pages_lock:
-        if _pages["depth"] == 0:
-            _pages["before"] = setter(False)
-        _pages["depth"] += 1
-    try:
+    with _pages.block(lambda: setter(False), setter):
         yield
-    finally:
-        with _pages_lock:
-            _pages["depth"] -= 1
-            if _pages["depth"] == 0:
-                setter(_pages["before"])
 
 
 #: glibc's ``mallopt`` parameters (``malloc.h``): the free bytes its heap keeps at its top, and the most
@@ -242,9 +257,8 @@ def release_memory() -> int:
     return freed
 
 
-_heap_lock = threading.Lock()
 #: the runs inside :func:`kept_heap` now
-_heap = {"depth": 0}
+_heap = _Shared()
 
 
 def heap_kept() -> int:
@@ -290,18 +304,9 @@ def kept_heap():
     if mallopt is None or arena.LIMIT == 0 or any(name in os.environ for name in MALLOC_ENV):
         yield
         return
-    with _heap_lock:
-        if _heap["depth"] == 0:
-            mallopt(M_TRIM_THRESHOLD, heap_kept())
-            mallopt(M_MMAP_MAX, 0)
-        _heap["depth"] += 1
-    try:
+    with _heap.block(lambda: (mallopt(M_TRIM_THRESHOLD, heap_kept()), mallopt(M_MMAP_MAX, 0)),
+                     lambda _: mallopt(M_MMAP_MAX, MMAP_MAX_DEFAULT)):
         yield
-    finally:
-        with _heap_lock:
-            _heap["depth"] -= 1
-            if _heap["depth"] == 0:
-                mallopt(M_MMAP_MAX, MMAP_MAX_DEFAULT)
 
 
 def available_memory() -> int | None:
