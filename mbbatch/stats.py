@@ -16,10 +16,11 @@ import numpy as np
 from scipy import stats as _st
 
 from ._kernels import common as _kernel_common
+from ._kernels import select as _select
 
 __all__ = ["CONFIDENCE", "QUANTILES", "batch_means_ci", "t_interval", "hist_quantiles", "hist_bucket_bounds",
-           "backlog_verdict", "groups_verdict", "queue_verdict", "VERDICTS", "paired_interval", "verdicts",
-           "difference_vars", "paired_differences"]
+           "exact_quantiles", "backlog_verdict", "groups_verdict", "queue_verdict", "VERDICTS", "paired_interval",
+           "verdicts", "difference_vars", "paired_differences"]
 
 #: Confidence level of every interval mbbatch reports.
 CONFIDENCE = 0.95
@@ -202,6 +203,59 @@ def hist_quantiles(hist: np.ndarray, qs, base: int, shift: int) -> np.ndarray:
             return np.full(len(qs), math.nan)
     lo, hi = hist_bucket_bounds(h, base, shift)
     return np.where(h == 0, 0.0, np.where(h == len(hist) - 1, math.inf, 0.5 * (lo + hi)))
+
+
+#: the fewest values :func:`exact_quantiles` brackets (below, it selects on all of them), and its sample's size
+SELECT_LEAST, SELECT_SAMPLE = 1 << 16, 1 << 14
+
+
+def exact_quantiles(x: np.ndarray, qs) -> np.ndarray:
+    """Quantiles ``qs`` of the values of ``x`` that are not NaN, exactly as
+    ``np.quantile(..., method="inverted_cdf")`` gives them (the value of
+    rank ``ceil(q m)``, 1-based, of the ``m`` values: Hyndman and Fan,
+    1996, definition 1), in about one pass where ``x`` is large
+    (:mod:`mbbatch._kernels.select`: each rank bracketed by a sorted
+    sample's values, the values inside kept and selected among, on the
+    whole when a bracket misses); ``x`` is not changed."""
+    qs = np.asarray(qs, dtype=np.float64)
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    if x.size >= SELECT_LEAST and qs.size:
+        got = _bracketed_quantiles(x, qs)
+        if got is not None:
+            return got
+    return np.quantile(x[~np.isnan(x)], qs, method="inverted_cdf", overwrite_input=True)
+
+
+def _bracketed_quantiles(x: np.ndarray, qs: np.ndarray):
+    """:func:`exact_quantiles` by brackets, or None where one misses its
+    rank (or keeps more than its room) or no value is a number."""
+    sample = x[::max(1, x.size // SELECT_SAMPLE)]
+    sample = np.sort(sample[~np.isnan(sample)])
+    s = sample.size
+    if s == 0:
+        return None
+    # (each bracket the sample's values some standard deviations of a sample quantile's rank either side of it)
+    half = (8.0 * np.sqrt(qs * (1.0 - qs) * s) + 16.0).astype(np.int64)
+    at = np.floor(qs * s).astype(np.int64)
+    lo = np.where(at - half >= 0, sample[np.clip(at - half, 0, s - 1)], -np.inf)
+    hi = np.where(at + half < s, sample[np.clip(at + half, 0, s - 1)], np.inf)
+    below = np.zeros(qs.size, np.int64)
+    size = np.zeros(qs.size, np.int64)
+    kept = np.empty((qs.size, max(x.size // 8, 1024)))
+    m = _select.bracketed(x, lo, hi, below, kept, size)
+    if m == 0:
+        return None
+    # (numpy's rank for the inverted CDF: index m q - 1, taken up where it is not whole, 0 at least)
+    index = m * qs - 1.0
+    previous = np.floor(index)
+    ranks = np.maximum(np.where(index - previous == 0, previous, previous + 1), 0).astype(np.int64)
+    out = np.empty(qs.size)
+    for b, k in enumerate(ranks):
+        j = k - below[b]
+        if not (0 <= j < size[b] <= kept.shape[1]):
+            return None
+        out[b] = np.partition(kept[b, :size[b]], j)[j]
+    return out
 
 
 # --- the steady-state check ------------------------------------------------------------

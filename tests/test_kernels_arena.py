@@ -37,7 +37,7 @@ def test_a_lease_takes_the_smallest_kept_array_that_fits_and_gives_all_back(kept
     assert a.base.size == 100                     # (50 is too small; 100 the only float one that fits)
     assert b.base is None or b.base.size == 60    # (none left: a fresh one)
     assert c.base.size == 80
-    assert sorted(x.size for _, x in arena._kept) == [50, 60, 80, 100]
+    assert sorted(x.size for _, x, _ in arena._kept) == [50, 60, 80, 100]
     assert mb.release_memory() == (50 + 60 + 100) * 8 + 80 * 8
     assert arena.kept() == 0
 
@@ -61,7 +61,7 @@ def test_a_lease_takes_an_array_of_the_same_role_first(kept):
     with arena.Lease() as lease:
         assert lease.empty(100, role="sk").base is heap
         assert lease.empty(100, role="output").base is small
-    assert [role for role, _ in arena._kept] == ["sk", "output"]
+    assert [role for role, _, _ in arena._kept] == ["sk", "output"]
 
 
 def test_the_oldest_arrays_go_beyond_the_limit(kept, monkeypatch):
@@ -69,7 +69,7 @@ def test_the_oldest_arrays_go_beyond_the_limit(kept, monkeypatch):
     first, second, third = np.empty(100), np.empty(100), np.empty(100)
     arena.give([("", first)])
     arena.give([("", second), ("", third)])
-    assert [a is b for (_, a), b in zip(arena._kept, (second, third))] == [True, True]
+    assert [a is b for (_, a, _), b in zip(arena._kept, (second, third))] == [True, True]
     monkeypatch.setattr(arena, "LIMIT", 0)
     arena.give([("", np.empty(1))])
     assert arena.kept() == 0
@@ -114,7 +114,7 @@ def test_leases_of_several_threads_take_distinct_arrays(kept):
 
 def _poison():
     """Fill every kept array with garbage (NaN, or the most negative integer)."""
-    for _, a in arena._kept:
+    for _, a, _ in arena._kept:
         a[...] = np.nan if a.dtype.kind == "f" else np.iinfo(a.dtype).min
 
 
@@ -193,7 +193,7 @@ def test_a_clusters_programs_on_kept_garbage_are_runs_on_fresh_memory(kept, monk
         for r, want in zip(CLUSTER_RUNS, fresh):
             _poison()
             _same(_cluster_run(*r), want)
-    assert {role for role, _ in arena._kept} >= {"start", "gap", "new", "out", "ctx", "order", "session_end"}
+    assert {role for role, _, _ in arena._kept} >= {"start", "gap", "new", "out", "ctx", "order", "session_end"}
     res = _cluster_run(*CLUSTER_RUNS[0], keep=True)
     before = {k: np.array(res.requests[k], copy=True) for k in res.requests.keys()}
     for r in CLUSTER_RUNS:
@@ -201,3 +201,93 @@ def test_a_clusters_programs_on_kept_garbage_are_runs_on_fresh_memory(kept, monk
         _poison()
     for k, v in before.items():
         np.testing.assert_array_equal(res.requests[k], v, err_msg=k)
+
+
+def test_an_array_of_another_role_is_taken_only_up_to_twice_the_size(kept):
+    big, near = np.empty(1000), np.empty(150)
+    arena.give([("cluster.feed.prompt", big), ("sk", near)])
+    with arena.Lease() as lease:
+        a = lease.empty(100, role="prompt")
+        b = lease.empty(100, role="output")
+    assert a.base is near                       # (150 <= 2 x 100)
+    assert b.base is None or b.base is not big  # (1,000 is more than twice: a fresh one)
+    assert any(x is big for _, x, _ in arena._kept)
+
+
+def test_an_array_written_in_part_is_counted_by_the_bytes_written(kept):
+    with arena.Lease() as lease:
+        a = lease.empty(4000, role="rows", shape=(4, 1000))
+        lease.charge(a, 8 * 400)
+        lease.charge(np.empty(5), 1)            # (not one of the lease's: nothing)
+    assert a.shape == (4, 1000) and arena.kept() == 8 * 400
+    # (again in the same role, the same pages written again: the more of the two)
+    with arena.Lease() as lease:
+        a = lease.empty(4000, role="rows", shape=(4, 1000))
+        lease.charge(a, 8 * 300)
+    assert arena.kept() == 8 * 400
+    # (in another role, dense: what it writes beside what was written before, at most its size)
+    with arena.Lease() as lease:
+        lease.empty(3000, role="prompt")
+    assert arena.kept() == 8 * 3400
+    assert mb.release_memory() == 8 * 3400
+
+
+#: continuous-engine clusters and deployments whose engines' arrays are leased: least used, round robin with
+#: a class mixture, one engine keeping its records (none kept), a deployment's pools (the decode pool's engines
+#: dealt their shares), its decode pool least used, two engines dealt their shares (their records leased)
+CONTINUOUS_RUNS = [
+    lambda keep: mb.simulate(mb.Cluster(mb.ContinuousBatching(max_num_seqs=16, kv_tokens=20_000), engines=3,
+                                        router="least_used"), arrivals=mb.Poisson(20.0), workload=WL, n=2000,
+                             seed=3, keep_requests=keep),
+    lambda keep: mb.simulate(mb.Cluster(mb.ContinuousBatching(max_num_seqs=16, admission="edf"), engines=2,
+                                        router="round_robin"), arrivals=mb.Poisson(12.0), workload=MIX, n=2000,
+                             seed=4, keep_requests=keep),
+    lambda keep: mb.simulate(mb.Cluster(mb.ContinuousBatching(max_num_seqs=16), engines=1),
+                             arrivals=mb.Poisson(6.0), workload=WL, n=1500, seed=5, keep_requests=keep),
+    lambda keep: mb.simulate(mb.Disaggregated(mb.ContinuousBatching(max_num_seqs=16, kv_tokens=20_000),
+                                              mb.ContinuousBatching(max_num_seqs=16, kv_tokens=20_000),
+                                              prefill_engines=2, decode_engines=3),
+                             arrivals=mb.Poisson(30.0), workload=WL, n=2000, seed=6, keep_requests=keep),
+    lambda keep: mb.simulate(mb.Disaggregated(mb.ContinuousBatching(max_num_seqs=16),
+                                              mb.ContinuousBatching(max_num_seqs=16), prefill_engines=3,
+                                              decode_engines=2, decode_router="least_used"),
+                             arrivals=mb.Poisson(20.0), workload=WL, n=2000, seed=7, keep_requests=keep),
+    lambda keep: mb.simulate(mb.ContinuousBatching(max_num_seqs=16, kv_tokens=20_000), arrivals=mb.Poisson(12.0),
+                             workload=WL, n=2000, servers=2, seed=8, keep_requests=keep)]
+
+
+def _same_requests(a, b):
+    assert (a.requests is None) == (b.requests is None)
+    if a.requests is not None:
+        assert a.requests.keys() == b.requests.keys()
+        for k in a.requests.keys():
+            np.testing.assert_array_equal(a.requests[k], b.requests[k], err_msg=k)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_continuous_clusters_and_deployments_on_kept_garbage_are_runs_on_fresh_memory(kept, monkeypatch, keep):
+    """A cluster's engines' feeds, records and workspace and a deployment's
+    pools' (its decode engines' shares of the requests and their records)
+    come from the kept arrays: each run on garbage equals its run with
+    nothing kept, metrics and records, and a result keeping its requests
+    holds arrays no later run takes."""
+    monkeypatch.setattr(arena, "LIMIT", 0)
+    fresh = [run(keep) for run in CONTINUOUS_RUNS]
+    monkeypatch.setattr(arena, "LIMIT", 1 << 30)
+    for _ in range(2):
+        for run, want in zip(CONTINUOUS_RUNS, fresh):
+            _poison()
+            got = run(keep)
+            _same(got, want)
+            _same_requests(got, want)
+    # (a deployment's pools keep the records its result reads, keep_requests or not)
+    assert {role for role, _, _ in arena._kept} >= {"cluster.feed.prompt", "cluster.ws.arrival", "prompt",
+                                                    "cluster.records.floats"}
+    held = [run(True) for run in CONTINUOUS_RUNS]
+    before = [{k: np.array(r.requests[k], copy=True) for k in r.requests.keys()} for r in held]
+    for run in CONTINUOUS_RUNS:
+        run(keep)
+        _poison()
+    for r, want in zip(held, before):
+        for k, v in want.items():
+            np.testing.assert_array_equal(r.requests[k], v, err_msg=k)

@@ -4,6 +4,8 @@ steady-state checks."""
 import math
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 import scipy.stats as st
 
 from mbbatch import stats
@@ -46,6 +48,57 @@ def test_batch_means_ci_covers_at_its_level():
                 (stats.batch_means_ci(g, g.mean()) for g in rng.normal(size=(trials, 32))))
     band = st.norm.ppf(1 - 0.0001 / 2) * math.sqrt(0.95 * 0.05 / trials)
     assert abs(cover / trials - 0.95) < band
+
+
+def _inverted_cdf(x, qs):
+    return np.quantile(x[~np.isnan(x)], qs, method="inverted_cdf")
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=hst.integers(1, 200_000), kind=hst.sampled_from(["iid", "sorted", "reversed", "ties", "nan", "walk"]),
+       seed=hst.integers(0, 2**32 - 1), qs=hst.lists(hst.floats(0.0, 1.0), min_size=1, max_size=4))
+def test_exact_quantiles_are_numpys_inverted_cdf(n, kind, seed, qs):
+    """Above SELECT_LEAST values by brackets (monkeypatched lower here: the
+    property holds at every size), else numpy's own: the same values, bit
+    for bit, at any quantiles, NaN left out, the input unchanged."""
+    rng = np.random.default_rng(seed)
+    x = rng.lognormal(0.0, 1.0, n)
+    if kind == "sorted":
+        x.sort()
+    elif kind == "reversed":
+        x = np.sort(x)[::-1].copy()
+    elif kind == "ties":
+        x = np.round(x, 1)
+    elif kind == "nan":
+        x[rng.random(n) < 0.3] = np.nan
+    elif kind == "walk":
+        x = np.cumsum(rng.normal(size=n))
+    before = x.copy()
+    qs = np.sort(np.asarray(qs))
+    if np.isnan(x).all():
+        return
+    least = stats.SELECT_LEAST
+    try:
+        stats.SELECT_LEAST = 1
+        got = stats.exact_quantiles(x, qs)
+    finally:
+        stats.SELECT_LEAST = least
+    np.testing.assert_array_equal(got, _inverted_cdf(x, qs))
+    np.testing.assert_array_equal(x, before)
+
+
+def test_exact_quantiles_select_on_the_whole_where_the_sample_misleads():
+    """A sample of every step-th value, all far above the rest: the brackets
+    miss the lower ranks, and the answer is numpy's on the whole array."""
+    n = 1 << 20
+    x = np.linspace(0.0, 1.0, n)
+    x[::n // stats.SELECT_SAMPLE] = 1e9
+    qs = np.array(stats.QUANTILES)
+    assert stats._bracketed_quantiles(x, qs) is None
+    np.testing.assert_array_equal(stats.exact_quantiles(x, qs), _inverted_cdf(x, qs))
+    # (and where it does not, the brackets answer: the same values)
+    y = np.random.default_rng(3).lognormal(size=n)
+    np.testing.assert_array_equal(stats._bracketed_quantiles(y, qs), _inverted_cdf(y, qs))
 
 
 def test_hist_quantiles_within_the_bucket_width():

@@ -1808,12 +1808,13 @@ def run(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.n
 
 
 def prepare(config, inputs: ContinuousInputs, streams: ContinuousStreams, stop: np.ndarray, *, control=None,
-            groups: int = 1, ts_rows: int = 2, lease=None):
+            groups: int = 1, ts_rows: int = 2, lease=None, records_lease=None):
     """:func:`run` with its engine started, its kernel not called yet: a
     function of no arguments that calls it and returns :func:`run`'s tuple
     (so that a caller makes the engine's arrays in its own thread and may
-    run the kernel on another)."""
-    engine = start(config, inputs, control=control, groups=groups, ts_rows=ts_rows, lease=lease)
+    run the kernel on another); ``records_lease``: as :func:`start`'s."""
+    engine = start(config, inputs, control=control, groups=groups, ts_rows=ts_rows, lease=lease,
+                   records_lease=records_lease)
 
     def go() -> tuple:
         code = advance(engine, streams, stop, np.inf)
@@ -1836,7 +1837,7 @@ def advance(engine: Engine, streams: ContinuousStreams, stop: np.ndarray, until:
 
 def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts_rows: int = 2,
           grouped: bool = False, longest: int | None = None, log: int = 0, lease=None,
-          handing: bool = False) -> Engine:
+          handing: bool = False, records_lease=None) -> Engine:
     """An :class:`Engine` ready for :func:`advance` (the arguments as
     :func:`run`'s); ``grouped``: each request's batch-means group is given
     in ``ws.group`` (a cluster's engine: its group among the cluster's
@@ -1847,7 +1848,10 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
     none); ``lease``: an :class:`.arena.Lease` the per-request arrays of
     :data:`UNSET` come from (default: fresh ones); ``handing``: the engine
     may hand its waiting requests back (a cluster's with engine events:
-    ``ws.origin`` and ``ws.handed`` sized to its requests, else empty)."""
+    ``ws.origin`` and ``ws.handed`` sized to its requests, else empty);
+    ``records_lease``: the :class:`.arena.Lease` its per-request records
+    come from (default: fresh ones; a caller that copies them out before
+    the lease closes: a pool's engine dealt its share of the requests)."""
     config = (config[0].copy(), config[1].copy())
     cfg = CONFIG.unpack(config)
     control = controls() if control is None else control
@@ -1865,7 +1869,13 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
                        ts=np.zeros((2 * (ts_rows // 2), TS_WIDTH)), size_hist=np.zeros(M + 1, np.int64), ctl=ctl,
                        bstats=np.zeros(BATCH_STATS.size), class_stats=np.zeros((classes, len(CLASS))),
                        class_hist=np.zeros((classes, 2, HIST_SIZE), np.int64))
-    requests = REQUESTS.records(n if cfg["keep"] else 0, fill=0)
+    if records_lease is None or not cfg["keep"]:
+        requests = REQUESTS.records(n if cfg["keep"] else 0, fill=0)
+    else:
+        requests = tuple(records_lease.empty(len(fields) * n, dtype, "records." + kind, shape=(len(fields), n))
+                         for kind, fields, dtype in (("ints", REQUESTS.ints, np.int64),
+                                                     ("floats", REQUESTS.floats, np.float64)))
+        requests[0][:] = 0
     if cfg["keep"]:
         requests[1][:] = np.nan
     # (the completion rounds' ring: longer than any output, so that the rounds pending, at most the

@@ -72,7 +72,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .common import ARRIVED, STOP, blocks, event_arrays, load_tuple, stage_step, step, variant
+from .common import ARRIVED, STOP, blocks, event_arrays, helper, load_tuple, stage_step, step, variant
 from .continuous import C_COST, DONE, ES, N_COST, STALLED, C, continuous_kernel, prefix_blocks, published
 from .driver import open_loop_driver
 from .layout import Layout
@@ -658,16 +658,30 @@ def _arrive_call(j, n, loop, hsize, rr_route, groups, rt, ca, eng, table, feeds,
     return e, rr_route, hsize
 
 
-def _stacked(one, engines: int, unset=()):
+@helper
+def gathered(where, local, rows, out):
+    """One field of the engines' records in the cluster's order: request
+    j's value, number ``local[j]`` of engine ``where[j]``, from that
+    engine's row (``rows``: each engine's, a tuple), into ``out[j]``.  One
+    pass in request order, reading each engine's row in its own order."""
+    for j in range(out.shape[0]):
+        out[j] = rows[where[j]][local[j]]
+
+
+def _stacked(one, engines: int, unset=(), empty=None):
     """The tuple (or namedtuple) of arrays ``one`` for ``engines`` engines:
     each array with a leading axis of engines, every row a copy of it but
     for the fields ``unset`` (left as ``np.empty`` leaves them: their pages
-    are touched only as the kernel writes them)."""
+    are touched only as the kernel writes them; made by ``empty(shape,
+    dtype, name)`` where given)."""
     fields = getattr(one, "_fields", ())
     out = []
     for j, a in enumerate(one):
         name = fields[j] if fields else None
-        s = np.empty((engines, *a.shape), a.dtype)
+        if name in unset and empty is not None:
+            s = empty((engines, *a.shape), a.dtype, "ws." + name)
+        else:
+            s = np.empty((engines, *a.shape), a.dtype)
         if name not in unset:
             s[...] = a
         out.append(s)
@@ -682,7 +696,7 @@ def run(config, times, prompt, output, prediction, edges, router, engines: int, 
 def prepare(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, *,
             control=None, programs=None, groups: int = 1, ts_rows: int = 2, klass=None, class_slo=None,
             class_tpot=None, prefixes=None, cache_routing=None, brought=None, pull=None, release=None,
-            events=None):
+            events=None, lease=None):
     """The run with its arrays made, its kernel not called yet: a function
     of no arguments that calls it (so that a caller makes the arrays in its
     own thread and may run the kernel on another).  The run simulates
@@ -705,7 +719,9 @@ def prepare(config, times, prompt, output, prediction, edges, router, engines: i
     the instant each frees its blocks if it completes before (None: at its
     completion; :mod:`.continuous`); ``events``
     the engine events, ``(time, engine, add)`` arrays in time order (None:
-    none; :func:`_engine_event`).
+    none; :func:`_engine_event`); ``lease``: the :class:`.arena.Lease` the
+    engines' per-request arrays come from (None: fresh ones; see
+    :class:`_Cluster`).
     It returns each engine's ``(outputs, records, code)`` (as
     :func:`.continuous.run`'s, its requests in the order they reached it),
     each request's engine and number there, the routing statistics
@@ -717,7 +733,7 @@ def prepare(config, times, prompt, output, prediction, edges, router, engines: i
     pull = np.empty(0) if pull is None else np.ascontiguousarray(pull, float)
     release = np.empty(0) if release is None else np.ascontiguousarray(release, float)
     c = _Cluster(config, output, edges, engines, stop, control, groups, ts_rows, klass.size, class_slo, class_tpot,
-                 prefixes, events=events, pulls=pull.size > 0, holds=release.size > 0)
+                 prefixes, events=events, pulls=pull.size > 0, holds=release.size > 0, lease=lease)
     if programs is None:
         program = new_tokens = np.empty(0)
         session_end = np.empty(0, np.int8)
@@ -752,10 +768,20 @@ class _Cluster:
     engine events (:func:`run`'s; None: none): with them the engines may
     hand requests back, and each keeps its requests' numbers (``ids``);
     ``pulls``: the engines' requests pull their KV caches (a decode pool's);
-    ``holds``: they hold their blocks past completion (a prefill pool's)."""
+    ``holds``: they hold their blocks past completion (a prefill pool's);
+    ``lease``: the :class:`.arena.Lease` the engines' per-request arrays
+    (their feeds, records and unset workspace) come from (None: fresh
+    ones).  Each engine's row of them has room for every request but is
+    written only as far as its requests reach, so a run on fresh arrays
+    maps fresh pages wherever the allocator put them (a result the caller
+    holds moves them); leased, the next run writes the pages this one did.
+    Each is counted as holding the bytes its rows' requests take
+    (:meth:`.arena.Lease.charge`, at :meth:`runs`).  The records leased are
+    the caller's to copy out before the lease closes."""
 
     def __init__(self, config, output, edges, engines, stop, control, groups, ts_rows, classes, class_slo,
-                 class_tpot, prefixes, log: int = 0, events=None, pulls: bool = False, holds: bool = False):
+                 class_tpot, prefixes, log: int = 0, events=None, pulls: bool = False, holds: bool = False,
+                 lease=None):
         from .common import ARR_REPLAY, check_stop
 
         check_stop(stop)
@@ -782,9 +808,10 @@ class _Cluster:
         given = {"klass": room if classes else 0, "chain": int(self.chain.size > 0) * room,
                  "shared": int(self.shared.size > 0) * room, "pull": room if pulls else 0,
                  "release": room if holds else 0}
+        self.lease, self._leased = lease, []
         # (unset: _route writes an engine's k-th row as its k-th request reaches it, before the engine reads it; a
         # row's pages are touched only as it is written)
-        self.feeds = Feed(*(np.empty((engines, given.get(f, room))) for f in Feed._fields))
+        self.feeds = Feed(*(self._empty((engines, given.get(f, room)), np.float64, "feed." + f) for f in Feed._fields))
         # (the template engine keeps no records: the engines' start unset, each row started as its request is
         # routed, fresh_record)
         one = _k.start(_k.CONFIG.pack(**{**replay, "keep": 0, "n": room}),
@@ -801,10 +828,10 @@ class _Cluster:
         self.config, self.out = _stacked(config, engines), _stacked(one.out, engines)
         m = room if self.keep else 0
         # (unset: fresh_record starts each row as its request is routed)
-        self.requests = (np.empty((engines, len(_k.REQUESTS.ints), m), np.int64),
-                         np.empty((engines, len(_k.REQUESTS.floats), m)))
+        self.requests = (self._empty((engines, len(_k.REQUESTS.ints), m), np.int64, "records.ints"),
+                         self._empty((engines, len(_k.REQUESTS.floats), m), np.float64, "records.floats"))
         self.control = one.control
-        self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",))
+        self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",), self._empty)
         self.eng = np.zeros((_r.ENGINES.size, engines), np.int64)
         self.eng[_r.ENGINES.index.registered] = 1
         self.counts = np.zeros(engines, np.int64)
@@ -813,11 +840,25 @@ class _Cluster:
         self.routed = ROUTED.zeros()
         self.ids = np.empty((engines, room if handing else 0), np.int64)
 
+    def _empty(self, shape: tuple, dtype, role: str) -> np.ndarray:
+        """An unset array of ``shape`` (a leading axis of engines), from the
+        lease where there is one."""
+        if self.lease is None:
+            return np.empty(shape, dtype)
+        a = self.lease.empty(int(np.prod(shape)), dtype, "cluster." + role, shape=shape)
+        self._leased.append(a)
+        return a
+
     def runs(self, code) -> tuple:
         """Each engine's ``(outputs, records, code)``, each request's engine
         and number there.  An engine that handed requests back kept their
         numbers: its requests are renumbered, those it handed back left out
         (a request's number is its place among its engine's records)."""
+        for a in self._leased:
+            # (each engine's row written about as far as its share of the room, a page more in each of its
+            # fields: the bytes charged)
+            row, fields, room = a[0].nbytes, int(np.prod(a.shape[1:-1])), max(self.room, 1)
+            self.lease.charge(a, sum(min(row, -(-row * int(c) // room) + 4096 * fields) for c in self.counts))
         runs = []
         for e, c in enumerate(self.counts):
             live = None

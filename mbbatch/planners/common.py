@@ -140,8 +140,7 @@ def quantiles(hist, latency) -> np.ndarray:
     smallest latency with a share q of the requests at or below it), so the
     two differ by at most the histogram's half bucket."""
     if latency is not None:
-        # (the mask's copy is ours: partitioned in place, not copied again)
-        return np.quantile(latency[~np.isnan(latency)], stats.QUANTILES, method="inverted_cdf", overwrite_input=True)
+        return stats.exact_quantiles(latency, stats.QUANTILES)
     return stats.hist_quantiles(hist, stats.QUANTILES, _common.HIST_BASE, _common.HIST_SHIFT)
 
 

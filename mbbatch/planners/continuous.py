@@ -412,20 +412,28 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
         part = slice(e, n, c)
         m = len(range(e, n, c))
         cfg_e = _k.CONFIG.pack(**{**cfg, "n": m, "arrival_kind": _common.ARR_REPLAY, "rate": 0.0})
-        # (a decode pool's prompts come prefilled: the engine reads its prompts as its cached tokens too, both
-        # read-only)
-        mine = prompt[part].copy()
-        inputs = _k.INPUTS.pack(arrival_times=times[part].copy(), arrival_params=np.zeros(1),
-                                arrival_ends=arr["arrival_ends"], prompt=mine,
-                                output=output[part].copy(), prediction=prediction[part].copy(),
-                                edges=plan.edges, cached=mine if plan.prefilled else np.empty(0),
-                                pull=plan.pull[part].copy() if plan.pull is not None else np.empty(0),
-                                release=plan.release[part].copy() if plan.release is not None else np.empty(0),
-                                klass=_classes(klass)[part].copy() if klass is not None else np.empty(0),
-                                class_slo=plan.class_slo, class_tpot=plan.class_tpot,
-                                **{k: v if k == "grows" else v[part].copy() for k, v in prefixes.items()})
+        # (the engine's share of the requests and its records leased: the caller copies its records out, _merged,
+        # before the lease closes)
         with Lease() as lease:
-            yield timed(lambda: _k.prepare(cfg_e, inputs, streams, stop, lease=lease, **kw), m)
+            def share(a, role):
+                out = lease.empty(m, a.dtype, role)
+                out[:] = a[part]
+                return out
+
+            # (a decode pool's prompts come prefilled: the engine reads its prompts as its cached tokens too,
+            # both read-only)
+            mine = share(prompt, "prompt")
+            inputs = _k.INPUTS.pack(arrival_times=share(times, "arrival_times"), arrival_params=np.zeros(1),
+                                    arrival_ends=arr["arrival_ends"], prompt=mine, output=share(output, "output"),
+                                    prediction=share(prediction, "prediction"), edges=plan.edges,
+                                    cached=mine if plan.prefilled else np.empty(0),
+                                    pull=share(plan.pull, "pull") if plan.pull is not None else np.empty(0),
+                                    release=share(plan.release, "release") if plan.release is not None
+                                    else np.empty(0),
+                                    klass=share(_classes(klass), "klass") if klass is not None else np.empty(0),
+                                    class_slo=plan.class_slo, class_tpot=plan.class_tpot,
+                                    **{k: v if k == "grows" else share(v, k) for k, v in prefixes.items()})
+            yield timed(lambda: _k.prepare(cfg_e, inputs, streams, stop, lease=lease, records_lease=lease, **kw), m)
 
 
 def _check_codes(runs) -> None:
@@ -433,7 +441,7 @@ def _check_codes(runs) -> None:
         raise RuntimeError("mbbatch: the continuous-batching engine stalled with work waiting; please report this")
 
 
-def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None) -> tuple:
+def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None, lease=None) -> tuple:
     """Run a cluster's engines behind its router
     (:func:`mbbatch._kernels.continuous_cluster.run`) on its requests (its
     programs' calls, or requests of its own).  Returns the requests'
@@ -443,7 +451,10 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None)
     programs their program and new tokens) and the kernel seconds.
     ``drawn``: the requests' ``(prompt, output)`` as the run draws them
     (the prompt and output streams), drawn already by a deployment's check
-    (None: drawn here; never given with programs)."""
+    (None: drawn here; never given with programs); ``lease``: the
+    :class:`~mbbatch._kernels.arena.Lease` an open loop's engines' arrays
+    come from (None: fresh; their records the caller's to copy out before
+    it closes)."""
     sources = call_streams(ss)
     arrivals = sources.arrival
     times, prompt, output, programs = plan.cluster.calls(plan, sources)
@@ -481,7 +492,7 @@ def _cluster(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn=None)
         go = _cc.prepare(config, times, prompt, output, prediction, plan.edges, plan.cluster.router, plan.engines,
                          streams, stop, programs=programs, klass=klass, class_slo=plan.class_slo,
                          class_tpot=plan.class_tpot, brought=prompt if plan.prefilled else None, pull=plan.pull,
-                         release=plan.release, **cluster)
+                         release=plan.release, lease=lease, **cluster)
         runs, where, local, routed, _ = interruptible(go, stop, plan.n if progress else None)
     kernel_seconds = time.perf_counter() - t0
     _check_codes(runs)
@@ -537,15 +548,8 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     # (a deployment's pool merges only the columns its driver reads)
     wanted = plan.stage_records or _k.REQUESTS.ints + _k.REQUESTS.floats
     n = plan.n
-    if req is not None and placed is not None:
-        # (each engine's requests in the cluster's order: an engine numbers its requests as they reach it, so
-        # engine e's record k is request mine[e][k]; request j is put at its engine's start plus its number
-        # there, a scatter where a stable sort by engine took ten times as long)
-        where, local = placed
-        counts = np.bincount(where, minlength=c)
-        ends = np.cumsum(counts)
-        by_engine = np.empty(where.size, np.int64)
-        by_engine[(ends - counts)[where] + local] = np.arange(where.size)
+    # (with ``placed``, each field's rows of the engines, gathered in the cluster's order once all are read)
+    rows = {}
     for e, (out, r, _) in enumerate(runs):
         s = _k.STATS.unpack((out.ints, out.floats))
         stats_.append(s)
@@ -560,10 +564,14 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
                 for k, v in r.items():
                     req.setdefault(k, np.empty(n, v.dtype))[e::c] = v
             else:
-                mine = by_engine[(ends[e - 1] if e else 0):ends[e]]
                 for k, v in r.items():
-                    req.setdefault(k, np.empty(n, v.dtype))[mine] = v[:mine.size]
+                    rows.setdefault(k, []).append(v)
         del out, r          # (not held while the next engine runs)
+    for k, row in rows.items():
+        # (request j is number local[j] of engine where[j]: an engine numbers its requests as they reach it)
+        req[k] = np.empty(n, row[0].dtype)
+        _cc.gathered(*placed, tuple(row), req[k])
+    del rows
     # (an engine given no request has no first arrival)
     st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_ if not math.isnan(s[k]))
           for k in stats_[0]}
@@ -651,9 +659,14 @@ def _run(plan: Plan, ss: np.random.SeedSequence, warn: bool, progress: bool, ran
                 prompt = output = prediction = klass = None
         kernel_seconds = sum(seconds)
     else:
-        (prompt, output, prediction, klass), runs, placed, routed, columns, kernel_seconds = _cluster(plan, ss,
-                                                                                                     progress, drawn)
-        st, out, req, ts, queue = _merged(plan, runs, placed)
+        # (the engines' arrays leased, their records copied out by _merged; one engine's records are the result's
+        # own: none kept then)
+        with Lease(keep=plan.engines > 1 or not plan.keep_requests) as lease:
+            (prompt, output, prediction, klass), runs, placed, routed, columns, kernel_seconds = _cluster(
+                plan, ss, progress, drawn, lease)
+            st, out, req, ts, queue = _merged(plan, runs, placed)
+            # (the engines' records, read: none held past the lease)
+            runs = [(o, None, code) for o, _, code in runs]
     if klass is not None and plan.keep_requests:
         columns = {**columns, "request_class": klass.astype(np.int64)}
     completed, iters = st["completed"], st["iterations"]
