@@ -282,6 +282,53 @@ def test_one_engine_is_the_engine_request_by_request():
             np.testing.assert_array_equal(req[k], req2[k], err_msg=k)
 
 
+def test_the_lean_driver_is_the_full_one_bit_for_bit(monkeypatch):
+    """Over 20 random configurations of 2 to 4 engines, the cluster whose
+    hot resumes are the lean engine's (:data:`cc.cluster_kernel_lean`,
+    where :func:`cc.lean_engines` says none of the full kernel's features
+    is needed) equals the full driver's: every record, statistic,
+    histogram, group and time-series row, each request's engine."""
+    rng = np.random.default_rng(21)
+    lean = 0
+    for _ in range(20):
+        (arr, p, o, pred), kw = _config(rng)
+        engines = int(rng.integers(2, 5))
+        router = ["round_robin", "least_used"][int(rng.integers(2))]
+        got = _cluster(arr, p, o, pred, engines, router, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(cc, "cluster_kernel_lean", cc.cluster_kernel)
+            want = _cluster(arr, p, o, pred, engines, router, **kw)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[2], want[2])
+        assert got[3] == want[3] and got[4] == want[4] == ck.DONE
+        for (out, req, _), (out2, req2, _) in zip(got[0], want[0]):
+            for f in ("ints", "floats", "hist", "hist_ttft", "hist_tbt", "group_latency", "group_count", "ts",
+                      "size_hist"):
+                np.testing.assert_array_equal(getattr(out, f), getattr(out2, f), err_msg=f)
+            for k in req:
+                np.testing.assert_array_equal(req[k], req2[k], err_msg=k)
+        lean += kw["admission"] in ("fcfs", "spf", "multibin")
+    assert lean >= 5        # (the lean driver ran)
+
+
+def test_the_lean_driver_only_where_no_feature_of_the_full_kernel_is_needed():
+    cfg = ck.CONFIG.pack(n=4, arrival_kind=ARR_REPLAY, max_num_seqs=2, max_batched_tokens=64, chunked=1, blocks=8,
+                         block_size=4, admission=ck.ADMISSIONS["fcfs"], bins=1, keep=1, controlled=0, memory_on=0,
+                         rate=0.0, until=np.inf, **_fields(COEF))
+    one = ck.INPUTS.pack(arrival_times=np.zeros(4), arrival_params=np.zeros(1), arrival_ends=np.full(1, np.inf),
+                         prompt=np.ones(4), output=np.ones(4), prediction=np.ones(4), edges=np.empty(0),
+                         cached=np.empty(0), klass=np.empty(0), class_slo=np.full(1, np.inf),
+                         class_tpot=np.full(1, np.inf))
+    none = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int8))
+    assert cc.lean_engines(cfg, one, none)
+    assert not cc.lean_engines(cfg, one, (np.ones(1), np.zeros(1, np.int64), np.ones(1, np.int8)))
+    assert not cc.lean_engines(cfg, one._replace(pull=np.ones(4)), none)
+    assert not cc.lean_engines(cfg, one._replace(klass=np.zeros(4)), none)
+    edf = (cfg[0].copy(), cfg[1])
+    edf[0][ck.C.admission] = ck.ADMISSIONS["edf"]
+    assert not cc.lean_engines(edf, one, none)
+
+
 @pytest.mark.parametrize("router", ["round_robin", "least_used", "autellix"])
 def test_the_cluster_is_the_plain_python_cluster_request_by_request(router):
     """Over 12 random configurations per router (2 to 4 engines; Autellix
