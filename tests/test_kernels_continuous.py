@@ -384,6 +384,30 @@ def test_requests_bringing_their_prompts_kv_cache_are_the_reference_engines(seed
         assert st["prefill_tokens"] == int((p - cached).sum()) + st["recomputed"]
 
 
+def test_the_decode_kernel_is_the_full_one_bit_for_bit(monkeypatch):
+    """Over 30 random runs of requests pulling their KV caches that need
+    nothing else of the full kernel's, :data:`ck.decode_kernel` (the lean
+    kernel with the pulls: :func:`ck.kernel_of` picks it) writes every
+    statistic, histogram, group, time-series row and record the full
+    kernel writes."""
+    rng = np.random.default_rng(77)
+    ran = 0
+    for _ in range(30):
+        (arr, p, o, pred), kw = _config(rng)
+        pull = np.where(rng.random(len(p)) < 0.85, rng.exponential(float(rng.choice([1e-3, 0.1])), len(p)), 0.0)
+        got = _kernel(arr, p, o, pred, cached=p, pull=pull, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(ck, "decode_kernel", ck.continuous_kernel)
+            want = _kernel(arr, p, o, pred, cached=p, pull=pull, **kw)
+        assert got[2] == want[2] == ck.DONE
+        for f in got[0]._fields:
+            np.testing.assert_array_equal(getattr(got[0], f), getattr(want[0], f), err_msg=f)
+        for k in want[1]:
+            np.testing.assert_array_equal(got[1][k], want[1][k], err_msg=k)
+        ran += kw["admission"] in ("fcfs", "spf", "multibin")
+    assert ran >= 10        # (the decode kernel ran)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_requests_pulling_their_kv_cache_are_the_reference_engines(seed):
     """A disaggregated deployment's decode pool: each request bringing its

@@ -208,6 +208,9 @@ UNLIMITED = 1 << 62
 #: admission orders' token accounting in the kernel (False in :data:`lean_kernel`, the same code compiled without
 #: them)
 FULL = True
+#: compile-time: the decode pool's KV caches pulled (:func:`_pull_heads`, :func:`_land`) in the kernel (the full
+#: kernel's, and :data:`decode_kernel`'s: the lean kernel with them; False in :data:`lean_kernel`)
+PULLS = True
 #: compile-time: the admission order's code of a kernel compiled for one order (:data:`order_kernels`); -1: the
 #: run's, read from its configuration
 ADMISSION = -1
@@ -1103,7 +1106,7 @@ def _admit(adm, q, par, rounds, waiting, nstack, budget, cap, chunked, running, 
         from_stack = nstack > 0
         if r < 0:
             break
-        if FULL and _pulls(r, nstack, inputs):
+        if PULLS and _pulls(r, nstack, inputs):
             break
         g0, lt = _resumes(adm, par, nstack, r, ws)
         again = from_stack or g0 > 0
@@ -1156,7 +1159,7 @@ def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running
         # counted under callgrind)
         r, _ = _waiting_head(adm, q, par, waiting, nstack, ws, inputs, rounds)
         if r >= 0 and _need(r, np.int64(inputs.prompt[r]) + _resumes(adm, par, nstack, r, ws)[0], bs, sh, par, ws,
-                            inputs)[0] <= free and not (FULL and _pulls(r, nstack, inputs)):
+                            inputs)[0] <= free and not (PULLS and _pulls(r, nstack, inputs)):
             prefill_phase = True
     n_d = 0
     ctx = 0
@@ -1176,7 +1179,7 @@ def _schedule(scheduling, chunked, cap, B, adm, q, par, waiting, nstack, running
     nc = 0
     ptok = 0
     # (without chunked prefill the queue holds only the pulls landed: a prefill completes in its iteration)
-    if scheduling and (chunked or (FULL and pq_n > 0)):
+    if scheduling and (chunked or (PULLS and pq_n > 0)):
         nc, budget, ptok = _continue_prefills(pq_h, pq_n, budget, ws)
     if (chunked and scheduling) or prefill_phase:
         q, waiting, nstack, budget, running, free, slots, pq_n, nc, ptok = _admit(
@@ -1639,7 +1642,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
             stop[ARRIVED] = i
         i, q, waiting, system_time = _join_arrivals(i, n, now, adm, q, par, rounds, waiting, system_time, ws, inputs,
                                                     keep, r_f)
-        if FULL and si[ES.npull] > 0:
+        if PULLS and si[ES.npull] > 0:
             slots, pq_n = _land(now, slots, pq_h, pq_n, ws)
         if FULL and si[ES.nheld] > 0:
             free = _unhold(now, free, ws)
@@ -1666,7 +1669,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
         scheduling = not FULL or block_left == 0
         if not scheduling:
             block_left -= 1
-        if FULL and scheduling and inputs.pull.shape[0] > 0:
+        if PULLS and scheduling and inputs.pull.shape[0] > 0:
             q, waiting, running, free, slots = _pull_heads(adm, q, par, rounds, waiting, nstack, cap, running, free,
                                                            slots, now, bs, sh, ws, inputs, keep, r_f)
         n_d, ctx, nc, ptok, q, waiting, nstack, running, free, slots, n_dec, s0, n_main, pq_n = _schedule(
@@ -1678,7 +1681,7 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
                 block_left = 0
                 iterations -= 1
                 continue
-            if FULL and (si[ES.npull] > 0 or si[ES.held] > 0):
+            if (PULLS and si[ES.npull] > 0) or (FULL and si[ES.held] > 0):
                 # (nothing runs but pulls, or what waits does not fit the blocks held: the engine waits for the
                 # first pull to land or blocks to be released, or an arrival before; past the instant it runs
                 # to, it pauses there, saying when it wakes)
@@ -1742,34 +1745,41 @@ def continuous_kernel(config, control, inputs, streams, out, requests, ws, stop)
 
 #: :func:`continuous_kernel` without multi-step scheduling, the prefill's attention term, the classes' statistics
 #: or the orders' token accounting (:data:`FULL` off)
-lean_kernel = variant(kernel, continuous_kernel, "continuous_kernel_lean", FULL=False)
+lean_kernel = variant(kernel, continuous_kernel, "continuous_kernel_lean", FULL=False, PULLS=False)
+#: :data:`lean_kernel` with the KV caches pulled (:data:`PULLS`): a decode pool's engines, which need nothing
+#: else of the full kernel's
+decode_kernel = variant(kernel, continuous_kernel, "continuous_kernel_decode", FULL=False)
 #: :func:`continuous_kernel` for each order of the full kernel only (:data:`.admission.FULL_ONLY`), by its code:
 #: the order's code the constant :data:`ADMISSION`, the chains of :mod:`.admission` folded to its steps
 order_kernels = {code: variant(kernel, continuous_kernel, f"continuous_kernel_{name}", ADMISSION=code)
                  for name, code in ADMISSIONS.items() if admission.FULL_ONLY[code]}
 
 
-def uses_full(config, inputs) -> bool:
+def uses_full(config, inputs, pulls: bool = True) -> bool:
     """Whether a run (its ``config`` and ``inputs``) needs
     :func:`continuous_kernel`'s features: multi-step scheduling, the
     prefill's attention, request classes (their statistics), an admission
     order of the full kernel only (:data:`.admission.FULL_ONLY`: earliest
     deadline first, fair sharing),
     goodput (objectives whose attainment it counts), prefix caching, KV
-    caches pulled or blocks held past completion; else :data:`lean_kernel` runs it."""
+    caches pulled (unless ``pulls`` is False: :data:`decode_kernel` has
+    them) or blocks held past completion; else :data:`lean_kernel` runs it."""
     ci, cf = config
     return bool(ci[C.scheduler_steps] > 1 or cf[C_COST + PREFILL_ATTENTION] > 0.0 or inputs.klass.shape[0] > 0
                 or admission.FULL_ONLY[ci[C.admission]] or ci[C.goodput] != 0 or inputs.chain.shape[0] > 0
-                or inputs.pull.shape[0] > 0 or inputs.release.shape[0] > 0)
+                or (pulls and inputs.pull.shape[0] > 0) or inputs.release.shape[0] > 0)
 
 
 def kernel_of(config, inputs):
     """The kernel that runs a run (its ``config`` and ``inputs``):
     :data:`lean_kernel` where it needs none of the full kernel's features
-    (:func:`uses_full`), else its admission order's own
-    (:data:`order_kernels`) or :func:`continuous_kernel`."""
+    (:func:`uses_full`), :data:`decode_kernel` where it needs only the KV
+    caches pulled, else its admission order's own (:data:`order_kernels`)
+    or :func:`continuous_kernel`."""
     if not uses_full(config, inputs):
         return lean_kernel
+    if not uses_full(config, inputs, pulls=False):
+        return decode_kernel
     return order_kernels.get(int(config[0][C.admission]), continuous_kernel)
 
 
@@ -1932,12 +1942,12 @@ def start(config, inputs: ContinuousInputs, *, control=None, groups: int = 1, ts
 
 def warmup(variants=("full", "lean")) -> None:
     """Compile the kernel's ``variants`` (``"full"``: :func:`continuous_kernel`,
-    ``"lean"``: :data:`lean_kernel`, an order's name: its kernel of
+    ``"lean"``: :data:`lean_kernel`, ``"decode"``: :data:`decode_kernel`, an order's name: its kernel of
     :data:`order_kernels`; or load them from the cache), on a tiny input.
     ``mb.warmup()`` leaves them out (about 27 s of CPU cold each): a
     process's first continuous-batching run compiles the one it uses, and
     the disk cache keeps it."""
-    known = ("full", "lean", *(name for name, code in ADMISSIONS.items() if code in order_kernels))
+    known = ("full", "lean", "decode", *(name for name, code in ADMISSIONS.items() if code in order_kernels))
     unknown = sorted(set(variants) - set(known))
     if unknown:
         raise ValueError(f"warmup: no variant {unknown}; the variants are {', '.join(known)}")
@@ -1958,7 +1968,8 @@ def warmup(variants=("full", "lean")) -> None:
     lean[0][C.goodput] = 0
     lean[1][C_COST + PREFILL_ATTENTION] = 0.0
     one_class = INPUTS.pack(**{**inputs._asdict(), "klass": np.empty(0)})
-    runs = [("full", full, inputs), ("lean", lean, one_class)]
+    runs = [("full", full, inputs), ("lean", lean, one_class),
+            ("decode", lean, INPUTS.pack(**{**one_class._asdict(), "cached": x, "pull": np.full(4, 1e-3)}))]
     for name in variants:
         if name in ADMISSIONS:
             order = (full[0].copy(), full[1].copy())

@@ -180,7 +180,8 @@ _advance_called = variant(step, _advance, "_advance_called", _inlined_engine=con
 #: and :func:`_advance` resuming it: a cluster's hot resumes where its engines need none of them
 #: (:func:`lean_engines`).  Its code is smaller, and a resume, which loads and stores the engine's scalars
 #: around it, about a sixth cheaper in a prefill pool's kernel
-_inlined_lean_engine = variant(step, continuous_kernel, "inlined_lean_engine", FULL=False, PUBLISH=False)
+_inlined_lean_engine = variant(step, continuous_kernel, "inlined_lean_engine", FULL=False, PULLS=False,
+                               PUBLISH=False)
 _advance_lean = variant(step, _advance, "_advance_lean", _inlined_engine=_inlined_lean_engine)
 
 
