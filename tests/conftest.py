@@ -32,7 +32,10 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 def _warm_cluster(engine):
     """A tiny run of a cluster of two ``engine`` (its driver's specialization
     compiled), and of continuous engines with closed-loop programs (their
-    driver: about 10 s more, once)."""
+    driver: about 10 s more, once) and with multi-step scheduling (the
+    driver resuming the full kernel; ``engine``'s resumes the lean one)."""
+    import dataclasses
+
     import scipy.stats as st
 
     import mbbatch as mb
@@ -40,6 +43,8 @@ def _warm_cluster(engine):
     wl = mb.Workload(prompt=st.uniform(1, 50), output=st.uniform(1, 50))
     mb.simulate(mb.Cluster(engine, engines=2), arrivals=mb.Poisson(1.0), workload=wl, n=50, seed=0)
     if engine.resumable:
+        mb.simulate(mb.Cluster(dataclasses.replace(engine, num_scheduler_steps=2), engines=2),
+                    arrivals=mb.Poisson(1.0), workload=wl, n=50, seed=0)
         mb.simulate(mb.Cluster(engine, engines=2, programs=mb.Programs(calls=2, closed=True)),
                     arrivals=mb.Poisson(1.0), workload=wl, n=50, seed=0)
 
@@ -55,6 +60,7 @@ def _warm_groups() -> dict:
     return {"warmup": mb.warmup,                                                         # ~30 s
             "continuous_full": lambda: continuous.warmup(("full",)),                   # ~30 s
             "continuous_lean": lambda: continuous.warmup(("lean",)),                   # ~30 s
+            "continuous_decode": lambda: continuous.warmup(("decode",)),               # ~30 s
             **{f"continuous_{name}": functools.partial(continuous.warmup, (name,))     # ~30 s each
                for name in ("edf", "vtc", "mlfq")},
             "cluster_continuous": lambda: _warm_cluster(mb.ContinuousBatching(max_num_seqs=8)),  # ~25 s after full
@@ -64,9 +70,9 @@ def _warm_groups() -> dict:
 #: the order two workers take the groups in (each compiles a half; a group it reaches second it waits for,
 #: then loads from the cache; a group another depends on comes after it in both orders)
 _WARM_ORDERS = (("warmup", "continuous_full", "cluster_continuous", "continuous_edf", "continuous_lean",
-                 "continuous_vtc", "continuous_mlfq", "cluster_tokens"),
-                ("continuous_lean", "continuous_vtc", "continuous_mlfq", "warmup", "cluster_tokens",
-                 "continuous_full", "cluster_continuous", "continuous_edf"))
+                 "continuous_vtc", "continuous_mlfq", "continuous_decode", "cluster_tokens"),
+                ("continuous_lean", "continuous_vtc", "continuous_decode", "continuous_mlfq", "warmup",
+                 "cluster_tokens", "continuous_full", "cluster_continuous", "continuous_edf"))
 
 
 @pytest.fixture(scope="session", autouse=True)

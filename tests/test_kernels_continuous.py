@@ -697,7 +697,7 @@ def test_an_orders_own_kernel_is_the_full_kernel(order):
 
 
 def test_warmup_refuses_an_unknown_variant():
-    with pytest.raises(ValueError, match="no variant.*the variants are full, lean, edf, vtc, mlfq"):
+    with pytest.raises(ValueError, match="no variant.*the variants are full, lean, decode, edf, vtc, mlfq"):
         ck.warmup(("fast",))
 
 
