@@ -632,3 +632,24 @@ def test_theory_functions_still_broadcast_arrays():
     assert mb.theory.throughput([16, 128], 1.0, 20.0, np.int64(4)).shape == (2,)
     with pytest.raises(TypeError, match="^B must be"):
         mb.theory.throughput([16, True], 1.0, 20.0, 4)
+
+
+@given(values=hnp.arrays(np.float64, hs.integers(1, 40),
+                         elements=hs.sampled_from([0.0, 1.0, 5.0, 10.0, 20.0, -1.0, math.inf, -math.inf, math.nan])),
+       closed=hs.booleans(), or_inf=hs.booleans())
+def test_a_real_array_is_refused_at_its_first_value_outside_the_domain(values, closed, or_inf):
+    """The arrays test read off their least and greatest values first
+    (:func:`mbbatch._validation._all_inside`) refuse what the elementwise
+    test refuses, naming the first value outside, and take the rest whole."""
+    from mbbatch._validation import check_real_array
+
+    domain = Domain(0.0, 10.0, lo_closed=closed, hi_closed=closed, or_inf=or_inf)
+    bad = ~domain.contains(values)
+    if bad.any():
+        i = int(np.argmax(bad))
+        with pytest.raises(ValueError, match=re.escape(f"x[{i}] = ")):
+            check_real_array("x", values, domain)
+    else:
+        got = check_real_array("x", values, domain)
+        np.testing.assert_array_equal(got, values)
+        assert got is not values

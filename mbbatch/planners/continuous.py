@@ -422,10 +422,12 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
 
             # (a decode pool's prompts come prefilled: the engine reads its prompts as its cached tokens too,
             # both read-only)
-            mine = share(prompt, "prompt")
+            # (an oracle's predictions are the outputs: one share of both)
+            mine, theirs = share(prompt, "prompt"), share(output, "output")
             inputs = _k.INPUTS.pack(arrival_times=share(times, "arrival_times"), arrival_params=np.zeros(1),
-                                    arrival_ends=arr["arrival_ends"], prompt=mine, output=share(output, "output"),
-                                    prediction=share(prediction, "prediction"), edges=plan.edges,
+                                    arrival_ends=arr["arrival_ends"], prompt=mine, output=theirs,
+                                    prediction=theirs if prediction is output else share(prediction, "prediction"),
+                                    edges=plan.edges,
                                     cached=mine if plan.prefilled else np.empty(0),
                                     pull=share(plan.pull, "pull") if plan.pull is not None else np.empty(0),
                                     release=share(plan.release, "release") if plan.release is not None
