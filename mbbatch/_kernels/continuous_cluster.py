@@ -694,17 +694,17 @@ def gathered(where, local, rows, out):
         out[j] = rows[where[j]][local[j]]
 
 
-def _stacked(one, engines: int, unset=(), empty=None):
+def _stacked(one, engines: int, unset=(), empty=None, leased=()):
     """The tuple (or namedtuple) of arrays ``one`` for ``engines`` engines:
     each array with a leading axis of engines, every row a copy of it but
     for the fields ``unset`` (left as ``np.empty`` leaves them: their pages
-    are touched only as the kernel writes them; made by ``empty(shape,
-    dtype, name)`` where given)."""
+    are touched only as the kernel writes them; those of them ``leased``
+    made by ``empty(shape, dtype, name)``)."""
     fields = getattr(one, "_fields", ())
     out = []
     for j, a in enumerate(one):
         name = fields[j] if fields else None
-        if name in unset and empty is not None:
+        if name in unset and name in leased:
             s = empty((engines, *a.shape), a.dtype, "ws." + name)
         else:
             s = np.empty((engines, *a.shape), a.dtype)
@@ -858,7 +858,8 @@ class _Cluster:
         self.requests = (self._empty((engines, len(_k.REQUESTS.ints), m), np.int64, "records.ints"),
                          self._empty((engines, len(_k.REQUESTS.floats), m), np.float64, "records.floats"))
         self.control = one.control
-        self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",), self._empty)
+        # (the per-request arrays leased: each engine's row of them written as far as its requests reach)
+        self.ws = _stacked(one.ws, engines, _k.UNSET + ("done_log",), self._empty, _k.UNSET)
         self.eng = np.zeros((_r.ENGINES.size, engines), np.int64)
         self.eng[_r.ENGINES.index.registered] = 1
         self.counts = np.zeros(engines, np.int64)
