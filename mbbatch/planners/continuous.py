@@ -421,8 +421,7 @@ def _engines(plan: Plan, ss: np.random.SeedSequence, prompt, output, prediction,
                 return out
 
             # (a decode pool's prompts come prefilled: the engine reads its prompts as its cached tokens too,
-            # both read-only)
-            # (an oracle's predictions are the outputs: one share of both)
+            # both read-only; an oracle's predictions are the outputs: one share of both)
             mine, theirs = share(prompt, "prompt"), share(output, "output")
             inputs = _k.INPUTS.pack(arrival_times=share(times, "arrival_times"), arrival_params=np.zeros(1),
                                     arrival_ends=arr["arrival_ends"], prompt=mine, output=theirs,
