@@ -732,3 +732,25 @@ def test_engine_events_in_a_closed_loop_are_the_plain_python_cluster(router):
             np.testing.assert_array_equal(req["preemptions"], w["preempted"][kept[e]])
         moved += moved_ref
     assert moved >= 3           # (engines left with calls waiting)
+
+
+def test_the_engines_records_are_gathered_from_one_array():
+    """A cluster's engines' records are rows of one array:
+    :func:`cc.stacked_rows` reads each field's rows as one read-only view
+    of it (no copy); rows of separate arrays it copies into one, the
+    shorter padded.  Either way :func:`cc.gathered` puts request j's
+    value, number ``local[j]`` of engine ``where[j]``, at ``out[j]``."""
+    rng = np.random.default_rng(5)
+    (arr, p, o, pred), kw = _config(rng)
+    runs, where, local, _, code = _cluster(arr, p, o, pred, 3, "least_used", **kw)
+    assert code == ck.DONE and np.unique(where).size == 3
+    for k, first in runs[0][1].items():
+        row = [r[k] for _, r, _ in runs]
+        for st, view in ((cc.stacked_rows(row), True), (cc.stacked_rows([r.copy() for r in row]), False)):
+            assert st.shape == (3, max(r.size for r in row)) and np.shares_memory(st, first) == view
+            assert not (view and st.flags.writeable)
+            for e, r in enumerate(row):
+                np.testing.assert_array_equal(st[e, :r.size], r)
+            out = np.empty(len(arr), first.dtype)
+            cc.gathered(where, local, st, out)
+            np.testing.assert_array_equal(out, [row[e][j] for e, j in zip(where, local)], err_msg=k)

@@ -1,5 +1,7 @@
 """Order statistics of a large array in about one pass (a run's exact
-latency quantiles, :func:`mbbatch.stats.exact_quantiles`).
+latency quantiles, :func:`mbbatch.stats.exact_quantiles`), and the order of
+a nearly sorted one (:func:`stable_order`: a decode stage's requests by
+their first tokens, :func:`mbbatch.planners.common.decode_stage_requests`).
 
 Each rank wanted is bracketed by two values read off a sorted sample of
 the array; one pass counts the values below each bracket and keeps those
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from .common import helper
 
-__all__ = ["bracketed"]
+__all__ = ["bracketed", "stable_order"]
 
 
 @helper
@@ -40,4 +42,32 @@ def bracketed(x, lo, hi, below, kept, size):
             kept[b, s if s < room else room - 1] = v
             below[b] += v < lo[b]
             size[b] = s + ((v >= lo[b]) & (v <= hi[b]))
+    return m
+
+
+@helper
+def stable_order(key, x, floor, out, budget):
+    """The indices r with ``x[r] > floor``, in the order of ``key[r]``, ties
+    in index order (a stable sort's), into ``out``: each put after the last
+    one not above it (insertion, those above it moved one place on), one
+    pass where ``key`` is nearly sorted.  Returns how many, or -1 as soon as
+    more than ``budget`` moves were made or a key is NaN (the caller sorts
+    instead: the answer is the same, only the time differs)."""
+    m = 0
+    moves = 0
+    for r in range(key.shape[0]):
+        if not x[r] > floor:
+            continue
+        v = key[r]
+        if v != v:
+            return -1
+        p = m
+        while p > 0 and key[out[p - 1]] > v:
+            out[p] = out[p - 1]
+            p -= 1
+        moves += m - p
+        if moves > budget:
+            return -1
+        out[p] = r
+        m += 1
     return m

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import stats
 from .._kernels import common as _common
+from .._kernels.select import stable_order
 from .._running import check_clock
 from .._seeding import STREAM_ARRIVALS, STREAM_PROMPT, STREAM_SERVICE, stream
 from .._validation import resolve_n as _resolve
@@ -353,6 +354,10 @@ def settled(t, b_target, st) -> float:
     return math.nan if late else dt
 
 
+#: the moves a request :func:`decode_stage_requests` makes on average before it sorts instead
+STABLE_MOVES = 16
+
+
 def decode_stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
     """The requests a decode stage serves (LAPS's, a disaggregated
     deployment's decode pool), in the order they join it at ``first`` (their
@@ -361,7 +366,15 @@ def decode_stage_requests(first: np.ndarray, output: np.ndarray) -> np.ndarray:
     disaggregated serving: Zhong et al., 2024, DistServe, arXiv:2401.09670;
     the decode stage generates the other ``output - 1``, its first decode
     iteration reading the first token), by ``first``, ties in arrival
-    order."""
+    order.  Nearly sorted (a first token follows its arrival by its
+    prefill), they are put in order by insertion
+    (:func:`mbbatch._kernels.select.stable_order`), else, past a few moves
+    a request, by numpy's stable sort: the same order either way."""
+    first, output = np.ascontiguousarray(first, float), np.ascontiguousarray(output, float)
+    order = np.empty(first.size, np.int64)
+    m = stable_order(first, output, 1.0, order, STABLE_MOVES * first.size + 1024)
+    if m >= 0:
+        return order[:m]
     many = np.flatnonzero(output > 1.0)
     return many[np.argsort(first[many], kind="stable")]
 

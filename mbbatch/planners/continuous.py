@@ -571,7 +571,7 @@ def _merged(plan: Plan, runs, placed=None) -> tuple:
     for k, row in rows.items():
         # (request j is number local[j] of engine where[j]: an engine numbers its requests as they reach it)
         req[k] = np.empty(n, row[0].dtype)
-        _cc.gathered(*placed, tuple(row), req[k])
+        _cc.gathered(*placed, _cc.stacked_rows(row), req[k])
     del rows
     # (an engine given no request has no first arrival)
     st = {k: (min if k in _FIRST else max if k in _LAST else sum)(s[k] for s in stats_ if not math.isnan(s[k]))
