@@ -202,26 +202,42 @@ def check_real_array(name: str, value, domain: Domain | None = None, *, allow_sc
     unless ``allow_scalar``, an empty sequence unless ``allow_empty``) or a
     value outside ``domain`` a ``ValueError``.
     """
+    return real_array_ends(name, value, domain, allow_scalar=allow_scalar, allow_empty=allow_empty)[0]
+
+
+def real_array_ends(name: str, value, domain: Domain | None = None, *, allow_scalar: bool = False,
+                    allow_empty: bool = False) -> tuple:
+    """:func:`check_real_array`'s array and its least and greatest values,
+    ``(array, low, high)`` (NaN for an empty array): the ends its check read
+    (converting to float64 keeps the order of the values, so the copy's ends
+    are the same)."""
     domain = domain or DOMAINS[name]
     arr = _numeric_array(name, value, integer=False, nested=False, what="a 1-D sequence of real numbers")
     arr = _one_dim(name, arr, allow_scalar, allow_empty)
-    if not _all_inside(domain, arr):
+    ends = _ends(arr)
+    if arr.size and not _all_inside(domain, ends):
         bad = ~domain.contains(arr)
         if np.any(bad):
             i = int(np.argmax(bad))
             raise ValueError(f"{name} must hold values in {domain}; got {name}[{i}] = {float(arr[i])!r}")
-    return np.array(arr, dtype=np.float64)
+    return np.array(arr, dtype=np.float64), float(ends[0]), float(ends[1])
 
 
-def _all_inside(domain: Domain, arr: np.ndarray) -> bool:
-    """Whether every value of ``arr`` is in ``domain`` (an interval, perhaps
-    with inf), read off its least and greatest values alone (two passes and
-    no temporary, where the elementwise test took seven); False where that
-    cannot tell (a NaN, or inf beside values past the interval's end): the
-    caller then tests each value."""
+def _ends(arr: np.ndarray) -> np.ndarray:
+    """The least and greatest values of ``arr`` as float64 (NaN where it holds
+    a NaN, or is empty)."""
     if arr.size == 0:
-        return True
-    ends = np.array([np.min(arr), np.max(arr)], dtype=float)
+        return np.full(2, np.nan)
+    return np.array([np.min(arr), np.max(arr)], dtype=float)
+
+
+def _all_inside(domain: Domain, ends: np.ndarray) -> bool:
+    """Whether every value of a non-empty array whose least and greatest
+    values are ``ends`` (:func:`_ends`) is in ``domain`` (an interval,
+    perhaps with inf), read off them alone (two passes and no temporary,
+    where the elementwise test took seven); False where that cannot tell (a
+    NaN, or inf beside values past the interval's end): the caller then
+    tests each value."""
     if domain.or_inf and ends[1] == np.inf:
         return False
     return bool(np.all(domain.contains(ends)))

@@ -25,7 +25,7 @@ import numpy as np
 from scipy import stats
 
 from ._kernels import common as _k
-from ._validation import DOMAINS, MAX_DURATION, check_real_array  # noqa: F401
+from ._validation import DOMAINS, MAX_DURATION, check_real_array, real_array_ends  # noqa: F401
 
 __all__ = ["ServiceSpec", "Empirical", "as_service", "SUPPORTED_DISTRIBUTIONS", "RVS", "RVS_BLOCK"]
 
@@ -217,7 +217,7 @@ def as_service(service, name: str = "service") -> ServiceSpec:
     if isinstance(service, stats.rv_discrete):
         raise TypeError(f"{name} must be a frozen continuous distribution or an array of service "
                         f"times; got the discrete {service.name!r}")
-    v = check_real_array(name, service, DOMAINS["service"])
+    v, low, high = real_array_ends(name, service, DOMAINS["service"])
     v.flags.writeable = False
-    return ServiceSpec(_k.SVC_REPLAY, np.zeros(2), v, (float(v.min()), float(v.max())),
+    return ServiceSpec(_k.SVC_REPLAY, np.zeros(2), v, (low, high),
                        {"service": "replay", "n_values": int(v.size)})

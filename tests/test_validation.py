@@ -640,8 +640,9 @@ def test_theory_functions_still_broadcast_arrays():
 def test_a_real_array_is_refused_at_its_first_value_outside_the_domain(values, closed, or_inf):
     """The arrays test read off their least and greatest values first
     (:func:`mbbatch._validation._all_inside`) refuse what the elementwise
-    test refuses, naming the first value outside, and take the rest whole."""
-    from mbbatch._validation import check_real_array
+    test refuses, naming the first value outside, and take the rest whole,
+    with their ends (:func:`mbbatch._validation.real_array_ends`)."""
+    from mbbatch._validation import check_real_array, real_array_ends
 
     domain = Domain(0.0, 10.0, lo_closed=closed, hi_closed=closed, or_inf=or_inf)
     bad = ~domain.contains(values)
@@ -653,3 +654,7 @@ def test_a_real_array_is_refused_at_its_first_value_outside_the_domain(values, c
         got = check_real_array("x", values, domain)
         np.testing.assert_array_equal(got, values)
         assert got is not values
+        # (and the ends it read are the array's: what a replayed length's spec keeps)
+        got, low, high = real_array_ends("x", values, domain)
+        np.testing.assert_array_equal(got, values)
+        assert (low, high) == (float(got.min()), float(got.max()))

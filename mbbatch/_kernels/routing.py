@@ -81,13 +81,18 @@ def scan_engines(eng):
     active = eng[EN.active]
     registered = eng[EN.registered]
     E = active.shape[0]
-    # (reductions without branches, which the compiler vectorizes; the least
-    # key, active requests then id, is the least-used engine's)
+    # (reductions without branches; the least key, active requests then id, is the least-used engine's)
     least = ACTIVE_NONE
     most = 0
     total = 0
     count = 0
     for e in range(E):
+        if active[e] < 0:
+            # (never: a count.  The loop may leave early, so the compiler keeps it scalar: a cluster's driver
+            # stores each engine's count just before (continuous_cluster._until_engines), and a vector load of
+            # four counts stored one by one waits for the stores to land (store forwarding fails): about
+            # 20 cycles a route, a twentieth of a prefill pool's kernel)
+            break
         on = registered[e] != 0
         a = active[e] if on else 0
         least = min(least, (active[e] << ENGINE_BITS) | e if on else ACTIVE_NONE)

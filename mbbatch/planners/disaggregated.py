@@ -673,7 +673,8 @@ def _run(plan: Plan, ss: np.random.SeedSequence, progress: bool, drawn) -> Simul
         "goodput": stage_goodput(wl, {"first_token": first, "arrival": arrival}, completion, out)
         if wl.has_objectives else nan,
         "mean_transfer_time": float(transfer[moved].mean()) if moved.any() else nan,
-        "mean_decode_wait": float((admitted - ready)[order].mean()) if order.size else nan,
+        # (admitted[order] is the decode pool's admissions: the waits in the order it took the requests)
+        "mean_decode_wait": float((dec.requests["admitted"] - ready[order]).mean()) if order.size else nan,
         # (the prefix cache: the prefill pool's, per request; NaN and 0 without it)
         **{k: pool.get(k, nan) for k in ("prefix_hit_rate", "prefix_saved_tokens")},
         "kv_evictions": int(pool.get("kv_evictions", 0)),
