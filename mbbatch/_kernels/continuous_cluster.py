@@ -723,24 +723,44 @@ def stacked_rows(rows: list) -> np.ndarray:
     return out
 
 
-def _stacked(one, engines: int, unset=(), empty=None, leased=()):
+#: the engines' outputs that are counts a run adds to (its latency histograms), one array for all of a
+#: cluster's engines: each engine adds its counts to it, their sum (the run's, as the engines' rows added
+#: up gave it: :func:`_merged_counts`).  A row per engine spread the buckets a prefill pool's requests land
+#: in over four times the cache, each request's two counts missing it
+SHARED = ("hist", "hist_ttft", "hist_tbt")
+
+
+def _stacked(one, engines: int, unset=(), empty=None, leased=(), shared=()):
     """The tuple (or namedtuple) of arrays ``one`` for ``engines`` engines:
     each array with a leading axis of engines, every row a copy of it but
     for the fields ``unset`` (left as ``np.empty`` leaves them: their pages
     are touched only as the kernel writes them; those of them ``leased``
-    made by ``empty(shape, dtype, name)``)."""
+    made by ``empty(shape, dtype, name)``) and ``shared`` (one copy, every
+    engine's row of it: its leading axis of stride 0)."""
     fields = getattr(one, "_fields", ())
     out = []
     for j, a in enumerate(one):
         name = fields[j] if fields else None
-        if name in unset and name in leased:
-            s = empty((engines, *a.shape), a.dtype, "ws." + name)
+        if name in shared:
+            s = np.lib.stride_tricks.as_strided(a.copy(), (engines, *a.shape), (0, *a.strides))
         else:
-            s = np.empty((engines, *a.shape), a.dtype)
-        if name not in unset:
-            s[...] = a
+            if name in unset and name in leased:
+                s = empty((engines, *a.shape), a.dtype, "ws." + name)
+            else:
+                s = np.empty((engines, *a.shape), a.dtype)
+            if name not in unset:
+                s[...] = a
         out.append(s)
     return _like(one, out)
+
+
+def _merged_counts(out, e: int):
+    """Engine e's outputs as a run's of its own, its share of the counts
+    the engines share (:data:`SHARED`) their sum for engine 0 and zeros
+    for the others: what each engine's add up to."""
+    if e == 0:
+        return out
+    return out._replace(**{f: np.zeros_like(getattr(out, f)) for f in SHARED})
 
 
 def run(config, times, prompt, output, prediction, edges, router, engines: int, streams, stop, **kw) -> tuple:
@@ -881,7 +901,7 @@ class _Cluster:
         self.inputs = _k.INPUTS.type(*(_readonly(getattr(self.feeds, f) if f in Feed._fields
                                                  else _stacked((a,), engines)[0])
                                        for f, a in zip(one.inputs._fields, one.inputs)))
-        self.config, self.out = _stacked(config, engines), _stacked(one.out, engines)
+        self.config, self.out = _stacked(config, engines), _stacked(one.out, engines, shared=SHARED)
         m = room if self.keep else 0
         # (unset: fresh_record starts each row as its request is routed)
         self.requests = (self._empty((engines, len(_k.REQUESTS.ints), m), np.int64, "records.ints"),
@@ -927,7 +947,7 @@ class _Cluster:
             if self.keep:
                 rec = {k: v[:c] if live is None else v[:c][live]
                        for k, v in _k.REQUESTS.rows(rows(self.requests, e)).items()}
-            runs.append((rows(self.out, e), rec, code))
+            runs.append((_merged_counts(rows(self.out, e), e), rec, code))
         return runs, self.where, self.local
 
 
