@@ -36,7 +36,8 @@ def test_scan_engines_is_the_plain_reading(data, E):
     """The least-used registered engine (ties to the lowest id), the most and
     the sum of registered engines' active requests and their count, as a
     plain loop reads them: engine ids and active counts packed in one key
-    (ENGINE_BITS bits of id), active counts up to 2**42 and ties included."""
+    (ENGINE_BITS bits of id), active counts up to 2**42 and ties included;
+    up to SCALAR_SCAN engines read one at a time, more by the vector loop."""
     from mbbatch._kernels import routing as d
 
     eng = np.zeros((len(d.ENGINES.ints), E), np.int64)

@@ -73,6 +73,21 @@ ENGINE_BITS = 20
 ACTIVE_NONE = np.iinfo(np.int64).max
 
 
+#: the most engines :func:`scan_engines` reads one at a time; more are read by a loop the compiler
+#: vectorizes
+SCALAR_SCAN = 8
+
+
+@step
+def _scanned(e, active, registered, least, most, total, count):
+    """:func:`scan_engines`' reductions with engine e read in (no branch on
+    its values)."""
+    on = registered[e] != 0
+    a = active[e] if on else 0
+    return (min(least, (active[e] << ENGINE_BITS) | e if on else ACTIVE_NONE), max(most, a), total + a,
+            count + (1 if on else 0))
+
+
 @step
 def scan_engines(eng):
     """The least-used registered engine (fewest active requests, ties to the
@@ -81,24 +96,21 @@ def scan_engines(eng):
     active = eng[EN.active]
     registered = eng[EN.registered]
     E = active.shape[0]
-    # (reductions without branches; the least key, active requests then id, is the least-used engine's)
-    least = ACTIVE_NONE
-    most = 0
-    total = 0
-    count = 0
-    for e in range(E):
-        if active[e] < 0:
-            # (never: a count.  The loop may leave early, so the compiler keeps it scalar: a cluster's driver
-            # stores each engine's count just before (continuous_cluster._until_engines), and a vector load of
-            # four counts stored one by one waits for the stores to land (store forwarding fails): about
-            # 20 cycles a route, a twentieth of a prefill pool's kernel)
-            break
-        on = registered[e] != 0
-        a = active[e] if on else 0
-        least = min(least, (active[e] << ENGINE_BITS) | e if on else ACTIVE_NONE)
-        most = max(most, a)
-        total += a
-        count += 1 if on else 0
+    # (the least key, active requests then id, is the least-used engine's)
+    least, most, total, count = ACTIVE_NONE, 0, 0, 0
+    if E <= SCALAR_SCAN:
+        for e in range(E):
+            if active[e] < 0:
+                # (never: a count.  The loop may leave early, so the compiler keeps it scalar: a cluster of
+                # continuous engines stores each engine's count just before (continuous_cluster._until_engines),
+                # and a vector load of four counts stored one by one waits for the stores to land (store
+                # forwarding fails): about 20 cycles a route, a twentieth of a prefill pool's kernel.  Over
+                # more engines the vector loop is the faster: Autellix's 16 took 7 % longer scalar)
+                break
+            least, most, total, count = _scanned(e, active, registered, least, most, total, count)
+    else:
+        for e in range(E):
+            least, most, total, count = _scanned(e, active, registered, least, most, total, count)
     best = least & ((1 << ENGINE_BITS) - 1) if count > 0 else -1
     return best, most, total, count
 
