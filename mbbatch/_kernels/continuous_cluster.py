@@ -96,6 +96,12 @@ ROUTED = Layout("continuous cluster routing", ints=("routes", "large", "table_hi
                 floats=("kv_recomputed", "sum_active_max", "sum_active_mean"))
 R = ROUTED.index
 
+#: the engines' outputs that are counts a run adds to (its latency histograms), one row for all of a
+#: cluster's engines (:func:`rows`): each engine adds its counts to it, their sum (the run's, as the engines'
+#: rows added up gave it: :func:`_merged_counts`).  A row per engine spread the buckets a prefill pool's
+#: requests land in over four times the cache, each request's two counts missing it
+SHARED = ("hist", "hist_ttft", "hist_tbt")
+
 #: an engine's inputs as the cluster writes them (the engine reads them
 #: through read-only views): each request's prompt, output, predicted output,
 #: the prompt tokens whose KV cache it brings and the seconds it takes to
@@ -106,14 +112,22 @@ Feed = namedtuple("Feed", ("prompt", "output", "prediction", "cached", "pull", "
                            "shared"),
                   module=__name__)
 
+
 def rows(stacked, e):
     """Engine ``e``'s row of ``stacked``, a tuple or namedtuple of arrays,
     each with a leading axis of engines: the same tuple of each array's row
-    (views).  In numba, generated for each tuple type: the engines' arrays
-    are rows of the cluster's (every engine of a cluster has arrays of the
-    same shapes), so the driver holds a handful of arrays, not a list of
-    engines, and hands an engine to the kernel at no cost."""
-    return _like(stacked, [a[e] for a in stacked])
+    (views), the row of a field the engines share (:data:`SHARED`: a
+    leading axis of one) the only one.  In numba, generated for each tuple
+    type: the engines' arrays are rows of the cluster's (every engine of a
+    cluster has arrays of the same shapes), so the driver holds a handful
+    of arrays, not a list of engines, and hands an engine to the kernel at
+    no cost."""
+    return _like(stacked, [a[0 if f in SHARED else e] for f, a in zip(_names(stacked), stacked)])
+
+
+def _names(t) -> tuple:
+    """The field names of a tuple of arrays (a plain tuple's: none)."""
+    return getattr(t, "_fields", ()) or ("",) * len(t)
 
 
 def _like(t, items):
@@ -125,7 +139,8 @@ def _like(t, items):
 @overload(rows)
 def _rows(stacked, e):
     k = len(stacked)
-    args = ", ".join(f"stacked[{j}][e]" for j in range(k))
+    names = stacked.instance_class._fields if isinstance(stacked, types.BaseNamedTuple) else ("",) * k
+    args = ", ".join(f"stacked[{j}][{0 if names[j] in SHARED else 'e'}]" for j in range(k))
     if isinstance(stacked, types.BaseNamedTuple):
         ns = {"cls": stacked.instance_class}
         src = f"def impl(stacked, e):\n    return cls({args})\n"
@@ -723,26 +738,19 @@ def stacked_rows(rows: list) -> np.ndarray:
     return out
 
 
-#: the engines' outputs that are counts a run adds to (its latency histograms), one array for all of a
-#: cluster's engines: each engine adds its counts to it, their sum (the run's, as the engines' rows added
-#: up gave it: :func:`_merged_counts`).  A row per engine spread the buckets a prefill pool's requests land
-#: in over four times the cache, each request's two counts missing it
-SHARED = ("hist", "hist_ttft", "hist_tbt")
-
-
 def _stacked(one, engines: int, unset=(), empty=None, leased=(), shared=()):
     """The tuple (or namedtuple) of arrays ``one`` for ``engines`` engines:
     each array with a leading axis of engines, every row a copy of it but
     for the fields ``unset`` (left as ``np.empty`` leaves them: their pages
     are touched only as the kernel writes them; those of them ``leased``
-    made by ``empty(shape, dtype, name)``) and ``shared`` (one copy, every
-    engine's row of it: its leading axis of stride 0)."""
+    made by ``empty(shape, dtype, name)``) and ``shared`` (one row, the
+    engines' :func:`rows` read it)."""
     fields = getattr(one, "_fields", ())
     out = []
     for j, a in enumerate(one):
         name = fields[j] if fields else None
         if name in shared:
-            s = np.lib.stride_tricks.as_strided(a.copy(), (engines, *a.shape), (0, *a.strides))
+            s = a.copy()[None]
         else:
             if name in unset and name in leased:
                 s = empty((engines, *a.shape), a.dtype, "ws." + name)
